@@ -1,0 +1,136 @@
+//! Role wiring and the ready line.
+
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use core::time::Duration;
+use leasebox_kernel::arch::percpu::{self, MAX_CPUS};
+use leasebox_kernel::arch::start::{Platform, boot_error};
+use leasebox_kernel::arch::{cpu, smp};
+use leasebox_kernel::bootinfo::RegionKind;
+use leasebox_kernel::config::{CoreLayout, Role, RoleSet, TestHook};
+use leasebox_kernel::println;
+use leasebox_kernel::time::{Deadline, Instant, ticks_to_duration, wait_until};
+use spin::Once;
+
+/// Each core's roles, fixed before any AP starts.
+static LAYOUT: Once<CoreLayout> = Once::new();
+/// Iterations of each role's loop, per core (observable in a debugger and, later, through STATS).
+static ITERATIONS: [[AtomicU64; Role::ALL.len()]; MAX_CPUS] =
+    [const { [const { AtomicU64::new(0) }; Role::ALL.len()] }; MAX_CPUS];
+static REPORTED: AtomicUsize = AtomicUsize::new(0);
+
+fn roles_of(core: usize) -> RoleSet {
+    LAYOUT.get().and_then(|l| l.cores().get(core).copied()).unwrap_or_default()
+}
+
+fn report_in(core: usize) {
+    log::info!("smp: cpu {core} online apic={} role={}", apic_of(core), roles_of(core));
+    REPORTED.fetch_add(1, Ordering::SeqCst);
+}
+
+fn apic_of(core: usize) -> u32 {
+    let b = percpu::block(core);
+    // SAFETY: `b` points into the static per-CPU table; `apic_id` was written by `activate` on that core
+    // before it reported in, and is never written again.
+    unsafe { core::ptr::addr_of!((*b).apic_id).read_volatile() }
+}
+
+/// One pass over a core's roles. Placeholders: each role counts its iterations.
+fn run_roles(core: usize) -> ! {
+    let set = roles_of(core);
+    loop {
+        for r in set.iter() {
+            ITERATIONS[core][r as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        cpu::relax();
+    }
+}
+
+fn ap_main(core: usize) -> ! {
+    report_in(core);
+    run_roles(core)
+}
+
+fn ms(d: Duration) -> impl core::fmt::Display {
+    struct Ms(u128);
+    impl core::fmt::Display for Ms {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            write!(f, "{}.{:03}", self.0 / 1000, self.0 % 1000)
+        }
+    }
+    Ms(d.as_micros())
+}
+
+#[unsafe(no_mangle)]
+fn leasebox_main(p: Platform) -> ! {
+    // CPUs: the BSP first, then every enabled MADT entry, capped at the per-CPU table's size.
+    let mut aps = [(0usize, 0u32); MAX_CPUS];
+    let mut n_aps = 0;
+    if let (Some(acpi), Some(_)) = (p.acpi, p.lapic) {
+        for c in acpi.cpus().iter().filter(|c| c.enabled && c.apic_id != p.bsp_apic_id) {
+            if n_aps + 1 >= MAX_CPUS {
+                log::warn!("smp: more than {MAX_CPUS} CPUs; the rest stay parked");
+                break;
+            }
+            n_aps += 1;
+            aps[n_aps - 1] = (n_aps, c.apic_id);
+        }
+    }
+    let cpus = n_aps + 1;
+    let layout = match p.config.cores {
+        Some(l) if l.cores().len() > cpus => boot_error(format_args!(
+            "cores= names {} cores but this machine has {cpus} CPU(s)",
+            l.cores().len()
+        )),
+        Some(l) => l.padded_to(cpus),
+        None => CoreLayout::default_for(cpus),
+    };
+    LAYOUT.call_once(|| layout);
+    report_in(0);
+
+    let ap_start = Instant::now();
+    if let Some(lapic) = p.lapic.as_ref()
+        && n_aps > 0
+    {
+        if let Err(e) = smp::start_aps(lapic, &aps[..n_aps], ap_main) {
+            log::error!("smp: {e}");
+        }
+    }
+    let all_in = wait_until(Deadline::after(Duration::from_secs(2)), || REPORTED.load(Ordering::SeqCst) == cpus);
+    let ap_time = ap_start.elapsed();
+    let online = REPORTED.load(Ordering::SeqCst);
+    if !all_in {
+        log::error!("smp: only {online} of {cpus} CPUs reported in");
+    }
+
+    let mem_mib = p
+        .boot
+        .memory
+        .regions()
+        .iter()
+        .filter(|r| r.kind == RegionKind::Usable)
+        .map(|r| r.len)
+        .sum::<u64>()
+        >> 20;
+    let boot_time = Instant::now().since_boot();
+    println!(
+        "leasebox: ready cores={online} mem_mib={mem_mib} pci={} boot_ms={} ap_ms={} entry_ms={}",
+        p.pci.functions().len(),
+        ms(boot_time),
+        ms(ap_time),
+        ms(ticks_to_duration(p.entry_tsc, p.tsc_hz)),
+    );
+
+    match p.config.test {
+        Some(TestHook::PageFault) => {
+            // Canonical but far above anything mapped (the identity map ends with RAM).
+            let bad = 0x1234_5678_9000u64 as *const u64;
+            // SAFETY: deliberately unsound: this address is unmapped, and the resulting page fault is the
+            // test (`test=pagefault`). The exception handler never returns.
+            let v = unsafe { core::ptr::read_volatile(bad) };
+            log::error!("test=pagefault: read {v:#x} from an unmapped address without a fault");
+        }
+        Some(TestHook::Panic) => panic!("test=panic: deliberate panic"),
+        None => {}
+    }
+    run_roles(0)
+}

@@ -1,0 +1,206 @@
+//! Physical memory at run time: the frame allocator behind a lock, the live page tables (identity map), the
+//! kernel heap, and DMA regions for devices.
+//!
+//! Identity mapping makes a DMA region's device address equal to its virtual address; the API still
+//! returns both, so drivers never assume it (an IOMMU or a hosted platform may differ).
+
+use crate::frames::{FRAME_SIZE, FrameAllocator};
+use crate::paging::{self, Cache, MapError, TableMemory};
+use crate::physmem::PhysMem;
+use core::alloc::{GlobalAlloc, Layout};
+use core::ptr::NonNull;
+use spin::Mutex;
+
+/// All free physical frames.
+pub static FRAMES: Mutex<FrameAllocator> = Mutex::new(FrameAllocator::empty());
+/// Serializes page-table edits.
+static TABLES: Mutex<()> = Mutex::new(());
+const FOUR_GIB: u64 = 4 << 30;
+
+fn root() -> u64 {
+    super::cpu::cr3() & paging::ADDR_MASK
+}
+
+/// The page tables in use, edited through the identity map.
+struct LiveTables;
+
+impl TableMemory for LiveTables {
+    fn read(&self, table: u64, index: usize) -> u64 {
+        // SAFETY: `table` is a page-table page (from CR3 or a present entry), identity-mapped, and `index` is
+        // < 512 (paging masks it to 9 bits).
+        unsafe { core::ptr::read_volatile((table as *const u64).add(index)) }
+    }
+    fn write(&mut self, table: u64, index: usize, entry: u64) {
+        // SAFETY: as in `read`; edits happen under the TABLES lock.
+        unsafe { core::ptr::write_volatile((table as *mut u64).add(index), entry) }
+    }
+    fn alloc_table(&mut self) -> Option<u64> {
+        // Tables must be reachable through the boot map while they are being linked in: take them below 4 GiB.
+        let a = FRAMES.lock().alloc_below(1, FRAME_SIZE, FOUR_GIB)?;
+        // SAFETY: a fresh frame from the allocator, below 4 GiB and so identity-mapped; nobody else owns it.
+        unsafe { core::ptr::write_bytes(a as *mut u8, 0, FRAME_SIZE as usize) };
+        Some(a)
+    }
+}
+
+fn map(start: u64, end: u64, cache: Cache) -> Result<(), MapError> {
+    let _g = TABLES.lock();
+    let changed = paging::identity_map(&mut LiveTables, root(), start, end, cache)?;
+    if changed > 0 {
+        // SAFETY: the tables stay valid for everything already mapped; this only drops cached translations.
+        unsafe { super::cpu::flush_tlb() };
+    }
+    Ok(())
+}
+
+/// Maps device registers `[phys, phys + len)` uncached (anywhere in the 64-bit physical space). Call before
+/// other cores touch the range: TLBs of other cores are not shot down.
+pub fn map_mmio(phys: u64, len: u64) -> Result<(), MapError> {
+    let end = phys.checked_add(len).ok_or(MapError::OutOfRange { start: phys, end: u64::MAX })?;
+    map(phys, end, Cache::Uncached)
+}
+
+/// Maps RAM above 4 GiB (the boot map covers the first 4 GiB).
+pub fn map_ram(start: u64, end: u64) -> Result<(), MapError> {
+    map(start.max(FOUR_GIB), end, Cache::WriteBack)
+}
+
+/// Whether `[addr, addr + len)` is mapped.
+pub fn is_mapped(addr: u64, len: usize) -> bool {
+    let Some(end) = addr.checked_add(len as u64) else { return false };
+    let mut page = addr & !(paging::PAGE_4K - 1);
+    while page < end {
+        if paging::translate(&LiveTables, root(), page).is_none() {
+            return false;
+        }
+        page += paging::PAGE_4K;
+    }
+    true
+}
+
+/// Physical memory as the boot parsers read it: through the identity map, refusing unmapped addresses and
+/// address 0.
+pub struct IdentityMem;
+
+impl PhysMem for IdentityMem {
+    fn bytes(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        if addr == 0 || !is_mapped(addr, len) {
+            return None;
+        }
+        // SAFETY: the range is mapped (checked) and non-null; boot structures and firmware tables are not
+        // written while the parsers read them (single core, before anything allocates over them).
+        Some(unsafe { core::slice::from_raw_parts(addr as *const u8, len) })
+    }
+}
+
+/// The kernel heap (`alloc`), carved from frames at boot.
+struct KernelHeap(Mutex<linked_list_allocator::Heap>);
+
+// SAFETY: every allocation goes through the inner heap under its lock; the heap's memory is owned by it.
+unsafe impl GlobalAlloc for KernelHeap {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        self.0.lock().allocate_first_fit(layout).map_or(core::ptr::null_mut(), |p| p.as_ptr())
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if let Some(p) = NonNull::new(ptr) {
+            // SAFETY: `ptr` came from `alloc` with this layout (GlobalAlloc contract).
+            unsafe { self.0.lock().deallocate(p, layout) }
+        }
+    }
+}
+
+#[global_allocator]
+static HEAP: KernelHeap = KernelHeap(Mutex::new(linked_list_allocator::Heap::empty()));
+
+/// Gives the heap `bytes` of frames. Boot only, once.
+pub fn init_heap(bytes: u64) -> Result<(u64, u64), &'static str> {
+    let frames = bytes.div_ceil(FRAME_SIZE);
+    let base = FRAMES.lock().alloc(frames, FRAME_SIZE).ok_or("no memory for the kernel heap")?;
+    if !is_mapped(base, (frames * FRAME_SIZE) as usize) {
+        return Err("kernel heap frames are not mapped");
+    }
+    // SAFETY: the frames are fresh from the allocator, mapped (checked) and handed to the heap for good.
+    unsafe { HEAP.0.lock().init(base as *mut u8, (frames * FRAME_SIZE) as usize) };
+    Ok((base, frames * FRAME_SIZE))
+}
+
+/// Heap bytes in use and free.
+pub fn heap_usage() -> (usize, usize) {
+    let h = HEAP.0.lock();
+    (h.used(), h.free())
+}
+
+/// Memory a device may read and write: CPU pointer plus the address the device uses for it.
+pub struct DmaRegion {
+    virt: NonNull<u8>,
+    device_addr: u64,
+    len: usize,
+}
+
+// SAFETY: the region is plain memory owned by whoever holds the `DmaRegion`.
+unsafe impl Send for DmaRegion {}
+
+impl DmaRegion {
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.virt.as_ptr()
+    }
+    pub fn device_addr(&self) -> u64 {
+        self.device_addr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DmaError {
+    OutOfMemory { len: usize },
+    BadAlignment { align: usize },
+    Empty,
+}
+
+impl core::fmt::Display for DmaError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            DmaError::OutOfMemory { len } => write!(f, "no contiguous physical memory for a {len}-byte DMA region"),
+            DmaError::BadAlignment { align } => write!(f, "DMA alignment {align} is not a power of two"),
+            DmaError::Empty => write!(f, "zero-length DMA region"),
+        }
+    }
+}
+
+/// Allocates `len` bytes (rounded up to pages) of zeroed, physically contiguous memory aligned to `align`
+/// (at least a page).
+pub fn dma_alloc(len: usize, align: usize) -> Result<DmaRegion, DmaError> {
+    if len == 0 {
+        return Err(DmaError::Empty);
+    }
+    if !align.is_power_of_two() {
+        return Err(DmaError::BadAlignment { align });
+    }
+    let frames = (len as u64).div_ceil(FRAME_SIZE);
+    let bytes = (frames * FRAME_SIZE) as usize;
+    let phys = FRAMES
+        .lock()
+        .alloc(frames, (align as u64).max(FRAME_SIZE))
+        .ok_or(DmaError::OutOfMemory { len })?;
+    if !is_mapped(phys, bytes) {
+        let _ = FRAMES.lock().free(phys, frames);
+        return Err(DmaError::OutOfMemory { len });
+    }
+    // SAFETY: fresh frames, identity-mapped (checked), owned by the new region.
+    unsafe { core::ptr::write_bytes(phys as *mut u8, 0, bytes) };
+    let virt = NonNull::new(phys as *mut u8).ok_or(DmaError::OutOfMemory { len })?;
+    Ok(DmaRegion { virt, device_addr: phys, len: bytes })
+}
+
+/// Returns a region's frames. The caller must know the device can no longer reach it.
+pub fn dma_free(region: DmaRegion) {
+    let frames = region.len as u64 / FRAME_SIZE;
+    if let Err(e) = FRAMES.lock().free(region.device_addr, frames) {
+        log::error!("dma: freeing {:#x}+{:#x} failed: {e:?}", region.device_addr, region.len);
+    }
+}

@@ -1,0 +1,83 @@
+//! PCI configuration space access: ECAM (PCIe memory-mapped, from ACPI MCFG) and the legacy 0xCF8/0xCFC
+//! port pair (PCI Local Bus spec 3.0, 3.2.2.3.2), for machines without MCFG such as QEMU's `pc`.
+
+use super::cpu::{inl, outl};
+use crate::pci::{Bdf, ConfigAccess};
+use spin::Mutex;
+
+/// One MCFG segment range, mapped uncached by the caller.
+pub struct Ecam {
+    pub base: u64,
+    pub segment: u16,
+    pub start_bus: u8,
+    pub end_bus: u8,
+}
+
+impl Ecam {
+    fn addr(&self, a: Bdf, offset: u16) -> Option<u64> {
+        if a.segment != self.segment || a.bus < self.start_bus || a.bus > self.end_bus || offset >= 4096 {
+            return None;
+        }
+        let off = (u64::from(a.bus - self.start_bus) << 20)
+            | (u64::from(a.device & 0x1F) << 15)
+            | (u64::from(a.function & 0x7) << 12)
+            | u64::from(offset & !3);
+        Some(self.base + off)
+    }
+}
+
+impl ConfigAccess for Ecam {
+    fn read32(&self, a: Bdf, offset: u16) -> u32 {
+        match self.addr(a, offset) {
+            // SAFETY: the ECAM window of this segment's buses is mapped uncached (caller of `Ecam`), and the
+            // address lies inside it (checked by `addr`).
+            Some(p) => unsafe { core::ptr::read_volatile(p as *const u32) },
+            None => u32::MAX,
+        }
+    }
+    fn write32(&self, a: Bdf, offset: u16, value: u32) {
+        if let Some(p) = self.addr(a, offset) {
+            // SAFETY: as in `read32`.
+            unsafe { core::ptr::write_volatile(p as *mut u32, value) }
+        }
+    }
+}
+
+/// The two-step port mechanism is not atomic: one lock for all cores.
+static PORTS: Mutex<()> = Mutex::new(());
+
+/// Configuration mechanism #1 (segment 0, first 256 bytes only).
+pub struct LegacyPorts;
+
+fn cf8(a: Bdf, offset: u16) -> u32 {
+    0x8000_0000
+        | (u32::from(a.bus) << 16)
+        | (u32::from(a.device & 0x1F) << 11)
+        | (u32::from(a.function & 0x7) << 8)
+        | u32::from(offset & 0xFC)
+}
+
+impl ConfigAccess for LegacyPorts {
+    fn read32(&self, a: Bdf, offset: u16) -> u32 {
+        if a.segment != 0 || offset >= 256 {
+            return u32::MAX;
+        }
+        let _g = PORTS.lock();
+        // SAFETY: 0xCF8/0xCFC are the PCI configuration ports; reads of config space have no memory effects.
+        unsafe {
+            outl(0xCF8, cf8(a, offset));
+            inl(0xCFC)
+        }
+    }
+    fn write32(&self, a: Bdf, offset: u16, value: u32) {
+        if a.segment != 0 || offset >= 256 {
+            return;
+        }
+        let _g = PORTS.lock();
+        // SAFETY: as in `read32`; the caller decides what the write does to the device.
+        unsafe {
+            outl(0xCF8, cf8(a, offset));
+            outl(0xCFC, value);
+        }
+    }
+}
