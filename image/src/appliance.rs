@@ -90,10 +90,9 @@ fn leasebox_main(p: Platform) -> ! {
     let ap_start = Instant::now();
     if let Some(lapic) = p.lapic.as_ref()
         && n_aps > 0
+        && let Err(e) = smp::start_aps(lapic, &aps[..n_aps], ap_main)
     {
-        if let Err(e) = smp::start_aps(lapic, &aps[..n_aps], ap_main) {
-            log::error!("smp: {e}");
-        }
+        log::error!("smp: {e}");
     }
     let all_in = wait_until(Deadline::after(Duration::from_secs(2)), || REPORTED.load(Ordering::SeqCst) == cpus);
     let ap_time = ap_start.elapsed();

@@ -116,7 +116,7 @@ pub fn identity_map(
         let pdi = index(addr, 1);
         let pde = mem.read(pd, pdi);
         let is_table = pde & PRESENT != 0 && pde & HUGE == 0;
-        if addr % PAGE_2M == 0 && end - addr >= PAGE_2M && !is_table {
+        if addr.is_multiple_of(PAGE_2M) && end - addr >= PAGE_2M && !is_table {
             let want = addr | attrs | HUGE;
             if pde != want {
                 mem.write(pd, pdi, want);

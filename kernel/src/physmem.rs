@@ -31,6 +31,7 @@ pub trait PhysMem {
 
 /// Host-test fixture: a set of byte blocks placed at physical addresses.
 #[cfg(test)]
+#[derive(Default)]
 pub struct FakeMem {
     blocks: std::vec::Vec<(u64, std::vec::Vec<u8>)>,
 }
@@ -38,7 +39,7 @@ pub struct FakeMem {
 #[cfg(test)]
 impl FakeMem {
     pub fn new() -> Self {
-        FakeMem { blocks: std::vec::Vec::new() }
+        Self::default()
     }
     /// Places `bytes` at physical address `addr`.
     pub fn place(&mut self, addr: u64, bytes: &[u8]) -> &mut Self {

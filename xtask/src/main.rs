@@ -1,1 +1,336 @@
-fn main() {}
+//! `cargo xtask`: Leasebox's one entry point for building images, booting them under QEMU, running every test
+//! and measuring boot time. See `cargo xtask help`.
+#![forbid(unsafe_code)]
+
+mod cli;
+mod image;
+mod prereq;
+
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use cli::{BenchOpts, Cmd, RunOpts, TestOpts, USAGE};
+use image::Paths;
+use leasebox_qemu::{Boot, Ovmf, QemuConfig, QemuProcess, Stdio};
+use leasebox_scenarios::{Artifacts, bench, scenario};
+
+/// `println!` that ignores a closed stdout (e.g. `cargo xtask help | head`) instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// Exit status for command-line mistakes.
+const USAGE_ERROR: u8 = 2;
+/// Exit status when `run --timeout` stopped QEMU (as timeout(1)).
+const RUN_TIMED_OUT: i32 = 124;
+
+fn main() -> ExitCode {
+    let args: Result<Vec<String>, _> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string())
+        .collect();
+    let cmd = match args
+        .map_err(|a| format!("argument {a:?} is not valid UTF-8"))
+        .and_then(cli::parse)
+    {
+        Ok(cmd) => cmd,
+        Err(e) => {
+            eprintln!("xtask: {e}\n(see `cargo xtask help`)");
+            return ExitCode::from(USAGE_ERROR);
+        }
+    };
+    let paths = Paths::discover();
+    let result = match cmd {
+        Cmd::Help => {
+            outln!("{USAGE}");
+            Ok(0)
+        }
+        Cmd::Prereqs => prereq::ensure().map(|_| {
+            outln!("prerequisites present");
+            0
+        }),
+        Cmd::Image => cmd_image(&paths),
+        Cmd::Run(o) => cmd_run(&o, &paths),
+        Cmd::Test(o) => cmd_test(&o, &paths),
+        Cmd::Bench(o) => cmd_bench(&o, &paths),
+    };
+    match result {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn cmd_image(p: &Paths) -> Result<i32, String> {
+    prereq::ensure()?;
+    image::build_all(p)?;
+    outln!("{}", image::describe(&p.elf()));
+    outln!("{}", image::describe(&p.iso()));
+    Ok(0)
+}
+
+fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
+    prereq::ensure()?;
+    image::build_kernel(p)?;
+    leasebox_qemu::firmware::remove_stale(&p.out, "ovmf-vars", "fd");
+    let args = o.kernel_args.join(" ");
+    let mut scratch = Vec::new();
+    let boot = if o.iso {
+        leasebox_qemu::iso::check_kernel_args(&args)?;
+        let iso = if args.is_empty() {
+            p.iso()
+        } else {
+            p.run_iso()
+        };
+        image::build_iso(p, &iso, &args)?;
+        if o.uefi {
+            let ovmf =
+                Ovmf::find().ok_or("OVMF firmware not found (Debian: apt-get install ovmf)")?;
+            let vars = ovmf.fresh_vars(&p.out).map_err(|e| e.to_string())?;
+            let boot = Boot::UefiIso {
+                iso,
+                code: ovmf.code,
+                vars: vars.path().to_path_buf(),
+            };
+            scratch.push(vars);
+            boot
+        } else {
+            Boot::BiosIso { iso }
+        }
+    } else {
+        Boot::Kernel {
+            elf: p.elf(),
+            append: args,
+        }
+    };
+    let mut config = QemuConfig::new(boot);
+    config.machine = o.machine;
+    config.cpu = o.cpu.clone();
+    config.smp = o.smp;
+    config.mem_mib = o.mem_mib;
+    config.extra = o.extra.iter().map(Into::into).collect();
+    config.validate()?;
+    eprintln!("xtask: {}", config.display());
+    if o.dry_run {
+        return Ok(0);
+    }
+    eprintln!("xtask: serial console follows; Ctrl-C stops QEMU");
+    let mut q = QemuProcess::spawn(&config, Stdio::Inherit, scratch).map_err(|e| e.to_string())?;
+    let deadline = o
+        .timeout_secs
+        .map(|s| Instant::now() + Duration::from_secs(s));
+    loop {
+        // Without --timeout the run lasts until the guest exits or Ctrl-C: wait in one-hour slices.
+        let until = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        if let Some(exit) = q.wait_until(until).map_err(|e| e.to_string())? {
+            eprintln!("xtask: {exit}");
+            return Ok(exit.wrapper_status());
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            q.kill().map_err(|e| e.to_string())?;
+            eprintln!(
+                "xtask: stopped QEMU after the {} s timeout",
+                o.timeout_secs.unwrap_or(0)
+            );
+            return Ok(RUN_TIMED_OUT);
+        }
+    }
+}
+
+/// One line of the test report.
+struct Outcome {
+    name: String,
+    passed: bool,
+}
+
+fn report(outcomes: &mut Vec<Outcome>, name: &str, started: Instant, result: Result<(), String>) {
+    let secs = started.elapsed().as_secs_f64();
+    match &result {
+        Ok(()) => outln!("PASS {name} ({secs:.1}s)"),
+        Err(e) => outln!("FAIL {name}: {e}"),
+    }
+    outcomes.push(Outcome {
+        name: name.to_string(),
+        passed: result.is_ok(),
+    });
+}
+
+fn cargo_step(p: &Paths, args: &[&str]) -> Result<(), String> {
+    outln!("==> cargo {}", args.join(" "));
+    let status = Command::new(image::cargo())
+        .current_dir(&p.root)
+        .args(args)
+        .status()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`cargo {}` failed ({status})", args.join(" ")))
+    }
+}
+
+fn artifacts(p: &Paths, echo: bool) -> Artifacts {
+    let mut a = Artifacts::in_target_dir(&p.target);
+    a.echo = echo;
+    a
+}
+
+fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
+    let scenarios = scenario::select(&o.scenarios)?;
+    if o.list {
+        for s in &scenarios {
+            outln!("{:<16} {}", s.name, s.about);
+        }
+        return Ok(0);
+    }
+    prereq::ensure()?;
+    let mut outcomes = Vec::new();
+    if !o.boot_only {
+        let steps: [(&str, &[&str]); 3] = [
+            ("host-tests", &["test", "--workspace"]),
+            (
+                "clippy-host",
+                &[
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+            ),
+            (
+                "clippy-kernel",
+                &[
+                    "clippy",
+                    "-p",
+                    "leasebox-image",
+                    "-p",
+                    "leasebox-kernel",
+                    "--target",
+                    image::KERNEL_TARGET,
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+            ),
+        ];
+        for (name, args) in steps {
+            let t0 = Instant::now();
+            report(&mut outcomes, name, t0, cargo_step(p, args));
+        }
+    }
+    outln!("==> image: {} and {}", p.elf().display(), p.iso().display());
+    let t0 = Instant::now();
+    let built = image::build_all(p);
+    let image_ok = built.is_ok();
+    report(&mut outcomes, "image", t0, built);
+
+    let a = artifacts(p, o.verbose);
+    leasebox_qemu::firmware::remove_stale(&a.scratch_dir, "ovmf-vars", "fd");
+    for s in &scenarios {
+        if !image_ok {
+            report(
+                &mut outcomes,
+                s.name,
+                Instant::now(),
+                Err("not run: the image build failed".into()),
+            );
+            continue;
+        }
+        outln!(
+            "==> {}: {} (deadline {} s)",
+            s.name,
+            s.about,
+            s.deadline.as_secs()
+        );
+        let t0 = Instant::now();
+        let (result, transcript) = leasebox_scenarios::run_and_check(s, &a);
+        let failed = result.is_err();
+        report(&mut outcomes, s.name, t0, result);
+        if failed {
+            if let Some(t) = transcript {
+                print_failure_context(&t);
+            }
+            outln!(
+                "    full log: {}",
+                a.log_dir.join(format!("{}.log", s.name)).display()
+            );
+        }
+    }
+
+    let failed: Vec<&str> = outcomes
+        .iter()
+        .filter(|o| !o.passed)
+        .map(|o| o.name.as_str())
+        .collect();
+    let passed = outcomes.len() - failed.len();
+    if failed.is_empty() {
+        outln!("summary: {passed} passed, 0 failed");
+        Ok(0)
+    } else {
+        outln!(
+            "summary: {passed} passed, {} failed: {}",
+            failed.len(),
+            failed.join(", ")
+        );
+        Ok(1)
+    }
+}
+
+fn print_failure_context(t: &leasebox_scenarios::Transcript) {
+    const SERIAL_TAIL: usize = 15;
+    const STDERR_TAIL: usize = 5;
+    outln!("    qemu: {}", t.command);
+    outln!("    last serial lines ({} in all):", t.lines.len());
+    for l in t.tail(SERIAL_TAIL) {
+        outln!("    | {l}");
+    }
+    let err: Vec<&str> = t.stderr.lines().collect();
+    if !err.is_empty() {
+        outln!("    qemu stderr:");
+        for l in &err[err.len().saturating_sub(STDERR_TAIL)..] {
+            outln!("    ! {l}");
+        }
+    }
+}
+
+fn cmd_bench(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
+    prereq::ensure()?;
+    image::build_all(p)?;
+    let a = artifacts(p, false);
+    leasebox_qemu::firmware::remove_stale(&a.scratch_dir, "ovmf-vars", "fd");
+    let mut results = Vec::new();
+    for row in bench::rows() {
+        let mut r = bench::RowResult {
+            row: row.clone(),
+            samples: Vec::new(),
+            failures: Vec::new(),
+        };
+        for i in 1..=o.runs {
+            match bench::sample(&row, &a) {
+                Ok(s) => {
+                    eprintln!(
+                        "{} run {i}/{}: spawn → ready {:.1} ms, boot_ms {:.3}, ap_ms {:.3}, entry_ms {:.3}",
+                        row.label, o.runs, s.total_ms, s.boot_ms, s.ap_ms, s.entry_ms
+                    );
+                    r.samples.push(s);
+                }
+                Err(e) => {
+                    eprintln!("{} run {i}/{}: failed: {e}", row.label, o.runs);
+                    r.failures.push(e);
+                }
+            }
+        }
+        results.push(r);
+    }
+    let elf_bytes = std::fs::metadata(p.elf()).ok().map(|m| m.len());
+    outln!();
+    outln!("{}", bench::report(&results, elf_bytes).trim_end());
+    Ok(0)
+}

@@ -68,6 +68,10 @@ pub fn map_ram(start: u64, end: u64) -> Result<(), MapError> {
 /// Whether `[addr, addr + len)` is mapped.
 pub fn is_mapped(addr: u64, len: usize) -> bool {
     let Some(end) = addr.checked_add(len as u64) else { return false };
+    if end <= FOUR_GIB {
+        // The boot map covers the first 4 GiB and nothing is ever unmapped.
+        return true;
+    }
     let mut page = addr & !(paging::PAGE_4K - 1);
     while page < end {
         if paging::translate(&LiveTables, root(), page).is_none() {

@@ -259,7 +259,7 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
         );
     }
 
-    let acpi = find_acpi(boot).map(|a| &*ACPI.call_once(|| a));
+    let acpi = find_acpi(boot).map(|a| ACPI.call_once(|| a));
     let lapic = match acpi.map(|_| Lapic::init()) {
         Some(Ok(l)) => Some(l),
         Some(Err(e)) => {

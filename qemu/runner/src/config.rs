@@ -1,0 +1,379 @@
+//! QEMU command lines for the three boot paths.
+//!
+//! Every path shares one base (platform notes, "Booting" and "No usable KVM here"):
+//! `-machine <m> -accel tcg -cpu <model> -m <MiB> -smp <n> -display none -no-reboot -serial stdio
+//! -device isa-debug-exit,iobase=0xf4,iosize=0x04 -nic none`. KVM is never used: on these hosts it is a nested
+//! set-up that runs guests thousands of times slower than TCG.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// The default guest memory, MiB.
+pub const DEFAULT_MEM_MIB: u32 = 256;
+/// The default CPU model. `max` exposes everything TCG can emulate.
+pub const DEFAULT_CPU: &str = "max";
+/// The largest `-smp` value accepted (QEMU's q35 limit is higher; the appliance uses a handful of cores).
+pub const MAX_SMP: u32 = 64;
+/// The I/O port of `isa-debug-exit`; the kernel writes 1 there on a fatal error.
+pub const DEBUG_EXIT_IOBASE: u16 = 0xf4;
+
+/// The emulated chipset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Machine {
+    /// i440FX + PIIX: no PCIe ECAM, so the kernel uses the legacy 0xCF8 configuration mechanism.
+    Pc,
+    /// Q35 + ICH9: PCIe with an MCFG table (ECAM).
+    Q35,
+}
+
+impl Machine {
+    /// The `-machine` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Machine::Pc => "pc",
+            Machine::Q35 => "q35",
+        }
+    }
+}
+
+impl fmt::Display for Machine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Machine {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "pc" => Ok(Machine::Pc),
+            "q35" => Ok(Machine::Q35),
+            other => Err(format!(
+                "unknown machine `{other}` (expected `pc` or `q35`)"
+            )),
+        }
+    }
+}
+
+/// How the guest is booted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Boot {
+    /// QEMU's built-in multiboot1 loader (`-kernel`, SeaBIOS). The ELF must carry the a.out-kludge MB1 header.
+    /// `append` becomes the multiboot command line (QEMU prefixes it with the kernel path).
+    Kernel { elf: PathBuf, append: String },
+    /// The GRUB ISO on SeaBIOS (`multiboot` in grub.cfg). Kernel arguments are baked into the ISO.
+    BiosIso { iso: PathBuf },
+    /// The GRUB ISO on OVMF (`multiboot2` in grub.cfg). `vars` must be a fresh, writable per-run copy of the
+    /// OVMF vars template (see [`crate::firmware::Ovmf::fresh_vars`]).
+    UefiIso {
+        iso: PathBuf,
+        code: PathBuf,
+        vars: PathBuf,
+    },
+}
+
+impl Boot {
+    /// A short name for messages and tables.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Boot::Kernel { .. } => "-kernel",
+            Boot::BiosIso { .. } => "GRUB BIOS",
+            Boot::UefiIso { .. } => "GRUB UEFI",
+        }
+    }
+}
+
+/// A complete QEMU invocation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QemuConfig {
+    /// The QEMU binary (looked up in `PATH` when it has no slash).
+    pub qemu: PathBuf,
+    pub machine: Machine,
+    /// The `-cpu` model.
+    pub cpu: String,
+    pub mem_mib: u32,
+    pub smp: u32,
+    pub boot: Boot,
+    /// Extra arguments appended verbatim (e.g. `-device`, `-object`, `-netdev` pairs).
+    pub extra: Vec<OsString>,
+}
+
+impl QemuConfig {
+    /// A q35, one-CPU, 256 MiB configuration for `boot`.
+    pub fn new(boot: Boot) -> Self {
+        QemuConfig {
+            qemu: PathBuf::from("qemu-system-x86_64"),
+            machine: Machine::Q35,
+            cpu: DEFAULT_CPU.to_string(),
+            mem_mib: DEFAULT_MEM_MIB,
+            smp: 1,
+            boot,
+            extra: Vec::new(),
+        }
+    }
+
+    /// Adds `-device <spec>`.
+    pub fn device(mut self, spec: &str) -> Self {
+        self.extra.push("-device".into());
+        self.extra.push(spec.into());
+        self
+    }
+
+    /// Adds `-object <spec>`.
+    pub fn object(mut self, spec: &str) -> Self {
+        self.extra.push("-object".into());
+        self.extra.push(spec.into());
+        self
+    }
+
+    /// Checks the values QEMU would otherwise reject with a less helpful message.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.smp == 0 || self.smp > MAX_SMP {
+            return Err(format!(
+                "-smp must be between 1 and {MAX_SMP}, got {}",
+                self.smp
+            ));
+        }
+        if self.mem_mib < 16 {
+            return Err(format!(
+                "guest memory must be at least 16 MiB, got {}",
+                self.mem_mib
+            ));
+        }
+        if self.cpu.is_empty() || self.cpu.contains(char::is_whitespace) {
+            return Err(format!("bad CPU model `{}`", self.cpu));
+        }
+        Ok(())
+    }
+
+    /// The argument vector (without the program name).
+    pub fn args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        let mut push = |s: &str| a.push(OsString::from(s));
+        push("-machine");
+        push(self.machine.as_str());
+        push("-accel");
+        push("tcg");
+        push("-cpu");
+        push(&self.cpu);
+        push("-m");
+        push(&self.mem_mib.to_string());
+        push("-smp");
+        push(&self.smp.to_string());
+        push("-display");
+        push("none");
+        push("-no-reboot");
+        push("-serial");
+        push("stdio");
+        push("-device");
+        push(&format!(
+            "isa-debug-exit,iobase={DEBUG_EXIT_IOBASE:#x},iosize=0x04"
+        ));
+        push("-nic");
+        push("none");
+        match &self.boot {
+            Boot::Kernel { elf, append } => {
+                a.push("-kernel".into());
+                a.push(elf.clone().into_os_string());
+                if !append.is_empty() {
+                    a.push("-append".into());
+                    a.push(append.into());
+                }
+            }
+            Boot::BiosIso { iso } => {
+                a.push("-cdrom".into());
+                a.push(iso.clone().into_os_string());
+                a.push("-boot".into());
+                a.push("d".into());
+            }
+            Boot::UefiIso { iso, code, vars } => {
+                a.push("-drive".into());
+                a.push(pflash(0, true, code));
+                a.push("-drive".into());
+                a.push(pflash(1, false, vars));
+                a.push("-cdrom".into());
+                a.push(iso.clone().into_os_string());
+                a.push("-boot".into());
+                a.push("d".into());
+            }
+        }
+        a.extend(self.extra.iter().cloned());
+        a
+    }
+
+    /// The command line as one shell-like string, for logs.
+    pub fn display(&self) -> String {
+        let mut s = self.qemu.display().to_string();
+        for arg in self.args() {
+            let arg = arg.to_string_lossy();
+            s.push(' ');
+            if arg.is_empty() || arg.contains(|c: char| c.is_whitespace() || c == '"' || c == '\'')
+            {
+                s.push('\'');
+                s.push_str(&arg.replace('\'', r"'\''"));
+                s.push('\'');
+            } else {
+                s.push_str(&arg);
+            }
+        }
+        s
+    }
+}
+
+/// `if=pflash,format=raw,unit=N[,readonly=on],file=PATH`. QEMU's option parser treats `,` as a separator, so a
+/// comma inside the path is doubled.
+fn pflash(unit: u8, readonly: bool, file: &std::path::Path) -> OsString {
+    let ro = if readonly { ",readonly=on" } else { "" };
+    let mut s = OsString::from(format!("if=pflash,format=raw,unit={unit}{ro},file="));
+    s.push(file.to_string_lossy().replace(',', ",,"));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(c: &QemuConfig) -> Vec<String> {
+        c.args()
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect()
+    }
+
+    fn has_pair(args: &[String], a: &str, b: &str) -> bool {
+        args.windows(2).any(|w| w[0] == a && w[1] == b)
+    }
+
+    #[test]
+    fn kernel_boot_has_base_and_append() {
+        let c = QemuConfig::new(Boot::Kernel {
+            elf: "target/leasebox/leasebox.elf".into(),
+            append: "test=panic log=warn".into(),
+        });
+        let a = strings(&c);
+        for (k, v) in [
+            ("-machine", "q35"),
+            ("-accel", "tcg"),
+            ("-cpu", "max"),
+            ("-m", "256"),
+            ("-smp", "1"),
+            ("-display", "none"),
+            ("-serial", "stdio"),
+            ("-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"),
+            ("-nic", "none"),
+            ("-kernel", "target/leasebox/leasebox.elf"),
+            ("-append", "test=panic log=warn"),
+        ] {
+            assert!(has_pair(&a, k, v), "missing {k} {v} in {a:?}");
+        }
+        assert!(a.contains(&"-no-reboot".to_string()));
+        assert!(!a.iter().any(|s| s.contains("kvm")));
+    }
+
+    #[test]
+    fn empty_append_is_omitted() {
+        let c = QemuConfig::new(Boot::Kernel {
+            elf: "k".into(),
+            append: String::new(),
+        });
+        assert!(!strings(&c).contains(&"-append".to_string()));
+    }
+
+    #[test]
+    fn bios_iso_boots_from_cdrom() {
+        let mut c = QemuConfig::new(Boot::BiosIso {
+            iso: "x.iso".into(),
+        });
+        c.machine = Machine::Pc;
+        c.smp = 3;
+        c.mem_mib = 512;
+        let a = strings(&c);
+        assert!(has_pair(&a, "-cdrom", "x.iso"));
+        assert!(has_pair(&a, "-boot", "d"));
+        assert!(has_pair(&a, "-machine", "pc"));
+        assert!(has_pair(&a, "-smp", "3"));
+        assert!(has_pair(&a, "-m", "512"));
+        assert!(!a.contains(&"-kernel".to_string()));
+    }
+
+    #[test]
+    fn uefi_iso_has_two_pflash_drives() {
+        let c = QemuConfig::new(Boot::UefiIso {
+            iso: "x.iso".into(),
+            code: "/usr/share/OVMF/OVMF_CODE_4M.fd".into(),
+            vars: "/t/vars,1.fd".into(),
+        });
+        let a = strings(&c);
+        assert!(has_pair(
+            &a,
+            "-drive",
+            "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd"
+        ));
+        assert!(has_pair(
+            &a,
+            "-drive",
+            "if=pflash,format=raw,unit=1,file=/t/vars,,1.fd"
+        ));
+        assert!(has_pair(&a, "-cdrom", "x.iso"));
+    }
+
+    #[test]
+    fn extra_devices_come_last() {
+        let c = QemuConfig::new(Boot::BiosIso {
+            iso: "x.iso".into(),
+        })
+        .object("memory-backend-ram,id=hm,size=1M")
+        .device("ivshmem-plain,memdev=hm");
+        let a = strings(&c);
+        let n = a.len();
+        assert_eq!(
+            &a[n - 4..],
+            [
+                "-object",
+                "memory-backend-ram,id=hm,size=1M",
+                "-device",
+                "ivshmem-plain,memdev=hm"
+            ]
+        );
+    }
+
+    #[test]
+    fn machine_parse() {
+        assert_eq!("pc".parse::<Machine>(), Ok(Machine::Pc));
+        assert_eq!("q35".parse::<Machine>(), Ok(Machine::Q35));
+        assert!(
+            "microvm"
+                .parse::<Machine>()
+                .unwrap_err()
+                .contains("microvm")
+        );
+    }
+
+    #[test]
+    fn validate_rejects_bad_values() {
+        let mut c = QemuConfig::new(Boot::BiosIso {
+            iso: "x.iso".into(),
+        });
+        assert!(c.validate().is_ok());
+        c.smp = 0;
+        assert!(c.validate().is_err());
+        c.smp = 2;
+        c.mem_mib = 1;
+        assert!(c.validate().is_err());
+        c.mem_mib = 256;
+        c.cpu = "max x".into();
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn display_quotes_spaces() {
+        let c = QemuConfig::new(Boot::Kernel {
+            elf: "k".into(),
+            append: "a b".into(),
+        });
+        assert!(c.display().ends_with("-append 'a b'"));
+    }
+}

@@ -1,0 +1,321 @@
+//! Boot-time measurements (`cargo xtask bench boot`): figures only, nothing asserted.
+//!
+//! Per run, the host measures T_total, QEMU spawn → ready line read; the ready line supplies boot_ms (kernel
+//! entry → ready, kernel TSC), ap_ms (the part spent starting APs) and entry_ms (guest TSC at kernel entry;
+//! under TCG the TSC starts near 0 at VM start). The table shows medians of the per-run figures:
+//! QEMU start → kernel entry = T_total − boot_ms; kernel entry → ready = boot_ms − ap_ms; AP start-up = ap_ms.
+//! Under TCG these are not native figures: compare ratios between paths, not absolute times.
+
+use std::fmt::Write as _;
+
+use leasebox_qemu::Machine;
+
+use crate::scenario::{BootKind, Scenario, Until};
+use crate::transcript::Transcript;
+use crate::{Artifacts, run};
+
+/// Runs per row unless told otherwise.
+pub const DEFAULT_RUNS: usize = 5;
+/// Goal: kernel entry → ready with one CPU, ms.
+pub const GOAL_ENTRY_TO_READY_MS: f64 = 30.0;
+/// Goal: size of leasebox.elf, bytes.
+pub const GOAL_ELF_BYTES: u64 = 1024 * 1024;
+
+/// One row of the table.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub label: &'static str,
+    pub boot: BootKind,
+    pub machine: Machine,
+    pub smp: u32,
+}
+
+/// The rows: each boot path with one CPU, then `-kernel` with three CPUs so AP start-up shows.
+pub fn rows() -> Vec<Row> {
+    vec![
+        Row {
+            label: "-kernel (q35, smp 1)",
+            boot: BootKind::Kernel,
+            machine: Machine::Q35,
+            smp: 1,
+        },
+        Row {
+            label: "GRUB BIOS (q35, smp 1)",
+            boot: BootKind::GrubBios,
+            machine: Machine::Q35,
+            smp: 1,
+        },
+        Row {
+            label: "GRUB UEFI (q35, smp 1)",
+            boot: BootKind::GrubUefi,
+            machine: Machine::Q35,
+            smp: 1,
+        },
+        Row {
+            label: "-kernel (q35, smp 3)",
+            boot: BootKind::Kernel,
+            machine: Machine::Q35,
+            smp: 3,
+        },
+    ]
+}
+
+impl Row {
+    /// The row as a scenario (ready line only, no check beyond it).
+    pub fn scenario(&self) -> Scenario {
+        Scenario {
+            name: "bench",
+            about: "boot-time measurement",
+            boot: self.boot,
+            machine: self.machine,
+            smp: self.smp,
+            mem_mib: leasebox_qemu::config::DEFAULT_MEM_MIB,
+            kernel_args: "",
+            extra: Vec::new(),
+            deadline: self.boot.deadline(),
+            until: Until::Ready,
+            check: |t| t.ready().map(|_| ()),
+        }
+    }
+}
+
+/// The figures of one run, ms.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sample {
+    pub total_ms: f64,
+    pub boot_ms: f64,
+    pub ap_ms: f64,
+    pub entry_ms: f64,
+}
+
+impl Sample {
+    /// Extracts the figures from a transcript.
+    pub fn from_transcript(t: &Transcript) -> Result<Sample, String> {
+        let ready = t.ready()?;
+        let total = t
+            .ready_after
+            .ok_or("the ready line's arrival time was not recorded")?;
+        Ok(Sample {
+            total_ms: total.as_secs_f64() * 1000.0,
+            boot_ms: ready.ms("boot_ms")?,
+            ap_ms: ready.ms("ap_ms")?,
+            entry_ms: ready.ms("entry_ms")?,
+        })
+    }
+
+    pub fn qemu_to_entry(&self) -> f64 {
+        self.total_ms - self.boot_ms
+    }
+
+    pub fn entry_to_ready(&self) -> f64 {
+        self.boot_ms - self.ap_ms
+    }
+}
+
+/// Boots `row` once and measures it.
+pub fn sample(row: &Row, a: &Artifacts) -> Result<Sample, String> {
+    let mut a = a.clone();
+    a.log_dir = a.log_dir.join("bench");
+    let t = run(&row.scenario(), &a)?;
+    Sample::from_transcript(&t)
+}
+
+/// The median (mean of the middle two for an even count); `None` for no values.
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// The results of one row.
+#[derive(Clone, Debug)]
+pub struct RowResult {
+    pub row: Row,
+    pub samples: Vec<Sample>,
+    /// Failure reasons of runs that produced no sample.
+    pub failures: Vec<String>,
+}
+
+impl RowResult {
+    fn median_of(&self, f: impl Fn(&Sample) -> f64) -> Option<f64> {
+        median(&self.samples.iter().map(f).collect::<Vec<_>>())
+    }
+}
+
+fn cell(v: Option<f64>) -> String {
+    v.map_or("—".to_string(), |x| format!("{x:.1}"))
+}
+
+/// The table of medians, then the goals.
+pub fn report(results: &[RowResult], elf_bytes: Option<u64>) -> String {
+    let headers = [
+        "path",
+        "qemu start → kernel entry (ms)",
+        "kernel entry → ready (ms)",
+        "AP start-up (ms)",
+        "guest TSC at entry (ms)",
+        "spawn → ready (ms)",
+        "runs ok",
+    ];
+    let mut rows: Vec<[String; 7]> = Vec::new();
+    for r in results {
+        rows.push([
+            r.row.label.to_string(),
+            cell(r.median_of(Sample::qemu_to_entry)),
+            cell(r.median_of(Sample::entry_to_ready)),
+            cell(r.median_of(|s| s.ap_ms)),
+            cell(r.median_of(|s| s.entry_ms)),
+            cell(r.median_of(|s| s.total_ms)),
+            format!("{}/{}", r.samples.len(), r.samples.len() + r.failures.len()),
+        ]);
+    }
+    let width = |i: usize| {
+        rows.iter()
+            .map(|r| r[i].chars().count())
+            .chain([headers[i].chars().count()])
+            .max()
+    };
+    let widths: Vec<usize> = (0..headers.len()).map(|i| width(i).unwrap_or(0)).collect();
+    let mut out = String::new();
+    let line = |cells: &[&str]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                let pad = w.saturating_sub(c.chars().count());
+                if i == 0 {
+                    format!("{c}{}", " ".repeat(pad))
+                } else {
+                    format!("{}{c}", " ".repeat(pad))
+                }
+            })
+            .collect();
+        format!("{}\n", padded.join(" | ").trim_end())
+    };
+    out.push_str(&line(&headers));
+    let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+    out.push_str(&format!("{}\n", rule.join("-|-")));
+    for r in &rows {
+        out.push_str(&line(&r.iter().map(String::as_str).collect::<Vec<_>>()));
+    }
+    out.push_str("(medians; TCG figures: compare ratios, not absolute times)\n\n");
+
+    let one_cpu = results
+        .iter()
+        .find(|r| r.row.boot == BootKind::Kernel && r.row.smp == 1);
+    let entry_ready = one_cpu.and_then(|r| r.median_of(Sample::entry_to_ready));
+    let verdict = |ok: bool| if ok { "within goal" } else { "OVER GOAL" };
+    match entry_ready {
+        Some(v) => {
+            let _ = writeln!(
+                out,
+                "kernel entry → ready, one CPU (-kernel): {v:.1} ms — goal ≤ {GOAL_ENTRY_TO_READY_MS:.0} ms: {}",
+                verdict(v <= GOAL_ENTRY_TO_READY_MS)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "kernel entry → ready, one CPU: no figure — goal ≤ {GOAL_ENTRY_TO_READY_MS:.0} ms"
+            );
+        }
+    }
+    match elf_bytes {
+        Some(b) => {
+            let _ = writeln!(
+                out,
+                "leasebox.elf: {b} bytes ({:.1} KiB) — goal ≤ 1 MiB: {}",
+                b as f64 / 1024.0,
+                verdict(b <= GOAL_ELF_BYTES)
+            );
+        }
+        None => out.push_str("leasebox.elf: not found — goal ≤ 1 MiB\n"),
+    }
+    for r in results {
+        for f in &r.failures {
+            let _ = writeln!(out, "failed run, {}: {f}", r.row.label);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0]), Some(3.0));
+        assert_eq!(median(&[5.0, 1.0, 3.0]), Some(3.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&[f64::NAN, 2.0]), Some(2.0));
+    }
+
+    #[test]
+    fn sample_from_transcript() {
+        let mut t = Transcript::from_text(
+            "x\nleasebox: ready cores=3 mem_mib=256 pci=3 boot_ms=25.500 ap_ms=20.000 entry_ms=90.250\n",
+        );
+        t.ready_after = Some(Duration::from_millis(150));
+        let s = Sample::from_transcript(&t).unwrap();
+        assert_eq!(s.total_ms, 150.0);
+        assert_eq!(s.qemu_to_entry(), 124.5);
+        assert_eq!(s.entry_to_ready(), 5.5);
+        assert_eq!(s.entry_ms, 90.25);
+        let t = Transcript::from_text("leasebox: ready cores=1 boot_ms=1.000\n");
+        assert!(Sample::from_transcript(&t).is_err());
+    }
+
+    #[test]
+    fn report_has_rows_goals_and_failures() {
+        let s = Sample {
+            total_ms: 120.0,
+            boot_ms: 12.0,
+            ap_ms: 0.0,
+            entry_ms: 100.0,
+        };
+        let rows = rows();
+        let results = vec![
+            RowResult {
+                row: rows[0].clone(),
+                samples: vec![s, s, s],
+                failures: vec![],
+            },
+            RowResult {
+                row: rows[2].clone(),
+                samples: vec![],
+                failures: vec!["timed out".into()],
+            },
+        ];
+        let r = report(&results, Some(600 * 1024));
+        assert!(r.contains("qemu start → kernel entry (ms)"), "{r}");
+        assert!(r.contains("108.0"), "{r}");
+        assert!(r.contains("3/3"));
+        assert!(r.contains("0/1"));
+        assert!(r.contains("12.0 ms — goal ≤ 30 ms: within goal"), "{r}");
+        assert!(r.contains("614400 bytes (600.0 KiB)"), "{r}");
+        assert!(r.contains("failed run, GRUB UEFI (q35, smp 1): timed out"));
+        let r = report(&[], Some(2 * 1024 * 1024));
+        assert!(r.contains("OVER GOAL"));
+    }
+
+    #[test]
+    fn rows_cover_each_path() {
+        let r = rows();
+        assert_eq!(r.len(), 4);
+        assert!(r.iter().any(|r| r.boot == BootKind::GrubUefi));
+        assert!(r.iter().any(|r| r.boot == BootKind::Kernel && r.smp == 3));
+        assert!(r.iter().all(|r| r.scenario().until == Until::Ready));
+    }
+}

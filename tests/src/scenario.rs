@@ -1,0 +1,591 @@
+//! The QEMU boot scenarios: each is a runner configuration, a stop condition, a deadline and a check on the
+//! transcript. Checks are plain functions of a [`Transcript`] so they are unit-tested on sample text.
+
+use std::time::Duration;
+
+use leasebox_qemu::config::DEFAULT_MEM_MIB;
+use leasebox_qemu::{Boot, Machine, QemuConfig, ScratchFile};
+
+use crate::Artifacts;
+use crate::serial::{self, BarKind, PciFunction};
+use crate::transcript::Transcript;
+
+/// How the image is booted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BootKind {
+    /// QEMU `-kernel` (multiboot1, SeaBIOS).
+    Kernel,
+    /// The GRUB ISO on SeaBIOS.
+    GrubBios,
+    /// The GRUB ISO on OVMF.
+    GrubUefi,
+}
+
+impl BootKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            BootKind::Kernel => "-kernel",
+            BootKind::GrubBios => "GRUB BIOS",
+            BootKind::GrubUefi => "GRUB UEFI",
+        }
+    }
+
+    /// A deadline for one boot to the ready line under TCG on a 2-core host, with a wide margin (OVMF alone
+    /// takes about 4 s there).
+    pub fn deadline(self) -> Duration {
+        Duration::from_secs(match self {
+            BootKind::Kernel => 60,
+            BootKind::GrubBios => 120,
+            BootKind::GrubUefi => 240,
+        })
+    }
+}
+
+/// When the runner has what a scenario needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Until {
+    /// The ready line, plus [`SETTLE`] for any late lines; then QEMU is killed.
+    Ready,
+    /// QEMU exits by itself.
+    Exit,
+}
+
+/// How long the runner keeps reading after the ready line (late or duplicated report-ins).
+pub const SETTLE: Duration = Duration::from_millis(300);
+
+/// One boot scenario.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub name: &'static str,
+    /// One line on what it proves.
+    pub about: &'static str,
+    pub boot: BootKind,
+    pub machine: Machine,
+    pub smp: u32,
+    pub mem_mib: u32,
+    /// Kernel command line (`-kernel` only: the ISOs have theirs baked in).
+    pub kernel_args: &'static str,
+    /// Extra QEMU arguments, in order.
+    pub extra: Vec<&'static str>,
+    pub deadline: Duration,
+    pub until: Until,
+    pub check: fn(&Transcript) -> Result<(), String>,
+}
+
+impl Scenario {
+    fn new(
+        name: &'static str,
+        about: &'static str,
+        boot: BootKind,
+        check: fn(&Transcript) -> Result<(), String>,
+    ) -> Self {
+        Scenario {
+            name,
+            about,
+            boot,
+            machine: Machine::Q35,
+            smp: 1,
+            mem_mib: DEFAULT_MEM_MIB,
+            kernel_args: "",
+            extra: Vec::new(),
+            deadline: boot.deadline(),
+            until: Until::Ready,
+            check,
+        }
+    }
+
+    /// The QEMU configuration, plus scratch files that must live as long as QEMU (the OVMF vars copy).
+    pub fn qemu_config(&self, a: &Artifacts) -> Result<(QemuConfig, Vec<ScratchFile>), String> {
+        let mut scratch = Vec::new();
+        let boot = match self.boot {
+            BootKind::Kernel => Boot::Kernel {
+                elf: a.elf.clone(),
+                append: self.kernel_args.to_string(),
+            },
+            BootKind::GrubBios | BootKind::GrubUefi if !self.kernel_args.is_empty() => {
+                return Err(format!(
+                    "{}: kernel arguments need an ISO of their own",
+                    self.name
+                ));
+            }
+            BootKind::GrubBios => Boot::BiosIso { iso: a.iso.clone() },
+            BootKind::GrubUefi => {
+                let ovmf = a
+                    .ovmf
+                    .as_ref()
+                    .ok_or("OVMF firmware not found (Debian: apt-get install ovmf)")?;
+                let vars = ovmf.fresh_vars(&a.scratch_dir).map_err(|e| e.to_string())?;
+                let b = Boot::UefiIso {
+                    iso: a.iso.clone(),
+                    code: ovmf.code.clone(),
+                    vars: vars.path().to_path_buf(),
+                };
+                scratch.push(vars);
+                b
+            }
+        };
+        let mut c = QemuConfig::new(boot);
+        c.qemu = a.qemu.clone();
+        c.cpu = a.cpu.clone();
+        c.machine = self.machine;
+        c.smp = self.smp;
+        c.mem_mib = self.mem_mib;
+        c.extra = self.extra.iter().map(Into::into).collect();
+        Ok((c, scratch))
+    }
+}
+
+/// Every scenario, in the order `cargo xtask test` runs them.
+pub fn all() -> Vec<Scenario> {
+    vec![
+        Scenario {
+            machine: Machine::Pc,
+            extra: vec!["-device", "e1000"],
+            ..Scenario::new(
+                "kernel-smp1-pc",
+                "-kernel on i440FX (legacy 0xCF8 PCI), one CPU, an e1000 with a memory and an I/O BAR",
+                BootKind::Kernel,
+                check_kernel_smp1_pc,
+            )
+        },
+        Scenario {
+            smp: 3,
+            extra: vec![
+                "-object",
+                "memory-backend-ram,id=hm,size=1M",
+                "-device",
+                "ivshmem-plain,memdev=hm",
+            ],
+            ..Scenario::new(
+                "kernel-smp3-q35",
+                "-kernel on Q35 (ECAM), three CPUs, ivshmem with a 64-bit prefetchable BAR2",
+                BootKind::Kernel,
+                check_kernel_smp3_q35,
+            )
+        },
+        Scenario::new(
+            "grub-bios",
+            "the GRUB ISO on SeaBIOS (multiboot1)",
+            BootKind::GrubBios,
+            check_grub,
+        ),
+        Scenario::new(
+            "grub-uefi",
+            "the GRUB ISO on OVMF (multiboot2)",
+            BootKind::GrubUefi,
+            check_grub,
+        ),
+        Scenario {
+            kernel_args: "test=pagefault",
+            until: Until::Exit,
+            ..Scenario::new(
+                "fault-pagefault",
+                "a deliberate page fault is dumped and QEMU exits with status 3",
+                BootKind::Kernel,
+                check_fault_pagefault,
+            )
+        },
+        Scenario {
+            kernel_args: "test=panic",
+            until: Until::Exit,
+            ..Scenario::new(
+                "fault-panic",
+                "a deliberate panic is reported and QEMU exits with status 3",
+                BootKind::Kernel,
+                check_fault_panic,
+            )
+        },
+    ]
+}
+
+/// The scenarios whose names are in `names` (all if empty); an error names the unknown ones.
+pub fn select(names: &[String]) -> Result<Vec<Scenario>, String> {
+    let all = all();
+    if names.is_empty() {
+        return Ok(all);
+    }
+    let unknown: Vec<&str> = names
+        .iter()
+        .filter(|n| !all.iter().any(|s| s.name == *n))
+        .map(String::as_str)
+        .collect();
+    if !unknown.is_empty() {
+        let known: Vec<&str> = all.iter().map(|s| s.name).collect();
+        return Err(format!(
+            "unknown scenario(s) {} (known: {})",
+            unknown.join(", "),
+            known.join(", ")
+        ));
+    }
+    Ok(all
+        .into_iter()
+        .filter(|s| names.iter().any(|n| n == s.name))
+        .collect())
+}
+
+fn expect_eq(what: &str, got: u64, want: u64) -> Result<(), String> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("{what} is {got}, expected {want}"))
+    }
+}
+
+/// The ready line's `pci=` equals the number of listing lines.
+fn check_pci_count(t: &Transcript, pci: &[PciFunction]) -> Result<(), String> {
+    expect_eq(
+        "ready line's pci=",
+        t.ready()?.u64("pci")?,
+        pci.len() as u64,
+    )
+}
+
+fn find_device<'a>(pci: &'a [PciFunction], ids: &str) -> Result<&'a PciFunction, String> {
+    let found: Vec<&PciFunction> = pci.iter().filter(|f| f.ids() == ids).collect();
+    match found.as_slice() {
+        [f] => Ok(f),
+        [] => Err(format!(
+            "no PCI function {ids} listed (listed: {})",
+            pci.iter()
+                .map(PciFunction::ids)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        _ => Err(format!(
+            "{} PCI functions {ids} listed, expected one",
+            found.len()
+        )),
+    }
+}
+
+fn expect_bar(
+    f: &PciFunction,
+    index: Option<u8>,
+    kinds: &[BarKind],
+    size: u64,
+) -> Result<(), String> {
+    let hit = f
+        .bars
+        .iter()
+        .any(|b| index.is_none_or(|i| b.index == i) && kinds.contains(&b.kind) && b.size == size);
+    if hit {
+        return Ok(());
+    }
+    let which = index.map_or("a".to_string(), |i| format!("bar{i} as"));
+    let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+    Err(format!(
+        "{} has no {which} {} BAR of size {size:#x}: `{f}`",
+        f.ids(),
+        kinds.join("/")
+    ))
+}
+
+/// CPU `n` reported online exactly once.
+fn expect_online_once(t: &Transcript, cpu: u32) -> Result<(), String> {
+    let n = t.cpus_online().iter().filter(|c| c.cpu == cpu).count();
+    match n {
+        1 => Ok(()),
+        0 => Err(format!("no `smp: cpu {cpu} online` line")),
+        n => Err(format!(
+            "`smp: cpu {cpu} online` printed {n} times, expected once"
+        )),
+    }
+}
+
+/// No report-in from a CPU beyond `cores`.
+fn expect_no_extra_cpus(t: &Transcript, cores: u32) -> Result<(), String> {
+    match t.cpus_online().iter().find(|c| c.cpu >= cores) {
+        Some(c) => Err(format!(
+            "cpu {} reported online with only {cores} CPUs",
+            c.cpu
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `kernel-smp1-pc`.
+pub fn check_kernel_smp1_pc(t: &Transcript) -> Result<(), String> {
+    let ready = t.ready()?;
+    t.no_fatal()?;
+    expect_eq("ready line's cores=", ready.u64("cores")?, 1)?;
+    expect_online_once(t, 0)?;
+    expect_no_extra_cpus(t, 1)?;
+    let pci = t.pci()?;
+    let e1000 = find_device(&pci, "8086:100e")?;
+    expect_bar(e1000, None, &[BarKind::Mem32], 0x20000)?;
+    expect_bar(e1000, None, &[BarKind::Io], 0x40)?;
+    check_pci_count(t, &pci)
+}
+
+/// `kernel-smp3-q35`.
+pub fn check_kernel_smp3_q35(t: &Transcript) -> Result<(), String> {
+    let ready = t.ready()?;
+    t.no_fatal()?;
+    expect_eq("ready line's cores=", ready.u64("cores")?, 3)?;
+    for cpu in 0..3 {
+        expect_online_once(t, cpu)?;
+    }
+    expect_no_extra_cpus(t, 3)?;
+    let pci = t.pci()?;
+    let ivshmem = find_device(&pci, "1af4:1110")?;
+    expect_bar(ivshmem, Some(2), &[BarKind::Mem64Pf], 0x100000)?;
+    check_pci_count(t, &pci)
+}
+
+/// `grub-bios`, `grub-uefi`: the ready line and nothing fatal.
+pub fn check_grub(t: &Transcript) -> Result<(), String> {
+    let ready = t.ready()?;
+    t.no_fatal()?;
+    ready.u64("cores")?;
+    Ok(())
+}
+
+fn expect_debug_exit_failure(t: &Transcript) -> Result<(), String> {
+    match t.exit {
+        Some(e) if e.is_guest_failure() => Ok(()),
+        _ => Err(format!(
+            "expected QEMU to exit with status 3 (isa-debug-exit 1), but: {}",
+            t.ending()
+        )),
+    }
+}
+
+/// `fault-pagefault`.
+pub fn check_fault_pagefault(t: &Transcript) -> Result<(), String> {
+    let dump = t
+        .from_first(serial::is_exception)
+        .ok_or_else(|| format!("no EXCEPTION line ({})", t.ending()))?;
+    let vector = dump.iter().find_map(|l| serial::token_value(l, "vector"));
+    if vector != Some("14") {
+        return Err(format!(
+            "exception dump has vector={}, expected 14: `{}`",
+            vector.unwrap_or("(none)"),
+            dump[0]
+        ));
+    }
+    for key in ["rip", "cr2"] {
+        if !dump
+            .iter()
+            .any(|l| serial::token_value(l, key).is_some() || l.contains(&format!("{key}=")))
+        {
+            return Err(format!("exception dump has no `{key}=`"));
+        }
+    }
+    expect_debug_exit_failure(t)
+}
+
+/// `fault-panic`.
+pub fn check_fault_panic(t: &Transcript) -> Result<(), String> {
+    if !t.lines.iter().any(|l| serial::is_panic(l)) {
+        return Err(format!("no PANIC line ({})", t.ending()));
+    }
+    expect_debug_exit_failure(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasebox_qemu::QemuExit;
+
+    const SMP1_PC: &str = "\
+SeaBIOS (version 1.16.2-debian-1.16.2-1)
+Booting from ROM..\r
+[    0.000010] c0 INFO  leasebox 0.1.0 starting\r
+[    0.000020] c0 INFO  smp: cpu 0 online apic=0 role=net,cmd,event\r
+[    0.000900] c0 INFO  pci: legacy 0xcf8 mechanism\r
+[    0.001000] c0 INFO  pci: 00:00.0 8086:1237 class=06.00.00\r
+[    0.001100] c0 INFO  pci: 00:01.0 8086:7000 class=06.01.00\r
+[    0.001200] c0 INFO  pci: 00:01.1 8086:7010 class=01.01.80 bar4=io:0xc040+0x10\r
+[    0.001300] c0 INFO  pci: 00:01.3 8086:7113 class=06.80.00\r
+[    0.001400] c0 INFO  pci: 00:02.0 1234:1111 class=03.00.00 bar0=mem32pf:0xfd000000+0x1000000 bar2=mem32:0xfebf0000+0x1000\r
+[    0.001500] c0 INFO  pci: 00:03.0 8086:100e class=02.00.00 bar0=mem32:0xfebc0000+0x20000 bar1=io:0xc000+0x40\r
+leasebox: ready cores=1 mem_mib=256 pci=6 boot_ms=2.100 ap_ms=0.000 entry_ms=90.000\r
+";
+
+    const SMP3_Q35: &str = "\
+[    0.000010] c0 INFO  smp: cpu 0 online apic=0 role=net
+[    0.010000] c1 INFO  smp: cpu 1 online apic=1 role=cmd
+[    0.020000] c2 INFO  smp: cpu 2 online apic=2 role=event
+[    0.021000] c0 INFO  pci: 00:00.0 8086:29c0 class=06.00.00
+[    0.021100] c0 INFO  pci: 00:01.0 1af4:1110 class=05.00.00 bar0=mem32:0xfebd1000+0x100 bar2=mem64pf:0xfe800000+0x100000
+[    0.021200] c0 INFO  pci: 00:1f.0 8086:2918 class=06.01.00
+leasebox: ready cores=3 mem_mib=256 pci=3 boot_ms=22.000 ap_ms=20.000 entry_ms=100.000
+";
+
+    #[test]
+    fn smp1_pc_passes_on_good_output() {
+        assert_eq!(
+            check_kernel_smp1_pc(&Transcript::from_text(SMP1_PC)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn smp1_pc_catches_each_fault() {
+        let bad = |from: &str, to: &str| {
+            check_kernel_smp1_pc(&Transcript::from_text(&SMP1_PC.replace(from, to)))
+        };
+        assert!(bad("pci=6", "pci=7").unwrap_err().contains("pci="));
+        assert!(bad("cores=1", "cores=2").unwrap_err().contains("cores="));
+        assert!(
+            bad("smp: cpu 0 online", "smp: cpu 0 up")
+                .unwrap_err()
+                .contains("cpu 0")
+        );
+        assert!(bad("+0x20000", "+0x10000").unwrap_err().contains("0x20000"));
+        assert!(bad("bar1=io:0xc000+0x40", "").unwrap_err().contains("io"));
+        assert!(
+            bad("8086:100e", "8086:10d3")
+                .unwrap_err()
+                .contains("8086:100e")
+        );
+        assert!(
+            bad("leasebox: ready", "leasebox: steady")
+                .unwrap_err()
+                .contains("no `leasebox: ready`")
+        );
+        assert!(
+            bad("Booting from ROM..", "PANIC early")
+                .unwrap_err()
+                .contains("fatal")
+        );
+        assert!(
+            bad("class=02.00.00", "class=2.0.0")
+                .unwrap_err()
+                .contains("bad PCI line")
+        );
+    }
+
+    #[test]
+    fn smp3_q35_passes_and_catches_faults() {
+        assert_eq!(
+            check_kernel_smp3_q35(&Transcript::from_text(SMP3_Q35)),
+            Ok(())
+        );
+        let bad = |from: &str, to: &str| {
+            check_kernel_smp3_q35(&Transcript::from_text(&SMP3_Q35.replace(from, to)))
+        };
+        assert!(
+            bad("smp: cpu 2 online", "smp: cpu 1 online")
+                .unwrap_err()
+                .contains("cpu 1")
+        );
+        assert!(
+            bad("smp: cpu 2 online", "smp: cpu 3 online")
+                .unwrap_err()
+                .contains("cpu 2")
+        );
+        assert!(
+            bad("bar2=mem64pf", "bar2=mem64")
+                .unwrap_err()
+                .contains("bar2")
+        );
+        assert!(
+            bad("bar2=mem64pf:0xfe800000", "bar4=mem64pf:0xfe800000")
+                .unwrap_err()
+                .contains("bar2")
+        );
+        assert!(bad("cores=3", "cores=1").unwrap_err().contains("cores="));
+        let mut dup = SMP3_Q35.to_string();
+        dup.push_str("[    0.030000] c1 INFO  smp: cpu 1 online apic=1 role=cmd\n");
+        assert!(
+            check_kernel_smp3_q35(&Transcript::from_text(&dup))
+                .unwrap_err()
+                .contains("2 times")
+        );
+    }
+
+    #[test]
+    fn grub_needs_only_ready() {
+        let t = Transcript::from_text(
+            "\x1b[0m\x1b[30m\x1b[47mGRUB\nleasebox: ready cores=1 pci=0 boot_ms=1.000\n",
+        );
+        assert_eq!(check_grub(&t), Ok(()));
+        assert!(check_grub(&Transcript::from_text("GRUB loading.\n")).is_err());
+    }
+
+    #[test]
+    fn pagefault() {
+        let text = "\
+leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
+[    0.100000] c0 ERROR EXCEPTION #PF vector=14 error=0x2 on core 0
+[    0.100001] c0 ERROR   rip=0x0000000000101234 rsp=0x0000000000200000 rflags=0x0000000000000046
+[    0.100002] c0 ERROR   cr2=0x00000000dead0000 cr3=0x0000000000300000
+";
+        let mut t = Transcript::from_text(text);
+        t.exit = Some(QemuExit::DebugExit { value: 1 });
+        assert_eq!(check_fault_pagefault(&t), Ok(()));
+        t.exit = None;
+        t.timed_out = true;
+        t.deadline = Duration::from_secs(60);
+        assert!(check_fault_pagefault(&t).unwrap_err().contains("status 3"));
+        let mut t = Transcript::from_text(&text.replace("vector=14", "vector=13"));
+        t.exit = Some(QemuExit::DebugExit { value: 1 });
+        assert!(check_fault_pagefault(&t).unwrap_err().contains("vector=13"));
+        let mut t = Transcript::from_text(&text.replace("cr2=", "cr3x"));
+        t.exit = Some(QemuExit::DebugExit { value: 1 });
+        assert!(check_fault_pagefault(&t).unwrap_err().contains("cr2"));
+        let t = Transcript::from_text("leasebox: ready cores=1\n");
+        assert!(
+            check_fault_pagefault(&t)
+                .unwrap_err()
+                .contains("no EXCEPTION")
+        );
+    }
+
+    #[test]
+    fn panic() {
+        let mut t = Transcript::from_text(
+            "[    0.1] c0 ERROR PANIC at image/src/main.rs:42:9: test=panic\n",
+        );
+        t.exit = Some(QemuExit::DebugExit { value: 1 });
+        assert_eq!(check_fault_panic(&t), Ok(()));
+        t.exit = Some(QemuExit::Clean);
+        assert!(check_fault_panic(&t).unwrap_err().contains("status 0"));
+    }
+
+    #[test]
+    fn selection() {
+        let names: Vec<&str> = all().iter().map(|s| s.name).collect();
+        assert_eq!(
+            names,
+            [
+                "kernel-smp1-pc",
+                "kernel-smp3-q35",
+                "grub-bios",
+                "grub-uefi",
+                "fault-pagefault",
+                "fault-panic"
+            ]
+        );
+        assert_eq!(select(&[]).unwrap().len(), 6);
+        assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name, "grub-bios");
+        assert!(select(&["nope".into()]).unwrap_err().contains("nope"));
+    }
+
+    #[test]
+    fn configs() {
+        let a = Artifacts::for_tests();
+        let s = &all()[0];
+        let (c, scratch) = s.qemu_config(&a).unwrap();
+        assert!(scratch.is_empty());
+        let args: Vec<String> = c
+            .args()
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert!(args.windows(2).any(|w| w == ["-machine", "pc"]));
+        assert!(args.windows(2).any(|w| w == ["-device", "e1000"]));
+        let pf = all()
+            .into_iter()
+            .find(|s| s.name == "fault-pagefault")
+            .unwrap();
+        let (c, _) = pf.qemu_config(&a).unwrap();
+        assert!(matches!(c.boot, Boot::Kernel { ref append, .. } if append == "test=pagefault"));
+        let uefi = all().into_iter().find(|s| s.name == "grub-uefi").unwrap();
+        assert!(uefi.qemu_config(&a).unwrap_err().contains("OVMF"));
+        let mut bios = all().into_iter().find(|s| s.name == "grub-bios").unwrap();
+        bios.kernel_args = "test=panic";
+        assert!(bios.qemu_config(&a).is_err());
+    }
+}

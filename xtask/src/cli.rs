@@ -1,0 +1,374 @@
+//! Command-line parsing for `cargo xtask` (by hand: a few flags, clear errors, no panics).
+
+use leasebox_qemu::Machine;
+use leasebox_qemu::config::{DEFAULT_CPU, DEFAULT_MEM_MIB, MAX_SMP};
+
+pub const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  image                 build the kernel and the GRUB ISO:
+                        target/leasebox/leasebox.elf, target/leasebox/leasebox.iso
+  run [options] [-- kernel args...]
+                        build what is needed and boot under QEMU (TCG), serial console on this terminal,
+                        until the guest exits or Ctrl-C. Exits with QEMU's status (3 = the guest reported a
+                        failure through isa-debug-exit; 128+N = killed by signal N)
+      --iso             boot the GRUB ISO on SeaBIOS instead of QEMU -kernel
+      --uefi            boot the GRUB ISO on OVMF (UEFI); implies --iso
+      --smp N           CPUs (default 1)
+      --mem MiB         guest memory (default 256)
+      --machine pc|q35  chipset (default q35; pc has no ECAM, so the kernel uses 0xCF8 PCI access)
+      --cpu MODEL       QEMU -cpu model (default max)
+      --device SPEC     add -device SPEC (repeatable)
+      --object SPEC     add -object SPEC (repeatable)
+      --qemu-arg ARG    add one raw QEMU argument (repeatable)
+      --timeout SECS    kill QEMU after SECS seconds
+      --dry-run         print the QEMU command line and exit
+      kernel args       e.g. log=debug cores=... test=pagefault; with --iso/--uefi they are baked into
+                        target/leasebox/run.iso
+  test [options] [SCENARIO...]
+                        host tests (cargo test --workspace), clippy (host, and the kernel target), image and
+                        ISO build, then the QEMU boot scenarios one after another; PASS/FAIL lines and a summary
+      --boot-only       only the image build and the boot scenarios
+      --list            list the boot scenarios and exit
+      --verbose         copy each scenario's serial output to stdout as it arrives
+  bench boot [--runs N] boot-time table (medians of N runs, default 5) for -kernel, GRUB BIOS, GRUB UEFI
+                        and -kernel with 3 CPUs, plus the size of leasebox.elf; asserts nothing
+  prereqs               check (and, as root with apt-get, install) QEMU, GRUB, xorriso, mtools and OVMF
+  help                  this text
+
+run, test, bench and image check the host prerequisites first and install missing Debian packages when
+running as root (otherwise they print the apt-get command to run).
+LEASEBOX_KERNEL_ELF=<path> makes image/run/test/bench use that prebuilt kernel ELF instead of building
+leasebox-image (the host tests and clippy still build the workspace).";
+
+/// A parsed command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cmd {
+    Help,
+    Image,
+    Prereqs,
+    Run(RunOpts),
+    Test(TestOpts),
+    Bench(BenchOpts),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunOpts {
+    pub iso: bool,
+    pub uefi: bool,
+    pub smp: u32,
+    pub mem_mib: u32,
+    pub machine: Machine,
+    pub cpu: String,
+    /// Extra QEMU arguments in order.
+    pub extra: Vec<String>,
+    pub timeout_secs: Option<u64>,
+    pub dry_run: bool,
+    pub kernel_args: Vec<String>,
+}
+
+impl Default for RunOpts {
+    fn default() -> Self {
+        RunOpts {
+            iso: false,
+            uefi: false,
+            smp: 1,
+            mem_mib: DEFAULT_MEM_MIB,
+            machine: Machine::Q35,
+            cpu: DEFAULT_CPU.to_string(),
+            extra: Vec::new(),
+            timeout_secs: None,
+            dry_run: false,
+            kernel_args: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TestOpts {
+    pub boot_only: bool,
+    pub list: bool,
+    pub verbose: bool,
+    pub scenarios: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BenchOpts {
+    pub runs: usize,
+}
+
+/// Splits `--flag=value` and fetches the value of a flag that takes one.
+struct Args<I: Iterator<Item = String>> {
+    it: I,
+}
+
+impl<I: Iterator<Item = String>> Args<I> {
+    fn value(&mut self, flag: &str, inline: Option<String>) -> Result<String, String> {
+        match inline {
+            Some(v) => Ok(v),
+            None => self
+                .it
+                .next()
+                .ok_or_else(|| format!("{flag} needs a value")),
+        }
+    }
+}
+
+fn number<T>(flag: &str, v: &str, min: T, max: T) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
+{
+    match v.parse::<T>() {
+        Ok(n) if n >= min && n <= max => Ok(n),
+        _ => Err(format!(
+            "{flag} needs a number from {min} to {max}, got `{v}`"
+        )),
+    }
+}
+
+fn no_value(flag: &str, inline: &Option<String>) -> Result<(), String> {
+    match inline {
+        Some(_) => Err(format!("{flag} takes no value")),
+        None => Ok(()),
+    }
+}
+
+/// Parses the arguments after `cargo xtask`.
+pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Cmd, String> {
+    let mut it = args.into_iter();
+    let Some(cmd) = it.next() else {
+        return Ok(Cmd::Help);
+    };
+    let mut a = Args { it };
+    match cmd.as_str() {
+        "help" | "-h" | "--help" => Ok(Cmd::Help),
+        "image" => no_more(&mut a, "image").map(|_| Cmd::Image),
+        "prereqs" => no_more(&mut a, "prereqs").map(|_| Cmd::Prereqs),
+        "run" => parse_run(&mut a).map(Cmd::Run),
+        "test" => parse_test(&mut a).map(Cmd::Test),
+        "bench" => parse_bench(&mut a).map(Cmd::Bench),
+        other => Err(format!("unknown command `{other}`")),
+    }
+}
+
+fn no_more<I: Iterator<Item = String>>(a: &mut Args<I>, cmd: &str) -> Result<(), String> {
+    match a.it.next() {
+        None => Ok(()),
+        Some(x) => Err(format!("`{cmd}` takes no arguments, got `{x}`")),
+    }
+}
+
+fn split(arg: &str) -> (String, Option<String>) {
+    match arg.split_once('=') {
+        Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+        _ => (arg.to_string(), None),
+    }
+}
+
+fn parse_run<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<RunOpts, String> {
+    let mut o = RunOpts::default();
+    while let Some(arg) = a.it.next() {
+        let (flag, inline) = split(&arg);
+        match flag.as_str() {
+            "--" => {
+                o.kernel_args = a.it.by_ref().collect();
+                break;
+            }
+            "--iso" => {
+                no_value(&flag, &inline)?;
+                o.iso = true;
+            }
+            "--uefi" => {
+                no_value(&flag, &inline)?;
+                o.uefi = true;
+                o.iso = true;
+            }
+            "--dry-run" => {
+                no_value(&flag, &inline)?;
+                o.dry_run = true;
+            }
+            "--smp" => o.smp = number(&flag, &a.value(&flag, inline)?, 1, MAX_SMP)?,
+            "--mem" => o.mem_mib = number(&flag, &a.value(&flag, inline)?, 16, 1024 * 1024)?,
+            "--machine" => o.machine = a.value(&flag, inline)?.parse()?,
+            "--cpu" => {
+                let v = a.value(&flag, inline)?;
+                if v.is_empty() || v.starts_with('-') {
+                    return Err(format!("--cpu needs a CPU model, got `{v}`"));
+                }
+                o.cpu = v;
+            }
+            "--device" | "--object" => {
+                let v = a.value(&flag, inline)?;
+                if v.is_empty() {
+                    return Err(format!("{flag} needs a value"));
+                }
+                o.extra.push(format!("-{}", &flag[2..]));
+                o.extra.push(v);
+            }
+            "--qemu-arg" => o.extra.push(a.value(&flag, inline)?),
+            "--timeout" => {
+                o.timeout_secs = Some(number(&flag, &a.value(&flag, inline)?, 1, 7 * 24 * 3600)?)
+            }
+            f if f.starts_with('-') => return Err(format!("unknown option `{f}` for `run`")),
+            other => {
+                return Err(format!(
+                    "unexpected argument `{other}` (kernel arguments go after `--`)"
+                ));
+            }
+        }
+    }
+    Ok(o)
+}
+
+fn parse_test<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<TestOpts, String> {
+    let mut o = TestOpts::default();
+    for arg in a.it.by_ref() {
+        let (flag, inline) = split(&arg);
+        match flag.as_str() {
+            "--boot-only" => {
+                no_value(&flag, &inline)?;
+                o.boot_only = true;
+            }
+            "--list" => {
+                no_value(&flag, &inline)?;
+                o.list = true;
+            }
+            "--verbose" | "-v" => {
+                no_value(&flag, &inline)?;
+                o.verbose = true;
+            }
+            f if f.starts_with('-') => return Err(format!("unknown option `{f}` for `test`")),
+            name => o.scenarios.push(name.to_string()),
+        }
+    }
+    Ok(o)
+}
+
+fn parse_bench<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<BenchOpts, String> {
+    match a.it.next().as_deref() {
+        Some("boot") => {}
+        Some(other) => return Err(format!("unknown benchmark `{other}` (available: boot)")),
+        None => return Err("`bench` needs a benchmark name (available: boot)".into()),
+    }
+    let mut o = BenchOpts {
+        runs: leasebox_scenarios::bench::DEFAULT_RUNS,
+    };
+    while let Some(arg) = a.it.next() {
+        let (flag, inline) = split(&arg);
+        match flag.as_str() {
+            "--runs" => o.runs = number(&flag, &a.value(&flag, inline)?, 1, 1000)?,
+            other => return Err(format!("unknown option `{other}` for `bench boot`")),
+        }
+    }
+    Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(args: &[&str]) -> Result<Cmd, String> {
+        parse(args.iter().map(|s| s.to_string()))
+    }
+
+    fn run(args: &[&str]) -> RunOpts {
+        match p(&[&["run"], args].concat()) {
+            Ok(Cmd::Run(o)) => o,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn top_level() {
+        assert_eq!(p(&[]), Ok(Cmd::Help));
+        assert_eq!(p(&["help"]), Ok(Cmd::Help));
+        assert_eq!(p(&["--help"]), Ok(Cmd::Help));
+        assert_eq!(p(&["image"]), Ok(Cmd::Image));
+        assert_eq!(p(&["prereqs"]), Ok(Cmd::Prereqs));
+        assert!(p(&["image", "x"]).unwrap_err().contains("no arguments"));
+        assert!(p(&["frobnicate"]).unwrap_err().contains("frobnicate"));
+    }
+
+    #[test]
+    fn run_defaults_and_flags() {
+        assert_eq!(run(&[]), RunOpts::default());
+        let o = run(&[
+            "--uefi",
+            "--smp",
+            "3",
+            "--mem=512",
+            "--machine",
+            "pc",
+            "--cpu",
+            "qemu64",
+            "--device",
+            "e1000",
+            "--object=memory-backend-ram,id=m,size=1M",
+            "--qemu-arg",
+            "-S",
+            "--timeout",
+            "30",
+            "--",
+            "log=debug",
+            "test=panic",
+            "--iso",
+        ]);
+        assert!(o.uefi && o.iso);
+        assert_eq!((o.smp, o.mem_mib, o.machine), (3, 512, Machine::Pc));
+        assert_eq!(o.cpu, "qemu64");
+        assert_eq!(
+            o.extra,
+            [
+                "-device",
+                "e1000",
+                "-object",
+                "memory-backend-ram,id=m,size=1M",
+                "-S"
+            ]
+        );
+        assert_eq!(o.timeout_secs, Some(30));
+        assert_eq!(o.kernel_args, ["log=debug", "test=panic", "--iso"]);
+        assert!(run(&["--iso"]).iso);
+        assert!(!run(&["--iso"]).uefi);
+    }
+
+    #[test]
+    fn run_errors_are_clear() {
+        let e = |args: &[&str]| p(&[&["run"], args].concat()).unwrap_err();
+        assert!(e(&["--smp"]).contains("--smp needs a value"));
+        assert!(e(&["--smp", "zero"]).contains("--smp needs a number"));
+        assert!(e(&["--smp", "0"]).contains("from 1"));
+        assert!(e(&["--smp", "-3"]).contains("--smp"));
+        assert!(e(&["--mem", "99999999999999999999"]).contains("--mem"));
+        assert!(e(&["--machine", "isapc"]).contains("isapc"));
+        assert!(e(&["--iso=yes"]).contains("takes no value"));
+        assert!(e(&["--fast"]).contains("unknown option `--fast`"));
+        assert!(e(&["log=debug"]).contains("after `--`"));
+        assert!(e(&["--cpu", "--iso"]).contains("CPU model"));
+        assert!(e(&["--device="]).contains("needs a value"));
+    }
+
+    #[test]
+    fn test_and_bench() {
+        assert_eq!(p(&["test"]), Ok(Cmd::Test(TestOpts::default())));
+        assert_eq!(
+            p(&["test", "--boot-only", "-v", "grub-bios"]),
+            Ok(Cmd::Test(TestOpts {
+                boot_only: true,
+                list: false,
+                verbose: true,
+                scenarios: vec!["grub-bios".into()]
+            }))
+        );
+        assert!(p(&["test", "--fast"]).unwrap_err().contains("--fast"));
+        assert_eq!(p(&["bench", "boot"]), Ok(Cmd::Bench(BenchOpts { runs: 5 })));
+        assert_eq!(
+            p(&["bench", "boot", "--runs", "2"]),
+            Ok(Cmd::Bench(BenchOpts { runs: 2 }))
+        );
+        assert!(p(&["bench"]).unwrap_err().contains("needs a benchmark"));
+        assert!(p(&["bench", "net"]).unwrap_err().contains("net"));
+        assert!(p(&["bench", "boot", "--runs", "0"]).is_err());
+    }
+}
