@@ -77,10 +77,9 @@ fn leasebox_main(p: Platform) -> ! {
     }
     let cpus = n_aps + 1;
     let layout = match p.config.cores {
-        Some(l) if l.cores().len() > cpus => boot_error(format_args!(
-            "cores= names {} cores but this machine has {cpus} CPU(s)",
-            l.cores().len()
-        )),
+        Some(l) if l.cores().len() > cpus => {
+            boot_error(format_args!("cores= names {} cores but this machine has {cpus} CPU(s)", l.cores().len()))
+        }
         Some(l) => l.padded_to(cpus),
         None => CoreLayout::default_for(cpus),
     };
@@ -101,15 +100,8 @@ fn leasebox_main(p: Platform) -> ! {
         log::error!("smp: only {online} of {cpus} CPUs reported in");
     }
 
-    let mem_mib = p
-        .boot
-        .memory
-        .regions()
-        .iter()
-        .filter(|r| r.kind == RegionKind::Usable)
-        .map(|r| r.len)
-        .sum::<u64>()
-        >> 20;
+    let mem_mib =
+        p.boot.memory.regions().iter().filter(|r| r.kind == RegionKind::Usable).map(|r| r.len).sum::<u64>() >> 20;
     let boot_time = Instant::now().since_boot();
     println!(
         "leasebox: ready cores={online} mem_mib={mem_mib} pci={} boot_ms={} ap_ms={} entry_ms={}",

@@ -309,7 +309,14 @@ mod tests {
         let mut c = Config::default();
         let e = c.apply_cmdline("log=loud").unwrap_err();
         assert_eq!((e.key, e.value), ("log", "loud"));
-        for bad in ["cores=net,cmd", "cores=net,cmd,event,net", "cores=net+net,cmd,event", "cores=", "cores=net,cmd,event+idle", "cores=net,cmd,disk+event"] {
+        for bad in [
+            "cores=net,cmd",
+            "cores=net,cmd,event,net",
+            "cores=net+net,cmd,event",
+            "cores=",
+            "cores=net,cmd,event+idle",
+            "cores=net,cmd,disk+event",
+        ] {
             let mut c = Config::default();
             let e = c.apply_cmdline(bad).unwrap_err();
             assert_eq!(e.key, "cores", "{bad}");

@@ -53,7 +53,10 @@ pub trait TableMemory {
 pub enum MapError {
     OutOfMemory,
     /// The range reaches beyond 52-bit physical addresses (or wraps).
-    OutOfRange { start: u64, end: u64 },
+    OutOfRange {
+        start: u64,
+        end: u64,
+    },
 }
 
 impl core::fmt::Display for MapError {
@@ -256,9 +259,6 @@ mod tests {
             identity_map(&mut m, root, MAX_PHYS - PAGE_4K, MAX_PHYS + PAGE_4K, Cache::Uncached),
             Err(MapError::OutOfRange { .. })
         ));
-        assert!(matches!(
-            identity_map(&mut m, root, 0, u64::MAX, Cache::Uncached),
-            Err(MapError::OutOfRange { .. })
-        ));
+        assert!(matches!(identity_map(&mut m, root, 0, u64::MAX, Cache::Uncached), Err(MapError::OutOfRange { .. })));
     }
 }

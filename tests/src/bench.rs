@@ -33,30 +33,10 @@ pub struct Row {
 /// The rows: each boot path with one CPU, then `-kernel` with three CPUs so AP start-up shows.
 pub fn rows() -> Vec<Row> {
     vec![
-        Row {
-            label: "-kernel (q35, smp 1)",
-            boot: BootKind::Kernel,
-            machine: Machine::Q35,
-            smp: 1,
-        },
-        Row {
-            label: "GRUB BIOS (q35, smp 1)",
-            boot: BootKind::GrubBios,
-            machine: Machine::Q35,
-            smp: 1,
-        },
-        Row {
-            label: "GRUB UEFI (q35, smp 1)",
-            boot: BootKind::GrubUefi,
-            machine: Machine::Q35,
-            smp: 1,
-        },
-        Row {
-            label: "-kernel (q35, smp 3)",
-            boot: BootKind::Kernel,
-            machine: Machine::Q35,
-            smp: 3,
-        },
+        Row { label: "-kernel (q35, smp 1)", boot: BootKind::Kernel, machine: Machine::Q35, smp: 1 },
+        Row { label: "GRUB BIOS (q35, smp 1)", boot: BootKind::GrubBios, machine: Machine::Q35, smp: 1 },
+        Row { label: "GRUB UEFI (q35, smp 1)", boot: BootKind::GrubUefi, machine: Machine::Q35, smp: 1 },
+        Row { label: "-kernel (q35, smp 3)", boot: BootKind::Kernel, machine: Machine::Q35, smp: 3 },
     ]
 }
 
@@ -92,9 +72,7 @@ impl Sample {
     /// Extracts the figures from a transcript.
     pub fn from_transcript(t: &Transcript) -> Result<Sample, String> {
         let ready = t.ready()?;
-        let total = t
-            .ready_after
-            .ok_or("the ready line's arrival time was not recorded")?;
+        let total = t.ready_after.ok_or("the ready line's arrival time was not recorded")?;
         Ok(Sample {
             total_ms: total.as_secs_f64() * 1000.0,
             boot_ms: ready.ms("boot_ms")?,
@@ -128,11 +106,7 @@ pub fn median(values: &[f64]) -> Option<f64> {
     }
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
+    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
 }
 
 /// The results of one row.
@@ -177,12 +151,7 @@ pub fn report(results: &[RowResult], elf_bytes: Option<u64>) -> String {
             format!("{}/{}", r.samples.len(), r.samples.len() + r.failures.len()),
         ]);
     }
-    let width = |i: usize| {
-        rows.iter()
-            .map(|r| r[i].chars().count())
-            .chain([headers[i].chars().count()])
-            .max()
-    };
+    let width = |i: usize| rows.iter().map(|r| r[i].chars().count()).chain([headers[i].chars().count()]).max();
     let widths: Vec<usize> = (0..headers.len()).map(|i| width(i).unwrap_or(0)).collect();
     let mut out = String::new();
     let line = |cells: &[&str]| {
@@ -192,11 +161,7 @@ pub fn report(results: &[RowResult], elf_bytes: Option<u64>) -> String {
             .enumerate()
             .map(|(i, (c, w))| {
                 let pad = w.saturating_sub(c.chars().count());
-                if i == 0 {
-                    format!("{c}{}", " ".repeat(pad))
-                } else {
-                    format!("{}{c}", " ".repeat(pad))
-                }
+                if i == 0 { format!("{c}{}", " ".repeat(pad)) } else { format!("{}{c}", " ".repeat(pad)) }
             })
             .collect();
         format!("{}\n", padded.join(" | ").trim_end())
@@ -209,9 +174,7 @@ pub fn report(results: &[RowResult], elf_bytes: Option<u64>) -> String {
     }
     out.push_str("(medians; TCG figures: compare ratios, not absolute times)\n\n");
 
-    let one_cpu = results
-        .iter()
-        .find(|r| r.row.boot == BootKind::Kernel && r.row.smp == 1);
+    let one_cpu = results.iter().find(|r| r.row.boot == BootKind::Kernel && r.row.smp == 1);
     let entry_ready = one_cpu.and_then(|r| r.median_of(Sample::entry_to_ready));
     let verdict = |ok: bool| if ok { "within goal" } else { "OVER GOAL" };
     match entry_ready {
@@ -223,10 +186,7 @@ pub fn report(results: &[RowResult], elf_bytes: Option<u64>) -> String {
             );
         }
         None => {
-            let _ = writeln!(
-                out,
-                "kernel entry → ready, one CPU: no figure — goal ≤ {GOAL_ENTRY_TO_READY_MS:.0} ms"
-            );
+            let _ = writeln!(out, "kernel entry → ready, one CPU: no figure — goal ≤ {GOAL_ENTRY_TO_READY_MS:.0} ms");
         }
     }
     match elf_bytes {
@@ -279,24 +239,11 @@ mod tests {
 
     #[test]
     fn report_has_rows_goals_and_failures() {
-        let s = Sample {
-            total_ms: 120.0,
-            boot_ms: 12.0,
-            ap_ms: 0.0,
-            entry_ms: 100.0,
-        };
+        let s = Sample { total_ms: 120.0, boot_ms: 12.0, ap_ms: 0.0, entry_ms: 100.0 };
         let rows = rows();
         let results = vec![
-            RowResult {
-                row: rows[0].clone(),
-                samples: vec![s, s, s],
-                failures: vec![],
-            },
-            RowResult {
-                row: rows[2].clone(),
-                samples: vec![],
-                failures: vec!["timed out".into()],
-            },
+            RowResult { row: rows[0].clone(), samples: vec![s, s, s], failures: vec![] },
+            RowResult { row: rows[2].clone(), samples: vec![], failures: vec!["timed out".into()] },
         ];
         let r = report(&results, Some(600 * 1024));
         assert!(r.contains("qemu start → kernel entry (ms)"), "{r}");

@@ -77,24 +77,16 @@ impl Artifacts {
 /// after that is in the transcript for the scenario's check.
 pub fn run(s: &Scenario, a: &Artifacts) -> Result<Transcript, String> {
     let (config, scratch) = s.qemu_config(a)?;
-    let mut q = QemuProcess::spawn(&config, Stdio::Capture { echo: a.echo }, scratch)
-        .map_err(|e| e.to_string())?;
+    let mut q = QemuProcess::spawn(&config, Stdio::Capture { echo: a.echo }, scratch).map_err(|e| e.to_string())?;
     let started = q.started();
     let deadline = started + s.deadline;
-    let mut t = Transcript {
-        command: q.command().to_string(),
-        deadline: s.deadline,
-        ..Transcript::default()
-    };
+    let mut t = Transcript { command: q.command().to_string(), deadline: s.deadline, ..Transcript::default() };
     let mut settle_until: Option<Instant> = None;
     let mut closed = false;
     loop {
         match q.next_line(settle_until.map_or(deadline, |u| u.min(deadline))) {
             NextLine::Line(line) => {
-                if s.until == Until::Ready
-                    && t.ready_after.is_none()
-                    && serial::parse_ready(&line.text).is_some()
-                {
+                if s.until == Until::Ready && t.ready_after.is_none() && serial::parse_ready(&line.text).is_some() {
                     t.ready_after = Some(line.at.saturating_duration_since(started));
                     settle_until = Some(line.at + scenario::SETTLE);
                 }
@@ -117,9 +109,7 @@ pub fn run(s: &Scenario, a: &Artifacts) -> Result<Transcript, String> {
     }
     if closed {
         // QEMU closed stdout: it is exiting; collect its status (bounded).
-        t.exit = q
-            .wait_until(Instant::now() + EXIT_GRACE)
-            .map_err(|e| e.to_string())?;
+        t.exit = q.wait_until(Instant::now() + EXIT_GRACE).map_err(|e| e.to_string())?;
     } else if let Ok(Some(exit)) = q.try_exit() {
         t.exit = Some(exit);
     }
@@ -204,11 +194,7 @@ mod tests {
         assert!(t.ready().unwrap_err().contains("deadline"));
 
         // Exit with status 3.
-        let s = fake_scenario(
-            "echo 'PANIC boom'; echo warn >&2; exit 3",
-            Until::Exit,
-            20_000,
-        );
+        let s = fake_scenario("echo 'PANIC boom'; echo warn >&2; exit 3", Until::Exit, 20_000);
         let t = run(&s, &a).unwrap();
         assert!(t.exit.unwrap().is_guest_failure());
         assert_eq!(t.stderr.trim(), "warn");

@@ -98,28 +98,15 @@ impl Scenario {
     pub fn qemu_config(&self, a: &Artifacts) -> Result<(QemuConfig, Vec<ScratchFile>), String> {
         let mut scratch = Vec::new();
         let boot = match self.boot {
-            BootKind::Kernel => Boot::Kernel {
-                elf: a.elf.clone(),
-                append: self.kernel_args.to_string(),
-            },
+            BootKind::Kernel => Boot::Kernel { elf: a.elf.clone(), append: self.kernel_args.to_string() },
             BootKind::GrubBios | BootKind::GrubUefi if !self.kernel_args.is_empty() => {
-                return Err(format!(
-                    "{}: kernel arguments need an ISO of their own",
-                    self.name
-                ));
+                return Err(format!("{}: kernel arguments need an ISO of their own", self.name));
             }
             BootKind::GrubBios => Boot::BiosIso { iso: a.iso.clone() },
             BootKind::GrubUefi => {
-                let ovmf = a
-                    .ovmf
-                    .as_ref()
-                    .ok_or("OVMF firmware not found (Debian: apt-get install ovmf)")?;
+                let ovmf = a.ovmf.as_ref().ok_or("OVMF firmware not found (Debian: apt-get install ovmf)")?;
                 let vars = ovmf.fresh_vars(&a.scratch_dir).map_err(|e| e.to_string())?;
-                let b = Boot::UefiIso {
-                    iso: a.iso.clone(),
-                    code: ovmf.code.clone(),
-                    vars: vars.path().to_path_buf(),
-                };
+                let b = Boot::UefiIso { iso: a.iso.clone(), code: ovmf.code.clone(), vars: vars.path().to_path_buf() };
                 scratch.push(vars);
                 b
             }
@@ -150,12 +137,7 @@ pub fn all() -> Vec<Scenario> {
         },
         Scenario {
             smp: 3,
-            extra: vec![
-                "-object",
-                "memory-backend-ram,id=hm,size=1M",
-                "-device",
-                "ivshmem-plain,memdev=hm",
-            ],
+            extra: vec!["-object", "memory-backend-ram,id=hm,size=1M", "-device", "ivshmem-plain,memdev=hm"],
             ..Scenario::new(
                 "kernel-smp3-q35",
                 "-kernel on Q35 (ECAM), three CPUs, ivshmem with a 64-bit prefetchable BAR2",
@@ -163,18 +145,8 @@ pub fn all() -> Vec<Scenario> {
                 check_kernel_smp3_q35,
             )
         },
-        Scenario::new(
-            "grub-bios",
-            "the GRUB ISO on SeaBIOS (multiboot1)",
-            BootKind::GrubBios,
-            check_grub,
-        ),
-        Scenario::new(
-            "grub-uefi",
-            "the GRUB ISO on OVMF (multiboot2)",
-            BootKind::GrubUefi,
-            check_grub,
-        ),
+        Scenario::new("grub-bios", "the GRUB ISO on SeaBIOS (multiboot1)", BootKind::GrubBios, check_grub),
+        Scenario::new("grub-uefi", "the GRUB ISO on OVMF (multiboot2)", BootKind::GrubUefi, check_grub),
         Scenario {
             kernel_args: "test=pagefault",
             until: Until::Exit,
@@ -204,40 +176,21 @@ pub fn select(names: &[String]) -> Result<Vec<Scenario>, String> {
     if names.is_empty() {
         return Ok(all);
     }
-    let unknown: Vec<&str> = names
-        .iter()
-        .filter(|n| !all.iter().any(|s| s.name == *n))
-        .map(String::as_str)
-        .collect();
+    let unknown: Vec<&str> = names.iter().filter(|n| !all.iter().any(|s| s.name == *n)).map(String::as_str).collect();
     if !unknown.is_empty() {
         let known: Vec<&str> = all.iter().map(|s| s.name).collect();
-        return Err(format!(
-            "unknown scenario(s) {} (known: {})",
-            unknown.join(", "),
-            known.join(", ")
-        ));
+        return Err(format!("unknown scenario(s) {} (known: {})", unknown.join(", "), known.join(", ")));
     }
-    Ok(all
-        .into_iter()
-        .filter(|s| names.iter().any(|n| n == s.name))
-        .collect())
+    Ok(all.into_iter().filter(|s| names.iter().any(|n| n == s.name)).collect())
 }
 
 fn expect_eq(what: &str, got: u64, want: u64) -> Result<(), String> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(format!("{what} is {got}, expected {want}"))
-    }
+    if got == want { Ok(()) } else { Err(format!("{what} is {got}, expected {want}")) }
 }
 
 /// The ready line's `pci=` equals the number of listing lines.
 fn check_pci_count(t: &Transcript, pci: &[PciFunction]) -> Result<(), String> {
-    expect_eq(
-        "ready line's pci=",
-        t.ready()?.u64("pci")?,
-        pci.len() as u64,
-    )
+    expect_eq("ready line's pci=", t.ready()?.u64("pci")?, pci.len() as u64)
 }
 
 fn find_device<'a>(pci: &'a [PciFunction], ids: &str) -> Result<&'a PciFunction, String> {
@@ -246,38 +199,20 @@ fn find_device<'a>(pci: &'a [PciFunction], ids: &str) -> Result<&'a PciFunction,
         [f] => Ok(f),
         [] => Err(format!(
             "no PCI function {ids} listed (listed: {})",
-            pci.iter()
-                .map(PciFunction::ids)
-                .collect::<Vec<_>>()
-                .join(", ")
+            pci.iter().map(PciFunction::ids).collect::<Vec<_>>().join(", ")
         )),
-        _ => Err(format!(
-            "{} PCI functions {ids} listed, expected one",
-            found.len()
-        )),
+        _ => Err(format!("{} PCI functions {ids} listed, expected one", found.len())),
     }
 }
 
-fn expect_bar(
-    f: &PciFunction,
-    index: Option<u8>,
-    kinds: &[BarKind],
-    size: u64,
-) -> Result<(), String> {
-    let hit = f
-        .bars
-        .iter()
-        .any(|b| index.is_none_or(|i| b.index == i) && kinds.contains(&b.kind) && b.size == size);
+fn expect_bar(f: &PciFunction, index: Option<u8>, kinds: &[BarKind], size: u64) -> Result<(), String> {
+    let hit = f.bars.iter().any(|b| index.is_none_or(|i| b.index == i) && kinds.contains(&b.kind) && b.size == size);
     if hit {
         return Ok(());
     }
     let which = index.map_or("a".to_string(), |i| format!("bar{i} as"));
     let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
-    Err(format!(
-        "{} has no {which} {} BAR of size {size:#x}: `{f}`",
-        f.ids(),
-        kinds.join("/")
-    ))
+    Err(format!("{} has no {which} {} BAR of size {size:#x}: `{f}`", f.ids(), kinds.join("/")))
 }
 
 /// CPU `n` reported online exactly once.
@@ -286,19 +221,14 @@ fn expect_online_once(t: &Transcript, cpu: u32) -> Result<(), String> {
     match n {
         1 => Ok(()),
         0 => Err(format!("no `smp: cpu {cpu} online` line")),
-        n => Err(format!(
-            "`smp: cpu {cpu} online` printed {n} times, expected once"
-        )),
+        n => Err(format!("`smp: cpu {cpu} online` printed {n} times, expected once")),
     }
 }
 
 /// No report-in from a CPU beyond `cores`.
 fn expect_no_extra_cpus(t: &Transcript, cores: u32) -> Result<(), String> {
     match t.cpus_online().iter().find(|c| c.cpu >= cores) {
-        Some(c) => Err(format!(
-            "cpu {} reported online with only {cores} CPUs",
-            c.cpu
-        )),
+        Some(c) => Err(format!("cpu {} reported online with only {cores} CPUs", c.cpu)),
         None => Ok(()),
     }
 }
@@ -343,31 +273,19 @@ pub fn check_grub(t: &Transcript) -> Result<(), String> {
 fn expect_debug_exit_failure(t: &Transcript) -> Result<(), String> {
     match t.exit {
         Some(e) if e.is_guest_failure() => Ok(()),
-        _ => Err(format!(
-            "expected QEMU to exit with status 3 (isa-debug-exit 1), but: {}",
-            t.ending()
-        )),
+        _ => Err(format!("expected QEMU to exit with status 3 (isa-debug-exit 1), but: {}", t.ending())),
     }
 }
 
 /// `fault-pagefault`.
 pub fn check_fault_pagefault(t: &Transcript) -> Result<(), String> {
-    let dump = t
-        .from_first(serial::is_exception)
-        .ok_or_else(|| format!("no EXCEPTION line ({})", t.ending()))?;
+    let dump = t.from_first(serial::is_exception).ok_or_else(|| format!("no EXCEPTION line ({})", t.ending()))?;
     let vector = dump.iter().find_map(|l| serial::token_value(l, "vector"));
     if vector != Some("14") {
-        return Err(format!(
-            "exception dump has vector={}, expected 14: `{}`",
-            vector.unwrap_or("(none)"),
-            dump[0]
-        ));
+        return Err(format!("exception dump has vector={}, expected 14: `{}`", vector.unwrap_or("(none)"), dump[0]));
     }
     for key in ["rip", "cr2"] {
-        if !dump
-            .iter()
-            .any(|l| serial::token_value(l, key).is_some() || l.contains(&format!("{key}=")))
-        {
+        if !dump.iter().any(|l| serial::token_value(l, key).is_some() || l.contains(&format!("{key}="))) {
             return Err(format!("exception dump has no `{key}=`"));
         }
     }
@@ -414,92 +332,40 @@ leasebox: ready cores=3 mem_mib=256 pci=3 boot_ms=22.000 ap_ms=20.000 entry_ms=1
 
     #[test]
     fn smp1_pc_passes_on_good_output() {
-        assert_eq!(
-            check_kernel_smp1_pc(&Transcript::from_text(SMP1_PC)),
-            Ok(())
-        );
+        assert_eq!(check_kernel_smp1_pc(&Transcript::from_text(SMP1_PC)), Ok(()));
     }
 
     #[test]
     fn smp1_pc_catches_each_fault() {
-        let bad = |from: &str, to: &str| {
-            check_kernel_smp1_pc(&Transcript::from_text(&SMP1_PC.replace(from, to)))
-        };
+        let bad = |from: &str, to: &str| check_kernel_smp1_pc(&Transcript::from_text(&SMP1_PC.replace(from, to)));
         assert!(bad("pci=6", "pci=7").unwrap_err().contains("pci="));
         assert!(bad("cores=1", "cores=2").unwrap_err().contains("cores="));
-        assert!(
-            bad("smp: cpu 0 online", "smp: cpu 0 up")
-                .unwrap_err()
-                .contains("cpu 0")
-        );
+        assert!(bad("smp: cpu 0 online", "smp: cpu 0 up").unwrap_err().contains("cpu 0"));
         assert!(bad("+0x20000", "+0x10000").unwrap_err().contains("0x20000"));
         assert!(bad("bar1=io:0xc000+0x40", "").unwrap_err().contains("io"));
-        assert!(
-            bad("8086:100e", "8086:10d3")
-                .unwrap_err()
-                .contains("8086:100e")
-        );
-        assert!(
-            bad("leasebox: ready", "leasebox: steady")
-                .unwrap_err()
-                .contains("no `leasebox: ready`")
-        );
-        assert!(
-            bad("Booting from ROM..", "PANIC early")
-                .unwrap_err()
-                .contains("fatal")
-        );
-        assert!(
-            bad("class=02.00.00", "class=2.0.0")
-                .unwrap_err()
-                .contains("bad PCI line")
-        );
+        assert!(bad("8086:100e", "8086:10d3").unwrap_err().contains("8086:100e"));
+        assert!(bad("leasebox: ready", "leasebox: steady").unwrap_err().contains("no `leasebox: ready`"));
+        assert!(bad("Booting from ROM..", "PANIC early").unwrap_err().contains("fatal"));
+        assert!(bad("class=02.00.00", "class=2.0.0").unwrap_err().contains("bad PCI line"));
     }
 
     #[test]
     fn smp3_q35_passes_and_catches_faults() {
-        assert_eq!(
-            check_kernel_smp3_q35(&Transcript::from_text(SMP3_Q35)),
-            Ok(())
-        );
-        let bad = |from: &str, to: &str| {
-            check_kernel_smp3_q35(&Transcript::from_text(&SMP3_Q35.replace(from, to)))
-        };
-        assert!(
-            bad("smp: cpu 2 online", "smp: cpu 1 online")
-                .unwrap_err()
-                .contains("cpu 1")
-        );
-        assert!(
-            bad("smp: cpu 2 online", "smp: cpu 3 online")
-                .unwrap_err()
-                .contains("cpu 2")
-        );
-        assert!(
-            bad("bar2=mem64pf", "bar2=mem64")
-                .unwrap_err()
-                .contains("bar2")
-        );
-        assert!(
-            bad("bar2=mem64pf:0xfe800000", "bar4=mem64pf:0xfe800000")
-                .unwrap_err()
-                .contains("bar2")
-        );
+        assert_eq!(check_kernel_smp3_q35(&Transcript::from_text(SMP3_Q35)), Ok(()));
+        let bad = |from: &str, to: &str| check_kernel_smp3_q35(&Transcript::from_text(&SMP3_Q35.replace(from, to)));
+        assert!(bad("smp: cpu 2 online", "smp: cpu 1 online").unwrap_err().contains("cpu 1"));
+        assert!(bad("smp: cpu 2 online", "smp: cpu 3 online").unwrap_err().contains("cpu 2"));
+        assert!(bad("bar2=mem64pf", "bar2=mem64").unwrap_err().contains("bar2"));
+        assert!(bad("bar2=mem64pf:0xfe800000", "bar4=mem64pf:0xfe800000").unwrap_err().contains("bar2"));
         assert!(bad("cores=3", "cores=1").unwrap_err().contains("cores="));
         let mut dup = SMP3_Q35.to_string();
         dup.push_str("[    0.030000] c1 INFO  smp: cpu 1 online apic=1 role=cmd\n");
-        assert!(
-            check_kernel_smp3_q35(&Transcript::from_text(&dup))
-                .unwrap_err()
-                .contains("2 times")
-        );
+        assert!(check_kernel_smp3_q35(&Transcript::from_text(&dup)).unwrap_err().contains("2 times"));
     }
 
     #[test]
     fn grub_needs_only_ready() {
-        let t = Transcript::from_text(
-            "\x1b[0m\x1b[30m\x1b[47mGRUB\nleasebox: ready cores=1 pci=0 boot_ms=1.000\n",
-        );
+        let t = Transcript::from_text("\x1b[0m\x1b[30m\x1b[47mGRUB\nleasebox: ready cores=1 pci=0 boot_ms=1.000\n");
         assert_eq!(check_grub(&t), Ok(()));
         assert!(check_grub(&Transcript::from_text("GRUB loading.\n")).is_err());
     }
@@ -526,18 +392,12 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
         t.exit = Some(QemuExit::DebugExit { value: 1 });
         assert!(check_fault_pagefault(&t).unwrap_err().contains("cr2"));
         let t = Transcript::from_text("leasebox: ready cores=1\n");
-        assert!(
-            check_fault_pagefault(&t)
-                .unwrap_err()
-                .contains("no EXCEPTION")
-        );
+        assert!(check_fault_pagefault(&t).unwrap_err().contains("no EXCEPTION"));
     }
 
     #[test]
     fn panic() {
-        let mut t = Transcript::from_text(
-            "[    0.1] c0 ERROR PANIC at image/src/main.rs:42:9: test=panic\n",
-        );
+        let mut t = Transcript::from_text("[    0.1] c0 ERROR PANIC at image/src/main.rs:42:9: test=panic\n");
         t.exit = Some(QemuExit::DebugExit { value: 1 });
         assert_eq!(check_fault_panic(&t), Ok(()));
         t.exit = Some(QemuExit::Clean);
@@ -549,14 +409,7 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
         let names: Vec<&str> = all().iter().map(|s| s.name).collect();
         assert_eq!(
             names,
-            [
-                "kernel-smp1-pc",
-                "kernel-smp3-q35",
-                "grub-bios",
-                "grub-uefi",
-                "fault-pagefault",
-                "fault-panic"
-            ]
+            ["kernel-smp1-pc", "kernel-smp3-q35", "grub-bios", "grub-uefi", "fault-pagefault", "fault-panic"]
         );
         assert_eq!(select(&[]).unwrap().len(), 6);
         assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name, "grub-bios");
@@ -569,17 +422,10 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
         let s = &all()[0];
         let (c, scratch) = s.qemu_config(&a).unwrap();
         assert!(scratch.is_empty());
-        let args: Vec<String> = c
-            .args()
-            .into_iter()
-            .map(|s| s.into_string().unwrap())
-            .collect();
+        let args: Vec<String> = c.args().into_iter().map(|s| s.into_string().unwrap()).collect();
         assert!(args.windows(2).any(|w| w == ["-machine", "pc"]));
         assert!(args.windows(2).any(|w| w == ["-device", "e1000"]));
-        let pf = all()
-            .into_iter()
-            .find(|s| s.name == "fault-pagefault")
-            .unwrap();
+        let pf = all().into_iter().find(|s| s.name == "fault-pagefault").unwrap();
         let (c, _) = pf.qemu_config(&a).unwrap();
         assert!(matches!(c.boot, Boot::Kernel { ref append, .. } if append == "test=pagefault"));
         let uefi = all().into_iter().find(|s| s.name == "grub-uefi").unwrap();

@@ -27,8 +27,7 @@ pub struct LogLine<'a> {
 
 /// Parses a log line, tolerating junk before the `[`.
 pub fn parse_log_line(line: &str) -> Option<LogLine<'_>> {
-    line.match_indices('[')
-        .find_map(|(i, _)| parse_log_line_at(&line[i..]))
+    line.match_indices('[').find_map(|(i, _)| parse_log_line_at(&line[i..]))
 }
 
 fn parse_log_line_at(s: &str) -> Option<LogLine<'_>> {
@@ -91,22 +90,17 @@ pub fn parse_ready(line: &str) -> Option<Ready> {
 impl Ready {
     /// The first value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.fields
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+        self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
 
     fn require(&self, key: &str) -> Result<&str, String> {
-        self.get(key)
-            .ok_or_else(|| format!("ready line has no `{key}=` field"))
+        self.get(key).ok_or_else(|| format!("ready line has no `{key}=` field"))
     }
 
     /// An integer field.
     pub fn u64(&self, key: &str) -> Result<u64, String> {
         let v = self.require(key)?;
-        v.parse()
-            .map_err(|_| format!("ready line field {key}={v} is not an integer"))
+        v.parse().map_err(|_| format!("ready line field {key}={v} is not an integer"))
     }
 
     /// A millisecond field (`12.345`).
@@ -114,9 +108,7 @@ impl Ready {
         let v = self.require(key)?;
         match v.parse::<f64>() {
             Ok(x) if x.is_finite() && x >= 0.0 && !v.starts_with('+') => Ok(x),
-            _ => Err(format!(
-                "ready line field {key}={v} is not a millisecond figure"
-            )),
+            _ => Err(format!("ready line field {key}={v} is not a millisecond figure")),
         }
     }
 }
@@ -145,11 +137,7 @@ pub fn parse_cpu_online(message: &str) -> Option<CpuOnline> {
             _ => {}
         }
     }
-    Some(CpuOnline {
-        cpu,
-        apic: apic?,
-        roles: roles?,
-    })
+    Some(CpuOnline { cpu, apic: apic?, roles: roles? })
 }
 
 fn parse_int(v: &str) -> Option<u32> {
@@ -239,14 +227,7 @@ impl fmt::Display for PciFunction {
             self.class.2
         )?;
         for b in &self.bars {
-            write!(
-                f,
-                " bar{}={}:{:#x}+{:#x}",
-                b.index,
-                b.kind.as_str(),
-                b.addr,
-                b.size
-            )?;
+            write!(f, " bar{}={}:{:#x}+{:#x}", b.index, b.kind.as_str(), b.addr, b.size)?;
         }
         Ok(())
     }
@@ -259,10 +240,7 @@ pub fn parse_pci(message: &str) -> Option<Result<PciFunction, String>> {
     let rest = message.strip_prefix("pci: ")?;
     let mut words = rest.split_whitespace();
     let (bus, device, function) = parse_bdf(words.next()?)?;
-    Some(
-        parse_pci_rest(bus, device, function, words)
-            .map_err(|e| format!("bad PCI line `{message}`: {e}")),
-    )
+    Some(parse_pci_rest(bus, device, function, words).map_err(|e| format!("bad PCI line `{message}`: {e}")))
 }
 
 fn parse_bdf(s: &str) -> Option<(u8, u8, u8)> {
@@ -285,29 +263,14 @@ fn parse_pci_rest<'a>(
 ) -> Result<PciFunction, String> {
     let ids = words.next().ok_or("no vendor:device")?;
     let (v, d) = ids.split_once(':').ok_or("vendor:device has no `:`")?;
-    let hex16 = |s: &str| {
-        (s.len() == 4)
-            .then(|| u16::from_str_radix(s, 16).ok())
-            .flatten()
-    };
+    let hex16 = |s: &str| (s.len() == 4).then(|| u16::from_str_radix(s, 16).ok()).flatten();
     let vendor_id = hex16(v).ok_or_else(|| format!("bad vendor id `{v}`"))?;
     let device_id = hex16(d).ok_or_else(|| format!("bad device id `{d}`"))?;
-    let class = words
-        .next()
-        .and_then(|w| w.strip_prefix("class="))
-        .ok_or("no class=")?;
+    let class = words.next().and_then(|w| w.strip_prefix("class=")).ok_or("no class=")?;
     let parts: Vec<&str> = class.split('.').collect();
-    let hex8 = |s: &str| {
-        (s.len() == 2)
-            .then(|| u8::from_str_radix(s, 16).ok())
-            .flatten()
-    };
+    let hex8 = |s: &str| (s.len() == 2).then(|| u8::from_str_radix(s, 16).ok()).flatten();
     let class = match parts.as_slice() {
-        [c, s, p] => (
-            hex8(c).ok_or("bad class")?,
-            hex8(s).ok_or("bad subclass")?,
-            hex8(p).ok_or("bad prog-if")?,
-        ),
+        [c, s, p] => (hex8(c).ok_or("bad class")?, hex8(s).ok_or("bad subclass")?, hex8(p).ok_or("bad prog-if")?),
         _ => return Err(format!("bad class `{class}`")),
     };
     let mut bars = Vec::new();
@@ -322,31 +285,14 @@ fn parse_pci_rest<'a>(
         if index > 5 {
             return Err(format!("BAR index {index} out of range"));
         }
-        let (kind, span) = value
-            .split_once(':')
-            .ok_or_else(|| format!("bad BAR `{w}`"))?;
+        let (kind, span) = value.split_once(':').ok_or_else(|| format!("bad BAR `{w}`"))?;
         let kind = BarKind::parse(kind).ok_or_else(|| format!("unknown BAR kind `{kind}`"))?;
-        let (addr, size) = span
-            .split_once('+')
-            .ok_or_else(|| format!("BAR `{w}` has no `+size`"))?;
+        let (addr, size) = span.split_once('+').ok_or_else(|| format!("BAR `{w}` has no `+size`"))?;
         let addr = parse_hex64(addr).ok_or_else(|| format!("bad BAR address `{addr}`"))?;
         let size = parse_hex64(size).ok_or_else(|| format!("bad BAR size `{size}`"))?;
-        bars.push(Bar {
-            index,
-            kind,
-            addr,
-            size,
-        });
+        bars.push(Bar { index, kind, addr, size });
     }
-    Ok(PciFunction {
-        bus,
-        device,
-        function,
-        vendor_id,
-        device_id,
-        class,
-        bars,
-    })
+    Ok(PciFunction { bus, device, function, vendor_id, device_id, class, bars })
 }
 
 fn parse_hex64(s: &str) -> Option<u64> {
@@ -374,8 +320,7 @@ pub fn is_boot_error(line: &str) -> bool {
 
 /// The value of the first `key=` token in `line` (tokens split on whitespace).
 pub fn token_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace()
-        .find_map(|t| t.strip_prefix(key)?.strip_prefix('='))
+    line.split_whitespace().find_map(|t| t.strip_prefix(key)?.strip_prefix('='))
 }
 
 #[cfg(test)]
@@ -384,8 +329,7 @@ mod tests {
 
     #[test]
     fn log_line() {
-        let l =
-            parse_log_line("[    0.012345] c0 INFO  smp: cpu 0 online apic=0 role=net").unwrap();
+        let l = parse_log_line("[    0.012345] c0 INFO  smp: cpu 0 online apic=0 role=net").unwrap();
         assert_eq!((l.secs, l.micros, l.core, l.level), (0, 12345, 0, "INFO"));
         assert_eq!(l.message, "smp: cpu 0 online apic=0 role=net");
         let l = parse_log_line("[12.000001] c12 ERROR x").unwrap();
@@ -435,18 +379,9 @@ mod tests {
     fn cpu_online() {
         assert_eq!(
             parse_cpu_online("smp: cpu 2 online apic=2 role=event"),
-            Some(CpuOnline {
-                cpu: 2,
-                apic: 2,
-                roles: "event".into()
-            })
+            Some(CpuOnline { cpu: 2, apic: 2, roles: "event".into() })
         );
-        assert_eq!(
-            parse_cpu_online("smp: cpu 1 online apic=0x10 role=cmd,event")
-                .unwrap()
-                .apic,
-            16
-        );
+        assert_eq!(parse_cpu_online("smp: cpu 1 online apic=0x10 role=cmd,event").unwrap().apic, 16);
         assert_eq!(parse_cpu_online("smp: cpu 1 offline apic=1 role=x"), None);
         assert_eq!(parse_cpu_online("smp: cpu x online apic=1 role=x"), None);
         assert_eq!(parse_cpu_online("smp: cpu 1 online"), None);
@@ -460,33 +395,15 @@ mod tests {
         assert_eq!((f.bus, f.device, f.function), (0, 3, 0));
         assert_eq!(f.ids(), "1af4:1110");
         assert_eq!(f.class, (5, 0, 0));
-        assert_eq!(
-            f.bar(0),
-            Some(&Bar {
-                index: 0,
-                kind: BarKind::Mem32,
-                addr: 0xfebd1000,
-                size: 0x100
-            })
-        );
+        assert_eq!(f.bar(0), Some(&Bar { index: 0, kind: BarKind::Mem32, addr: 0xfebd1000, size: 0x100 }));
         assert_eq!(f.bar(2).unwrap().kind, BarKind::Mem64Pf);
         assert_eq!(f.bar(2).unwrap().size, 0x100000);
         assert_eq!(f.to_string(), m.strip_prefix("pci: ").unwrap());
 
         let e1000 = "pci: 00:03.0 8086:100e class=02.00.00 bar0=mem32:0xfebc0000+0x20000 bar1=io:0xc000+0x40 note=x";
         let f = parse_pci(e1000).unwrap().unwrap();
-        assert_eq!(
-            f.bar(1),
-            Some(&Bar {
-                index: 1,
-                kind: BarKind::Io,
-                addr: 0xc000,
-                size: 0x40
-            })
-        );
-        let host = parse_pci("pci: 00:00.0 8086:29c0 class=06.00.00")
-            .unwrap()
-            .unwrap();
+        assert_eq!(f.bar(1), Some(&Bar { index: 1, kind: BarKind::Io, addr: 0xc000, size: 0x40 }));
+        let host = parse_pci("pci: 00:00.0 8086:29c0 class=06.00.00").unwrap().unwrap();
         assert!(host.bars.is_empty());
     }
 
@@ -515,15 +432,10 @@ mod tests {
         let l = "[    0.5] c0 ERROR EXCEPTION #PF vector=14 error=0x2";
         assert!(is_exception(l));
         assert_eq!(token_value(l, "vector"), Some("14"));
-        assert_eq!(
-            token_value("rip=0x100123 cr2=0xdead0000", "cr2"),
-            Some("0xdead0000")
-        );
+        assert_eq!(token_value("rip=0x100123 cr2=0xdead0000", "cr2"), Some("0xdead0000"));
         assert_eq!(token_value("xrip=1", "rip"), None);
         assert!(is_panic("PANIC at image/src/main.rs:10: test=panic"));
         assert!(!is_exception("leasebox: ready cores=1"));
-        assert!(is_boot_error(
-            "!!! c0 BOOT ERROR: command line: bad option log=loud: unknown level"
-        ));
+        assert!(is_boot_error("!!! c0 BOOT ERROR: command line: bad option log=loud: unknown level"));
     }
 }

@@ -32,19 +32,13 @@ pub struct Transcript {
 impl Transcript {
     /// A transcript of sample text (tests).
     pub fn from_text(text: &str) -> Transcript {
-        Transcript {
-            lines: text.lines().map(str::to_string).collect(),
-            ..Transcript::default()
-        }
+        Transcript { lines: text.lines().map(str::to_string).collect(), ..Transcript::default() }
     }
 
     /// Why the run ended, for messages.
     pub fn ending(&self) -> String {
         match (self.exit, self.timed_out) {
-            (_, true) => format!(
-                "nothing more within the {} s deadline",
-                self.deadline.as_secs()
-            ),
+            (_, true) => format!("nothing more within the {} s deadline", self.deadline.as_secs()),
             (Some(e), _) => e.to_string(),
             (None, false) => "stopped by the runner".to_string(),
         }
@@ -52,10 +46,7 @@ impl Transcript {
 
     /// Every ready line.
     pub fn ready_lines(&self) -> Vec<Ready> {
-        self.lines
-            .iter()
-            .filter_map(|l| serial::parse_ready(l))
-            .collect()
+        self.lines.iter().filter_map(|l| serial::parse_ready(l)).collect()
     }
 
     /// The one ready line.
@@ -63,20 +54,14 @@ impl Transcript {
         let mut all = self.ready_lines();
         match all.len() {
             1 => Ok(all.remove(0)),
-            0 => Err(format!(
-                "no `{}` line ({})",
-                serial::READY_MARKER,
-                self.ending()
-            )),
+            0 => Err(format!("no `{}` line ({})", serial::READY_MARKER, self.ending())),
             n => Err(format!("{n} ready lines, expected exactly one")),
         }
     }
 
     /// Log messages (lines that parse as log lines).
     pub fn messages(&self) -> impl Iterator<Item = &str> {
-        self.lines
-            .iter()
-            .filter_map(|l| serial::parse_log_line(l).map(|l| l.message))
+        self.lines.iter().filter_map(|l| serial::parse_log_line(l).map(|l| l.message))
     }
 
     /// The PCI listing; an error if any listing line is malformed.
@@ -86,15 +71,12 @@ impl Transcript {
 
     /// Every `smp: cpu N online` report, in order.
     pub fn cpus_online(&self) -> Vec<CpuOnline> {
-        self.messages()
-            .filter_map(serial::parse_cpu_online)
-            .collect()
+        self.messages().filter_map(serial::parse_cpu_online).collect()
     }
 
     /// Fails if any line reports an exception, a panic or a boot error.
     pub fn no_fatal(&self) -> Result<(), String> {
-        let fatal =
-            |l: &str| serial::is_exception(l) || serial::is_panic(l) || serial::is_boot_error(l);
+        let fatal = |l: &str| serial::is_exception(l) || serial::is_panic(l) || serial::is_boot_error(l);
         match self.lines.iter().find(|l| fatal(l)) {
             Some(l) => Err(format!("fatal line in output: `{}`", l.trim())),
             None => Ok(()),
@@ -120,12 +102,7 @@ impl Transcript {
         if let Some(r) = self.ready_after {
             let _ = writeln!(s, "ready after: {:.3} s", r.as_secs_f64());
         }
-        let _ = writeln!(
-            s,
-            "--- serial ({} lines, {} dropped) ---",
-            self.lines.len(),
-            self.dropped_lines
-        );
+        let _ = writeln!(s, "--- serial ({} lines, {} dropped) ---", self.lines.len(), self.dropped_lines);
         for l in &self.lines {
             let _ = writeln!(s, "{l}");
         }
@@ -176,9 +153,7 @@ leasebox: ready cores=1 mem_mib=256 pci=2 boot_ms=3.000 ap_ms=0.000 entry_ms=80.
 
     #[test]
     fn malformed_pci_line_is_an_error() {
-        let t = Transcript::from_text(
-            "[    0.000001] c0 INFO  pci: 00:01.0 zzzz:0000 class=06.00.00\n",
-        );
+        let t = Transcript::from_text("[    0.000001] c0 INFO  pci: 00:01.0 zzzz:0000 class=06.00.00\n");
         assert!(t.pci().is_err());
     }
 }

@@ -107,10 +107,7 @@ impl<I: Iterator<Item = String>> Args<I> {
     fn value(&mut self, flag: &str, inline: Option<String>) -> Result<String, String> {
         match inline {
             Some(v) => Ok(v),
-            None => self
-                .it
-                .next()
-                .ok_or_else(|| format!("{flag} needs a value")),
+            None => self.it.next().ok_or_else(|| format!("{flag} needs a value")),
         }
     }
 }
@@ -121,9 +118,7 @@ where
 {
     match v.parse::<T>() {
         Ok(n) if n >= min && n <= max => Ok(n),
-        _ => Err(format!(
-            "{flag} needs a number from {min} to {max}, got `{v}`"
-        )),
+        _ => Err(format!("{flag} needs a number from {min} to {max}, got `{v}`")),
     }
 }
 
@@ -207,14 +202,10 @@ fn parse_run<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<RunOpts, Str
                 o.extra.push(v);
             }
             "--qemu-arg" => o.extra.push(a.value(&flag, inline)?),
-            "--timeout" => {
-                o.timeout_secs = Some(number(&flag, &a.value(&flag, inline)?, 1, 7 * 24 * 3600)?)
-            }
+            "--timeout" => o.timeout_secs = Some(number(&flag, &a.value(&flag, inline)?, 1, 7 * 24 * 3600)?),
             f if f.starts_with('-') => return Err(format!("unknown option `{f}` for `run`")),
             other => {
-                return Err(format!(
-                    "unexpected argument `{other}` (kernel arguments go after `--`)"
-                ));
+                return Err(format!("unexpected argument `{other}` (kernel arguments go after `--`)"));
             }
         }
     }
@@ -251,9 +242,7 @@ fn parse_bench<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<BenchOpts,
         Some(other) => return Err(format!("unknown benchmark `{other}` (available: boot)")),
         None => return Err("`bench` needs a benchmark name (available: boot)".into()),
     }
-    let mut o = BenchOpts {
-        runs: leasebox_scenarios::bench::DEFAULT_RUNS,
-    };
+    let mut o = BenchOpts { runs: leasebox_scenarios::bench::DEFAULT_RUNS };
     while let Some(arg) = a.it.next() {
         let (flag, inline) = split(&arg);
         match flag.as_str() {
@@ -317,16 +306,7 @@ mod tests {
         assert!(o.uefi && o.iso);
         assert_eq!((o.smp, o.mem_mib, o.machine), (3, 512, Machine::Pc));
         assert_eq!(o.cpu, "qemu64");
-        assert_eq!(
-            o.extra,
-            [
-                "-device",
-                "e1000",
-                "-object",
-                "memory-backend-ram,id=m,size=1M",
-                "-S"
-            ]
-        );
+        assert_eq!(o.extra, ["-device", "e1000", "-object", "memory-backend-ram,id=m,size=1M", "-S"]);
         assert_eq!(o.timeout_secs, Some(30));
         assert_eq!(o.kernel_args, ["log=debug", "test=panic", "--iso"]);
         assert!(run(&["--iso"]).iso);
@@ -363,10 +343,7 @@ mod tests {
         );
         assert!(p(&["test", "--fast"]).unwrap_err().contains("--fast"));
         assert_eq!(p(&["bench", "boot"]), Ok(Cmd::Bench(BenchOpts { runs: 5 })));
-        assert_eq!(
-            p(&["bench", "boot", "--runs", "2"]),
-            Ok(Cmd::Bench(BenchOpts { runs: 2 }))
-        );
+        assert_eq!(p(&["bench", "boot", "--runs", "2"]), Ok(Cmd::Bench(BenchOpts { runs: 2 })));
         assert!(p(&["bench"]).unwrap_err().contains("needs a benchmark"));
         assert!(p(&["bench", "net"]).unwrap_err().contains("net"));
         assert!(p(&["bench", "boot", "--runs", "0"]).is_err());

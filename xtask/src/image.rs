@@ -27,10 +27,7 @@ pub struct Paths {
 impl Paths {
     /// From this crate's location (`<root>/xtask`) and `CARGO_TARGET_DIR`.
     pub fn discover() -> Paths {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .unwrap_or(Path::new("."))
-            .to_path_buf();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new(".")).to_path_buf();
         Paths::new(root, std::env::var_os("CARGO_TARGET_DIR"))
     }
 
@@ -45,10 +42,7 @@ impl Paths {
 
     /// What cargo produces.
     pub fn built_kernel(&self) -> PathBuf {
-        self.target
-            .join(KERNEL_TARGET)
-            .join("release")
-            .join("leasebox")
+        self.target.join(KERNEL_TARGET).join("release").join("leasebox")
     }
 
     pub fn elf(&self) -> PathBuf {
@@ -77,10 +71,7 @@ pub fn cargo() -> OsString {
 pub fn build_kernel(p: &Paths) -> Result<PathBuf, String> {
     let built = match std::env::var_os(PREBUILT_ENV) {
         Some(prebuilt) if !prebuilt.is_empty() => {
-            eprintln!(
-                "xtask: using {} from {PREBUILT_ENV}",
-                Path::new(&prebuilt).display()
-            );
+            eprintln!("xtask: using {} from {PREBUILT_ENV}", Path::new(&prebuilt).display());
             PathBuf::from(prebuilt)
         }
         _ => cargo_build_kernel(p)?,
@@ -96,21 +87,12 @@ pub fn build_kernel(p: &Paths) -> Result<PathBuf, String> {
 
 fn cargo_build_kernel(p: &Paths) -> Result<PathBuf, String> {
     let mut cmd = Command::new(cargo());
-    cmd.current_dir(&p.root).args([
-        "build",
-        "-p",
-        "leasebox-image",
-        "--release",
-        "--target",
-        KERNEL_TARGET,
-    ]);
+    cmd.current_dir(&p.root).args(["build", "-p", "leasebox-image", "--release", "--target", KERNEL_TARGET]);
     // RUSTFLAGS from the environment would replace `-C relocation-model=static` from .cargo/config.toml and
     // break the link of the 32-bit multiboot entry.
     for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS"] {
         if std::env::var_os(var).is_some() {
-            eprintln!(
-                "xtask: ignoring {var} for the kernel build (it would replace .cargo/config.toml's rustflags)"
-            );
+            eprintln!("xtask: ignoring {var} for the kernel build (it would replace .cargo/config.toml's rustflags)");
             cmd.env_remove(var);
         }
     }
@@ -140,12 +122,7 @@ pub fn build_all(p: &Paths) -> Result<(), String> {
 /// `path (N bytes, X KiB)`.
 pub fn describe(path: &Path) -> String {
     match fs::metadata(path) {
-        Ok(m) => format!(
-            "{} ({} bytes, {:.1} KiB)",
-            path.display(),
-            m.len(),
-            m.len() as f64 / 1024.0
-        ),
+        Ok(m) => format!("{} ({} bytes, {:.1} KiB)", path.display(), m.len(), m.len() as f64 / 1024.0),
         Err(e) => format!("{} ({e})", path.display()),
     }
 }
@@ -160,22 +137,10 @@ mod tests {
         assert_eq!(p.elf(), Path::new("/ws/target/leasebox/leasebox.elf"));
         assert_eq!(p.iso(), Path::new("/ws/target/leasebox/leasebox.iso"));
         assert_eq!(p.run_iso(), Path::new("/ws/target/leasebox/run.iso"));
-        assert_eq!(
-            p.built_kernel(),
-            Path::new("/ws/target/x86_64-unknown-none/release/leasebox")
-        );
-        assert_eq!(
-            Paths::new("/ws".into(), Some("out".into())).elf(),
-            Path::new("/ws/out/leasebox/leasebox.elf")
-        );
-        assert_eq!(
-            Paths::new("/ws".into(), Some("/abs".into())).out,
-            Path::new("/abs/leasebox")
-        );
-        assert_eq!(
-            Paths::new("/ws".into(), Some("".into())).target,
-            Path::new("/ws/target")
-        );
+        assert_eq!(p.built_kernel(), Path::new("/ws/target/x86_64-unknown-none/release/leasebox"));
+        assert_eq!(Paths::new("/ws".into(), Some("out".into())).elf(), Path::new("/ws/out/leasebox/leasebox.elf"));
+        assert_eq!(Paths::new("/ws".into(), Some("/abs".into())).out, Path::new("/abs/leasebox"));
+        assert_eq!(Paths::new("/ws".into(), Some("".into())).target, Path::new("/ws/target"));
     }
 
     #[test]

@@ -28,14 +28,8 @@ const USAGE_ERROR: u8 = 2;
 const RUN_TIMED_OUT: i32 = 124;
 
 fn main() -> ExitCode {
-    let args: Result<Vec<String>, _> = std::env::args_os()
-        .skip(1)
-        .map(|a| a.into_string())
-        .collect();
-    let cmd = match args
-        .map_err(|a| format!("argument {a:?} is not valid UTF-8"))
-        .and_then(cli::parse)
-    {
+    let args: Result<Vec<String>, _> = std::env::args_os().skip(1).map(|a| a.into_string()).collect();
+    let cmd = match args.map_err(|a| format!("argument {a:?} is not valid UTF-8")).and_then(cli::parse) {
         Ok(cmd) => cmd,
         Err(e) => {
             eprintln!("xtask: {e}\n(see `cargo xtask help`)");
@@ -82,31 +76,19 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
     let mut scratch = Vec::new();
     let boot = if o.iso {
         leasebox_qemu::iso::check_kernel_args(&args)?;
-        let iso = if args.is_empty() {
-            p.iso()
-        } else {
-            p.run_iso()
-        };
+        let iso = if args.is_empty() { p.iso() } else { p.run_iso() };
         image::build_iso(p, &iso, &args)?;
         if o.uefi {
-            let ovmf =
-                Ovmf::find().ok_or("OVMF firmware not found (Debian: apt-get install ovmf)")?;
+            let ovmf = Ovmf::find().ok_or("OVMF firmware not found (Debian: apt-get install ovmf)")?;
             let vars = ovmf.fresh_vars(&p.out).map_err(|e| e.to_string())?;
-            let boot = Boot::UefiIso {
-                iso,
-                code: ovmf.code,
-                vars: vars.path().to_path_buf(),
-            };
+            let boot = Boot::UefiIso { iso, code: ovmf.code, vars: vars.path().to_path_buf() };
             scratch.push(vars);
             boot
         } else {
             Boot::BiosIso { iso }
         }
     } else {
-        Boot::Kernel {
-            elf: p.elf(),
-            append: args,
-        }
+        Boot::Kernel { elf: p.elf(), append: args }
     };
     let mut config = QemuConfig::new(boot);
     config.machine = o.machine;
@@ -121,9 +103,7 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
     }
     eprintln!("xtask: serial console follows; Ctrl-C stops QEMU");
     let mut q = QemuProcess::spawn(&config, Stdio::Inherit, scratch).map_err(|e| e.to_string())?;
-    let deadline = o
-        .timeout_secs
-        .map(|s| Instant::now() + Duration::from_secs(s));
+    let deadline = o.timeout_secs.map(|s| Instant::now() + Duration::from_secs(s));
     loop {
         // Without --timeout the run lasts until the guest exits or Ctrl-C: wait in one-hour slices.
         let until = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
@@ -133,10 +113,7 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             q.kill().map_err(|e| e.to_string())?;
-            eprintln!(
-                "xtask: stopped QEMU after the {} s timeout",
-                o.timeout_secs.unwrap_or(0)
-            );
+            eprintln!("xtask: stopped QEMU after the {} s timeout", o.timeout_secs.unwrap_or(0));
             return Ok(RUN_TIMED_OUT);
         }
     }
@@ -154,10 +131,7 @@ fn report(outcomes: &mut Vec<Outcome>, name: &str, started: Instant, result: Res
         Ok(()) => outln!("PASS {name} ({secs:.1}s)"),
         Err(e) => outln!("FAIL {name}: {e}"),
     }
-    outcomes.push(Outcome {
-        name: name.to_string(),
-        passed: result.is_ok(),
-    });
+    outcomes.push(Outcome { name: name.to_string(), passed: result.is_ok() });
 }
 
 fn cargo_step(p: &Paths, args: &[&str]) -> Result<(), String> {
@@ -167,11 +141,7 @@ fn cargo_step(p: &Paths, args: &[&str]) -> Result<(), String> {
         .args(args)
         .status()
         .map_err(|e| format!("running cargo: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("`cargo {}` failed ({status})", args.join(" ")))
-    }
+    if status.success() { Ok(()) } else { Err(format!("`cargo {}` failed ({status})", args.join(" "))) }
 }
 
 fn artifacts(p: &Paths, echo: bool) -> Artifacts {
@@ -191,19 +161,10 @@ fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
     prereq::ensure()?;
     let mut outcomes = Vec::new();
     if !o.boot_only {
-        let steps: [(&str, &[&str]); 3] = [
+        let steps: [(&str, &[&str]); 4] = [
+            ("format", &["fmt", "--all", "--check"]),
             ("host-tests", &["test", "--workspace"]),
-            (
-                "clippy-host",
-                &[
-                    "clippy",
-                    "--workspace",
-                    "--all-targets",
-                    "--",
-                    "-D",
-                    "warnings",
-                ],
-            ),
+            ("clippy-host", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
             (
                 "clippy-kernel",
                 &[
@@ -235,20 +196,10 @@ fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
     leasebox_qemu::firmware::remove_stale(&a.scratch_dir, "ovmf-vars", "fd");
     for s in &scenarios {
         if !image_ok {
-            report(
-                &mut outcomes,
-                s.name,
-                Instant::now(),
-                Err("not run: the image build failed".into()),
-            );
+            report(&mut outcomes, s.name, Instant::now(), Err("not run: the image build failed".into()));
             continue;
         }
-        outln!(
-            "==> {}: {} (deadline {} s)",
-            s.name,
-            s.about,
-            s.deadline.as_secs()
-        );
+        outln!("==> {}: {} (deadline {} s)", s.name, s.about, s.deadline.as_secs());
         let t0 = Instant::now();
         let (result, transcript) = leasebox_scenarios::run_and_check(s, &a);
         let failed = result.is_err();
@@ -257,28 +208,17 @@ fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
             if let Some(t) = transcript {
                 print_failure_context(&t);
             }
-            outln!(
-                "    full log: {}",
-                a.log_dir.join(format!("{}.log", s.name)).display()
-            );
+            outln!("    full log: {}", a.log_dir.join(format!("{}.log", s.name)).display());
         }
     }
 
-    let failed: Vec<&str> = outcomes
-        .iter()
-        .filter(|o| !o.passed)
-        .map(|o| o.name.as_str())
-        .collect();
+    let failed: Vec<&str> = outcomes.iter().filter(|o| !o.passed).map(|o| o.name.as_str()).collect();
     let passed = outcomes.len() - failed.len();
     if failed.is_empty() {
         outln!("summary: {passed} passed, 0 failed");
         Ok(0)
     } else {
-        outln!(
-            "summary: {passed} passed, {} failed: {}",
-            failed.len(),
-            failed.join(", ")
-        );
+        outln!("summary: {passed} passed, {} failed: {}", failed.len(), failed.join(", "));
         Ok(1)
     }
 }
@@ -307,11 +247,7 @@ fn cmd_bench(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
     leasebox_qemu::firmware::remove_stale(&a.scratch_dir, "ovmf-vars", "fd");
     let mut results = Vec::new();
     for row in bench::rows() {
-        let mut r = bench::RowResult {
-            row: row.clone(),
-            samples: Vec::new(),
-            failures: Vec::new(),
-        };
+        let mut r = bench::RowResult { row: row.clone(), samples: Vec::new(), failures: Vec::new() };
         for i in 1..=o.runs {
             match bench::sample(&row, &a) {
                 Ok(s) => {

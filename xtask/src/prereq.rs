@@ -1,14 +1,15 @@
 //! Host prerequisites: QEMU, GRUB (both platforms), xorriso, mtools and OVMF. Missing ones are installed with
 //! apt-get when running as root on a Debian-like host; otherwise the exact command is printed.
 //!
-//! The Rust side (the `x86_64-unknown-none` target, clippy) comes from `rust-toolchain.toml`, which rustup
-//! honours on the first cargo invocation in the repository.
+//! The Rust side: the toolchain and components come from `rust-toolchain.toml`; the `x86_64-unknown-none` target
+//! is added with rustup here when missing, since rustup does not fetch it by itself when auto-install is off.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::image::KERNEL_TARGET;
 use leasebox_qemu::Ovmf;
 use leasebox_qemu::process::ChildGuard;
 
@@ -32,41 +33,17 @@ pub struct Requirement {
 }
 
 pub const REQUIREMENTS: &[Requirement] = &[
-    Requirement {
-        what: "qemu-system-x86_64",
-        probe: Probe::Exe("qemu-system-x86_64"),
-        package: "qemu-system-x86",
-    },
-    Requirement {
-        what: "grub-mkrescue",
-        probe: Probe::Exe("grub-mkrescue"),
-        package: "grub-common",
-    },
-    Requirement {
-        what: "GRUB i386-pc modules",
-        probe: Probe::Dir("usr/lib/grub/i386-pc"),
-        package: "grub-pc-bin",
-    },
+    Requirement { what: "qemu-system-x86_64", probe: Probe::Exe("qemu-system-x86_64"), package: "qemu-system-x86" },
+    Requirement { what: "grub-mkrescue", probe: Probe::Exe("grub-mkrescue"), package: "grub-common" },
+    Requirement { what: "GRUB i386-pc modules", probe: Probe::Dir("usr/lib/grub/i386-pc"), package: "grub-pc-bin" },
     Requirement {
         what: "GRUB x86_64-efi modules",
         probe: Probe::Dir("usr/lib/grub/x86_64-efi"),
         package: "grub-efi-amd64-bin",
     },
-    Requirement {
-        what: "xorriso",
-        probe: Probe::Exe("xorriso"),
-        package: "xorriso",
-    },
-    Requirement {
-        what: "mformat",
-        probe: Probe::Exe("mformat"),
-        package: "mtools",
-    },
-    Requirement {
-        what: "OVMF firmware",
-        probe: Probe::Ovmf,
-        package: "ovmf",
-    },
+    Requirement { what: "xorriso", probe: Probe::Exe("xorriso"), package: "xorriso" },
+    Requirement { what: "mformat", probe: Probe::Exe("mformat"), package: "mtools" },
+    Requirement { what: "OVMF firmware", probe: Probe::Ovmf, package: "ovmf" },
 ];
 
 /// apt-get is given this long per command.
@@ -77,9 +54,7 @@ pub fn find_exe(name: &str, path_var: &OsStr) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     std::env::split_paths(path_var)
         .map(|d| d.join(name))
-        .find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
 }
 
 /// The requirements not met under `root` with executables searched in `path_var`.
@@ -124,10 +99,7 @@ pub enum Plan {
 pub fn plan(packages: &[&str], is_root: bool, has_apt: bool) -> Plan {
     let list = packages.join(" ");
     if is_root && has_apt {
-        let mut install: Vec<String> = ["apt-get", "install", "-y"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut install: Vec<String> = ["apt-get", "install", "-y"].iter().map(|s| s.to_string()).collect();
         install.extend(packages.iter().map(|s| s.to_string()));
         Plan::Install(vec![vec!["apt-get".into(), "update".into()], install])
     } else if has_apt {
@@ -143,36 +115,42 @@ pub fn plan(packages: &[&str], is_root: bool, has_apt: bool) -> Plan {
 }
 
 fn describe(missing: &[Requirement]) -> String {
-    missing
-        .iter()
-        .map(|r| format!("{} ({})", r.what, r.package))
-        .collect::<Vec<_>>()
-        .join(", ")
+    missing.iter().map(|r| format!("{} ({})", r.what, r.package)).collect::<Vec<_>>().join(", ")
+}
+
+/// Adds the kernel's Rust target when rustup lacks it: with auto-install off (RUSTUP_AUTO_INSTALL=0) rustup
+/// does not fetch the targets rust-toolchain.toml lists by itself.
+fn ensure_rust_target() -> Result<(), String> {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .map_err(|e| format!("running rustup (needed for the {KERNEL_TARGET} target): {e}"))?;
+    if String::from_utf8_lossy(&installed.stdout).lines().any(|l| l.trim() == KERNEL_TARGET) {
+        return Ok(());
+    }
+    eprintln!("xtask: rustup target add {KERNEL_TARGET}");
+    let status = Command::new("rustup")
+        .args(["target", "add", KERNEL_TARGET])
+        .status()
+        .map_err(|e| format!("running rustup target add: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("`rustup target add {KERNEL_TARGET}` failed ({status})")) }
 }
 
 /// Checks the host and installs what is missing (or explains how).
 pub fn ensure() -> Result<(), String> {
+    ensure_rust_target()?;
     let path_var = std::env::var_os("PATH").unwrap_or_default();
     let root = Path::new("/");
     let missing_now = missing(root, &path_var);
     if missing_now.is_empty() {
         return Ok(());
     }
-    let is_root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| euid_from_status(&s))
-        == Some(0);
+    let is_root = std::fs::read_to_string("/proc/self/status").ok().and_then(|s| euid_from_status(&s)) == Some(0);
     let has_apt = find_exe("apt-get", &path_var).is_some();
     match plan(&packages(&missing_now), is_root, has_apt) {
-        Plan::Instruct(msg) => Err(format!(
-            "missing prerequisites: {}\n{msg}",
-            describe(&missing_now)
-        )),
+        Plan::Instruct(msg) => Err(format!("missing prerequisites: {}\n{msg}", describe(&missing_now))),
         Plan::Install(cmds) => {
-            eprintln!(
-                "xtask: missing prerequisites: {}; installing",
-                describe(&missing_now)
-            );
+            eprintln!("xtask: missing prerequisites: {}; installing", describe(&missing_now));
             for argv in cmds {
                 eprintln!("xtask: DEBIAN_FRONTEND=noninteractive {}", argv.join(" "));
                 let child = Command::new(&argv[0])
@@ -181,15 +159,9 @@ pub fn ensure() -> Result<(), String> {
                     .spawn()
                     .map_err(|e| format!("starting {}: {e}", argv[0]))?;
                 let mut guard = ChildGuard::new(child);
-                let status = guard
-                    .wait_until(Instant::now() + APT_TIMEOUT)
-                    .map_err(|e| e.to_string())?
-                    .ok_or_else(|| {
-                        format!(
-                            "`{}` did not finish within {} min",
-                            argv.join(" "),
-                            APT_TIMEOUT.as_secs() / 60
-                        )
+                let status =
+                    guard.wait_until(Instant::now() + APT_TIMEOUT).map_err(|e| e.to_string())?.ok_or_else(|| {
+                        format!("`{}` did not finish within {} min", argv.join(" "), APT_TIMEOUT.as_secs() / 60)
                     })?;
                 if !status.success() {
                     return Err(format!("`{}` failed ({status})", argv.join(" ")));
@@ -200,10 +172,7 @@ pub fn ensure() -> Result<(), String> {
                 eprintln!("xtask: prerequisites installed");
                 Ok(())
             } else {
-                Err(format!(
-                    "still missing after apt-get install: {}",
-                    describe(&still)
-                ))
+                Err(format!("still missing after apt-get install: {}", describe(&still)))
             }
         }
     }
@@ -218,8 +187,7 @@ mod tests {
 
     impl FakeRoot {
         fn new() -> FakeRoot {
-            let p =
-                leasebox_qemu::firmware::unique_path(&std::env::temp_dir(), "xtask-fakeroot", "d");
+            let p = leasebox_qemu::firmware::unique_path(&std::env::temp_dir(), "xtask-fakeroot", "d");
             fs::create_dir_all(p.join("bin")).unwrap();
             FakeRoot(p)
         }
@@ -259,15 +227,7 @@ mod tests {
         assert_eq!(m.len(), REQUIREMENTS.len());
         assert_eq!(
             packages(&m),
-            [
-                "qemu-system-x86",
-                "grub-common",
-                "grub-pc-bin",
-                "grub-efi-amd64-bin",
-                "xorriso",
-                "mtools",
-                "ovmf"
-            ]
+            ["qemu-system-x86", "grub-common", "grub-pc-bin", "grub-efi-amd64-bin", "xorriso", "mtools", "ovmf"]
         );
     }
 
@@ -317,10 +277,7 @@ mod tests {
         }
         match plan(&["ovmf"], false, true) {
             Plan::Instruct(m) => {
-                assert!(
-                    m.contains("sudo DEBIAN_FRONTEND=noninteractive apt-get install -y ovmf"),
-                    "{m}"
-                )
+                assert!(m.contains("sudo DEBIAN_FRONTEND=noninteractive apt-get install -y ovmf"), "{m}")
             }
             other => panic!("{other:?}"),
         }

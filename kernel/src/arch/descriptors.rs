@@ -114,10 +114,8 @@ pub unsafe fn load(index: usize, ist_tops: [u64; IST_STACKS]) {
             options(preserves_flags),
         );
         asm!("ltr {:x}", in(reg) TSS_SEL, options(nostack, preserves_flags));
-        let idtp = DescriptorPointer {
-            limit: (core::mem::size_of::<[IdtEntry; 32]>() - 1) as u16,
-            base: IDT.0.get() as u64,
-        };
+        let idtp =
+            DescriptorPointer { limit: (core::mem::size_of::<[IdtEntry; 32]>() - 1) as u16, base: IDT.0.get() as u64 };
         asm!("lidt [{}]", in(reg) &idtp, options(readonly, nostack, preserves_flags));
     }
 }

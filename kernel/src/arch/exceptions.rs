@@ -101,9 +101,8 @@ pub struct Frame {
 }
 
 const NAMES: [&str; 32] = [
-    "#DE", "#DB", "NMI", "#BP", "#OF", "#BR", "#UD", "#NM", "#DF", "#CSO", "#TS", "#NP", "#SS", "#GP", "#PF",
-    "#15", "#MF", "#AC", "#MC", "#XM", "#VE", "#CP", "#22", "#23", "#24", "#25", "#26", "#27", "#HV", "#VC",
-    "#SX", "#31",
+    "#DE", "#DB", "NMI", "#BP", "#OF", "#BR", "#UD", "#NM", "#DF", "#CSO", "#TS", "#NP", "#SS", "#GP", "#PF", "#15",
+    "#MF", "#AC", "#MC", "#XM", "#VE", "#CP", "#22", "#23", "#24", "#25", "#26", "#27", "#HV", "#VC", "#SX", "#31",
 ];
 
 static IN_FATAL: [AtomicBool; percpu::MAX_CPUS] = [const { AtomicBool::new(false) }; percpu::MAX_CPUS];
@@ -124,29 +123,11 @@ extern "C" fn exception_dispatch(f: &Frame) -> ! {
         f.rip,
         cpu::cr2()
     ));
-    p(format_args!(
-        "!!! c{core} rax={:#018x} rbx={:#018x} rcx={:#018x} rdx={:#018x}\n",
-        f.rax, f.rbx, f.rcx, f.rdx
-    ));
-    p(format_args!(
-        "!!! c{core} rsi={:#018x} rdi={:#018x} rbp={:#018x} rsp={:#018x}\n",
-        f.rsi, f.rdi, f.rbp, f.rsp
-    ));
-    p(format_args!(
-        "!!! c{core} r8={:#018x} r9={:#018x} r10={:#018x} r11={:#018x}\n",
-        f.r8, f.r9, f.r10, f.r11
-    ));
-    p(format_args!(
-        "!!! c{core} r12={:#018x} r13={:#018x} r14={:#018x} r15={:#018x}\n",
-        f.r12, f.r13, f.r14, f.r15
-    ));
-    p(format_args!(
-        "!!! c{core} cs={:#x} ss={:#x} rflags={:#x} cr3={:#x}\n",
-        f.cs,
-        f.ss,
-        f.rflags,
-        cpu::cr3()
-    ));
+    p(format_args!("!!! c{core} rax={:#018x} rbx={:#018x} rcx={:#018x} rdx={:#018x}\n", f.rax, f.rbx, f.rcx, f.rdx));
+    p(format_args!("!!! c{core} rsi={:#018x} rdi={:#018x} rbp={:#018x} rsp={:#018x}\n", f.rsi, f.rdi, f.rbp, f.rsp));
+    p(format_args!("!!! c{core} r8={:#018x} r9={:#018x} r10={:#018x} r11={:#018x}\n", f.r8, f.r9, f.r10, f.r11));
+    p(format_args!("!!! c{core} r12={:#018x} r13={:#018x} r14={:#018x} r15={:#018x}\n", f.r12, f.r13, f.r14, f.r15));
+    p(format_args!("!!! c{core} cs={:#x} ss={:#x} rflags={:#x} cr3={:#x}\n", f.cs, f.ss, f.rflags, cpu::cr3()));
     super::fatal_hooks();
     exit::fail()
 }

@@ -187,10 +187,7 @@ pub fn dma_alloc(len: usize, align: usize) -> Result<DmaRegion, DmaError> {
     }
     let frames = (len as u64).div_ceil(FRAME_SIZE);
     let bytes = (frames * FRAME_SIZE) as usize;
-    let phys = FRAMES
-        .lock()
-        .alloc(frames, (align as u64).max(FRAME_SIZE))
-        .ok_or(DmaError::OutOfMemory { len })?;
+    let phys = FRAMES.lock().alloc(frames, (align as u64).max(FRAME_SIZE)).ok_or(DmaError::OutOfMemory { len })?;
     if !is_mapped(phys, bytes) {
         let _ = FRAMES.lock().free(phys, frames);
         return Err(DmaError::OutOfMemory { len });

@@ -19,8 +19,7 @@ pub const IST_BYTES: u64 = 16 * 1024;
 static AP_MAIN: AtomicUsize = AtomicUsize::new(0);
 static STARTED: AtomicBool = AtomicBool::new(false);
 static APIC_IDS: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
-static IST_TOPS: [[AtomicU64; IST_STACKS]; MAX_CPUS] =
-    [const { [const { AtomicU64::new(0) }; IST_STACKS] }; MAX_CPUS];
+static IST_TOPS: [[AtomicU64; IST_STACKS]; MAX_CPUS] = [const { [const { AtomicU64::new(0) }; IST_STACKS] }; MAX_CPUS];
 
 #[derive(Clone, Copy, Debug)]
 pub enum SmpError {
@@ -66,9 +65,7 @@ fn init_delay() -> Duration {
         let base = (eax >> 8) & 0xF;
         if base == 0xF { base + ((eax >> 20) & 0xFF) } else { base }
     };
-    let vendor = |s: &[u8; 12]| {
-        s[0..4] == b.to_le_bytes() && s[4..8] == d.to_le_bytes() && s[8..12] == c.to_le_bytes()
-    };
+    let vendor = |s: &[u8; 12]| s[0..4] == b.to_le_bytes() && s[4..8] == d.to_le_bytes() && s[8..12] == c.to_le_bytes();
     let modern = (vendor(b"GenuineIntel") && family == 6)
         || (vendor(b"AuthenticAMD") && family >= 0xF)
         || (vendor(b"HygonGenuine") && family >= 0x18);

@@ -215,10 +215,12 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
     serial::init();
     // SAFETY: written by `_start` before anything else; read once here.
     let entry_tsc = unsafe { core::ptr::read_volatile(&boot::boot_entry_tsc) };
+    let t_calib = time::Instant::now();
     let (tsc_hz, tsc_source) = tsc::calibrate();
     time::set_tsc_hz(tsc_hz, entry_tsc);
     logger::init(log::LevelFilter::Info);
 
+    let t_bootinfo = time::Instant::now();
     let boot = match bootinfo::parse(magic, u64::from(info), &IdentityMem) {
         Ok(b) => BOOT.call_once(|| b),
         Err(e) => fatal!("boot information (magic {magic:#x} at {info:#x}): {e}"),
@@ -240,6 +242,7 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
     }
     log::info!("tsc: {}.{:03} MHz ({:?})", tsc_hz / 1_000_000, (tsc_hz / 1000) % 1000, tsc_source);
 
+    let t_memory = time::Instant::now();
     init_frames(boot);
     let (heap_base, heap_len) = memory::init_heap(HEAP_BYTES).unwrap_or_else(|e| fatal!("{e}"));
     descriptors::build_idt();
@@ -259,6 +262,7 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
         );
     }
 
+    let t_acpi = time::Instant::now();
     let acpi = find_acpi(boot).map(|a| ACPI.call_once(|| a));
     let lapic = match acpi.map(|_| Lapic::init()) {
         Some(Ok(l)) => Some(l),
@@ -271,11 +275,23 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
     let bsp_apic_id = lapic.map_or(0, |l| l.id());
     // SAFETY: still the BSP, re-recording its identity now that the APIC id is known.
     unsafe { percpu::activate(0, bsp_apic_id) };
+    let t_pci = time::Instant::now();
     let pci = PCI.call_once(|| enumerate_pci(acpi));
     if pci.truncated() {
         log::warn!("pci: more than {} functions; the rest are not listed", pci::MAX_FUNCTIONS);
     }
 
+    let t_end = time::Instant::now();
+    let us = |a: time::Instant, b: time::Instant| b.duration_since(a).as_micros();
+    log::debug!(
+        "boot: phases (us) entry->calibrate {} calibrate {} bootinfo+config {} memory+descriptors {} acpi+apic {} pci {}",
+        us(time::Instant::from_ticks(entry_tsc), t_calib),
+        us(t_calib, t_bootinfo),
+        us(t_bootinfo, t_memory),
+        us(t_memory, t_acpi),
+        us(t_acpi, t_pci),
+        us(t_pci, t_end)
+    );
     let platform = Platform { boot, config, acpi, pci, lapic, bsp_apic_id, entry_tsc, tsc_hz, tsc_source };
     // SAFETY: `leasebox_main` is defined by the image with exactly this signature.
     unsafe { leasebox_main(platform) }

@@ -51,9 +51,7 @@ impl FromStr for Machine {
         match s {
             "pc" => Ok(Machine::Pc),
             "q35" => Ok(Machine::Q35),
-            other => Err(format!(
-                "unknown machine `{other}` (expected `pc` or `q35`)"
-            )),
+            other => Err(format!("unknown machine `{other}` (expected `pc` or `q35`)")),
         }
     }
 }
@@ -68,11 +66,7 @@ pub enum Boot {
     BiosIso { iso: PathBuf },
     /// The GRUB ISO on OVMF (`multiboot2` in grub.cfg). `vars` must be a fresh, writable per-run copy of the
     /// OVMF vars template (see [`crate::firmware::Ovmf::fresh_vars`]).
-    UefiIso {
-        iso: PathBuf,
-        code: PathBuf,
-        vars: PathBuf,
-    },
+    UefiIso { iso: PathBuf, code: PathBuf, vars: PathBuf },
 }
 
 impl Boot {
@@ -132,16 +126,10 @@ impl QemuConfig {
     /// Checks the values QEMU would otherwise reject with a less helpful message.
     pub fn validate(&self) -> Result<(), String> {
         if self.smp == 0 || self.smp > MAX_SMP {
-            return Err(format!(
-                "-smp must be between 1 and {MAX_SMP}, got {}",
-                self.smp
-            ));
+            return Err(format!("-smp must be between 1 and {MAX_SMP}, got {}", self.smp));
         }
         if self.mem_mib < 16 {
-            return Err(format!(
-                "guest memory must be at least 16 MiB, got {}",
-                self.mem_mib
-            ));
+            return Err(format!("guest memory must be at least 16 MiB, got {}", self.mem_mib));
         }
         if self.cpu.is_empty() || self.cpu.contains(char::is_whitespace) {
             return Err(format!("bad CPU model `{}`", self.cpu));
@@ -169,9 +157,7 @@ impl QemuConfig {
         push("-serial");
         push("stdio");
         push("-device");
-        push(&format!(
-            "isa-debug-exit,iobase={DEBUG_EXIT_IOBASE:#x},iosize=0x04"
-        ));
+        push(&format!("isa-debug-exit,iobase={DEBUG_EXIT_IOBASE:#x},iosize=0x04"));
         push("-nic");
         push("none");
         match &self.boot {
@@ -210,8 +196,7 @@ impl QemuConfig {
         for arg in self.args() {
             let arg = arg.to_string_lossy();
             s.push(' ');
-            if arg.is_empty() || arg.contains(|c: char| c.is_whitespace() || c == '"' || c == '\'')
-            {
+            if arg.is_empty() || arg.contains(|c: char| c.is_whitespace() || c == '"' || c == '\'') {
                 s.push('\'');
                 s.push_str(&arg.replace('\'', r"'\''"));
                 s.push('\'');
@@ -237,10 +222,7 @@ mod tests {
     use super::*;
 
     fn strings(c: &QemuConfig) -> Vec<String> {
-        c.args()
-            .into_iter()
-            .map(|s| s.into_string().unwrap())
-            .collect()
+        c.args().into_iter().map(|s| s.into_string().unwrap()).collect()
     }
 
     fn has_pair(args: &[String], a: &str, b: &str) -> bool {
@@ -275,18 +257,13 @@ mod tests {
 
     #[test]
     fn empty_append_is_omitted() {
-        let c = QemuConfig::new(Boot::Kernel {
-            elf: "k".into(),
-            append: String::new(),
-        });
+        let c = QemuConfig::new(Boot::Kernel { elf: "k".into(), append: String::new() });
         assert!(!strings(&c).contains(&"-append".to_string()));
     }
 
     #[test]
     fn bios_iso_boots_from_cdrom() {
-        let mut c = QemuConfig::new(Boot::BiosIso {
-            iso: "x.iso".into(),
-        });
+        let mut c = QemuConfig::new(Boot::BiosIso { iso: "x.iso".into() });
         c.machine = Machine::Pc;
         c.smp = 3;
         c.mem_mib = 512;
@@ -307,56 +284,31 @@ mod tests {
             vars: "/t/vars,1.fd".into(),
         });
         let a = strings(&c);
-        assert!(has_pair(
-            &a,
-            "-drive",
-            "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd"
-        ));
-        assert!(has_pair(
-            &a,
-            "-drive",
-            "if=pflash,format=raw,unit=1,file=/t/vars,,1.fd"
-        ));
+        assert!(has_pair(&a, "-drive", "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd"));
+        assert!(has_pair(&a, "-drive", "if=pflash,format=raw,unit=1,file=/t/vars,,1.fd"));
         assert!(has_pair(&a, "-cdrom", "x.iso"));
     }
 
     #[test]
     fn extra_devices_come_last() {
-        let c = QemuConfig::new(Boot::BiosIso {
-            iso: "x.iso".into(),
-        })
-        .object("memory-backend-ram,id=hm,size=1M")
-        .device("ivshmem-plain,memdev=hm");
+        let c = QemuConfig::new(Boot::BiosIso { iso: "x.iso".into() })
+            .object("memory-backend-ram,id=hm,size=1M")
+            .device("ivshmem-plain,memdev=hm");
         let a = strings(&c);
         let n = a.len();
-        assert_eq!(
-            &a[n - 4..],
-            [
-                "-object",
-                "memory-backend-ram,id=hm,size=1M",
-                "-device",
-                "ivshmem-plain,memdev=hm"
-            ]
-        );
+        assert_eq!(&a[n - 4..], ["-object", "memory-backend-ram,id=hm,size=1M", "-device", "ivshmem-plain,memdev=hm"]);
     }
 
     #[test]
     fn machine_parse() {
         assert_eq!("pc".parse::<Machine>(), Ok(Machine::Pc));
         assert_eq!("q35".parse::<Machine>(), Ok(Machine::Q35));
-        assert!(
-            "microvm"
-                .parse::<Machine>()
-                .unwrap_err()
-                .contains("microvm")
-        );
+        assert!("microvm".parse::<Machine>().unwrap_err().contains("microvm"));
     }
 
     #[test]
     fn validate_rejects_bad_values() {
-        let mut c = QemuConfig::new(Boot::BiosIso {
-            iso: "x.iso".into(),
-        });
+        let mut c = QemuConfig::new(Boot::BiosIso { iso: "x.iso".into() });
         assert!(c.validate().is_ok());
         c.smp = 0;
         assert!(c.validate().is_err());
@@ -370,10 +322,7 @@ mod tests {
 
     #[test]
     fn display_quotes_spaces() {
-        let c = QemuConfig::new(Boot::Kernel {
-            elf: "k".into(),
-            append: "a b".into(),
-        });
+        let c = QemuConfig::new(Boot::Kernel { elf: "k".into(), append: "a b".into() });
         assert!(c.display().ends_with("-append 'a b'"));
     }
 }

@@ -73,29 +73,16 @@ impl fmt::Display for QemuExit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             QemuExit::Clean => {
-                write!(
-                    f,
-                    "QEMU exited with status 0 (guest shut down or reset, or QEMU stopped by Ctrl-C)"
-                )
+                write!(f, "QEMU exited with status 0 (guest shut down or reset, or QEMU stopped by Ctrl-C)")
             }
             QemuExit::QemuError => {
-                write!(
-                    f,
-                    "QEMU exited with status 1 (QEMU error, or the guest wrote 0 to isa-debug-exit)"
-                )
+                write!(f, "QEMU exited with status 1 (QEMU error, or the guest wrote 0 to isa-debug-exit)")
             }
             QemuExit::DebugExit { value: 1 } => {
-                write!(
-                    f,
-                    "QEMU exited with status 3: the guest reported a failure (isa-debug-exit 1)"
-                )
+                write!(f, "QEMU exited with status 3: the guest reported a failure (isa-debug-exit 1)")
             }
             QemuExit::DebugExit { value } => {
-                write!(
-                    f,
-                    "QEMU exited with status {}: the guest wrote {value} to isa-debug-exit",
-                    (value << 1) | 1
-                )
+                write!(f, "QEMU exited with status {}: the guest wrote {value} to isa-debug-exit", (value << 1) | 1)
             }
             QemuExit::Other { status } => write!(f, "QEMU exited with status {status}"),
             QemuExit::Signal { signal } => write!(f, "QEMU was terminated by signal {signal}"),
@@ -111,23 +98,11 @@ mod tests {
     fn classification() {
         assert_eq!(QemuExit::from_parts(Some(0), None), QemuExit::Clean);
         assert_eq!(QemuExit::from_parts(Some(1), None), QemuExit::QemuError);
-        assert_eq!(
-            QemuExit::from_parts(Some(3), None),
-            QemuExit::DebugExit { value: 1 }
-        );
+        assert_eq!(QemuExit::from_parts(Some(3), None), QemuExit::DebugExit { value: 1 });
         assert!(QemuExit::from_parts(Some(3), None).is_guest_failure());
-        assert_eq!(
-            QemuExit::from_parts(Some(33), None),
-            QemuExit::DebugExit { value: 16 }
-        );
-        assert_eq!(
-            QemuExit::from_parts(Some(2), None),
-            QemuExit::Other { status: 2 }
-        );
-        assert_eq!(
-            QemuExit::from_parts(None, Some(9)),
-            QemuExit::Signal { signal: 9 }
-        );
+        assert_eq!(QemuExit::from_parts(Some(33), None), QemuExit::DebugExit { value: 16 });
+        assert_eq!(QemuExit::from_parts(Some(2), None), QemuExit::Other { status: 2 });
+        assert_eq!(QemuExit::from_parts(None, Some(9)), QemuExit::Signal { signal: 9 });
     }
 
     #[test]
@@ -141,10 +116,6 @@ mod tests {
 
     #[test]
     fn display_names_failure() {
-        assert!(
-            QemuExit::DebugExit { value: 1 }
-                .to_string()
-                .contains("failure")
-        );
+        assert!(QemuExit::DebugExit { value: 1 }.to_string().contains("failure"));
     }
 }

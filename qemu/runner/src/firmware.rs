@@ -11,18 +11,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Directories searched for OVMF, relative to the filesystem root (Debian/Ubuntu first, then Fedora/Arch).
-pub const OVMF_DIRS: &[&str] = &[
-    "usr/share/OVMF",
-    "usr/share/edk2/ovmf",
-    "usr/share/edk2/x64",
-    "usr/share/ovmf/x64",
-];
+pub const OVMF_DIRS: &[&str] = &["usr/share/OVMF", "usr/share/edk2/ovmf", "usr/share/edk2/x64", "usr/share/ovmf/x64"];
 /// (code, vars) file name pairs, preferred first.
-pub const OVMF_PAIRS: &[(&str, &str)] = &[
-    ("OVMF_CODE_4M.fd", "OVMF_VARS_4M.fd"),
-    ("OVMF_CODE.fd", "OVMF_VARS.fd"),
-    ("OVMF_CODE.4m.fd", "OVMF_VARS.4m.fd"),
-];
+pub const OVMF_PAIRS: &[(&str, &str)] =
+    &[("OVMF_CODE_4M.fd", "OVMF_VARS_4M.fd"), ("OVMF_CODE.fd", "OVMF_VARS.fd"), ("OVMF_CODE.4m.fd", "OVMF_VARS.4m.fd")];
 
 /// A matching OVMF code/vars pair.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,16 +28,12 @@ pub struct Ovmf {
 impl Ovmf {
     /// Looks for OVMF under `/`. `LEASEBOX_OVMF_CODE` and `LEASEBOX_OVMF_VARS`, when both set, take precedence.
     pub fn find() -> Option<Ovmf> {
-        if let (Some(code), Some(vars)) = (
-            std::env::var_os("LEASEBOX_OVMF_CODE"),
-            std::env::var_os("LEASEBOX_OVMF_VARS"),
-        ) {
+        if let (Some(code), Some(vars)) =
+            (std::env::var_os("LEASEBOX_OVMF_CODE"), std::env::var_os("LEASEBOX_OVMF_VARS"))
+        {
             let (code, vars) = (PathBuf::from(code), PathBuf::from(vars));
             if code.is_file() && vars.is_file() {
-                return Some(Ovmf {
-                    code,
-                    vars_template: vars,
-                });
+                return Some(Ovmf { code, vars_template: vars });
             }
         }
         Ovmf::find_under(Path::new("/"))
@@ -58,10 +46,7 @@ impl Ovmf {
             for (code, vars) in OVMF_PAIRS {
                 let (code, vars) = (dir.join(code), dir.join(vars));
                 if code.is_file() && vars.is_file() {
-                    return Some(Ovmf {
-                        code,
-                        vars_template: vars,
-                    });
+                    return Some(Ovmf { code, vars_template: vars });
                 }
             }
         }
@@ -74,14 +59,7 @@ impl Ovmf {
         fs::create_dir_all(scratch_dir)?;
         let path = unique_path(scratch_dir, "ovmf-vars", "fd");
         fs::copy(&self.vars_template, &path).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "copying {} to {}: {e}",
-                    self.vars_template.display(),
-                    path.display()
-                ),
-            )
+            io::Error::new(e.kind(), format!("copying {} to {}: {e}", self.vars_template.display(), path.display()))
         })?;
         // The template is often installed read-only; QEMU needs to write the copy.
         let mut perms = fs::metadata(&path)?.permissions();
@@ -146,11 +124,7 @@ pub fn remove_stale(dir: &Path, stem: &str, ext: &str) -> usize {
 
 /// The pid in a `<stem>-<pid>-<n>.<ext>` name.
 fn stale_pid(name: &str, stem: &str, ext: &str) -> Option<u32> {
-    let rest = name
-        .strip_prefix(stem)?
-        .strip_prefix('-')?
-        .strip_suffix(ext)?
-        .strip_suffix('.')?;
+    let rest = name.strip_prefix(stem)?.strip_prefix('-')?.strip_suffix(ext)?.strip_suffix('.')?;
     let (pid, n) = rest.split_once('-')?;
     n.parse::<u32>().ok()?;
     pid.parse().ok()
@@ -176,10 +150,7 @@ mod tests {
         fs::write(dir.join("OVMF_VARS.fd"), b"v").unwrap();
         fs::write(dir.join("OVMF_CODE_4M.fd"), b"c4").unwrap();
         // A code file without its vars is not a pair.
-        assert_eq!(
-            Ovmf::find_under(&root).unwrap().code,
-            dir.join("OVMF_CODE.fd")
-        );
+        assert_eq!(Ovmf::find_under(&root).unwrap().code, dir.join("OVMF_CODE.fd"));
         fs::write(dir.join("OVMF_VARS_4M.fd"), b"v4").unwrap();
         let o = Ovmf::find_under(&root).unwrap();
         assert_eq!(o.code, dir.join("OVMF_CODE_4M.fd"));
@@ -195,10 +166,7 @@ mod tests {
         let mut perms = fs::metadata(&template).unwrap().permissions();
         perms.set_readonly(true);
         fs::set_permissions(&template, perms).unwrap();
-        let o = Ovmf {
-            code: root.join("CODE.fd"),
-            vars_template: template,
-        };
+        let o = Ovmf { code: root.join("CODE.fd"), vars_template: template };
         let scratch = root.join("scratch");
         let a = o.fresh_vars(&scratch).unwrap();
         let b = o.fresh_vars(&scratch).unwrap();
@@ -214,10 +182,7 @@ mod tests {
 
     #[test]
     fn stale_scratch_files_of_dead_processes_are_removed() {
-        assert_eq!(
-            stale_pid("ovmf-vars-123-4.fd", "ovmf-vars", "fd"),
-            Some(123)
-        );
+        assert_eq!(stale_pid("ovmf-vars-123-4.fd", "ovmf-vars", "fd"), Some(123));
         assert_eq!(stale_pid("ovmf-vars-x-4.fd", "ovmf-vars", "fd"), None);
         assert_eq!(stale_pid("other-123-4.fd", "ovmf-vars", "fd"), None);
         let root = temp_root("stale");

@@ -64,15 +64,8 @@ pub struct IsoSpec {
 impl IsoSpec {
     /// An ISO at `iso`, staged in `<dir of iso>/iso-root/<iso file stem>`.
     pub fn new(elf: &Path, iso: &Path, kernel_args: &str) -> IsoSpec {
-        let stem = iso
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "iso".into());
-        let staging = iso
-            .parent()
-            .unwrap_or(Path::new("."))
-            .join("iso-root")
-            .join(stem);
+        let stem = iso.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "iso".into());
+        let staging = iso.parent().unwrap_or(Path::new(".")).join("iso-root").join(stem);
         IsoSpec {
             elf: elf.to_path_buf(),
             iso: iso.to_path_buf(),
@@ -102,10 +95,8 @@ impl IsoSpec {
         if iso_t < elf_t {
             return Ok(false);
         }
-        Ok(
-            fs::read_to_string(self.staged_cfg()).is_ok_and(|old| old == cfg)
-                && fs::read(self.staged_elf()).ok() == fs::read(&self.elf).ok(),
-        )
+        Ok(fs::read_to_string(self.staged_cfg()).is_ok_and(|old| old == cfg)
+            && fs::read(self.staged_elf()).ok() == fs::read(&self.elf).ok())
     }
 
     /// Builds the ISO unless it is current; returns whether it was (re)built.
@@ -134,10 +125,7 @@ impl IsoSpec {
         let partial = self.iso.with_extension("iso.partial");
         let _ = fs::remove_file(&partial);
         let out = run_captured(
-            Command::new(&self.grub_mkrescue)
-                .arg("-o")
-                .arg(&partial)
-                .arg(&self.staging),
+            Command::new(&self.grub_mkrescue).arg("-o").arg(&partial).arg(&self.staging),
             MKRESCUE_TIMEOUT,
         )
         .map_err(|e| e.to_string())?;
@@ -195,11 +183,7 @@ mod tests {
 
     #[test]
     fn staging_dir_is_beside_the_iso() {
-        let s = IsoSpec::new(
-            Path::new("t/leasebox.elf"),
-            Path::new("t/leasebox/run.iso"),
-            "",
-        );
+        let s = IsoSpec::new(Path::new("t/leasebox.elf"), Path::new("t/leasebox/run.iso"), "");
         assert_eq!(s.staging, Path::new("t/leasebox/iso-root/run"));
     }
 

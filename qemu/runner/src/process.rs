@@ -63,10 +63,7 @@ pub struct ChildGuard {
 
 impl ChildGuard {
     pub fn new(child: Child) -> Self {
-        ChildGuard {
-            child,
-            status: None,
-        }
+        ChildGuard { child, status: None }
     }
 
     pub fn id(&self) -> u32 {
@@ -132,14 +129,8 @@ pub struct QemuProcess {
 
 impl QemuProcess {
     /// Starts QEMU for `config`. `scratch` files (e.g. the OVMF vars copy) are deleted once QEMU is gone.
-    pub fn spawn(
-        config: &QemuConfig,
-        stdio: Stdio,
-        scratch: Vec<ScratchFile>,
-    ) -> io::Result<QemuProcess> {
-        config
-            .validate()
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    pub fn spawn(config: &QemuConfig, stdio: Stdio, scratch: Vec<ScratchFile>) -> io::Result<QemuProcess> {
+        config.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let mut cmd = Command::new(&config.qemu);
         cmd.args(config.args());
         match stdio {
@@ -161,39 +152,15 @@ impl QemuProcess {
         let mut readers = Vec::new();
         let mut lines = None;
         if let Stdio::Capture { echo } = stdio {
-            let out = child
-                .child_mut()
-                .stdout
-                .take()
-                .ok_or_else(|| io::Error::other("no stdout pipe"))?;
-            let err = child
-                .child_mut()
-                .stderr
-                .take()
-                .ok_or_else(|| io::Error::other("no stderr pipe"))?;
+            let out = child.child_mut().stdout.take().ok_or_else(|| io::Error::other("no stdout pipe"))?;
+            let err = child.child_mut().stderr.take().ok_or_else(|| io::Error::other("no stderr pipe"))?;
             let (tx, rx) = mpsc::channel();
-            readers.push(
-                thread::Builder::new()
-                    .name("qemu-serial".into())
-                    .spawn(move || read_lines(out, &tx, echo))?,
-            );
+            readers.push(thread::Builder::new().name("qemu-serial".into()).spawn(move || read_lines(out, &tx, echo))?);
             let sink = Arc::clone(&stderr);
-            readers.push(
-                thread::Builder::new()
-                    .name("qemu-stderr".into())
-                    .spawn(move || drain(err, &sink))?,
-            );
+            readers.push(thread::Builder::new().name("qemu-stderr".into()).spawn(move || drain(err, &sink))?);
             lines = Some(rx);
         }
-        Ok(QemuProcess {
-            child,
-            started,
-            lines,
-            stderr,
-            readers,
-            command: config.display(),
-            _scratch: scratch,
-        })
+        Ok(QemuProcess { child, started, lines, stderr, readers, command: config.display(), _scratch: scratch })
     }
 
     /// The host time just before QEMU was spawned.
@@ -264,13 +231,7 @@ impl Drop for QemuProcess {
 
 fn spawn_error(program: &std::path::Path, e: io::Error) -> io::Error {
     if e.kind() == io::ErrorKind::NotFound {
-        io::Error::new(
-            e.kind(),
-            format!(
-                "{} not found (Debian: apt-get install qemu-system-x86)",
-                program.display()
-            ),
-        )
+        io::Error::new(e.kind(), format!("{} not found (Debian: apt-get install qemu-system-x86)", program.display()))
     } else {
         io::Error::new(e.kind(), format!("starting {}: {e}", program.display()))
     }
@@ -302,10 +263,7 @@ fn read_lines(mut src: impl Read, tx: &Sender<SerialLine>, echo: bool) {
         }
     }
     if let Some(text) = splitter.finish() {
-        let _ = tx.send(SerialLine {
-            text,
-            at: Instant::now(),
-        });
+        let _ = tx.send(SerialLine { text, at: Instant::now() });
     }
 }
 
@@ -350,11 +308,7 @@ impl LineSplitter {
 
     /// The unterminated last line, if any.
     pub fn finish(&mut self) -> Option<String> {
-        if self.pending.is_empty() {
-            None
-        } else {
-            Some(self.take())
-        }
+        if self.pending.is_empty() { None } else { Some(self.take()) }
     }
 
     fn take(&mut self) -> String {
@@ -385,21 +339,11 @@ impl Captured {
 /// `timeout`.
 pub fn run_captured(cmd: &mut Command, timeout: Duration) -> io::Result<Captured> {
     let program = cmd.get_program().to_owned();
-    cmd.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
     let child = cmd.spawn().map_err(|e| tool_error(&program, e))?;
     let mut guard = ChildGuard::new(child);
-    let out = guard
-        .child_mut()
-        .stdout
-        .take()
-        .ok_or_else(|| io::Error::other("no stdout pipe"))?;
-    let err = guard
-        .child_mut()
-        .stderr
-        .take()
-        .ok_or_else(|| io::Error::other("no stderr pipe"))?;
+    let out = guard.child_mut().stdout.take().ok_or_else(|| io::Error::other("no stdout pipe"))?;
+    let err = guard.child_mut().stderr.take().ok_or_else(|| io::Error::other("no stderr pipe"))?;
     let out_buf = Arc::new(Mutex::new(Vec::new()));
     let err_buf = Arc::new(Mutex::new(Vec::new()));
     let (o, e) = (Arc::clone(&out_buf), Arc::clone(&err_buf));
@@ -410,21 +354,13 @@ pub fn run_captured(cmd: &mut Command, timeout: Duration) -> io::Result<Captured
     guard.kill()?;
     let _ = ro.join();
     let _ = re.join();
-    let text = |b: &Arc<Mutex<Vec<u8>>>| {
-        String::from_utf8_lossy(&b.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
-    };
-    Ok(Captured {
-        status,
-        stdout: text(&out_buf),
-        stderr: text(&err_buf),
-    })
+    let text =
+        |b: &Arc<Mutex<Vec<u8>>>| String::from_utf8_lossy(&b.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
+    Ok(Captured { status, stdout: text(&out_buf), stderr: text(&err_buf) })
 }
 
 fn tool_error(program: &OsStr, e: io::Error) -> io::Error {
-    io::Error::new(
-        e.kind(),
-        format!("running {}: {e}", program.to_string_lossy()),
-    )
+    io::Error::new(e.kind(), format!("running {}: {e}", program.to_string_lossy()))
 }
 
 #[cfg(test)]
@@ -435,10 +371,7 @@ mod tests {
     #[test]
     fn splitter_handles_crlf_lf_and_chunks() {
         let mut s = LineSplitter::default();
-        assert_eq!(
-            s.push(b"[  0.1] c0 INFO  a\r\nb\n"),
-            vec!["[  0.1] c0 INFO  a", "b"]
-        );
+        assert_eq!(s.push(b"[  0.1] c0 INFO  a\r\nb\n"), vec!["[  0.1] c0 INFO  a", "b"]);
         assert_eq!(s.push(b"leasebox: rea"), Vec::<String>::new());
         assert_eq!(s.push(b"dy cores=1\r"), Vec::<String>::new());
         assert_eq!(s.push(b"\n\n"), vec!["leasebox: ready cores=1", ""]);
@@ -474,10 +407,7 @@ mod tests {
             std::fs::set_permissions(&path, perms).unwrap();
             path
         });
-        let mut c = QemuConfig::new(Boot::Kernel {
-            elf: "k".into(),
-            append: script.into(),
-        });
+        let mut c = QemuConfig::new(Boot::Kernel { elf: "k".into(), append: script.into() });
         c.qemu = path.clone();
         c
     }
@@ -487,9 +417,7 @@ mod tests {
         for _ in 0..50 {
             match QemuProcess::spawn(c, Stdio::Capture { echo: false }, vec![]) {
                 Ok(q) => return q,
-                Err(e) if e.to_string().contains("busy") => {
-                    thread::sleep(Duration::from_millis(20))
-                }
+                Err(e) if e.to_string().contains("busy") => thread::sleep(Duration::from_millis(20)),
                 Err(e) => panic!("{e}"),
             }
         }
@@ -523,16 +451,9 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(10);
         assert!(matches!(q.next_line(deadline), NextLine::Line(l) if l.text == "started"));
         let t = Instant::now();
-        assert!(matches!(
-            q.next_line(Instant::now() + Duration::from_millis(100)),
-            NextLine::TimedOut
-        ));
+        assert!(matches!(q.next_line(Instant::now() + Duration::from_millis(100)), NextLine::TimedOut));
         assert!(t.elapsed() < Duration::from_secs(5));
-        assert_eq!(
-            q.wait_until(Instant::now() + Duration::from_millis(50))
-                .unwrap(),
-            None
-        );
+        assert_eq!(q.wait_until(Instant::now() + Duration::from_millis(50)).unwrap(), None);
         let pid = q.id();
         drop(q);
         // Reaped: no /proc entry (or at least not a zombie of ours).
@@ -548,33 +469,21 @@ mod tests {
 
     #[test]
     fn missing_binary_is_a_clear_error() {
-        let mut c = QemuConfig::new(Boot::Kernel {
-            elf: "k".into(),
-            append: String::new(),
-        });
+        let mut c = QemuConfig::new(Boot::Kernel { elf: "k".into(), append: String::new() });
         c.qemu = "/nonexistent/qemu-system-x86_64".into();
-        let e = QemuProcess::spawn(&c, Stdio::Capture { echo: false }, vec![])
-            .err()
-            .unwrap();
+        let e = QemuProcess::spawn(&c, Stdio::Capture { echo: false }, vec![]).err().unwrap();
         assert!(e.to_string().contains("not found"), "{e}");
     }
 
     #[test]
     fn run_captured_times_out_and_kills() {
         let t = Instant::now();
-        let r = run_captured(
-            Command::new("sh").args(["-c", "echo hi; exec sleep 30"]),
-            Duration::from_millis(200),
-        )
-        .unwrap();
+        let r = run_captured(Command::new("sh").args(["-c", "echo hi; exec sleep 30"]), Duration::from_millis(200))
+            .unwrap();
         assert!(r.status.is_none());
         assert_eq!(r.stdout.trim(), "hi");
         assert!(t.elapsed() < Duration::from_secs(10));
-        let ok = run_captured(
-            Command::new("sh").args(["-c", "echo err >&2"]),
-            Duration::from_secs(10),
-        )
-        .unwrap();
+        let ok = run_captured(Command::new("sh").args(["-c", "echo err >&2"]), Duration::from_secs(10)).unwrap();
         assert!(ok.success());
         assert_eq!(ok.stderr.trim(), "err");
     }
