@@ -144,14 +144,7 @@ mod tests {
     /// `-kernel` boot's `-append` string.
     fn fake_qemu(dir: &std::path::Path) -> PathBuf {
         let path = dir.join("fake-qemu.sh");
-        std::fs::write(
-            &path,
-            "#!/bin/sh\nwhile [ $# -gt 0 ]; do\n  if [ \"$1\" = -append ]; then eval \"$2\"; exit $?; fi\n  shift\ndone\nexit 99\n",
-        )
-        .unwrap();
-        let mut perms = std::fs::metadata(&path).unwrap().permissions();
-        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-        std::fs::set_permissions(&path, perms).unwrap();
+        leasebox_qemu::fake::write_fake_qemu(&path).unwrap();
         path
     }
 

@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod exit;
+pub mod fake;
 pub mod firmware;
 pub mod iso;
 pub mod process;

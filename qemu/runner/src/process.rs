@@ -397,14 +397,7 @@ mod tests {
         static PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
         let path = PATH.get_or_init(|| {
             let path = crate::firmware::unique_path(&std::env::temp_dir(), "fake-qemu", "sh");
-            std::fs::write(
-                &path,
-                "#!/bin/sh\nwhile [ $# -gt 0 ]; do\n  if [ \"$1\" = -append ]; then eval \"$2\"; exit $?; fi\n  shift\ndone\nexit 99\n",
-            )
-            .unwrap();
-            let mut perms = std::fs::metadata(&path).unwrap().permissions();
-            std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-            std::fs::set_permissions(&path, perms).unwrap();
+            crate::fake::write_fake_qemu(&path).unwrap();
             path
         });
         let mut c = QemuConfig::new(Boot::Kernel { elf: "k".into(), append: script.into() });
