@@ -1,0 +1,744 @@
+//! Every message of protocol v1: opcodes, error codes, request and response bodies, and their encodings.
+//! Field layouts are listed in `docs/wire-protocol.md`; each `encode`/`decode` pair below follows them in
+//! order, big-endian.
+
+use crate::codec::{DecodeError, Reader, Writer};
+use crate::frame::{Kind, frame};
+use alloc::string::String;
+use alloc::vec::Vec;
+
+/// Longest tenant name.
+pub const MAX_NAME: usize = 32;
+/// Longest error message.
+pub const MAX_MESSAGE: usize = 256;
+/// HELLO nonces and MACs.
+pub const CLIENT_NONCE_LEN: usize = 16;
+pub const SERVER_NONCE_LEN: usize = 32;
+pub const MAC_LEN: usize = 32;
+/// Most entries in one LIST / FENCED_SUMMARY page (keeps the response under MAX_PAYLOAD).
+pub const MAX_PAGE: usize = 128;
+
+macro_rules! codes {
+    ($(#[$m:meta])* $name:ident : $t:ty { $($(#[$vm:meta])* $v:ident = $n:expr, $s:expr;)* }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[repr($t)]
+        pub enum $name { $($(#[$vm])* $v = $n,)* }
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$v,)*];
+            pub fn from_raw(raw: $t) -> Option<Self> {
+                match raw { $($n => Some($name::$v),)* _ => None }
+            }
+            pub fn name(self) -> &'static str {
+                match self { $($name::$v => $s,)* }
+            }
+            pub fn parse_name(s: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|c| c.name() == s)
+            }
+        }
+    };
+}
+
+codes! {
+    /// Operation codes: session 0x01xx, leases 0x02xx, diagnostics 0x03xx.
+    Op: u16 {
+        Hello = 0x0101, "HELLO";
+        Heartbeat = 0x0102, "HEARTBEAT";
+        Bye = 0x0103, "BYE";
+        Alloc = 0x0201, "ALLOC";
+        Ready = 0x0202, "READY";
+        Renew = 0x0203, "RENEW";
+        Free = 0x0204, "FREE";
+        Query = 0x0205, "QUERY";
+        List = 0x0206, "LIST";
+        Revoke = 0x020A, "REVOKE";
+        Stats = 0x0301, "STATS";
+        FencedSummary = 0x0302, "FENCED_SUMMARY";
+        Health = 0x0303, "HEALTH";
+    }
+}
+
+codes! {
+    /// Error codes carried by error frames.
+    ErrorCode: u16 {
+        BadMagic = 1, "BAD_MAGIC";
+        BadVersion = 2, "BAD_VERSION";
+        FrameTooLarge = 3, "FRAME_TOO_LARGE";
+        Malformed = 4, "MALFORMED";
+        UnknownOp = 5, "UNKNOWN_OP";
+        NotAuthenticated = 6, "NOT_AUTHENTICATED";
+        AuthFailed = 7, "AUTH_FAILED";
+        CreditExceeded = 8, "CREDIT_EXCEEDED";
+        Busy = 9, "BUSY";
+        NotImplemented = 10, "NOT_IMPLEMENTED";
+        BadParam = 11, "BAD_PARAM";
+        NoMemory = 12, "NO_MEMORY";
+        Limit = 13, "LIMIT";
+        HcaError = 14, "HCA_ERROR";
+        NotFound = 15, "NOT_FOUND";
+        Stale = 16, "STALE";
+        Forbidden = 17, "FORBIDDEN";
+        Timeout = 18, "TIMEOUT";
+        Internal = 19, "INTERNAL";
+        BadState = 20, "BAD_STATE";
+        UnsupportedVersion = 21, "UNSUPPORTED_VERSION";
+    }
+}
+
+codes! {
+    /// REVOKE / FREE outcomes (seed 000).
+    Outcome: u8 {
+        TornDown = 0, "TornDown";
+        Fenced = 1, "Fenced";
+        NotFound = 2, "NotFound";
+    }
+}
+
+codes! {
+    /// Lease states as QUERY and LIST report them.
+    LeaseState: u8 {
+        Granted = 0, "Granted";
+        Active = 1, "Active";
+        Fencing = 2, "Fencing";
+        PendingDestroy = 3, "PendingDestroy";
+        Fenced = 4, "Fenced";
+    }
+}
+
+codes! {
+    /// The principal a session authenticated as.
+    Role: u8 {
+        Tenant = 0, "tenant";
+        Admin = 1, "admin";
+    }
+}
+
+codes! {
+    /// Overall and HCA health.
+    HealthStatus: u8 {
+        Ok = 0, "ok";
+        Degraded = 1, "degraded";
+        Failed = 2, "failed";
+    }
+}
+
+codes! {
+    /// HCA state as HEALTH reports it.
+    HcaState: u8 {
+        Absent = 0, "absent";
+        Initializing = 1, "initializing";
+        Ok = 2, "ok";
+        Fatal = 3, "fatal";
+    }
+}
+
+/// Access flags of a lease (ALLOC `access`).
+pub mod access {
+    pub const REMOTE_READ: u8 = 1 << 0;
+    pub const REMOTE_WRITE: u8 = 1 << 1;
+    pub const REMOTE_ATOMIC: u8 = 1 << 2;
+    pub const ALL: u8 = REMOTE_READ | REMOTE_WRITE | REMOTE_ATOMIC;
+}
+
+/// Path MTU as the IB spec encodes it: 1 = 256 … 5 = 4096 bytes.
+pub fn mtu_bytes(code: u8) -> Option<u32> {
+    (1..=5).contains(&code).then(|| 128u32 << code)
+}
+
+/// A lease's identity: slot index plus generation, never a bare rkey.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseId {
+    pub slot: u32,
+    pub generation: u32,
+}
+
+impl LeaseId {
+    fn put(&self, w: &mut Writer<'_>) {
+        w.u32(self.slot).u32(self.generation);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(LeaseId { slot: r.u32("lease.slot")?, generation: r.u32("lease.generation")? })
+    }
+}
+
+/// HELLO, step 1 (client → server): versions and identity, with the client's nonce.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HelloInit {
+    pub min_version: u16,
+    pub max_version: u16,
+    pub name: String,
+    pub client_nonce: [u8; CLIENT_NONCE_LEN],
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hello {
+    Init(HelloInit),
+    /// Step 2: HMAC-SHA256 proof over the transcript (see [`hello_transcript`]).
+    Proof {
+        mac: [u8; MAC_LEN],
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HelloReply {
+    /// Answer to step 1: the chosen version and the server's nonce.
+    Challenge { version: u16, server_nonce: [u8; SERVER_NONCE_LEN] },
+    /// Answer to step 2: the session is authenticated.
+    Welcome { role: Role, credits: u16, heartbeat_ms: u32, session_id: u64, server_proof: [u8; MAC_LEN] },
+}
+
+/// What each side MACs in HELLO: `label ‖ version ‖ len(name) ‖ name ‖ first nonce ‖ second nonce`. The client
+/// proves with label `"leasebox/1 client"` and (client_nonce, server_nonce); the server answers with label
+/// `"leasebox/1 server"` and (server_nonce, client_nonce).
+pub fn hello_transcript(client: bool, version: u16, name: &str, client_nonce: &[u8], server_nonce: &[u8]) -> Vec<u8> {
+    let mut t = Vec::with_capacity(32 + name.len() + client_nonce.len() + server_nonce.len());
+    let mut w = Writer::new(&mut t);
+    if client {
+        w.bytes(b"leasebox/1 client").u16(version).u8(name.len() as u8).bytes(name.as_bytes());
+        w.bytes(client_nonce).bytes(server_nonce);
+    } else {
+        w.bytes(b"leasebox/1 server").u16(version).u8(name.len() as u8).bytes(name.as_bytes());
+        w.bytes(server_nonce).bytes(client_nonce);
+    }
+    t
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocReq {
+    pub size: u64,
+    pub access: u8,
+    pub mtu: u8,
+    pub ttl_ms: u32,
+    pub client_qpn: u32,
+    pub client_psn: u32,
+    pub client_gid: [u8; 16],
+    pub client_mac: [u8; 6],
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocResp {
+    pub lease: LeaseId,
+    pub rkey: u32,
+    pub remote_addr: u64,
+    pub length: u64,
+    pub server_qpn: u32,
+    pub server_psn: u32,
+    pub server_gid: [u8; 16],
+    pub mtu: u8,
+    pub ttl_ms: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseInfo {
+    pub lease: LeaseId,
+    pub state: LeaseState,
+    pub access: u8,
+    pub mtu: u8,
+    pub size: u64,
+    pub rkey: u32,
+    pub server_qpn: u32,
+    pub client_qpn: u32,
+    pub ttl_left_ms: u32,
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FencedSlot {
+    pub slot: u32,
+    pub generation: u32,
+    pub failed_mask: u32,
+    pub origin: u8,
+    pub fenced_at_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Stats {
+    pub uptime_ms: u64,
+    pub sessions_current: u32,
+    pub session_budget: u32,
+    pub sessions_total: u64,
+    pub sessions_refused: u64,
+    pub frames_in: u64,
+    pub frames_out: u64,
+    /// (error code, count) for every code seen at least once.
+    pub errors: Vec<(u16, u64)>,
+    /// (core, role, iterations) of each role loop.
+    pub roles: Vec<(u16, u8, u64)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Health {
+    pub status: HealthStatus,
+    pub hca: HcaState,
+    pub fenced_slots: u32,
+    pub uptime_ms: u64,
+    pub message: String,
+}
+
+/// A decoded request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Hello(Hello),
+    Heartbeat { echo: u64 },
+    Bye,
+    Alloc(AllocReq),
+    Ready { lease: LeaseId, client_qpn: u32, server_qpn: u32 },
+    Renew { lease: LeaseId, ttl_ms: u32 },
+    Free { lease: LeaseId },
+    Query { lease: LeaseId },
+    List { cursor: u32, max: u16 },
+    Revoke { lease: LeaseId, qp_first: bool },
+    Stats,
+    FencedSummary,
+    Health,
+}
+
+/// A decoded response (the success answer to a request).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    Hello(HelloReply),
+    Heartbeat { echo: u64, uptime_ms: u64 },
+    Bye,
+    Alloc(AllocResp),
+    Ready { state: LeaseState },
+    Renew { ttl_ms: u32 },
+    Free { outcome: Outcome, elapsed_us: u32 },
+    Query(LeaseInfo),
+    List { next_cursor: u32, leases: Vec<LeaseInfo> },
+    Revoke { outcome: Outcome, elapsed_us: u32 },
+    Stats(Stats),
+    FencedSummary { slots: Vec<FencedSlot> },
+    Health(Health),
+}
+
+/// An error answer: a code, up to three code-specific details and a human message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ErrorBody {
+    pub code: ErrorCode,
+    pub detail: [u32; 3],
+    pub message: String,
+}
+
+impl ErrorBody {
+    pub fn new(code: ErrorCode, message: &str) -> Self {
+        ErrorBody { code, detail: [0; 3], message: truncate(message, MAX_MESSAGE) }
+    }
+    pub fn with_detail(mut self, detail: [u32; 3]) -> Self {
+        self.detail = detail;
+        self
+    }
+}
+
+/// The longest prefix of `s` within `max` bytes that ends on a character boundary.
+fn truncate(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    String::from(&s[..end])
+}
+
+/// Either answer to a request.
+pub type Reply = Result<Response, ErrorBody>;
+
+impl Request {
+    pub fn op(&self) -> Op {
+        match self {
+            Request::Hello(_) => Op::Hello,
+            Request::Heartbeat { .. } => Op::Heartbeat,
+            Request::Bye => Op::Bye,
+            Request::Alloc(_) => Op::Alloc,
+            Request::Ready { .. } => Op::Ready,
+            Request::Renew { .. } => Op::Renew,
+            Request::Free { .. } => Op::Free,
+            Request::Query { .. } => Op::Query,
+            Request::List { .. } => Op::List,
+            Request::Revoke { .. } => Op::Revoke,
+            Request::Stats => Op::Stats,
+            Request::FencedSummary => Op::FencedSummary,
+            Request::Health => Op::Health,
+        }
+    }
+
+    /// Encodes the payload only.
+    pub fn encode_payload(&self, out: &mut Vec<u8>) {
+        let mut w = Writer::new(out);
+        match self {
+            Request::Hello(Hello::Init(h)) => {
+                w.u8(1).u16(h.min_version).u16(h.max_version).u8(h.name.len() as u8);
+                w.bytes(h.name.as_bytes()).bytes(&h.client_nonce);
+            }
+            Request::Hello(Hello::Proof { mac }) => {
+                w.u8(2).bytes(mac);
+            }
+            Request::Heartbeat { echo } => {
+                w.u64(*echo);
+            }
+            Request::Bye | Request::Stats | Request::FencedSummary | Request::Health => {}
+            Request::Alloc(a) => {
+                w.u64(a.size).u8(a.access).u8(a.mtu).zeros(2).u32(a.ttl_ms).u32(a.client_qpn).u32(a.client_psn);
+                w.bytes(&a.client_gid).bytes(&a.client_mac).zeros(2);
+            }
+            Request::Ready { lease, client_qpn, server_qpn } => {
+                lease.put(&mut w);
+                w.u32(*client_qpn).u32(*server_qpn);
+            }
+            Request::Renew { lease, ttl_ms } => {
+                lease.put(&mut w);
+                w.u32(*ttl_ms);
+            }
+            Request::Free { lease } | Request::Query { lease } => lease.put(&mut w),
+            Request::List { cursor, max } => {
+                w.u32(*cursor).u16(*max).zeros(2);
+            }
+            Request::Revoke { lease, qp_first } => {
+                lease.put(&mut w);
+                w.u8(u8::from(*qp_first)).zeros(3);
+            }
+        }
+    }
+
+    /// Encodes a whole request frame.
+    pub fn encode(&self, request_id: u32, out: &mut Vec<u8>) {
+        let mut p = Vec::new();
+        self.encode_payload(&mut p);
+        frame(Kind::Request, self.op() as u16, request_id, &p, out);
+    }
+
+    /// Decodes a request payload for `op`.
+    pub fn decode(op: Op, payload: &[u8]) -> Result<Request, DecodeError> {
+        let mut r = Reader::new(payload);
+        let req = match op {
+            Op::Hello => match r.u8("hello.step")? {
+                1 => {
+                    let min_version = r.u16("hello.min_version")?;
+                    let max_version = r.u16("hello.max_version")?;
+                    let len = r.u8("hello.name_len")? as usize;
+                    if len == 0 || len > MAX_NAME {
+                        return Err(DecodeError::Invalid { field: "hello.name_len" });
+                    }
+                    let name = r.str(len, "hello.name")?;
+                    let client_nonce = r.array("hello.client_nonce")?;
+                    Request::Hello(Hello::Init(HelloInit { min_version, max_version, name, client_nonce }))
+                }
+                2 => Request::Hello(Hello::Proof { mac: r.array("hello.mac")? }),
+                _ => return Err(DecodeError::Invalid { field: "hello.step" }),
+            },
+            Op::Heartbeat => Request::Heartbeat { echo: r.u64("heartbeat.echo")? },
+            Op::Bye => Request::Bye,
+            Op::Alloc => {
+                let size = r.u64("alloc.size")?;
+                let access = r.u8("alloc.access")?;
+                let mtu = r.u8("alloc.mtu")?;
+                r.reserved(2)?;
+                let a = AllocReq {
+                    size,
+                    access,
+                    mtu,
+                    ttl_ms: r.u32("alloc.ttl_ms")?,
+                    client_qpn: r.u32("alloc.client_qpn")?,
+                    client_psn: r.u32("alloc.client_psn")?,
+                    client_gid: r.array("alloc.client_gid")?,
+                    client_mac: r.array("alloc.client_mac")?,
+                };
+                r.reserved(2)?;
+                Request::Alloc(a)
+            }
+            Op::Ready => Request::Ready {
+                lease: LeaseId::get(&mut r)?,
+                client_qpn: r.u32("ready.client_qpn")?,
+                server_qpn: r.u32("ready.server_qpn")?,
+            },
+            Op::Renew => Request::Renew { lease: LeaseId::get(&mut r)?, ttl_ms: r.u32("renew.ttl_ms")? },
+            Op::Free => Request::Free { lease: LeaseId::get(&mut r)? },
+            Op::Query => Request::Query { lease: LeaseId::get(&mut r)? },
+            Op::List => {
+                let cursor = r.u32("list.cursor")?;
+                let max = r.u16("list.max")?;
+                r.reserved(2)?;
+                Request::List { cursor, max }
+            }
+            Op::Revoke => {
+                let lease = LeaseId::get(&mut r)?;
+                let flags = r.u8("revoke.flags")?;
+                if flags & !1 != 0 {
+                    return Err(DecodeError::Invalid { field: "revoke.flags" });
+                }
+                r.reserved(3)?;
+                Request::Revoke { lease, qp_first: flags & 1 != 0 }
+            }
+            Op::Stats => Request::Stats,
+            Op::FencedSummary => Request::FencedSummary,
+            Op::Health => Request::Health,
+        };
+        r.finish()?;
+        Ok(req)
+    }
+}
+
+fn put_info(w: &mut Writer<'_>, l: &LeaseInfo) {
+    l.lease.put(w);
+    w.u8(l.state as u8).u8(l.access).u8(l.mtu).zeros(1).u64(l.size).u32(l.rkey).u32(l.server_qpn);
+    w.u32(l.client_qpn).u32(l.ttl_left_ms).u8(l.tenant.len() as u8).bytes(l.tenant.as_bytes());
+}
+
+fn get_info(r: &mut Reader<'_>) -> Result<LeaseInfo, DecodeError> {
+    let lease = LeaseId::get(r)?;
+    let state = LeaseState::from_raw(r.u8("lease.state")?).ok_or(DecodeError::Invalid { field: "lease.state" })?;
+    let access = r.u8("lease.access")?;
+    let mtu = r.u8("lease.mtu")?;
+    r.reserved(1)?;
+    let size = r.u64("lease.size")?;
+    let rkey = r.u32("lease.rkey")?;
+    let server_qpn = r.u32("lease.server_qpn")?;
+    let client_qpn = r.u32("lease.client_qpn")?;
+    let ttl_left_ms = r.u32("lease.ttl_left_ms")?;
+    let len = r.u8("lease.tenant_len")? as usize;
+    if len > MAX_NAME {
+        return Err(DecodeError::Invalid { field: "lease.tenant_len" });
+    }
+    let tenant = r.str(len, "lease.tenant")?;
+    Ok(LeaseInfo { lease, state, access, mtu, size, rkey, server_qpn, client_qpn, ttl_left_ms, tenant })
+}
+
+fn count(r: &mut Reader<'_>, field: &'static str, max: usize) -> Result<usize, DecodeError> {
+    let n = r.u16(field)? as usize;
+    if n > max {
+        return Err(DecodeError::Invalid { field });
+    }
+    Ok(n)
+}
+
+impl Response {
+    pub fn encode_payload(&self, out: &mut Vec<u8>) {
+        let mut w = Writer::new(out);
+        match self {
+            Response::Hello(HelloReply::Challenge { version, server_nonce }) => {
+                w.u8(1).u16(*version).bytes(server_nonce);
+            }
+            Response::Hello(HelloReply::Welcome { role, credits, heartbeat_ms, session_id, server_proof }) => {
+                w.u8(2).u8(*role as u8).u16(*credits).u32(*heartbeat_ms).u64(*session_id).bytes(server_proof);
+            }
+            Response::Heartbeat { echo, uptime_ms } => {
+                w.u64(*echo).u64(*uptime_ms);
+            }
+            Response::Bye => {}
+            Response::Alloc(a) => {
+                a.lease.put(&mut w);
+                w.u32(a.rkey).u64(a.remote_addr).u64(a.length).u32(a.server_qpn).u32(a.server_psn);
+                w.bytes(&a.server_gid).u8(a.mtu).zeros(3).u32(a.ttl_ms);
+            }
+            Response::Ready { state } => {
+                w.u8(*state as u8).zeros(3);
+            }
+            Response::Renew { ttl_ms } => {
+                w.u32(*ttl_ms);
+            }
+            Response::Free { outcome, elapsed_us } | Response::Revoke { outcome, elapsed_us } => {
+                w.u8(*outcome as u8).zeros(3).u32(*elapsed_us);
+            }
+            Response::Query(info) => put_info(&mut w, info),
+            Response::List { next_cursor, leases } => {
+                w.u32(*next_cursor).u16(leases.len() as u16);
+                for l in leases {
+                    put_info(&mut w, l);
+                }
+            }
+            Response::Stats(s) => {
+                w.u64(s.uptime_ms).u32(s.sessions_current).u32(s.session_budget).u64(s.sessions_total);
+                w.u64(s.sessions_refused).u64(s.frames_in).u64(s.frames_out).u16(s.errors.len() as u16);
+                for (code, n) in &s.errors {
+                    w.u16(*code).u64(*n);
+                }
+                w.u16(s.roles.len() as u16);
+                for (core, role, n) in &s.roles {
+                    w.u16(*core).u8(*role).u64(*n);
+                }
+            }
+            Response::FencedSummary { slots } => {
+                w.u16(slots.len() as u16);
+                for s in slots {
+                    w.u32(s.slot).u32(s.generation).u32(s.failed_mask).u8(s.origin).zeros(3).u64(s.fenced_at_ms);
+                }
+            }
+            Response::Health(h) => {
+                w.u8(h.status as u8).u8(h.hca as u8).zeros(2).u32(h.fenced_slots).u64(h.uptime_ms);
+                w.u16(h.message.len() as u16).bytes(h.message.as_bytes());
+            }
+        }
+    }
+
+    pub fn encode(&self, op: Op, request_id: u32, out: &mut Vec<u8>) {
+        let mut p = Vec::new();
+        self.encode_payload(&mut p);
+        frame(Kind::Response, op as u16, request_id, &p, out);
+    }
+
+    pub fn decode(op: Op, payload: &[u8]) -> Result<Response, DecodeError> {
+        let mut r = Reader::new(payload);
+        let resp = match op {
+            Op::Hello => match r.u8("hello.step")? {
+                1 => Response::Hello(HelloReply::Challenge {
+                    version: r.u16("hello.version")?,
+                    server_nonce: r.array("hello.server_nonce")?,
+                }),
+                2 => {
+                    let role =
+                        Role::from_raw(r.u8("hello.role")?).ok_or(DecodeError::Invalid { field: "hello.role" })?;
+                    Response::Hello(HelloReply::Welcome {
+                        role,
+                        credits: r.u16("hello.credits")?,
+                        heartbeat_ms: r.u32("hello.heartbeat_ms")?,
+                        session_id: r.u64("hello.session_id")?,
+                        server_proof: r.array("hello.server_proof")?,
+                    })
+                }
+                _ => return Err(DecodeError::Invalid { field: "hello.step" }),
+            },
+            Op::Heartbeat => {
+                Response::Heartbeat { echo: r.u64("heartbeat.echo")?, uptime_ms: r.u64("heartbeat.uptime_ms")? }
+            }
+            Op::Bye => Response::Bye,
+            Op::Alloc => {
+                let lease = LeaseId::get(&mut r)?;
+                let rkey = r.u32("alloc.rkey")?;
+                let remote_addr = r.u64("alloc.remote_addr")?;
+                let length = r.u64("alloc.length")?;
+                let server_qpn = r.u32("alloc.server_qpn")?;
+                let server_psn = r.u32("alloc.server_psn")?;
+                let server_gid = r.array("alloc.server_gid")?;
+                let mtu = r.u8("alloc.mtu")?;
+                r.reserved(3)?;
+                let ttl_ms = r.u32("alloc.ttl_ms")?;
+                Response::Alloc(AllocResp {
+                    lease,
+                    rkey,
+                    remote_addr,
+                    length,
+                    server_qpn,
+                    server_psn,
+                    server_gid,
+                    mtu,
+                    ttl_ms,
+                })
+            }
+            Op::Ready => {
+                let state =
+                    LeaseState::from_raw(r.u8("ready.state")?).ok_or(DecodeError::Invalid { field: "ready.state" })?;
+                r.reserved(3)?;
+                Response::Ready { state }
+            }
+            Op::Renew => Response::Renew { ttl_ms: r.u32("renew.ttl_ms")? },
+            Op::Free | Op::Revoke => {
+                let outcome = Outcome::from_raw(r.u8("outcome")?).ok_or(DecodeError::Invalid { field: "outcome" })?;
+                r.reserved(3)?;
+                let elapsed_us = r.u32("elapsed_us")?;
+                if op == Op::Free {
+                    Response::Free { outcome, elapsed_us }
+                } else {
+                    Response::Revoke { outcome, elapsed_us }
+                }
+            }
+            Op::Query => Response::Query(get_info(&mut r)?),
+            Op::List => {
+                let next_cursor = r.u32("list.next_cursor")?;
+                let n = count(&mut r, "list.count", MAX_PAGE)?;
+                let mut leases = Vec::with_capacity(n);
+                for _ in 0..n {
+                    leases.push(get_info(&mut r)?);
+                }
+                Response::List { next_cursor, leases }
+            }
+            Op::Stats => {
+                let mut s = Stats {
+                    uptime_ms: r.u64("stats.uptime_ms")?,
+                    sessions_current: r.u32("stats.sessions_current")?,
+                    session_budget: r.u32("stats.session_budget")?,
+                    sessions_total: r.u64("stats.sessions_total")?,
+                    sessions_refused: r.u64("stats.sessions_refused")?,
+                    frames_in: r.u64("stats.frames_in")?,
+                    frames_out: r.u64("stats.frames_out")?,
+                    ..Stats::default()
+                };
+                for _ in 0..count(&mut r, "stats.error_count", 1024)? {
+                    s.errors.push((r.u16("stats.error_code")?, r.u64("stats.error_total")?));
+                }
+                for _ in 0..count(&mut r, "stats.role_count", 1024)? {
+                    s.roles.push((r.u16("stats.core")?, r.u8("stats.role")?, r.u64("stats.iterations")?));
+                }
+                Response::Stats(s)
+            }
+            Op::FencedSummary => {
+                let n = count(&mut r, "fenced.count", MAX_PAGE)?;
+                let mut slots = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let slot = r.u32("fenced.slot")?;
+                    let generation = r.u32("fenced.generation")?;
+                    let failed_mask = r.u32("fenced.failed_mask")?;
+                    let origin = r.u8("fenced.origin")?;
+                    r.reserved(3)?;
+                    slots.push(FencedSlot {
+                        slot,
+                        generation,
+                        failed_mask,
+                        origin,
+                        fenced_at_ms: r.u64("fenced.at_ms")?,
+                    });
+                }
+                Response::FencedSummary { slots }
+            }
+            Op::Health => {
+                let status = HealthStatus::from_raw(r.u8("health.status")?)
+                    .ok_or(DecodeError::Invalid { field: "health.status" })?;
+                let hca =
+                    HcaState::from_raw(r.u8("health.hca")?).ok_or(DecodeError::Invalid { field: "health.hca" })?;
+                r.reserved(2)?;
+                let fenced_slots = r.u32("health.fenced_slots")?;
+                let uptime_ms = r.u64("health.uptime_ms")?;
+                let len = r.u16("health.message_len")? as usize;
+                if len > MAX_MESSAGE {
+                    return Err(DecodeError::Invalid { field: "health.message_len" });
+                }
+                let message = r.str(len, "health.message")?;
+                Response::Health(Health { status, hca, fenced_slots, uptime_ms, message })
+            }
+        };
+        r.finish()?;
+        Ok(resp)
+    }
+}
+
+impl ErrorBody {
+    pub fn encode_payload(&self, out: &mut Vec<u8>) {
+        let msg = truncate(&self.message, MAX_MESSAGE);
+        let mut w = Writer::new(out);
+        w.u16(self.code as u16).u16(msg.len() as u16);
+        for d in self.detail {
+            w.u32(d);
+        }
+        w.bytes(msg.as_bytes());
+    }
+
+    /// An error frame answering `op` (raw, since it may be an op the server does not know).
+    pub fn encode(&self, op: u16, request_id: u32, out: &mut Vec<u8>) {
+        let mut p = Vec::new();
+        self.encode_payload(&mut p);
+        frame(Kind::Error, op, request_id, &p, out);
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<ErrorBody, DecodeError> {
+        let mut r = Reader::new(payload);
+        let code = ErrorCode::from_raw(r.u16("error.code")?).ok_or(DecodeError::Invalid { field: "error.code" })?;
+        let len = r.u16("error.message_len")? as usize;
+        if len > MAX_MESSAGE {
+            return Err(DecodeError::Invalid { field: "error.message_len" });
+        }
+        let detail = [r.u32("error.detail0")?, r.u32("error.detail1")?, r.u32("error.detail2")?];
+        let message = r.str(len, "error.message")?;
+        r.finish()?;
+        Ok(ErrorBody { code, detail, message })
+    }
+}
+
+#[cfg(test)]
+mod tests;

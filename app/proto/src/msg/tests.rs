@@ -1,0 +1,264 @@
+use super::*;
+use crate::frame::{FrameBuf, Header, Next};
+use alloc::string::ToString;
+use alloc::vec;
+
+fn lease() -> LeaseId {
+    LeaseId { slot: 3, generation: 0x0102_0304 }
+}
+
+fn info() -> LeaseInfo {
+    LeaseInfo {
+        lease: lease(),
+        state: LeaseState::Active,
+        access: access::REMOTE_READ | access::REMOTE_WRITE,
+        mtu: 3,
+        size: 2 << 20,
+        rkey: 0x1234_5601,
+        server_qpn: 0x48,
+        client_qpn: 0x1_0203,
+        ttl_left_ms: 9000,
+        tenant: "demo".to_string(),
+    }
+}
+
+fn requests() -> Vec<Request> {
+    vec![
+        Request::Hello(Hello::Init(HelloInit {
+            min_version: 1,
+            max_version: 1,
+            name: "demo".to_string(),
+            client_nonce: [7; 16],
+        })),
+        Request::Hello(Hello::Proof { mac: [9; 32] }),
+        Request::Heartbeat { echo: 42 },
+        Request::Bye,
+        Request::Alloc(AllocReq {
+            size: 2 << 20,
+            access: access::ALL,
+            mtu: 3,
+            ttl_ms: 30_000,
+            client_qpn: 0x11,
+            client_psn: 0x22,
+            client_gid: [0xfe; 16],
+            client_mac: [2, 0, 0, 0, 0, 1],
+        }),
+        Request::Ready { lease: lease(), client_qpn: 0x11, server_qpn: 0x48 },
+        Request::Renew { lease: lease(), ttl_ms: 5000 },
+        Request::Free { lease: lease() },
+        Request::Query { lease: lease() },
+        Request::List { cursor: 0, max: 64 },
+        Request::Revoke { lease: lease(), qp_first: true },
+        Request::Stats,
+        Request::FencedSummary,
+        Request::Health,
+    ]
+}
+
+fn responses() -> Vec<(Op, Response)> {
+    vec![
+        (Op::Hello, Response::Hello(HelloReply::Challenge { version: 1, server_nonce: [5; 32] })),
+        (
+            Op::Hello,
+            Response::Hello(HelloReply::Welcome {
+                role: Role::Admin,
+                credits: 8,
+                heartbeat_ms: 10_000,
+                session_id: 77,
+                server_proof: [1; 32],
+            }),
+        ),
+        (Op::Heartbeat, Response::Heartbeat { echo: 42, uptime_ms: 1234 }),
+        (Op::Bye, Response::Bye),
+        (
+            Op::Alloc,
+            Response::Alloc(AllocResp {
+                lease: lease(),
+                rkey: 0xabcd_ef01,
+                remote_addr: 0x4000_0000,
+                length: 2 << 20,
+                server_qpn: 0x48,
+                server_psn: 0x99,
+                server_gid: [0xaa; 16],
+                mtu: 3,
+                ttl_ms: 30_000,
+            }),
+        ),
+        (Op::Ready, Response::Ready { state: LeaseState::Active }),
+        (Op::Renew, Response::Renew { ttl_ms: 5000 }),
+        (Op::Free, Response::Free { outcome: Outcome::TornDown, elapsed_us: 120 }),
+        (Op::Query, Response::Query(info())),
+        (Op::List, Response::List { next_cursor: 9, leases: vec![info(), info()] }),
+        (Op::Revoke, Response::Revoke { outcome: Outcome::Fenced, elapsed_us: 1500 }),
+        (
+            Op::Stats,
+            Response::Stats(Stats {
+                uptime_ms: 5,
+                sessions_current: 1,
+                session_budget: 16,
+                sessions_total: 3,
+                sessions_refused: 1,
+                frames_in: 10,
+                frames_out: 11,
+                errors: vec![(4, 2), (8, 1)],
+                roles: vec![(0, 0, 100), (1, 1, 200)],
+            }),
+        ),
+        (
+            Op::FencedSummary,
+            Response::FencedSummary {
+                slots: vec![FencedSlot { slot: 1, generation: 2, failed_mask: 4, origin: 1, fenced_at_ms: 99 }],
+            },
+        ),
+        (
+            Op::Health,
+            Response::Health(Health {
+                status: HealthStatus::Degraded,
+                hca: HcaState::Absent,
+                fenced_slots: 0,
+                uptime_ms: 7,
+                message: "no HCA".to_string(),
+            }),
+        ),
+    ]
+}
+
+#[test]
+fn every_request_round_trips_through_a_frame() {
+    for (i, req) in requests().into_iter().enumerate() {
+        let mut bytes = Vec::new();
+        req.encode(i as u32, &mut bytes);
+        let mut fb = FrameBuf::new();
+        fb.push(&bytes);
+        let Next::Frame(h, payload) = fb.next_frame() else { panic!("no frame for {req:?}") };
+        assert_eq!((h.kind, h.request_id), (Kind::Request, i as u32));
+        let op = Op::from_raw(h.op).unwrap();
+        assert_eq!(Request::decode(op, &payload).unwrap(), req);
+        // Every strict prefix of the payload is refused as truncated, never accepted or panicking.
+        for cut in 0..payload.len() {
+            assert!(
+                matches!(Request::decode(op, &payload[..cut]), Err(DecodeError::Truncated { .. })),
+                "{op:?} cut {cut}"
+            );
+        }
+        let mut long = payload.clone();
+        long.push(0);
+        assert_eq!(Request::decode(op, &long), Err(DecodeError::TrailingBytes { count: 1 }));
+    }
+}
+
+#[test]
+fn every_response_round_trips() {
+    for (op, resp) in responses() {
+        let mut bytes = Vec::new();
+        resp.encode(op, 5, &mut bytes);
+        let h = Header::parse(&bytes).unwrap().unwrap();
+        assert_eq!((h.kind, h.op, h.length as usize), (Kind::Response, op as u16, bytes.len() - 16));
+        assert_eq!(Response::decode(op, &bytes[16..]).unwrap(), resp);
+    }
+}
+
+#[test]
+fn every_op_has_a_request_and_a_response() {
+    let req_ops: Vec<Op> = requests().iter().map(Request::op).collect();
+    let resp_ops: Vec<Op> = responses().iter().map(|(o, _)| *o).collect();
+    for op in Op::ALL {
+        assert!(req_ops.contains(op), "{op:?}");
+        assert!(resp_ops.contains(op), "{op:?}");
+    }
+}
+
+#[test]
+fn golden_heartbeat_request() {
+    let mut b = Vec::new();
+    Request::Heartbeat { echo: 0x0102_0304_0506_0708 }.encode(0x11, &mut b);
+    assert_eq!(
+        b,
+        [
+            0x4C, 0x42, 0x01, 0x00, 0x01, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x11, 0x00, 0x00, 0x00, 0x08, //
+            0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08
+        ]
+    );
+}
+
+#[test]
+fn golden_hello_init() {
+    let mut b = Vec::new();
+    Request::Hello(Hello::Init(HelloInit {
+        min_version: 1,
+        max_version: 1,
+        name: "ab".to_string(),
+        client_nonce: [0xEE; 16],
+    }))
+    .encode(1, &mut b);
+    let mut want = vec![0x4C, 0x42, 1, 0, 0x01, 0x01, 0, 0, 0, 0, 0, 1, 0, 0, 0, 24];
+    want.extend([1, 0, 1, 0, 1, 2, b'a', b'b']);
+    want.extend([0xEE; 16]);
+    assert_eq!(b, want);
+}
+
+#[test]
+fn golden_revoke_request_and_response() {
+    let mut b = Vec::new();
+    Request::Revoke { lease: LeaseId { slot: 2, generation: 5 }, qp_first: false }.encode(9, &mut b);
+    assert_eq!(&b[16..], [0, 0, 0, 2, 0, 0, 0, 5, 0, 0, 0, 0]);
+    assert_eq!(&b[4..6], [0x02, 0x0A]);
+    let mut b = Vec::new();
+    Response::Revoke { outcome: Outcome::NotFound, elapsed_us: 0x0100 }.encode(Op::Revoke, 9, &mut b);
+    assert_eq!(&b[16..], [2, 0, 0, 0, 0, 0, 1, 0]);
+}
+
+#[test]
+fn golden_alloc_request_layout() {
+    let Request::Alloc(a) = &requests()[4] else { unreachable!() };
+    let mut p = Vec::new();
+    Request::Alloc(a.clone()).encode_payload(&mut p);
+    assert_eq!(p.len(), 48);
+    assert_eq!(&p[0..8], (2u64 << 20).to_be_bytes());
+    assert_eq!(&p[8..12], [access::ALL, 3, 0, 0]);
+    assert_eq!(&p[12..16], 30_000u32.to_be_bytes());
+    assert_eq!(&p[16..20], 0x11u32.to_be_bytes());
+    assert_eq!(&p[24..40], [0xfe; 16]);
+    assert_eq!(&p[40..46], [2, 0, 0, 0, 0, 1]);
+}
+
+#[test]
+fn golden_error_frame() {
+    let mut b = Vec::new();
+    ErrorBody::new(ErrorCode::CreditExceeded, "x").with_detail([8, 0, 0]).encode(0x0102, 3, &mut b);
+    assert_eq!(
+        b,
+        [
+            0x4C, 0x42, 1, 2, 0x01, 0x02, 0, 0, 0, 0, 0, 3, 0, 0, 0, 17, //
+            0, 8, 0, 1, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, b'x'
+        ]
+    );
+    assert_eq!(ErrorBody::decode(&b[16..]).unwrap().code, ErrorCode::CreditExceeded);
+}
+
+#[test]
+fn error_messages_are_bounded_on_a_char_boundary() {
+    let long = "é".repeat(200); // 400 bytes
+    let e = ErrorBody::new(ErrorCode::Internal, &long);
+    assert!(e.message.len() <= MAX_MESSAGE && e.message.chars().all(|c| c == 'é'));
+    let mut p = Vec::new();
+    e.encode_payload(&mut p);
+    assert_eq!(ErrorBody::decode(&p).unwrap(), e);
+}
+
+#[test]
+fn invalid_fields_are_named() {
+    assert_eq!(Request::decode(Op::Hello, &[3]), Err(DecodeError::Invalid { field: "hello.step" }));
+    assert_eq!(Request::decode(Op::Hello, &[1, 0, 1, 0, 1, 0]), Err(DecodeError::Invalid { field: "hello.name_len" }));
+    let mut p = Vec::new();
+    Request::Revoke { lease: lease(), qp_first: false }.encode_payload(&mut p);
+    p[8] = 0x80;
+    assert_eq!(Request::decode(Op::Revoke, &p), Err(DecodeError::Invalid { field: "revoke.flags" }));
+    p[8] = 0;
+    p[9] = 1;
+    assert_eq!(Request::decode(Op::Revoke, &p), Err(DecodeError::Invalid { field: "reserved" }));
+    assert_eq!(mtu_bytes(3), Some(1024));
+    assert_eq!(mtu_bytes(6), None);
+    assert_eq!(Op::from_raw(0x0207), None);
+    assert_eq!(ErrorCode::parse_name("CREDIT_EXCEEDED"), Some(ErrorCode::CreditExceeded));
+}
