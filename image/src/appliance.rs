@@ -1,5 +1,8 @@
 //! Role wiring and the ready line.
 
+use crate::echo::EchoService;
+use crate::net::{self, NetStack};
+use alloc::boxed::Box;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use core::time::Duration;
 use leasebox_kernel::arch::percpu::{self, MAX_CPUS};
@@ -9,10 +12,14 @@ use leasebox_kernel::bootinfo::RegionKind;
 use leasebox_kernel::config::{CoreLayout, Role, RoleSet, TestHook};
 use leasebox_kernel::println;
 use leasebox_kernel::time::{Deadline, Instant, ticks_to_duration, wait_until};
-use spin::Once;
+use spin::{Mutex, Once};
 
 /// Each core's roles, fixed before any AP starts.
 static LAYOUT: Once<CoreLayout> = Once::new();
+/// The network stack, built on the BSP and taken by the core that runs the `net` role.
+static NET: Mutex<Option<NetStack>> = Mutex::new(None);
+/// How long the ready line waits for an address (DHCP); after that it says `ip=none` and DHCP goes on.
+const ADDRESS_WAIT: Duration = Duration::from_secs(10);
 /// Iterations of each role's loop, per core (observable in a debugger and, later, through STATS).
 static ITERATIONS: [[AtomicU64; Role::ALL.len()]; MAX_CPUS] =
     [const { [const { AtomicU64::new(0) }; Role::ALL.len()] }; MAX_CPUS];
@@ -34,12 +41,24 @@ fn apic_of(core: usize) -> u32 {
     unsafe { core::ptr::addr_of!((*b).apic_id).read_volatile() }
 }
 
-/// One pass over a core's roles. Placeholders: each role counts its iterations.
-fn run_roles(core: usize) -> ! {
+/// Runs a core's roles round-robin, one non-blocking step each per pass. `net` drives the control channel;
+/// `cmd` and `event` are placeholders that count their iterations. Core 0 also prints the ready line when due.
+fn run_roles(core: usize, mut ready: Option<Ready>) -> ! {
     let set = roles_of(core);
+    let mut net = if set.contains(Role::Net) { NET.lock().take() } else { None };
     loop {
         for r in set.iter() {
+            if r == Role::Net
+                && let Some(n) = net.as_mut()
+            {
+                n.step();
+            }
             ITERATIONS[core][r as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        if ready.as_ref().is_some_and(Ready::due)
+            && let Some(r) = ready.take()
+        {
+            r.announce();
         }
         cpu::relax();
     }
@@ -47,7 +66,70 @@ fn run_roles(core: usize) -> ! {
 
 fn ap_main(core: usize) -> ! {
     report_in(core);
-    run_roles(core)
+    run_roles(core, None)
+}
+
+/// The ready line, waiting for the control channel's address (with a deadline).
+struct Ready {
+    deadline: Deadline,
+    cores: usize,
+    mem_mib: u64,
+    pci: usize,
+    ap_time: Duration,
+    entry: Duration,
+    port: u16,
+    test: Option<TestHook>,
+}
+
+impl Ready {
+    fn due(&self) -> bool {
+        net::status() != net::Status::Waiting || self.deadline.expired()
+    }
+
+    /// Prints the line, then runs the `test=` hook.
+    fn announce(self) {
+        let status = net::status();
+        if status == net::Status::Waiting {
+            log::warn!("net: no address after {}s; still asking (DHCP)", ADDRESS_WAIT.as_secs());
+        }
+        let ip = match status {
+            net::Status::Up(a) => IpField(Some(a)),
+            _ => IpField(None),
+        };
+        println!(
+            "leasebox: ready cores={} mem_mib={} pci={} boot_ms={} ap_ms={} entry_ms={} ip={ip} port={}",
+            self.cores,
+            self.mem_mib,
+            self.pci,
+            ms(Instant::now().since_boot()),
+            ms(self.ap_time),
+            ms(self.entry),
+            self.port,
+        );
+        match self.test {
+            Some(TestHook::PageFault) => {
+                // Canonical but far above anything mapped (the identity map ends with RAM).
+                let bad = 0x1234_5678_9000u64 as *const u64;
+                // SAFETY: deliberately unsound: this address is unmapped, and the resulting page fault is the
+                // test (`test=pagefault`). The exception handler never returns.
+                let v = unsafe { core::ptr::read_volatile(bad) };
+                log::error!("test=pagefault: read {v:#x} from an unmapped address without a fault");
+            }
+            Some(TestHook::Panic) => panic!("test=panic: deliberate panic"),
+            None => {}
+        }
+    }
+}
+
+struct IpField(Option<core::net::Ipv4Addr>);
+
+impl core::fmt::Display for IpField {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.0 {
+            Some(a) => write!(f, "{a}"),
+            None => f.write_str("none"),
+        }
+    }
 }
 
 fn ms(d: Duration) -> impl core::fmt::Display {
@@ -86,6 +168,11 @@ fn leasebox_main(p: Platform) -> ! {
     LAYOUT.call_once(|| layout);
     report_in(0);
 
+    // The control channel comes up before the other cores start: opening the device maps its BARs, and new
+    // mappings are not shot down on other cores. The echo service stands in for the session core.
+    let sessions = p.config.control().sessions as usize;
+    *NET.lock() = net::init(&p, Box::new(EchoService::new(sessions)));
+
     let ap_start = Instant::now();
     if let Some(lapic) = p.lapic.as_ref()
         && n_aps > 0
@@ -102,26 +189,15 @@ fn leasebox_main(p: Platform) -> ! {
 
     let mem_mib =
         p.boot.memory.regions().iter().filter(|r| r.kind == RegionKind::Usable).map(|r| r.len).sum::<u64>() >> 20;
-    let boot_time = Instant::now().since_boot();
-    println!(
-        "leasebox: ready cores={online} mem_mib={mem_mib} pci={} boot_ms={} ap_ms={} entry_ms={}",
-        p.pci.functions().len(),
-        ms(boot_time),
-        ms(ap_time),
-        ms(ticks_to_duration(p.entry_tsc, p.tsc_hz)),
-    );
-
-    match p.config.test {
-        Some(TestHook::PageFault) => {
-            // Canonical but far above anything mapped (the identity map ends with RAM).
-            let bad = 0x1234_5678_9000u64 as *const u64;
-            // SAFETY: deliberately unsound: this address is unmapped, and the resulting page fault is the
-            // test (`test=pagefault`). The exception handler never returns.
-            let v = unsafe { core::ptr::read_volatile(bad) };
-            log::error!("test=pagefault: read {v:#x} from an unmapped address without a fault");
-        }
-        Some(TestHook::Panic) => panic!("test=panic: deliberate panic"),
-        None => {}
-    }
-    run_roles(0)
+    let ready = Ready {
+        deadline: Deadline::after(ADDRESS_WAIT),
+        cores: online,
+        mem_mib,
+        pci: p.pci.functions().len(),
+        ap_time,
+        entry: ticks_to_duration(p.entry_tsc, p.tsc_hz),
+        port: p.config.net.port,
+        test: p.config.test,
+    };
+    run_roles(0, Some(ready))
 }

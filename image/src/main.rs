@@ -1,13 +1,23 @@
-//! The Leasebox image: the kernel brings the machine up and calls [`leasebox_main`] on the bootstrap
-//! processor; this file wires the cores to their roles (`cores=`, docs/operations.md), prints the ready line
+//! The Leasebox image: the kernel brings the machine up and calls `leasebox_main` on the bootstrap
+//! processor; `appliance` wires the cores to their roles (`cores=`, docs/operations.md), prints the ready line
 //! and runs core 0's roles.
 //!
-//! Roles are idle loops for now that count their iterations; the network stack, the lease service and the
-//! mlx5 engines take their places in later work.
+//! The `net` role runs the control channel (`net`: smoltcp over virtio-net) with a byte-stream service behind
+//! the control port (`service`); until the session core is plugged in, that service is `echo`. The `cmd` and
+//! `event` roles are loops that count their iterations until the mlx5 engines take their places.
 #![cfg_attr(target_os = "none", no_std, no_main)]
 
 #[cfg(target_os = "none")]
+extern crate alloc;
+
+#[cfg(target_os = "none")]
 mod appliance;
+#[cfg(target_os = "none")]
+mod echo;
+#[cfg(target_os = "none")]
+mod net;
+#[cfg(target_os = "none")]
+mod service;
 
 /// Host builds (workspace-wide `cargo test`/`clippy`) get this stub: the image only runs on bare metal.
 #[cfg(not(target_os = "none"))]

@@ -4,7 +4,12 @@
 //!
 //! Unknown keys are kept as warnings (printed at boot) rather than errors, so an image stays bootable when a
 //! loader adds its own words; a known key with a bad value is an error that stops the boot with a message.
+//! Checks that involve several options (`gw=` needs `ip=`) run once everything is applied ([`Config::check`]).
+//!
+//! The network and control-service options are parsed in [`crate::net_config`]. `tenant=` and `admin=` carry
+//! secret keys: errors never show their values, and [`Redacted`] is how a command line reaches the log.
 
+use crate::net_config::{ControlConfig, NetConfig};
 use core::fmt;
 
 /// Budget: the most cores a layout may name (matches the kernel's per-CPU table).
@@ -155,7 +160,7 @@ pub enum TestHook {
     Panic,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct ConfigError<'a> {
     pub key: &'a str,
     pub value: &'a str,
@@ -164,7 +169,47 @@ pub struct ConfigError<'a> {
 
 impl fmt::Display for ConfigError<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "bad option {}={}: {}", self.key, self.value, self.reason)
+        let value = if is_secret(self.key) { REDACTED } else { self.value };
+        write!(f, "bad option {}={}: {}", self.key, value, self.reason)
+    }
+}
+
+impl fmt::Debug for ConfigError<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let value = if is_secret(self.key) { REDACTED } else { self.value };
+        f.debug_struct("ConfigError")
+            .field("key", &self.key)
+            .field("value", &value)
+            .field("reason", &self.reason)
+            .finish()
+    }
+}
+
+/// Options whose values hold keys.
+const SECRET_KEYS: [&str; 2] = ["tenant", "admin"];
+const REDACTED: &str = "***";
+
+fn is_secret(key: &str) -> bool {
+    SECRET_KEYS.contains(&key)
+}
+
+/// A command line (or configuration text) for the log: its words, single-spaced, with the values of
+/// `tenant=` and `admin=` replaced by `***`.
+#[derive(Clone, Copy, Debug)]
+pub struct Redacted<'a>(pub &'a str);
+
+impl fmt::Display for Redacted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, word) in self.0.split_ascii_whitespace().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            match word.split_once('=') {
+                Some((key, _)) if is_secret(key) => write!(f, "{key}={REDACTED}")?,
+                _ => f.write_str(word)?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -175,6 +220,11 @@ pub struct Config<'a> {
     /// `None`: the default layout for the number of CPUs.
     pub cores: Option<CoreLayout>,
     pub test: Option<TestHook>,
+    /// The control channel's interface (`ip=`, `gw=`, `port=`).
+    pub net: NetConfig,
+    control: ControlConfig<'a>,
+    /// `gw=`'s text, for the error [`Config::check`] may report.
+    gw_text: &'a str,
     unknown: [&'a str; MAX_WARNINGS],
     unknown_len: usize,
     unknown_dropped: usize,
@@ -186,6 +236,9 @@ impl Default for Config<'_> {
             log: log::LevelFilter::Info,
             cores: None,
             test: None,
+            net: NetConfig::default(),
+            control: ControlConfig::default(),
+            gw_text: "",
             unknown: [""; MAX_WARNINGS],
             unknown_len: 0,
             unknown_dropped: 0,
@@ -241,6 +294,17 @@ impl<'a> Config<'a> {
                     _ => return Err(err("expected pagefault, panic or none")),
                 }
             }
+            "ip" => self.net.set_ip(value).map_err(err)?,
+            "gw" => {
+                self.net.set_gw(value).map_err(err)?;
+                self.gw_text = value;
+            }
+            "port" => self.net.set_port(value).map_err(err)?,
+            "tenant" => self.control.add_tenant(value).map_err(err)?,
+            "admin" => self.control.set_admin(value).map_err(err)?,
+            "sessions" => self.control.set_sessions(value).map_err(err)?,
+            "credits" => self.control.set_credits(value).map_err(err)?,
+            "heartbeat_ms" => self.control.set_heartbeat_ms(value).map_err(err)?,
             _ => {
                 if self.unknown_len < MAX_WARNINGS {
                     self.unknown[self.unknown_len] = word;
@@ -251,6 +315,17 @@ impl<'a> Config<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Checks between options, once every word is applied: `gw=` needs `ip=` on the same subnet.
+    pub fn check(&self) -> Result<(), ConfigError<'a>> {
+        self.net.check().map_err(|reason| ConfigError { key: "gw", value: self.gw_text, reason })
+    }
+
+    /// The control service's principals and budgets (`tenant=`, `admin=`, `sessions=`, `credits=`,
+    /// `heartbeat_ms=`).
+    pub fn control(&self) -> &ControlConfig<'a> {
+        &self.control
     }
 
     /// Words that were not understood (to be printed as warnings), and how many more were dropped.
@@ -324,6 +399,84 @@ mod tests {
         }
         let mut c = Config::default();
         assert_eq!(c.apply_cmdline("test=explode").unwrap_err().key, "test");
+    }
+
+    const KEY: &str = "00112233445566778899aabbccddeeff";
+
+    #[test]
+    fn network_and_control_options() {
+        let mut c = Config::default();
+        assert!(c.net.dhcp());
+        assert_eq!(c.net.port, 7470);
+        let line = std::format!(
+            "leasebox.elf ip=10.0.2.15/24 gw=10.0.2.2 port=9000 tenant=alice:{KEY} tenant=bob:{KEY} admin={KEY} \
+             sessions=4 credits=2 heartbeat_ms=2000"
+        );
+        c.apply_cmdline(&line).unwrap();
+        c.check().unwrap();
+        assert_eq!(std::format!("{}", c.net.ip.unwrap()), "10.0.2.15/24");
+        assert_eq!(c.net.gw, Some(core::net::Ipv4Addr::new(10, 0, 2, 2)));
+        assert_eq!(c.net.port, 9000);
+        let ctl = c.control();
+        assert_eq!(ctl.tenants().collect::<std::vec::Vec<_>>(), [("alice", KEY), ("bob", KEY)]);
+        assert_eq!(ctl.admin_key_hex(), Some(KEY));
+        assert_eq!((ctl.sessions, ctl.credits, ctl.heartbeat_ms), (4, 2, 2000));
+        assert_eq!(c.unknown(), (&[][..], 0));
+    }
+
+    #[test]
+    fn gateway_needs_an_address_once_everything_is_applied() {
+        let mut c = Config::default();
+        c.apply("gw=10.0.2.2\n").unwrap();
+        let e = c.check().unwrap_err();
+        assert_eq!((e.key, e.value), ("gw", "10.0.2.2"));
+        c.apply_cmdline("ip=10.0.2.15/24").unwrap();
+        assert_eq!(c.check(), Ok(()), "the command line completes the module");
+    }
+
+    #[test]
+    fn errors_never_show_keys() {
+        for bad in [std::format!("tenant=alice:{KEY}00x"), std::format!("admin={KEY}0"), std::format!("tenant={KEY}")] {
+            let mut c = Config::default();
+            let e = c.apply_cmdline(&bad).unwrap_err();
+            let shown = std::format!("{e}");
+            assert!(!shown.contains("0011"), "{shown}");
+            assert!(shown.contains("=***: "), "{shown}");
+        }
+        let mut c = Config::default();
+        let twice = std::format!("tenant=alice:{KEY} tenant=alice:{KEY}");
+        let e = c.apply_cmdline(&twice).unwrap_err();
+        assert_eq!(std::format!("{e}"), "bad option tenant=***: a tenant name is configured twice");
+        assert!(!std::format!("{e:?}").contains("0011"), "Debug redacts too");
+    }
+
+    #[test]
+    fn redacts_secrets_for_the_log() {
+        let line =
+            std::format!("/boot/leasebox.elf  log=debug tenant=alice:{KEY}\tadmin={KEY} admin tenant= x=tenant=1");
+        assert_eq!(
+            std::format!("{}", Redacted(&line)),
+            "/boot/leasebox.elf log=debug tenant=*** admin=*** admin tenant=*** x=tenant=1"
+        );
+        assert_eq!(std::format!("{}", Redacted("")), "");
+        assert_eq!(std::format!("{}", Redacted("  cores=net  ")), "cores=net");
+    }
+
+    #[test]
+    fn bad_network_values_name_the_key() {
+        for (word, key) in [
+            ("ip=10.0.2.15", "ip"),
+            ("gw=10.0.2", "gw"),
+            ("port=0", "port"),
+            ("sessions=65", "sessions"),
+            ("credits=0", "credits"),
+            ("heartbeat_ms=10", "heartbeat_ms"),
+            ("admin=00", "admin"),
+            ("tenant=admin:00112233445566778899aabbccddeeff", "tenant"),
+        ] {
+            let mut c = Config::default();
+            assert_eq!(c.apply_cmdline(word).unwrap_err().key, key, "{word}");
+        }
     }
 
     #[test]

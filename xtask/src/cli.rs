@@ -3,6 +3,9 @@
 use leasebox_qemu::Machine;
 use leasebox_qemu::config::{DEFAULT_CPU, DEFAULT_MEM_MIB, MAX_SMP};
 
+/// The host port `run` forwards to the guest's control port.
+pub const DEFAULT_CONTROL_PORT: u16 = 7470;
+
 pub const USAGE: &str = "\
 usage: cargo xtask <command> [options]
 
@@ -12,7 +15,13 @@ commands:
   run [options] [-- kernel args...]
                         build what is needed and boot under QEMU (TCG), serial console on this terminal,
                         until the guest exits or Ctrl-C. Exits with QEMU's status (3 = the guest reported a
-                        failure through isa-debug-exit; 128+N = killed by signal N)
+                        failure through isa-debug-exit; 128+N = killed by signal N).
+                        The control port is forwarded to 127.0.0.1:7470 (virtio-net, QEMU user networking);
+                        fresh keys for the tenant `demo` and the admin are passed to the kernel and written
+                        to leasectl's configuration file (0600; the path is printed), so
+                        `cargo run -p leasectl -- ping` works from another terminal. Kernel args naming
+                        tenant= or admin= replace the generated keys (and no file is written)
+      --port N          host port forwarded to the control port (default 7470)
       --iso             boot the GRUB ISO on SeaBIOS instead of QEMU -kernel
       --uefi            boot the GRUB ISO on OVMF (UEFI); implies --iso
       --smp N           CPUs (default 1)
@@ -65,6 +74,8 @@ pub struct RunOpts {
     pub extra: Vec<String>,
     pub timeout_secs: Option<u64>,
     pub dry_run: bool,
+    /// The host port forwarded to the guest's control port.
+    pub port: u16,
     pub kernel_args: Vec<String>,
 }
 
@@ -80,6 +91,7 @@ impl Default for RunOpts {
             extra: Vec::new(),
             timeout_secs: None,
             dry_run: false,
+            port: DEFAULT_CONTROL_PORT,
             kernel_args: Vec::new(),
         }
     }
@@ -203,6 +215,7 @@ fn parse_run<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<RunOpts, Str
             }
             "--qemu-arg" => o.extra.push(a.value(&flag, inline)?),
             "--timeout" => o.timeout_secs = Some(number(&flag, &a.value(&flag, inline)?, 1, 7 * 24 * 3600)?),
+            "--port" => o.port = number(&flag, &a.value(&flag, inline)?, 1, u16::MAX)?,
             f if f.starts_with('-') => return Err(format!("unknown option `{f}` for `run`")),
             other => {
                 return Err(format!("unexpected argument `{other}` (kernel arguments go after `--`)"));
@@ -298,6 +311,8 @@ mod tests {
             "-S",
             "--timeout",
             "30",
+            "--port",
+            "7471",
             "--",
             "log=debug",
             "test=panic",
@@ -308,6 +323,7 @@ mod tests {
         assert_eq!(o.cpu, "qemu64");
         assert_eq!(o.extra, ["-device", "e1000", "-object", "memory-backend-ram,id=m,size=1M", "-S"]);
         assert_eq!(o.timeout_secs, Some(30));
+        assert_eq!((o.port, run(&[]).port), (7471, 7470));
         assert_eq!(o.kernel_args, ["log=debug", "test=panic", "--iso"]);
         assert!(run(&["--iso"]).iso);
         assert!(!run(&["--iso"]).uefi);
@@ -327,6 +343,8 @@ mod tests {
         assert!(e(&["log=debug"]).contains("after `--`"));
         assert!(e(&["--cpu", "--iso"]).contains("CPU model"));
         assert!(e(&["--device="]).contains("needs a value"));
+        assert!(e(&["--port", "0"]).contains("--port needs a number from 1 to 65535"));
+        assert!(e(&["--port", "65536"]).contains("--port"));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod cli;
+mod demo;
 mod image;
 mod prereq;
 
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use cli::{BenchOpts, Cmd, RunOpts, TestOpts, USAGE};
 use image::Paths;
-use leasebox_qemu::{Boot, Ovmf, QemuConfig, QemuProcess, Stdio};
+use leasebox_qemu::{Boot, HostFwd, Ovmf, QemuConfig, QemuProcess, Stdio};
 use leasebox_scenarios::{Artifacts, bench, scenario};
 
 /// `println!` that ignores a closed stdout (e.g. `cargo xtask help | head`) instead of panicking.
@@ -72,7 +73,13 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
     prereq::ensure()?;
     image::build_kernel(p)?;
     leasebox_qemu::firmware::remove_stale(&p.out, "ovmf-vars", "fd");
-    let args = o.kernel_args.join(" ");
+    // The zero-config demo: fresh keys on every run, unless the kernel arguments bring their own principals.
+    let keys = if demo::has_principals(&o.kernel_args) { None } else { Some(demo::DemoKeys::generate()?) };
+    let mut kernel_args = o.kernel_args.clone();
+    if let Some(k) = &keys {
+        kernel_args.extend(k.kernel_words());
+    }
+    let args = kernel_args.join(" ");
     let mut scratch = Vec::new();
     let boot = if o.iso {
         leasebox_qemu::iso::check_kernel_args(&args)?;
@@ -96,10 +103,26 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
     config.smp = o.smp;
     config.mem_mib = o.mem_mib;
     config.extra = o.extra.iter().map(Into::into).collect();
+    config.net = Some(HostFwd::localhost(o.port, demo::guest_port(&o.kernel_args)));
     config.validate()?;
-    eprintln!("xtask: {}", config.display());
+    let shown = config.display();
+    eprintln!("xtask: {}", keys.as_ref().map_or(shown.clone(), |k| k.redact(&shown)));
     if o.dry_run {
         return Ok(0);
+    }
+    match &keys {
+        Some(k) => {
+            let path = demo::config_path(&p.out);
+            demo::write_config(k, o.port, &path)?;
+            eprintln!(
+                "xtask: control port on 127.0.0.1:{}; leasectl configuration (tenant {}, admin key) written to {}",
+                o.port,
+                demo::TENANT,
+                path.display()
+            );
+            eprintln!("xtask: try `cargo run -p leasectl -- ping` from another terminal");
+        }
+        None => eprintln!("xtask: control port on 127.0.0.1:{}; principals from the kernel arguments", o.port),
     }
     eprintln!("xtask: serial console follows; Ctrl-C stops QEMU");
     let mut q = QemuProcess::spawn(&config, Stdio::Inherit, scratch).map_err(|e| e.to_string())?;

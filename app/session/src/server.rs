@@ -21,6 +21,9 @@ const VERSION_MAX: u16 = 1;
 const MAX_PENDING_OUTPUT: usize = 256 * 1024;
 /// Refused connections that still get their BUSY frame; beyond this they are just closed.
 const MAX_REFUSED: usize = 4;
+/// A connection must finish HELLO within this time of opening, whatever it sends meanwhile: otherwise a
+/// client that never authenticates could hold a session place forever.
+pub const HELLO_DEADLINE_MS: u64 = 5_000;
 
 /// A transport connection, unique within a boot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -92,6 +95,7 @@ struct Conn {
     answer_ends: VecDeque<u64>,
     queued: u64,
     taken: u64,
+    opened_ms: u64,
     last_rx_ms: u64,
     close: bool,
 }
@@ -191,6 +195,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             answer_ends: VecDeque::new(),
             queued: 0,
             taken: 0,
+            opened_ms: now_ms,
             last_rx_ms: now_ms,
             close: false,
         });
@@ -275,15 +280,24 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         }
     }
 
+    /// Before authentication every error ends the connection; afterwards the session survives its mistakes.
+    fn close_unless(&mut self, authenticated: bool, i: usize, now_ms: u64) {
+        if !authenticated {
+            self.close(i, CloseReason::ProtocolError, now_ms);
+        }
+    }
+
     fn frame(&mut self, i: usize, h: Header, payload: &[u8], now_ms: u64) {
+        let authenticated = matches!(self.conns[i].state, State::Authenticated(_));
         if h.kind != Kind::Request {
-            return self.send_error(i, ErrorCode::Malformed, h.op, h.request_id, "clients send requests only", [0; 3]);
+            self.send_error(i, ErrorCode::Malformed, h.op, h.request_id, "clients send requests only", [0; 3]);
+            return self.close_unless(authenticated, i, now_ms);
         }
         let Some(op) = Op::from_raw(h.op) else {
             let msg = alloc::format!("unknown operation {:#06x}", h.op);
-            return self.send_error(i, ErrorCode::UnknownOp, h.op, h.request_id, &msg, [u32::from(h.op), 0, 0]);
+            self.send_error(i, ErrorCode::UnknownOp, h.op, h.request_id, &msg, [u32::from(h.op), 0, 0]);
+            return self.close_unless(authenticated, i, now_ms);
         };
-        let authenticated = matches!(self.conns[i].state, State::Authenticated(_));
         if authenticated && self.conns[i].outstanding() >= usize::from(self.limits.credits) {
             let msg = alloc::format!("more than {} requests outstanding", self.limits.credits);
             let credits = u32::from(self.limits.credits);
@@ -298,10 +312,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                     _ => ErrorCode::Malformed,
                 };
                 self.send_error(i, code, h.op, h.request_id, &msg, [0; 3]);
-                if !authenticated {
-                    self.close(i, CloseReason::ProtocolError, now_ms);
-                }
-                return;
+                return self.close_unless(authenticated, i, now_ms);
             }
         };
         if !authenticated {
@@ -458,15 +469,27 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         }
     }
 
-    /// Timers: sessions silent for longer than the heartbeat timeout are told TIMEOUT and closed.
+    /// Timers: sessions silent for longer than the heartbeat timeout, and connections that have not
+    /// authenticated within [`HELLO_DEADLINE_MS`], are told TIMEOUT and closed.
     pub fn tick(&mut self, now_ms: u64) {
         let limit = u64::from(self.limits.heartbeat_ms);
         for i in 0..self.conns.len() {
             let c = &self.conns[i];
-            if !c.close && now_ms.saturating_sub(c.last_rx_ms) > limit {
+            if c.close {
+                continue;
+            }
+            let (silent, unauthenticated) = (
+                now_ms.saturating_sub(c.last_rx_ms) > limit,
+                !matches!(c.state, State::Authenticated(_)) && now_ms.saturating_sub(c.opened_ms) > HELLO_DEADLINE_MS,
+            );
+            if silent {
                 let msg = alloc::format!("no frame for {limit} ms");
                 self.send_error(i, ErrorCode::Timeout, Op::Heartbeat as u16, 0, &msg, [self.limits.heartbeat_ms, 0, 0]);
                 self.close(i, CloseReason::HeartbeatTimeout, now_ms);
+            } else if unauthenticated {
+                let msg = alloc::format!("HELLO not completed within {HELLO_DEADLINE_MS} ms");
+                self.send_error(i, ErrorCode::Timeout, Op::Hello as u16, 0, &msg, [HELLO_DEADLINE_MS as u32, 0, 0]);
+                self.close(i, CloseReason::ProtocolError, now_ms);
             }
         }
     }

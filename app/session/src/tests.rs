@@ -235,6 +235,32 @@ fn silent_sessions_time_out_and_are_reported() {
 }
 
 #[test]
+fn unauthenticated_connections_cannot_hold_a_place() {
+    let mut s = server(Limits { heartbeat_ms: 600_000, ..Limits::default() });
+    s.open(ConnId(1), 0);
+    let mut f = Vec::new();
+    leasebox_proto::frame(Kind::Request, 0x0999, 4, &[], &mut f);
+    let a = exchange(&mut s, ConnId(1), &f, 0);
+    assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::UnknownOp));
+    assert!(s.wants_close(ConnId(1)), "any error before HELLO completes ends the connection");
+    // A connection that keeps talking but never authenticates is closed at the HELLO deadline.
+    s.open(ConnId(2), 0);
+    let init = Request::Hello(Hello::Init(HelloInit {
+        min_version: 1,
+        max_version: 1,
+        name: "demo".into(),
+        client_nonce: [0; 16],
+    }));
+    exchange(&mut s, ConnId(2), &req(init, 1), 4_000);
+    s.tick(server::HELLO_DEADLINE_MS);
+    assert!(!s.wants_close(ConnId(2)));
+    s.tick(server::HELLO_DEADLINE_MS + 1);
+    assert!(s.wants_close(ConnId(2)));
+    let a = exchange(&mut s, ConnId(2), &[], 5_002);
+    assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::Timeout));
+}
+
+#[test]
 fn one_session_over_budget_gets_busy() {
     let mut s = server(Limits { sessions: 2, ..Limits::default() });
     assert!(s.open(ConnId(1), 0));

@@ -10,6 +10,7 @@ pub mod logger;
 pub mod memory;
 pub mod pci_access;
 pub mod percpu;
+pub mod rng;
 pub mod serial;
 pub mod smp;
 pub mod start;

@@ -81,3 +81,24 @@ impl ConfigAccess for LegacyPorts {
         }
     }
 }
+
+/// The configuration access the kernel enumerated with, kept for drivers (`Platform::pci_access`).
+pub enum PciAccess {
+    Ecam(Ecam),
+    Ports(LegacyPorts),
+}
+
+impl ConfigAccess for PciAccess {
+    fn read32(&self, a: Bdf, offset: u16) -> u32 {
+        match self {
+            PciAccess::Ecam(e) => e.read32(a, offset),
+            PciAccess::Ports(p) => p.read32(a, offset),
+        }
+    }
+    fn write32(&self, a: Bdf, offset: u16, value: u32) {
+        match self {
+            PciAccess::Ecam(e) => e.write32(a, offset, value),
+            PciAccess::Ports(p) => p.write32(a, offset, value),
+        }
+    }
+}

@@ -3,11 +3,11 @@
 //! error with a message on the console, never undefined behaviour.
 
 use super::memory::{self, FRAMES, IdentityMem};
-use super::pci_access::{Ecam, LegacyPorts};
+use super::pci_access::{Ecam, LegacyPorts, PciAccess};
 use super::{boot, descriptors, lapic::Lapic, logger, percpu, serial, smp, tsc};
 use crate::acpi::{self, AcpiInfo};
 use crate::bootinfo::{self, BootInfo, RegionKind};
-use crate::config::Config;
+use crate::config::{Config, Redacted};
 use crate::frames::FrameAllocator;
 use crate::pci::{self, PciBus};
 use crate::physmem::PhysMem;
@@ -29,6 +29,8 @@ pub struct Platform {
     pub config: Config<'static>,
     pub acpi: Option<&'static AcpiInfo>,
     pub pci: &'static PciBus,
+    /// How configuration space was reached (ECAM or the 0xCF8 ports), for drivers.
+    pub pci_access: &'static PciAccess,
     pub lapic: Option<Lapic>,
     pub bsp_apic_id: u32,
     /// TSC at kernel entry (the first instruction of `_start`).
@@ -40,6 +42,7 @@ pub struct Platform {
 static BOOT: Once<BootInfo> = Once::new();
 static ACPI: Once<AcpiInfo> = Once::new();
 static PCI: Once<PciBus> = Once::new();
+static PCI_ACCESS: Once<PciAccess> = Once::new();
 
 unsafe extern "Rust" {
     /// The image's main function (defined in `image/`).
@@ -83,6 +86,9 @@ fn config_from(boot: &'static BootInfo) -> Config<'static> {
     }
     if let Err(e) = cfg.apply_cmdline(boot.cmdline()) {
         fatal!("command line: {e}");
+    }
+    if let Err(e) = cfg.check() {
+        fatal!("configuration: {e}");
     }
     cfg
 }
@@ -180,9 +186,9 @@ mod heapless_line {
     }
 }
 
-fn enumerate_pci(acpi: Option<&AcpiInfo>) -> PciBus {
+fn enumerate_pci(acpi: Option<&AcpiInfo>) -> (PciBus, PciAccess) {
     let ecam = acpi.and_then(|a| a.ecam().first().copied());
-    let bus = match ecam {
+    let (bus, access) = match ecam {
         Some(r) => {
             let buses = u64::from(r.end_bus - r.start_bus) + 1;
             let base = r.base + (u64::from(r.start_bus) << 20);
@@ -191,11 +197,11 @@ fn enumerate_pci(acpi: Option<&AcpiInfo>) -> PciBus {
             }
             log::info!("pci: ECAM at {base:#x} segment {} buses {}-{}", r.segment, r.start_bus, r.end_bus);
             let access = Ecam { base, segment: r.segment, start_bus: r.start_bus, end_bus: r.end_bus };
-            pci::enumerate(&access, r.segment, r.start_bus, r.end_bus)
+            (pci::enumerate(&access, r.segment, r.start_bus, r.end_bus), PciAccess::Ecam(access))
         }
         None => {
             log::info!("pci: no MCFG, using configuration ports 0xCF8/0xCFC");
-            pci::enumerate(&LegacyPorts, 0, 0, 255)
+            (pci::enumerate(&LegacyPorts, 0, 0, 255), PciAccess::Ports(LegacyPorts))
         }
     };
     if acpi.is_some_and(|a| a.ecam().len() > 1) {
@@ -204,7 +210,7 @@ fn enumerate_pci(acpi: Option<&AcpiInfo>) -> PciBus {
     for f in bus.functions() {
         log_function(f);
     }
-    bus
+    (bus, access)
 }
 
 /// Called by the boot assembly on the BSP, in long mode, on the boot stack.
@@ -231,7 +237,7 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
         "leasebox {} booting via {:?}; cmdline \"{}\"",
         env!("CARGO_PKG_VERSION"),
         boot.protocol,
-        boot.cmdline()
+        Redacted(boot.cmdline())
     );
     let (unknown, dropped) = config.unknown();
     for w in unknown {
@@ -276,7 +282,9 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
     // SAFETY: still the BSP, re-recording its identity now that the APIC id is known.
     unsafe { percpu::activate(0, bsp_apic_id) };
     let t_pci = time::Instant::now();
-    let pci = PCI.call_once(|| enumerate_pci(acpi));
+    let (bus, access) = enumerate_pci(acpi);
+    let pci = PCI.call_once(|| bus);
+    let pci_access = PCI_ACCESS.call_once(|| access);
     if pci.truncated() {
         log::warn!("pci: more than {} functions; the rest are not listed", pci::MAX_FUNCTIONS);
     }
@@ -292,7 +300,7 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
         us(t_acpi, t_pci),
         us(t_pci, t_end)
     );
-    let platform = Platform { boot, config, acpi, pci, lapic, bsp_apic_id, entry_tsc, tsc_hz, tsc_source };
+    let platform = Platform { boot, config, acpi, pci, pci_access, lapic, bsp_apic_id, entry_tsc, tsc_hz, tsc_source };
     // SAFETY: `leasebox_main` is defined by the image with exactly this signature.
     unsafe { leasebox_main(platform) }
 }

@@ -2,11 +2,14 @@
 //!
 //! Every path shares one base (platform notes, "Booting" and "No usable KVM here"):
 //! `-machine <m> -accel tcg -cpu <model> -m <MiB> -smp <n> -display none -no-reboot -serial stdio
-//! -device isa-debug-exit,iobase=0xf4,iosize=0x04 -nic none`. KVM is never used: on these hosts it is a nested
-//! set-up that runs guests thousands of times slower than TCG.
+//! -device isa-debug-exit,iobase=0xf4,iosize=0x04`, then either `-nic none` or, with [`QemuConfig::net`], a
+//! virtio-net NIC on QEMU's user-mode network with the control port forwarded from the host
+//! (`-netdev user,id=n0,hostfwd=tcp:127.0.0.1:7470-:7470 -device virtio-net-pci,netdev=n0`). KVM is never
+//! used: on these hosts it is a nested set-up that runs guests thousands of times slower than TCG.
 
 use std::ffi::OsString;
 use std::fmt;
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -56,6 +59,29 @@ impl FromStr for Machine {
     }
 }
 
+/// A virtio-net NIC on QEMU's user-mode (slirp) network, with one TCP port forwarded from the host. The
+/// device is `virtio-net-pci`, QEMU's transitional virtio-net (legacy and modern interfaces).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostFwd {
+    /// Where QEMU listens on the host (127.0.0.1: this machine only).
+    pub host_addr: Ipv4Addr,
+    pub host_port: u16,
+    /// The guest's port the connections are forwarded to (the control service's `port=`).
+    pub guest_port: u16,
+}
+
+impl HostFwd {
+    /// `127.0.0.1:host_port` → guest `guest_port`.
+    pub fn localhost(host_port: u16, guest_port: u16) -> Self {
+        HostFwd { host_addr: Ipv4Addr::LOCALHOST, host_port, guest_port }
+    }
+
+    /// The `-netdev` value.
+    pub fn netdev(&self) -> String {
+        format!("user,id=n0,hostfwd=tcp:{}:{}-:{}", self.host_addr, self.host_port, self.guest_port)
+    }
+}
+
 /// How the guest is booted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Boot {
@@ -91,6 +117,8 @@ pub struct QemuConfig {
     pub mem_mib: u32,
     pub smp: u32,
     pub boot: Boot,
+    /// A NIC with a forwarded port, or none at all (`-nic none`).
+    pub net: Option<HostFwd>,
     /// Extra arguments appended verbatim (e.g. `-device`, `-object`, `-netdev` pairs).
     pub extra: Vec<OsString>,
 }
@@ -105,6 +133,7 @@ impl QemuConfig {
             mem_mib: DEFAULT_MEM_MIB,
             smp: 1,
             boot,
+            net: None,
             extra: Vec::new(),
         }
     }
@@ -158,8 +187,18 @@ impl QemuConfig {
         push("stdio");
         push("-device");
         push(&format!("isa-debug-exit,iobase={DEBUG_EXIT_IOBASE:#x},iosize=0x04"));
-        push("-nic");
-        push("none");
+        match &self.net {
+            None => {
+                push("-nic");
+                push("none");
+            }
+            Some(fwd) => {
+                push("-netdev");
+                push(&fwd.netdev());
+                push("-device");
+                push("virtio-net-pci,netdev=n0");
+            }
+        }
         match &self.boot {
             Boot::Kernel { elf, append } => {
                 a.push("-kernel".into());
@@ -297,6 +336,18 @@ mod tests {
         let a = strings(&c);
         let n = a.len();
         assert_eq!(&a[n - 4..], ["-object", "memory-backend-ram,id=hm,size=1M", "-device", "ivshmem-plain,memdev=hm"]);
+    }
+
+    #[test]
+    fn net_forwards_the_control_port_instead_of_no_nic() {
+        let mut c = QemuConfig::new(Boot::Kernel { elf: "k".into(), append: String::new() });
+        c.net = Some(HostFwd::localhost(7471, 7470));
+        let a = strings(&c);
+        assert!(has_pair(&a, "-netdev", "user,id=n0,hostfwd=tcp:127.0.0.1:7471-:7470"));
+        assert!(has_pair(&a, "-device", "virtio-net-pci,netdev=n0"));
+        assert!(!has_pair(&a, "-nic", "none"));
+        c.net = None;
+        assert!(has_pair(&strings(&c), "-nic", "none"));
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub mod firmware;
 pub mod iso;
 pub mod process;
 
-pub use config::{Boot, Machine, QemuConfig};
+pub use config::{Boot, HostFwd, Machine, QemuConfig};
 pub use exit::QemuExit;
 pub use firmware::{Ovmf, ScratchFile};
 pub use process::{NextLine, QemuProcess, SerialLine, Stdio};

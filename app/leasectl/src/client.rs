@@ -1,0 +1,447 @@
+//! The control client: TCP connection with deadlines, the two-step HELLO (docs/wire-protocol.md,
+//! "Authentication"), and request/answer calls.
+//!
+//! QEMU user networking accepts a forwarded TCP connection before the guest listens, then closes it; so
+//! [`Client::connect_and_hello`] retries the whole connect + HELLO while nothing has come back from the server,
+//! until [`Timeouts::retry_for`] has passed.
+
+use hmac::{Hmac, Mac};
+use leasebox_proto::{
+    CLIENT_NONCE_LEN, DecodeError, ErrorBody, ErrorCode, FrameBuf, Header, Hello, HelloInit, HelloReply, Kind, MAC_LEN,
+    MAX_NAME, Next, Op, Request, Response, Role, SERVER_NONCE_LEN, hello_transcript,
+};
+use sha2::Sha256;
+use std::fmt;
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The control port the appliance listens on.
+pub const DEFAULT_PORT: u16 = 7470;
+/// Protocol versions this client speaks (offered in HELLO as min/max).
+pub const VERSION_MIN: u16 = 1;
+pub const VERSION_MAX: u16 = 1;
+/// Pause between connection attempts.
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// How long to wait for what.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// One TCP connection attempt.
+    pub connect: Duration,
+    /// One answer, from sending the request to its whole answer frame.
+    pub receive: Duration,
+    /// Connect + HELLO, all retries included.
+    pub retry_for: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(3),
+            receive: Duration::from_secs(10),
+            retry_for: Duration::from_secs(20),
+        }
+    }
+}
+
+impl Timeouts {
+    /// One limit for everything (`leasectl --timeout SECS`).
+    pub fn all(t: Duration) -> Self {
+        Timeouts { connect: t.min(Duration::from_secs(3)), receive: t, retry_for: t }
+    }
+}
+
+/// A principal and its key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub name: String,
+    pub key: Vec<u8>,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Credentials {{ name: {:?}, key: <{} bytes> }}", self.name, self.key.len())
+    }
+}
+
+/// What the server granted in its Welcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Welcome {
+    pub version: u16,
+    pub role: Role,
+    /// Requests this session may have outstanding.
+    pub credits: u16,
+    /// Silence timeout: send something (HEARTBEAT) at least every `heartbeat_ms / 3`.
+    pub heartbeat_ms: u32,
+    pub session_id: u64,
+}
+
+/// Why a call failed.
+#[derive(Debug)]
+pub enum ClientError {
+    /// The connection could not be made, or broke.
+    Io(io::Error),
+    /// No (whole) answer within the deadline.
+    Timeout { what: &'static str, after: Duration },
+    /// The server sent something protocol v1 does not allow (or this client cannot accept).
+    Protocol(String),
+    /// The server answered with an error frame.
+    Server(ErrorBody),
+    /// The server's HELLO proof is wrong: it does not hold the key (or is not the server we think).
+    ServerProof,
+    /// The caller asked for something the protocol cannot carry (e.g. a name over 32 bytes).
+    Usage(String),
+}
+
+/// `leasectl`'s exit codes (docs/operations.md, "leasectl").
+pub mod exit {
+    pub const OK: u8 = 0;
+    pub const SERVER_ERROR: u8 = 1;
+    pub const USAGE: u8 = 2;
+    pub const CONNECTION: u8 = 3;
+    pub const AUTH: u8 = 4;
+    pub const PROTOCOL: u8 = 5;
+}
+
+impl ClientError {
+    /// The exit code `leasectl` uses for this failure.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ClientError::Io(_) | ClientError::Timeout { .. } => exit::CONNECTION,
+            ClientError::Protocol(_) => exit::PROTOCOL,
+            ClientError::Server(e) if e.code == ErrorCode::AuthFailed => exit::AUTH,
+            ClientError::Server(_) => exit::SERVER_ERROR,
+            ClientError::ServerProof => exit::AUTH,
+            ClientError::Usage(_) => exit::USAGE,
+        }
+    }
+
+    /// A short upper-case name: the server's error code, or what went wrong on this side.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ClientError::Io(_) => "CONNECTION",
+            ClientError::Timeout { .. } => "TIMEOUT",
+            ClientError::Protocol(_) => "PROTOCOL",
+            ClientError::Server(e) => e.code.name(),
+            ClientError::ServerProof => "SERVER_PROOF",
+            ClientError::Usage(_) => "USAGE",
+        }
+    }
+
+    /// A failure that a fresh connection may not see (QEMU's forwarder closing on us, the listener not up yet).
+    fn retryable(&self) -> bool {
+        match self {
+            ClientError::Io(e) => matches!(
+                e.kind(),
+                ErrorKind::UnexpectedEof
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::ConnectionRefused
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::NotConnected
+                    | ErrorKind::TimedOut
+            ),
+            ClientError::Timeout { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::Io(e) => write!(f, "{e}"),
+            ClientError::Timeout { what, after } => write!(f, "no {what} within {:.1} s", after.as_secs_f64()),
+            ClientError::Protocol(m) => write!(f, "protocol violation: {m}"),
+            ClientError::Server(e) => write!(f, "{}: {}", e.code.name(), e.message),
+            ClientError::ServerProof => write!(f, "the server's HELLO proof does not match the key"),
+            ClientError::Usage(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+impl From<io::Error> for ClientError {
+    fn from(e: io::Error) -> Self {
+        ClientError::Io(e)
+    }
+}
+
+/// One answer frame as received.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub header: Header,
+    pub body: Result<Response, ErrorBody>,
+}
+
+/// An open control connection.
+pub struct Client {
+    stream: TcpStream,
+    peer: SocketAddr,
+    frames: FrameBuf,
+    next_id: u32,
+    timeouts: Timeouts,
+    /// Whether the server has sent a single byte on this connection (then it is listening for real).
+    heard: bool,
+    /// While nothing has been heard, answers are awaited this long instead of `timeouts.receive`.
+    first_wait: Option<Duration>,
+    welcome: Option<Welcome>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("peer", &self.peer)
+            .field("next_id", &self.next_id)
+            .field("welcome", &self.welcome)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Unpredictable bytes from the OS.
+fn random(buf: &mut [u8]) -> io::Result<()> {
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
+}
+
+fn hmac(key: &[u8], data: &[u8]) -> HmacSha256 {
+    let mut m = <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
+    m.update(data);
+    m
+}
+
+fn resolve(addr: &str) -> Result<Vec<SocketAddr>, ClientError> {
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| ClientError::Usage(format!("address '{addr}': {e} (expected HOST:PORT)")))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(ClientError::Usage(format!("address '{addr}' resolves to nothing")));
+    }
+    Ok(addrs)
+}
+
+impl Client {
+    /// Opens a TCP connection to `addr` (`HOST:PORT`), retrying refused connections until
+    /// `timeouts.retry_for` has passed; each attempt waits at most `timeouts.connect`.
+    pub fn connect(addr: &str, timeouts: Timeouts) -> Result<Client, ClientError> {
+        let deadline = Instant::now() + timeouts.retry_for;
+        Self::connect_until(addr, timeouts, deadline)
+    }
+
+    fn connect_until(addr: &str, timeouts: Timeouts, deadline: Instant) -> Result<Client, ClientError> {
+        let addrs = resolve(addr)?;
+        loop {
+            let mut last = None;
+            for sa in &addrs {
+                let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+                match TcpStream::connect_timeout(sa, timeouts.connect.min(left)) {
+                    Ok(stream) => {
+                        stream.set_nodelay(true)?;
+                        return Ok(Client {
+                            stream,
+                            peer: *sa,
+                            frames: FrameBuf::new(),
+                            next_id: 1,
+                            timeouts,
+                            heard: false,
+                            first_wait: None,
+                            welcome: None,
+                        });
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            let e = last.unwrap_or_else(|| io::Error::other("no address to connect to"));
+            let e = ClientError::Io(io::Error::new(e.kind(), format!("connecting to {addr}: {e}")));
+            if !e.retryable() || Instant::now() + RETRY_PAUSE >= deadline {
+                return Err(e);
+            }
+            std::thread::sleep(RETRY_PAUSE);
+        }
+    }
+
+    /// Connects and authenticates, retrying the whole exchange while the server has not answered a single
+    /// byte (connection refused, closed or reset, or silent), until `timeouts.retry_for` has passed.
+    pub fn connect_and_hello(
+        addr: &str,
+        who: &Credentials,
+        timeouts: Timeouts,
+    ) -> Result<(Client, Welcome), ClientError> {
+        let deadline = Instant::now() + timeouts.retry_for;
+        for attempt in 0u32.. {
+            let mut c = Self::connect_until(addr, timeouts, deadline)?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            // Attempts wait 1 s, 2 s, 4 s … for the server's first answer: a connection QEMU accepted while the
+            // guest's NIC was not up yet may wait on QEMU's SYN retransmissions, and a fresh one is quicker.
+            let patience = Duration::from_secs(1 << attempt.min(6));
+            c.first_wait = Some(patience.min(timeouts.receive).min(left).max(Duration::from_millis(100)));
+            match c.hello(&who.name, &who.key) {
+                Ok(w) => return Ok((c, w)),
+                Err(e) if e.retryable() && !c.heard && Instant::now() + RETRY_PAUSE < deadline => {
+                    drop(c);
+                    std::thread::sleep(RETRY_PAUSE);
+                }
+                // Out of time while the server stayed silent: say how long we tried in all.
+                Err(ClientError::Timeout { .. }) if !c.heard => {
+                    return Err(ClientError::Timeout { what: "answer to HELLO", after: timeouts.retry_for });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// The two-step HELLO on this connection: offers versions 1..=1 with a fresh random nonce, proves the key,
+    /// and checks the server's proof (constant time) before returning its Welcome.
+    pub fn hello(&mut self, name: &str, key: &[u8]) -> Result<Welcome, ClientError> {
+        if name.is_empty() || name.len() > MAX_NAME {
+            return Err(ClientError::Usage(format!("principal name '{name}' must be 1 to {MAX_NAME} bytes")));
+        }
+        let mut client_nonce = [0u8; CLIENT_NONCE_LEN];
+        random(&mut client_nonce)?;
+        let init =
+            HelloInit { min_version: VERSION_MIN, max_version: VERSION_MAX, name: name.to_string(), client_nonce };
+        let (version, server_nonce): (u16, [u8; SERVER_NONCE_LEN]) =
+            match self.call(&Request::Hello(Hello::Init(init)))? {
+                Response::Hello(HelloReply::Challenge { version, server_nonce }) => (version, server_nonce),
+                other => return Err(ClientError::Protocol(format!("expected a HELLO challenge, got {other:?}"))),
+            };
+        if !(VERSION_MIN..=VERSION_MAX).contains(&version) {
+            return Err(ClientError::Protocol(format!("server chose version {version}, outside the offered range")));
+        }
+        let t = hello_transcript(true, version, name, &client_nonce, &server_nonce);
+        let mac: [u8; MAC_LEN] = hmac(key, &t).finalize().into_bytes().into();
+        let welcome = match self.call(&Request::Hello(Hello::Proof { mac }))? {
+            Response::Hello(HelloReply::Welcome { role, credits, heartbeat_ms, session_id, server_proof }) => {
+                let t = hello_transcript(false, version, name, &client_nonce, &server_nonce);
+                if hmac(key, &t).verify_slice(&server_proof).is_err() {
+                    return Err(ClientError::ServerProof);
+                }
+                Welcome { version, role, credits, heartbeat_ms, session_id }
+            }
+            other => return Err(ClientError::Protocol(format!("expected a HELLO welcome, got {other:?}"))),
+        };
+        self.welcome = Some(welcome.clone());
+        Ok(welcome)
+    }
+
+    /// Sends `req` and waits for its answer: `Ok` for a response, [`ClientError::Server`] for an error frame.
+    pub fn call(&mut self, req: &Request) -> Result<Response, ClientError> {
+        let id = self.send(req)?;
+        let a = self.receive()?;
+        if a.header.request_id != id {
+            // Request id 0 carries session-level news (TIMEOUT, BUSY) that is not an answer to anything.
+            if a.header.kind == Kind::Error && a.header.request_id == 0 {
+                return Err(ClientError::Server(a.body.expect_err("error frames decode to ErrorBody")));
+            }
+            return Err(ClientError::Protocol(format!(
+                "answer for request id {} while waiting for {id}",
+                a.header.request_id
+            )));
+        }
+        if a.header.op != req.op() as u16 {
+            return Err(ClientError::Protocol(format!(
+                "answer to {} carries op {:#06x}",
+                req.op().name(),
+                a.header.op
+            )));
+        }
+        a.body.map_err(ClientError::Server)
+    }
+
+    /// Sends `req` with the next request id (returned) without waiting; see [`Client::receive`].
+    pub fn send(&mut self, req: &Request) -> Result<u32, ClientError> {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        let mut bytes = Vec::new();
+        req.encode(id, &mut bytes);
+        self.send_raw(&bytes)?;
+        Ok(id)
+    }
+
+    /// Writes bytes as they are (tests use it for malformed frames).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
+        self.stream.set_write_timeout(Some(self.timeouts.receive.max(Duration::from_millis(1))))?;
+        self.stream.write_all(bytes)?;
+        Ok(())
+    }
+
+    /// The next frame from the server, decoded, within the receive timeout.
+    pub fn receive(&mut self) -> Result<Answer, ClientError> {
+        let wait = match self.first_wait {
+            Some(w) if !self.heard => w,
+            _ => self.timeouts.receive,
+        };
+        let (header, payload) = self.read_frame(Instant::now() + wait, wait)?;
+        let bad = |what: &str, e: DecodeError| ClientError::Protocol(format!("{what}: {e}"));
+        let body = match header.kind {
+            Kind::Request => return Err(ClientError::Protocol("the server sent a request frame".into())),
+            Kind::Error => Err(ErrorBody::decode(&payload).map_err(|e| bad("error frame", e))?),
+            Kind::Response => {
+                let op = Op::from_raw(header.op)
+                    .ok_or_else(|| ClientError::Protocol(format!("response with unknown op {:#06x}", header.op)))?;
+                Ok(Response::decode(op, &payload).map_err(|e| bad(op.name(), e))?)
+            }
+        };
+        Ok(Answer { header, body })
+    }
+
+    fn read_frame(&mut self, deadline: Instant, wait: Duration) -> Result<(Header, Vec<u8>), ClientError> {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match self.frames.next_frame() {
+                Next::Frame(h, p) => return Ok((h, p)),
+                Next::Bad(e) => return Err(ClientError::Protocol(format!("bad frame from the server: {}", e.reason))),
+                Next::Pending => {}
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClientError::Timeout { what: "answer", after: wait });
+            }
+            self.stream.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+            match self.stream.read(&mut buf) {
+                Ok(0) => {
+                    return Err(ClientError::Io(io::Error::new(
+                        ErrorKind::UnexpectedEof,
+                        "the server closed the connection",
+                    )));
+                }
+                Ok(n) => {
+                    self.heard = true;
+                    self.frames.push(&buf[..n]);
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+                Err(e) => return Err(ClientError::Io(e)),
+            }
+        }
+    }
+
+    /// Says BYE (waits for its answer) and closes.
+    pub fn bye(mut self) -> Result<(), ClientError> {
+        let r = self.call(&Request::Bye).map(|_| ());
+        let _ = self.stream.shutdown(Shutdown::Both);
+        r
+    }
+
+    /// The server's Welcome, once authenticated.
+    pub fn welcome(&self) -> Option<&Welcome> {
+        self.welcome.as_ref()
+    }
+
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    pub fn timeouts(&self) -> Timeouts {
+        self.timeouts
+    }
+
+    /// The request id the next request will carry.
+    pub fn next_request_id(&self) -> u32 {
+        self.next_id
+    }
+}

@@ -1,0 +1,396 @@
+//! Human and JSON renderings of every answer. JSON objects carry every field of the response, named as in
+//! docs/wire-protocol.md; lease ids are strings `"SLOT.GENERATION"`.
+
+use crate::args::lease_str;
+use crate::client::{ClientError, Welcome};
+use crate::hex;
+use leasebox_proto::{
+    AllocResp, ErrorCode, FencedSlot, Health, LeaseInfo, Outcome, Response, Stats, access, mtu_bytes,
+};
+use serde_json::{Value, json};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// Per-core role codes in STATS (the kernel's `Role` order).
+pub fn role_name(code: u8) -> String {
+    match code {
+        0 => "net".into(),
+        1 => "cmd".into(),
+        2 => "event".into(),
+        3 => "idle".into(),
+        n => format!("role{n}"),
+    }
+}
+
+/// Origin codes in FENCED_SUMMARY.
+pub fn origin_name(code: u8) -> String {
+    match code {
+        0 => "LEGACY".into(),
+        1 => "REVOKE".into(),
+        2 => "SWEEP".into(),
+        3 => "EXPIRY".into(),
+        n => format!("origin{n}"),
+    }
+}
+
+fn error_name(code: u16) -> String {
+    ErrorCode::from_raw(code).map_or_else(|| format!("code{code}"), |c| c.name().to_string())
+}
+
+/// `rw-`-style access flags.
+pub fn access_str(a: u8) -> String {
+    let f = |bit, c| if a & bit != 0 { c } else { '-' };
+    [f(access::REMOTE_READ, 'r'), f(access::REMOTE_WRITE, 'w'), f(access::REMOTE_ATOMIC, 'a')].iter().collect()
+}
+
+fn mtu_str(code: u8) -> String {
+    mtu_bytes(code).map_or_else(|| format!("code {code}"), |b| b.to_string())
+}
+
+fn mtu_json(code: u8) -> Value {
+    mtu_bytes(code).map_or(Value::Null, Value::from)
+}
+
+fn secs(ms: u64) -> String {
+    format!("{}.{:03} s", ms / 1000, ms % 1000)
+}
+
+/// A successful `ping`.
+pub struct Ping<'a> {
+    pub addr: &'a str,
+    pub principal: &'a str,
+    pub welcome: &'a Welcome,
+    /// Connect + HELLO, retries included.
+    pub connect: Duration,
+    pub rtt: Duration,
+    pub uptime_ms: u64,
+}
+
+pub fn ping_human(p: &Ping<'_>) -> String {
+    format!(
+        "pong from {}: rtt {:.3} ms, server uptime {}; session {} as {} (role {}, protocol v{}, {} credits, \
+         heartbeat {} ms), connected in {:.1} ms\n",
+        p.addr,
+        p.rtt.as_secs_f64() * 1e3,
+        secs(p.uptime_ms),
+        p.welcome.session_id,
+        p.principal,
+        p.welcome.role.name(),
+        p.welcome.version,
+        p.welcome.credits,
+        p.welcome.heartbeat_ms,
+        p.connect.as_secs_f64() * 1e3
+    )
+}
+
+pub fn ping_json(p: &Ping<'_>) -> Value {
+    json!({
+        "addr": p.addr,
+        "principal": p.principal,
+        "role": p.welcome.role.name(),
+        "version": p.welcome.version,
+        "session_id": p.welcome.session_id,
+        "credits": p.welcome.credits,
+        "heartbeat_ms": p.welcome.heartbeat_ms,
+        "connect_us": p.connect.as_micros() as u64,
+        "rtt_us": p.rtt.as_micros() as u64,
+        "uptime_ms": p.uptime_ms,
+    })
+}
+
+fn info_json(l: &LeaseInfo) -> Value {
+    json!({
+        "lease": lease_str(l.lease),
+        "state": l.state.name(),
+        "access": access_str(l.access),
+        "mtu": mtu_json(l.mtu),
+        "size": l.size,
+        "rkey": l.rkey,
+        "server_qpn": l.server_qpn,
+        "client_qpn": l.client_qpn,
+        "ttl_left_ms": l.ttl_left_ms,
+        "tenant": l.tenant,
+    })
+}
+
+fn alloc_json(a: &AllocResp) -> Value {
+    json!({
+        "lease": lease_str(a.lease),
+        "rkey": a.rkey,
+        "remote_addr": a.remote_addr,
+        "length": a.length,
+        "server_qpn": a.server_qpn,
+        "server_psn": a.server_psn,
+        "server_gid": hex::encode(&a.server_gid),
+        "mtu": mtu_json(a.mtu),
+        "ttl_ms": a.ttl_ms,
+    })
+}
+
+fn stats_json(s: &Stats) -> Value {
+    let errors: serde_json::Map<String, Value> = s.errors.iter().map(|(c, n)| (error_name(*c), json!(n))).collect();
+    let roles: Vec<Value> = s
+        .roles
+        .iter()
+        .map(|(core, role, n)| json!({"core": core, "role": role_name(*role), "iterations": n}))
+        .collect();
+    json!({
+        "uptime_ms": s.uptime_ms,
+        "sessions_current": s.sessions_current,
+        "session_budget": s.session_budget,
+        "sessions_total": s.sessions_total,
+        "sessions_refused": s.sessions_refused,
+        "frames_in": s.frames_in,
+        "frames_out": s.frames_out,
+        "errors": errors,
+        "roles": roles,
+    })
+}
+
+fn fenced_json(f: &FencedSlot) -> Value {
+    json!({
+        "slot": f.slot,
+        "generation": f.generation,
+        "failed_mask": f.failed_mask,
+        "origin": origin_name(f.origin),
+        "fenced_at_ms": f.fenced_at_ms,
+    })
+}
+
+fn health_json(h: &Health) -> Value {
+    json!({
+        "status": h.status.name(),
+        "hca": h.hca.name(),
+        "fenced_slots": h.fenced_slots,
+        "uptime_ms": h.uptime_ms,
+        "message": h.message,
+    })
+}
+
+fn outcome_json(o: Outcome, elapsed_us: u32) -> Value {
+    json!({"outcome": o.name(), "elapsed_us": elapsed_us})
+}
+
+/// The JSON object for a response; `lease` is the lease the request named, if any.
+pub fn response_json(r: &Response, lease: Option<String>) -> Value {
+    let mut v = match r {
+        Response::Hello(_) | Response::Bye => json!({}),
+        Response::Heartbeat { echo, uptime_ms } => json!({"echo": echo, "uptime_ms": uptime_ms}),
+        Response::Alloc(a) => alloc_json(a),
+        Response::Ready { state } => json!({"state": state.name()}),
+        Response::Renew { ttl_ms } => json!({"ttl_ms": ttl_ms}),
+        Response::Free { outcome, elapsed_us } | Response::Revoke { outcome, elapsed_us } => {
+            outcome_json(*outcome, *elapsed_us)
+        }
+        Response::Query(l) => info_json(l),
+        Response::List { next_cursor, leases } => {
+            json!({"next_cursor": next_cursor, "leases": leases.iter().map(info_json).collect::<Vec<_>>()})
+        }
+        Response::Stats(s) => stats_json(s),
+        Response::FencedSummary { slots } => json!({"slots": slots.iter().map(fenced_json).collect::<Vec<_>>()}),
+        Response::Health(h) => health_json(h),
+    };
+    if let (Some(l), Some(o)) = (lease, v.as_object_mut()) {
+        o.entry("lease").or_insert(Value::from(l));
+    }
+    v
+}
+
+fn info_line(l: &LeaseInfo) -> String {
+    format!(
+        "{:<14} {:<14} {:<6} {:>12} {:>5} {:#010x} {:#08x} {:#08x} {:>10} {}",
+        lease_str(l.lease),
+        l.state.name(),
+        access_str(l.access),
+        l.size,
+        mtu_str(l.mtu),
+        l.rkey,
+        l.server_qpn,
+        l.client_qpn,
+        l.ttl_left_ms,
+        l.tenant
+    )
+}
+
+const INFO_HEADER: &str =
+    "LEASE          STATE          ACCESS         SIZE   MTU RKEY       SRV_QPN  CLI_QPN  TTL_LEFT_MS TENANT";
+
+/// The human rendering of a response; `lease` is the lease the request named, if any.
+pub fn response_human(r: &Response, lease: Option<String>) -> String {
+    let lease = lease.unwrap_or_default();
+    let mut s = String::new();
+    match r {
+        Response::Hello(_) | Response::Bye => s.push_str("ok\n"),
+        Response::Heartbeat { echo, uptime_ms } => {
+            let _ = writeln!(s, "heartbeat echo {echo}, server uptime {}", secs(*uptime_ms));
+        }
+        Response::Alloc(a) => {
+            let _ = writeln!(s, "lease        {}", lease_str(a.lease));
+            let _ = writeln!(s, "rkey         {:#010x}", a.rkey);
+            let _ = writeln!(s, "remote_addr  {:#x}", a.remote_addr);
+            let _ = writeln!(s, "length       {}", a.length);
+            let _ = writeln!(s, "server_qpn   {:#x}", a.server_qpn);
+            let _ = writeln!(s, "server_psn   {:#x}", a.server_psn);
+            let _ = writeln!(s, "server_gid   {}", hex::encode(&a.server_gid));
+            let _ = writeln!(s, "mtu          {}", mtu_str(a.mtu));
+            let _ = writeln!(s, "ttl_ms       {}", a.ttl_ms);
+        }
+        Response::Ready { state } => {
+            let _ = writeln!(s, "lease {lease}: {}", state.name());
+        }
+        Response::Renew { ttl_ms } => {
+            let _ = writeln!(s, "lease {lease}: renewed, ttl {ttl_ms} ms");
+        }
+        Response::Free { outcome, elapsed_us } | Response::Revoke { outcome, elapsed_us } => {
+            let _ = writeln!(s, "lease {lease}: {} in {elapsed_us} us", outcome.name());
+        }
+        Response::Query(l) => {
+            let _ = writeln!(s, "{INFO_HEADER}\n{}", info_line(l));
+        }
+        Response::List { leases, .. } => {
+            if leases.is_empty() {
+                s.push_str("no leases\n");
+            } else {
+                let _ = writeln!(s, "{INFO_HEADER}");
+                for l in leases {
+                    let _ = writeln!(s, "{}", info_line(l));
+                }
+            }
+        }
+        Response::Stats(st) => {
+            let _ = writeln!(s, "uptime     {}", secs(st.uptime_ms));
+            let _ = writeln!(
+                s,
+                "sessions   {} current (budget {}), {} total, {} refused",
+                st.sessions_current, st.session_budget, st.sessions_total, st.sessions_refused
+            );
+            let _ = writeln!(s, "frames     {} in, {} out", st.frames_in, st.frames_out);
+            let errors: Vec<String> = st.errors.iter().map(|(c, n)| format!("{} {n}", error_name(*c))).collect();
+            let _ = writeln!(s, "errors     {}", if errors.is_empty() { "none".into() } else { errors.join(", ") });
+            for (core, role, n) in &st.roles {
+                let _ = writeln!(s, "core {core:<5} {:<6} {n} iterations", role_name(*role));
+            }
+        }
+        Response::FencedSummary { slots } => {
+            if slots.is_empty() {
+                s.push_str("no fenced slots\n");
+            } else {
+                let _ = writeln!(s, "SLOT       GENERATION FAILED_MASK ORIGIN  FENCED_AT");
+                for f in slots {
+                    let _ = writeln!(
+                        s,
+                        "{:<10} {:<10} {:#010x}  {:<7} {}",
+                        f.slot,
+                        f.generation,
+                        f.failed_mask,
+                        origin_name(f.origin),
+                        secs(f.fenced_at_ms)
+                    );
+                }
+            }
+        }
+        Response::Health(h) => {
+            let _ = writeln!(
+                s,
+                "status {}, HCA {}, {} fenced slots, uptime {}: {}",
+                h.status.name(),
+                h.hca.name(),
+                h.fenced_slots,
+                secs(h.uptime_ms),
+                h.message
+            );
+        }
+    }
+    s
+}
+
+/// `error: CODE: message`.
+pub fn error_human(e: &ClientError) -> String {
+    match e {
+        ClientError::Server(b) => format!("error: {}: {}\n", b.code.name(), b.message),
+        other => format!("error: {}: {other}\n", other.code()),
+    }
+}
+
+/// `{"error": {"code": "...", "detail": [..], "message": "..."}}`.
+pub fn error_json(e: &ClientError) -> Value {
+    match e {
+        ClientError::Server(b) => json!({"error": {"code": b.code.name(), "detail": b.detail, "message": b.message}}),
+        other => json!({"error": {"code": other.code(), "detail": [], "message": other.to_string()}}),
+    }
+}
+
+/// A usage error in JSON.
+pub fn usage_json(message: &str) -> Value {
+    json!({"error": {"code": "USAGE", "detail": [], "message": message}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasebox_proto::{ErrorBody, HcaState, HealthStatus, LeaseId, LeaseState};
+
+    #[test]
+    fn errors_render_code_and_message() {
+        let e = ClientError::Server(ErrorBody::new(ErrorCode::CreditExceeded, "more than 8").with_detail([8, 0, 0]));
+        assert_eq!(error_human(&e), "error: CREDIT_EXCEEDED: more than 8\n");
+        assert_eq!(
+            error_json(&e),
+            json!({"error": {"code": "CREDIT_EXCEEDED", "detail": [8, 0, 0], "message": "more than 8"}})
+        );
+        assert_eq!(
+            error_human(&ClientError::ServerProof),
+            "error: SERVER_PROOF: the server's HELLO proof does not match the key\n"
+        );
+    }
+
+    #[test]
+    fn json_has_every_field() {
+        let s = Stats {
+            uptime_ms: 1500,
+            sessions_current: 1,
+            session_budget: 16,
+            sessions_total: 2,
+            sessions_refused: 0,
+            frames_in: 5,
+            frames_out: 6,
+            errors: vec![(4, 2), (99, 1)],
+            roles: vec![(0, 0, 10), (1, 7, 3)],
+        };
+        let v = response_json(&Response::Stats(s.clone()), None);
+        assert_eq!(v["errors"], json!({"MALFORMED": 2, "code99": 1}));
+        assert_eq!(v["roles"][1], json!({"core": 1, "role": "role7", "iterations": 3}));
+        assert_eq!(v.as_object().unwrap().len(), 9);
+        let h = response_human(&Response::Stats(s), None);
+        assert!(h.contains("uptime     1.500 s") && h.contains("MALFORMED 2") && h.contains("core 0     net"));
+
+        let l = LeaseInfo {
+            lease: LeaseId { slot: 3, generation: 17 },
+            state: LeaseState::Active,
+            access: access::REMOTE_READ,
+            mtu: 3,
+            size: 4096,
+            rkey: 0x100,
+            server_qpn: 0x48,
+            client_qpn: 0x11,
+            ttl_left_ms: 900,
+            tenant: "demo".into(),
+        };
+        let v = response_json(&Response::Query(l.clone()), Some("3.17".into()));
+        assert_eq!(v["lease"], "3.17");
+        assert_eq!(v["access"], "r--");
+        assert_eq!(v["mtu"], 1024);
+        assert_eq!(v.as_object().unwrap().len(), 10);
+        assert!(response_human(&Response::List { next_cursor: 0, leases: vec![l] }, None).contains("3.17"));
+        let v = response_json(&Response::Revoke { outcome: Outcome::Fenced, elapsed_us: 7 }, Some("1.2".into()));
+        assert_eq!(v, json!({"outcome": "Fenced", "elapsed_us": 7, "lease": "1.2"}));
+        let h = Health {
+            status: HealthStatus::Degraded,
+            hca: HcaState::Absent,
+            fenced_slots: 0,
+            uptime_ms: 2,
+            message: "no HCA".into(),
+        };
+        assert!(response_human(&Response::Health(h), None).starts_with("status degraded, HCA absent"));
+    }
+}

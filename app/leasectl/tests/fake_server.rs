@@ -1,0 +1,310 @@
+//! The client against a tiny fake server on a std TCP thread: the real HELLO (a correct or a wrong proof),
+//! HEARTBEAT, NOT_IMPLEMENTED lease ops, a server that accepts and then closes (QEMU's forwarder before the
+//! guest listens), and the CLI's exit codes.
+
+use hmac::{Hmac, Mac};
+use leasebox_proto::{
+    ErrorBody, ErrorCode, FrameBuf, Hello, HelloReply, Kind, Next, Op, Request, Response, Role, hello_transcript,
+};
+use leasectl::{Client, ClientError, Credentials, Timeouts};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const KEY: [u8; 32] = [0x42; 32];
+const KEY_HEX: &str = "4242424242424242424242424242424242424242424242424242424242424242";
+
+#[derive(Clone, Copy, Default)]
+struct Behaviour {
+    /// Connections accepted and closed at once before one is served.
+    close_first: usize,
+    /// Close every connection, forever.
+    always_close: bool,
+    /// Accept and never answer.
+    silent: bool,
+    /// The Welcome carries a proof made with another key.
+    wrong_proof: bool,
+}
+
+struct Fake {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+}
+
+fn mac(key: &[u8], t: &[u8]) -> [u8; 32] {
+    let mut m = <Hmac<sha2::Sha256> as Mac>::new_from_slice(key).unwrap();
+    m.update(t);
+    m.finalize().into_bytes().into()
+}
+
+fn spawn(b: Behaviour) -> Fake {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    // The thread ends with the test process; tests never wait for it.
+    thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(s) = s else { continue };
+            let n = count.fetch_add(1, Ordering::SeqCst);
+            if b.always_close || n < b.close_first {
+                drop(s);
+                continue;
+            }
+            if b.silent {
+                thread::spawn(move || {
+                    thread::sleep(Duration::from_secs(30));
+                    drop(s);
+                });
+                continue;
+            }
+            thread::spawn(move || serve(s, b));
+        }
+    });
+    Fake { addr, accepted }
+}
+
+fn serve(mut s: TcpStream, b: Behaviour) {
+    let mut fb = FrameBuf::new();
+    let mut buf = [0u8; 4096];
+    let mut hello: Option<(String, [u8; 16], [u8; 32])> = None;
+    loop {
+        let n = match s.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        fb.push(&buf[..n]);
+        while let Next::Frame(h, p) = fb.next_frame() {
+            assert_eq!(h.kind, Kind::Request);
+            let op = Op::from_raw(h.op).unwrap();
+            let req = Request::decode(op, &p).unwrap();
+            let mut out = Vec::new();
+            let mut close = false;
+            match req {
+                Request::Hello(Hello::Init(i)) => {
+                    assert_eq!((i.min_version, i.max_version), (1, 1));
+                    let server_nonce = [0x5a; 32];
+                    hello = Some((i.name, i.client_nonce, server_nonce));
+                    Response::Hello(HelloReply::Challenge { version: 1, server_nonce }).encode(
+                        op,
+                        h.request_id,
+                        &mut out,
+                    );
+                }
+                Request::Hello(Hello::Proof { mac: m }) => {
+                    let (name, cn, sn) = hello.clone().unwrap();
+                    if name != "demo" || m != mac(&KEY, &hello_transcript(true, 1, &name, &cn, &sn)) {
+                        ErrorBody::new(ErrorCode::AuthFailed, "authentication failed").encode(
+                            h.op,
+                            h.request_id,
+                            &mut out,
+                        );
+                        close = true;
+                    } else {
+                        let key: &[u8] = if b.wrong_proof { &[0x43; 32] } else { &KEY };
+                        let server_proof = mac(key, &hello_transcript(false, 1, &name, &cn, &sn));
+                        let w = HelloReply::Welcome {
+                            role: Role::Tenant,
+                            credits: 8,
+                            heartbeat_ms: 10_000,
+                            session_id: 7,
+                            server_proof,
+                        };
+                        Response::Hello(w).encode(op, h.request_id, &mut out);
+                    }
+                }
+                Request::Heartbeat { echo } => {
+                    Response::Heartbeat { echo, uptime_ms: 4242 }.encode(op, h.request_id, &mut out);
+                }
+                Request::Bye => {
+                    Response::Bye.encode(op, h.request_id, &mut out);
+                    close = true;
+                }
+                Request::Stats => Response::Stats(Default::default()).encode(op, h.request_id, &mut out),
+                other => {
+                    let m = format!("{} is specified but the lease service is not built yet", other.op().name());
+                    ErrorBody::new(ErrorCode::NotImplemented, &m).encode(h.op, h.request_id, &mut out);
+                }
+            }
+            if s.write_all(&out).is_err() || close {
+                return;
+            }
+        }
+    }
+}
+
+fn demo() -> Credentials {
+    Credentials { name: "demo".into(), key: KEY.to_vec() }
+}
+
+fn quick(retry_for_ms: u64) -> Timeouts {
+    Timeouts {
+        connect: Duration::from_millis(500),
+        receive: Duration::from_millis(700),
+        retry_for: Duration::from_millis(retry_for_ms),
+    }
+}
+
+#[test]
+fn hello_heartbeat_and_request_ids() {
+    let f = spawn(Behaviour::default());
+    let (mut c, w) = Client::connect_and_hello(&f.addr.to_string(), &demo(), quick(5000)).unwrap();
+    assert_eq!((w.version, w.role, w.credits, w.heartbeat_ms, w.session_id), (1, Role::Tenant, 8, 10_000, 7));
+    assert_eq!(c.welcome(), Some(&w));
+    assert_eq!(c.next_request_id(), 3, "HELLO used ids 1 and 2");
+    assert_eq!(c.call(&Request::Heartbeat { echo: 99 }).unwrap(), Response::Heartbeat { echo: 99, uptime_ms: 4242 });
+    assert_eq!(c.next_request_id(), 4);
+    match c.call(&Request::Free { lease: leasebox_proto::LeaseId { slot: 1, generation: 2 } }) {
+        Err(ClientError::Server(e)) => {
+            assert_eq!(e.code, ErrorCode::NotImplemented);
+            assert!(e.message.contains("FREE"));
+        }
+        other => panic!("{other:?}"),
+    }
+    c.bye().unwrap();
+}
+
+#[test]
+fn a_wrong_server_proof_is_rejected() {
+    let f = spawn(Behaviour { wrong_proof: true, ..Behaviour::default() });
+    let e = Client::connect_and_hello(&f.addr.to_string(), &demo(), quick(5000)).unwrap_err();
+    assert!(matches!(e, ClientError::ServerProof), "{e:?}");
+    assert_eq!(e.exit_code(), 4);
+    assert_eq!(f.accepted.load(Ordering::SeqCst), 1, "an authentication failure is not retried");
+}
+
+#[test]
+fn a_wrong_key_gets_auth_failed() {
+    let f = spawn(Behaviour::default());
+    let who = Credentials { name: "demo".into(), key: vec![1; 32] };
+    let e = Client::connect_and_hello(&f.addr.to_string(), &who, quick(5000)).unwrap_err();
+    assert!(matches!(&e, ClientError::Server(b) if b.code == ErrorCode::AuthFailed), "{e:?}");
+    assert_eq!(e.exit_code(), 4);
+    assert_eq!(f.accepted.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn accept_then_close_is_retried_until_the_server_listens() {
+    let f = spawn(Behaviour { close_first: 3, ..Behaviour::default() });
+    let (mut c, _) = Client::connect_and_hello(&f.addr.to_string(), &demo(), quick(10_000)).unwrap();
+    assert_eq!(f.accepted.load(Ordering::SeqCst), 4);
+    c.call(&Request::Heartbeat { echo: 1 }).unwrap();
+}
+
+#[test]
+fn accept_then_close_forever_gives_up_at_the_deadline() {
+    let f = spawn(Behaviour { always_close: true, ..Behaviour::default() });
+    let t0 = Instant::now();
+    let e = Client::connect_and_hello(&f.addr.to_string(), &demo(), quick(1500)).unwrap_err();
+    let took = t0.elapsed();
+    assert!(matches!(&e, ClientError::Io(_)), "{e:?}");
+    assert_eq!(e.exit_code(), 3);
+    assert!(took >= Duration::from_millis(1000) && took < Duration::from_millis(4000), "{took:?}");
+    assert!(f.accepted.load(Ordering::SeqCst) >= 3);
+}
+
+#[test]
+fn a_silent_server_times_out() {
+    let f = spawn(Behaviour { silent: true, ..Behaviour::default() });
+    let t0 = Instant::now();
+    let e = Client::connect_and_hello(&f.addr.to_string(), &demo(), quick(1000)).unwrap_err();
+    assert!(matches!(&e, ClientError::Timeout { .. }), "{e:?}");
+    assert_eq!(e.exit_code(), 3);
+    assert!(t0.elapsed() < Duration::from_millis(3000));
+}
+
+#[test]
+fn nothing_listening_is_retried_then_fails() {
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let t0 = Instant::now();
+    let e = Client::connect_and_hello(&format!("127.0.0.1:{port}"), &demo(), quick(800)).unwrap_err();
+    assert!(matches!(&e, ClientError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused), "{e:?}");
+    assert!(t0.elapsed() >= Duration::from_millis(500));
+}
+
+/// A server that answers with an id nobody asked for is a protocol violation.
+#[test]
+fn an_answer_to_another_request_is_a_protocol_violation() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = [0u8; 64];
+        let _ = s.read(&mut buf);
+        let mut out = Vec::new();
+        Response::Hello(HelloReply::Challenge { version: 1, server_nonce: [0; 32] }).encode(Op::Hello, 77, &mut out);
+        let _ = s.write_all(&out);
+        thread::sleep(Duration::from_millis(500));
+    });
+    let e = Client::connect_and_hello(&addr.to_string(), &demo(), quick(2000)).unwrap_err();
+    assert!(matches!(&e, ClientError::Protocol(m) if m.contains("77")), "{e:?}");
+    assert_eq!(e.exit_code(), 5);
+}
+
+fn cli(args: &[&str]) -> (u8, String, String) {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let none = |_: &str| None;
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = leasectl::cli::run(&args, &none, &mut out, &mut err);
+    (code, String::from_utf8(out).unwrap(), String::from_utf8(err).unwrap())
+}
+
+#[test]
+fn cli_exit_codes_and_output() {
+    let f = spawn(Behaviour::default());
+    let addr = f.addr.to_string();
+    let base = ["--addr", addr.as_str(), "--tenant", "demo", "--key", KEY_HEX, "--timeout", "3"];
+    let with = |extra: &[&str]| cli(&[&base[..], extra].concat());
+
+    let (code, out, _) = with(&["ping"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with(&format!("pong from {addr}: rtt ")) && out.contains("uptime 4.242 s"), "{out}");
+
+    let (code, out, _) = with(&["--json", "ping"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (v["uptime_ms"].as_u64(), v["session_id"].as_u64(), v["role"].as_str()),
+        (Some(4242), Some(7), Some("tenant"))
+    );
+    assert!(v["rtt_us"].is_u64());
+
+    let (code, out, _) = with(&["--json", "stats"]);
+    assert_eq!(code, 0);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["frames_in"], 0);
+
+    let (code, _, err) = with(&["free", "3.17"]);
+    assert_eq!(code, 1);
+    assert_eq!(err, "error: NOT_IMPLEMENTED: FREE is specified but the lease service is not built yet\n");
+
+    let (code, out, _) = with(&["--json", "revoke", "3.17"]);
+    assert_eq!(code, 1);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["error"]["code"], "NOT_IMPLEMENTED");
+    assert_eq!(v["error"]["detail"], serde_json::json!([0, 0, 0]));
+
+    let (code, _, err) = cli(&["--addr", &addr, "--tenant", "demo", "--key", "00112233", "ping"]);
+    assert_eq!(code, 4);
+    assert!(err.starts_with("error: AUTH_FAILED"), "{err}");
+
+    let (code, _, _) = with(&["alloc", "--size", "1"]);
+    assert_eq!(code, 2);
+
+    let closed = spawn(Behaviour { always_close: true, ..Behaviour::default() });
+    let (code, _, err) =
+        cli(&["--addr", &closed.addr.to_string(), "--tenant", "demo", "--key", KEY_HEX, "--timeout", "0.5", "ping"]);
+    assert_eq!(code, 3);
+    assert!(err.starts_with("error: CONNECTION: "), "{err}");
+
+    let bad = spawn(Behaviour { wrong_proof: true, ..Behaviour::default() });
+    let (code, out, _) =
+        cli(&["--addr", &bad.addr.to_string(), "--tenant", "demo", "--key", KEY_HEX, "--json", "ping"]);
+    assert_eq!(code, 4);
+    assert!(out.contains("\"SERVER_PROOF\""), "{out}");
+}

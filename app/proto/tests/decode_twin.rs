@@ -1,0 +1,339 @@
+//! The fuzz target's stable twin: the same check (`app/proto/fuzz/src/lib.rs`) on 120,000 inputs from a
+//! seeded xorshift generator — random bytes, random payloads under plausible headers, and valid frames of
+//! every message (random field values) with random mutations. Deterministic: a failure names its input's
+//! index, and `TWIN_SEED` reproduces it.
+
+#[path = "../fuzz/src/lib.rs"]
+mod decode_check;
+
+use decode_check::{Counts, check};
+use leasebox_proto::{
+    AllocReq, AllocResp, ErrorBody, ErrorCode, FencedSlot, HcaState, Health, HealthStatus, Hello, HelloInit,
+    HelloReply, Kind, LeaseId, LeaseInfo, LeaseState, MAX_MESSAGE, MAX_NAME, MAX_PAYLOAD, Op, Outcome, Request,
+    Response, Role, Stats, frame,
+};
+
+const INPUTS: usize = 120_000;
+const SEED: u64 = 0x1EA5_EB0C_5EED_0001;
+
+/// xorshift64* (Vigna): small, fast, good enough to drive a decoder.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn chance(&mut self, one_in: usize) -> bool {
+        self.below(one_in) == 0
+    }
+    fn u8(&mut self) -> u8 {
+        self.next() as u8
+    }
+    fn u16(&mut self) -> u16 {
+        self.next() as u16
+    }
+    fn u32(&mut self) -> u32 {
+        // Boundary values turn up often: they are where length and range checks live.
+        match self.below(8) {
+            0 => 0,
+            1 => u32::MAX,
+            2 => self.below(300) as u32,
+            _ => self.next() as u32,
+        }
+    }
+    fn u64(&mut self) -> u64 {
+        if self.chance(8) { u64::MAX } else { self.next() }
+    }
+    fn bytes<const N: usize>(&mut self) -> [u8; N] {
+        core::array::from_fn(|_| self.u8())
+    }
+    fn vec(&mut self, len: usize) -> Vec<u8> {
+        (0..len).map(|_| self.u8()).collect()
+    }
+    /// A UTF-8 string of at most `max` bytes (ASCII, two-byte and three-byte characters).
+    fn text(&mut self, min: usize, max: usize) -> String {
+        let want = min + self.below(max - min + 1);
+        let mut s = String::new();
+        while s.len() < want {
+            let c = match self.below(4) {
+                0 => 'é',
+                1 => '€',
+                _ => (b'a' + self.below(26) as u8) as char,
+            };
+            if s.len() + c.len_utf8() > want {
+                s.push('x');
+            } else {
+                s.push(c);
+            }
+        }
+        s
+    }
+    fn pick<T: Copy>(&mut self, all: &[T]) -> T {
+        all[self.below(all.len())]
+    }
+}
+
+fn lease(r: &mut Rng) -> LeaseId {
+    LeaseId { slot: r.u32(), generation: r.u32() }
+}
+
+fn request(r: &mut Rng) -> Request {
+    match r.below(14) {
+        0 => Request::Hello(Hello::Init(HelloInit {
+            min_version: r.u16(),
+            max_version: r.u16(),
+            name: r.text(1, MAX_NAME),
+            client_nonce: r.bytes(),
+        })),
+        1 => Request::Hello(Hello::Proof { mac: r.bytes() }),
+        2 => Request::Heartbeat { echo: r.u64() },
+        3 => Request::Bye,
+        4 => Request::Alloc(AllocReq {
+            size: r.u64(),
+            access: r.u8(),
+            mtu: r.u8(),
+            ttl_ms: r.u32(),
+            client_qpn: r.u32(),
+            client_psn: r.u32(),
+            client_gid: r.bytes(),
+            client_mac: r.bytes(),
+        }),
+        5 => Request::Ready { lease: lease(r), client_qpn: r.u32(), server_qpn: r.u32() },
+        6 => Request::Renew { lease: lease(r), ttl_ms: r.u32() },
+        7 => Request::Free { lease: lease(r) },
+        8 => Request::Query { lease: lease(r) },
+        9 => Request::List { cursor: r.u32(), max: r.u16() },
+        10 => Request::Revoke { lease: lease(r), qp_first: r.chance(2) },
+        11 => Request::Stats,
+        12 => Request::FencedSummary,
+        _ => Request::Health,
+    }
+}
+
+fn info(r: &mut Rng) -> LeaseInfo {
+    LeaseInfo {
+        lease: lease(r),
+        state: r.pick(LeaseState::ALL),
+        access: r.u8(),
+        mtu: r.u8(),
+        size: r.u64(),
+        rkey: r.u32(),
+        server_qpn: r.u32(),
+        client_qpn: r.u32(),
+        ttl_left_ms: r.u32(),
+        tenant: r.text(0, MAX_NAME),
+    }
+}
+
+fn response(r: &mut Rng) -> (Op, Response) {
+    let op = r.pick(Op::ALL);
+    let resp = match op {
+        Op::Hello if r.chance(2) => {
+            Response::Hello(HelloReply::Challenge { version: r.u16(), server_nonce: r.bytes() })
+        }
+        Op::Hello => Response::Hello(HelloReply::Welcome {
+            role: r.pick(Role::ALL),
+            credits: r.u16(),
+            heartbeat_ms: r.u32(),
+            session_id: r.u64(),
+            server_proof: r.bytes(),
+        }),
+        Op::Heartbeat => Response::Heartbeat { echo: r.u64(), uptime_ms: r.u64() },
+        Op::Bye => Response::Bye,
+        Op::Alloc => Response::Alloc(AllocResp {
+            lease: lease(r),
+            rkey: r.u32(),
+            remote_addr: r.u64(),
+            length: r.u64(),
+            server_qpn: r.u32(),
+            server_psn: r.u32(),
+            server_gid: r.bytes(),
+            mtu: r.u8(),
+            ttl_ms: r.u32(),
+        }),
+        Op::Ready => Response::Ready { state: r.pick(LeaseState::ALL) },
+        Op::Renew => Response::Renew { ttl_ms: r.u32() },
+        Op::Free => Response::Free { outcome: r.pick(Outcome::ALL), elapsed_us: r.u32() },
+        Op::Query => Response::Query(info(r)),
+        Op::List => {
+            let n = r.below(4);
+            Response::List { next_cursor: r.u32(), leases: (0..n).map(|_| info(r)).collect() }
+        }
+        Op::Revoke => Response::Revoke { outcome: r.pick(Outcome::ALL), elapsed_us: r.u32() },
+        Op::Stats => {
+            let (e, k) = (r.below(5), r.below(5));
+            Response::Stats(Stats {
+                uptime_ms: r.u64(),
+                sessions_current: r.u32(),
+                session_budget: r.u32(),
+                sessions_total: r.u64(),
+                sessions_refused: r.u64(),
+                frames_in: r.u64(),
+                frames_out: r.u64(),
+                errors: (0..e).map(|_| (r.u16(), r.u64())).collect(),
+                roles: (0..k).map(|_| (r.u16(), r.u8(), r.u64())).collect(),
+            })
+        }
+        Op::FencedSummary => {
+            let n = r.below(4);
+            Response::FencedSummary {
+                slots: (0..n)
+                    .map(|_| FencedSlot {
+                        slot: r.u32(),
+                        generation: r.u32(),
+                        failed_mask: r.u32(),
+                        origin: r.u8(),
+                        fenced_at_ms: r.u64(),
+                    })
+                    .collect(),
+            }
+        }
+        Op::Health => Response::Health(Health {
+            status: r.pick(HealthStatus::ALL),
+            hca: r.pick(HcaState::ALL),
+            fenced_slots: r.u32(),
+            uptime_ms: r.u64(),
+            message: r.text(0, MAX_MESSAGE),
+        }),
+    };
+    (op, resp)
+}
+
+fn error_body(r: &mut Rng) -> ErrorBody {
+    let e = ErrorBody::new(r.pick(ErrorCode::ALL), &r.text(0, MAX_MESSAGE + 20));
+    e.with_detail([r.u32(), r.u32(), r.u32()])
+}
+
+/// One valid frame of any kind, appended to `out`.
+fn valid_frame(r: &mut Rng, out: &mut Vec<u8>) {
+    let id = r.u32();
+    match r.below(3) {
+        0 => request(r).encode(id, out),
+        1 => {
+            let (op, resp) = response(r);
+            resp.encode(op, id, out);
+        }
+        _ => error_body(r).encode(r.pick(Op::ALL) as u16, id, out),
+    }
+}
+
+/// A plausible header (right magic and version, mostly) over a random payload.
+fn header_and_noise(r: &mut Rng, out: &mut Vec<u8>) {
+    let op = if r.chance(4) { r.u16() } else { r.pick(Op::ALL) as u16 };
+    let kind = match r.below(8) {
+        0 => Kind::Response,
+        1 => Kind::Error,
+        _ => Kind::Request,
+    };
+    let len = r.below(96);
+    let payload = r.vec(len);
+    frame(kind, op, r.u32(), &payload, out);
+}
+
+/// Random edits: bit flips, interesting bytes, insertions, deletions, truncation, a lying length field.
+fn mutate(r: &mut Rng, b: &mut Vec<u8>) {
+    for _ in 0..1 + r.below(4) {
+        if b.is_empty() {
+            b.push(r.u8());
+            continue;
+        }
+        let at = r.below(b.len());
+        match r.below(7) {
+            0 => b[at] ^= 1 << r.below(8),
+            1 => b[at] = r.pick(&[0, 1, 2, 0x7f, 0x80, 0xff, 32, 33, 0x20, 0xfe]),
+            2 => b.insert(at, r.u8()),
+            3 => {
+                b.remove(at);
+            }
+            4 => b.truncate(at),
+            5 if b.len() >= 16 => {
+                // The header's length field (of the first frame): shorter, longer, or past the limit.
+                let len = match r.below(3) {
+                    0 => r.below(64) as u32,
+                    1 => (MAX_PAYLOAD + r.below(3)) as u32 - 1,
+                    _ => r.u32(),
+                };
+                b[12..16].copy_from_slice(&len.to_be_bytes());
+            }
+            _ => {
+                let end = (at + 1 + r.below(24)).min(b.len());
+                let piece = b[at..end].to_vec();
+                b.splice(at..at, piece);
+            }
+        }
+    }
+}
+
+/// Valid frames, decoded without mutation, are all accepted (the generator is sound).
+#[test]
+fn unmutated_frames_are_all_accepted() {
+    let mut r = Rng(SEED ^ 0xFF);
+    for i in 0..2_000 {
+        let mut b = vec![0x80];
+        request(&mut r).encode(i, &mut b);
+        let n = check(&b);
+        assert_eq!((n.frames, n.requests), (1, 1), "request #{i}");
+        let mut b = vec![0x80];
+        let (op, resp) = response(&mut r);
+        resp.encode(op, i, &mut b);
+        assert!(check(&b).responses == 1, "response #{i}: {resp:?}");
+        let mut b = vec![(i % 64) as u8];
+        error_body(&mut r).encode(0x0102, i, &mut b);
+        assert_eq!(check(&b).errors, 1, "error #{i}");
+    }
+}
+
+#[test]
+fn random_and_mutated_frames_never_panic_and_round_trip() {
+    let seed = std::env::var("TWIN_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(SEED);
+    let mut r = Rng(seed);
+    let mut total = Counts::default();
+    let mut input = Vec::new();
+    for i in 0..INPUTS {
+        input.clear();
+        input.push(r.u8());
+        match r.below(10) {
+            0 | 1 => {
+                let n = r.below(300);
+                input.extend(r.vec(n));
+            }
+            2 | 3 => {
+                for _ in 0..1 + r.below(3) {
+                    header_and_noise(&mut r, &mut input);
+                }
+                if r.chance(2) {
+                    mutate(&mut r, &mut input);
+                }
+            }
+            _ => {
+                let mut body = Vec::new();
+                for _ in 0..1 + r.below(3) {
+                    valid_frame(&mut r, &mut body);
+                }
+                if !r.chance(4) {
+                    mutate(&mut r, &mut body);
+                }
+                input.extend(body);
+            }
+        }
+        let result = std::panic::catch_unwind(|| check(&input));
+        match result {
+            Ok(n) => total += n,
+            Err(_) => panic!("input #{i} (seed {seed:#x}) failed the check: {input:02x?}"),
+        }
+    }
+    eprintln!("decode twin: {INPUTS} inputs, {total:?}");
+    // The inputs reach every decoder, accepted and refused, and both kinds of framing error.
+    assert!(total.frames > 80_000, "{total:?}");
+    assert!(total.requests > 15_000, "{total:?}");
+    assert!(total.responses > 15_000, "{total:?}");
+    assert!(total.errors > 10_000, "{total:?}");
+    assert!(total.bad_headers > 10_000, "{total:?}");
+    assert!(total.framing_lost > 10_000, "{total:?}");
+}

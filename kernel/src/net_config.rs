@@ -1,0 +1,437 @@
+//! Options of the control channel and the control service (docs/operations.md):
+//!
+//! - the interface: `ip=A.B.C.D/N` and `gw=A.B.C.D` for a static address, DHCPv4 (RFC 2131) when `ip=` is
+//!   absent; `port=N`, the control service's TCP port;
+//! - the control service: principals (`tenant=NAME:HEXKEY`, repeatable; `admin=HEXKEY`) and budgets
+//!   (`sessions=`, `credits=`, `heartbeat_ms=`).
+//!
+//! Everything is parsed and validated here, at boot, so a bad value stops the boot with a message instead of
+//! surfacing later in the network loop or the session core. Keys are secrets: they are kept as the hex text
+//! of the configuration (no copy), and neither `Debug` nor errors ever show them.
+
+use core::fmt;
+use core::net::Ipv4Addr;
+use core::ops::RangeInclusive;
+
+/// The control service's TCP port when `port=` is absent (docs/wire-protocol.md).
+pub const DEFAULT_PORT: u16 = 7470;
+/// Budget: tenants the configuration may name.
+pub const MAX_TENANTS: usize = 16;
+/// Tenant names are 1 to 32 characters (the wire protocol's `MAX_NAME`).
+pub const MAX_TENANT_NAME: usize = 32;
+/// The principal name reserved for the admin key.
+pub const ADMIN_NAME: &str = "admin";
+/// Key lengths in bytes (HMAC-SHA256 keys; 16 bytes is the floor for a secret).
+pub const KEY_BYTES: RangeInclusive<usize> = 16..=64;
+/// Concurrent sessions (`sessions=`).
+pub const SESSIONS: RangeInclusive<u32> = 1..=64;
+pub const DEFAULT_SESSIONS: u32 = 16;
+/// Outstanding requests granted per session (`credits=`).
+pub const CREDITS: RangeInclusive<u32> = 1..=64;
+pub const DEFAULT_CREDITS: u32 = 8;
+/// Session silence timeout in ms (`heartbeat_ms=`).
+pub const HEARTBEAT_MS: RangeInclusive<u32> = 1_000..=600_000;
+pub const DEFAULT_HEARTBEAT_MS: u32 = 10_000;
+
+/// An IPv4 interface address with its prefix length, e.g. `10.0.2.15/24`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ipv4Net {
+    pub addr: Ipv4Addr,
+    /// 1..=32.
+    pub prefix: u8,
+}
+
+impl Ipv4Net {
+    /// The network mask, e.g. 255.255.255.0 for /24.
+    pub fn netmask(&self) -> u32 {
+        u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0)
+    }
+
+    /// Whether `a` is on this subnet.
+    pub fn contains(&self, a: Ipv4Addr) -> bool {
+        (u32::from(a) ^ u32::from(self.addr)) & self.netmask() == 0
+    }
+
+    /// Whether `a` is this subnet's network or broadcast address (only meaningful up to /30: /31 and /32
+    /// have no such addresses, RFC 3021).
+    fn is_network_or_broadcast(&self, a: Ipv4Addr) -> bool {
+        let host = u32::from(a) & !self.netmask();
+        self.prefix <= 30 && (host == 0 || host == !self.netmask())
+    }
+
+    /// Parses `A.B.C.D/N` (N in 1..=32) with a unicast host address.
+    pub fn parse(s: &str) -> Result<Ipv4Net, &'static str> {
+        let (addr, prefix) = s.split_once('/').ok_or("expected A.B.C.D/N (address and prefix length)")?;
+        let addr = parse_unicast(addr)?;
+        let prefix = parse_decimal(prefix).ok_or("the prefix length is not a number")?;
+        if !(1..=32).contains(&prefix) {
+            return Err("the prefix length must be 1 to 32");
+        }
+        let net = Ipv4Net { addr, prefix: prefix as u8 };
+        if net.is_network_or_broadcast(addr) {
+            return Err("the address is the subnet's network or broadcast address");
+        }
+        Ok(net)
+    }
+}
+
+impl fmt::Display for Ipv4Net {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// A dotted-quad unicast host address (no leading zeros: `010` is ambiguous).
+fn parse_unicast(s: &str) -> Result<Ipv4Addr, &'static str> {
+    let a: Ipv4Addr = s.parse().map_err(|_| "not an IPv4 address A.B.C.D")?;
+    if a.is_unspecified() || a.is_loopback() || a.is_multicast() || a.is_broadcast() || a.octets()[0] >= 240 {
+        return Err("not a unicast host address");
+    }
+    Ok(a)
+}
+
+/// A plain decimal number (digits only, no sign), or `None` on overflow or anything else.
+pub(crate) fn parse_decimal(s: &str) -> Option<u32> {
+    if s.is_empty() || s.len() > 10 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn parse_in(s: &str, range: RangeInclusive<u32>, reason: &'static str) -> Result<u32, &'static str> {
+    parse_decimal(s).filter(|v| range.contains(v)).ok_or(reason)
+}
+
+/// The control channel's interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NetConfig {
+    /// A static address (`ip=`); `None`: DHCPv4.
+    pub ip: Option<Ipv4Net>,
+    /// The default gateway (`gw=`, static addressing only).
+    pub gw: Option<Ipv4Addr>,
+    /// The control service's TCP port (`port=`).
+    pub port: u16,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig { ip: None, gw: None, port: DEFAULT_PORT }
+    }
+}
+
+impl NetConfig {
+    /// Whether the address comes from DHCP.
+    pub fn dhcp(&self) -> bool {
+        self.ip.is_none()
+    }
+
+    pub(crate) fn set_ip(&mut self, v: &str) -> Result<(), &'static str> {
+        self.ip = Some(Ipv4Net::parse(v)?);
+        Ok(())
+    }
+
+    pub(crate) fn set_gw(&mut self, v: &str) -> Result<(), &'static str> {
+        self.gw = Some(parse_unicast(v)?);
+        Ok(())
+    }
+
+    pub(crate) fn set_port(&mut self, v: &str) -> Result<(), &'static str> {
+        self.port = parse_in(v, 1..=65535, "expected a TCP port 1 to 65535")? as u16;
+        Ok(())
+    }
+
+    /// Checks that need every option: a gateway needs a static address on the same subnet.
+    pub(crate) fn check(&self) -> Result<(), &'static str> {
+        match (self.ip, self.gw) {
+            (None, Some(_)) => Err("gw= needs a static address (ip=A.B.C.D/N); with DHCP the server names the router"),
+            (Some(net), Some(gw)) if gw == net.addr => Err("the gateway is the interface's own address"),
+            (Some(net), Some(gw)) if !net.contains(gw) => Err("the gateway is not on the ip= subnet"),
+            (Some(net), Some(gw)) if net.is_network_or_broadcast(gw) => {
+                Err("the gateway is the subnet's network or broadcast address")
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Whether `name` is a valid tenant name: 1 to 32 characters of `A-Z a-z 0-9 _ . -`.
+pub fn valid_tenant_name(name: &str) -> bool {
+    (1..=MAX_TENANT_NAME).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
+/// Checks a hex key: an even number of hex digits (either case) giving 16 to 64 bytes.
+pub fn check_key_hex(hex: &str) -> Result<(), &'static str> {
+    if !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err("the key is not an even number of hex digits");
+    }
+    if !KEY_BYTES.contains(&(hex.len() / 2)) {
+        return Err("keys are 16 to 64 bytes (32 to 128 hex digits)");
+    }
+    Ok(())
+}
+
+/// Decodes a key checked by [`check_key_hex`] into `out`; `None` if it is not valid hex or too long.
+pub fn decode_key<'o>(hex: &str, out: &'o mut [u8; 64]) -> Option<&'o [u8]> {
+    if !hex.len().is_multiple_of(2) || hex.len() / 2 > out.len() {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    for (o, pair) in out.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
+        *o = (digit(pair[0])? << 4) | digit(pair[1])?;
+    }
+    Some(&out[..hex.len() / 2])
+}
+
+/// The control service's principals and budgets. Keys stay hex text borrowed from the configuration.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ControlConfig<'a> {
+    tenants: [(&'a str, &'a str); MAX_TENANTS],
+    tenants_len: usize,
+    admin: Option<&'a str>,
+    /// Concurrent session budget (`sessions=`).
+    pub sessions: u32,
+    /// Outstanding requests granted per session (`credits=`).
+    pub credits: u32,
+    /// Session silence timeout, ms (`heartbeat_ms=`).
+    pub heartbeat_ms: u32,
+}
+
+impl Default for ControlConfig<'_> {
+    fn default() -> Self {
+        ControlConfig {
+            tenants: [("", ""); MAX_TENANTS],
+            tenants_len: 0,
+            admin: None,
+            sessions: DEFAULT_SESSIONS,
+            credits: DEFAULT_CREDITS,
+            heartbeat_ms: DEFAULT_HEARTBEAT_MS,
+        }
+    }
+}
+
+/// Names only: keys never reach a log.
+impl fmt::Debug for ControlConfig<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        struct Names<'b, 'a>(&'b ControlConfig<'a>);
+        impl fmt::Debug for Names<'_, '_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_list().entries(self.0.tenants().map(|(name, _)| name)).finish()
+            }
+        }
+        f.debug_struct("ControlConfig")
+            .field("tenants", &Names(self))
+            .field("admin_key", &self.admin.map(|_| "***"))
+            .field("sessions", &self.sessions)
+            .field("credits", &self.credits)
+            .field("heartbeat_ms", &self.heartbeat_ms)
+            .finish()
+    }
+}
+
+impl<'a> ControlConfig<'a> {
+    /// The tenants as `(name, hex key)` pairs, in configuration order.
+    pub fn tenants(&self) -> impl ExactSizeIterator<Item = (&'a str, &'a str)> + '_ {
+        self.tenants[..self.tenants_len].iter().copied()
+    }
+
+    /// The admin principal's key as hex text, if configured.
+    pub fn admin_key_hex(&self) -> Option<&'a str> {
+        self.admin
+    }
+
+    /// `NAME:HEXKEY`.
+    pub(crate) fn add_tenant(&mut self, v: &'a str) -> Result<(), &'static str> {
+        let (name, key) = v.split_once(':').ok_or("expected NAME:HEXKEY")?;
+        if name == ADMIN_NAME {
+            return Err("'admin' is reserved for the admin key (admin=HEXKEY)");
+        }
+        if !valid_tenant_name(name) {
+            return Err("tenant names are 1 to 32 characters of A-Z a-z 0-9 _ . -");
+        }
+        check_key_hex(key)?;
+        if self.tenants().any(|(n, _)| n == name) {
+            return Err("a tenant name is configured twice");
+        }
+        let slot = self.tenants.get_mut(self.tenants_len).ok_or("more than 16 tenants")?;
+        *slot = (name, key);
+        self.tenants_len += 1;
+        Ok(())
+    }
+
+    pub(crate) fn set_admin(&mut self, v: &'a str) -> Result<(), &'static str> {
+        check_key_hex(v)?;
+        self.admin = Some(v);
+        Ok(())
+    }
+
+    pub(crate) fn set_sessions(&mut self, v: &str) -> Result<(), &'static str> {
+        self.sessions = parse_in(v, SESSIONS, "expected a session budget 1 to 64")?;
+        Ok(())
+    }
+
+    pub(crate) fn set_credits(&mut self, v: &str) -> Result<(), &'static str> {
+        self.credits = parse_in(v, CREDITS, "expected 1 to 64 credits per session")?;
+        Ok(())
+    }
+
+    pub(crate) fn set_heartbeat_ms(&mut self, v: &str) -> Result<(), &'static str> {
+        self.heartbeat_ms = parse_in(v, HEARTBEAT_MS, "expected a timeout of 1000 to 600000 ms")?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY16: &str = "00112233445566778899aabbccddeeff";
+    const ALICE: &str = "alice:00112233445566778899aabbccddeeff";
+
+    #[test]
+    fn addresses_and_prefixes() {
+        let n = Ipv4Net::parse("10.0.2.15/24").unwrap();
+        assert_eq!((n.addr, n.prefix), (Ipv4Addr::new(10, 0, 2, 15), 24));
+        assert_eq!(n.netmask(), 0xffff_ff00);
+        assert!(n.contains(Ipv4Addr::new(10, 0, 2, 2)));
+        assert!(!n.contains(Ipv4Addr::new(10, 0, 3, 2)));
+        assert_eq!(std::format!("{n}"), "10.0.2.15/24");
+        assert_eq!(Ipv4Net::parse("192.168.1.7/32").unwrap().netmask(), u32::MAX);
+        assert_eq!(Ipv4Net::parse("11.0.0.1/1").unwrap().netmask(), 0x8000_0000);
+        assert!(Ipv4Net::parse("10.0.0.0/31").is_ok(), "RFC 3021: /31 has no network address");
+        for bad in [
+            "10.0.2.15",
+            "10.0.2.15/0",
+            "10.0.2.15/33",
+            "10.0.2.15/",
+            "10.0.2.15/+8",
+            "10.0.2/24",
+            "10.0.2.256/24",
+            "10.0.02.15/24",
+            "0.0.0.0/8",
+            "127.0.0.1/8",
+            "224.0.0.1/4",
+            "255.255.255.255/32",
+            "10.0.2.0/24",
+            "10.0.2.255/24",
+            " 10.0.2.15/24",
+        ] {
+            assert!(Ipv4Net::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn gateway_rules() {
+        let mut n = NetConfig::default();
+        assert!(n.dhcp());
+        assert_eq!(n.port, 7470);
+        n.set_gw("10.0.2.2").unwrap();
+        assert!(n.check().is_err(), "gw without ip");
+        n.set_ip("10.0.2.15/24").unwrap();
+        assert_eq!(n.check(), Ok(()));
+        n.set_gw("10.0.3.2").unwrap();
+        assert!(n.check().is_err(), "off-subnet gateway");
+        n.set_gw("10.0.2.15").unwrap();
+        assert!(n.check().is_err(), "own address");
+        n.set_gw("10.0.2.255").unwrap();
+        assert!(n.check().is_err(), "broadcast");
+        assert!(n.set_gw("10.0.2.2/24").is_err());
+    }
+
+    #[test]
+    fn ports() {
+        let mut n = NetConfig::default();
+        n.set_port("1").unwrap();
+        assert_eq!(n.port, 1);
+        n.set_port("65535").unwrap();
+        assert_eq!(n.port, 65535);
+        for bad in ["0", "65536", "", "-1", "+80", "80x", "99999999999"] {
+            assert!(n.set_port(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tenants_and_keys() {
+        let long = "ab".repeat(64);
+        let bob = std::format!("Bob_1.x-y:{long}");
+        let dup = std::format!("alice:{long}");
+        let admin = std::format!("admin:{KEY16}");
+        let bad = [
+            KEY16.to_string(),
+            std::format!(":{KEY16}"),
+            std::format!("{}:{KEY16}", "n".repeat(33)),
+            std::format!("a b:{KEY16}"),
+            std::format!("caf\u{e9}:{KEY16}"),
+            "carol:00112233445566778899aabbccddee".into(),
+            std::format!("carol:{KEY16}0"),
+            std::format!("carol:{}", "ab".repeat(65)),
+            "carol:zz112233445566778899aabbccddeeff".into(),
+        ];
+        let mut c = ControlConfig::default();
+        c.add_tenant(ALICE).unwrap();
+        c.add_tenant(&bob).unwrap();
+        let names: std::vec::Vec<_> = c.tenants().map(|(n, _)| n).collect();
+        assert_eq!(names, ["alice", "Bob_1.x-y"]);
+        assert_eq!(c.tenants().nth(1).unwrap().1, long);
+
+        assert!(c.add_tenant(&dup).unwrap_err().contains("twice"));
+        assert!(c.add_tenant(&admin).unwrap_err().contains("reserved"));
+        for b in &bad {
+            assert!(c.add_tenant(b).is_err(), "{b}");
+        }
+        assert_eq!(c.tenants().len(), 2, "failed adds change nothing");
+    }
+
+    #[test]
+    fn at_most_sixteen_tenants() {
+        let words: std::vec::Vec<_> = (0..17).map(|i| std::format!("t{i}:{KEY16}")).collect();
+        let mut c = ControlConfig::default();
+        for w in &words[..16] {
+            c.add_tenant(w).unwrap();
+        }
+        assert!(c.add_tenant(&words[16]).unwrap_err().contains("16"));
+    }
+
+    #[test]
+    fn admin_key_and_decoding() {
+        let mut c = ControlConfig::default();
+        assert_eq!(c.admin_key_hex(), None);
+        let upper = "00112233445566778899AABBCCDDEEFF";
+        c.set_admin(upper).unwrap();
+        assert_eq!(c.admin_key_hex(), Some(upper));
+        assert!(c.set_admin("0011").is_err());
+        assert_eq!(c.admin_key_hex(), Some(upper), "a bad value leaves the old key");
+        let mut out = [0u8; 64];
+        let k = decode_key(upper, &mut out).unwrap();
+        assert_eq!(k, [0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff]);
+        assert_eq!(decode_key("0g", &mut out), None);
+        assert_eq!(decode_key("012", &mut out), None);
+        assert_eq!(decode_key(&"00".repeat(65), &mut out), None);
+    }
+
+    #[test]
+    fn budgets() {
+        let mut c = ControlConfig::default();
+        assert_eq!((c.sessions, c.credits, c.heartbeat_ms), (16, 8, 10_000));
+        c.set_sessions("64").unwrap();
+        c.set_credits("1").unwrap();
+        c.set_heartbeat_ms("600000").unwrap();
+        assert_eq!((c.sessions, c.credits, c.heartbeat_ms), (64, 1, 600_000));
+        assert!(c.set_sessions("0").is_err());
+        assert!(c.set_sessions("65").is_err());
+        assert!(c.set_credits("65").is_err());
+        assert!(c.set_heartbeat_ms("999").is_err());
+        assert!(c.set_heartbeat_ms("600001").is_err());
+        assert!(c.set_heartbeat_ms("1e4").is_err());
+    }
+
+    #[test]
+    fn debug_never_shows_keys() {
+        let mut c = ControlConfig::default();
+        c.add_tenant(ALICE).unwrap();
+        c.set_admin("ffeeddccbbaa99887766554433221100").unwrap();
+        let d = std::format!("{c:?}");
+        assert!(d.contains("alice") && d.contains("***"), "{d}");
+        assert!(!d.contains("0011") && !d.contains("ffee"), "{d}");
+    }
+}
