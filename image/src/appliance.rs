@@ -1,8 +1,7 @@
 //! Role wiring and the ready line.
 
-use crate::echo::EchoService;
 use crate::net::{self, NetStack};
-use alloc::boxed::Box;
+use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use core::time::Duration;
 use leasebox_kernel::arch::percpu::{self, MAX_CPUS};
@@ -20,10 +19,22 @@ static LAYOUT: Once<CoreLayout> = Once::new();
 static NET: Mutex<Option<NetStack>> = Mutex::new(None);
 /// How long the ready line waits for an address (DHCP); after that it says `ip=none` and DHCP goes on.
 const ADDRESS_WAIT: Duration = Duration::from_secs(10);
-/// Iterations of each role's loop, per core (observable in a debugger and, later, through STATS).
+/// Iterations of each role's loop, per core (reported by STATS).
 static ITERATIONS: [[AtomicU64; Role::ALL.len()]; MAX_CPUS] =
     [const { [const { AtomicU64::new(0) }; Role::ALL.len()] }; MAX_CPUS];
 static REPORTED: AtomicUsize = AtomicUsize::new(0);
+
+/// (core, role, iterations) for every role a core runs, for STATS.
+pub fn role_counts() -> Vec<(u16, u8, u64)> {
+    let Some(layout) = LAYOUT.get() else { return Vec::new() };
+    let mut v = Vec::new();
+    for (core, set) in layout.cores().iter().enumerate() {
+        for r in set.iter() {
+            v.push((core as u16, r as u8, ITERATIONS[core][r as usize].load(Ordering::Relaxed)));
+        }
+    }
+    v
+}
 
 fn roles_of(core: usize) -> RoleSet {
     LAYOUT.get().and_then(|l| l.cores().get(core).copied()).unwrap_or_default()
@@ -169,9 +180,9 @@ fn leasebox_main(p: Platform) -> ! {
     report_in(0);
 
     // The control channel comes up before the other cores start: opening the device maps its BARs, and new
-    // mappings are not shot down on other cores. The echo service stands in for the session core.
-    let sessions = p.config.control().sessions as usize;
-    *NET.lock() = net::init(&p, Box::new(EchoService::new(sessions)));
+    // mappings are not shot down on other cores.
+    let service = crate::control::service(&p, Instant::now().since_boot().as_millis() as u64);
+    *NET.lock() = net::init(&p, service);
 
     let ap_start = Instant::now();
     if let Some(lapic) = p.lapic.as_ref()

@@ -3,7 +3,7 @@
 //! and runs core 0's roles.
 //!
 //! The `net` role runs the control channel (`net`: smoltcp over virtio-net) with a byte-stream service behind
-//! the control port (`service`); until the session core is plugged in, that service is `echo`. The `cmd` and
+//! the control port (`service`): the session core, in `control`. The `cmd` and
 //! `event` roles are loops that count their iterations until the mlx5 engines take their places.
 #![cfg_attr(target_os = "none", no_std, no_main)]
 
@@ -13,7 +13,7 @@ extern crate alloc;
 #[cfg(target_os = "none")]
 mod appliance;
 #[cfg(target_os = "none")]
-mod echo;
+mod control;
 #[cfg(target_os = "none")]
 mod net;
 #[cfg(target_os = "none")]

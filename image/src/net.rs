@@ -109,7 +109,7 @@ pub struct NetStack {
     slots: Vec<Slot>,
     service: Box<dyn StreamService + Send>,
     port: u16,
-    next_conn: u32,
+    next_conn: u64,
 }
 
 /// `bytes` of zeroed memory for the whole boot, from frames (the heap is a few MiB; 65 sockets need 8 MiB).
@@ -300,7 +300,7 @@ fn serve(
     svc: &mut dyn StreamService,
     now: u64,
     port: u16,
-    next: &mut u32,
+    next: &mut u64,
 ) {
     use tcp::State;
     let Some(conn) = slot.conn.as_mut() else {
@@ -311,8 +311,7 @@ fn serve(
             // Accepted (possibly already half-closed by a quick peer): served from the next pass.
             _ => {
                 let id = ConnId(*next);
-                // u32 IDs wrap after 4 billion connections; no boot lives that long at that rate.
-                *next = next.wrapping_add(1);
+                *next += 1;
                 let refused = !svc.open(id, now);
                 if let Some(peer) = sock.remote_endpoint() {
                     log::debug!("net: conn {} from {peer} {}", id.0, if refused { "refused" } else { "accepted" });

@@ -19,6 +19,5 @@ pub trait StreamService {
     fn tick(&mut self, now_ms: u64);
 }
 
-/// A connection's identity, unique per connection (never reused within a boot).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ConnId(pub u32);
+/// A connection's identity, unique per connection (never reused within a boot): the session core's own.
+pub use leasebox_session::ConnId;

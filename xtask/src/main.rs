@@ -196,6 +196,8 @@ fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
                     "leasebox-image",
                     "-p",
                     "leasebox-kernel",
+                    "-p",
+                    "leasebox-virtio-net",
                     "--target",
                     image::KERNEL_TARGET,
                     "--",

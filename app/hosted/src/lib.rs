@@ -46,6 +46,7 @@ impl HostedConfig {
         let line: &'static str = Box::leak(line.into_boxed_str());
         let mut cfg = leasebox_kernel::config::Config::default();
         cfg.apply(line).map_err(|e| e.to_string())?;
+        cfg.check().map_err(|e| e.to_string())?;
         if let Some(w) = cfg.unknown().0.first() {
             return Err(format!("unknown option '{w}'"));
         }

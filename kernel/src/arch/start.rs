@@ -241,7 +241,9 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
     );
     let (unknown, dropped) = config.unknown();
     for w in unknown {
-        log::warn!("config: ignoring unknown option '{w}'");
+        // Only the key: a mistyped secret option (`admn=HEX`) must not put its value in the log.
+        let key = w.split_once('=').map_or(*w, |(k, _)| k);
+        log::warn!("config: ignoring unknown option '{key}'");
     }
     if dropped > 0 {
         log::warn!("config: {dropped} more unknown options ignored");

@@ -1,0 +1,126 @@
+//! The control service behind the network loop: the session core (`app/session`) with the CPU's RDSEED/RDRAND
+//! for nonces, the configured principals, and a backend that reports the role loops. Lease operations answer
+//! NOT_IMPLEMENTED until the lease service lands.
+
+use crate::service::{ConnId, StreamService};
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+use leasebox_kernel::arch::rng;
+use leasebox_kernel::arch::start::Platform;
+use leasebox_proto::{FencedSlot, Health, Reply, Request};
+use leasebox_session::{
+    Backend, CloseReason, Entropy, EntropyError, Keyring, Limits, NoLeases, Principal, Server, StartError,
+};
+
+/// Nonces from the CPU; no predictable fallback exists.
+struct CpuEntropy;
+
+impl Entropy for CpuEntropy {
+    fn fill(&mut self, buf: &mut [u8]) -> Result<(), EntropyError> {
+        rng::fill(buf).map_err(|_| EntropyError)
+    }
+}
+
+/// The backend until the lease service lands, with live role counts for STATS.
+struct ApplianceBackend {
+    inner: NoLeases,
+}
+
+impl Backend for ApplianceBackend {
+    fn lease_op(&mut self, who: &Principal, req: &Request, now_ms: u64) -> Reply {
+        self.inner.lease_op(who, req, now_ms)
+    }
+    fn fenced(&mut self, who: &Principal) -> Vec<FencedSlot> {
+        self.inner.fenced(who)
+    }
+    fn health(&mut self, now_ms: u64) -> Health {
+        self.inner.health(now_ms)
+    }
+    fn role_counts(&self) -> Vec<(u16, u8, u64)> {
+        crate::appliance::role_counts()
+    }
+    fn session_lost(&mut self, who: &Principal, reason: CloseReason, now_ms: u64) {
+        log::info!("control: session {} ({}) ended: {reason:?}", who.session_id, who.name);
+        self.inner.session_lost(who, reason, now_ms);
+    }
+}
+
+struct Control(Server<ApplianceBackend, CpuEntropy>);
+
+impl StreamService for Control {
+    fn open(&mut self, conn: ConnId, now_ms: u64) -> bool {
+        self.0.open(conn, now_ms)
+    }
+    fn input(&mut self, conn: ConnId, data: &[u8], now_ms: u64) {
+        self.0.input(conn, data, now_ms)
+    }
+    fn output(&mut self, conn: ConnId, buf: &mut [u8]) -> usize {
+        self.0.output(conn, buf)
+    }
+    fn wants_close(&self, conn: ConnId) -> bool {
+        self.0.wants_close(conn)
+    }
+    fn closed(&mut self, conn: ConnId, now_ms: u64) {
+        self.0.closed(conn, now_ms)
+    }
+    fn tick(&mut self, now_ms: u64) {
+        self.0.tick(now_ms)
+    }
+}
+
+/// What serves the port when the control service cannot start: every connection is closed at once.
+struct Unavailable;
+
+impl StreamService for Unavailable {
+    fn open(&mut self, _: ConnId, _: u64) -> bool {
+        false
+    }
+    fn input(&mut self, _: ConnId, _: &[u8], _: u64) {}
+    fn output(&mut self, _: ConnId, _: &mut [u8]) -> usize {
+        0
+    }
+    fn wants_close(&self, _: ConnId) -> bool {
+        true
+    }
+    fn closed(&mut self, _: ConnId, _: u64) {}
+    fn tick(&mut self, _: u64) {}
+}
+
+fn keyring(p: &Platform) -> Result<Keyring, alloc::string::String> {
+    let c = p.config.control();
+    let mut keys = Keyring::new();
+    for (name, hex) in c.tenants() {
+        keys.add_tenant(name, hex).map_err(|e| alloc::format!("tenant={name}: {e}"))?;
+    }
+    if let Some(hex) = c.admin_key_hex() {
+        keys.set_admin(hex).map_err(|e| alloc::format!("admin=: {e}"))?;
+    }
+    Ok(keys)
+}
+
+/// The service for the control port: the session core, or [`Unavailable`] with the reason logged.
+pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
+    let c = p.config.control();
+    let limits = Limits { sessions: c.sessions as usize, credits: c.credits as u16, heartbeat_ms: c.heartbeat_ms };
+    let started = keyring(p).and_then(|keys| {
+        let backend = ApplianceBackend { inner: NoLeases::default() };
+        Server::new(limits, keys, backend, CpuEntropy, now_ms).map_err(|e: StartError| alloc::format!("{e}"))
+    });
+    match started {
+        Ok(server) => {
+            log::info!(
+                "control: {} principal(s), {} sessions, {} credits, heartbeat {} ms, nonces from {}",
+                c.tenants().len() + usize::from(c.admin_key_hex().is_some()),
+                limits.sessions,
+                limits.credits,
+                limits.heartbeat_ms,
+                rng::source().unwrap_or("?")
+            );
+            Box::new(Control(server))
+        }
+        Err(e) => {
+            log::error!("control: service not started: {e}; connections to the control port are closed");
+            Box::new(Unavailable)
+        }
+    }
+}
