@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod control;
 pub mod scenario;
 pub mod serial;
 pub mod transcript;

@@ -42,6 +42,7 @@ commands:
       --list            list the boot scenarios and exit
       --verbose         copy each scenario's serial output to stdout as it arrives
   bench boot [--runs N] boot-time table (medians of N runs, default 5) for -kernel, GRUB BIOS, GRUB UEFI
+  bench control [--secs N]  HEARTBEAT round trips/s and p50/p99 with 1 and 8 sessions, QEMU guest and hosted
                         and -kernel with 3 CPUs, plus the size of leasebox.elf; asserts nothing
   prereqs               check (and, as root with apt-get, install) QEMU, GRUB, xorriso, mtools and OVMF
   help                  this text
@@ -105,9 +106,18 @@ pub struct TestOpts {
     pub scenarios: Vec<String>,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchKind {
+    Boot,
+    Control,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BenchOpts {
+    pub kind: BenchKind,
     pub runs: usize,
+    /// `bench control`: seconds of load per row.
+    pub secs: u64,
 }
 
 /// Splits `--flag=value` and fetches the value of a flag that takes one.
@@ -250,17 +260,19 @@ fn parse_test<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<TestOpts, S
 }
 
 fn parse_bench<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<BenchOpts, String> {
-    match a.it.next().as_deref() {
-        Some("boot") => {}
-        Some(other) => return Err(format!("unknown benchmark `{other}` (available: boot)")),
-        None => return Err("`bench` needs a benchmark name (available: boot)".into()),
-    }
-    let mut o = BenchOpts { runs: leasebox_scenarios::bench::DEFAULT_RUNS };
+    let kind = match a.it.next().as_deref() {
+        Some("boot") => BenchKind::Boot,
+        Some("control") => BenchKind::Control,
+        Some(other) => return Err(format!("unknown benchmark `{other}` (available: boot, control)")),
+        None => return Err("`bench` needs a benchmark name (available: boot, control)".into()),
+    };
+    let mut o = BenchOpts { kind, runs: leasebox_scenarios::bench::DEFAULT_RUNS, secs: 3 };
     while let Some(arg) = a.it.next() {
         let (flag, inline) = split(&arg);
-        match flag.as_str() {
-            "--runs" => o.runs = number(&flag, &a.value(&flag, inline)?, 1, 1000)?,
-            other => return Err(format!("unknown option `{other}` for `bench boot`")),
+        match (kind, flag.as_str()) {
+            (BenchKind::Boot, "--runs") => o.runs = number(&flag, &a.value(&flag, inline)?, 1, 1000)?,
+            (BenchKind::Control, "--secs") => o.secs = number(&flag, &a.value(&flag, inline)?, 1, 600)? as u64,
+            (_, other) => return Err(format!("unknown option `{other}` for this benchmark")),
         }
     }
     Ok(o)
@@ -360,8 +372,14 @@ mod tests {
             }))
         );
         assert!(p(&["test", "--fast"]).unwrap_err().contains("--fast"));
-        assert_eq!(p(&["bench", "boot"]), Ok(Cmd::Bench(BenchOpts { runs: 5 })));
-        assert_eq!(p(&["bench", "boot", "--runs", "2"]), Ok(Cmd::Bench(BenchOpts { runs: 2 })));
+        let boot = |runs| Cmd::Bench(BenchOpts { kind: BenchKind::Boot, runs, secs: 3 });
+        assert_eq!(p(&["bench", "boot"]), Ok(boot(5)));
+        assert_eq!(p(&["bench", "boot", "--runs", "2"]), Ok(boot(2)));
+        assert_eq!(
+            p(&["bench", "control", "--secs", "4"]),
+            Ok(Cmd::Bench(BenchOpts { kind: BenchKind::Control, runs: 5, secs: 4 }))
+        );
+        assert!(p(&["bench", "control", "--runs", "2"]).is_err());
         assert!(p(&["bench"]).unwrap_err().contains("needs a benchmark"));
         assert!(p(&["bench", "net"]).unwrap_err().contains("net"));
         assert!(p(&["bench", "boot", "--runs", "0"]).is_err());

@@ -10,10 +10,10 @@ mod prereq;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use cli::{BenchOpts, Cmd, RunOpts, TestOpts, USAGE};
+use cli::{BenchKind, BenchOpts, Cmd, RunOpts, TestOpts, USAGE};
 use image::Paths;
 use leasebox_qemu::{Boot, HostFwd, Ovmf, QemuConfig, QemuProcess, Stdio};
-use leasebox_scenarios::{Artifacts, bench, scenario};
+use leasebox_scenarios::{Artifacts, bench, control, scenario};
 
 /// `println!` that ignores a closed stdout (e.g. `cargo xtask help | head`) instead of panicking.
 macro_rules! outln {
@@ -173,12 +173,21 @@ fn artifacts(p: &Paths, echo: bool) -> Artifacts {
     a
 }
 
+/// The control-channel scenario (not a transcript check: it talks to the running guest).
+const CONTROL_SCENARIO: &str = "control-qemu";
+
 fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
-    let scenarios = scenario::select(&o.scenarios)?;
+    let boot_names: Vec<String> = o.scenarios.iter().filter(|n| *n != CONTROL_SCENARIO).cloned().collect();
+    let run_control = o.scenarios.is_empty() || o.scenarios.iter().any(|n| n == CONTROL_SCENARIO);
+    let scenarios =
+        if !o.scenarios.is_empty() && boot_names.is_empty() { Vec::new() } else { scenario::select(&boot_names)? };
     if o.list {
         for s in &scenarios {
             outln!("{:<16} {}", s.name, s.about);
         }
+        outln!(
+            "{CONTROL_SCENARIO:<16} the control channel under QEMU: leasectl ping/stats/health, 1,000 malformed frames beside a heartbeating session, garbage, still answering"
+        );
         return Ok(0);
     }
     prereq::ensure()?;
@@ -237,6 +246,16 @@ fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
         }
     }
 
+    if run_control {
+        outln!("==> {CONTROL_SCENARIO}: virtio-net, fresh keys, leasectl and raw frames against the guest");
+        let t0 = Instant::now();
+        let result = if image_ok { control_scenario(p, &a) } else { Err("not run: the image build failed".into()) };
+        if let Ok(summary) = &result {
+            outln!("    {summary}");
+        }
+        report(&mut outcomes, CONTROL_SCENARIO, t0, result.map(|_| ()));
+    }
+
     let failed: Vec<&str> = outcomes.iter().filter(|o| !o.passed).map(|o| o.name.as_str()).collect();
     let passed = outcomes.len() - failed.len();
     if failed.is_empty() {
@@ -265,7 +284,21 @@ fn print_failure_context(t: &leasebox_scenarios::Transcript) {
     }
 }
 
+fn leasectl_binary(p: &Paths) -> Result<std::path::PathBuf, String> {
+    cargo_step(p, &["build", "-p", "leasectl"])?;
+    Ok(p.target.join("debug").join("leasectl"))
+}
+
+fn control_scenario(p: &Paths, a: &Artifacts) -> Result<String, String> {
+    let bin = leasectl_binary(p)?;
+    let t = control::boot_qemu(a, 1, "")?;
+    control::check(&t, &bin)
+}
+
 fn cmd_bench(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
+    if o.kind == BenchKind::Control {
+        return bench_control(o, p);
+    }
     prereq::ensure()?;
     image::build_all(p)?;
     let a = artifacts(p, false);
@@ -293,5 +326,38 @@ fn cmd_bench(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
     let elf_bytes = std::fs::metadata(p.elf()).ok().map(|m| m.len());
     outln!();
     outln!("{}", bench::report(&results, elf_bytes).trim_end());
+    Ok(0)
+}
+
+/// `bench control`: HEARTBEAT round trips per second and latency, 1 and 8 sessions, against the QEMU guest
+/// and the hosted appliance, and memory per session. Prints figures; asserts nothing.
+fn bench_control(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
+    prereq::ensure()?;
+    image::build_all(p)?;
+    let a = artifacts(p, false);
+    let dur = std::time::Duration::from_secs(o.secs);
+    let mut rows = Vec::new();
+    for target in ["QEMU guest (TCG, 1 CPU)", "hosted (std TCP)"] {
+        let t = if target.starts_with("QEMU") { control::boot_qemu(&a, 1, "")? } else { control::start_hosted(&[])? };
+        for sessions in [1usize, 8] {
+            let (rate, p50, p99) = control::heartbeat_load(&t, sessions, dur)?;
+            eprintln!("{target}, {sessions} session(s): {rate:.0} round trips/s, p50 {p50:.0} µs, p99 {p99:.0} µs");
+            rows.push((target, sessions, rate, p50, p99));
+        }
+    }
+    outln!();
+    outln!("{:<24} | sessions | HEARTBEAT round trips/s | p50 (µs) | p99 (µs)", "target");
+    outln!("{:-<24}-|----------|-------------------------|----------|---------", "");
+    for (target, sessions, rate, p50, p99) in rows {
+        outln!("{target:<24} | {sessions:>8} | {rate:>23.0} | {p50:>8.0} | {p99:>8.0}");
+    }
+    let per = control::hosted_bytes_per_session(32)?;
+    outln!();
+    outln!("memory per session: appliance TCP socket buffers 128 KiB (64 KiB each way, preallocated per socket);");
+    outln!(
+        "  hosted process RSS growth over 32 idle sessions (session state + both ends' threads): {:.1} KiB/session",
+        per / 1024.0
+    );
+    outln!("({} s of load per row; TCG figures: compare ratios, not absolute times)", o.secs);
     Ok(0)
 }
