@@ -160,7 +160,9 @@ pub fn valid_tenant_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
-/// Checks a hex key: an even number of hex digits (either case) giving 16 to 64 bytes.
+/// Checks a hex key: an even number of hex digits (either case) giving 16 to 64 bytes. The same rules as the
+/// session core's `Keyring` (app/session), which decodes the key; checking here makes a bad key a boot error
+/// like any other bad option.
 pub fn check_key_hex(hex: &str) -> Result<(), &'static str> {
     if !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err("the key is not an even number of hex digits");
@@ -169,18 +171,6 @@ pub fn check_key_hex(hex: &str) -> Result<(), &'static str> {
         return Err("keys are 16 to 64 bytes (32 to 128 hex digits)");
     }
     Ok(())
-}
-
-/// Decodes a key checked by [`check_key_hex`] into `out`; `None` if it is not valid hex or too long.
-pub fn decode_key<'o>(hex: &str, out: &'o mut [u8; 64]) -> Option<&'o [u8]> {
-    if !hex.len().is_multiple_of(2) || hex.len() / 2 > out.len() {
-        return None;
-    }
-    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    for (o, pair) in out.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
-        *o = (digit(pair[0])? << 4) | digit(pair[1])?;
-    }
-    Some(&out[..hex.len() / 2])
 }
 
 /// The control service's principals and budgets. Keys stay hex text borrowed from the configuration.
@@ -401,12 +391,6 @@ mod tests {
         assert_eq!(c.admin_key_hex(), Some(upper));
         assert!(c.set_admin("0011").is_err());
         assert_eq!(c.admin_key_hex(), Some(upper), "a bad value leaves the old key");
-        let mut out = [0u8; 64];
-        let k = decode_key(upper, &mut out).unwrap();
-        assert_eq!(k, [0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff]);
-        assert_eq!(decode_key("0g", &mut out), None);
-        assert_eq!(decode_key("012", &mut out), None);
-        assert_eq!(decode_key(&"00".repeat(65), &mut out), None);
     }
 
     #[test]
