@@ -54,6 +54,7 @@ impl Row {
             extra: Vec::new(),
             deadline: self.boot.deadline(),
             until: Until::Ready,
+            model: false,
             check: |t| t.ready().map(|_| ()),
         }
     }

@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use leasebox_qemu::config::DEFAULT_CPU;
+use leasebox_qemu::model::{self, ModelCommand, ModelProcess, ModelShm};
 use leasebox_qemu::{NextLine, Ovmf, QemuProcess, Stdio};
 
 pub use scenario::{BootKind, Scenario, Until};
@@ -48,6 +49,10 @@ pub struct Artifacts {
     pub cpu: String,
     /// Copy serial output to stdout as it arrives.
     pub echo: bool,
+    /// The `mlx5-model` binary for scenarios that boot with the model (`cargo build -p mlx5-model`).
+    pub model_bin: PathBuf,
+    /// Where the model's shared files go (`/dev/shm`).
+    pub shm_dir: PathBuf,
 }
 
 impl Artifacts {
@@ -63,6 +68,8 @@ impl Artifacts {
             qemu: PathBuf::from("qemu-system-x86_64"),
             cpu: DEFAULT_CPU.to_string(),
             echo: false,
+            model_bin: target.join("debug").join("mlx5-model"),
+            shm_dir: leasebox_qemu::model::shm_dir(),
         }
     }
 
@@ -77,7 +84,10 @@ impl Artifacts {
 /// Boots `s` and records what happened. `Err` only when QEMU could not be started; everything that happens
 /// after that is in the transcript for the scenario's check.
 pub fn run(s: &Scenario, a: &Artifacts) -> Result<Transcript, String> {
-    let (config, scratch) = s.qemu_config(a)?;
+    let (mut config, scratch) = s.qemu_config(a)?;
+    // With the model: fresh shared files, and the model started (signature written) before QEMU. Declared
+    // before QEMU, so they are dropped after it: QEMU is reaped, then the model stopped, then the files deleted.
+    let (_shm, _model) = if s.model { start_model(s, a, &mut config)? } else { (None, None) };
     let mut q = QemuProcess::spawn(&config, Stdio::Capture { echo: a.echo }, scratch).map_err(|e| e.to_string())?;
     let started = q.started();
     let deadline = started + s.deadline;
@@ -120,6 +130,24 @@ pub fn run(s: &Scenario, a: &Artifacts) -> Result<Transcript, String> {
     drop(q);
     write_log(a, s.name, &t);
     Ok(t)
+}
+
+/// The shared files and the model process for `s`; `config` gets the files. The model's stderr goes to
+/// `<log_dir>/<name>.model.log`, its trace to `<log_dir>/<name>.mlx5-trace.jsonl`.
+fn start_model(
+    s: &Scenario,
+    a: &Artifacts,
+    config: &mut leasebox_qemu::QemuConfig,
+) -> Result<(Option<ModelShm>, Option<ModelProcess>), String> {
+    let shm = ModelShm::create(&a.shm_dir, model::DEFAULT_BAR_BYTES, config.mem_mib).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&a.log_dir).map_err(|e| format!("creating {}: {e}", a.log_dir.display()))?;
+    let mut cmd = ModelCommand::new(a.model_bin.clone());
+    cmd.log = Some(a.log_dir.join(format!("{}.model.log", s.name)));
+    cmd.trace = Some(a.log_dir.join(format!("{}.mlx5-trace.jsonl", s.name)));
+    let proc = ModelProcess::spawn(&cmd, shm.files(), config.mem_mib, model::READY_TIMEOUT)
+        .map_err(|e| format!("{e} (binary {})", a.model_bin.display()))?;
+    config.model = Some(shm.files().clone());
+    Ok((Some(shm), Some(proc)))
 }
 
 fn write_log(a: &Artifacts, name: &str, t: &Transcript) {

@@ -69,6 +69,9 @@ pub struct Scenario {
     pub extra: Vec<&'static str>,
     pub deadline: Duration,
     pub until: Until,
+    /// Boot with the mlx5 model: fresh shared files for guest RAM and the ivshmem BAR, and the model process
+    /// running (started before QEMU, stopped after it).
+    pub model: bool,
     pub check: fn(&Transcript) -> Result<(), String>,
 }
 
@@ -90,6 +93,7 @@ impl Scenario {
             extra: Vec::new(),
             deadline: boot.deadline(),
             until: Until::Ready,
+            model: false,
             check,
         }
     }
@@ -143,6 +147,16 @@ pub fn all() -> Vec<Scenario> {
                 "-kernel on Q35 (ECAM), three CPUs, ivshmem with a 64-bit prefetchable BAR2",
                 BootKind::Kernel,
                 check_kernel_smp3_q35,
+            )
+        },
+        Scenario {
+            model: true,
+            ..Scenario::new(
+                "model-signature",
+                "-kernel on Q35 with the mlx5 model: guest RAM and the ivshmem BAR in fresh shared files, the \
+                 model process running; the kernel finds the model's signature in BAR2",
+                BootKind::Kernel,
+                check_model_signature,
             )
         },
         Scenario::new("grub-bios", "the GRUB ISO on SeaBIOS (multiboot1)", BootKind::GrubBios, check_grub),
@@ -262,6 +276,24 @@ pub fn check_kernel_smp3_q35(t: &Transcript) -> Result<(), String> {
     check_pci_count(t, &pci)
 }
 
+/// `model-signature`: one ivshmem function with the model's 32 MiB BAR2, and the kernel's note that it
+/// carries the model's signature.
+pub fn check_model_signature(t: &Transcript) -> Result<(), String> {
+    t.ready()?;
+    t.no_fatal()?;
+    let pci = t.pci()?;
+    let ivshmem = find_device(&pci, "1af4:1110")?;
+    expect_bar(ivshmem, Some(2), &[BarKind::Mem64Pf], leasebox_qemu::model::DEFAULT_BAR_BYTES)?;
+    let bdf = format!("{:02x}:{:02x}.{:x}", ivshmem.bus, ivshmem.device, ivshmem.function);
+    let noted: Vec<&str> = t.messages().filter_map(serial::parse_model_signature).collect();
+    match noted.as_slice() {
+        [b] if *b == bdf => {}
+        [] => return Err(format!("no `pci: {bdf} ivshmem carries the mlx5 model` line")),
+        other => return Err(format!("model signature reported for {other:?}, expected exactly [{bdf}]")),
+    }
+    check_pci_count(t, &pci)
+}
+
 /// `grub-bios`, `grub-uefi`: the ready line and nothing fatal.
 pub fn check_grub(t: &Transcript) -> Result<(), String> {
     let ready = t.ready()?;
@@ -363,6 +395,24 @@ leasebox: ready cores=3 mem_mib=256 pci=3 boot_ms=22.000 ap_ms=20.000 entry_ms=1
         assert!(check_kernel_smp3_q35(&Transcript::from_text(&dup)).unwrap_err().contains("2 times"));
     }
 
+    const MODEL: &str = "\
+[    0.021000] c0 INFO  pci: 00:00.0 8086:29c0 class=06.00.00
+[    0.021100] c0 INFO  pci: 00:02.0 1af4:1110 class=05.00.00 bar0=mem32:0xfebd1000+0x100 bar2=mem64pf:0xfc000000+0x2000000
+[    0.021200] c0 INFO  pci: 00:1f.0 8086:2918 class=06.01.00
+[    0.021300] c0 INFO  pci: 00:02.0 ivshmem carries the mlx5 model (signature at BAR2+0x1fff000)
+leasebox: ready cores=1 mem_mib=256 pci=3 boot_ms=22.000 ap_ms=0.000 entry_ms=100.000
+";
+
+    #[test]
+    fn model_signature_passes_and_catches_faults() {
+        assert_eq!(check_model_signature(&Transcript::from_text(MODEL)), Ok(()));
+        let bad = |from: &str, to: &str| check_model_signature(&Transcript::from_text(&MODEL.replace(from, to)));
+        assert!(bad("ivshmem carries", "ivshmem lacks").unwrap_err().contains("no `pci: 00:02.0 ivshmem carries"));
+        assert!(bad("pci: 00:02.0 ivshmem", "pci: 00:03.0 ivshmem").unwrap_err().contains("00:03.0"));
+        assert!(bad("+0x2000000", "+0x100000").unwrap_err().contains("bar2"));
+        assert!(bad("pci=3", "pci=4").unwrap_err().contains("pci="));
+    }
+
     #[test]
     fn grub_needs_only_ready() {
         let t = Transcript::from_text("\x1b[0m\x1b[30m\x1b[47mGRUB\nleasebox: ready cores=1 pci=0 boot_ms=1.000\n");
@@ -409,9 +459,17 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
         let names: Vec<&str> = all().iter().map(|s| s.name).collect();
         assert_eq!(
             names,
-            ["kernel-smp1-pc", "kernel-smp3-q35", "grub-bios", "grub-uefi", "fault-pagefault", "fault-panic"]
+            [
+                "kernel-smp1-pc",
+                "kernel-smp3-q35",
+                "model-signature",
+                "grub-bios",
+                "grub-uefi",
+                "fault-pagefault",
+                "fault-panic"
+            ]
         );
-        assert_eq!(select(&[]).unwrap().len(), 6);
+        assert_eq!(select(&[]).unwrap().len(), 7);
         assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name, "grub-bios");
         assert!(select(&["nope".into()]).unwrap_err().contains("nope"));
     }

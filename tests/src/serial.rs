@@ -233,13 +233,28 @@ impl fmt::Display for PciFunction {
     }
 }
 
+/// The `BB:DD.F` of `pci: BB:DD.F ivshmem carries the mlx5 model (signature at BAR2+0x...)`, the kernel's note
+/// that an ivshmem function's BAR2 carries the mlx5 model's signature.
+pub fn parse_model_signature(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("pci: ")?;
+    let (bdf, note) = rest.split_once(' ')?;
+    parse_bdf(bdf)?;
+    note.strip_prefix("ivshmem carries the mlx5 model (signature at BAR2+0x")?.strip_suffix(')')?;
+    Some(bdf)
+}
+
 /// Parses a PCI listing message. `None` when the message is not a listing line (other `pci:` messages, e.g.
-/// about ECAM, do not start with a `BB:DD.F` address); `Some(Err)` when it is one but malformed. Unknown trailing
-/// `key=value` items are ignored so the kernel can add fields.
+/// about ECAM, do not start with a `BB:DD.F` address, and notes about one function, such as `pci: 00:02.0
+/// ivshmem carries the mlx5 model ...`, follow the address with a word instead of `vendor:device`);
+/// `Some(Err)` when it is one but malformed. Unknown trailing `key=value` items are ignored so the kernel can
+/// add fields.
 pub fn parse_pci(message: &str) -> Option<Result<PciFunction, String>> {
     let rest = message.strip_prefix("pci: ")?;
     let mut words = rest.split_whitespace();
     let (bus, device, function) = parse_bdf(words.next()?)?;
+    if words.clone().next().is_some_and(|w| !w.contains(':') && !w.chars().all(|c| c.is_ascii_hexdigit())) {
+        return None;
+    }
     Some(parse_pci_rest(bus, device, function, words).map_err(|e| format!("bad PCI line `{message}`: {e}")))
 }
 
@@ -411,6 +426,11 @@ mod tests {
     fn pci_other_and_malformed() {
         assert!(parse_pci("pci: ecam at 0xb0000000 buses 0-255").is_none());
         assert!(parse_pci("pci: 7 functions").is_none());
+        let note = "pci: 00:02.0 ivshmem carries the mlx5 model (signature at BAR2+0x1fff000)";
+        assert!(parse_pci(note).is_none());
+        assert_eq!(parse_model_signature(note), Some("00:02.0"));
+        assert_eq!(parse_model_signature("pci: 00:02.0 ivshmem without the mlx5 model's signature"), None);
+        assert_eq!(parse_model_signature("pci: 00:02.0 1af4:1110 class=05.00.00"), None);
         assert!(parse_pci("smp: cpu 0 online apic=0 role=all").is_none());
         for bad in [
             "pci: 00:03.0",

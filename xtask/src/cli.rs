@@ -21,11 +21,16 @@ commands:
                         to leasectl's configuration file (0600; the path is printed), so
                         `cargo run -p leasectl -- ping` works from another terminal. Kernel args naming
                         tenant= or admin= replace the generated keys (and no file is written)
+                        The mlx5 model (qemu/mlx5-model, CI's ConnectX-5) runs beside QEMU by default:
+                        guest RAM and an ivshmem BAR in fresh files under /dev/shm, the model process
+                        started before QEMU and stopped after it, the files deleted afterwards
       --port N          host port forwarded to the control port (default 7470)
+      --no-model        boot without the mlx5 model (no shared files, no ivshmem, no model process)
+      --trace PATH      the model's command trace (default target/leasebox/mlx5-trace.jsonl)
       --iso             boot the GRUB ISO on SeaBIOS instead of QEMU -kernel
       --uefi            boot the GRUB ISO on OVMF (UEFI); implies --iso
       --smp N           CPUs (default 1)
-      --mem MiB         guest memory (default 256)
+      --mem MiB         guest memory (default 256; at most 2048 with the model)
       --machine pc|q35  chipset (default q35; pc has no ECAM, so the kernel uses 0xCF8 PCI access)
       --cpu MODEL       QEMU -cpu model (default max)
       --device SPEC     add -device SPEC (repeatable)
@@ -77,6 +82,10 @@ pub struct RunOpts {
     pub dry_run: bool,
     /// The host port forwarded to the guest's control port.
     pub port: u16,
+    /// Run the mlx5 model beside QEMU (`--no-model` turns it off).
+    pub model: bool,
+    /// The model's trace file (`None`: `target/leasebox/mlx5-trace.jsonl`).
+    pub trace: Option<String>,
     pub kernel_args: Vec<String>,
 }
 
@@ -93,6 +102,8 @@ impl Default for RunOpts {
             timeout_secs: None,
             dry_run: false,
             port: DEFAULT_CONTROL_PORT,
+            model: true,
+            trace: None,
             kernel_args: Vec::new(),
         }
     }
@@ -204,6 +215,17 @@ fn parse_run<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<RunOpts, Str
             "--dry-run" => {
                 no_value(&flag, &inline)?;
                 o.dry_run = true;
+            }
+            "--no-model" => {
+                no_value(&flag, &inline)?;
+                o.model = false;
+            }
+            "--trace" => {
+                let v = a.value(&flag, inline)?;
+                if v.is_empty() || v.starts_with('-') {
+                    return Err(format!("--trace needs a file path, got `{v}`"));
+                }
+                o.trace = Some(v);
             }
             "--smp" => o.smp = number(&flag, &a.value(&flag, inline)?, 1, MAX_SMP)?,
             "--mem" => o.mem_mib = number(&flag, &a.value(&flag, inline)?, 16, 1024 * 1024)?,
@@ -339,6 +361,10 @@ mod tests {
         assert_eq!(o.kernel_args, ["log=debug", "test=panic", "--iso"]);
         assert!(run(&["--iso"]).iso);
         assert!(!run(&["--iso"]).uefi);
+        assert!(run(&[]).model && run(&[]).trace.is_none());
+        assert!(!run(&["--no-model"]).model);
+        assert_eq!(run(&["--trace", "/tmp/t.jsonl"]).trace.as_deref(), Some("/tmp/t.jsonl"));
+        assert_eq!(run(&["--trace=t.jsonl"]).trace.as_deref(), Some("t.jsonl"));
     }
 
     #[test]
@@ -357,6 +383,9 @@ mod tests {
         assert!(e(&["--device="]).contains("needs a value"));
         assert!(e(&["--port", "0"]).contains("--port needs a number from 1 to 65535"));
         assert!(e(&["--port", "65536"]).contains("--port"));
+        assert!(e(&["--no-model=yes"]).contains("takes no value"));
+        assert!(e(&["--trace"]).contains("--trace needs a value"));
+        assert!(e(&["--trace", "--iso"]).contains("file path"));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use cli::{BenchKind, BenchOpts, Cmd, RunOpts, TestOpts, USAGE};
 use image::Paths;
+use leasebox_qemu::model::{self, ModelCommand, ModelFiles, ModelProcess, ModelShm};
 use leasebox_qemu::{Boot, HostFwd, Ovmf, QemuConfig, QemuProcess, Stdio};
 use leasebox_scenarios::{Artifacts, bench, control, scenario};
 
@@ -104,7 +105,23 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
     config.mem_mib = o.mem_mib;
     config.extra = o.extra.iter().map(Into::into).collect();
     config.net = Some(HostFwd::localhost(o.port, demo::guest_port(&o.kernel_args)));
+    // The mlx5 model: fresh shared files for guest RAM and the ivshmem BAR (a dry run only names them).
+    let shm_dir = leasebox_qemu::model::shm_dir();
+    if o.model {
+        config.model = Some(ModelFiles {
+            bar: leasebox_qemu::firmware::unique_path(&shm_dir, model::BAR_STEM, "shm"),
+            bar_bytes: model::DEFAULT_BAR_BYTES,
+            ram: leasebox_qemu::firmware::unique_path(&shm_dir, model::RAM_STEM, "shm"),
+        });
+    }
     config.validate()?;
+    // Declared before QEMU's guard so they are dropped after it: QEMU reaped, model stopped, files deleted.
+    let mut shm = None;
+    if o.model && !o.dry_run {
+        let s = ModelShm::create(&shm_dir, model::DEFAULT_BAR_BYTES, o.mem_mib).map_err(|e| e.to_string())?;
+        config.model = Some(s.files().clone());
+        shm = Some(s);
+    }
     let shown = config.display();
     eprintln!("xtask: {}", keys.as_ref().map_or(shown.clone(), |k| k.redact(&shown)));
     if o.dry_run {
@@ -124,6 +141,13 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
         }
         None => eprintln!("xtask: control port on 127.0.0.1:{}; principals from the kernel arguments", o.port),
     }
+    let _model = match &shm {
+        Some(s) => Some(start_model(o, p, s)?),
+        None => {
+            eprintln!("xtask: without the mlx5 model (--no-model)");
+            None
+        }
+    };
     eprintln!("xtask: serial console follows; Ctrl-C stops QEMU");
     let mut q = QemuProcess::spawn(&config, Stdio::Inherit, scratch).map_err(|e| e.to_string())?;
     let deadline = o.timeout_secs.map(|s| Instant::now() + Duration::from_secs(s));
@@ -140,6 +164,24 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
             return Ok(RUN_TIMED_OUT);
         }
     }
+}
+
+/// Builds and starts the mlx5 model on `shm`'s files; it has written its signature when this returns.
+fn start_model(o: &RunOpts, p: &Paths, shm: &ModelShm) -> Result<ModelProcess, String> {
+    cargo_step(p, &["build", "-p", "mlx5-model"])?;
+    let mut cmd = ModelCommand::new(model_binary(p));
+    let trace = o.trace.as_ref().map_or_else(|| p.out.join("mlx5-trace.jsonl"), std::path::PathBuf::from);
+    if let Some(dir) = trace.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    }
+    cmd.trace = Some(trace);
+    let m = ModelProcess::spawn(&cmd, shm.files(), o.mem_mib, model::READY_TIMEOUT).map_err(|e| e.to_string())?;
+    eprintln!("xtask: {} (pid {})", m.ready_line(), m.id());
+    Ok(m)
+}
+
+fn model_binary(p: &Paths) -> std::path::PathBuf {
+    p.target.join("debug").join("mlx5-model")
 }
 
 /// One line of the test report.
@@ -170,6 +212,7 @@ fn cargo_step(p: &Paths, args: &[&str]) -> Result<(), String> {
 fn artifacts(p: &Paths, echo: bool) -> Artifacts {
     let mut a = Artifacts::in_target_dir(&p.target);
     a.echo = echo;
+    a.model_bin = model_binary(p);
     a
 }
 
@@ -228,9 +271,22 @@ fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
 
     let a = artifacts(p, o.verbose);
     leasebox_qemu::firmware::remove_stale(&a.scratch_dir, "ovmf-vars", "fd");
+    let model_built = if image_ok && scenarios.iter().any(|s| s.model) {
+        let t0 = Instant::now();
+        let built = cargo_step(p, &["build", "-p", "mlx5-model"]);
+        let ok = built.is_ok();
+        report(&mut outcomes, "model-build", t0, built);
+        ok
+    } else {
+        true
+    };
     for s in &scenarios {
         if !image_ok {
             report(&mut outcomes, s.name, Instant::now(), Err("not run: the image build failed".into()));
+            continue;
+        }
+        if s.model && !model_built {
+            report(&mut outcomes, s.name, Instant::now(), Err("not run: the mlx5-model build failed".into()));
             continue;
         }
         outln!("==> {}: {} (deadline {} s)", s.name, s.about, s.deadline.as_secs());

@@ -13,6 +13,8 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use crate::model::{MAX_MODEL_MEM_MIB, ModelFiles, RAM_ID};
+
 /// The default guest memory, MiB.
 pub const DEFAULT_MEM_MIB: u32 = 256;
 /// The default CPU model. `max` exposes everything TCG can emulate.
@@ -119,6 +121,9 @@ pub struct QemuConfig {
     pub boot: Boot,
     /// A NIC with a forwarded port, or none at all (`-nic none`).
     pub net: Option<HostFwd>,
+    /// The mlx5 model's shared files: guest RAM from the RAM file (`-machine ...,memory-backend=`) and the
+    /// BAR file as `ivshmem-plain` (see [`crate::model`]).
+    pub model: Option<ModelFiles>,
     /// Extra arguments appended verbatim (e.g. `-device`, `-object`, `-netdev` pairs).
     pub extra: Vec<OsString>,
 }
@@ -134,6 +139,7 @@ impl QemuConfig {
             smp: 1,
             boot,
             net: None,
+            model: None,
             extra: Vec::new(),
         }
     }
@@ -163,6 +169,12 @@ impl QemuConfig {
         if self.cpu.is_empty() || self.cpu.contains(char::is_whitespace) {
             return Err(format!("bad CPU model `{}`", self.cpu));
         }
+        if self.model.is_some() && self.mem_mib > MAX_MODEL_MEM_MIB {
+            return Err(format!(
+                "the mlx5 model supports at most {MAX_MODEL_MEM_MIB} MiB of guest RAM (got {}); use --no-model",
+                self.mem_mib
+            ));
+        }
         Ok(())
     }
 
@@ -171,7 +183,10 @@ impl QemuConfig {
         let mut a: Vec<OsString> = Vec::new();
         let mut push = |s: &str| a.push(OsString::from(s));
         push("-machine");
-        push(self.machine.as_str());
+        match &self.model {
+            None => push(self.machine.as_str()),
+            Some(_) => push(&format!("{},memory-backend={RAM_ID}", self.machine.as_str())),
+        }
         push("-accel");
         push("tcg");
         push("-cpu");
@@ -224,6 +239,14 @@ impl QemuConfig {
                 a.push("-boot".into());
                 a.push("d".into());
             }
+        }
+        if let Some(m) = &self.model {
+            a.push("-object".into());
+            a.push(m.ram_object(self.mem_mib));
+            a.push("-object".into());
+            a.push(m.bar_object());
+            a.push("-device".into());
+            a.push(m.bar_device().into());
         }
         a.extend(self.extra.iter().cloned());
         a
@@ -348,6 +371,29 @@ mod tests {
         assert!(!has_pair(&a, "-nic", "none"));
         c.net = None;
         assert!(has_pair(&strings(&c), "-nic", "none"));
+    }
+
+    #[test]
+    fn model_files_back_ram_and_an_ivshmem_bar() {
+        let mut c = QemuConfig::new(Boot::Kernel { elf: "k".into(), append: String::new() });
+        c.mem_mib = 512;
+        c.model = Some(ModelFiles { bar: "/dev/shm/b.shm".into(), bar_bytes: 32 << 20, ram: "/dev/shm/r.shm".into() });
+        let a = strings(&c);
+        assert!(has_pair(&a, "-machine", "q35,memory-backend=lbxram"));
+        assert!(has_pair(&a, "-m", "512"));
+        assert!(has_pair(&a, "-object", "memory-backend-file,id=lbxram,size=512M,share=on,mem-path=/dev/shm/r.shm"));
+        assert!(has_pair(
+            &a,
+            "-object",
+            "memory-backend-file,id=mlx5bar,size=33554432,share=on,mem-path=/dev/shm/b.shm"
+        ));
+        assert!(has_pair(&a, "-device", "ivshmem-plain,memdev=mlx5bar"));
+        assert!(c.validate().is_ok());
+        c.mem_mib = 4096;
+        assert!(c.validate().unwrap_err().contains("--no-model"));
+        c.model = None;
+        assert!(c.validate().is_ok());
+        assert!(has_pair(&strings(&c), "-machine", "q35"));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! - [`iso`]: `grub.cfg` for the hybrid BIOS/UEFI ISO and the `grub-mkrescue` call that builds it.
 //! - [`process`]: spawning QEMU with a guard that kills and reaps it on every path, serial lines delivered
 //!   through a channel so every wait has a deadline.
+//! - [`model`]: the mlx5 model's fresh shared files (guest RAM and BAR) and its process, stopped with QEMU.
 //! - [`exit`]: what QEMU's exit status means (`isa-debug-exit` encodes the guest's value as `(v << 1) | 1`).
 #![forbid(unsafe_code)]
 
@@ -14,9 +15,11 @@ pub mod exit;
 pub mod fake;
 pub mod firmware;
 pub mod iso;
+pub mod model;
 pub mod process;
 
 pub use config::{Boot, HostFwd, Machine, QemuConfig};
 pub use exit::QemuExit;
 pub use firmware::{Ovmf, ScratchFile};
+pub use model::{ModelCommand, ModelFiles, ModelProcess, ModelShm};
 pub use process::{NextLine, QemuProcess, SerialLine, Stdio};

@@ -1,0 +1,61 @@
+//! Recognizing the mlx5 device model behind an ivshmem function (CI's stand-in for a ConnectX-5, see
+//! `docs/hca-model.md`, "Process and QEMU wiring").
+//!
+//! QEMU shows the model's BAR file as `ivshmem-plain` (`1af4:1110`) BAR2, which plays the CX-5's BAR0. The
+//! model writes a signature into that BAR's last 4 KiB page, leaving the initialization segment (offset 0)
+//! and the UAR pages untouched. The layout is the model's: these constants duplicate
+//! `mlx5_model::shm::{SIGNATURE, SIGNATURE_VERSION, SIGNATURE_OFFSET_FROM_END, SIGNATURE_LEN}` in
+//! `qemu/mlx5-model/src/shm.rs` (the kernel cannot depend on that std crate); keep the two in step.
+
+/// The ivshmem PCI IDs (Red Hat / QEMU).
+pub const IVSHMEM_VENDOR: u16 = 0x1af4;
+pub const IVSHMEM_DEVICE: u16 = 0x1110;
+/// The BAR that maps the shared file.
+pub const IVSHMEM_BAR: usize = 2;
+/// Magic bytes at the start of the signature.
+pub const SIGNATURE: [u8; 8] = *b"MLX5MODL";
+/// Layout version (big-endian u32 at +8).
+pub const SIGNATURE_VERSION: u32 = 1;
+/// The signature starts this many bytes before the end of the BAR.
+pub const SIGNATURE_OFFSET_FROM_END: u64 = 0x1000;
+/// magic (8), version (be32), reserved (4), BAR size (be64).
+pub const SIGNATURE_LEN: usize = 24;
+
+/// Where the signature sits in a BAR of `bar_size` bytes, or `None` if the BAR is too small to hold one.
+pub fn offset(bar_size: u64) -> Option<u64> {
+    (bar_size >= 2 * SIGNATURE_OFFSET_FROM_END).then(|| bar_size - SIGNATURE_OFFSET_FROM_END)
+}
+
+/// Whether `bytes` (read at [`offset`]) are the model's signature for a BAR of `bar_size` bytes.
+pub fn matches(bytes: &[u8; SIGNATURE_LEN], bar_size: u64) -> bool {
+    let version = u32::from_be_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+    let mut size = [0u8; 8];
+    size.copy_from_slice(&bytes[16..24]);
+    bytes[..8] == SIGNATURE && version == SIGNATURE_VERSION && u64::from_be_bytes(size) == bar_size
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig(version: u32, size: u64) -> [u8; SIGNATURE_LEN] {
+        let mut b = [0u8; SIGNATURE_LEN];
+        b[..8].copy_from_slice(b"MLX5MODL");
+        b[8..12].copy_from_slice(&version.to_be_bytes());
+        b[16..].copy_from_slice(&size.to_be_bytes());
+        b
+    }
+
+    #[test]
+    fn recognizes_only_the_exact_signature() {
+        assert_eq!(offset(32 << 20), Some((32 << 20) - 0x1000));
+        assert_eq!(offset(0x1000), None);
+        assert!(matches(&sig(1, 32 << 20), 32 << 20));
+        assert!(!matches(&sig(2, 32 << 20), 32 << 20));
+        assert!(!matches(&sig(1, 16 << 20), 32 << 20));
+        let mut b = sig(1, 32 << 20);
+        b[0] = b'X';
+        assert!(!matches(&b, 32 << 20));
+        assert!(!matches(&[0; SIGNATURE_LEN], 32 << 20));
+    }
+}

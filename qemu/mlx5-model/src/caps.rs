@@ -1,0 +1,206 @@
+//! HCA capabilities as QUERY_HCA_CAP / SET_HCA_CAP see them: one 4 KiB block per capability type, a
+//! maximum and a current copy (`hca_cap_union` in `mlx5_ifc.h`; op_mod = `(cap_type << 1) | current`,
+//! `device.h:1228-1255`, §e.1 of the facts).
+//!
+//! The defaults are the blocks a real ConnectX-4 returned in the reference trace ([`cx4_trace`]). No
+//! ConnectX-5 values are applied on top: we have no CX-5 capability dump, and guessing would be worse than a
+//! documented CX-4 baseline (`docs/hca-model.md`).
+
+mod cx4_trace;
+
+use std::collections::BTreeMap;
+
+use crate::ifc::{self, Field};
+
+/// Size of a capability block (`query_hca_cap_out.capability`).
+pub const CAP_SIZE: usize = 0x1000;
+
+/// Capability types (`device.h` `enum mlx5_cap_type`).
+pub mod cap_type {
+    pub const GENERAL: u16 = 0;
+    pub const ETHERNET_OFFLOADS: u16 = 1;
+    pub const ATOMIC: u16 = 3;
+    pub const ROCE: u16 = 4;
+    pub const FLOW_TABLE: u16 = 7;
+}
+
+/// `struct mlx5_ifc_cmd_hca_cap_bits` fields the model reads or lets the driver set.
+pub mod cmd_hca_cap {
+    use crate::ifc::Field;
+    pub const LOG_MAX_QP: Field = Field::new(0x9b, 5);
+    pub const LOG_MAX_CQ: Field = Field::new(0xdb, 5);
+    pub const LOG_MAX_MKEY: Field = Field::new(0xea, 6);
+    pub const LOG_MAX_EQ: Field = Field::new(0xfc, 4);
+    pub const RELEASE_ALL_PAGES: Field = Field::new(0x145, 1);
+    pub const CACHE_LINE_128BYTE: Field = Field::new(0x164, 1);
+    pub const PKEY_TABLE_SIZE: Field = Field::new(0x190, 16);
+    pub const PORT_TYPE: Field = Field::new(0x1b6, 2);
+    pub const CMDIF_CHECKSUM: Field = Field::new(0x210, 2);
+    pub const DCT: Field = Field::new(0x21a, 1);
+    pub const ROCE: Field = Field::new(0x21d, 1);
+    pub const UAR_4K: Field = Field::new(0x240, 1);
+    pub const LOG_PG_SZ: Field = Field::new(0x258, 8);
+    pub const LOG_MAX_TRANSPORT_DOMAIN: Field = Field::new(0x323, 5);
+    pub const LOG_MAX_PD: Field = Field::new(0x32b, 5);
+    pub const LOG_MAX_CURRENT_MC_LIST: Field = Field::new(0x3f3, 5);
+    pub const LOG_MAX_CURRENT_UC_LIST: Field = Field::new(0x3fb, 5);
+    pub const LOG_UAR_PAGE_SZ: Field = Field::new(0x490, 16);
+    pub const DEVICE_FREQUENCY_KHZ: Field = Field::new(0x4e0, 32);
+    pub const NUM_VHCA_PORTS: Field = Field::new(0x610, 8);
+}
+
+/// `struct mlx5_ifc_roce_cap_bits` fields the driver may set.
+pub mod roce_cap {
+    use crate::ifc::Field;
+    pub const SW_R_ROCE_SRC_UDP_PORT: Field = Field::new(0x04, 1);
+    pub const QP_OOO_TRANSMIT_DEFAULT: Field = Field::new(0x08, 1);
+}
+
+/// Fields of the current GENERAL block that SET_HCA_CAP may change (the ones Linux `handle_hca_cap`,
+/// `core/main.c:575-668`, writes). Every other field keeps its value whatever the input says, as firmware
+/// ignores read-only capability bits. A settable value above the maximum block's value is refused.
+const GENERAL_SETTABLE: &[Field] = &[
+    cmd_hca_cap::LOG_MAX_QP,
+    cmd_hca_cap::PKEY_TABLE_SIZE,
+    cmd_hca_cap::CMDIF_CHECKSUM,
+    cmd_hca_cap::UAR_4K,
+    cmd_hca_cap::LOG_UAR_PAGE_SZ,
+    cmd_hca_cap::CACHE_LINE_128BYTE,
+    cmd_hca_cap::DCT,
+    cmd_hca_cap::ROCE,
+    cmd_hca_cap::RELEASE_ALL_PAGES,
+    cmd_hca_cap::NUM_VHCA_PORTS,
+    cmd_hca_cap::LOG_MAX_CURRENT_UC_LIST,
+    cmd_hca_cap::LOG_MAX_CURRENT_MC_LIST,
+];
+
+const ROCE_SETTABLE: &[Field] = &[roce_cap::SW_R_ROCE_SRC_UDP_PORT, roce_cap::QP_OOO_TRANSMIT_DEFAULT];
+
+/// A SET_HCA_CAP refusal: the index of the offending field in the settable list (for the syndrome).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetCapError {
+    /// The capability type cannot be set.
+    NotSettable,
+    /// A settable field exceeds the maximum; the value is the field's bit offset.
+    AboveMax(u32),
+}
+
+pub struct Caps {
+    max: BTreeMap<u16, Vec<u8>>,
+    cur: BTreeMap<u16, Vec<u8>>,
+}
+
+fn block(dwords: &[(u16, u32)]) -> Vec<u8> {
+    let mut b = vec![0u8; CAP_SIZE];
+    for &(off, v) in dwords {
+        let off = usize::from(off);
+        if let Some(d) = b.get_mut(off..off + 4) {
+            d.copy_from_slice(&v.to_be_bytes());
+        }
+    }
+    b
+}
+
+impl Default for Caps {
+    fn default() -> Self {
+        Self::connectx4_trace()
+    }
+}
+
+impl Caps {
+    /// The capability blocks of the reference trace's ConnectX-4.
+    pub fn connectx4_trace() -> Caps {
+        use cx4_trace::*;
+        let mut max = BTreeMap::new();
+        let mut cur = BTreeMap::new();
+        for (t, m, c) in [
+            (cap_type::GENERAL, GENERAL_MAX, GENERAL_CUR),
+            (cap_type::ETHERNET_OFFLOADS, ETH_OFFLOADS_MAX, ETH_OFFLOADS_CUR),
+            (cap_type::ATOMIC, ATOMIC_MAX, ATOMIC_CUR),
+            (cap_type::ROCE, ROCE_MAX, ROCE_CUR),
+            (cap_type::FLOW_TABLE, FLOW_TABLE_MAX, FLOW_TABLE_CUR),
+        ] {
+            max.insert(t, block(m));
+            cur.insert(t, block(c));
+        }
+        Caps { max, cur }
+    }
+
+    /// The block for `cap_type`, maximum or current; `None` for a type this HCA does not report.
+    pub fn block(&self, cap_type: u16, current: bool) -> Option<&[u8]> {
+        if current { self.cur.get(&cap_type) } else { self.max.get(&cap_type) }.map(Vec::as_slice)
+    }
+
+    /// A field of the current GENERAL block.
+    pub fn general(&self, f: Field) -> u32 {
+        self.cur.get(&cap_type::GENERAL).map_or(0, |b| ifc::get(b, f))
+    }
+
+    /// Overrides a field of a block (configuration, tests).
+    pub fn set_field(&mut self, cap_type: u16, current: bool, f: Field, v: u32) {
+        let map = if current { &mut self.cur } else { &mut self.max };
+        if let Some(b) = map.get_mut(&cap_type) {
+            ifc::set(b, f, v);
+        }
+    }
+
+    /// SET_HCA_CAP: copies the settable fields of `input` (a 4 KiB block) into the current block after
+    /// checking each against the maximum. Nothing changes when any field is refused.
+    pub fn set(&mut self, cap_type: u16, input: &[u8]) -> Result<(), SetCapError> {
+        let fields = match cap_type {
+            cap_type::GENERAL => GENERAL_SETTABLE,
+            cap_type::ROCE => ROCE_SETTABLE,
+            _ => return Err(SetCapError::NotSettable),
+        };
+        let (Some(max), Some(cur)) = (self.max.get(&cap_type), self.cur.get(&cap_type)) else {
+            return Err(SetCapError::NotSettable);
+        };
+        let mut next = cur.clone();
+        for &f in fields {
+            let v = ifc::get(input, f);
+            if v > ifc::get(max, f) {
+                return Err(SetCapError::AboveMax(f.bit));
+            }
+            ifc::set(&mut next, f, v);
+        }
+        self.cur.insert(cap_type, next);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_values_land_in_the_right_fields() {
+        let c = Caps::default();
+        // From the trace: general max dword 0x10 = 0x0f0f0017 → log_max_qp 0x17; current 0x0e.
+        assert_eq!(ifc::get(c.block(0, false).unwrap(), cmd_hca_cap::LOG_MAX_QP), 0x17);
+        assert_eq!(c.general(cmd_hca_cap::LOG_MAX_QP), 0x0e);
+        // dword 0x1c = 0x16180008 → log_max_mkey 0x18.
+        assert_eq!(c.general(cmd_hca_cap::LOG_MAX_MKEY), 0x18);
+        // Ethernet port with RoCE.
+        assert_eq!(c.general(cmd_hca_cap::PORT_TYPE), 1);
+        assert_eq!(c.general(cmd_hca_cap::ROCE), 1);
+        // Checksums: max 3, current 0.
+        assert_eq!(ifc::get(c.block(0, false).unwrap(), cmd_hca_cap::CMDIF_CHECKSUM), 3);
+        assert_eq!(c.general(cmd_hca_cap::CMDIF_CHECKSUM), 0);
+        assert!(c.block(2, true).is_none());
+    }
+
+    #[test]
+    fn set_checks_against_max_and_ignores_read_only_fields() {
+        let mut c = Caps::default();
+        let mut inb = c.block(0, true).unwrap().to_vec();
+        ifc::set(&mut inb, cmd_hca_cap::LOG_MAX_QP, 0x11);
+        ifc::set(&mut inb, cmd_hca_cap::LOG_MAX_MKEY, 0x01); // read-only: ignored
+        c.set(0, &inb).unwrap();
+        assert_eq!(c.general(cmd_hca_cap::LOG_MAX_QP), 0x11);
+        assert_eq!(c.general(cmd_hca_cap::LOG_MAX_MKEY), 0x18);
+        ifc::set(&mut inb, cmd_hca_cap::LOG_MAX_QP, 0x18);
+        assert_eq!(c.set(0, &inb), Err(SetCapError::AboveMax(cmd_hca_cap::LOG_MAX_QP.bit)));
+        assert_eq!(c.general(cmd_hca_cap::LOG_MAX_QP), 0x11);
+        assert_eq!(c.set(7, &inb), Err(SetCapError::NotSettable));
+    }
+}

@@ -1,0 +1,254 @@
+//! The device: [`Model`] ties the BAR (initialization segment, doorbell) and guest RAM (command queue,
+//! mailboxes, pages) to the HCA state the commands act on. One polling pass per [`Model::poll`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::caps::{Caps, cmd_hca_cap};
+use crate::cmdq::{self, Delivery, Entry};
+use crate::ifc::{self, hdr};
+use crate::initseg::InitSeg;
+use crate::mem::Memory;
+use crate::mkey::MkeyInfo;
+use crate::pages::PageLedger;
+use crate::trace::{Record, Trace};
+
+/// Model configuration; every default's source is in `docs/hca-model.md`.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    /// `initializing` (BAR0 0x1fc bit 31) clears this long after [`Model::new`].
+    pub init_delay: Duration,
+    /// (major, minor, subminor).
+    pub fw_rev: (u16, u16, u16),
+    /// Command trace file (also `MLX5_MODEL_TRACE`).
+    pub trace: Option<PathBuf>,
+    /// Health counter (BAR0 0x1010) period.
+    pub health_period: Duration,
+    /// Advertised in `cmd_exec_to` / `cmd_q_init_to`.
+    pub cmd_exec_to: Duration,
+    pub cmd_q_init_to: Duration,
+    /// QUERY_PAGES demand for BOOT, INIT and REGULAR.
+    pub boot_pages: u32,
+    pub init_pages: u32,
+    pub regular_pages: u32,
+    /// Lowest UAR index (= BAR0 4 KiB page number) ALLOC_UAR hands out.
+    pub first_uar: u32,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            init_delay: Duration::from_millis(50),
+            fw_rev: (16, 35, 4030),
+            trace: None,
+            health_period: Duration::from_secs(1),
+            cmd_exec_to: Duration::from_secs(60),
+            cmd_q_init_to: Duration::from_secs(2),
+            boot_pages: 6,
+            init_pages: 0x3244,
+            regular_pages: 0,
+            first_uar: 0x10,
+        }
+    }
+}
+
+/// Function state (PRM: ENABLE_HCA → INIT_HCA → TEARDOWN_HCA → DISABLE_HCA).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FnState {
+    Disabled,
+    Enabled,
+    Initialized,
+}
+
+/// Everything the commands act on.
+pub struct Hca {
+    pub state: FnState,
+    pub issi: u16,
+    pub caps: Caps,
+    pub pages: PageLedger,
+    pub first_uar: u32,
+    pub uars: BTreeSet<u32>,
+    pub pds: BTreeSet<u32>,
+    pub tds: BTreeSet<u32>,
+    pub mkeys: BTreeMap<u32, MkeyInfo>,
+}
+
+impl Hca {
+    pub fn new(cfg: &ModelConfig) -> Hca {
+        Hca {
+            state: FnState::Disabled,
+            issi: 0,
+            caps: Caps::default(),
+            pages: PageLedger::new(cfg.boot_pages, cfg.init_pages, cfg.regular_pages),
+            first_uar: cfg.first_uar,
+            uars: BTreeSet::new(),
+            pds: BTreeSet::new(),
+            tds: BTreeSet::new(),
+            mkeys: BTreeMap::new(),
+        }
+    }
+
+    /// TEARDOWN_HCA: every object goes; pages stay the device's until taken back.
+    pub fn teardown(&mut self) {
+        self.uars.clear();
+        self.pds.clear();
+        self.tds.clear();
+        self.mkeys.clear();
+        self.state = FnState::Enabled;
+    }
+
+    /// DISABLE_HCA: back to reset state.
+    pub fn disable(&mut self) {
+        self.teardown();
+        self.pages.release_all();
+        self.issi = 0;
+        self.state = FnState::Disabled;
+    }
+
+    /// Command-interface checksums are enforced when the current `cmdif_checksum` is 3 (the selftest's
+    /// "enabled"; Linux sets 0).
+    pub fn checksums(&self) -> bool {
+        self.caps.general(cmd_hca_cap::CMDIF_CHECKSUM) == 3
+    }
+}
+
+/// Counters for what the model refused to do (visible to tests and the binary's status output).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub commands: u64,
+    pub doorbells_while_initializing: u64,
+    pub doorbells_on_sw_owned_entry: u64,
+    pub unreachable_entries: u64,
+}
+
+pub struct Model {
+    bar: Arc<dyn Memory>,
+    ram: Arc<dyn Memory>,
+    start: Instant,
+    seg: Option<InitSeg>,
+    hca: Hca,
+    trace: Option<Trace>,
+    counters: Counters,
+}
+
+impl Model {
+    /// Writes the initialization segment (with `initializing` set) and opens the trace, if any.
+    pub fn new(bar: Arc<dyn Memory>, ram: Arc<dyn Memory>, cfg: ModelConfig) -> Model {
+        let now = Instant::now();
+        // A BAR too small for the initialization segment leaves a model that never comes out of reset.
+        let seg = InitSeg::new(bar.as_ref(), &cfg, now).ok();
+        let path = cfg.trace.clone().or_else(|| std::env::var_os("MLX5_MODEL_TRACE").map(PathBuf::from));
+        let trace = path.and_then(|p| match Trace::create(&p) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("mlx5-model: cannot create trace {}: {e}", p.display());
+                None
+            }
+        });
+        Model { bar, ram, start: now, seg, hca: Hca::new(&cfg), trace, counters: Counters::default() }
+    }
+
+    /// One polling pass: timers (initializing, health counter, internal timer), then the command doorbell.
+    /// Returns true if it did work (the caller backs off when false).
+    pub fn poll(&mut self) -> bool {
+        let Some(seg) = self.seg.as_mut() else { return false };
+        let freq = self.hca.caps.general(cmd_hca_cap::DEVICE_FREQUENCY_KHZ);
+        let mut did = seg.tick(self.bar.as_ref(), Instant::now(), freq).unwrap_or(false);
+        let Ok(bell) = InitSeg::take_doorbell(self.bar.as_ref()) else { return did };
+        if bell == 0 {
+            return did;
+        }
+        if seg.initializing() {
+            self.counters.doorbells_while_initializing += 1;
+            return true;
+        }
+        let Ok(q) = InitSeg::cmdq(self.bar.as_ref()) else { return did };
+        for slot in 0..q.entries {
+            if bell & (1 << slot) != 0 {
+                self.run_slot(slot, q.base + u64::from(slot) * q.stride);
+                did = true;
+            }
+        }
+        did
+    }
+
+    fn run_slot(&mut self, slot: u32, addr: u64) {
+        let ram = self.ram.as_ref();
+        let Some(e) = Entry::read(ram, addr) else {
+            self.counters.unreachable_entries += 1;
+            return;
+        };
+        if !e.owned_by_hw() {
+            self.counters.doorbells_on_sw_owned_entry += 1;
+            return;
+        }
+        self.counters.commands += 1;
+        let sig = self.hca.checksums();
+        let (input, output, delivery) = match cmdq::deliver(ram, &e, sig) {
+            Ok(d) => {
+                let bar_pages = self.bar.size() / 4096;
+                let out = crate::cmd::execute(&mut self.hca, &d.input, d.output_length, ram, bar_pages);
+                let seen = cmdq::complete(ram, addr, Some(&d), &out, Delivery::Ok, sig);
+                (d.input, seen, Delivery::Ok)
+            }
+            Err(delivery) => {
+                let seen = cmdq::complete(ram, addr, None, &[], delivery, false);
+                let inline = e.raw[0x10..0x20].to_vec();
+                (inline, seen, delivery)
+            }
+        };
+        if let Some(t) = self.trace.as_mut() {
+            let r = Record {
+                t_ns: self.start.elapsed().as_nanos(),
+                slot,
+                opcode: ifc::get(&input, hdr::OPCODE) as u16,
+                op_mod: ifc::get(&input, hdr::OP_MOD) as u16,
+                status: if delivery == Delivery::Ok { ifc::get(&output, hdr::STATUS) as u8 } else { 0 },
+                syndrome: if delivery == Delivery::Ok { ifc::get(&output, hdr::SYNDROME) } else { 0 },
+                delivery: delivery as u8,
+                input: &input,
+                output: &output,
+            };
+            if let Err(err) = t.write(&r) {
+                eprintln!("mlx5-model: trace write failed: {err}; trace stopped");
+                self.trace = None;
+            }
+        }
+    }
+
+    /// The MKEY named by `key` (index `key >> 8` and variant `key & 0xff` must both match; a stale variant
+    /// fails closed).
+    pub fn mkey(&self, key: u32) -> Option<MkeyInfo> {
+        self.hca.mkeys.get(&(key >> 8)).filter(|m| m.key == key).cloned()
+    }
+
+    /// Whether a PD is allocated (the responder checks QP and MKEY PDs against live ones).
+    pub fn pd_exists(&self, pd: u32) -> bool {
+        self.hca.pds.contains(&pd)
+    }
+
+    pub fn state(&self) -> FnState {
+        self.hca.state
+    }
+
+    pub fn hca(&self) -> &Hca {
+        &self.hca
+    }
+
+    pub fn hca_mut(&mut self) -> &mut Hca {
+        &mut self.hca
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Fault injection: stop (or restart) the health counter.
+    pub fn set_health_stopped(&mut self, stopped: bool) {
+        if let Some(s) = self.seg.as_mut() {
+            s.set_health_stopped(stopped);
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! `mlx5-model`: a ConnectX-5 stand-in that follows the PRM as recorded in Linux `include/linux/mlx5/mlx5_ifc.h`
+//! and `device.h`. It sees the driver only through two memories — the BAR and the guest RAM — exactly as the
+//! real HCA sees its host: MMIO registers and DMA. Assumptions where the PRM is unclear are in
+//! `docs/hca-model.md`.
+
+pub mod caps;
+pub mod cmd;
+pub mod cmdq;
+pub mod hca;
+pub mod ifc;
+pub mod initseg;
+pub mod mem;
+pub mod mkey;
+pub mod pages;
+pub mod roce;
+pub mod shm;
+pub mod trace;
+
+pub use hca::{FnState, Model, ModelConfig};
+pub use mkey::MkeyInfo;

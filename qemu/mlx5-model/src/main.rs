@@ -1,0 +1,397 @@
+//! The model as its own process (QEMU runs): maps the BAR file and the guest-RAM file that QEMU shares, writes
+//! the model's signature into the BAR's last page, and serves the device until stopped.
+//!
+//! It stops on SIGTERM or SIGINT, when either shared file disappears (the runner deletes them after QEMU
+//! exits), and, with `--exit-on-stdin-eof`, when its standard input reaches end of file (the runner holds
+//! the other end of a pipe, so the model also ends when the runner dies without cleaning up). Idle polling
+//! backs off (spin, yield, then sleeps growing to [`MAX_IDLE_SLEEP`]) so a 2-core host stays usable.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use mlx5_model::mem::Memory;
+use mlx5_model::shm::{self, SharedFile};
+
+const USAGE: &str = "\
+usage: mlx5-model --bar PATH --ram PATH [options]
+
+Serves a ConnectX-5 model over two files shared with QEMU: the BAR (QEMU `-object memory-backend-file,
+...,mem-path=PATH,share=on -device ivshmem-plain,memdev=...`) and the guest RAM (`memory-backend-file` named
+by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to create and size them.
+
+  --bar PATH            the BAR file (ivshmem BAR2, the CX-5's BAR0)
+  --ram PATH            the guest-RAM file (device address = file offset; at most 2048 MiB)
+  --bar-size BYTES      expected BAR size (default: whatever size the file has; a power of two)
+  --ram-size BYTES      expected guest-RAM size (default: whatever size the file has)
+  --trace PATH          write one JSON line per completed command to PATH (as MLX5_MODEL_TRACE=PATH)
+  --udp ADDR            the RoCEv2 responder's UDP address (default 127.0.0.1:4791; reserved: the responder is
+                        served once the model has QP commands)
+  --wait SECS           how long to wait for the files (default 10)
+  --exit-on-stdin-eof   stop when standard input closes (for runners that hold a pipe to it)
+  -h, --help            this text
+
+Sizes accept a K, M or G suffix (binary). On success, prints one line `mlx5-model: ready ...` on stdout once
+the signature is in place; everything else goes to stderr.";
+
+/// The longest idle sleep: the worst-case added latency for a command after a quiet period.
+const MAX_IDLE_SLEEP: Duration = Duration::from_millis(1);
+/// How often the loop checks that the shared files still exist.
+const PRESENCE_CHECK: Duration = Duration::from_millis(250);
+/// The responder's default UDP address (`../shared/ARCHITECTURE.md`).
+const DEFAULT_UDP: &str = "127.0.0.1:4791";
+
+#[derive(Debug, PartialEq, Eq)]
+struct Opts {
+    bar: PathBuf,
+    ram: PathBuf,
+    bar_size: Option<u64>,
+    ram_size: Option<u64>,
+    trace: Option<PathBuf>,
+    udp: SocketAddr,
+    wait: Duration,
+    exit_on_stdin_eof: bool,
+}
+
+enum Parsed {
+    Run(Opts),
+    Help,
+}
+
+/// `123`, `0x1000`, `32M`, `2G`.
+fn parse_size(flag: &str, v: &str) -> Result<u64, String> {
+    let (digits, shift) = match v.as_bytes().last() {
+        Some(b'K' | b'k') => (&v[..v.len() - 1], 10),
+        Some(b'M' | b'm') => (&v[..v.len() - 1], 20),
+        Some(b'G' | b'g') => (&v[..v.len() - 1], 30),
+        _ => (v, 0),
+    };
+    let n = match digits.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => digits.parse::<u64>(),
+    };
+    match n.ok().and_then(|n| n.checked_mul(1 << shift)) {
+        Some(n) if n > 0 => Ok(n),
+        _ => Err(format!("{flag} needs a size in bytes (e.g. 33554432, 0x2000000, 32M), got `{v}`")),
+    }
+}
+
+fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
+    let mut it = args.into_iter();
+    let (mut bar, mut ram, mut bar_size, mut ram_size, mut trace) = (None, None, None, None, None);
+    let mut udp: SocketAddr = DEFAULT_UDP.parse().map_err(|e| format!("{e}"))?;
+    let mut wait = shm::DEFAULT_WAIT;
+    let mut exit_on_stdin_eof = false;
+    while let Some(arg) = it.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = || -> Result<String, String> {
+            let v = match inline.clone() {
+                Some(v) => v,
+                None => it.next().ok_or_else(|| format!("{flag} needs a value"))?,
+            };
+            if v.is_empty() { Err(format!("{flag} needs a non-empty value")) } else { Ok(v) }
+        };
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Parsed::Help),
+            "--bar" => bar = Some(PathBuf::from(value()?)),
+            "--ram" => ram = Some(PathBuf::from(value()?)),
+            "--bar-size" => bar_size = Some(parse_size(&flag, &value()?)?),
+            "--ram-size" => ram_size = Some(parse_size(&flag, &value()?)?),
+            "--trace" => trace = Some(PathBuf::from(value()?)),
+            "--udp" => {
+                let v = value()?;
+                udp = v.parse().map_err(|_| format!("--udp needs an address such as {DEFAULT_UDP}, got `{v}`"))?;
+            }
+            "--wait" => {
+                let v = value()?;
+                let secs: u64 = v
+                    .parse()
+                    .ok()
+                    .filter(|s| (1..=3600).contains(s))
+                    .ok_or_else(|| format!("--wait needs a number of seconds from 1 to 3600, got `{v}`"))?;
+                wait = Duration::from_secs(secs);
+            }
+            "--exit-on-stdin-eof" => {
+                if inline.is_some() {
+                    return Err(format!("{flag} takes no value"));
+                }
+                exit_on_stdin_eof = true;
+            }
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    let bar = bar.ok_or("--bar PATH is required")?;
+    let ram = ram.ok_or("--ram PATH is required")?;
+    if let Some(s) = bar_size
+        && (!s.is_power_of_two() || s < shm::MIN_BAR_BYTES)
+    {
+        return Err(format!("--bar-size must be a power of two of at least {:#x}, got {s:#x}", shm::MIN_BAR_BYTES));
+    }
+    if let Some(s) = ram_size
+        && s > shm::MAX_RAM_BYTES
+    {
+        return Err(format!(
+            "--ram-size above {} MiB is not supported (QEMU puts RAM above 4 GiB at file offset \
+             below_4g_mem_size, which the model does not translate)",
+            shm::MAX_RAM_BYTES >> 20
+        ));
+    }
+    if trace.is_none() {
+        trace = std::env::var_os("MLX5_MODEL_TRACE").filter(|v| !v.is_empty()).map(PathBuf::from);
+    }
+    Ok(Parsed::Run(Opts { bar, ram, bar_size, ram_size, trace, udp, wait, exit_on_stdin_eof }))
+}
+
+/// Idle back-off: spin briefly, then yield, then sleep with exponential growth up to [`MAX_IDLE_SLEEP`];
+/// any work resets it.
+#[derive(Debug, Default)]
+struct Backoff {
+    idle_rounds: u32,
+    sleep: Duration,
+}
+
+impl Backoff {
+    const SPINS: u32 = 64;
+    const YIELDS: u32 = 16;
+    const FIRST_SLEEP: Duration = Duration::from_micros(10);
+
+    fn reset(&mut self) {
+        self.idle_rounds = 0;
+        self.sleep = Duration::ZERO;
+    }
+
+    /// What to do after an idle round.
+    fn next(&mut self) -> Idle {
+        self.idle_rounds = self.idle_rounds.saturating_add(1);
+        if self.idle_rounds <= Self::SPINS {
+            Idle::Spin
+        } else if self.idle_rounds <= Self::SPINS + Self::YIELDS {
+            Idle::Yield
+        } else {
+            self.sleep = if self.sleep.is_zero() { Self::FIRST_SLEEP } else { (self.sleep * 2).min(MAX_IDLE_SLEEP) };
+            Idle::Sleep(self.sleep)
+        }
+    }
+
+    fn idle(&mut self) {
+        match self.next() {
+            Idle::Spin => std::hint::spin_loop(),
+            Idle::Yield => std::thread::yield_now(),
+            Idle::Sleep(d) => std::thread::sleep(d),
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Idle {
+    Spin,
+    Yield,
+    Sleep(Duration),
+}
+
+/// Why the loop ended.
+#[derive(Debug)]
+enum Stop {
+    Signal,
+    StdinClosed,
+    FileGone(PathBuf),
+}
+
+fn main() -> ExitCode {
+    let opts = match parse_args(std::env::args().skip(1)) {
+        Ok(Parsed::Run(o)) => o,
+        Ok(Parsed::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("mlx5-model: {e}\n(see `mlx5-model --help`)");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&opts) {
+        Ok(stop) => {
+            eprintln!("mlx5-model: stopping ({})", describe(&stop));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("mlx5-model: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn describe(stop: &Stop) -> String {
+    match stop {
+        Stop::Signal => "signal".into(),
+        Stop::StdinClosed => "standard input closed".into(),
+        Stop::FileGone(p) => format!("{} was removed", p.display()),
+    }
+}
+
+fn run(o: &Opts) -> Result<Stop, String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(|e| format!("installing a signal handler: {e}"))?;
+    }
+    let stdin_closed = Arc::new(AtomicBool::new(false));
+    if o.exit_on_stdin_eof {
+        let flag = Arc::clone(&stdin_closed);
+        std::thread::Builder::new()
+            .name("stdin-watch".into())
+            .spawn(move || {
+                let mut buf = [0u8; 256];
+                let mut stdin = std::io::stdin().lock();
+                // Anything written is ignored; only end of file (or an error) matters.
+                while matches!(stdin.read(&mut buf), Ok(n) if n > 0) {}
+                flag.store(true, Ordering::SeqCst);
+            })
+            .map_err(|e| format!("starting the stdin watcher: {e}"))?;
+    }
+
+    let bar = Arc::new(SharedFile::open_bar(&o.bar, o.bar_size, o.wait).map_err(|e| e.to_string())?);
+    let ram = Arc::new(SharedFile::open_ram(&o.ram, o.ram_size, o.wait).map_err(|e| e.to_string())?);
+    shm::write_signature(&*bar).map_err(|e| format!("writing the signature: {e}"))?;
+    let sig_at = shm::signature_offset(bar.size());
+
+    let bar_mem: Arc<dyn Memory> = bar.clone();
+    let ram_mem: Arc<dyn Memory> = ram.clone();
+    let mut device = Device::new(bar_mem, ram_mem, o);
+
+    {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(
+            out,
+            "mlx5-model: ready bar={} ({:#x} bytes, signature at +{sig_at:#x}) ram={} ({} MiB) udp={} trace={}",
+            o.bar.display(),
+            bar.size(),
+            o.ram.display(),
+            ram.size() >> 20,
+            o.udp,
+            o.trace.as_ref().map_or("off".into(), |p| p.display().to_string())
+        );
+        let _ = out.flush();
+    }
+
+    let mut backoff = Backoff::default();
+    let mut next_check = Instant::now() + PRESENCE_CHECK;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(Stop::Signal);
+        }
+        if stdin_closed.load(Ordering::Relaxed) {
+            return Ok(Stop::StdinClosed);
+        }
+        if device.poll() {
+            backoff.reset();
+        } else {
+            backoff.idle();
+        }
+        if Instant::now() >= next_check {
+            next_check = Instant::now() + PRESENCE_CHECK;
+            for f in [&bar, &ram] {
+                if !f.still_present() {
+                    return Ok(Stop::FileGone(f.path().to_path_buf()));
+                }
+            }
+        }
+    }
+}
+
+/// The device behind the loop. The command interface (`mlx5_model::Model`: initialization segment, command
+/// queue, HCA state) plugs in here; until it exists the process only carries the signature.
+/// Everything the device polls. The RoCEv2 responder (`roce::udp`) joins once the model has QPs.
+struct Device {
+    model: mlx5_model::Model,
+}
+
+impl Device {
+    fn new(bar: Arc<dyn Memory>, ram: Arc<dyn Memory>, o: &Opts) -> Device {
+        let cfg = mlx5_model::ModelConfig { trace: o.trace.clone(), ..mlx5_model::ModelConfig::default() };
+        Device { model: mlx5_model::Model::new(bar, ram, cfg) }
+    }
+
+    /// One pass over everything the device polls; `true` if it did work.
+    fn poll(&mut self) -> bool {
+        self.model.poll()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Opts, String> {
+        match parse_args(args.iter().map(|s| s.to_string()))? {
+            Parsed::Run(o) => Ok(o),
+            Parsed::Help => Err("help".into()),
+        }
+    }
+
+    #[test]
+    fn options() {
+        let o = parse(&["--bar", "/dev/shm/b", "--ram=/dev/shm/r"]).unwrap();
+        assert_eq!((o.bar.to_str(), o.ram.to_str()), (Some("/dev/shm/b"), Some("/dev/shm/r")));
+        assert_eq!((o.bar_size, o.ram_size, o.wait), (None, None, shm::DEFAULT_WAIT));
+        assert_eq!(o.udp.to_string(), DEFAULT_UDP);
+        assert!(!o.exit_on_stdin_eof);
+        let o = parse(&[
+            "--bar",
+            "b",
+            "--ram",
+            "r",
+            "--bar-size",
+            "32M",
+            "--ram-size=0x10000000",
+            "--trace",
+            "t.jsonl",
+            "--udp",
+            "127.0.0.1:5000",
+            "--wait",
+            "3",
+            "--exit-on-stdin-eof",
+        ])
+        .unwrap();
+        assert_eq!((o.bar_size, o.ram_size), (Some(32 << 20), Some(256 << 20)));
+        assert_eq!(o.trace, Some(PathBuf::from("t.jsonl")));
+        assert_eq!(o.udp.port(), 5000);
+        assert_eq!(o.wait, Duration::from_secs(3));
+        assert!(o.exit_on_stdin_eof);
+        assert!(matches!(parse_args(["-h".to_string()]), Ok(Parsed::Help)));
+    }
+
+    #[test]
+    fn usage_errors_are_clear() {
+        let e = |a: &[&str]| parse(a).unwrap_err();
+        assert!(e(&[]).contains("--bar PATH is required"));
+        assert!(e(&["--bar", "b"]).contains("--ram PATH is required"));
+        assert!(e(&["--bar"]).contains("--bar needs a value"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--bar-size", "3M"]).contains("power of two"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--bar-size", "lots"]).contains("size in bytes"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--ram-size", "4G"]).contains("below_4g_mem_size"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--udp", "nowhere"]).contains("--udp"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--wait", "0"]).contains("--wait"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--fast"]).contains("unknown argument `--fast`"));
+        assert!(e(&["--bar=", "--ram", "r"]).contains("non-empty"));
+    }
+
+    #[test]
+    fn backoff_spins_yields_then_sleeps_up_to_the_cap() {
+        let mut b = Backoff::default();
+        let seq: Vec<Idle> = (0..200).map(|_| b.next()).collect();
+        assert_eq!(seq[0], Idle::Spin);
+        assert_eq!(seq[Backoff::SPINS as usize], Idle::Yield);
+        assert_eq!(seq[(Backoff::SPINS + Backoff::YIELDS) as usize], Idle::Sleep(Backoff::FIRST_SLEEP));
+        assert_eq!(seq[(Backoff::SPINS + Backoff::YIELDS) as usize + 1], Idle::Sleep(Backoff::FIRST_SLEEP * 2));
+        assert_eq!(seq[199], Idle::Sleep(MAX_IDLE_SLEEP));
+        b.reset();
+        assert_eq!(b.next(), Idle::Spin);
+    }
+}

@@ -1,0 +1,183 @@
+//! A test-side driver: writes command entries and mailbox chains into a `VecMemory` RAM the way Linux
+//! `core/cmd.c` does (independently of the model's code), rings the doorbell, polls the model and reads the
+//! result back.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mlx5_model::mem::{Memory, VecMemory};
+use mlx5_model::{Model, ModelConfig};
+
+pub const BAR_SIZE: usize = 0x40000;
+pub const CMDQ: u64 = 0x1000;
+pub const MBOX_IN: u64 = 0x10000;
+pub const MBOX_OUT: u64 = 0x80000;
+/// First page handed to the device by `give_pages`.
+pub const PAGES: u64 = 0x100000;
+
+pub struct Drv {
+    pub bar: Arc<VecMemory>,
+    pub ram: Arc<VecMemory>,
+    pub model: Model,
+    pub token: u8,
+    pub next_page: u64,
+    pub sign: bool,
+}
+
+pub struct Done {
+    pub delivery: u8,
+    pub out: Vec<u8>,
+}
+
+impl Done {
+    pub fn status(&self) -> u8 {
+        self.out[0]
+    }
+    pub fn syndrome(&self) -> u32 {
+        be32(&self.out, 4)
+    }
+}
+
+pub fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+pub fn put32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+}
+
+/// A 16-byte (or longer) input with opcode and op_mod set.
+pub fn cmd(opcode: u16, op_mod: u16, len: usize) -> Vec<u8> {
+    let mut b = vec![0u8; len];
+    put32(&mut b, 0, u32::from(opcode) << 16);
+    put32(&mut b, 4, u32::from(op_mod));
+    b
+}
+
+fn xor(b: &[u8]) -> u8 {
+    b.iter().fold(0, |a, x| a ^ x)
+}
+
+impl Drv {
+    pub fn new() -> Drv {
+        Self::with(ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() }, 64 << 20)
+    }
+
+    pub fn with(cfg: ModelConfig, ram_size: usize) -> Drv {
+        let bar = Arc::new(VecMemory::new(BAR_SIZE));
+        let ram = Arc::new(VecMemory::new(ram_size));
+        let mut model = Model::new(bar.clone(), ram.clone(), cfg);
+        model.poll();
+        let d = Drv { bar, ram, model, token: 0, next_page: PAGES, sign: false };
+        assert_eq!(d.bar.read_be32(0x1fc).unwrap() >> 31, 0, "initializing must clear");
+        let lo = d.bar.read_be32(0x14).unwrap();
+        assert_eq!(lo & 0xff, 0x56, "log_cmdq_size 5, log_cmdq_stride 6");
+        d.bar.write_be32(0x10, (CMDQ >> 32) as u32).unwrap();
+        d.bar.write_be32(0x14, CMDQ as u32).unwrap();
+        d
+    }
+
+    fn chain(&self, base: u64, data: &[u8], token: u8) -> u64 {
+        let n = data.len().div_ceil(512);
+        for i in 0..n {
+            let mut blk = vec![0u8; 576];
+            let chunk = &data[i * 512..((i + 1) * 512).min(data.len())];
+            blk[..chunk.len()].copy_from_slice(chunk);
+            let next = if i + 1 < n { base + 1024 * (i as u64 + 1) } else { 0 };
+            blk[0x230..0x238].copy_from_slice(&next.to_be_bytes());
+            put32(&mut blk, 0x238, i as u32);
+            blk[0x23d] = token;
+            if self.sign {
+                blk[0x23e] = !xor(&blk[0x200..0x23e]);
+                blk[0x23f] = !xor(&blk[..0x23f]);
+            }
+            self.ram.write(base + 1024 * i as u64, &blk).unwrap();
+        }
+        if n == 0 { 0 } else { base }
+    }
+
+    /// Writes the entry for `input` in `slot` without ringing.
+    pub fn post(&mut self, slot: u32, input: &[u8], out_len: usize) -> u64 {
+        self.token = self.token.wrapping_add(1).max(1);
+        let t = self.token;
+        let inp = self.chain(MBOX_IN, input.get(16..).unwrap_or(&[]), t);
+        let outp = self.chain(MBOX_OUT, &vec![0u8; out_len.saturating_sub(16)], t);
+        let mut e = [0u8; 64];
+        e[0] = 7;
+        put32(&mut e, 4, input.len() as u32);
+        e[8..16].copy_from_slice(&inp.to_be_bytes());
+        let n = input.len().min(16);
+        e[16..16 + n].copy_from_slice(&input[..n]);
+        e[0x30..0x38].copy_from_slice(&outp.to_be_bytes());
+        put32(&mut e, 0x38, out_len as u32);
+        e[0x3c] = t;
+        e[0x3f] = 1;
+        e[0x3d] = !xor(&e);
+        let addr = CMDQ + 64 * u64::from(slot);
+        self.ram.write(addr, &e).unwrap();
+        addr
+    }
+
+    pub fn read_result(&self, slot: u32, out_len: usize) -> Done {
+        let addr = CMDQ + 64 * u64::from(slot);
+        let mut e = [0u8; 64];
+        self.ram.read(addr, &mut e).unwrap();
+        assert_eq!(e[0x3f] & 1, 0, "ownership must return to software");
+        let mut out = e[0x20..0x30].to_vec();
+        let mut at = MBOX_OUT;
+        while out.len() < out_len {
+            let mut blk = vec![0u8; 512];
+            self.ram.read(at, &mut blk).unwrap();
+            out.extend_from_slice(&blk);
+            at += 1024;
+        }
+        out.truncate(out_len.max(16));
+        Done { delivery: e[0x3f] >> 1, out }
+    }
+
+    pub fn ring(&mut self, bits: u32) {
+        self.bar.write_be32(0x18, bits).unwrap();
+        assert!(self.model.poll());
+    }
+
+    /// Executes one command in slot 0.
+    pub fn exec(&mut self, input: &[u8], out_len: usize) -> Done {
+        self.post(0, input, out_len);
+        self.ring(1);
+        self.read_result(0, out_len)
+    }
+
+    pub fn ok(&mut self, input: &[u8], out_len: usize) -> Vec<u8> {
+        let d = self.exec(input, out_len);
+        assert_eq!((d.delivery, d.status()), (0, 0), "opcode {:#x} syndrome {:#x}", be32(input, 0) >> 16, d.syndrome());
+        d.out
+    }
+
+    pub fn give_pages(&mut self, n: u32) -> Done {
+        let mut inp = cmd(0x108, 1, 16 + 8 * n as usize);
+        put32(&mut inp, 12, n);
+        for i in 0..n as usize {
+            inp[16 + 8 * i..24 + 8 * i].copy_from_slice(&self.next_page.to_be_bytes());
+            self.next_page += 4096;
+        }
+        self.exec(&inp, 16)
+    }
+
+    pub fn query_pages(&mut self, op_mod: u16) -> i32 {
+        be32(&self.ok(&cmd(0x107, op_mod, 16), 16), 12) as i32
+    }
+
+    /// ENABLE_HCA, SET_ISSI 1, boot pages, init pages, INIT_HCA.
+    pub fn bring_up(&mut self) {
+        self.ok(&cmd(0x104, 0, 16), 16);
+        let mut s = cmd(0x10b, 0, 16);
+        put32(&mut s, 8, 1);
+        self.ok(&s, 16);
+        let n = self.query_pages(1) as u32;
+        assert_eq!(self.give_pages(n).status(), 0);
+        let n = self.query_pages(2) as u32;
+        assert_eq!(self.give_pages(n).status(), 0);
+        self.ok(&cmd(0x102, 0, 0x20), 16);
+    }
+}
