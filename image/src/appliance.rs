@@ -127,6 +127,7 @@ impl Ready {
                 log::error!("test=pagefault: read {v:#x} from an unmapped address without a fault");
             }
             Some(TestHook::Panic) => panic!("test=panic: deliberate panic"),
+            Some(TestHook::Mlx5Probe) => leasebox_kernel::arch::mlx5_probe::run(),
             None => {}
         }
     }

@@ -158,6 +158,9 @@ impl CoreLayout {
 pub enum TestHook {
     PageFault,
     Panic,
+    /// `test=mlx5-probe`: the stand-in command client for the mlx5 model (`arch::mlx5_probe`) until the
+    /// native driver (issue 5) replaces it.
+    Mlx5Probe,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -290,8 +293,9 @@ impl<'a> Config<'a> {
                 self.test = match value {
                     "pagefault" => Some(TestHook::PageFault),
                     "panic" => Some(TestHook::Panic),
+                    "mlx5-probe" => Some(TestHook::Mlx5Probe),
                     "none" => None,
-                    _ => return Err(err("expected pagefault, panic or none")),
+                    _ => return Err(err("expected pagefault, panic, mlx5-probe or none")),
                 }
             }
             "ip" => self.net.set_ip(value).map_err(err)?,
@@ -368,6 +372,18 @@ mod tests {
         assert!(l.cores()[1].contains(Role::Cmd) && l.cores()[1].contains(Role::Event));
         assert_eq!(c.test, Some(TestHook::PageFault));
         assert_eq!(c.unknown(), (&["foo=1", "bare"][..], 0));
+    }
+
+    #[test]
+    fn test_hooks() {
+        let mut c = Config::default();
+        c.apply_cmdline("test=mlx5-probe").unwrap();
+        assert_eq!(c.test, Some(TestHook::Mlx5Probe));
+        c.apply_cmdline("test=panic").unwrap();
+        assert_eq!(c.test, Some(TestHook::Panic));
+        c.apply_cmdline("test=none").unwrap();
+        assert_eq!(c.test, None);
+        assert_eq!(c.apply_cmdline("test=mlx5").unwrap_err().reason, "expected pagefault, panic, mlx5-probe or none");
     }
 
     #[test]

@@ -128,6 +128,9 @@ pub fn run(s: &Scenario, a: &Artifacts) -> Result<Transcript, String> {
     q.kill().map_err(|e| e.to_string())?;
     t.stderr = q.stderr_text();
     drop(q);
+    if s.model {
+        t.model_trace = std::fs::read_to_string(model_trace_path(a, s.name)).ok();
+    }
     write_log(a, s.name, &t);
     Ok(t)
 }
@@ -143,11 +146,16 @@ fn start_model(
     std::fs::create_dir_all(&a.log_dir).map_err(|e| format!("creating {}: {e}", a.log_dir.display()))?;
     let mut cmd = ModelCommand::new(a.model_bin.clone());
     cmd.log = Some(a.log_dir.join(format!("{}.model.log", s.name)));
-    cmd.trace = Some(a.log_dir.join(format!("{}.mlx5-trace.jsonl", s.name)));
+    cmd.trace = Some(model_trace_path(a, s.name));
     let proc = ModelProcess::spawn(&cmd, shm.files(), config.mem_mib, model::READY_TIMEOUT)
         .map_err(|e| format!("{e} (binary {})", a.model_bin.display()))?;
     config.model = Some(shm.files().clone());
     Ok((Some(shm), Some(proc)))
+}
+
+/// Where the model started for scenario `name` writes its command trace.
+pub fn model_trace_path(a: &Artifacts, name: &str) -> PathBuf {
+    a.log_dir.join(format!("{name}.mlx5-trace.jsonl"))
 }
 
 fn write_log(a: &Artifacts, name: &str, t: &Transcript) {

@@ -159,6 +159,17 @@ pub fn all() -> Vec<Scenario> {
                 check_model_signature,
             )
         },
+        Scenario {
+            model: true,
+            kernel_args: "test=mlx5-probe",
+            ..Scenario::new(
+                "model-probe",
+                "-kernel on Q35 with the mlx5 model and test=mlx5-probe: ENABLE_HCA and QUERY_ISSI through the \
+                 command queue succeed, and both appear in the model's trace",
+                BootKind::Kernel,
+                check_model_probe,
+            )
+        },
         Scenario::new("grub-bios", "the GRUB ISO on SeaBIOS (multiboot1)", BootKind::GrubBios, check_grub),
         Scenario::new("grub-uefi", "the GRUB ISO on OVMF (multiboot2)", BootKind::GrubUefi, check_grub),
         Scenario {
@@ -294,6 +305,46 @@ pub fn check_model_signature(t: &Transcript) -> Result<(), String> {
     check_pci_count(t, &pci)
 }
 
+/// `model-probe`: the kernel's probe line reports both commands OK with a non-zero `supported_issi`, and the
+/// model's trace holds a JSON line with status 0 for ENABLE_HCA (0x104) and QUERY_ISSI (0x10a).
+pub fn check_model_probe(t: &Transcript) -> Result<(), String> {
+    t.ready()?;
+    t.no_fatal()?;
+    let lines: Vec<&str> = t.messages().filter(|m| m.starts_with("mlx5-probe:")).collect();
+    let line = match lines.as_slice() {
+        [l] => *l,
+        [] => return Err("no `mlx5-probe:` line".into()),
+        _ => return Err(format!("{} `mlx5-probe:` lines, expected one", lines.len())),
+    };
+    let supported = line
+        .strip_prefix("mlx5-probe: ENABLE_HCA status 0x0; QUERY_ISSI status 0x0 supported_issi 0x")
+        .and_then(|h| u32::from_str_radix(h, 16).ok())
+        .ok_or_else(|| format!("probe did not succeed: `{line}`"))?;
+    if supported == 0 {
+        return Err(format!("supported_issi is 0: `{line}`"));
+    }
+    let trace = t.model_trace.as_deref().ok_or("the model's trace file was not read")?;
+    for opcode in ["0x104", "0x10a"] {
+        let ok = trace.lines().any(|l| {
+            json_field(l, "opcode") == Some(opcode)
+                && json_field(l, "status") == Some("0")
+                && json_field(l, "delivery").is_none()
+        });
+        if !ok {
+            return Err(format!("no trace line for opcode {opcode} with status 0 ({} lines)", trace.lines().count()));
+        }
+    }
+    Ok(())
+}
+
+/// The value of `key` in a flat one-line JSON object of numbers and strings (quotes removed).
+fn json_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let at = line.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let rest = &line[at..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    Some(rest[..end].trim_matches('"'))
+}
+
 /// `grub-bios`, `grub-uefi`: the ready line and nothing fatal.
 pub fn check_grub(t: &Transcript) -> Result<(), String> {
     let ready = t.ready()?;
@@ -404,6 +455,28 @@ leasebox: ready cores=1 mem_mib=256 pci=3 boot_ms=22.000 ap_ms=0.000 entry_ms=10
 ";
 
     #[test]
+    fn model_probe_needs_the_line_and_the_trace() {
+        let text = format!(
+            "{MODEL}[    0.5] c0 INFO  mlx5-probe: ENABLE_HCA status 0x0; QUERY_ISSI status 0x0 supported_issi 0x2\n"
+        );
+        let trace = "{\"t_ns\":1,\"slot\":0,\"opcode\":\"0x104\",\"op_mod\":0,\"status\":0,\"syndrome\":\"0x0\",\"input\":\"\",\"output\":\"\"}\n\
+                     {\"t_ns\":2,\"slot\":0,\"opcode\":\"0x10a\",\"op_mod\":0,\"status\":0,\"syndrome\":\"0x0\",\"input\":\"\",\"output\":\"\"}\n";
+        let mut t = Transcript::from_text(&text);
+        t.model_trace = Some(trace.to_string());
+        assert_eq!(check_model_probe(&t), Ok(()));
+        t.model_trace = Some(trace.replace(
+            "\"status\":0,\"syndrome\":\"0x0\",\"input\":\"\",\"output\":\"\"}\n{",
+            "\"status\":4,\"syndrome\":\"0x0\",\"input\":\"\",\"output\":\"\"}\n{",
+        ));
+        assert!(check_model_probe(&t).unwrap_err().contains("0x104"));
+        t.model_trace = None;
+        assert!(check_model_probe(&t).unwrap_err().contains("trace"));
+        let failed = Transcript::from_text(&text.replace("QUERY_ISSI status 0x0", "QUERY_ISSI status 0x4"));
+        assert!(check_model_probe(&failed).unwrap_err().contains("did not succeed"));
+        assert!(check_model_probe(&Transcript::from_text(MODEL)).unwrap_err().contains("no `mlx5-probe:`"));
+    }
+
+    #[test]
     fn model_signature_passes_and_catches_faults() {
         assert_eq!(check_model_signature(&Transcript::from_text(MODEL)), Ok(()));
         let bad = |from: &str, to: &str| check_model_signature(&Transcript::from_text(&MODEL.replace(from, to)));
@@ -463,13 +536,14 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "kernel-smp1-pc",
                 "kernel-smp3-q35",
                 "model-signature",
+                "model-probe",
                 "grub-bios",
                 "grub-uefi",
                 "fault-pagefault",
                 "fault-panic"
             ]
         );
-        assert_eq!(select(&[]).unwrap().len(), 7);
+        assert_eq!(select(&[]).unwrap().len(), 8);
         assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name, "grub-bios");
         assert!(select(&["nope".into()]).unwrap_err().contains("nope"));
     }

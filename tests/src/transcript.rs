@@ -27,6 +27,8 @@ pub struct Transcript {
     pub ready_after: Option<Duration>,
     /// What QEMU wrote to stderr.
     pub stderr: String,
+    /// With the mlx5 model: its command trace (one JSON object per line), read after QEMU stopped.
+    pub model_trace: Option<String>,
 }
 
 impl Transcript {

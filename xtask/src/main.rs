@@ -175,8 +175,12 @@ fn start_model(o: &RunOpts, p: &Paths, shm: &ModelShm) -> Result<ModelProcess, S
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     }
     cmd.trace = Some(trace);
+    // Fault injection for this run: append lines to it (docs/hca-model.md, "Fault injection").
+    let control = p.out.join("mlx5-control.txt");
+    cmd.control = Some(control.clone());
     let m = ModelProcess::spawn(&cmd, shm.files(), o.mem_mib, model::READY_TIMEOUT).map_err(|e| e.to_string())?;
     eprintln!("xtask: {} (pid {})", m.ready_line(), m.id());
+    eprintln!("xtask: mlx5 model control file {} (e.g. `echo 'hang 0x104' >> FILE`)", control.display());
     Ok(m)
 }
 

@@ -8,6 +8,7 @@ pub mod exit;
 pub mod lapic;
 pub mod logger;
 pub mod memory;
+pub mod mlx5_probe;
 pub mod pci_access;
 pub mod percpu;
 pub mod rng;

@@ -43,6 +43,15 @@ static BOOT: Once<BootInfo> = Once::new();
 static ACPI: Once<AcpiInfo> = Once::new();
 static PCI: Once<PciBus> = Once::new();
 static PCI_ACCESS: Once<PciAccess> = Once::new();
+/// The first ivshmem function found carrying the mlx5 model's signature: its address and BAR2 base.
+static MODEL_FUNCTION: Once<(pci::Bdf, u64)> = Once::new();
+
+/// The ivshmem function carrying the mlx5 model (address, BAR2 base), with the configuration-space access to
+/// reach it; `None` before PCI enumeration or without the model.
+pub fn model_function() -> Option<(pci::Bdf, u64, &'static PciAccess)> {
+    let &(bdf, base) = MODEL_FUNCTION.get()?;
+    Some((bdf, base, PCI_ACCESS.get()?))
+}
 
 unsafe extern "Rust" {
     /// The image's main function (defined in `image/`).
@@ -244,6 +253,7 @@ fn find_model_signatures(bus: &PciBus, access: &PciAccess) {
         }
         if sig::matches(&bytes, size) {
             log::info!("pci: {} ivshmem carries the mlx5 model (signature at BAR2+{off:#x})", f.bdf);
+            MODEL_FUNCTION.call_once(|| (f.bdf, base));
         } else {
             log::debug!("pci: {} ivshmem without the mlx5 model's signature", f.bdf);
         }

@@ -8,12 +8,18 @@ use std::time::{Duration, Instant};
 
 use crate::caps::{Caps, cmd_hca_cap};
 use crate::cmdq::{self, Delivery, Entry};
+use crate::fault::{Fault, FaultCounters, Faults, Verdict};
+use crate::flow::FlowSteering;
 use crate::ifc::{self, hdr};
 use crate::initseg::InitSeg;
 use crate::mem::Memory;
 use crate::mkey::MkeyInfo;
 use crate::pages::PageLedger;
+use crate::qp::QpTable;
 use crate::trace::{Record, Trace};
+
+/// `roce_cap.roce_address_table_size` of the reported capabilities (256 in the reference trace).
+const ROCE_ADDRESS_TABLE_SIZE: usize = 256;
 
 /// Model configuration; every default's source is in `docs/hca-model.md`.
 #[derive(Clone, Debug)]
@@ -35,6 +41,10 @@ pub struct ModelConfig {
     pub regular_pages: u32,
     /// Lowest UAR index (= BAR0 4 KiB page number) ALLOC_UAR hands out.
     pub first_uar: u32,
+    /// The port's permanent MAC (NIC vport context; GUIDs and the default GID derive from it).
+    pub mac: [u8; 6],
+    /// Runtime PAGE_REQUEST (`crate::events`); `None` = never.
+    pub page_request: Option<crate::events::PageRequest>,
 }
 
 impl Default for ModelConfig {
@@ -50,6 +60,8 @@ impl Default for ModelConfig {
             init_pages: 0x3244,
             regular_pages: 0,
             first_uar: 0x10,
+            mac: [0x02, 0x4c, 0x42, 0x00, 0x00, 0x01],
+            page_request: None,
         }
     }
 }
@@ -73,6 +85,12 @@ pub struct Hca {
     pub pds: BTreeSet<u32>,
     pub tds: BTreeSet<u32>,
     pub mkeys: BTreeMap<u32, MkeyInfo>,
+    pub qps: QpTable,
+    pub flow: FlowSteering,
+    pub eqs: crate::eq::EqTable,
+    pub cqs: crate::cq::CqTable,
+    pub port: crate::port::Port,
+    pub page_waits: crate::events::PageWaits,
 }
 
 impl Hca {
@@ -87,6 +105,12 @@ impl Hca {
             pds: BTreeSet::new(),
             tds: BTreeSet::new(),
             mkeys: BTreeMap::new(),
+            qps: QpTable::default(),
+            flow: FlowSteering::default(),
+            eqs: crate::eq::EqTable::default(),
+            cqs: crate::cq::CqTable::default(),
+            port: crate::port::Port::new(cfg.mac, ROCE_ADDRESS_TABLE_SIZE),
+            page_waits: crate::events::PageWaits::new(cfg.page_request),
         }
     }
 
@@ -96,6 +120,10 @@ impl Hca {
         self.pds.clear();
         self.tds.clear();
         self.mkeys.clear();
+        self.qps.clear();
+        self.flow.clear();
+        self.cqs.clear();
+        self.eqs.clear();
         self.state = FnState::Enabled;
     }
 
@@ -131,6 +159,7 @@ pub struct Model {
     hca: Hca,
     trace: Option<Trace>,
     counters: Counters,
+    faults: Faults,
 }
 
 impl Model {
@@ -147,15 +176,31 @@ impl Model {
                 None
             }
         });
-        Model { bar, ram, start: now, seg, hca: Hca::new(&cfg), trace, counters: Counters::default() }
+        Model {
+            bar,
+            ram,
+            start: now,
+            seg,
+            hca: Hca::new(&cfg),
+            trace,
+            counters: Counters::default(),
+            faults: Faults::default(),
+        }
     }
 
     /// One polling pass: timers (initializing, health counter, internal timer), then the command doorbell.
     /// Returns true if it did work (the caller backs off when false).
     pub fn poll(&mut self) -> bool {
-        let Some(seg) = self.seg.as_mut() else { return false };
+        // Delayed commands (fault injection) whose time has come complete first.
+        let due = self.faults.due(Instant::now());
+        let released = !due.is_empty();
+        for (slot, addr) in due {
+            self.run_slot(slot, addr, true);
+        }
+        let released = self.poll_events() | released;
+        let Some(seg) = self.seg.as_mut() else { return released };
         let freq = self.hca.caps.general(cmd_hca_cap::DEVICE_FREQUENCY_KHZ);
-        let mut did = seg.tick(self.bar.as_ref(), Instant::now(), freq).unwrap_or(false);
+        let mut did = seg.tick(self.bar.as_ref(), Instant::now(), freq).unwrap_or(false) || released;
         let Ok(bell) = InitSeg::take_doorbell(self.bar.as_ref()) else { return did };
         if bell == 0 {
             return did;
@@ -164,17 +209,24 @@ impl Model {
             self.counters.doorbells_while_initializing += 1;
             return true;
         }
+        if self.faults.take_doorbell_drop() {
+            return true;
+        }
         let Ok(q) = InitSeg::cmdq(self.bar.as_ref()) else { return did };
         for slot in 0..q.entries {
             if bell & (1 << slot) != 0 {
-                self.run_slot(slot, q.base + u64::from(slot) * q.stride);
+                self.run_slot(slot, q.base + u64::from(slot) * q.stride, false);
                 did = true;
             }
         }
         did
     }
 
-    fn run_slot(&mut self, slot: u32, addr: u64) {
+    /// `released`: a delayed command coming due (not delayed again).
+    fn run_slot(&mut self, slot: u32, addr: u64, released: bool) {
+        if !released && self.faults.slot_busy(slot) {
+            return;
+        }
         let ram = self.ram.as_ref();
         let Some(e) = Entry::read(ram, addr) else {
             self.counters.unreachable_entries += 1;
@@ -184,12 +236,23 @@ impl Model {
             self.counters.doorbells_on_sw_owned_entry += 1;
             return;
         }
+        if crate::events::hold(&mut self.hca, ram, slot, addr, &e) {
+            return;
+        }
+        let opcode = ifc::get(&e.raw[ifc::cmd_queue_entry::COMMAND_INPUT_INLINE_DATA..], hdr::OPCODE) as u16;
+        let verdict = self.faults.on_command(opcode, slot, addr, Instant::now(), released);
+        if !matches!(verdict, Verdict::Run | Verdict::Fail { .. }) {
+            return;
+        }
         self.counters.commands += 1;
         let sig = self.hca.checksums();
         let (input, output, delivery) = match cmdq::deliver(ram, &e, sig) {
             Ok(d) => {
                 let bar_pages = self.bar.size() / 4096;
-                let out = crate::cmd::execute(&mut self.hca, &d.input, d.output_length, ram, bar_pages);
+                let out = match verdict {
+                    Verdict::Fail { status, syndrome } => crate::fault::output(status, syndrome),
+                    _ => crate::cmd::execute(&mut self.hca, &d.input, d.output_length, ram, bar_pages),
+                };
                 let seen = cmdq::complete(ram, addr, Some(&d), &out, Delivery::Ok, sig);
                 (d.input, seen, Delivery::Ok)
             }
@@ -218,6 +281,16 @@ impl Model {
         }
     }
 
+    /// EQ doorbells, then commands that waited for pages and may run now (`crate::events`).
+    fn poll_events(&mut self) -> bool {
+        let mut did = self.hca.eqs.poll_doorbells(self.bar.as_ref());
+        for (slot, addr) in crate::events::ready(&mut self.hca) {
+            self.run_slot(slot, addr, false);
+            did = true;
+        }
+        did
+    }
+
     /// The MKEY named by `key` (index `key >> 8` and variant `key & 0xff` must both match; a stale variant
     /// fails closed).
     pub fn mkey(&self, key: u32) -> Option<MkeyInfo> {
@@ -231,6 +304,11 @@ impl Model {
 
     pub fn state(&self) -> FnState {
         self.hca.state
+    }
+
+    /// Guest RAM (the dataplane writes through it).
+    pub fn ram(&self) -> &Arc<dyn Memory> {
+        &self.ram
     }
 
     pub fn hca(&self) -> &Hca {
@@ -250,5 +328,21 @@ impl Model {
         if let Some(s) = self.seg.as_mut() {
             s.set_health_stopped(stopped);
         }
+    }
+
+    /// Fault injection (`crate::fault`; the control file's commands in `docs/hca-model.md`).
+    pub fn inject(&mut self, f: Fault) {
+        match f {
+            Fault::HealthCounter { stopped } => self.set_health_stopped(stopped),
+            Fault::HealthFatal { synd } if self.seg.is_some() => {
+                let _ = InitSeg::raise_fatal(self.bar.as_ref(), synd);
+            }
+            _ => {}
+        }
+        self.faults.add(f);
+    }
+
+    pub fn fault_counters(&self) -> FaultCounters {
+        self.faults.counters()
     }
 }

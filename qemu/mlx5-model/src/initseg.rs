@@ -85,6 +85,21 @@ impl InitSeg {
         self.health_stopped = stopped;
     }
 
+    /// Fatal health syndrome (facts §g, sensor 5): health buffer `synd` (0x23d) non-zero with `rfr` (0x238
+    /// bit 7, "firmware requests reset") and severity valid + 2 (`LOGLEVEL_CRIT`, 0x238 bits 3:0) — Linux's
+    /// `mlx5_health_check_fatal_sensors` then enters internal error — and `health_syndrome` (0x1010 bits
+    /// 31:24, ifc `initial_seg`) set to the same value.
+    pub fn raise_fatal(bar: &dyn Memory, synd: u8) -> Result<(), OutOfRange> {
+        let mut hb = [0u8; ifc::health_buffer::SIZE];
+        bar.read(seg::HEALTH_BUFFER, &mut hb)?;
+        ifc::set(&mut hb, ifc::health_buffer::SYND, synd.into());
+        ifc::set(&mut hb, ifc::health_buffer::RFR, 1);
+        hb[0x38] = (hb[0x38] & 0xf0) | 0x8 | 2;
+        bar.write(seg::HEALTH_BUFFER, &hb)?;
+        let d = bar.read_be32(seg::BYTE_HEALTH_COUNTER)?;
+        bar.write_be32(seg::BYTE_HEALTH_COUNTER, (d & 0xff_ffff) | (u32::from(synd) << 24))
+    }
+
     pub fn health_counter(&self) -> u32 {
         self.counter
     }

@@ -29,8 +29,11 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
   --bar-size BYTES      expected BAR size (default: whatever size the file has; a power of two)
   --ram-size BYTES      expected guest-RAM size (default: whatever size the file has)
   --trace PATH          write one JSON line per completed command to PATH (as MLX5_MODEL_TRACE=PATH)
-  --udp ADDR            the RoCEv2 responder's UDP address (default 127.0.0.1:4791; reserved: the responder is
-                        served once the model has QP commands)
+  --udp ADDR            the RoCEv2 responder's UDP address (default 127.0.0.1:4791)
+  --control PATH        a control file for fault injection, created empty and polled every 100 ms: append one
+                        command per line (`fail <opcode> <count> <status> <syndrome>`, `delay <opcode> <ms>`,
+                        `hang <opcode>`, `health stop|run`, `health fatal <synd>`, `drop-doorbell`, `clear`;
+                        see docs/hca-model.md)
   --wait SECS           how long to wait for the files (default 10)
   --exit-on-stdin-eof   stop when standard input closes (for runners that hold a pipe to it)
   -h, --help            this text
@@ -52,6 +55,7 @@ struct Opts {
     bar_size: Option<u64>,
     ram_size: Option<u64>,
     trace: Option<PathBuf>,
+    control: Option<PathBuf>,
     udp: SocketAddr,
     wait: Duration,
     exit_on_stdin_eof: bool,
@@ -86,6 +90,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     let mut udp: SocketAddr = DEFAULT_UDP.parse().map_err(|e| format!("{e}"))?;
     let mut wait = shm::DEFAULT_WAIT;
     let mut exit_on_stdin_eof = false;
+    let mut control = None;
     while let Some(arg) = it.next() {
         let (flag, inline) = match arg.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
@@ -105,6 +110,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
             "--bar-size" => bar_size = Some(parse_size(&flag, &value()?)?),
             "--ram-size" => ram_size = Some(parse_size(&flag, &value()?)?),
             "--trace" => trace = Some(PathBuf::from(value()?)),
+            "--control" => control = Some(PathBuf::from(value()?)),
             "--udp" => {
                 let v = value()?;
                 udp = v.parse().map_err(|_| format!("--udp needs an address such as {DEFAULT_UDP}, got `{v}`"))?;
@@ -146,7 +152,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     if trace.is_none() {
         trace = std::env::var_os("MLX5_MODEL_TRACE").filter(|v| !v.is_empty()).map(PathBuf::from);
     }
-    Ok(Parsed::Run(Opts { bar, ram, bar_size, ram_size, trace, udp, wait, exit_on_stdin_eof }))
+    Ok(Parsed::Run(Opts { bar, ram, bar_size, ram_size, trace, control, udp, wait, exit_on_stdin_eof }))
 }
 
 /// Idle back-off: spin briefly, then yield, then sleep with exponential growth up to [`MAX_IDLE_SLEEP`];
@@ -307,20 +313,51 @@ fn run(o: &Opts) -> Result<Stop, String> {
 
 /// The device behind the loop. The command interface (`mlx5_model::Model`: initialization segment, command
 /// queue, HCA state) plugs in here; until it exists the process only carries the signature.
-/// Everything the device polls. The RoCEv2 responder (`roce::udp`) joins once the model has QPs.
+/// Everything the device polls: the command side, the fault control file and the RoCEv2 responder (`roce::udp`).
 struct Device {
     model: mlx5_model::Model,
+    control: Option<mlx5_model::fault::ControlFile>,
+    /// The RoCEv2 responder's socket (non-blocking); None when it could not be bound.
+    udp: Option<mlx5_model::roce::udp::UdpResponder>,
 }
 
 impl Device {
     fn new(bar: Arc<dyn Memory>, ram: Arc<dyn Memory>, o: &Opts) -> Device {
         let cfg = mlx5_model::ModelConfig { trace: o.trace.clone(), ..mlx5_model::ModelConfig::default() };
-        Device { model: mlx5_model::Model::new(bar, ram, cfg) }
+        let control = o.control.as_deref().and_then(|p| match mlx5_model::fault::ControlFile::create(p) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("mlx5-model: control file disabled: {e}");
+                None
+            }
+        });
+        let udp = mlx5_model::roce::udp::UdpResponder::bind(&o.udp.to_string(), Duration::from_millis(1))
+            .and_then(|u| u.set_nonblocking(true).map(|()| u));
+        let udp = udp.map_err(|e| eprintln!("mlx5-model: RoCEv2 responder disabled: {}: {e}", o.udp)).ok();
+        Device { model: mlx5_model::Model::new(bar, ram, cfg), control, udp }
     }
 
     /// One pass over everything the device polls; `true` if it did work.
     fn poll(&mut self) -> bool {
-        self.model.poll()
+        if let Some(c) = self.control.as_mut() {
+            for (line, parsed) in c.poll(Instant::now()) {
+                match parsed {
+                    Ok(f) => {
+                        eprintln!("mlx5-model: control: {line}");
+                        self.model.inject(f);
+                    }
+                    Err(e) => eprintln!("mlx5-model: control: ignoring `{line}`: {e}"),
+                }
+            }
+        }
+        let mut did = self.model.poll();
+        if let Some(u) = self.udp.as_mut() {
+            match mlx5_model::dataplane::poll_udp(&mut self.model, u) {
+                Ok(n) => did |= n > 0,
+                Err(e) => eprintln!("mlx5-model: RoCEv2 responder: {e}"),
+            }
+        }
+        did
     }
 }
 
@@ -357,8 +394,11 @@ mod tests {
             "--wait",
             "3",
             "--exit-on-stdin-eof",
+            "--control",
+            "c.txt",
         ])
         .unwrap();
+        assert_eq!(o.control, Some(PathBuf::from("c.txt")));
         assert_eq!((o.bar_size, o.ram_size), (Some(32 << 20), Some(256 << 20)));
         assert_eq!(o.trace, Some(PathBuf::from("t.jsonl")));
         assert_eq!(o.udp.port(), 5000);

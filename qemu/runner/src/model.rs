@@ -155,13 +155,15 @@ pub struct ModelCommand {
     pub trace: Option<PathBuf>,
     /// `--udp ADDR`.
     pub udp: Option<String>,
+    /// `--control PATH` (the fault-injection control file).
+    pub control: Option<PathBuf>,
     /// Where the model's stderr goes: a file (created or truncated), or this process's stderr.
     pub log: Option<PathBuf>,
 }
 
 impl ModelCommand {
     pub fn new(binary: PathBuf) -> Self {
-        ModelCommand { binary, trace: None, udp: None, log: None }
+        ModelCommand { binary, trace: None, udp: None, control: None, log: None }
     }
 
     /// The model's arguments for `files` and a guest of `mem_mib` MiB.
@@ -184,6 +186,10 @@ impl ModelCommand {
         if let Some(u) = &self.udp {
             a.push("--udp".into());
             a.push(u.into());
+        }
+        if let Some(c) = &self.control {
+            a.push("--control".into());
+            a.push(c.clone().into());
         }
         a
     }
@@ -315,6 +321,7 @@ mod tests {
         let f = ModelFiles { bar: "b".into(), bar_bytes: 1 << 25, ram: "r".into() };
         let mut c = ModelCommand::new("mlx5-model".into());
         c.trace = Some("t.jsonl".into());
+        c.control = Some("c.txt".into());
         let a: Vec<String> = c.args(&f, 256).into_iter().map(|s| s.into_string().unwrap()).collect();
         assert_eq!(
             a,
@@ -329,7 +336,9 @@ mod tests {
                 "268435456",
                 "--exit-on-stdin-eof",
                 "--trace",
-                "t.jsonl"
+                "t.jsonl",
+                "--control",
+                "c.txt"
             ]
         );
     }

@@ -7,10 +7,16 @@
 //! reasons listed in `reason` below, so a failing command names its opcode and cause in the trace.
 
 mod caps;
+mod cq;
+mod eq;
+mod flow;
 mod init;
 mod mkey;
 mod pages;
+mod qp;
+mod reg;
 mod resources;
+mod vport;
 
 use crate::hca::Hca;
 use crate::ifc::{self, Field, hdr};
@@ -51,12 +57,39 @@ pub mod opcode {
     pub const CREATE_MKEY: u16 = 0x200;
     pub const QUERY_MKEY: u16 = 0x201;
     pub const DESTROY_MKEY: u16 = 0x202;
+    pub const CREATE_EQ: u16 = 0x301;
+    pub const DESTROY_EQ: u16 = 0x302;
+    pub const QUERY_EQ: u16 = 0x303;
+    pub const CREATE_CQ: u16 = 0x400;
+    pub const DESTROY_CQ: u16 = 0x401;
+    pub const CREATE_QP: u16 = 0x500;
+    pub const DESTROY_QP: u16 = 0x501;
+    pub const RST2INIT_QP: u16 = 0x502;
+    pub const INIT2RTR_QP: u16 = 0x503;
+    pub const RTR2RTS_QP: u16 = 0x504;
+    pub const RTS2RTS_QP: u16 = 0x505;
+    pub const QP_2ERR: u16 = 0x507;
+    pub const QP_2RST: u16 = 0x50a;
+    pub const QUERY_QP: u16 = 0x50b;
     pub const ALLOC_PD: u16 = 0x800;
     pub const DEALLOC_PD: u16 = 0x801;
     pub const ALLOC_UAR: u16 = 0x802;
     pub const DEALLOC_UAR: u16 = 0x803;
     pub const ALLOC_TRANSPORT_DOMAIN: u16 = 0x816;
     pub const DEALLOC_TRANSPORT_DOMAIN: u16 = 0x817;
+    pub const QUERY_NIC_VPORT_CONTEXT: u16 = 0x754;
+    pub const MODIFY_NIC_VPORT_CONTEXT: u16 = 0x755;
+    pub const QUERY_ROCE_ADDRESS: u16 = 0x760;
+    pub const SET_ROCE_ADDRESS: u16 = 0x761;
+    pub const QUERY_HCA_VPORT_GID: u16 = 0x764;
+    pub const ACCESS_REG: u16 = 0x805;
+    pub const SET_FLOW_TABLE_ROOT: u16 = 0x92f;
+    pub const CREATE_FLOW_TABLE: u16 = 0x930;
+    pub const DESTROY_FLOW_TABLE: u16 = 0x931;
+    pub const CREATE_FLOW_GROUP: u16 = 0x933;
+    pub const DESTROY_FLOW_GROUP: u16 = 0x934;
+    pub const SET_FLOW_TABLE_ENTRY: u16 = 0x936;
+    pub const DELETE_FLOW_TABLE_ENTRY: u16 = 0x938;
 }
 
 /// Syndrome reasons (low 16 bits of the syndrome).
@@ -90,6 +123,27 @@ pub mod reason {
     pub const BAD_LENGTH: u16 = 0x1b;
     pub const BAD_PROFILE: u16 = 0x1c;
     pub const OBJECTS_IN_USE: u16 = 0x1d;
+    // EQ, CQ, registers, vport (0x30..=0x3f).
+    pub const NO_SUCH_EQ: u16 = 0x30;
+    pub const BAD_DOORBELL_RECORD: u16 = 0x31;
+    pub const UNKNOWN_REGISTER: u16 = 0x32;
+    pub const BAD_PORT: u16 = 0x33;
+    pub const BAD_REGISTER_VALUE: u16 = 0x34;
+    pub const BAD_TABLE_INDEX: u16 = 0x35;
+    // QP and flow steering (0x40..=0x5f).
+    pub const QP_WRONG_STATE: u16 = 0x40;
+    pub const QP_BAD_OPT_PARAM: u16 = 0x41;
+    pub const QP_BAD_FIELD: u16 = 0x42;
+    pub const QP_BAD_UAR: u16 = 0x43;
+    pub const QP_BAD_SIZE: u16 = 0x44;
+    pub const QP_BAD_DBR: u16 = 0x45;
+    pub const QP_BAD_PATH: u16 = 0x46;
+    pub const QP_BAD_CQ: u16 = 0x47;
+    pub const FT_BAD_TABLE_TYPE: u16 = 0x50;
+    pub const FT_BAD_INDEX: u16 = 0x51;
+    pub const FT_INDEX_OCCUPIED: u16 = 0x52;
+    pub const FT_BAD_ACTION: u16 = 0x53;
+    pub const FT_BAD_DESTINATION: u16 = 0x54;
     pub const UNKNOWN_OPCODE: u16 = 0xff;
 }
 
@@ -202,6 +256,33 @@ fn dispatch(hca: &mut Hca, c: &Ctx) -> CmdResult {
         CREATE_MKEY => mkey::create_mkey(hca, c),
         QUERY_MKEY => mkey::query_mkey(hca, c),
         DESTROY_MKEY => mkey::destroy_mkey(hca, c),
+        CREATE_EQ => eq::create_eq(hca, c),
+        DESTROY_EQ => eq::destroy_eq(hca, c),
+        QUERY_EQ => eq::query_eq(hca, c),
+        CREATE_CQ => cq::create_cq(hca, c),
+        DESTROY_CQ => cq::destroy_cq(hca, c),
+        ACCESS_REG => reg::access_register(hca, c),
+        QUERY_NIC_VPORT_CONTEXT => vport::query_nic_vport_context(hca, c),
+        MODIFY_NIC_VPORT_CONTEXT => vport::modify_nic_vport_context(hca, c),
+        QUERY_HCA_VPORT_GID => vport::query_hca_vport_gid(hca, c),
+        QUERY_ROCE_ADDRESS => vport::query_roce_address(hca, c),
+        SET_ROCE_ADDRESS => vport::set_roce_address(hca, c),
+        CREATE_QP => qp::create_qp(hca, c),
+        DESTROY_QP => qp::destroy_qp(hca, c),
+        QUERY_QP => qp::query_qp(hca, c),
+        RST2INIT_QP => qp::modify(hca, c, crate::qp::Transition::Rst2Init),
+        INIT2RTR_QP => qp::modify(hca, c, crate::qp::Transition::Init2Rtr),
+        RTR2RTS_QP => qp::modify(hca, c, crate::qp::Transition::Rtr2Rts),
+        RTS2RTS_QP => qp::modify(hca, c, crate::qp::Transition::Rts2Rts),
+        QP_2ERR => qp::to_err_or_rst(hca, c, crate::qp::Transition::ToErr),
+        QP_2RST => qp::to_err_or_rst(hca, c, crate::qp::Transition::ToRst),
+        CREATE_FLOW_TABLE => flow::create_flow_table(hca, c),
+        DESTROY_FLOW_TABLE => flow::destroy_flow_table(hca, c),
+        CREATE_FLOW_GROUP => flow::create_flow_group(hca, c),
+        DESTROY_FLOW_GROUP => flow::destroy_flow_group(hca, c),
+        SET_FLOW_TABLE_ENTRY => flow::set_flow_table_entry(hca, c),
+        DELETE_FLOW_TABLE_ENTRY => flow::delete_flow_table_entry(hca, c),
+        SET_FLOW_TABLE_ROOT => flow::set_flow_table_root(hca, c),
         _ => Err(c.err(status::BAD_OP, reason::UNKNOWN_OPCODE)),
     }
 }

@@ -71,7 +71,7 @@ pub fn alloc_pd(hca: &mut Hca, c: &Ctx) -> CmdResult {
 
 pub fn dealloc_pd(hca: &mut Hca, c: &Ctx) -> CmdResult {
     c.need_input(0x10)?;
-    if hca.mkeys.values().any(|m| m.pd == c.get(HANDLE)) {
+    if hca.mkeys.values().any(|m| m.pd == c.get(HANDLE)) || hca.qps.qps.values().any(|q| q.pd() == c.get(HANDLE)) {
         return Err(c.err(status::BAD_RES_STATE, reason::OBJECTS_IN_USE));
     }
     release(hca, c, |h| &mut h.pds)

@@ -37,6 +37,12 @@ impl UdpResponder {
         Ok(self)
     }
 
+    /// Non-blocking mode: [`UdpResponder::poll`] returns `Ok(None)` at once when nothing is waiting (the model's
+    /// polling loop uses this).
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.socket.set_nonblocking(on)
+    }
+
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.socket.local_addr()
     }

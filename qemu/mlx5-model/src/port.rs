@@ -1,0 +1,95 @@
+//! The one RoCE port and its NIC vport: what PAOS and PMTU (ACCESS_REGISTER; `mlx5_ifc.h` `paos_reg`,
+//! `pmtu_reg`; facts §e.6), QUERY/MODIFY_NIC_VPORT_CONTEXT (`nic_vport_context`) and the RoCE address table
+//! (QUERY/SET_ROCE_ADDRESS, `roce_addr_layout`; QUERY_HCA_VPORT_GID) report, kept consistent with one MAC.
+//! Defaults and their reasons are in `docs/hca-model.md` ("Events and the port").
+
+/// PAOS `admin_status` / `oper_status` (`driver.h:231-232`).
+pub const PORT_UP: u8 = 1;
+pub const PORT_DOWN: u8 = 2;
+
+/// Ethernet MTUs as PMTU counts them (Linux `MLX5E_SW2HW_MTU`: the software
+/// MTU + 14 (Ethernet) + 4 (VLAN) + 4 (FCS)).
+pub const DEFAULT_HW_MTU: u16 = 1500 + 22;
+/// Largest PMTU `max_mtu`: a ConnectX-5 reports a software `maxmtu` of 9978 under Linux = 10000 − 22.
+pub const MAX_HW_MTU: u16 = 10000;
+
+/// `roce_addr_layout` (0x20 bytes) `roce_version` values (`mlx5_ifc.h` `MLX5_ROCE_VERSION_*`).
+pub const ROCE_VERSION_2: u8 = 2;
+/// `roce_l3_type` (`MLX5_ROCE_L3_TYPE_*`).
+pub const ROCE_L3_TYPE_IPV6: u8 = 1;
+
+/// One RoCE address table entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoceAddr {
+    pub gid: [u8; 16],
+    pub mac: [u8; 6],
+    pub vlan_valid: bool,
+    pub vlan_id: u16,
+    pub l3_type: u8,
+    pub version: u8,
+}
+
+impl RoceAddr {
+    pub fn is_empty(&self) -> bool {
+        *self == RoceAddr::default()
+    }
+}
+
+pub struct Port {
+    pub mac: [u8; 6],
+    pub admin_status: u8,
+    pub oper_status: u8,
+    /// PAOS `e`: 0 no events, 1 events, 2 one event then 0.
+    pub event_mode: u8,
+    pub max_mtu: u16,
+    pub admin_mtu: u16,
+    pub oper_mtu: u16,
+    pub roce_en: bool,
+    /// `nic_vport_context.mtu`.
+    pub vport_mtu: u16,
+    pub roce_addrs: Vec<RoceAddr>,
+}
+
+/// EUI-64 from a MAC (flip the universal/local bit, insert ff:fe): node/port GUID and the link-local GID.
+pub fn eui64(mac: [u8; 6]) -> [u8; 8] {
+    [mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]]
+}
+
+/// fe80::/64 + EUI-64: the default GID of a RoCE port (IBTA A17.4 / Linux `ib_cache` default GID).
+pub fn link_local_gid(mac: [u8; 6]) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[0] = 0xfe;
+    g[1] = 0x80;
+    g[8..].copy_from_slice(&eui64(mac));
+    g
+}
+
+impl Port {
+    /// A port that is up at `DEFAULT_HW_MTU`, RoCE disabled in the vport until the driver enables it, and
+    /// RoCE address 0 = the RoCEv2 link-local GID of `mac`.
+    pub fn new(mac: [u8; 6], table_size: usize) -> Port {
+        let mut roce_addrs = vec![RoceAddr::default(); table_size];
+        if let Some(a) = roce_addrs.first_mut() {
+            *a = RoceAddr {
+                gid: link_local_gid(mac),
+                mac,
+                vlan_valid: false,
+                vlan_id: 0,
+                l3_type: ROCE_L3_TYPE_IPV6,
+                version: ROCE_VERSION_2,
+            };
+        }
+        Port {
+            mac,
+            admin_status: PORT_UP,
+            oper_status: PORT_UP,
+            event_mode: 1,
+            max_mtu: MAX_HW_MTU,
+            admin_mtu: DEFAULT_HW_MTU,
+            oper_mtu: DEFAULT_HW_MTU,
+            roce_en: false,
+            vport_mtu: DEFAULT_HW_MTU,
+            roce_addrs,
+        }
+    }
+}

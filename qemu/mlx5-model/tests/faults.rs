@@ -1,0 +1,136 @@
+//! Fault injection (`mlx5_model::fault`) through the command queue, with the test-side driver.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{CMDQ, Drv, cmd};
+use mlx5_model::ModelConfig;
+use mlx5_model::fault::Fault;
+use mlx5_model::mem::Memory;
+
+const ENABLE_HCA: u16 = 0x104;
+const QUERY_PAGES: u16 = 0x107;
+const BAD_PARAM: u8 = 0x03;
+const BAD_SYS_STATE: u8 = 0x04;
+
+/// Whether the entry in `slot` is still owned by the device.
+fn hw_owned(d: &Drv, slot: u32) -> bool {
+    let mut b = [0u8; 1];
+    d.ram.read(CMDQ + 64 * u64::from(slot) + 0x3f, &mut b).unwrap();
+    b[0] & 1 == 1
+}
+
+#[test]
+fn fail_next_n_commands_of_an_opcode() {
+    let mut d = Drv::new();
+    d.model.inject(Fault::Fail { opcode: ENABLE_HCA, count: 2, status: BAD_PARAM, syndrome: 0xdead_beef });
+    for _ in 0..2 {
+        let r = d.exec(&cmd(ENABLE_HCA, 0, 16), 16);
+        assert_eq!((r.delivery, r.status(), r.syndrome()), (0, BAD_PARAM, 0xdead_beef));
+    }
+    // Not executed: the function is still disabled, and other opcodes were untouched.
+    assert_eq!(d.model.state(), mlx5_model::FnState::Disabled);
+    d.ok(&cmd(ENABLE_HCA, 0, 16), 16);
+    assert_eq!(d.model.fault_counters().failed, 2);
+}
+
+#[test]
+fn delay_completes_later_without_blocking_other_slots() {
+    let mut d = Drv::new();
+    d.model.inject(Fault::Delay { opcode: ENABLE_HCA, delay: Duration::from_millis(40) });
+    d.post(0, &cmd(ENABLE_HCA, 0, 16), 16);
+    d.ring(1);
+    assert!(hw_owned(&d, 0));
+    // Another slot runs meanwhile (QUERY_PAGES before ENABLE_HCA completes: bad system state).
+    d.post(1, &cmd(QUERY_PAGES, 1, 16), 16);
+    d.ring(2);
+    assert_eq!(d.read_result(1, 16).status(), BAD_SYS_STATE);
+    assert!(hw_owned(&d, 0));
+    // Ringing the delayed slot again is ignored (the device owns it).
+    d.ring(1);
+    assert_eq!(d.model.fault_counters().rings_on_busy_slot, 1);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(d.model.poll());
+    let r = d.read_result(0, 16);
+    assert_eq!((r.delivery, r.status()), (0, 0));
+    assert_eq!(d.model.state(), mlx5_model::FnState::Enabled);
+    assert_eq!(d.model.counters().commands, 2, "executed once");
+}
+
+#[test]
+fn hang_never_completes_and_quarantines_the_slot() {
+    let mut d = Drv::new();
+    d.model.inject(Fault::Hang { opcode: ENABLE_HCA });
+    d.post(0, &cmd(ENABLE_HCA, 0, 16), 16);
+    d.ring(1);
+    for _ in 0..10 {
+        d.model.poll();
+    }
+    assert!(hw_owned(&d, 0));
+    // Clearing the rule does not bring the lost command back; the slot stays the device's.
+    d.model.inject(Fault::Clear);
+    d.ring(1);
+    assert!(hw_owned(&d, 0));
+    // The driver moves on to another slot.
+    d.post(1, &cmd(ENABLE_HCA, 0, 16), 16);
+    d.ring(2);
+    assert_eq!(d.read_result(1, 16).status(), 0);
+    let c = d.model.fault_counters();
+    assert_eq!((c.hung, c.rings_on_busy_slot), (1, 1));
+}
+
+#[test]
+fn health_counter_stops_and_runs_again() {
+    let cfg =
+        ModelConfig { init_delay: Duration::ZERO, health_period: Duration::from_millis(5), ..ModelConfig::default() };
+    let mut d = Drv::with(cfg, 1 << 20);
+    d.model.inject(Fault::HealthCounter { stopped: true });
+    d.model.poll();
+    let a = d.bar.read_be32(0x1010).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    d.model.poll();
+    assert_eq!(d.bar.read_be32(0x1010).unwrap(), a);
+    d.model.inject(Fault::HealthCounter { stopped: false });
+    std::thread::sleep(Duration::from_millis(20));
+    d.model.poll();
+    assert!(d.bar.read_be32(0x1010).unwrap() > a);
+}
+
+#[test]
+fn fatal_syndrome_sets_the_health_buffer_and_commands_are_not_answered() {
+    let mut d = Drv::new();
+    d.ok(&cmd(ENABLE_HCA, 0, 16), 16);
+    d.model.inject(Fault::HealthFatal { synd: 0x7 });
+    let mut hb = [0u8; 0x40];
+    d.bar.read(0x200, &mut hb).unwrap();
+    assert_eq!(hb[0x3d], 0x7, "synd");
+    assert_eq!(hb[0x38] & 0x80, 0x80, "rfr: Linux's fatal sensor needs rfr with synd");
+    assert_eq!(hb[0x38] & 0x0f, 0x8 | 2, "severity valid, LOGLEVEL_CRIT");
+    assert_eq!(d.bar.read_be32(0x1010).unwrap() >> 24, 0x7, "health_syndrome");
+    d.post(0, &cmd(QUERY_PAGES, 1, 16), 16);
+    d.ring(1);
+    for _ in 0..10 {
+        d.model.poll();
+    }
+    assert!(hw_owned(&d, 0), "a firmware in internal error does not complete commands");
+    assert_eq!(d.model.fault_counters().ignored_after_fatal, 1);
+    // Fatal is for good.
+    d.model.inject(Fault::Clear);
+    d.post(1, &cmd(QUERY_PAGES, 1, 16), 16);
+    d.ring(2);
+    assert!(hw_owned(&d, 1));
+}
+
+#[test]
+fn dropped_doorbell_is_ignored_once() {
+    let mut d = Drv::new();
+    d.model.inject(Fault::DropDoorbell);
+    d.post(0, &cmd(ENABLE_HCA, 0, 16), 16);
+    d.ring(1);
+    assert!(hw_owned(&d, 0));
+    assert_eq!(d.bar.read_be32(0x18).unwrap(), 0, "the ring was consumed");
+    d.ring(1);
+    assert_eq!(d.read_result(0, 16).status(), 0);
+    assert_eq!(d.model.fault_counters().doorbells_dropped, 1);
+}

@@ -1,0 +1,137 @@
+//! ACCESS_REGISTER (PAOS, PMTU, HOST_ENDIANNESS), NIC vport context, HCA vport GID and RoCE addresses: good
+//! input, the defaults of the one RoCE port, and each error class.
+
+mod common;
+
+use common::{Drv, be32, cmd, put32};
+
+const BAD_OP: u8 = 0x02;
+const BAD_PARAM: u8 = 0x03;
+const BAD_SYS_STATE: u8 = 0x04;
+const BAD_INP_LEN: u8 = 0x50;
+const BAD_OUTP_LEN: u8 = 0x51;
+/// The default MAC (`ModelConfig::mac`).
+const MAC: [u8; 6] = [0x02, 0x4c, 0x42, 0x00, 0x00, 0x01];
+/// fe80::EUI-64(MAC): U/L bit flipped, ff:fe inserted.
+const GID0: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x00, 0x4c, 0x42, 0xff, 0xfe, 0x00, 0x00, 0x01];
+
+fn reg(op_mod: u16, id: u32, dw0: u32, dw1: u32, dw2: u32) -> Vec<u8> {
+    let mut b = cmd(0x805, op_mod, 0x20);
+    put32(&mut b, 8, id);
+    put32(&mut b, 0x10, dw0);
+    put32(&mut b, 0x14, dw1);
+    put32(&mut b, 0x18, dw2);
+    b
+}
+
+#[test]
+fn pmtu_paos_and_host_endianness() {
+    let mut d = Drv::new();
+    assert_eq!(d.exec(&reg(1, 0x5003, 1 << 16, 0, 0), 0x20).status(), BAD_SYS_STATE, "before ENABLE_HCA");
+    d.bring_up();
+    let out = d.ok(&reg(1, 0x5003, 1 << 16, 0, 0), 0x20);
+    assert_eq!((be32(&out, 0x14) >> 16, be32(&out, 0x18) >> 16, be32(&out, 0x1c) >> 16), (10000, 1522, 1522));
+    let out = d.ok(&reg(0, 0x5003, 1 << 16, 0, 4096 << 16), 0x20);
+    assert_eq!(be32(&out, 0x1c) >> 16, 4096, "oper follows admin");
+    assert_eq!(d.exec(&reg(0, 0x5003, 1 << 16, 0, 10001 << 16), 0x20).status(), BAD_PARAM, "above max_mtu");
+    assert_eq!(d.exec(&reg(0, 0x5003, 1 << 16, 0, 20 << 16), 0x20).status(), BAD_PARAM, "below minimum");
+    assert_eq!(d.exec(&reg(1, 0x5003, 2 << 16, 0, 0), 0x20).status(), BAD_PARAM, "local_port 2");
+    let out = d.ok(&reg(1, 0x5006, 1 << 16, 0, 0), 0x20);
+    assert_eq!(be32(&out, 0x10) & 0xf0f, 0x101, "admin up, oper up");
+    assert_eq!(d.exec(&reg(0, 0x5006, (1 << 16) | (3 << 8), 1 << 31, 0), 0x20).status(), BAD_PARAM);
+    d.ok(&reg(0, 0x7004, 0, 0, 0), 0x20);
+    assert_eq!(d.exec(&reg(0, 0x7004, 0x80 << 24, 0, 0), 0x20).status(), BAD_PARAM, "big-endian host");
+    assert_eq!(d.exec(&reg(1, 0x5008, 1 << 16, 0, 0), 0x20).status(), BAD_PARAM, "PPCNT not modelled");
+    assert_eq!(d.exec(&reg(2, 0x5003, 1 << 16, 0, 0), 0x20).status(), BAD_PARAM, "op_mod");
+    let mut a = reg(1, 0x5003, 1 << 16, 0, 0);
+    put32(&mut a, 12, 1);
+    assert_eq!(d.exec(&a, 0x20).status(), BAD_PARAM, "argument");
+    assert_eq!(d.exec(&reg(1, 0x5003, 1 << 16, 0, 0)[..0x18], 0x20).status(), BAD_INP_LEN);
+    assert_eq!(d.exec(&reg(1, 0x5003, 1 << 16, 0, 0), 0x10).status(), BAD_OUTP_LEN);
+}
+
+#[test]
+fn nic_vport_context_defaults_and_roce_en() {
+    let mut d = Drv::new();
+    d.bring_up();
+    let out = d.ok(&cmd(0x754, 0, 16), 0x110);
+    assert_eq!(be32(&out, 0x10) & 1, 0, "roce_en off until the driver enables it");
+    assert_eq!(be32(&out, 0x34) & 0xffff, 1522, "mtu");
+    assert_eq!(&out[0x106..0x10c], &MAC, "permanent_address");
+    assert_eq!(&out[0x48..0x50], &GID0[8..], "node_guid = EUI-64 of the MAC");
+    let mut m = cmd(0x755, 0, 0x200);
+    put32(&mut m, 0xc, 1 << 1);
+    put32(&mut m, 0x100, 1);
+    d.ok(&m, 16);
+    assert_eq!(be32(&d.ok(&cmd(0x754, 0, 16), 0x110), 0x10) & 1, 1);
+    assert!(d.model.hca().port.roce_en);
+    // Unsupported select (promisc), a value without its select, another vport, a list query.
+    let mut x = m.clone();
+    put32(&mut x, 0xc, 1 << 4);
+    assert_eq!(d.exec(&x, 16).status(), BAD_PARAM);
+    let mut x = m.clone();
+    put32(&mut x, 0xc, 0);
+    assert_eq!(d.exec(&x, 16).status(), BAD_PARAM);
+    let mut x = m.clone();
+    put32(&mut x, 8, 1);
+    assert_eq!(d.exec(&x, 16).status(), BAD_PARAM);
+    let mut q = cmd(0x754, 0, 16);
+    put32(&mut q, 0xc, 1 << 24);
+    assert_eq!(d.exec(&q, 0x110).status(), BAD_PARAM);
+    assert_eq!(d.exec(&m[..0x100], 16).status(), BAD_INP_LEN);
+}
+
+#[test]
+fn gid_table_and_roce_addresses() {
+    let mut d = Drv::new();
+    d.bring_up();
+    let mut g = cmd(0x764, 0, 16);
+    let out = d.ok(&g, 0x20);
+    assert_eq!((be32(&out, 0xc) >> 16, &out[0x10..0x20]), (1, &GID0[..]));
+    put32(&mut g, 0xc, 0xffff);
+    let out = d.ok(&g, 0x10 + 16 * 256);
+    assert_eq!(be32(&out, 0xc) >> 16, 256);
+    assert_eq!(d.exec(&g, 0x20).status(), BAD_OUTP_LEN);
+    put32(&mut g, 0xc, 256);
+    assert_eq!(d.exec(&g, 0x20).status(), BAD_PARAM);
+    // RoCE address 0: RoCEv2 (2), IPv6 (1), the MAC.
+    let out = d.ok(&cmd(0x760, 0, 16), 0x30);
+    assert_eq!(&out[0x10..0x20], &GID0);
+    assert_eq!((be32(&out, 0x20) & 0xffff, be32(&out, 0x24)), (0x024c, 0x4200_0001));
+    assert_eq!(be32(&out, 0x28) & 0xfff, 0x102);
+    // SET index 3 to a RoCEv2 IPv4-mapped GID, read it back through both commands.
+    let mut s = cmd(0x761, 0, 0x30);
+    put32(&mut s, 8, 3 << 16);
+    s[0x10 + 10] = 0xff;
+    s[0x10 + 11] = 0xff;
+    s[0x10 + 12..0x10 + 16].copy_from_slice(&[10, 0, 0, 1]);
+    put32(&mut s, 0x20, 0x024c);
+    put32(&mut s, 0x24, 0x4200_0001);
+    put32(&mut s, 0x28, 2);
+    d.ok(&s, 16);
+    let mut q = cmd(0x760, 0, 16);
+    put32(&mut q, 8, 3 << 16);
+    assert_eq!(&d.ok(&q, 0x30)[0x10..0x30], &s[0x10..0x30]);
+    let mut g = cmd(0x764, 0, 16);
+    put32(&mut g, 0xc, 3);
+    assert_eq!(&d.ok(&g, 0x20)[0x10..0x20], &s[0x10..0x20]);
+    // Errors: version 5, l3 type 2, vlan id without vlan_valid, index out of range, port 2, short input.
+    for (at, v) in [(0x28, 5u32), (0x28, (2 << 8) | 2), (0x20, (5 << 16) | 0x024c)] {
+        let mut x = s.clone();
+        put32(&mut x, at, v);
+        assert_eq!(d.exec(&x, 16).status(), BAD_PARAM, "{at:#x} {v:#x}");
+    }
+    let mut x = s.clone();
+    put32(&mut x, 8, 256 << 16);
+    assert_eq!(d.exec(&x, 16).status(), BAD_PARAM);
+    put32(&mut x, 8, (3 << 16) | 2);
+    assert_eq!(d.exec(&x, 16).status(), BAD_PARAM);
+    assert_eq!(d.exec(&s[..0x20], 16).status(), BAD_INP_LEN);
+    // An all-zero entry deletes.
+    let mut z = cmd(0x761, 0, 0x30);
+    put32(&mut z, 8, 3 << 16);
+    d.ok(&z, 16);
+    assert_eq!(&d.ok(&q, 0x30)[0x10..0x30], &[0u8; 0x20]);
+    // An opcode still not modelled.
+    assert_eq!(d.exec(&cmd(0x762, 0, 16), 16).status(), BAD_OP);
+}

@@ -1,0 +1,186 @@
+//! Test-side builders for PD/UAR/MKEY/RC QP commands, written from `mlx5_ifc.h` offsets (facts §e.2, §e.5)
+//! independently of the model's code.
+#![allow(dead_code)]
+
+use crate::common::{Drv, be32, cmd, put32};
+
+/// `MLX5_SET`: `width` bits at big-endian bit offset `bit` (field within one dword).
+pub fn setf(b: &mut [u8], bit: usize, width: u32, v: u32) {
+    let at = bit / 32 * 4;
+    let shift = 32 - (bit as u32 % 32) - width;
+    let mask = if width == 32 { u32::MAX } else { ((1u32 << width) - 1) << shift };
+    let d = (be32(b, at) & !mask) | ((v << shift) & mask);
+    put32(b, at, d);
+}
+
+pub fn getf(b: &[u8], bit: usize, width: u32) -> u32 {
+    let shift = 32 - (bit as u32 % 32) - width;
+    let mask = if width == 32 { u32::MAX } else { (1u32 << width) - 1 };
+    (be32(b, bit / 32 * 4) >> shift) & mask
+}
+
+pub const CREATE_QP: u16 = 0x500;
+pub const DESTROY_QP: u16 = 0x501;
+pub const RST2INIT: u16 = 0x502;
+pub const INIT2RTR: u16 = 0x503;
+pub const RTR2RTS: u16 = 0x504;
+pub const RTS2RTS: u16 = 0x505;
+pub const QP_2ERR: u16 = 0x507;
+pub const QP_2RST: u16 = 0x50a;
+pub const QUERY_QP: u16 = 0x50b;
+
+/// Absolute bit offsets inside create_qp_in / *2*_qp_in / query_qp_out (facts §e.5 table).
+pub mod bit {
+    pub const QPN: usize = 0x048;
+    pub const OPT_PARAM_MASK: usize = 0x080;
+    pub const STATE: usize = 0x0c0;
+    pub const ST: usize = 0x0c8;
+    pub const PM_STATE: usize = 0x0d3;
+    pub const PD: usize = 0x0e8;
+    pub const MTU: usize = 0x100;
+    pub const LOG_SQ_SIZE: usize = 0x111;
+    pub const UAR_PAGE: usize = 0x128;
+    pub const REMOTE_QPN: usize = 0x168;
+    pub const PKEY_INDEX: usize = 0x190;
+    pub const ACK_TIMEOUT: usize = 0x1c0;
+    pub const HOP_LIMIT: usize = 0x1d8;
+    pub const RGID: usize = 0x200;
+    pub const UDP_SPORT: usize = 0x290;
+    pub const VHCA_PORT_NUM: usize = 0x2a8;
+    pub const RMAC_47_32: usize = 0x2b0;
+    pub const RMAC_31_0: usize = 0x2c0;
+    pub const RETRY_COUNT: usize = 0x44d;
+    pub const RNR_RETRY: usize = 0x450;
+    pub const NEXT_SEND_PSN: usize = 0x488;
+    pub const CQN_SND: usize = 0x4a8;
+    pub const RRE: usize = 0x550;
+    pub const RWE: usize = 0x551;
+    pub const MIN_RNR_NAK: usize = 0x563;
+    pub const NEXT_RCV_PSN: usize = 0x568;
+    pub const CQN_RCV: usize = 0x5a8;
+    pub const DBR_ADDR_BYTE: usize = 0xb8;
+    pub const RQ_TYPE: usize = 0x625;
+}
+
+pub const CQN: u32 = 7;
+/// The WQ buffer page and doorbell record of the test QPs (inside the test RAM, above the command area).
+pub const WQ_PAGE: u64 = 0x20_0000;
+pub const DBR: u64 = 0x1f_f000;
+
+pub fn alloc(d: &mut Drv, opcode: u16) -> u32 {
+    be32(&d.ok(&cmd(opcode, 0, 16), 16), 8) & 0xff_ffff
+}
+
+pub fn alloc_pd(d: &mut Drv) -> u32 {
+    alloc(d, 0x800)
+}
+
+pub fn alloc_uar(d: &mut Drv) -> u32 {
+    alloc(d, 0x802)
+}
+
+/// A minimal RC QP as the VFIO selftest builds it: 16 SQ WQEBBs, zero-length RQ, one PAS page.
+pub fn create_qp_in(pd: u32, uar: u32) -> Vec<u8> {
+    let mut c = cmd(CREATE_QP, 0, 0x110 + 8);
+    setf(&mut c, bit::ST, 8, 0);
+    setf(&mut c, bit::PM_STATE, 2, 3);
+    setf(&mut c, bit::PD, 24, pd);
+    setf(&mut c, bit::UAR_PAGE, 24, uar);
+    setf(&mut c, bit::LOG_SQ_SIZE, 4, 4);
+    setf(&mut c, bit::RQ_TYPE, 3, 3);
+    setf(&mut c, bit::CQN_SND, 24, CQN);
+    setf(&mut c, bit::CQN_RCV, 24, CQN);
+    c[bit::DBR_ADDR_BYTE..bit::DBR_ADDR_BYTE + 8].copy_from_slice(&DBR.to_be_bytes());
+    c[0x110..0x118].copy_from_slice(&WQ_PAGE.to_be_bytes());
+    c
+}
+
+pub fn create_qp(d: &mut Drv, pd: u32, uar: u32) -> u32 {
+    be32(&d.ok(&create_qp_in(pd, uar), 16), 8) & 0xff_ffff
+}
+
+/// The input of a modify command with the fields Linux repeats on every modify.
+pub fn modify_in(opcode: u16, qpn: u32, pd: u32) -> Vec<u8> {
+    let mut c = cmd(opcode, 0, 0x110);
+    setf(&mut c, bit::QPN, 24, qpn);
+    setf(&mut c, bit::PM_STATE, 2, 3);
+    setf(&mut c, bit::PD, 24, pd);
+    setf(&mut c, bit::CQN_SND, 24, CQN);
+    setf(&mut c, bit::CQN_RCV, 24, CQN);
+    c
+}
+
+pub fn rst2init_in(qpn: u32, pd: u32) -> Vec<u8> {
+    let mut c = modify_in(RST2INIT, qpn, pd);
+    setf(&mut c, bit::VHCA_PORT_NUM, 8, 1);
+    setf(&mut c, bit::RRE, 1, 1);
+    setf(&mut c, bit::RWE, 1, 1);
+    c
+}
+
+/// INIT2RTR toward `remote_qpn` at 192.168.7.1 (IPv4-mapped GID), path MTU 1024, expecting `rcv_psn`.
+pub fn init2rtr_in(qpn: u32, pd: u32, remote_qpn: u32, rcv_psn: u32) -> Vec<u8> {
+    let mut c = modify_in(INIT2RTR, qpn, pd);
+    setf(&mut c, bit::MTU, 3, 3);
+    setf(&mut c, bit::REMOTE_QPN, 24, remote_qpn);
+    setf(&mut c, bit::NEXT_RCV_PSN, 24, rcv_psn);
+    setf(&mut c, bit::MIN_RNR_NAK, 5, 12);
+    setf(&mut c, bit::VHCA_PORT_NUM, 8, 1);
+    setf(&mut c, bit::HOP_LIMIT, 8, 64);
+    setf(&mut c, bit::UDP_SPORT, 16, 0xc123);
+    let g = bit::RGID / 8;
+    c[g..g + 16].copy_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 168, 7, 1]);
+    setf(&mut c, bit::RMAC_47_32, 16, 0x02aa);
+    setf(&mut c, bit::RMAC_31_0, 32, 0x0000_0001);
+    c
+}
+
+pub fn rtr2rts_in(qpn: u32, pd: u32, send_psn: u32) -> Vec<u8> {
+    let mut c = modify_in(RTR2RTS, qpn, pd);
+    setf(&mut c, bit::ACK_TIMEOUT, 5, 14);
+    setf(&mut c, bit::RETRY_COUNT, 3, 7);
+    setf(&mut c, bit::RNR_RETRY, 3, 7);
+    setf(&mut c, bit::NEXT_SEND_PSN, 24, send_psn);
+    c
+}
+
+pub fn short_in(opcode: u16, qpn: u32) -> Vec<u8> {
+    let mut c = cmd(opcode, 0, 16);
+    setf(&mut c, bit::QPN, 24, qpn);
+    c
+}
+
+/// QUERY_QP output (0x1d0 bytes, `query_qp_out`).
+pub fn query_qp(d: &mut Drv, qpn: u32) -> Vec<u8> {
+    d.ok(&short_in(QUERY_QP, qpn), 0x1d0)
+}
+
+pub fn qp_state(d: &mut Drv, qpn: u32) -> u32 {
+    getf(&query_qp(d, qpn), bit::STATE, 4)
+}
+
+/// CREATE_MKEY in MTT mode with remote read/write, variant 0x5a, 4 KiB pages; returns the whole key.
+pub fn create_mkey_mtt(d: &mut Drv, pd: u32, start: u64, len: u64, mtt: &[u64]) -> u32 {
+    let oct = mtt.len().div_ceil(2);
+    let mut c = cmd(0x200, 0, 0x110 + 16 * oct);
+    let m = 0x10;
+    c[m + 2] = 0x3c | 1; // rw rr lw lr, access_mode_1_0 = MTT
+    put32(&mut c, m + 4, 0xffff_ff00 | 0x5a);
+    put32(&mut c, m + 0xc, pd);
+    c[m + 0x10..m + 0x18].copy_from_slice(&start.to_be_bytes());
+    c[m + 0x18..m + 0x20].copy_from_slice(&len.to_be_bytes());
+    put32(&mut c, m + 0x34, oct as u32);
+    c[m + 0x3b] = 12;
+    put32(&mut c, 0x60, oct as u32);
+    for (i, pa) in mtt.iter().enumerate() {
+        c[0x110 + 8 * i..0x118 + 8 * i].copy_from_slice(&(pa | 3).to_be_bytes());
+    }
+    let index = be32(&d.ok(&c, 16), 8) & 0xff_ffff;
+    (index << 8) | 0x5a
+}
+
+pub fn destroy_mkey(d: &mut Drv, key: u32) {
+    let mut c = cmd(0x202, 0, 16);
+    put32(&mut c, 8, key >> 8);
+    d.ok(&c, 16);
+}
