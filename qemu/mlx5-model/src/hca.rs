@@ -236,11 +236,15 @@ impl Model {
             self.counters.doorbells_on_sw_owned_entry += 1;
             return;
         }
-        if crate::events::hold(&mut self.hca, ram, slot, addr, &e) {
-            return;
-        }
-        let opcode = ifc::get(&e.raw[ifc::cmd_queue_entry::COMMAND_INPUT_INLINE_DATA..], hdr::OPCODE) as u16;
-        let verdict = self.faults.on_command(opcode, slot, addr, Instant::now(), released);
+        let verdict = match crate::events::hold(&mut self.hca, ram, slot, addr, &e) {
+            crate::events::Hold::Wait => return,
+            // Refused pages: the firmware's answer, not subject to injected faults.
+            crate::events::Hold::Fail(err) => Verdict::Fail { status: err.status, syndrome: err.syndrome },
+            crate::events::Hold::Run => {
+                let opcode = ifc::get(&e.raw[ifc::cmd_queue_entry::COMMAND_INPUT_INLINE_DATA..], hdr::OPCODE) as u16;
+                self.faults.on_command(opcode, slot, addr, Instant::now(), released)
+            }
+        };
         if !matches!(verdict, Verdict::Run | Verdict::Fail { .. }) {
             return;
         }

@@ -293,6 +293,11 @@ impl QpTable {
         self.qps.get_mut(&qpn)
     }
 
+    /// Whether a QP sends or receives completions to `cqn` (DESTROY_CQ is refused while one does).
+    pub fn uses_cq(&self, cqn: u32) -> bool {
+        self.qps.values().any(|q| q.get(qpc::CQN_SND) == cqn || q.get(qpc::CQN_RCV) == cqn)
+    }
+
     /// Lowest free QPN in `[2, hi)` (QPN 0 and 1 are the IB special QPs and never handed out).
     pub fn free_qpn(&self, hi: u32) -> Option<u32> {
         let mut want = 2;

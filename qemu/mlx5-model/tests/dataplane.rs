@@ -163,31 +163,29 @@ struct Rig {
     d: Drv,
     udp: UdpResponder,
     client: UdpSocket,
-    pd: u32,
-    uar: u32,
+    r: Res,
 }
 
 impl Rig {
     fn new() -> Rig {
         let mut d = Drv::new();
         d.bring_up();
-        let pd = alloc_pd(&mut d);
-        let uar = alloc_uar(&mut d);
+        let r = setup(&mut d);
         let udp = UdpResponder::bind("127.0.0.1:0", Duration::from_millis(1)).unwrap();
         udp.set_nonblocking(true).unwrap();
         let client = UdpSocket::bind("127.0.0.1:0").unwrap();
         client.connect(udp.local_addr().unwrap()).unwrap();
         client.set_nonblocking(true).unwrap();
-        Rig { d, udp, client, pd, uar }
+        Rig { d, udp, client, r }
     }
 
     /// An RC QP at RTS expecting PSN 0x100 from REMOTE_QPN.
     fn rts_qp(&mut self) -> u32 {
-        let (d, pd) = (&mut self.d, self.pd);
-        let q = create_qp(d, pd, self.uar);
-        d.ok(&rst2init_in(q, pd), 16);
-        d.ok(&init2rtr_in(q, pd, REMOTE_QPN, 0x100), 16);
-        d.ok(&rtr2rts_in(q, pd, 0x500), 16);
+        let (d, r) = (&mut self.d, self.r);
+        let q = create_qp(d, r);
+        d.ok(&rst2init_in(q, r), 16);
+        d.ok(&init2rtr_in(q, r, REMOTE_QPN, 0x100), 16);
+        d.ok(&rtr2rts_in(q, r, 0x500), 16);
         q
     }
 
@@ -237,7 +235,7 @@ const WAIT: Duration = Duration::from_secs(2);
 #[test]
 fn write_and_read_back_then_mkey_first_revoke_naks() {
     let mut r = Rig::new();
-    let key = create_mkey_mtt(&mut r.d, r.pd, VA, 0x2000, &PAGES);
+    let key = create_mkey_mtt(&mut r.d, r.r.pd, VA, 0x2000, &PAGES);
     let q = r.rts_qp();
     // 64 bytes straddling the MTT page boundary: 32 land at the end of page 0, 32 at the start of page 1.
     let data: Vec<u8> = (0..64u8).collect();
@@ -272,7 +270,7 @@ fn write_and_read_back_then_mkey_first_revoke_naks() {
 #[test]
 fn qp_first_revoke_is_silent_and_2rst_resets_the_responder() {
     let mut r = Rig::new();
-    let key = create_mkey_mtt(&mut r.d, r.pd, VA, 0x2000, &PAGES);
+    let key = create_mkey_mtt(&mut r.d, r.r.pd, VA, 0x2000, &PAGES);
     let q = r.rts_qp();
     let data = vec![0xabu8; 16];
     assert_eq!(r.send(&write_only(q, 0x100, key, VA, &data), WAIT).len(), 1);
@@ -285,9 +283,9 @@ fn qp_first_revoke_is_silent_and_2rst_resets_the_responder() {
     assert!(r.d.model.hca_mut().qps.take_events().is_empty());
     // 2RST and back to RTS: the responder starts over from the new next_rcv_psn.
     r.d.ok(&short_in(QP_2RST, q), 16);
-    r.d.ok(&rst2init_in(q, r.pd), 16);
-    r.d.ok(&init2rtr_in(q, r.pd, REMOTE_QPN, 0x10), 16);
-    r.d.ok(&rtr2rts_in(q, r.pd, 0), 16);
+    r.d.ok(&rst2init_in(q, r.r), 16);
+    r.d.ok(&init2rtr_in(q, r.r, REMOTE_QPN, 0x10), 16);
+    r.d.ok(&rtr2rts_in(q, r.r, 0), 16);
     let got = r.send(&write_only(q, 0x10, key, VA + 16, &data), WAIT);
     assert_eq!((got[0].syndrome, got[0].psn), (Some(ACK_OK), 0x10));
     // Destroyed QP: silence.

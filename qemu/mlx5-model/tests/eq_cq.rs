@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{Drv, be32, cmd, put32};
+use common::{Drv, QBUF, be32, cmd, create_cq_in, create_eq_in, put32};
 
 const BAD_PARAM: u8 = 0x03;
 const BAD_SYS_STATE: u8 = 0x04;
@@ -11,35 +11,8 @@ const NO_RES: u8 = 0x0f;
 const BAD_INP_LEN: u8 = 0x50;
 const BAD_OUTP_LEN: u8 = 0x51;
 
-/// EQ buffers and CQ rings live above the pages `bring_up` gives (those end near 52 MiB).
-pub const QBUF: u64 = 0x3c0_0000;
-
 fn alloc_uar(d: &mut Drv) -> u32 {
     be32(&d.ok(&cmd(0x802, 0, 16), 16), 8) & 0xff_ffff
-}
-
-/// `create_eq_in` for a `2^log_eq_size`-entry EQ at `buf` (one 4 KiB page per PAS entry).
-fn create_eq_in(log_eq_size: u32, uar: u32, bitmask: u64, buf: u64) -> Vec<u8> {
-    let pages = ((64u64 << log_eq_size).div_ceil(4096)) as usize;
-    let mut b = cmd(0x301, 0, 0x110 + 8 * pages);
-    put32(&mut b, 0x1c, (log_eq_size << 24) | uar);
-    b[0x58..0x60].copy_from_slice(&bitmask.to_be_bytes());
-    for k in 0..pages {
-        b[0x110 + 8 * k..0x118 + 8 * k].copy_from_slice(&(buf + 4096 * k as u64).to_be_bytes());
-    }
-    b
-}
-
-fn create_cq_in(log_cq_size: u32, uar: u32, eqn: u32, buf: u64, dbr: u64) -> Vec<u8> {
-    let pages = ((64u64 << log_cq_size).div_ceil(4096)) as usize;
-    let mut b = cmd(0x400, 0, 0x110 + 8 * pages);
-    put32(&mut b, 0x1c, (log_cq_size << 24) | uar);
-    put32(&mut b, 0x24, eqn);
-    b[0x48..0x50].copy_from_slice(&dbr.to_be_bytes());
-    for k in 0..pages {
-        b[0x110 + 8 * k..0x118 + 8 * k].copy_from_slice(&(buf + 4096 * k as u64).to_be_bytes());
-    }
-    b
 }
 
 fn up() -> (Drv, u32) {

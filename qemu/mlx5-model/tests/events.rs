@@ -2,10 +2,11 @@
 //! until pages are given on another slot, PORT_CHANGE from PAOS, QP and CQ errors.
 
 mod common;
+mod support_qp;
 
 use std::time::Duration;
 
-use common::{Drv, be32, cmd, put32};
+use common::{Drv, be32, cmd, create_cq_in, put32};
 use mlx5_model::ModelConfig;
 use mlx5_model::events::PageRequest;
 use mlx5_model::mem::Memory;
@@ -32,6 +33,14 @@ fn with_eq(cfg: ModelConfig, bitmask: u64) -> (Drv, u32, u8) {
     (d, uar, eqn)
 }
 
+/// `n` RC QPs (in RESET) on a new PD and a CQ reporting to `eqn`, through real commands: their QPNs.
+fn qps(d: &mut Drv, uar: u32, eqn: u8, n: usize) -> Vec<u32> {
+    let pd = support_qp::alloc_pd(d);
+    let out = d.ok(&create_cq_in(6, uar, eqn.into(), EQ_BUF + 0x4000, EQ_BUF + 0x8000), 16);
+    let r = support_qp::Res { pd, uar, eqn: eqn.into(), cqn: be32(&out, 8) & 0xff_ffff };
+    (0..n).map(|_| support_qp::create_qp(d, r)).collect()
+}
+
 fn cfg() -> ModelConfig {
     ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() }
 }
@@ -45,28 +54,35 @@ fn eqe(d: &Drv, i: u64) -> [u8; 64] {
 #[test]
 fn eqes_carry_type_data_and_a_toggling_owner_bit() {
     let (mut d, uar, eqn) = with_eq(cfg(), (1 << 0x11) | (1 << 0x4));
+    let q = qps(&mut d, uar, eqn, 6);
     // Not subscribed: nothing written.
-    d.model.raise_qp_event(7, 0x10);
+    assert_eq!(d.model.raise_qp_event(q[0], 0x10), 0);
+    assert_eq!(eqe(&d, 0)[1], 0);
+    // A QPN that does not exist: refused, nothing written.
+    assert_eq!(d.model.raise_qp_event(0x100, 0x11), 0);
     assert_eq!(eqe(&d, 0)[1], 0);
     // Four WQ_ACCESS_ERRORs fill the ring with owner 0 (first pass).
-    for q in 0..4 {
-        d.model.raise_qp_event(0x100 + q, 0x11);
+    for &n in &q[..4] {
+        assert_eq!(d.model.raise_qp_event(n, 0x11), 1);
     }
     for i in 0..4 {
         let e = eqe(&d, i);
-        assert_eq!((e[1], e[3], e[0x20 + 0x14], be32(&e, 0x38), e[63] & 1), (0x11, 0, 0, 0x100 + i as u32, 0));
+        assert_eq!((e[1], e[3], e[0x20 + 0x14], be32(&e, 0x38), e[63] & 1), (0x11, 0, 0, q[i as usize], 0));
     }
     // Full: the fifth is dropped (overrun) until the consumer index moves through the UAR EQ doorbell.
-    d.model.raise_qp_event(0x200, 0x11);
+    d.model.raise_qp_event(q[4], 0x11);
     assert_eq!(d.model.hca().eqs.eqs[&eqn].overruns, 1);
     d.bar.write_be32(u64::from(uar) * 4096 + 0x40, (u32::from(eqn) << 24) | 2).unwrap();
     d.model.poll();
     assert_eq!(d.model.hca().eqs.eqs[&eqn].consumer_counter, 2);
     // Second pass: owner 1.
     assert_eq!(d.model.raise_cq_error(99, 1), 0, "no such CQ");
-    d.model.raise_qp_event(0x201, 0x11);
+    assert_eq!(d.model.raise_qp_event(q[5], 0x11), 1);
     let e = eqe(&d, 4);
-    assert_eq!((e[1], be32(&e, 0x38), e[63] & 1), (0x11, 0x201, 1));
+    assert_eq!((e[1], be32(&e, 0x38), e[63] & 1), (0x11, q[5], 1));
+    // A destroyed QP raises nothing either.
+    d.ok(&support_qp::short_in(support_qp::DESTROY_QP, q[5]), 16);
+    assert_eq!(d.model.raise_qp_event(q[5], 0x11), 0);
 }
 
 #[test]
@@ -173,4 +189,36 @@ fn runtime_page_request_without_a_command() {
     let e = eqe(&d, 0);
     assert_eq!((e[1], be32(&e, 0x24)), (0x0b, 5));
     assert_eq!(d.query_pages(3), 5);
+}
+
+#[test]
+fn allocation_fail_fails_the_command_held_for_pages() {
+    let cfg = ModelConfig { page_request: Some(PageRequest { opcode: 0x400, num_pages: 3, times: 1 }), ..cfg() };
+    let (mut d, uar, eqn) = with_eq(cfg, 1 << 0xb);
+    let mut cq = cmd(0x400, 0, 0x118);
+    put32(&mut cq, 0x1c, (6 << 24) | uar);
+    put32(&mut cq, 0x24, eqn.into());
+    put64(&mut cq, 0x48, EQ_BUF + 0x2000);
+    put64(&mut cq, 0x110, EQ_BUF + 0x1000);
+    post_at(&d, 0, &cq, 16, 0x3a0_0000, 0x41);
+    d.ring(1);
+    assert_eq!(eqe(&d, 0)[1], 0x0b, "PAGE_REQUEST");
+    assert_eq!(owner(&d, 0) & 1, 1, "held");
+    // The driver cannot allocate: MANAGE_PAGES op_mod ALLOCATION_FAIL (0), function 0, no entries (Linux
+    // `page_notify_fail`), on slot 1. It completes OK itself.
+    post_at(&d, 1, &cmd(0x108, 0, 16), 16, 0x3b0_0000, 0x42);
+    d.ring(2);
+    let r = d.read_result(1, 16);
+    assert_eq!((r.delivery, r.status()), (0, 0));
+    // The held CREATE_CQ completes (delivery OK, ownership back) with NO_RES and the model's syndrome
+    // `opcode << 16 | ALLOCATION_FAILED (0x1e)`; no CQ was created and the demand it raised is withdrawn.
+    d.model.poll();
+    let r = d.read_result(0, 16);
+    assert_eq!((r.delivery, r.status(), r.syndrome()), (0, 0x0f, (0x400 << 16) | 0x1e));
+    assert!(d.model.hca().cqs.cqs.is_empty());
+    assert!(d.model.hca().page_waits.waiting().is_empty());
+    assert_eq!(d.query_pages(3), 0, "no REGULAR demand left");
+    // Slot 0 is usable again, and the next CREATE_CQ runs at once (times = 1).
+    let r = d.exec(&cq, 16);
+    assert_eq!((r.delivery, r.status()), (0, 0), "syndrome {:#x}", r.syndrome());
 }

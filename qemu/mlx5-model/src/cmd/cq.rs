@@ -168,8 +168,14 @@ pub fn destroy_cq(hca: &mut Hca, c: &Ctx) -> CmdResult {
     c.reserved_zero(0x10, &[CQN])?;
     need_initialized(hca, c)?;
     let out = c.output(0x10)?;
-    if hca.cqs.cqs.remove(&c.get(CQN)).is_none() {
+    let cqn = c.get(CQN);
+    if !hca.cqs.cqs.contains_key(&cqn) {
         return Err(c.err(status::BAD_PARAM, reason::NO_SUCH_OBJECT));
     }
+    // A QP still completing to the CQ keeps it (as DESTROY_EQ with a CQ on the EQ).
+    if hca.qps.uses_cq(cqn) {
+        return Err(c.err(status::BAD_RES_STATE, reason::OBJECTS_IN_USE));
+    }
+    hca.cqs.cqs.remove(&cqn);
     Ok(out)
 }

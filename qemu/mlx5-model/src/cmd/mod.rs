@@ -123,6 +123,8 @@ pub mod reason {
     pub const BAD_LENGTH: u16 = 0x1b;
     pub const BAD_PROFILE: u16 = 0x1c;
     pub const OBJECTS_IN_USE: u16 = 0x1d;
+    /// A command held for runtime pages failed: the driver answered MANAGE_PAGES ALLOCATION_FAIL.
+    pub const ALLOCATION_FAILED: u16 = 0x1e;
     // EQ, CQ, registers, vport (0x30..=0x3f).
     pub const NO_SUCH_EQ: u16 = 0x30;
     pub const BAD_DOORBELL_RECORD: u16 = 0x31;

@@ -59,10 +59,12 @@ pub fn manage_pages(hca: &mut Hca, c: &Ctx) -> CmdResult {
             }
             Ok(out)
         }
-        // ALLOCATION_FAIL: the driver cannot satisfy a page request; nothing to record.
+        // ALLOCATION_FAIL: the driver cannot satisfy a page request; the commands waiting for it fail.
         _ => {
             c.reserved_zero(0x10, &[EMBEDDED_CPU_FUNCTION, FUNCTION_ID, MANAGE_PAGES_IN_INPUT_NUM_ENTRIES])?;
-            c.output(0x10)
+            let out = c.output(0x10)?;
+            crate::events::allocation_failed(hca, c.ram);
+            Ok(out)
         }
     }
 }

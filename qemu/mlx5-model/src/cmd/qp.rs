@@ -89,7 +89,12 @@ pub fn create_qp(hca: &mut Hca, c: &Ctx) -> CmdResult {
     if !hca.uars.contains(&qpc_get(c, qpc::UAR_PAGE)) {
         return Err(bad(c, reason::QP_BAD_UAR));
     }
-    // cqn_snd / cqn_rcv: the model has no CQ table yet, so any CQN is accepted (docs/hca-model.md).
+    // Both CQs must exist (Linux sets both for every RC QP); an unknown handle is BAD_PARAM, as for the PD.
+    for f in [qpc::CQN_SND, qpc::CQN_RCV] {
+        if !hca.cqs.cqs.contains_key(&qpc_get(c, f)) {
+            return Err(bad(c, reason::QP_BAD_CQ));
+        }
+    }
     let max_sz = hca.caps.general(LOG_MAX_QP_SZ);
     let log_max_msg = hca.caps.general(LOG_MAX_MSG);
     if qpc_get(c, qpc::LOG_MSG_MAX) > log_max_msg {

@@ -59,6 +59,15 @@ pub fn alloc_uar(hca: &mut Hca, c: &Ctx) -> CmdResult {
 }
 
 pub fn dealloc_uar(hca: &mut Hca, c: &Ctx) -> CmdResult {
+    c.need_input(0x10)?;
+    let uar = c.get(HANDLE);
+    // An EQ, CQ or QP whose doorbells live on the page keeps it.
+    if hca.eqs.eqs.values().any(|q| q.uar_page == uar)
+        || hca.cqs.cqs.values().any(|q| q.uar_page == uar)
+        || hca.qps.qps.values().any(|q| q.get(crate::qp::qpc::UAR_PAGE) == uar)
+    {
+        return Err(c.err(status::BAD_RES_STATE, reason::OBJECTS_IN_USE));
+    }
     release(hca, c, |h| &mut h.uars)
 }
 

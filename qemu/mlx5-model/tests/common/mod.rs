@@ -181,3 +181,39 @@ impl Drv {
         self.ok(&cmd(0x102, 0, 0x20), 16);
     }
 }
+
+/// `create_eq_in` for a `2^log_eq_size`-entry EQ at `buf` (one 4 KiB page per PAS entry).
+pub fn create_eq_in(log_eq_size: u32, uar: u32, bitmask: u64, buf: u64) -> Vec<u8> {
+    let pages = ((64u64 << log_eq_size).div_ceil(4096)) as usize;
+    let mut b = cmd(0x301, 0, 0x110 + 8 * pages);
+    put32(&mut b, 0x1c, (log_eq_size << 24) | uar);
+    b[0x58..0x60].copy_from_slice(&bitmask.to_be_bytes());
+    for k in 0..pages {
+        b[0x110 + 8 * k..0x118 + 8 * k].copy_from_slice(&(buf + 4096 * k as u64).to_be_bytes());
+    }
+    b
+}
+
+/// `create_cq_in` for a `2^log_cq_size`-entry CQ of 64-byte CQEs at `buf` reporting to `eqn`.
+pub fn create_cq_in(log_cq_size: u32, uar: u32, eqn: u32, buf: u64, dbr: u64) -> Vec<u8> {
+    let pages = ((64u64 << log_cq_size).div_ceil(4096)) as usize;
+    let mut b = cmd(0x400, 0, 0x110 + 8 * pages);
+    put32(&mut b, 0x1c, (log_cq_size << 24) | uar);
+    put32(&mut b, 0x24, eqn);
+    b[0x48..0x50].copy_from_slice(&dbr.to_be_bytes());
+    for k in 0..pages {
+        b[0x110 + 8 * k..0x118 + 8 * k].copy_from_slice(&(buf + 4096 * k as u64).to_be_bytes());
+    }
+    b
+}
+
+/// EQ buffers and CQ rings live above the pages `bring_up` gives (those end near 52 MiB).
+pub const QBUF: u64 = 0x3c0_0000;
+
+/// An EQ (16 entries at `QBUF`, subscribed to nothing) and a 64-entry CQ on it (ring at `QBUF + 0x1000`,
+/// doorbell record at `QBUF + 0x10_0000`), both on `uar`, through CREATE_EQ and CREATE_CQ: returns (eqn, cqn).
+pub fn create_eq_cq(d: &mut Drv, uar: u32) -> (u32, u32) {
+    let eqn = u32::from(d.ok(&create_eq_in(4, uar, 0, QBUF), 16)[0xb]);
+    let out = d.ok(&create_cq_in(6, uar, eqn, QBUF + 0x1000, QBUF + 0x10_0000), 16);
+    (eqn, be32(&out, 8) & 0xff_ffff)
+}

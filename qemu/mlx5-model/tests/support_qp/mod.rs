@@ -2,7 +2,7 @@
 //! independently of the model's code.
 #![allow(dead_code)]
 
-use crate::common::{Drv, be32, cmd, put32};
+use crate::common::{Drv, be32, cmd, create_eq_cq, put32};
 
 /// `MLX5_SET`: `width` bits at big-endian bit offset `bit` (field within one dword).
 pub fn setf(b: &mut [u8], bit: usize, width: u32, v: u32) {
@@ -62,7 +62,6 @@ pub mod bit {
     pub const RQ_TYPE: usize = 0x625;
 }
 
-pub const CQN: u32 = 7;
 /// The WQ buffer page and doorbell record of the test QPs (inside the test RAM, above the command area).
 pub const WQ_PAGE: u64 = 0x20_0000;
 pub const DBR: u64 = 0x1f_f000;
@@ -79,39 +78,56 @@ pub fn alloc_uar(d: &mut Drv) -> u32 {
     alloc(d, 0x802)
 }
 
+/// What a test QP is created on: a PD, a UAR, and the CQ both its queues complete to.
+#[derive(Clone, Copy, Debug)]
+pub struct Res {
+    pub pd: u32,
+    pub uar: u32,
+    pub eqn: u32,
+    pub cqn: u32,
+}
+
+/// ALLOC_PD, ALLOC_UAR, CREATE_EQ and CREATE_CQ (the QP's send and receive CQ), all through real commands.
+pub fn setup(d: &mut Drv) -> Res {
+    let pd = alloc_pd(d);
+    let uar = alloc_uar(d);
+    let (eqn, cqn) = create_eq_cq(d, uar);
+    Res { pd, uar, eqn, cqn }
+}
+
 /// A minimal RC QP as the VFIO selftest builds it: 16 SQ WQEBBs, zero-length RQ, one PAS page.
-pub fn create_qp_in(pd: u32, uar: u32) -> Vec<u8> {
+pub fn create_qp_in(r: Res) -> Vec<u8> {
     let mut c = cmd(CREATE_QP, 0, 0x110 + 8);
     setf(&mut c, bit::ST, 8, 0);
     setf(&mut c, bit::PM_STATE, 2, 3);
-    setf(&mut c, bit::PD, 24, pd);
-    setf(&mut c, bit::UAR_PAGE, 24, uar);
+    setf(&mut c, bit::PD, 24, r.pd);
+    setf(&mut c, bit::UAR_PAGE, 24, r.uar);
     setf(&mut c, bit::LOG_SQ_SIZE, 4, 4);
     setf(&mut c, bit::RQ_TYPE, 3, 3);
-    setf(&mut c, bit::CQN_SND, 24, CQN);
-    setf(&mut c, bit::CQN_RCV, 24, CQN);
+    setf(&mut c, bit::CQN_SND, 24, r.cqn);
+    setf(&mut c, bit::CQN_RCV, 24, r.cqn);
     c[bit::DBR_ADDR_BYTE..bit::DBR_ADDR_BYTE + 8].copy_from_slice(&DBR.to_be_bytes());
     c[0x110..0x118].copy_from_slice(&WQ_PAGE.to_be_bytes());
     c
 }
 
-pub fn create_qp(d: &mut Drv, pd: u32, uar: u32) -> u32 {
-    be32(&d.ok(&create_qp_in(pd, uar), 16), 8) & 0xff_ffff
+pub fn create_qp(d: &mut Drv, r: Res) -> u32 {
+    be32(&d.ok(&create_qp_in(r), 16), 8) & 0xff_ffff
 }
 
 /// The input of a modify command with the fields Linux repeats on every modify.
-pub fn modify_in(opcode: u16, qpn: u32, pd: u32) -> Vec<u8> {
+pub fn modify_in(opcode: u16, qpn: u32, r: Res) -> Vec<u8> {
     let mut c = cmd(opcode, 0, 0x110);
     setf(&mut c, bit::QPN, 24, qpn);
     setf(&mut c, bit::PM_STATE, 2, 3);
-    setf(&mut c, bit::PD, 24, pd);
-    setf(&mut c, bit::CQN_SND, 24, CQN);
-    setf(&mut c, bit::CQN_RCV, 24, CQN);
+    setf(&mut c, bit::PD, 24, r.pd);
+    setf(&mut c, bit::CQN_SND, 24, r.cqn);
+    setf(&mut c, bit::CQN_RCV, 24, r.cqn);
     c
 }
 
-pub fn rst2init_in(qpn: u32, pd: u32) -> Vec<u8> {
-    let mut c = modify_in(RST2INIT, qpn, pd);
+pub fn rst2init_in(qpn: u32, r: Res) -> Vec<u8> {
+    let mut c = modify_in(RST2INIT, qpn, r);
     setf(&mut c, bit::VHCA_PORT_NUM, 8, 1);
     setf(&mut c, bit::RRE, 1, 1);
     setf(&mut c, bit::RWE, 1, 1);
@@ -119,8 +135,8 @@ pub fn rst2init_in(qpn: u32, pd: u32) -> Vec<u8> {
 }
 
 /// INIT2RTR toward `remote_qpn` at 192.168.7.1 (IPv4-mapped GID), path MTU 1024, expecting `rcv_psn`.
-pub fn init2rtr_in(qpn: u32, pd: u32, remote_qpn: u32, rcv_psn: u32) -> Vec<u8> {
-    let mut c = modify_in(INIT2RTR, qpn, pd);
+pub fn init2rtr_in(qpn: u32, r: Res, remote_qpn: u32, rcv_psn: u32) -> Vec<u8> {
+    let mut c = modify_in(INIT2RTR, qpn, r);
     setf(&mut c, bit::MTU, 3, 3);
     setf(&mut c, bit::REMOTE_QPN, 24, remote_qpn);
     setf(&mut c, bit::NEXT_RCV_PSN, 24, rcv_psn);
@@ -135,8 +151,8 @@ pub fn init2rtr_in(qpn: u32, pd: u32, remote_qpn: u32, rcv_psn: u32) -> Vec<u8> 
     c
 }
 
-pub fn rtr2rts_in(qpn: u32, pd: u32, send_psn: u32) -> Vec<u8> {
-    let mut c = modify_in(RTR2RTS, qpn, pd);
+pub fn rtr2rts_in(qpn: u32, r: Res, send_psn: u32) -> Vec<u8> {
+    let mut c = modify_in(RTR2RTS, qpn, r);
     setf(&mut c, bit::ACK_TIMEOUT, 5, 14);
     setf(&mut c, bit::RETRY_COUNT, 3, 7);
     setf(&mut c, bit::RNR_RETRY, 3, 7);
