@@ -2,8 +2,8 @@
 //! table (`qp::QpTable`) and MKEY table, and [`poll_udp`] moves frames between a `roce::udp::UdpResponder` and
 //! the responder in the model's polling loop without blocking.
 //!
-//! Responder class C errors move the QP to ERR and queue the async event (`QpTable::take_events`); [`poll_udp`]
-//! hands them to `Model::raise_qp_event` (EQs).
+//! Responder class C errors move the QP to ERR, flush its receive queue (`crate::completion::flush_rq`) and
+//! queue the async event (`QpTable::take_events`); [`poll_udp`] hands them to `Model::raise_qp_event` (EQs).
 
 use std::io;
 use std::sync::Arc;
@@ -84,6 +84,8 @@ impl Tables for HcaTables<'_> {
 
     fn qp_error(&mut self, qpn: u32, event: QpEvent) {
         self.hca.qps.to_error(qpn, event as u8);
+        // The QP is in ERR: its posted receive WQEs complete with flush errors.
+        crate::completion::flush_rq(self.hca, self.ram.as_ref(), qpn);
     }
 
     fn ram(&self) -> &dyn Memory {

@@ -285,9 +285,11 @@ impl Model {
         }
     }
 
-    /// EQ doorbells, then commands that waited for pages and may run now (`crate::events`).
+    /// EQ and CQ doorbells (CQ arming, `crate::completion`), then commands that waited for pages and may run
+    /// now (`crate::events`).
     fn poll_events(&mut self) -> bool {
         let mut did = self.hca.eqs.poll_doorbells(self.bar.as_ref());
+        did |= crate::completion::poll_cq_doorbells(&mut self.hca, self.bar.as_ref(), self.ram.as_ref());
         for (slot, addr) in crate::events::ready(&mut self.hca) {
             self.run_slot(slot, addr, false);
             did = true;

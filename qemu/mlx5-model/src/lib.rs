@@ -6,6 +6,7 @@
 pub mod caps;
 pub mod cmd;
 pub mod cmdq;
+pub mod completion;
 pub mod cq;
 pub mod dataplane;
 pub mod eq;

@@ -207,6 +207,9 @@ pub struct Qp {
     pub pas: Vec<u64>,
     /// Responder state: reset on CREATE_QP and on 2RST.
     pub resp: RespState,
+    /// RQ WQEs the model has completed (16 bits, as the RQ doorbell record counter): only flush CQEs
+    /// (`crate::completion::flush_rq`). 0 on CREATE_QP and after 2RST (Linux zeroes the record on RESET).
+    pub rq_consumed: u32,
 }
 
 impl Qp {

@@ -156,6 +156,12 @@ pub fn create_cq(hca: &mut Hca, c: &Ctx) -> CmdResult {
             dbr_addr,
             pas,
             cqc: c.input[base..base + cqc::SIZE].to_vec(),
+            oi: q(cqc::OI) == 1,
+            producer_counter: 0,
+            // 0x6 solicited-notification armed and 0x9 armed; error CQEs are solicited, so both fire.
+            armed: matches!(q(cqc::ST), 0x6 | 0x9),
+            arm_sn: 0,
+            in_error: false,
         },
     );
     ifc::set(&mut out, CQN, cqn);

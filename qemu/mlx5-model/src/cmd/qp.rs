@@ -162,7 +162,9 @@ pub fn create_qp(hca: &mut Hca, c: &Ctx) -> CmdResult {
     let Some(qpn) = hca.qps.free_qpn(hi) else { return Err(c.err(status::NO_RES, reason::TABLE_FULL)) };
     let mut ctx = c.input[QPC as usize..QPC as usize + qpc::SIZE].to_vec();
     ifc::set(&mut ctx, qpc::STATE, 0);
-    hca.qps.qps.insert(qpn, Qp { qpn, state: QpState::Reset, qpc: ctx, pas, resp: RespState::default() });
+    hca.qps
+        .qps
+        .insert(qpn, Qp { qpn, state: QpState::Reset, qpc: ctx, pas, resp: RespState::default(), rq_consumed: 0 });
     ifc::set(&mut out, QPN, qpn);
     Ok(out)
 }
@@ -221,7 +223,12 @@ pub fn to_err_or_rst(hca: &mut Hca, c: &Ctx, t: Transition) -> CmdResult {
         q.state = t.to();
         if t == Transition::ToRst {
             q.resp = RespState::default();
+            q.rq_consumed = 0;
         }
+    }
+    // Receive WQEs still posted complete with flush errors (2ERR from ERR flushes those posted since).
+    if t == Transition::ToErr {
+        crate::completion::flush_rq(hca, c.ram, qpn);
     }
     Ok(out)
 }
