@@ -104,22 +104,8 @@ fn paos_down_and_up_raise_port_change() {
 
 /// Writes a command into `slot` with its own mailbox area (the common driver's is shared by all slots).
 fn post_at(d: &Drv, slot: u32, input: &[u8], out_len: usize, mbox: u64, token: u8) {
-    let chain = |base: u64, data: &[u8]| -> u64 {
-        let n = data.len().div_ceil(512);
-        for i in 0..n {
-            let mut blk = vec![0u8; 576];
-            let chunk = &data[i * 512..((i + 1) * 512).min(data.len())];
-            blk[..chunk.len()].copy_from_slice(chunk);
-            let next = if i + 1 < n { base + 1024 * (i as u64 + 1) } else { 0 };
-            blk[0x230..0x238].copy_from_slice(&next.to_be_bytes());
-            put32(&mut blk, 0x238, i as u32);
-            blk[0x23d] = token;
-            d.ram.write(base + 1024 * i as u64, &blk).unwrap();
-        }
-        if n == 0 { 0 } else { base }
-    };
-    let inp = chain(mbox, input.get(16..).unwrap_or(&[]));
-    let outp = chain(mbox + 0x8000, &vec![0u8; out_len.saturating_sub(16)]);
+    let inp = d.chain(mbox, input.get(16..).unwrap_or(&[]), token);
+    let outp = d.chain(mbox + 0x8000, &vec![0u8; out_len.saturating_sub(16)], token);
     let mut e = [0u8; 64];
     e[0] = 7;
     put32(&mut e, 4, input.len() as u32);

@@ -78,7 +78,9 @@ impl Drv {
         d
     }
 
-    fn chain(&self, base: u64, data: &[u8], token: u8) -> u64 {
+    /// Writes `data` as a mailbox chain at `base` (1 KiB apart), signed when the driver signs; returns the
+    /// chain's address (0 for no data).
+    pub fn chain(&self, base: u64, data: &[u8], token: u8) -> u64 {
         let n = data.len().div_ceil(512);
         for i in 0..n {
             let mut blk = vec![0u8; 576];
