@@ -118,14 +118,9 @@ fn post_at(d: &Drv, slot: u32, input: &[u8], out_len: usize, mbox: u64, token: u
     d.ram.write(common::CMDQ + 64 * u64::from(slot), &e).unwrap();
 }
 
-fn owner(d: &Drv, slot: u32) -> u8 {
-    let mut b = [0u8; 1];
-    d.ram.read(common::CMDQ + 64 * u64::from(slot) + 0x3f, &mut b).unwrap();
-    b[0]
-}
-
-#[test]
-fn create_cq_waits_for_the_pages_it_asked_for() {
+/// A model that asks for 3 pages when it sees CREATE_CQ, with a CREATE_CQ posted on slot 0 and rung; returns the
+/// driver and the CREATE_CQ input.
+fn post_held_create_cq() -> (Drv, Vec<u8>) {
     let cfg = ModelConfig { page_request: Some(PageRequest { opcode: 0x400, num_pages: 3, times: 1 }), ..cfg() };
     let (mut d, uar, eqn) = with_eq(cfg, 1 << 0xb);
     let mut cq = cmd(0x400, 0, 0x118);
@@ -135,6 +130,18 @@ fn create_cq_waits_for_the_pages_it_asked_for() {
     put64(&mut cq, 0x110, EQ_BUF + 0x1000);
     post_at(&d, 0, &cq, 16, 0x3a0_0000, 0x41);
     d.ring(1);
+    (d, cq)
+}
+
+fn owner(d: &Drv, slot: u32) -> u8 {
+    let mut b = [0u8; 1];
+    d.ram.read(common::CMDQ + 64 * u64::from(slot) + 0x3f, &mut b).unwrap();
+    b[0]
+}
+
+#[test]
+fn create_cq_waits_for_the_pages_it_asked_for() {
+    let (mut d, cq) = post_held_create_cq();
     // The PAGE_REQUEST EQE: function 0, num_pages 3; the command is still the hardware's.
     let e = eqe(&d, 0);
     assert_eq!((e[1], be32(&e, 0x20), be32(&e, 0x24), e[63] & 1), (0x0b, 0, 3, 0));
@@ -179,15 +186,7 @@ fn runtime_page_request_without_a_command() {
 
 #[test]
 fn allocation_fail_fails_the_command_held_for_pages() {
-    let cfg = ModelConfig { page_request: Some(PageRequest { opcode: 0x400, num_pages: 3, times: 1 }), ..cfg() };
-    let (mut d, uar, eqn) = with_eq(cfg, 1 << 0xb);
-    let mut cq = cmd(0x400, 0, 0x118);
-    put32(&mut cq, 0x1c, (6 << 24) | uar);
-    put32(&mut cq, 0x24, eqn.into());
-    put64(&mut cq, 0x48, EQ_BUF + 0x2000);
-    put64(&mut cq, 0x110, EQ_BUF + 0x1000);
-    post_at(&d, 0, &cq, 16, 0x3a0_0000, 0x41);
-    d.ring(1);
+    let (mut d, cq) = post_held_create_cq();
     assert_eq!(eqe(&d, 0)[1], 0x0b, "PAGE_REQUEST");
     assert_eq!(owner(&d, 0) & 1, 1, "held");
     // The driver cannot allocate: MANAGE_PAGES op_mod ALLOCATION_FAIL (0), function 0, no entries (Linux

@@ -177,21 +177,7 @@ pub fn qp_state(d: &mut Drv, qpn: u32) -> u32 {
 
 /// CREATE_MKEY in MTT mode with remote read/write, variant 0x5a, 4 KiB pages; returns the whole key.
 pub fn create_mkey_mtt(d: &mut Drv, pd: u32, start: u64, len: u64, mtt: &[u64]) -> u32 {
-    let oct = mtt.len().div_ceil(2);
-    let mut c = cmd(0x200, 0, 0x110 + 16 * oct);
-    let m = 0x10;
-    c[m + 2] = 0x3c | 1; // rw rr lw lr, access_mode_1_0 = MTT
-    put32(&mut c, m + 4, 0xffff_ff00 | 0x5a);
-    put32(&mut c, m + 0xc, pd);
-    c[m + 0x10..m + 0x18].copy_from_slice(&start.to_be_bytes());
-    c[m + 0x18..m + 0x20].copy_from_slice(&len.to_be_bytes());
-    put32(&mut c, m + 0x34, oct as u32);
-    c[m + 0x3b] = 12;
-    put32(&mut c, 0x60, oct as u32);
-    for (i, pa) in mtt.iter().enumerate() {
-        c[0x110 + 8 * i..0x118 + 8 * i].copy_from_slice(&(pa | 3).to_be_bytes());
-    }
-    let index = be32(&d.ok(&c, 16), 8) & 0xff_ffff;
+    let index = be32(&d.ok(&crate::common::create_mkey_in(pd, 1, start, len, mtt), 16), 8) & 0xff_ffff;
     (index << 8) | 0x5a
 }
 
