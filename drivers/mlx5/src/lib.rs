@@ -1,0 +1,18 @@
+//! `leasebox-mlx5`: the native ConnectX-4/5/6 driver. A safe `no_std` core — command encoding and decoding
+//! (`ifc`), the command queue with its 32 slots (`cmdq`), EQ/CQ polling and health (`eq`, `cq`, `health`),
+//! page supply (`pages`), bring-up in Linux mlx5_core's order (`bringup`), objects with typed handles
+//! (`objects`) and the polling engines with their SPSC rings (`engine`, `ring`) — over [`Platform`], which
+//! supplies BAR0, DMA memory and time. Field offsets follow Linux `include/linux/mlx5/mlx5_ifc.h` and
+//! `device.h` (`../shared/reference/mlx5-facts.md`, `mlx5-layouts.txt`).
+#![cfg_attr(not(test), no_std)]
+#![forbid(unsafe_code)]
+
+extern crate alloc;
+
+pub mod command;
+pub mod field;
+pub mod ifc;
+pub mod platform;
+
+pub use command::{Attrs, CmdError, Command, ErrorKind, Output};
+pub use platform::{Deadline, PAGE_SIZE, Platform};
