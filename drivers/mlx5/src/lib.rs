@@ -11,6 +11,7 @@ extern crate alloc;
 
 pub mod command;
 pub mod field;
+pub mod handles;
 pub mod ifc;
 pub mod platform;
 

@@ -1,0 +1,567 @@
+//! RC queue pairs (`mlx5_ifc.h`: `create_qp_in/out`, `qpc`, `ads`, `rst2init_qp_in`, `init2rtr_qp_in`,
+//! `rtr2rts_qp_in`, `qp_2err_in`, `qp_2rst_in`, `destroy_qp_in`, `query_qp_in/out`; states and service
+//! types from `qp.h`). What each transition sets follows Linux `infiniband/hw/mlx5/qp.c` for a kernel RC QP
+//! on RoCEv2 (facts §e.5). `qpc` sits at byte 0x18 (bit 0xc0) of every one of these structures.
+
+use crate::command::{Command, Output};
+use crate::handles::{Cqn, Pdn, Qpn, UarPage};
+use crate::ifc::{CMD_HDR_LEN, PAS_OFFSET, put_pas, with_pas};
+
+pub const MLX5_CMD_OP_CREATE_QP: u16 = 0x500;
+pub const MLX5_CMD_OP_DESTROY_QP: u16 = 0x501;
+pub const MLX5_CMD_OP_RST2INIT_QP: u16 = 0x502;
+pub const MLX5_CMD_OP_INIT2RTR_QP: u16 = 0x503;
+pub const MLX5_CMD_OP_RTR2RTS_QP: u16 = 0x504;
+pub const MLX5_CMD_OP_2ERR_QP: u16 = 0x507;
+pub const MLX5_CMD_OP_2RST_QP: u16 = 0x50a;
+pub const MLX5_CMD_OP_QUERY_QP: u16 = 0x50b;
+
+/// `create_qp_in` and the `*2*_qp_in` structures: 0x110 bytes (CREATE adds `pas[]`).
+pub const QP_IN_LEN: usize = 0x110;
+/// `query_qp_out`: 0x1d0 bytes (Linux asks for exactly this).
+pub const QUERY_QP_OUT_LEN: usize = 0x1d0;
+
+/// `MLX5_QP_ST_RC`, `MLX5_QP_PM_MIGRATED`, `MLX5_NON_ZERO_RQ` / `MLX5_ZERO_LEN_RQ` (`qp.h`).
+pub const MLX5_QP_ST_RC: u32 = 0;
+pub const MLX5_QP_PM_MIGRATED: u32 = 3;
+pub const MLX5_NON_ZERO_RQ: u32 = 0;
+pub const MLX5_ZERO_LEN_RQ: u32 = 3;
+
+/// QP states (`qp.h:78-88`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpState {
+    Rst,
+    Init,
+    Rtr,
+    Rts,
+    Sqer,
+    Sqd,
+    Err,
+    SqDraining,
+    Suspended,
+    Unknown(u8),
+}
+
+impl QpState {
+    pub fn from_raw(v: u8) -> QpState {
+        match v {
+            0 => QpState::Rst,
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            4 => QpState::Sqer,
+            5 => QpState::Sqd,
+            6 => QpState::Err,
+            7 => QpState::SqDraining,
+            9 => QpState::Suspended,
+            x => QpState::Unknown(x),
+        }
+    }
+}
+
+/// `qpc.mtu` (IB MTU encoding, `mlx5_ifc.h:3472-3478`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mtu {
+    Mtu256 = 1,
+    Mtu512 = 2,
+    Mtu1024 = 3,
+    Mtu2048 = 4,
+    Mtu4096 = 5,
+}
+
+impl Mtu {
+    pub fn bytes(self) -> u32 {
+        128 << (self as u32)
+    }
+
+    pub fn from_raw(v: u8) -> Option<Mtu> {
+        Some(match v {
+            1 => Mtu::Mtu256,
+            2 => Mtu::Mtu512,
+            3 => Mtu::Mtu1024,
+            4 => Mtu::Mtu2048,
+            5 => Mtu::Mtu4096,
+            _ => return None,
+        })
+    }
+}
+
+// Absolute bit offsets (qpc at 0xc0, primary address path at qpc + 0xc0).
+const QPC: usize = 0xc0;
+const PAP: usize = QPC + 0xc0;
+const STATE: usize = QPC;
+const ST: usize = QPC + 0x08;
+const PM_STATE: usize = QPC + 0x13;
+const PD: usize = QPC + 0x28;
+const MTU: usize = QPC + 0x40;
+const LOG_MSG_MAX: usize = QPC + 0x43;
+const LOG_RQ_SIZE: usize = QPC + 0x49;
+const LOG_RQ_STRIDE: usize = QPC + 0x4d;
+const LOG_SQ_SIZE: usize = QPC + 0x51;
+const RLKY: usize = QPC + 0x5b;
+const UAR_PAGE: usize = QPC + 0x68;
+const LOG_PAGE_SIZE: usize = QPC + 0xa3;
+const REMOTE_QPN: usize = QPC + 0xa8;
+const PKEY_INDEX: usize = PAP + 0x10;
+const ACK_TIMEOUT: usize = PAP + 0x40;
+const SRC_ADDR_INDEX: usize = PAP + 0x48;
+const HOP_LIMIT: usize = PAP + 0x58;
+const TCLASS: usize = PAP + 0x64;
+const RGID_BYTE: usize = (PAP + 0x80) / 8;
+const DSCP: usize = PAP + 0x10a;
+const UDP_SPORT: usize = PAP + 0x110;
+const ETH_PRIO: usize = PAP + 0x121;
+const VHCA_PORT_NUM: usize = PAP + 0x128;
+const RMAC_47_32: usize = PAP + 0x130;
+const RMAC_31_0: usize = PAP + 0x140;
+const LOG_ACK_REQ_FREQ: usize = QPC + 0x380;
+const LOG_SRA_MAX: usize = QPC + 0x388;
+const RETRY_COUNT: usize = QPC + 0x38d;
+const RNR_RETRY: usize = QPC + 0x390;
+const FRE: usize = QPC + 0x394;
+const NEXT_SEND_PSN: usize = QPC + 0x3c8;
+const CQN_SND: usize = QPC + 0x3e8;
+const LOG_RRA_MAX: usize = QPC + 0x488;
+const RRE: usize = QPC + 0x490;
+const RWE: usize = QPC + 0x491;
+const RAE: usize = QPC + 0x492;
+const MIN_RNR_NAK: usize = QPC + 0x4a3;
+const NEXT_RCV_PSN: usize = QPC + 0x4a8;
+const CQN_RCV: usize = QPC + 0x4e8;
+const DBR_ADDR_BYTE: usize = (QPC + 0x500) / 8;
+const RQ_TYPE: usize = QPC + 0x565;
+
+/// What a QP is created with; the modify commands repeat `pd`, `cqn_snd`, `cqn_rcv` (as Linux does).
+#[derive(Clone, Copy, Debug)]
+pub struct RcQpParams<'a> {
+    pub pd: Pdn,
+    pub uar_page: UarPage,
+    pub cqn_snd: Cqn,
+    pub cqn_rcv: Cqn,
+    /// log2 of the RQ WQE count; `None` = zero-length RQ (`rq_type` 3).
+    pub log_rq_size: Option<u8>,
+    /// log2(RQ WQE bytes) - 4.
+    pub log_rq_stride: u8,
+    /// log2 of the SQ size in 64-byte WQE basic blocks.
+    pub log_sq_size: u8,
+    pub log_msg_max: u8,
+    /// log2(page / 4 KiB) of the WQ buffer.
+    pub log_page_size: u8,
+    pub dbr_addr: u64,
+    /// The buffer's pages (RQ first, SQ right after it).
+    pub pages: &'a [u64],
+}
+
+/// The handles every modify repeats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpBase {
+    pub qpn: Qpn,
+    pub pd: Pdn,
+    pub cqn_snd: Cqn,
+    pub cqn_rcv: Cqn,
+}
+
+fn common(c: &mut Command, pd: Pdn, cqn_snd: Cqn, cqn_rcv: Cqn) {
+    c.set(ST, 8, MLX5_QP_ST_RC);
+    c.set(PM_STATE, 2, MLX5_QP_PM_MIGRATED);
+    c.set(PD, 24, pd.0);
+    c.set(CQN_SND, 24, cqn_snd.0);
+    c.set(CQN_RCV, 24, cqn_rcv.0);
+}
+
+/// CREATE_QP for an RC QP.
+pub fn create_rc_qp(p: &RcQpParams<'_>) -> Command {
+    let mut c = Command::new(MLX5_CMD_OP_CREATE_QP, 0, with_pas(PAS_OFFSET, p.pages.len()), CMD_HDR_LEN)
+        .with("pd", p.pd.0.into())
+        .with("cqn_snd", p.cqn_snd.0.into())
+        .with("cqn_rcv", p.cqn_rcv.0.into());
+    common(&mut c, p.pd, p.cqn_snd, p.cqn_rcv);
+    c.set(LOG_MSG_MAX, 5, p.log_msg_max.into());
+    match p.log_rq_size {
+        Some(n) => {
+            c.set(RQ_TYPE, 3, MLX5_NON_ZERO_RQ);
+            c.set(LOG_RQ_SIZE, 4, n.into());
+            c.set(LOG_RQ_STRIDE, 3, p.log_rq_stride.into());
+        }
+        None => c.set(RQ_TYPE, 3, MLX5_ZERO_LEN_RQ),
+    }
+    c.set(LOG_SQ_SIZE, 4, p.log_sq_size.into());
+    c.set(UAR_PAGE, 24, p.uar_page.0);
+    c.set(LOG_PAGE_SIZE, 5, p.log_page_size.into());
+    c.set(FRE, 1, 1);
+    c.set(RLKY, 1, 1);
+    c.set64(DBR_ADDR_BYTE, p.dbr_addr);
+    put_pas(&mut c, PAS_OFFSET, p.pages);
+    c
+}
+
+pub fn create_qp_out(out: &Output) -> Qpn {
+    Qpn(out.get(0x48, 24))
+}
+
+/// Remote access the responder side allows (`rre`, `rwe`, `rae`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpAccess {
+    pub remote_read: bool,
+    pub remote_write: bool,
+    pub remote_atomic: bool,
+}
+
+fn modify(opcode: u16, q: &QpBase) -> Command {
+    let mut c = Command::new(opcode, 0, QP_IN_LEN, CMD_HDR_LEN).with("qpn", q.qpn.0.into());
+    c.set(0x48, 24, q.qpn.0);
+    common(&mut c, q.pd, q.cqn_snd, q.cqn_rcv);
+    c
+}
+
+/// RST2INIT: P_Key index 0, port 1, remote access bits.
+pub fn rst2init(q: &QpBase, access: QpAccess) -> Command {
+    let mut c = modify(MLX5_CMD_OP_RST2INIT_QP, q);
+    c.set(PKEY_INDEX, 16, 0);
+    c.set(VHCA_PORT_NUM, 8, 1);
+    c.set(RRE, 1, access.remote_read as u32);
+    c.set(RWE, 1, access.remote_write as u32);
+    c.set(RAE, 1, access.remote_atomic as u32);
+    c.set(RLKY, 1, 1);
+    c
+}
+
+/// The remote side of an RC connection over RoCEv2, and our path parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RcPeer {
+    pub qpn: Qpn,
+    /// The peer's first PSN: our `next_rcv_psn`.
+    pub psn: u32,
+    pub gid: [u8; 16],
+    pub mac: [u8; 6],
+    pub mtu: Mtu,
+    /// Our GID table index (`src_addr_index`).
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub udp_sport: u16,
+    /// Traffic class (DSCP = tclass >> 2 on RoCEv2).
+    pub tclass: u8,
+    /// SL & 7.
+    pub eth_prio: u8,
+    /// log2 of the RDMA reads/atomics we accept in flight (`log_rra_max`).
+    pub log_rra_max: u8,
+    /// IB RNR timer code.
+    pub min_rnr_nak: u8,
+}
+
+/// INIT2RTR: path MTU, remote QPN, receive PSN and the RoCEv2 primary address path.
+pub fn init2rtr(q: &QpBase, peer: &RcPeer, log_msg_max: u8) -> Command {
+    let mut c = modify(MLX5_CMD_OP_INIT2RTR_QP, q).with("remote_qpn", peer.qpn.0.into());
+    c.set(MTU, 3, peer.mtu as u32);
+    c.set(LOG_MSG_MAX, 5, log_msg_max.into());
+    c.set(REMOTE_QPN, 24, peer.qpn.0);
+    c.set(SRC_ADDR_INDEX, 8, peer.sgid_index.into());
+    c.set(HOP_LIMIT, 8, peer.hop_limit.into());
+    c.set(TCLASS, 8, peer.tclass.into());
+    c.put(RGID_BYTE, &peer.gid);
+    c.set(DSCP, 6, (peer.tclass >> 2).into());
+    c.set(UDP_SPORT, 16, peer.udp_sport.into());
+    c.set(ETH_PRIO, 3, (peer.eth_prio & 7).into());
+    c.set(VHCA_PORT_NUM, 8, 1);
+    c.set(RMAC_47_32, 16, u32::from(u16::from_be_bytes([peer.mac[0], peer.mac[1]])));
+    c.set(RMAC_31_0, 32, u32::from_be_bytes([peer.mac[2], peer.mac[3], peer.mac[4], peer.mac[5]]));
+    c.set(LOG_RRA_MAX, 3, peer.log_rra_max.into());
+    c.set(MIN_RNR_NAK, 5, peer.min_rnr_nak.into());
+    c.set(NEXT_RCV_PSN, 24, peer.psn);
+    c
+}
+
+/// Requester parameters for RTR2RTS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RtsParams {
+    /// Our first PSN.
+    pub psn: u32,
+    /// 4.096 µs · 2^t.
+    pub ack_timeout: u8,
+    pub retry_count: u8,
+    /// 7 = infinite.
+    pub rnr_retry: u8,
+    /// log2 of our RDMA reads/atomics in flight.
+    pub log_sra_max: u8,
+}
+
+/// RTR2RTS: send PSN, timeouts and retries (`log_ack_req_freq` 8, as Linux).
+pub fn rtr2rts(q: &QpBase, p: &RtsParams) -> Command {
+    let mut c = modify(MLX5_CMD_OP_RTR2RTS_QP, q);
+    c.set(ACK_TIMEOUT, 5, p.ack_timeout.into());
+    c.set(LOG_ACK_REQ_FREQ, 4, 8);
+    c.set(LOG_SRA_MAX, 3, p.log_sra_max.into());
+    c.set(RETRY_COUNT, 3, p.retry_count.into());
+    c.set(RNR_RETRY, 3, p.rnr_retry.into());
+    c.set(NEXT_SEND_PSN, 24, p.psn);
+    c
+}
+
+fn qpn_cmd(opcode: u16, qpn: Qpn, out_len: usize) -> Command {
+    let mut c = Command::new(opcode, 0, CMD_HDR_LEN, out_len).with("qpn", qpn.0.into());
+    c.set(0x48, 24, qpn.0);
+    c
+}
+
+pub fn qp_2err(qpn: impl Into<Qpn>) -> Command {
+    qpn_cmd(MLX5_CMD_OP_2ERR_QP, qpn.into(), CMD_HDR_LEN)
+}
+
+pub fn qp_2rst(qpn: impl Into<Qpn>) -> Command {
+    qpn_cmd(MLX5_CMD_OP_2RST_QP, qpn.into(), CMD_HDR_LEN)
+}
+
+pub fn destroy_qp(qpn: impl Into<Qpn>) -> Command {
+    qpn_cmd(MLX5_CMD_OP_DESTROY_QP, qpn.into(), CMD_HDR_LEN)
+}
+
+pub fn query_qp(qpn: impl Into<Qpn>) -> Command {
+    qpn_cmd(MLX5_CMD_OP_QUERY_QP, qpn.into(), QUERY_QP_OUT_LEN)
+}
+
+/// The parts of `query_qp_out.qpc` the driver checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpInfo {
+    pub state: QpState,
+    pub pd: Pdn,
+    /// Raw `qpc.mtu` (see [`Mtu::from_raw`]).
+    pub mtu: u8,
+    pub log_msg_max: u8,
+    pub remote_qpn: Qpn,
+    pub next_send_psn: u32,
+    pub next_rcv_psn: u32,
+    pub cqn_snd: Cqn,
+    pub cqn_rcv: Cqn,
+    pub uar_page: UarPage,
+    pub rre: bool,
+    pub rwe: bool,
+    pub rae: bool,
+    pub rgid: [u8; 16],
+    pub rmac: [u8; 6],
+    pub src_addr_index: u8,
+    pub hop_limit: u8,
+    pub udp_sport: u16,
+    pub ack_timeout: u8,
+    pub retry_count: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_nak: u8,
+    pub log_rra_max: u8,
+    pub log_sra_max: u8,
+    pub vhca_port_num: u8,
+}
+
+pub fn query_qp_out(out: &Output) -> QpInfo {
+    let g = |b, w| out.get(b, w);
+    let mut rgid = [0u8; 16];
+    let s = out.slice(RGID_BYTE, 16);
+    rgid[..s.len()].copy_from_slice(s);
+    let hi = (g(RMAC_47_32, 16) as u16).to_be_bytes();
+    let lo = g(RMAC_31_0, 32).to_be_bytes();
+    QpInfo {
+        state: QpState::from_raw(g(STATE, 4) as u8),
+        pd: Pdn(g(PD, 24)),
+        mtu: g(MTU, 3) as u8,
+        log_msg_max: g(LOG_MSG_MAX, 5) as u8,
+        remote_qpn: Qpn(g(REMOTE_QPN, 24)),
+        next_send_psn: g(NEXT_SEND_PSN, 24),
+        next_rcv_psn: g(NEXT_RCV_PSN, 24),
+        cqn_snd: Cqn(g(CQN_SND, 24)),
+        cqn_rcv: Cqn(g(CQN_RCV, 24)),
+        uar_page: UarPage(g(UAR_PAGE, 24)),
+        rre: g(RRE, 1) != 0,
+        rwe: g(RWE, 1) != 0,
+        rae: g(RAE, 1) != 0,
+        rgid,
+        rmac: [hi[0], hi[1], lo[0], lo[1], lo[2], lo[3]],
+        src_addr_index: g(SRC_ADDR_INDEX, 8) as u8,
+        hop_limit: g(HOP_LIMIT, 8) as u8,
+        udp_sport: g(UDP_SPORT, 16) as u16,
+        ack_timeout: g(ACK_TIMEOUT, 5) as u8,
+        retry_count: g(RETRY_COUNT, 3) as u8,
+        rnr_retry: g(RNR_RETRY, 3) as u8,
+        min_rnr_nak: g(MIN_RNR_NAK, 5) as u8,
+        log_rra_max: g(LOG_RRA_MAX, 3) as u8,
+        log_sra_max: g(LOG_SRA_MAX, 3) as u8,
+        vhca_port_num: g(VHCA_PORT_NUM, 8) as u8,
+    }
+}
+
+/// RoCEv2 UDP source port from the QPNs when the flow label is 0 (`ib_verbs.h` `rdma_calc_flow_label` +
+/// `rdma_flow_label_to_udp_sport`).
+pub fn roce_udp_sport(lqpn: Qpn, rqpn: Qpn) -> u16 {
+    let mut v = u64::from(lqpn.0) * u64::from(rqpn.0);
+    v ^= v >> 20;
+    v ^= v >> 40;
+    let fl = (v & 0xf_ffff) as u32;
+    (((fl & 0x3fff) ^ ((fl & 0xf_c000) >> 14)) | 0xc000) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::Output;
+    use crate::ifc::golden::{be16, be32, be64};
+
+    const BASE: QpBase = QpBase { qpn: Qpn(0x42), pd: Pdn(7), cqn_snd: Cqn(3), cqn_rcv: Cqn(4) };
+
+    fn check_common(b: &[u8]) {
+        assert_eq!(be32(b, 0x08), 0x42);
+        // qpc dword 0 (byte 0x18): st [23:16] = 0 (RC), pm_state [12:11] = 3.
+        assert_eq!(be32(b, 0x18) & 0x00ff_1800, 3 << 11);
+        assert_eq!(be32(b, 0x1c), 7);
+        assert_eq!(be32(b, 0x94), 3); // cqn_snd: qpc dword 37 = byte 0x94
+        assert_eq!(be32(b, 0xb4), 4); // cqn_rcv: qpc dword 45 = byte 0xb4
+    }
+
+    #[test]
+    fn create() {
+        let c = create_rc_qp(&RcQpParams {
+            pd: Pdn(7),
+            uar_page: UarPage(0x11),
+            cqn_snd: Cqn(3),
+            cqn_rcv: Cqn(4),
+            log_rq_size: Some(6),
+            log_rq_stride: 2,
+            log_sq_size: 7,
+            log_msg_max: 30,
+            log_page_size: 0,
+            dbr_addr: 0xdead_0040,
+            pages: &[0x1000, 0x2000, 0x3000],
+        });
+        let b = c.input();
+        assert_eq!(be16(b, 0), 0x500);
+        assert_eq!(b.len(), 0x110 + 24);
+        assert_eq!(be32(b, 0x18), 3 << 11);
+        assert_eq!(be32(b, 0x1c), 7);
+        // qpc dword 2 (byte 0x20): mtu [31:29] 0, log_msg_max [28:24], log_rq_size [22:19], log_rq_stride
+        // [18:16], log_sq_size [14:11], rlky [4].
+        assert_eq!(be32(b, 0x20), (30 << 24) | (6 << 19) | (2 << 16) | (7 << 11) | (1 << 4));
+        assert_eq!(be32(b, 0x24), 0x11);
+        assert_eq!(be32(b, 0x2c), 0);
+        assert_eq!(b[0x8a] & 0x08, 0x08); // fre: qpc dword 34 bit 11
+        assert_eq!(be32(b, 0x94), 3);
+        assert_eq!(be32(b, 0xb4), 4);
+        assert_eq!(be64(b, 0xb8), 0xdead_0040);
+        assert_eq!(be32(b, 0xc4) >> 24, 0); // rq_type regular
+        assert_eq!(be64(b, 0x110), 0x1000);
+        assert_eq!(be64(b, 0x120), 0x3000);
+        let z = create_rc_qp(&RcQpParams {
+            log_rq_size: None,
+            ..RcQpParams {
+                pd: Pdn(1),
+                uar_page: UarPage(1),
+                cqn_snd: Cqn(1),
+                cqn_rcv: Cqn(1),
+                log_rq_size: None,
+                log_rq_stride: 0,
+                log_sq_size: 0,
+                log_msg_max: 0,
+                log_page_size: 0,
+                dbr_addr: 0,
+                pages: &[],
+            }
+        });
+        assert_eq!(be32(z.input(), 0xc4) >> 24, 3);
+        assert_eq!(
+            create_qp_out(&Output::new(alloc::vec![0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34, 0, 0, 0, 0])),
+            Qpn(0x1234)
+        );
+    }
+
+    #[test]
+    fn transitions() {
+        let c = rst2init(&BASE, QpAccess { remote_read: true, remote_write: true, remote_atomic: false });
+        let b = c.input();
+        assert_eq!((be16(b, 0), b.len()), (0x502, 0x110));
+        check_common(b);
+        assert_eq!(be16(b, 0x32), 0); // pkey_index
+        assert_eq!(b[0x55], 1); // vhca_port_num
+        assert_eq!(be32(b, 0xa8) & 0xe000, 0xc000); // rre, rwe (qpc dword 42 bits 15, 14)
+
+        let peer = RcPeer {
+            qpn: Qpn(0xabcd),
+            psn: 0x12_3456,
+            gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0x4c, 0x42, 0xff, 0xfe, 0, 0, 1],
+            mac: [0x02, 0x4c, 0x42, 0, 0, 1],
+            mtu: Mtu::Mtu1024,
+            sgid_index: 2,
+            hop_limit: 64,
+            udp_sport: 0xc123,
+            tclass: 0x68,
+            eth_prio: 3,
+            log_rra_max: 4,
+            min_rnr_nak: 12,
+        };
+        let c = init2rtr(&BASE, &peer, 30);
+        let b = c.input();
+        assert_eq!(be16(b, 0), 0x503);
+        check_common(b);
+        assert_eq!(b[0x20], (3 << 5) | 30);
+        assert_eq!(be32(b, 0x2c), 0xabcd); // remote_qpn
+        assert_eq!(be32(b, 0x38), (2 << 16) | 64); // src_addr_index, hop_limit
+        assert_eq!(be32(b, 0x3c), 0x68 << 20); // tclass
+        assert_eq!(&b[0x40..0x50], &peer.gid);
+        assert_eq!(be32(b, 0x50), (0x1a << 16) | 0xc123); // dscp, udp_sport
+        assert_eq!(be32(b, 0x54), (3 << 28) | (1 << 16) | 0x024c); // eth_prio, port, rmac_47_32
+        assert_eq!(&b[0x58..0x5c], &[0x42, 0, 0, 1]);
+        assert_eq!(b[0xa9] >> 5, 4); // log_rra_max
+        assert_eq!(be32(b, 0xac), (12 << 24) | 0x12_3456); // min_rnr_nak, next_rcv_psn
+        assert_eq!(c.attrs().get("remote_qpn"), Some(0xabcd));
+
+        let c =
+            rtr2rts(&BASE, &RtsParams { psn: 0x654321, ack_timeout: 14, retry_count: 7, rnr_retry: 7, log_sra_max: 3 });
+        let b = c.input();
+        assert_eq!(be16(b, 0), 0x504);
+        check_common(b);
+        assert_eq!(b[0x38] >> 3, 14);
+        // qpc dword 34 (byte 0x88): log_ack_req_freq [31:28], log_sra_max [23:21], retry_count [18:16],
+        // rnr_retry [15:13].
+        assert_eq!(be32(b, 0x88), (8 << 28) | (3 << 21) | (7 << 16) | (7 << 13));
+        assert_eq!(be32(b, 0x90), 0x65_4321);
+
+        for (c, op) in [(qp_2err(Qpn(9)), 0x507), (qp_2rst(Qpn(9)), 0x50a), (destroy_qp(Qpn(9)), 0x501)] {
+            assert_eq!((be16(c.input(), 0), be32(c.input(), 8), c.input().len()), (op, 9, 0x10));
+        }
+        let q = query_qp(Qpn(9));
+        assert_eq!((be16(q.input(), 0), q.out_len()), (0x50b, 0x1d0));
+    }
+
+    #[test]
+    fn query_parse_reads_what_init2rtr_wrote() {
+        // query_qp_out has qpc at the same byte 0x18 as the modify inputs: feed an INIT2RTR input back as
+        // an output image, with state RTR and a send PSN.
+        let peer = RcPeer {
+            qpn: Qpn(0x77),
+            psn: 5,
+            gid: [1; 16],
+            mac: [1, 2, 3, 4, 5, 6],
+            mtu: Mtu::Mtu4096,
+            sgid_index: 1,
+            hop_limit: 9,
+            udp_sport: 0xc000,
+            tclass: 0,
+            eth_prio: 0,
+            log_rra_max: 2,
+            min_rnr_nak: 1,
+        };
+        let mut img = init2rtr(&BASE, &peer, 20).input().to_vec();
+        img.resize(0x1d0, 0);
+        img[0x18] = 0x20; // state 2 in qpc dword 0 [31:28]
+        img[0x91..0x94].copy_from_slice(&[0, 0, 0x33]);
+        let i = query_qp_out(&Output::new(img));
+        assert_eq!(i.state, QpState::Rtr);
+        assert_eq!((i.pd, i.remote_qpn, i.next_rcv_psn, i.next_send_psn), (Pdn(7), Qpn(0x77), 5, 0x33));
+        assert_eq!(Mtu::from_raw(i.mtu), Some(Mtu::Mtu4096));
+        assert_eq!((i.rgid, i.rmac, i.src_addr_index, i.hop_limit), ([1; 16], [1, 2, 3, 4, 5, 6], 1, 9));
+        assert_eq!((i.cqn_snd, i.cqn_rcv, i.log_msg_max, i.vhca_port_num), (Cqn(3), Cqn(4), 20, 1));
+        assert_eq!(Mtu::Mtu1024.bytes(), 1024);
+    }
+
+    #[test]
+    fn udp_sport_is_in_the_roce_range() {
+        let s = roce_udp_sport(Qpn(0x11), Qpn(0x22));
+        assert!(s >= 0xc000);
+        // fl = 0x11 * 0x22 = 0x242 (no folding needed): sport = 0x242 | 0xc000.
+        assert_eq!(s, 0xc242);
+    }
+}

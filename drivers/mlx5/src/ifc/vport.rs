@@ -1,0 +1,297 @@
+//! The port as the function sees it (`mlx5_ifc.h`: `query_nic_vport_context_in/out`, `nic_vport_context`,
+//! `modify_nic_vport_context_in`, `modify_nic_vport_field_select`, `query_vport_state_in/out`,
+//! `query_roce_address_in/out`, `set_roce_address_in`, `roce_addr_layout`, and through ACCESS_REG the
+//! `pmtu_reg` and `paos_reg` registers; facts §e.5, §e.6).
+
+use crate::command::{Command, Output};
+use crate::ifc::CMD_HDR_LEN;
+use crate::ifc::init::{MLX5_REG_PAOS, MLX5_REG_PMTU, RegOp, access_reg};
+
+pub const MLX5_CMD_OP_QUERY_VPORT_STATE: u16 = 0x750;
+pub const MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT: u16 = 0x754;
+pub const MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT: u16 = 0x755;
+pub const MLX5_CMD_OP_QUERY_ROCE_ADDRESS: u16 = 0x760;
+pub const MLX5_CMD_OP_SET_ROCE_ADDRESS: u16 = 0x761;
+
+pub const QUERY_NIC_VPORT_CONTEXT_OUT_LEN: usize = 0x110;
+pub const MODIFY_NIC_VPORT_CONTEXT_IN_LEN: usize = 0x200;
+pub const QUERY_ROCE_ADDRESS_OUT_LEN: usize = 0x30;
+pub const SET_ROCE_ADDRESS_IN_LEN: usize = 0x30;
+/// `paos_reg` and `pmtu_reg` are 16 bytes each.
+pub const PORT_REG_LEN: usize = 0x10;
+
+/// `MLX5_QUERY_VPORT_STATE_OUT_STATE_*` (`mlx5_ifc.h:5268-5269`): 0 down, 1 up; `admin_state` also
+/// 2 = auto (`MLX5_VPORT_ADMIN_STATE_*`).
+pub const MLX5_VPORT_STATE_DOWN: u8 = 0;
+pub const MLX5_VPORT_STATE_UP: u8 = 1;
+
+/// `MLX5_ROCE_VERSION_*`, `MLX5_ROCE_L3_TYPE_*` (`device.h:402-413`).
+pub const MLX5_ROCE_VERSION_1: u8 = 0;
+pub const MLX5_ROCE_VERSION_2: u8 = 2;
+pub const MLX5_ROCE_L3_TYPE_IPV4: u8 = 0;
+pub const MLX5_ROCE_L3_TYPE_IPV6: u8 = 1;
+
+/// PAOS status values (`driver.h:231-232`).
+pub const MLX5_PORT_UP: u8 = 1;
+pub const MLX5_PORT_DOWN: u8 = 2;
+
+/// QUERY_NIC_VPORT_CONTEXT of our own vport.
+pub fn query_nic_vport_context() -> Command {
+    Command::new(MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT, 0, CMD_HDR_LEN, QUERY_NIC_VPORT_CONTEXT_OUT_LEN)
+}
+
+/// `nic_vport_context` fields we use (context at byte 0x10 of the output).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NicVportContext {
+    pub roce_en: bool,
+    pub mtu: u16,
+    pub system_image_guid: u64,
+    pub port_guid: u64,
+    pub node_guid: u64,
+    /// `permanent_address` bytes 2..8 (Linux copies from `&field[2]`).
+    pub permanent_address: [u8; 6],
+}
+
+pub fn query_nic_vport_context_out(out: &Output) -> NicVportContext {
+    const CTX: usize = 0x80;
+    let mut mac = [0u8; 6];
+    let s = out.slice(0x104 + 2, 6);
+    mac[..s.len()].copy_from_slice(s);
+    NicVportContext {
+        roce_en: out.get(CTX + 0x1f, 1) != 0,
+        mtu: out.get(CTX + 0x130, 16) as u16,
+        system_image_guid: out.get64(0x10 + 0x28),
+        port_guid: out.get64(0x10 + 0x30),
+        node_guid: out.get64(0x10 + 0x38),
+        permanent_address: mac,
+    }
+}
+
+/// MODIFY_NIC_VPORT_CONTEXT selecting `roce_en` only (Linux `mlx5_nic_vport_update_roce_state`).
+pub fn modify_nic_vport_roce_en(enable: bool) -> Command {
+    let mut c = Command::new(MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT, 0, MODIFY_NIC_VPORT_CONTEXT_IN_LEN, CMD_HDR_LEN)
+        .with("roce_en", enable.into());
+    c.set(0x60 + 0x1e, 1, 1); // field_select.roce_en
+    c.set(0x800 + 0x1f, 1, enable as u32);
+    c
+}
+
+/// MODIFY_NIC_VPORT_CONTEXT selecting `mtu` only (hardware MTU, e.g. 1522 for Ethernet 1500).
+pub fn modify_nic_vport_mtu(mtu: u16) -> Command {
+    let mut c = Command::new(MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT, 0, MODIFY_NIC_VPORT_CONTEXT_IN_LEN, CMD_HDR_LEN)
+        .with("mtu", mtu.into());
+    c.set(0x60 + 0x19, 1, 1); // field_select.mtu
+    c.set(0x800 + 0x130, 16, mtu.into());
+    c
+}
+
+/// QUERY_VPORT_STATE of our own vport (op_mod 0 `MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT`).
+pub fn query_vport_state() -> Command {
+    Command::new(MLX5_CMD_OP_QUERY_VPORT_STATE, 0, CMD_HDR_LEN, CMD_HDR_LEN)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VportState {
+    /// `MLX5_VPORT_STATE_DOWN` 0 / `_UP` 1.
+    pub state: u8,
+    pub admin_state: u8,
+}
+
+pub fn query_vport_state_out(out: &Output) -> VportState {
+    VportState { state: out.get(0x7c, 4) as u8, admin_state: out.get(0x78, 4) as u8 }
+}
+
+/// One GID table entry (`roce_addr_layout`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoceAddress {
+    /// `source_l3_address`: the GID (IPv4-mapped for IPv4).
+    pub gid: [u8; 16],
+    pub vlan: Option<u16>,
+    pub source_mac: [u8; 6],
+    pub roce_l3_type: u8,
+    pub roce_version: u8,
+}
+
+pub fn query_roce_address(index: u16) -> Command {
+    let mut c = Command::new(MLX5_CMD_OP_QUERY_ROCE_ADDRESS, 0, CMD_HDR_LEN, QUERY_ROCE_ADDRESS_OUT_LEN)
+        .with("index", index.into());
+    c.set(0x40, 16, index.into());
+    c
+}
+
+pub fn query_roce_address_out(out: &Output) -> RoceAddress {
+    const L: usize = 0x80;
+    let mut gid = [0u8; 16];
+    let s = out.slice(0x10, 16);
+    gid[..s.len()].copy_from_slice(s);
+    let hi = (out.get(L + 0x90, 16) as u16).to_be_bytes();
+    let lo = out.get(L + 0xa0, 32).to_be_bytes();
+    RoceAddress {
+        gid,
+        vlan: (out.get(L + 0x83, 1) != 0).then(|| out.get(L + 0x84, 12) as u16),
+        source_mac: [hi[0], hi[1], lo[0], lo[1], lo[2], lo[3]],
+        roce_l3_type: out.get(L + 0xd4, 4) as u8,
+        roce_version: out.get(L + 0xd8, 8) as u8,
+    }
+}
+
+/// SET_ROCE_ADDRESS at `index` (an all-zero `addr` deletes the entry, as Linux does).
+pub fn set_roce_address(index: u16, addr: &RoceAddress) -> Command {
+    const L: usize = 0x80;
+    let mut c =
+        Command::new(MLX5_CMD_OP_SET_ROCE_ADDRESS, 0, SET_ROCE_ADDRESS_IN_LEN, CMD_HDR_LEN).with("index", index.into());
+    c.set(0x40, 16, index.into());
+    c.put(0x10, &addr.gid);
+    if let Some(v) = addr.vlan {
+        c.set(L + 0x83, 1, 1);
+        c.set(L + 0x84, 12, v.into());
+    }
+    let m = addr.source_mac;
+    c.set(L + 0x90, 16, u32::from(u16::from_be_bytes([m[0], m[1]])));
+    c.set(L + 0xa0, 32, u32::from_be_bytes([m[2], m[3], m[4], m[5]]));
+    c.set(L + 0xd4, 4, addr.roce_l3_type.into());
+    c.set(L + 0xd8, 8, addr.roce_version.into());
+    c
+}
+
+/// `pmtu_reg` of `local_port`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pmtu {
+    pub max_mtu: u16,
+    pub admin_mtu: u16,
+    pub oper_mtu: u16,
+}
+
+/// ACCESS_REG read of PMTU.
+pub fn pmtu_query(local_port: u8) -> Command {
+    let mut r = [0u8; PORT_REG_LEN];
+    r[1] = local_port; // local_port: bit 0x08, 8 wide
+    access_reg(RegOp::Read, MLX5_REG_PMTU, 0, &r)
+}
+
+/// ACCESS_REG write of PMTU `admin_mtu`.
+pub fn pmtu_set(local_port: u8, admin_mtu: u16) -> Command {
+    let mut r = [0u8; PORT_REG_LEN];
+    r[1] = local_port;
+    r[8..10].copy_from_slice(&admin_mtu.to_be_bytes()); // admin_mtu: bit 0x40
+    access_reg(RegOp::Write, MLX5_REG_PMTU, 0, &r).with("mtu", admin_mtu.into())
+}
+
+pub fn pmtu_out(out: &Output) -> Pmtu {
+    const R: usize = 0x80;
+    Pmtu {
+        max_mtu: out.get(R + 0x20, 16) as u16,
+        admin_mtu: out.get(R + 0x40, 16) as u16,
+        oper_mtu: out.get(R + 0x60, 16) as u16,
+    }
+}
+
+/// `paos_reg` statuses: `MLX5_PORT_UP` 1 / `MLX5_PORT_DOWN` 2.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Paos {
+    pub admin_status: u8,
+    pub oper_status: u8,
+}
+
+/// ACCESS_REG read of PAOS.
+pub fn paos_query(local_port: u8) -> Command {
+    let mut r = [0u8; PORT_REG_LEN];
+    r[1] = local_port;
+    access_reg(RegOp::Read, MLX5_REG_PAOS, 0, &r)
+}
+
+/// ACCESS_REG write of PAOS `admin_status` with `ase` (Linux `mlx5_set_port_admin_status`).
+pub fn paos_set(local_port: u8, admin_status: u8) -> Command {
+    let mut r = [0u8; PORT_REG_LEN];
+    r[1] = local_port;
+    r[2] = admin_status & 0xf; // admin_status: bit 0x14, 4 wide
+    r[4] = 0x80; // ase: bit 0x20
+    access_reg(RegOp::Write, MLX5_REG_PAOS, 0, &r).with("admin_status", admin_status.into())
+}
+
+pub fn paos_out(out: &Output) -> Paos {
+    const R: usize = 0x80;
+    Paos { admin_status: out.get(R + 0x14, 4) as u8, oper_status: out.get(R + 0x1c, 4) as u8 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ifc::golden::{be16, be32, out};
+
+    #[test]
+    fn nic_vport_context() {
+        let q = query_nic_vport_context();
+        assert_eq!((be16(q.input(), 0), q.out_len()), (0x754, 0x110));
+        let o = out(
+            0x110,
+            &[
+                (0x13, &[1]),
+                (0x36, &1522u16.to_be_bytes()),
+                (0x48, &0x024c_42ff_fe00_0001u64.to_be_bytes()),
+                (0x104, &[0, 0, 2, 0x4c, 0x42, 0, 0, 1]),
+            ],
+        );
+        let v = query_nic_vport_context_out(&o);
+        assert!(v.roce_en);
+        assert_eq!((v.mtu, v.node_guid, v.permanent_address), (1522, 0x024c_42ff_fe00_0001, [2, 0x4c, 0x42, 0, 0, 1]));
+
+        let m = modify_nic_vport_roce_en(true);
+        let b = m.input();
+        assert_eq!((be16(b, 0), b.len()), (0x755, 0x200));
+        assert_eq!(be32(b, 0xc), 2); // field_select.roce_en = dword 3 bit 1
+        assert_eq!(b[0x103], 1); // nic_vport_context.roce_en = bit 0x81f
+        let m = modify_nic_vport_mtu(4200);
+        assert_eq!(be32(m.input(), 0xc), 1 << 6);
+        assert_eq!(be16(m.input(), 0x126), 4200);
+    }
+
+    #[test]
+    fn vport_state() {
+        let q = query_vport_state();
+        assert_eq!((be16(q.input(), 0), be16(q.input(), 6)), (0x750, 0));
+        assert_eq!(query_vport_state_out(&out(0x10, &[(0x0f, &[0x21])])), VportState { state: 1, admin_state: 2 });
+    }
+
+    #[test]
+    fn roce_address() {
+        let q = query_roce_address(3);
+        assert_eq!((be16(q.input(), 0), be16(q.input(), 8), q.out_len()), (0x760, 3, 0x30));
+        let a = RoceAddress {
+            gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0x4c, 0x42, 0xff, 0xfe, 0, 0, 1],
+            vlan: Some(0x123),
+            source_mac: [2, 0x4c, 0x42, 0, 0, 1],
+            roce_l3_type: MLX5_ROCE_L3_TYPE_IPV6,
+            roce_version: MLX5_ROCE_VERSION_2,
+        };
+        let s = set_roce_address(1, &a);
+        let b = s.input();
+        assert_eq!((be16(b, 0), b.len(), be16(b, 8)), (0x761, 0x30, 1));
+        assert_eq!(&b[0x10..0x20], &a.gid);
+        assert_eq!(be32(b, 0x20), (1 << 28) | (0x123 << 16) | 0x024c);
+        assert_eq!(&b[0x24..0x28], &[0x42, 0, 0, 1]);
+        assert_eq!(be32(b, 0x28), (1 << 8) | 2);
+        // The same bytes parsed as a query output give the entry back.
+        let mut img = b.to_vec();
+        img[..0x10].fill(0);
+        assert_eq!(query_roce_address_out(&crate::command::Output::new(img)), a);
+    }
+
+    #[test]
+    fn port_registers() {
+        let q = pmtu_query(1);
+        assert_eq!((be16(q.input(), 6), be16(q.input(), 0xa)), (1, 0x5003));
+        assert_eq!(&q.input()[0x10..0x14], &[0, 1, 0, 0]);
+        assert_eq!(q.out_len(), 0x20);
+        let s = pmtu_set(1, 4200);
+        assert_eq!((be16(s.input(), 6), be16(s.input(), 0x18)), (0, 4200));
+        let o = out(0x20, &[(0x14, &[0x27, 0x10]), (0x18, &[0x05, 0xf2]), (0x1c, &[0x05, 0xf2])]);
+        assert_eq!(pmtu_out(&o), Pmtu { max_mtu: 10000, admin_mtu: 1522, oper_mtu: 1522 });
+
+        let p = paos_set(1, MLX5_PORT_UP);
+        assert_eq!(be16(p.input(), 0xa), 0x5006);
+        assert_eq!(&p.input()[0x10..0x18], &[0, 1, 1, 0, 0x80, 0, 0, 0]);
+        assert_eq!(be16(paos_query(1).input(), 6), 1);
+        assert_eq!(paos_out(&out(0x20, &[(0x12, &[1]), (0x13, &[2])])), Paos { admin_status: 1, oper_status: 2 });
+    }
+}
