@@ -1,5 +1,6 @@
 //! Role wiring and the ready line.
 
+use crate::hca;
 use crate::net::{self, NetStack};
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -52,17 +53,33 @@ fn apic_of(core: usize) -> u32 {
     unsafe { core::ptr::addr_of!((*b).apic_id).read_volatile() }
 }
 
-/// Runs a core's roles round-robin, one non-blocking step each per pass. `net` drives the control channel;
-/// `cmd` and `event` are placeholders that count their iterations. Core 0 also prints the ready line when due.
+/// Runs a core's roles round-robin, one non-blocking step each per pass: `net` drives the control channel,
+/// `cmd` the mlx5 command engine, `event` the mlx5 event engine (EQ, CQs, health). Core 0 also prints the
+/// ready line when due.
 fn run_roles(core: usize, mut ready: Option<Ready>) -> ! {
     let set = roles_of(core);
     let mut net = if set.contains(Role::Net) { NET.lock().take() } else { None };
+    let mut cmd = if set.contains(Role::Cmd) { hca::CMD_ENGINE.lock().take() } else { None };
+    let mut event = if set.contains(Role::Event) { hca::EVENT_ENGINE.lock().take() } else { None };
     loop {
         for r in set.iter() {
-            if r == Role::Net
-                && let Some(n) = net.as_mut()
-            {
-                n.step();
+            match r {
+                Role::Net => {
+                    if let Some(n) = net.as_mut() {
+                        n.step();
+                    }
+                }
+                Role::Cmd => {
+                    if let Some(e) = cmd.as_mut() {
+                        e.poll();
+                    }
+                }
+                Role::Event => {
+                    if let Some(e) = event.as_mut() {
+                        e.poll();
+                    }
+                }
+                Role::Idle => {}
             }
             ITERATIONS[core][r as usize].fetch_add(1, Ordering::Relaxed);
         }
@@ -89,6 +106,7 @@ struct Ready {
     ap_time: Duration,
     entry: Duration,
     port: u16,
+    hca: hca::Status,
     test: Option<TestHook>,
 }
 
@@ -108,7 +126,7 @@ impl Ready {
             _ => IpField(None),
         };
         println!(
-            "leasebox: ready cores={} mem_mib={} pci={} boot_ms={} ap_ms={} entry_ms={} ip={ip} port={}",
+            "leasebox: ready cores={} mem_mib={} pci={} boot_ms={} ap_ms={} entry_ms={} ip={ip} port={} {}",
             self.cores,
             self.mem_mib,
             self.pci,
@@ -116,6 +134,7 @@ impl Ready {
             ms(self.ap_time),
             ms(self.entry),
             self.port,
+            self.hca,
         );
         match self.test {
             Some(TestHook::PageFault) => {
@@ -127,7 +146,6 @@ impl Ready {
                 log::error!("test=pagefault: read {v:#x} from an unmapped address without a fault");
             }
             Some(TestHook::Panic) => panic!("test=panic: deliberate panic"),
-            Some(TestHook::Mlx5Probe) => leasebox_kernel::arch::mlx5_probe::run(),
             None => {}
         }
     }
@@ -184,6 +202,8 @@ fn leasebox_main(p: Platform) -> ! {
     // mappings are not shot down on other cores.
     let service = crate::control::service(&p, Instant::now().since_boot().as_millis() as u64);
     *NET.lock() = net::init(&p, service);
+    // The HCA too: bring-up maps its BAR and runs on this core before the engines move to theirs.
+    let hca = hca::init(&p);
 
     let ap_start = Instant::now();
     if let Some(lapic) = p.lapic.as_ref()
@@ -209,6 +229,7 @@ fn leasebox_main(p: Platform) -> ! {
         ap_time,
         entry: ticks_to_duration(p.entry_tsc, p.tsc_hz),
         port: p.config.net.port,
+        hca,
         test: p.config.test,
     };
     run_roles(0, Some(ready))

@@ -15,6 +15,8 @@ mod appliance;
 #[cfg(target_os = "none")]
 mod control;
 #[cfg(target_os = "none")]
+mod hca;
+#[cfg(target_os = "none")]
 mod net;
 #[cfg(target_os = "none")]
 mod service;

@@ -158,9 +158,6 @@ impl CoreLayout {
 pub enum TestHook {
     PageFault,
     Panic,
-    /// `test=mlx5-probe`: the stand-in command client for the mlx5 model (`arch::mlx5_probe`) until the
-    /// native driver (issue 5) replaces it.
-    Mlx5Probe,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -293,9 +290,8 @@ impl<'a> Config<'a> {
                 self.test = match value {
                     "pagefault" => Some(TestHook::PageFault),
                     "panic" => Some(TestHook::Panic),
-                    "mlx5-probe" => Some(TestHook::Mlx5Probe),
                     "none" => None,
-                    _ => return Err(err("expected pagefault, panic, mlx5-probe or none")),
+                    _ => return Err(err("expected pagefault, panic or none")),
                 }
             }
             "ip" => self.net.set_ip(value).map_err(err)?,
@@ -377,8 +373,7 @@ mod tests {
     #[test]
     fn test_hooks() {
         let mut c = Config::default();
-        c.apply_cmdline("test=mlx5-probe").unwrap();
-        assert_eq!(c.test, Some(TestHook::Mlx5Probe));
+        assert!(c.apply_cmdline("test=mlx5-probe").is_err(), "the stand-in probe is gone (native driver)");
         c.apply_cmdline("test=panic").unwrap();
         assert_eq!(c.test, Some(TestHook::Panic));
         c.apply_cmdline("test=none").unwrap();

@@ -6,6 +6,8 @@
 //! start-up — lives under `arch/`, builds only for `target_os = "none"`, and is the only place with `unsafe`.
 #![cfg_attr(not(test), no_std)]
 
+extern crate alloc;
+
 pub mod acpi;
 pub mod bootinfo;
 pub mod config;

@@ -161,13 +161,13 @@ pub fn all() -> Vec<Scenario> {
         },
         Scenario {
             model: true,
-            kernel_args: "test=mlx5-probe",
+            smp: 3,
             ..Scenario::new(
-                "model-probe",
-                "-kernel on Q35 with the mlx5 model and test=mlx5-probe: ENABLE_HCA and QUERY_ISSI through the \
-                 command queue succeed, and both appear in the model's trace",
+                "hca-bringup",
+                "-kernel on Q35, three CPUs, with the mlx5 model: the native driver brings the HCA up (ready line \
+                 `hca=ConnectX-5 fw=... port=Active`), and the model's trace shows the bring-up in Linux's order",
                 BootKind::Kernel,
-                check_model_probe,
+                check_hca_bringup,
             )
         },
         Scenario::new("grub-bios", "the GRUB ISO on SeaBIOS (multiboot1)", BootKind::GrubBios, check_grub),
@@ -305,36 +305,79 @@ pub fn check_model_signature(t: &Transcript) -> Result<(), String> {
     check_pci_count(t, &pci)
 }
 
-/// `model-probe`: the kernel's probe line reports both commands OK with a non-zero `supported_issi`, and the
-/// model's trace holds a JSON line with status 0 for ENABLE_HCA (0x104) and QUERY_ISSI (0x10a).
-pub fn check_model_probe(t: &Transcript) -> Result<(), String> {
-    t.ready()?;
+/// Linux mlx5_core's bring-up order (facts §b.2) as (opcode, op_mod) pairs the model's trace must contain in
+/// this order, each with status 0; `None` matches any op_mod. MANAGE_PAGES appears after each QUERY_PAGES.
+pub const BRINGUP_ORDER: &[(&str, Option<u32>, &str)] = &[
+    ("0x104", None, "ENABLE_HCA"),
+    ("0x10a", None, "QUERY_ISSI"),
+    ("0x10b", None, "SET_ISSI"),
+    ("0x107", Some(1), "QUERY_PAGES boot"),
+    ("0x108", Some(1), "MANAGE_PAGES give"),
+    ("0x805", Some(0), "ACCESS_REG HOST_ENDIANNESS"),
+    ("0x100", Some(0), "QUERY_HCA_CAP general max"),
+    ("0x100", Some(1), "QUERY_HCA_CAP general cur"),
+    ("0x109", Some(0), "SET_HCA_CAP general"),
+    ("0x107", Some(2), "QUERY_PAGES init"),
+    ("0x108", Some(1), "MANAGE_PAGES give"),
+    ("0x102", None, "INIT_HCA"),
+    ("0x802", None, "ALLOC_UAR"),
+    ("0x301", None, "CREATE_EQ"),
+    ("0x754", None, "QUERY_NIC_VPORT_CONTEXT"),
+    ("0x760", None, "QUERY_ROCE_ADDRESS"),
+    ("0x805", Some(1), "ACCESS_REG PMTU read"),
+    ("0x805", Some(1), "ACCESS_REG PAOS read"),
+];
+
+/// `hca-bringup`: the ready line reports the HCA up with its part, firmware and an active port; the cmd and
+/// event roles run on cores 1 and 2; and the model's trace holds the bring-up commands in Linux's order,
+/// each with status 0.
+pub fn check_hca_bringup(t: &Transcript) -> Result<(), String> {
+    let ready = t.ready()?;
     t.no_fatal()?;
-    let lines: Vec<&str> = t.messages().filter(|m| m.starts_with("mlx5-probe:")).collect();
-    let line = match lines.as_slice() {
-        [l] => *l,
-        [] => return Err("no `mlx5-probe:` line".into()),
-        _ => return Err(format!("{} `mlx5-probe:` lines, expected one", lines.len())),
-    };
-    let supported = line
-        .strip_prefix("mlx5-probe: ENABLE_HCA status 0x0; QUERY_ISSI status 0x0 supported_issi 0x")
-        .and_then(|h| u32::from_str_radix(h, 16).ok())
-        .ok_or_else(|| format!("probe did not succeed: `{line}`"))?;
-    if supported == 0 {
-        return Err(format!("supported_issi is 0: `{line}`"));
+    if ready.get("hca") != Some("ConnectX-5") {
+        return Err(format!("ready line reports hca={:?}, expected ConnectX-5", ready.get("hca")));
     }
-    let trace = t.model_trace.as_deref().ok_or("the model's trace file was not read")?;
-    for opcode in ["0x104", "0x10a"] {
-        let ok = trace.lines().any(|l| {
-            json_field(l, "opcode") == Some(opcode)
-                && json_field(l, "status") == Some("0")
-                && json_field(l, "delivery").is_none()
-        });
-        if !ok {
-            return Err(format!("no trace line for opcode {opcode} with status 0 ({} lines)", trace.lines().count()));
+    let fw = ready.get("fw").ok_or("no fw= on the ready line")?;
+    if fw.split('.').count() != 3 || fw.split('.').any(|p| p.parse::<u32>().is_err()) {
+        return Err(format!("fw={fw} is not X.Y.Z"));
+    }
+    if ready.get("port") != Some("Active") {
+        return Err(format!("port={:?}, expected Active", ready.get("port")));
+    }
+    ready.ms("hca_ms")?;
+    for (cpu, role) in [(1, "cmd"), (2, "event")] {
+        let line = t.messages().find(|m| m.starts_with(&format!("smp: cpu {cpu} online")));
+        if !line.is_some_and(|l| l.ends_with(&format!("role={role}"))) {
+            return Err(format!("cpu {cpu} does not run the {role} role: {line:?}"));
         }
     }
-    Ok(())
+    let trace = t.model_trace.as_deref().ok_or("the model's trace file was not read")?;
+    check_bringup_order(trace)
+}
+
+/// The trace's commands contain [`BRINGUP_ORDER`] as an ordered subsequence, each with status 0.
+pub fn check_bringup_order(trace: &str) -> Result<(), String> {
+    let mut want = BRINGUP_ORDER.iter().peekable();
+    for l in trace.lines() {
+        let Some(&&(opcode, op_mod, _)) = want.peek() else { break };
+        if json_field(l, "opcode") != Some(opcode) {
+            continue;
+        }
+        if op_mod.is_some_and(|m| json_field(l, "op_mod") != Some(m.to_string().as_str())) {
+            continue;
+        }
+        if json_field(l, "status") != Some("0") || json_field(l, "delivery").is_some() {
+            return Err(format!("bring-up command {opcode} did not succeed in the trace: {l}"));
+        }
+        want.next();
+    }
+    match want.next() {
+        None => Ok(()),
+        Some((opcode, _, name)) => Err(format!(
+            "the trace ({} lines) lacks {name} ({opcode}) in Linux's bring-up order",
+            trace.lines().count()
+        )),
+    }
 }
 
 /// The value of `key` in a flat one-line JSON object of numbers and strings (quotes removed).
@@ -455,25 +498,29 @@ leasebox: ready cores=1 mem_mib=256 pci=3 boot_ms=22.000 ap_ms=0.000 entry_ms=10
 ";
 
     #[test]
-    fn model_probe_needs_the_line_and_the_trace() {
-        let text = format!(
-            "{MODEL}[    0.5] c0 INFO  mlx5-probe: ENABLE_HCA status 0x0; QUERY_ISSI status 0x0 supported_issi 0x2\n"
+    fn bringup_order_is_checked() {
+        let line = |op: &str, m: u32, st: u32| {
+            format!(
+                "{{\"t_ns\":1,\"slot\":0,\"opcode\":\"{op}\",\"op_mod\":{m},\"status\":{st},\"syndrome\":\"0x0\"}}\n"
+            )
+        };
+        let good: String = BRINGUP_ORDER.iter().map(|(op, m, _)| line(op, m.unwrap_or(0), 0)).collect();
+        assert_eq!(check_bringup_order(&good), Ok(()));
+        // Extra commands in between are fine.
+        let padded = good.replacen("\n", &format!("\n{}", line("0x200", 0, 0)), 3);
+        assert_eq!(check_bringup_order(&padded), Ok(()));
+        // INIT_HCA before the init pages: out of order.
+        let mut lines: Vec<String> = BRINGUP_ORDER.iter().map(|(op, m, _)| line(op, m.unwrap_or(0), 0)).collect();
+        let init = lines.remove(11);
+        lines.insert(8, init);
+        assert!(check_bringup_order(&lines.concat()).unwrap_err().contains("INIT_HCA"));
+        let failed = good.replace(
+            "\"opcode\":\"0x102\",\"op_mod\":0,\"status\":0",
+            "\"opcode\":\"0x102\",\"op_mod\":0,\"status\":3",
         );
-        let trace = "{\"t_ns\":1,\"slot\":0,\"opcode\":\"0x104\",\"op_mod\":0,\"status\":0,\"syndrome\":\"0x0\",\"input\":\"\",\"output\":\"\"}\n\
-                     {\"t_ns\":2,\"slot\":0,\"opcode\":\"0x10a\",\"op_mod\":0,\"status\":0,\"syndrome\":\"0x0\",\"input\":\"\",\"output\":\"\"}\n";
-        let mut t = Transcript::from_text(&text);
-        t.model_trace = Some(trace.to_string());
-        assert_eq!(check_model_probe(&t), Ok(()));
-        t.model_trace = Some(trace.replace(
-            "\"status\":0,\"syndrome\":\"0x0\",\"input\":\"\",\"output\":\"\"}\n{",
-            "\"status\":4,\"syndrome\":\"0x0\",\"input\":\"\",\"output\":\"\"}\n{",
-        ));
-        assert!(check_model_probe(&t).unwrap_err().contains("0x104"));
-        t.model_trace = None;
-        assert!(check_model_probe(&t).unwrap_err().contains("trace"));
-        let failed = Transcript::from_text(&text.replace("QUERY_ISSI status 0x0", "QUERY_ISSI status 0x4"));
-        assert!(check_model_probe(&failed).unwrap_err().contains("did not succeed"));
-        assert!(check_model_probe(&Transcript::from_text(MODEL)).unwrap_err().contains("no `mlx5-probe:`"));
+        assert!(check_bringup_order(&failed).unwrap_err().contains("did not succeed"));
+        let t = Transcript::from_text(MODEL);
+        assert!(check_hca_bringup(&t).unwrap_err().contains("hca="));
     }
 
     #[test]
@@ -536,7 +583,7 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "kernel-smp1-pc",
                 "kernel-smp3-q35",
                 "model-signature",
-                "model-probe",
+                "hca-bringup",
                 "grub-bios",
                 "grub-uefi",
                 "fault-pagefault",

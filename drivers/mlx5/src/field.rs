@@ -6,7 +6,7 @@
 /// Writes `value` into the `width`-bit field at `bit_off` (`MLX5_SET`). The field must lie inside one
 /// big-endian dword; bits of `value` above `width` are dropped, as `MLX5_SET` masks them.
 pub fn set(buf: &mut [u8], bit_off: usize, width: usize, value: u32) {
-    assert!(width >= 1 && width <= 32, "field width {width}");
+    assert!((1..=32).contains(&width), "field width {width}");
     let dw = bit_off / 32;
     let first = bit_off % 32;
     assert!(first + width <= 32, "field at bit {bit_off:#x} width {width} crosses a dword");
@@ -20,7 +20,7 @@ pub fn set(buf: &mut [u8], bit_off: usize, width: usize, value: u32) {
 
 /// Reads the `width`-bit field at `bit_off` (`MLX5_GET`).
 pub fn get(buf: &[u8], bit_off: usize, width: usize) -> u32 {
-    assert!(width >= 1 && width <= 32, "field width {width}");
+    assert!((1..=32).contains(&width), "field width {width}");
     let dw = bit_off / 32;
     let first = bit_off % 32;
     assert!(first + width <= 32, "field at bit {bit_off:#x} width {width} crosses a dword");

@@ -6,6 +6,9 @@
 //! `device.h` (`../shared/reference/mlx5-facts.md`, `mlx5-layouts.txt`).
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_code)]
+// A command error carries its opcode, op_mod and key attributes for the report; commands fail rarely, and a
+// heap allocation per failure would buy nothing.
+#![allow(clippy::result_large_err)]
 
 extern crate alloc;
 
@@ -17,3 +20,16 @@ pub mod platform;
 
 pub use command::{Attrs, CmdError, Command, ErrorKind, Output};
 pub use platform::{Deadline, PAGE_SIZE, Platform};
+pub mod cmdq;
+pub mod cq;
+pub mod driver;
+pub mod engine;
+pub mod eq;
+pub mod health;
+#[cfg(feature = "hosted")]
+pub mod hosted;
+pub mod initseg;
+pub mod log;
+pub mod objects;
+pub mod probe;
+pub mod ring;

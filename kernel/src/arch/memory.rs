@@ -205,3 +205,12 @@ pub fn dma_free(region: DmaRegion) {
         log::error!("dma: freeing {:#x}+{:#x} failed: {e:?}", region.device_addr, region.len);
     }
 }
+
+/// Returns `len` bytes of frames at `device_addr` that [`dma_alloc`] handed out (for owners that keep only the
+/// address, such as the mlx5 platform). The caller must know the device can no longer reach them.
+pub fn dma_free_addr(device_addr: u64, len: usize) {
+    let frames = (len as u64).div_ceil(FRAME_SIZE);
+    if let Err(e) = FRAMES.lock().free(device_addr, frames) {
+        log::error!("dma: freeing {device_addr:#x}+{len:#x} failed: {e:?}");
+    }
+}

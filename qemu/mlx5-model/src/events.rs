@@ -59,6 +59,11 @@ impl PageWaits {
     pub fn waiting(&self) -> Vec<u32> {
         self.waiting.keys().copied().collect()
     }
+
+    /// Whether the command in `slot` is held for pages (waiting, or refused and not yet let go).
+    pub fn holds(&self, slot: u32) -> bool {
+        self.waiting.contains_key(&slot) || self.refused.contains_key(&slot)
+    }
 }
 
 /// The command hook: whether the command in `slot` runs, waits for pages, or fails because they were refused.

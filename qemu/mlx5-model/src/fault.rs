@@ -129,6 +129,11 @@ impl Faults {
         self.counters
     }
 
+    /// Whether `slot` is held by a delay or a hang, without counting a ring.
+    pub fn holds(&self, slot: u32) -> bool {
+        self.delayed.contains_key(&slot) || self.hung_slots.contains(&slot)
+    }
+
     /// Whether `slot` is held by a delay or a hang (a new ring of it is ignored).
     pub fn slot_busy(&mut self, slot: u32) -> bool {
         let busy = self.delayed.contains_key(&slot) || self.hung_slots.contains(&slot);

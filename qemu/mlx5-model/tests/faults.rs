@@ -134,3 +134,39 @@ fn dropped_doorbell_is_ignored_once() {
     assert_eq!(d.read_result(0, 16).status(), 0);
     assert_eq!(d.model.fault_counters().doorbells_dropped, 1);
 }
+
+#[test]
+fn a_doorbell_overwritten_before_the_model_reads_it_is_not_lost() {
+    let mut d = Drv::new();
+    d.bring_up();
+    // Two commands, one doorbell write each, both before the model polls: the second write replaces the
+    // first in shared memory.
+    d.post(0, &cmd(0x800, 0, 16), 16);
+    d.post(1, &cmd(0x800, 0, 16), 16);
+    d.bar.write_be32(0x18, 1).unwrap();
+    d.bar.write_be32(0x18, 2).unwrap();
+    assert!(d.model.poll());
+    assert!(!hw_owned(&d, 0) && !hw_owned(&d, 1), "both ran");
+    assert_eq!(d.model.counters().coalesced_doorbells, 1);
+    // An entry handed to hardware with no doorbell at all stays put.
+    d.post(2, &cmd(0x800, 0, 16), 16);
+    for _ in 0..3 {
+        d.model.poll();
+    }
+    assert!(hw_owned(&d, 2));
+}
+
+#[test]
+fn a_dropped_doorbell_is_not_picked_up_by_a_later_one() {
+    let mut d = Drv::new();
+    d.bring_up();
+    d.model.inject(Fault::DropDoorbell);
+    d.post(0, &cmd(0x800, 0, 16), 16);
+    d.ring(1);
+    d.post(1, &cmd(0x800, 0, 16), 16);
+    d.ring(2);
+    assert!(hw_owned(&d, 0), "the dropped ring stays lost until slot 0 is rung again");
+    assert!(!hw_owned(&d, 1));
+    d.ring(1);
+    assert!(!hw_owned(&d, 0));
+}

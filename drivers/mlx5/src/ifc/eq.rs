@@ -372,7 +372,7 @@ mod tests {
         assert!(!fresh.is_sw_owned(0, 4));
         assert!(fresh.is_sw_owned(16, 4));
         assert!(eqe(0, 0, &[], 0).is_sw_owned(3, 4));
-        assert_eq!(eq_doorbell_value(Eqn(0x11), 0x1_2345_67), 0x1123_4567);
+        assert_eq!(eq_doorbell_value(Eqn(0x11), 0x0123_4567), 0x1123_4567);
         assert_eq!((MLX5_EQ_DOORBEL_OFFSET_ARM, MLX5_EQ_DOORBEL_OFFSET_UPDATE_CI), (0x40, 0x48));
         assert_eq!(ASYNC_EVENT_MASK & event_bit(MLX5_EVENT_TYPE_CMD), 0);
         assert_ne!(ASYNC_EVENT_MASK & event_bit(MLX5_EVENT_TYPE_PORT_CHANGE), 0);

@@ -1,0 +1,425 @@
+//! The driver as one object: bring-up in Linux mlx5_core's order (facts §b.2), the synchronous `exec` used
+//! by bring-up, tests and the one-CPU layout, teardown in reverse (facts §b.4), and the split into engines for
+//! dedicated cores. Every wait has a deadline; every failure names its step and, for commands, opcode,
+//! status and syndrome.
+
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::fmt;
+
+use crate::cmdq::{CmdQueue, Completion, SetupError};
+use crate::command::{CmdError, Command, ErrorKind, Output};
+use crate::engine::{self, Client, CommandEngine, Event, EventEngine, PageRequest};
+use crate::eq::EventRing;
+use crate::handles::{Eqn, UarPage};
+use crate::health::Health;
+use crate::ifc;
+use crate::ifc::init::{CapMode, MLX5_CAP_GENERAL, PagesKind, RegOp};
+use crate::initseg::{self, FwRev, Timeouts};
+use crate::platform::{Deadline, Platform};
+
+/// The EQ's subscriptions: Linux's async set (`MLX5_ASYNC_EVENT_MASK`) plus page requests; never command
+/// completions (the queue is polled) and never completion events (CQs are polled, never armed).
+pub const EQ_EVENTS: u64 = ifc::eq::ASYNC_EVENT_MASK | ifc::eq::event_bit(ifc::eq::MLX5_EVENT_TYPE_PAGE_REQUEST);
+
+/// Bring-up choices.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Part name for reports (from the PCI device id).
+    pub part: &'static str,
+    /// Bound on the first wait for `initializing` (Linux FW_PRE_INIT: 120 s).
+    pub pre_init_timeout_ms: u64,
+    /// Overrides the command timeout (default: `cmd_exec_to`, else Linux's 60 s).
+    pub cmd_timeout_ms: Option<u64>,
+    /// Health poll period (Linux: 2 s).
+    pub health_interval_ms: u64,
+    /// log2 of the async/page EQ's entries.
+    pub log_eq_size: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            part: "ConnectX",
+            pre_init_timeout_ms: initseg::FW_PRE_INIT_TIMEOUT_MS,
+            cmd_timeout_ms: None,
+            health_interval_ms: initseg::HEALTH_POLL_INTERVAL_MS,
+            log_eq_size: 7,
+        }
+    }
+}
+
+/// Port state (PAOS `oper_status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortState {
+    Down,
+    Active,
+    Unknown(u8),
+}
+
+impl fmt::Display for PortState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PortState::Down => f.write_str("Down"),
+            PortState::Active => f.write_str("Active"),
+            PortState::Unknown(v) => write!(f, "Unknown({v})"),
+        }
+    }
+}
+
+/// What bring-up learned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HcaInfo {
+    pub part: &'static str,
+    pub fw: FwRev,
+    pub timeouts: Timeouts,
+    pub issi: u16,
+    pub boot_pages: i32,
+    pub init_pages: i32,
+    pub uar: UarPage,
+    pub eqn: Eqn,
+    pub mac: [u8; 6],
+    pub gid: [u8; 16],
+    pub mtu: u16,
+    pub port: PortState,
+    pub roce: bool,
+    pub caps: ifc::init::GeneralCaps,
+    pub bring_up_ns: u64,
+}
+
+/// The step bring-up stopped at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BringUpError {
+    /// `initializing` still set after the deadline.
+    Initializing {
+        waited_ms: u64,
+    },
+    CmdQueue(SetupError),
+    Command {
+        step: &'static str,
+        error: CmdError,
+    },
+    NoDma {
+        step: &'static str,
+    },
+}
+
+impl fmt::Display for BringUpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BringUpError::Initializing { waited_ms } => write!(f, "firmware still initializing after {waited_ms} ms"),
+            BringUpError::CmdQueue(e) => write!(f, "command queue: {e}"),
+            BringUpError::Command { step, error } => write!(f, "{step}: {error}"),
+            BringUpError::NoDma { step } => write!(f, "{step}: no DMA memory"),
+        }
+    }
+}
+
+pub struct Driver<P: Platform> {
+    p: Arc<P>,
+    pub cmd: CommandEngine<P>,
+    pub events: EventEngine<P>,
+    pub client: Client,
+    pub info: HcaInfo,
+    /// Completions `exec` saw for other tags (async users interleaved with `exec`).
+    stash: Vec<Completion>,
+    embedded_cpu: bool,
+    pub(crate) mkey_variant: crate::objects::MkeyVariant,
+}
+
+fn wait<P: Platform + ?Sized>(p: &P, ms: u64, mut done: impl FnMut() -> bool) -> bool {
+    let d = Deadline::after(p, ms);
+    loop {
+        if done() {
+            return true;
+        }
+        if d.passed(p) {
+            return done();
+        }
+        p.relax();
+    }
+}
+
+impl<P: Platform> Driver<P> {
+    /// Brings the HCA up: pre-init wait, command queue, init wait, health, ENABLE_HCA, ISSI, boot pages,
+    /// HOST_ENDIANNESS, capabilities, init pages, INIT_HCA, ALLOC_UAR, the async/page EQ, RoCE on the vport,
+    /// then the port's MAC, GID, MTU and state.
+    pub fn bring_up(p: Arc<P>, cfg: Config) -> Result<Driver<P>, BringUpError> {
+        let t0 = p.now_ns();
+        // 1. Wait for `initializing` to clear (FW_PRE_INIT).
+        if !wait(p.as_ref(), cfg.pre_init_timeout_ms, || !initseg::initializing(p.as_ref())) {
+            return Err(BringUpError::Initializing { waited_ms: cfg.pre_init_timeout_ms });
+        }
+        // 2. Command queue; 3. timeouts from the init segment; 4. the init wait.
+        let timeouts = initseg::timeouts(p.as_ref());
+        let cmd_ms = cfg.cmd_timeout_ms.unwrap_or(timeouts.cmd_ms);
+        let q = CmdQueue::new(p.as_ref(), cmd_ms).map_err(BringUpError::CmdQueue)?;
+        if !wait(p.as_ref(), timeouts.init_ms, || !initseg::initializing(p.as_ref())) {
+            return Err(BringUpError::Initializing { waited_ms: timeouts.init_ms });
+        }
+        // 5. Health monitor.
+        let health = Health::new(p.now_ns(), cfg.health_interval_ms);
+        let (cmd, events, client) = engine::assemble(p.clone(), q, health);
+        let mut d = Driver {
+            p: p.clone(),
+            cmd,
+            events,
+            client,
+            info: HcaInfo {
+                part: cfg.part,
+                fw: initseg::fw_rev(p.as_ref()),
+                timeouts: Timeouts { cmd_ms, init_ms: timeouts.init_ms },
+                issi: 0,
+                boot_pages: 0,
+                init_pages: 0,
+                uar: UarPage(0),
+                eqn: Eqn(0),
+                mac: [0; 6],
+                gid: [0; 16],
+                mtu: 0,
+                port: PortState::Unknown(0),
+                roce: false,
+                caps: ifc::init::GeneralCaps::default(),
+                bring_up_ns: 0,
+            },
+            stash: Vec::new(),
+            embedded_cpu: initseg::embedded_cpu(p.as_ref()),
+            mkey_variant: crate::objects::MkeyVariant::default(),
+        };
+        let step = |step: &'static str| move |error| BringUpError::Command { step, error };
+        // 6. ENABLE_HCA.
+        d.exec(ifc::init::enable_hca(d.embedded_cpu)).map_err(step("ENABLE_HCA"))?;
+        // 7. ISSI: 1 when the firmware supports it, else 0 (a failing QUERY_ISSI means ISSI 0, as Linux).
+        match d.exec(ifc::init::query_issi()) {
+            Ok(out) => {
+                if ifc::init::parse_query_issi(&out).supports(1) {
+                    d.exec(ifc::init::set_issi(1)).map_err(step("SET_ISSI"))?;
+                    d.info.issi = 1;
+                }
+            }
+            Err(e) if e.status().is_some() => {}
+            Err(e) => return Err(step("QUERY_ISSI")(e)),
+        }
+        // 8. Boot pages.
+        d.info.boot_pages = d.satisfy_pages(PagesKind::Boot).map_err(step("boot pages"))?;
+        // 10. HOST_ENDIANNESS (PF only; the model plays a PF): little-endian host.
+        let he = ifc::init::access_reg(RegOp::Write, ifc::init::MLX5_REG_HOST_ENDIANNESS, 0, &[0u8; 16]);
+        d.exec(he).map_err(step("ACCESS_REG HOST_ENDIANNESS"))?;
+        // 11. Capabilities: general (max and current), then SET_HCA_CAP with what we use.
+        let max =
+            d.exec(ifc::init::query_hca_cap(MLX5_CAP_GENERAL, CapMode::Max)).map_err(step("QUERY_HCA_CAP max"))?;
+        let max = ifc::init::GeneralCaps::parse(ifc::init::hca_cap_block(&max));
+        let cur =
+            d.exec(ifc::init::query_hca_cap(MLX5_CAP_GENERAL, CapMode::Cur)).map_err(step("QUERY_HCA_CAP cur"))?;
+        let block = ifc::init::general_caps_to_set(ifc::init::hca_cap_block(&cur), &max);
+        d.exec(ifc::init::set_hca_cap(MLX5_CAP_GENERAL, &block)).map_err(step("SET_HCA_CAP"))?;
+        // 12. Init pages; 13. INIT_HCA.
+        d.info.init_pages = d.satisfy_pages(PagesKind::Init).map_err(step("init pages"))?;
+        d.exec(ifc::init::init_hca()).map_err(step("INIT_HCA"))?;
+        // 14. Re-read the capabilities in force.
+        let cur = d.exec(ifc::init::query_hca_cap(MLX5_CAP_GENERAL, CapMode::Cur)).map_err(step("QUERY_HCA_CAP"))?;
+        d.info.caps = ifc::init::GeneralCaps::parse(ifc::init::hca_cap_block(&cur));
+        d.info.roce = d.info.caps.roce;
+        // 15. The driver's UAR page.
+        let uar = d.exec(ifc::resources::alloc_uar()).map_err(step("ALLOC_UAR"))?;
+        d.info.uar = ifc::resources::parse_alloc_uar(&uar);
+        // 17. One EQ for async events and page requests, polled, never armed.
+        let mut ring =
+            EventRing::alloc(p.as_ref(), cfg.log_eq_size).ok_or(BringUpError::NoDma { step: "EQ buffer" })?;
+        let pages: Vec<u64> = ring.pages().collect();
+        let create = ifc::eq::create_eq(&ifc::eq::EqParams {
+            log_eq_size: cfg.log_eq_size as u8,
+            uar_page: d.info.uar,
+            intr: 0,
+            log_page_size: 0,
+            event_mask: EQ_EVENTS,
+            pages: &pages,
+        });
+        let eqn = match d.exec(create) {
+            Ok(out) => ifc::eq::parse_create_eq(&out),
+            Err(e) => {
+                ring.release(p.as_ref());
+                return Err(step("CREATE_EQ")(e));
+            }
+        };
+        ring.bind(eqn, d.info.uar);
+        d.info.eqn = eqn;
+        d.events.attach_eq(ring);
+        // RoCE on the vport, then the port's identity and state.
+        if d.info.roce {
+            d.exec(ifc::vport::modify_nic_vport_roce_en(true)).map_err(step("MODIFY_NIC_VPORT_CONTEXT"))?;
+        }
+        let ctx = d.exec(ifc::vport::query_nic_vport_context()).map_err(step("QUERY_NIC_VPORT_CONTEXT"))?;
+        d.info.mac = ifc::vport::query_nic_vport_context_out(&ctx).permanent_address;
+        let gid = d.exec(ifc::vport::query_roce_address(0)).map_err(step("QUERY_ROCE_ADDRESS"))?;
+        d.info.gid = ifc::vport::query_roce_address_out(&gid).gid;
+        let pmtu = d.exec(ifc::vport::pmtu_query(1)).map_err(step("ACCESS_REG PMTU"))?;
+        d.info.mtu = ifc::vport::pmtu_out(&pmtu).oper_mtu;
+        // Port state as Linux `mlx5_query_port_oper_status` reads it: PAOS `oper_status` (1 up, 2 down).
+        let paos = d.exec(ifc::vport::paos_query(1)).map_err(step("ACCESS_REG PAOS"))?;
+        d.info.port = match ifc::vport::paos_out(&paos).oper_status {
+            1 => PortState::Active,
+            2 => PortState::Down,
+            v => PortState::Unknown(v),
+        };
+        d.info.bring_up_ns = p.now_ns().saturating_sub(t0);
+        Ok(d)
+    }
+
+    pub fn platform(&self) -> &Arc<P> {
+        &self.p
+    }
+
+    /// One round of both engines (the one-CPU layout's HCA share of core 0).
+    pub fn pump(&mut self) -> bool {
+        let a = self.cmd.poll();
+        let b = self.events.poll();
+        a | b
+    }
+
+    /// Runs `cmd` to completion: queues it, pumps both engines (so page requests are served on the page slot
+    /// meanwhile), and returns its output or error. Bounded by the command deadline plus one second of
+    /// queueing.
+    pub fn exec(&mut self, cmd: Command) -> Result<Output, CmdError> {
+        let limit = self.cmd.queue().timeout_ms().saturating_add(1_000);
+        let deadline = Deadline::after(self.p.as_ref(), limit);
+        let mut cmd = cmd;
+        let tag = loop {
+            match self.client.submit(cmd) {
+                Ok(t) => break t,
+                Err(c) => {
+                    if deadline.passed(self.p.as_ref()) {
+                        return Err(c.error(ErrorKind::Busy));
+                    }
+                    cmd = c;
+                    self.pump();
+                    self.p.relax();
+                }
+            }
+        };
+        loop {
+            self.pump();
+            while let Some(c) = self.client.poll() {
+                if c.tag == tag {
+                    return c.result;
+                }
+                self.stash.push(c);
+            }
+            if deadline.passed(self.p.as_ref()) {
+                // The queue reports its own timeout before this; reaching here means the command never got a
+                // slot (all quarantined).
+                return Err(CmdError { opcode: 0, op_mod: 0, kind: ErrorKind::Busy, attrs: Default::default() });
+            }
+            self.p.relax();
+        }
+    }
+
+    /// Completions of commands queued through `client` directly that `exec` collected meanwhile.
+    pub fn take_stashed(&mut self) -> Vec<Completion> {
+        core::mem::take(&mut self.stash)
+    }
+
+    pub fn next_event(&mut self) -> Option<Event> {
+        self.client.next_event()
+    }
+
+    /// QUERY_PAGES(`op_mod`), then gives that many pages through the page slot and waits until they are
+    /// given. Returns the number the firmware asked for.
+    fn satisfy_pages(&mut self, kind: PagesKind) -> Result<i32, CmdError> {
+        let out = self.exec(ifc::init::query_pages(kind))?;
+        let q = ifc::init::parse_query_pages(&out);
+        if q.num_pages > 0 {
+            let before = self.cmd.pages().given();
+            self.cmd.request_pages(PageRequest { function_id: q.function_id, num_pages: q.num_pages });
+            let limit = self.cmd.queue().timeout_ms().saturating_add(1_000);
+            let p = self.p.clone();
+            let deadline = Deadline::after(p.as_ref(), limit);
+            while !self.cmd.pages().idle() {
+                self.pump();
+                if deadline.passed(p.as_ref()) {
+                    return Err(ifc::init::query_pages(kind).error(ErrorKind::Timeout { slot: 0xff, waited_ms: limit }));
+                }
+                p.relax();
+            }
+            let got = self.cmd.pages().given() - before;
+            if got < q.num_pages as usize {
+                return Err(ifc::init::manage_pages_give(q.function_id, &[])
+                    .error(ErrorKind::Status { status: 0xfe, syndrome: got as u32 }));
+            }
+        }
+        Ok(q.num_pages)
+    }
+
+    /// Teardown in reverse (facts §b.4): DESTROY_EQ, DEALLOC_UAR, TEARDOWN_HCA (graceful), reclaim every
+    /// page (MANAGE_PAGES take, bounded by RECLAIM_PAGES), DISABLE_HCA, then the driver's DMA memory. The
+    /// first failing step is reported; the rest still run where that is safe. Pages the firmware did not give
+    /// back are leaked on purpose (it may still write them), unless DISABLE_HCA succeeded.
+    pub fn teardown(mut self) -> Result<TeardownReport, (TeardownReport, CmdError)> {
+        let mut report = TeardownReport::default();
+        let mut first: Option<CmdError> = None;
+        let note = |r: Result<Output, CmdError>, first: &mut Option<CmdError>| match r {
+            Ok(o) => Some(o),
+            Err(e) => {
+                if first.is_none() {
+                    *first = Some(e);
+                }
+                None
+            }
+        };
+        let eqn = self.info.eqn;
+        if let Some(ring) = self.events.detach_eq() {
+            let ok = note(self.exec(ifc::eq::destroy_eq(eqn)), &mut first).is_some();
+            if ok {
+                ring.release(self.p.as_ref());
+            }
+        }
+        note(self.exec(ifc::resources::dealloc_uar(self.info.uar)), &mut first);
+        let torn = note(
+            self.exec(ifc::init::teardown_hca(ifc::init::MLX5_TEARDOWN_HCA_IN_PROFILE_GRACEFUL_CLOSE)),
+            &mut first,
+        )
+        .is_some();
+        report.teardown_hca = torn;
+        // Reclaim: ask for everything back until the firmware returns nothing (or RECLAIM_PAGES passes).
+        let p = self.p.clone();
+        let deadline = Deadline::after(p.as_ref(), initseg::RECLAIM_PAGES_TIMEOUT_MS);
+        report.pages_before = self.cmd.pages().given();
+        while self.cmd.pages().given() > 0 && !deadline.passed(p.as_ref()) {
+            let before = self.cmd.pages().given();
+            self.cmd.request_pages(PageRequest { function_id: 0, num_pages: -(before as i32) });
+            while !self.cmd.pages().idle() && !deadline.passed(p.as_ref()) {
+                self.pump();
+                p.relax();
+            }
+            if self.cmd.pages().given() == before {
+                break;
+            }
+        }
+        report.pages_left = self.cmd.pages().given();
+        let disabled = note(self.exec(ifc::init::disable_hca(self.embedded_cpu)), &mut first).is_some();
+        report.disable_hca = disabled;
+        let (q, mut pages) = self.cmd.into_parts();
+        if disabled {
+            pages.release_all(p.as_ref());
+            q.release(p.as_ref());
+        }
+        match first {
+            None => Ok(report),
+            Some(e) => Err((report, e)),
+        }
+    }
+
+    /// Splits into the engines for dedicated cores and the client for core 0.
+    pub fn into_engines(self) -> (CommandEngine<P>, EventEngine<P>, Client, HcaInfo) {
+        (self.cmd, self.events, self.client, self.info)
+    }
+}
+
+/// What teardown did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TeardownReport {
+    pub teardown_hca: bool,
+    pub pages_before: usize,
+    pub pages_left: usize,
+    pub disable_hca: bool,
+}

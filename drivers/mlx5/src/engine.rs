@@ -1,0 +1,468 @@
+//! The polling engines (ARCHITECTURE.md "Cores and roles"): the [`CommandEngine`] owns the command queue and
+//! the pages given to the firmware; the [`EventEngine`] owns the EQ, the watched CQs and the health monitor.
+//! Everyone else holds a [`Client`] and talks to them through fixed-capacity SPSC rings. With three or more
+//! CPUs each engine runs alone on its core; with one CPU the same `poll` methods run round-robin on core 0.
+//! Nothing here waits: each `poll` does what is ready and returns whether it did anything.
+
+use alloc::collections::{BTreeSet, VecDeque};
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::cmdq::{CmdQueue, Completion, SlotClass};
+use crate::command::{CmdError, Command, ErrorKind};
+use crate::cq::CqRing;
+use crate::eq::EventRing;
+use crate::handles::Cqn;
+use crate::health::{Fatal, Health};
+use crate::ifc;
+use crate::ifc::cq::Cqe;
+use crate::ifc::eq::Eqe;
+use crate::platform::{PAGE_SIZE, Platform};
+use crate::ring::{Consumer, Producer, ring};
+
+/// Ring capacities.
+pub const REQUEST_RING: usize = 64;
+pub const COMPLETION_RING: usize = 64;
+pub const EVENT_RING: usize = 256;
+pub const PAGE_RING: usize = 16;
+
+/// Tags with this bit are the command engine's own (page commands); clients' tags never have it.
+const INTERNAL_TAG: u64 = 1 << 63;
+/// EQEs handled per event-engine pass (Linux handles at most 128 per pass).
+const EQ_BUDGET: usize = 64;
+const CQ_BUDGET: usize = 64;
+
+/// A command for the command engine.
+pub struct Request {
+    pub tag: u64,
+    pub cmd: Command,
+}
+
+/// A firmware page request (EQE type 0xB, `pages_req_event`): `num_pages` > 0 gives, < 0 takes back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageRequest {
+    pub function_id: u16,
+    pub num_pages: i32,
+}
+
+/// What the event engine reports to the client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The HCA is dead; every command fails from now on.
+    Fatal(Fatal),
+    /// An EQE other than a page request: type, sub-type, data.
+    Async(Eqe),
+    /// A CQE from a watched CQ.
+    Completion { cqn: Cqn, cqe: Cqe },
+}
+
+/// State both engines and the client see.
+#[derive(Default)]
+pub struct Shared {
+    /// 0 while healthy; `0x100 | syndrome` once fatal.
+    fatal: AtomicU32,
+    pub pages_given: AtomicU64,
+    pub page_requests: AtomicU64,
+    pub eqes: AtomicU64,
+}
+
+impl Shared {
+    pub fn fatal(&self) -> Option<u8> {
+        let v = self.fatal.load(Ordering::Acquire);
+        (v != 0).then_some(v as u8)
+    }
+
+    fn set_fatal(&self, synd: u8) {
+        self.fatal.store(0x100 | u32::from(synd), Ordering::Release);
+    }
+}
+
+/// Pages the firmware holds, and page work waiting for the page slot.
+#[derive(Default)]
+pub struct PageSupply {
+    given: BTreeSet<u64>,
+    queue: VecDeque<PageRequest>,
+    in_flight: Option<(u64, Vec<u64>, bool)>,
+    pub failures: u64,
+}
+
+/// MANAGE_PAGES carries at most this many addresses per command (the slot's mailbox chain).
+pub const PAGES_PER_COMMAND: usize = (crate::cmdq::MAX_MSG - 16) / 8;
+
+impl PageSupply {
+    pub fn given(&self) -> usize {
+        self.given.len()
+    }
+
+    pub fn push(&mut self, r: PageRequest) {
+        self.queue.push_back(r);
+    }
+
+    pub fn idle(&self) -> bool {
+        self.queue.is_empty() && self.in_flight.is_none()
+    }
+
+    /// Builds the next page command, allocating pages for a give; a give the platform cannot back is
+    /// answered with MANAGE_PAGES ALLOCATION_FAIL, as Linux does.
+    fn next_command<P: Platform + ?Sized>(&mut self, p: &P) -> Option<(Command, Vec<u64>, bool)> {
+        let r = self.queue.pop_front()?;
+        if r.num_pages > 0 {
+            let n = (r.num_pages as usize).min(PAGES_PER_COMMAND);
+            if (r.num_pages as usize) > n {
+                self.queue.push_front(PageRequest { num_pages: r.num_pages - n as i32, ..r });
+            }
+            let mut pages = Vec::with_capacity(n);
+            for _ in 0..n {
+                match p.dma_alloc(PAGE_SIZE, PAGE_SIZE) {
+                    Some(a) => pages.push(a),
+                    None => {
+                        for a in pages {
+                            p.dma_free(a, PAGE_SIZE);
+                        }
+                        self.failures += 1;
+                        return Some((ifc::init::manage_pages_cant_give(r.function_id), Vec::new(), false));
+                    }
+                }
+            }
+            Some((ifc::init::manage_pages_give(r.function_id, &pages), pages, true))
+        } else if r.num_pages < 0 {
+            let n = (r.num_pages.unsigned_abs() as usize).min(PAGES_PER_COMMAND);
+            if (r.num_pages.unsigned_abs() as usize) > n {
+                self.queue.push_front(PageRequest { num_pages: r.num_pages + n as i32, ..r });
+            }
+            Some((ifc::init::manage_pages_take(r.function_id, n as u32), Vec::new(), false))
+        } else {
+            None
+        }
+    }
+
+    /// Books a finished page command: pages given stay the firmware's; pages taken back are freed. A give
+    /// that failed returns its pages to the platform.
+    fn complete<P: Platform + ?Sized>(&mut self, p: &P, c: &Completion) -> usize {
+        let Some((_, pages, give)) = self.in_flight.take() else { return 0 };
+        match (&c.result, give) {
+            (Ok(_), true) => {
+                let n = pages.len();
+                self.given.extend(pages);
+                n
+            }
+            (Err(_), true) => {
+                self.failures += 1;
+                for a in pages {
+                    p.dma_free(a, PAGE_SIZE);
+                }
+                0
+            }
+            (Ok(out), false) => {
+                for a in ifc::init::parse_manage_pages_take(out) {
+                    if self.given.remove(&a) {
+                        p.dma_free(a, PAGE_SIZE);
+                    }
+                }
+                0
+            }
+            (Err(_), false) => {
+                self.failures += 1;
+                0
+            }
+        }
+    }
+
+    /// Frees every page the firmware held. Only after the firmware can no longer touch them (reclaimed,
+    /// or the function disabled).
+    pub fn release_all<P: Platform + ?Sized>(&mut self, p: &P) {
+        for a in core::mem::take(&mut self.given) {
+            p.dma_free(a, PAGE_SIZE);
+        }
+    }
+}
+
+/// Owns the command queue (core 1).
+pub struct CommandEngine<P: Platform> {
+    p: Arc<P>,
+    pub(crate) q: CmdQueue,
+    pub(crate) pages: PageSupply,
+    requests: Consumer<Request>,
+    completions: Producer<Completion>,
+    page_requests: Consumer<PageRequest>,
+    shared: Arc<Shared>,
+    /// Completions the client's ring had no room for yet (delivered first next time; never dropped).
+    undelivered: VecDeque<Completion>,
+    done: Vec<Completion>,
+    next_internal: u64,
+    pub busy_ns: u64,
+}
+
+/// Owns the EQ, the watched CQs and the health monitor (core 2).
+pub struct EventEngine<P: Platform> {
+    p: Arc<P>,
+    pub(crate) eq: Option<EventRing>,
+    cqs: Vec<(Cqn, CqRing)>,
+    health: Health,
+    page_requests: Producer<PageRequest>,
+    events: Producer<Event>,
+    shared: Arc<Shared>,
+    undelivered: VecDeque<Event>,
+    pending_pages: VecDeque<PageRequest>,
+}
+
+/// The submitting side (core 0).
+pub struct Client {
+    requests: Producer<Request>,
+    completions: Consumer<Completion>,
+    events: Consumer<Event>,
+    shared: Arc<Shared>,
+    next_tag: u64,
+}
+
+/// Creates the three parts around an already set-up command queue.
+pub fn assemble<P: Platform>(p: Arc<P>, q: CmdQueue, health: Health) -> (CommandEngine<P>, EventEngine<P>, Client) {
+    let shared = Arc::new(Shared::default());
+    let (req_tx, req_rx) = ring(REQUEST_RING);
+    let (done_tx, done_rx) = ring(COMPLETION_RING);
+    let (page_tx, page_rx) = ring(PAGE_RING);
+    let (ev_tx, ev_rx) = ring(EVENT_RING);
+    let cmd = CommandEngine {
+        p: p.clone(),
+        q,
+        pages: PageSupply::default(),
+        requests: req_rx,
+        completions: done_tx,
+        page_requests: page_rx,
+        shared: shared.clone(),
+        undelivered: VecDeque::new(),
+        done: Vec::new(),
+        next_internal: 0,
+        busy_ns: 0,
+    };
+    let ev = EventEngine {
+        p,
+        eq: None,
+        cqs: Vec::new(),
+        health,
+        page_requests: page_tx,
+        events: ev_tx,
+        shared: shared.clone(),
+        undelivered: VecDeque::new(),
+        pending_pages: VecDeque::new(),
+    };
+    let client = Client { requests: req_tx, completions: done_rx, events: ev_rx, shared, next_tag: 1 };
+    (cmd, ev, client)
+}
+
+impl<P: Platform> CommandEngine<P> {
+    pub fn queue(&self) -> &CmdQueue {
+        &self.q
+    }
+
+    pub fn pages(&self) -> &PageSupply {
+        &self.pages
+    }
+
+    /// Queues page work directly (bring-up's boot and init pages, teardown's reclaim).
+    pub fn request_pages(&mut self, r: PageRequest) {
+        self.pages.push(r);
+    }
+
+    /// One pass: abort on fatal health, page work, client requests, completions. Returns true if it did
+    /// anything.
+    pub fn poll(&mut self) -> bool {
+        let t0 = self.p.now_ns();
+        let mut did = false;
+        if let Some(s) = self.shared.fatal()
+            && self.q.fatal().is_none()
+        {
+            self.q.abort_all(s, t0, &mut self.done);
+            did = true;
+        }
+        while let Some(r) = self.page_requests.pop() {
+            self.shared.page_requests.fetch_add(1, Ordering::Relaxed);
+            self.pages.push(r);
+        }
+        if self.pages.in_flight.is_none()
+            && self.q.has_free(SlotClass::Pages)
+            && let Some((cmd, pages, give)) = self.pages.next_command(self.p.as_ref())
+        {
+            {
+                let tag = INTERNAL_TAG | self.next_internal;
+                self.next_internal += 1;
+                match self.q.submit(self.p.as_ref(), tag, &cmd) {
+                    Ok(_) => self.pages.in_flight = Some((tag, pages, give)),
+                    Err(e) => {
+                        self.pages.in_flight = Some((tag, pages, give));
+                        let c = Completion { tag, slot: 0xff, result: Err(e), elapsed_ns: 0 };
+                        self.pages.complete(self.p.as_ref(), &c);
+                    }
+                }
+                did = true;
+            }
+        }
+        while self.q.has_free(SlotClass::Regular) || self.q.fatal().is_some() {
+            let Some(r) = self.requests.pop() else { break };
+            did = true;
+            if let Err(e) = self.q.submit(self.p.as_ref(), r.tag, &r.cmd) {
+                self.done.push(Completion { tag: r.tag, slot: 0xff, result: Err(e), elapsed_ns: 0 });
+            }
+        }
+        self.q.poll(self.p.as_ref(), &mut self.done);
+        for c in self.done.drain(..) {
+            did = true;
+            if c.tag & INTERNAL_TAG != 0 {
+                if self.pages.in_flight.as_ref().is_some_and(|f| f.0 == c.tag) {
+                    let n = self.pages.complete(self.p.as_ref(), &c);
+                    self.shared.pages_given.fetch_add(n as u64, Ordering::Relaxed);
+                    if let Err(e) = &c.result {
+                        log::warn!("mlx5: page command failed: {e}");
+                    }
+                }
+            } else {
+                self.undelivered.push_back(c);
+            }
+        }
+        while let Some(c) = self.undelivered.pop_front() {
+            if let Err(c) = self.completions.push(c) {
+                self.undelivered.push_front(c);
+                break;
+            }
+        }
+        if did {
+            self.busy_ns += self.p.now_ns().saturating_sub(t0);
+        }
+        did
+    }
+
+    /// Stops: every command still queued or in flight fails with `Shutdown`; returns the queue and pages.
+    pub fn into_parts(mut self) -> (CmdQueue, PageSupply) {
+        while let Some(r) = self.requests.pop() {
+            let _ = self.completions.push(Completion {
+                tag: r.tag,
+                slot: 0xff,
+                result: Err(r.cmd.error(ErrorKind::Shutdown)),
+                elapsed_ns: 0,
+            });
+        }
+        (self.q, self.pages)
+    }
+}
+
+impl<P: Platform> EventEngine<P> {
+    /// Starts polling `eq` (bound to its EQN and UAR).
+    pub fn attach_eq(&mut self, eq: EventRing) {
+        self.eq = Some(eq);
+    }
+
+    pub fn detach_eq(&mut self) -> Option<EventRing> {
+        self.eq.take()
+    }
+
+    /// Polls `cq` from now on; its CQEs arrive as [`Event::Completion`].
+    pub fn watch_cq(&mut self, cqn: Cqn, cq: CqRing) {
+        self.cqs.push((cqn, cq));
+    }
+
+    pub fn unwatch_cq(&mut self, cqn: Cqn) -> Option<CqRing> {
+        let i = self.cqs.iter().position(|(n, _)| *n == cqn)?;
+        Some(self.cqs.swap_remove(i).1)
+    }
+
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    fn emit(&mut self, e: Event) {
+        if let Err(e) = self.events.push(e) {
+            self.undelivered.push_back(e);
+        }
+    }
+
+    pub fn poll(&mut self) -> bool {
+        let p = self.p.clone();
+        let mut did = false;
+        while let Some(e) = self.undelivered.pop_front() {
+            if let Err(e) = self.events.push(e) {
+                self.undelivered.push_front(e);
+                break;
+            }
+            did = true;
+        }
+        if let Some(f) = self.health.poll(p.as_ref(), p.now_ns()) {
+            log::error!("mlx5: {f}; the command interface is no longer trusted");
+            self.shared.set_fatal(f.syndrome());
+            self.emit(Event::Fatal(f));
+            did = true;
+        }
+        if let Some(mut eq) = self.eq.take() {
+            for _ in 0..EQ_BUDGET {
+                let Some(e) = eq.next(p.as_ref()) else { break };
+                did = true;
+                self.shared.eqes.fetch_add(1, Ordering::Relaxed);
+                match e.event() {
+                    ifc::eq::Event::PageRequest { function_id, num_pages, .. } => {
+                        self.pending_pages.push_back(PageRequest { function_id, num_pages })
+                    }
+                    _ => self.emit(Event::Async(e)),
+                }
+            }
+            eq.update_ci(p.as_ref());
+            self.eq = Some(eq);
+        }
+        while let Some(r) = self.pending_pages.pop_front() {
+            if let Err(r) = self.page_requests.push(r) {
+                self.pending_pages.push_front(r);
+                break;
+            }
+        }
+        for i in 0..self.cqs.len() {
+            for _ in 0..CQ_BUDGET {
+                let (cqn, cq) = &mut self.cqs[i];
+                let cqn = *cqn;
+                let Some(cqe) = cq.next(p.as_ref()) else { break };
+                did = true;
+                self.emit(Event::Completion { cqn, cqe });
+            }
+        }
+        did
+    }
+}
+
+impl Client {
+    /// Queues `cmd`; returns its tag, or the command back when the ring is full.
+    pub fn submit(&mut self, cmd: Command) -> Result<u64, Command> {
+        let tag = self.next_tag;
+        match self.requests.push(Request { tag, cmd }) {
+            Ok(()) => {
+                self.next_tag = (self.next_tag + 1) & !INTERNAL_TAG;
+                Ok(tag)
+            }
+            Err(r) => Err(r.cmd),
+        }
+    }
+
+    pub fn poll(&mut self) -> Option<Completion> {
+        self.completions.pop()
+    }
+
+    pub fn next_event(&mut self) -> Option<Event> {
+        self.events.pop()
+    }
+
+    /// Free places in the request ring.
+    pub fn room(&self) -> usize {
+        self.requests.free()
+    }
+
+    /// The health verdict's syndrome, once the HCA is dead.
+    pub fn fatal(&self) -> Option<u8> {
+        self.shared.fatal()
+    }
+
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+}
+
+/// The error a command gets when it cannot even be queued.
+pub fn ring_full(cmd: &Command) -> CmdError {
+    cmd.error(ErrorKind::Busy)
+}

@@ -1,0 +1,242 @@
+//! Hosted mode (feature `hosted`): the driver in a Linux process over the device model's two memories — BAR
+//! and RAM, where a device address is an offset in the RAM. The model runs in-process and is stepped from
+//! [`Platform::relax`] (deterministic tests), on its own thread (native-speed benchmarks), or as its own
+//! process behind the shared files QEMU would use.
+
+extern crate std;
+
+use alloc::collections::BTreeMap;
+use alloc::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mlx5_model::mem::{Memory, VecMemory};
+use mlx5_model::{Model, ModelConfig};
+
+use crate::platform::Platform;
+
+/// BAR size the hosted model gets (the init segment, UAR pages and the signature page fit easily).
+pub const HOSTED_BAR_BYTES: usize = 1 << 20;
+
+/// First-fit allocator over `[start, end)` of the RAM; freed ranges merge with their neighbours.
+struct Arena {
+    free: BTreeMap<u64, u64>,
+}
+
+impl Arena {
+    fn new(start: u64, end: u64) -> Arena {
+        let mut free = BTreeMap::new();
+        free.insert(start, end - start);
+        Arena { free }
+    }
+
+    fn alloc(&mut self, len: u64, align: u64) -> Option<u64> {
+        let (&start, &size, at) = self.free.iter().find_map(|(s, l)| {
+            let at = s.next_multiple_of(align);
+            (at + len <= s + l).then_some((s, l, at))
+        })?;
+        self.free.remove(&start);
+        if at > start {
+            self.free.insert(start, at - start);
+        }
+        if at + len < start + size {
+            self.free.insert(at + len, start + size - at - len);
+        }
+        Some(at)
+    }
+
+    fn free(&mut self, addr: u64, len: u64) {
+        let mut start = addr;
+        let mut size = len;
+        if let Some((&s, &l)) = self.free.range(..addr).next_back()
+            && s + l == addr
+        {
+            self.free.remove(&s);
+            start = s;
+            size += l;
+        }
+        if let Some(&l) = self.free.get(&(addr + len)) {
+            self.free.remove(&(addr + len));
+            size += l;
+        }
+        self.free.insert(start, size);
+    }
+
+    fn free_bytes(&self) -> u64 {
+        self.free.values().sum()
+    }
+}
+
+enum Stepper {
+    /// `relax` runs one model pass.
+    InProcess(Arc<Mutex<Model>>),
+    /// A model thread polls until stopped.
+    Thread { stop: Arc<AtomicBool>, handle: Option<JoinHandle<()>>, model: Arc<Mutex<Model>> },
+    /// Someone else runs the model (its own process).
+    External,
+}
+
+pub struct HostedPlatform {
+    bar: Arc<dyn Memory>,
+    ram: Arc<dyn Memory>,
+    arena: Mutex<Arena>,
+    start: Instant,
+    stepper: Stepper,
+}
+
+/// How the model is driven.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelMode {
+    InProcess,
+    Thread,
+}
+
+impl HostedPlatform {
+    /// A fresh model over in-memory BAR and RAM of `ram_bytes`. DMA memory is taken from the RAM above 1 MiB.
+    pub fn with_model(cfg: ModelConfig, ram_bytes: usize, mode: ModelMode) -> HostedPlatform {
+        let bar: Arc<dyn Memory> = Arc::new(VecMemory::new(HOSTED_BAR_BYTES));
+        let ram: Arc<dyn Memory> = Arc::new(VecMemory::new(ram_bytes));
+        let model = Arc::new(Mutex::new(Model::new(bar.clone(), ram.clone(), cfg)));
+        let stepper = match mode {
+            ModelMode::InProcess => Stepper::InProcess(model),
+            ModelMode::Thread => {
+                let stop = Arc::new(AtomicBool::new(false));
+                let (m, s) = (model.clone(), stop.clone());
+                let handle = std::thread::Builder::new()
+                    .name("mlx5-model".into())
+                    .spawn(move || {
+                        let mut idle = 0u32;
+                        while !s.load(Ordering::Relaxed) {
+                            let did = m.lock().unwrap_or_else(|e| e.into_inner()).poll();
+                            if did {
+                                idle = 0;
+                            } else {
+                                idle += 1;
+                                if idle > 256 {
+                                    std::thread::sleep(Duration::from_micros(50));
+                                } else {
+                                    std::hint::spin_loop();
+                                }
+                            }
+                        }
+                    })
+                    .expect("spawn the model thread");
+                Stepper::Thread { stop, handle: Some(handle), model }
+            }
+        };
+        Self::assemble(bar, ram, stepper)
+    }
+
+    /// Attaches to memories someone else's model serves (the model as its own process over shared files).
+    pub fn attach(bar: Arc<dyn Memory>, ram: Arc<dyn Memory>) -> HostedPlatform {
+        Self::assemble(bar, ram, Stepper::External)
+    }
+
+    fn assemble(bar: Arc<dyn Memory>, ram: Arc<dyn Memory>, stepper: Stepper) -> HostedPlatform {
+        let arena = Mutex::new(Arena::new(1 << 20, ram.size()));
+        HostedPlatform { bar, ram, arena, start: Instant::now(), stepper }
+    }
+
+    /// The in-process model (fault injection, inspection). `None` when it runs elsewhere.
+    pub fn model(&self) -> Option<std::sync::MutexGuard<'_, Model>> {
+        match &self.stepper {
+            Stepper::InProcess(m) | Stepper::Thread { model: m, .. } => {
+                Some(m.lock().unwrap_or_else(|e| e.into_inner()))
+            }
+            Stepper::External => None,
+        }
+    }
+
+    pub fn ram(&self) -> &Arc<dyn Memory> {
+        &self.ram
+    }
+
+    pub fn bar(&self) -> &Arc<dyn Memory> {
+        &self.bar
+    }
+
+    /// Bytes of RAM still free for DMA allocations.
+    pub fn dma_free_bytes(&self) -> u64 {
+        self.arena.lock().unwrap_or_else(|e| e.into_inner()).free_bytes()
+    }
+}
+
+impl Drop for HostedPlatform {
+    fn drop(&mut self) {
+        if let Stepper::Thread { stop, handle, .. } = &mut self.stepper {
+            stop.store(true, Ordering::Relaxed);
+            if let Some(h) = handle.take() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+impl Platform for HostedPlatform {
+    fn bar_read32(&self, offset: usize) -> u32 {
+        self.bar.read_be32(offset as u64).unwrap_or(u32::MAX)
+    }
+
+    fn bar_write32(&self, offset: usize, value: u32) {
+        let _ = self.bar.write_be32(offset as u64, value);
+    }
+
+    fn dma_alloc(&self, len: usize, align: usize) -> Option<u64> {
+        let addr = self.arena.lock().unwrap_or_else(|e| e.into_inner()).alloc(len as u64, align.max(1) as u64)?;
+        let zero = [0u8; 4096];
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(zero.len());
+            self.ram.write(addr + at as u64, &zero[..n]).ok()?;
+            at += n;
+        }
+        Some(addr)
+    }
+
+    fn dma_free(&self, addr: u64, len: usize) {
+        self.arena.lock().unwrap_or_else(|e| e.into_inner()).free(addr, len as u64);
+    }
+
+    fn dma_read(&self, addr: u64, buf: &mut [u8]) {
+        if self.ram.read(addr, buf).is_err() {
+            buf.fill(0xff);
+        }
+    }
+
+    fn dma_write(&self, addr: u64, data: &[u8]) {
+        let _ = self.ram.write(addr, data);
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    fn relax(&self) {
+        match &self.stepper {
+            Stepper::InProcess(m) => {
+                m.lock().unwrap_or_else(|e| e.into_inner()).poll();
+            }
+            _ => std::hint::spin_loop(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arena_merges_and_aligns() {
+        let mut a = Arena::new(0x1000, 0x10000);
+        let x = a.alloc(0x100, 0x1000).unwrap();
+        let y = a.alloc(0x1000, 0x1000).unwrap();
+        assert_eq!((x, y), (0x1000, 0x2000));
+        a.free(x, 0x100);
+        a.free(y, 0x1000);
+        assert_eq!(a.free.len(), 1);
+        assert_eq!(a.free_bytes(), 0xf000);
+        assert!(a.alloc(0x10000, 8).is_none());
+    }
+}

@@ -1,0 +1,257 @@
+//! The driver against the in-process model: bring-up and teardown, the command engine under load and under
+//! faults (timeouts with quarantine, fatal health, hangs, page requests during commands, each error class),
+//! and MKEY variant rotation.
+
+mod common;
+
+use std::time::Duration;
+
+use leasebox_mlx5::command::{ErrorKind, status_name};
+use leasebox_mlx5::driver::{Config, PortState};
+use leasebox_mlx5::engine::Event;
+use leasebox_mlx5::health::Fatal;
+use leasebox_mlx5::ifc;
+use leasebox_mlx5::ifc::mkey::MkeyAccess;
+use leasebox_mlx5::platform::Platform;
+use mlx5_model::ModelConfig;
+use mlx5_model::events::PageRequest as ModelPageRequest;
+use mlx5_model::fault::Fault;
+
+/// The cheap command the engine tests use: ACCESS_REG (a PAOS read).
+const ACCESS_REG: u16 = 0x805;
+const CREATE_MKEY: u16 = 0x200;
+
+#[test]
+fn bring_up_reports_the_hca_and_teardown_returns_every_page() {
+    let d = common::up();
+    let i = &d.info;
+    assert_eq!(i.part, "ConnectX-5");
+    assert_eq!((i.fw.major, i.fw.minor, i.fw.subminor), (16, 35, 4030));
+    assert_eq!(i.issi, 1);
+    assert_eq!((i.boot_pages, i.init_pages), (6, 0x3244));
+    assert_eq!(i.port, PortState::Active);
+    assert_eq!(i.mac, [0x02, 0x4c, 0x42, 0x00, 0x00, 0x01]);
+    assert_ne!(i.gid, [0; 16], "GID 0 of the RoCE address table");
+    assert!(i.roce, "RoCE enabled on the vport");
+    assert!(i.mtu >= 1024, "port MTU {}", i.mtu);
+    assert!(i.uar.0 >= 0x10, "the model hands out UARs from 0x10");
+    let p = d.platform().clone();
+    let given = d.cmd.pages().given();
+    assert_eq!(given, 6 + 0x3244);
+    assert_eq!(p.model().unwrap().hca().pages.owned(), given);
+    let free_before = p.dma_free_bytes();
+    let report = d.teardown().unwrap_or_else(|(r, e)| panic!("teardown failed: {e} ({r:?})"));
+    assert!(report.teardown_hca && report.disable_hca, "{report:?}");
+    assert_eq!((report.pages_before, report.pages_left), (given, 0));
+    assert_eq!(p.model().unwrap().hca().pages.owned(), 0, "the model holds no page after teardown");
+    assert_eq!(p.model().unwrap().state(), mlx5_model::FnState::Disabled);
+    // Every page and the queue memory went back to the platform.
+    assert!(p.dma_free_bytes() >= free_before + given as u64 * 4096);
+}
+
+#[test]
+fn a_command_that_never_completes_times_out_and_its_slot_stays_quarantined() {
+    let mut d =
+        common::up_with(common::model_config(), Config { cmd_timeout_ms: Some(300), ..common::driver_config() });
+    d.platform().model().unwrap().inject(Fault::Hang { opcode: ACCESS_REG });
+    let t0 = std::time::Instant::now();
+    let e = d.exec(ifc::vport::paos_query(1)).unwrap_err();
+    assert!(matches!(e.kind, ErrorKind::Timeout { .. }), "{e}");
+    assert_eq!(e.opcode, ACCESS_REG);
+    assert!(t0.elapsed() >= Duration::from_millis(300) && t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(d.cmd.queue().quarantined(), 1);
+    // The engine keeps serving the others on the remaining slots.
+    for _ in 0..100 {
+        d.alloc_pd().expect("other commands still run");
+    }
+    // A second hung command quarantines a second slot; neither is reused.
+    assert!(matches!(d.exec(ifc::vport::paos_query(1)).unwrap_err().kind, ErrorKind::Timeout { .. }));
+    assert_eq!(d.cmd.queue().quarantined(), 2);
+    let log: Vec<_> = d.cmd.queue().log.records().filter(|r| r.opcode == ACCESS_REG).collect();
+    assert!(log.iter().filter(|r| r.outcome == leasebox_mlx5::log::Outcome::Timeout).count() >= 2);
+    assert_eq!(d.cmd.queue().log.counters.timeouts, 2);
+}
+
+#[test]
+fn a_slot_leaves_quarantine_when_the_late_completion_arrives() {
+    let mut d =
+        common::up_with(common::model_config(), Config { cmd_timeout_ms: Some(200), ..common::driver_config() });
+    d.platform().model().unwrap().inject(Fault::Delay { opcode: ACCESS_REG, delay: Duration::from_millis(600) });
+    let e = d.exec(ifc::vport::paos_query(1)).unwrap_err();
+    assert!(matches!(e.kind, ErrorKind::Timeout { .. }), "{e}");
+    assert_eq!(d.cmd.queue().quarantined(), 1);
+    let p = d.platform().clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while d.cmd.queue().quarantined() > 0 && std::time::Instant::now() < deadline {
+        d.pump();
+        p.relax();
+    }
+    assert_eq!(d.cmd.queue().quarantined(), 0, "the slot is free again after the firmware completed it");
+    assert_eq!(d.cmd.queue().log.counters.late, 1);
+}
+
+#[test]
+fn thirty_two_commands_in_flight_at_once() {
+    let mut d = common::up();
+    let p = d.platform().clone();
+    // Hold every command long enough to see them all posted: 31 regular ones and a page command on the
+    // reserved slot, driven by a PAGE_REQUEST the model raises.
+    {
+        let mut m = p.model().unwrap();
+        m.inject(Fault::Delay { opcode: ACCESS_REG, delay: Duration::from_millis(300) });
+        m.inject(Fault::Delay { opcode: 0x108, delay: Duration::from_millis(300) });
+    }
+    let slots = d.cmd.queue().slots();
+    assert_eq!(slots, 32);
+    let mut tags = Vec::new();
+    for _ in 0..slots - 1 {
+        tags.push(d.client.submit(ifc::vport::paos_query(1)).map_err(|_| "ring full").unwrap());
+    }
+    assert_eq!(p.model().unwrap().request_pages(16), 1, "the model wrote one PAGE_REQUEST EQE");
+    let mut max_in_flight = 0;
+    let mut done = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while done.len() < tags.len() && std::time::Instant::now() < deadline {
+        d.pump();
+        max_in_flight = max_in_flight.max(d.cmd.queue().in_flight());
+        while let Some(c) = d.client.poll() {
+            done.push(c);
+        }
+        p.relax();
+    }
+    assert_eq!(max_in_flight, 32, "all 32 slots held a command at the same time");
+    assert_eq!(done.len(), 31);
+    for c in &done {
+        let out = c.result.as_ref().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ifc::vport::paos_out(out).oper_status, 1);
+    }
+    let mut got: Vec<u64> = done.iter().map(|c| c.tag).collect();
+    got.sort();
+    assert_eq!(got, tags);
+    while !d.cmd.pages().idle() && std::time::Instant::now() < deadline {
+        d.pump();
+        p.relax();
+    }
+    assert_eq!(d.cmd.pages().given(), 6 + 0x3244 + 16, "the page request was served");
+}
+
+#[test]
+fn a_page_request_during_a_command_is_served_on_the_page_slot() {
+    let model = ModelConfig {
+        page_request: Some(ModelPageRequest { opcode: CREATE_MKEY, num_pages: 32, times: 1 }),
+        ..common::model_config()
+    };
+    let mut d = common::up_with(model, common::driver_config());
+    let pd = d.alloc_pd().unwrap();
+    let before = d.cmd.pages().given();
+    let page = d.platform().dma_alloc(4096, 4096).unwrap();
+    // The model holds this CREATE_MKEY until it owns 32 more pages; exec keeps both engines running, so the
+    // PAGE_REQUEST EQE is seen and MANAGE_PAGES goes out on the reserved slot.
+    let mkey = d.create_mkey(pd, page, 4096, MkeyAccess::REMOTE_WRITE | MkeyAccess::LOCAL_READ, 12, &[page]).unwrap();
+    assert_eq!(d.cmd.pages().given(), before + 32);
+    assert!(d.client.shared().page_requests.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    assert_eq!(d.query_mkey(mkey).unwrap().pd, pd);
+}
+
+#[test]
+fn fatal_health_fails_in_flight_and_later_commands_at_once() {
+    let cfg = Config { health_interval_ms: 50, cmd_timeout_ms: Some(60_000), ..common::driver_config() };
+    let mut d = common::up_with(common::model_config(), cfg);
+    let p = d.platform().clone();
+    p.model().unwrap().inject(Fault::Delay { opcode: ACCESS_REG, delay: Duration::from_secs(30) });
+    let tag = d.client.submit(ifc::vport::paos_query(1)).map_err(|_| "ring full").unwrap();
+    for _ in 0..10 {
+        d.pump();
+        p.relax();
+    }
+    assert_eq!(d.cmd.queue().in_flight(), 1);
+    p.model().unwrap().inject(Fault::HealthFatal { synd: 0x8 });
+    let t0 = std::time::Instant::now();
+    let c = loop {
+        d.pump();
+        p.relax();
+        if let Some(c) = d.client.poll() {
+            break c;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(2), "the in-flight command was not failed");
+    };
+    assert_eq!(c.tag, tag);
+    let e = c.result.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Fatal { health_syndrome: 0x8 }, "{e}");
+    assert!(format!("{e}").contains("internal error"), "{e}");
+    // Later commands fail at once, without waiting for any timeout.
+    let t1 = std::time::Instant::now();
+    let e = d.alloc_pd().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Fatal { health_syndrome: 0x8 });
+    assert!(t1.elapsed() < Duration::from_millis(500));
+    assert_eq!(d.client.fatal(), Some(0x8));
+    let events: Vec<Event> = std::iter::from_fn(|| d.next_event()).collect();
+    assert!(
+        events.iter().any(|e| matches!(e, Event::Fatal(Fatal::Syndrome { synd: 0x8, .. }))),
+        "the user is told: {events:?}"
+    );
+}
+
+#[test]
+fn a_stopped_health_counter_is_a_hang_after_three_polls() {
+    let cfg = Config { health_interval_ms: 30, ..common::driver_config() };
+    let model = ModelConfig { health_period: Duration::from_millis(5), ..common::model_config() };
+    let mut d = common::up_with(model, cfg);
+    let p = d.platform().clone();
+    // Healthy for a while: the counter moves.
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_millis(200) {
+        d.pump();
+        p.relax();
+    }
+    assert_eq!(d.client.fatal(), None);
+    p.model().unwrap().inject(Fault::HealthCounter { stopped: true });
+    let t1 = std::time::Instant::now();
+    while d.client.fatal().is_none() && t1.elapsed() < Duration::from_secs(2) {
+        d.pump();
+        p.relax();
+    }
+    assert!(d.events.health().verdict().is_some_and(|f| matches!(f, Fatal::Hang { .. })));
+    assert!(t1.elapsed() >= Duration::from_millis(60), "three missed polls take at least two intervals");
+    assert!(matches!(d.alloc_pd().unwrap_err().kind, ErrorKind::Fatal { .. }));
+}
+
+#[test]
+fn every_error_class_is_reported_with_its_name_and_syndrome() {
+    let mut d = common::up();
+    let p = d.platform().clone();
+    for status in [0x01u8, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0f, 0x10, 0x30, 0x40, 0x50, 0x51] {
+        let syndrome = 0x5000_0000 | u32::from(status);
+        p.model().unwrap().inject(Fault::Fail { opcode: ACCESS_REG, count: 1, status, syndrome });
+        let e = d.exec(ifc::vport::paos_query(1)).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Status { status, syndrome });
+        assert_eq!((e.opcode, e.status(), e.syndrome()), (ACCESS_REG, Some(status), Some(syndrome)));
+        let text = format!("{e}");
+        assert!(text.contains("ACCESS_REG") && text.contains(status_name(status)), "{text}");
+        assert_ne!(status_name(status), "UNKNOWN_STATUS");
+        // The next one is fine again.
+        d.exec(ifc::vport::paos_query(1)).unwrap();
+    }
+    assert_eq!(d.cmd.queue().log.counters.failed, 16);
+}
+
+#[test]
+fn mkey_variants_rotate_on_every_create() {
+    let mut d = common::up();
+    let pd = d.alloc_pd().unwrap();
+    let page = d.platform().dma_alloc(4096, 4096).unwrap();
+    let access = MkeyAccess::REMOTE_READ | MkeyAccess::REMOTE_WRITE | MkeyAccess::LOCAL_READ;
+    let mut keys = Vec::new();
+    for _ in 0..4 {
+        let k = d.create_mkey(pd, page, 4096, access, 12, &[page]).unwrap();
+        keys.push(k);
+        d.destroy_mkey(k).unwrap();
+    }
+    for w in keys.windows(2) {
+        assert_eq!(w[1].variant(), w[0].variant().wrapping_add(1), "{keys:?}");
+        assert_ne!(w[0].0, w[1].0, "a re-created index never yields the same key");
+    }
+    // The destroyed key is refused.
+    let e = d.query_mkey(keys[0]).map(|i| i.free);
+    assert!(e.is_err() || e == Ok(true), "{e:?}");
+}

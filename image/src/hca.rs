@@ -1,0 +1,105 @@
+//! The HCA in the image: find it (a ConnectX PF/VF, or the ivshmem function carrying the model), map its
+//! BAR0 uncached, enable memory decoding and bus mastering (INTx off), bring it up on the BSP before the other
+//! cores start, then hand the command engine and the event engine to the cores that run the `cmd` and
+//! `event` roles (core 0 runs both in the one-CPU layout). The client end stays for the lease service.
+
+use alloc::format;
+use alloc::string::String;
+use alloc::sync::Arc;
+use leasebox_kernel::arch::hca::KernelHca;
+use leasebox_kernel::arch::memory;
+use leasebox_kernel::arch::start::{self, Platform};
+use leasebox_kernel::model_signature as sig;
+use leasebox_kernel::pci;
+use leasebox_mlx5::driver::{Config, Driver, HcaInfo};
+use leasebox_mlx5::engine::{Client, CommandEngine, EventEngine};
+use leasebox_mlx5::probe::{self, Match};
+use spin::Mutex;
+
+pub static CMD_ENGINE: Mutex<Option<CommandEngine<KernelHca>>> = Mutex::new(None);
+pub static EVENT_ENGINE: Mutex<Option<EventEngine<KernelHca>>> = Mutex::new(None);
+/// The submitting end, for the lease service on core 0.
+pub static CLIENT: Mutex<Option<Client>> = Mutex::new(None);
+
+/// Bring-up waits at most this long for `initializing` (shorter than Linux's 120 s so a boot that cannot
+/// find its firmware says so within a CI deadline).
+const PRE_INIT_MS: u64 = 10_000;
+
+/// What the ready line reports.
+pub enum Status {
+    Absent,
+    Up(HcaInfo),
+    Failed(String),
+}
+
+impl core::fmt::Display for Status {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Status::Absent => f.write_str("hca=none"),
+            Status::Up(i) => write!(
+                f,
+                "hca={} fw={} port={} hca_ms={}.{:03}",
+                i.part.replace(' ', "-"),
+                i.fw,
+                i.port,
+                i.bring_up_ns / 1_000_000,
+                (i.bring_up_ns / 1000) % 1000
+            ),
+            Status::Failed(e) => write!(f, "hca=failed error=\"{e}\""),
+        }
+    }
+}
+
+/// The first supported function: (address, BAR base, BAR size, part).
+fn find(p: &Platform) -> Option<(pci::Bdf, u64, u64, probe::Part)> {
+    for f in p.pci.functions() {
+        if let Some(Match::Hca(part)) = probe::classify(f.vendor, f.device)
+            && let Some((base, size)) = f.bars[0].mem()
+            && base != 0
+        {
+            return Some((f.bdf, base, size, part));
+        }
+    }
+    let (bdf, base, _) = start::model_function()?;
+    let f = p.pci.functions().iter().find(|f| f.bdf == bdf)?;
+    let (_, size) = f.bars[sig::IVSHMEM_BAR].mem()?;
+    Some((bdf, base, size, probe::MODEL_PART))
+}
+
+/// Finds and brings up the HCA, then parks the engines for their cores. Runs on the BSP before the APs start
+/// (mapping the BAR is not shot down on other cores).
+pub fn init(p: &Platform) -> Status {
+    let Some((bdf, base, size, part)) = find(p) else { return Status::Absent };
+    if let Err(e) = memory::map_mmio(base, size) {
+        return Status::Failed(format!("mapping BAR {base:#x}+{size:#x}: {e}"));
+    }
+    pci::set_command(p.pci_access, bdf, pci::COMMAND_MEMORY | pci::COMMAND_BUS_MASTER | pci::COMMAND_INTX_DISABLE, 0);
+    log::info!("mlx5: {bdf} {} BAR0 {base:#x}+{size:#x}", part.name);
+    let platform = Arc::new(KernelHca::new(base, size));
+    let cfg = Config { part: part.name, pre_init_timeout_ms: PRE_INIT_MS, ..Config::default() };
+    match Driver::bring_up(platform, cfg) {
+        Ok(d) => {
+            let (cmd, ev, client, info) = d.into_engines();
+            log::info!(
+                "mlx5: up: fw {} issi {} pages boot {} init {} uar {} eqn {} mac {:02x?} mtu {} port {}",
+                info.fw,
+                info.issi,
+                info.boot_pages,
+                info.init_pages,
+                info.uar,
+                info.eqn,
+                info.mac,
+                info.mtu,
+                info.port
+            );
+            *CMD_ENGINE.lock() = Some(cmd);
+            *EVENT_ENGINE.lock() = Some(ev);
+            *CLIENT.lock() = Some(client);
+            Status::Up(info)
+        }
+        Err(e) => {
+            log::error!("mlx5: bring-up failed: {e}");
+            Status::Failed(format!("{e}"))
+        }
+    }
+}
