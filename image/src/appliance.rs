@@ -126,7 +126,7 @@ impl Ready {
             _ => IpField(None),
         };
         println!(
-            "leasebox: ready cores={} mem_mib={} pci={} boot_ms={} ap_ms={} entry_ms={} ip={ip} port={} {}",
+            "leasebox: ready cores={} mem_mib={} pci={} boot_ms={} ap_ms={} entry_ms={} ip={ip} ctl_port={} {}",
             self.cores,
             self.mem_mib,
             self.pci,

@@ -34,7 +34,11 @@ impl Backend for ApplianceBackend {
         self.inner.fenced(who)
     }
     fn health(&mut self, now_ms: u64) -> Health {
-        self.inner.health(now_ms)
+        let mut h = self.inner.health(now_ms);
+        let (hca, message) = crate::hca::health();
+        h.hca = hca;
+        h.message = message;
+        h
     }
     fn role_counts(&self) -> Vec<(u16, u8, u64)> {
         crate::appliance::role_counts()

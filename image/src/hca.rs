@@ -12,14 +12,23 @@ use leasebox_kernel::arch::start::{self, Platform};
 use leasebox_kernel::model_signature as sig;
 use leasebox_kernel::pci;
 use leasebox_mlx5::driver::{Config, Driver, HcaInfo};
-use leasebox_mlx5::engine::{Client, CommandEngine, EventEngine};
+use leasebox_mlx5::engine::{Client, CommandEngine, EventEngine, Shared};
+use leasebox_mlx5::log::CmdLog;
+use leasebox_proto::HcaState;
 use leasebox_mlx5::probe::{self, Match};
-use spin::Mutex;
+use spin::{Mutex, Once};
 
 pub static CMD_ENGINE: Mutex<Option<CommandEngine<KernelHca>>> = Mutex::new(None);
 pub static EVENT_ENGINE: Mutex<Option<EventEngine<KernelHca>>> = Mutex::new(None);
 /// The submitting end, for the lease service on core 0.
 pub static CLIENT: Mutex<Option<Client>> = Mutex::new(None);
+
+/// For readers on core 0 and the panic path: the command ring, the engines' shared state, a one-line summary.
+static LOG: Once<Arc<Mutex<CmdLog>>> = Once::new();
+static SHARED: Once<Arc<Shared>> = Once::new();
+static SUMMARY: Once<String> = Once::new();
+/// Commands shown by HEALTH and on a fatal exception or panic.
+const DUMP_RECORDS: usize = 16;
 
 /// Bring-up waits at most this long for `initializing` (shorter than Linux's 120 s so a boot that cannot
 /// find its firmware says so within a CI deadline).
@@ -92,6 +101,10 @@ pub fn init(p: &Platform) -> Status {
                 info.mtu,
                 info.port
             );
+            LOG.call_once(|| cmd.queue().log_handle());
+            SHARED.call_once(|| client.shared_handle());
+            SUMMARY.call_once(|| format!("{} fw {} port {} mtu {}", info.part, info.fw, info.port, info.mtu));
+            leasebox_kernel::arch::set_fatal_hook(dump_commands);
             *CMD_ENGINE.lock() = Some(cmd);
             *EVENT_ENGINE.lock() = Some(ev);
             *CLIENT.lock() = Some(client);
@@ -99,7 +112,39 @@ pub fn init(p: &Platform) -> Status {
         }
         Err(e) => {
             log::error!("mlx5: bring-up failed: {e}");
+            SUMMARY.call_once(|| format!("bring-up failed: {e}"));
             Status::Failed(format!("{e}"))
         }
+    }
+}
+
+/// The HCA's state and a message for HEALTH: the summary, the command counters and the last commands.
+pub fn health() -> (HcaState, String) {
+    let Some(summary) = SUMMARY.get() else { return (HcaState::Absent, String::from("no HCA")) };
+    let (Some(shared), Some(log)) = (SHARED.get(), LOG.get()) else { return (HcaState::Fatal, summary.clone()) };
+    let state = if shared.fatal().is_some() { HcaState::Fatal } else { HcaState::Ok };
+    let mut m = summary.clone();
+    let l = log.lock();
+    let c = l.counters;
+    m.push_str(&format!(
+        "; commands {} ok {} failed {} timeouts {} late {} aborted {}",
+        c.submitted, c.ok, c.failed, c.timeouts, c.late, c.aborted
+    ));
+    for r in l.last(DUMP_RECORDS) {
+        m.push_str(&format!("\n{r}"));
+    }
+    (state, m)
+}
+
+/// The fatal-path dump: the last commands, if the ring is not locked by another core at that moment.
+fn dump_commands() {
+    let Some(log) = LOG.get() else { return };
+    let Some(l) = log.try_lock() else {
+        leasebox_kernel::arch::serial::write_unlocked(format_args!("mlx5: command ring busy; not dumped\n"));
+        return;
+    };
+    leasebox_kernel::arch::serial::write_unlocked(format_args!("mlx5: last commands ({:?}):\n", l.counters));
+    for r in l.last(DUMP_RECORDS) {
+        leasebox_kernel::arch::serial::write_unlocked(format_args!("mlx5:   {r}\n"));
     }
 }

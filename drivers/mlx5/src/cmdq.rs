@@ -10,8 +10,11 @@
 //!
 //! Nothing here blocks: [`CmdQueue::submit`] posts and rings, [`CmdQueue::poll`] collects what completed.
 
+use alloc::sync::Arc;
 use alloc::vec;
 use alloc::vec::Vec;
+
+use spin::Mutex;
 
 use crate::command::{CmdError, Command, ErrorKind, HEADER_LEN, Output};
 use crate::initseg;
@@ -112,7 +115,8 @@ pub struct CmdQueue {
     /// Set by the health monitor: the command interface is no longer trusted.
     fatal: Option<u8>,
     busy_mask: u32,
-    pub log: CmdLog,
+    /// Shared so the control channel and the panic path can read it while the engine runs on its core.
+    log: Arc<Mutex<CmdLog>>,
 }
 
 fn xor(b: &[u8]) -> u8 {
@@ -162,8 +166,18 @@ impl CmdQueue {
             timeout_ns: timeout_ms.saturating_mul(1_000_000),
             fatal: None,
             busy_mask: 0,
-            log: CmdLog::default(),
+            log: Arc::new(Mutex::new(CmdLog::default())),
         })
+    }
+
+    /// The command ring (locked briefly by the engine once per completion).
+    pub fn log(&self) -> spin::MutexGuard<'_, CmdLog> {
+        self.log.lock()
+    }
+
+    /// A handle on the command ring for readers on other cores (HEALTH, the panic dump).
+    pub fn log_handle(&self) -> Arc<Mutex<CmdLog>> {
+        self.log.clone()
     }
 
     pub fn slots(&self) -> usize {
@@ -266,7 +280,7 @@ impl CmdQueue {
             deadline_ns: now.saturating_add(self.timeout_ns),
         });
         self.busy_mask |= 1 << slot;
-        self.log.counters.submitted += 1;
+        self.log.lock().counters.submitted += 1;
         p.bar_write32(initseg::CMD_DBELL, 1 << slot);
         Ok(slot as u8)
     }
@@ -331,13 +345,13 @@ impl CmdQueue {
                             Ok(_) => Outcome::Status(0, 0),
                             Err(e) => Outcome::from_error(&e.kind),
                         };
-                        self.log.record(pend.opcode, pend.op_mod, slot as u8, outcome, elapsed);
+                        self.log.lock().record(pend.opcode, pend.op_mod, slot as u8, outcome, elapsed);
                         self.slots[slot].state = State::Free;
                         self.busy_mask &= !(1 << slot);
                         done.push(Completion { tag: pend.tag, slot: slot as u8, result, elapsed_ns: elapsed });
                     } else if now >= pend.deadline_ns {
                         let waited = now.saturating_sub(pend.posted_ns);
-                        self.log.record(pend.opcode, pend.op_mod, slot as u8, Outcome::Timeout, waited);
+                        self.log.lock().record(pend.opcode, pend.op_mod, slot as u8, Outcome::Timeout, waited);
                         self.slots[slot].state = State::Quarantined(pend);
                         let err = CmdError {
                             opcode: pend.opcode,
@@ -351,7 +365,7 @@ impl CmdQueue {
                 State::Quarantined(pend) => {
                     if status_own & 1 == 0 && self.fatal.is_none() {
                         let elapsed = now.saturating_sub(pend.posted_ns);
-                        self.log.record(
+                        self.log.lock().record(
                             pend.opcode,
                             pend.op_mod,
                             slot as u8,
@@ -408,7 +422,7 @@ impl CmdQueue {
         for (i, s) in self.slots.iter_mut().enumerate() {
             if let State::Busy(pend) = s.state {
                 let elapsed = p_now_ns.saturating_sub(pend.posted_ns);
-                self.log.record(pend.opcode, pend.op_mod, i as u8, Outcome::Aborted, elapsed);
+                self.log.lock().record(pend.opcode, pend.op_mod, i as u8, Outcome::Aborted, elapsed);
                 s.state = State::Quarantined(pend);
                 let err = CmdError {
                     opcode: pend.opcode,

@@ -460,6 +460,11 @@ impl Client {
     pub fn shared(&self) -> &Shared {
         &self.shared
     }
+
+    /// A handle on the shared state for readers elsewhere (health reports).
+    pub fn shared_handle(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
 }
 
 /// The error a command gets when it cannot even be queued.

@@ -67,9 +67,9 @@ fn a_command_that_never_completes_times_out_and_its_slot_stays_quarantined() {
     // A second hung command quarantines a second slot; neither is reused.
     assert!(matches!(d.exec(ifc::vport::paos_query(1)).unwrap_err().kind, ErrorKind::Timeout { .. }));
     assert_eq!(d.cmd.queue().quarantined(), 2);
-    let log: Vec<_> = d.cmd.queue().log.records().filter(|r| r.opcode == ACCESS_REG).collect();
+    let log: Vec<_> = d.cmd.queue().log().records().filter(|r| r.opcode == ACCESS_REG).copied().collect();
     assert!(log.iter().filter(|r| r.outcome == leasebox_mlx5::log::Outcome::Timeout).count() >= 2);
-    assert_eq!(d.cmd.queue().log.counters.timeouts, 2);
+    assert_eq!(d.cmd.queue().log().counters.timeouts, 2);
 }
 
 #[test]
@@ -87,7 +87,7 @@ fn a_slot_leaves_quarantine_when_the_late_completion_arrives() {
         p.relax();
     }
     assert_eq!(d.cmd.queue().quarantined(), 0, "the slot is free again after the firmware completed it");
-    assert_eq!(d.cmd.queue().log.counters.late, 1);
+    assert_eq!(d.cmd.queue().log().counters.late, 1);
 }
 
 #[test]
@@ -232,7 +232,7 @@ fn every_error_class_is_reported_with_its_name_and_syndrome() {
         // The next one is fine again.
         d.exec(ifc::vport::paos_query(1)).unwrap();
     }
-    assert_eq!(d.cmd.queue().log.counters.failed, 16);
+    assert_eq!(d.cmd.queue().log().counters.failed, 16);
 }
 
 #[test]
