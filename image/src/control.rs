@@ -37,6 +37,9 @@ impl Backend for ApplianceBackend {
         let mut h = self.inner.health(now_ms);
         let (hca, message) = crate::hca::health();
         h.hca = hca;
+        if hca == leasebox_proto::HcaState::Fatal {
+            h.status = leasebox_proto::HealthStatus::Failed;
+        }
         h.message = message;
         h
     }

@@ -118,20 +118,24 @@ pub fn init(p: &Platform) -> Status {
     }
 }
 
-/// The HCA's state and a message for HEALTH: the summary, the command counters and the last commands.
+/// The HCA's state and a message for HEALTH: the summary, the command counters, then the newest commands
+/// while they fit the protocol's 256-byte message (the panic dump shows more).
 pub fn health() -> (HcaState, String) {
     let Some(summary) = SUMMARY.get() else { return (HcaState::Absent, String::from("no HCA")) };
     let (Some(shared), Some(log)) = (SHARED.get(), LOG.get()) else { return (HcaState::Fatal, summary.clone()) };
     let state = if shared.fatal().is_some() { HcaState::Fatal } else { HcaState::Ok };
-    let mut m = summary.clone();
     let l = log.lock();
     let c = l.counters;
-    m.push_str(&format!(
-        "; commands {} ok {} failed {} timeouts {} late {} aborted {}",
+    let mut m = format!(
+        "{summary}; cmds {} ok {} failed {} timeout {} late {} aborted {}",
         c.submitted, c.ok, c.failed, c.timeouts, c.late, c.aborted
-    ));
-    for r in l.last(DUMP_RECORDS) {
-        m.push_str(&format!("\n{r}"));
+    );
+    let recent: alloc::vec::Vec<String> = l.last(DUMP_RECORDS).map(|r| format!("\n{r}")).collect();
+    for line in recent.iter().rev() {
+        if m.len() + line.len() > leasebox_proto::MAX_MESSAGE {
+            break;
+        }
+        m.push_str(line);
     }
     (state, m)
 }

@@ -563,7 +563,8 @@ impl Response {
             }
             Response::Health(h) => {
                 w.u8(h.status as u8).u8(h.hca as u8).zeros(2).u32(h.fenced_slots).u64(h.uptime_ms);
-                w.u16(h.message.len() as u16).bytes(h.message.as_bytes());
+                let msg = truncate(&h.message, MAX_MESSAGE);
+                w.u16(msg.len() as u16).bytes(msg.as_bytes());
             }
         }
     }

@@ -262,3 +262,18 @@ fn invalid_fields_are_named() {
     assert_eq!(Op::from_raw(0x0207), None);
     assert_eq!(ErrorCode::parse_name("CREDIT_EXCEEDED"), Some(ErrorCode::CreditExceeded));
 }
+
+#[test]
+fn a_long_health_message_is_cut_on_a_character_boundary() {
+    let h = Health {
+        status: HealthStatus::Ok,
+        hca: HcaState::Ok,
+        fenced_slots: 0,
+        uptime_ms: 1,
+        message: "é".repeat(200),
+    };
+    let mut p = Vec::new();
+    Response::Health(h).encode_payload(&mut p);
+    let Response::Health(back) = Response::decode(Op::Health, &p).unwrap() else { panic!("not HEALTH") };
+    assert_eq!(back.message, "é".repeat(MAX_MESSAGE / 2));
+}
