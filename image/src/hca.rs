@@ -14,8 +14,8 @@ use leasebox_kernel::pci;
 use leasebox_mlx5::driver::{Config, Driver, HcaInfo};
 use leasebox_mlx5::engine::{Client, CommandEngine, EventEngine, Shared};
 use leasebox_mlx5::log::CmdLog;
-use leasebox_proto::HcaState;
 use leasebox_mlx5::probe::{self, Match};
+use leasebox_proto::HcaState;
 use spin::{Mutex, Once};
 
 pub static CMD_ENGINE: Mutex<Option<CommandEngine<KernelHca>>> = Mutex::new(None);

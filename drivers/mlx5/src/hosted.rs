@@ -6,6 +6,7 @@
 extern crate std;
 
 use alloc::collections::BTreeMap;
+use alloc::string::{String, ToString};
 use alloc::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -127,6 +128,15 @@ impl HostedPlatform {
             }
         };
         Self::assemble(bar, ram, stepper)
+    }
+
+    /// Maps the BAR and RAM files a model process serves (the files QEMU would use), waiting up to `wait`
+    /// for them to appear.
+    pub fn open_files(bar: &std::path::Path, ram: &std::path::Path, wait: Duration) -> Result<HostedPlatform, String> {
+        use mlx5_model::shm::SharedFile;
+        let bar = SharedFile::open_bar(bar, None, wait).map_err(|e| e.to_string())?;
+        let ram = SharedFile::open_ram(ram, None, wait).map_err(|e| e.to_string())?;
+        Ok(Self::attach(Arc::new(bar), Arc::new(ram)))
     }
 
     /// Attaches to memories someone else's model serves (the model as its own process over shared files).

@@ -1,0 +1,67 @@
+//! The native driver in hosted mode against the model running as its own process, over the same two shared
+//! files QEMU would use: bring-up, objects, teardown.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasebox_mlx5::driver::{Config, Driver, PortState};
+use leasebox_mlx5::hosted::HostedPlatform;
+use leasebox_mlx5::ifc::mkey::MkeyAccess;
+use leasebox_mlx5::platform::Platform;
+
+struct Files(Vec<PathBuf>);
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn shm_file(name: &str, len: u64) -> PathBuf {
+    let dir = if std::path::Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let p = dir.join(format!("leasebox-driver-test-{}-{name}.shm", std::process::id()));
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len(len).unwrap();
+    p
+}
+
+#[test]
+fn the_driver_brings_up_the_model_process_over_shared_files() {
+    let bar = shm_file("bar", 32 << 20);
+    let ram = shm_file("ram", 128 << 20);
+    let _files = Files(vec![bar.clone(), ram.clone()]);
+    let mut model = Command::new(env!("CARGO_BIN_EXE_mlx5-model"))
+        .args(["--bar", bar.to_str().unwrap(), "--ram", ram.to_str().unwrap(), "--udp", "127.0.0.1:0"])
+        .arg("--exit-on-stdin-eof")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the model");
+    let mut line = String::new();
+    BufReader::new(model.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.starts_with("mlx5-model: ready"), "{line}");
+
+    let p = Arc::new(HostedPlatform::open_files(&bar, &ram, Duration::from_secs(5)).unwrap());
+    let cfg = Config { part: "ConnectX-5", pre_init_timeout_ms: 5_000, ..Config::default() };
+    let mut d = Driver::bring_up(p.clone(), cfg).unwrap_or_else(|e| panic!("bring-up: {e}"));
+    assert_eq!(d.info.port, PortState::Active);
+    let pd = d.alloc_pd().unwrap();
+    let page = p.dma_alloc(4096, 4096).unwrap();
+    let key = d.create_mkey(pd, page, 4096, MkeyAccess::REMOTE_WRITE | MkeyAccess::LOCAL_READ, 12, &[page]).unwrap();
+    let info = d.query_mkey(key).unwrap();
+    assert_eq!((info.pd, info.start, info.len), (pd, page, 4096));
+    d.destroy_mkey(key).unwrap();
+    d.dealloc_pd(pd).unwrap();
+    let report = d.teardown().unwrap_or_else(|(r, e)| panic!("teardown: {e} ({r:?})"));
+    assert_eq!(report.pages_left, 0);
+
+    let _ = model.stdin.take().map(|mut s| s.flush());
+    let status = model.wait().unwrap();
+    assert!(status.success(), "the model exits cleanly when its stdin closes: {status}");
+}
