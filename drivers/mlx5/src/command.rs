@@ -176,6 +176,17 @@ pub fn status_name(status: u8) -> &'static str {
     }
 }
 
+/// What a status means for one particular command, where the firmware's answer is known to carry a more
+/// specific meaning than its generic name.
+pub fn status_note(opcode: u16, status: u8) -> Option<&'static str> {
+    match (opcode, status) {
+        // Seed 000 §3.2 saw a CX-5 (fw 16.35.4506) answer 0x08 to an entry on an occupied index and called it
+        // BAD_INDEX; Linux `device.h` names 0x08 EXCEED_LIM (`docs/hca-model.md`, "Flow steering").
+        (0x936, 0x08) => Some("BAD_INDEX: flow_index already holds an entry"),
+        _ => None,
+    }
+}
+
 /// Delivery status (`status_own >> 1`; Linux `core/cmd.c:78-90`).
 pub fn delivery_name(status: u8) -> &'static str {
     match status {
@@ -313,7 +324,10 @@ impl fmt::Display for CmdError {
         write!(f, "{} ({:#x}) op_mod {:#x}: ", opcode_name(self.opcode), self.opcode, self.op_mod)?;
         match self.kind {
             ErrorKind::Status { status, syndrome } => {
-                write!(f, "status {} ({status:#x}) syndrome {syndrome:#x}", status_name(status))?
+                write!(f, "status {} ({status:#x}) syndrome {syndrome:#x}", status_name(status))?;
+                if let Some(note) = status_note(self.opcode, status) {
+                    write!(f, " ({note})")?;
+                }
             }
             ErrorKind::Delivery { status } => write!(f, "delivery status {} ({status:#x})", delivery_name(status))?,
             ErrorKind::Timeout { slot, waited_ms } => {

@@ -208,6 +208,7 @@ fn rdma_rx_drop_rule() {
     // An occupied flow_index: status 0x08, what a CX-5 returned (docs/hca-model.md, "Flow steering").
     let e = d.exec(drop(0, 0x43)).unwrap_err();
     assert_eq!(e.status(), Some(0x08), "{e}");
+    assert!(format!("{e}").contains("BAD_INDEX: flow_index already holds an entry"), "{e}");
     assert_eq!(e.attrs.get("flow_index"), Some(0));
     d.exec(drop(1, 0x43)).unwrap();
     // A group with entries cannot go: BAD_RES_STATE.
