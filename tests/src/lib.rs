@@ -12,6 +12,7 @@
 
 pub mod bench;
 pub mod control;
+pub mod hca_bench;
 pub mod scenario;
 pub mod serial;
 pub mod transcript;

@@ -49,6 +49,12 @@ commands:
   bench boot [--runs N] boot-time table (medians of N runs, default 5) for -kernel, GRUB BIOS, GRUB UEFI
   bench control [--secs N]  HEARTBEAT round trips/s and p50/p99 with 1 and 8 sessions, QEMU guest and hosted
                         and -kernel with 3 CPUs, plus the size of leasebox.elf; asserts nothing
+  bench hca [--secs N] [--runs N]
+                        mlx5 command path: hosted (driver + model thread, native, N s per row, default 2)
+                        QUERY_MKEY and CREATE+DESTROY_MKEY rates with 1 and 31 slots, p50/p99, driver ns per
+                        command; then QEMU (-kernel, 1 CPU, TCG, model; N boots, default 3) kernel entry →
+                        `mlx5: up:` and hca_ms; then the goals (32 slots ≥ 10× 1 slot, driver ≤ 2 µs per
+                        command); asserts nothing
   prereqs               check (and, as root with apt-get, install) QEMU, GRUB, xorriso, mtools and OVMF
   help                  this text
 
@@ -121,13 +127,14 @@ pub struct TestOpts {
 pub enum BenchKind {
     Boot,
     Control,
+    Hca,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BenchOpts {
     pub kind: BenchKind,
     pub runs: usize,
-    /// `bench control`: seconds of load per row.
+    /// `bench control`, `bench hca`: seconds of load per row.
     pub secs: u64,
 }
 
@@ -285,15 +292,21 @@ fn parse_bench<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<BenchOpts,
     let kind = match a.it.next().as_deref() {
         Some("boot") => BenchKind::Boot,
         Some("control") => BenchKind::Control,
-        Some(other) => return Err(format!("unknown benchmark `{other}` (available: boot, control)")),
-        None => return Err("`bench` needs a benchmark name (available: boot, control)".into()),
+        Some("hca") => BenchKind::Hca,
+        Some(other) => return Err(format!("unknown benchmark `{other}` (available: boot, control, hca)")),
+        None => return Err("`bench` needs a benchmark name (available: boot, control, hca)".into()),
     };
-    let mut o = BenchOpts { kind, runs: leasebox_scenarios::bench::DEFAULT_RUNS, secs: 3 };
+    let mut o = match kind {
+        BenchKind::Hca => BenchOpts { kind, runs: leasebox_scenarios::hca_bench::DEFAULT_RUNS, secs: 2 },
+        _ => BenchOpts { kind, runs: leasebox_scenarios::bench::DEFAULT_RUNS, secs: 3 },
+    };
     while let Some(arg) = a.it.next() {
         let (flag, inline) = split(&arg);
         match (kind, flag.as_str()) {
-            (BenchKind::Boot, "--runs") => o.runs = number(&flag, &a.value(&flag, inline)?, 1, 1000)?,
-            (BenchKind::Control, "--secs") => o.secs = number(&flag, &a.value(&flag, inline)?, 1, 600)? as u64,
+            (BenchKind::Boot | BenchKind::Hca, "--runs") => o.runs = number(&flag, &a.value(&flag, inline)?, 1, 1000)?,
+            (BenchKind::Control | BenchKind::Hca, "--secs") => {
+                o.secs = number(&flag, &a.value(&flag, inline)?, 1, 600)? as u64
+            }
             (_, other) => return Err(format!("unknown option `{other}` for this benchmark")),
         }
     }
@@ -412,5 +425,12 @@ mod tests {
         assert!(p(&["bench"]).unwrap_err().contains("needs a benchmark"));
         assert!(p(&["bench", "net"]).unwrap_err().contains("net"));
         assert!(p(&["bench", "boot", "--runs", "0"]).is_err());
+        let hca = |runs, secs| Cmd::Bench(BenchOpts { kind: BenchKind::Hca, runs, secs });
+        assert_eq!(p(&["bench", "hca"]), Ok(hca(3, 2)));
+        assert_eq!(p(&["bench", "hca", "--secs", "1", "--runs=2"]), Ok(hca(2, 1)));
+        assert!(p(&["bench", "hca", "--secs", "0"]).unwrap_err().contains("--secs needs a number from 1"));
+        assert!(p(&["bench", "hca", "--sessions", "8"]).unwrap_err().contains("--sessions"));
+        assert!(p(&["bench", "boot", "--secs", "1"]).is_err());
+        assert!(p(&["bench", "net"]).unwrap_err().contains("hca"));
     }
 }

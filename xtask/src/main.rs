@@ -14,7 +14,7 @@ use cli::{BenchKind, BenchOpts, Cmd, RunOpts, TestOpts, USAGE};
 use image::Paths;
 use leasebox_qemu::model::{self, ModelCommand, ModelFiles, ModelProcess, ModelShm};
 use leasebox_qemu::{Boot, HostFwd, Ovmf, QemuConfig, QemuProcess, Stdio};
-use leasebox_scenarios::{Artifacts, bench, control, scenario};
+use leasebox_scenarios::{Artifacts, bench, control, hca_bench, scenario};
 
 /// `println!` that ignores a closed stdout (e.g. `cargo xtask help | head`) instead of panicking.
 macro_rules! outln {
@@ -356,8 +356,10 @@ fn control_scenario(p: &Paths, a: &Artifacts) -> Result<String, String> {
 }
 
 fn cmd_bench(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
-    if o.kind == BenchKind::Control {
-        return bench_control(o, p);
+    match o.kind {
+        BenchKind::Control => return bench_control(o, p),
+        BenchKind::Hca => return bench_hca(o, p),
+        BenchKind::Boot => {}
     }
     prereq::ensure()?;
     image::build_all(p)?;
@@ -419,5 +421,50 @@ fn bench_control(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
         per / 1024.0
     );
     outln!("({} s of load per row; TCG figures: compare ratios, not absolute times)", o.secs);
+    Ok(0)
+}
+
+/// `bench hca`: the hosted `hca_bench` example (driver and model thread, native timing), then kernel entry →
+/// HCA ready under TCG over `--runs` boots, then the goals. Prints figures; asserts nothing.
+fn bench_hca(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
+    let secs = o.secs.to_string();
+    let args = ["run", "--release", "-p", "leasebox-mlx5", "--example", "hca_bench", "--", "--secs", &secs];
+    outln!("==> cargo {}", args.join(" "));
+    // The table comes on stdout (kept for the report); build output and progress on stderr.
+    let out = Command::new(image::cargo())
+        .current_dir(&p.root)
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("`cargo {}` failed ({})", args.join(" "), out.status));
+    }
+    let hosted_table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let hosted = hca_bench::Hosted::parse(&hosted_table);
+
+    prereq::ensure()?;
+    image::build_kernel(p)?;
+    cargo_step(p, &["build", "-p", "mlx5-model"])?;
+    let a = artifacts(p, false);
+    let (mut samples, mut failures) = (Vec::new(), Vec::new());
+    for i in 1..=o.runs {
+        match hca_bench::sample(&a) {
+            Ok(s) => {
+                eprintln!("hca boot {i}/{}: mlx5: up: at {:.3} ms, hca_ms {:.3}", o.runs, s.up_ms, s.hca_ms);
+                samples.push(s);
+            }
+            Err(e) => {
+                eprintln!("hca boot {i}/{}: failed: {e}", o.runs);
+                failures.push(e);
+            }
+        }
+    }
+    outln!();
+    outln!("{}", hosted_table.trim_end());
+    outln!();
+    outln!("{}", hca_bench::report(&samples, &failures).trim_end());
+    outln!();
+    outln!("{}", hca_bench::goals(hosted.as_ref()).trim_end());
     Ok(0)
 }
