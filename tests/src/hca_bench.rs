@@ -75,8 +75,13 @@ pub fn sample(a: &Artifacts) -> Result<Sample, String> {
 /// The hosted figures from the example's `summary:` line.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Hosted {
+    /// Many-slot / one-slot rate, commands at the model's own speed.
     pub query_ratio: f64,
     pub pair_ratio: f64,
+    /// The same with the model holding each command `fw_us` (firmware time).
+    pub query_ratio_fw: f64,
+    pub pair_ratio_fw: f64,
+    pub fw_us: f64,
     /// Worst row, model on its own thread.
     pub driver_ns_max: f64,
     /// Worst row, model stepped in-process (no second thread contending for the memories).
@@ -93,6 +98,9 @@ impl Hosted {
         Some(Hosted {
             query_ratio: field("query_ratio")?,
             pair_ratio: field("pair_ratio")?,
+            query_ratio_fw: field("query_ratio_fw")?,
+            pair_ratio_fw: field("pair_ratio_fw")?,
+            fw_us: field("fw_us")?,
             driver_ns_max: field("driver_ns_max")?,
             driver_ns_max_in_process: field("driver_ns_max_in_process")?,
         })
@@ -146,15 +154,19 @@ pub fn goals(hosted: Option<&Hosted>) -> String {
         );
     };
     let met = |ok: bool| if ok { "met" } else { "NOT MET" };
-    let ratio_ok = h.query_ratio >= GOAL_SLOT_RATIO && h.pair_ratio >= GOAL_SLOT_RATIO;
+    let ratio_ok = h.query_ratio_fw >= GOAL_SLOT_RATIO && h.pair_ratio_fw >= GOAL_SLOT_RATIO;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "goal: 31 regular slots ≥ {GOAL_SLOT_RATIO:.0}× the 1-slot rate against the model: QUERY_MKEY {:.1}×, \
-         CREATE+DESTROY pairs {:.1}× — {}",
+        "goal: 31 regular slots ≥ {GOAL_SLOT_RATIO:.0}× the 1-slot rate against the model holding each command \
+         {:.0} µs: QUERY_MKEY {:.1}×, CREATE+DESTROY pairs {:.1}× — {} (at the model's own speed, where both \
+         sides are CPU-bound on this machine: {:.1}× and {:.1}×)",
+        h.fw_us,
+        h.query_ratio_fw,
+        h.pair_ratio_fw,
+        met(ratio_ok),
         h.query_ratio,
-        h.pair_ratio,
-        met(ratio_ok)
+        h.pair_ratio
     );
     let _ = writeln!(
         out,
@@ -200,18 +212,22 @@ leasebox: ready cores=1 mem_mib=256 pci=3 boot_ms=300.000 ap_ms=0.000 entry_ms=9
 
     #[test]
     fn summary_line_and_goals() {
-        let out = "table\nsummary: query_ratio=3.47 pair_ratio=12.00 driver_ns_max=1811 driver_ns_max_in_process=716\n";
+        let out = "table\nsummary: query_ratio=3.47 pair_ratio=3.80 query_ratio_fw=9.50 pair_ratio_fw=12.00 fw_us=20 \
+                   driver_ns_max=1811 driver_ns_max_in_process=716\n";
         let h = Hosted::parse(out).unwrap();
         assert_eq!(
-            (h.query_ratio, h.pair_ratio, h.driver_ns_max, h.driver_ns_max_in_process),
-            (3.47, 12.0, 1811.0, 716.0)
+            (h.query_ratio, h.pair_ratio, h.query_ratio_fw, h.pair_ratio_fw, h.fw_us),
+            (3.47, 3.8, 9.5, 12.0, 20.0)
         );
+        assert_eq!((h.driver_ns_max, h.driver_ns_max_in_process), (1811.0, 716.0));
         assert!(Hosted::parse("summary: query_ratio=1\n").is_none());
         let g = goals(Some(&h));
-        assert!(g.contains("QUERY_MKEY 3.5×") && g.contains("NOT MET"), "{g}");
+        let first = g.lines().next().unwrap();
+        assert!(first.contains("holding each command 20 µs: QUERY_MKEY 9.5×") && first.contains("NOT MET"), "{g}");
+        assert!(first.contains("own speed") && first.contains("3.5× and 3.8×"), "{g}");
         assert!(g.contains("worst row 1811 ns with the model on its own thread — met"), "{g}");
-        let good = Hosted { query_ratio: 10.0, ..h };
-        assert!(goals(Some(&good)).lines().next().unwrap().ends_with("— met"));
+        let good = Hosted { query_ratio_fw: 10.0, ..h };
+        assert!(goals(Some(&good)).lines().next().unwrap().contains("— met"));
         assert!(goals(None).contains("no hosted figures"));
     }
 

@@ -95,10 +95,20 @@ pub enum ModelMode {
 }
 
 impl HostedPlatform {
-    /// A fresh model over in-memory BAR and RAM of `ram_bytes`. DMA memory is taken from the RAM above 1 MiB.
+    /// A fresh model over a BAR and `ram_bytes` of RAM; DMA memory is taken from the RAM above 1 MiB.
+    /// In-process, both are plain buffers (the model steps only from `relax`, so nothing contends); with a
+    /// model thread they are anonymous shared mappings (files in /dev/shm, unlinked once mapped), accessed
+    /// without locks on either side, as in QEMU runs.
     pub fn with_model(cfg: ModelConfig, ram_bytes: usize, mode: ModelMode) -> HostedPlatform {
-        let bar: Arc<dyn Memory> = Arc::new(VecMemory::new(HOSTED_BAR_BYTES));
-        let ram: Arc<dyn Memory> = Arc::new(VecMemory::new(ram_bytes));
+        let (bar, ram): (Arc<dyn Memory>, Arc<dyn Memory>) = match mode {
+            ModelMode::InProcess => {
+                (Arc::new(VecMemory::new(HOSTED_BAR_BYTES)), Arc::new(VecMemory::new(ram_bytes)))
+            }
+            ModelMode::Thread => (
+                Arc::new(scratch_mapping("bar", HOSTED_BAR_BYTES as u64)),
+                Arc::new(scratch_mapping("ram", ram_bytes as u64)),
+            ),
+        };
         let model = Arc::new(Mutex::new(Model::new(bar.clone(), ram.clone(), cfg)));
         let stepper = match mode {
             ModelMode::InProcess => Stepper::InProcess(model),
@@ -114,9 +124,11 @@ impl HostedPlatform {
                             if did {
                                 idle = 0;
                             } else {
-                                idle += 1;
+                                idle = idle.saturating_add(1);
+                                // Commands held for firmware time complete on a later pass, so the thread
+                                // never sleeps: it spins, then yields.
                                 if idle > 256 {
-                                    std::thread::sleep(Duration::from_micros(50));
+                                    std::thread::yield_now();
                                 } else {
                                     std::hint::spin_loop();
                                 }
@@ -171,6 +183,21 @@ impl HostedPlatform {
     pub fn dma_free_bytes(&self) -> u64 {
         self.arena.lock().unwrap_or_else(|e| e.into_inner()).free_bytes()
     }
+}
+
+/// A zeroed shared mapping of `len` bytes: a file in /dev/shm (or the temporary directory), mapped, then
+/// unlinked (the mapping keeps the memory).
+fn scratch_mapping(what: &str, len: u64) -> mlx5_model::shm::SharedFile {
+    use std::sync::atomic::AtomicU64;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = if std::path::Path::new("/dev/shm").is_dir() { std::path::PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let path = dir.join(std::format!("leasebox-hosted-{}-{n}-{what}.shm", std::process::id()));
+    let f = std::fs::File::create(&path).expect("create a scratch mapping file");
+    f.set_len(len).expect("size the scratch mapping file");
+    let m = mlx5_model::shm::SharedFile::open(&path, Some(len), Duration::from_secs(1)).expect("map the scratch file");
+    let _ = std::fs::remove_file(&path);
+    m
 }
 
 impl Drop for HostedPlatform {

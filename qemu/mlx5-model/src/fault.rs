@@ -85,6 +85,8 @@ pub struct Faults {
     delayed: BTreeMap<u32, (u64, Instant)>,
     hung_slots: BTreeSet<u32>,
     counters: FaultCounters,
+    /// Firmware time per command (not a fault; see `set_latency`).
+    latency: Duration,
 }
 
 impl Faults {
@@ -129,6 +131,12 @@ impl Faults {
         self.counters
     }
 
+    /// Every command is held this long after its doorbell before it executes (`ModelConfig::cmd_latency`):
+    /// firmware time, during which other slots run.
+    pub fn set_latency(&mut self, latency: Duration) {
+        self.latency = latency;
+    }
+
     /// Whether `slot` is held by a delay or a hang, without counting a ring.
     pub fn holds(&self, slot: u32) -> bool {
         self.delayed.contains_key(&slot) || self.hung_slots.contains(&slot)
@@ -169,6 +177,11 @@ impl Faults {
             let due = now + d;
             self.delayed.insert(slot, (addr, due));
             self.counters.delayed += 1;
+            return Verdict::Delay { due };
+        }
+        if !released && !self.latency.is_zero() {
+            let due = now + self.latency;
+            self.delayed.insert(slot, (addr, due));
             return Verdict::Delay { due };
         }
         if let Some(r) = self.fail.get_mut(&opcode) {

@@ -45,6 +45,9 @@ pub struct ModelConfig {
     pub mac: [u8; 6],
     /// Runtime PAGE_REQUEST (`crate::events`); `None` = never.
     pub page_request: Option<crate::events::PageRequest>,
+    /// Firmware time: every command stays HW-owned this long after its doorbell, other slots running
+    /// meanwhile (zero by default: commands run at the model's own speed).
+    pub cmd_latency: Duration,
 }
 
 impl Default for ModelConfig {
@@ -62,6 +65,7 @@ impl Default for ModelConfig {
             first_uar: 0x10,
             mac: [0x02, 0x4c, 0x42, 0x00, 0x00, 0x01],
             page_request: None,
+            cmd_latency: Duration::ZERO,
         }
     }
 }
@@ -189,7 +193,11 @@ impl Model {
             hca: Hca::new(&cfg),
             trace,
             counters: Counters::default(),
-            faults: Faults::default(),
+            faults: {
+                let mut f = Faults::default();
+                f.set_latency(cfg.cmd_latency);
+                f
+            },
             dropped: 0,
         }
     }
