@@ -101,9 +101,7 @@ impl HostedPlatform {
     /// without locks on either side, as in QEMU runs.
     pub fn with_model(cfg: ModelConfig, ram_bytes: usize, mode: ModelMode) -> HostedPlatform {
         let (bar, ram): (Arc<dyn Memory>, Arc<dyn Memory>) = match mode {
-            ModelMode::InProcess => {
-                (Arc::new(VecMemory::new(HOSTED_BAR_BYTES)), Arc::new(VecMemory::new(ram_bytes)))
-            }
+            ModelMode::InProcess => (Arc::new(VecMemory::new(HOSTED_BAR_BYTES)), Arc::new(VecMemory::new(ram_bytes))),
             ModelMode::Thread => (
                 Arc::new(scratch_mapping("bar", HOSTED_BAR_BYTES as u64)),
                 Arc::new(scratch_mapping("ram", ram_bytes as u64)),
@@ -190,7 +188,11 @@ impl HostedPlatform {
 fn scratch_mapping(what: &str, len: u64) -> mlx5_model::shm::SharedFile {
     use std::sync::atomic::AtomicU64;
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let dir = if std::path::Path::new("/dev/shm").is_dir() { std::path::PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let dir = if std::path::Path::new("/dev/shm").is_dir() {
+        std::path::PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let path = dir.join(std::format!("leasebox-hosted-{}-{n}-{what}.shm", std::process::id()));
     let f = std::fs::File::create(&path).expect("create a scratch mapping file");

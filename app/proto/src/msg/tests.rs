@@ -265,13 +265,10 @@ fn invalid_fields_are_named() {
 
 #[test]
 fn a_long_health_message_is_cut_on_a_character_boundary() {
-    let h = Health {
-        status: HealthStatus::Ok,
-        hca: HcaState::Ok,
-        fenced_slots: 0,
-        uptime_ms: 1,
-        message: "é".repeat(200),
-    };
+    let h =
+        Health {
+            status: HealthStatus::Ok, hca: HcaState::Ok, fenced_slots: 0, uptime_ms: 1, message: "é".repeat(200)
+        };
     let mut p = Vec::new();
     Response::Health(h).encode_payload(&mut p);
     let Response::Health(back) = Response::decode(Op::Health, &p).unwrap() else { panic!("not HEALTH") };
