@@ -1,0 +1,112 @@
+//! The lease service's budgets and switches (STYLE 10: declared, with limits and clear errors).
+
+use core::fmt;
+
+/// Which teardown command the immediate phase of a revoke issues first (ARCHITECTURE.md, "Lease life cycle").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RevokeOrder {
+    /// DESTROY_MKEY, QP left in RTS: a client that keeps posting gets a NAK (remote access error) within one
+    /// round trip. The default.
+    MkeyFirst,
+    /// Seed 000's order: 2ERR_QP, then DESTROY_MKEY. A client that keeps posting hears nothing and learns of
+    /// the revoke when its transport retries run out. For comparison.
+    QpFirst,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// The lease pool: device addresses `[pool_base, pool_base + pool_bytes)`, handed out in `extent`s.
+    pub pool_base: u64,
+    pub pool_bytes: u64,
+    /// Allocation granule and MKEY page size (a power of two, 4 KiB to 1 GiB; 2 MiB by default).
+    pub extent: u64,
+    /// Lease slots (each: one PD, one MKEY, one RC QP).
+    pub slots: u32,
+    /// Per-tenant budgets.
+    pub tenant_leases: u32,
+    pub tenant_bytes: u64,
+    /// TTL when ALLOC asks for 0, and the most a lease may ask for.
+    pub default_ttl_ms: u32,
+    pub max_ttl_ms: u32,
+    /// A Granted lease with no READY within this long is revoked (origin EXPIRY).
+    pub ready_timeout_ms: u64,
+    /// Revoked slots wait this long before the sweep destroys the QP (seed 000 GRACE, 5 s).
+    pub grace_ms: u64,
+    /// A lost session's leases are kept this long for the tenant to reconnect.
+    pub session_grace_ms: u64,
+    /// Whether a session's heartbeats renew its leases' TTL.
+    pub heartbeat_renews: bool,
+    pub order: RevokeOrder,
+    /// Whether a REVOKE may ask for the other order (admin only).
+    pub allow_order_override: bool,
+    /// Install a per-slot RDMA_RX DROP entry during the immediate phase (best effort; needs the flow table).
+    pub flow_drop: bool,
+    /// The outcome of a revoke is answered within this long in every case.
+    pub revoke_deadline_ms: u64,
+    /// FENCE-TEST (only with the `fence-test` feature).
+    pub fence_test: bool,
+    /// QP timers toward clients (IB encodings).
+    pub ack_timeout: u8,
+    pub retry_count: u8,
+    pub rnr_retry: u8,
+    /// Seed for the server's initial PSNs.
+    pub psn_seed: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            pool_base: 0,
+            pool_bytes: 0,
+            extent: 2 << 20,
+            slots: 1024,
+            tenant_leases: 256,
+            tenant_bytes: u64::MAX,
+            default_ttl_ms: 60_000,
+            max_ttl_ms: 3_600_000,
+            ready_timeout_ms: 10_000,
+            grace_ms: 5_000,
+            session_grace_ms: 30_000,
+            heartbeat_renews: true,
+            order: RevokeOrder::MkeyFirst,
+            allow_order_override: true,
+            flow_drop: false,
+            revoke_deadline_ms: 1_000,
+            fence_test: false,
+            ack_timeout: 14,
+            retry_count: 7,
+            rnr_retry: 7,
+            psn_seed: 0x5eed_1ea5_e0b0_c0de,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError(pub &'static str);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl Config {
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if !self.extent.is_power_of_two() || self.extent < 4096 || self.extent > (1 << 30) {
+            return Err(ConfigError("extent must be a power of two from 4 KiB to 1 GiB"));
+        }
+        if !self.pool_base.is_multiple_of(self.extent) || !self.pool_bytes.is_multiple_of(self.extent) {
+            return Err(ConfigError("the pool must start and end on an extent boundary"));
+        }
+        if self.slots == 0 || self.slots > 1 << 20 {
+            return Err(ConfigError("slots must be 1 to 1048576"));
+        }
+        if self.revoke_deadline_ms == 0 || self.revoke_deadline_ms > 1_000 {
+            return Err(ConfigError("revoke_deadline_ms must be 1 to 1000"));
+        }
+        if self.default_ttl_ms == 0 || self.default_ttl_ms > self.max_ttl_ms {
+            return Err(ConfigError("default_ttl_ms must be 1 to max_ttl_ms"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,208 @@
+//! One lease slot: its identity (index + generation), what it holds on the HCA, where it is in its life
+//! cycle, and — once something failed — why it is fenced.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use leasebox_mlx5::handles::{FlowIndex, Mkey, Pdn, Qpn};
+use leasebox_proto::{LeaseId, LeaseState};
+
+/// Teardown steps, as bits of a fenced slot's failed-step mask (FENCED_SUMMARY `failed_mask`).
+pub mod step_bit {
+    pub const DESTROY_MKEY: u32 = 1 << 0;
+    pub const QP_2ERR: u32 = 1 << 1;
+    pub const SET_DROP: u32 = 1 << 2;
+    pub const DELETE_DROP: u32 = 1 << 3;
+    pub const QP_2RST: u32 = 1 << 4;
+    pub const DESTROY_QP: u32 = 1 << 5;
+    pub const DEALLOC_PD: u32 = 1 << 6;
+    /// The immediate phase did not finish within the revoke deadline (the HCA did not answer).
+    pub const DEADLINE: u32 = 1 << 7;
+    /// Building the lease failed and so did undoing it.
+    pub const UNWIND: u32 = 1 << 8;
+}
+
+/// Where a fence came from (FENCED_SUMMARY `origin`; seed 000 `FENCE_ORIGIN_*`).
+pub mod origin {
+    /// A synchronous path: undoing a failed ALLOC.
+    pub const LEGACY: u8 = 0;
+    /// The immediate phase of FREE or REVOKE.
+    pub const REVOKE: u8 = 1;
+    /// The deferred sweep.
+    pub const SWEEP: u8 = 2;
+    /// The immediate phase of an expiry (TTL, READY deadline, lost session).
+    pub const EXPIRY: u8 = 3;
+
+    pub fn name(o: u8) -> &'static str {
+        match o {
+            LEGACY => "LEGACY",
+            REVOKE => "REVOKE",
+            SWEEP => "SWEEP",
+            EXPIRY => "EXPIRY",
+            _ => "UNKNOWN",
+        }
+    }
+}
+
+/// One HCA command of a lease's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    AllocPd,
+    CreateMkey,
+    CreateQp,
+    Rst2Init,
+    Init2Rtr,
+    Rtr2Rts,
+    DestroyMkey,
+    Qp2Err,
+    SetDrop,
+    DeleteDrop,
+    Qp2Rst,
+    DestroyQp,
+    DeallocPd,
+}
+
+impl Step {
+    pub fn bit(self) -> u32 {
+        match self {
+            Step::DestroyMkey => step_bit::DESTROY_MKEY,
+            Step::Qp2Err => step_bit::QP_2ERR,
+            Step::SetDrop => step_bit::SET_DROP,
+            Step::DeleteDrop => step_bit::DELETE_DROP,
+            Step::Qp2Rst => step_bit::QP_2RST,
+            Step::DestroyQp => step_bit::DESTROY_QP,
+            Step::DeallocPd => step_bit::DEALLOC_PD,
+            _ => 0,
+        }
+    }
+}
+
+/// What a lease is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// ALLOC's commands are running.
+    Building,
+    /// Answered; waiting for READY until `ready_by`.
+    Granted {
+        ready_by: u64,
+    },
+    Active,
+    /// The immediate phase of a revoke: answer by `deadline`.
+    Fencing {
+        deadline: u64,
+    },
+    /// Revoked; the sweep starts at `at`.
+    PendingDestroy {
+        at: u64,
+    },
+    /// The deferred phase is running.
+    Sweeping,
+    /// ALLOC failed; its objects are being destroyed.
+    Unwinding,
+}
+
+/// Why a revoke happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    Free,
+    Revoke,
+    Expiry,
+}
+
+impl Cause {
+    pub fn origin(self) -> u8 {
+        match self {
+            Cause::Free | Cause::Revoke => origin::REVOKE,
+            Cause::Expiry => origin::EXPIRY,
+        }
+    }
+}
+
+/// A client waiting for a revoke's outcome.
+#[derive(Clone, Copy, Debug)]
+pub struct Waiter<T> {
+    pub ticket: T,
+    pub free: bool,
+    pub since_us: u64,
+}
+
+/// What a fenced slot keeps for post-mortems.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FenceInfo {
+    pub generation: u32,
+    pub failed_mask: u32,
+    pub origin: u8,
+    pub at_ms: u64,
+    pub tenant: String,
+    pub detail: String,
+}
+
+/// A live lease.
+#[derive(Debug)]
+pub struct Lease<T> {
+    pub id: LeaseId,
+    pub tenant: String,
+    /// Session that owns it; `None` while orphaned (its session was lost).
+    pub session: Option<u64>,
+    pub orphaned_at: Option<u64>,
+    pub reconnects: u32,
+    pub phase: Phase,
+    pub size: u64,
+    pub access: u8,
+    pub mtu: u8,
+    pub ttl_ms: u32,
+    pub expires_at: u64,
+    pub client_qpn: u32,
+    pub client_psn: u32,
+    pub client_gid: [u8; 16],
+    pub client_mac: [u8; 6],
+    pub server_psn: u32,
+    /// Extents of the lease pool, in MKEY page order.
+    pub extents: Vec<u64>,
+    /// QP work-queue buffer and doorbell record (DMA memory).
+    pub qp_buf: u64,
+    pub qp_dbr: u64,
+    pub pd: Option<Pdn>,
+    pub mkey: Option<Mkey>,
+    pub qpn: Option<Qpn>,
+    pub drop_entry: Option<FlowIndex>,
+    /// The QP is known to be in ERR (2ERR done).
+    pub qp_in_err: bool,
+    /// The MKEY variant its CREATE_MKEY used.
+    pub variant: u8,
+    /// Steps still to run, in order, and the one in flight (its tag).
+    pub plan: Vec<Step>,
+    pub in_flight: Option<(u64, Step)>,
+    /// Immediate-phase bookkeeping.
+    pub cause: Option<Cause>,
+    pub waiters: Vec<Waiter<T>>,
+    /// ALLOC's answer goes here when the lease is built.
+    pub alloc_ticket: Option<(T, u64)>,
+    /// Steps that failed so far (a fence needs at least one).
+    pub failed_mask: u32,
+    pub failure: String,
+}
+
+impl<T> Lease<T> {
+    pub fn state(&self) -> LeaseState {
+        match self.phase {
+            Phase::Building | Phase::Granted { .. } => LeaseState::Granted,
+            Phase::Active => LeaseState::Active,
+            Phase::Fencing { .. } => LeaseState::Fencing,
+            Phase::PendingDestroy { .. } | Phase::Sweeping | Phase::Unwinding => LeaseState::PendingDestroy,
+        }
+    }
+}
+
+/// A slot of the table. Busy slots carry their lease inline: the table is allocated once, at start.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum Slot<T> {
+    /// Free; the next lease here gets `next_generation`.
+    Free {
+        next_generation: u32,
+    },
+    Busy(Lease<T>),
+    /// Fenced until reboot: never reused, nor its memory.
+    Fenced(FenceInfo),
+}

@@ -1,0 +1,18 @@
+//! `leasebox-lease`: the lease service (ARCHITECTURE.md "Lease life cycle", seed 000 for revocation). A
+//! sans-I/O state machine over the mlx5 driver's command builders: requests and HCA results in, answers and
+//! HCA commands out; the image and the hosted appliance only move them.
+#![cfg_attr(not(test), no_std)]
+#![forbid(unsafe_code)]
+#![allow(clippy::result_large_err)]
+
+extern crate alloc;
+
+pub mod config;
+pub mod lease;
+pub mod link;
+pub mod pool;
+pub mod service;
+pub mod stats;
+
+pub use config::{Config, RevokeOrder};
+pub use service::{HcaCtx, Host, LeaseService, Who, port_ib_mtu};

@@ -1,0 +1,73 @@
+//! Moves work between the lease service and the mlx5 engines' client: the service's commands go out on the
+//! client's ring (what does not fit waits in the service), results come back to the service by tag, and a
+//! fatal HCA makes every live lease fail closed. The image's core 0, the hosted appliance and the tests all
+//! drive the service through this one loop step.
+
+use alloc::collections::BTreeMap;
+
+use leasebox_mlx5::engine::{Client, Event};
+
+use crate::service::{Host, LeaseService};
+
+#[derive(Default)]
+pub struct Link {
+    /// Client tag → service tag.
+    tags: BTreeMap<u64, u64>,
+    fatal_seen: bool,
+    pub events: u64,
+}
+
+impl Link {
+    pub fn new() -> Link {
+        Link::default()
+    }
+
+    /// One step: submit, collect, react to events, run the service's timers. Returns true if anything moved.
+    pub fn step<T: Copy>(
+        &mut self,
+        svc: &mut LeaseService<T>,
+        client: &mut Client,
+        now_us: u64,
+        host: &mut dyn Host,
+    ) -> bool {
+        let mut did = false;
+        while let Some(c) = client.poll() {
+            did = true;
+            if let Some(tag) = self.tags.remove(&c.tag) {
+                svc.hca_done(tag, c.result, now_us, host);
+            }
+        }
+        while let Some(e) = client.next_event() {
+            self.events += 1;
+            if let Event::Fatal(_) = e
+                && !self.fatal_seen
+            {
+                // The command interface is gone: every lease goes through its immediate phase, whose commands
+                // now fail at once, so each slot fences (fail closed).
+                self.fatal_seen = true;
+                svc.revoke_all(now_us, host);
+            }
+            did = true;
+        }
+        svc.tick(now_us, host);
+        while client.room() > 0 {
+            let Some((tag, cmd)) = svc.next_command() else { break };
+            match client.submit(cmd) {
+                Ok(ct) => {
+                    self.tags.insert(ct, tag);
+                    did = true;
+                }
+                Err(cmd) => {
+                    svc.unsend(tag, cmd);
+                    break;
+                }
+            }
+        }
+        did
+    }
+
+    /// Commands handed to the client and not yet answered.
+    pub fn outstanding(&self) -> usize {
+        self.tags.len()
+    }
+}

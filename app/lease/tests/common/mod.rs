@@ -1,0 +1,213 @@
+//! A lease service on the native driver over the in-process model (stepped from `relax`, deterministic),
+//! with a synchronous `call` for tests.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use leasebox_lease::link::Link;
+use leasebox_lease::{Config, HcaCtx, Host, LeaseService, Who, port_ib_mtu};
+use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
+use leasebox_mlx5::hosted::{HostedPlatform, ModelMode};
+use leasebox_mlx5::platform::Platform;
+use leasebox_proto::{AllocReq, AllocResp, LeaseId, Outcome, Reply, Request, Response, access};
+use mlx5_model::ModelConfig;
+use mlx5_model::mem::Memory;
+
+pub const RAM: usize = 512 << 20;
+
+pub struct PlatformHost(pub Arc<HostedPlatform>);
+
+impl Host for PlatformHost {
+    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<u64> {
+        self.0.dma_alloc(len, align)
+    }
+    fn dma_free(&mut self, addr: u64, len: usize) {
+        self.0.dma_free(addr, len)
+    }
+    fn zero(&mut self, addr: u64, len: u64) {
+        let z = [0u8; 4096];
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(4096) as usize;
+            self.0.dma_write(addr + at, &z[..n]);
+            at += n as u64;
+        }
+    }
+}
+
+pub struct Rig {
+    pub d: Driver<HostedPlatform>,
+    pub svc: LeaseService<u64>,
+    pub host: PlatformHost,
+    pub link: Link,
+    pub start: Instant,
+    next_ticket: u64,
+    pub answers: HashMap<u64, Reply>,
+    pub pool_base: u64,
+}
+
+pub const TENANT: Who<'static> = Who { session: 1, tenant: "alpha", admin: false };
+pub const OTHER: Who<'static> = Who { session: 2, tenant: "beta", admin: false };
+pub const ADMIN: Who<'static> = Who { session: 3, tenant: "admin", admin: true };
+
+pub fn model() -> ModelConfig {
+    ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() }
+}
+
+pub fn config() -> Config {
+    Config { grace_ms: 50, ..Config::default() }
+}
+
+impl Rig {
+    pub fn new() -> Rig {
+        Rig::with(model(), config(), 64 << 20)
+    }
+
+    /// A driver on a fresh model, a CQ for the lease QPs (watched by the event engine), a pool of
+    /// `pool_bytes` and the service.
+    pub fn with(model: ModelConfig, mut cfg: Config, pool_bytes: u64) -> Rig {
+        let p = Arc::new(HostedPlatform::with_model(model, RAM, ModelMode::InProcess));
+        let dcfg = DriverConfig {
+            part: "ConnectX-5",
+            pre_init_timeout_ms: 2000,
+            cmd_timeout_ms: Some(2000),
+            ..DriverConfig::default()
+        };
+        let mut d = Driver::bring_up(p.clone(), dcfg).unwrap_or_else(|e| panic!("bring-up: {e}"));
+        let cq = d.create_cq(10).unwrap();
+        let cqn = cq.cqn;
+        d.events.watch_cq(cq.cqn, cq.ring);
+        let flow = if cfg.flow_drop {
+            use leasebox_mlx5::ifc::flow;
+            let t = flow::create_flow_table_out(&d.exec(flow::create_flow_table(flow::FS_FT_RDMA_RX, 0, 12)).unwrap());
+            let g = flow::create_flow_group_out(
+                &d.exec(flow::create_flow_group_bth_dst_qp(flow::FS_FT_RDMA_RX, t, 0, (1 << 12) - 1)).unwrap(),
+            );
+            Some((t, g))
+        } else {
+            None
+        };
+        let pool_base = p.dma_alloc(pool_bytes as usize, cfg.extent as usize).expect("pool memory");
+        cfg.pool_base = pool_base;
+        cfg.pool_bytes = pool_bytes;
+        let hca =
+            HcaCtx { uar: d.info.uar, cqn, gid: d.info.gid, gid_index: 0, port_mtu: port_ib_mtu(d.info.mtu), flow };
+        let svc = LeaseService::new(cfg, hca).unwrap();
+        Rig {
+            d,
+            svc,
+            host: PlatformHost(p),
+            link: Link::new(),
+            start: Instant::now(),
+            next_ticket: 1,
+            answers: HashMap::new(),
+            pool_base,
+        }
+    }
+
+    pub fn now_us(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64
+    }
+
+    pub fn platform(&self) -> Arc<HostedPlatform> {
+        self.host.0.clone()
+    }
+
+    /// One round: link, engines, the model.
+    pub fn pump(&mut self) {
+        let now = self.now_us();
+        self.link.step(&mut self.svc, &mut self.d.client, now, &mut self.host);
+        self.d.pump();
+        self.host.0.relax();
+        let mut out = Vec::new();
+        self.svc.take_answers(&mut out);
+        for (t, r) in out {
+            self.answers.insert(t, r);
+        }
+    }
+
+    /// Pumps until `cond` or `limit`.
+    pub fn pump_until(&mut self, limit: Duration, mut cond: impl FnMut(&mut Rig) -> bool) -> bool {
+        let t0 = Instant::now();
+        while t0.elapsed() < limit {
+            if cond(self) {
+                return true;
+            }
+            self.pump();
+        }
+        cond(self)
+    }
+
+    /// Sends a request; returns its ticket and the immediate answer, if any.
+    pub fn send(&mut self, who: Who<'_>, req: &Request) -> (u64, Option<Reply>) {
+        let t = self.next_ticket;
+        self.next_ticket += 1;
+        let now = self.now_us();
+        (t, self.svc.request(who, req, t, now, &mut self.host))
+    }
+
+    pub fn wait(&mut self, ticket: u64, limit: Duration) -> Reply {
+        assert!(
+            self.pump_until(limit, |r| r.answers.contains_key(&ticket)),
+            "no answer for ticket {ticket} within {limit:?}"
+        );
+        self.answers.remove(&ticket).unwrap()
+    }
+
+    pub fn call(&mut self, who: Who<'_>, req: &Request) -> Reply {
+        match self.send(who, req) {
+            (_, Some(r)) => r,
+            (t, None) => self.wait(t, Duration::from_secs(5)),
+        }
+    }
+
+    pub fn alloc(&mut self, who: Who<'_>, size: u64) -> AllocResp {
+        match self.call(who, &Request::Alloc(alloc_req(size, 0x1234))) {
+            Ok(Response::Alloc(a)) => a,
+            other => panic!("ALLOC: {other:?}"),
+        }
+    }
+
+    pub fn ready(&mut self, who: Who<'_>, a: &AllocResp) {
+        let r = self.call(who, &Request::Ready { lease: a.lease, client_qpn: 0x1234, server_qpn: a.server_qpn });
+        assert!(matches!(r, Ok(Response::Ready { .. })), "{r:?}");
+    }
+
+    pub fn revoke(&mut self, who: Who<'_>, lease: LeaseId) -> Outcome {
+        match self.call(who, &Request::Revoke { lease, qp_first: false }) {
+            Ok(Response::Revoke { outcome, .. }) => outcome,
+            other => panic!("REVOKE: {other:?}"),
+        }
+    }
+
+    /// Pumps until the sweep has run for every revoked lease (no lease left pending).
+    pub fn settle(&mut self) {
+        assert!(
+            self.pump_until(Duration::from_secs(20), |r| {
+                let s = r.svc.by_state();
+                s[0] + s[1] + s[2] + s[3] == 0 && r.svc.in_flight() == 0
+            }),
+            "leases still live: {:?}",
+            self.svc.by_state()
+        );
+    }
+
+    pub fn ram(&self) -> Arc<dyn Memory> {
+        self.host.0.ram().clone()
+    }
+}
+
+pub fn alloc_req(size: u64, qpn: u32) -> AllocReq {
+    AllocReq {
+        size,
+        access: access::REMOTE_READ | access::REMOTE_WRITE,
+        mtu: 3,
+        ttl_ms: 0,
+        client_qpn: qpn,
+        client_psn: 0x100,
+        client_gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 2],
+        client_mac: [0x02, 0, 0, 0, 0, 0x02],
+    }
+}
