@@ -223,6 +223,8 @@ pub struct Config<'a> {
     /// The control channel's interface (`ip=`, `gw=`, `port=`).
     pub net: NetConfig,
     control: ControlConfig<'a>,
+    /// The lease service (`lease_pool_mib=`, `revoke_order=`, ...).
+    pub lease: crate::lease_config::LeaseOptions,
     /// `gw=`'s text, for the error [`Config::check`] may report.
     gw_text: &'a str,
     unknown: [&'a str; MAX_WARNINGS],
@@ -238,6 +240,7 @@ impl Default for Config<'_> {
             test: None,
             net: NetConfig::default(),
             control: ControlConfig::default(),
+            lease: crate::lease_config::LeaseOptions::default(),
             gw_text: "",
             unknown: [""; MAX_WARNINGS],
             unknown_len: 0,
@@ -305,6 +308,7 @@ impl<'a> Config<'a> {
             "sessions" => self.control.set_sessions(value).map_err(err)?,
             "credits" => self.control.set_credits(value).map_err(err)?,
             "heartbeat_ms" => self.control.set_heartbeat_ms(value).map_err(err)?,
+            _ if self.lease.apply(key, value).map_err(err)? => {}
             _ => {
                 if self.unknown_len < MAX_WARNINGS {
                     self.unknown[self.unknown_len] = word;

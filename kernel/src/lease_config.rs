@@ -1,0 +1,117 @@
+//! The lease service's options on the kernel command line (the image and the hosted appliance translate them
+//! into `leasebox_lease::Config`): pool size, slots, timers, the revoke order and the test switches.
+
+/// Which teardown command a revoke issues first (`revoke_order=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RevokeOrder {
+    MkeyFirst,
+    QpFirst,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseOptions {
+    /// `lease_pool_mib=`: DRAM lent to clients.
+    pub pool_mib: u32,
+    /// `lease_slots=`.
+    pub slots: u32,
+    /// `tenant_leases=`: leases one tenant may hold.
+    pub tenant_leases: u32,
+    /// `lease_grace_ms=`: revoked slots wait this long before the sweep.
+    pub grace_ms: u32,
+    /// `ready_ms=`: a Granted lease must see READY within this long.
+    pub ready_ms: u32,
+    /// `lease_ttl_ms=`: TTL when ALLOC asks for 0.
+    pub ttl_ms: u32,
+    /// `session_grace_ms=`: a lost session's leases wait this long for the tenant to reconnect.
+    pub session_grace_ms: u32,
+    /// `heartbeat_renews=on|off`.
+    pub heartbeat_renews: bool,
+    /// `revoke_order=mkey-first|qp-first`.
+    pub order: RevokeOrder,
+    /// `flow_drop=on|off`: per-slot RDMA_RX DROP entries during revoke.
+    pub flow_drop: bool,
+    /// `fence_test=on|off` (only in images built with the `fence-test` feature).
+    pub fence_test: bool,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        LeaseOptions {
+            pool_mib: 64,
+            slots: 1024,
+            tenant_leases: 256,
+            grace_ms: 5_000,
+            ready_ms: 10_000,
+            ttl_ms: 60_000,
+            session_grace_ms: 30_000,
+            heartbeat_renews: true,
+            order: RevokeOrder::MkeyFirst,
+            flow_drop: false,
+            fence_test: false,
+        }
+    }
+}
+
+fn number(value: &str, min: u32, max: u32, msg: &'static str) -> Result<u32, &'static str> {
+    value.parse::<u32>().ok().filter(|v| (min..=max).contains(v)).ok_or(msg)
+}
+
+fn on_off(value: &str) -> Result<bool, &'static str> {
+    match value {
+        "on" | "1" | "yes" => Ok(true),
+        "off" | "0" | "no" => Ok(false),
+        _ => Err("expected on or off"),
+    }
+}
+
+impl LeaseOptions {
+    /// Applies one `key=value`; `Ok(false)` when the key is not a lease option.
+    pub fn apply(&mut self, key: &str, value: &str) -> Result<bool, &'static str> {
+        match key {
+            "lease_pool_mib" => {
+                let v = number(value, 2, 1 << 20, "expected 2 to 1048576 (MiB, even)")?;
+                if v % 2 != 0 {
+                    return Err("the pool is made of 2 MiB extents: give an even number of MiB");
+                }
+                self.pool_mib = v;
+            }
+            "lease_slots" => self.slots = number(value, 1, 1 << 20, "expected 1 to 1048576")?,
+            "tenant_leases" => self.tenant_leases = number(value, 1, 1 << 20, "expected 1 to 1048576")?,
+            "lease_grace_ms" => self.grace_ms = number(value, 0, 3_600_000, "expected 0 to 3600000")?,
+            "ready_ms" => self.ready_ms = number(value, 1, 3_600_000, "expected 1 to 3600000")?,
+            "lease_ttl_ms" => self.ttl_ms = number(value, 1, 3_600_000, "expected 1 to 3600000")?,
+            "session_grace_ms" => self.session_grace_ms = number(value, 0, 3_600_000, "expected 0 to 3600000")?,
+            "heartbeat_renews" => self.heartbeat_renews = on_off(value)?,
+            "revoke_order" => {
+                self.order = match value {
+                    "mkey-first" => RevokeOrder::MkeyFirst,
+                    "qp-first" => RevokeOrder::QpFirst,
+                    _ => return Err("expected mkey-first or qp-first"),
+                }
+            }
+            "flow_drop" => self.flow_drop = on_off(value)?,
+            "fence_test" => self.fence_test = on_off(value)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options() {
+        let mut o = LeaseOptions::default();
+        assert_eq!(o.apply("lease_pool_mib", "128"), Ok(true));
+        assert_eq!(o.apply("revoke_order", "qp-first"), Ok(true));
+        assert_eq!(o.apply("flow_drop", "on"), Ok(true));
+        assert_eq!(o.apply("lease_grace_ms", "0"), Ok(true));
+        assert_eq!(o.apply("port", "1"), Ok(false));
+        assert!(o.apply("revoke_order", "sideways").is_err());
+        assert!(o.apply("lease_pool_mib", "3").is_err());
+        assert!(o.apply("lease_slots", "0").is_err());
+        assert_eq!((o.pool_mib, o.order, o.flow_drop, o.grace_ms), (128, RevokeOrder::QpFirst, true, 0));
+    }
+}
