@@ -21,6 +21,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod hex;
+pub mod rdma;
 pub mod render;
 
 pub use client::{Answer, Client, ClientError, Credentials, DEFAULT_PORT, Timeouts, Welcome};

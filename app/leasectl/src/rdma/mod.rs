@@ -1,0 +1,106 @@
+//! RDMA requester for the verifier and end-to-end tests: RC RDMA WRITE / READ toward an appliance QP, with
+//! completions in rdma-core's terms ([`WcStatus`]). [`Requester`] is backend-neutral; [`SoftRoce`] implements it
+//! in software over UDP (one datagram per RoCEv2 frame, the model's cable), a verbs backend can follow.
+//!
+//! Layers (STYLE 12): [`wire`] and [`icrc`] encode and check frames, [`rc`] is the sans-I/O requester state
+//! machine (IBTA Vol. 1 ch. 9.7 reliable service: PSNs, ACK/NAK, transport timer, retries), [`soft`] moves
+//! its frames over a socket.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+pub mod icrc;
+pub mod pcap;
+pub mod rc;
+pub mod soft;
+pub mod status;
+pub mod wire;
+
+pub use rc::{RcConfig, RcRequester};
+pub use soft::{SoftConfig, SoftCounters, SoftRoce};
+pub use status::{WcOpcode, WcStatus};
+
+/// One side of an RC connection: what a requester sends in ALLOC and what the appliance answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpEndpoint {
+    pub qpn: u32,
+    /// The first PSN this side sends (the peer's expected receive PSN).
+    pub psn: u32,
+    /// RoCEv2 GID; IPv4 addresses are IPv4-mapped (`::ffff:a.b.c.d`).
+    pub gid: [u8; 16],
+    pub mac: [u8; 6],
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
+    pub mtu: u32,
+}
+
+/// A work completion (`struct ibv_wc`, the fields a verifier needs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    /// Bytes transferred (the message length on success, 0 otherwise).
+    pub byte_len: u32,
+    /// When the status was decided: the ACK/NAK/response's arrival, or the transport timer's expiry.
+    pub at: Instant,
+}
+
+/// Requester QP state (the subset of `enum ibv_qp_state` a requester passes through).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpState {
+    Reset,
+    Rts,
+    Err,
+}
+
+/// An RC requester: posts RDMA WRITE / READ and reports completions in order.
+pub trait Requester {
+    /// Our QP parameters, to send in ALLOC.
+    fn local(&self) -> QpEndpoint;
+    /// Moves our QP to RTS toward the appliance's QP.
+    fn connect(&mut self, remote: &QpEndpoint) -> Result<(), String>;
+    fn post_write(&mut self, wr_id: u64, remote_addr: u64, rkey: u32, data: &[u8]) -> Result<(), String>;
+    fn post_read(&mut self, wr_id: u64, remote_addr: u64, rkey: u32, len: u32) -> Result<(), String>;
+    /// Waits up to `max_wait` for at least one completion and returns every completion ready (possibly none).
+    fn poll(&mut self, max_wait: Duration) -> Vec<Completion>;
+    /// The bytes a successful RDMA READ returned (taken: a second call gives `None`).
+    fn read_data(&mut self, wr_id: u64) -> Option<Vec<u8>>;
+    fn qp_state(&self) -> QpState;
+}
+
+/// The IPv4-mapped GID RoCEv2 uses for an IPv4 address (`::ffff:a.b.c.d`).
+pub fn gid_from_ipv4(ip: Ipv4Addr) -> [u8; 16] {
+    ip.to_ipv6_mapped().octets()
+}
+
+/// The IPv4 address of an IPv4-mapped GID.
+pub fn ipv4_from_gid(gid: &[u8; 16]) -> Option<Ipv4Addr> {
+    std::net::Ipv6Addr::from(*gid).to_ipv4_mapped()
+}
+
+/// The IB path MTU enum value (`enum ibv_mtu`, 1 = 256 … 5 = 4096) of a byte count.
+pub fn mtu_enum(bytes: u32) -> Option<u8> {
+    match bytes {
+        256 => Some(1),
+        512 => Some(2),
+        1024 => Some(3),
+        2048 => Some(4),
+        4096 => Some(5),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv4_mapped_gids() {
+        let g = gid_from_ipv4(Ipv4Addr::new(192, 0, 2, 7));
+        assert_eq!(g, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 192, 0, 2, 7]);
+        assert_eq!(ipv4_from_gid(&g), Some(Ipv4Addr::new(192, 0, 2, 7)));
+        assert_eq!(ipv4_from_gid(&[0xFE, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]), None);
+        assert_eq!(mtu_enum(1024), Some(3));
+        assert_eq!(mtu_enum(1000), None);
+    }
+}

@@ -1,0 +1,571 @@
+//! `SoftRoce`: the RC requester of [`super::rc`] over a `std::net::UdpSocket`, one datagram per whole RoCEv2
+//! frame ([`super::wire`]), the cable of the ConnectX-5 model's responder (docs/hca-model.md "RoCEv2
+//! responder"). Frames go to one peer address (the model's UDP socket, default 127.0.0.1:4791); the model
+//! answers to the datagram's source address and swaps the frame's MACs and IPs, so the frame addressing is
+//! ours to choose: our IPv4 and MAC, the appliance's IPv4 from its IPv4-mapped GID and a MAC that the model
+//! does not check.
+//!
+//! Everything happens on the caller's thread: packets go out when posted and from [`Requester::poll`], which
+//! also runs the transport timer.
+
+use std::fs::File;
+use std::hash::{BuildHasher, Hasher};
+use std::io::{self, BufWriter};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::pcap::PcapWriter;
+use super::rc::{RcConfig, RcRequester, RcStats};
+use super::wire::{self, Addr, ROCEV2_PORT};
+use super::{Completion, QpEndpoint, QpState, Requester, gid_from_ipv4, ipv4_from_gid, mtu_enum};
+
+/// Our default MAC (locally administered).
+pub const DEFAULT_LOCAL_MAC: [u8; 6] = [0x02, 0x4C, 0x42, 0x00, 0x00, 0x01];
+/// The appliance's MAC when neither the configuration nor its endpoint gives one (the model does not check
+/// destination MACs; it swaps them into its reply).
+pub const PLACEHOLDER_REMOTE_MAC: [u8; 6] = [0x02, 0x4C, 0x42, 0x00, 0x00, 0x02];
+/// Largest frame we receive (4096-byte MTU plus headers fits).
+const MAX_FRAME: usize = 9216;
+/// Waits closer than this to a deadline poll the socket instead of blocking on it (see `SoftRoce::receive`).
+const COARSE_SLACK: Duration = Duration::from_millis(25);
+/// Sleep between two non-blocking receives: the error on a timer's or a frame's time.
+const FINE_STEP: Duration = Duration::from_micros(50);
+
+#[derive(Clone, Debug)]
+pub struct SoftConfig {
+    /// Our UDP socket (default 127.0.0.1:0).
+    pub bind: SocketAddr,
+    /// The responder's UDP socket (default 127.0.0.1:4791).
+    pub peer: SocketAddr,
+    /// Source IPv4 in frames and our GID; `None`: the bound address (127.0.0.1 when unspecified).
+    pub local_ip: Option<Ipv4Addr>,
+    pub local_mac: [u8; 6],
+    /// Destination MAC; `None`: the remote endpoint's MAC, or [`PLACEHOLDER_REMOTE_MAC`] when that is zero.
+    pub remote_mac: Option<[u8; 6]>,
+    /// Our QPN; `None`: 0x10000 | our UDP port.
+    pub qpn: Option<u32>,
+    /// Our first PSN; `None`: random.
+    pub psn: Option<u32>,
+    /// Our path MTU in bytes; the connection uses the smaller of ours and the remote's.
+    pub mtu: u32,
+    pub rc: RcConfig,
+    /// UDP source port of frames (flow entropy); `None`: 0xC000 | (QPN & 0x3FFF), as the model does.
+    pub udp_sport: Option<u16>,
+    /// Writes every frame sent and received to this pcap file.
+    pub pcap: Option<PathBuf>,
+}
+
+impl Default for SoftConfig {
+    fn default() -> Self {
+        SoftConfig {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            peer: SocketAddr::from(([127, 0, 0, 1], ROCEV2_PORT)),
+            local_ip: None,
+            local_mac: DEFAULT_LOCAL_MAC,
+            remote_mac: None,
+            qpn: None,
+            psn: None,
+            mtu: 4096,
+            rc: RcConfig::default(),
+            udp_sport: None,
+            pcap: None,
+        }
+    }
+}
+
+/// Frame counters of the cable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SoftCounters {
+    pub frames_sent: u64,
+    pub frames_received: u64,
+    /// Received frames failing a [`wire::decode`] check.
+    pub frames_bad: u64,
+    /// Socket errors on send or receive (e.g. ICMP port unreachable while the model is not listening).
+    pub socket_errors: u64,
+}
+
+pub struct SoftRoce {
+    sock: UdpSocket,
+    local: QpEndpoint,
+    local_ip: Ipv4Addr,
+    remote_mac: Option<[u8; 6]>,
+    sport: u16,
+    /// Frame addressing once connected.
+    addr: Option<Addr>,
+    core: RcRequester,
+    pcap: Option<PcapWriter<BufWriter<File>>>,
+    tx: Vec<u8>,
+    rx: Vec<u8>,
+    counters: SoftCounters,
+    /// The socket's current mode (see `SoftRoce::receive`).
+    blocking: bool,
+}
+
+fn random_u32() -> u32 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id().into());
+    h.finish() as u32
+}
+
+impl SoftRoce {
+    pub fn new(cfg: SoftConfig) -> io::Result<SoftRoce> {
+        let bad = |e: String| io::Error::new(io::ErrorKind::InvalidInput, e);
+        if mtu_enum(cfg.mtu).is_none() {
+            return Err(bad(format!("MTU {} is not 256/512/1024/2048/4096", cfg.mtu)));
+        }
+        let sock = UdpSocket::bind(cfg.bind)?;
+        sock.connect(cfg.peer)?;
+        let me = sock.local_addr()?;
+        let local_ip = cfg.local_ip.unwrap_or(match me {
+            SocketAddr::V4(a) if !a.ip().is_unspecified() => *a.ip(),
+            _ => Ipv4Addr::LOCALHOST,
+        });
+        let qpn = cfg.qpn.unwrap_or(0x10000 | me.port() as u32);
+        let psn = cfg.psn.unwrap_or_else(random_u32) & wire::PSN_MASK;
+        let core = RcRequester::new(cfg.rc, qpn, psn).map_err(bad)?;
+        let pcap = match &cfg.pcap {
+            Some(p) => Some(PcapWriter::new(BufWriter::new(File::create(p)?))?),
+            None => None,
+        };
+        Ok(SoftRoce {
+            sock,
+            local: QpEndpoint { qpn, psn, gid: gid_from_ipv4(local_ip), mac: cfg.local_mac, mtu: cfg.mtu },
+            local_ip,
+            remote_mac: cfg.remote_mac,
+            sport: cfg.udp_sport.unwrap_or(0xC000 | (qpn & 0x3FFF) as u16),
+            addr: None,
+            core,
+            pcap,
+            tx: Vec::with_capacity(MAX_FRAME),
+            rx: vec![0; MAX_FRAME],
+            counters: SoftCounters::default(),
+            blocking: true,
+        })
+    }
+
+    /// Our UDP socket's address.
+    pub fn socket_addr(&self) -> io::Result<SocketAddr> {
+        self.sock.local_addr()
+    }
+
+    pub fn counters(&self) -> SoftCounters {
+        self.counters
+    }
+
+    pub fn stats(&self) -> RcStats {
+        self.core.stats()
+    }
+
+    /// The requester state machine (window, configuration).
+    pub fn core(&self) -> &RcRequester {
+        &self.core
+    }
+
+    fn send(&mut self, now: Instant) {
+        let Some(addr) = self.addr else { return };
+        let SoftRoce { sock, core, pcap, tx, counters, .. } = self;
+        core.transmit(now, |bth, reth, payload| {
+            let p = wire::Packet { addr, bth: *bth, reth: reth.copied(), aeth: None, imm: None, payload };
+            if wire::encode(&p, tx).is_err() {
+                return; // the core only builds layouts encode accepts
+            }
+            if let Some(w) = pcap.as_mut() {
+                let _ = w.frame(tx);
+            }
+            match sock.send(tx) {
+                Ok(_) => counters.frames_sent += 1,
+                // Lost on the cable; the transport timer resends it.
+                Err(_) => counters.socket_errors += 1,
+            }
+        });
+    }
+
+    /// Receives at most one frame, waiting until `until`. Returns false when nothing arrived.
+    ///
+    /// Linux rounds a socket receive timeout up to whole jiffies (up to 10 ms late at HZ=100), far too coarse
+    /// for a 4 ms transport timer; so the socket blocks only while the deadline is more than
+    /// [`COARSE_SLACK`] away, and the last stretch polls it without blocking between short sleeps.
+    fn receive(&mut self, until: Instant) -> bool {
+        let wait = until.saturating_duration_since(Instant::now());
+        let blocking = wait > COARSE_SLACK;
+        if blocking != self.blocking {
+            if self.sock.set_nonblocking(!blocking).is_err() {
+                self.counters.socket_errors += 1;
+                return false;
+            }
+            self.blocking = blocking;
+        }
+        if blocking && self.sock.set_read_timeout(Some(wait - COARSE_SLACK)).is_err() {
+            self.counters.socket_errors += 1;
+            return false;
+        }
+        let n = match self.sock.recv(&mut self.rx) {
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                if !blocking {
+                    std::thread::sleep(wait.min(FINE_STEP));
+                }
+                return false;
+            }
+            Err(_) => {
+                self.counters.socket_errors += 1;
+                if !blocking {
+                    std::thread::sleep(wait.min(FINE_STEP));
+                }
+                return false;
+            }
+        };
+        let now = Instant::now();
+        self.counters.frames_received += 1;
+        let frame = &self.rx[..n];
+        if let Some(w) = self.pcap.as_mut() {
+            let _ = w.frame(frame);
+        }
+        match wire::decode(frame) {
+            Ok(p) => self.core.handle(now, &p),
+            Err(_) => self.counters.frames_bad += 1,
+        }
+        true
+    }
+}
+
+impl Requester for SoftRoce {
+    fn local(&self) -> QpEndpoint {
+        self.local
+    }
+
+    fn connect(&mut self, remote: &QpEndpoint) -> Result<(), String> {
+        let Some(remote_ip) = ipv4_from_gid(&remote.gid) else {
+            return Err(format!("remote GID {:02x?} is not IPv4-mapped (RoCEv2 over IPv4)", remote.gid));
+        };
+        let mtu = remote.mtu.min(self.local.mtu);
+        self.core.connect(remote.qpn, mtu)?;
+        let dst_mac = self.remote_mac.unwrap_or(if remote.mac == [0; 6] { PLACEHOLDER_REMOTE_MAC } else { remote.mac });
+        self.addr = Some(Addr {
+            src_mac: self.local.mac,
+            dst_mac,
+            src_ip: self.local_ip,
+            dst_ip: remote_ip,
+            src_port: self.sport,
+            dst_port: ROCEV2_PORT,
+            tos: 0,
+            ttl: 64,
+        });
+        Ok(())
+    }
+
+    fn post_write(&mut self, wr_id: u64, remote_addr: u64, rkey: u32, data: &[u8]) -> Result<(), String> {
+        let now = Instant::now();
+        self.core.post_write(now, wr_id, remote_addr, rkey, data)?;
+        self.send(now);
+        Ok(())
+    }
+
+    fn post_read(&mut self, wr_id: u64, remote_addr: u64, rkey: u32, len: u32) -> Result<(), String> {
+        let now = Instant::now();
+        self.core.post_read(now, wr_id, remote_addr, rkey, len)?;
+        self.send(now);
+        Ok(())
+    }
+
+    fn poll(&mut self, max_wait: Duration) -> Vec<Completion> {
+        let end = Instant::now() + max_wait;
+        loop {
+            let now = Instant::now();
+            self.core.on_timer(now);
+            self.send(now);
+            if self.core.has_completions() || now >= end {
+                if let Some(w) = self.pcap.as_mut() {
+                    let _ = w.flush();
+                }
+                return self.core.take_completions();
+            }
+            let until = self.core.next_deadline().map_or(end, |d| d.min(end));
+            if until > now {
+                self.receive(until);
+            }
+        }
+    }
+
+    fn read_data(&mut self, wr_id: u64) -> Option<Vec<u8>> {
+        self.core.take_read(wr_id)
+    }
+
+    fn qp_state(&self) -> QpState {
+        self.core.state()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against a tiny fake responder of our own on a thread (not the model): WRITE into its memory, READ
+    //! back, NAKs, silence, a lost packet.
+
+    use super::super::WcStatus;
+    use super::super::rc::psn_add;
+    use super::super::wire::{Aeth, Bth, NakCode, Packet, opcode};
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::thread::JoinHandle;
+
+    const BASE: u64 = 0x10_0000;
+    const RKEY: u32 = 0x1234_5600;
+    const RESP_QPN: u32 = 0x42;
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mode {
+        Normal,
+        /// NAK remote access error to every request.
+        NakAccess,
+        Silent,
+        /// Drops the first packet carrying this PSN (the next one is then ahead: sequence NAK).
+        DropOnce(u32),
+    }
+
+    struct Fake {
+        stop: Arc<AtomicBool>,
+        handle: Option<JoinHandle<Vec<u8>>>,
+        addr: SocketAddr,
+    }
+
+    impl Fake {
+        fn start(mode: Mode, mtu: u32, first_psn: u32) -> Fake {
+            let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+            sock.set_read_timeout(Some(Duration::from_millis(5))).unwrap();
+            let addr = sock.local_addr().unwrap();
+            let stop = Arc::new(AtomicBool::new(false));
+            let s = stop.clone();
+            let handle = std::thread::spawn(move || serve(sock, s, mode, mtu, first_psn));
+            Fake { stop, handle: Some(handle), addr }
+        }
+
+        /// Stops the responder and returns its memory.
+        fn finish(mut self) -> Vec<u8> {
+            self.stop.store(true, Ordering::Relaxed);
+            self.handle.take().unwrap().join().unwrap()
+        }
+    }
+
+    fn serve(sock: UdpSocket, stop: Arc<AtomicBool>, mode: Mode, mtu: u32, mut epsn: u32) -> Vec<u8> {
+        let mut mem: Vec<u8> = (0..64 * 1024u32).map(|i| (i * 7) as u8).collect();
+        let mut buf = vec![0u8; MAX_FRAME];
+        let mut out = Vec::new();
+        let mut dropped = false;
+        let mut nakked = false;
+        let mut write_va = 0u64;
+        let mut msn = 0u32;
+        while !stop.load(Ordering::Relaxed) {
+            let Ok((n, from)) = sock.recv_from(&mut buf) else { continue };
+            let Ok(p) = wire::decode(&buf[..n]) else { panic!("the requester sent a bad frame") };
+            assert_eq!(p.bth.dest_qp, RESP_QPN);
+            if mode == Mode::Silent {
+                continue;
+            }
+            if let Mode::DropOnce(psn) = mode
+                && p.bth.psn == psn
+                && !dropped
+            {
+                dropped = true;
+                continue;
+            }
+            let mut reply = |bth: Bth, aeth: Option<Aeth>, payload: &[u8]| {
+                let r = Packet { addr: p.addr.reply(), bth, reth: None, aeth, imm: None, payload };
+                wire::encode(&r, &mut out).unwrap();
+                sock.send_to(&out, from).unwrap();
+            };
+            let to = 0x10000 | from.port() as u32; // the requester's default QPN
+            let d = super::super::rc::psn_diff(p.bth.psn, epsn);
+            if d > 0 {
+                if !nakked {
+                    nakked = true;
+                    reply(Bth::new(opcode::ACKNOWLEDGE, to, epsn), Some(Aeth::nak(NakCode::PsnSequence, msn)), &[]);
+                }
+                continue;
+            }
+            if d < 0 {
+                continue; // duplicates do not occur in these tests
+            }
+            nakked = false;
+            if mode == Mode::NakAccess {
+                reply(Bth::new(opcode::ACKNOWLEDGE, to, p.bth.psn), Some(Aeth::nak(NakCode::RemoteAccess, msn)), &[]);
+                continue;
+            }
+            match p.bth.opcode {
+                opcode::RDMA_WRITE_FIRST
+                | opcode::RDMA_WRITE_MIDDLE
+                | opcode::RDMA_WRITE_LAST
+                | opcode::RDMA_WRITE_ONLY => {
+                    if let Some(r) = p.reth {
+                        assert_eq!(r.rkey, RKEY);
+                        write_va = r.va;
+                    }
+                    let at = (write_va - BASE) as usize;
+                    mem[at..at + p.payload.len()].copy_from_slice(p.payload);
+                    write_va += p.payload.len() as u64;
+                    epsn = psn_add(epsn, 1);
+                    if matches!(p.bth.opcode, opcode::RDMA_WRITE_LAST | opcode::RDMA_WRITE_ONLY) {
+                        msn += 1;
+                    }
+                    if p.bth.ack_req {
+                        reply(Bth::new(opcode::ACKNOWLEDGE, to, p.bth.psn), Some(Aeth::ack(msn)), &[]);
+                    }
+                }
+                opcode::RDMA_READ_REQUEST => {
+                    let r = p.reth.unwrap();
+                    msn += 1;
+                    let at = (r.va - BASE) as usize;
+                    let data = &mem[at..at + r.len as usize];
+                    let chunks: Vec<&[u8]> =
+                        if data.is_empty() { vec![data] } else { data.chunks(mtu as usize).collect() };
+                    let n = chunks.len();
+                    for (i, c) in chunks.into_iter().enumerate() {
+                        let op = match (i == 0, i + 1 == n) {
+                            (true, true) => opcode::RDMA_READ_RESPONSE_ONLY,
+                            (true, false) => opcode::RDMA_READ_RESPONSE_FIRST,
+                            (false, true) => opcode::RDMA_READ_RESPONSE_LAST,
+                            (false, false) => opcode::RDMA_READ_RESPONSE_MIDDLE,
+                        };
+                        let aeth = (op != opcode::RDMA_READ_RESPONSE_MIDDLE).then(|| Aeth::ack(msn));
+                        reply(Bth::new(op, to, psn_add(p.bth.psn, i as u32)), aeth, c);
+                    }
+                    epsn = psn_add(epsn, n as u32);
+                }
+                o => panic!("unexpected opcode {o:#x}"),
+            }
+        }
+        mem
+    }
+
+    fn requester(fake: &Fake, mtu: u32, psn: u32, rc: RcConfig) -> SoftRoce {
+        let cfg = SoftConfig { peer: fake.addr, mtu, psn: Some(psn), rc, ..SoftConfig::default() };
+        let mut r = SoftRoce::new(cfg).unwrap();
+        let remote = QpEndpoint {
+            qpn: RESP_QPN,
+            psn: 0,
+            gid: gid_from_ipv4(Ipv4Addr::new(192, 0, 2, 9)),
+            mac: [0; 6],
+            mtu: 4096,
+        };
+        r.connect(&remote).unwrap();
+        r
+    }
+
+    fn wait_all(r: &mut SoftRoce, n: usize, budget: Duration) -> Vec<Completion> {
+        let end = Instant::now() + budget;
+        let mut all = Vec::new();
+        while all.len() < n && Instant::now() < end {
+            all.extend(r.poll(Duration::from_millis(20)));
+        }
+        all
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    }
+
+    #[test]
+    fn a_multi_packet_write_is_acked_and_lands() {
+        let fake = Fake::start(Mode::Normal, 1024, 100);
+        let mut r = requester(&fake, 1024, 100, RcConfig::default());
+        let data = pattern(3000, 1);
+        r.post_write(7, BASE + 16, RKEY, &data).unwrap();
+        let c = wait_all(&mut r, 1, Duration::from_secs(2));
+        assert_eq!(c.len(), 1);
+        assert_eq!((c[0].wr_id, c[0].status, c[0].byte_len), (7, WcStatus::Success, 3000));
+        assert_eq!(r.stats().packets_sent, 3);
+        assert_eq!(r.counters().frames_bad, 0);
+        let mem = fake.finish();
+        assert_eq!(&mem[16..3016], &data[..]);
+    }
+
+    #[test]
+    fn a_remote_access_nak_fails_the_write_and_flushes_what_follows() {
+        let fake = Fake::start(Mode::NakAccess, 1024, 5);
+        let mut r = requester(&fake, 1024, 5, RcConfig::default());
+        let t0 = Instant::now();
+        r.post_write(1, BASE, RKEY, &[1; 64]).unwrap();
+        r.post_write(2, BASE, RKEY, &[2; 64]).unwrap();
+        let c = wait_all(&mut r, 2, Duration::from_secs(2));
+        let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(got, [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]);
+        assert_eq!(c[0].status.name(), "IBV_WC_REM_ACCESS_ERR");
+        assert!(c[0].at.duration_since(t0) < Duration::from_millis(500));
+        assert_eq!(r.qp_state(), QpState::Err);
+        r.post_read(3, BASE, RKEY, 8).unwrap();
+        let c = r.poll(Duration::ZERO);
+        assert_eq!(c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), [(3, WcStatus::WrFlushErr)]);
+        fake.finish();
+    }
+
+    #[test]
+    fn silence_exhausts_the_retries() {
+        let fake = Fake::start(Mode::Silent, 1024, 0);
+        // timeout 8: 4.096 µs × 256 ≈ 1.05 ms per attempt; 1 + 3 attempts.
+        let rc = RcConfig { timeout: 8, retry_cnt: 3, ..RcConfig::default() };
+        let mut r = requester(&fake, 1024, 0, rc);
+        let t0 = Instant::now();
+        r.post_write(1, BASE, RKEY, &[0; 10]).unwrap();
+        r.post_write(2, BASE, RKEY, &[0; 10]).unwrap();
+        let c = wait_all(&mut r, 2, Duration::from_secs(2));
+        let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(got, [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]);
+        let took = c[0].at.duration_since(t0);
+        assert!(took >= Duration::from_micros(4 * 1048), "{took:?}");
+        assert!(took < Duration::from_millis(200), "{took:?}");
+        assert_eq!(r.stats().timeouts, 4);
+        assert_eq!(r.stats().packets_sent, 8, "two packets, sent 4 times");
+        fake.finish();
+    }
+
+    #[test]
+    fn read_responses_are_reassembled_across_mtu_segments() {
+        let fake = Fake::start(Mode::Normal, 256, 0x1000);
+        let mut r = requester(&fake, 256, 0x1000, RcConfig::default());
+        r.post_read(1, BASE + 3, RKEY, 1000).unwrap(); // 4 responses: FIRST, MIDDLE, MIDDLE, LAST
+        r.post_read(2, BASE + 40, RKEY, 200).unwrap(); // ONLY
+        r.post_read(3, BASE, RKEY, 0).unwrap(); // zero length: ONLY, no data
+        let c = wait_all(&mut r, 3, Duration::from_secs(2));
+        let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.status, c.byte_len)).collect();
+        assert_eq!(got, [(1, WcStatus::Success, 1000), (2, WcStatus::Success, 200), (3, WcStatus::Success, 0)]);
+        let mem = fake.finish();
+        assert_eq!(r.read_data(1).unwrap(), &mem[3..1003]);
+        assert_eq!(r.read_data(2).unwrap(), &mem[40..240]);
+        assert_eq!(r.read_data(3).unwrap(), Vec::<u8>::new());
+        assert_eq!(r.read_data(1), None);
+    }
+
+    #[test]
+    fn psns_wrap_modulo_2_pow_24() {
+        let start = 0xFF_FFFC;
+        let fake = Fake::start(Mode::Normal, 256, start);
+        let mut r = requester(&fake, 256, start, RcConfig::default());
+        let a = pattern(1000, 3); // PSN FFFFFC..=FFFFFF
+        r.post_write(1, BASE, RKEY, &a).unwrap();
+        r.post_read(2, BASE + 100, RKEY, 700).unwrap(); // PSN 0..=2
+        r.post_write(3, BASE + 2000, RKEY, &a[..300]).unwrap(); // PSN 3..=4
+        let c = wait_all(&mut r, 3, Duration::from_secs(2));
+        assert_eq!(
+            c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+            [(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)]
+        );
+        assert_eq!(r.read_data(2).unwrap(), &a[100..800]);
+        let mem = fake.finish();
+        assert_eq!(&mem[2000..2300], &a[..300]);
+    }
+
+    #[test]
+    fn a_lost_packet_is_resent_after_the_sequence_nak() {
+        let fake = Fake::start(Mode::DropOnce(11), 256, 10);
+        let mut r = requester(&fake, 256, 10, RcConfig::default());
+        let a = pattern(1024, 9);
+        r.post_write(1, BASE, RKEY, &a).unwrap(); // PSN 10..=13, 11 lost
+        let c = wait_all(&mut r, 1, Duration::from_secs(2));
+        assert_eq!(c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), [(1, WcStatus::Success)]);
+        assert_eq!(r.stats().naks, 1);
+        assert_eq!(r.stats().timeouts, 0, "no timer expiry needed: {:?}", r.stats());
+        let mem = fake.finish();
+        assert_eq!(&mem[..1024], &a[..]);
+    }
+}
