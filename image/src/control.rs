@@ -7,9 +7,10 @@ use alloc::boxed::Box;
 use alloc::vec::Vec;
 use leasebox_kernel::arch::rng;
 use leasebox_kernel::arch::start::Platform;
-use leasebox_proto::{FencedSlot, Health, Reply, Request};
+use leasebox_proto::{FencedSlot, Health, Request};
 use leasebox_session::{
-    Backend, CloseReason, Entropy, EntropyError, Keyring, Limits, NoLeases, Principal, Server, StartError,
+    Answer, Backend, CloseReason, Entropy, EntropyError, Keyring, Limits, NoLeases, Principal, Server, StartError,
+    Ticket,
 };
 
 /// Nonces from the CPU; no predictable fallback exists.
@@ -27,8 +28,8 @@ struct ApplianceBackend {
 }
 
 impl Backend for ApplianceBackend {
-    fn lease_op(&mut self, who: &Principal, req: &Request, now_ms: u64) -> Reply {
-        self.inner.lease_op(who, req, now_ms)
+    fn lease_op(&mut self, who: &Principal, req: &Request, ticket: Ticket, now_ms: u64) -> Answer {
+        self.inner.lease_op(who, req, ticket, now_ms)
     }
     fn fenced(&mut self, who: &Principal) -> Vec<FencedSlot> {
         self.inner.fenced(who)

@@ -17,7 +17,8 @@ Talks to a Leasebox appliance over its control protocol (v1, TCP port 7470).
 
 commands:
   ping                          HELLO, then one HEARTBEAT round trip: prints the RTT and the server's uptime
-  stats                         sessions, frames, errors by code, per-core role loop counts
+  stats                         sessions, frames, errors by code, per-core role loop counts; leases by
+                                state, bytes, lifetime counts, ALLOC and REVOKE latency (p50, p99)
   health                        overall and HCA health
   alloc --size BYTES --qpn N --psn N --gid HEX32 [--access r,w,a] [--mtu 1024] [--ttl-ms N] [--mac aa:bb:..]
                                 ask for a lease (size accepts K, M, G suffixes; access default r,w;

@@ -5,7 +5,8 @@ use crate::args::lease_str;
 use crate::client::{ClientError, Welcome};
 use crate::hex;
 use leasebox_proto::{
-    AllocResp, ErrorCode, FencedSlot, Health, LeaseInfo, Outcome, Response, Stats, access, mtu_bytes,
+    AllocResp, ErrorCode, FencedSlot, Health, Histogram, LeaseInfo, LeaseState, LeaseStats, Outcome, Response, Stats,
+    access, mtu_bytes,
 };
 use serde_json::{Value, json};
 use std::fmt::Write as _;
@@ -127,6 +128,46 @@ fn alloc_json(a: &AllocResp) -> Value {
     })
 }
 
+/// A percentile as the upper bound of its bucket: `< N us`, or `>= 32768 us` past the last bound.
+fn percentile_str(h: &Histogram, p: f64) -> String {
+    match h.percentile(p) {
+        None => "-".into(),
+        Some(u64::MAX) => format!(">= {} us", Histogram::upper_bound(Histogram::BUCKETS - 2)),
+        Some(b) => format!("< {b} us"),
+    }
+}
+
+/// The upper bound of the percentile's bucket; `null` when nothing was recorded or past the last bound.
+fn percentile_json(h: &Histogram, p: f64) -> Value {
+    h.percentile(p).filter(|b| *b != u64::MAX).map_or(Value::Null, Value::from)
+}
+
+fn histogram_json(h: &Histogram) -> Value {
+    json!({
+        "count": h.count(),
+        "p50_us": percentile_json(h, 50.0),
+        "p99_us": percentile_json(h, 99.0),
+        "buckets": h.buckets,
+    })
+}
+
+fn lease_stats_json(l: &LeaseStats) -> Value {
+    let by_state: serde_json::Map<String, Value> =
+        LeaseState::ALL.iter().map(|st| (st.name().to_string(), json!(l.by_state[*st as usize]))).collect();
+    json!({
+        "by_state": by_state,
+        "bytes_leased": l.bytes_leased,
+        "bytes_free": l.bytes_free,
+        "fenced_slots": l.fenced_slots,
+        "allocs": l.allocs,
+        "revokes": l.revokes,
+        "expiries": l.expiries,
+        "reconnects": l.reconnects,
+        "alloc_us": histogram_json(&l.alloc_us),
+        "revoke_us": histogram_json(&l.revoke_us),
+    })
+}
+
 fn stats_json(s: &Stats) -> Value {
     let errors: serde_json::Map<String, Value> = s.errors.iter().map(|(c, n)| (error_name(*c), json!(n))).collect();
     let roles: Vec<Value> = s
@@ -144,6 +185,7 @@ fn stats_json(s: &Stats) -> Value {
         "frames_out": s.frames_out,
         "errors": errors,
         "roles": roles,
+        "leases": lease_stats_json(&s.leases),
     })
 }
 
@@ -270,6 +312,29 @@ pub fn response_human(r: &Response, lease: Option<String>) -> String {
             for (core, role, n) in &st.roles {
                 let _ = writeln!(s, "core {core:<5} {:<6} {n} iterations", role_name(*role));
             }
+            let l = &st.leases;
+            let states: Vec<String> =
+                LeaseState::ALL.iter().map(|x| format!("{} {}", l.by_state[*x as usize], x.name())).collect();
+            let _ = writeln!(s, "leases     {}", states.join(", "));
+            let _ = writeln!(
+                s,
+                "memory     {} bytes leased, {} bytes free, {} fenced slots",
+                l.bytes_leased, l.bytes_free, l.fenced_slots
+            );
+            let _ = writeln!(
+                s,
+                "lifetime   {} allocs, {} revokes, {} expiries, {} reconnects",
+                l.allocs, l.revokes, l.expiries, l.reconnects
+            );
+            for (name, h) in [("alloc", &l.alloc_us), ("revoke", &l.revoke_us)] {
+                let _ = writeln!(
+                    s,
+                    "{name:<10} p50 {}, p99 {} ({} timed)",
+                    percentile_str(h, 50.0),
+                    percentile_str(h, 99.0),
+                    h.count()
+                );
+            }
         }
         Response::FencedSummary { slots } => {
             if slots.is_empty() {
@@ -346,7 +411,7 @@ mod tests {
 
     #[test]
     fn json_has_every_field() {
-        let s = Stats {
+        let mut s = Stats {
             uptime_ms: 1500,
             sessions_current: 1,
             session_budget: 16,
@@ -356,13 +421,41 @@ mod tests {
             frames_out: 6,
             errors: vec![(4, 2), (99, 1)],
             roles: vec![(0, 0, 10), (1, 7, 3)],
+            leases: LeaseStats {
+                by_state: [1, 2, 0, 0, 3],
+                bytes_leased: 4096,
+                bytes_free: 8192,
+                fenced_slots: 3,
+                allocs: 10,
+                revokes: 4,
+                expiries: 2,
+                reconnects: 1,
+                ..LeaseStats::default()
+            },
         };
-        let v = response_json(&Response::Stats(s.clone()), None);
+        for us in [5, 6, 7, 900] {
+            s.leases.alloc_us.record(us);
+        }
+        s.leases.revoke_us.record(1 << 20);
+        let v = response_json(&Response::Stats(Box::new(s.clone())), None);
         assert_eq!(v["errors"], json!({"MALFORMED": 2, "code99": 1}));
         assert_eq!(v["roles"][1], json!({"core": 1, "role": "role7", "iterations": 3}));
-        assert_eq!(v.as_object().unwrap().len(), 9);
-        let h = response_human(&Response::Stats(s), None);
+        assert_eq!(v.as_object().unwrap().len(), 10);
+        let l = &v["leases"];
+        assert_eq!(l.as_object().unwrap().len(), 10);
+        assert_eq!(l["by_state"], json!({"Granted": 1, "Active": 2, "Fencing": 0, "PendingDestroy": 0, "Fenced": 3}));
+        assert_eq!((&l["bytes_free"], &l["reconnects"]), (&json!(8192), &json!(1)));
+        assert_eq!(l["alloc_us"]["count"], 4);
+        assert_eq!((&l["alloc_us"]["p50_us"], &l["alloc_us"]["p99_us"]), (&json!(8), &json!(1024)));
+        assert_eq!(l["alloc_us"]["buckets"][2], 3);
+        assert_eq!((&l["revoke_us"]["p50_us"], &l["revoke_us"]["count"]), (&Value::Null, &json!(1)));
+        let h = response_human(&Response::Stats(Box::new(s)), None);
         assert!(h.contains("uptime     1.500 s") && h.contains("MALFORMED 2") && h.contains("core 0     net"));
+        assert!(h.contains("leases     1 Granted, 2 Active, 0 Fencing, 0 PendingDestroy, 3 Fenced"), "{h}");
+        assert!(h.contains("memory     4096 bytes leased, 8192 bytes free, 3 fenced slots"), "{h}");
+        assert!(h.contains("lifetime   10 allocs, 4 revokes, 2 expiries, 1 reconnects"), "{h}");
+        assert!(h.contains("alloc      p50 < 8 us, p99 < 1024 us (4 timed)"), "{h}");
+        assert!(h.contains("revoke     p50 >= 32768 us, p99 >= 32768 us (1 timed)"), "{h}");
 
         let l = LeaseInfo {
             lease: LeaseId { slot: 3, generation: 17 },

@@ -4,6 +4,7 @@
 
 use crate::codec::{DecodeError, Reader, Writer};
 use crate::frame::{Kind, frame};
+use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
 
@@ -264,6 +265,137 @@ pub struct Stats {
     pub errors: Vec<(u16, u64)>,
     /// (core, role, iterations) of each role loop.
     pub roles: Vec<(u16, u8, u64)>,
+    /// The lease service's figures (all zero until it runs).
+    pub leases: LeaseStats,
+}
+
+/// The lease service's part of STATS: a fixed-size tail of [`LeaseStats::WIRE_LEN`] bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct LeaseStats {
+    /// Leases in each state, indexed by `LeaseState as u8` (Granted, Active, Fencing, PendingDestroy, Fenced).
+    pub by_state: [u32; 5],
+    pub bytes_leased: u64,
+    pub bytes_free: u64,
+    pub fenced_slots: u32,
+    /// Granted since start.
+    pub allocs: u64,
+    /// REVOKE requests completed (torn down or fenced) since start.
+    pub revokes: u64,
+    /// Leases whose TTL ran out since start.
+    pub expiries: u64,
+    /// Sessions that resumed leases left by an earlier session of the same tenant.
+    pub reconnects: u64,
+    /// ALLOC latency, request to answer, in microseconds.
+    pub alloc_us: Histogram,
+    /// REVOKE latency, request to answer, in microseconds.
+    pub revoke_us: Histogram,
+}
+
+impl LeaseStats {
+    /// Bytes on the wire: 5×4 + 8 + 8 + 4 + 4×8 + 2 × 16×4.
+    pub const WIRE_LEN: usize = 200;
+
+    fn put(&self, w: &mut Writer<'_>) {
+        for n in self.by_state {
+            w.u32(n);
+        }
+        w.u64(self.bytes_leased).u64(self.bytes_free).u32(self.fenced_slots);
+        w.u64(self.allocs).u64(self.revokes).u64(self.expiries).u64(self.reconnects);
+        self.alloc_us.put(w);
+        self.revoke_us.put(w);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let mut by_state = [0u32; 5];
+        for n in &mut by_state {
+            *n = r.u32("stats.leases_by_state")?;
+        }
+        Ok(LeaseStats {
+            by_state,
+            bytes_leased: r.u64("stats.bytes_leased")?,
+            bytes_free: r.u64("stats.bytes_free")?,
+            fenced_slots: r.u32("stats.fenced_slots")?,
+            allocs: r.u64("stats.allocs")?,
+            revokes: r.u64("stats.revokes")?,
+            expiries: r.u64("stats.expiries")?,
+            reconnects: r.u64("stats.reconnects")?,
+            alloc_us: Histogram::get(r, "stats.alloc_us")?,
+            revoke_us: Histogram::get(r, "stats.revoke_us")?,
+        })
+    }
+}
+
+/// A latency histogram in microseconds with power-of-two buckets: bucket `i` (`i < 15`) counts values `v` with
+/// `2^i ≤ v < 2^(i+1)`, bucket 0 also counts 0 and 1, and bucket 15 counts every `v ≥ 2^15` (32.768 ms).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Histogram {
+    pub buckets: [u32; 16],
+}
+
+impl Histogram {
+    pub const BUCKETS: usize = 16;
+
+    /// The bucket `us` falls in.
+    pub fn bucket(us: u64) -> usize {
+        if us < 2 { 0 } else { (63 - us.leading_zeros() as usize).min(Self::BUCKETS - 1) }
+    }
+
+    /// The exclusive upper bound of bucket `i` in microseconds (`2^(i+1)`); `u64::MAX` for the last bucket,
+    /// which has none.
+    pub fn upper_bound(i: usize) -> u64 {
+        if i + 1 >= Self::BUCKETS { u64::MAX } else { 1u64 << (i + 1) }
+    }
+
+    /// Counts one value (a full bucket stays full rather than wrapping).
+    pub fn record(&mut self, us: u64) {
+        let b = &mut self.buckets[Self::bucket(us)];
+        *b = b.saturating_add(1);
+    }
+
+    /// Values recorded.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|n| u64::from(*n)).sum()
+    }
+
+    /// The `p`-th percentile (`p` in percent, 0 to 100) as the upper bound of the bucket holding it (see
+    /// [`Histogram::upper_bound`]): at least `p` % of the values are below it. `None` when nothing was
+    /// recorded.
+    pub fn percentile(&self, p: f64) -> Option<u64> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        // The rank of the value, 1-based: ceil(p% of total), at least 1 (no `f64::ceil` in core).
+        let p = if p.is_nan() { 0.0 } else { p.clamp(0.0, 100.0) };
+        let exact = p / 100.0 * total as f64;
+        let mut rank = exact as u64;
+        if (rank as f64) < exact {
+            rank += 1;
+        }
+        let rank = rank.clamp(1, total);
+        let mut seen = 0u64;
+        for (i, n) in self.buckets.iter().enumerate() {
+            seen += u64::from(*n);
+            if seen >= rank {
+                return Some(Self::upper_bound(i));
+            }
+        }
+        None
+    }
+
+    fn put(&self, w: &mut Writer<'_>) {
+        for n in self.buckets {
+            w.u32(n);
+        }
+    }
+
+    fn get(r: &mut Reader<'_>, field: &'static str) -> Result<Self, DecodeError> {
+        let mut h = Histogram::default();
+        for n in &mut h.buckets {
+            *n = r.u32(field)?;
+        }
+        Ok(h)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -297,17 +429,36 @@ pub enum Request {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Response {
     Hello(HelloReply),
-    Heartbeat { echo: u64, uptime_ms: u64 },
+    Heartbeat {
+        echo: u64,
+        uptime_ms: u64,
+    },
     Bye,
     Alloc(AllocResp),
-    Ready { state: LeaseState },
-    Renew { ttl_ms: u32 },
-    Free { outcome: Outcome, elapsed_us: u32 },
+    Ready {
+        state: LeaseState,
+    },
+    Renew {
+        ttl_ms: u32,
+    },
+    Free {
+        outcome: Outcome,
+        elapsed_us: u32,
+    },
     Query(LeaseInfo),
-    List { next_cursor: u32, leases: Vec<LeaseInfo> },
-    Revoke { outcome: Outcome, elapsed_us: u32 },
-    Stats(Stats),
-    FencedSummary { slots: Vec<FencedSlot> },
+    List {
+        next_cursor: u32,
+        leases: Vec<LeaseInfo>,
+    },
+    Revoke {
+        outcome: Outcome,
+        elapsed_us: u32,
+    },
+    /// Boxed: STATS is rare and large; every other answer stays small as it moves through queues.
+    Stats(Box<Stats>),
+    FencedSummary {
+        slots: Vec<FencedSlot>,
+    },
     Health(Health),
 }
 
@@ -554,6 +705,7 @@ impl Response {
                 for (core, role, n) in &s.roles {
                     w.u16(*core).u8(*role).u64(*n);
                 }
+                s.leases.put(&mut w);
             }
             Response::FencedSummary { slots } => {
                 w.u16(slots.len() as u16);
@@ -667,7 +819,8 @@ impl Response {
                 for _ in 0..count(&mut r, "stats.role_count", 1024)? {
                     s.roles.push((r.u16("stats.core")?, r.u8("stats.role")?, r.u64("stats.iterations")?));
                 }
-                Response::Stats(s)
+                s.leases = LeaseStats::get(&mut r)?;
+                Response::Stats(Box::new(s))
             }
             Op::FencedSummary => {
                 let n = count(&mut r, "fenced.count", MAX_PAGE)?;

@@ -9,8 +9,8 @@ mod decode_check;
 use decode_check::{Counts, check};
 use leasebox_proto::{
     AllocReq, AllocResp, ErrorBody, ErrorCode, FencedSlot, HcaState, Health, HealthStatus, Hello, HelloInit,
-    HelloReply, Kind, LeaseId, LeaseInfo, LeaseState, MAX_MESSAGE, MAX_NAME, MAX_PAYLOAD, Op, Outcome, Request,
-    Response, Role, Stats, frame,
+    HelloReply, Histogram, Kind, LeaseId, LeaseInfo, LeaseState, LeaseStats, MAX_MESSAGE, MAX_NAME, MAX_PAYLOAD, Op,
+    Outcome, Request, Response, Role, Stats, frame,
 };
 
 const INPUTS: usize = 120_000;
@@ -168,7 +168,7 @@ fn response(r: &mut Rng) -> (Op, Response) {
         Op::Revoke => Response::Revoke { outcome: r.pick(Outcome::ALL), elapsed_us: r.u32() },
         Op::Stats => {
             let (e, k) = (r.below(5), r.below(5));
-            Response::Stats(Stats {
+            Response::Stats(Box::new(Stats {
                 uptime_ms: r.u64(),
                 sessions_current: r.u32(),
                 session_budget: r.u32(),
@@ -178,7 +178,19 @@ fn response(r: &mut Rng) -> (Op, Response) {
                 frames_out: r.u64(),
                 errors: (0..e).map(|_| (r.u16(), r.u64())).collect(),
                 roles: (0..k).map(|_| (r.u16(), r.u8(), r.u64())).collect(),
-            })
+                leases: LeaseStats {
+                    by_state: [r.u32(), r.u32(), r.u32(), r.u32(), r.u32()],
+                    bytes_leased: r.u64(),
+                    bytes_free: r.u64(),
+                    fenced_slots: r.u32(),
+                    allocs: r.u64(),
+                    revokes: r.u64(),
+                    expiries: r.u64(),
+                    reconnects: r.u64(),
+                    alloc_us: Histogram { buckets: core::array::from_fn(|_| r.u32()) },
+                    revoke_us: Histogram { buckets: core::array::from_fn(|_| r.u32()) },
+                },
+            }))
         }
         Op::FencedSummary => {
             let n = r.below(4);

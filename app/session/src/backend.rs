@@ -1,8 +1,11 @@
 //! What sessions hand on: lease operations, diagnostics, and the news that a session is gone.
 
+use crate::server::ConnId;
 use alloc::string::String;
 use alloc::vec::Vec;
-use leasebox_proto::{ErrorBody, ErrorCode, FencedSlot, HcaState, Health, HealthStatus, Reply, Request, Role};
+use leasebox_proto::{
+    ErrorBody, ErrorCode, FencedSlot, HcaState, Health, HealthStatus, LeaseStats, Op, Reply, Request, Role,
+};
 
 /// Who sent a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,10 +28,51 @@ pub enum CloseReason {
     ProtocolError,
 }
 
+/// Names one accepted lease request so its answer can be delivered later: the connection and session it came
+/// on, its request id and operation. An answer whose ticket no longer matches an open session is dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    pub conn: ConnId,
+    pub session_id: u64,
+    pub request_id: u32,
+    pub op: Op,
+}
+
+/// What the backend makes of a lease request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Answered at once.
+    Now(Reply),
+    /// The answer comes later through [`Backend::take_answers`], with this request's [`Ticket`]; the request
+    /// holds its credit until then.
+    Later,
+}
+
 /// The lease service, as sessions see it.
 pub trait Backend {
-    /// A lease operation (ALLOC, READY, RENEW, FREE, QUERY, LIST, REVOKE) from an authenticated principal.
-    fn lease_op(&mut self, who: &Principal, req: &Request, now_ms: u64) -> Reply;
+    /// A lease operation (ALLOC, READY, RENEW, FREE, QUERY, LIST, REVOKE) from an authenticated principal. An
+    /// operation that waits on the HCA answers [`Answer::Later`] and keeps `ticket` for its answer.
+    fn lease_op(&mut self, who: &Principal, req: &Request, ticket: Ticket, now_ms: u64) -> Answer;
+    /// Appends the answers finished since the last call (in any order; request ids tell them apart).
+    fn take_answers(&mut self, out: &mut Vec<(Ticket, Reply)>) {
+        let _ = out;
+    }
+    /// A session has just authenticated (HELLO done): a tenant reconnecting may resume its leases.
+    fn session_started(&mut self, who: &Principal, now_ms: u64) {
+        let _ = (who, now_ms);
+    }
+    /// A HEARTBEAT arrived from an authenticated session (the lease service renews TTLs on it).
+    fn session_alive(&mut self, who: &Principal, now_ms: u64) {
+        let _ = (who, now_ms);
+    }
+    /// Timers: called at the start of every [`crate::Server::tick`].
+    fn tick(&mut self, now_ms: u64) {
+        let _ = now_ms;
+    }
+    /// The lease part of STATS.
+    fn lease_stats(&mut self) -> LeaseStats {
+        LeaseStats::default()
+    }
     /// FENCED_SUMMARY.
     fn fenced(&mut self, who: &Principal) -> Vec<FencedSlot>;
     /// HEALTH (uptime is filled in by the server).
@@ -51,11 +95,11 @@ pub struct NoLeases {
 }
 
 impl Backend for NoLeases {
-    fn lease_op(&mut self, _who: &Principal, req: &Request, _now_ms: u64) -> Reply {
-        Err(ErrorBody::new(
+    fn lease_op(&mut self, _who: &Principal, req: &Request, _ticket: Ticket, _now_ms: u64) -> Answer {
+        Answer::Now(Err(ErrorBody::new(
             ErrorCode::NotImplemented,
             &alloc::format!("{} is specified but the lease service is not built yet", req.op().name()),
-        ))
+        )))
     }
     fn fenced(&mut self, _who: &Principal) -> Vec<FencedSlot> {
         Vec::new()

@@ -13,7 +13,7 @@ mod backend;
 mod keyring;
 mod server;
 
-pub use backend::{Backend, CloseReason, NoLeases, Principal};
+pub use backend::{Answer, Backend, CloseReason, NoLeases, Principal, Ticket};
 pub use keyring::{KeyError, Keyring, parse_hex};
 pub use server::{ConnId, Entropy, EntropyError, Limits, Server, StartError};
 

@@ -1,14 +1,15 @@
 //! The session table and the per-connection protocol machine.
 
-use crate::backend::{Backend, CloseReason, Principal};
+use crate::backend::{Answer, Backend, CloseReason, Principal, Ticket};
 use crate::keyring::Keyring;
+use alloc::boxed::Box;
 use alloc::collections::VecDeque;
 use alloc::string::String;
 use alloc::vec::Vec;
 use hmac::{Hmac, Mac};
 use leasebox_proto::{
-    CLIENT_NONCE_LEN, DecodeError, ErrorBody, ErrorCode, FrameBuf, Header, Hello, HelloReply, Kind, Next, Op, Request,
-    Response, SERVER_NONCE_LEN, Stats, hello_transcript,
+    CLIENT_NONCE_LEN, DecodeError, ErrorBody, ErrorCode, FrameBuf, Header, Hello, HelloReply, Kind, Next, Op, Reply,
+    Request, Response, SERVER_NONCE_LEN, Stats, hello_transcript,
 };
 use sha2::Sha256;
 
@@ -93,6 +94,8 @@ struct Conn {
     /// Stream offsets (bytes queued so far) at which each answered request's response ends: a request counts
     /// against the credits until the transport has taken its whole answer.
     answer_ends: VecDeque<u64>,
+    /// Requests the backend answers later ([`Answer::Later`]): they hold credits until their answer is taken.
+    deferred: usize,
     queued: u64,
     taken: u64,
     opened_ms: u64,
@@ -102,7 +105,14 @@ struct Conn {
 
 impl Conn {
     fn outstanding(&self) -> usize {
-        self.answer_ends.len()
+        self.answer_ends.len() + self.deferred
+    }
+
+    /// Whether a deferred answer with this ticket may still be delivered here.
+    fn awaits(&self, t: &Ticket) -> bool {
+        !self.close
+            && self.deferred > 0
+            && matches!(&self.state, State::Authenticated(p) if p.session_id == t.session_id)
     }
 }
 
@@ -118,6 +128,10 @@ pub struct Server<B: Backend, E: Entropy> {
     start_ms: u64,
     stats: Stats,
     errors: [u64; 32],
+    /// Deferred answers whose session had ended (or that matched no deferred request).
+    answers_dropped: u64,
+    /// Scratch for [`Backend::take_answers`], kept to avoid an allocation per call.
+    answers: Vec<(Ticket, Reply)>,
 }
 
 fn error_frame(code: ErrorCode, op: u16, request_id: u32, message: &str, detail: [u32; 3]) -> Vec<u8> {
@@ -146,6 +160,8 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             start_ms: now_ms,
             stats,
             errors: [0; 32],
+            answers_dropped: 0,
+            answers: Vec::new(),
         })
     }
 
@@ -159,14 +175,20 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         self.limits
     }
 
-    /// A snapshot of the counters (STATS).
-    pub fn stats(&self, now_ms: u64) -> Stats {
+    /// A snapshot of the counters (STATS), the lease service's included.
+    pub fn stats(&mut self, now_ms: u64) -> Stats {
         let mut s = self.stats.clone();
         s.uptime_ms = now_ms.saturating_sub(self.start_ms);
         s.sessions_current = self.conns.len() as u32;
         s.errors = (0..self.errors.len()).filter(|c| self.errors[*c] > 0).map(|c| (c as u16, self.errors[c])).collect();
         s.roles = self.backend.role_counts();
+        s.leases = self.backend.lease_stats();
         s
+    }
+
+    /// Deferred answers dropped because their session had ended before they came.
+    pub fn answers_dropped(&self) -> u64 {
+        self.answers_dropped
     }
 
     fn idx(&self, id: ConnId) -> Option<usize> {
@@ -193,6 +215,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             frames: FrameBuf::new(),
             out: VecDeque::new(),
             answer_ends: VecDeque::new(),
+            deferred: 0,
             queued: 0,
             taken: 0,
             opened_ms: now_ms,
@@ -235,8 +258,13 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         c.answer_ends.push_back(c.queued);
     }
 
-    /// Bytes received on `id`.
+    /// Bytes received on `id`; then delivers the answers the backend has finished.
     pub fn input(&mut self, id: ConnId, data: &[u8], now_ms: u64) {
+        self.receive(id, data, now_ms);
+        self.deliver(now_ms);
+    }
+
+    fn receive(&mut self, id: ConnId, data: &[u8], now_ms: u64) {
         let Some(i) = self.idx(id) else { return };
         if self.conns[i].close {
             return;
@@ -266,6 +294,26 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 self.close(i, CloseReason::ProtocolError, now_ms);
             }
         }
+    }
+
+    /// Queues the answers the backend has finished ([`Backend::take_answers`]) on their connections. An answer
+    /// whose session has ended (closed, or its connection gone) is dropped; the request ids tell the client
+    /// which request each answers, whatever the order.
+    pub fn deliver(&mut self, now_ms: u64) {
+        let mut answers = core::mem::take(&mut self.answers);
+        self.backend.take_answers(&mut answers);
+        for (t, reply) in answers.drain(..) {
+            let Some(i) = self.idx(t.conn).filter(|i| self.conns[*i].awaits(&t)) else {
+                self.answers_dropped += 1;
+                continue;
+            };
+            self.conns[i].deferred -= 1;
+            self.send_answer(i, t.op, t.request_id, reply);
+            if self.conns[i].out.len() > MAX_PENDING_OUTPUT {
+                self.close(i, CloseReason::ProtocolError, now_ms);
+            }
+        }
+        self.answers = answers;
     }
 
     fn close(&mut self, i: usize, reason: CloseReason, now_ms: u64) {
@@ -298,6 +346,11 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             self.send_error(i, ErrorCode::UnknownOp, h.op, h.request_id, &msg, [u32::from(h.op), 0, 0]);
             return self.close_unless(authenticated, i, now_ms);
         };
+        if let (Op::Heartbeat, State::Authenticated(who)) = (op, &self.conns[i].state) {
+            // Even a HEARTBEAT refused for credits shows the tenant is alive: its leases must not expire while
+            // its credits are held by answers the HCA is slow to give.
+            self.backend.session_alive(who, now_ms);
+        }
         if authenticated && self.conns[i].outstanding() >= usize::from(self.limits.credits) {
             let msg = alloc::format!("more than {} requests outstanding", self.limits.credits);
             let credits = u32::from(self.limits.credits);
@@ -328,14 +381,24 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 Ok(Response::Heartbeat { echo: *echo, uptime_ms: now_ms.saturating_sub(self.start_ms) })
             }
             Request::Bye => Ok(Response::Bye),
-            Request::Stats => Ok(Response::Stats(self.stats(now_ms))),
+            Request::Stats => Ok(Response::Stats(Box::new(self.stats(now_ms)))),
             Request::Health => {
                 let mut hl = self.backend.health(now_ms);
                 hl.uptime_ms = now_ms.saturating_sub(self.start_ms);
                 Ok(Response::Health(hl))
             }
             Request::FencedSummary => Ok(Response::FencedSummary { slots: self.backend.fenced(&who) }),
-            _ => self.backend.lease_op(&who, &req, now_ms),
+            _ => {
+                let ticket =
+                    Ticket { conn: self.conns[i].id, session_id: who.session_id, request_id: h.request_id, op };
+                match self.backend.lease_op(&who, &req, ticket, now_ms) {
+                    Answer::Now(reply) => reply,
+                    Answer::Later => {
+                        self.conns[i].deferred += 1;
+                        return;
+                    }
+                }
+            }
         };
         self.send_answer(i, op, h.request_id, reply);
         if req == Request::Bye {
@@ -405,7 +468,8 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 let session_id = self.next_session;
                 self.next_session += 1;
                 let role = entry.role;
-                self.conns[i].state = State::Authenticated(Principal { name, role, session_id });
+                let who = Principal { name, role, session_id };
+                self.conns[i].state = State::Authenticated(who.clone());
                 let welcome = HelloReply::Welcome {
                     role,
                     credits: self.limits.credits,
@@ -419,6 +483,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 let c = &mut self.conns[i];
                 c.queued += f.len() as u64;
                 c.out.extend(f);
+                self.backend.session_started(&who, now_ms);
             }
             (_, req) => {
                 let (code, msg) = match req {
@@ -469,9 +534,11 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         }
     }
 
-    /// Timers: sessions silent for longer than the heartbeat timeout, and connections that have not
-    /// authenticated within [`HELLO_DEADLINE_MS`], are told TIMEOUT and closed.
+    /// Timers: the backend's first, then sessions silent for longer than the heartbeat timeout, and connections
+    /// that have not authenticated within [`HELLO_DEADLINE_MS`], are told TIMEOUT and closed; then the answers
+    /// the backend has finished are delivered.
     pub fn tick(&mut self, now_ms: u64) {
+        self.backend.tick(now_ms);
         let limit = u64::from(self.limits.heartbeat_ms);
         for i in 0..self.conns.len() {
             let c = &self.conns[i];
@@ -492,6 +559,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 self.close(i, CloseReason::ProtocolError, now_ms);
             }
         }
+        self.deliver(now_ms);
     }
 
     /// Connections currently open (sessions, authenticated or not).

@@ -1,11 +1,11 @@
 use super::*;
-use alloc::string::ToString;
+use alloc::string::{String, ToString};
 use alloc::vec;
 use alloc::vec::Vec;
 use hmac::{Hmac, Mac};
 use leasebox_proto::{
-    ErrorBody, ErrorCode, FrameBuf, Hello, HelloInit, HelloReply, Kind, LeaseId, Next, Op, Request, Response, Role,
-    hello_transcript,
+    ErrorBody, ErrorCode, FrameBuf, Hello, HelloInit, HelloReply, Histogram, Kind, LeaseId, LeaseStats, Next, Op,
+    Outcome, Reply, Request, Response, Role, hello_transcript,
 };
 
 const DEMO_KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
@@ -46,8 +46,13 @@ enum Ans {
 }
 
 /// Runs bytes through the server and decodes every frame it answers.
-fn exchange(s: &mut Server<NoLeases, Counter>, c: ConnId, bytes: &[u8], now: u64) -> Vec<(u32, Ans)> {
+fn exchange<B: Backend>(s: &mut Server<B, Counter>, c: ConnId, bytes: &[u8], now: u64) -> Vec<(u32, Ans)> {
     s.input(c, bytes, now);
+    take(s, c)
+}
+
+/// Decodes every frame the server has queued for `c`.
+fn take<B: Backend>(s: &mut Server<B, Counter>, c: ConnId) -> Vec<(u32, Ans)> {
     let mut out = vec![0u8; 1 << 20];
     let n = s.output(c, &mut out);
     let mut fb = FrameBuf::new();
@@ -77,7 +82,7 @@ fn mac(key_hex: &str, t: &[u8]) -> [u8; 32] {
 }
 
 /// Full HELLO; returns the server nonce it used and the welcome.
-fn login(s: &mut Server<NoLeases, Counter>, c: ConnId, name: &str, key: &str) -> Result<HelloReply, ErrorBody> {
+fn login<B: Backend>(s: &mut Server<B, Counter>, c: ConnId, name: &str, key: &str) -> Result<HelloReply, ErrorBody> {
     let cn = [0x33; 16];
     let init = Request::Hello(Hello::Init(HelloInit {
         min_version: 1,
@@ -439,4 +444,192 @@ fn random_and_mutated_frames_never_panic() {
         }
     }
     assert!(frames_checked > 10_000, "the run exercised the server ({frames_checked} answers)");
+}
+
+/// A lease service in miniature: REVOKE waits (as it would on the HCA) until the test finishes it; every other
+/// lease operation is answered at once. Records what the session core tells it.
+#[derive(Default)]
+struct Deferring {
+    waiting: Vec<Ticket>,
+    done: Vec<(Ticket, Reply)>,
+    started: Vec<(String, u64)>,
+    alive: Vec<(u64, u64)>,
+    ticks: Vec<u64>,
+    lost: Vec<(u64, CloseReason)>,
+}
+
+impl Deferring {
+    /// Finishes the waiting REVOKE with `request_id`.
+    fn finish(&mut self, request_id: u32) {
+        let i = self.waiting.iter().position(|t| t.request_id == request_id).expect("such a REVOKE waits");
+        let t = self.waiting.remove(i);
+        self.done.push((t, Ok(Response::Revoke { outcome: Outcome::TornDown, elapsed_us: request_id })));
+    }
+}
+
+impl Backend for Deferring {
+    fn lease_op(&mut self, who: &Principal, req: &Request, ticket: Ticket, _now_ms: u64) -> Answer {
+        assert_eq!((ticket.session_id, ticket.op), (who.session_id, req.op()));
+        match req {
+            Request::Revoke { .. } => {
+                self.waiting.push(ticket);
+                Answer::Later
+            }
+            _ => Answer::Now(Err(ErrorBody::new(ErrorCode::NotFound, "no such lease"))),
+        }
+    }
+    fn take_answers(&mut self, out: &mut Vec<(Ticket, Reply)>) {
+        out.append(&mut self.done);
+    }
+    fn session_started(&mut self, who: &Principal, _now_ms: u64) {
+        self.started.push((who.name.clone(), who.session_id));
+    }
+    fn session_alive(&mut self, who: &Principal, now_ms: u64) {
+        self.alive.push((who.session_id, now_ms));
+    }
+    fn tick(&mut self, now_ms: u64) {
+        self.ticks.push(now_ms);
+    }
+    fn lease_stats(&mut self) -> LeaseStats {
+        let mut revoke_us = Histogram::default();
+        revoke_us.record(700);
+        LeaseStats { by_state: [0, 2, 0, 0, 1], allocs: 3, revoke_us, ..LeaseStats::default() }
+    }
+    fn fenced(&mut self, _who: &Principal) -> Vec<leasebox_proto::FencedSlot> {
+        Vec::new()
+    }
+    fn health(&mut self, now_ms: u64) -> leasebox_proto::Health {
+        NoLeases::default().health(now_ms)
+    }
+    fn role_counts(&self) -> Vec<(u16, u8, u64)> {
+        Vec::new()
+    }
+    fn session_lost(&mut self, who: &Principal, reason: CloseReason, _now_ms: u64) {
+        self.lost.push((who.session_id, reason));
+    }
+}
+
+fn deferring(limits: Limits) -> Server<Deferring, Counter> {
+    Server::new(limits, keys(), Deferring::default(), Counter(1), 0).unwrap()
+}
+
+fn revoke(slot: u32, id: u32) -> Vec<u8> {
+    req(Request::Revoke { lease: LeaseId { slot, generation: 1 }, qp_first: false }, id)
+}
+
+fn codes(a: &[(u32, Ans)]) -> Vec<(u32, Option<ErrorCode>)> {
+    a.iter()
+        .map(|(id, x)| match x {
+            Ans::Err(e) => (*id, Some(e.code)),
+            Ans::Ok(_) => (*id, None),
+        })
+        .collect()
+}
+
+#[test]
+fn a_deferred_answer_holds_its_credit_until_taken() {
+    let mut s = deferring(Limits { credits: 2, ..Limits::default() });
+    s.open(ConnId(1), 0);
+    login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
+    // Two REVOKEs wait on the "HCA": no answer yet, both credits held.
+    let mut two = revoke(1, 10);
+    two.extend(revoke(2, 11));
+    assert!(exchange(&mut s, ConnId(1), &two, 1).is_empty());
+    let a = exchange(&mut s, ConnId(1), &req(Request::Heartbeat { echo: 1 }, 12), 2);
+    assert_eq!(codes(&a), [(12, Some(ErrorCode::CreditExceeded))]);
+    // The second finishes first: answers follow completion, not request order.
+    s.backend_mut().finish(11);
+    s.deliver(3);
+    assert!(s.has_output(ConnId(1)));
+    // Queued but not yet taken by the transport: the credit is still held.
+    s.input(ConnId(1), &req(Request::Heartbeat { echo: 2 }, 13), 3);
+    let a = take(&mut s, ConnId(1));
+    assert_eq!(codes(&a), [(11, None), (13, Some(ErrorCode::CreditExceeded))]);
+    assert!(matches!(a[0].1, Ans::Ok(Response::Revoke { outcome: Outcome::TornDown, elapsed_us: 11 })));
+    // Taken: one credit is back (the other is still held by REVOKE 10), so one of two heartbeats fits.
+    let mut hb = req(Request::Heartbeat { echo: 3 }, 14);
+    hb.extend(req(Request::Heartbeat { echo: 4 }, 15));
+    let a = exchange(&mut s, ConnId(1), &hb, 4);
+    assert_eq!(codes(&a), [(14, None), (15, Some(ErrorCode::CreditExceeded))]);
+    // `tick` delivers too.
+    s.backend_mut().finish(10);
+    s.tick(5);
+    assert_eq!(codes(&take(&mut s, ConnId(1))), [(10, None)]);
+    let mut hb = req(Request::Heartbeat { echo: 5 }, 16);
+    hb.extend(req(Request::Query { lease: LeaseId { slot: 1, generation: 1 } }, 17));
+    assert_eq!(codes(&exchange(&mut s, ConnId(1), &hb, 6)), [(16, None), (17, Some(ErrorCode::NotFound))]);
+    assert_eq!(s.answers_dropped(), 0);
+}
+
+#[test]
+fn answers_for_ended_sessions_are_dropped() {
+    let mut s = deferring(Limits::default());
+    for c in 1..=3 {
+        s.open(ConnId(c), 0);
+        login(&mut s, ConnId(c), "demo", DEMO_KEY).unwrap();
+        assert!(exchange(&mut s, ConnId(c), &revoke(c as u32, 20), 1).is_empty());
+    }
+    // Connection 1 goes away; connection 2 says BYE while its REVOKE waits: BYE is answered and closes.
+    s.closed(ConnId(1), 2);
+    let a = exchange(&mut s, ConnId(2), &req(Request::Bye, 21), 2);
+    assert!(matches!(a[..], [(21, Ans::Ok(Response::Bye))]));
+    assert!(s.wants_close(ConnId(2)));
+    assert_eq!(s.backend().lost, [(1, CloseReason::PeerClosed), (2, CloseReason::Bye)]);
+    let tickets = s.backend().waiting.clone();
+    for t in &tickets {
+        s.backend_mut().finish(t.request_id);
+    }
+    // An answer naming the right connection but another session (or answering nothing deferred) is dropped too.
+    let stale = Ticket { session_id: 99, ..tickets[2] };
+    s.backend_mut().done.push((stale, Ok(Response::Revoke { outcome: Outcome::Fenced, elapsed_us: 0 })));
+    s.deliver(3);
+    assert!(!s.has_output(ConnId(2)), "nothing after BYE");
+    assert_eq!(codes(&take(&mut s, ConnId(3))), [(20, None)]);
+    assert_eq!(s.answers_dropped(), 3);
+    // A second answer to the same request finds nothing deferred.
+    s.backend_mut().done.push((tickets[2], Ok(Response::Revoke { outcome: Outcome::Fenced, elapsed_us: 0 })));
+    s.deliver(4);
+    assert!(!s.has_output(ConnId(3)));
+    assert_eq!(s.answers_dropped(), 4);
+}
+
+#[test]
+fn the_backend_hears_of_sessions_heartbeats_and_time() {
+    let mut s = deferring(Limits { credits: 1, ..Limits::default() });
+    s.open(ConnId(1), 0);
+    s.open(ConnId(2), 0);
+    assert!(s.backend().started.is_empty());
+    // A heartbeat before authentication is refused and tells the backend nothing.
+    exchange(&mut s, ConnId(2), &req(Request::Heartbeat { echo: 1 }, 1), 0);
+    assert!(s.wants_close(ConnId(2)));
+    login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
+    s.open(ConnId(3), 0);
+    let HelloReply::Welcome { session_id, .. } = login(&mut s, ConnId(3), "demo", DEMO_KEY).unwrap() else {
+        unreachable!()
+    };
+    assert_eq!(s.backend().started, [("demo".to_string(), 1), ("demo".to_string(), session_id)]);
+    assert!(s.backend().alive.is_empty());
+    exchange(&mut s, ConnId(1), &req(Request::Heartbeat { echo: 1 }, 5), 40);
+    exchange(&mut s, ConnId(1), &req(Request::Stats, 6), 41);
+    assert_eq!(s.backend().alive, [(1, 40)], "heartbeats only");
+    // With every credit held by a deferred REVOKE, a heartbeat is refused but still counts as a sign of life.
+    exchange(&mut s, ConnId(1), &revoke(1, 7), 50);
+    let a = exchange(&mut s, ConnId(1), &req(Request::Heartbeat { echo: 2 }, 8), 60);
+    assert_eq!(codes(&a), [(8, Some(ErrorCode::CreditExceeded))]);
+    assert_eq!(s.backend().alive, [(1, 40), (1, 60)]);
+    s.tick(70);
+    s.tick(80);
+    assert_eq!(s.backend().ticks, [70, 80]);
+}
+
+#[test]
+fn stats_carry_the_lease_figures() {
+    let mut s = deferring(Limits::default());
+    s.open(ConnId(1), 0);
+    login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
+    let a = exchange(&mut s, ConnId(1), &req(Request::Stats, 2), 5);
+    let Ans::Ok(Response::Stats(st)) = &a[0].1 else { panic!("no STATS") };
+    assert_eq!((st.leases.by_state, st.leases.allocs), ([0, 2, 0, 0, 1], 3));
+    assert_eq!(st.leases.revoke_us.percentile(50.0), Some(1024));
+    assert_eq!(s.stats(6).leases, s.backend_mut().lease_stats());
 }

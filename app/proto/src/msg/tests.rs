@@ -22,6 +22,27 @@ fn info() -> LeaseInfo {
     }
 }
 
+fn lease_stats() -> LeaseStats {
+    let mut alloc_us = Histogram::default();
+    let mut revoke_us = Histogram::default();
+    for us in [0, 1, 3, 40, 40_000] {
+        alloc_us.record(us);
+    }
+    revoke_us.buckets[15] = 0x0102_0304;
+    LeaseStats {
+        by_state: [1, 2, 3, 4, 5],
+        bytes_leased: 6 << 20,
+        bytes_free: 0x0A0B_0C0D_0E0F_1011,
+        fenced_slots: 5,
+        allocs: 7,
+        revokes: 8,
+        expiries: 9,
+        reconnects: 10,
+        alloc_us,
+        revoke_us,
+    }
+}
+
 fn requests() -> Vec<Request> {
     vec![
         Request::Hello(Hello::Init(HelloInit {
@@ -92,7 +113,7 @@ fn responses() -> Vec<(Op, Response)> {
         (Op::Revoke, Response::Revoke { outcome: Outcome::Fenced, elapsed_us: 1500 }),
         (
             Op::Stats,
-            Response::Stats(Stats {
+            Response::Stats(Box::new(Stats {
                 uptime_ms: 5,
                 sessions_current: 1,
                 session_budget: 16,
@@ -102,7 +123,8 @@ fn responses() -> Vec<(Op, Response)> {
                 frames_out: 11,
                 errors: vec![(4, 2), (8, 1)],
                 roles: vec![(0, 0, 100), (1, 1, 200)],
-            }),
+                leases: lease_stats(),
+            })),
         ),
         (
             Op::FencedSummary,
@@ -273,4 +295,82 @@ fn a_long_health_message_is_cut_on_a_character_boundary() {
     Response::Health(h).encode_payload(&mut p);
     let Response::Health(back) = Response::decode(Op::Health, &p).unwrap() else { panic!("not HEALTH") };
     assert_eq!(back.message, "é".repeat(MAX_MESSAGE / 2));
+}
+
+#[test]
+fn every_prefix_of_a_stats_response_is_refused() {
+    let (op, resp) = responses().into_iter().find(|(op, _)| *op == Op::Stats).unwrap();
+    let mut p = Vec::new();
+    resp.encode_payload(&mut p);
+    assert_eq!(Response::decode(op, &p).unwrap(), resp);
+    for cut in 0..p.len() {
+        assert!(matches!(Response::decode(op, &p[..cut]), Err(DecodeError::Truncated { .. })), "cut {cut}");
+    }
+    let mut long = p.clone();
+    long.push(0);
+    assert_eq!(Response::decode(op, &long), Err(DecodeError::TrailingBytes { count: 1 }));
+    // A STATS answer without the lease tail (the layout before it existed) is refused, not half-read.
+    let old_len = p.len() - LeaseStats::WIRE_LEN;
+    assert_eq!(Response::decode(op, &p[..old_len]), Err(DecodeError::Truncated { field: "stats.leases_by_state" }));
+}
+
+#[test]
+fn golden_stats_lease_tail() {
+    let s = Stats { leases: lease_stats(), ..Stats::default() };
+    let mut p = Vec::new();
+    Response::Stats(Box::new(s.clone())).encode_payload(&mut p);
+    // 48 bytes of counters, error_count 0, role_count 0, then the 200-byte lease tail.
+    assert_eq!(p.len(), 48 + 2 + 2 + LeaseStats::WIRE_LEN);
+    let tail = &p[52..];
+    let mut want: Vec<u8> = Vec::new();
+    want.extend([0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0, 5]); // by_state
+    want.extend([0, 0, 0, 0, 0, 0x60, 0, 0]); // bytes_leased = 6 MiB
+    want.extend([0x0A, 0x0B, 0x0C, 0x0D, 0x0E, 0x0F, 0x10, 0x11]); // bytes_free
+    want.extend([0, 0, 0, 5]); // fenced_slots
+    want.extend([0, 0, 0, 0, 0, 0, 0, 7]); // allocs
+    want.extend([0, 0, 0, 0, 0, 0, 0, 8]); // revokes
+    want.extend([0, 0, 0, 0, 0, 0, 0, 9]); // expiries
+    want.extend([0, 0, 0, 0, 0, 0, 0, 10]); // reconnects
+    // alloc_us: 0 and 1 in bucket 0, 3 in bucket 1, 40 in bucket 5, 40000 in bucket 15.
+    want.extend([0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    want.extend([0; 4 * 9]);
+    want.extend([0, 0, 0, 1]);
+    // revoke_us: only bucket 15.
+    want.extend([0; 4 * 15]);
+    want.extend([1, 2, 3, 4]);
+    assert_eq!(tail, &want[..]);
+    assert_eq!(Response::decode(Op::Stats, &p).unwrap(), Response::Stats(Box::new(s)));
+}
+
+#[test]
+fn histogram_buckets_are_powers_of_two() {
+    let cases = [(0, 0), (1, 0), (2, 1), (3, 1), (4, 2), (1023, 9), (1024, 10), (32_767, 14), (32_768, 15)];
+    for (us, b) in cases {
+        assert_eq!(Histogram::bucket(us), b, "{us} us");
+    }
+    assert_eq!(Histogram::bucket(u64::MAX), 15);
+    assert_eq!(
+        (Histogram::upper_bound(0), Histogram::upper_bound(14), Histogram::upper_bound(15)),
+        (2, 1 << 15, u64::MAX)
+    );
+
+    let mut h = Histogram::default();
+    assert_eq!((h.count(), h.percentile(50.0)), (0, None));
+    for _ in 0..98 {
+        h.record(10); // bucket 3: [8, 16)
+    }
+    h.record(1000); // bucket 9: [512, 1024)
+    h.record(100_000); // bucket 15
+    assert_eq!(h.count(), 100);
+    assert_eq!(h.percentile(0.0), Some(16));
+    assert_eq!(h.percentile(50.0), Some(16));
+    assert_eq!(h.percentile(98.0), Some(16));
+    assert_eq!(h.percentile(98.5), Some(1024));
+    assert_eq!(h.percentile(99.0), Some(1024));
+    assert_eq!(h.percentile(100.0), Some(u64::MAX));
+    assert_eq!(h.percentile(250.0), Some(u64::MAX));
+    assert_eq!(h.percentile(f64::NAN), Some(16));
+    h.buckets[0] = u32::MAX;
+    h.record(0);
+    assert_eq!(h.buckets[0], u32::MAX, "a full bucket saturates");
 }
