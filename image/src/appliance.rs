@@ -200,10 +200,11 @@ fn leasebox_main(p: Platform) -> ! {
 
     // The control channel comes up before the other cores start: opening the device maps its BARs, and new
     // mappings are not shot down on other cores.
+    // The HCA first (bring-up maps its BAR and runs on this core before the engines move to theirs), then the
+    // control channel, whose service is the lease service on top of it.
+    let hca = hca::init(&p);
     let service = crate::control::service(&p, Instant::now().since_boot().as_millis() as u64);
     *NET.lock() = net::init(&p, service);
-    // The HCA too: bring-up maps its BAR and runs on this core before the engines move to theirs.
-    let hca = hca::init(&p);
 
     let ap_start = Instant::now();
     if let Some(lapic) = p.lapic.as_ref()

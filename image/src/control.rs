@@ -1,6 +1,6 @@
 //! The control service behind the network loop: the session core (`app/session`) with the CPU's RDSEED/RDRAND
-//! for nonces, the configured principals, and a backend that reports the role loops. Lease operations answer
-//! NOT_IMPLEMENTED until the lease service lands.
+//! for nonces, the configured principals, and the lease service (`app/lease`, through `crate::lease`) as its
+//! backend when the HCA is up. Without an HCA, lease operations answer NOT_IMPLEMENTED and HEALTH says why.
 
 use crate::service::{ConnId, StreamService};
 use alloc::boxed::Box;
@@ -9,8 +9,7 @@ use leasebox_kernel::arch::rng;
 use leasebox_kernel::arch::start::Platform;
 use leasebox_proto::{FencedSlot, Health, Request};
 use leasebox_session::{
-    Answer, Backend, CloseReason, Entropy, EntropyError, Keyring, Limits, NoLeases, Principal, Server, StartError,
-    Ticket,
+    Answer, Backend, CloseReason, Entropy, EntropyError, Keyring, Limits, NoLeases, Principal, Server, Ticket,
 };
 
 /// Nonces from the CPU; no predictable fallback exists.
@@ -22,7 +21,7 @@ impl Entropy for CpuEntropy {
     }
 }
 
-/// The backend until the lease service lands, with live role counts for STATS.
+/// The backend without an HCA (or a lease pool), with live role counts for STATS.
 struct ApplianceBackend {
     inner: NoLeases,
 }
@@ -53,9 +52,9 @@ impl Backend for ApplianceBackend {
     }
 }
 
-struct Control(Server<ApplianceBackend, CpuEntropy>);
+struct Control<B: Backend>(Server<B, CpuEntropy>);
 
-impl StreamService for Control {
+impl<B: Backend> StreamService for Control<B> {
     fn open(&mut self, conn: ConnId, now_ms: u64) -> bool {
         self.0.open(conn, now_ms)
     }
@@ -106,29 +105,50 @@ fn keyring(p: &Platform) -> Result<Keyring, alloc::string::String> {
     Ok(keys)
 }
 
-/// The service for the control port: the session core, or [`Unavailable`] with the reason logged.
+/// The service for the control port: the session core with the lease service (or, without an HCA, the
+/// NOT_IMPLEMENTED backend), or [`Unavailable`] with the reason logged.
 pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
     let c = p.config.control();
     let limits = Limits { sessions: c.sessions as usize, credits: c.credits as u16, heartbeat_ms: c.heartbeat_ms };
-    let started = keyring(p).and_then(|keys| {
-        let backend = ApplianceBackend { inner: NoLeases::default() };
-        Server::new(limits, keys, backend, CpuEntropy, now_ms).map_err(|e: StartError| alloc::format!("{e}"))
-    });
-    match started {
-        Ok(server) => {
-            log::info!(
-                "control: {} principal(s), {} sessions, {} credits, heartbeat {} ms, nonces from {}",
-                c.tenants().len() + usize::from(c.admin_key_hex().is_some()),
-                limits.sessions,
-                limits.credits,
-                limits.heartbeat_ms,
-                rng::source().unwrap_or("?")
-            );
-            Box::new(Control(server))
-        }
-        Err(e) => {
-            log::error!("control: service not started: {e}; connections to the control port are closed");
-            Box::new(Unavailable)
+    let keys = match keyring(p) {
+        Ok(k) => k,
+        Err(e) => return unavailable(&e),
+    };
+    let announce = |what: &str| {
+        log::info!(
+            "control: {} principal(s), {} sessions, {} credits, heartbeat {} ms, nonces from {}, {what}",
+            c.tenants().len() + usize::from(c.admin_key_hex().is_some()),
+            limits.sessions,
+            limits.credits,
+            limits.heartbeat_ms,
+            rng::source().unwrap_or("?")
+        )
+    };
+    match crate::lease::backend(&p.config.lease) {
+        Ok(Some(backend)) => match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
+            Ok(server) => {
+                announce("lease service on");
+                Box::new(Control(server))
+            }
+            Err(e) => unavailable(&alloc::format!("{e}")),
+        },
+        other => {
+            if let Err(e) = other {
+                log::error!("lease: {e}");
+            }
+            let backend = ApplianceBackend { inner: NoLeases::default() };
+            match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
+                Ok(server) => {
+                    announce("no lease service (no HCA)");
+                    Box::new(Control(server))
+                }
+                Err(e) => unavailable(&alloc::format!("{e}")),
+            }
         }
     }
+}
+
+fn unavailable(e: &str) -> Box<dyn StreamService + Send> {
+    log::error!("control: service not started: {e}; connections to the control port are closed");
+    Box::new(Unavailable)
 }

@@ -32,7 +32,13 @@ pub struct LeaseOptions {
     pub flow_drop: bool,
     /// `fence_test=on|off` (only in images built with the `fence-test` feature).
     pub fence_test: bool,
+    /// `rdma_ip=a.b.c.d`: the RDMA port's IPv4 address, programmed as a RoCEv2 GID (IPv4-mapped) that lease
+    /// QPs use. Unset: the control channel's static `ip=`, else [`DEFAULT_RDMA_IP`].
+    pub rdma_ip: Option<core::net::Ipv4Addr>,
 }
+
+/// The RDMA port's address when nothing else names one (TEST-NET-2: set `rdma_ip=` on a real network).
+pub const DEFAULT_RDMA_IP: core::net::Ipv4Addr = core::net::Ipv4Addr::new(198, 51, 100, 2);
 
 impl Default for LeaseOptions {
     fn default() -> Self {
@@ -48,6 +54,7 @@ impl Default for LeaseOptions {
             order: RevokeOrder::MkeyFirst,
             flow_drop: false,
             fence_test: false,
+            rdma_ip: None,
         }
     }
 }
@@ -91,6 +98,13 @@ impl LeaseOptions {
             }
             "flow_drop" => self.flow_drop = on_off(value)?,
             "fence_test" => self.fence_test = on_off(value)?,
+            "rdma_ip" => {
+                let ip: core::net::Ipv4Addr = value.parse().map_err(|_| "expected an IPv4 address a.b.c.d")?;
+                if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
+                    return Err("expected a unicast IPv4 address");
+                }
+                self.rdma_ip = Some(ip);
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -109,6 +123,10 @@ mod tests {
         assert_eq!(o.apply("flow_drop", "on"), Ok(true));
         assert_eq!(o.apply("lease_grace_ms", "0"), Ok(true));
         assert_eq!(o.apply("port", "1"), Ok(false));
+        assert_eq!(o.apply("rdma_ip", "10.1.2.3"), Ok(true));
+        assert_eq!(o.rdma_ip, Some(core::net::Ipv4Addr::new(10, 1, 2, 3)));
+        assert!(o.apply("rdma_ip", "10.1.2").is_err());
+        assert!(o.apply("rdma_ip", "0.0.0.0").is_err());
         assert!(o.apply("revoke_order", "sideways").is_err());
         assert!(o.apply("lease_pool_mib", "3").is_err());
         assert!(o.apply("lease_slots", "0").is_err());

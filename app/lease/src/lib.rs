@@ -7,6 +7,7 @@
 
 extern crate alloc;
 
+pub mod backend;
 pub mod config;
 pub mod lease;
 pub mod link;

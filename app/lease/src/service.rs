@@ -555,7 +555,7 @@ impl<T: Copy> LeaseService<T> {
                 // Undo what exists; answer the error now.
                 if let Some((ticket, since)) = l.alloc_ticket.take() {
                     self.answers.push((ticket, Err(hca_error(e))));
-                    self.counters.alloc_us.push(now_us.saturating_sub(since));
+                    self.counters.alloc_us.record(now_us.saturating_sub(since));
                 }
                 let Some(l) = self.lease_mut(slot) else { return };
                 l.phase = Phase::Unwinding;
@@ -615,7 +615,7 @@ impl<T: Copy> LeaseService<T> {
                 };
                 if let Some((ticket, since)) = l.alloc_ticket.take() {
                     self.answers.push((ticket, Ok(Response::Alloc(resp))));
-                    self.counters.alloc_us.push(now_us.saturating_sub(since));
+                    self.counters.alloc_us.record(now_us.saturating_sub(since));
                 }
                 self.counters.allocs += 1;
             }
@@ -647,7 +647,7 @@ impl<T: Copy> LeaseService<T> {
 
     fn reply_outcome(&mut self, w: Waiter<T>, outcome: Outcome, now_us: u64) {
         let elapsed = now_us.saturating_sub(w.since_us);
-        self.counters.revoke_us.push(elapsed);
+        self.counters.revoke_us.record(elapsed);
         let elapsed_us = elapsed.min(u64::from(u32::MAX)) as u32;
         let r = if w.free { Response::Free { outcome, elapsed_us } } else { Response::Revoke { outcome, elapsed_us } };
         self.answers.push((w.ticket, Ok(r)));

@@ -1,0 +1,133 @@
+//! The lease service behind the control channel: `leasebox_session::Backend` over [`LeaseService`], the
+//! mlx5 engines' [`Client`] and a [`Host`]. Lease requests that wait on the HCA answer later; every call from
+//! the session core also moves commands and results ([`Link::step`]), so the service progresses whenever the
+//! network loop runs. The image (core 0) and the hosted appliance use it alike.
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use leasebox_mlx5::engine::Client;
+use leasebox_proto::{FencedSlot, HcaState, Health, HealthStatus, LeaseState, LeaseStats, Reply, Request, Role};
+use leasebox_session::{Answer, Backend, CloseReason, Principal, Ticket};
+
+use crate::link::Link;
+use crate::service::{Host, LeaseService, Who};
+
+/// What the host tells the backend about itself.
+pub trait Environment {
+    /// Monotonic microseconds.
+    fn now_us(&self) -> u64;
+    /// Per-core role loop counts for STATS.
+    fn role_counts(&self) -> Vec<(u16, u8, u64)>;
+    /// The HCA's state and a message for HEALTH.
+    fn hca_health(&self) -> (HcaState, String);
+}
+
+pub struct LeaseBackend<H: Host, E: Environment> {
+    pub svc: LeaseService<Ticket>,
+    pub link: Link,
+    pub client: Client,
+    pub host: H,
+    pub env: E,
+}
+
+fn who(p: &Principal) -> Who<'_> {
+    Who { session: p.session_id, tenant: &p.name, admin: p.role == Role::Admin }
+}
+
+impl<H: Host, E: Environment> LeaseBackend<H, E> {
+    pub fn new(svc: LeaseService<Ticket>, client: Client, host: H, env: E) -> Self {
+        LeaseBackend { svc, link: Link::new(), client, host, env }
+    }
+
+    /// Moves commands and results, runs the service's timers.
+    pub fn pump(&mut self) -> bool {
+        let now = self.env.now_us();
+        self.link.step(&mut self.svc, &mut self.client, now, &mut self.host)
+    }
+}
+
+impl<H: Host, E: Environment> Backend for LeaseBackend<H, E> {
+    fn lease_op(&mut self, p: &Principal, req: &Request, ticket: Ticket, _now_ms: u64) -> Answer {
+        let now = self.env.now_us();
+        let r = self.svc.request(who(p), req, ticket, now, &mut self.host);
+        self.pump();
+        match r {
+            Some(reply) => Answer::Now(reply),
+            None => Answer::Later,
+        }
+    }
+
+    fn take_answers(&mut self, out: &mut Vec<(Ticket, Reply)>) {
+        self.pump();
+        self.svc.take_answers(out);
+    }
+
+    fn session_started(&mut self, p: &Principal, _now_ms: u64) {
+        let n = self.svc.session_started(p.session_id, &p.name);
+        if n > 0 {
+            log::info!("lease: session {} ({}) resumed {n} lease(s)", p.session_id, p.name);
+        }
+    }
+
+    fn session_alive(&mut self, p: &Principal, _now_ms: u64) {
+        let now = self.env.now_us();
+        self.svc.session_alive(p.session_id, now);
+    }
+
+    fn tick(&mut self, _now_ms: u64) {
+        self.pump();
+    }
+
+    fn lease_stats(&mut self) -> LeaseStats {
+        let c = &self.svc.counters;
+        LeaseStats {
+            by_state: self.svc.by_state(),
+            bytes_leased: self.svc.bytes_leased(),
+            bytes_free: self.svc.pool().free_bytes(),
+            fenced_slots: self.svc.fenced_count(),
+            allocs: c.allocs,
+            revokes: c.revokes,
+            expiries: c.expiries,
+            reconnects: c.reconnects,
+            alloc_us: c.alloc_us.clone(),
+            revoke_us: c.revoke_us.clone(),
+        }
+    }
+
+    fn fenced(&mut self, p: &Principal) -> Vec<FencedSlot> {
+        self.svc.fenced(who(p))
+    }
+
+    fn health(&mut self, _now_ms: u64) -> Health {
+        let (hca, hca_msg) = self.env.hca_health();
+        let fenced = self.svc.fenced_count();
+        let status = match hca {
+            HcaState::Ok if fenced == 0 => HealthStatus::Ok,
+            HcaState::Ok => HealthStatus::Degraded,
+            _ => HealthStatus::Failed,
+        };
+        let s = self.svc.by_state();
+        let message = format!(
+            "leases granted {} active {} fencing {} pending {} fenced {}; {}",
+            s[LeaseState::Granted as usize],
+            s[LeaseState::Active as usize],
+            s[LeaseState::Fencing as usize],
+            s[LeaseState::PendingDestroy as usize],
+            s[LeaseState::Fenced as usize],
+            hca_msg
+        );
+        Health { status, hca, fenced_slots: fenced, uptime_ms: 0, message }
+    }
+
+    fn role_counts(&self) -> Vec<(u16, u8, u64)> {
+        self.env.role_counts()
+    }
+
+    fn session_lost(&mut self, p: &Principal, reason: CloseReason, _now_ms: u64) {
+        log::info!("lease: session {} ({}) ended: {reason:?}", p.session_id, p.name);
+        let now = self.env.now_us();
+        self.svc.session_lost(p.session_id, now);
+    }
+}
