@@ -9,15 +9,12 @@ use alloc::sync::Arc;
 use leasebox_kernel::arch::hca::KernelHca;
 use leasebox_kernel::arch::memory;
 use leasebox_kernel::arch::start::{self, Platform};
-use leasebox_kernel::lease_config::LeaseOptions;
 use leasebox_kernel::model_signature as sig;
 use leasebox_kernel::pci;
-use leasebox_lease::HcaCtx;
+use leasebox_lease::setup::LeaseParts;
 use leasebox_mlx5::driver::{Config, Driver, HcaInfo};
 use leasebox_mlx5::engine::{Client, CommandEngine, EventEngine, Shared};
-use leasebox_mlx5::ifc::vport::{RoceAddress, set_roce_address};
 use leasebox_mlx5::log::CmdLog;
-use leasebox_mlx5::platform::Platform as _;
 use leasebox_mlx5::probe::{self, Match};
 use leasebox_proto::HcaState;
 use spin::{Mutex, Once};
@@ -30,80 +27,9 @@ pub static CLIENT: Mutex<Option<Client>> = Mutex::new(None);
 /// What the lease service needs from bring-up, and the platform its host uses.
 static LEASES: Once<(LeaseParts, Arc<KernelHca>)> = Once::new();
 
-/// The lease service's view of the HCA and its pool.
-#[derive(Clone, Copy, Debug)]
-pub struct LeaseParts {
-    pub hca: HcaCtx,
-    pub pool_base: u64,
-    pub pool_bytes: u64,
-}
-
 /// The lease parts and the platform, once the HCA is up.
 pub fn leases() -> Option<&'static (LeaseParts, Arc<KernelHca>)> {
     LEASES.get()
-}
-
-/// The lease QPs' CQ (polled by the event engine), the RDMA_RX table for DROP entries when configured, and
-/// the pool (2 MiB-aligned DMA memory).
-#[allow(clippy::result_large_err)]
-fn prepare_leases(
-    d: &mut Driver<KernelHca>,
-    o: &LeaseOptions,
-    net_ip: Option<core::net::Ipv4Addr>,
-) -> Result<LeaseParts, String> {
-    let cq = d.create_cq(12).map_err(|e| format!("lease CQ: {e}"))?;
-    let cqn = cq.cqn;
-    d.events.watch_cq(cq.cqn, cq.ring);
-    let flow = if o.flow_drop {
-        use leasebox_mlx5::ifc::flow;
-        let slots_log = (o.slots.max(2) - 1).ilog2() as u8 + 1;
-        let table =
-            d.exec(flow::create_flow_table(flow::FS_FT_RDMA_RX, 0, slots_log)).map(|o| flow::create_flow_table_out(&o));
-        let group = table.and_then(|t| {
-            d.exec(flow::create_flow_group_bth_dst_qp(flow::FS_FT_RDMA_RX, t, 0, (1 << slots_log) - 1))
-                .map(|o| (t, flow::create_flow_group_out(&o)))
-        });
-        match group {
-            Ok(tg) => Some(tg),
-            Err(e) => {
-                log::warn!(
-                    "lease: flow_drop=on but the RDMA_RX table could not be set up ({e}); revokes go without DROP entries"
-                );
-                None
-            }
-        }
-    } else {
-        None
-    };
-    let pool_bytes = u64::from(o.pool_mib) << 20;
-    let pool_base = d
-        .platform()
-        .dma_alloc(pool_bytes as usize, 2 << 20)
-        .ok_or_else(|| format!("no {} MiB of contiguous memory for the lease pool", o.pool_mib))?;
-    // A RoCEv2 GID (IPv4-mapped, index 1) for the lease QPs' address path and the ALLOC reply.
-    let ip = o.rdma_ip.or(net_ip).unwrap_or(leasebox_kernel::lease_config::DEFAULT_RDMA_IP);
-    let mut gid = [0u8; 16];
-    gid[10] = 0xff;
-    gid[11] = 0xff;
-    gid[12..].copy_from_slice(&ip.octets());
-    let entry = RoceAddress { gid, vlan: None, source_mac: d.info.mac, roce_l3_type: 0, roce_version: 2 };
-    let (gid, gid_index) = match d.exec(set_roce_address(1, &entry)) {
-        Ok(_) => (gid, 1),
-        Err(e) => {
-            log::warn!("lease: cannot add the RoCEv2 GID for {ip} ({e}); lease QPs use GID 0");
-            (d.info.gid, 0)
-        }
-    };
-    let port_mtu = leasebox_lease::port_ib_mtu(d.info.mtu);
-    log::info!(
-        "lease: pool {} MiB at {pool_base:#x}, {} slots, CQ {cqn}, port IB MTU {}, flow DROP {}",
-        o.pool_mib,
-        o.slots,
-        128u32 << port_mtu,
-        if flow.is_some() { "on" } else { "off" }
-    );
-    log::info!("lease: RDMA address {ip} (GID index {gid_index})");
-    Ok(LeaseParts { hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, port_mtu, flow }, pool_base, pool_bytes })
 }
 
 /// For readers on core 0 and the panic path: the command ring, the engines' shared state, a one-line summary.
@@ -171,7 +97,7 @@ pub fn init(p: &Platform) -> Status {
     let cfg = Config { part: part.name, pre_init_timeout_ms: PRE_INIT_MS, ..Config::default() };
     match Driver::bring_up(platform.clone(), cfg) {
         Ok(mut d) => {
-            match prepare_leases(&mut d, &p.config.lease, p.config.net.ip.map(|n| n.addr)) {
+            match leasebox_lease::setup::prepare(&mut d, &p.config.lease, p.config.net.ip.map(|n| n.addr)) {
                 Ok(parts) => {
                     LEASES.call_once(|| (parts, platform.clone()));
                 }

@@ -1,6 +1,13 @@
-//! The hosted appliance as a library, so tests and benchmarks can start one in-process.
+//! The hosted appliance as a library, so tests and benchmarks can start one in-process: the session core over
+//! std TCP, with the lease service on the device model (`--hca`) or without an HCA (lease operations answer
+//! NOT_IMPLEMENTED).
 
-use leasebox_session::{ConnId, Entropy, EntropyError, Keyring, Limits, NoLeases, Server};
+pub mod hca;
+
+use leasebox_proto::{FencedSlot, Health, LeaseStats, Reply, Request};
+use leasebox_session::{
+    Answer, Backend, CloseReason, ConnId, Entropy, EntropyError, Keyring, Limits, NoLeases, Principal, Server, Ticket,
+};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -8,8 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-/// How often a connection thread looks for output queued by timers (TIMEOUT frames).
-const POLL: Duration = Duration::from_millis(20);
+/// How often a connection thread looks for output queued by timers (TIMEOUT frames) and deferred answers.
+const POLL: Duration = Duration::from_millis(2);
+/// How often the timer thread runs the session core's timers and the lease service.
+const TICK: Duration = Duration::from_micros(200);
 
 /// Nonces from the OS.
 struct OsEntropy;
@@ -19,11 +28,18 @@ impl Entropy for OsEntropy {
     }
 }
 
-/// Listen address, limits and keys.
+/// Listen address, limits, keys and the HCA.
 pub struct HostedConfig {
     pub listen: SocketAddr,
     pub limits: Limits,
     pub keys: Keyring,
+    /// `--hca`: run the device model and the lease service.
+    pub hca: bool,
+    /// `--udp ADDR`: the model's RoCEv2 responder (with `--hca`).
+    pub udp: Option<String>,
+    /// `--cmd-latency-us N`: firmware time per command in the model.
+    pub cmd_latency: Duration,
+    pub lease: leasebox_kernel::lease_config::LeaseOptions,
 }
 
 impl HostedConfig {
@@ -31,11 +47,22 @@ impl HostedConfig {
     pub fn from_args(args: &[String]) -> Result<HostedConfig, String> {
         let mut listen: SocketAddr = "127.0.0.1:7470".parse().expect("literal address");
         let mut words = Vec::new();
+        let (mut hca, mut udp, mut cmd_latency) = (false, None, Duration::ZERO);
         let mut it = args.iter();
         while let Some(a) = it.next() {
             if a == "--listen" {
                 let v = it.next().ok_or("--listen needs ADDR:PORT")?;
                 listen = v.parse().map_err(|_| format!("--listen: '{v}' is not ADDR:PORT"))?;
+            } else if a == "--hca" {
+                hca = true;
+            } else if a == "--udp" {
+                let v = it.next().ok_or("--udp needs ADDR:PORT")?;
+                v.parse::<SocketAddr>().map_err(|_| format!("--udp: '{v}' is not ADDR:PORT"))?;
+                udp = Some(v.clone());
+            } else if a == "--cmd-latency-us" {
+                let v = it.next().ok_or("--cmd-latency-us needs a number")?;
+                let us: u64 = v.parse().map_err(|_| format!("--cmd-latency-us: '{v}' is not a number"))?;
+                cmd_latency = Duration::from_micros(us);
             } else if a.starts_with('-') {
                 return Err(format!("unknown flag '{a}'"));
             } else {
@@ -63,17 +90,87 @@ impl HostedConfig {
             credits: control.credits as u16,
             heartbeat_ms: control.heartbeat_ms,
         };
-        Ok(HostedConfig { listen, limits, keys })
+        if udp.is_some() && !hca {
+            return Err("--udp needs --hca".into());
+        }
+        Ok(HostedConfig { listen, limits, keys, hca, udp, cmd_latency, lease: cfg.lease })
     }
 }
 
-type Shared = Arc<Mutex<Server<NoLeases, OsEntropy>>>;
+/// The session core's backend: the lease service on the model, or none.
+pub enum HostedBackend {
+    Plain(NoLeases),
+    Lease(Box<hca::HostedBackend>),
+}
+
+impl Backend for HostedBackend {
+    fn lease_op(&mut self, who: &Principal, req: &Request, ticket: Ticket, now_ms: u64) -> Answer {
+        match self {
+            HostedBackend::Plain(b) => b.lease_op(who, req, ticket, now_ms),
+            HostedBackend::Lease(b) => b.lease_op(who, req, ticket, now_ms),
+        }
+    }
+    fn take_answers(&mut self, out: &mut Vec<(Ticket, Reply)>) {
+        if let HostedBackend::Lease(b) = self {
+            b.take_answers(out)
+        }
+    }
+    fn session_started(&mut self, who: &Principal, now_ms: u64) {
+        if let HostedBackend::Lease(b) = self {
+            b.session_started(who, now_ms)
+        }
+    }
+    fn session_alive(&mut self, who: &Principal, now_ms: u64) {
+        if let HostedBackend::Lease(b) = self {
+            b.session_alive(who, now_ms)
+        }
+    }
+    fn tick(&mut self, now_ms: u64) {
+        if let HostedBackend::Lease(b) = self {
+            b.tick(now_ms)
+        }
+    }
+    fn lease_stats(&mut self) -> LeaseStats {
+        match self {
+            HostedBackend::Plain(b) => b.lease_stats(),
+            HostedBackend::Lease(b) => b.lease_stats(),
+        }
+    }
+    fn fenced(&mut self, who: &Principal) -> Vec<FencedSlot> {
+        match self {
+            HostedBackend::Plain(b) => b.fenced(who),
+            HostedBackend::Lease(b) => b.fenced(who),
+        }
+    }
+    fn health(&mut self, now_ms: u64) -> Health {
+        match self {
+            HostedBackend::Plain(b) => b.health(now_ms),
+            HostedBackend::Lease(b) => b.health(now_ms),
+        }
+    }
+    fn role_counts(&self) -> Vec<(u16, u8, u64)> {
+        match self {
+            HostedBackend::Plain(b) => b.role_counts(),
+            HostedBackend::Lease(b) => b.role_counts(),
+        }
+    }
+    fn session_lost(&mut self, who: &Principal, reason: CloseReason, now_ms: u64) {
+        match self {
+            HostedBackend::Plain(b) => b.session_lost(who, reason, now_ms),
+            HostedBackend::Lease(b) => b.session_lost(who, reason, now_ms),
+        }
+    }
+}
+
+type Shared = Arc<Mutex<Server<HostedBackend, OsEntropy>>>;
 
 /// A running hosted appliance.
 pub struct Hosted {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    server: Shared,
+    hca: Option<hca::HcaThreads>,
 }
 
 fn now_ms(start: Instant) -> u64 {
@@ -84,7 +181,13 @@ impl Hosted {
     /// Binds and starts serving (accept thread + timer thread + one thread per connection).
     pub fn start(cfg: HostedConfig) -> Result<Hosted, String> {
         let start = Instant::now();
-        let server = Server::new(cfg.limits, cfg.keys, NoLeases::default(), OsEntropy, 0).map_err(|e| e.to_string())?;
+        let (backend, hca) = if cfg.hca {
+            let (b, t) = hca::start(&cfg.lease, cfg.udp.as_deref(), cfg.cmd_latency)?;
+            (HostedBackend::Lease(Box::new(b)), Some(t))
+        } else {
+            (HostedBackend::Plain(NoLeases::default()), None)
+        };
+        let server = Server::new(cfg.limits, cfg.keys, backend, OsEntropy, 0).map_err(|e| e.to_string())?;
         let server: Shared = Arc::new(Mutex::new(server));
         let listener = TcpListener::bind(cfg.listen).map_err(|e| format!("binding {}: {e}", cfg.listen))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
@@ -97,7 +200,7 @@ impl Hosted {
             thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     server.lock().expect("server lock").tick(now_ms(start));
-                    thread::sleep(Duration::from_millis(50));
+                    thread::sleep(TICK);
                 }
             })
         };
@@ -117,11 +220,25 @@ impl Hosted {
                 }
             })
         };
-        Ok(Hosted { addr, stop, threads: vec![timer, acceptor] })
+        Ok(Hosted { addr, stop, threads: vec![timer, acceptor], server, hca })
     }
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The model and its memories (with `--hca`).
+    pub fn hca(&self) -> Option<&hca::HcaThreads> {
+        self.hca.as_ref()
+    }
+
+    /// Runs `f` on the lease backend (with `--hca`), under the server's lock.
+    pub fn with_leases<R>(&self, f: impl FnOnce(&mut hca::HostedBackend) -> R) -> Option<R> {
+        let mut s = self.server.lock().expect("server lock");
+        match s.backend_mut() {
+            HostedBackend::Lease(b) => Some(f(b)),
+            HostedBackend::Plain(_) => None,
+        }
     }
 
     /// Blocks until the service stops.

@@ -1,7 +1,8 @@
-//! `leasebox-hosted [--listen ADDR] [OPTION=VALUE ...]` — the appliance's control service as a Linux process:
-//! the same session core as the image, driven by std TCP instead of smoltcp. Options are the kernel's
-//! (`tenant=`, `admin=`, `sessions=`, `credits=`, `heartbeat_ms=`; docs/operations.md). Used by tests and by
-//! `cargo xtask bench control`.
+//! `leasebox-hosted [--listen ADDR] [--hca [--udp ADDR] [--cmd-latency-us N]] [OPTION=VALUE ...]` — the
+//! appliance as a Linux process: the same session core as the image, driven by std TCP instead of smoltcp;
+//! with `--hca`, the device model in-process, the native driver and the lease service. Options are the
+//! kernel's (`tenant=`, `admin=`, `sessions=`, `credits=`, `heartbeat_ms=`, the lease options;
+//! docs/operations.md). Used by tests and benchmarks.
 
 use leasebox_hosted::{Hosted, HostedConfig};
 use std::process::ExitCode;
@@ -13,7 +14,8 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("leasebox-hosted: {e}");
             eprintln!(
-                "usage: leasebox-hosted [--listen ADDR] tenant=NAME:HEXKEY|admin=HEXKEY [sessions=N credits=N heartbeat_ms=N]"
+                "usage: leasebox-hosted [--listen ADDR] [--hca [--udp ADDR] [--cmd-latency-us N]] \
+                 tenant=NAME:HEXKEY|admin=HEXKEY [sessions=N credits=N heartbeat_ms=N lease options...]"
             );
             return ExitCode::from(2);
         }
@@ -21,7 +23,13 @@ fn main() -> ExitCode {
     match Hosted::start(cfg) {
         Ok(h) => {
             // The ready line mirrors the image's, so scripts can wait for it the same way.
-            println!("leasebox: ready hosted=1 addr={} port={}", h.addr().ip(), h.addr().port());
+            let udp = h.hca().and_then(|t| t.udp).map_or(String::from("none"), |a| a.to_string());
+            println!(
+                "leasebox: ready hosted=1 addr={} ctl_port={} hca={} udp={udp}",
+                h.addr().ip(),
+                h.addr().port(),
+                h.hca().is_some()
+            );
             h.join();
             ExitCode::SUCCESS
         }

@@ -13,6 +13,7 @@ pub mod lease;
 pub mod link;
 pub mod pool;
 pub mod service;
+pub mod setup;
 pub mod stats;
 
 pub use config::{Config, RevokeOrder};

@@ -100,6 +100,17 @@ impl HostedPlatform {
     /// model thread they are anonymous shared mappings (files in /dev/shm, unlinked once mapped), accessed
     /// without locks on either side, as in QEMU runs.
     pub fn with_model(cfg: ModelConfig, ram_bytes: usize, mode: ModelMode) -> HostedPlatform {
+        Self::with_model_udp(cfg, ram_bytes, mode, None)
+    }
+
+    /// As [`HostedPlatform::with_model`]; with `udp` (a non-blocking RoCEv2 responder socket) the model thread
+    /// also serves the data path, as the model process does (`ModelMode::Thread` only).
+    pub fn with_model_udp(
+        cfg: ModelConfig,
+        ram_bytes: usize,
+        mode: ModelMode,
+        udp: Option<mlx5_model::roce::udp::UdpResponder>,
+    ) -> HostedPlatform {
         let (bar, ram): (Arc<dyn Memory>, Arc<dyn Memory>) = match mode {
             ModelMode::InProcess => (Arc::new(VecMemory::new(HOSTED_BAR_BYTES)), Arc::new(VecMemory::new(ram_bytes))),
             ModelMode::Thread => (
@@ -113,12 +124,18 @@ impl HostedPlatform {
             ModelMode::Thread => {
                 let stop = Arc::new(AtomicBool::new(false));
                 let (m, s) = (model.clone(), stop.clone());
+                let mut udp = udp;
                 let handle = std::thread::Builder::new()
                     .name("mlx5-model".into())
                     .spawn(move || {
                         let mut idle = 0u32;
                         while !s.load(Ordering::Relaxed) {
-                            let did = m.lock().unwrap_or_else(|e| e.into_inner()).poll();
+                            let mut model = m.lock().unwrap_or_else(|e| e.into_inner());
+                            let mut did = model.poll();
+                            if let Some(u) = udp.as_mut() {
+                                did |= mlx5_model::dataplane::poll_udp(&mut model, u).unwrap_or(0) > 0;
+                            }
+                            drop(model);
                             if did {
                                 idle = 0;
                             } else {

@@ -1,0 +1,139 @@
+//! The hosted appliance's HCA: the device model on its own thread (with its RoCEv2 responder on UDP when
+//! asked), the native driver brought up on it, the engines on a thread of their own, and the lease service
+//! as the session core's backend — the image's wiring, with threads for cores.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use leasebox_kernel::lease_config::LeaseOptions;
+use leasebox_lease::backend::{Environment, LeaseBackend};
+use leasebox_lease::{Config, Host, LeaseService};
+use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
+use leasebox_mlx5::engine::Shared;
+use leasebox_mlx5::hosted::{HostedPlatform, ModelMode};
+use leasebox_mlx5::platform::Platform;
+use leasebox_proto::HcaState;
+use mlx5_model::ModelConfig;
+
+/// RAM beyond the lease pool: the firmware's init pages (~50 MiB), queues and QP buffers.
+const RAM_EXTRA: usize = 160 << 20;
+
+pub struct HostedHost(pub Arc<HostedPlatform>);
+
+impl Host for HostedHost {
+    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<u64> {
+        self.0.dma_alloc(len, align)
+    }
+    fn dma_free(&mut self, addr: u64, len: usize) {
+        self.0.dma_free(addr, len)
+    }
+    fn zero(&mut self, addr: u64, len: u64) {
+        let z = vec![0u8; 64 << 10];
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(z.len() as u64) as usize;
+            self.0.dma_write(addr + at, &z[..n]);
+            at += n as u64;
+        }
+    }
+}
+
+pub struct HostedEnv {
+    start: Instant,
+    shared: Arc<Shared>,
+    summary: String,
+}
+
+impl Environment for HostedEnv {
+    fn now_us(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64
+    }
+    fn role_counts(&self) -> Vec<(u16, u8, u64)> {
+        Vec::new()
+    }
+    fn hca_health(&self) -> (HcaState, String) {
+        let state = if self.shared.fatal().is_some() { HcaState::Fatal } else { HcaState::Ok };
+        (state, self.summary.clone())
+    }
+}
+
+pub type HostedBackend = LeaseBackend<HostedHost, HostedEnv>;
+
+/// The engines' thread and what the test or benchmark may want to reach: the platform (the model, its
+/// memories, fault injection) and the UDP address of its RoCEv2 responder.
+pub struct HcaThreads {
+    stop: Arc<AtomicBool>,
+    engines: Option<JoinHandle<()>>,
+    pub platform: Arc<HostedPlatform>,
+    pub udp: Option<std::net::SocketAddr>,
+}
+
+impl Drop for HcaThreads {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.engines.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Brings the model and the driver up and builds the lease backend. `udp`: where the model's RoCEv2 responder
+/// listens (`None`: no data path); `cmd_latency`: firmware time per command.
+pub fn start(
+    o: &LeaseOptions,
+    udp: Option<&str>,
+    cmd_latency: Duration,
+) -> Result<(HostedBackend, HcaThreads), String> {
+    let responder = match udp {
+        Some(a) => {
+            let r =
+                mlx5_model::roce::udp::UdpResponder::bind(a, Duration::ZERO).map_err(|e| format!("--udp {a}: {e}"))?;
+            r.set_nonblocking(true).map_err(|e| e.to_string())?;
+            Some(r)
+        }
+        None => None,
+    };
+    let udp_addr = responder.as_ref().and_then(|r| r.local_addr().ok());
+    let model = ModelConfig { init_delay: Duration::ZERO, cmd_latency, ..ModelConfig::default() };
+    let ram = (o.pool_mib as usize) * (1 << 20) + RAM_EXTRA;
+    let platform = Arc::new(HostedPlatform::with_model_udp(model, ram, ModelMode::Thread, responder));
+    let dcfg = DriverConfig { part: "ConnectX-5", pre_init_timeout_ms: 5_000, ..DriverConfig::default() };
+    let mut d = Driver::bring_up(platform.clone(), dcfg).map_err(|e| format!("HCA bring-up: {e}"))?;
+    let parts = leasebox_lease::setup::prepare(&mut d, o, None)?;
+    let (mut cmd, mut ev, client, info) = d.into_engines();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let engines = std::thread::Builder::new()
+        .name("mlx5-engines".into())
+        .spawn(move || {
+            let mut idle = 0u32;
+            while !s.load(Ordering::Relaxed) {
+                if cmd.poll() | ev.poll() {
+                    idle = 0;
+                } else {
+                    idle = idle.saturating_add(1);
+                    if idle > 1024 {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+    let cfg = Config::from_options(o, &parts, seed);
+    if let Some(w) = leasebox_lease::setup::fence_test_warning(o) {
+        eprintln!("leasebox-hosted: {w}");
+    }
+    let svc = LeaseService::new(cfg, parts.hca).map_err(|e| format!("lease configuration: {e}"))?;
+    let env = HostedEnv {
+        start: Instant::now(),
+        shared: client.shared_handle(),
+        summary: format!("{} fw {} port {} (model in process)", info.part, info.fw, info.port),
+    };
+    let backend = LeaseBackend::new(svc, client, HostedHost(platform.clone()), env);
+    Ok((backend, HcaThreads { stop, engines: Some(engines), platform, udp: udp_addr }))
+}

@@ -1,0 +1,123 @@
+//! What the lease service needs from a freshly brought-up HCA, and its configuration from the command line's
+//! lease options: shared by the image and the hosted appliance.
+
+use alloc::format;
+use alloc::string::String;
+
+use leasebox_kernel::lease_config::{DEFAULT_RDMA_IP, LeaseOptions, RevokeOrder as Order};
+use leasebox_mlx5::driver::Driver;
+use leasebox_mlx5::ifc::flow;
+use leasebox_mlx5::ifc::vport::{RoceAddress, set_roce_address};
+use leasebox_mlx5::platform::Platform;
+
+use crate::config::{Config, RevokeOrder};
+use crate::service::{HcaCtx, port_ib_mtu};
+
+/// The lease QPs' CQ size (log2 entries).
+const LEASE_CQ_LOG: u32 = 12;
+
+/// The service's view of the HCA and its pool.
+#[derive(Clone, Copy, Debug)]
+pub struct LeaseParts {
+    pub hca: HcaCtx,
+    pub pool_base: u64,
+    pub pool_bytes: u64,
+    pub rdma_ip: core::net::Ipv4Addr,
+}
+
+/// On a driver that is up (before its engines are split off): the lease QPs' CQ (watched by the event
+/// engine), the RDMA_RX table and group for DROP entries when `flow_drop` is on (best effort), a RoCEv2 GID
+/// for `rdma_ip` (index 1; GID 0 if the firmware refuses), and the pool (2 MiB-aligned DMA memory).
+#[allow(clippy::result_large_err)]
+pub fn prepare<P: Platform>(
+    d: &mut Driver<P>,
+    o: &LeaseOptions,
+    net_ip: Option<core::net::Ipv4Addr>,
+) -> Result<LeaseParts, String> {
+    let cq = d.create_cq(LEASE_CQ_LOG).map_err(|e| format!("lease CQ: {e}"))?;
+    let cqn = cq.cqn;
+    d.events.watch_cq(cq.cqn, cq.ring);
+    let flow = if o.flow_drop {
+        let log = (o.slots.max(2) - 1).ilog2() as u8 + 1;
+        let made =
+            d.exec(flow::create_flow_table(flow::FS_FT_RDMA_RX, 0, log)).map(|o| flow::create_flow_table_out(&o));
+        let made = made.and_then(|t| {
+            d.exec(flow::create_flow_group_bth_dst_qp(flow::FS_FT_RDMA_RX, t, 0, (1 << log) - 1))
+                .map(|o| (t, flow::create_flow_group_out(&o)))
+        });
+        match made {
+            Ok(tg) => Some(tg),
+            Err(e) => {
+                log::warn!("lease: flow_drop=on but the RDMA_RX table could not be set up ({e}); no DROP entries");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let ip = o.rdma_ip.or(net_ip).unwrap_or(DEFAULT_RDMA_IP);
+    let mut gid = [0u8; 16];
+    gid[10] = 0xff;
+    gid[11] = 0xff;
+    gid[12..].copy_from_slice(&ip.octets());
+    let entry = RoceAddress { gid, vlan: None, source_mac: d.info.mac, roce_l3_type: 0, roce_version: 2 };
+    let (gid, gid_index) = match d.exec(set_roce_address(1, &entry)) {
+        Ok(_) => (gid, 1),
+        Err(e) => {
+            log::warn!("lease: cannot add the RoCEv2 GID for {ip} ({e}); lease QPs use GID 0");
+            (d.info.gid, 0)
+        }
+    };
+    let pool_bytes = u64::from(o.pool_mib) << 20;
+    let pool_base = d
+        .platform()
+        .dma_alloc(pool_bytes as usize, 2 << 20)
+        .ok_or_else(|| format!("no {} MiB of contiguous memory for the lease pool", o.pool_mib))?;
+    let port_mtu = port_ib_mtu(d.info.mtu);
+    log::info!(
+        "lease: pool {} MiB at {pool_base:#x}, {} slots, CQ {cqn}, port IB MTU {}, flow DROP {}, RDMA address {ip} \
+         (GID index {gid_index})",
+        o.pool_mib,
+        o.slots,
+        128u32 << port_mtu,
+        if flow.is_some() { "on" } else { "off" }
+    );
+    Ok(LeaseParts {
+        hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, port_mtu, flow },
+        pool_base,
+        pool_bytes,
+        rdma_ip: ip,
+    })
+}
+
+impl Config {
+    /// The service's configuration from the lease options and the pool `prepare` set aside.
+    pub fn from_options(o: &LeaseOptions, parts: &LeaseParts, psn_seed: u64) -> Config {
+        Config {
+            pool_base: parts.pool_base,
+            pool_bytes: parts.pool_bytes,
+            slots: o.slots,
+            tenant_leases: o.tenant_leases,
+            default_ttl_ms: o.ttl_ms,
+            max_ttl_ms: o.ttl_ms.max(3_600_000),
+            ready_timeout_ms: u64::from(o.ready_ms),
+            grace_ms: u64::from(o.grace_ms),
+            session_grace_ms: u64::from(o.session_grace_ms),
+            heartbeat_renews: o.heartbeat_renews,
+            order: match o.order {
+                Order::MkeyFirst => RevokeOrder::MkeyFirst,
+                Order::QpFirst => RevokeOrder::QpFirst,
+            },
+            flow_drop: o.flow_drop,
+            fence_test: o.fence_test,
+            psn_seed: psn_seed | 1,
+            ..Config::default()
+        }
+    }
+}
+
+/// The line a host logs when `fence_test=on` cannot take effect.
+pub fn fence_test_warning(o: &LeaseOptions) -> Option<String> {
+    (o.fence_test && !cfg!(feature = "fence-test"))
+        .then(|| String::from("fence_test=on is ignored: built without the `fence-test` feature"))
+}
