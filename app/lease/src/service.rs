@@ -90,8 +90,18 @@ pub struct LeaseService<T: Copy> {
     answers: Vec<(T, Reply)>,
     mkey_variant: u8,
     psn_state: u64,
+    /// Free slots, oldest first (a freed slot goes to the back).
+    free: VecDeque<u32>,
+    /// Busy leases and bytes per tenant (budgets).
+    usage: BTreeMap<String, (u32, u64)>,
+    /// The timer scan runs at most this often.
+    next_scan_us: u64,
     pub counters: Counters,
 }
+
+/// How often [`LeaseService::tick`] walks the table for deadlines (the revoke deadline is 1 s; READY, TTL and
+/// grace timers are coarser).
+pub const SCAN_INTERVAL_US: u64 = 1_000;
 
 fn err(code: ErrorCode, msg: &str) -> ErrorBody {
     ErrorBody::new(code, msg)
@@ -112,6 +122,7 @@ fn hca_error(e: &CmdError) -> ErrorBody {
 impl<T: Copy> LeaseService<T> {
     pub fn new(cfg: Config, hca: HcaCtx) -> Result<Self, crate::config::ConfigError> {
         cfg.check()?;
+        let cfg_slots = cfg.slots;
         let slots = (0..cfg.slots).map(|_| Slot::Free { next_generation: 1 }).collect();
         let pool = ExtentPool::new(cfg.pool_base, cfg.pool_bytes, cfg.extent);
         let psn_state = cfg.psn_seed | 1;
@@ -126,6 +137,9 @@ impl<T: Copy> LeaseService<T> {
             answers: Vec::new(),
             mkey_variant: 0,
             psn_state,
+            free: (0..cfg_slots).collect(),
+            usage: BTreeMap::new(),
+            next_scan_us: 0,
             counters: Counters::default(),
         })
     }
@@ -200,7 +214,7 @@ impl<T: Copy> LeaseService<T> {
             Request::Alloc(a) => self.alloc(who, a, ticket, now_us, host),
             Request::Ready { lease, client_qpn, server_qpn } => Some(self.ready(who, *lease, *client_qpn, *server_qpn)),
             Request::Renew { lease, ttl_ms } => Some(self.renew(who, *lease, *ttl_ms, now_us)),
-            Request::Free { lease } => self.revoke(who, *lease, Cause::Free, None, ticket, now_us),
+            Request::Free { lease } => self.revoke(who, *lease, Cause::Free, None, ticket, now_us, host),
             Request::Revoke { lease, qp_first } => {
                 let order = if *qp_first { Some(RevokeOrder::QpFirst) } else { None };
                 if order.is_some() && !(who.admin && self.cfg.allow_order_override) {
@@ -209,7 +223,7 @@ impl<T: Copy> LeaseService<T> {
                         "REVOKE: only the admin may choose the teardown order (qp_first), and only when allowed",
                     )));
                 }
-                self.revoke(who, *lease, Cause::Revoke, order, ticket, now_us)
+                self.revoke(who, *lease, Cause::Revoke, order, ticket, now_us, host)
             }
             Request::Query { lease } => Some(self.query(who, *lease, now_us)),
             Request::List { cursor, max } => Some(self.list(who, *cursor, *max, now_us)),
@@ -310,6 +324,10 @@ impl<T: Copy> LeaseService<T> {
             failure: String::new(),
         };
         self.slots[slot] = Slot::Busy(lease);
+        self.free.pop_front();
+        let u = self.usage.entry(who.tenant.to_string()).or_default();
+        u.0 += 1;
+        u.1 += bytes;
         self.counters.allocs_started += 1;
         self.advance(slot as u32, now_us, host);
         None
@@ -350,17 +368,19 @@ impl<T: Copy> LeaseService<T> {
     }
 
     fn tenant_usage(&self, tenant: &str) -> (u32, u64) {
-        let mut n = 0;
-        let mut bytes = 0;
-        for s in &self.slots {
-            if let Slot::Busy(l) = s
-                && l.tenant == tenant
-            {
-                n += 1;
-                bytes += l.extents.len() as u64 * self.cfg.extent;
+        self.usage.get(tenant).copied().unwrap_or_default()
+    }
+
+    /// A busy lease leaves the table (freed or fenced): its tenant's budget gets it back.
+    fn unbook(&mut self, tenant: &str, extents: usize) {
+        let bytes = extents as u64 * self.cfg.extent;
+        if let Some(u) = self.usage.get_mut(tenant) {
+            u.0 = u.0.saturating_sub(1);
+            u.1 = u.1.saturating_sub(bytes);
+            if u.0 == 0 {
+                self.usage.remove(tenant);
             }
         }
-        (n, bytes)
     }
 
     /// Issues the lease's next planned step, or finishes the phase when the plan is empty.
@@ -671,7 +691,9 @@ impl<T: Copy> LeaseService<T> {
             self.tags.insert(tag, slot);
         }
         self.pool.quarantine(l.extents.len());
+        let (tenant, n) = (core::mem::take(&mut l.tenant), l.extents.len());
         self.slots[slot as usize] = Slot::Fenced(info);
+        self.unbook(&tenant, n);
         self.counters.fenced += 1;
         for w in waiters {
             self.reply_outcome(w, Outcome::Fenced, now_us);
@@ -692,7 +714,10 @@ impl<T: Copy> LeaseService<T> {
         host.dma_free(l.qp_buf, QP_BUF);
         host.dma_free(l.qp_dbr, QP_DBR);
         let next_generation = l.id.generation.wrapping_add(1).max(1);
+        let (tenant, n) = (core::mem::take(&mut l.tenant), l.extents.len());
         self.slots[slot as usize] = Slot::Free { next_generation };
+        self.free.push_back(slot);
+        self.unbook(&tenant, n);
         self.counters.swept += 1;
     }
 
@@ -827,6 +852,7 @@ impl<T: Copy> LeaseService<T> {
 
     // ---- FREE / REVOKE / EXPIRY ----
 
+    #[allow(clippy::too_many_arguments)]
     fn revoke(
         &mut self,
         who: Who<'_>,
@@ -835,6 +861,7 @@ impl<T: Copy> LeaseService<T> {
         order: Option<RevokeOrder>,
         ticket: T,
         now_us: u64,
+        host: &mut dyn Host,
     ) -> Option<Reply> {
         let free = cause == Cause::Free;
         let answer = |outcome| {
@@ -870,6 +897,7 @@ impl<T: Copy> LeaseService<T> {
                             Some(Waiter { ticket, free, since_us: now_us }),
                             now_us,
                         );
+                        self.advance(id.slot, now_us, host);
                         None
                     }
                 }
@@ -915,6 +943,10 @@ impl<T: Copy> LeaseService<T> {
     /// Timers: the revoke deadline, READY deadlines, TTLs, lost sessions, and the deferred sweep. Also issues
     /// the commands that revokes started since the last call.
     pub fn tick(&mut self, now_us: u64, host: &mut dyn Host) {
+        if now_us < self.next_scan_us {
+            return;
+        }
+        self.next_scan_us = now_us + SCAN_INTERVAL_US;
         let session_grace = self.cfg.session_grace_ms * 1000;
         for slot in 0..self.slots.len() as u32 {
             let Some(l) = self.lease(slot) else { continue };
@@ -1046,7 +1078,7 @@ impl<T: Copy> LeaseService<T> {
 
     /// Free slots (neither busy nor fenced).
     pub fn free_slots(&self) -> usize {
-        self.slots.iter().filter(|s| matches!(s, Slot::Free { .. })).count()
+        self.free.len()
     }
 
     /// The live lease in `slot` (tests, diagnostics).
