@@ -113,7 +113,7 @@ fn bad(field: &str, why: &str) -> ErrorBody {
 
 fn hca_error(e: &CmdError) -> ErrorBody {
     ErrorBody::new(ErrorCode::HcaError, &format!("{e}")).with_detail([
-        u32::from(e.opcode),
+        (u32::from(e.opcode) << 16) | u32::from(e.op_mod),
         u32::from(e.status_or_aborted()),
         e.syndrome().unwrap_or(0),
     ])

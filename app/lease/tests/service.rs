@@ -107,7 +107,7 @@ fn an_hca_refusal_during_alloc_is_reported_and_undone() {
     r.platform().model().unwrap().inject(Fault::Fail { opcode: 0x503, count: 1, status: 0x03, syndrome: 0x7e57 });
     let e = r.call(TENANT, &Request::Alloc(alloc_req(4 << 20, 9))).unwrap_err();
     assert_eq!(e.code, ErrorCode::HcaError);
-    assert_eq!(e.detail, [0x503, 0x03, 0x7e57], "opcode, status, syndrome");
+    assert_eq!(e.detail, [0x503 << 16, 0x03, 0x7e57], "opcode << 16 | op_mod, status, syndrome");
     assert!(e.message.contains("INIT2RTR_QP") && e.message.contains("BAD_PARAM"), "{}", e.message);
     r.settle();
     assert_eq!(r.svc.pool().free_extents(), free, "the extents came back");
