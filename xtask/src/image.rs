@@ -57,6 +57,17 @@ impl Paths {
     pub fn run_iso(&self) -> PathBuf {
         self.out.join("run.iso")
     }
+
+    /// The kernel built with the `fence-test` feature (only for the `lease-qemu` test step).
+    pub fn fence_test_elf(&self) -> PathBuf {
+        self.out.join("leasebox-fence-test.elf")
+    }
+
+    /// Its own cargo target directory: the feature changes the binary `leasebox`, and sharing the directory
+    /// would let one build overwrite the other's output before it is copied.
+    pub fn fence_test_target(&self) -> PathBuf {
+        self.target.join("fence-test")
+    }
 }
 
 /// The cargo that runs us (so the same toolchain builds the kernel).
@@ -85,9 +96,31 @@ pub fn build_kernel(p: &Paths) -> Result<PathBuf, String> {
     Ok(elf)
 }
 
+/// `cargo build -p leasebox-image --features fence-test` into its own target directory, copied to
+/// `target/leasebox/leasebox-fence-test.elf`: revokes corrupt the MKEY index when booted with `fence_test=on`.
+pub fn build_fence_test_kernel(p: &Paths) -> Result<PathBuf, String> {
+    let target = p.fence_test_target();
+    cargo_build_kernel_in(p, &target, &["--features", "fence-test"])?;
+    let built = target.join(KERNEL_TARGET).join("release").join("leasebox");
+    fs::create_dir_all(&p.out).map_err(|e| format!("creating {}: {e}", p.out.display()))?;
+    let elf = p.fence_test_elf();
+    fs::copy(&built, &elf).map_err(|e| format!("copying {} to {}: {e}", built.display(), elf.display()))?;
+    Ok(elf)
+}
+
 fn cargo_build_kernel(p: &Paths) -> Result<PathBuf, String> {
+    cargo_build_kernel_in(p, &p.target, &[])?;
+    Ok(p.built_kernel())
+}
+
+/// Builds the kernel into `target_dir` with `extra` cargo arguments.
+fn cargo_build_kernel_in(p: &Paths, target_dir: &Path, extra: &[&str]) -> Result<(), String> {
     let mut cmd = Command::new(cargo());
     cmd.current_dir(&p.root).args(["build", "-p", "leasebox-image", "--release", "--target", KERNEL_TARGET]);
+    cmd.args(extra);
+    if target_dir != p.target {
+        cmd.arg("--target-dir").arg(target_dir);
+    }
     // RUSTFLAGS from the environment would replace `-C relocation-model=static` from .cargo/config.toml and
     // break the link of the 32-bit multiboot entry.
     for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS"] {
@@ -100,7 +133,7 @@ fn cargo_build_kernel(p: &Paths) -> Result<PathBuf, String> {
     if !status.success() {
         return Err(format!("kernel build failed ({status})"));
     }
-    Ok(p.built_kernel())
+    Ok(())
 }
 
 /// Builds (if stale) the ISO at `iso` with `kernel_args` baked into grub.cfg.
@@ -137,6 +170,8 @@ mod tests {
         assert_eq!(p.elf(), Path::new("/ws/target/leasebox/leasebox.elf"));
         assert_eq!(p.iso(), Path::new("/ws/target/leasebox/leasebox.iso"));
         assert_eq!(p.run_iso(), Path::new("/ws/target/leasebox/run.iso"));
+        assert_eq!(p.fence_test_elf(), Path::new("/ws/target/leasebox/leasebox-fence-test.elf"));
+        assert_eq!(p.fence_test_target(), Path::new("/ws/target/fence-test"));
         assert_eq!(p.built_kernel(), Path::new("/ws/target/x86_64-unknown-none/release/leasebox"));
         assert_eq!(Paths::new("/ws".into(), Some("out".into())).elf(), Path::new("/ws/out/leasebox/leasebox.elf"));
         assert_eq!(Paths::new("/ws".into(), Some("/abs".into())).out, Path::new("/abs/leasebox"));

@@ -14,7 +14,7 @@ use cli::{BenchKind, BenchOpts, Cmd, RunOpts, TestOpts, USAGE};
 use image::Paths;
 use leasebox_qemu::model::{self, ModelCommand, ModelFiles, ModelProcess, ModelShm};
 use leasebox_qemu::{Boot, HostFwd, Ovmf, QemuConfig, QemuProcess, Stdio};
-use leasebox_scenarios::{Artifacts, bench, control, hca_bench, scenario};
+use leasebox_scenarios::{Artifacts, bench, control, hca_bench, lease_qemu, scenario};
 
 /// `println!` that ignores a closed stdout (e.g. `cargo xtask help | head`) instead of panicking.
 macro_rules! outln {
@@ -223,9 +223,14 @@ fn artifacts(p: &Paths, echo: bool) -> Artifacts {
 /// The control-channel scenario (not a transcript check: it talks to the running guest).
 const CONTROL_SCENARIO: &str = "control-qemu";
 
+/// The lease service end to end under QEMU (not a transcript check either).
+const LEASE_SCENARIO: &str = lease_qemu::NAME;
+
 fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
-    let boot_names: Vec<String> = o.scenarios.iter().filter(|n| *n != CONTROL_SCENARIO).cloned().collect();
+    let boot_names: Vec<String> =
+        o.scenarios.iter().filter(|n| *n != CONTROL_SCENARIO && *n != LEASE_SCENARIO).cloned().collect();
     let run_control = o.scenarios.is_empty() || o.scenarios.iter().any(|n| n == CONTROL_SCENARIO);
+    let run_lease = o.scenarios.is_empty() || o.scenarios.iter().any(|n| n == LEASE_SCENARIO);
     let scenarios =
         if !o.scenarios.is_empty() && boot_names.is_empty() { Vec::new() } else { scenario::select(&boot_names)? };
     if o.list {
@@ -234,6 +239,9 @@ fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
         }
         outln!(
             "{CONTROL_SCENARIO:<16} the control channel under QEMU: leasectl ping/stats/health, 1,000 malformed frames beside a heartbeating session, garbage, still answering"
+        );
+        outln!(
+            "{LEASE_SCENARIO:<16} leases under QEMU with the model and virtio-net: leasectl alloc/ready/list/revoke/fenced, RDMA WRITE/READ with the software requester, REM_ACCESS_ERR after an MKEY-first revoke, RETRY_EXC_ERR after a QP-first one; the fence-test image fences a revoked slot"
         );
         return Ok(0);
     }
@@ -316,6 +324,18 @@ fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
         report(&mut outcomes, CONTROL_SCENARIO, t0, result.map(|_| ()));
     }
 
+    if run_lease {
+        outln!(
+            "==> {LEASE_SCENARIO}: the model and virtio-net, leasectl and RDMA against the guest; the fence-test image"
+        );
+        let t0 = Instant::now();
+        let result = if image_ok { lease_scenario(p, &a) } else { Err("not run: the image build failed".into()) };
+        if let Ok(summary) = &result {
+            outln!("    {summary}");
+        }
+        report(&mut outcomes, LEASE_SCENARIO, t0, result.map(|_| ()));
+    }
+
     let failed: Vec<&str> = outcomes.iter().filter(|o| !o.passed).map(|o| o.name.as_str()).collect();
     let passed = outcomes.len() - failed.len();
     if failed.is_empty() {
@@ -353,6 +373,21 @@ fn control_scenario(p: &Paths, a: &Artifacts) -> Result<String, String> {
     let bin = leasectl_binary(p)?;
     let t = control::boot_qemu(a, 1, "")?;
     control::check(&t, &bin)
+}
+
+/// Two boots: the image (leasectl and RDMA checks), then the `fence-test` image with `fence_test=on`.
+fn lease_scenario(p: &Paths, a: &Artifacts) -> Result<String, String> {
+    let bin = leasectl_binary(p)?;
+    cargo_step(p, &["build", "-p", "mlx5-model"])?;
+    outln!("==> fence-test image: {}", p.fence_test_elf().display());
+    let fence_elf = image::build_fence_test_kernel(p)?;
+    let mut app = lease_qemu::Appliance::boot(a, &p.elf(), LEASE_SCENARIO, "")?;
+    let normal = lease_qemu::check_normal(&mut app, &bin)?;
+    drop(app);
+    let name = format!("{LEASE_SCENARIO}-fence-test");
+    let mut app = lease_qemu::Appliance::boot(a, &fence_elf, &name, "fence_test=on")?;
+    let fenced = lease_qemu::check_fence_test(&mut app, &bin)?;
+    Ok(format!("{normal}; {fenced}"))
 }
 
 fn cmd_bench(o: &BenchOpts, p: &Paths) -> Result<i32, String> {

@@ -1,0 +1,660 @@
+//! The lease service end to end under QEMU (issue 6 item 9): the image booted with the mlx5 model (guest RAM and
+//! BAR in shared files, the model's RoCEv2 responder on a free UDP port) and virtio-net (control port forwarded,
+//! fresh keys), then driven as a client would:
+//!
+//! 1. the `leasectl` binary: `alloc` → `ready` → `list` (Active) → `revoke` (TornDown) → `fenced` (none);
+//! 2. RDMA through the model's port with the software requester ([`leasectl::rdma::SoftRoce`]): ALLOC with the
+//!    requester's QP, connect, READY, a WRITE that lands in the lease (read back over RDMA and from the RAM
+//!    file at `remote_addr`), REVOKE (MKEY first) → the next WRITE gets `IBV_WC_REM_ACCESS_ERR` at once; then
+//!    on a fresh lease an admin REVOKE in the seed's order (QP first) → only silence, `IBV_WC_RETRY_EXC_ERR`;
+//! 3. a second image built with the `fence-test` feature, booted with `fence_test=on`: REVOKE answers Fenced,
+//!    `leasectl fenced` lists the slot (DESTROY_MKEY bit, origin REVOKE), the next ALLOC gets another slot.
+//!
+//! Parsing of `leasectl` output is done by pure functions (tested below); the boots are driven by
+//! [`check_normal`] and [`check_fence_test`], called from `cargo xtask test lease-qemu`.
+
+use crate::{Artifacts, serial};
+use leasebox_proto::{AllocReq, LeaseId, LeaseState, Outcome, Request, Response, access, mtu_bytes};
+use leasebox_qemu::model::{self, ModelCommand, ModelProcess, ModelShm};
+use leasebox_qemu::{Boot, HostFwd, NextLine, QemuConfig, QemuProcess, Stdio};
+use leasectl::client::{Client, Credentials, Timeouts};
+use leasectl::rdma::{Completion, QpEndpoint, RcConfig, Requester, SoftConfig, SoftRoce, WcStatus};
+use serde_json::Value;
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The step's name in `cargo xtask test`.
+pub const NAME: &str = "lease-qemu";
+/// Guest control port.
+const GUEST_PORT: u16 = 7470;
+/// Boot to the ready line (DHCP and HCA bring-up) under TCG on a busy 2-core host.
+const BOOT_DEADLINE: Duration = Duration::from_secs(150);
+/// One answer from the guest (ALLOC runs six HCA commands round-robin on one TCG CPU).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+/// RDMA bytes written and read back per lease (8 packets at MTU 1024).
+const RDMA_LEN: usize = 8192;
+/// REM_ACCESS_ERR after an MKEY-first revoke takes one round trip through the model (native, not TCG).
+const NAK_BUDGET: Duration = Duration::from_millis(100);
+/// Serial lines shown with a failure.
+const SERIAL_TAIL: usize = 25;
+/// The CLI lease's requester parameters (a QP that never sends: the lease is only driven through the CLI).
+const CLI_QPN: u32 = 0x1234;
+const CLI_GID: &str = "00000000000000000000ffff7f000002";
+const CLI_MAC: &str = "02:00:00:00:00:02";
+
+/// A random 32-byte key in hex, from the OS.
+fn random_hex() -> Result<String, String> {
+    let mut b = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| format!("/dev/urandom: {e}"))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+fn free_tcp_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+fn free_udp_addr() -> Result<SocketAddr, String> {
+    let s = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    s.local_addr().map_err(|e| e.to_string())
+}
+
+fn hex_bytes(h: &str) -> Vec<u8> {
+    (0..h.len()).step_by(2).map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap_or(0)).collect()
+}
+
+/// The booted image with the model beside it. Fields drop in order: QEMU is killed and reaped, then the
+/// model stopped, then the shared files deleted.
+pub struct Appliance {
+    qemu: QemuProcess,
+    _model: ModelProcess,
+    shm: ModelShm,
+    pub addr: String,
+    pub tenant_hex: String,
+    pub admin_hex: String,
+    /// The model's RoCEv2 responder.
+    pub udp: SocketAddr,
+    /// What the ready line said, for the summary.
+    pub ready: serial::Ready,
+    lines: Vec<String>,
+    log: PathBuf,
+}
+
+impl Appliance {
+    /// Boots `elf` (1 CPU) with the model and virtio-net; `name` names the logs, `extra_args` are appended to
+    /// the kernel command line. Returns once the ready line reports an address and a ConnectX-5.
+    pub fn boot(a: &Artifacts, elf: &Path, name: &str, extra_args: &str) -> Result<Appliance, String> {
+        let (tenant_hex, admin_hex) = (random_hex()?, random_hex()?);
+        let port = free_tcp_port()?;
+        let udp = free_udp_addr()?;
+        let append = format!("tenant=demo:{tenant_hex} admin={admin_hex} {extra_args}");
+        let mut c = QemuConfig::new(Boot::Kernel { elf: elf.to_path_buf(), append });
+        c.qemu = a.qemu.clone();
+        c.cpu = a.cpu.clone();
+        c.smp = 1;
+        c.net = Some(HostFwd::localhost(port, GUEST_PORT));
+        std::fs::create_dir_all(&a.log_dir).map_err(|e| format!("creating {}: {e}", a.log_dir.display()))?;
+        let shm = ModelShm::create(&a.shm_dir, model::DEFAULT_BAR_BYTES, c.mem_mib).map_err(|e| e.to_string())?;
+        let mut cmd = ModelCommand::new(a.model_bin.clone());
+        cmd.log = Some(a.log_dir.join(format!("{name}.model.log")));
+        cmd.trace = Some(crate::model_trace_path(a, name));
+        cmd.udp = Some(udp.to_string());
+        let model = ModelProcess::spawn(&cmd, shm.files(), c.mem_mib, model::READY_TIMEOUT)
+            .map_err(|e| format!("{e} (binary {})", a.model_bin.display()))?;
+        c.model = Some(shm.files().clone());
+        let qemu = QemuProcess::spawn(&c, Stdio::Capture { echo: a.echo }, vec![]).map_err(|e| e.to_string())?;
+        let mut app = Appliance {
+            qemu,
+            _model: model,
+            shm,
+            addr: format!("127.0.0.1:{port}"),
+            tenant_hex,
+            admin_hex,
+            udp,
+            ready: serial::Ready { fields: Vec::new() },
+            lines: Vec::new(),
+            log: a.log_dir.join(format!("{name}.log")),
+        };
+        let deadline = app.qemu.started() + BOOT_DEADLINE;
+        loop {
+            match app.qemu.next_line(deadline) {
+                NextLine::Line(l) => {
+                    app.lines.push(l.text.clone());
+                    if let Some(r) = serial::parse_ready(&l.text) {
+                        if r.get("ip").is_none_or(|ip| ip == "none") {
+                            return Err(app.fail(format!("the ready line has no address: {}", l.text)));
+                        }
+                        if r.get("hca") != Some("ConnectX-5") {
+                            return Err(app.fail(format!("the ready line has no ConnectX-5: {}", l.text)));
+                        }
+                        app.ready = r;
+                        return Ok(app);
+                    }
+                    if l.text.contains("!!!") || l.text.contains("PANIC") {
+                        return Err(app.fail(format!("guest failed: {}", l.text)));
+                    }
+                }
+                NextLine::Closed => return Err(app.fail("QEMU exited before the ready line".into())),
+                NextLine::TimedOut => {
+                    return Err(app.fail(format!("no ready line within {} s", BOOT_DEADLINE.as_secs())));
+                }
+            }
+        }
+    }
+
+    /// Collects the serial lines that arrived so far and writes them to the log.
+    fn drain(&mut self) {
+        while let NextLine::Line(l) = self.qemu.next_line(Instant::now()) {
+            self.lines.push(l.text);
+        }
+        let _ = std::fs::write(&self.log, self.lines.join("\n") + "\n");
+    }
+
+    /// `why`, with the last serial lines and where the full log is.
+    pub fn fail(&mut self, why: String) -> String {
+        // Give the guest a moment to print what it has to say about the failure.
+        std::thread::sleep(Duration::from_millis(500));
+        self.drain();
+        let tail = &self.lines[self.lines.len().saturating_sub(SERIAL_TAIL)..];
+        format!("{why}\n    last serial lines:\n    | {}\n    full log: {}", tail.join("\n    | "), self.log.display())
+    }
+
+    pub fn tenant(&self) -> Credentials {
+        Credentials { name: "demo".into(), key: hex_bytes(&self.tenant_hex) }
+    }
+
+    pub fn admin(&self) -> Credentials {
+        Credentials { name: "admin".into(), key: hex_bytes(&self.admin_hex) }
+    }
+
+    /// An authenticated session with a generous answer timeout.
+    pub fn session(&self, who: &Credentials) -> Result<Client, String> {
+        let t = Timeouts { retry_for: Duration::from_secs(30), receive: ANSWER_TIMEOUT, ..Timeouts::default() };
+        Client::connect_and_hello(&self.addr, who, t)
+            .map(|(c, _)| c)
+            .map_err(|e| format!("session to {}: {e}", self.addr))
+    }
+
+    /// `len` bytes of guest RAM at device address `addr` (an offset in the model's RAM file).
+    pub fn ram(&self, addr: u64, len: usize) -> Result<Vec<u8>, String> {
+        let path = &self.shm.files().ram;
+        let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut b = vec![0u8; len];
+        f.read_exact_at(&mut b, addr).map_err(|e| format!("reading {len} bytes at {addr:#x} of the RAM file: {e}"))?;
+        Ok(b)
+    }
+
+    /// Runs the `leasectl` binary as the tenant (or the admin); returns its stdout.
+    pub fn leasectl(&self, bin: &Path, admin: bool, args: &[&str]) -> Result<String, String> {
+        let timeout = ANSWER_TIMEOUT.as_secs().to_string();
+        let mut c = Command::new(bin);
+        c.args(["--addr", &self.addr, "--timeout", &timeout]);
+        if admin {
+            c.args(["--admin", "--key", &self.admin_hex]);
+        } else {
+            c.args(["--tenant", "demo", "--key", &self.tenant_hex]);
+        }
+        // No configuration file of the developer's may leak in.
+        c.env("LEASECTL_CONFIG", "/nonexistent/leasectl.conf");
+        let out = c.args(args).output().map_err(|e| format!("running {}: {e}", bin.display()))?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            return Err(format!(
+                "leasectl {} failed ({}): {stdout}{}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(stdout)
+    }
+}
+
+// ---- parsers of leasectl's output (render.rs) ----
+
+/// The fields of an ALLOC answer the checks need.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocOut {
+    pub lease: String,
+    pub rkey: u32,
+    pub remote_addr: u64,
+    pub server_qpn: u32,
+}
+
+impl AllocOut {
+    pub fn slot(&self) -> Result<u32, String> {
+        Ok(leasectl::args::parse_lease(&self.lease)?.slot)
+    }
+}
+
+fn number(s: &str) -> Result<u64, String> {
+    let r = match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| format!("`{s}` is not a number"))
+}
+
+/// `leasectl alloc`: `key  value` lines.
+pub fn parse_alloc_human(text: &str) -> Result<AllocOut, String> {
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.split_once(char::is_whitespace).filter(|(key, _)| *key == k).map(|(_, v)| v.trim()))
+            .ok_or_else(|| format!("no `{k}` in the alloc output: {text:?}"))
+    };
+    let u32_field = |k: &str| number(field(k)?).and_then(|n| u32::try_from(n).map_err(|_| format!("{k} {n}")));
+    Ok(AllocOut {
+        lease: field("lease")?.to_string(),
+        rkey: u32_field("rkey")?,
+        remote_addr: number(field("remote_addr")?)?,
+        server_qpn: u32_field("server_qpn")?,
+    })
+}
+
+/// `leasectl --json alloc`.
+pub fn parse_alloc_json(text: &str) -> Result<AllocOut, String> {
+    let v: Value = serde_json::from_str(text.trim()).map_err(|e| format!("alloc --json: {e}: {text:?}"))?;
+    let n = |k: &str| v[k].as_u64().ok_or_else(|| format!("alloc --json has no number `{k}`: {text:?}"));
+    let n32 = |k: &str| n(k).and_then(|x| u32::try_from(x).map_err(|_| format!("{k} {x}")));
+    Ok(AllocOut {
+        lease: v["lease"].as_str().ok_or_else(|| format!("alloc --json has no lease: {text:?}"))?.to_string(),
+        rkey: n32("rkey")?,
+        remote_addr: n("remote_addr")?,
+        server_qpn: n32("server_qpn")?,
+    })
+}
+
+/// `lease S.G: STATE` (ready) or `lease S.G: OUTCOME in N us` (free, revoke): the lease, the word after the
+/// colon and the microseconds when given.
+pub fn parse_lease_line(text: &str) -> Result<(String, String, Option<u32>), String> {
+    let line = text.lines().find(|l| l.starts_with("lease ")).ok_or_else(|| format!("no `lease ...:` in {text:?}"))?;
+    let (lease, rest) = line["lease ".len()..].split_once(": ").ok_or_else(|| format!("no colon in {line:?}"))?;
+    let mut words = rest.split_whitespace();
+    let what = words.next().ok_or_else(|| format!("nothing after the colon in {line:?}"))?.to_string();
+    let us = match (words.next(), words.next(), words.next()) {
+        (Some("in"), Some(n), Some("us")) => Some(n.parse().map_err(|_| format!("bad microseconds in {line:?}"))?),
+        (None, _, _) => None,
+        _ => return Err(format!("unexpected {line:?}")),
+    };
+    Ok((lease.to_string(), what, us))
+}
+
+/// `leasectl list`: the state column of `lease`'s row, `None` when it is not listed.
+pub fn list_state_human(text: &str, lease: &str) -> Option<String> {
+    text.lines().skip_while(|l| !l.starts_with("LEASE")).skip(1).find_map(|l| {
+        let mut cols = l.split_whitespace();
+        (cols.next() == Some(lease)).then(|| cols.next().unwrap_or_default().to_string())
+    })
+}
+
+/// `leasectl --json list`: the state of `lease`, `None` when it is not listed.
+pub fn list_state_json(text: &str, lease: &str) -> Result<Option<String>, String> {
+    let v: Value = serde_json::from_str(text.trim()).map_err(|e| format!("list --json: {e}: {text:?}"))?;
+    let leases = v["leases"].as_array().ok_or_else(|| format!("list --json has no leases array: {text:?}"))?;
+    Ok(leases.iter().find(|l| l["lease"] == lease).map(|l| l["state"].as_str().unwrap_or_default().to_string()))
+}
+
+/// One row of FENCED_SUMMARY.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FencedRow {
+    pub slot: u32,
+    pub generation: u32,
+    pub failed_mask: u32,
+    pub origin: String,
+}
+
+/// `leasectl fenced`: `no fenced slots`, or a header and one row per slot.
+pub fn parse_fenced_human(text: &str) -> Result<Vec<FencedRow>, String> {
+    if text.trim() == "no fenced slots" {
+        return Ok(Vec::new());
+    }
+    let mut lines = text.lines();
+    if !lines.next().is_some_and(|h| h.starts_with("SLOT")) {
+        return Err(format!("fenced: no header in {text:?}"));
+    }
+    lines
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let c: Vec<&str> = l.split_whitespace().collect();
+            let [slot, generation, mask, origin, ..] = c.as_slice() else {
+                return Err(format!("fenced: short row {l:?}"));
+            };
+            let n32 = |s: &str| number(s).and_then(|n| u32::try_from(n).map_err(|_| format!("{n} in {l:?}")));
+            Ok(FencedRow {
+                slot: n32(slot)?,
+                generation: n32(generation)?,
+                failed_mask: n32(mask)?,
+                origin: origin.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// `leasectl --json fenced`.
+pub fn parse_fenced_json(text: &str) -> Result<Vec<FencedRow>, String> {
+    let v: Value = serde_json::from_str(text.trim()).map_err(|e| format!("fenced --json: {e}: {text:?}"))?;
+    let slots = v["slots"].as_array().ok_or_else(|| format!("fenced --json has no slots array: {text:?}"))?;
+    slots
+        .iter()
+        .map(|s| {
+            let n = |k: &str| {
+                s[k].as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| format!("fenced --json: {k} in {s}"))
+            };
+            Ok(FencedRow {
+                slot: n("slot")?,
+                generation: n("generation")?,
+                failed_mask: n("failed_mask")?,
+                origin: s["origin"].as_str().unwrap_or_default().to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The `outcome` of `leasectl --json revoke` / `free`.
+pub fn outcome_json(text: &str) -> Result<String, String> {
+    let v: Value = serde_json::from_str(text.trim()).map_err(|e| format!("--json: {e}: {text:?}"))?;
+    v["outcome"].as_str().map(str::to_string).ok_or_else(|| format!("no outcome in {text:?}"))
+}
+
+/// DESTROY_MKEY's bit in a fenced slot's failed-step mask (docs/revoke-semantics.md).
+pub const FAILED_DESTROY_MKEY: u32 = 1 << 0;
+
+// ---- the checks ----
+
+fn expect(what: &str, ok: bool, got: &dyn std::fmt::Debug) -> Result<(), String> {
+    if ok { Ok(()) } else { Err(format!("{what}: got {got:?}")) }
+}
+
+/// Item 1: the lease life cycle through the `leasectl` binary. Returns the revoke's elapsed microseconds.
+fn cli_cycle(app: &Appliance, bin: &Path) -> Result<u32, String> {
+    let out = app.leasectl(
+        bin,
+        false,
+        &["alloc", "--size", "4096", "--qpn", "0x1234", "--psn", "5", "--gid", CLI_GID, "--mac", CLI_MAC],
+    )?;
+    let a = parse_alloc_human(&out)?;
+    let (cq, sq) = (format!("{CLI_QPN:#x}"), format!("{:#x}", a.server_qpn));
+    let out = app.leasectl(bin, false, &["ready", &a.lease, "--client-qpn", &cq, "--server-qpn", &sq])?;
+    let (lease, state, _) = parse_lease_line(&out)?;
+    expect("leasectl ready", lease == a.lease && state == "Active", &out)?;
+    let out = app.leasectl(bin, false, &["list"])?;
+    expect("leasectl list", list_state_human(&out, &a.lease).as_deref() == Some("Active"), &out)?;
+    let out = app.leasectl(bin, false, &["--json", "list"])?;
+    expect("leasectl --json list", list_state_json(&out, &a.lease)?.as_deref() == Some("Active"), &out)?;
+    let out = app.leasectl(bin, false, &["revoke", &a.lease])?;
+    let (lease, outcome, us) = parse_lease_line(&out)?;
+    expect("leasectl revoke", lease == a.lease && outcome == "TornDown" && us.is_some(), &out)?;
+    let out = app.leasectl(bin, false, &["fenced"])?;
+    expect("leasectl fenced", parse_fenced_human(&out)?.is_empty(), &out)?;
+    let out = app.leasectl(bin, true, &["--json", "fenced"])?;
+    expect("leasectl --admin --json fenced", parse_fenced_json(&out)?.is_empty(), &out)?;
+    Ok(us.unwrap_or(0))
+}
+
+/// The next `n` completions within `budget`.
+fn completions(r: &mut SoftRoce, n: usize, budget: Duration) -> Result<Vec<Completion>, String> {
+    let end = Instant::now() + budget;
+    let mut all = Vec::new();
+    while all.len() < n {
+        if Instant::now() >= end {
+            return Err(format!("{} of {n} completions within {budget:?}: {all:?}", all.len()));
+        }
+        all.extend(r.poll(Duration::from_millis(20)));
+    }
+    Ok(all)
+}
+
+fn one(r: &mut SoftRoce, budget: Duration) -> Result<Completion, String> {
+    Ok(completions(r, 1, budget)?[0])
+}
+
+fn pattern(seed: u32) -> Vec<u8> {
+    (0..RDMA_LEN as u32).map(|i| (i ^ seed).wrapping_mul(2_654_435_761).to_be_bytes()[0]).collect()
+}
+
+/// A lease with a connected software requester.
+struct RdmaLease {
+    r: SoftRoce,
+    alloc: leasebox_proto::AllocResp,
+}
+
+/// ALLOC with `r`'s QP, connect `r` to the server QP, READY.
+fn rdma_lease(app: &Appliance, tenant: &mut Client, rc: RcConfig) -> Result<RdmaLease, String> {
+    let cfg = SoftConfig { peer: app.udp, rc, mtu: 1024, ..SoftConfig::default() };
+    let mut r = SoftRoce::new(cfg).map_err(|e| format!("software requester: {e}"))?;
+    let me = r.local();
+    let req = AllocReq {
+        size: RDMA_LEN as u64,
+        access: access::REMOTE_READ | access::REMOTE_WRITE,
+        mtu: 3,
+        ttl_ms: 0,
+        client_qpn: me.qpn,
+        client_psn: me.psn,
+        client_gid: me.gid,
+        client_mac: me.mac,
+    };
+    let alloc = match tenant.call(&Request::Alloc(req)) {
+        Ok(Response::Alloc(a)) => a,
+        other => return Err(format!("ALLOC: {other:?}")),
+    };
+    let mtu = mtu_bytes(alloc.mtu).ok_or_else(|| format!("ALLOC answered MTU code {}", alloc.mtu))?;
+    let remote = QpEndpoint { qpn: alloc.server_qpn, psn: alloc.server_psn, gid: alloc.server_gid, mac: [0; 6], mtu };
+    r.connect(&remote).map_err(|e| format!("connecting the requester: {e}"))?;
+    match tenant.call(&Request::Ready { lease: alloc.lease, client_qpn: me.qpn, server_qpn: alloc.server_qpn }) {
+        Ok(Response::Ready { state: LeaseState::Active }) => {}
+        other => return Err(format!("READY: {other:?}")),
+    }
+    Ok(RdmaLease { r, alloc })
+}
+
+fn revoke(c: &mut Client, lease: LeaseId, qp_first: bool) -> Result<(Outcome, u32), String> {
+    match c.call(&Request::Revoke { lease, qp_first }) {
+        Ok(Response::Revoke { outcome, elapsed_us }) => Ok((outcome, elapsed_us)),
+        other => Err(format!("REVOKE (qp_first {qp_first}): {other:?}")),
+    }
+}
+
+/// Figures for the summary line.
+#[derive(Clone, Debug, Default)]
+pub struct RdmaFigures {
+    pub nak_ms: f64,
+    pub silence_ms: f64,
+    pub revoke_us: u32,
+    pub qp_first_revoke_us: u32,
+}
+
+/// Item 2: WRITE, READ, RAM, MKEY-first revoke → REM_ACCESS_ERR; QP-first revoke → RETRY_EXC_ERR.
+fn rdma_checks(app: &Appliance) -> Result<RdmaFigures, String> {
+    let mut f = RdmaFigures::default();
+    let mut tenant = app.session(&app.tenant())?;
+    let RdmaLease { mut r, alloc: a } = rdma_lease(app, &mut tenant, RcConfig::default())?;
+    let data = pattern(a.rkey);
+    r.post_write(1, a.remote_addr, a.rkey, &data)?;
+    let c = one(&mut r, Duration::from_secs(5))?;
+    expect("RDMA WRITE of 8 KiB", (c.wr_id, c.status, c.byte_len) == (1, WcStatus::Success, RDMA_LEN as u32), &c)?;
+    r.post_read(2, a.remote_addr, a.rkey, RDMA_LEN as u32)?;
+    let c = one(&mut r, Duration::from_secs(5))?;
+    expect("RDMA READ of 8 KiB", (c.wr_id, c.status, c.byte_len) == (2, WcStatus::Success, RDMA_LEN as u32), &c)?;
+    if r.read_data(2).as_deref() != Some(data.as_slice()) {
+        return Err("RDMA READ returned other bytes than the WRITE put there".into());
+    }
+    if app.ram(a.remote_addr, RDMA_LEN)? != data {
+        return Err(format!("guest RAM at remote_addr {:#x} does not hold the written bytes", a.remote_addr));
+    }
+
+    let (outcome, us) = revoke(&mut tenant, a.lease, false)?;
+    expect("REVOKE (MKEY first)", outcome == Outcome::TornDown, &outcome)?;
+    f.revoke_us = us;
+    let t0 = Instant::now();
+    r.post_write(3, a.remote_addr, a.rkey, &data[..64])?;
+    let c = one(&mut r, Duration::from_secs(5))?;
+    expect("WRITE after REVOKE", c.status.name() == "IBV_WC_REM_ACCESS_ERR", &c)?;
+    let took = c.at.saturating_duration_since(t0);
+    f.nak_ms = took.as_secs_f64() * 1e3;
+    if took > NAK_BUDGET {
+        return Err(format!("REM_ACCESS_ERR after {took:?}, expected within {NAK_BUDGET:?}"));
+    }
+    if app.ram(a.remote_addr, 64)? != data[..64] {
+        return Err("the WRITE after REVOKE changed guest RAM".into());
+    }
+
+    // The seed's order on a fresh lease: the QP goes to ERR first and drops requests silently.
+    let rc = RcConfig { timeout: 10, retry_cnt: 7, ..RcConfig::default() };
+    let RdmaLease { mut r, alloc: a } = rdma_lease(app, &mut tenant, rc)?;
+    let data = pattern(a.rkey);
+    r.post_write(1, a.remote_addr, a.rkey, &data)?;
+    let c = one(&mut r, Duration::from_secs(5))?;
+    expect("RDMA WRITE on the second lease", c.status == WcStatus::Success, &c)?;
+    let mut admin = app.session(&app.admin())?;
+    let (outcome, us) = revoke(&mut admin, a.lease, true)?;
+    expect("admin REVOKE (QP first)", outcome == Outcome::TornDown, &outcome)?;
+    f.qp_first_revoke_us = us;
+    let t0 = Instant::now();
+    r.post_write(2, a.remote_addr, a.rkey, &pattern(!a.rkey))?;
+    let c = one(&mut r, Duration::from_secs(5))?;
+    expect("WRITE after a QP-first REVOKE", c.status.name() == "IBV_WC_RETRY_EXC_ERR", &c)?;
+    let took = c.at.saturating_duration_since(t0);
+    f.silence_ms = took.as_secs_f64() * 1e3;
+    let rto = rc.transport_timeout().unwrap_or_default();
+    if took < rto * 8 {
+        return Err(format!("RETRY_EXC_ERR after {took:?}, before 8 transport timeouts ({:?})", rto * 8));
+    }
+    if r.stats().timeouts != 8 {
+        return Err(format!("{} transport timeouts, expected 8 (1 + retry_cnt 7)", r.stats().timeouts));
+    }
+    if app.ram(a.remote_addr, RDMA_LEN)? != data {
+        return Err("the WRITE after a QP-first REVOKE landed in guest RAM".into());
+    }
+    let _ = tenant.bye();
+    let _ = admin.bye();
+    Ok(f)
+}
+
+/// The normal image: items 1 and 2. Returns the summary.
+pub fn check_normal(app: &mut Appliance, leasectl_bin: &Path) -> Result<String, String> {
+    let r = cli_cycle(app, leasectl_bin).and_then(|cli_us| Ok((cli_us, rdma_checks(app)?)));
+    let (cli_us, f) = match r {
+        Ok(x) => x,
+        Err(e) => return Err(app.fail(e)),
+    };
+    // Every revoke so far tore down cleanly: nothing is fenced (admin view: all tenants).
+    let out = app.leasectl(leasectl_bin, true, &["--json", "fenced"]).map_err(|e| app.fail(e))?;
+    if !parse_fenced_json(&out).map_err(|e| app.fail(e))?.is_empty() {
+        return Err(app.fail(format!("slots fenced after clean revokes: {out}")));
+    }
+    app.drain();
+    Ok(format!(
+        "leasectl alloc/ready/list/revoke (TornDown in {cli_us} us)/fenced ok; RDMA 8 KiB WRITE+READ via the model \
+         at {} ok; MKEY-first REVOKE (TornDown in {} us) -> REM_ACCESS_ERR after {:.1} ms; QP-first REVOKE ({} us) \
+         -> RETRY_EXC_ERR after {:.1} ms",
+        app.udp, f.revoke_us, f.nak_ms, f.qp_first_revoke_us, f.silence_ms
+    ))
+}
+
+/// Item 3 on the `fence-test` image booted with `fence_test=on`. Returns the summary.
+pub fn check_fence_test(app: &mut Appliance, leasectl_bin: &Path) -> Result<String, String> {
+    let r = fence_checks(app, leasectl_bin);
+    app.drain();
+    r.map_err(|e| app.fail(e))
+}
+
+fn fence_checks(app: &Appliance, bin: &Path) -> Result<String, String> {
+    let alloc = |app: &Appliance| -> Result<AllocOut, String> {
+        let args =
+            ["--json", "alloc", "--size", "4096", "--qpn", "0x1234", "--psn", "5", "--gid", CLI_GID, "--mac", CLI_MAC];
+        parse_alloc_json(&app.leasectl(bin, false, &args)?)
+    };
+    let a = alloc(app)?;
+    let (cq, sq) = (format!("{CLI_QPN:#x}"), format!("{:#x}", a.server_qpn));
+    let out = app.leasectl(bin, false, &["ready", &a.lease, "--client-qpn", &cq, "--server-qpn", &sq])?;
+    let (_, state, _) = parse_lease_line(&out)?;
+    expect("leasectl ready", state == "Active", &out)?;
+    let out = app.leasectl(bin, false, &["--json", "revoke", &a.lease])?;
+    expect("leasectl --json revoke on the fence-test image", outcome_json(&out)? == "Fenced", &out)?;
+    let slot = a.slot()?;
+    let out = app.leasectl(bin, false, &["fenced"])?;
+    let rows = parse_fenced_human(&out)?;
+    let row = rows.iter().find(|r| r.slot == slot);
+    expect(
+        &format!("leasectl fenced lists slot {slot} (DESTROY_MKEY bit, origin REVOKE)"),
+        row.is_some_and(|r| r.failed_mask & FAILED_DESTROY_MKEY != 0 && r.origin == "REVOKE"),
+        &out,
+    )?;
+    let mask = row.map_or(0, |r| r.failed_mask);
+    let out = app.leasectl(bin, true, &["--json", "fenced"])?;
+    let json_rows = parse_fenced_json(&out)?;
+    expect("leasectl --admin --json fenced", json_rows.iter().any(|r| Some(r) == row), &out)?;
+    let b = alloc(app)?;
+    if b.slot()? == slot || b.remote_addr == a.remote_addr {
+        return Err(format!("the ALLOC after the fence reused slot {slot} or remote_addr: {a:?} then {b:?}"));
+    }
+    Ok(format!(
+        "fence-test image: REVOKE {} -> Fenced; fenced lists slot {slot} mask {mask:#x} origin REVOKE; next ALLOC \
+         {} at {:#x} (was {:#x})",
+        a.lease, b.lease, b.remote_addr, a.remote_addr
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALLOC: &str = "lease        3.17\nrkey         0x00001203\nremote_addr  0x6400000\nlength       4096\n\
+                         server_qpn   0x48\nserver_psn   0xabcdef\nserver_gid   00000000000000000000ffffc6336402\n\
+                         mtu          1024\nttl_ms       60000\n";
+
+    #[test]
+    fn alloc_outputs() {
+        let want = AllocOut { lease: "3.17".into(), rkey: 0x1203, remote_addr: 0x640_0000, server_qpn: 0x48 };
+        assert_eq!(parse_alloc_human(ALLOC), Ok(want.clone()));
+        assert_eq!(want.slot(), Ok(3));
+        let json = r#"{"lease":"3.17","rkey":4611,"remote_addr":104857600,"length":4096,"server_qpn":72}"#;
+        assert_eq!(parse_alloc_json(json), Ok(want));
+        assert!(parse_alloc_human("lease 1.1\n").unwrap_err().contains("rkey"));
+        assert!(parse_alloc_json("{\"error\": {}}").is_err());
+    }
+
+    #[test]
+    fn lease_lines() {
+        assert_eq!(parse_lease_line("lease 3.17: Active\n"), Ok(("3.17".into(), "Active".into(), None)));
+        assert_eq!(
+            parse_lease_line("lease 3.17: TornDown in 812 us\n"),
+            Ok(("3.17".into(), "TornDown".into(), Some(812)))
+        );
+        assert!(parse_lease_line("error: NOT_FOUND: gone\n").is_err());
+        assert!(parse_lease_line("lease 3.17: Fenced in many us\n").is_err());
+        assert_eq!(outcome_json(r#"{"outcome":"Fenced","elapsed_us":9,"lease":"0.1"}"#), Ok("Fenced".into()));
+    }
+
+    #[test]
+    fn list_outputs() {
+        let human = "LEASE          STATE          ACCESS         SIZE   MTU RKEY       SRV_QPN  CLI_QPN  TTL_LEFT_MS TENANT\n\
+                     0.1            Active         rw-            4096  1024 0x00000103 0x000048 0x001234      59000 demo\n";
+        assert_eq!(list_state_human(human, "0.1").as_deref(), Some("Active"));
+        assert_eq!(list_state_human(human, "0.2"), None);
+        assert_eq!(list_state_human("no leases\n", "0.1"), None);
+        let json = r#"{"next_cursor":0,"leases":[{"lease":"0.1","state":"Active"},{"lease":"1.1","state":"Granted"}]}"#;
+        assert_eq!(list_state_json(json, "1.1"), Ok(Some("Granted".into())));
+        assert_eq!(list_state_json(json, "2.1"), Ok(None));
+        assert!(list_state_json("[]", "0.1").is_err());
+    }
+
+    #[test]
+    fn fenced_outputs() {
+        assert_eq!(parse_fenced_human("no fenced slots\n"), Ok(vec![]));
+        let human = "SLOT       GENERATION FAILED_MASK ORIGIN  FENCED_AT\n\
+                     0          1          0x00000001  REVOKE  12.345 s\n";
+        let row = FencedRow { slot: 0, generation: 1, failed_mask: 1, origin: "REVOKE".into() };
+        assert_eq!(parse_fenced_human(human), Ok(vec![row.clone()]));
+        assert!(parse_fenced_human("whatever\n").is_err());
+        let json = r#"{"slots":[{"slot":0,"generation":1,"failed_mask":1,"origin":"REVOKE","fenced_at_ms":12345}]}"#;
+        assert_eq!(parse_fenced_json(json), Ok(vec![row]));
+        assert_eq!(parse_fenced_json(r#"{"slots":[]}"#), Ok(vec![]));
+    }
+}
