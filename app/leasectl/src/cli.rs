@@ -32,6 +32,17 @@ commands:
   revoke LEASE [--qp-first]     revoke a lease (another tenant's needs --admin); --qp-first uses the seed's
                                 teardown order (QP first) instead of MKEY first
   fenced                        slots fenced for good (FENCED_SUMMARY)
+  verify [--revoke-test | --cooperating] [--order mkey-first|qp-first] [--iterations N] [--budget-ms 2000]
+         [--size BYTES] [--depth N] [--warmup-ms 100] [--udp ADDR] [--timeout N] [--retry-cnt N]
+         [--admin-key HEX]
+                                revoke verifier over RDMA (software RoCEv2 requester on UDP, default
+                                127.0.0.1:4791): ALLOC, READY, a WRITE loop with READ checks, REVOKE; reports
+                                recall latency (REVOKE sent -> outcome) and dataplane first-fail latency
+                                (outcome -> first failed completion, with its ibv_wc_status); checks that
+                                completed writes read back, nothing succeeds after the outcome and a new
+                                lease reads as zeros. After `verify`, --timeout and --retry-cnt are the
+                                requester QP's (default 14 and 7); qp-first sends REVOKE qp_first as the
+                                admin (admin_key in the file, or --admin-key)
   help                          this text
 LEASE is SLOT.GENERATION, e.g. 3.17. Numbers may be decimal or 0x hex.
 
@@ -52,7 +63,9 @@ exit codes:
   2  usage error (bad arguments, no credentials, unreadable configuration file)
   3  connection failed or timed out
   4  authentication failed (AUTH_FAILED, or the server's proof did not match the key)
-  5  protocol violation by the server";
+  5  protocol violation by the server
+  6  verify: a check failed (a figure over --budget-ms, a completed write missing, a success after the
+     outcome, a fresh lease not zero, no failed completion)";
 
 /// Where to connect and as whom.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,6 +128,9 @@ pub fn run(args: &[String], env: &dyn Fn(&str) -> Option<String>, out: &mut dyn 
         }
         exit::USAGE
     };
+    if let Some(at) = crate::verify::command::position(args) {
+        return crate::verify::command::main(args, at, env, out, err);
+    }
     let inv: Invocation = match args::parse(args) {
         Ok(i) => i,
         Err(m) => return usage(out, err, &m),

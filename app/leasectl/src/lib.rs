@@ -23,6 +23,7 @@ pub mod config;
 pub mod hex;
 pub mod rdma;
 pub mod render;
+pub mod verify;
 
 pub use client::{Answer, Client, ClientError, Credentials, DEFAULT_PORT, Timeouts, Welcome};
 pub use config::FileConfig;

@@ -1,0 +1,341 @@
+//! The lease service's data path end to end, hosted (issue 6 items 5 and 9): the appliance runs the device
+//! model with its RoCEv2 responder on UDP (`--hca --udp`), the control channel over TCP, and a software RC
+//! requester (`leasectl::rdma::SoftRoce`) plays the client's NIC. Covers WRITE/READ into a granted lease,
+//! both revoke orders as a non-cooperating client sees them (MKEY first → `IBV_WC_REM_ACCESS_ERR` within a
+//! round trip; QP first → silence, `IBV_WC_RETRY_EXC_ERR` after the retries), isolation between leases (own
+//! PD each) and scrubbing before memory is lent again.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_proto::{
+    AllocReq, AllocResp, ErrorCode, LeaseId, LeaseState, Outcome, Request, Response, access, mtu_bytes,
+};
+use leasectl::rdma::{Completion, QpEndpoint, RcConfig, Requester, SoftConfig, SoftRoce, WcStatus, mtu_enum};
+use leasectl::{Client, ClientError, Credentials, Timeouts};
+
+/// Transport timer 4.096 µs × 2^10 ≈ 4.2 ms; 1 + 7 attempts ≈ 34 ms of silence before RETRY_EXC_ERR.
+const SHORT: RcConfig = RcConfig { timeout: 10, retry_cnt: 7, rnr_retry: 7, max_wr: 16, max_pkts: 256 };
+
+fn random_hex() -> String {
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).expect("/dev/urandom");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn creds(name: &str, hex: &str) -> Credentials {
+    Credentials { name: name.into(), key: leasectl::hex::decode(hex).unwrap() }
+}
+
+/// A hosted appliance with the model's responder on UDP, tenants `demo` and `other`, and the admin.
+struct Rig {
+    h: Option<Hosted>,
+    demo: Credentials,
+    other: Credentials,
+    admin: Credentials,
+    udp: SocketAddr,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if let Some(h) = self.h.take() {
+            h.stop();
+        }
+    }
+}
+
+impl Rig {
+    /// `extra`: kernel-style lease options (`revoke_order=qp-first`, `lease_pool_mib=2`, …).
+    fn start(extra: &[&str]) -> Rig {
+        let (demo, other, admin) = (random_hex(), random_hex(), random_hex());
+        let mut args: Vec<String> =
+            ["--listen", "127.0.0.1:0", "--hca", "--udp", "127.0.0.1:0"].iter().map(|s| s.to_string()).collect();
+        args.push(format!("tenant=demo:{demo}"));
+        args.push(format!("tenant=other:{other}"));
+        args.push(format!("admin={admin}"));
+        args.push("lease_grace_ms=100".into());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let h = Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap();
+        let udp = h.hca().unwrap().udp.expect("--udp gives the responder an address");
+        Rig {
+            h: Some(h),
+            demo: creds("demo", &demo),
+            other: creds("other", &other),
+            admin: creds("admin", &admin),
+            udp,
+        }
+    }
+
+    fn hosted(&self) -> &Hosted {
+        self.h.as_ref().unwrap()
+    }
+
+    fn session(&self, who: &Credentials) -> Client {
+        let addr = self.hosted().addr().to_string();
+        Client::connect_and_hello(&addr, who, Timeouts::all(Duration::from_secs(5))).unwrap().0
+    }
+
+    fn requester(&self, rc: RcConfig) -> SoftRoce {
+        SoftRoce::new(SoftConfig { peer: self.udp, rc, ..SoftConfig::default() }).unwrap()
+    }
+
+    /// The model's RAM at a device address.
+    fn ram(&self, addr: u64, len: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; len];
+        self.hosted().hca().unwrap().platform.ram().read(addr, &mut buf).unwrap();
+        buf
+    }
+}
+
+/// ALLOC with `r`'s QP parameters, `r` to RTS toward the server QP, READY → Active.
+fn lease(c: &mut Client, r: &mut SoftRoce, size: u64) -> AllocResp {
+    let me = r.local();
+    let req = AllocReq {
+        size,
+        access: access::REMOTE_READ | access::REMOTE_WRITE,
+        mtu: mtu_enum(me.mtu).unwrap(),
+        ttl_ms: 0,
+        client_qpn: me.qpn,
+        client_psn: me.psn,
+        client_gid: me.gid,
+        client_mac: me.mac,
+    };
+    let a = match c.call(&Request::Alloc(req)).unwrap() {
+        Response::Alloc(a) => a,
+        other => panic!("ALLOC answered {other:?}"),
+    };
+    let remote = QpEndpoint {
+        qpn: a.server_qpn,
+        psn: a.server_psn,
+        gid: a.server_gid,
+        mac: [0; 6],
+        mtu: mtu_bytes(a.mtu).unwrap(),
+    };
+    r.connect(&remote).unwrap();
+    let ready = Request::Ready { lease: a.lease, client_qpn: me.qpn, server_qpn: a.server_qpn };
+    assert_eq!(c.call(&ready).unwrap(), Response::Ready { state: LeaseState::Active });
+    a
+}
+
+fn revoke(c: &mut Client, lease: LeaseId, qp_first: bool) -> Outcome {
+    match c.call(&Request::Revoke { lease, qp_first }).unwrap() {
+        Response::Revoke { outcome, .. } => outcome,
+        other => panic!("REVOKE answered {other:?}"),
+    }
+}
+
+/// The next `n` completions, in order.
+fn next(r: &mut SoftRoce, n: usize, budget: Duration) -> Vec<Completion> {
+    let end = Instant::now() + budget;
+    let mut all = Vec::new();
+    while all.len() < n {
+        assert!(Instant::now() < end, "{} of {n} completions within {budget:?}: {all:?}", all.len());
+        all.extend(r.poll(Duration::from_millis(20)));
+    }
+    assert_eq!(all.len(), n, "{all:?}");
+    all
+}
+
+fn one(r: &mut SoftRoce) -> Completion {
+    next(r, 1, Duration::from_secs(3))[0]
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32).map(|i| (i.wrapping_add(seed).wrapping_mul(2_654_435_761) >> 24) as u8 | 1).collect()
+}
+
+/// Waits for the sweep: QUERY answers NOT_FOUND or STALE once the slot is free again.
+fn wait_swept(c: &mut Client, lease: LeaseId) {
+    let end = Instant::now() + Duration::from_secs(3);
+    loop {
+        match c.call(&Request::Query { lease }) {
+            Err(ClientError::Server(e)) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale) => return,
+            Ok(Response::Query(info)) => assert!(
+                matches!(info.state, LeaseState::Fencing | LeaseState::PendingDestroy),
+                "revoked lease is {:?}",
+                info.state
+            ),
+            other => panic!("QUERY of a revoked lease answered {other:?}"),
+        }
+        assert!(Instant::now() < end, "lease {lease:?} not swept within 3 s (grace 100 ms)");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn write_lands_in_the_lease_and_reads_back() {
+    let rig = Rig::start(&[]);
+    let mut c = rig.session(&rig.demo);
+    let mut r = rig.requester(RcConfig::default());
+    let a = lease(&mut c, &mut r, 64 << 10);
+    assert_eq!(a.length, 64 << 10);
+    assert_eq!(rig.ram(a.remote_addr, 64 << 10), vec![0; 64 << 10], "a new lease is zeroed");
+
+    let data = pattern(12 << 10, 1);
+    r.post_write(1, a.remote_addr + 4096, a.rkey, &data).unwrap();
+    let w = one(&mut r);
+    assert_eq!((w.wr_id, w.status, w.byte_len), (1, WcStatus::Success, data.len() as u32), "{w:?}");
+    assert_eq!(rig.ram(a.remote_addr + 4096, data.len()), data, "the WRITE landed in the lease's memory");
+
+    r.post_read(2, a.remote_addr + 4096, a.rkey, data.len() as u32).unwrap();
+    let rd = one(&mut r);
+    assert_eq!((rd.wr_id, rd.status), (2, WcStatus::Success), "{rd:?}");
+    assert_eq!(r.read_data(2).unwrap(), data);
+    assert_eq!(r.counters().frames_bad, 0);
+    assert_eq!(r.stats().timeouts, 0);
+}
+
+#[test]
+fn mkey_first_revoke_naks_the_next_write_within_milliseconds() {
+    let rig = Rig::start(&[]);
+    let mut c = rig.session(&rig.demo);
+    let mut r = rig.requester(RcConfig::default());
+    let a = lease(&mut c, &mut r, 4096);
+    r.post_write(1, a.remote_addr, a.rkey, &[7; 64]).unwrap();
+    assert_eq!(one(&mut r).status, WcStatus::Success);
+
+    assert_eq!(revoke(&mut c, a.lease, false), Outcome::TornDown);
+    let t0 = Instant::now();
+    r.post_write(2, a.remote_addr, a.rkey, &[8; 64]).unwrap();
+    r.post_write(3, a.remote_addr, a.rkey, &[9; 64]).unwrap();
+    let cs = next(&mut r, 2, Duration::from_secs(3));
+    assert_eq!((cs[0].wr_id, cs[0].status.name(), cs[0].status.code()), (2, "IBV_WC_REM_ACCESS_ERR", 10), "{cs:?}");
+    assert_eq!((cs[1].wr_id, cs[1].status), (3, WcStatus::WrFlushErr));
+    let took = cs[0].at.duration_since(t0);
+    assert!(took < Duration::from_millis(50), "NAK after {took:?}: the QP should still be in RTS");
+    assert_eq!(r.stats().timeouts, 0, "a NAK, not the transport timer");
+    assert_eq!(rig.ram(a.remote_addr, 64), vec![7; 64], "nothing landed after the revoke");
+}
+
+/// Silence after a QP-first revoke: the requester learns only from its own retries.
+fn qp_first_silence(rig: &Rig, revoker: &Credentials, qp_first_flag: bool) {
+    let mut c = rig.session(&rig.demo);
+    let mut r = rig.requester(SHORT);
+    let a = lease(&mut c, &mut r, 4096);
+    r.post_write(1, a.remote_addr, a.rkey, &[7; 64]).unwrap();
+    assert_eq!(one(&mut r).status, WcStatus::Success);
+
+    let mut rc = if revoker.name == "admin" { rig.session(revoker) } else { c };
+    assert_eq!(revoke(&mut rc, a.lease, qp_first_flag), Outcome::TornDown);
+    let t0 = Instant::now();
+    r.post_write(2, a.remote_addr, a.rkey, &[8; 64]).unwrap();
+    let w = one(&mut r);
+    assert_eq!((w.wr_id, w.status.name(), w.status.code()), (2, "IBV_WC_RETRY_EXC_ERR", 12), "{w:?}");
+    let took = w.at.duration_since(t0);
+    let rto = SHORT.transport_timeout().unwrap();
+    assert!(took >= rto * 8, "{took:?}: 1 + 7 attempts of {rto:?}");
+    assert!(took < rto * 8 + Duration::from_millis(150), "{took:?}");
+    assert_eq!(r.stats().timeouts, 8);
+    assert_eq!(r.stats().naks, 0, "no answer at all from a QP in ERR");
+    assert_eq!(rig.ram(a.remote_addr, 64), vec![7; 64], "nothing landed after the revoke");
+}
+
+#[test]
+fn qp_first_order_configured_gives_silence_then_retry_exc_err() {
+    let rig = Rig::start(&["revoke_order=qp-first"]);
+    let demo = rig.demo.clone();
+    qp_first_silence(&rig, &demo, false);
+}
+
+#[test]
+fn admin_revoke_with_qp_first_gives_silence_then_retry_exc_err() {
+    let rig = Rig::start(&[]);
+    let admin = rig.admin.clone();
+    qp_first_silence(&rig, &admin, true);
+    // A tenant may not choose the order.
+    let mut c = rig.session(&rig.demo);
+    let mut r = rig.requester(RcConfig::default());
+    let a = lease(&mut c, &mut r, 4096);
+    match c.call(&Request::Revoke { lease: a.lease, qp_first: true }) {
+        Err(ClientError::Server(e)) => assert_eq!(e.code, ErrorCode::Forbidden, "{e:?}"),
+        other => panic!("tenant REVOKE with qp_first answered {other:?}"),
+    }
+}
+
+#[test]
+fn a_qp_reaches_only_its_own_lease() {
+    let rig = Rig::start(&[]);
+    let (mut c1, mut c2) = (rig.session(&rig.demo), rig.session(&rig.other));
+    let (mut r1, mut r2) = (rig.requester(RcConfig::default()), rig.requester(RcConfig::default()));
+    let l1 = lease(&mut c1, &mut r1, 4096);
+    let l2 = lease(&mut c2, &mut r2, 4096);
+    assert_ne!(l1.remote_addr, l2.remote_addr);
+    r2.post_write(1, l2.remote_addr, l2.rkey, &[0x22; 256]).unwrap();
+    assert_eq!(one(&mut r2).status, WcStatus::Success);
+    r1.post_write(1, l1.remote_addr, l1.rkey, &[0x11; 256]).unwrap();
+    assert_eq!(one(&mut r1).status, WcStatus::Success);
+
+    // L1's QP with L2's key and address: L2's MKEY lives in another PD.
+    r1.post_write(2, l2.remote_addr, l2.rkey, &[0xEE; 256]).unwrap();
+    let w = one(&mut r1);
+    assert_eq!((w.wr_id, w.status.name()), (2, "IBV_WC_REM_ACCESS_ERR"), "{w:?}");
+    assert_eq!(rig.ram(l2.remote_addr, 256), vec![0x22; 256], "L2 untouched");
+    assert_eq!(rig.ram(l1.remote_addr, 256), vec![0x11; 256], "L1 untouched");
+
+    // Reading through L2's QP with L1's key fails the same way; L2's own key still works on a fresh lease QP.
+    r2.post_read(2, l1.remote_addr, l1.rkey, 256).unwrap();
+    let rd = one(&mut r2);
+    assert_eq!((rd.wr_id, rd.status.name()), (2, "IBV_WC_REM_ACCESS_ERR"), "{rd:?}");
+    assert_eq!(r2.read_data(2), None);
+}
+
+#[test]
+fn revoked_memory_is_scrubbed_before_it_is_lent_again() {
+    // One 2 MiB extent: the next lease must get the same memory, and only after the sweep scrubbed it.
+    let rig = Rig::start(&["lease_pool_mib=2"]);
+    let mut c = rig.session(&rig.demo);
+    let mut r = rig.requester(RcConfig::default());
+    let size = 2 << 20;
+    let a = lease(&mut c, &mut r, size);
+    let data = pattern(64 << 10, 5);
+    r.post_write(1, a.remote_addr, a.rkey, &data).unwrap();
+    r.post_write(2, a.remote_addr + size - data.len() as u64, a.rkey, &data).unwrap();
+    let cs = next(&mut r, 2, Duration::from_secs(3));
+    assert!(cs.iter().all(|c| c.status == WcStatus::Success), "{cs:?}");
+    assert_eq!(rig.ram(a.remote_addr, data.len()), data);
+
+    assert_eq!(revoke(&mut c, a.lease, false), Outcome::TornDown);
+    // While the revoked lease waits for its sweep, its memory is not lent.
+    let early = rig.requester(RcConfig::default());
+    let me = early.local();
+    let req = AllocReq {
+        size,
+        access: access::REMOTE_READ | access::REMOTE_WRITE,
+        mtu: 3,
+        ttl_ms: 0,
+        client_qpn: me.qpn,
+        client_psn: me.psn,
+        client_gid: me.gid,
+        client_mac: me.mac,
+    };
+    match c.call(&Request::Alloc(req)) {
+        Err(ClientError::Server(e)) => assert_eq!(e.code, ErrorCode::NoMemory, "{e:?}"),
+        other => panic!("ALLOC during the grace period answered {other:?}"),
+    }
+    wait_swept(&mut c, a.lease);
+    assert_eq!(rig.ram(a.remote_addr, data.len()), vec![0; data.len()], "scrubbed in RAM");
+
+    // The same tenant, then another tenant, get the same extent back: it reads as zeros through RDMA.
+    for who in [&rig.demo, &rig.other] {
+        let mut s = rig.session(who);
+        let mut rr = rig.requester(RcConfig::default());
+        let b = lease(&mut s, &mut rr, size);
+        assert_eq!(b.remote_addr, a.remote_addr, "{}: the only extent again", who.name);
+        rr.post_read(10, b.remote_addr, b.rkey, data.len() as u32).unwrap();
+        rr.post_read(11, b.remote_addr + size - data.len() as u64, b.rkey, data.len() as u32).unwrap();
+        let cs = next(&mut rr, 2, Duration::from_secs(3));
+        assert!(cs.iter().all(|c| c.status == WcStatus::Success), "{cs:?}");
+        assert_eq!(rr.read_data(10).unwrap(), vec![0; data.len()], "{}: first bytes", who.name);
+        assert_eq!(rr.read_data(11).unwrap(), vec![0; data.len()], "{}: last bytes", who.name);
+        // Dirty it for the next round, then give it back.
+        rr.post_write(12, b.remote_addr, b.rkey, &data).unwrap();
+        assert_eq!(one(&mut rr).status, WcStatus::Success);
+        match s.call(&Request::Free { lease: b.lease }).unwrap() {
+            Response::Free { outcome, .. } => assert_eq!(outcome, Outcome::TornDown),
+            other => panic!("FREE answered {other:?}"),
+        }
+        wait_swept(&mut s, b.lease);
+    }
+}

@@ -1,0 +1,208 @@
+//! `leasectl verify` against the hosted appliance (the device model with its RoCEv2 responder on UDP): both
+//! revoke orders for a non-cooperating client, a cooperating client, and the binary end to end with `--json`.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use leasebox_hosted::{Hosted, HostedConfig};
+use leasectl::rdma::{RcConfig, Requester, SoftConfig, SoftRoce};
+use leasectl::verify::{self, Control, Mode, Options, Order, Report};
+use leasectl::{Credentials, Timeouts};
+
+fn random_hex() -> String {
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).expect("/dev/urandom");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+struct Appliance {
+    h: Option<Hosted>,
+    tenant_hex: String,
+    admin_hex: String,
+    udp: SocketAddr,
+}
+
+impl Drop for Appliance {
+    fn drop(&mut self) {
+        if let Some(h) = self.h.take() {
+            h.stop();
+        }
+    }
+}
+
+impl Appliance {
+    fn start() -> Appliance {
+        let (tenant_hex, admin_hex) = (random_hex(), random_hex());
+        let args: Vec<String> = [
+            "--listen".to_string(),
+            "127.0.0.1:0".into(),
+            "--hca".into(),
+            "--udp".into(),
+            "127.0.0.1:0".into(),
+            format!("tenant=demo:{tenant_hex}"),
+            format!("admin={admin_hex}"),
+            "lease_grace_ms=100".into(),
+        ]
+        .into();
+        let h = Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap();
+        let udp = h.hca().unwrap().udp.unwrap();
+        Appliance { h: Some(h), tenant_hex, admin_hex, udp }
+    }
+
+    fn addr(&self) -> String {
+        self.h.as_ref().unwrap().addr().to_string()
+    }
+
+    fn control(&self) -> Control {
+        let key = |h: &str| leasectl::hex::decode(h).unwrap();
+        Control {
+            addr: self.addr(),
+            tenant: Credentials { name: "demo".into(), key: key(&self.tenant_hex) },
+            admin: Some(Credentials { name: "admin".into(), key: key(&self.admin_hex) }),
+            timeouts: Timeouts::all(Duration::from_secs(5)),
+        }
+    }
+
+    fn verify(&self, o: &Options) -> Report {
+        let (udp, rc) = (self.udp, o.rc);
+        let mut factory = move || -> Result<Box<dyn Requester>, String> {
+            let r = SoftRoce::new(SoftConfig { peer: udp, rc, ..SoftConfig::default() }).map_err(|e| e.to_string())?;
+            Ok(Box::new(r))
+        };
+        let r = verify::run(o, &self.control(), &mut factory).unwrap();
+        eprintln!("{}", verify::report::human(&r));
+        r
+    }
+}
+
+fn options(mode: Mode, order: Order) -> Options {
+    Options {
+        mode,
+        order,
+        iterations: 2,
+        rc: RcConfig { timeout: 10, retry_cnt: 7, max_wr: 16, ..RcConfig::default() },
+        ..Options::default()
+    }
+}
+
+fn common_checks(r: &Report) {
+    assert!(r.passed(), "{r:#?}");
+    for i in &r.iterations {
+        assert_eq!(i.outcome.as_deref(), Some("TornDown"));
+        assert!(i.recall_us.unwrap() < 100_000, "recall {:?} µs", i.recall_us);
+        assert!(i.writes_ok > 0 && i.bytes_verified > 0, "{i:?}");
+        assert_eq!((i.missing_writes, i.late_successes), (0, 0));
+        assert!(i.fresh_bytes_read > 0 && i.fresh_nonzero == 0, "{i:?}");
+    }
+}
+
+#[test]
+fn mkey_first_non_cooperating_client_is_nacked_at_once() {
+    let a = Appliance::start();
+    let r = a.verify(&options(Mode::RevokeTest, Order::MkeyFirst));
+    common_checks(&r);
+    for i in &r.iterations {
+        let f = i.first_fail.as_ref().unwrap();
+        assert_eq!((f.status.name(), f.status.code()), ("IBV_WC_REM_ACCESS_ERR", 10), "{i:?}");
+        let dp = i.dataplane_us.unwrap();
+        assert!(dp < 100_000, "dataplane first fail {dp} µs after the outcome");
+        assert!(f.after_revoke_us.unwrap() < 100_000, "{f:?}");
+    }
+}
+
+#[test]
+fn qp_first_non_cooperating_client_waits_out_its_retries() {
+    let a = Appliance::start();
+    let o = options(Mode::RevokeTest, Order::QpFirst);
+    let retry = o.rc.transport_timeout().unwrap() * 8;
+    let r = a.verify(&o);
+    common_checks(&r);
+    for i in &r.iterations {
+        let f = i.first_fail.as_ref().unwrap();
+        assert_eq!((f.status.name(), f.status.code()), ("IBV_WC_RETRY_EXC_ERR", 12), "{i:?}");
+        // The transport timer restarts with each ACK, and ACKs keep coming until the QP goes to ERR (after the
+        // REVOKE was sent): the failure comes about one retry time after the REVOKE.
+        let since_revoke = f.after_revoke_us.unwrap();
+        assert!(since_revoke >= retry.as_micros() as i64 / 2, "{f:?} vs {retry:?}");
+        assert!(since_revoke < retry.as_micros() as i64 + 150_000, "{f:?} vs {retry:?}");
+        assert!(i.dataplane_us.unwrap() > 0);
+    }
+}
+
+#[test]
+fn cooperating_client_stops_at_the_outcome() {
+    let a = Appliance::start();
+    for order in [Order::MkeyFirst, Order::QpFirst] {
+        let r = a.verify(&options(Mode::Cooperating, order));
+        common_checks(&r);
+        for i in &r.iterations {
+            assert_eq!(i.dataplane_us, None, "n/a for a cooperating client");
+            assert_eq!(i.posted_after_outcome, 0);
+        }
+    }
+}
+
+#[test]
+fn qp_first_without_the_admin_key_is_refused() {
+    let a = Appliance::start();
+    let mut c = a.control();
+    c.admin = None;
+    let mut factory = || -> Result<Box<dyn Requester>, String> { Err("unused".into()) };
+    let e = verify::run(&options(Mode::RevokeTest, Order::QpFirst), &c, &mut factory).unwrap_err();
+    assert!(e.contains("admin"), "{e}");
+}
+
+#[test]
+fn the_binary_reports_json_and_exits_0() {
+    let a = Appliance::start();
+    let dir = std::env::temp_dir().join(format!("leasectl-verify-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("leasectl.conf");
+    let text = format!("addr = {}\ntenant = demo\nkey = {}\nadmin_key = {}\n", a.addr(), a.tenant_hex, a.admin_hex);
+    std::fs::write(&conf, text).unwrap();
+    let udp = a.udp.to_string();
+    for (order, status, code) in [("mkey-first", "IBV_WC_REM_ACCESS_ERR", 10), ("qp-first", "IBV_WC_RETRY_EXC_ERR", 12)]
+    {
+        let out = Command::new(env!("CARGO_BIN_EXE_leasectl"))
+            .args(["--config", conf.to_str().unwrap(), "verify", "--revoke-test", "--order", order])
+            .args(["--udp", &udp, "--timeout", "10", "--iterations", "2", "--json"])
+            .env_remove("LEASECTL_CONFIG")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(v["passed"], true, "{v}");
+        assert_eq!(v["order"], order);
+        assert_eq!(v["mode"], "revoke-test");
+        assert_eq!(v["budget_ms"], 2000);
+        assert_eq!(v["qp_timeout"], 10);
+        let results = v["results"].as_array().unwrap();
+        assert_eq!(results.len(), 2);
+        for it in results {
+            assert_eq!(it["outcome"], "TornDown");
+            assert!(it["recall_us"].as_u64().is_some(), "{it}");
+            assert!(it["dataplane_us"].as_i64().is_some(), "{it}");
+            assert_eq!(it["first_fail"]["status"], status, "{it}");
+            assert_eq!(it["first_fail"]["status_code"], code, "{it}");
+            assert_eq!(it["missing_writes"], 0);
+            assert_eq!(it["late_successes"], 0);
+            assert_eq!(it["fresh_nonzero"], 0);
+        }
+        assert!(v["summary"]["recall_us"]["p50"].as_i64().is_some(), "{v}");
+        assert!(v["summary"]["dataplane_us"]["max"].as_i64().is_some(), "{v}");
+    }
+    // The human table, once.
+    let out = Command::new(env!("CARGO_BIN_EXE_leasectl"))
+        .args(["--config", conf.to_str().unwrap(), "verify", "--cooperating", "--udp", &udp])
+        .env_remove("LEASECTL_CONFIG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("recall latency") && stdout.contains("n/a (cooperating client)"), "{stdout}");
+    assert!(stdout.trim_end().ends_with("PASS"), "{stdout}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
