@@ -13,6 +13,7 @@
 pub mod bench;
 pub mod control;
 pub mod hca_bench;
+pub mod lease_bench;
 pub mod lease_qemu;
 pub mod scenario;
 pub mod serial;

@@ -55,6 +55,13 @@ commands:
                         command; then QEMU (-kernel, 1 CPU, TCG, model; N boots, default 3) kernel entry →
                         `mlx5: up:` and hca_ms; then the goals (32 slots ≥ 10× 1 slot, driver ≤ 2 µs per
                         command); asserts nothing
+  bench lease [--secs N] [--leases N]
+                        lease service, hosted (model thread, engines thread, service on this one; native):
+                        ALLOC and REVOKE p50/p99, rate, appliance-side and service CPU time, HCA commands
+                        per op with 1 and 8 clients (N s per row, default 2); mass revoke of N leases
+                        (default 10000): last outcome and all swept vs the same HCA commands alone over the
+                        32 command slots; then the goals (REVOKE appliance-side ≤ 20 µs p99, mass revoke
+                        ≤ 1.5× the model alone); asserts nothing
   prereqs               check (and, as root with apt-get, install) QEMU, GRUB, xorriso, mtools and OVMF
   help                  this text
 
@@ -128,14 +135,17 @@ pub enum BenchKind {
     Boot,
     Control,
     Hca,
+    Lease,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BenchOpts {
     pub kind: BenchKind,
     pub runs: usize,
-    /// `bench control`, `bench hca`: seconds of load per row.
+    /// `bench control`, `bench hca`, `bench lease`: seconds of load per row.
     pub secs: u64,
+    /// `bench lease`: leases in the mass revoke.
+    pub leases: u32,
 }
 
 /// Splits `--flag=value` and fetches the value of a flag that takes one.
@@ -293,19 +303,26 @@ fn parse_bench<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<BenchOpts,
         Some("boot") => BenchKind::Boot,
         Some("control") => BenchKind::Control,
         Some("hca") => BenchKind::Hca,
-        Some(other) => return Err(format!("unknown benchmark `{other}` (available: boot, control, hca)")),
-        None => return Err("`bench` needs a benchmark name (available: boot, control, hca)".into()),
+        Some("lease") => BenchKind::Lease,
+        Some(other) => return Err(format!("unknown benchmark `{other}` (available: boot, control, hca, lease)")),
+        None => return Err("`bench` needs a benchmark name (available: boot, control, hca, lease)".into()),
     };
+    let leases = leasebox_scenarios::lease_bench::DEFAULT_LEASES;
     let mut o = match kind {
-        BenchKind::Hca => BenchOpts { kind, runs: leasebox_scenarios::hca_bench::DEFAULT_RUNS, secs: 2 },
-        _ => BenchOpts { kind, runs: leasebox_scenarios::bench::DEFAULT_RUNS, secs: 3 },
+        BenchKind::Hca => BenchOpts { kind, runs: leasebox_scenarios::hca_bench::DEFAULT_RUNS, secs: 2, leases },
+        BenchKind::Lease => BenchOpts { kind, runs: 1, secs: leasebox_scenarios::lease_bench::DEFAULT_SECS, leases },
+        _ => BenchOpts { kind, runs: leasebox_scenarios::bench::DEFAULT_RUNS, secs: 3, leases },
     };
     while let Some(arg) = a.it.next() {
         let (flag, inline) = split(&arg);
         match (kind, flag.as_str()) {
             (BenchKind::Boot | BenchKind::Hca, "--runs") => o.runs = number(&flag, &a.value(&flag, inline)?, 1, 1000)?,
-            (BenchKind::Control | BenchKind::Hca, "--secs") => {
+            (BenchKind::Control | BenchKind::Hca | BenchKind::Lease, "--secs") => {
                 o.secs = number(&flag, &a.value(&flag, inline)?, 1, 600)? as u64
+            }
+            (BenchKind::Lease, "--leases") => {
+                let max = leasebox_scenarios::lease_bench::MAX_LEASES;
+                o.leases = number(&flag, &a.value(&flag, inline)?, 8, max)?
             }
             (_, other) => return Err(format!("unknown option `{other}` for this benchmark")),
         }
@@ -414,23 +431,31 @@ mod tests {
             }))
         );
         assert!(p(&["test", "--fast"]).unwrap_err().contains("--fast"));
-        let boot = |runs| Cmd::Bench(BenchOpts { kind: BenchKind::Boot, runs, secs: 3 });
+        let boot = |runs| Cmd::Bench(BenchOpts { kind: BenchKind::Boot, runs, secs: 3, leases: 10_000 });
         assert_eq!(p(&["bench", "boot"]), Ok(boot(5)));
         assert_eq!(p(&["bench", "boot", "--runs", "2"]), Ok(boot(2)));
         assert_eq!(
             p(&["bench", "control", "--secs", "4"]),
-            Ok(Cmd::Bench(BenchOpts { kind: BenchKind::Control, runs: 5, secs: 4 }))
+            Ok(Cmd::Bench(BenchOpts { kind: BenchKind::Control, runs: 5, secs: 4, leases: 10_000 }))
         );
         assert!(p(&["bench", "control", "--runs", "2"]).is_err());
         assert!(p(&["bench"]).unwrap_err().contains("needs a benchmark"));
         assert!(p(&["bench", "net"]).unwrap_err().contains("net"));
         assert!(p(&["bench", "boot", "--runs", "0"]).is_err());
-        let hca = |runs, secs| Cmd::Bench(BenchOpts { kind: BenchKind::Hca, runs, secs });
+        let hca = |runs, secs| Cmd::Bench(BenchOpts { kind: BenchKind::Hca, runs, secs, leases: 10_000 });
         assert_eq!(p(&["bench", "hca"]), Ok(hca(3, 2)));
         assert_eq!(p(&["bench", "hca", "--secs", "1", "--runs=2"]), Ok(hca(2, 1)));
         assert!(p(&["bench", "hca", "--secs", "0"]).unwrap_err().contains("--secs needs a number from 1"));
         assert!(p(&["bench", "hca", "--sessions", "8"]).unwrap_err().contains("--sessions"));
         assert!(p(&["bench", "boot", "--secs", "1"]).is_err());
         assert!(p(&["bench", "net"]).unwrap_err().contains("hca"));
+        let lease = |secs, leases| Cmd::Bench(BenchOpts { kind: BenchKind::Lease, runs: 1, secs, leases });
+        assert_eq!(p(&["bench", "lease"]), Ok(lease(2, 10_000)));
+        assert_eq!(p(&["bench", "lease", "--secs", "1", "--leases=2000"]), Ok(lease(1, 2000)));
+        assert!(p(&["bench", "lease", "--leases", "7"]).unwrap_err().contains("--leases needs a number from 8"));
+        assert!(p(&["bench", "lease", "--leases", "16001"]).is_err());
+        assert!(p(&["bench", "lease", "--runs", "2"]).unwrap_err().contains("--runs"));
+        assert!(p(&["bench", "hca", "--leases", "100"]).is_err());
+        assert!(p(&["bench", "net"]).unwrap_err().contains("lease"));
     }
 }

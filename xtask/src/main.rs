@@ -14,7 +14,7 @@ use cli::{BenchKind, BenchOpts, Cmd, RunOpts, TestOpts, USAGE};
 use image::Paths;
 use leasebox_qemu::model::{self, ModelCommand, ModelFiles, ModelProcess, ModelShm};
 use leasebox_qemu::{Boot, HostFwd, Ovmf, QemuConfig, QemuProcess, Stdio};
-use leasebox_scenarios::{Artifacts, bench, control, hca_bench, lease_qemu, scenario};
+use leasebox_scenarios::{Artifacts, bench, control, hca_bench, lease_bench, lease_qemu, scenario};
 
 /// `println!` that ignores a closed stdout (e.g. `cargo xtask help | head`) instead of panicking.
 macro_rules! outln {
@@ -394,6 +394,7 @@ fn cmd_bench(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
     match o.kind {
         BenchKind::Control => return bench_control(o, p),
         BenchKind::Hca => return bench_hca(o, p),
+        BenchKind::Lease => return bench_lease(o, p),
         BenchKind::Boot => {}
     }
     prereq::ensure()?;
@@ -456,6 +457,42 @@ fn bench_control(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
         per / 1024.0
     );
     outln!("({} s of load per row; TCG figures: compare ratios, not absolute times)", o.secs);
+    Ok(0)
+}
+
+/// `bench lease`: the `lease_bench` example of the lease crate (hosted, native timing: model thread, engines
+/// thread, the service on the example's own), then the goals. Prints figures; asserts nothing.
+fn bench_lease(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
+    let (secs, leases) = (o.secs.to_string(), o.leases.to_string());
+    let args = [
+        "run",
+        "--release",
+        "-p",
+        "leasebox-lease",
+        "--example",
+        "lease_bench",
+        "--",
+        "--secs",
+        &secs,
+        "--leases",
+        &leases,
+    ];
+    outln!("==> cargo {}", args.join(" "));
+    // The tables come on stdout; build output and progress on stderr.
+    let out = Command::new(image::cargo())
+        .current_dir(&p.root)
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("`cargo {}` failed ({})", args.join(" "), out.status));
+    }
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    outln!();
+    outln!("{}", table.trim_end());
+    outln!();
+    outln!("{}", lease_bench::goals(lease_bench::Summary::parse(&table).as_ref()).trim_end());
     Ok(0)
 }
 

@@ -1,0 +1,1063 @@
+//! `cargo xtask bench lease`: the lease service at native speed, hosted. The device model runs on its own
+//! thread (`ModelMode::Thread`), the driver's engines on another (as the hosted appliance does), and the
+//! service with its link loop on this thread, the "appliance core"; clients are request generators in this
+//! process, each its own tenant and session with one request outstanding.
+//!
+//! 1. ALLOC and REVOKE latency (p50/p99), rate, appliance-side time (request in → outcome out minus the time
+//!    the HCA held the op's commands, `Completion::elapsed_ns`), the service's CPU time and HCA commands per
+//!    op, with 1 and 8 clients on a service of [`LATENCY_SLOTS`] slots. Rounds: the clients fill the slots
+//!    (ALLOC, READY at once), then revoke every lease; the sweep waits for the default grace period, which
+//!    the bench skips between rounds by advancing the service's clock (no lease is live then), so the
+//!    REVOKE figures are the immediate phase alone.
+//! 2. Mass revoke of `--leases` leases (4 KiB each, one slot each, grace 0): all REVOKEs issued at once; time
+//!    to the last outcome and until every slot is free again; compared with the same HCA commands driven
+//!    straight through the driver's client with every regular command slot busy (31 of 32; the request ring
+//!    kept full) on objects created for the purpose.
+//!
+//! `cargo run --release -p leasebox-lease --example lease_bench -- [--secs N] [--leases N] [--engines thread|inline]`
+//! (`inline`: the engines polled from the link loop, one thread fewer, for machines with fewer than three
+//! CPUs). Figures only; nothing is asserted. The last line (`summary: ...`) is for xtask, which states the goals.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use leasebox_kernel::lease_config::LeaseOptions;
+use leasebox_lease::service::SCAN_INTERVAL_US;
+use leasebox_lease::setup::{self, LeaseParts};
+use leasebox_lease::{Config, Host, LeaseService, Who};
+use leasebox_mlx5::command::{Command, Output, opcode_name};
+use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
+use leasebox_mlx5::engine::{Client, CommandEngine, Event, EventEngine};
+use leasebox_mlx5::handles::{Mkey, Pdn, Qpn};
+use leasebox_mlx5::hosted::{HostedPlatform, ModelMode};
+use leasebox_mlx5::ifc;
+use leasebox_mlx5::ifc::mkey::{MkeyAccess, MkeyParams};
+use leasebox_mlx5::ifc::qp::{Mtu, QpAccess, QpBase, RcPeer, RcQpParams, RtsParams};
+use leasebox_mlx5::platform::Platform;
+use leasebox_proto::{AllocReq, LeaseId, Reply, Request, Response, access};
+use mlx5_model::ModelConfig;
+
+/// Slots of the service the latency rows run on (the default `lease_slots=`).
+const LATENCY_SLOTS: u32 = 1024;
+/// Every lease: one 4 KiB extent.
+const EXTENT: u64 = 4096;
+/// Mass revoke size unless told otherwise.
+const DEFAULT_LEASES: u32 = 10_000;
+/// No phase may take longer than this (a stuck service ends the bench instead of hanging it).
+const PHASE_LIMIT: Duration = Duration::from_secs(300);
+/// RAM beyond the pool and the QP buffers: the firmware's init pages (~50 MiB), queues.
+const RAM_BASE: usize = 160 << 20;
+/// Per lease beyond its extent: the QP buffer (4 KiB, 4 KiB aligned), its doorbell record and alignment.
+const RAM_PER_LEASE: usize = 12 << 10;
+
+struct BenchHost(Arc<HostedPlatform>);
+
+impl Host for BenchHost {
+    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<u64> {
+        self.0.dma_alloc(len, align)
+    }
+    fn dma_free(&mut self, addr: u64, len: usize) {
+        self.0.dma_free(addr, len)
+    }
+    fn zero(&mut self, addr: u64, len: u64) {
+        let z = [0u8; 4096];
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(z.len() as u64) as usize;
+            self.0.dma_write(addr + at, &z[..n]);
+            at += n as u64;
+        }
+    }
+}
+
+/// A command handed to the client: the service's tag and what it is.
+struct Sent {
+    svc_tag: u64,
+    slot: Option<u32>,
+}
+
+/// One completed command, as seen by the link loop.
+struct Done {
+    slot: Option<u32>,
+    /// Doorbell → completion seen by the command engine.
+    held_ns: u64,
+    /// Time inside `svc.hca_done`.
+    cpu_ns: u64,
+}
+
+/// The appliance core: the service and this bench's copy of the link loop (`Link::step`), which also sees
+/// each completion's `elapsed_ns` and times the service's calls.
+struct Core {
+    platform: Arc<HostedPlatform>,
+    parts: LeaseParts,
+    svc: LeaseService<u64>,
+    client: Client,
+    host: BenchHost,
+    stop: Arc<AtomicBool>,
+    engines: Option<JoinHandle<()>>,
+    /// `--engines inline`: the engines polled from the link loop instead of their own thread.
+    inline: Option<(CommandEngine<HostedPlatform>, EventEngine<HostedPlatform>)>,
+    start: Instant,
+    /// Added to the service's clock: the grace periods the bench skipped.
+    skew_us: u64,
+    tags: HashMap<u64, Sent>,
+    next_ticket: u64,
+    /// Commands submitted by opcode.
+    submitted: BTreeMap<u16, u64>,
+    /// Filled by `step`.
+    done: Vec<Done>,
+    answers: Vec<(u64, Reply)>,
+    tick_ns: u64,
+    ticks: u64,
+    ticks_ns_total: u64,
+    /// Inside the service: request, hca_done, tick.
+    cpu_ns_total: u64,
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.engines.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn elapsed_ns(t: Instant) -> u64 {
+    t.elapsed().as_nanos() as u64
+}
+
+impl Core {
+    /// Model thread, driver, lease CQ and pool (room for `max_leases` extents), engines thread; the service
+    /// is the latency rows' one.
+    fn start(max_leases: u32, inline: bool) -> Core {
+        let pool_mib = (u64::from(max_leases) * EXTENT).div_ceil(1 << 20) as u32;
+        let ram = RAM_BASE + (pool_mib as usize) * (1 << 20) + max_leases as usize * RAM_PER_LEASE;
+        let model = ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() };
+        let platform = Arc::new(HostedPlatform::with_model(model, ram, ModelMode::Thread));
+        let dcfg = DriverConfig { part: "ConnectX-5", pre_init_timeout_ms: 5_000, ..DriverConfig::default() };
+        let mut d = Driver::bring_up(platform.clone(), dcfg).unwrap_or_else(|e| fail(&format!("bring-up: {e}")));
+        let o = LeaseOptions { pool_mib, slots: max_leases.max(LATENCY_SLOTS), ..LeaseOptions::default() };
+        let parts = setup::prepare(&mut d, &o, None).unwrap_or_else(|e| fail(&format!("lease set-up: {e}")));
+        let (cmd, ev, client, info) = d.into_engines();
+        eprintln!(
+            "lease_bench: HCA up ({} fw {}), pool {pool_mib} MiB, RAM {} MiB, {} CPUs",
+            info.part,
+            info.fw,
+            ram >> 20,
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let (engines, inline) = if inline { (None, Some((cmd, ev))) } else { (Some(spawn_engines(cmd, ev, s)), None) };
+        let svc = service(&parts, LATENCY_SLOTS, None);
+        Core {
+            host: BenchHost(platform.clone()),
+            platform,
+            parts,
+            svc,
+            client,
+            stop,
+            engines,
+            inline,
+            start: Instant::now(),
+            skew_us: 0,
+            tags: HashMap::new(),
+            next_ticket: 1,
+            submitted: BTreeMap::new(),
+            done: Vec::new(),
+            answers: Vec::new(),
+            tick_ns: 0,
+            ticks: 0,
+            ticks_ns_total: 0,
+            cpu_ns_total: 0,
+        }
+    }
+
+    /// With `--engines inline`: one pass of each engine.
+    fn poll_engines(&mut self) {
+        if let Some((cmd, ev)) = &mut self.inline {
+            cmd.poll();
+            ev.poll();
+        }
+    }
+
+    fn now_us(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64 + self.skew_us
+    }
+
+    /// One request; returns its ticket, the immediate answer if any and the time inside `svc.request`.
+    fn request(&mut self, who: Who<'_>, req: &Request) -> (u64, Option<Reply>, u64) {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        let now = self.now_us();
+        let t = Instant::now();
+        let r = self.svc.request(who, req, ticket, now, &mut self.host);
+        let cpu = elapsed_ns(t);
+        self.cpu_ns_total += cpu;
+        (ticket, r, cpu)
+    }
+
+    /// One pass of the link loop (`Link::step`): results to the service, events, the service's timers, its
+    /// commands to the client; then the answers.
+    fn step(&mut self) {
+        self.poll_engines();
+        self.done.clear();
+        let now = self.now_us();
+        while let Some(c) = self.client.poll() {
+            let Some(s) = self.tags.remove(&c.tag) else { continue };
+            let t = Instant::now();
+            self.svc.hca_done(s.svc_tag, c.result, now, &mut self.host);
+            let cpu = elapsed_ns(t);
+            self.cpu_ns_total += cpu;
+            self.done.push(Done { slot: s.slot, held_ns: c.elapsed_ns, cpu_ns: cpu });
+        }
+        while let Some(e) = self.client.next_event() {
+            if let Event::Fatal(f) = e {
+                fail(&format!("the HCA died: {f}"));
+            }
+        }
+        let t = Instant::now();
+        self.svc.tick(now, &mut self.host);
+        self.tick_ns = elapsed_ns(t);
+        self.ticks += 1;
+        self.ticks_ns_total += self.tick_ns;
+        self.cpu_ns_total += self.tick_ns;
+        while self.client.room() > 0 {
+            let Some((svc_tag, cmd)) = self.svc.next_command() else { break };
+            let opcode = cmd.opcode();
+            let slot = cmd.attrs().get("slot").map(|s| s as u32);
+            match self.client.submit(cmd) {
+                Ok(ct) => {
+                    self.tags.insert(ct, Sent { svc_tag, slot });
+                    *self.submitted.entry(opcode).or_default() += 1;
+                }
+                Err(cmd) => {
+                    self.svc.unsend(svc_tag, cmd);
+                    break;
+                }
+            }
+        }
+        self.svc.take_answers(&mut self.answers);
+    }
+
+    /// Steps until every lease revoked so far is swept (skipping the grace period) and nothing is in flight.
+    /// Returns the sweep's commands.
+    fn settle(&mut self, swept_target: u64) -> u64 {
+        self.skew_us += self.svc.config().grace_ms * 1000;
+        let c0 = self.svc.counters.commands;
+        let t0 = Instant::now();
+        while self.svc.counters.swept < swept_target || self.svc.in_flight() > 0 || self.svc.has_commands() {
+            self.step();
+            self.answers.clear();
+            if t0.elapsed() > PHASE_LIMIT {
+                fail(&format!("the sweep did not finish: {:?} leases by state", self.svc.by_state()));
+            }
+        }
+        self.svc.counters.commands - c0
+    }
+}
+
+/// The engines on their own thread, as the hosted appliance runs them.
+fn spawn_engines(
+    mut cmd: CommandEngine<HostedPlatform>,
+    mut ev: EventEngine<HostedPlatform>,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("mlx5-engines".into())
+        .spawn(move || {
+            let mut idle = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                if cmd.poll() | ev.poll() {
+                    idle = 0;
+                } else {
+                    idle = idle.saturating_add(1);
+                    if idle > 1024 {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+        })
+        .expect("spawn the engines thread")
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("lease_bench: {msg}");
+    std::process::exit(1)
+}
+
+/// A service over the pool with `slots` slots of one extent each; `grace_ms` `None` keeps the default.
+fn service(parts: &LeaseParts, slots: u32, grace_ms: Option<u64>) -> LeaseService<u64> {
+    let o = LeaseOptions { slots, ..LeaseOptions::default() };
+    let base = Config::from_options(&o, parts, 0x1ea5_eb0c);
+    let cfg = Config {
+        extent: EXTENT,
+        pool_bytes: u64::from(slots) * EXTENT,
+        tenant_leases: slots,
+        default_ttl_ms: base.max_ttl_ms,
+        grace_ms: grace_ms.unwrap_or(base.grace_ms),
+        ..base
+    };
+    LeaseService::new(cfg, parts.hca).unwrap_or_else(|e| fail(&format!("lease configuration: {e}")))
+}
+
+fn alloc_req(client: usize) -> AllocReq {
+    AllocReq {
+        size: EXTENT,
+        access: access::REMOTE_READ | access::REMOTE_WRITE,
+        mtu: 3,
+        ttl_ms: 0,
+        client_qpn: 0x1000 + client as u32,
+        client_psn: 0x100,
+        client_gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 2],
+        client_mac: [0x02, 0, 0, 0, 0, 0x02],
+    }
+}
+
+/// A simulated client: its own tenant and session.
+struct Tenant {
+    name: String,
+    session: u64,
+}
+
+impl Tenant {
+    fn who(&self) -> Who<'_> {
+        Who { session: self.session, tenant: &self.name, admin: false }
+    }
+}
+
+fn tenants(n: usize) -> Vec<Tenant> {
+    (0..n).map(|i| Tenant { name: format!("client{i}"), session: 100 + i as u64 }).collect()
+}
+
+/// One operation's figures, ns.
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    latency: u64,
+    /// The HCA's hold time of the op's commands (those attributed to it).
+    held: u64,
+    /// Inside the service: the op's `request` and `hca_done` calls, plus its share of each `tick` while it
+    /// was outstanding.
+    cpu: u64,
+}
+
+impl Sample {
+    fn appliance(&self) -> u64 {
+        self.latency.saturating_sub(self.held)
+    }
+}
+
+struct Pending {
+    ticket: u64,
+    slot: Option<u32>,
+    t_in: Instant,
+    s: Sample,
+}
+
+/// What a phase produced.
+struct Phase {
+    samples: Vec<Sample>,
+    replies: Vec<Vec<Reply>>,
+    secs: f64,
+    commands: u64,
+    /// Completions that could not be tied to one op (their hold time is in no sample).
+    unattributed: u64,
+}
+
+/// Each client works through its queue with one request outstanding; ALLOC answers get their READY at once
+/// (not timed). Returns every op's figures and every client's replies in order.
+fn drive(core: &mut Core, who: &[Tenant], mut queues: Vec<VecDeque<Request>>) -> Phase {
+    let n = who.len();
+    let mut pending: Vec<Option<Pending>> = (0..n).map(|_| None).collect();
+    let mut owner: HashMap<u64, usize> = HashMap::new();
+    let mut out = Phase {
+        samples: Vec::with_capacity(queues.iter().map(VecDeque::len).sum()),
+        replies: vec![Vec::new(); n],
+        secs: 0.0,
+        commands: 0,
+        unattributed: 0,
+    };
+    let c0 = core.svc.counters.commands;
+    let t0 = Instant::now();
+    loop {
+        for i in 0..n {
+            while pending[i].is_none() {
+                let Some(req) = queues[i].pop_front() else { break };
+                let slot = match &req {
+                    Request::Revoke { lease, .. } => Some(lease.slot),
+                    _ => None,
+                };
+                let t_in = Instant::now();
+                let (ticket, now, cpu) = core.request(who[i].who(), &req);
+                match now {
+                    Some(r) => {
+                        let s = Sample { latency: elapsed_ns(t_in), held: 0, cpu };
+                        finish(core, &who[i], &mut out, i, s, r);
+                    }
+                    None => {
+                        owner.insert(ticket, i);
+                        pending[i] = Some(Pending { ticket, slot, t_in, s: Sample { cpu, ..Sample::default() } });
+                    }
+                }
+            }
+        }
+        let outstanding = pending.iter().filter(|p| p.is_some()).count();
+        if outstanding == 0 {
+            break;
+        }
+        core.step();
+        let share = core.tick_ns / outstanding as u64;
+        for p in pending.iter_mut().flatten() {
+            p.s.cpu += share;
+        }
+        for d in &core.done {
+            let mine = match d.slot {
+                Some(s) => pending.iter_mut().flatten().find(|p| p.slot == Some(s)),
+                None if outstanding == 1 => pending.iter_mut().flatten().next(),
+                None => None,
+            };
+            match mine {
+                Some(p) => {
+                    p.s.held += d.held_ns;
+                    p.s.cpu += d.cpu_ns;
+                }
+                None => {
+                    out.unattributed += 1;
+                    let share = d.cpu_ns / outstanding as u64;
+                    for p in pending.iter_mut().flatten() {
+                        p.s.cpu += share;
+                    }
+                }
+            }
+        }
+        let at = Instant::now();
+        for (ticket, r) in std::mem::take(&mut core.answers) {
+            let Some(i) = owner.remove(&ticket) else { continue };
+            let Some(p) = pending[i].take() else { continue };
+            debug_assert_eq!(p.ticket, ticket);
+            let s = Sample { latency: at.duration_since(p.t_in).as_nanos() as u64, ..p.s };
+            finish(core, &who[i], &mut out, i, s, r);
+        }
+        if t0.elapsed() > PHASE_LIMIT {
+            fail(&format!("a phase took over {PHASE_LIMIT:?}: {:?} leases by state", core.svc.by_state()));
+        }
+    }
+    out.secs = t0.elapsed().as_secs_f64();
+    out.commands = core.svc.counters.commands - c0;
+    out
+}
+
+fn finish(core: &mut Core, who: &Tenant, out: &mut Phase, i: usize, s: Sample, r: Reply) {
+    match &r {
+        Ok(Response::Alloc(a)) => {
+            let ready = Request::Ready { lease: a.lease, client_qpn: 0x1000 + i as u32, server_qpn: a.server_qpn };
+            match core.request(who.who(), &ready) {
+                (_, Some(Ok(Response::Ready { .. })), _) => {}
+                (_, other, _) => fail(&format!("READY: {other:?}")),
+            }
+        }
+        Ok(Response::Revoke { .. }) => {}
+        other => fail(&format!("unexpected answer: {other:?}")),
+    }
+    out.samples.push(s);
+    out.replies[i].push(r);
+}
+
+/// The leases ALLOC granted, per client.
+fn granted(p: &Phase) -> Vec<Vec<LeaseId>> {
+    p.replies
+        .iter()
+        .map(|rs| {
+            rs.iter()
+                .filter_map(|r| match r {
+                    Ok(Response::Alloc(a)) => Some(a.lease),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn outcomes<'a>(replies: impl Iterator<Item = &'a Reply>, tally: &mut BTreeMap<String, u64>) {
+    for r in replies {
+        if let Ok(Response::Revoke { outcome, .. }) = r {
+            *tally.entry(format!("{outcome:?}")).or_default() += 1;
+        }
+    }
+}
+
+/// One latency row (1 or 8 clients): rounds of fill, revoke, settle until `dur` has passed.
+struct Row {
+    clients: usize,
+    alloc: Vec<Sample>,
+    revoke: Vec<Sample>,
+    alloc_secs: f64,
+    revoke_secs: f64,
+    alloc_cmds: u64,
+    revoke_cmds: u64,
+    sweep_cmds: u64,
+    swept: u64,
+    unattributed: u64,
+    outcomes: BTreeMap<String, u64>,
+}
+
+fn latency_row(core: &mut Core, clients: usize, per_client: usize, dur: Duration) -> Row {
+    let who = tenants(clients);
+    let mut row = Row {
+        clients,
+        alloc: Vec::new(),
+        revoke: Vec::new(),
+        alloc_secs: 0.0,
+        revoke_secs: 0.0,
+        alloc_cmds: 0,
+        revoke_cmds: 0,
+        sweep_cmds: 0,
+        swept: 0,
+        unattributed: 0,
+        outcomes: BTreeMap::new(),
+    };
+    let t0 = Instant::now();
+    while row.alloc.is_empty() || t0.elapsed() < dur {
+        let queues = (0..clients).map(|i| (0..per_client).map(|_| Request::Alloc(alloc_req(i))).collect()).collect();
+        let a = drive(core, &who, queues);
+        let leases = granted(&a);
+        let queues = leases
+            .iter()
+            .map(|ls| ls.iter().map(|&lease| Request::Revoke { lease, qp_first: false }).collect())
+            .collect();
+        let r = drive(core, &who, queues);
+        outcomes(r.replies.iter().flatten(), &mut row.outcomes);
+        let swept0 = core.svc.counters.swept;
+        row.sweep_cmds += core.settle(swept0 + r.samples.len() as u64);
+        row.swept += core.svc.counters.swept - swept0;
+        row.alloc.extend(a.samples);
+        row.revoke.extend(r.samples);
+        row.alloc_secs += a.secs;
+        row.revoke_secs += r.secs;
+        row.alloc_cmds += a.commands;
+        row.revoke_cmds += r.commands;
+        row.unattributed += r.unattributed;
+    }
+    eprintln!(
+        "lease_bench: {clients} client(s): {} ALLOC at {:.0}/s, {} REVOKE at {:.0}/s",
+        row.alloc.len(),
+        row.alloc.len() as f64 / row.alloc_secs,
+        row.revoke.len(),
+        row.revoke.len() as f64 / row.revoke_secs
+    );
+    row
+}
+
+/// The mass revoke's figures.
+struct Mass {
+    leases: u32,
+    fill_secs: f64,
+    idle_tick_us: f64,
+    issue_ms: f64,
+    first_ms: f64,
+    last_ms: f64,
+    swept_ms: f64,
+    outcomes: BTreeMap<String, u64>,
+    /// Commands submitted during the mass revoke, by opcode.
+    commands: BTreeMap<u16, u64>,
+    ticks: u64,
+    tick_ns: u64,
+    /// Inside the service (request, hca_done, tick) from the first REVOKE to all swept.
+    cpu_ns: u64,
+}
+
+fn mass_revoke(core: &mut Core, leases: u32) -> Mass {
+    core.svc = service(&core.parts, leases, Some(0));
+    let clients = 8usize;
+    let who = tenants(clients);
+    let queues = (0..clients)
+        .map(|i| {
+            let n = leases as usize / clients + usize::from(i < leases as usize % clients);
+            (0..n).map(|_| Request::Alloc(alloc_req(i))).collect()
+        })
+        .collect();
+    let fill = drive(core, &who, queues);
+    let all = granted(&fill);
+    let count: usize = all.iter().map(Vec::len).sum();
+    eprintln!("lease_bench: mass revoke: {count} leases granted and READY in {:.2} s", fill.secs);
+    // One timer scan over every slot live with nothing to do (the clock moves one scan interval per call,
+    // since `tick` scans at most once per interval).
+    let idle_tick_us = {
+        let mut spent = 0;
+        for _ in 0..100 {
+            core.skew_us += SCAN_INTERVAL_US;
+            let now = core.now_us();
+            let t = Instant::now();
+            core.svc.tick(now, &mut core.host);
+            spent += elapsed_ns(t);
+        }
+        spent as f64 / 100.0 / 1e3
+    };
+    let before = core.submitted.clone();
+    let (ticks0, tick_ns0, cpu0) = (core.ticks, core.ticks_ns_total, core.cpu_ns_total);
+    let swept0 = core.svc.counters.swept;
+    let mut answered = 0usize;
+    let mut tally = BTreeMap::new();
+    let t0 = Instant::now();
+    for (i, ls) in all.iter().enumerate() {
+        for &lease in ls {
+            let (_, now, _) = core.request(who[i].who(), &Request::Revoke { lease, qp_first: false });
+            if let Some(r) = now {
+                answered += 1;
+                outcomes([r].iter(), &mut tally);
+            }
+        }
+    }
+    let issue_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let (mut first_ms, mut last_ms) = (None, None);
+    loop {
+        core.step();
+        if !core.answers.is_empty() {
+            let at = t0.elapsed().as_secs_f64() * 1e3;
+            first_ms.get_or_insert(at);
+            answered += core.answers.len();
+            outcomes(core.answers.iter().map(|(_, r)| r), &mut tally);
+            core.answers.clear();
+            if answered >= count {
+                last_ms.get_or_insert(at);
+            }
+        }
+        if answered >= count && core.svc.counters.swept - swept0 >= count as u64 && core.svc.in_flight() == 0 {
+            break;
+        }
+        if t0.elapsed() > PHASE_LIMIT {
+            fail(&format!("the mass revoke did not finish: {answered} outcomes, {:?} by state", core.svc.by_state()));
+        }
+    }
+    let swept_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let commands = core
+        .submitted
+        .iter()
+        .map(|(&op, &n)| (op, n - before.get(&op).copied().unwrap_or(0)))
+        .filter(|&(_, n)| n > 0)
+        .collect();
+    Mass {
+        leases: count as u32,
+        fill_secs: fill.secs,
+        idle_tick_us,
+        issue_ms,
+        first_ms: first_ms.unwrap_or(issue_ms),
+        last_ms: last_ms.unwrap_or(issue_ms),
+        swept_ms,
+        outcomes: tally,
+        commands,
+        ticks: core.ticks - ticks0,
+        tick_ns: core.ticks_ns_total - tick_ns0,
+        cpu_ns: core.cpu_ns_total - cpu0,
+    }
+}
+
+/// Runs `cmds` straight through the client with its request ring kept full (every regular command slot busy);
+/// returns the outputs in order and the time, ms.
+fn pipeline(core: &mut Core, cmds: Vec<Command>) -> (Vec<Output>, f64) {
+    assert!(core.svc.in_flight() == 0 && !core.svc.has_commands() && core.tags.is_empty());
+    let total = cmds.len();
+    let mut todo: VecDeque<(usize, Command)> = cmds.into_iter().enumerate().collect();
+    let mut outs: Vec<Option<Output>> = (0..total).map(|_| None).collect();
+    let mut inflight: HashMap<u64, usize> = HashMap::with_capacity(256);
+    let mut got = 0;
+    let t0 = Instant::now();
+    while got < total {
+        // The request ring stays full (as the service's outbox keeps it), so a slot that frees finds its next
+        // command waiting in the engine.
+        while core.client.room() > 0 {
+            let Some((i, cmd)) = todo.pop_front() else { break };
+            match core.client.submit(cmd) {
+                Ok(tag) => {
+                    inflight.insert(tag, i);
+                }
+                Err(cmd) => {
+                    todo.push_front((i, cmd));
+                    break;
+                }
+            }
+        }
+        core.poll_engines();
+        while let Some(c) = core.client.poll() {
+            let Some(i) = inflight.remove(&c.tag) else { continue };
+            match c.result {
+                Ok(o) => outs[i] = Some(o),
+                Err(e) => fail(&format!("model-alone command failed: {e}")),
+            }
+            got += 1;
+        }
+        if t0.elapsed() > PHASE_LIMIT {
+            fail("the model-alone commands did not finish");
+        }
+    }
+    (outs.into_iter().map(|o| o.expect("every output")).collect(), t0.elapsed().as_secs_f64() * 1e3)
+}
+
+/// The model alone: `n` leases' objects (PD, 4 KiB MKEY over a pool extent, RC QP in RTS, as ALLOC builds
+/// them), then, timed, the revoke's DESTROY_MKEY for all, and the sweep's 2ERR_QP, 2RST_QP, DESTROY_QP,
+/// DEALLOC_PD for all (one wave per opcode, every slot busy). Returns both times, ms.
+fn model_alone(core: &mut Core, n: usize) -> (f64, f64) {
+    let hca = core.parts.hca;
+    let pool = core.parts.pool_base;
+    let (pds, _) = pipeline(core, (0..n).map(|_| ifc::resources::alloc_pd()).collect());
+    let pds: Vec<Pdn> = pds.iter().map(ifc::resources::parse_alloc_pd).collect();
+    let bufs: Vec<(u64, u64)> = (0..n)
+        .map(|_| {
+            let b = core.platform.dma_alloc(4096, 4096).expect("a QP buffer");
+            let d = core.platform.dma_alloc(64, 64).expect("a doorbell record");
+            (b, d)
+        })
+        .collect();
+    let creates = (0..n)
+        .map(|i| {
+            ifc::qp::create_rc_qp(&RcQpParams {
+                pd: pds[i],
+                uar_page: hca.uar,
+                cqn_snd: hca.cqn,
+                cqn_rcv: hca.cqn,
+                log_rq_size: None,
+                log_rq_stride: 0,
+                log_sq_size: 6,
+                log_msg_max: 30,
+                log_page_size: 0,
+                dbr_addr: bufs[i].1,
+                pages: &[bufs[i].0],
+            })
+        })
+        .collect();
+    let (qps, _) = pipeline(core, creates);
+    let base: Vec<QpBase> = (0..n)
+        .map(|i| QpBase { qpn: ifc::qp::create_qp_out(&qps[i]), pd: pds[i], cqn_snd: hca.cqn, cqn_rcv: hca.cqn })
+        .collect();
+    let qpns: Vec<Qpn> = base.iter().map(|b| b.qpn).collect();
+    let qp_access = QpAccess { remote_read: true, remote_write: true, remote_atomic: false };
+    pipeline(core, base.iter().map(|b| ifc::qp::rst2init(b, qp_access)).collect());
+    let peer = |b: &QpBase| RcPeer {
+        qpn: Qpn(0x1000),
+        psn: 0x100,
+        gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 2],
+        mac: [0x02, 0, 0, 0, 0, 0x02],
+        mtu: Mtu::Mtu1024,
+        sgid_index: hca.gid_index,
+        hop_limit: 64,
+        udp_sport: ifc::qp::roce_udp_sport(b.qpn, Qpn(0x1000)),
+        tclass: 0,
+        eth_prio: 0,
+        log_rra_max: 4,
+        min_rnr_nak: 12,
+    };
+    pipeline(core, base.iter().map(|b| ifc::qp::init2rtr(b, &peer(b), 30)).collect());
+    let rts = RtsParams { psn: 0x200, ack_timeout: 14, retry_count: 7, rnr_retry: 7, log_sra_max: 0 };
+    pipeline(core, base.iter().map(|b| ifc::qp::rtr2rts(b, &rts)).collect());
+    let access = MkeyAccess::LOCAL_READ | MkeyAccess::LOCAL_WRITE | MkeyAccess::REMOTE_READ | MkeyAccess::REMOTE_WRITE;
+    let mkeys = (0..n)
+        .map(|i| {
+            let page = pool + i as u64 * EXTENT;
+            ifc::mkey::create_mkey_mtt(&MkeyParams {
+                pd: pds[i],
+                variant: i as u8,
+                start: page,
+                len: EXTENT,
+                access,
+                log_page_size: 12,
+                pages: &[page],
+            })
+        })
+        .collect();
+    let (keys, _) = pipeline(core, mkeys);
+    let keys: Vec<Mkey> = keys.iter().enumerate().map(|(i, o)| ifc::mkey::create_mkey_out_key(o, i as u8)).collect();
+    let (_, mkey_ms) = pipeline(core, keys.iter().map(|k| ifc::mkey::destroy_mkey(k.index())).collect());
+    let mut sweep_ms = 0.0;
+    sweep_ms += pipeline(core, qpns.iter().map(|&q| ifc::qp::qp_2err(q)).collect()).1;
+    sweep_ms += pipeline(core, qpns.iter().map(|&q| ifc::qp::qp_2rst(q)).collect()).1;
+    sweep_ms += pipeline(core, qpns.iter().map(|&q| ifc::qp::destroy_qp(q)).collect()).1;
+    sweep_ms += pipeline(core, pds.iter().map(|&pd| ifc::resources::dealloc_pd(pd)).collect()).1;
+    for (b, d) in bufs {
+        core.platform.dma_free(b, 4096);
+        core.platform.dma_free(d, 64);
+    }
+    (mkey_ms, sweep_ms)
+}
+
+fn percentile(sorted: &[u64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i] as f64
+}
+
+/// p50 and p99 of `f` over `samples`, µs.
+fn p50_p99(samples: &[Sample], f: impl Fn(&Sample) -> u64) -> (f64, f64) {
+    let mut v: Vec<u64> = samples.iter().map(f).collect();
+    v.sort_unstable();
+    (percentile(&v, 0.50) / 1e3, percentile(&v, 0.99) / 1e3)
+}
+
+fn parse_args() -> Result<(f64, u32, bool), String> {
+    let (mut secs, mut leases, mut engines_inline) = (2.0, DEFAULT_LEASES, false);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) => (f.to_string(), Some(v.to_string())),
+            None => (a.clone(), None),
+        };
+        let mut value = || inline.clone().or_else(|| args.next()).ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--secs" => {
+                let v = value()?;
+                secs = match v.parse::<f64>() {
+                    Ok(s) if s > 0.0 && s <= 600.0 => s,
+                    _ => return Err(format!("--secs needs a number of seconds from 0 to 600, got `{v}`")),
+                };
+            }
+            "--leases" => {
+                let v = value()?;
+                leases = match v.parse::<u32>() {
+                    Ok(n) if (8..=16_000).contains(&n) => n,
+                    _ => return Err(format!("--leases needs a number from 8 to 16000, got `{v}`")),
+                };
+            }
+            "--engines" => {
+                engines_inline = match value()?.as_str() {
+                    "thread" => false,
+                    "inline" => true,
+                    v => return Err(format!("--engines needs `thread` or `inline`, got `{v}`")),
+                };
+            }
+            other => {
+                return Err(format!(
+                    "unknown argument `{other}` (usage: lease_bench [--secs N] [--leases N] [--engines thread|inline])"
+                ));
+            }
+        }
+    }
+    Ok((secs, leases, engines_inline))
+}
+
+fn main() {
+    let (secs, leases, inline) = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("lease_bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let mut core = Core::start(leases.max(LATENCY_SLOTS), inline);
+    // Warm-up: one small round, not recorded.
+    latency_row(&mut core, 8, 16, Duration::ZERO);
+    let dur = Duration::from_secs_f64(secs);
+    let rows: Vec<Row> =
+        [1usize, 8].iter().map(|&c| latency_row(&mut core, c, LATENCY_SLOTS as usize / c, dur)).collect();
+    let mass = mass_revoke(&mut core, leases);
+    eprintln!(
+        "lease_bench: mass revoke of {}: last outcome {:.1} ms, all swept {:.1} ms",
+        mass.leases, mass.last_ms, mass.swept_ms
+    );
+    let (mkey_ms, sweep_ms) = model_alone(&mut core, mass.leases as usize);
+    eprintln!(
+        "lease_bench: model alone: DESTROY_MKEY ×{} {mkey_ms:.1} ms, sweep commands {sweep_ms:.1} ms",
+        mass.leases
+    );
+    print!("{}", report(secs, inline, &rows, &mass, mkey_ms, sweep_ms));
+}
+
+fn table(headers: &[&str], cells: &[Vec<String>], left: usize) -> String {
+    let widths: Vec<usize> = (0..headers.len())
+        .map(|i| cells.iter().map(|c| c[i].chars().count()).chain([headers[i].chars().count()]).max().unwrap_or(0))
+        .collect();
+    let line = |cells: &[String]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                let pad = " ".repeat(w.saturating_sub(c.chars().count()));
+                if i < left { format!("{c}{pad}") } else { format!("{pad}{c}") }
+            })
+            .collect();
+        format!("{}\n", padded.join(" | ").trim_end())
+    };
+    let mut out = line(&headers.iter().map(|h| h.to_string()).collect::<Vec<_>>());
+    out.push_str(&format!("{}\n", widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("-|-")));
+    for c in cells {
+        out.push_str(&line(c));
+    }
+    out
+}
+
+fn us(v: f64) -> String {
+    format!("{v:.1}")
+}
+
+fn report(secs: f64, inline: bool, rows: &[Row], m: &Mass, mkey_ms: f64, sweep_ms: f64) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "hosted, native: model on its own thread (commands at the model's own speed), {}, service + link loop on \
+         the bench thread ({LATENCY_SLOTS} slots, 4 KiB leases, {} CPUs):\n",
+        if inline { "driver engines polled from the link loop" } else { "driver engines on another thread" },
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    ));
+    let headers = [
+        "op",
+        "clients",
+        "ops/s",
+        "p50 µs",
+        "p99 µs",
+        "appliance p50 µs",
+        "appliance p99 µs",
+        "service CPU p50 µs",
+        "service CPU p99 µs",
+        "HCA held p50 µs",
+        "HCA cmds/op",
+    ];
+    let mut cells = Vec::new();
+    for r in rows {
+        for (op, samples, secs, cmds) in
+            [("ALLOC", &r.alloc, r.alloc_secs, r.alloc_cmds), ("REVOKE", &r.revoke, r.revoke_secs, r.revoke_cmds)]
+        {
+            let (p50, p99) = p50_p99(samples, |s| s.latency);
+            // ALLOC's QP commands carry no slot: with several clients they cannot be tied to one ALLOC.
+            let split = op == "REVOKE" || r.clients == 1;
+            let (a50, a99) = p50_p99(samples, Sample::appliance);
+            let (c50, c99) = p50_p99(samples, |s| s.cpu);
+            let (h50, _) = p50_p99(samples, |s| s.held);
+            let dash = || "—".to_string();
+            cells.push(vec![
+                op.to_string(),
+                r.clients.to_string(),
+                format!("{:.0}", samples.len() as f64 / secs),
+                us(p50),
+                us(p99),
+                if split { us(a50) } else { dash() },
+                if split { us(a99) } else { dash() },
+                if split { us(c50) } else { dash() },
+                if split { us(c99) } else { dash() },
+                if split { us(h50) } else { dash() },
+                format!("{:.2}", cmds as f64 / samples.len().max(1) as f64),
+            ]);
+        }
+    }
+    out.push_str(&table(&headers, &cells, 1));
+    for r in rows {
+        let outcomes: Vec<String> = r.outcomes.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        out.push_str(&format!(
+            "{} client(s): {} ALLOC, {} REVOKE ({}), sweep {:.2} HCA commands per lease over {} swept{}\n",
+            r.clients,
+            r.alloc.len(),
+            r.revoke.len(),
+            outcomes.join(", "),
+            r.sweep_cmds as f64 / r.swept.max(1) as f64,
+            r.swept,
+            if r.unattributed > 0 {
+                format!("; {} REVOKE completions not tied to one op", r.unattributed)
+            } else {
+                String::new()
+            }
+        ));
+    }
+    out.push_str(&format!(
+        "({secs} s per row in rounds: the clients fill the {LATENCY_SLOTS} slots (ALLOC, then READY at once, \
+         untimed), then revoke them all, then the sweep runs with the grace period skipped (service clock \
+         advanced);\n each client is its own tenant with one request outstanding; latency = request in → answer \
+         taken from the service; HCA held = doorbell → completion seen (Completion::elapsed_ns) of the op's\n \
+         commands; appliance = latency − HCA held; service CPU = time inside svc.request + svc.hca_done of the \
+         op's commands + its share of svc.tick while outstanding; cmds/op from svc.counters.commands)\n"
+    ));
+
+    let outcomes: Vec<String> = m.outcomes.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let n = f64::from(m.leases.max(1));
+    let immediate = m.commands.get(&ifc::mkey::MLX5_CMD_OP_DESTROY_MKEY).copied().unwrap_or(0);
+    let others: Vec<String> = m
+        .commands
+        .iter()
+        .filter(|(op, _)| **op != ifc::mkey::MLX5_CMD_OP_DESTROY_MKEY)
+        .map(|(op, c)| format!("{} {c}", opcode_name(*op)))
+        .collect();
+    let sweep_total: u64 =
+        m.commands.iter().filter(|(op, _)| **op != ifc::mkey::MLX5_CMD_OP_DESTROY_MKEY).map(|(_, c)| *c).sum();
+    let mass_ratio = m.last_ms / mkey_ms;
+    let sweep_ratio = m.swept_ms / (mkey_ms + sweep_ms);
+    out.push_str(&format!(
+        "\nmass revoke: {} leases of 4 KiB in {} slots, grace 0, 8 tenants; every REVOKE issued at once, then the \
+         link loop runs:\n",
+        m.leases, m.leases
+    ));
+    let figures = [
+        (
+            "fill: ALLOC + READY with 8 clients".to_string(),
+            format!("{:.2} s ({:.0} ALLOC/s)", m.fill_secs, n / m.fill_secs),
+        ),
+        ("all REVOKEs issued (svc.request)".to_string(), format!("{:.1} ms", m.issue_ms)),
+        ("first outcome".to_string(), format!("{:.1} ms", m.first_ms)),
+        ("last outcome".to_string(), format!("{:.1} ms", m.last_ms)),
+        ("all swept (every slot free)".to_string(), format!("{:.1} ms", m.swept_ms)),
+        ("outcomes".to_string(), outcomes.join(", ")),
+        (
+            "HCA commands per lease".to_string(),
+            format!(
+                "immediate DESTROY_MKEY {:.2}; sweep {:.2} ({})",
+                immediate as f64 / n,
+                sweep_total as f64 / n,
+                others.join(", ")
+            ),
+        ),
+        (
+            "service CPU during the mass revoke".to_string(),
+            format!(
+                "{:.1} ms ({:.1} µs per lease; svc.tick {:.1} ms over {} calls); one timer scan over {} live leases: \
+                 {:.1} µs",
+                m.cpu_ns as f64 / 1e6,
+                m.cpu_ns as f64 / 1e3 / n,
+                m.tick_ns as f64 / 1e6,
+                m.ticks,
+                m.leases,
+                m.idle_tick_us
+            ),
+        ),
+        (format!("model alone: {} DESTROY_MKEY, all slots busy", m.leases), format!("{mkey_ms:.1} ms")),
+        (
+            format!("model alone: {} × (2ERR_QP, 2RST_QP, DESTROY_QP, DEALLOC_PD)", m.leases),
+            format!("{sweep_ms:.1} ms"),
+        ),
+        ("last outcome / DESTROY_MKEY alone".to_string(), format!("{mass_ratio:.2}×")),
+        ("all swept / (DESTROY_MKEY + sweep commands) alone".to_string(), format!("{sweep_ratio:.2}×")),
+    ];
+    let cells: Vec<Vec<String>> = figures.into_iter().map(|(a, b)| vec![a, b]).collect();
+    out.push_str(&table(&["figure", "value"], &cells, 2));
+    out.push_str(&format!(
+        "(times from the first REVOKE request; \"model alone\" = the same commands straight through the driver's \
+         client, its request ring kept full so all 31 regular command slots (of 32) stay busy, no service, on {} objects built as ALLOC \
+         builds them\n (PD, RC QP in RTS, 4 KiB MKEY), one wave per opcode; the sweep figure includes scrubbing \
+         the 4 KiB extents, the model-alone figure does not)\n",
+        m.leases
+    ));
+    let (_, app1) = p50_p99(&rows_revoke(rows_of(rows, 1)), Sample::appliance);
+    let (_, app8) = p50_p99(&rows_revoke(rows_of(rows, 8)), Sample::appliance);
+    let (_, cpu1) = p50_p99(&rows_revoke(rows_of(rows, 1)), |s| s.cpu);
+    let (_, cpu8) = p50_p99(&rows_revoke(rows_of(rows, 8)), |s| s.cpu);
+    out.push_str(&format!(
+        "summary: revoke_app_p99_us_1={app1:.1} revoke_app_p99_us_8={app8:.1} revoke_cpu_p99_us_1={cpu1:.1} \
+         revoke_cpu_p99_us_8={cpu8:.1} leases={} mass_last_ms={:.1} mass_swept_ms={:.1} model_mkey_ms={mkey_ms:.1} \
+         model_sweep_ms={sweep_ms:.1} mass_ratio={mass_ratio:.2} sweep_ratio={sweep_ratio:.2} fenced={}\n",
+        m.leases,
+        m.last_ms,
+        m.swept_ms,
+        m.outcomes.get("Fenced").copied().unwrap_or(0)
+    ));
+    out
+}
+
+fn rows_of(rows: &[Row], clients: usize) -> Option<&Row> {
+    rows.iter().find(|r| r.clients == clients)
+}
+
+fn rows_revoke(r: Option<&Row>) -> Vec<Sample> {
+    r.map_or_else(Vec::new, |r| r.revoke.clone())
+}
