@@ -22,6 +22,10 @@ pub enum Probe {
     Dir(&'static str),
     /// An OVMF code/vars pair (see `leasebox_qemu::firmware`).
     Ovmf,
+    /// A file, relative to the filesystem root.
+    File(&'static str),
+    /// libclang's shared library (bindgen, for leasectl's verbs backend), under any LLVM version.
+    Libclang,
 }
 
 /// One requirement and the Debian package that provides it.
@@ -44,7 +48,36 @@ pub const REQUIREMENTS: &[Requirement] = &[
     Requirement { what: "xorriso", probe: Probe::Exe("xorriso"), package: "xorriso" },
     Requirement { what: "mformat", probe: Probe::Exe("mformat"), package: "mtools" },
     Requirement { what: "OVMF firmware", probe: Probe::Ovmf, package: "ovmf" },
+    // leasectl's verbs backend (`--features verbs`) is built in CI: rdma-core headers, pkg-config and libclang.
+    Requirement {
+        what: "libibverbs headers",
+        probe: Probe::File("usr/include/infiniband/verbs.h"),
+        package: "libibverbs-dev",
+    },
+    Requirement {
+        what: "librdmacm headers",
+        probe: Probe::File("usr/include/rdma/rdma_cma.h"),
+        package: "librdmacm-dev",
+    },
+    Requirement { what: "pkg-config", probe: Probe::Exe("pkg-config"), package: "pkg-config" },
+    Requirement { what: "libclang", probe: Probe::Libclang, package: "libclang-dev" },
 ];
+
+/// Whether some `libclang*.so*` exists under `root` where Debian puts it.
+fn has_libclang(root: &Path) -> bool {
+    let in_dir = |d: PathBuf| {
+        std::fs::read_dir(d).is_ok_and(|it| {
+            it.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("libclang") && n.contains(".so")))
+        })
+    };
+    if in_dir(root.join("usr/lib/x86_64-linux-gnu")) {
+        return true;
+    }
+    std::fs::read_dir(root.join("usr/lib")).is_ok_and(|it| {
+        it.flatten()
+            .any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("llvm-")) && in_dir(e.path().join("lib")))
+    })
+}
 
 /// apt-get is given this long per command.
 const APT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -65,6 +98,8 @@ pub fn missing(root: &Path, path_var: &OsStr) -> Vec<Requirement> {
             Probe::Exe(name) => find_exe(name, path_var).is_none(),
             Probe::Dir(dir) => !root.join(dir).is_dir(),
             Probe::Ovmf => Ovmf::find_under(root).is_none(),
+            Probe::File(f) => !root.join(f).is_file(),
+            Probe::Libclang => !has_libclang(root),
         })
         .copied()
         .collect()
@@ -227,16 +262,31 @@ mod tests {
         assert_eq!(m.len(), REQUIREMENTS.len());
         assert_eq!(
             packages(&m),
-            ["qemu-system-x86", "grub-common", "grub-pc-bin", "grub-efi-amd64-bin", "xorriso", "mtools", "ovmf"]
+            [
+                "qemu-system-x86",
+                "grub-common",
+                "grub-pc-bin",
+                "grub-efi-amd64-bin",
+                "xorriso",
+                "mtools",
+                "ovmf",
+                "libibverbs-dev",
+                "librdmacm-dev",
+                "pkg-config",
+                "libclang-dev"
+            ]
         );
     }
 
     #[test]
     fn complete_root_misses_nothing_and_partial_root_names_packages() {
         let r = FakeRoot::new();
-        for exe in ["qemu-system-x86_64", "grub-mkrescue", "xorriso", "mformat"] {
+        for exe in ["qemu-system-x86_64", "grub-mkrescue", "xorriso", "mformat", "pkg-config"] {
             r.exe(exe, 0o755);
         }
+        r.file("usr/include/infiniband/verbs.h");
+        r.file("usr/include/rdma/rdma_cma.h");
+        r.file("usr/lib/llvm-14/lib/libclang-14.so.1");
         r.dir("usr/lib/grub/i386-pc");
         r.dir("usr/lib/grub/x86_64-efi");
         r.file("usr/share/OVMF/OVMF_CODE_4M.fd");
@@ -254,8 +304,13 @@ mod tests {
         r.file("usr/share/OVMF/OVMF_CODE.fd");
         r.file("usr/share/OVMF/OVMF_VARS.fd");
         assert!(!packages(&missing(&r.0, &r.path_var())).contains(&"ovmf"));
-        // An empty PATH finds no executables.
-        assert_eq!(missing(&r.0, OsStr::new("")).len(), 5);
+        // An empty PATH finds no executables (qemu, grub-mkrescue, xorriso, mformat, pkg-config), and libclang
+        // counts only where Debian puts it.
+        assert_eq!(missing(&r.0, OsStr::new("")).len(), 6);
+        fs::remove_file(r.0.join("usr/lib/llvm-14/lib/libclang-14.so.1")).unwrap();
+        assert!(packages(&missing(&r.0, &r.path_var())).contains(&"libclang-dev"));
+        r.file("usr/lib/x86_64-linux-gnu/libclang-16.so.16");
+        assert!(!packages(&missing(&r.0, &r.path_var())).contains(&"libclang-dev"));
     }
 
     #[test]

@@ -34,9 +34,10 @@ commands:
   fenced                        slots fenced for good (FENCED_SUMMARY)
   verify [--revoke-test | --cooperating] [--order mkey-first|qp-first] [--iterations N] [--budget-ms 2000]
          [--size BYTES] [--depth N] [--warmup-ms 100] [--udp ADDR] [--timeout N] [--retry-cnt N]
-         [--admin-key HEX]
+         [--admin-key HEX] [--backend soft|verbs] [--device NAME] [--gid-index N] [--ib-port N] [--mac M]
                                 revoke verifier over RDMA (software RoCEv2 requester on UDP, default
-                                127.0.0.1:4791): ALLOC, READY, a WRITE loop with READ checks, REVOKE; reports
+                                127.0.0.1:4791; or --backend verbs on a real RDMA device, in a leasectl built
+                                with --features verbs): ALLOC, READY, a WRITE loop with READ checks, REVOKE; reports
                                 recall latency (REVOKE sent -> outcome) and dataplane first-fail latency
                                 (outcome -> first failed completion, with its ibv_wc_status); checks that
                                 completed writes read back, nothing succeeds after the outcome and a new

@@ -14,6 +14,9 @@ pub mod pcap;
 pub mod rc;
 pub mod soft;
 pub mod status;
+#[cfg(feature = "verbs")]
+#[allow(unsafe_code)]
+pub mod verbs;
 pub mod wire;
 
 pub use rc::{RcConfig, RcRequester};

@@ -39,12 +39,34 @@ pub fn position(args: &[String]) -> Option<usize> {
     None
 }
 
+/// Which requester carries the RDMA traffic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Backend {
+    /// The software RoCEv2 requester over UDP (the model's cable).
+    Soft,
+    /// A real RDMA device through libibverbs (feature `verbs`).
+    Verbs { device: String, gid_index: u8, port: u8, mac: Option<[u8; 6]> },
+}
+
 #[derive(Debug)]
 struct Parsed {
     global: Vec<String>,
     opts: Options,
     udp: SocketAddr,
     admin_key: Option<String>,
+    backend: Backend,
+}
+
+fn mac(v: &str) -> Result<[u8; 6], String> {
+    let parts: Vec<&str> = v.split(':').collect();
+    let mut m = [0u8; 6];
+    if parts.len() != 6 {
+        return Err(format!("--mac needs aa:bb:cc:dd:ee:ff, got '{v}'"));
+    }
+    for (b, p) in m.iter_mut().zip(parts) {
+        *b = u8::from_str_radix(p, 16).map_err(|_| format!("--mac needs aa:bb:cc:dd:ee:ff, got '{v}'"))?;
+    }
+    Ok(m)
 }
 
 fn number(flag: &str, v: &str, min: u64, max: u64) -> Result<u64, String> {
@@ -79,6 +101,7 @@ fn parse(args: &[String], at: usize) -> Result<Parsed, String> {
     let mut udp: SocketAddr = "127.0.0.1:4791".parse().expect("literal address");
     let mut admin_key = None;
     let (mut revoke_test, mut cooperating) = (false, false);
+    let (mut backend, mut device, mut gid_index, mut port, mut mac_addr) = (String::from("soft"), None, 0u8, 1u8, None);
     let mut it = args[at + 1..].iter();
     while let Some(arg) = it.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -113,6 +136,11 @@ fn parse(args: &[String], at: usize) -> Result<Parsed, String> {
             "--timeout" => rc.timeout = number(flag, &value()?, 1, 31)? as u8,
             "--retry-cnt" => rc.retry_cnt = number(flag, &value()?, 0, 7)? as u8,
             "--admin-key" => admin_key = Some(value()?),
+            "--backend" => backend = value()?,
+            "--device" => device = Some(value()?),
+            "--gid-index" => gid_index = number(flag, &value()?, 0, 255)? as u8,
+            "--ib-port" => port = number(flag, &value()?, 1, 255)? as u8,
+            "--mac" => mac_addr = Some(mac(&value()?)?),
             "--admin" => {
                 return Err("verify runs as the tenant; the admin key for --order qp-first comes from admin_key \
                             in the configuration file or --admin-key HEX"
@@ -133,7 +161,20 @@ fn parse(args: &[String], at: usize) -> Result<Parsed, String> {
     o.mode = if cooperating { Mode::Cooperating } else { Mode::RevokeTest };
     rc.max_wr = (o.depth as usize + 1).max(rc.max_wr);
     o.rc = rc;
-    Ok(Parsed { global, opts: o, udp, admin_key })
+    let backend = match backend.as_str() {
+        "soft" => {
+            if device.is_some() {
+                return Err("--device is for --backend verbs".into());
+            }
+            Backend::Soft
+        }
+        "verbs" => {
+            let device = device.ok_or("--backend verbs needs --device NAME (see ibv_devices)")?;
+            Backend::Verbs { device, gid_index, port, mac: mac_addr }
+        }
+        other => return Err(format!("--backend is soft or verbs, got '{other}'")),
+    };
+    Ok(Parsed { global, opts: o, udp, admin_key, backend })
 }
 
 /// The tenant's and (for qp-first) the admin's credentials, where to connect and the timeouts.
@@ -193,9 +234,20 @@ pub fn main(
         Err(m) => return fail(out, err, "USAGE", exit::USAGE, &m),
     };
     let (udp, rc) = (p.udp, p.opts.rc);
+    let (depth, size) = (p.opts.depth as usize, p.opts.size as usize);
+    let backend = p.backend.clone();
     let mut factory = || -> Result<Box<dyn Requester>, String> {
-        let cfg = SoftConfig { peer: udp, rc, ..SoftConfig::default() };
-        SoftRoce::new(cfg).map(|r| Box::new(r) as Box<dyn Requester>).map_err(|e| format!("UDP toward {udp}: {e}"))
+        match &backend {
+            Backend::Soft => {
+                let cfg = SoftConfig { peer: udp, rc, ..SoftConfig::default() };
+                SoftRoce::new(cfg)
+                    .map(|r| Box::new(r) as Box<dyn Requester>)
+                    .map_err(|e| format!("UDP toward {udp}: {e}"))
+            }
+            Backend::Verbs { device, gid_index, port, mac } => {
+                verbs_requester(device, *gid_index, *port, *mac, rc, depth, size)
+            }
+        }
     };
     match run_detailed(&p.opts, &c, &mut factory) {
         Ok(r) => {
@@ -205,6 +257,46 @@ pub fn main(
         }
         Err(e) => fail(out, err, "VERIFY", e.exit, &e.message),
     }
+}
+
+/// A requester on a real RDMA device (`--backend verbs`).
+#[cfg(feature = "verbs")]
+fn verbs_requester(
+    device: &str,
+    gid_index: u8,
+    port: u8,
+    mac: Option<[u8; 6]>,
+    rc: RcConfig,
+    depth: usize,
+    size: usize,
+) -> Result<Box<dyn Requester>, String> {
+    use crate::rdma::verbs::{Verbs, VerbsConfig};
+    let cfg = VerbsConfig {
+        device: device.to_string(),
+        port,
+        gid_index,
+        mac,
+        // Room for the WRITE loop, its READ checks and the read-back of every region.
+        depth: depth + 2,
+        slot_len: size,
+        timeout: rc.timeout,
+        retry_cnt: rc.retry_cnt,
+        rnr_retry: rc.rnr_retry,
+    };
+    Verbs::open(cfg).map(|v| Box::new(v) as Box<dyn Requester>)
+}
+
+#[cfg(not(feature = "verbs"))]
+fn verbs_requester(
+    _device: &str,
+    _gid_index: u8,
+    _port: u8,
+    _mac: Option<[u8; 6]>,
+    _rc: RcConfig,
+    _depth: usize,
+    _size: usize,
+) -> Result<Box<dyn Requester>, String> {
+    Err("this leasectl was built without the verbs backend: cargo build -p leasectl --features verbs".into())
 }
 
 #[cfg(test)]
@@ -240,6 +332,44 @@ mod tests {
         assert!(parse(&v(&["verify", "--timeout", "40"]), 0).is_err());
         assert!(parse(&v(&["verify", "--frob"]), 0).unwrap_err().contains("unknown option"));
         assert!(parse(&v(&["verify", "--admin"]), 0).unwrap_err().contains("admin_key"));
+    }
+
+    #[test]
+    fn backends() {
+        assert_eq!(parse(&v(&["verify"]), 0).unwrap().backend, Backend::Soft);
+        let p = parse(
+            &v(&[
+                "verify",
+                "--backend",
+                "verbs",
+                "--device",
+                "mlx5_0",
+                "--gid-index",
+                "3",
+                "--mac",
+                "02:00:00:00:00:09",
+            ]),
+            0,
+        )
+        .unwrap();
+        assert_eq!(
+            p.backend,
+            Backend::Verbs { device: "mlx5_0".into(), gid_index: 3, port: 1, mac: Some([2, 0, 0, 0, 0, 9]) }
+        );
+        assert!(parse(&v(&["verify", "--backend", "verbs"]), 0).unwrap_err().contains("--device"));
+        assert!(parse(&v(&["verify", "--device", "mlx5_0"]), 0).unwrap_err().contains("--backend verbs"));
+        assert!(parse(&v(&["verify", "--backend", "dpdk"]), 0).unwrap_err().contains("soft or verbs"));
+        assert!(parse(&v(&["verify", "--mac", "02:00"]), 0).is_err());
+        // Without a device (or without the feature), opening fails with a clear message, not a panic.
+        let e = match verbs_requester("no-such-device", 0, 1, None, RcConfig::default(), 4, 4096) {
+            Err(e) => e,
+            Ok(_) => panic!("opened a device that does not exist"),
+        };
+        // (With the feature: no device is named, or, on a machine without RDMA support, libibverbs says so.)
+        assert!(
+            e.contains("no-such-device") || e.contains("ibv_get_device_list") || e.contains("--features verbs"),
+            "{e}"
+        );
     }
 
     #[test]
