@@ -2,36 +2,18 @@
 //! environment (TSC clock, role counts, HCA health) and its construction from the command line's options.
 
 use alloc::string::String;
-use alloc::sync::Arc;
 use alloc::vec::Vec;
 
 use leasebox_kernel::arch::hca::KernelHca;
 use leasebox_kernel::lease_config::LeaseOptions;
 use leasebox_kernel::time::Instant;
 use leasebox_lease::backend::{Environment, LeaseBackend};
-use leasebox_lease::{Config, Host, LeaseService};
-use leasebox_mlx5::platform::Platform as _;
+use leasebox_lease::setup::PlatformHost;
+use leasebox_lease::{Config, LeaseService};
 use leasebox_proto::HcaState;
 
-pub struct KernelHost(pub Arc<KernelHca>);
-
-impl Host for KernelHost {
-    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<u64> {
-        self.0.dma_alloc(len, align)
-    }
-    fn dma_free(&mut self, addr: u64, len: usize) {
-        self.0.dma_free(addr, len)
-    }
-    fn zero(&mut self, addr: u64, len: u64) {
-        let z = [0u8; 4096];
-        let mut at = 0;
-        while at < len {
-            let n = (len - at).min(z.len() as u64) as usize;
-            self.0.dma_write(addr + at, &z[..n]);
-            at += n as u64;
-        }
-    }
-}
+/// DMA and scrubbing through the kernel's mlx5 platform.
+pub type KernelHost = PlatformHost<KernelHca>;
 
 pub struct KernelEnv;
 
@@ -59,5 +41,5 @@ pub fn backend(o: &LeaseOptions) -> Result<Option<ImageBackend>, String> {
         log::warn!("lease: {w}");
     }
     let svc = LeaseService::new(cfg, parts.hca).map_err(|e| alloc::format!("lease configuration: {e}"))?;
-    Ok(Some(LeaseBackend::new(svc, client, KernelHost(platform.clone()), KernelEnv)))
+    Ok(Some(LeaseBackend::new(svc, client, PlatformHost(platform.clone()), KernelEnv)))
 }

@@ -9,36 +9,19 @@ use std::time::{Duration, Instant};
 
 use leasebox_kernel::lease_config::LeaseOptions;
 use leasebox_lease::backend::{Environment, LeaseBackend};
-use leasebox_lease::{Config, Host, LeaseService};
+use leasebox_lease::setup::PlatformHost;
+use leasebox_lease::{Config, LeaseService};
 use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
 use leasebox_mlx5::engine::Shared;
 use leasebox_mlx5::hosted::{HostedPlatform, ModelMode};
-use leasebox_mlx5::platform::Platform;
 use leasebox_proto::HcaState;
 use mlx5_model::ModelConfig;
 
 /// RAM beyond the lease pool: the firmware's init pages (~50 MiB), queues and QP buffers.
 const RAM_EXTRA: usize = 160 << 20;
 
-pub struct HostedHost(pub Arc<HostedPlatform>);
-
-impl Host for HostedHost {
-    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<u64> {
-        self.0.dma_alloc(len, align)
-    }
-    fn dma_free(&mut self, addr: u64, len: usize) {
-        self.0.dma_free(addr, len)
-    }
-    fn zero(&mut self, addr: u64, len: u64) {
-        let z = vec![0u8; 64 << 10];
-        let mut at = 0;
-        while at < len {
-            let n = (len - at).min(z.len() as u64) as usize;
-            self.0.dma_write(addr + at, &z[..n]);
-            at += n as u64;
-        }
-    }
-}
+/// DMA and scrubbing through the hosted platform (the model's RAM).
+pub type HostedHost = PlatformHost<HostedPlatform>;
 
 pub struct HostedEnv {
     start: Instant,
@@ -134,6 +117,6 @@ pub fn start(
         shared: client.shared_handle(),
         summary: format!("{} fw {} port {} (model in process)", info.part, info.fw, info.port),
     };
-    let backend = LeaseBackend::new(svc, client, HostedHost(platform.clone()), env);
+    let backend = LeaseBackend::new(svc, client, PlatformHost(platform.clone()), env);
     Ok((backend, HcaThreads { stop, engines: Some(engines), platform, udp: udp_addr }))
 }

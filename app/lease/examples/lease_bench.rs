@@ -26,8 +26,9 @@ use std::time::{Duration, Instant};
 
 use leasebox_kernel::lease_config::LeaseOptions;
 use leasebox_lease::service::SCAN_INTERVAL_US;
+use leasebox_lease::setup::PlatformHost;
 use leasebox_lease::setup::{self, LeaseParts};
-use leasebox_lease::{Config, Host, LeaseService, Who};
+use leasebox_lease::{Config, LeaseService, Who};
 use leasebox_mlx5::command::{Command, Output, opcode_name};
 use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
 use leasebox_mlx5::engine::{Client, CommandEngine, Event, EventEngine};
@@ -53,25 +54,7 @@ const RAM_BASE: usize = 160 << 20;
 /// Per lease beyond its extent: the QP buffer (4 KiB, 4 KiB aligned), its doorbell record and alignment.
 const RAM_PER_LEASE: usize = 12 << 10;
 
-struct BenchHost(Arc<HostedPlatform>);
-
-impl Host for BenchHost {
-    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<u64> {
-        self.0.dma_alloc(len, align)
-    }
-    fn dma_free(&mut self, addr: u64, len: usize) {
-        self.0.dma_free(addr, len)
-    }
-    fn zero(&mut self, addr: u64, len: u64) {
-        let z = [0u8; 4096];
-        let mut at = 0;
-        while at < len {
-            let n = (len - at).min(z.len() as u64) as usize;
-            self.0.dma_write(addr + at, &z[..n]);
-            at += n as u64;
-        }
-    }
-}
+type BenchHost = PlatformHost<HostedPlatform>;
 
 /// A command handed to the client: the service's tag and what it is.
 struct Sent {
@@ -155,7 +138,7 @@ impl Core {
         let (engines, inline) = if inline { (None, Some((cmd, ev))) } else { (Some(spawn_engines(cmd, ev, s)), None) };
         let svc = service(&parts, LATENCY_SLOTS, None);
         Core {
-            host: BenchHost(platform.clone()),
+            host: PlatformHost(platform.clone()),
             platform,
             parts,
             svc,

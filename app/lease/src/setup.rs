@@ -10,8 +10,32 @@ use leasebox_mlx5::ifc::flow;
 use leasebox_mlx5::ifc::vport::{RoceAddress, set_roce_address};
 use leasebox_mlx5::platform::Platform;
 
+use alloc::sync::Arc;
+
 use crate::config::{Config, RevokeOrder};
-use crate::service::{HcaCtx, port_ib_mtu};
+use crate::service::{HcaCtx, Host, port_ib_mtu};
+
+/// The lease service's host over an mlx5 platform: QP buffers from its DMA memory, scrubbing through its DMA
+/// writes (in 4 KiB pieces).
+pub struct PlatformHost<P: Platform>(pub Arc<P>);
+
+impl<P: Platform> Host for PlatformHost<P> {
+    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<u64> {
+        self.0.dma_alloc(len, align)
+    }
+    fn dma_free(&mut self, addr: u64, len: usize) {
+        self.0.dma_free(addr, len)
+    }
+    fn zero(&mut self, addr: u64, len: u64) {
+        let z = [0u8; 4096];
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(z.len() as u64) as usize;
+            self.0.dma_write(addr + at, &z[..n]);
+            at += n as u64;
+        }
+    }
+}
 
 /// The lease QPs' CQ size (log2 entries).
 const LEASE_CQ_LOG: u32 = 12;

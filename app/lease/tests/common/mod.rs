@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasebox_lease::link::Link;
-use leasebox_lease::{Config, HcaCtx, Host, LeaseService, Who, port_ib_mtu};
+use leasebox_lease::setup::PlatformHost;
+use leasebox_lease::{Config, HcaCtx, LeaseService, Who, port_ib_mtu};
 use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
 use leasebox_mlx5::hosted::{HostedPlatform, ModelMode};
 use leasebox_mlx5::platform::Platform;
@@ -17,30 +18,10 @@ use mlx5_model::mem::Memory;
 
 pub const RAM: usize = 512 << 20;
 
-pub struct PlatformHost(pub Arc<HostedPlatform>);
-
-impl Host for PlatformHost {
-    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<u64> {
-        self.0.dma_alloc(len, align)
-    }
-    fn dma_free(&mut self, addr: u64, len: usize) {
-        self.0.dma_free(addr, len)
-    }
-    fn zero(&mut self, addr: u64, len: u64) {
-        let z = [0u8; 4096];
-        let mut at = 0;
-        while at < len {
-            let n = (len - at).min(4096) as usize;
-            self.0.dma_write(addr + at, &z[..n]);
-            at += n as u64;
-        }
-    }
-}
-
 pub struct Rig {
     pub d: Driver<HostedPlatform>,
     pub svc: LeaseService<u64>,
-    pub host: PlatformHost,
+    pub host: PlatformHost<HostedPlatform>,
     pub link: Link,
     pub start: Instant,
     next_ticket: u64,
