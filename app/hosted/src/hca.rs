@@ -85,27 +85,9 @@ pub fn start(
     let dcfg = DriverConfig { part: "ConnectX-5", pre_init_timeout_ms: 5_000, ..DriverConfig::default() };
     let mut d = Driver::bring_up(platform.clone(), dcfg).map_err(|e| format!("HCA bring-up: {e}"))?;
     let parts = leasebox_lease::setup::prepare(&mut d, o, None)?;
-    let (mut cmd, mut ev, client, info) = d.into_engines();
+    let (cmd, ev, client, info) = d.into_engines();
     let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    let engines = std::thread::Builder::new()
-        .name("mlx5-engines".into())
-        .spawn(move || {
-            let mut idle = 0u32;
-            while !s.load(Ordering::Relaxed) {
-                if cmd.poll() | ev.poll() {
-                    idle = 0;
-                } else {
-                    idle = idle.saturating_add(1);
-                    if idle > 1024 {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                }
-            }
-        })
-        .map_err(|e| e.to_string())?;
+    let engines = leasebox_mlx5::hosted::spawn_engines(cmd, ev, stop.clone()).map_err(|e| e.to_string())?;
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
     let cfg = Config::from_options(o, &parts, seed);
     if let Some(w) = leasebox_lease::setup::fence_test_warning(o) {

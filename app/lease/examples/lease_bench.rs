@@ -246,28 +246,11 @@ impl Core {
 
 /// The engines on their own thread, as the hosted appliance runs them.
 fn spawn_engines(
-    mut cmd: CommandEngine<HostedPlatform>,
-    mut ev: EventEngine<HostedPlatform>,
+    cmd: CommandEngine<HostedPlatform>,
+    ev: EventEngine<HostedPlatform>,
     stop: Arc<AtomicBool>,
 ) -> JoinHandle<()> {
-    std::thread::Builder::new()
-        .name("mlx5-engines".into())
-        .spawn(move || {
-            let mut idle = 0u32;
-            while !stop.load(Ordering::Relaxed) {
-                if cmd.poll() | ev.poll() {
-                    idle = 0;
-                } else {
-                    idle = idle.saturating_add(1);
-                    if idle > 1024 {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                }
-            }
-        })
-        .expect("spawn the engines thread")
+    leasebox_mlx5::hosted::spawn_engines(cmd, ev, stop).expect("spawn the engines thread")
 }
 
 fn fail(msg: &str) -> ! {

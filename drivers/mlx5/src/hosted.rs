@@ -200,6 +200,30 @@ impl HostedPlatform {
     }
 }
 
+/// The engines on a thread of their own (a core of the hosted layout), spinning, then yielding when idle,
+/// until `stop` is set.
+pub fn spawn_engines(
+    mut cmd: crate::engine::CommandEngine<HostedPlatform>,
+    mut ev: crate::engine::EventEngine<HostedPlatform>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new().name("mlx5-engines".into()).spawn(move || {
+        let mut idle = 0u32;
+        while !stop.load(Ordering::Relaxed) {
+            if cmd.poll() | ev.poll() {
+                idle = 0;
+            } else {
+                idle = idle.saturating_add(1);
+                if idle > 1024 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    })
+}
+
 /// A zeroed shared mapping of `len` bytes: a file in /dev/shm (or the temporary directory), mapped, then
 /// unlinked (the mapping keeps the memory).
 fn scratch_mapping(what: &str, len: u64) -> mlx5_model::shm::SharedFile {
