@@ -7,7 +7,11 @@
 //!    requester's QP, connect, READY, a WRITE that lands in the lease (read back over RDMA and from the RAM
 //!    file at `remote_addr`), REVOKE (MKEY first) → the next WRITE gets `IBV_WC_REM_ACCESS_ERR` at once; then
 //!    on a fresh lease an admin REVOKE in the seed's order (QP first) → only silence, `IBV_WC_RETRY_EXC_ERR`;
-//! 3. a second image built with the `fence-test` feature, booted with `fence_test=on`: REVOKE answers Fenced,
+//! 3. the `leasectl` binary's revoke verifier, `verify --revoke-test --order both --json --plot`, against the
+//!    guest's control port and the model's UDP port: mkey-first must fail the first request after the revoke
+//!    with `IBV_WC_REM_ACCESS_ERR` within [`VERIFY_NAK_BOUND`] of the outcome; qp-first (QP `timeout` 10,
+//!    `retry_cnt` 7: a 33.6 ms retry time) with `IBV_WC_RETRY_EXC_ERR` about one retry time after the REVOKE;
+//! 4. a second image built with the `fence-test` feature, booted with `fence_test=on`: REVOKE answers Fenced,
 //!    `leasectl fenced` lists the slot (DESTROY_MKEY bit, origin REVOKE), the next ALLOC gets another slot.
 //!
 //! Parsing of `leasectl` output is done by pure functions (tested below); the boots are driven by
@@ -39,6 +43,22 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 const RDMA_LEN: usize = 8192;
 /// REM_ACCESS_ERR after an MKEY-first revoke takes one round trip through the model (native, not TCG).
 const NAK_BUDGET: Duration = Duration::from_millis(100);
+/// `verify` under TCG: iterations per order, WRITE size and depth (small: each iteration ALLOCs twice, and
+/// every ALLOC runs six HCA commands on the one TCG CPU).
+const VERIFY_ITERATIONS: u32 = 2;
+const VERIFY_SIZE: u32 = 4096;
+const VERIFY_DEPTH: u32 = 4;
+/// The requester QP's `timeout` (4.096 µs × 2^10 = 4.2 ms per transport timer period) and `retry_cnt`.
+const VERIFY_QP_TIMEOUT: u8 = 10;
+const VERIFY_RETRY_CNT: u8 = 7;
+/// mkey-first: outcome → REM_ACCESS_ERR. The NAK is one round trip through the model (native), and the
+/// outcome itself may come after it (negative figures); 200 ms leaves room for a loaded host and TCG's
+/// delivery of the answer, while still far below qp-first's retry time plus scheduling.
+const VERIFY_NAK_BOUND: Duration = Duration::from_millis(200);
+/// qp-first: REVOKE sent → RETRY_EXC_ERR lies in [retry time / 2, retry time + this]. The lower half allows
+/// for the timer running since the last ACK before the QP went to ERR; the slack covers the recall under TCG
+/// (the QP goes to ERR somewhere between REVOKE sent and the outcome) and a busy host.
+const VERIFY_RETRY_SLACK: Duration = Duration::from_millis(1500);
 /// Serial lines shown with a failure.
 const SERIAL_TAIL: usize = 25;
 /// The CLI lease's requester parameters (a QP that never sends: the lease is only driven through the CLI).
@@ -371,6 +391,133 @@ fn expect(what: &str, ok: bool, got: &dyn std::fmt::Debug) -> Result<(), String>
     if ok { Ok(()) } else { Err(format!("{what}: got {got:?}")) }
 }
 
+/// One order's run of `leasectl --json verify` (`--order both` prints `{"passed", "runs": [...]}`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerifyRun {
+    pub order: String,
+    pub passed: bool,
+    pub retry_time_us: i64,
+    pub iterations: Vec<VerifyIteration>,
+    pub failures: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerifyIteration {
+    pub recall_us: Option<i64>,
+    pub dataplane_us: Option<i64>,
+    /// The first failed completion's `ibv_wc_status` name and its REVOKE sent → completion time.
+    pub status: Option<String>,
+    pub after_revoke_us: Option<i64>,
+}
+
+/// `leasectl --json verify`: one report object, or `{"passed", "runs": [...]}` with one per order.
+pub fn parse_verify_json(text: &str) -> Result<Vec<VerifyRun>, String> {
+    let v: Value = serde_json::from_str(text.trim()).map_err(|e| format!("verify --json: {e}: {text:?}"))?;
+    let one = |r: &Value| -> Result<VerifyRun, String> {
+        let results = r["results"].as_array().ok_or_else(|| format!("verify --json: no results in {r}"))?;
+        Ok(VerifyRun {
+            order: r["order"].as_str().ok_or_else(|| format!("verify --json: no order in {r}"))?.to_string(),
+            passed: r["passed"].as_bool().ok_or_else(|| format!("verify --json: no passed in {r}"))?,
+            retry_time_us: r["retry_time_us"].as_i64().unwrap_or(0),
+            iterations: results
+                .iter()
+                .map(|i| VerifyIteration {
+                    recall_us: i["recall_us"].as_i64(),
+                    dataplane_us: i["dataplane_us"].as_i64(),
+                    status: i["first_fail"]["status"].as_str().map(str::to_string),
+                    after_revoke_us: i["first_fail"]["after_revoke_us"].as_i64(),
+                })
+                .collect(),
+            failures: r["failures"]
+                .as_array()
+                .map(|f| f.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+                .unwrap_or_default(),
+        })
+    };
+    match v["runs"].as_array() {
+        Some(runs) => runs.iter().map(one).collect(),
+        None if v["error"].is_object() => Err(format!("verify failed to run: {}", v["error"])),
+        None => Ok(vec![one(&v)?]),
+    }
+}
+
+/// The figures of `verify` for the summary.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VerifyFigures {
+    /// Per order: (order, recall max µs, dataplane max µs, status).
+    pub orders: Vec<(String, i64, i64, String)>,
+    pub retry_time_us: i64,
+}
+
+/// The checks on `verify`'s runs: both orders present and passed, the expected status in every iteration,
+/// the dataplane figures within their windows.
+pub fn check_verify_runs(runs: &[VerifyRun]) -> Result<VerifyFigures, String> {
+    let mut f = VerifyFigures::default();
+    for want in ["mkey-first", "qp-first"] {
+        let r = runs.iter().find(|r| r.order == want).ok_or_else(|| format!("verify: no {want} run"))?;
+        if !r.passed || r.iterations.is_empty() {
+            return Err(format!("verify {want} did not pass: {:?}", r.failures));
+        }
+        let (status, nak) =
+            (if want == "mkey-first" { "IBV_WC_REM_ACCESS_ERR" } else { "IBV_WC_RETRY_EXC_ERR" }, want == "mkey-first");
+        let (mut recall_max, mut dp_max) = (i64::MIN, i64::MIN);
+        for (n, i) in r.iterations.iter().enumerate() {
+            let what = format!("verify {want} iteration {n}");
+            expect(&format!("{what}: first failed completion"), i.status.as_deref() == Some(status), i)?;
+            let (recall, dp) = match (i.recall_us, i.dataplane_us) {
+                (Some(r), Some(d)) => (r, d),
+                _ => return Err(format!("{what}: no recall or dataplane figure: {i:?}")),
+            };
+            if nak {
+                let bound = VERIFY_NAK_BOUND.as_micros() as i64;
+                expect(&format!("{what}: dataplane first-fail < {VERIFY_NAK_BOUND:?}"), dp < bound, i)?;
+            } else {
+                let since = i.after_revoke_us.unwrap_or(i64::MIN);
+                let (lo, hi) = (r.retry_time_us / 2, r.retry_time_us + VERIFY_RETRY_SLACK.as_micros() as i64);
+                let ok = since >= lo && since <= hi;
+                let msg = format!("{what}: REVOKE sent → RETRY_EXC_ERR within [{lo}, {hi}] µs (retry time)");
+                expect(&msg, ok, i)?;
+            }
+            recall_max = recall_max.max(recall);
+            dp_max = dp_max.max(dp);
+        }
+        if !nak {
+            f.retry_time_us = r.retry_time_us;
+        }
+        f.orders.push((want.to_string(), recall_max, dp_max, status.to_string()));
+    }
+    Ok(f)
+}
+
+/// Item 3: the `leasectl` binary's `verify --revoke-test`, both orders, with a plot beside the logs.
+fn verify_cli(app: &Appliance, bin: &Path) -> Result<(VerifyFigures, PathBuf), String> {
+    let plot = app.log.with_file_name(format!("{NAME}-revoke.svg"));
+    let (udp, it) = (app.udp.to_string(), VERIFY_ITERATIONS.to_string());
+    let (size, depth) = (VERIFY_SIZE.to_string(), VERIFY_DEPTH.to_string());
+    let (qt, rc) = (VERIFY_QP_TIMEOUT.to_string(), VERIFY_RETRY_CNT.to_string());
+    #[rustfmt::skip]
+    let args = [
+        "--json", "verify", "--revoke-test", "--order", "both", "--udp", &udp, "--admin-key", &app.admin_hex,
+        "--iterations", &it, "--size", &size, "--depth", &depth, "--timeout", &qt, "--retry-cnt", &rc,
+        "--plot", plot.to_str().unwrap_or("lease-qemu-revoke.svg"),
+    ];
+    // `leasectl` exits 6 when a check fails: its JSON says which, so parse it before judging the exit status.
+    let out = match app.leasectl(bin, false, &args) {
+        Ok(out) => out,
+        Err(e) => match e.split_once("): ").map(|(_, rest)| parse_verify_json(rest)) {
+            Some(Ok(runs)) => {
+                let why = check_verify_runs(&runs).err().unwrap_or_else(|| format!("{runs:?}"));
+                return Err(format!("leasectl verify exited non-zero: {why}\n    leasectl output: {e}"));
+            }
+            _ => return Err(e),
+        },
+    };
+    let f = check_verify_runs(&parse_verify_json(&out)?).map_err(|e| format!("{e}\n    leasectl output: {out}"))?;
+    let svg = std::fs::read_to_string(&plot).map_err(|e| format!("--plot {}: {e}", plot.display()))?;
+    expect("the plot", svg.contains("<svg") && svg.contains("dataplane first-fail"), &plot)?;
+    Ok((f, plot))
+}
+
 /// Item 1: the lease life cycle through the `leasectl` binary. Returns the revoke's elapsed microseconds.
 fn cli_cycle(app: &Appliance, bin: &Path) -> Result<u32, String> {
     let out = app.leasectl(
@@ -538,8 +685,10 @@ fn rdma_checks(app: &Appliance) -> Result<RdmaFigures, String> {
 
 /// The normal image: items 1 and 2. Returns the summary.
 pub fn check_normal(app: &mut Appliance, leasectl_bin: &Path) -> Result<String, String> {
-    let r = cli_cycle(app, leasectl_bin).and_then(|cli_us| Ok((cli_us, rdma_checks(app)?)));
-    let (cli_us, f) = match r {
+    let r = cli_cycle(app, leasectl_bin)
+        .and_then(|cli_us| Ok((cli_us, rdma_checks(app)?)))
+        .and_then(|(cli_us, f)| Ok((cli_us, f, verify_cli(app, leasectl_bin)?)));
+    let (cli_us, f, (v, plot)) = match r {
         Ok(x) => x,
         Err(e) => return Err(app.fail(e)),
     };
@@ -549,11 +698,27 @@ pub fn check_normal(app: &mut Appliance, leasectl_bin: &Path) -> Result<String, 
         return Err(app.fail(format!("slots fenced after clean revokes: {out}")));
     }
     app.drain();
+    let ms = |us: i64| us as f64 / 1e3;
+    let verify: Vec<String> = v
+        .orders
+        .iter()
+        .map(|(order, recall, dp, status)| {
+            format!("{order} recall max {:.1} ms, dataplane max {:.1} ms, {status}", ms(*recall), ms(*dp))
+        })
+        .collect();
     Ok(format!(
         "leasectl alloc/ready/list/revoke (TornDown in {cli_us} us)/fenced ok; RDMA 8 KiB WRITE+READ via the model \
          at {} ok; MKEY-first REVOKE (TornDown in {} us) -> REM_ACCESS_ERR after {:.1} ms; QP-first REVOKE ({} us) \
-         -> RETRY_EXC_ERR after {:.1} ms",
-        app.udp, f.revoke_us, f.nak_ms, f.qp_first_revoke_us, f.silence_ms
+         -> RETRY_EXC_ERR after {:.1} ms; leasectl verify --revoke-test ({VERIFY_ITERATIONS} it./order, retry time \
+         {:.1} ms): {}; plot {}",
+        app.udp,
+        f.revoke_us,
+        f.nak_ms,
+        f.qp_first_revoke_us,
+        f.silence_ms,
+        ms(v.retry_time_us),
+        verify.join("; "),
+        plot.display()
     ))
 }
 
@@ -643,6 +808,49 @@ mod tests {
         assert_eq!(list_state_json(json, "1.1"), Ok(Some("Granted".into())));
         assert_eq!(list_state_json(json, "2.1"), Ok(None));
         assert!(list_state_json("[]", "0.1").is_err());
+    }
+
+    fn verify_run(order: &str, status: &str, figures: &[(i64, i64, i64)]) -> String {
+        let results: Vec<String> = figures
+            .iter()
+            .map(|(recall, dp, since)| {
+                format!(
+                    r#"{{"recall_us":{recall},"dataplane_us":{dp},"first_fail":{{"status":"{status}","after_revoke_us":{since}}}}}"#
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"passed":true,"order":"{order}","retry_time_us":33554,"results":[{}],"failures":[]}}"#,
+            results.join(",")
+        )
+    }
+
+    #[test]
+    fn verify_outputs() {
+        let mkey = verify_run("mkey-first", "IBV_WC_REM_ACCESS_ERR", &[(900, -150, 750), (1200, 40, 1240)]);
+        let qp = verify_run("qp-first", "IBV_WC_RETRY_EXC_ERR", &[(1000, 33_000, 34_000)]);
+        let both = format!(r#"{{"passed":true,"runs":[{mkey},{qp}]}}"#);
+        let runs = parse_verify_json(&both).unwrap();
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[0].iterations[0].dataplane_us, Some(-150));
+        assert_eq!(runs[1].iterations[0].status.as_deref(), Some("IBV_WC_RETRY_EXC_ERR"));
+        let f = check_verify_runs(&runs).unwrap();
+        assert_eq!(f.retry_time_us, 33554);
+        assert_eq!(f.orders[0], ("mkey-first".into(), 1200, 40, "IBV_WC_REM_ACCESS_ERR".into()));
+        assert_eq!(f.orders[1].2, 33_000);
+        // One order alone, an error, a wrong status, figures out of their windows.
+        assert_eq!(parse_verify_json(&mkey).unwrap().len(), 1);
+        assert!(check_verify_runs(&parse_verify_json(&mkey).unwrap()).unwrap_err().contains("no qp-first"));
+        assert!(parse_verify_json(r#"{"error":{"code":"VERIFY","message":"x"}}"#).is_err());
+        let wrong = verify_run("qp-first", "IBV_WC_REM_ACCESS_ERR", &[(1000, 33_000, 34_000)]);
+        let e = check_verify_runs(&parse_verify_json(&format!(r#"{{"runs":[{mkey},{wrong}]}}"#)).unwrap());
+        assert!(e.unwrap_err().contains("first failed completion"));
+        let slow = verify_run("mkey-first", "IBV_WC_REM_ACCESS_ERR", &[(900, 250_000, 251_000)]);
+        let e = check_verify_runs(&parse_verify_json(&format!(r#"{{"runs":[{slow},{qp}]}}"#)).unwrap());
+        assert!(e.unwrap_err().contains("dataplane first-fail"));
+        let early = verify_run("qp-first", "IBV_WC_RETRY_EXC_ERR", &[(1000, 2_000, 3_000)]);
+        let e = check_verify_runs(&parse_verify_json(&format!(r#"{{"runs":[{mkey},{early}]}}"#)).unwrap());
+        assert!(e.unwrap_err().contains("retry time"));
     }
 
     #[test]

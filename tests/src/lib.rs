@@ -15,6 +15,7 @@ pub mod control;
 pub mod hca_bench;
 pub mod lease_bench;
 pub mod lease_qemu;
+pub mod revoke_bench;
 pub mod scenario;
 pub mod serial;
 pub mod transcript;

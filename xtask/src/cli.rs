@@ -62,6 +62,11 @@ commands:
                         (default 10000): last outcome and all swept vs the same HCA commands alone over the
                         32 command slots; then the goals (REVOKE appliance-side ≤ 20 µs p99, mass revoke
                         ≤ 1.5× the model alone); asserts nothing
+  bench revoke [--iterations N]
+                        leasectl verify --revoke-test in process, N iterations per order (default 20), for
+                        mkey-first and qp-first against the QEMU guest (image, model, virtio-net) and the
+                        hosted appliance: control-plane recall and dataplane first-fail latency p50/p99/max
+                        and the failing completion status; asserts nothing
   prereqs               check (and, as root with apt-get, install) QEMU, GRUB, xorriso, mtools and OVMF
   help                  this text
 
@@ -136,6 +141,7 @@ pub enum BenchKind {
     Control,
     Hca,
     Lease,
+    Revoke,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,6 +152,8 @@ pub struct BenchOpts {
     pub secs: u64,
     /// `bench lease`: leases in the mass revoke.
     pub leases: u32,
+    /// `bench revoke`: verifier iterations per order and target.
+    pub iterations: u32,
 }
 
 /// Splits `--flag=value` and fetches the value of a flag that takes one.
@@ -304,14 +312,22 @@ fn parse_bench<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<BenchOpts,
         Some("control") => BenchKind::Control,
         Some("hca") => BenchKind::Hca,
         Some("lease") => BenchKind::Lease,
-        Some(other) => return Err(format!("unknown benchmark `{other}` (available: boot, control, hca, lease)")),
-        None => return Err("`bench` needs a benchmark name (available: boot, control, hca, lease)".into()),
+        Some("revoke") => BenchKind::Revoke,
+        Some(other) => {
+            return Err(format!("unknown benchmark `{other}` (available: boot, control, hca, lease, revoke)"));
+        }
+        None => return Err("`bench` needs a benchmark name (available: boot, control, hca, lease, revoke)".into()),
     };
     let leases = leasebox_scenarios::lease_bench::DEFAULT_LEASES;
+    let iterations = leasebox_scenarios::revoke_bench::DEFAULT_ITERATIONS;
     let mut o = match kind {
-        BenchKind::Hca => BenchOpts { kind, runs: leasebox_scenarios::hca_bench::DEFAULT_RUNS, secs: 2, leases },
-        BenchKind::Lease => BenchOpts { kind, runs: 1, secs: leasebox_scenarios::lease_bench::DEFAULT_SECS, leases },
-        _ => BenchOpts { kind, runs: leasebox_scenarios::bench::DEFAULT_RUNS, secs: 3, leases },
+        BenchKind::Hca => {
+            BenchOpts { kind, runs: leasebox_scenarios::hca_bench::DEFAULT_RUNS, secs: 2, leases, iterations }
+        }
+        BenchKind::Lease => {
+            BenchOpts { kind, runs: 1, secs: leasebox_scenarios::lease_bench::DEFAULT_SECS, leases, iterations }
+        }
+        _ => BenchOpts { kind, runs: leasebox_scenarios::bench::DEFAULT_RUNS, secs: 3, leases, iterations },
     };
     while let Some(arg) = a.it.next() {
         let (flag, inline) = split(&arg);
@@ -323,6 +339,10 @@ fn parse_bench<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<BenchOpts,
             (BenchKind::Lease, "--leases") => {
                 let max = leasebox_scenarios::lease_bench::MAX_LEASES;
                 o.leases = number(&flag, &a.value(&flag, inline)?, 8, max)?
+            }
+            (BenchKind::Revoke, "--iterations") => {
+                let max = leasebox_scenarios::revoke_bench::MAX_ITERATIONS;
+                o.iterations = number(&flag, &a.value(&flag, inline)?, 1, max)?
             }
             (_, other) => return Err(format!("unknown option `{other}` for this benchmark")),
         }
@@ -431,25 +451,28 @@ mod tests {
             }))
         );
         assert!(p(&["test", "--fast"]).unwrap_err().contains("--fast"));
-        let boot = |runs| Cmd::Bench(BenchOpts { kind: BenchKind::Boot, runs, secs: 3, leases: 10_000 });
+        let boot =
+            |runs| Cmd::Bench(BenchOpts { kind: BenchKind::Boot, runs, secs: 3, leases: 10_000, iterations: 20 });
         assert_eq!(p(&["bench", "boot"]), Ok(boot(5)));
         assert_eq!(p(&["bench", "boot", "--runs", "2"]), Ok(boot(2)));
         assert_eq!(
             p(&["bench", "control", "--secs", "4"]),
-            Ok(Cmd::Bench(BenchOpts { kind: BenchKind::Control, runs: 5, secs: 4, leases: 10_000 }))
+            Ok(Cmd::Bench(BenchOpts { kind: BenchKind::Control, runs: 5, secs: 4, leases: 10_000, iterations: 20 }))
         );
         assert!(p(&["bench", "control", "--runs", "2"]).is_err());
         assert!(p(&["bench"]).unwrap_err().contains("needs a benchmark"));
         assert!(p(&["bench", "net"]).unwrap_err().contains("net"));
         assert!(p(&["bench", "boot", "--runs", "0"]).is_err());
-        let hca = |runs, secs| Cmd::Bench(BenchOpts { kind: BenchKind::Hca, runs, secs, leases: 10_000 });
+        let hca =
+            |runs, secs| Cmd::Bench(BenchOpts { kind: BenchKind::Hca, runs, secs, leases: 10_000, iterations: 20 });
         assert_eq!(p(&["bench", "hca"]), Ok(hca(3, 2)));
         assert_eq!(p(&["bench", "hca", "--secs", "1", "--runs=2"]), Ok(hca(2, 1)));
         assert!(p(&["bench", "hca", "--secs", "0"]).unwrap_err().contains("--secs needs a number from 1"));
         assert!(p(&["bench", "hca", "--sessions", "8"]).unwrap_err().contains("--sessions"));
         assert!(p(&["bench", "boot", "--secs", "1"]).is_err());
         assert!(p(&["bench", "net"]).unwrap_err().contains("hca"));
-        let lease = |secs, leases| Cmd::Bench(BenchOpts { kind: BenchKind::Lease, runs: 1, secs, leases });
+        let lease =
+            |secs, leases| Cmd::Bench(BenchOpts { kind: BenchKind::Lease, runs: 1, secs, leases, iterations: 20 });
         assert_eq!(p(&["bench", "lease"]), Ok(lease(2, 10_000)));
         assert_eq!(p(&["bench", "lease", "--secs", "1", "--leases=2000"]), Ok(lease(1, 2000)));
         assert!(p(&["bench", "lease", "--leases", "7"]).unwrap_err().contains("--leases needs a number from 8"));
@@ -457,5 +480,17 @@ mod tests {
         assert!(p(&["bench", "lease", "--runs", "2"]).unwrap_err().contains("--runs"));
         assert!(p(&["bench", "hca", "--leases", "100"]).is_err());
         assert!(p(&["bench", "net"]).unwrap_err().contains("lease"));
+        let revoke = |iterations| {
+            Cmd::Bench(BenchOpts { kind: BenchKind::Revoke, runs: 5, secs: 3, leases: 10_000, iterations })
+        };
+        assert_eq!(p(&["bench", "revoke"]), Ok(revoke(20)));
+        assert_eq!(p(&["bench", "revoke", "--iterations", "5"]), Ok(revoke(5)));
+        assert_eq!(p(&["bench", "revoke", "--iterations=1"]), Ok(revoke(1)));
+        assert!(
+            p(&["bench", "revoke", "--iterations", "0"]).unwrap_err().contains("--iterations needs a number from 1")
+        );
+        assert!(p(&["bench", "revoke", "--secs", "2"]).unwrap_err().contains("--secs"));
+        assert!(p(&["bench", "lease", "--iterations", "2"]).unwrap_err().contains("--iterations"));
+        assert!(p(&["bench", "net"]).unwrap_err().contains("revoke"));
     }
 }

@@ -14,7 +14,7 @@ use cli::{BenchKind, BenchOpts, Cmd, RunOpts, TestOpts, USAGE};
 use image::Paths;
 use leasebox_qemu::model::{self, ModelCommand, ModelFiles, ModelProcess, ModelShm};
 use leasebox_qemu::{Boot, HostFwd, Ovmf, QemuConfig, QemuProcess, Stdio};
-use leasebox_scenarios::{Artifacts, bench, control, hca_bench, lease_bench, lease_qemu, scenario};
+use leasebox_scenarios::{Artifacts, bench, control, hca_bench, lease_bench, lease_qemu, revoke_bench, scenario};
 
 /// `println!` that ignores a closed stdout (e.g. `cargo xtask help | head`) instead of panicking.
 macro_rules! outln {
@@ -400,6 +400,7 @@ fn cmd_bench(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
         BenchKind::Control => return bench_control(o, p),
         BenchKind::Hca => return bench_hca(o, p),
         BenchKind::Lease => return bench_lease(o, p),
+        BenchKind::Revoke => return bench_revoke(o, p),
         BenchKind::Boot => {}
     }
     prereq::ensure()?;
@@ -510,6 +511,27 @@ fn bench_lease(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
         outln!("{}", lease_bench::goals(lease_bench::Summary::parse(&table).as_ref()).trim_end());
         outln!();
     }
+    Ok(0)
+}
+
+/// `bench revoke`: `leasectl verify --revoke-test` in process, `--iterations` per order, against the QEMU guest
+/// (image, model, virtio-net) and the hosted appliance. Prints the table; asserts nothing.
+fn bench_revoke(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
+    prereq::ensure()?;
+    image::build_kernel(p)?;
+    cargo_step(p, &["build", "-p", "mlx5-model"])?;
+    let a = artifacts(p, false);
+    // A guest that did not boot still leaves the hosted rows to print.
+    let mut rows = revoke_bench::qemu(&a, &p.elf(), o.iterations).unwrap_or_else(|e| {
+        eprintln!("{e}");
+        let why = format!("boot: {}", e.lines().next().unwrap_or_default());
+        let row =
+            |order| revoke_bench::Row { target: revoke_bench::QEMU_TARGET.into(), order, result: Err(why.clone()) };
+        revoke_bench::ORDERS.iter().map(|&order| row(order)).collect()
+    });
+    rows.extend(revoke_bench::hosted(o.iterations)?);
+    outln!();
+    outln!("{}", revoke_bench::table(&rows, o.iterations).trim_end());
     Ok(0)
 }
 

@@ -1,17 +1,22 @@
 //! `leasectl verify`'s command line: its options, the credentials (the tenant for the lease, the admin for
 //! `--order qp-first`), the software RoCEv2 requester as the backend, and the report on stdout.
 //!
+//! `--order both` runs mkey-first, then qp-first, with the same options: the human output is both tables, the
+//! JSON an object with `passed` and `runs` (one report object each), and `--plot FILE.svg` draws one panel
+//! per order.
+//!
 //! Global flags keep their meaning (`--addr`, `--config`, `--tenant`, `--key`, `--json`) wherever they stand;
 //! `--timeout` is the global control-channel timeout (seconds) before the word `verify` and the requester
 //! QP's `timeout` attribute after it.
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::json;
 
-use super::{Control, EXIT_VERIFY_FAILED, Mode, Options, Order, report, run_detailed};
+use super::{Control, EXIT_VERIFY_FAILED, Mode, Options, Order, plot, report, run_detailed};
 use crate::args::{self, Global};
 use crate::cli;
 use crate::client::{Credentials, exit};
@@ -52,6 +57,9 @@ enum Backend {
 struct Parsed {
     global: Vec<String>,
     opts: Options,
+    /// The orders to run, in turn (`--order both`: mkey-first, then qp-first); `opts.order` is the first.
+    orders: Vec<Order>,
+    plot: Option<PathBuf>,
     udp: SocketAddr,
     admin_key: Option<String>,
     backend: Backend,
@@ -100,6 +108,8 @@ fn parse(args: &[String], at: usize) -> Result<Parsed, String> {
     let mut rc = RcConfig::default();
     let mut udp: SocketAddr = "127.0.0.1:4791".parse().expect("literal address");
     let mut admin_key = None;
+    let mut orders = vec![Order::MkeyFirst];
+    let mut plot = None;
     let (mut revoke_test, mut cooperating) = (false, false);
     let (mut backend, mut device, mut gid_index, mut port, mut mac_addr) = (String::from("soft"), None, 0u8, 1u8, None);
     let mut it = args[at + 1..].iter();
@@ -118,11 +128,19 @@ fn parse(args: &[String], at: usize) -> Result<Parsed, String> {
             "--revoke-test" => revoke_test = true,
             "--cooperating" => cooperating = true,
             "--order" => {
-                o.order = match value()?.as_str() {
-                    "mkey-first" => Order::MkeyFirst,
-                    "qp-first" => Order::QpFirst,
-                    v => return Err(format!("--order is mkey-first or qp-first, got '{v}'")),
+                orders = match value()?.as_str() {
+                    "mkey-first" => vec![Order::MkeyFirst],
+                    "qp-first" => vec![Order::QpFirst],
+                    "both" => vec![Order::MkeyFirst, Order::QpFirst],
+                    v => return Err(format!("--order is mkey-first, qp-first or both, got '{v}'")),
                 }
+            }
+            "--plot" => {
+                let v = value()?;
+                if v.is_empty() || v.starts_with('-') {
+                    return Err(format!("--plot needs a file name (FILE.svg), got '{v}'"));
+                }
+                plot = Some(PathBuf::from(v));
             }
             "--iterations" => o.iterations = number(flag, &value()?, 1, 100_000)? as u32,
             "--budget-ms" => o.budget = Duration::from_millis(number(flag, &value()?, 1, 3_600_000)?),
@@ -158,6 +176,7 @@ fn parse(args: &[String], at: usize) -> Result<Parsed, String> {
     if revoke_test && cooperating {
         return Err("--revoke-test and --cooperating exclude each other".into());
     }
+    o.order = orders[0];
     o.mode = if cooperating { Mode::Cooperating } else { Mode::RevokeTest };
     rc.max_wr = (o.depth as usize + 1).max(rc.max_wr);
     o.rc = rc;
@@ -174,7 +193,7 @@ fn parse(args: &[String], at: usize) -> Result<Parsed, String> {
         }
         other => return Err(format!("--backend is soft or verbs, got '{other}'")),
     };
-    Ok(Parsed { global, opts: o, udp, admin_key, backend })
+    Ok(Parsed { global, opts: o, orders, plot, udp, admin_key, backend })
 }
 
 /// The tenant's and (for qp-first) the admin's credentials, where to connect and the timeouts.
@@ -185,13 +204,13 @@ fn control(p: &Parsed, g: &Global, env: &dyn Fn(&str) -> Option<String>) -> Resu
         );
     }
     let s = cli::settings(g, env)?;
-    let admin = match (p.opts.order, &p.admin_key) {
-        (Order::MkeyFirst, _) => None,
-        (Order::QpFirst, Some(hex)) => {
+    let admin = match (p.orders.contains(&Order::QpFirst), &p.admin_key) {
+        (false, _) => None,
+        (true, Some(hex)) => {
             let key = crate::hex::decode(hex).map_err(|e| format!("--admin-key: {e}"))?;
             Some(Credentials { name: "admin".into(), key })
         }
-        (Order::QpFirst, None) => {
+        (true, None) => {
             let ga = Global { admin: true, tenant: None, key: None, ..g.clone() };
             let a = cli::settings(&ga, env).map_err(|e| {
                 format!("--order qp-first sends REVOKE with qp_first, which only the admin may ask for: {e}")
@@ -249,14 +268,32 @@ pub fn main(
             }
         }
     };
-    match run_detailed(&p.opts, &c, &mut factory) {
-        Ok(r) => {
-            let text = if json { format!("{}\n", report::json(&r)) } else { report::human(&r) };
-            let _ = write!(out, "{text}");
-            if r.passed() { exit::OK } else { EXIT_VERIFY_FAILED }
+    let mut reports = Vec::new();
+    for &order in &p.orders {
+        let o = Options { order, ..p.opts.clone() };
+        match run_detailed(&o, &c, &mut factory) {
+            Ok(r) => reports.push(r),
+            Err(e) => return fail(out, err, "VERIFY", e.exit, &e.message),
         }
-        Err(e) => fail(out, err, "VERIFY", e.exit, &e.message),
     }
+    if let Some(path) = &p.plot
+        && let Err(m) = plot::svg(&reports, path)
+    {
+        return fail(out, err, "PLOT", EXIT_VERIFY_FAILED, &format!("--plot {}: {m}", path.display()));
+    }
+    let passed = reports.iter().all(|r| r.passed());
+    let text = match (json, reports.as_slice()) {
+        (true, [r]) => format!("{}\n", report::json(r)),
+        (true, all) => {
+            format!("{}\n", json!({"passed": passed, "runs": all.iter().map(report::json).collect::<Vec<_>>()}))
+        }
+        (false, all) => all.iter().map(report::human).collect::<Vec<_>>().join("\n"),
+    };
+    let _ = write!(out, "{text}");
+    if !json && let Some(path) = &p.plot {
+        let _ = writeln!(out, "plot: {}", path.display());
+    }
+    if passed { exit::OK } else { EXIT_VERIFY_FAILED }
 }
 
 /// A requester on a real RDMA device (`--backend verbs`).
@@ -329,6 +366,12 @@ mod tests {
         assert_eq!(p.global, v(&["--addr", "h:1"]));
         assert!(parse(&v(&["verify", "--revoke-test", "--cooperating"]), 0).unwrap_err().contains("exclude"));
         assert!(parse(&v(&["verify", "--order", "x"]), 0).unwrap_err().contains("mkey-first"));
+        let p = parse(&v(&["verify", "--order", "both", "--plot", "/tmp/r.svg"]), 0).unwrap();
+        assert_eq!((p.orders, p.opts.order), (vec![Order::MkeyFirst, Order::QpFirst], Order::MkeyFirst));
+        assert_eq!(p.plot, Some(PathBuf::from("/tmp/r.svg")));
+        let p = parse(&v(&["verify", "--order=qp-first"]), 0).unwrap();
+        assert_eq!((p.orders, p.opts.order, p.plot), (vec![Order::QpFirst], Order::QpFirst, None));
+        assert!(parse(&v(&["verify", "--plot", "--json"]), 0).unwrap_err().contains("file name"));
         assert!(parse(&v(&["verify", "--timeout", "40"]), 0).is_err());
         assert!(parse(&v(&["verify", "--frob"]), 0).unwrap_err().contains("unknown option"));
         assert!(parse(&v(&["verify", "--admin"]), 0).unwrap_err().contains("admin_key"));
@@ -381,6 +424,8 @@ mod tests {
         let g = args::parse(&ga).unwrap().global;
         let e = control(&p, &g, &none).unwrap_err();
         assert!(e.contains("only the admin") && e.contains("admin key"), "{e}");
+        let p = parse(&v(&["verify", "--order", "both", "--tenant", "t", "--key", "00"]), 0).unwrap();
+        assert!(control(&p, &g, &none).unwrap_err().contains("only the admin"));
         let p = parse(&v(&["verify", "--order=qp-first", "--tenant", "t", "--key", "00", "--admin-key", "01"]), 0);
         let c = control(&p.unwrap(), &g, &none).unwrap();
         assert_eq!(c.admin.unwrap().key, vec![1]);
