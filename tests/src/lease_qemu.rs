@@ -9,7 +9,7 @@
 //!    on a fresh lease an admin REVOKE in the seed's order (QP first) → only silence, `IBV_WC_RETRY_EXC_ERR`;
 //! 3. the `leasectl` binary's revoke verifier, `verify --revoke-test --order both --json --plot`, against the
 //!    guest's control port and the model's UDP port: mkey-first must fail the first request after the revoke
-//!    with `IBV_WC_REM_ACCESS_ERR` within [`VERIFY_NAK_BOUND`] of the outcome; qp-first (QP `timeout` 10,
+//!    with `IBV_WC_REM_ACCESS_ERR` within [`VERIFY_NAK_BOUND`] of the outcome; qp-first (QP `timeout` 12,
 //!    `retry_cnt` 7: a 33.6 ms retry time) with `IBV_WC_RETRY_EXC_ERR` about one retry time after the REVOKE;
 //! 4. a second image built with the `fence-test` feature, booted with `fence_test=on`: REVOKE answers Fenced,
 //!    `leasectl fenced` lists the slot (DESTROY_MKEY bit, origin REVOKE), the next ALLOC gets another slot.
@@ -49,7 +49,9 @@ const VERIFY_ITERATIONS: u32 = 2;
 const VERIFY_SIZE: u32 = 4096;
 const VERIFY_DEPTH: u32 = 4;
 /// The requester QP's `timeout` (4.096 µs × 2^10 = 4.2 ms per transport timer period) and `retry_cnt`.
-const VERIFY_QP_TIMEOUT: u8 = 10;
+/// QP `timeout` 12: 16.8 ms per attempt, 134 ms for all 8 — short for qp-first, and long enough that a model
+/// process descheduled on this 2-core machine does not turn mkey-first's NAK into a retry timeout.
+const VERIFY_QP_TIMEOUT: u8 = 12;
 const VERIFY_RETRY_CNT: u8 = 7;
 /// mkey-first: outcome → REM_ACCESS_ERR. The NAK is one round trip through the model (native), and the
 /// outcome itself may come after it (negative figures); 200 ms leaves room for a loaded host and TCG's

@@ -32,7 +32,8 @@ commands:
   revoke LEASE [--qp-first]     revoke a lease (another tenant's needs --admin); --qp-first uses the seed's
                                 teardown order (QP first) instead of MKEY first
   fenced                        slots fenced for good (FENCED_SUMMARY)
-  verify [--revoke-test | --cooperating] [--order mkey-first|qp-first] [--iterations N] [--budget-ms 2000]
+  verify [--revoke-test | --cooperating] [--order mkey-first|qp-first|both] [--iterations N] [--budget-ms 2000]
+         [--plot FILE.svg]
          [--size BYTES] [--depth N] [--warmup-ms 100] [--udp ADDR] [--timeout N] [--retry-cnt N]
          [--admin-key HEX] [--backend soft|verbs] [--device NAME] [--gid-index N] [--ib-port N] [--mac M]
                                 revoke verifier over RDMA (software RoCEv2 requester on UDP, default

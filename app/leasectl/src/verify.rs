@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use leasebox_proto::{AllocReq, AllocResp, LeaseState, Outcome, Request, Response, access, mtu_bytes};
+use leasebox_proto::{AllocReq, AllocResp, ErrorCode, LeaseState, Outcome, Request, Response, access, mtu_bytes};
 
 use crate::args::lease_str;
 use crate::client::{Client, ClientError, Credentials, Timeouts};
@@ -235,6 +235,9 @@ fn pattern(wr_id: u64, len: usize) -> Vec<u8> {
     out
 }
 
+/// How long ALLOC keeps retrying NO_MEMORY (the appliance's grace period, 5 s by default, plus its sweep).
+const ALLOC_RETRY: Duration = Duration::from_secs(15);
+
 /// ALLOC with `r`'s QP parameters, `r` to RTS toward the appliance's QP, READY.
 fn open_lease(c: &mut Client, r: &mut dyn Requester, size: u64) -> Result<AllocResp, VerifyError> {
     let me: QpEndpoint = r.local();
@@ -249,9 +252,18 @@ fn open_lease(c: &mut Client, r: &mut dyn Requester, size: u64) -> Result<AllocR
         client_gid: me.gid,
         client_mac: me.mac,
     };
-    let a = match c.call(&Request::Alloc(req)).map_err(client_err("ALLOC"))? {
-        Response::Alloc(a) => a,
-        other => return Err(local(format!("ALLOC answered {other:?}"))),
+    // Revoked leases come back to the pool only after the appliance's grace period (5 s by default): an ALLOC
+    // answered NO_MEMORY is retried for a while rather than failing a long run.
+    let give_up = Instant::now() + ALLOC_RETRY;
+    let a = loop {
+        match c.call(&Request::Alloc(req.clone())) {
+            Ok(Response::Alloc(a)) => break a,
+            Ok(other) => return Err(local(format!("ALLOC answered {other:?}"))),
+            Err(ClientError::Server(e)) if e.code == ErrorCode::NoMemory && Instant::now() < give_up => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(client_err("ALLOC")(e)),
+        }
     };
     let mtu = mtu_bytes(a.mtu).ok_or_else(|| local(format!("ALLOC answered MTU code {}", a.mtu)))?;
     let remote = QpEndpoint { qpn: a.server_qpn, psn: a.server_psn, gid: a.server_gid, mac: [0; 6], mtu };
