@@ -87,6 +87,9 @@ pub struct LeaseService<T: Copy> {
     tags: BTreeMap<u64, u32>,
     next_tag: u64,
     outbox: VecDeque<(u64, Command)>,
+    /// Commands of revokes' immediate phases: they go out before anything in `outbox`, so ALLOCs and sweeps
+    /// never delay an outcome that is due within the revoke deadline.
+    urgent: VecDeque<(u64, Command)>,
     answers: Vec<(T, Reply)>,
     mkey_variant: u8,
     psn_state: u64,
@@ -134,6 +137,7 @@ impl<T: Copy> LeaseService<T> {
             tags: BTreeMap::new(),
             next_tag: 1,
             outbox: VecDeque::new(),
+            urgent: VecDeque::new(),
             answers: Vec::new(),
             mkey_variant: 0,
             psn_state,
@@ -150,16 +154,22 @@ impl<T: Copy> LeaseService<T> {
 
     /// The next HCA command to submit, with its tag.
     pub fn next_command(&mut self) -> Option<(u64, Command)> {
-        self.outbox.pop_front()
+        self.urgent.pop_front().or_else(|| self.outbox.pop_front())
     }
 
     /// Puts a command back at the front (the submit ring was full).
     pub fn unsend(&mut self, tag: u64, cmd: Command) {
-        self.outbox.push_front((tag, cmd));
+        // Back where it came from, at the front: an immediate-phase command goes back to the urgent queue.
+        let urgent = self
+            .tags
+            .get(&tag)
+            .and_then(|&slot| self.lease(slot))
+            .is_some_and(|l| matches!(l.phase, Phase::Fencing { .. }));
+        if urgent { self.urgent.push_front((tag, cmd)) } else { self.outbox.push_front((tag, cmd)) }
     }
 
     pub fn has_commands(&self) -> bool {
-        !self.outbox.is_empty()
+        !self.outbox.is_empty() || !self.urgent.is_empty()
     }
 
     /// Answers ready since the last call.
@@ -524,7 +534,12 @@ impl<T: Copy> LeaseService<T> {
                 l.in_flight = Some((tag, step));
             }
             self.tags.insert(tag, slot);
-            self.outbox.push_back((tag, cmd));
+            let urgent = self.lease(slot).is_some_and(|l| matches!(l.phase, Phase::Fencing { .. }));
+            if urgent {
+                self.urgent.push_back((tag, cmd));
+            } else {
+                self.outbox.push_back((tag, cmd));
+            }
             self.counters.commands += 1;
             return;
         }
