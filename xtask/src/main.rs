@@ -241,7 +241,7 @@ fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
             "{CONTROL_SCENARIO:<16} the control channel under QEMU: leasectl ping/stats/health, 1,000 malformed frames beside a heartbeating session, garbage, still answering"
         );
         outln!(
-            "{LEASE_SCENARIO:<16} leases under QEMU with the model and virtio-net: leasectl alloc/ready/list/revoke/fenced, RDMA WRITE/READ with the software requester, REM_ACCESS_ERR after an MKEY-first revoke, RETRY_EXC_ERR after a QP-first one; the fence-test image fences a revoked slot"
+            "{LEASE_SCENARIO:<16} leases under QEMU with the model and virtio-net: leasectl alloc/ready/list/revoke/fenced, RDMA WRITE/READ with the software requester, REM_ACCESS_ERR after an MKEY-first revoke, RETRY_EXC_ERR after a QP-first one, `leasectl verify --revoke-test --order both`; the fence-test image fences a revoked slot"
         );
         return Ok(0);
     }
