@@ -8,7 +8,6 @@ use leasebox_hosted::{Hosted, HostedConfig};
 use leasebox_proto::{ErrorCode, Kind, Op, Request, Response, frame};
 use leasebox_qemu::{Boot, HostFwd, NextLine, QemuConfig, QemuProcess, Stdio};
 use leasectl::client::{Client, Credentials, Timeouts};
-use std::io::Read;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::Command;
@@ -24,15 +23,11 @@ const BOOT_DEADLINE: Duration = Duration::from_secs(90);
 pub const MALFORMED_FRAMES: u32 = 1000;
 
 /// A random 32-byte key in hex, from the OS.
-fn random_hex() -> Result<String, String> {
-    let mut b = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| format!("/dev/urandom: {e}"))?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+pub(crate) fn random_hex() -> Result<String, String> {
+    leasectl::hex::random_key(32)
 }
 
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }

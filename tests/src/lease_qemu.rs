@@ -24,8 +24,7 @@ use leasebox_qemu::{Boot, HostFwd, NextLine, QemuConfig, QemuProcess, Stdio};
 use leasectl::client::{Client, Credentials, Timeouts};
 use leasectl::rdma::{Completion, QpEndpoint, RcConfig, Requester, SoftConfig, SoftRoce, WcStatus};
 use serde_json::Value;
-use std::io::Read;
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -68,20 +67,6 @@ const CLI_QPN: u32 = 0x1234;
 const CLI_GID: &str = "00000000000000000000ffff7f000002";
 const CLI_MAC: &str = "02:00:00:00:00:02";
 
-/// A random 32-byte key in hex, from the OS.
-fn random_hex() -> Result<String, String> {
-    let mut b = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| format!("/dev/urandom: {e}"))?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
-}
-
-fn free_tcp_port() -> Result<u16, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
-}
-
 fn free_udp_addr() -> Result<SocketAddr, String> {
     let s = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     s.local_addr().map_err(|e| e.to_string())
@@ -112,8 +97,8 @@ impl Appliance {
     /// Boots `elf` (1 CPU) with the model and virtio-net; `name` names the logs, `extra_args` are appended to
     /// the kernel command line. Returns once the ready line reports an address and a ConnectX-5.
     pub fn boot(a: &Artifacts, elf: &Path, name: &str, extra_args: &str) -> Result<Appliance, String> {
-        let (tenant_hex, admin_hex) = (random_hex()?, random_hex()?);
-        let port = free_tcp_port()?;
+        let (tenant_hex, admin_hex) = (crate::control::random_hex()?, crate::control::random_hex()?);
+        let port = crate::control::free_port()?;
         let udp = free_udp_addr()?;
         let append = format!("tenant=demo:{tenant_hex} admin={admin_hex} {extra_args}");
         let mut c = QemuConfig::new(Boot::Kernel { elf: elf.to_path_buf(), append });

@@ -192,18 +192,9 @@ fn run_orders(target: &str, control: &Control, udp: std::net::SocketAddr, iterat
         .collect()
 }
 
-fn random_hex() -> Result<String, String> {
-    use std::io::Read;
-    let mut b = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| format!("/dev/urandom: {e}"))?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
-}
-
 /// The hosted appliance with the model's responder on UDP, both orders.
 pub fn hosted(iterations: u32) -> Result<Vec<Row>, String> {
-    let (tenant_hex, admin_hex) = (random_hex()?, random_hex()?);
+    let (tenant_hex, admin_hex) = (crate::control::random_hex()?, crate::control::random_hex()?);
     let args: Vec<String> = [
         "--listen".to_string(),
         "127.0.0.1:0".into(),

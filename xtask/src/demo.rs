@@ -2,7 +2,6 @@
 //! every run, passed to the image as `tenant=demo:HEX admin=HEX`, and written to the file `leasectl` reads by
 //! default, so that `cargo run -p leasectl -- ping` works from another terminal with no flags.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use leasectl::FileConfig;
@@ -21,11 +20,7 @@ pub struct DemoKeys {
 }
 
 fn random_hex() -> Result<String, String> {
-    let mut b = [0u8; KEY_BYTES];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| format!("reading /dev/urandom for the demo keys: {e}"))?;
-    Ok(leasectl::hex::encode(&b))
+    leasectl::hex::random_key(KEY_BYTES)
 }
 
 impl DemoKeys {

@@ -466,6 +466,24 @@ fn bench_control(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
     Ok(0)
 }
 
+/// Runs `cargo run --release -p PACKAGE --example EXAMPLE -- ARGS` and returns its stdout (the tables); build
+/// output and progress go to stderr as they come.
+fn run_example(p: &Paths, package: &str, example: &str, extra: &[&str]) -> Result<String, String> {
+    let mut args = vec!["run", "--release", "-p", package, "--example", example, "--"];
+    args.extend_from_slice(extra);
+    outln!("==> cargo {}", args.join(" "));
+    let out = Command::new(image::cargo())
+        .current_dir(&p.root)
+        .args(&args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("`cargo {}` failed ({})", args.join(" "), out.status));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// `bench lease`: the `lease_bench` example of the lease crate (hosted, native timing), twice: first with the
 /// engines polled round-robin from the service's loop (the image's one-CPU layout; two busy threads, which
 /// this 2-core machine can run without preemption), then with the engines on their own thread (the three-core
@@ -477,33 +495,12 @@ fn bench_lease(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
         ("inline", "engines polled from the service loop (the one-CPU layout)"),
         ("thread", "engines on their own thread (the three-core layout, oversubscribed on this 2-core machine)"),
     ] {
-        let args = [
-            "run",
-            "--release",
-            "-p",
+        let table = run_example(
+            p,
             "leasebox-lease",
-            "--example",
             "lease_bench",
-            "--",
-            "--secs",
-            &secs,
-            "--leases",
-            &leases,
-            "--engines",
-            engines,
-        ];
-        outln!("==> cargo {}", args.join(" "));
-        // The tables come on stdout; build output and progress on stderr.
-        let out = Command::new(image::cargo())
-            .current_dir(&p.root)
-            .args(args)
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .map_err(|e| format!("running cargo: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("`cargo {}` failed ({})", args.join(" "), out.status));
-        }
-        let table = String::from_utf8_lossy(&out.stdout).into_owned();
+            &["--secs", &secs, "--leases", &leases, "--engines", engines],
+        )?;
         outln!();
         outln!("#### {label}");
         outln!("{}", table.trim_end());
@@ -538,20 +535,7 @@ fn bench_revoke(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
 /// `bench hca`: the hosted `hca_bench` example (driver and model thread, native timing), then kernel entry →
 /// HCA ready under TCG over `--runs` boots, then the goals. Prints figures; asserts nothing.
 fn bench_hca(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
-    let secs = o.secs.to_string();
-    let args = ["run", "--release", "-p", "leasebox-mlx5", "--example", "hca_bench", "--", "--secs", &secs];
-    outln!("==> cargo {}", args.join(" "));
-    // The table comes on stdout (kept for the report); build output and progress on stderr.
-    let out = Command::new(image::cargo())
-        .current_dir(&p.root)
-        .args(args)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .map_err(|e| format!("running cargo: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("`cargo {}` failed ({})", args.join(" "), out.status));
-    }
-    let hosted_table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let hosted_table = run_example(p, "leasebox-mlx5", "hca_bench", &["--secs", &o.secs.to_string()])?;
     let hosted = hca_bench::Hosted::parse(&hosted_table);
 
     prereq::ensure()?;

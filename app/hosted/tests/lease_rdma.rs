@@ -5,7 +5,6 @@
 //! round trip; QP first → silence, `IBV_WC_RETRY_EXC_ERR` after the retries), isolation between leases (own
 //! PD each) and scrubbing before memory is lent again.
 
-use std::io::Read;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -20,9 +19,7 @@ use leasectl::{Client, ClientError, Credentials, Timeouts};
 const SHORT: RcConfig = RcConfig { timeout: 10, retry_cnt: 7, rnr_retry: 7, max_wr: 16, max_pkts: 256 };
 
 fn random_hex() -> String {
-    let mut b = [0u8; 16];
-    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).expect("/dev/urandom");
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    leasectl::hex::random_key(32).expect("a random key")
 }
 
 fn creds(name: &str, hex: &str) -> Credentials {

@@ -18,6 +18,16 @@ pub fn encode(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// A fresh key of `bytes` random bytes from the OS, in hex (demo set-ups, tests, benchmarks).
+pub fn random_key(bytes: usize) -> Result<String, String> {
+    use std::io::Read;
+    let mut b = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| format!("reading /dev/urandom for a key: {e}"))?;
+    Ok(encode(&b))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -28,5 +38,8 @@ mod tests {
         assert!(super::decode("abc").unwrap_err().contains("odd"));
         assert!(super::decode("zz").unwrap_err().contains("not hex"));
         assert!(super::decode("é1").is_err());
+        let k = super::random_key(32).unwrap();
+        assert_eq!(super::decode(&k).unwrap().len(), 32);
+        assert_ne!(k, super::random_key(32).unwrap());
     }
 }

@@ -1,7 +1,6 @@
 //! `leasectl verify` against the hosted appliance (the device model with its RoCEv2 responder on UDP): both
 //! revoke orders for a non-cooperating client, a cooperating client, and the binary end to end with `--json`.
 
-use std::io::Read;
 use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
@@ -12,9 +11,7 @@ use leasectl::verify::{self, Control, Mode, Options, Order, Report};
 use leasectl::{Credentials, Timeouts};
 
 fn random_hex() -> String {
-    let mut b = [0u8; 16];
-    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).expect("/dev/urandom");
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    leasectl::hex::random_key(32).expect("a random key")
 }
 
 struct Appliance {
