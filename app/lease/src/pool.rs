@@ -9,14 +9,13 @@ use alloc::vec::Vec;
 pub struct ExtentPool {
     free: VecDeque<u64>,
     extent: u64,
-    total: usize,
     quarantined: usize,
 }
 
 impl ExtentPool {
     pub fn new(base: u64, bytes: u64, extent: u64) -> ExtentPool {
         let n = (bytes / extent) as usize;
-        ExtentPool { free: (0..n as u64).map(|i| base + i * extent).collect(), extent, total: n, quarantined: 0 }
+        ExtentPool { free: (0..n as u64).map(|i| base + i * extent).collect(), extent, quarantined: 0 }
     }
 
     /// `n` extents, or `None` (nothing taken) when fewer are free.
@@ -45,17 +44,8 @@ impl ExtentPool {
         self.free.len() as u64 * self.extent
     }
 
-    pub fn total_extents(&self) -> usize {
-        self.total
-    }
-
     pub fn quarantined_extents(&self) -> usize {
         self.quarantined
-    }
-
-    /// Whether `addr` is free in the pool.
-    pub fn is_free(&self, addr: u64) -> bool {
-        self.free.contains(&addr)
     }
 }
 

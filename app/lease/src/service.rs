@@ -17,7 +17,7 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
 use leasebox_mlx5::command::{CmdError, Command, Output};
-use leasebox_mlx5::handles::{Cqn, FlowGroupId, FlowIndex, FlowTableId, Mkey, MkeyIndex, Qpn, UarPage};
+use leasebox_mlx5::handles::{Cqn, FlowGroupId, FlowIndex, FlowTableId, MkeyIndex, Qpn, UarPage};
 use leasebox_mlx5::ifc;
 use leasebox_mlx5::ifc::mkey::{MkeyAccess, MkeyParams};
 use leasebox_mlx5::ifc::qp::{Mtu, QpAccess, QpBase, RcPeer, RcQpParams, RtsParams};
@@ -1094,16 +1094,6 @@ impl<T: Copy> LeaseService<T> {
     /// Free slots (neither busy nor fenced).
     pub fn free_slots(&self) -> usize {
         self.free.len()
-    }
-
-    /// The live lease in `slot` (tests, diagnostics).
-    pub fn lease_at(&self, slot: u32) -> Option<&Lease<T>> {
-        self.lease(slot)
-    }
-
-    /// The MKEY of a lease, for diagnostics (and FENCE-TEST's assertion that the index was corrupted).
-    pub fn mkey_of(&self, slot: u32) -> Option<Mkey> {
-        self.lease(slot).and_then(|l| l.mkey)
     }
 }
 

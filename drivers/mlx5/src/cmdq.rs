@@ -188,10 +188,6 @@ impl CmdQueue {
         self.timeout_ns / 1_000_000
     }
 
-    pub fn set_timeout_ms(&mut self, ms: u64) {
-        self.timeout_ns = ms.saturating_mul(1_000_000);
-    }
-
     fn entry_addr(&self, slot: usize) -> u64 {
         self.base + ((slot as u64) << self.log_stride)
     }

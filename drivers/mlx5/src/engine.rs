@@ -10,7 +10,7 @@ use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::cmdq::{CmdQueue, Completion, SlotClass};
-use crate::command::{CmdError, Command, ErrorKind};
+use crate::command::{Command, ErrorKind};
 use crate::cq::CqRing;
 use crate::eq::EventRing;
 use crate::handles::Cqn;
@@ -465,9 +465,4 @@ impl Client {
     pub fn shared_handle(&self) -> Arc<Shared> {
         self.shared.clone()
     }
-}
-
-/// The error a command gets when it cannot even be queued.
-pub fn ring_full(cmd: &Command) -> CmdError {
-    cmd.error(ErrorKind::Busy)
 }

@@ -23,10 +23,6 @@ use crate::platform::{PAGE_SIZE, Platform};
 pub struct MkeyVariant(u8);
 
 impl MkeyVariant {
-    pub fn starting_at(v: u8) -> MkeyVariant {
-        MkeyVariant(v)
-    }
-
     /// The variant for the next MKEY.
     pub fn take(&mut self) -> u8 {
         let v = self.0;

@@ -70,17 +70,6 @@ impl<T> Consumer<T> {
         item
     }
 
-    /// The next item without taking it.
-    pub fn peek_with<R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
-        let head = self.inner.head.load(Ordering::Relaxed);
-        let tail = self.inner.tail.load(Ordering::Acquire);
-        if head == tail {
-            return None;
-        }
-        let cap = self.inner.slots.len();
-        self.inner.slots[head % cap].lock().as_ref().map(f)
-    }
-
     pub fn len(&self) -> usize {
         let head = self.inner.head.load(Ordering::Relaxed);
         self.inner.tail.load(Ordering::Acquire).wrapping_sub(head)
@@ -103,7 +92,6 @@ mod tests {
             p.push(i).unwrap();
         }
         assert_eq!(p.push(9), Err(9));
-        assert_eq!(c.peek_with(|v| *v), Some(0));
         assert_eq!(c.pop(), Some(0));
         p.push(3).unwrap();
         assert_eq!((c.pop(), c.pop(), c.pop(), c.pop()), (Some(1), Some(2), Some(3), None));
