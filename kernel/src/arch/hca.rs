@@ -4,8 +4,10 @@
 //!
 //! Small DMA objects (doorbell records, mailbox-sized buffers) come from per-size free lists carved out of
 //! whole frames, so a 64-byte record does not cost a 4 KiB frame; such chunks go back to their list, never to
-//! the frame allocator.
+//! the frame allocator. The free path gets only the length, so every allocation of a small length records
+//! where it came from (its size class, or frames when its alignment asked for more than a class gives).
 
+use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use core::sync::atomic::{Ordering, compiler_fence};
 
@@ -23,12 +25,22 @@ pub struct KernelHca {
     /// Virtual (= physical) base of the mapped BAR0 (or the model's BAR2).
     bar: usize,
     bar_len: usize,
-    small: Mutex<[Vec<u64>; CLASSES]>,
+    small: Mutex<Small>,
 }
+
+/// Free chunks per size class, and where each live allocation of a small length came from (`None`: frames).
+#[derive(Default)]
+struct Small {
+    free: [Vec<u64>; CLASSES],
+    origin: BTreeMap<u64, Option<usize>>,
+}
+
+/// Lengths up to this may come from the size classes.
+const SMALL_MAX: usize = 64 << (CLASSES - 1);
 
 fn class_of(len: usize, align: usize) -> Option<usize> {
     let need = len.max(align).max(64).next_power_of_two();
-    (need <= 2048).then(|| need.trailing_zeros() as usize - 6)
+    (need <= SMALL_MAX).then(|| need.trailing_zeros() as usize - 6)
 }
 
 impl KernelHca {
@@ -59,32 +71,43 @@ impl Platform for KernelHca {
     }
 
     fn dma_alloc(&self, len: usize, align: usize) -> Option<u64> {
-        if let Some(c) = class_of(len, align) {
-            let size = 64usize << c;
-            let mut small = self.small.lock();
-            if small[c].is_empty() {
-                let frame = memory::dma_alloc(FRAME, FRAME).ok()?;
-                // The frame stays with this size class for good (a `DmaRegion` has no destructor).
-                let base = frame.device_addr();
-                small[c].extend((0..FRAME / size).rev().map(|i| base + (i * size) as u64));
+        let Some(c) = class_of(len, align) else {
+            let r = memory::dma_alloc(len, align.max(FRAME)).ok()?;
+            // Freed by address in `dma_free` (a `DmaRegion` has no destructor).
+            let addr = r.device_addr();
+            if len <= SMALL_MAX {
+                self.small.lock().origin.insert(addr, None);
             }
-            let addr = small[c].pop()?;
-            drop(small);
-            // SAFETY: the chunk is ours (just taken from the free list), identity-mapped and `size` bytes long.
-            unsafe { core::ptr::write_bytes(addr as *mut u8, 0, size) };
             return Some(addr);
+        };
+        let size = 64usize << c;
+        let mut small = self.small.lock();
+        if small.free[c].is_empty() {
+            let frame = memory::dma_alloc(FRAME, FRAME).ok()?;
+            // The frame stays with this size class for good (a `DmaRegion` has no destructor).
+            let base = frame.device_addr();
+            small.free[c].extend((0..FRAME / size).rev().map(|i| base + (i * size) as u64));
         }
-        let r = memory::dma_alloc(len, align.max(FRAME)).ok()?;
-        // Freed by address in `dma_free` (a `DmaRegion` has no destructor).
-        Some(r.device_addr())
+        let addr = small.free[c].pop()?;
+        small.origin.insert(addr, Some(c));
+        drop(small);
+        // SAFETY: the chunk is ours (just taken from the free list), identity-mapped and `size` bytes long.
+        unsafe { core::ptr::write_bytes(addr as *mut u8, 0, size) };
+        Some(addr)
     }
 
     fn dma_free(&self, addr: u64, len: usize) {
-        match class_of(len, 1) {
-            // Chunks of small allocations return to their list (the alignment only ever raised the class for
-            // sub-64-byte lengths, which all land in class 0 anyway, or matched the length).
-            Some(c) => self.small.lock()[c].push(addr),
-            None => memory::dma_free_addr(addr, len),
+        if len > SMALL_MAX {
+            return memory::dma_free_addr(addr, len);
+        }
+        let mut small = self.small.lock();
+        match small.origin.remove(&addr) {
+            Some(Some(c)) => small.free[c].push(addr),
+            Some(None) => {
+                drop(small);
+                memory::dma_free_addr(addr, len);
+            }
+            None => log::error!("mlx5 DMA: freeing {addr:#x}+{len:#x}, which was not allocated here"),
         }
     }
 
