@@ -59,8 +59,8 @@ impl<H: Host, E: Environment> Backend for LeaseBackend<H, E> {
         }
     }
 
+    /// The session core asks right after `input` and `tick`, both of which have just pumped.
     fn take_answers(&mut self, out: &mut Vec<(Ticket, Reply)>) {
-        self.pump();
         self.svc.take_answers(out);
     }
 
