@@ -283,6 +283,8 @@ impl<P: Platform> Driver<P> {
     pub fn exec(&mut self, cmd: Command) -> Result<Output, CmdError> {
         let limit = self.cmd.queue().timeout_ms().saturating_add(1_000);
         let deadline = Deadline::after(self.p.as_ref(), limit);
+        // For the report if the command never gets a slot: the command itself is in the ring by then.
+        let never_posted = cmd.error(ErrorKind::Busy);
         let mut cmd = cmd;
         let tag = loop {
             match self.client.submit(cmd) {
@@ -308,7 +310,7 @@ impl<P: Platform> Driver<P> {
             if deadline.passed(self.p.as_ref()) {
                 // The queue reports its own timeout before this; reaching here means the command never got a
                 // slot (all quarantined).
-                return Err(CmdError { opcode: 0, op_mod: 0, kind: ErrorKind::Busy, attrs: Default::default() });
+                return Err(never_posted);
             }
             self.p.relax();
         }
