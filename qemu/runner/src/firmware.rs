@@ -16,6 +16,11 @@ pub const OVMF_DIRS: &[&str] = &["usr/share/OVMF", "usr/share/edk2/ovmf", "usr/s
 pub const OVMF_PAIRS: &[(&str, &str)] =
     &[("OVMF_CODE_4M.fd", "OVMF_VARS_4M.fd"), ("OVMF_CODE.fd", "OVMF_VARS.fd"), ("OVMF_CODE.4m.fd", "OVMF_VARS.4m.fd")];
 
+/// Environment variable naming an OVMF code file; used only together with [`VARS_ENV`].
+pub const CODE_ENV: &str = "LEASEBOX_OVMF_CODE";
+/// Environment variable naming the vars template that goes with [`CODE_ENV`].
+pub const VARS_ENV: &str = "LEASEBOX_OVMF_VARS";
+
 /// A matching OVMF code/vars pair.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ovmf {
@@ -28,15 +33,18 @@ pub struct Ovmf {
 impl Ovmf {
     /// Looks for OVMF under `/`. `LEASEBOX_OVMF_CODE` and `LEASEBOX_OVMF_VARS`, when both set, take precedence.
     pub fn find() -> Option<Ovmf> {
-        if let (Some(code), Some(vars)) =
-            (std::env::var_os("LEASEBOX_OVMF_CODE"), std::env::var_os("LEASEBOX_OVMF_VARS"))
-        {
+        Ovmf::find_with(Path::new("/"), |k| std::env::var_os(k))
+    }
+
+    /// [`Ovmf::find`] under `root` with the environment `var` (the prerequisite probe asks the same question).
+    pub fn find_with(root: &Path, var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<Ovmf> {
+        if let (Some(code), Some(vars)) = (var(CODE_ENV), var(VARS_ENV)) {
             let (code, vars) = (PathBuf::from(code), PathBuf::from(vars));
             if code.is_file() && vars.is_file() {
                 return Some(Ovmf { code, vars_template: vars });
             }
         }
-        Ovmf::find_under(Path::new("/"))
+        Ovmf::find_under(root)
     }
 
     /// Looks for OVMF under `root` (a fake root in tests).
