@@ -43,7 +43,7 @@ commands:
   test [options] [SCENARIO...]
                         host tests (cargo test --workspace), clippy (host, and the kernel target), image and
                         ISO build, then the QEMU boot scenarios one after another; PASS/FAIL lines and a summary
-      --boot-only       only the image build and the boot scenarios
+      --boot-only       only the image build and the boot scenarios (the summary names the skipped steps)
       --list            list the boot scenarios and exit
       --verbose         copy each scenario's serial output to stdout as it arrives
   bench boot [--runs N] boot-time table (medians of N runs, default 5) for -kernel, GRUB BIOS, GRUB UEFI
@@ -67,13 +67,16 @@ commands:
                         mkey-first and qp-first against the QEMU guest (image, model, virtio-net) and the
                         hosted appliance: control-plane recall and dataplane first-fail latency p50/p99/max
                         and the failing completion status; asserts nothing
-  prereqs               check (and, as root with apt-get, install) QEMU, GRUB, xorriso, mtools and OVMF
+  prereqs               check (and, as root with apt-get, install) QEMU, GRUB (BIOS and EFI), xorriso,
+                        mtools, OVMF, and for leasectl's verbs backend libibverbs-dev, librdmacm-dev,
+                        pkg-config and libclang-dev; each is probed where its user looks for it
   help                  this text
 
 run, test, bench and image check the host prerequisites first and install missing Debian packages when
 running as root (otherwise they print the apt-get command to run).
 LEASEBOX_KERNEL_ELF=<path> makes image/run/test/bench use that prebuilt kernel ELF instead of building
-leasebox-image (the host tests and clippy still build the workspace).";
+leasebox-image (the host tests and clippy still build the workspace); `test` names the substitution in its
+summary, and .ci/run ignores the variable (CI tests the kernel its checkout builds).";
 
 /// A parsed command.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -79,13 +79,14 @@ pub fn cargo() -> OsString {
 /// `target/leasebox/leasebox.elf` (only when it changed, so ISOs are not rebuilt needlessly).
 ///
 /// With `LEASEBOX_KERNEL_ELF=<path>` in the environment, that prebuilt ELF is used instead of building.
+/// `.ci/run` unsets it: CI tests the kernel its checkout builds. `cargo xtask test` names it in its summary.
 pub fn build_kernel(p: &Paths) -> Result<PathBuf, String> {
-    let built = match std::env::var_os(PREBUILT_ENV) {
-        Some(prebuilt) if !prebuilt.is_empty() => {
-            eprintln!("xtask: using {} from {PREBUILT_ENV}", Path::new(&prebuilt).display());
-            PathBuf::from(prebuilt)
+    let built = match prebuilt_kernel() {
+        Some(prebuilt) => {
+            eprintln!("xtask: using {} from {PREBUILT_ENV} instead of building the kernel", prebuilt.display());
+            prebuilt
         }
-        _ => cargo_build_kernel(p)?,
+        None => cargo_build_kernel(p)?,
     };
     let bytes = fs::read(&built).map_err(|e| format!("reading {}: {e}", built.display()))?;
     fs::create_dir_all(&p.out).map_err(|e| format!("creating {}: {e}", p.out.display()))?;
@@ -94,6 +95,11 @@ pub fn build_kernel(p: &Paths) -> Result<PathBuf, String> {
         fs::write(&elf, &bytes).map_err(|e| format!("writing {}: {e}", elf.display()))?;
     }
     Ok(elf)
+}
+
+/// The prebuilt kernel ELF named by `LEASEBOX_KERNEL_ELF`, if set (and not empty).
+pub fn prebuilt_kernel() -> Option<PathBuf> {
+    std::env::var_os(PREBUILT_ENV).filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
 /// `cargo build -p leasebox-image --features fence-test` into its own target directory, copied to

@@ -247,40 +247,24 @@ fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
     }
     prereq::ensure()?;
     let mut outcomes = Vec::new();
-    if !o.boot_only {
-        let steps: [(&str, &[&str]); 5] = [
-            ("format", &["fmt", "--all", "--check"]),
-            ("host-tests", &["test", "--workspace"]),
-            ("clippy-host", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
-            // leasectl's verbs backend: built (no RDMA device here to run it) and its unit tests run.
-            (
-                "verbs-build",
-                &["clippy", "-p", "leasectl", "--features", "verbs", "--all-targets", "--", "-D", "warnings"],
-            ),
-            (
-                "clippy-kernel",
-                &[
-                    "clippy",
-                    "-p",
-                    "leasebox-image",
-                    "-p",
-                    "leasebox-kernel",
-                    "-p",
-                    "leasebox-virtio-net",
-                    "--target",
-                    image::KERNEL_TARGET,
-                    "--",
-                    "-D",
-                    "warnings",
-                ],
-            ),
-        ];
-        for (name, args) in steps {
+    let mut skipped: Vec<String> = Vec::new();
+    if o.boot_only {
+        skipped.extend(HOST_STEPS.iter().map(|(name, _)| format!("{name} (--boot-only)")));
+    } else {
+        for (name, args) in HOST_STEPS {
             let t0 = Instant::now();
             report(&mut outcomes, name, t0, cargo_step(p, args));
         }
     }
-    outln!("==> image: {} and {}", p.elf().display(), p.iso().display());
+    if !o.scenarios.is_empty() {
+        let all = scenario::select(&[])?.into_iter().map(|s| s.name).chain([CONTROL_SCENARIO, LEASE_SCENARIO]);
+        skipped.extend(all.filter(|n| !o.scenarios.iter().any(|s| s == n)).map(|n| format!("{n} (not named)")));
+    }
+    let prebuilt = image::prebuilt_kernel();
+    match &prebuilt {
+        Some(elf) => outln!("==> image: {} (from {}) and {}", p.elf().display(), elf.display(), p.iso().display()),
+        None => outln!("==> image: {} and {}", p.elf().display(), p.iso().display()),
+    }
     let t0 = Instant::now();
     let built = image::build_all(p);
     let image_ok = built.is_ok();
@@ -341,15 +325,65 @@ fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
         report(&mut outcomes, LEASE_SCENARIO, t0, result.map(|_| ()));
     }
 
+    let substituted = prebuilt.map(|elf| {
+        format!(
+            "image: {} from {} (not built from this tree); every scenario that boots leasebox.elf ran it (the \
+             fence-test image is still built from this tree)",
+            elf.display(),
+            image::PREBUILT_ENV
+        )
+    });
+    let (lines, ok) = closing_lines(&outcomes, &skipped, substituted.as_deref());
+    for l in lines {
+        outln!("{l}");
+    }
+    Ok(if ok { 0 } else { 1 })
+}
+
+/// The host steps of `cargo xtask test`, in order: (name, cargo arguments).
+const HOST_STEPS: [(&str, &[&str]); 5] = [
+    ("format", &["fmt", "--all", "--check"]),
+    ("host-tests", &["test", "--workspace"]),
+    ("clippy-host", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
+    // leasectl's verbs backend: built (no RDMA device here to run it) and its unit tests run.
+    ("verbs-build", &["clippy", "-p", "leasectl", "--features", "verbs", "--all-targets", "--", "-D", "warnings"]),
+    (
+        "clippy-kernel",
+        &[
+            "clippy",
+            "-p",
+            "leasebox-image",
+            "-p",
+            "leasebox-kernel",
+            "-p",
+            "leasebox-virtio-net",
+            "--target",
+            image::KERNEL_TARGET,
+            "--",
+            "-D",
+            "warnings",
+        ],
+    ),
+];
+
+/// The closing lines of a test run: what was skipped, what was substituted for the tree's own build, then
+/// `summary: N passed, M failed` (and the failed names). The bool: whether everything that ran passed.
+fn closing_lines(outcomes: &[Outcome], skipped: &[String], substituted: Option<&str>) -> (Vec<String>, bool) {
+    let mut lines = Vec::new();
+    if !skipped.is_empty() {
+        lines.push(format!("skipped: {}", skipped.join(", ")));
+    }
+    if let Some(s) = substituted {
+        lines.push(format!("substituted: {s}"));
+    }
     let failed: Vec<&str> = outcomes.iter().filter(|o| !o.passed).map(|o| o.name.as_str()).collect();
     let passed = outcomes.len() - failed.len();
     if failed.is_empty() {
-        outln!("summary: {passed} passed, 0 failed");
-        Ok(0)
+        lines.push(format!("summary: {passed} passed, 0 failed"));
     } else {
-        outln!("summary: {passed} passed, {} failed: {}", failed.len(), failed.join(", "));
-        Ok(1)
+        lines.push(format!("summary: {passed} passed, {} failed: {}", failed.len(), failed.join(", ")));
     }
+    (lines, failed.is_empty())
 }
 
 fn print_failure_context(t: &leasebox_scenarios::Transcript) {
@@ -562,4 +596,37 @@ fn bench_hca(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
     outln!();
     outln!("{}", hca_bench::goals(hosted.as_ref()).trim_end());
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(name: &str, passed: bool) -> Outcome {
+        Outcome { name: name.into(), passed }
+    }
+
+    #[test]
+    fn closing_lines_name_skips_and_substitutions_and_end_in_the_counts() {
+        let all_ok = [outcome("image", true), outcome("boot-kernel", true)];
+        assert_eq!(closing_lines(&all_ok, &[], None), (vec!["summary: 2 passed, 0 failed".to_string()], true));
+
+        let skipped: Vec<String> = HOST_STEPS.iter().map(|(n, _)| format!("{n} (--boot-only)")).collect();
+        let (lines, ok) = closing_lines(&all_ok, &skipped, Some("image: /x.elf from LEASEBOX_KERNEL_ELF"));
+        assert!(ok);
+        assert_eq!(
+            lines,
+            [
+                "skipped: format (--boot-only), host-tests (--boot-only), clippy-host (--boot-only), \
+                 verbs-build (--boot-only), clippy-kernel (--boot-only)",
+                "substituted: image: /x.elf from LEASEBOX_KERNEL_ELF",
+                "summary: 2 passed, 0 failed",
+            ]
+        );
+
+        let one_failed = [outcome("format", true), outcome("verbs-build", false)];
+        let (lines, ok) = closing_lines(&one_failed, &[], None);
+        assert!(!ok);
+        assert_eq!(lines, ["summary: 1 passed, 1 failed: verbs-build"]);
+    }
 }
