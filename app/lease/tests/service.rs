@@ -255,8 +255,9 @@ fn a_hung_hca_during_revoke_answers_fenced_within_a_second() {
     let reply = r.wait(t, Duration::from_secs(3));
     let waited = t0.elapsed();
     assert!(matches!(reply, Ok(Response::Revoke { outcome: Outcome::Fenced, .. })), "{reply:?}");
-    assert!(waited < Duration::from_millis(1100), "answered after {waited:?}");
+    // The revoke deadline ended it: not before it, and before the hung command's own timeout would have.
     assert!(waited >= Duration::from_millis(1000), "the deadline, not a guess: {waited:?}");
+    assert!(waited < common::CMD_TIMEOUT, "answered after {waited:?}: the command timeout, not the deadline");
     let f = r.svc.fence_info(a.lease.slot).unwrap();
     assert_eq!(f.failed_mask, step_bit::DEADLINE);
     assert_eq!(f.origin, origin::REVOKE);
@@ -311,12 +312,13 @@ fn ttl_expires_and_renew_or_heartbeats_extend_it() {
     let cfg = Config { heartbeat_renews: true, ..common::config() };
     let mut r = Rig::with(common::model(), cfg, 8 << 20);
     let mut req = alloc_req(4096, 0x1234);
-    req.ttl_ms = 200;
+    // A TTL of a second: READY and every gap between two heartbeats stay well within it on a busy machine.
+    req.ttl_ms = 1000;
     let Ok(Response::Alloc(a)) = r.call(TENANT, &Request::Alloc(req)) else { panic!() };
     r.ready(TENANT, &a);
     // Heartbeats keep it alive past its TTL.
     let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_millis(400) {
+    while t0.elapsed() < Duration::from_millis(1500) {
         let now = r.now_us();
         r.svc.session_alive(TENANT.session, now);
         r.pump();

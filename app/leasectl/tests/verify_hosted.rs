@@ -74,10 +74,13 @@ impl Appliance {
     }
 }
 
-/// QP `timeout` 10 (4.2 ms per attempt, 34 ms for all 8) keeps qp-first runs short; mkey-first runs keep the
-/// default 14, so a model thread descheduled on a busy 2-core machine cannot turn the NAK into a retry timeout.
+/// QP `timeout` 12 (16.8 ms per attempt, 134 ms for all 8) keeps qp-first runs short while the qp-first check's
+/// lower bound (half the retry time after the REVOKE) leaves 67 ms for the gap between the last ACK and the
+/// REVOKE on a busy machine; mkey-first runs use 18
+/// (1.07 s per attempt), so a model thread descheduled on a busy 2-core machine cannot turn the NAK into a
+/// retransmission, and "NAKed before one timer period" tells the NAK of the first request from a retry.
 fn options(mode: Mode, order: Order) -> Options {
-    let timeout = if order == Order::QpFirst { 10 } else { 14 };
+    let timeout = if order == Order::QpFirst { 12 } else { 18 };
     Options {
         mode,
         order,
@@ -98,7 +101,8 @@ fn common_checks(r: &Report) {
     assert!(r.passed(), "{r:#?}");
     for i in &r.iterations {
         assert_eq!(i.outcome.as_deref(), Some("TornDown"));
-        assert!(i.recall_us.unwrap() < 100_000, "recall {:?} µs", i.recall_us);
+        // TornDown is the teardown's outcome, answered within the appliance's 1 s revoke deadline (else Fenced).
+        assert!(i.recall_us.unwrap() < 1_000_000, "recall {:?} µs", i.recall_us);
         assert!(i.writes_ok > 0 && i.bytes_verified > 0, "{i:?}");
         assert_eq!((i.missing_writes, i.late_successes), (0, 0));
         assert!(i.fresh_bytes_read > 0 && i.fresh_nonzero == 0, "{i:?}");
@@ -109,14 +113,17 @@ fn common_checks(r: &Report) {
 fn mkey_first_non_cooperating_client_is_nacked_at_once() {
     let _one = serial();
     let a = Appliance::start();
-    let r = a.verify(&options(Mode::RevokeTest, Order::MkeyFirst));
+    let o = options(Mode::RevokeTest, Order::MkeyFirst);
+    let rto_us = o.rc.transport_timeout().unwrap().as_micros() as i64;
+    let r = a.verify(&o);
     common_checks(&r);
     for i in &r.iterations {
         let f = i.first_fail.as_ref().unwrap();
         assert_eq!((f.status.name(), f.status.code()), ("IBV_WC_REM_ACCESS_ERR", 10), "{i:?}");
+        // At once: the NAK of a request's first transmission, before one transport timer period ran out.
         let dp = i.dataplane_us.unwrap();
-        assert!(dp < 100_000, "dataplane first fail {dp} µs after the outcome");
-        assert!(f.after_revoke_us.unwrap() < 100_000, "{f:?}");
+        assert!(dp < rto_us, "dataplane first fail {dp} µs after the outcome");
+        assert!(f.after_revoke_us.unwrap() < rto_us, "{f:?}");
     }
 }
 
@@ -135,7 +142,8 @@ fn qp_first_non_cooperating_client_waits_out_its_retries() {
         // REVOKE was sent): the failure comes about one retry time after the REVOKE.
         let since_revoke = f.after_revoke_us.unwrap();
         assert!(since_revoke >= retry.as_micros() as i64 / 2, "{f:?} vs {retry:?}");
-        assert!(since_revoke < retry.as_micros() as i64 + 150_000, "{f:?} vs {retry:?}");
+        // Not much later either: the retries, not verify's own deadline (budget + retry time + 2 s), ended it.
+        assert!(since_revoke < retry.as_micros() as i64 + 1_000_000, "{f:?} vs {retry:?}");
         assert!(i.dataplane_us.unwrap() > 0);
     }
 }

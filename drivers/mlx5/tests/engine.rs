@@ -183,7 +183,7 @@ fn fatal_health_fails_in_flight_and_later_commands_at_once() {
     let t1 = std::time::Instant::now();
     let e = d.alloc_pd().unwrap_err();
     assert_eq!(e.kind, ErrorKind::Fatal { health_syndrome: 0x8 });
-    assert!(t1.elapsed() < Duration::from_millis(500));
+    assert!(t1.elapsed() < Duration::from_secs(5), "at once, not after the 60 s command timeout");
     assert_eq!(d.client.fatal(), Some(0x8));
     let events: Vec<Event> = std::iter::from_fn(|| d.next_event()).collect();
     assert!(

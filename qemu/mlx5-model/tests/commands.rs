@@ -28,13 +28,15 @@ fn initializing_holds_commands_until_cleared() {
     use std::time::Duration;
     let bar = Arc::new(mlx5_model::mem::VecMemory::new(common::BAR_SIZE));
     let ram = Arc::new(mlx5_model::mem::VecMemory::new(1 << 20));
-    let cfg = ModelConfig { init_delay: Duration::from_millis(30), ..ModelConfig::default() };
+    // Long enough that the first poll comes within it even on a busy machine.
+    let init_delay = Duration::from_millis(500);
+    let cfg = ModelConfig { init_delay, ..ModelConfig::default() };
     let mut m = mlx5_model::Model::new(bar.clone(), ram, cfg);
     assert_eq!(bar.read_be32(0x1fc).unwrap() >> 31, 1);
     bar.write_be32(0x18, 1).unwrap();
     m.poll();
     assert_eq!(m.counters().doorbells_while_initializing, 1);
-    std::thread::sleep(Duration::from_millis(40));
+    std::thread::sleep(init_delay + Duration::from_millis(10));
     assert!(m.poll());
     assert_eq!(bar.read_be32(0x1fc).unwrap() >> 31, 0);
 }

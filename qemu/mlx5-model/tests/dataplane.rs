@@ -54,15 +54,24 @@ impl Rig {
         q
     }
 
-    /// Sends one request and polls the model (commands and UDP) for up to `wait`, collecting replies.
+    /// Sends one request, polls the model (commands and UDP) until it has taken the request in, then collects
+    /// replies for up to `wait`. The model answers from within that poll, so an empty result is silence, not
+    /// a model that did not get to run.
     fn send(&mut self, r: &Req, wait: Duration) -> Vec<Reply> {
         self.client.send(&encode(r)).unwrap();
+        let taken_by = Instant::now() + WAIT;
+        loop {
+            self.d.model.poll();
+            if dataplane::poll_udp(&mut self.d.model, &mut self.udp).unwrap() > 0 {
+                break;
+            }
+            assert!(Instant::now() < taken_by, "the model did not take the request within {WAIT:?}");
+            std::thread::sleep(Duration::from_micros(200));
+        }
         let end = Instant::now() + wait;
         let mut got = Vec::new();
         let mut buf = vec![0u8; 9216];
-        while Instant::now() < end {
-            self.d.model.poll();
-            dataplane::poll_udp(&mut self.d.model, &mut self.udp).unwrap();
+        loop {
             while let Ok(n) = self.client.recv(&mut buf) {
                 got.push(decode(&buf[..n]));
             }
@@ -74,7 +83,12 @@ impl Rig {
                 }
                 break;
             }
+            if Instant::now() >= end {
+                break;
+            }
             std::thread::sleep(Duration::from_micros(200));
+            self.d.model.poll();
+            dataplane::poll_udp(&mut self.d.model, &mut self.udp).unwrap();
         }
         got
     }

@@ -37,8 +37,10 @@ fn fail_next_n_commands_of_an_opcode() {
 
 #[test]
 fn delay_completes_later_without_blocking_other_slots() {
+    // Long enough that the checks below run within it even on a busy machine.
+    let delay = Duration::from_millis(500);
     let mut d = Drv::new();
-    d.model.inject(Fault::Delay { opcode: ENABLE_HCA, delay: Duration::from_millis(40) });
+    d.model.inject(Fault::Delay { opcode: ENABLE_HCA, delay });
     d.post(0, &cmd(ENABLE_HCA, 0, 16), 16);
     d.ring(1);
     assert!(hw_owned(&d, 0));
@@ -50,7 +52,7 @@ fn delay_completes_later_without_blocking_other_slots() {
     // Ringing the delayed slot again is ignored (the device owns it).
     d.ring(1);
     assert_eq!(d.model.fault_counters().rings_on_busy_slot, 1);
-    std::thread::sleep(Duration::from_millis(50));
+    std::thread::sleep(delay + Duration::from_millis(10));
     assert!(d.model.poll());
     let r = d.read_result(0, 16);
     assert_eq!((r.delivery, r.status()), (0, 0));

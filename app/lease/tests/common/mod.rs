@@ -17,6 +17,8 @@ use mlx5_model::ModelConfig;
 use mlx5_model::mem::Memory;
 
 pub const RAM: usize = 512 << 20;
+/// The driver's command timeout: a hung HCA command fails after this (the revoke deadline is shorter).
+pub const CMD_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub struct Rig {
     pub d: Driver<HostedPlatform>,
@@ -53,7 +55,7 @@ impl Rig {
         let dcfg = DriverConfig {
             part: "ConnectX-5",
             pre_init_timeout_ms: 2000,
-            cmd_timeout_ms: Some(2000),
+            cmd_timeout_ms: Some(CMD_TIMEOUT.as_millis() as u64),
             ..DriverConfig::default()
         };
         let mut d = Driver::bring_up(p.clone(), dcfg).unwrap_or_else(|e| panic!("bring-up: {e}"));

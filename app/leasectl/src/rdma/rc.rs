@@ -649,6 +649,48 @@ mod tests {
     }
 
     #[test]
+    fn silence_fails_after_one_plus_retry_cnt_timer_periods_even_after_a_late_ack() {
+        // Virtual time: the schedule is exact here, the UDP tests can only bound it.
+        let t = Instant::now();
+        let rc = RcConfig { timeout: 10, retry_cnt: 7, ..RcConfig::default() };
+        let rto = rc.transport_timeout().unwrap();
+        let mut r = RcRequester::new(rc, 0x77, 100).unwrap();
+        r.connect(0x99, 256).unwrap();
+        // The first WRITE's ACK comes after its timer expired once: one resend, then success.
+        r.post_write(t, 1, 0, 5, &[1; 10]).unwrap();
+        assert_eq!(sent(&mut r, t).len(), 1);
+        r.on_timer(t + rto);
+        assert_eq!(sent(&mut r, t + rto), [(opcode::RDMA_WRITE_ONLY, 100, true)]);
+        r.handle(t + rto + Duration::from_micros(10), &ack(100, Aeth::ack(0)));
+        assert_eq!(
+            r.take_completions().iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+            [(1, WcStatus::Success)]
+        );
+        let before = r.stats();
+        assert_eq!(before.timeouts, 1);
+
+        // Then silence. The ACK gave the retry count back: the next WRITE gets 1 + retry_cnt attempts.
+        let t0 = t + rto * 3;
+        r.post_write(t0, 2, 0, 5, &[2; 10]).unwrap();
+        let mut attempts = sent(&mut r, t0).len();
+        r.handle(t0, &ack(100, Aeth::ack(0))); // the resent first WRITE's ACK: stale
+        while r.state() == QpState::Rts {
+            let due = r.next_deadline().expect("the transport timer runs");
+            let early = due - Duration::from_micros(1);
+            r.on_timer(early);
+            assert!(sent(&mut r, early).is_empty(), "resent before the timer expired");
+            r.on_timer(due);
+            attempts += sent(&mut r, due).len();
+        }
+        let c = r.take_completions();
+        assert_eq!(c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), [(2, WcStatus::RetryExcErr)]);
+        assert_eq!(c[0].at, t0 + rto * 8, "stamped with the 8th expiry");
+        let s = r.stats();
+        assert_eq!((s.timeouts - before.timeouts, attempts), (8, 8), "{s:?}");
+        assert_eq!(s.ignored - before.ignored, 1, "{s:?}");
+    }
+
+    #[test]
     fn an_ack_past_an_unanswered_read_retries_the_read() {
         let t = Instant::now();
         let mut r = qp(0);
