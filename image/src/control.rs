@@ -124,7 +124,7 @@ pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
             rng::source().unwrap_or("?")
         )
     };
-    match crate::lease::backend(&p.config.lease) {
+    match crate::lease::backend(&crate::lease::OPTIONS.get()) {
         Ok(Some(backend)) => match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
             Ok(server) => {
                 announce("lease service on");

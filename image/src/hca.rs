@@ -97,7 +97,8 @@ pub fn init(p: &Platform) -> Status {
     let cfg = Config { part: part.name, pre_init_timeout_ms: PRE_INIT_MS, ..Config::default() };
     match Driver::bring_up(platform.clone(), cfg) {
         Ok(mut d) => {
-            match leasebox_lease::setup::prepare(&mut d, &p.config.lease, p.config.net.ip.map(|n| n.addr)) {
+            match leasebox_lease::setup::prepare(&mut d, &crate::lease::OPTIONS.get(), p.config.net.ip.map(|n| n.addr))
+            {
                 Ok(parts) => {
                     LEASES.call_once(|| (parts, platform.clone()));
                 }

@@ -5,12 +5,22 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use leasebox_kernel::arch::hca::KernelHca;
-use leasebox_kernel::lease_config::LeaseOptions;
+use leasebox_kernel::config::{OptionParser, Options};
 use leasebox_kernel::time::Instant;
 use leasebox_lease::backend::{Environment, LeaseBackend};
 use leasebox_lease::setup::PlatformHost;
-use leasebox_lease::{Config, LeaseService};
+use leasebox_lease::{Config, LeaseOptions, LeaseService};
 use leasebox_proto::HcaState;
+
+/// The lease service's options (`lease_pool_mib=`, ...), filled in by the kernel's configuration parser.
+pub static OPTIONS: Options<LeaseOptions> = Options::new(LeaseOptions::DEFAULT, LeaseOptions::apply);
+static PARSERS: [&dyn OptionParser; 1] = [&OPTIONS];
+
+/// The kernel asks for the image's option parsers before it reads the configuration.
+#[unsafe(no_mangle)]
+fn leasebox_options() -> &'static [&'static dyn OptionParser] {
+    &PARSERS
+}
 
 /// DMA and scrubbing through the kernel's mlx5 platform.
 pub type KernelHost = PlatformHost<KernelHca>;

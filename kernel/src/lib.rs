@@ -12,7 +12,6 @@ pub mod acpi;
 pub mod bootinfo;
 pub mod config;
 pub mod frames;
-pub mod lease_config;
 pub mod model_signature;
 pub mod net_config;
 pub mod paging;

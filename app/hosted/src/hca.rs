@@ -7,10 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use leasebox_kernel::lease_config::LeaseOptions;
 use leasebox_lease::backend::{Environment, LeaseBackend};
 use leasebox_lease::setup::PlatformHost;
-use leasebox_lease::{Config, LeaseService};
+use leasebox_lease::{Config, LeaseOptions, LeaseService};
 use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
 use leasebox_mlx5::engine::Shared;
 use leasebox_mlx5::hosted::{HostedPlatform, ModelMode};

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use leasebox_kernel::lease_config::LeaseOptions;
+use leasebox_lease::LeaseOptions;
 use leasebox_lease::service::SCAN_INTERVAL_US;
 use leasebox_lease::setup::PlatformHost;
 use leasebox_lease::setup::{self, LeaseParts};

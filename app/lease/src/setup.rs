@@ -4,7 +4,6 @@
 use alloc::format;
 use alloc::string::String;
 
-use leasebox_kernel::lease_config::{DEFAULT_RDMA_IP, LeaseOptions, RevokeOrder as Order};
 use leasebox_mlx5::driver::Driver;
 use leasebox_mlx5::ifc::flow;
 use leasebox_mlx5::ifc::vport::{RoceAddress, set_roce_address};
@@ -12,7 +11,8 @@ use leasebox_mlx5::platform::Platform;
 
 use alloc::sync::Arc;
 
-use crate::config::{Config, RevokeOrder};
+use crate::config::Config;
+use crate::options::{DEFAULT_RDMA_IP, LeaseOptions};
 use crate::service::{HcaCtx, Host, port_ib_mtu};
 
 /// The lease service's host over an mlx5 platform: QP buffers from its DMA memory, scrubbing through its DMA
@@ -128,10 +128,8 @@ impl Config {
             grace_ms: u64::from(o.grace_ms),
             session_grace_ms: u64::from(o.session_grace_ms),
             heartbeat_renews: o.heartbeat_renews,
-            order: match o.order {
-                Order::MkeyFirst => RevokeOrder::MkeyFirst,
-                Order::QpFirst => RevokeOrder::QpFirst,
-            },
+            order: o.order,
+            allow_order_override: o.allow_order_override,
             flow_drop: o.flow_drop,
             fence_test: o.fence_test,
             psn_seed: psn_seed | 1,

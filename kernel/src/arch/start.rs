@@ -7,7 +7,7 @@ use super::pci_access::{Ecam, LegacyPorts, PciAccess};
 use super::{boot, descriptors, lapic::Lapic, logger, percpu, serial, smp, tsc};
 use crate::acpi::{self, AcpiInfo};
 use crate::bootinfo::{self, BootInfo, RegionKind};
-use crate::config::{Config, Redacted};
+use crate::config::{Config, OptionParser, Redacted};
 use crate::frames::FrameAllocator;
 use crate::pci::{self, PciBus};
 use crate::physmem::PhysMem;
@@ -56,6 +56,9 @@ pub fn model_function() -> Option<(pci::Bdf, u64, &'static PciAccess)> {
 unsafe extern "Rust" {
     /// The image's main function (defined in `image/`).
     fn leasebox_main(platform: Platform) -> !;
+    /// The parsers for the options of the layers above the kernel (defined in `image/`; see
+    /// [`crate::config::OptionParser`]).
+    fn leasebox_options() -> &'static [&'static dyn OptionParser];
 }
 
 /// Prints a boot error and fails the run.
@@ -74,7 +77,8 @@ fn image_range() -> Range<u64> {
 }
 
 fn config_from(boot: &'static BootInfo) -> Config<'static> {
-    let mut cfg = Config::default();
+    // SAFETY: `leasebox_options` is defined by the image with exactly this signature.
+    let mut cfg = Config::with_parsers(unsafe { leasebox_options() });
     for m in boot.modules() {
         if !m.cmdline().split_ascii_whitespace().any(|w| w.ends_with(CONFIG_MODULE)) {
             continue;
