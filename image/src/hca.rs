@@ -3,11 +3,11 @@
 //! cores start, then hand the command engine and the event engine to the cores that run the `cmd` and
 //! `event` roles (core 0 runs both in the one-CPU layout). The client end stays for the lease service.
 
+use crate::hca_platform::KernelHca;
 use alloc::format;
 use alloc::string::String;
 use alloc::sync::Arc;
-use leasebox_kernel::arch::hca::KernelHca;
-use leasebox_kernel::arch::memory;
+use leasebox_kernel::arch::mmio::Mmio;
 use leasebox_kernel::arch::start::{self, Platform};
 use leasebox_kernel::model_signature as sig;
 use leasebox_kernel::pci;
@@ -88,12 +88,15 @@ fn find(p: &Platform) -> Option<(pci::Bdf, u64, u64, probe::Part)> {
 /// (mapping the BAR is not shot down on other cores).
 pub fn init(p: &Platform) -> Status {
     let Some((bdf, base, size, part)) = find(p) else { return Status::Absent };
-    if let Err(e) = memory::map_mmio(base, size) {
-        return Status::Failed(format!("mapping BAR {base:#x}+{size:#x}: {e}"));
-    }
+    // SAFETY: `[base, base + size)` is the function's memory BAR as enumerated (not RAM), and this platform
+    // is the only user of its registers.
+    let bar = match unsafe { Mmio::map(base, size) } {
+        Ok(bar) => bar,
+        Err(e) => return Status::Failed(format!("mapping BAR {base:#x}+{size:#x}: {e}")),
+    };
     pci::set_command(p.pci_access, bdf, pci::COMMAND_MEMORY | pci::COMMAND_BUS_MASTER | pci::COMMAND_INTX_DISABLE, 0);
     log::info!("mlx5: {bdf} {} BAR0 {base:#x}+{size:#x}", part.name);
-    let platform = Arc::new(KernelHca::new(base, size));
+    let platform = Arc::new(KernelHca::new(bar));
     let cfg = Config { part: part.name, pre_init_timeout_ms: PRE_INIT_MS, ..Config::default() };
     match Driver::bring_up(platform.clone(), cfg) {
         Ok(mut d) => {

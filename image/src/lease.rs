@@ -4,7 +4,7 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use leasebox_kernel::arch::hca::KernelHca;
+use crate::hca_platform::KernelHca;
 use leasebox_kernel::config::{OptionParser, Options};
 use leasebox_kernel::time::Instant;
 use leasebox_lease::backend::{Environment, LeaseBackend};
