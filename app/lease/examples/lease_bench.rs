@@ -34,12 +34,12 @@ use leasebox_mlx5::command::{Command, Output, opcode_name};
 use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
 use leasebox_mlx5::engine::{Client, CommandEngine, Event, EventEngine};
 use leasebox_mlx5::handles::{Mkey, Pdn, Qpn};
-use leasebox_mlx5::hosted::{HostedPlatform, ModelMode};
 use leasebox_mlx5::ifc;
 use leasebox_mlx5::ifc::mkey::{MkeyAccess, MkeyParams};
 use leasebox_mlx5::ifc::qp::{Mtu, QpAccess, QpBase, RcPeer, RcQpParams, RtsParams};
 use leasebox_mlx5::platform::Platform;
 use leasebox_proto::{AllocReq, LeaseId, Reply, Request, Response, access};
+use mlx5_hosted::{HostedPlatform, ModelMode};
 use mlx5_model::ModelConfig;
 
 /// Slots of the service the latency rows run on (the default `lease_slots=`).
@@ -251,7 +251,7 @@ fn spawn_engines(
     ev: EventEngine<HostedPlatform>,
     stop: Arc<AtomicBool>,
 ) -> JoinHandle<()> {
-    leasebox_mlx5::hosted::spawn_engines(cmd, ev, stop).expect("spawn the engines thread")
+    mlx5_hosted::spawn_engines(cmd, ev, stop).expect("spawn the engines thread")
 }
 
 fn fail(msg: &str) -> ! {

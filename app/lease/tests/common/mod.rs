@@ -10,9 +10,9 @@ use leasebox_lease::link::Link;
 use leasebox_lease::setup::PlatformHost;
 use leasebox_lease::{Config, HcaCtx, LeaseService, Who, port_ib_mtu};
 use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
-use leasebox_mlx5::hosted::{HostedPlatform, ModelMode};
 use leasebox_mlx5::platform::Platform;
 use leasebox_proto::{AllocReq, AllocResp, LeaseId, Outcome, Reply, Request, Response, access};
+use mlx5_hosted::{HostedPlatform, ModelMode};
 use mlx5_model::ModelConfig;
 use mlx5_model::mem::Memory;
 

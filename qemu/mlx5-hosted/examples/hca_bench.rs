@@ -4,7 +4,7 @@
 //! slots is reserved for MANAGE_PAGES, as in Linux `core/cmd.c`), it prints the rate, the latency and the
 //! command engine's CPU time per command. Figures only; nothing is asserted.
 //!
-//! `cargo run --release -p leasebox-mlx5 --example hca_bench -- [--secs N]` (N seconds per row, default 2).
+//! `cargo run --release -p mlx5-hosted --example hca_bench -- [--secs N]` (N seconds per row, default 2).
 //! The last line (`summary: ...`) is for xtask, which states the goals.
 
 use std::collections::HashMap;
@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use leasebox_mlx5::command::Command;
 use leasebox_mlx5::driver::{Config, Driver};
 use leasebox_mlx5::handles::{Mkey, Pdn};
-use leasebox_mlx5::hosted::{HostedPlatform, ModelMode};
 use leasebox_mlx5::ifc::mkey::{self, MkeyAccess, MkeyParams};
 use leasebox_mlx5::platform::Platform;
+use mlx5_hosted::{HostedPlatform, ModelMode};
 use mlx5_model::ModelConfig;
 
 type Hosted = Driver<HostedPlatform>;
