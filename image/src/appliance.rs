@@ -126,7 +126,7 @@ impl Ready {
             _ => IpField(None),
         };
         println!(
-            "leasebox: ready cores={} mem_mib={} pci={} boot_ms={} ap_ms={} entry_ms={} ip={ip} ctl_port={} {}",
+            "leasebox: ready cores={} mem_mib={} pci={} boot_ms={} ap_ms={} entry_ms={} ip={ip} ctl_port={} {} {}",
             self.cores,
             self.mem_mib,
             self.pci,
@@ -135,6 +135,7 @@ impl Ready {
             ms(self.entry),
             self.port,
             self.hca,
+            crate::lease::ready_field(),
         );
         match self.test {
             Some(TestHook::PageFault) => {

@@ -24,12 +24,16 @@ pub static EVENT_ENGINE: Mutex<Option<EventEngine<KernelHca>>> = Mutex::new(None
 /// The submitting end, for the lease service on core 0.
 pub static CLIENT: Mutex<Option<Client>> = Mutex::new(None);
 
-/// What the lease service needs from bring-up, and the platform its host uses.
-static LEASES: Once<(LeaseParts, Arc<KernelHca>)> = Once::new();
+/// What the lease service needs from bring-up and the platform its host uses, or why it cannot start.
+static LEASES: Once<Result<(LeaseParts, Arc<KernelHca>), String>> = Once::new();
 
-/// The lease parts and the platform, once the HCA is up.
-pub fn leases() -> Option<&'static (LeaseParts, Arc<KernelHca>)> {
-    LEASES.get()
+/// The lease parts and the platform once the HCA is up, or why the lease service cannot start.
+pub fn leases() -> Result<&'static (LeaseParts, Arc<KernelHca>), &'static str> {
+    match LEASES.get() {
+        Some(Ok(l)) => Ok(l),
+        Some(Err(e)) => Err(e),
+        None => Err("no HCA"),
+    }
 }
 
 /// For readers on core 0 and the panic path: the command ring, the engines' shared state, a one-line summary.
@@ -87,12 +91,18 @@ fn find(p: &Platform) -> Option<(pci::Bdf, u64, u64, probe::Part)> {
 /// Finds and brings up the HCA, then parks the engines for their cores. Runs on the BSP before the APs start
 /// (mapping the BAR is not shot down on other cores).
 pub fn init(p: &Platform) -> Status {
-    let Some((bdf, base, size, part)) = find(p) else { return Status::Absent };
+    let Some((bdf, base, size, part)) = find(p) else {
+        LEASES.call_once(|| Err(String::from("no HCA")));
+        return Status::Absent;
+    };
     // SAFETY: `[base, base + size)` is the function's memory BAR as enumerated (not RAM), and this platform
     // is the only user of its registers.
     let bar = match unsafe { Mmio::map(base, size) } {
         Ok(bar) => bar,
-        Err(e) => return Status::Failed(format!("mapping BAR {base:#x}+{size:#x}: {e}")),
+        Err(e) => {
+            LEASES.call_once(|| Err(String::from("the HCA did not come up")));
+            return Status::Failed(format!("mapping BAR {base:#x}+{size:#x}: {e}"));
+        }
     };
     pci::set_command(p.pci_access, bdf, pci::COMMAND_MEMORY | pci::COMMAND_BUS_MASTER | pci::COMMAND_INTX_DISABLE, 0);
     log::info!("mlx5: {bdf} {} BAR0 {base:#x}+{size:#x}", part.name);
@@ -103,9 +113,12 @@ pub fn init(p: &Platform) -> Status {
             match leasebox_lease::setup::prepare(&mut d, &crate::lease::OPTIONS.get(), p.config.net.ip.map(|n| n.addr))
             {
                 Ok(parts) => {
-                    LEASES.call_once(|| (parts, platform.clone()));
+                    LEASES.call_once(|| Ok((parts, platform.clone())));
                 }
-                Err(e) => log::error!("lease: not started: {e}"),
+                Err(e) => {
+                    log::error!("lease: not started: {e}");
+                    LEASES.call_once(|| Err(e));
+                }
             }
             let (cmd, ev, client, info) = d.into_engines();
             log::info!(
@@ -131,6 +144,7 @@ pub fn init(p: &Platform) -> Status {
         }
         Err(e) => {
             log::error!("mlx5: bring-up failed: {e}");
+            LEASES.call_once(|| Err(String::from("the HCA did not come up")));
             SUMMARY.call_once(|| format!("bring-up failed: {e}"));
             Status::Failed(format!("{e}"))
         }

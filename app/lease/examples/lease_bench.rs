@@ -259,13 +259,27 @@ fn fail(msg: &str) -> ! {
     std::process::exit(1)
 }
 
+/// The first `bytes` of the pool's runs.
+fn first_bytes(runs: &[std::ops::Range<u64>], mut bytes: u64) -> Vec<std::ops::Range<u64>> {
+    let mut out = Vec::new();
+    for r in runs {
+        let n = bytes.min(r.end - r.start);
+        if n == 0 {
+            break;
+        }
+        out.push(r.start..r.start + n);
+        bytes -= n;
+    }
+    out
+}
+
 /// A service over the pool with `slots` slots of one extent each; `grace_ms` `None` keeps the default.
 fn service(parts: &LeaseParts, slots: u32, grace_ms: Option<u64>) -> LeaseService<u64> {
     let o = LeaseOptions { slots, ..LeaseOptions::default() };
     let base = Config::from_options(&o, parts, 0x1ea5_eb0c);
     let cfg = Config {
         extent: EXTENT,
-        pool_bytes: u64::from(slots) * EXTENT,
+        pool: first_bytes(&parts.pool, u64::from(slots) * EXTENT),
         tenant_leases: slots,
         default_ttl_ms: base.max_ttl_ms,
         grace_ms: grace_ms.unwrap_or(base.grace_ms),
@@ -679,7 +693,7 @@ fn pipeline(core: &mut Core, cmds: Vec<Command>) -> (Vec<Output>, f64) {
 /// DEALLOC_PD for all (one wave per opcode, every slot busy). Returns both times, ms.
 fn model_alone(core: &mut Core, n: usize) -> (f64, f64) {
     let hca = core.parts.hca;
-    let pool = core.parts.pool_base;
+    let pool = core.parts.pool[0].start;
     let (pds, _) = pipeline(core, (0..n).map(|_| ifc::resources::alloc_pd()).collect());
     let pds: Vec<Pdn> = pds.iter().map(ifc::resources::parse_alloc_pd).collect();
     let bufs: Vec<(u64, u64)> = (0..n)

@@ -127,7 +127,7 @@ impl<T: Copy> LeaseService<T> {
         cfg.check()?;
         let cfg_slots = cfg.slots;
         let slots = (0..cfg.slots).map(|_| Slot::Free { next_generation: 1 }).collect();
-        let pool = ExtentPool::new(cfg.pool_base, cfg.pool_bytes, cfg.extent);
+        let pool = ExtentPool::new(&cfg.pool, cfg.extent);
         let psn_state = cfg.psn_seed | 1;
         Ok(LeaseService {
             cfg,
@@ -347,10 +347,10 @@ impl<T: Copy> LeaseService<T> {
         if a.size == 0 {
             return Err(bad("alloc.size", "must be at least 1 byte"));
         }
-        if a.size > self.cfg.pool_bytes {
+        if a.size > self.cfg.pool_bytes() {
             return Err(err(
                 ErrorCode::NoMemory,
-                &format!("{} bytes asked, the pool holds {}", a.size, self.cfg.pool_bytes),
+                &format!("{} bytes asked, the pool holds {}", a.size, self.cfg.pool_bytes()),
             ));
         }
         if a.access == 0 || a.access & !access::ALL != 0 {

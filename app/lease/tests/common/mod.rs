@@ -73,8 +73,7 @@ impl Rig {
             None
         };
         let pool_base = p.dma_alloc(pool_bytes as usize, cfg.extent as usize).expect("pool memory");
-        cfg.pool_base = pool_base;
-        cfg.pool_bytes = pool_bytes;
+        cfg.pool = std::iter::once(pool_base..pool_base + pool_bytes).collect();
         let hca =
             HcaCtx { uar: d.info.uar, cqn, gid: d.info.gid, gid_index: 0, port_mtu: port_ib_mtu(d.info.mtu), flow };
         let svc = LeaseService::new(cfg, hca).unwrap();
