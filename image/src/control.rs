@@ -135,7 +135,7 @@ pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
         },
         Err(why) => {
             log::error!("lease: service off: {why}");
-            announce(&alloc::format!("lease service off ({why})"));
+            announce("lease service off");
             let backend = ApplianceBackend { inner: NoLeases::off(why) };
             match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
                 Ok(server) => Box::new(Control(server)),

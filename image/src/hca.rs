@@ -116,7 +116,6 @@ pub fn init(p: &Platform) -> Status {
                     LEASES.call_once(|| Ok((parts, platform.clone())));
                 }
                 Err(e) => {
-                    log::error!("lease: not started: {e}");
                     LEASES.call_once(|| Err(e));
                 }
             }
