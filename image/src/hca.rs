@@ -8,8 +8,7 @@ use alloc::format;
 use alloc::string::String;
 use alloc::sync::Arc;
 use leasebox_kernel::arch::mmio::Mmio;
-use leasebox_kernel::arch::start::{self, Platform};
-use leasebox_kernel::model_signature as sig;
+use leasebox_kernel::arch::start::Platform;
 use leasebox_kernel::pci;
 use leasebox_lease::setup::LeaseParts;
 use leasebox_mlx5::driver::{Config, Driver, HcaInfo};
@@ -17,6 +16,7 @@ use leasebox_mlx5::engine::{Client, CommandEngine, EventEngine, Shared};
 use leasebox_mlx5::log::CmdLog;
 use leasebox_mlx5::probe::{self, Match};
 use leasebox_proto::HcaState;
+use mlx5_signature as sig;
 use spin::{Mutex, Once};
 
 pub static CMD_ENGINE: Mutex<Option<CommandEngine<KernelHca>>> = Mutex::new(None);
@@ -82,10 +82,43 @@ fn find(p: &Platform) -> Option<(pci::Bdf, u64, u64, probe::Part)> {
             return Some((f.bdf, base, size, part));
         }
     }
-    let (bdf, base, _) = start::model_function()?;
-    let f = p.pci.functions().iter().find(|f| f.bdf == bdf)?;
-    let (_, size) = f.bars[sig::IVSHMEM_BAR].mem()?;
-    Some((bdf, base, size, probe::MODEL_PART))
+    p.pci.find(sig::IVSHMEM_VENDOR, sig::IVSHMEM_DEVICE).find_map(|f| {
+        let (base, size) = f.bars[sig::IVSHMEM_BAR].mem()?;
+        carries_model(p, f.bdf, base, size).then_some((f.bdf, base, size, probe::MODEL_PART))
+    })
+}
+
+/// Whether the ivshmem function's BAR2 carries the mlx5 model's signature (`mlx5-signature`). Reads only the
+/// BAR's last page: the CX-5 initialization segment at offset 0 is left for the driver.
+fn carries_model(p: &Platform, bdf: pci::Bdf, base: u64, size: u64) -> bool {
+    let Some(off) = sig::offset(size) else { return false };
+    if base == 0 {
+        log::warn!("pci: {bdf} ivshmem BAR2 is not assigned; not checked for the mlx5 model");
+        return false;
+    }
+    let page = base + off;
+    // SAFETY: `[page, page + 4 KiB)` is the last page of the function's memory BAR (`off + 0x1000 <= size`), not
+    // RAM; ivshmem is plain shared memory, so reading it has no side effects.
+    let window = match unsafe { Mmio::map(page, sig::SIGNATURE_OFFSET_FROM_END) } {
+        Ok(w) => w,
+        Err(e) => {
+            log::warn!("pci: {bdf} mapping ivshmem BAR2 page {page:#x}: {e}");
+            return false;
+        }
+    };
+    // Memory decoding only: no bus mastering, and interrupts stay off (INTx disabled).
+    pci::set_command(p.pci_access, bdf, pci::COMMAND_MEMORY | pci::COMMAND_INTX_DISABLE, 0);
+    let mut bytes = [0u8; sig::SIGNATURE_LEN];
+    for (i, word) in bytes.chunks_exact_mut(4).enumerate() {
+        word.copy_from_slice(&window.read32(i * 4).to_ne_bytes());
+    }
+    let found = sig::matches(&bytes, size);
+    if found {
+        log::info!("pci: {bdf} ivshmem carries the mlx5 model (signature at BAR2+{off:#x})");
+    } else {
+        log::debug!("pci: {bdf} ivshmem without the mlx5 model's signature");
+    }
+    found
 }
 
 /// Finds and brings up the HCA, then parks the engines for their cores. Runs on the BSP before the APs start

@@ -1,7 +1,7 @@
 //! Leasebox kernel library.
 //!
 //! Everything that parses, allocates or decides lives in safe modules that also build for the host and are
-//! unit-tested there (`bootinfo`, `acpi`, `frames`, `paging`, `pci`, `config`, `net_config`, `model_signature`,
+//! unit-tested there (`bootinfo`, `acpi`, `frames`, `paging`, `pci`, `config`, `net_config`,
 //! `time`). The code that touches the machine — boot assembly, descriptor tables, port and MMIO access, AP
 //! start-up — lives under `arch/`, builds only for `target_os = "none"`, and is the only place with `unsafe`.
 #![cfg_attr(not(test), no_std)]
@@ -12,7 +12,6 @@ pub mod acpi;
 pub mod bootinfo;
 pub mod config;
 pub mod frames;
-pub mod model_signature;
 pub mod net_config;
 pub mod paging;
 pub mod pci;
