@@ -1,11 +1,15 @@
 //! What sessions hand on: lease operations, diagnostics, and the news that a session is gone.
 
-use crate::server::ConnId;
 use alloc::string::String;
 use alloc::vec::Vec;
 use leasebox_proto::{
     ErrorBody, ErrorCode, FencedSlot, HcaState, Health, HealthStatus, LeaseStats, Op, Reply, Request, Role,
 };
+
+/// A transport connection, unique within a boot (the transport names it; the server and the backend's
+/// [`Principal`] carry it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
 
 /// Who sent a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
