@@ -5,6 +5,8 @@
 //! `time`). The code that touches the machine — boot assembly, descriptor tables, port and MMIO access, AP
 //! start-up — lives under `arch/`, builds only for `target_os = "none"`, and is the only place with `unsafe`.
 #![cfg_attr(not(test), no_std)]
+// `unsafe` only under `arch/` (and the one RDTSC in `time`): everything else is safe code over its exports.
+#![deny(unsafe_code)]
 
 extern crate alloc;
 
@@ -19,4 +21,5 @@ pub mod physmem;
 pub mod time;
 
 #[cfg(target_os = "none")]
+#[allow(unsafe_code, reason = "the machine-specific ground floor: boot, descriptors, port and MMIO access")]
 pub mod arch;

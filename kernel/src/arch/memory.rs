@@ -28,11 +28,11 @@ impl TableMemory for LiveTables {
     fn read(&self, table: u64, index: usize) -> u64 {
         // SAFETY: `table` is a page-table page (from CR3 or a present entry), identity-mapped, and `index` is
         // < 512 (paging masks it to 9 bits).
-        unsafe { core::ptr::read_volatile((table as *const u64).add(index)) }
+        unsafe { super::mmio::read((table as *const u64).add(index)) }
     }
     fn write(&mut self, table: u64, index: usize, entry: u64) {
         // SAFETY: as in `read`; edits happen under the TABLES lock.
-        unsafe { core::ptr::write_volatile((table as *mut u64).add(index), entry) }
+        unsafe { super::mmio::write((table as *mut u64).add(index), entry) }
     }
     fn alloc_table(&mut self) -> Option<u64> {
         // Tables must be reachable through the boot map while they are being linked in: take them below 4 GiB.

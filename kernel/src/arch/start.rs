@@ -223,7 +223,7 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
     unsafe { percpu::activate(0, 0) };
     serial::init();
     // SAFETY: written by `_start` before anything else; read once here.
-    let entry_tsc = unsafe { core::ptr::read_volatile(&boot::boot_entry_tsc) };
+    let entry_tsc = unsafe { super::mmio::read(&raw const boot::boot_entry_tsc) };
     let t_calib = time::Instant::now();
     let (tsc_hz, tsc_source) = tsc::calibrate();
     time::set_tsc_hz(tsc_hz, entry_tsc);

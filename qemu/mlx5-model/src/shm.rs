@@ -246,6 +246,7 @@ enum Dir {
 ///
 /// # Safety
 /// `src` must be valid for reads and `dst` for writes of `len` bytes, and the two ranges must not overlap.
+#[allow(clippy::disallowed_methods, reason = "the model's one accessor of the shared files")]
 unsafe fn volatile_copy(src: *const u8, dst: *mut u8, len: usize, dir: Dir) {
     let mut i = 0;
     while i < len {
