@@ -14,7 +14,7 @@ use leasebox_lease::setup::LeaseParts;
 use leasebox_mlx5::driver::{Config, Driver, HcaInfo};
 use leasebox_mlx5::engine::{Client, CommandEngine, EventEngine, Shared};
 use leasebox_mlx5::log::CmdLog;
-use leasebox_mlx5::probe::{self, Match};
+use leasebox_mlx5::probe;
 use leasebox_proto::HcaState;
 use mlx5_signature as sig;
 use spin::{Mutex, Once};
@@ -75,16 +75,17 @@ impl core::fmt::Display for Status {
 /// The first supported function: (address, BAR base, BAR size, part).
 fn find(p: &Platform) -> Option<(pci::Bdf, u64, u64, probe::Part)> {
     for f in p.pci.functions() {
-        if let Some(Match::Hca(part)) = probe::classify(f.vendor, f.device)
+        if let Some(part) = probe::classify(f.vendor, f.device)
             && let Some((base, size)) = f.bars[0].mem()
             && base != 0
         {
             return Some((f.bdf, base, size, part));
         }
     }
+    let plays = probe::classify(probe::MELLANOX, sig::PLAYS_DEVICE)?;
     p.pci.find(sig::IVSHMEM_VENDOR, sig::IVSHMEM_DEVICE).find_map(|f| {
         let (base, size) = f.bars[sig::IVSHMEM_BAR].mem()?;
-        carries_model(p, f.bdf, base, size).then_some((f.bdf, base, size, probe::MODEL_PART))
+        carries_model(p, f.bdf, base, size).then_some((f.bdf, base, size, plays))
     })
 }
 

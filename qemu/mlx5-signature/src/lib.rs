@@ -10,6 +10,8 @@
 /// The ivshmem PCI IDs (Red Hat / QEMU).
 pub const IVSHMEM_VENDOR: u16 = 0x1af4;
 pub const IVSHMEM_DEVICE: u16 = 0x1110;
+/// The PCI device id of the part the model plays (a ConnectX-5 PF, vendor Mellanox `0x15b3`).
+pub const PLAYS_DEVICE: u16 = 0x1017;
 /// The BAR that maps the shared file.
 pub const IVSHMEM_BAR: usize = 2;
 /// Magic bytes at the start of the signature.
