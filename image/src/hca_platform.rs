@@ -100,6 +100,12 @@ impl KernelHca {
         KernelHca { bar, dma: RwLock::new(Dma::default()), faults: AtomicU32::new(0) }
     }
 
+    /// Runs `f` on the region and offset behind `[addr, addr + len)`; `false` when no live allocation holds it.
+    fn access(&self, addr: u64, len: usize, f: impl FnOnce(&DmaRegion, usize) -> bool) -> bool {
+        let dma = self.dma.read();
+        dma.find(addr, len).is_some_and(|(r, off)| f(r, off))
+    }
+
     fn fault(&self, what: &str, addr: u64, len: usize) {
         let n = self.faults.fetch_add(1, Ordering::Relaxed);
         if n < LOGGED_FAULTS {
@@ -163,29 +169,16 @@ impl Platform for KernelHca {
     }
 
     fn dma_read(&self, addr: u64, buf: &mut [u8]) {
-        let dma = self.dma.read();
-        match dma.find(addr, buf.len()) {
-            Some((r, off)) => {
-                r.read(off, buf);
-            }
-            None => {
-                drop(dma);
-                buf.fill(0xff);
-                self.fault("read of", addr, buf.len());
-            }
+        let len = buf.len();
+        if !self.access(addr, len, |r, off| r.read(off, buf)) {
+            buf.fill(0xff);
+            self.fault("read of", addr, len);
         }
     }
 
     fn dma_write(&self, addr: u64, data: &[u8]) {
-        let dma = self.dma.read();
-        match dma.find(addr, data.len()) {
-            Some((r, off)) => {
-                r.write(off, data);
-            }
-            None => {
-                drop(dma);
-                self.fault("write of", addr, data.len());
-            }
+        if !self.access(addr, data.len(), |r, off| r.write(off, data)) {
+            self.fault("write of", addr, data.len());
         }
     }
 

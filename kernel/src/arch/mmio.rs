@@ -28,6 +28,19 @@ pub unsafe fn write<T: Copy>(addr: *mut T, value: T) {
     unsafe { core::ptr::write_volatile(addr, value) }
 }
 
+/// The pieces a copy of `len` bytes at `addr` is made of: (address, offset, size), each size 8 or 4 when the
+/// address is aligned for it and enough bytes remain, else 1.
+fn pieces(addr: usize, len: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    let mut at = 0;
+    core::iter::from_fn(move || {
+        let a = addr + at;
+        let rest = len.checked_sub(at).filter(|&r| r > 0)?;
+        let n = [8, 4].into_iter().find(|&n| a.is_multiple_of(n) && rest >= n).unwrap_or(1);
+        at += n;
+        Some((a, at - n, n))
+    })
+}
+
 /// Copies `buf.len()` bytes from `addr` into `buf`: aligned 8- and 4-byte pieces are single loads, the rest
 /// bytes. Compiler fences on both sides keep the copy in program order with the accesses around it.
 ///
@@ -36,25 +49,16 @@ pub unsafe fn write<T: Copy>(addr: *mut T, value: T) {
 /// it concurrently).
 pub unsafe fn copy_from(addr: usize, buf: &mut [u8]) {
     compiler_fence(Ordering::SeqCst);
-    let mut at = 0;
-    while at < buf.len() {
-        let a = addr + at;
-        let rest = buf.len() - at;
-        if a.is_multiple_of(8) && rest >= 8 {
-            // SAFETY: inside the range (caller), 8-aligned.
-            let v = unsafe { read(a as *const u64) };
-            buf[at..at + 8].copy_from_slice(&v.to_ne_bytes());
-            at += 8;
-        } else if a.is_multiple_of(4) && rest >= 4 {
-            // SAFETY: as above, 4-aligned.
-            let v = unsafe { read(a as *const u32) };
-            buf[at..at + 4].copy_from_slice(&v.to_ne_bytes());
-            at += 4;
-        } else {
-            // SAFETY: as above, one byte.
-            buf[at] = unsafe { read(a as *const u8) };
-            at += 1;
-        }
+    for (a, at, n) in pieces(addr, buf.len()) {
+        // SAFETY: each piece is inside the range (the caller's contract) and aligned for its size.
+        let v: [u8; 8] = unsafe {
+            match n {
+                8 => read(a as *const u64).to_ne_bytes(),
+                4 => widen(read(a as *const u32).to_ne_bytes()),
+                _ => widen([read(a as *const u8)]),
+            }
+        };
+        buf[at..at + n].copy_from_slice(&v[..n]);
     }
     compiler_fence(Ordering::SeqCst);
 }
@@ -65,27 +69,26 @@ pub unsafe fn copy_from(addr: usize, buf: &mut [u8]) {
 /// `[addr, addr + data.len())` is mapped memory the caller may write (DMA memory it owns).
 pub unsafe fn copy_to(addr: usize, data: &[u8]) {
     compiler_fence(Ordering::SeqCst);
-    let mut at = 0;
-    while at < data.len() {
-        let a = addr + at;
-        let rest = data.len() - at;
-        if a.is_multiple_of(8) && rest >= 8 {
-            let v = u64::from_ne_bytes(data[at..at + 8].try_into().unwrap_or([0; 8]));
-            // SAFETY: inside the range (caller), 8-aligned.
-            unsafe { write(a as *mut u64, v) };
-            at += 8;
-        } else if a.is_multiple_of(4) && rest >= 4 {
-            let v = u32::from_ne_bytes(data[at..at + 4].try_into().unwrap_or([0; 4]));
-            // SAFETY: as above, 4-aligned.
-            unsafe { write(a as *mut u32, v) };
-            at += 4;
-        } else {
-            // SAFETY: as above, one byte.
-            unsafe { write(a as *mut u8, data[at]) };
-            at += 1;
+    for (a, at, n) in pieces(addr, data.len()) {
+        let mut v = [0u8; 8];
+        v[..n].copy_from_slice(&data[at..at + n]);
+        // SAFETY: as in `copy_from`.
+        unsafe {
+            match n {
+                8 => write(a as *mut u64, u64::from_ne_bytes(v)),
+                4 => write(a as *mut u32, u32::from_ne_bytes([v[0], v[1], v[2], v[3]])),
+                _ => write(a as *mut u8, v[0]),
+            }
         }
     }
     compiler_fence(Ordering::SeqCst);
+}
+
+/// `b` at the start of 8 bytes.
+fn widen<const N: usize>(b: [u8; N]) -> [u8; 8] {
+    let mut v = [0u8; 8];
+    v[..N].copy_from_slice(&b);
+    v
 }
 
 /// A device's register window, mapped uncached: 32-bit registers at 4-byte offsets, bounds-checked.
