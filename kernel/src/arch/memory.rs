@@ -47,8 +47,8 @@ fn map(start: u64, end: u64, cache: Cache) -> Result<(), MapError> {
     let _g = TABLES.lock();
     let changed = paging::identity_map(&mut LiveTables, root(), start, end, cache)?;
     if changed > 0 {
-        // SAFETY: the tables stay valid for everything already mapped; this only drops cached translations.
-        unsafe { super::cpu::flush_tlb() };
+        // The tables stay valid for everything already mapped; this only drops cached translations.
+        super::cpu::flush_tlb();
     }
     Ok(())
 }
