@@ -50,7 +50,7 @@ fn apic_of(core: usize) -> u32 {
     let b = percpu::block(core);
     // SAFETY: `b` points into the static per-CPU table; `apic_id` was written by `activate` on that core
     // before it reported in, and is never written again.
-    unsafe { core::ptr::addr_of!((*b).apic_id).read_volatile() }
+    unsafe { leasebox_kernel::arch::mmio::read(core::ptr::addr_of!((*b).apic_id)) }
 }
 
 /// Runs a core's roles round-robin, one non-blocking step each per pass: `net` drives the control channel,
@@ -126,7 +126,7 @@ impl Ready {
             _ => IpField(None),
         };
         println!(
-            "leasebox: ready cores={} mem_mib={} pci={} boot_ms={} ap_ms={} entry_ms={} ip={ip} ctl_port={} {}",
+            "leasebox: ready cores={} mem_mib={} pci={} boot_ms={} ap_ms={} entry_ms={} ip={ip} ctl_port={} {} {}",
             self.cores,
             self.mem_mib,
             self.pci,
@@ -135,6 +135,7 @@ impl Ready {
             ms(self.entry),
             self.port,
             self.hca,
+            crate::lease::ready_field(),
         );
         match self.test {
             Some(TestHook::PageFault) => {
@@ -142,7 +143,7 @@ impl Ready {
                 let bad = 0x1234_5678_9000u64 as *const u64;
                 // SAFETY: deliberately unsound: this address is unmapped, and the resulting page fault is the
                 // test (`test=pagefault`). The exception handler never returns.
-                let v = unsafe { core::ptr::read_volatile(bad) };
+                let v = unsafe { leasebox_kernel::arch::mmio::read(bad) };
                 log::error!("test=pagefault: read {v:#x} from an unmapped address without a fault");
             }
             Some(TestHook::Panic) => panic!("test=panic: deliberate panic"),

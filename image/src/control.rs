@@ -1,6 +1,7 @@
 //! The control service behind the network loop: the session core (`app/session`) with the CPU's RDSEED/RDRAND
 //! for nonces, the configured principals, and the lease service (`app/lease`, through `crate::lease`) as its
-//! backend when the HCA is up. Without an HCA, lease operations answer NOT_IMPLEMENTED and HEALTH says why.
+//! backend when the HCA is up. When the lease service cannot start (no HCA, no memory for the pool), lease
+//! operations answer NOT_IMPLEMENTED with the reason and HEALTH says why.
 
 use crate::service::{ConnId, StreamService};
 use alloc::boxed::Box;
@@ -105,8 +106,8 @@ fn keyring(p: &Platform) -> Result<Keyring, alloc::string::String> {
     Ok(keys)
 }
 
-/// The service for the control port: the session core with the lease service (or, without an HCA, the
-/// NOT_IMPLEMENTED backend), or [`Unavailable`] with the reason logged.
+/// The service for the control port: the session core with the lease service (or, when it cannot start, a
+/// backend that answers lease operations with the reason), or [`Unavailable`] with the reason logged.
 pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
     let c = p.config.control();
     let limits = Limits { sessions: c.sessions as usize, credits: c.credits as u16, heartbeat_ms: c.heartbeat_ms };
@@ -124,24 +125,20 @@ pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
             rng::source().unwrap_or("?")
         )
     };
-    match crate::lease::backend(&p.config.lease) {
-        Ok(Some(backend)) => match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
+    match crate::lease::backend(&crate::lease::OPTIONS.get()) {
+        Ok(backend) => match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
             Ok(server) => {
                 announce("lease service on");
                 Box::new(Control(server))
             }
             Err(e) => unavailable(&alloc::format!("{e}")),
         },
-        other => {
-            if let Err(e) = other {
-                log::error!("lease: {e}");
-            }
-            let backend = ApplianceBackend { inner: NoLeases::default() };
+        Err(why) => {
+            log::error!("lease: service off: {why}");
+            announce("lease service off");
+            let backend = ApplianceBackend { inner: NoLeases::off(why) };
             match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
-                Ok(server) => {
-                    announce("no lease service (no HCA)");
-                    Box::new(Control(server))
-                }
+                Ok(server) => Box::new(Control(server)),
                 Err(e) => unavailable(&alloc::format!("{e}")),
             }
         }

@@ -3,20 +3,20 @@
 //! cores start, then hand the command engine and the event engine to the cores that run the `cmd` and
 //! `event` roles (core 0 runs both in the one-CPU layout). The client end stays for the lease service.
 
+use crate::hca_platform::KernelHca;
 use alloc::format;
 use alloc::string::String;
 use alloc::sync::Arc;
-use leasebox_kernel::arch::hca::KernelHca;
-use leasebox_kernel::arch::memory;
-use leasebox_kernel::arch::start::{self, Platform};
-use leasebox_kernel::model_signature as sig;
+use leasebox_kernel::arch::mmio::Mmio;
+use leasebox_kernel::arch::start::Platform;
 use leasebox_kernel::pci;
 use leasebox_lease::setup::LeaseParts;
 use leasebox_mlx5::driver::{Config, Driver, HcaInfo};
 use leasebox_mlx5::engine::{Client, CommandEngine, EventEngine, Shared};
 use leasebox_mlx5::log::CmdLog;
-use leasebox_mlx5::probe::{self, Match};
+use leasebox_mlx5::probe;
 use leasebox_proto::HcaState;
+use mlx5_signature as sig;
 use spin::{Mutex, Once};
 
 pub static CMD_ENGINE: Mutex<Option<CommandEngine<KernelHca>>> = Mutex::new(None);
@@ -24,12 +24,16 @@ pub static EVENT_ENGINE: Mutex<Option<EventEngine<KernelHca>>> = Mutex::new(None
 /// The submitting end, for the lease service on core 0.
 pub static CLIENT: Mutex<Option<Client>> = Mutex::new(None);
 
-/// What the lease service needs from bring-up, and the platform its host uses.
-static LEASES: Once<(LeaseParts, Arc<KernelHca>)> = Once::new();
+/// What the lease service needs from bring-up and the platform its host uses, or why it cannot start.
+static LEASES: Once<Result<(LeaseParts, Arc<KernelHca>), String>> = Once::new();
 
-/// The lease parts and the platform, once the HCA is up.
-pub fn leases() -> Option<&'static (LeaseParts, Arc<KernelHca>)> {
-    LEASES.get()
+/// The lease parts and the platform once the HCA is up, or why the lease service cannot start.
+pub fn leases() -> Result<&'static (LeaseParts, Arc<KernelHca>), &'static str> {
+    match LEASES.get() {
+        Some(Ok(l)) => Ok(l),
+        Some(Err(e)) => Err(e),
+        None => Err("no HCA"),
+    }
 }
 
 /// For readers on core 0 and the panic path: the command ring, the engines' shared state, a one-line summary.
@@ -71,37 +75,83 @@ impl core::fmt::Display for Status {
 /// The first supported function: (address, BAR base, BAR size, part).
 fn find(p: &Platform) -> Option<(pci::Bdf, u64, u64, probe::Part)> {
     for f in p.pci.functions() {
-        if let Some(Match::Hca(part)) = probe::classify(f.vendor, f.device)
+        if let Some(part) = probe::classify(f.vendor, f.device)
             && let Some((base, size)) = f.bars[0].mem()
             && base != 0
         {
             return Some((f.bdf, base, size, part));
         }
     }
-    let (bdf, base, _) = start::model_function()?;
-    let f = p.pci.functions().iter().find(|f| f.bdf == bdf)?;
-    let (_, size) = f.bars[sig::IVSHMEM_BAR].mem()?;
-    Some((bdf, base, size, probe::MODEL_PART))
+    let plays = probe::classify(probe::MELLANOX, sig::PLAYS_DEVICE)?;
+    p.pci.find(sig::IVSHMEM_VENDOR, sig::IVSHMEM_DEVICE).find_map(|f| {
+        let (base, size) = f.bars[sig::IVSHMEM_BAR].mem()?;
+        carries_model(p, f.bdf, base, size).then_some((f.bdf, base, size, plays))
+    })
+}
+
+/// Whether the ivshmem function's BAR2 carries the mlx5 model's signature (`mlx5-signature`). Reads only the
+/// BAR's last page: the CX-5 initialization segment at offset 0 is left for the driver.
+fn carries_model(p: &Platform, bdf: pci::Bdf, base: u64, size: u64) -> bool {
+    let Some(off) = sig::offset(size) else { return false };
+    if base == 0 {
+        log::warn!("pci: {bdf} ivshmem BAR2 is not assigned; not checked for the mlx5 model");
+        return false;
+    }
+    let page = base + off;
+    // SAFETY: `[page, page + 4 KiB)` is the last page of the function's memory BAR (`off + 0x1000 <= size`), not
+    // RAM; ivshmem is plain shared memory, so reading it has no side effects.
+    let window = match unsafe { Mmio::map(page, sig::SIGNATURE_OFFSET_FROM_END) } {
+        Ok(w) => w,
+        Err(e) => {
+            log::warn!("pci: {bdf} mapping ivshmem BAR2 page {page:#x}: {e}");
+            return false;
+        }
+    };
+    // Memory decoding only: no bus mastering, and interrupts stay off (INTx disabled).
+    pci::set_command(p.pci_access, bdf, pci::COMMAND_MEMORY | pci::COMMAND_INTX_DISABLE, 0);
+    let mut bytes = [0u8; sig::SIGNATURE_LEN];
+    for (i, word) in bytes.chunks_exact_mut(4).enumerate() {
+        word.copy_from_slice(&window.read32(i * 4).to_ne_bytes());
+    }
+    let found = sig::matches(&bytes, size);
+    if found {
+        log::info!("pci: {bdf} ivshmem carries the mlx5 model (signature at BAR2+{off:#x})");
+    } else {
+        log::debug!("pci: {bdf} ivshmem without the mlx5 model's signature");
+    }
+    found
 }
 
 /// Finds and brings up the HCA, then parks the engines for their cores. Runs on the BSP before the APs start
 /// (mapping the BAR is not shot down on other cores).
 pub fn init(p: &Platform) -> Status {
-    let Some((bdf, base, size, part)) = find(p) else { return Status::Absent };
-    if let Err(e) = memory::map_mmio(base, size) {
-        return Status::Failed(format!("mapping BAR {base:#x}+{size:#x}: {e}"));
-    }
+    let Some((bdf, base, size, part)) = find(p) else {
+        LEASES.call_once(|| Err(String::from("no HCA")));
+        return Status::Absent;
+    };
+    // SAFETY: `[base, base + size)` is the function's memory BAR as enumerated (not RAM), and this platform
+    // is the only user of its registers.
+    let bar = match unsafe { Mmio::map(base, size) } {
+        Ok(bar) => bar,
+        Err(e) => {
+            LEASES.call_once(|| Err(String::from("the HCA did not come up")));
+            return Status::Failed(format!("mapping BAR {base:#x}+{size:#x}: {e}"));
+        }
+    };
     pci::set_command(p.pci_access, bdf, pci::COMMAND_MEMORY | pci::COMMAND_BUS_MASTER | pci::COMMAND_INTX_DISABLE, 0);
     log::info!("mlx5: {bdf} {} BAR0 {base:#x}+{size:#x}", part.name);
-    let platform = Arc::new(KernelHca::new(base, size));
+    let platform = Arc::new(KernelHca::new(bar));
     let cfg = Config { part: part.name, pre_init_timeout_ms: PRE_INIT_MS, ..Config::default() };
     match Driver::bring_up(platform.clone(), cfg) {
         Ok(mut d) => {
-            match leasebox_lease::setup::prepare(&mut d, &p.config.lease, p.config.net.ip.map(|n| n.addr)) {
+            match leasebox_lease::setup::prepare(&mut d, &crate::lease::OPTIONS.get(), p.config.net.ip.map(|n| n.addr))
+            {
                 Ok(parts) => {
-                    LEASES.call_once(|| (parts, platform.clone()));
+                    LEASES.call_once(|| Ok((parts, platform.clone())));
                 }
-                Err(e) => log::error!("lease: not started: {e}"),
+                Err(e) => {
+                    LEASES.call_once(|| Err(e));
+                }
             }
             let (cmd, ev, client, info) = d.into_engines();
             log::info!(
@@ -127,6 +177,7 @@ pub fn init(p: &Platform) -> Status {
         }
         Err(e) => {
             log::error!("mlx5: bring-up failed: {e}");
+            LEASES.call_once(|| Err(String::from("the HCA did not come up")));
             SUMMARY.call_once(|| format!("bring-up failed: {e}"));
             Status::Failed(format!("{e}"))
         }

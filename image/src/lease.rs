@@ -3,14 +3,25 @@
 
 use alloc::string::String;
 use alloc::vec::Vec;
+use spin::Once;
 
-use leasebox_kernel::arch::hca::KernelHca;
-use leasebox_kernel::lease_config::LeaseOptions;
+use crate::hca_platform::KernelHca;
+use leasebox_kernel::config::{OptionParser, Options};
 use leasebox_kernel::time::Instant;
 use leasebox_lease::backend::{Environment, LeaseBackend};
 use leasebox_lease::setup::PlatformHost;
-use leasebox_lease::{Config, LeaseService};
+use leasebox_lease::{Config, LeaseOptions, LeaseService};
 use leasebox_proto::HcaState;
+
+/// The lease service's options (`lease_pool_mib=`, ...), filled in by the kernel's configuration parser.
+pub static OPTIONS: Options<LeaseOptions> = Options::new(LeaseOptions::DEFAULT, LeaseOptions::apply);
+static PARSERS: [&dyn OptionParser; 1] = [&OPTIONS];
+
+/// The kernel asks for the image's option parsers before it reads the configuration.
+#[unsafe(no_mangle)]
+fn leasebox_options() -> &'static [&'static dyn OptionParser] {
+    &PARSERS
+}
 
 /// DMA and scrubbing through the kernel's mlx5 platform.
 pub type KernelHost = PlatformHost<KernelHca>;
@@ -31,15 +42,43 @@ impl Environment for KernelEnv {
 
 pub type ImageBackend = LeaseBackend<KernelHost, KernelEnv>;
 
-/// The backend, when the HCA is up and its client is still unclaimed.
-pub fn backend(o: &LeaseOptions) -> Result<Option<ImageBackend>, String> {
-    let Some((parts, platform)) = crate::hca::leases() else { return Ok(None) };
-    let Some(client) = crate::hca::CLIENT.lock().take() else { return Ok(None) };
+/// Whether the lease service runs, or why not; set once, when the control service is built.
+static STATE: Once<Result<(), String>> = Once::new();
+
+/// The backend, when the HCA is up with its pool and its client is still unclaimed; otherwise why the lease
+/// service cannot start. Either way the outcome is kept for the ready line ([`ready_field`]).
+pub fn backend(o: &LeaseOptions) -> Result<ImageBackend, String> {
+    let made = make_backend(o);
+    STATE.call_once(|| made.as_ref().map(|_| ()).map_err(Clone::clone));
+    made
+}
+
+fn make_backend(o: &LeaseOptions) -> Result<ImageBackend, String> {
+    let (parts, platform) = crate::hca::leases().map_err(String::from)?;
+    let client = crate::hca::CLIENT.lock().take().ok_or("the HCA's command client is already taken")?;
     let seed = leasebox_kernel::arch::rng::random_u64().unwrap_or(0x5eed);
     let cfg = Config::from_options(o, parts, seed);
     if let Some(w) = leasebox_lease::setup::fence_test_warning(o) {
         log::warn!("lease: {w}");
     }
     let svc = LeaseService::new(cfg, parts.hca).map_err(|e| alloc::format!("lease configuration: {e}"))?;
-    Ok(Some(LeaseBackend::new(svc, client, PlatformHost(platform.clone()), KernelEnv)))
+    Ok(LeaseBackend::new(svc, client, PlatformHost(platform.clone()), KernelEnv))
+}
+
+/// The ready line's lease field: `lease=on`, or `lease=off lease_error="<why>"`.
+pub fn ready_field() -> impl core::fmt::Display {
+    struct Field(Option<&'static str>);
+    impl core::fmt::Display for Field {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            match self.0 {
+                None => f.write_str("lease=on"),
+                Some(why) => write!(f, "lease=off lease_error=\"{}\"", why.replace('"', "'")),
+            }
+        }
+    }
+    Field(match STATE.get() {
+        Some(Ok(())) => None,
+        Some(Err(e)) => Some(e.as_str()),
+        None => Some("the control service was not built"),
+    })
 }

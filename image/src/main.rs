@@ -17,6 +17,8 @@ mod control;
 #[cfg(target_os = "none")]
 mod hca;
 #[cfg(target_os = "none")]
+mod hca_platform;
+#[cfg(target_os = "none")]
 mod lease;
 #[cfg(target_os = "none")]
 mod net;

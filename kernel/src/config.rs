@@ -8,9 +8,51 @@
 //!
 //! The network and control-service options are parsed in [`crate::net_config`]. `tenant=` and `admin=` carry
 //! secret keys: errors never show their values, and [`Redacted`] is how a command line reaches the log.
+//!
+//! Options of the layers above the kernel (the lease service's) are not the kernel's business: whoever boots
+//! the kernel registers an [`OptionParser`] for them ([`Config::with_parsers`]), and every key the kernel does
+//! not know goes to the registered parsers in order. A key none of them claims is unknown, as above.
 
 use crate::net_config::{ControlConfig, NetConfig};
 use core::fmt;
+use spin::Mutex;
+
+/// Parses the options of a layer above the kernel. Called once per word, in command-line order, at boot.
+pub trait OptionParser: Sync + fmt::Debug {
+    /// Applies one `key=value`: `Ok(false)` when `key` is not this parser's, `Err(reason)` for a bad value.
+    fn apply(&self, key: &str, value: &str) -> Result<bool, &'static str>;
+}
+
+/// An [`OptionParser`] over a value of the layer's own type: the value behind a lock, and the function that
+/// applies one key to it. A `static` in the image, a local in the hosted appliance; no allocation.
+pub struct Options<T> {
+    value: Mutex<T>,
+    apply: fn(&mut T, &str, &str) -> Result<bool, &'static str>,
+}
+
+impl<T: Copy> Options<T> {
+    /// The defaults and the layer's own parser (e.g. `LeaseOptions::apply`).
+    pub const fn new(defaults: T, apply: fn(&mut T, &str, &str) -> Result<bool, &'static str>) -> Self {
+        Options { value: Mutex::new(defaults), apply }
+    }
+
+    /// The options as parsed so far (the final value once the configuration is applied).
+    pub fn get(&self) -> T {
+        *self.value.lock()
+    }
+}
+
+impl<T: Copy + Send + fmt::Debug> OptionParser for Options<T> {
+    fn apply(&self, key: &str, value: &str) -> Result<bool, &'static str> {
+        (self.apply)(&mut self.value.lock(), key, value)
+    }
+}
+
+impl<T: Copy + fmt::Debug> fmt::Debug for Options<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Options").field(&self.get()).finish()
+    }
+}
 
 /// Budget: the most cores a layout may name (matches the kernel's per-CPU table).
 pub const MAX_CORES: usize = 64;
@@ -223,8 +265,8 @@ pub struct Config<'a> {
     /// The control channel's interface (`ip=`, `gw=`, `port=`).
     pub net: NetConfig,
     control: ControlConfig<'a>,
-    /// The lease service (`lease_pool_mib=`, `revoke_order=`, ...).
-    pub lease: crate::lease_config::LeaseOptions,
+    /// Parsers for the keys the kernel does not know (the lease service's `lease_pool_mib=`, ...).
+    parsers: &'a [&'a dyn OptionParser],
     /// `gw=`'s text, for the error [`Config::check`] may report.
     gw_text: &'a str,
     unknown: [&'a str; MAX_WARNINGS],
@@ -240,7 +282,7 @@ impl Default for Config<'_> {
             test: None,
             net: NetConfig::default(),
             control: ControlConfig::default(),
-            lease: crate::lease_config::LeaseOptions::default(),
+            parsers: &[],
             gw_text: "",
             unknown: [""; MAX_WARNINGS],
             unknown_len: 0,
@@ -250,6 +292,11 @@ impl Default for Config<'_> {
 }
 
 impl<'a> Config<'a> {
+    /// The defaults, with `parsers` for the keys of the layers above the kernel.
+    pub fn with_parsers(parsers: &'a [&'a dyn OptionParser]) -> Self {
+        Config { parsers, ..Config::default() }
+    }
+
     /// Applies the words of `text` in order (`#` to end of line is a comment).
     pub fn apply(&mut self, text: &'a str) -> Result<(), ConfigError<'a>> {
         for line in text.lines() {
@@ -308,7 +355,7 @@ impl<'a> Config<'a> {
             "sessions" => self.control.set_sessions(value).map_err(err)?,
             "credits" => self.control.set_credits(value).map_err(err)?,
             "heartbeat_ms" => self.control.set_heartbeat_ms(value).map_err(err)?,
-            _ if self.lease.apply(key, value).map_err(err)? => {}
+            _ if self.apply_registered(key, value).map_err(err)? => {}
             _ => {
                 if self.unknown_len < MAX_WARNINGS {
                     self.unknown[self.unknown_len] = word;
@@ -319,6 +366,16 @@ impl<'a> Config<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Offers `key=value` to the registered parsers in order: `Ok(true)` when one claimed it.
+    fn apply_registered(&self, key: &str, value: &str) -> Result<bool, &'static str> {
+        for p in self.parsers {
+            if p.apply(key, value)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Checks between options, once every word is applied: `gw=` needs `ip=` on the same subnet.
@@ -492,6 +549,34 @@ mod tests {
             let mut c = Config::default();
             assert_eq!(c.apply_cmdline(word).unwrap_err().key, key, "{word}");
         }
+    }
+
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    struct Pool(u32);
+
+    fn pool(p: &mut Pool, key: &str, value: &str) -> Result<bool, &'static str> {
+        if key != "pool_mib" {
+            return Ok(false);
+        }
+        p.0 = value.parse().map_err(|_| "expected a number")?;
+        Ok(true)
+    }
+
+    #[test]
+    fn registered_parsers_get_the_keys_the_kernel_does_not_know() {
+        let opts = Options::new(Pool(64), pool);
+        let parsers: [&dyn OptionParser; 1] = [&opts];
+        let mut c = Config::with_parsers(&parsers);
+        c.apply("pool_mib=128 log=warn").unwrap();
+        c.apply_cmdline("pool_mib=256 colour=blue").unwrap();
+        assert_eq!(opts.get(), Pool(256), "later words override");
+        assert_eq!(c.log, log::LevelFilter::Warn);
+        assert_eq!(c.unknown(), (&["colour=blue"][..], 0), "nobody claimed it");
+        let e = c.apply_cmdline("pool_mib=lots").unwrap_err();
+        assert_eq!((e.key, e.value, e.reason), ("pool_mib", "lots", "expected a number"));
+        let mut plain = Config::default();
+        plain.apply_cmdline("pool_mib=256").unwrap();
+        assert_eq!(plain.unknown(), (&["pool_mib=256"][..], 0), "without the parser the key is unknown");
     }
 
     #[test]

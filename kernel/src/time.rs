@@ -50,6 +50,7 @@ impl Instant {
 
     /// Now, from the TSC.
     #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code, reason = "RDTSC, which the host-side unit tests use too (no `arch` there)")]
     pub fn now() -> Self {
         // SAFETY: RDTSC only reads the time-stamp counter.
         Instant(unsafe { core::arch::x86_64::_rdtsc() })

@@ -569,7 +569,7 @@ fn bench_revoke(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
 /// `bench hca`: the hosted `hca_bench` example (driver and model thread, native timing), then kernel entry →
 /// HCA ready under TCG over `--runs` boots, then the goals. Prints figures; asserts nothing.
 fn bench_hca(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
-    let hosted_table = run_example(p, "leasebox-mlx5", "hca_bench", &["--secs", &o.secs.to_string()])?;
+    let hosted_table = run_example(p, "mlx5-hosted", "hca_bench", &["--secs", &o.secs.to_string()])?;
     let hosted = hca_bench::Hosted::parse(&hosted_table);
 
     prereq::ensure()?;

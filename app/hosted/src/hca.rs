@@ -7,14 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use leasebox_kernel::lease_config::LeaseOptions;
 use leasebox_lease::backend::{Environment, LeaseBackend};
 use leasebox_lease::setup::PlatformHost;
-use leasebox_lease::{Config, LeaseService};
+use leasebox_lease::{Config, LeaseOptions, LeaseService};
 use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
 use leasebox_mlx5::engine::Shared;
-use leasebox_mlx5::hosted::{HostedPlatform, ModelMode};
 use leasebox_proto::HcaState;
+use mlx5_hosted::{HostedPlatform, ModelMode};
 use mlx5_model::ModelConfig;
 
 /// RAM beyond the lease pool: the firmware's init pages (~50 MiB), queues and QP buffers.
@@ -87,7 +86,7 @@ pub fn start(
     let parts = leasebox_lease::setup::prepare(&mut d, o, None)?;
     let (cmd, ev, client, info) = d.into_engines();
     let stop = Arc::new(AtomicBool::new(false));
-    let engines = leasebox_mlx5::hosted::spawn_engines(cmd, ev, stop.clone()).map_err(|e| e.to_string())?;
+    let engines = mlx5_hosted::spawn_engines(cmd, ev, stop.clone()).map_err(|e| e.to_string())?;
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
     let cfg = Config::from_options(o, &parts, seed);
     if let Some(w) = leasebox_lease::setup::fence_test_warning(o) {

@@ -4,6 +4,8 @@
 
 pub mod hca;
 
+use leasebox_kernel::config::{Config, OptionParser, Options};
+use leasebox_lease::LeaseOptions;
 use leasebox_proto::{FencedSlot, Health, LeaseStats, Reply, Request};
 use leasebox_session::{
     Answer, Backend, CloseReason, ConnId, Entropy, EntropyError, Keyring, Limits, NoLeases, Principal, Server, Ticket,
@@ -39,7 +41,7 @@ pub struct HostedConfig {
     pub udp: Option<String>,
     /// `--cmd-latency-us N`: firmware time per command in the model.
     pub cmd_latency: Duration,
-    pub lease: leasebox_kernel::lease_config::LeaseOptions,
+    pub lease: LeaseOptions,
 }
 
 impl HostedConfig {
@@ -71,7 +73,9 @@ impl HostedConfig {
         }
         let line = words.join(" ");
         let line: &'static str = Box::leak(line.into_boxed_str());
-        let mut cfg = leasebox_kernel::config::Config::default();
+        let lease = Options::new(LeaseOptions::DEFAULT, LeaseOptions::apply);
+        let parsers: [&dyn OptionParser; 1] = [&lease];
+        let mut cfg = Config::with_parsers(&parsers);
         cfg.apply(line).map_err(|e| e.to_string())?;
         cfg.check().map_err(|e| e.to_string())?;
         if let Some(w) = cfg.unknown().0.first() {
@@ -93,7 +97,7 @@ impl HostedConfig {
         if udp.is_some() && !hca {
             return Err("--udp needs --hca".into());
         }
-        Ok(HostedConfig { listen, limits, keys, hca, udp, cmd_latency, lease: cfg.lease })
+        Ok(HostedConfig { listen, limits, keys, hca, udp, cmd_latency, lease: lease.get() })
     }
 }
 

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use leasebox_kernel::lease_config::LeaseOptions;
+use leasebox_lease::LeaseOptions;
 use leasebox_lease::service::SCAN_INTERVAL_US;
 use leasebox_lease::setup::PlatformHost;
 use leasebox_lease::setup::{self, LeaseParts};
@@ -34,12 +34,12 @@ use leasebox_mlx5::command::{Command, Output, opcode_name};
 use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
 use leasebox_mlx5::engine::{Client, CommandEngine, Event, EventEngine};
 use leasebox_mlx5::handles::{Mkey, Pdn, Qpn};
-use leasebox_mlx5::hosted::{HostedPlatform, ModelMode};
 use leasebox_mlx5::ifc;
 use leasebox_mlx5::ifc::mkey::{MkeyAccess, MkeyParams};
 use leasebox_mlx5::ifc::qp::{Mtu, QpAccess, QpBase, RcPeer, RcQpParams, RtsParams};
 use leasebox_mlx5::platform::Platform;
 use leasebox_proto::{AllocReq, LeaseId, Reply, Request, Response, access};
+use mlx5_hosted::{HostedPlatform, ModelMode};
 use mlx5_model::ModelConfig;
 
 /// Slots of the service the latency rows run on (the default `lease_slots=`).
@@ -251,12 +251,26 @@ fn spawn_engines(
     ev: EventEngine<HostedPlatform>,
     stop: Arc<AtomicBool>,
 ) -> JoinHandle<()> {
-    leasebox_mlx5::hosted::spawn_engines(cmd, ev, stop).expect("spawn the engines thread")
+    mlx5_hosted::spawn_engines(cmd, ev, stop).expect("spawn the engines thread")
 }
 
 fn fail(msg: &str) -> ! {
     eprintln!("lease_bench: {msg}");
     std::process::exit(1)
+}
+
+/// The first `bytes` of the pool's runs.
+fn first_bytes(runs: &[std::ops::Range<u64>], mut bytes: u64) -> Vec<std::ops::Range<u64>> {
+    let mut out = Vec::new();
+    for r in runs {
+        let n = bytes.min(r.end - r.start);
+        if n == 0 {
+            break;
+        }
+        out.push(r.start..r.start + n);
+        bytes -= n;
+    }
+    out
 }
 
 /// A service over the pool with `slots` slots of one extent each; `grace_ms` `None` keeps the default.
@@ -265,7 +279,7 @@ fn service(parts: &LeaseParts, slots: u32, grace_ms: Option<u64>) -> LeaseServic
     let base = Config::from_options(&o, parts, 0x1ea5_eb0c);
     let cfg = Config {
         extent: EXTENT,
-        pool_bytes: u64::from(slots) * EXTENT,
+        pool: first_bytes(&parts.pool, u64::from(slots) * EXTENT),
         tenant_leases: slots,
         default_ttl_ms: base.max_ttl_ms,
         grace_ms: grace_ms.unwrap_or(base.grace_ms),
@@ -679,7 +693,7 @@ fn pipeline(core: &mut Core, cmds: Vec<Command>) -> (Vec<Output>, f64) {
 /// DEALLOC_PD for all (one wave per opcode, every slot busy). Returns both times, ms.
 fn model_alone(core: &mut Core, n: usize) -> (f64, f64) {
     let hca = core.parts.hca;
-    let pool = core.parts.pool_base;
+    let pool = core.parts.pool[0].start;
     let (pds, _) = pipeline(core, (0..n).map(|_| ifc::resources::alloc_pd()).collect());
     let pds: Vec<Pdn> = pds.iter().map(ifc::resources::parse_alloc_pd).collect();
     let bufs: Vec<(u64, u64)> = (0..n)

@@ -1,6 +1,8 @@
 //! The lease service's budgets and switches (STYLE 10: declared, with limits and clear errors).
 
+use alloc::vec::Vec;
 use core::fmt;
+use core::ops::Range;
 
 /// Which teardown command the immediate phase of a revoke issues first (ARCHITECTURE.md, "Lease life cycle").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,9 +17,9 @@ pub enum RevokeOrder {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// The lease pool: device addresses `[pool_base, pool_base + pool_bytes)`, handed out in `extent`s.
-    pub pool_base: u64,
-    pub pool_bytes: u64,
+    /// The lease pool: runs of device addresses, each a whole number of `extent`s (they need not touch: a lease's
+    /// MKEY lists its extents one by one).
+    pub pool: Vec<Range<u64>>,
     /// Allocation granule and MKEY page size (a power of two, 4 KiB to 1 GiB; 2 MiB by default).
     pub extent: u64,
     /// Lease slots (each: one PD, one MKEY, one RC QP).
@@ -56,8 +58,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            pool_base: 0,
-            pool_bytes: 0,
+            pool: Vec::new(),
             extent: 2 << 20,
             slots: 1024,
             tenant_leases: 256,
@@ -91,12 +92,21 @@ impl fmt::Display for ConfigError {
 }
 
 impl Config {
+    /// The pool's size in bytes.
+    pub fn pool_bytes(&self) -> u64 {
+        self.pool.iter().map(|r| r.end.saturating_sub(r.start)).sum()
+    }
+
     pub fn check(&self) -> Result<(), ConfigError> {
         if !self.extent.is_power_of_two() || self.extent < 4096 || self.extent > (1 << 30) {
             return Err(ConfigError("extent must be a power of two from 4 KiB to 1 GiB"));
         }
-        if !self.pool_base.is_multiple_of(self.extent) || !self.pool_bytes.is_multiple_of(self.extent) {
-            return Err(ConfigError("the pool must start and end on an extent boundary"));
+        if self
+            .pool
+            .iter()
+            .any(|r| r.start > r.end || !r.start.is_multiple_of(self.extent) || !r.end.is_multiple_of(self.extent))
+        {
+            return Err(ConfigError("every run of the pool must start and end on an extent boundary"));
         }
         if self.slots == 0 || self.slots > 1 << 20 {
             return Err(ConfigError("slots must be 1 to 1048576"));

@@ -11,10 +11,12 @@ pub mod backend;
 pub mod config;
 pub mod lease;
 pub mod link;
+pub mod options;
 pub mod pool;
 pub mod service;
 pub mod setup;
 pub mod stats;
 
 pub use config::{Config, RevokeOrder};
+pub use options::LeaseOptions;
 pub use service::{HcaCtx, Host, LeaseService, Who, port_ib_mtu};

@@ -17,7 +17,7 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
 use leasebox_mlx5::command::{CmdError, Command, Output};
-use leasebox_mlx5::handles::{Cqn, FlowGroupId, FlowIndex, FlowTableId, MkeyIndex, Qpn, UarPage};
+use leasebox_mlx5::handles::{Cqn, FlowGroupId, FlowIndex, FlowTableId, MkeyIndex, MkeyVariant, Qpn, UarPage};
 use leasebox_mlx5::ifc;
 use leasebox_mlx5::ifc::mkey::{MkeyAccess, MkeyParams};
 use leasebox_mlx5::ifc::qp::{Mtu, QpAccess, QpBase, RcPeer, RcQpParams, RtsParams};
@@ -91,7 +91,7 @@ pub struct LeaseService<T: Copy> {
     /// never delay an outcome that is due within the revoke deadline.
     urgent: VecDeque<(u64, Command)>,
     answers: Vec<(T, Reply)>,
-    mkey_variant: u8,
+    mkey_variant: MkeyVariant,
     psn_state: u64,
     /// Free slots, oldest first (a freed slot goes to the back).
     free: VecDeque<u32>,
@@ -127,7 +127,7 @@ impl<T: Copy> LeaseService<T> {
         cfg.check()?;
         let cfg_slots = cfg.slots;
         let slots = (0..cfg.slots).map(|_| Slot::Free { next_generation: 1 }).collect();
-        let pool = ExtentPool::new(cfg.pool_base, cfg.pool_bytes, cfg.extent);
+        let pool = ExtentPool::new(&cfg.pool, cfg.extent);
         let psn_state = cfg.psn_seed | 1;
         Ok(LeaseService {
             cfg,
@@ -139,7 +139,7 @@ impl<T: Copy> LeaseService<T> {
             outbox: VecDeque::new(),
             urgent: VecDeque::new(),
             answers: Vec::new(),
-            mkey_variant: 0,
+            mkey_variant: MkeyVariant::default(),
             psn_state,
             free: (0..cfg_slots).collect(),
             usage: BTreeMap::new(),
@@ -347,10 +347,10 @@ impl<T: Copy> LeaseService<T> {
         if a.size == 0 {
             return Err(bad("alloc.size", "must be at least 1 byte"));
         }
-        if a.size > self.cfg.pool_bytes {
+        if a.size > self.cfg.pool_bytes() {
             return Err(err(
                 ErrorCode::NoMemory,
-                &format!("{} bytes asked, the pool holds {}", a.size, self.cfg.pool_bytes),
+                &format!("{} bytes asked, the pool holds {}", a.size, self.cfg.pool_bytes()),
             ));
         }
         if a.access == 0 || a.access & !access::ALL != 0 {
@@ -399,7 +399,7 @@ impl<T: Copy> LeaseService<T> {
         let cfg_fence_test = self.cfg.fence_test;
         let cfg_timers = (self.cfg.ack_timeout, self.cfg.retry_count, self.cfg.rnr_retry);
         loop {
-            let variant = self.mkey_variant;
+            let variant = self.mkey_variant.peek();
             let extent_log = self.cfg.extent.trailing_zeros() as u8;
             let Some(l) = self.lease_mut(slot) else { return };
             if l.in_flight.is_some() {
@@ -526,7 +526,7 @@ impl<T: Copy> LeaseService<T> {
             }
             let Some(cmd) = cmd else { continue };
             if step == Step::CreateMkey {
-                self.mkey_variant = self.mkey_variant.wrapping_add(1);
+                self.mkey_variant.take();
             }
             let tag = self.next_tag;
             self.next_tag += 1;

@@ -3,8 +3,9 @@
 
 use alloc::format;
 use alloc::string::String;
+use alloc::vec::Vec;
+use core::ops::Range;
 
-use leasebox_kernel::lease_config::{DEFAULT_RDMA_IP, LeaseOptions, RevokeOrder as Order};
 use leasebox_mlx5::driver::Driver;
 use leasebox_mlx5::ifc::flow;
 use leasebox_mlx5::ifc::vport::{RoceAddress, set_roce_address};
@@ -12,7 +13,8 @@ use leasebox_mlx5::platform::Platform;
 
 use alloc::sync::Arc;
 
-use crate::config::{Config, RevokeOrder};
+use crate::config::Config;
+use crate::options::{DEFAULT_RDMA_IP, LeaseOptions};
 use crate::service::{HcaCtx, Host, port_ib_mtu};
 
 /// The lease service's host over an mlx5 platform: QP buffers from its DMA memory, scrubbing through its DMA
@@ -40,18 +42,43 @@ impl<P: Platform> Host for PlatformHost<P> {
 /// The lease QPs' CQ size (log2 entries).
 const LEASE_CQ_LOG: u32 = 12;
 
+/// The pool's extents: `lease_pool_mib=` is a number of these (docs/operations.md).
+pub const POOL_EXTENT: u64 = 2 << 20;
+
 /// The service's view of the HCA and its pool.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct LeaseParts {
     pub hca: HcaCtx,
-    pub pool_base: u64,
-    pub pool_bytes: u64,
+    /// The pool's runs of device addresses (adjacent extents merged).
+    pub pool: Vec<Range<u64>>,
     pub rdma_ip: core::net::Ipv4Addr,
+}
+
+/// `mib` MiB of DMA memory in [`POOL_EXTENT`]s wherever the platform has them, adjacent extents merged into
+/// runs; nothing (every extent returned) when there are fewer.
+pub fn allocate_pool<P: Platform>(p: &P, mib: u32) -> Result<Vec<Range<u64>>, String> {
+    let want = u64::from(mib) << 20;
+    let mut runs: Vec<Range<u64>> = Vec::new();
+    let mut have = 0;
+    while have < want {
+        let Some(a) = p.dma_alloc(POOL_EXTENT as usize, POOL_EXTENT as usize) else {
+            for e in runs.iter().flat_map(|r| r.clone().step_by(POOL_EXTENT as usize)) {
+                p.dma_free(e, POOL_EXTENT as usize);
+            }
+            return Err(format!("only {} of {mib} MiB free for the lease pool (in 2 MiB extents)", have >> 20));
+        };
+        match runs.last_mut() {
+            Some(r) if r.end == a => r.end += POOL_EXTENT,
+            _ => runs.push(a..a + POOL_EXTENT),
+        }
+        have += POOL_EXTENT;
+    }
+    Ok(runs)
 }
 
 /// On a driver that is up (before its engines are split off): the lease QPs' CQ (watched by the event
 /// engine), the RDMA_RX table and group for DROP entries when `flow_drop` is on (best effort), a RoCEv2 GID
-/// for `rdma_ip` (index 1; GID 0 if the firmware refuses), and the pool (2 MiB-aligned DMA memory).
+/// for `rdma_ip` (index 1; GID 0 if the firmware refuses), and the pool ([`allocate_pool`]).
 #[allow(clippy::result_large_err)]
 pub fn prepare<P: Platform>(
     d: &mut Driver<P>,
@@ -92,34 +119,26 @@ pub fn prepare<P: Platform>(
             (d.info.gid, 0)
         }
     };
-    let pool_bytes = u64::from(o.pool_mib) << 20;
-    let pool_base = d
-        .platform()
-        .dma_alloc(pool_bytes as usize, 2 << 20)
-        .ok_or_else(|| format!("no {} MiB of contiguous memory for the lease pool", o.pool_mib))?;
+    let pool = allocate_pool(d.platform().as_ref(), o.pool_mib)?;
     let port_mtu = port_ib_mtu(d.info.mtu);
     log::info!(
-        "lease: pool {} MiB at {pool_base:#x}, {} slots, CQ {cqn}, port IB MTU {}, flow DROP {}, RDMA address {ip} \
-         (GID index {gid_index})",
+        "lease: pool {} MiB in {} run(s) from {:#x}, {} slots, CQ {cqn}, port IB MTU {}, flow DROP {}, RDMA address \
+         {ip} (GID index {gid_index})",
         o.pool_mib,
+        pool.len(),
+        pool.first().map_or(0, |r| r.start),
         o.slots,
         128u32 << port_mtu,
         if flow.is_some() { "on" } else { "off" }
     );
-    Ok(LeaseParts {
-        hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, port_mtu, flow },
-        pool_base,
-        pool_bytes,
-        rdma_ip: ip,
-    })
+    Ok(LeaseParts { hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, port_mtu, flow }, pool, rdma_ip: ip })
 }
 
 impl Config {
     /// The service's configuration from the lease options and the pool `prepare` set aside.
     pub fn from_options(o: &LeaseOptions, parts: &LeaseParts, psn_seed: u64) -> Config {
         Config {
-            pool_base: parts.pool_base,
-            pool_bytes: parts.pool_bytes,
+            pool: parts.pool.clone(),
             slots: o.slots,
             tenant_leases: o.tenant_leases,
             default_ttl_ms: o.ttl_ms,
@@ -128,10 +147,8 @@ impl Config {
             grace_ms: u64::from(o.grace_ms),
             session_grace_ms: u64::from(o.session_grace_ms),
             heartbeat_renews: o.heartbeat_renews,
-            order: match o.order {
-                Order::MkeyFirst => RevokeOrder::MkeyFirst,
-                Order::QpFirst => RevokeOrder::QpFirst,
-            },
+            order: o.order,
+            allow_order_override: o.allow_order_override,
             flow_drop: o.flow_drop,
             fence_test: o.fence_test,
             psn_seed: psn_seed | 1,
@@ -144,4 +161,64 @@ impl Config {
 pub fn fence_test_warning(o: &LeaseOptions) -> Option<String> {
     (o.fence_test && !cfg!(feature = "fence-test"))
         .then(|| String::from("fence_test=on is ignored: built without the `fence-test` feature"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Hands out the given extent addresses in order, then nothing; records frees.
+    struct Extents {
+        left: Mutex<Vec<u64>>,
+        freed: Mutex<Vec<u64>>,
+    }
+
+    impl Extents {
+        fn new(addrs: &[u64]) -> Extents {
+            Extents { left: Mutex::new(addrs.iter().rev().copied().collect()), freed: Mutex::new(Vec::new()) }
+        }
+    }
+
+    impl Platform for Extents {
+        fn bar_read32(&self, _: usize) -> u32 {
+            u32::MAX
+        }
+        fn bar_write32(&self, _: usize, _: u32) {}
+        fn dma_alloc(&self, len: usize, align: usize) -> Option<u64> {
+            assert_eq!((len, align), (POOL_EXTENT as usize, POOL_EXTENT as usize));
+            self.left.lock().unwrap().pop()
+        }
+        fn dma_free(&self, addr: u64, len: usize) {
+            assert_eq!(len, POOL_EXTENT as usize);
+            self.freed.lock().unwrap().push(addr);
+        }
+        fn dma_read(&self, _: u64, buf: &mut [u8]) {
+            buf.fill(0xff);
+        }
+        fn dma_write(&self, _: u64, _: &[u8]) {}
+        fn now_ns(&self) -> u64 {
+            0
+        }
+    }
+
+    const M: u64 = 1 << 20;
+
+    #[test]
+    fn the_pool_is_built_from_extents_wherever_they_are() {
+        let p = Extents::new(&[64 * M, 66 * M, 70 * M, 4096 * M, 4098 * M, 100 * M]);
+        let runs = allocate_pool(&p, 10).unwrap();
+        assert_eq!(runs, [64 * M..68 * M, 70 * M..72 * M, 4096 * M..4100 * M]);
+        assert!(p.freed.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_pool_that_does_not_fit_returns_every_extent_and_says_how_much_there_was() {
+        let p = Extents::new(&[64 * M, 66 * M, 80 * M]);
+        let e = allocate_pool(&p, 8).unwrap_err();
+        assert_eq!(e, "only 6 of 8 MiB free for the lease pool (in 2 MiB extents)");
+        let mut freed = p.freed.lock().unwrap().clone();
+        freed.sort();
+        assert_eq!(freed, [64 * M, 66 * M, 80 * M]);
+    }
 }

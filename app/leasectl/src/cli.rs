@@ -1,12 +1,11 @@
 //! `leasectl`: settings from flags over the configuration file, one command, its output and exit code.
 
-use crate::args::{self, Command, Global, Invocation, lease_str};
-use crate::client::{Client, ClientError, Credentials, DEFAULT_PORT, Timeouts, exit};
-use crate::config::{self, FileConfig};
-use crate::{hex, render};
+use crate::args::{self, Command, Invocation, lease_str};
+use crate::client::{Client, ClientError, exit};
+use crate::config::{Settings, settings};
+use crate::render;
 use leasebox_proto::{MAX_PAGE, Request, Response};
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Instant;
 
 pub const USAGE: &str = "\
@@ -68,56 +67,6 @@ exit codes:
   5  protocol violation by the server
   6  verify: a check failed (a figure over --budget-ms, a completed write missing, a success after the
      outcome, a fresh lease not zero, no failed completion)";
-
-/// Where to connect and as whom.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Settings {
-    pub addr: String,
-    pub who: Credentials,
-    pub timeouts: Timeouts,
-}
-
-/// Combines flags, the configuration file and defaults. `env` looks up environment variables.
-pub fn settings(g: &Global, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings, String> {
-    let (file, path) = match &g.config {
-        Some(p) => (FileConfig::load(p)?, Some(p.clone())),
-        None => match config::default_path(env) {
-            Some(p) if p.exists() => (FileConfig::load(&p)?, Some(p)),
-            other => (FileConfig::default(), other),
-        },
-    };
-    let where_ = |p: &Option<PathBuf>| match p {
-        Some(p) => format!("{} (which `cargo xtask run` writes)", p.display()),
-        None => "a configuration file (set HOME or LEASECTL_CONFIG)".into(),
-    };
-    let mut addr = g.addr.clone().or(file.addr.clone()).unwrap_or_else(|| format!("127.0.0.1:{DEFAULT_PORT}"));
-    if !addr.contains(':') {
-        addr = format!("{addr}:{DEFAULT_PORT}");
-    }
-    let (name, key_hex) = if g.admin {
-        let key = g.key.clone().or(file.admin_key.clone()).ok_or_else(|| {
-            format!("--admin needs the admin key: pass --key HEX or put admin_key in {}", where_(&path))
-        })?;
-        ("admin".to_string(), key)
-    } else {
-        let name = g.tenant.clone().or(file.tenant.clone()).ok_or_else(|| {
-            format!(
-                "no principal: pass --tenant NAME --key HEX (or --admin), or put tenant and key in {}",
-                where_(&path)
-            )
-        })?;
-        // The file's key belongs to the file's tenant only.
-        let file_key = file.key.clone().filter(|_| file.tenant.as_deref() == Some(name.as_str()));
-        let key = g.key.clone().or(file_key).ok_or_else(|| format!("no key for tenant '{name}': pass --key HEX"))?;
-        (name, key)
-    };
-    let key = hex::decode(&key_hex).map_err(|e| format!("key: {e}"))?;
-    if key.is_empty() {
-        return Err("key: empty".into());
-    }
-    let timeouts = g.timeout.map_or_else(Timeouts::default, Timeouts::all);
-    Ok(Settings { addr, who: Credentials { name, key }, timeouts })
-}
 
 /// Runs `leasectl` with `args` (after the program name); returns the exit code.
 pub fn run(args: &[String], env: &dyn Fn(&str) -> Option<String>, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
@@ -227,6 +176,10 @@ fn execute(command: &Command, s: &Settings, json: bool) -> Result<String, Client
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::args::Global;
+    use crate::client::{Credentials, Timeouts};
+    use crate::config;
+    use std::path::PathBuf;
     use std::time::Duration;
 
     fn g(args: &[&str]) -> Global {

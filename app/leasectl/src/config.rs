@@ -1,4 +1,5 @@
-//! The client configuration file: where the appliance is and which keys to use.
+//! The client configuration file: where the appliance is and which keys to use; and [`settings`], which
+//! combines it with the flags.
 //!
 //! ```text
 //! # written by `cargo xtask run`
@@ -16,6 +17,10 @@ use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+use crate::args::Global;
+use crate::client::{Credentials, DEFAULT_PORT, Timeouts};
+use crate::hex;
 
 /// Environment variable naming the configuration file.
 pub const ENV_CONFIG: &str = "LEASECTL_CONFIG";
@@ -122,6 +127,56 @@ pub fn default_path(env: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
         None => PathBuf::from(set("HOME")?).join(".config"),
     };
     Some(base.join("leasebox").join("leasectl.conf"))
+}
+
+/// Where to connect and as whom.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub addr: String,
+    pub who: Credentials,
+    pub timeouts: Timeouts,
+}
+
+/// Combines flags, the configuration file and defaults. `env` looks up environment variables.
+pub fn settings(g: &Global, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings, String> {
+    let (file, path) = match &g.config {
+        Some(p) => (FileConfig::load(p)?, Some(p.clone())),
+        None => match default_path(env) {
+            Some(p) if p.exists() => (FileConfig::load(&p)?, Some(p)),
+            other => (FileConfig::default(), other),
+        },
+    };
+    let where_ = |p: &Option<PathBuf>| match p {
+        Some(p) => format!("{} (which `cargo xtask run` writes)", p.display()),
+        None => "a configuration file (set HOME or LEASECTL_CONFIG)".into(),
+    };
+    let mut addr = g.addr.clone().or(file.addr.clone()).unwrap_or_else(|| format!("127.0.0.1:{DEFAULT_PORT}"));
+    if !addr.contains(':') {
+        addr = format!("{addr}:{DEFAULT_PORT}");
+    }
+    let (name, key_hex) = if g.admin {
+        let key = g.key.clone().or(file.admin_key.clone()).ok_or_else(|| {
+            format!("--admin needs the admin key: pass --key HEX or put admin_key in {}", where_(&path))
+        })?;
+        ("admin".to_string(), key)
+    } else {
+        let name = g.tenant.clone().or(file.tenant.clone()).ok_or_else(|| {
+            format!(
+                "no principal: pass --tenant NAME --key HEX (or --admin), or put tenant and key in {}",
+                where_(&path)
+            )
+        })?;
+        // The file's key belongs to the file's tenant only.
+        let file_key = file.key.clone().filter(|_| file.tenant.as_deref() == Some(name.as_str()));
+        let key = g.key.clone().or(file_key).ok_or_else(|| format!("no key for tenant '{name}': pass --key HEX"))?;
+        (name, key)
+    };
+    let key = hex::decode(&key_hex).map_err(|e| format!("key: {e}"))?;
+    if key.is_empty() {
+        return Err("key: empty".into());
+    }
+    let timeouts = g.timeout.map_or_else(Timeouts::default, Timeouts::all);
+    Ok(Settings { addr, who: Credentials { name, key }, timeouts })
 }
 
 #[cfg(test)]

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use leasebox_mlx5::Platform;
 use leasebox_mlx5::driver::{Config, Driver};
 use leasebox_mlx5::handles::{Mkey, Qpn};
-use leasebox_mlx5::hosted::{HostedPlatform, ModelMode};
 use leasebox_mlx5::ifc::mkey::MkeyAccess;
 use leasebox_mlx5::ifc::qp::{Mtu, QpAccess, RcPeer, RtsParams};
 use leasebox_mlx5::objects::{Cq, RcQp, RcQpSizes};
 use leasectl::rdma::{Completion, QpEndpoint, RcConfig, Requester, SoftConfig, SoftRoce, WcStatus, gid_from_ipv4};
+use mlx5_hosted::{HostedPlatform, ModelMode};
 use mlx5_model::ModelConfig;
 use mlx5_model::roce::udp::UdpResponder;
 

@@ -1,11 +1,15 @@
 //! What sessions hand on: lease operations, diagnostics, and the news that a session is gone.
 
-use crate::server::ConnId;
 use alloc::string::String;
 use alloc::vec::Vec;
 use leasebox_proto::{
     ErrorBody, ErrorCode, FencedSlot, HcaState, Health, HealthStatus, LeaseStats, Op, Reply, Request, Role,
 };
+
+/// A transport connection, unique within a boot (the transport names it; the server and the backend's
+/// [`Principal`] carry it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
 
 /// Who sent a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,21 +88,36 @@ pub trait Backend {
     fn session_lost(&mut self, who: &Principal, reason: CloseReason, now_ms: u64);
 }
 
-/// The backend until the lease service lands: lease operations answer NOT_IMPLEMENTED; there is no HCA, so
-/// nothing can be fenced.
-#[derive(Default)]
+/// The backend of an appliance whose lease service is off (no HCA, or it could not start): lease operations
+/// answer NOT_IMPLEMENTED with the reason; nothing can be fenced.
 pub struct NoLeases {
+    /// Why there is no lease service, for every answer and HEALTH.
+    pub reason: String,
     /// Role counts supplied by the platform (the image fills them from its role loops).
     pub roles: Vec<(u16, u8, u64)>,
     /// Sessions that ended, for tests and diagnostics (bounded).
     pub lost: Vec<(String, CloseReason)>,
 }
 
+impl NoLeases {
+    /// The lease service is off because of `reason` (e.g. "no HCA").
+    pub fn off(reason: impl Into<String>) -> NoLeases {
+        NoLeases { reason: reason.into(), roles: Vec::new(), lost: Vec::new() }
+    }
+}
+
+/// Without an HCA.
+impl Default for NoLeases {
+    fn default() -> Self {
+        NoLeases::off("no HCA")
+    }
+}
+
 impl Backend for NoLeases {
     fn lease_op(&mut self, _who: &Principal, req: &Request, _ticket: Ticket, _now_ms: u64) -> Answer {
         Answer::Now(Err(ErrorBody::new(
             ErrorCode::NotImplemented,
-            &alloc::format!("{} is specified but the lease service is not built yet", req.op().name()),
+            &alloc::format!("{}: the lease service is off: {}", req.op().name(), self.reason),
         )))
     }
     fn fenced(&mut self, _who: &Principal) -> Vec<FencedSlot> {
@@ -110,7 +129,7 @@ impl Backend for NoLeases {
             hca: HcaState::Absent,
             fenced_slots: 0,
             uptime_ms: 0,
-            message: String::from("control channel up; no HCA driver yet"),
+            message: alloc::format!("control channel up; lease service off: {}", self.reason),
         }
     }
     fn role_counts(&self) -> Vec<(u16, u8, u64)> {

@@ -2,8 +2,8 @@
 //! the hosted appliance drives the same code from std TCP; tests drive it directly.
 //!
 //! A connection goes AwaitHello → Challenged → Authenticated (docs/wire-protocol.md, "Sessions"). Lease
-//! operations and diagnostics are handed to a [`Backend`]; until the lease service exists, the default backend
-//! answers lease operations with `NOT_IMPLEMENTED`.
+//! operations and diagnostics are handed to a [`Backend`]: the lease service, or [`NoLeases`] when it is off
+//! (lease operations answer `NOT_IMPLEMENTED` with the reason).
 #![no_std]
 #![forbid(unsafe_code)]
 
@@ -13,9 +13,9 @@ mod backend;
 mod keyring;
 mod server;
 
-pub use backend::{Answer, Backend, CloseReason, NoLeases, Principal, Ticket};
+pub use backend::{Answer, Backend, CloseReason, ConnId, NoLeases, Principal, Ticket};
 pub use keyring::{KeyError, Keyring, parse_hex};
-pub use server::{ConnId, Entropy, EntropyError, Limits, Server, StartError};
+pub use server::{Entropy, EntropyError, Limits, Server, StartError};
 
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,6 @@
 //! The session table and the per-connection protocol machine.
 
-use crate::backend::{Answer, Backend, CloseReason, Principal, Ticket};
+use crate::backend::{Answer, Backend, CloseReason, ConnId, Principal, Ticket};
 use crate::keyring::Keyring;
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
@@ -25,10 +25,6 @@ const MAX_REFUSED: usize = 4;
 /// A connection must finish HELLO within this time of opening, whatever it sends meanwhile: otherwise a
 /// client that never authenticates could hold a session place forever.
 pub const HELLO_DEADLINE_MS: u64 = 5_000;
-
-/// A transport connection, unique within a boot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConnId(pub u64);
 
 /// The random source failed (or does not exist).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

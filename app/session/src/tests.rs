@@ -287,7 +287,7 @@ fn one_session_over_budget_gets_busy() {
 }
 
 #[test]
-fn lease_ops_are_not_implemented_yet_and_bye_closes() {
+fn lease_ops_without_a_lease_service_name_the_reason_and_bye_closes() {
     let mut s = server(Limits::default());
     s.open(ConnId(1), 0);
     login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
@@ -298,7 +298,8 @@ fn lease_ops_are_not_implemented_yet_and_bye_closes() {
             .enumerate()
     {
         let a = exchange(&mut s, ConnId(1), &req(r, id as u32), 0);
-        assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::NotImplemented));
+        assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::NotImplemented
+                && e.message.ends_with(": the lease service is off: no HCA")));
     }
     let a = exchange(&mut s, ConnId(1), &req(Request::FencedSummary, 8), 0);
     assert!(matches!(&a[0].1, Ans::Ok(Response::FencedSummary { slots }) if slots.is_empty()));

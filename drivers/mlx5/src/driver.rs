@@ -124,7 +124,7 @@ pub struct Driver<P: Platform> {
     /// Completions `exec` saw for other tags (async users interleaved with `exec`).
     stash: Vec<Completion>,
     embedded_cpu: bool,
-    pub(crate) mkey_variant: crate::objects::MkeyVariant,
+    pub(crate) mkey_variant: crate::handles::MkeyVariant,
 }
 
 fn wait<P: Platform + ?Sized>(p: &P, ms: u64, mut done: impl FnMut() -> bool) -> bool {
@@ -184,7 +184,7 @@ impl<P: Platform> Driver<P> {
             },
             stash: Vec::new(),
             embedded_cpu: initseg::embedded_cpu(p.as_ref()),
-            mkey_variant: crate::objects::MkeyVariant::default(),
+            mkey_variant: crate::handles::MkeyVariant::default(),
         };
         let step = |step: &'static str| move |error| BringUpError::Command { step, error };
         // 6. ENABLE_HCA.

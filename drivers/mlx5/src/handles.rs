@@ -94,6 +94,31 @@ impl Mkey {
     }
 }
 
+/// The 8-bit MKEY variant (`mkey_7_0`), rotated on every create so a re-used index yields a different key
+/// (Linux mlx5_ib keeps such a counter per device). The one counter: the driver's objects and the lease
+/// service both take from one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MkeyVariant(u8);
+
+impl MkeyVariant {
+    /// A counter whose first variant is `first`.
+    pub const fn new(first: u8) -> MkeyVariant {
+        MkeyVariant(first)
+    }
+
+    /// The variant the next [`MkeyVariant::take`] returns.
+    pub fn peek(&self) -> u8 {
+        self.0
+    }
+
+    /// The variant for the next MKEY.
+    pub fn take(&mut self) -> u8 {
+        let v = self.0;
+        self.0 = self.0.wrapping_add(1);
+        v
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,8 +26,6 @@ pub mod driver;
 pub mod engine;
 pub mod eq;
 pub mod health;
-#[cfg(feature = "hosted")]
-pub mod hosted;
 pub mod initseg;
 pub mod log;
 pub mod objects;

@@ -17,20 +17,6 @@ use crate::ifc::mkey::{MkeyAccess, MkeyInfo, MkeyParams};
 use crate::ifc::qp::{QpAccess, QpBase, QpInfo, RcPeer, RcQpParams, RtsParams};
 use crate::platform::{PAGE_SIZE, Platform};
 
-/// The 8-bit MKEY variant (`mkey_7_0`), rotated on every create so a re-used index yields a different key
-/// (Linux mlx5_ib keeps such a counter per device).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MkeyVariant(u8);
-
-impl MkeyVariant {
-    /// The variant for the next MKEY.
-    pub fn take(&mut self) -> u8 {
-        let v = self.0;
-        self.0 = self.0.wrapping_add(1);
-        v
-    }
-}
-
 /// A polled CQ: its number and its ring.
 pub struct Cq {
     pub cqn: Cqn,

@@ -1,7 +1,11 @@
-//! Thin wrappers over the x86-64 instructions the kernel needs: port I/O, MSRs, control registers, TSC,
-//! CPUID, halting. Each is `unsafe` where misuse can break memory safety or the machine's state.
+//! The x86-64 instructions the kernel needs — port I/O, MSRs, control registers, TLB flushes from the `x86_64`
+//! crate (`docs/architecture.md`, "Ground floor"); TSC, CPUID, halting here — behind small functions the rest of
+//! `arch/` calls. Each is `unsafe` where misuse can break memory safety or the machine's state.
 
 use core::arch::asm;
+use x86_64::instructions::port::{PortReadOnly, PortWriteOnly};
+use x86_64::registers::control::{Cr2, Cr3};
+use x86_64::registers::model_specific::Msr;
 
 /// Writes a byte to an I/O port.
 ///
@@ -9,7 +13,7 @@ use core::arch::asm;
 /// The port must belong to a device whose side effects the caller accounts for.
 pub unsafe fn outb(port: u16, value: u8) {
     // SAFETY: the caller vouches for the port; `out` touches no memory.
-    unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags)) }
+    unsafe { PortWriteOnly::<u8>::new(port).write(value) }
 }
 
 /// Reads a byte from an I/O port.
@@ -17,10 +21,8 @@ pub unsafe fn outb(port: u16, value: u8) {
 /// # Safety
 /// As [`outb`]: reads can have device side effects.
 pub unsafe fn inb(port: u16) -> u8 {
-    let v: u8;
     // SAFETY: the caller vouches for the port; `in` touches no memory.
-    unsafe { asm!("in al, dx", out("al") v, in("dx") port, options(nomem, nostack, preserves_flags)) }
-    v
+    unsafe { PortReadOnly::<u8>::new(port).read() }
 }
 
 /// Writes a dword to an I/O port.
@@ -29,7 +31,7 @@ pub unsafe fn inb(port: u16) -> u8 {
 /// As [`outb`].
 pub unsafe fn outl(port: u16, value: u32) {
     // SAFETY: the caller vouches for the port.
-    unsafe { asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack, preserves_flags)) }
+    unsafe { PortWriteOnly::<u32>::new(port).write(value) }
 }
 
 /// Reads a dword from an I/O port.
@@ -37,10 +39,8 @@ pub unsafe fn outl(port: u16, value: u32) {
 /// # Safety
 /// As [`outb`].
 pub unsafe fn inl(port: u16) -> u32 {
-    let v: u32;
     // SAFETY: the caller vouches for the port.
-    unsafe { asm!("in eax, dx", out("eax") v, in("dx") port, options(nomem, nostack, preserves_flags)) }
-    v
+    unsafe { PortReadOnly::<u32>::new(port).read() }
 }
 
 /// Reads a model-specific register.
@@ -48,10 +48,8 @@ pub unsafe fn inl(port: u16) -> u32 {
 /// # Safety
 /// The MSR must exist on this CPU (a missing one raises #GP).
 pub unsafe fn rdmsr(msr: u32) -> u64 {
-    let (lo, hi): (u32, u32);
     // SAFETY: the caller vouches that the MSR exists.
-    unsafe { asm!("rdmsr", in("ecx") msr, out("eax") lo, out("edx") hi, options(nomem, nostack, preserves_flags)) }
-    (u64::from(hi) << 32) | u64::from(lo)
+    unsafe { Msr::new(msr).read() }
 }
 
 /// Writes a model-specific register.
@@ -60,10 +58,7 @@ pub unsafe fn rdmsr(msr: u32) -> u64 {
 /// The MSR must exist and the value must keep the machine in a state the kernel expects.
 pub unsafe fn wrmsr(msr: u32, value: u64) {
     // SAFETY: the caller vouches for the MSR and value.
-    unsafe {
-        asm!("wrmsr", in("ecx") msr, in("eax") value as u32, in("edx") (value >> 32) as u32,
-             options(nostack, preserves_flags))
-    }
+    unsafe { Msr::new(msr).write(value) }
 }
 
 pub const IA32_APIC_BASE: u32 = 0x1B;
@@ -89,27 +84,18 @@ pub fn under_hypervisor() -> bool {
 
 /// The page-fault linear address.
 pub fn cr2() -> u64 {
-    let v: u64;
-    // SAFETY: reading CR2 has no side effects.
-    unsafe { asm!("mov {}, cr2", out(reg) v, options(nomem, nostack, preserves_flags)) }
-    v
+    Cr2::read_raw()
 }
 
-/// The current page-table root.
+/// The current page-table root, as the register holds it (address and flags).
 pub fn cr3() -> u64 {
-    let v: u64;
-    // SAFETY: reading CR3 has no side effects.
-    unsafe { asm!("mov {}, cr3", out(reg) v, options(nomem, nostack, preserves_flags)) }
-    v
+    let (frame, flags) = Cr3::read_raw();
+    frame.start_address().as_u64() | u64::from(flags)
 }
 
-/// Flushes all non-global TLB entries by reloading CR3.
-///
-/// # Safety
-/// The current page tables must stay valid for the code and data in use.
-pub unsafe fn flush_tlb() {
-    // SAFETY: writing back the same root keeps the address space; only cached translations are dropped.
-    unsafe { asm!("mov rax, cr3", "mov cr3, rax", out("rax") _, options(nostack, preserves_flags)) }
+/// Flushes all non-global TLB entries by reloading CR3 (the same root: only cached translations go).
+pub fn flush_tlb() {
+    x86_64::instructions::tlb::flush_all();
 }
 
 /// Spin-loop hint.

@@ -42,7 +42,7 @@ impl Lapic {
     fn read(&self, reg: u64) -> u32 {
         match *self {
             // SAFETY: the xAPIC page is mapped uncached (init) and `reg` is a register offset within it.
-            Lapic::Xapic { base } => unsafe { core::ptr::read_volatile((base + reg) as *const u32) },
+            Lapic::Xapic { base } => unsafe { super::mmio::read((base + reg) as *const u32) },
             // SAFETY: x2APIC is enabled (checked in init); MSR 0x800 + reg/16 is the register's MSR.
             Lapic::X2apic => unsafe { rdmsr(X2APIC_MSR_BASE + (reg >> 4) as u32) as u32 },
         }
@@ -51,7 +51,7 @@ impl Lapic {
     fn write(&self, reg: u64, v: u32) {
         match *self {
             // SAFETY: as in `read`.
-            Lapic::Xapic { base } => unsafe { core::ptr::write_volatile((base + reg) as *mut u32, v) },
+            Lapic::Xapic { base } => unsafe { super::mmio::write((base + reg) as *mut u32, v) },
             // SAFETY: as in `read`.
             Lapic::X2apic => unsafe { wrmsr(X2APIC_MSR_BASE + (reg >> 4) as u32, u64::from(v)) },
         }

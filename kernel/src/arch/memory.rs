@@ -28,11 +28,11 @@ impl TableMemory for LiveTables {
     fn read(&self, table: u64, index: usize) -> u64 {
         // SAFETY: `table` is a page-table page (from CR3 or a present entry), identity-mapped, and `index` is
         // < 512 (paging masks it to 9 bits).
-        unsafe { core::ptr::read_volatile((table as *const u64).add(index)) }
+        unsafe { super::mmio::read((table as *const u64).add(index)) }
     }
     fn write(&mut self, table: u64, index: usize, entry: u64) {
         // SAFETY: as in `read`; edits happen under the TABLES lock.
-        unsafe { core::ptr::write_volatile((table as *mut u64).add(index), entry) }
+        unsafe { super::mmio::write((table as *mut u64).add(index), entry) }
     }
     fn alloc_table(&mut self) -> Option<u64> {
         // Tables must be reachable through the boot map while they are being linked in: take them below 4 GiB.
@@ -47,8 +47,8 @@ fn map(start: u64, end: u64, cache: Cache) -> Result<(), MapError> {
     let _g = TABLES.lock();
     let changed = paging::identity_map(&mut LiveTables, root(), start, end, cache)?;
     if changed > 0 {
-        // SAFETY: the tables stay valid for everything already mapped; this only drops cached translations.
-        unsafe { super::cpu::flush_tlb() };
+        // The tables stay valid for everything already mapped; this only drops cached translations.
+        super::cpu::flush_tlb();
     }
     Ok(())
 }
@@ -143,8 +143,48 @@ pub struct DmaRegion {
 
 // SAFETY: the region is plain memory owned by whoever holds the `DmaRegion`.
 unsafe impl Send for DmaRegion {}
+// SAFETY: through `&self` the region is only read and written with volatile accesses (`read`, `write`, `zero`),
+// which is how the device shares it anyway; no reference into it is ever handed out.
+unsafe impl Sync for DmaRegion {}
 
 impl DmaRegion {
+    /// Whether `[offset, offset + len)` lies inside the region.
+    fn inside(&self, offset: usize, len: usize) -> bool {
+        offset.checked_add(len).is_some_and(|end| end <= self.len)
+    }
+
+    /// Reads `buf.len()` bytes at `offset` into `buf` (aligned 4- and 8-byte pieces are single accesses);
+    /// `false`, with `buf` untouched, when the range leaves the region.
+    pub fn read(&self, offset: usize, buf: &mut [u8]) -> bool {
+        if !self.inside(offset, buf.len()) {
+            return false;
+        }
+        // SAFETY: inside the region (checked), which this value owns and which is identity-mapped.
+        unsafe { super::mmio::copy_from(self.virt.as_ptr() as usize + offset, buf) };
+        true
+    }
+
+    /// Writes `data` at `offset` (aligned 4- and 8-byte pieces are single accesses); `false`, with nothing
+    /// written, when the range leaves the region.
+    pub fn write(&self, offset: usize, data: &[u8]) -> bool {
+        if !self.inside(offset, data.len()) {
+            return false;
+        }
+        // SAFETY: as in `read`.
+        unsafe { super::mmio::copy_to(self.virt.as_ptr() as usize + offset, data) };
+        true
+    }
+
+    /// Zeroes `[offset, offset + len)`; `false`, with nothing written, when the range leaves the region.
+    pub fn zero(&self, offset: usize, len: usize) -> bool {
+        if !self.inside(offset, len) {
+            return false;
+        }
+        // SAFETY: as in `read`; plain stores, ordered before any later doorbell by `Mmio::write32`'s fence.
+        unsafe { core::ptr::write_bytes(self.virt.as_ptr().add(offset), 0, len) };
+        true
+    }
+
     pub fn as_ptr(&self) -> *mut u8 {
         self.virt.as_ptr()
     }
@@ -203,14 +243,5 @@ pub fn dma_free(region: DmaRegion) {
     let frames = region.len as u64 / FRAME_SIZE;
     if let Err(e) = FRAMES.lock().free(region.device_addr, frames) {
         log::error!("dma: freeing {:#x}+{:#x} failed: {e:?}", region.device_addr, region.len);
-    }
-}
-
-/// Returns `len` bytes of frames at `device_addr` that [`dma_alloc`] handed out (for owners that keep only the
-/// address, such as the mlx5 platform). The caller must know the device can no longer reach them.
-pub fn dma_free_addr(device_addr: u64, len: usize) {
-    let frames = (len as u64).div_ceil(FRAME_SIZE);
-    if let Err(e) = FRAMES.lock().free(device_addr, frames) {
-        log::error!("dma: freeing {device_addr:#x}+{len:#x} failed: {e:?}");
     }
 }

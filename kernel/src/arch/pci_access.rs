@@ -31,14 +31,14 @@ impl ConfigAccess for Ecam {
         match self.addr(a, offset) {
             // SAFETY: the ECAM window of this segment's buses is mapped uncached (caller of `Ecam`), and the
             // address lies inside it (checked by `addr`).
-            Some(p) => unsafe { core::ptr::read_volatile(p as *const u32) },
+            Some(p) => unsafe { super::mmio::read(p as *const u32) },
             None => u32::MAX,
         }
     }
     fn write32(&self, a: Bdf, offset: u16, value: u32) {
         if let Some(p) = self.addr(a, offset) {
             // SAFETY: as in `read32`.
-            unsafe { core::ptr::write_volatile(p as *mut u32, value) }
+            unsafe { super::mmio::write(p as *mut u32, value) }
         }
     }
 }

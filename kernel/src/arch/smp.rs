@@ -105,9 +105,9 @@ pub fn start_aps(lapic: &Lapic, aps: &[(usize, u32)], main: fn(usize) -> !) -> R
         // SAFETY: the parameter slots lie inside the copied trampoline page; no AP is running the trampoline
         // now (the previous one signalled STARTED after reading them).
         unsafe {
-            tramp_slot(&boot::ap_tramp_stack).write_volatile(top);
-            tramp_slot(&boot::ap_tramp_arg).write_volatile(index as u64);
-            tramp_slot(&boot::ap_tramp_entry).write_volatile(ap_entry64 as *const () as u64);
+            super::mmio::write(tramp_slot(&boot::ap_tramp_stack), top);
+            super::mmio::write(tramp_slot(&boot::ap_tramp_arg), index as u64);
+            super::mmio::write(tramp_slot(&boot::ap_tramp_entry), ap_entry64 as *const () as u64);
         }
         if !lapic.send_init(apic_id) {
             return Err(SmpError::IpiNotDelivered { apic_id });

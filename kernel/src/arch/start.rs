@@ -7,7 +7,7 @@ use super::pci_access::{Ecam, LegacyPorts, PciAccess};
 use super::{boot, descriptors, lapic::Lapic, logger, percpu, serial, smp, tsc};
 use crate::acpi::{self, AcpiInfo};
 use crate::bootinfo::{self, BootInfo, RegionKind};
-use crate::config::{Config, Redacted};
+use crate::config::{Config, OptionParser, Redacted};
 use crate::frames::FrameAllocator;
 use crate::pci::{self, PciBus};
 use crate::physmem::PhysMem;
@@ -43,19 +43,12 @@ static BOOT: Once<BootInfo> = Once::new();
 static ACPI: Once<AcpiInfo> = Once::new();
 static PCI: Once<PciBus> = Once::new();
 static PCI_ACCESS: Once<PciAccess> = Once::new();
-/// The first ivshmem function found carrying the mlx5 model's signature: its address and BAR2 base.
-static MODEL_FUNCTION: Once<(pci::Bdf, u64)> = Once::new();
-
-/// The ivshmem function carrying the mlx5 model (address, BAR2 base), with the configuration-space access to
-/// reach it; `None` before PCI enumeration or without the model.
-pub fn model_function() -> Option<(pci::Bdf, u64, &'static PciAccess)> {
-    let &(bdf, base) = MODEL_FUNCTION.get()?;
-    Some((bdf, base, PCI_ACCESS.get()?))
-}
-
 unsafe extern "Rust" {
     /// The image's main function (defined in `image/`).
     fn leasebox_main(platform: Platform) -> !;
+    /// The parsers for the options of the layers above the kernel (defined in `image/`; see
+    /// [`crate::config::OptionParser`]).
+    fn leasebox_options() -> &'static [&'static dyn OptionParser];
 }
 
 /// Prints a boot error and fails the run.
@@ -74,7 +67,8 @@ fn image_range() -> Range<u64> {
 }
 
 fn config_from(boot: &'static BootInfo) -> Config<'static> {
-    let mut cfg = Config::default();
+    // SAFETY: `leasebox_options` is defined by the image with exactly this signature.
+    let mut cfg = Config::with_parsers(unsafe { leasebox_options() });
     for m in boot.modules() {
         if !m.cmdline().split_ascii_whitespace().any(|w| w.ends_with(CONFIG_MODULE)) {
             continue;
@@ -222,44 +216,6 @@ fn enumerate_pci(acpi: Option<&AcpiInfo>) -> (PciBus, PciAccess) {
     (bus, access)
 }
 
-/// Logs each ivshmem function whose BAR2 carries the mlx5 model's signature (`crate::model_signature`). Reads
-/// only the BAR's last page: the CX-5 initialization segment at offset 0 is left for the driver.
-fn find_model_signatures(bus: &PciBus, access: &PciAccess) {
-    use crate::model_signature as sig;
-    for f in bus.find(sig::IVSHMEM_VENDOR, sig::IVSHMEM_DEVICE) {
-        let Some((base, size)) = f.bars[sig::IVSHMEM_BAR].mem() else {
-            continue;
-        };
-        let Some(off) = sig::offset(size) else {
-            continue;
-        };
-        if base == 0 {
-            log::warn!("pci: {} ivshmem BAR2 is not assigned; not checked for the mlx5 model", f.bdf);
-            continue;
-        }
-        let page = base + off;
-        if let Err(e) = memory::map_mmio(page, sig::SIGNATURE_OFFSET_FROM_END) {
-            log::warn!("pci: {} mapping ivshmem BAR2 page {page:#x}: {e}", f.bdf);
-            continue;
-        }
-        // Memory decoding only: no bus mastering, and interrupts stay off (INTx disabled).
-        pci::set_command(access, f.bdf, pci::COMMAND_MEMORY | pci::COMMAND_INTX_DISABLE, 0);
-        let mut bytes = [0u8; sig::SIGNATURE_LEN];
-        for (i, b) in bytes.iter_mut().enumerate() {
-            // SAFETY: `page` is the start of a 4 KiB page inside the function's memory BAR (`off + 0x1000 <=
-            // size`), mapped uncached just above, with memory decoding enabled; `i < 24`. Reading device memory
-            // has no side effects on ivshmem (plain shared memory).
-            *b = unsafe { core::ptr::read_volatile((page as *const u8).add(i)) };
-        }
-        if sig::matches(&bytes, size) {
-            log::info!("pci: {} ivshmem carries the mlx5 model (signature at BAR2+{off:#x})", f.bdf);
-            MODEL_FUNCTION.call_once(|| (f.bdf, base));
-        } else {
-            log::debug!("pci: {} ivshmem without the mlx5 model's signature", f.bdf);
-        }
-    }
-}
-
 /// Called by the boot assembly on the BSP, in long mode, on the boot stack.
 #[unsafe(no_mangle)]
 extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
@@ -267,7 +223,7 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
     unsafe { percpu::activate(0, 0) };
     serial::init();
     // SAFETY: written by `_start` before anything else; read once here.
-    let entry_tsc = unsafe { core::ptr::read_volatile(&boot::boot_entry_tsc) };
+    let entry_tsc = unsafe { super::mmio::read(&raw const boot::boot_entry_tsc) };
     let t_calib = time::Instant::now();
     let (tsc_hz, tsc_source) = tsc::calibrate();
     time::set_tsc_hz(tsc_hz, entry_tsc);
@@ -337,7 +293,6 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
     if pci.truncated() {
         log::warn!("pci: more than {} functions; the rest are not listed", pci::MAX_FUNCTIONS);
     }
-    find_model_signatures(pci, pci_access);
 
     let t_end = time::Instant::now();
     let us = |a: time::Instant, b: time::Instant| b.duration_since(a).as_micros();

@@ -9,9 +9,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::cmd::{CmdError, reason, status};
 use crate::cmdq::Entry;
 use crate::eq::{self, event_type};
-use crate::hca::{FnState, Hca, Model};
+use crate::hca::{FnState, Hca};
 use crate::ifc::{self, cmd_queue_entry as ent, hdr};
 use crate::mem::Memory;
+use crate::model::Model;
 use crate::pages::query_pages_op_mod::REGULAR;
 
 /// When the device asks for more pages at runtime (`ModelConfig::page_request`; off by default): the first

@@ -18,6 +18,7 @@ pub mod ifc;
 pub mod initseg;
 pub mod mem;
 pub mod mkey;
+pub mod model;
 pub mod pages;
 pub mod port;
 pub mod qp;
@@ -25,5 +26,6 @@ pub mod roce;
 pub mod shm;
 pub mod trace;
 
-pub use hca::{FnState, Model, ModelConfig};
+pub use hca::{FnState, ModelConfig};
 pub use mkey::MkeyInfo;
+pub use model::Model;

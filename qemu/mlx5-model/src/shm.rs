@@ -27,15 +27,9 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use crate::mem::{Memory, OutOfRange, check};
 
-/// The signature's magic bytes, at [`signature_offset`] in the BAR.
-pub const SIGNATURE: [u8; 8] = *b"MLX5MODL";
-/// The signature layout version (big-endian u32 after the magic).
-pub const SIGNATURE_VERSION: u32 = 1;
-/// The signature starts this many bytes before the end of the BAR: the BAR's last 4 KiB page, which is the
-/// last UAR page of the CX-5 layout and so is never handed to the driver (ALLOC_UAR must not return it).
-pub const SIGNATURE_OFFSET_FROM_END: u64 = 0x1000;
-/// Bytes of the signature: magic (8), version (be32), reserved zero (4), BAR size (be64).
-pub const SIGNATURE_LEN: usize = 24;
+// The signature's layout has one owner, `mlx5-signature`. It sits in the BAR's last 4 KiB page, which is the
+// last UAR page of the CX-5 layout and so is never handed to the driver (ALLOC_UAR must not return it).
+pub use mlx5_signature::{SIGNATURE, SIGNATURE_LEN, SIGNATURE_OFFSET_FROM_END, SIGNATURE_VERSION};
 /// The default BAR size: 32 MiB, the size of a ConnectX-5's BAR0 (and what `cargo xtask run` gives QEMU).
 pub const DEFAULT_BAR_BYTES: u64 = 32 << 20;
 /// The smallest BAR the model accepts: the initialization segment's page, one UAR page, the signature page.
@@ -51,15 +45,6 @@ pub fn signature_offset(bar_size: u64) -> u64 {
     bar_size - SIGNATURE_OFFSET_FROM_END
 }
 
-/// The signature bytes for a BAR of `bar_size` bytes.
-pub fn signature_bytes(bar_size: u64) -> [u8; SIGNATURE_LEN] {
-    let mut b = [0u8; SIGNATURE_LEN];
-    b[0..8].copy_from_slice(&SIGNATURE);
-    b[8..12].copy_from_slice(&SIGNATURE_VERSION.to_be_bytes());
-    b[16..24].copy_from_slice(&bar_size.to_be_bytes());
-    b
-}
-
 /// Writes the signature into the BAR's last page. The rest of that page is cleared.
 pub fn write_signature(bar: &dyn Memory) -> Result<(), OutOfRange> {
     let size = bar.size();
@@ -68,7 +53,7 @@ pub fn write_signature(bar: &dyn Memory) -> Result<(), OutOfRange> {
     }
     let at = signature_offset(size);
     bar.write(at, &[0u8; SIGNATURE_OFFSET_FROM_END as usize])?;
-    bar.write(at, &signature_bytes(size))
+    bar.write(at, &mlx5_signature::bytes(size))
 }
 
 /// Reads the signature back: `Some(bar_size)` when `bar` carries a valid one (the driver's check, for tests).
@@ -79,9 +64,7 @@ pub fn read_signature(bar: &dyn Memory) -> Option<u64> {
     }
     let mut b = [0u8; SIGNATURE_LEN];
     bar.read(signature_offset(size), &mut b).ok()?;
-    let version = u32::from_be_bytes(b[8..12].try_into().ok()?);
-    let recorded = u64::from_be_bytes(b[16..24].try_into().ok()?);
-    (b[0..8] == SIGNATURE && version == SIGNATURE_VERSION && recorded == size).then_some(recorded)
+    mlx5_signature::matches(&b, size).then_some(size)
 }
 
 /// Why a shared file could not be used.
@@ -263,6 +246,7 @@ enum Dir {
 ///
 /// # Safety
 /// `src` must be valid for reads and `dst` for writes of `len` bytes, and the two ranges must not overlap.
+#[allow(clippy::disallowed_methods, reason = "the model's one accessor of the shared files")]
 unsafe fn volatile_copy(src: *const u8, dst: *mut u8, len: usize, dir: Dir) {
     let mut i = 0;
     while i < len {

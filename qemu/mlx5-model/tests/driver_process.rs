@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasebox_mlx5::driver::{Config, Driver, PortState};
-use leasebox_mlx5::hosted::HostedPlatform;
 use leasebox_mlx5::ifc::mkey::MkeyAccess;
 use leasebox_mlx5::platform::Platform;
+use mlx5_hosted::HostedPlatform;
 
 struct Files(Vec<PathBuf>);
 

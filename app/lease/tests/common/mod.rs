@@ -10,9 +10,9 @@ use leasebox_lease::link::Link;
 use leasebox_lease::setup::PlatformHost;
 use leasebox_lease::{Config, HcaCtx, LeaseService, Who, port_ib_mtu};
 use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
-use leasebox_mlx5::hosted::{HostedPlatform, ModelMode};
 use leasebox_mlx5::platform::Platform;
 use leasebox_proto::{AllocReq, AllocResp, LeaseId, Outcome, Reply, Request, Response, access};
+use mlx5_hosted::{HostedPlatform, ModelMode};
 use mlx5_model::ModelConfig;
 use mlx5_model::mem::Memory;
 
@@ -73,8 +73,7 @@ impl Rig {
             None
         };
         let pool_base = p.dma_alloc(pool_bytes as usize, cfg.extent as usize).expect("pool memory");
-        cfg.pool_base = pool_base;
-        cfg.pool_bytes = pool_bytes;
+        cfg.pool = std::iter::once(pool_base..pool_base + pool_bytes).collect();
         let hca =
             HcaCtx { uar: d.info.uar, cqn, gid: d.info.gid, gid_index: 0, port_mtu: port_ib_mtu(d.info.mtu), flow };
         let svc = LeaseService::new(cfg, hca).unwrap();

@@ -18,8 +18,8 @@ use serde_json::json;
 
 use super::{Control, EXIT_VERIFY_FAILED, Mode, Options, Order, plot, report, run_detailed};
 use crate::args::{self, Global};
-use crate::cli;
 use crate::client::{Credentials, exit};
+use crate::config;
 use crate::rdma::{RcConfig, Requester, SoftConfig, SoftRoce};
 
 /// Global flags that take a value.
@@ -203,7 +203,7 @@ fn control(p: &Parsed, g: &Global, env: &dyn Fn(&str) -> Option<String>) -> Resu
             "verify runs as the tenant: drop --admin (the admin key comes from admin_key or --admin-key)".into()
         );
     }
-    let s = cli::settings(g, env)?;
+    let s = config::settings(g, env)?;
     let admin = match (p.orders.contains(&Order::QpFirst), &p.admin_key) {
         (false, _) => None,
         (true, Some(hex)) => {
@@ -212,7 +212,7 @@ fn control(p: &Parsed, g: &Global, env: &dyn Fn(&str) -> Option<String>) -> Resu
         }
         (true, None) => {
             let ga = Global { admin: true, tenant: None, key: None, ..g.clone() };
-            let a = cli::settings(&ga, env).map_err(|e| {
+            let a = config::settings(&ga, env).map_err(|e| {
                 format!("--order qp-first sends REVOKE with qp_first, which only the admin may ask for: {e}")
             })?;
             Some(a.who)

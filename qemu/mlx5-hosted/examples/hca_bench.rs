@@ -4,7 +4,7 @@
 //! slots is reserved for MANAGE_PAGES, as in Linux `core/cmd.c`), it prints the rate, the latency and the
 //! command engine's CPU time per command. Figures only; nothing is asserted.
 //!
-//! `cargo run --release -p leasebox-mlx5 --example hca_bench -- [--secs N]` (N seconds per row, default 2).
+//! `cargo run --release -p mlx5-hosted --example hca_bench -- [--secs N]` (N seconds per row, default 2).
 //! The last line (`summary: ...`) is for xtask, which states the goals.
 
 use std::collections::HashMap;
@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use leasebox_mlx5::command::Command;
 use leasebox_mlx5::driver::{Config, Driver};
-use leasebox_mlx5::handles::{Mkey, Pdn};
-use leasebox_mlx5::hosted::{HostedPlatform, ModelMode};
+use leasebox_mlx5::handles::{Mkey, MkeyVariant, Pdn};
 use leasebox_mlx5::ifc::mkey::{self, MkeyAccess, MkeyParams};
 use leasebox_mlx5::platform::Platform;
+use mlx5_hosted::{HostedPlatform, ModelMode};
 use mlx5_model::ModelConfig;
 
 type Hosted = Driver<HostedPlatform>;
@@ -65,13 +65,12 @@ struct Fixture {
     pd: Pdn,
     page: u64,
     key: Mkey,
-    variant: u8,
+    variant: MkeyVariant,
 }
 
 impl Fixture {
     fn create(&mut self) -> (Command, Pending) {
-        let variant = self.variant;
-        self.variant = self.variant.wrapping_add(1);
+        let variant = self.variant.take();
         let cmd = mkey::create_mkey_mtt(&MkeyParams {
             pd: self.pd,
             variant,
@@ -264,7 +263,7 @@ fn bench(mode: ModelMode, secs: f64, latency: Duration) -> (Vec<Row>, usize) {
     let page = d.platform().dma_alloc(4096, 4096).expect("a DMA page");
     let access = MkeyAccess::LOCAL_READ | MkeyAccess::REMOTE_READ | MkeyAccess::REMOTE_WRITE;
     let key = d.create_mkey(pd, page, 4096, access, 12, &[page]).unwrap_or_else(|e| panic!("CREATE_MKEY: {e}"));
-    let mut f = Fixture { pd, page, key, variant: 0x40 };
+    let mut f = Fixture { pd, page, key, variant: MkeyVariant::new(0x40) };
     let regular = d.cmd.queue().slots() - 1;
     let dur = Duration::from_secs_f64(secs);
     let mut rows = Vec::new();

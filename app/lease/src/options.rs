@@ -1,13 +1,11 @@
-//! The lease service's options on the kernel command line (the image and the hosted appliance translate them
-//! into `leasebox_lease::Config`): pool size, slots, timers, the revoke order and the test switches.
+//! The lease service's options on the kernel command line: pool size, slots, timers, the revoke order and the
+//! test switches. The image and the hosted appliance register [`LeaseOptions::apply`] with the kernel's
+//! configuration parser, which hands it every key the kernel does not know, and turn the result into a
+//! [`crate::Config`] (`Config::from_options`).
 
-/// Which teardown command a revoke issues first (`revoke_order=`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RevokeOrder {
-    MkeyFirst,
-    QpFirst,
-}
+use crate::config::RevokeOrder;
 
+/// The lease options as given (`docs/operations.md`, "Options").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseOptions {
     /// `lease_pool_mib=`: DRAM lent to clients.
@@ -28,6 +26,8 @@ pub struct LeaseOptions {
     pub heartbeat_renews: bool,
     /// `revoke_order=mkey-first|qp-first`.
     pub order: RevokeOrder,
+    /// `allow_order_override=on|off`: whether the admin's REVOKE may ask for the other order.
+    pub allow_order_override: bool,
     /// `flow_drop=on|off`: per-slot RDMA_RX DROP entries during revoke.
     pub flow_drop: bool,
     /// `fence_test=on|off` (only in images built with the `fence-test` feature).
@@ -40,22 +40,28 @@ pub struct LeaseOptions {
 /// The RDMA port's address when nothing else names one (TEST-NET-2: set `rdma_ip=` on a real network).
 pub const DEFAULT_RDMA_IP: core::net::Ipv4Addr = core::net::Ipv4Addr::new(198, 51, 100, 2);
 
+impl LeaseOptions {
+    /// The defaults (`docs/operations.md`), usable in a `static`.
+    pub const DEFAULT: LeaseOptions = LeaseOptions {
+        pool_mib: 64,
+        slots: 1024,
+        tenant_leases: 256,
+        grace_ms: 5_000,
+        ready_ms: 10_000,
+        ttl_ms: 60_000,
+        session_grace_ms: 30_000,
+        heartbeat_renews: true,
+        order: RevokeOrder::MkeyFirst,
+        allow_order_override: true,
+        flow_drop: false,
+        fence_test: false,
+        rdma_ip: None,
+    };
+}
+
 impl Default for LeaseOptions {
     fn default() -> Self {
-        LeaseOptions {
-            pool_mib: 64,
-            slots: 1024,
-            tenant_leases: 256,
-            grace_ms: 5_000,
-            ready_ms: 10_000,
-            ttl_ms: 60_000,
-            session_grace_ms: 30_000,
-            heartbeat_renews: true,
-            order: RevokeOrder::MkeyFirst,
-            flow_drop: false,
-            fence_test: false,
-            rdma_ip: None,
-        }
+        LeaseOptions::DEFAULT
     }
 }
 
@@ -96,6 +102,7 @@ impl LeaseOptions {
                     _ => return Err("expected mkey-first or qp-first"),
                 }
             }
+            "allow_order_override" => self.allow_order_override = on_off(value)?,
             "flow_drop" => self.flow_drop = on_off(value)?,
             "fence_test" => self.fence_test = on_off(value)?,
             "rdma_ip" => {
@@ -121,6 +128,9 @@ mod tests {
         assert_eq!(o.apply("lease_pool_mib", "128"), Ok(true));
         assert_eq!(o.apply("revoke_order", "qp-first"), Ok(true));
         assert_eq!(o.apply("flow_drop", "on"), Ok(true));
+        assert_eq!(o.apply("allow_order_override", "off"), Ok(true));
+        assert!(!o.allow_order_override);
+        assert!(o.apply("allow_order_override", "maybe").is_err());
         assert_eq!(o.apply("lease_grace_ms", "0"), Ok(true));
         assert_eq!(o.apply("port", "1"), Ok(false));
         assert_eq!(o.apply("rdma_ip", "10.1.2.3"), Ok(true));

@@ -1,15 +1,17 @@
-//! Recognizing the mlx5 device model behind an ivshmem function (CI's stand-in for a ConnectX-5, see
-//! `docs/hca-model.md`, "Process and QEMU wiring").
+//! `mlx5-signature`: how the mlx5 device model (CI's stand-in for a ConnectX-5, `docs/hca-model.md`, "Process
+//! and QEMU wiring") is recognized behind an ivshmem function — the one copy of the layout, which the model
+//! writes (`mlx5_model::shm::write_signature`) and the image looks for (`image/src/hca.rs`).
 //!
 //! QEMU shows the model's BAR file as `ivshmem-plain` (`1af4:1110`) BAR2, which plays the CX-5's BAR0. The
 //! model writes a signature into that BAR's last 4 KiB page, leaving the initialization segment (offset 0)
-//! and the UAR pages untouched. The layout is the model's: these constants duplicate
-//! `mlx5_model::shm::{SIGNATURE, SIGNATURE_VERSION, SIGNATURE_OFFSET_FROM_END, SIGNATURE_LEN}` in
-//! `qemu/mlx5-model/src/shm.rs` (the kernel cannot depend on that std crate); keep the two in step.
+//! and the UAR pages untouched.
+#![no_std]
 
 /// The ivshmem PCI IDs (Red Hat / QEMU).
 pub const IVSHMEM_VENDOR: u16 = 0x1af4;
 pub const IVSHMEM_DEVICE: u16 = 0x1110;
+/// The PCI device id of the part the model plays (a ConnectX-5 PF, vendor Mellanox `0x15b3`).
+pub const PLAYS_DEVICE: u16 = 0x1017;
 /// The BAR that maps the shared file.
 pub const IVSHMEM_BAR: usize = 2;
 /// Magic bytes at the start of the signature.
@@ -26,6 +28,15 @@ pub fn offset(bar_size: u64) -> Option<u64> {
     (bar_size >= 2 * SIGNATURE_OFFSET_FROM_END).then(|| bar_size - SIGNATURE_OFFSET_FROM_END)
 }
 
+/// The signature for a BAR of `bar_size` bytes.
+pub fn bytes(bar_size: u64) -> [u8; SIGNATURE_LEN] {
+    let mut b = [0u8; SIGNATURE_LEN];
+    b[0..8].copy_from_slice(&SIGNATURE);
+    b[8..12].copy_from_slice(&SIGNATURE_VERSION.to_be_bytes());
+    b[16..24].copy_from_slice(&bar_size.to_be_bytes());
+    b
+}
+
 /// Whether `bytes` (read at [`offset`]) are the model's signature for a BAR of `bar_size` bytes.
 pub fn matches(bytes: &[u8; SIGNATURE_LEN], bar_size: u64) -> bool {
     let version = u32::from_be_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
@@ -39,10 +50,8 @@ mod tests {
     use super::*;
 
     fn sig(version: u32, size: u64) -> [u8; SIGNATURE_LEN] {
-        let mut b = [0u8; SIGNATURE_LEN];
-        b[..8].copy_from_slice(b"MLX5MODL");
+        let mut b = bytes(size);
         b[8..12].copy_from_slice(&version.to_be_bytes());
-        b[16..].copy_from_slice(&size.to_be_bytes());
         b
     }
 

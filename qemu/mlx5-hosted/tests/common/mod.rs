@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasebox_mlx5::driver::{Config, Driver};
-use leasebox_mlx5::hosted::{HostedPlatform, ModelMode};
+use mlx5_hosted::{HostedPlatform, ModelMode};
 use mlx5_model::ModelConfig;
 
 pub type Hosted = Driver<HostedPlatform>;

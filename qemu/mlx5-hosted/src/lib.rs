@@ -1,36 +1,66 @@
-//! Hosted mode (feature `hosted`): the driver in a Linux process over the device model's two memories — BAR
-//! and RAM, where a device address is an offset in the RAM. The model runs in-process and is stepped from
-//! [`Platform::relax`] (deterministic tests), on its own thread (native-speed benchmarks), or as its own
-//! process behind the shared files QEMU would use.
+//! `mlx5-hosted`: where the native mlx5 driver meets its stand-in. The driver's [`Platform`] in a Linux
+//! process over the device model's two memories — BAR and RAM, where a device address is an offset in the RAM.
+//! The model runs in-process and is stepped from [`Platform::relax`] (deterministic tests), on its own thread
+//! (native-speed benchmarks), or as its own process behind the shared files QEMU would use. The hosted
+//! appliance, the hosted tests and the benchmarks use it; the driver itself knows nothing of the model.
 
-extern crate std;
-
-use alloc::collections::BTreeMap;
-use alloc::string::{String, ToString};
-use alloc::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mlx5_model::mem::{Memory, VecMemory};
 use mlx5_model::{Model, ModelConfig};
 
-use crate::platform::Platform;
+use leasebox_mlx5::Platform;
+use leasebox_mlx5::engine::{CommandEngine, EventEngine};
 
 /// BAR size the hosted model gets (the init segment, UAR pages and the signature page fit easily).
 pub const HOSTED_BAR_BYTES: usize = 1 << 20;
 
-/// First-fit allocator over `[start, end)` of the RAM; freed ranges merge with their neighbours.
+/// First-fit allocator over `[start, end)` of the RAM; freed ranges merge with their neighbours. It keeps the
+/// live allocations too, so every DMA access and free is checked against them, as on the kernel's platform.
 struct Arena {
     free: BTreeMap<u64, u64>,
+    /// Live allocations: address → length asked for.
+    live: BTreeMap<u64, u64>,
 }
 
 impl Arena {
     fn new(start: u64, end: u64) -> Arena {
         let mut free = BTreeMap::new();
         free.insert(start, end - start);
-        Arena { free }
+        Arena { free, live: BTreeMap::new() }
+    }
+
+    /// Whether `[addr, addr + len)` lies inside one live allocation.
+    fn holds(&self, addr: u64, len: usize) -> bool {
+        self.live
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&s, &l)| addr.checked_add(len as u64).is_some_and(|end| end <= s + l))
+    }
+
+    /// Allocates `len` (> 0) bytes and records them live.
+    fn alloc_live(&mut self, len: u64, align: u64) -> Option<u64> {
+        if len == 0 {
+            return None;
+        }
+        let at = self.alloc(len, align)?;
+        self.live.insert(at, len);
+        Some(at)
+    }
+
+    /// Frees a live allocation of exactly `len` bytes at `addr`; `false` (nothing freed) for anything else.
+    fn free_live(&mut self, addr: u64, len: u64) -> bool {
+        if self.live.get(&addr) != Some(&len) {
+            return false;
+        }
+        self.live.remove(&addr);
+        self.free(addr, len);
+        true
     }
 
     fn alloc(&mut self, len: u64, align: u64) -> Option<u64> {
@@ -79,10 +109,13 @@ enum Stepper {
     External,
 }
 
+/// The driver's platform over the model's BAR and RAM. DMA accesses outside a live allocation fail closed
+/// (reads see all ones, writes and frees are dropped) and are counted ([`HostedPlatform::dma_faults`]).
 pub struct HostedPlatform {
     bar: Arc<dyn Memory>,
     ram: Arc<dyn Memory>,
-    arena: Mutex<Arena>,
+    arena: RwLock<Arena>,
+    faults: AtomicU64,
     start: Instant,
     stepper: Stepper,
 }
@@ -172,8 +205,8 @@ impl HostedPlatform {
     }
 
     fn assemble(bar: Arc<dyn Memory>, ram: Arc<dyn Memory>, stepper: Stepper) -> HostedPlatform {
-        let arena = Mutex::new(Arena::new(1 << 20, ram.size()));
-        HostedPlatform { bar, ram, arena, start: Instant::now(), stepper }
+        let arena = RwLock::new(Arena::new(1 << 20, ram.size()));
+        HostedPlatform { bar, ram, arena, faults: AtomicU64::new(0), start: Instant::now(), stepper }
     }
 
     /// The in-process model (fault injection, inspection). `None` when it runs elsewhere.
@@ -196,15 +229,30 @@ impl HostedPlatform {
 
     /// Bytes of RAM still free for DMA allocations.
     pub fn dma_free_bytes(&self) -> u64 {
-        self.arena.lock().unwrap_or_else(|e| e.into_inner()).free_bytes()
+        self.arena.read().unwrap_or_else(|e| e.into_inner()).free_bytes()
+    }
+
+    /// DMA reads, writes and frees refused so far because they were not inside one live allocation.
+    pub fn dma_faults(&self) -> u64 {
+        self.faults.load(Ordering::Relaxed)
+    }
+
+    fn holds(&self, addr: u64, len: usize) -> bool {
+        self.arena.read().unwrap_or_else(|e| e.into_inner()).holds(addr, len)
+    }
+
+    fn fault(&self, what: &str, addr: u64, len: usize) {
+        if self.faults.fetch_add(1, Ordering::Relaxed) < 8 {
+            eprintln!("mlx5-hosted: DMA {what} {addr:#x}+{len:#x} refused: not inside one live allocation");
+        }
     }
 }
 
 /// The engines on a thread of their own (a core of the hosted layout), spinning, then yielding when idle,
 /// until `stop` is set.
 pub fn spawn_engines(
-    mut cmd: crate::engine::CommandEngine<HostedPlatform>,
-    mut ev: crate::engine::EventEngine<HostedPlatform>,
+    mut cmd: CommandEngine<HostedPlatform>,
+    mut ev: EventEngine<HostedPlatform>,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new().name("mlx5-engines".into()).spawn(move || {
@@ -235,7 +283,7 @@ fn scratch_mapping(what: &str, len: u64) -> mlx5_model::shm::SharedFile {
         std::env::temp_dir()
     };
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let path = dir.join(std::format!("leasebox-hosted-{}-{n}-{what}.shm", std::process::id()));
+    let path = dir.join(format!("leasebox-hosted-{}-{n}-{what}.shm", std::process::id()));
     let f = std::fs::File::create(&path).expect("create a scratch mapping file");
     f.set_len(len).expect("size the scratch mapping file");
     let m = mlx5_model::shm::SharedFile::open(&path, Some(len), Duration::from_secs(1)).expect("map the scratch file");
@@ -264,7 +312,7 @@ impl Platform for HostedPlatform {
     }
 
     fn dma_alloc(&self, len: usize, align: usize) -> Option<u64> {
-        let addr = self.arena.lock().unwrap_or_else(|e| e.into_inner()).alloc(len as u64, align.max(1) as u64)?;
+        let addr = self.arena.write().unwrap_or_else(|e| e.into_inner()).alloc_live(len as u64, align.max(1) as u64)?;
         let zero = [0u8; 4096];
         let mut at = 0;
         while at < len {
@@ -276,16 +324,25 @@ impl Platform for HostedPlatform {
     }
 
     fn dma_free(&self, addr: u64, len: usize) {
-        self.arena.lock().unwrap_or_else(|e| e.into_inner()).free(addr, len as u64);
+        if !self.arena.write().unwrap_or_else(|e| e.into_inner()).free_live(addr, len as u64) {
+            self.fault("free of", addr, len);
+        }
     }
 
     fn dma_read(&self, addr: u64, buf: &mut [u8]) {
+        if !self.holds(addr, buf.len()) {
+            buf.fill(0xff);
+            return self.fault("read of", addr, buf.len());
+        }
         if self.ram.read(addr, buf).is_err() {
             buf.fill(0xff);
         }
     }
 
     fn dma_write(&self, addr: u64, data: &[u8]) {
+        if !self.holds(addr, data.len()) {
+            return self.fault("write of", addr, data.len());
+        }
         let _ = self.ram.write(addr, data);
     }
 
@@ -318,5 +375,27 @@ mod tests {
         assert_eq!(a.free.len(), 1);
         assert_eq!(a.free_bytes(), 0xf000);
         assert!(a.alloc(0x10000, 8).is_none());
+    }
+
+    #[test]
+    fn accesses_and_frees_are_checked_against_live_allocations() {
+        let p = HostedPlatform::attach(Arc::new(VecMemory::new(4096)), Arc::new(VecMemory::new(4 << 20)));
+        let a = p.dma_alloc(100, 64).unwrap();
+        p.dma_write(a + 96, &[1, 2, 3, 4]);
+        let mut b = [0u8; 4];
+        p.dma_read(a + 96, &mut b);
+        assert_eq!((b, p.dma_faults()), ([1, 2, 3, 4], 0));
+        p.dma_read(a + 98, &mut b);
+        assert_eq!((b, p.dma_faults()), ([0xff; 4], 1), "past the end reads all ones");
+        p.dma_write(a + 100, &[9]);
+        assert_eq!(p.dma_faults(), 2, "a write past the end is dropped");
+        p.dma_free(a, 64);
+        assert_eq!(p.dma_faults(), 3, "a free with the wrong length frees nothing");
+        p.dma_read(a, &mut b);
+        assert_eq!(p.dma_faults(), 3, "still live");
+        p.dma_free(a, 100);
+        p.dma_read(a, &mut b);
+        assert_eq!((b, p.dma_faults()), ([0xff; 4], 4), "freed memory is no longer reachable");
+        assert!(p.dma_alloc(0, 8).is_none());
     }
 }

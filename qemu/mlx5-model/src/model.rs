@@ -1,0 +1,267 @@
+//! The device: [`Model`] ties the BAR (initialization segment, doorbell) and guest RAM (command queue,
+//! mailboxes, pages) to the HCA state the commands act on ([`crate::hca::Hca`]). One polling pass per
+//! [`Model::poll`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::caps::cmd_hca_cap;
+use crate::cmdq::{self, Delivery, Entry};
+use crate::fault::{Fault, FaultCounters, Faults, Verdict};
+use crate::hca::{FnState, Hca, ModelConfig};
+use crate::ifc::{self, hdr};
+use crate::initseg::InitSeg;
+use crate::mem::Memory;
+use crate::mkey::MkeyInfo;
+use crate::trace::{Record, Trace};
+
+/// Counters for what the model refused to do (visible to tests and the binary's status output).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub commands: u64,
+    pub doorbells_while_initializing: u64,
+    pub doorbells_on_sw_owned_entry: u64,
+    pub unreachable_entries: u64,
+    /// HW-owned entries run although their own doorbell write was not seen (it was overwritten by a later
+    /// write before the model read the register; see `coalesce`).
+    pub coalesced_doorbells: u64,
+}
+
+pub struct Model {
+    bar: Arc<dyn Memory>,
+    ram: Arc<dyn Memory>,
+    start: Instant,
+    seg: Option<InitSeg>,
+    hca: Hca,
+    trace: Option<Trace>,
+    counters: Counters,
+    faults: Faults,
+    /// Slots whose doorbell a `DropDoorbell` fault swallowed: they stay HW-owned until rung again.
+    dropped: u32,
+}
+
+impl Model {
+    /// Writes the initialization segment (with `initializing` set) and opens the trace, if any.
+    pub fn new(bar: Arc<dyn Memory>, ram: Arc<dyn Memory>, cfg: ModelConfig) -> Model {
+        let now = Instant::now();
+        // A BAR too small for the initialization segment leaves a model that never comes out of reset.
+        let seg = InitSeg::new(bar.as_ref(), &cfg, now).ok();
+        let path = cfg.trace.clone().or_else(|| std::env::var_os("MLX5_MODEL_TRACE").map(PathBuf::from));
+        let trace = path.and_then(|p| match Trace::create(&p) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("mlx5-model: cannot create trace {}: {e}", p.display());
+                None
+            }
+        });
+        Model {
+            bar,
+            ram,
+            start: now,
+            seg,
+            hca: Hca::new(&cfg),
+            trace,
+            counters: Counters::default(),
+            faults: {
+                let mut f = Faults::default();
+                f.set_latency(cfg.cmd_latency);
+                f
+            },
+            dropped: 0,
+        }
+    }
+
+    /// One polling pass: timers (initializing, health counter, internal timer), then the command doorbell.
+    /// Returns true if it did work (the caller backs off when false).
+    pub fn poll(&mut self) -> bool {
+        // Delayed commands (fault injection) whose time has come complete first.
+        let due = self.faults.due(Instant::now());
+        let released = !due.is_empty();
+        for (slot, addr) in due {
+            self.run_slot(slot, addr, true);
+        }
+        let released = self.poll_events() | released;
+        let Some(seg) = self.seg.as_mut() else { return released };
+        let freq = self.hca.caps.general(cmd_hca_cap::DEVICE_FREQUENCY_KHZ);
+        let mut did = seg.tick(self.bar.as_ref(), Instant::now(), freq).unwrap_or(false) || released;
+        let Ok(bell) = InitSeg::take_doorbell(self.bar.as_ref()) else { return did };
+        if bell == 0 {
+            return did;
+        }
+        if seg.initializing() {
+            self.counters.doorbells_while_initializing += 1;
+            return true;
+        }
+        if self.faults.take_doorbell_drop() {
+            self.dropped |= bell;
+            return true;
+        }
+        self.dropped &= !bell;
+        let Ok(q) = InitSeg::cmdq(self.bar.as_ref()) else { return did };
+        let bell = bell | self.coalesce(bell, &q);
+        for slot in 0..q.entries {
+            if bell & (1 << slot) != 0 {
+                self.run_slot(slot, q.base + u64::from(slot) * q.stride, false);
+                did = true;
+            }
+        }
+        did
+    }
+
+    /// The doorbell is a plain word in shared memory: when the driver rings slot A and then slot B before
+    /// the model reads the register, the second write replaces the first, and on hardware both would run.
+    /// So when any doorbell is seen, every other entry that is HW-owned and not already held (delayed, hung,
+    /// waiting for pages, or left behind by a dropped doorbell) counts as rung too. The cost in strictness:
+    /// an entry handed to hardware without its own doorbell runs once some other doorbell arrives
+    /// (`docs/hca-model.md`).
+    fn coalesce(&mut self, bell: u32, q: &crate::initseg::CmdqGeometry) -> u32 {
+        let mut extra = 0;
+        for slot in 0..q.entries.min(32) {
+            let bit = 1u32 << slot;
+            if bell & bit != 0 || self.dropped & bit != 0 || self.faults.holds(slot) {
+                continue;
+            }
+            if self.hca.page_waits.holds(slot) {
+                continue;
+            }
+            let owned =
+                Entry::read(self.ram.as_ref(), q.base + u64::from(slot) * q.stride).is_some_and(|e| e.owned_by_hw());
+            if owned {
+                extra |= bit;
+                self.counters.coalesced_doorbells += 1;
+            }
+        }
+        extra
+    }
+
+    /// `released`: a delayed command coming due (not delayed again).
+    fn run_slot(&mut self, slot: u32, addr: u64, released: bool) {
+        if !released && self.faults.slot_busy(slot) {
+            return;
+        }
+        let ram = self.ram.as_ref();
+        let Some(e) = Entry::read(ram, addr) else {
+            self.counters.unreachable_entries += 1;
+            return;
+        };
+        if !e.owned_by_hw() {
+            self.counters.doorbells_on_sw_owned_entry += 1;
+            return;
+        }
+        let verdict = match crate::events::hold(&mut self.hca, ram, slot, addr, &e) {
+            crate::events::Hold::Wait => return,
+            // Refused pages: the firmware's answer, not subject to injected faults.
+            crate::events::Hold::Fail(err) => Verdict::Fail { status: err.status, syndrome: err.syndrome },
+            crate::events::Hold::Run => {
+                let opcode = ifc::get(&e.raw[ifc::cmd_queue_entry::COMMAND_INPUT_INLINE_DATA..], hdr::OPCODE) as u16;
+                self.faults.on_command(opcode, slot, addr, Instant::now(), released)
+            }
+        };
+        if !matches!(verdict, Verdict::Run | Verdict::Fail { .. }) {
+            return;
+        }
+        self.counters.commands += 1;
+        let sig = self.hca.checksums();
+        let (input, output, delivery) = match cmdq::deliver(ram, &e, sig) {
+            Ok(d) => {
+                let bar_pages = self.bar.size() / 4096;
+                let out = match verdict {
+                    Verdict::Fail { status, syndrome } => crate::fault::output(status, syndrome),
+                    _ => crate::cmd::execute(&mut self.hca, &d.input, d.output_length, ram, bar_pages),
+                };
+                let seen = cmdq::complete(ram, addr, Some(&d), &out, Delivery::Ok, sig);
+                (d.input, seen, Delivery::Ok)
+            }
+            Err(delivery) => {
+                let seen = cmdq::complete(ram, addr, None, &[], delivery, false);
+                let inline = e.raw[0x10..0x20].to_vec();
+                (inline, seen, delivery)
+            }
+        };
+        if let Some(t) = self.trace.as_mut() {
+            let r = Record {
+                t_ns: self.start.elapsed().as_nanos(),
+                slot,
+                opcode: ifc::get(&input, hdr::OPCODE) as u16,
+                op_mod: ifc::get(&input, hdr::OP_MOD) as u16,
+                status: if delivery == Delivery::Ok { ifc::get(&output, hdr::STATUS) as u8 } else { 0 },
+                syndrome: if delivery == Delivery::Ok { ifc::get(&output, hdr::SYNDROME) } else { 0 },
+                delivery: delivery as u8,
+                input: &input,
+                output: &output,
+            };
+            if let Err(err) = t.write(&r) {
+                eprintln!("mlx5-model: trace write failed: {err}; trace stopped");
+                self.trace = None;
+            }
+        }
+    }
+
+    /// EQ and CQ doorbells (CQ arming, `crate::completion`), then commands that waited for pages and may run
+    /// now (`crate::events`).
+    fn poll_events(&mut self) -> bool {
+        let mut did = self.hca.eqs.poll_doorbells(self.bar.as_ref());
+        did |= crate::completion::poll_cq_doorbells(&mut self.hca, self.bar.as_ref(), self.ram.as_ref());
+        for (slot, addr) in crate::events::ready(&mut self.hca) {
+            self.run_slot(slot, addr, false);
+            did = true;
+        }
+        did
+    }
+
+    /// The MKEY named by `key` (index `key >> 8` and variant `key & 0xff` must both match; a stale variant
+    /// fails closed).
+    pub fn mkey(&self, key: u32) -> Option<MkeyInfo> {
+        self.hca.mkeys.get(&(key >> 8)).filter(|m| m.key == key).cloned()
+    }
+
+    /// Whether a PD is allocated (the responder checks QP and MKEY PDs against live ones).
+    pub fn pd_exists(&self, pd: u32) -> bool {
+        self.hca.pds.contains(&pd)
+    }
+
+    pub fn state(&self) -> FnState {
+        self.hca.state
+    }
+
+    /// Guest RAM (the dataplane writes through it).
+    pub fn ram(&self) -> &Arc<dyn Memory> {
+        &self.ram
+    }
+
+    pub fn hca(&self) -> &Hca {
+        &self.hca
+    }
+
+    pub fn hca_mut(&mut self) -> &mut Hca {
+        &mut self.hca
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Fault injection: stop (or restart) the health counter.
+    pub fn set_health_stopped(&mut self, stopped: bool) {
+        if let Some(s) = self.seg.as_mut() {
+            s.set_health_stopped(stopped);
+        }
+    }
+
+    /// Fault injection (`crate::fault`; the control file's commands in `docs/hca-model.md`).
+    pub fn inject(&mut self, f: Fault) {
+        match f {
+            Fault::HealthCounter { stopped } => self.set_health_stopped(stopped),
+            Fault::HealthFatal { synd } if self.seg.is_some() => {
+                let _ = InitSeg::raise_fatal(self.bar.as_ref(), synd);
+            }
+            _ => {}
+        }
+        self.faults.add(f);
+    }
+
+    pub fn fault_counters(&self) -> FaultCounters {
+        self.faults.counters()
+    }
+}
