@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// The scenario's name in `cargo xtask test`.
+pub const NAME: &str = "control-qemu";
 /// Guest control port.
 const GUEST_PORT: u16 = 7470;
 /// Boot to the ready line (with DHCP) under TCG on a busy 2-core host.
@@ -264,6 +266,13 @@ pub fn check(t: &Target, leasectl_bin: &Path) -> Result<String, String> {
         beats + interleaved_beats,
         s.frames_in
     ))
+}
+
+/// The `control-qemu` scenario: boots the image (one CPU) and runs [`check`] against it with
+/// [`Artifacts::leasectl_bin`].
+pub fn run(a: &Artifacts) -> Result<String, String> {
+    let t = boot_qemu(a, 1, "")?;
+    check(&t, &a.leasectl_bin)
 }
 
 /// HEARTBEAT round trips with `sessions` concurrent sessions for `dur`: (round trips per second, p50 µs, p99 µs).
