@@ -10,7 +10,8 @@ mod prereq;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use cli::{BenchKind, BenchOpts, Cmd, RunOpts, TestOpts, USAGE};
+use clap::error::ErrorKind;
+use cli::{BenchKind, BenchOpts, Cmd, RunOpts, TestOpts};
 use image::Paths;
 use leasebox_qemu::model::{self, ModelCommand, ModelFiles, ModelProcess, ModelShm};
 use leasebox_qemu::{Boot, HostFwd, Ovmf, QemuConfig, QemuProcess, Stdio};
@@ -31,17 +32,25 @@ const RUN_TIMED_OUT: i32 = 124;
 
 fn main() -> ExitCode {
     let args: Result<Vec<String>, _> = std::env::args_os().skip(1).map(|a| a.into_string()).collect();
-    let cmd = match args.map_err(|a| format!("argument {a:?} is not valid UTF-8")).and_then(cli::parse) {
+    let Ok(args) = args else {
+        eprintln!("xtask: arguments must be valid UTF-8");
+        return ExitCode::from(USAGE_ERROR);
+    };
+    let cmd = match cli::parse(args) {
         Ok(cmd) => cmd,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            outln!("{}", e.render().to_string().trim_end());
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
-            eprintln!("xtask: {e}\n(see `cargo xtask help`)");
+            eprint!("{}", e.render());
             return ExitCode::from(USAGE_ERROR);
         }
     };
     let paths = Paths::discover();
     let result = match cmd {
-        Cmd::Help => {
-            outln!("{USAGE}");
+        Cmd::Help(text) => {
+            outln!("{}", text.trim_end());
             Ok(0)
         }
         Cmd::Prereqs => prereq::ensure().map(|_| {
