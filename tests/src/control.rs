@@ -180,8 +180,10 @@ pub fn check(t: &Target, leasectl_bin: &Path) -> Result<String, String> {
         return Err(format!("leasectl ping: {ping}"));
     }
     let stats = leasectl(leasectl_bin, t, &["stats", "--json"])?;
-    if !(stats.trim_start().starts_with('{') && stats.contains("\"sessions_current\"") && stats.contains("\"roles\"")) {
-        return Err(format!("leasectl stats --json: {stats}"));
+    let v: serde_json::Value =
+        serde_json::from_str(&stats).map_err(|e| format!("leasectl stats --json is not JSON ({e}): {stats}"))?;
+    if !(v["sessions_current"].is_u64() && v["roles"].is_array()) {
+        return Err(format!("leasectl stats --json lacks sessions_current or roles: {stats}"));
     }
     let health = leasectl(leasectl_bin, t, &["health"])?;
     if !health.contains("status") {

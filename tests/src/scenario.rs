@@ -462,13 +462,15 @@ pub fn check_bringup_order(trace: &str) -> Result<(), String> {
     let mut want = BRINGUP_ORDER.iter().peekable();
     for l in trace.lines() {
         let Some(&&(opcode, op_mod, _)) = want.peek() else { break };
-        if json_field(l, "opcode") != Some(opcode) {
+        let v: serde_json::Value =
+            serde_json::from_str(l).map_err(|e| format!("a trace line is not JSON ({e}): {l}"))?;
+        if v["opcode"] != opcode {
             continue;
         }
-        if op_mod.is_some_and(|m| json_field(l, "op_mod") != Some(m.to_string().as_str())) {
+        if op_mod.is_some_and(|m| v["op_mod"] != m) {
             continue;
         }
-        if json_field(l, "status") != Some("0") || json_field(l, "delivery").is_some() {
+        if v["status"] != 0 || v.get("delivery").is_some() {
             return Err(format!("bring-up command {opcode} did not succeed in the trace: {l}"));
         }
         want.next();
@@ -480,14 +482,6 @@ pub fn check_bringup_order(trace: &str) -> Result<(), String> {
             trace.lines().count()
         )),
     }
-}
-
-/// The value of `key` in a flat one-line JSON object of numbers and strings (quotes removed).
-fn json_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let at = line.find(&format!("\"{key}\":"))? + key.len() + 3;
-    let rest = &line[at..];
-    let end = rest.find([',', '}']).unwrap_or(rest.len());
-    Some(rest[..end].trim_matches('"'))
 }
 
 /// `grub-bios`, `grub-uefi`: the ready line and nothing fatal.
@@ -621,6 +615,7 @@ leasebox: ready cores=1 mem_mib=256 pci=3 boot_ms=22.000 ap_ms=0.000 entry_ms=10
             "\"opcode\":\"0x102\",\"op_mod\":0,\"status\":3",
         );
         assert!(check_bringup_order(&failed).unwrap_err().contains("did not succeed"));
+        assert!(check_bringup_order("{\"opcode\":\"0x104\",").unwrap_err().contains("not JSON"));
         let t = Transcript::from_text(MODEL);
         assert!(check_hca_bringup(&t).unwrap_err().contains("hca="));
     }
