@@ -6,7 +6,7 @@
 //! 2. RDMA through the model's port with the software requester ([`leasectl::rdma::SoftRoce`]): ALLOC with the
 //!    requester's QP, connect, READY, a WRITE that lands in the lease (read back over RDMA and from the RAM
 //!    file at `remote_addr`), REVOKE (MKEY first) → the next WRITE gets `IBV_WC_REM_ACCESS_ERR` at once; then
-//!    on a fresh lease an admin REVOKE in the seed's order (QP first) → only silence, `IBV_WC_RETRY_EXC_ERR`;
+//!    on a fresh lease an admin REVOKE in the revoke spec's order (QP first) → only silence, `IBV_WC_RETRY_EXC_ERR`;
 //! 3. the `leasectl` binary's revoke verifier, `verify --revoke-test --order both --json --plot`, against the
 //!    guest's control port and the model's UDP port: mkey-first must fail the first request after the revoke
 //!    with `IBV_WC_REM_ACCESS_ERR` within [`VERIFY_NAK_BOUND`] of the outcome; qp-first (QP `timeout` 12,
@@ -647,7 +647,7 @@ fn rdma_checks(app: &Appliance) -> Result<RdmaFigures, String> {
         return Err("the WRITE after REVOKE changed guest RAM".into());
     }
 
-    // The seed's order on a fresh lease: the QP goes to ERR first and drops requests silently.
+    // The revoke spec's order on a fresh lease: the QP goes to ERR first and drops requests silently.
     let rc = RcConfig { timeout: 10, retry_cnt: 7, ..RcConfig::default() };
     let RdmaLease { mut r, alloc: a } = rdma_lease(app, &mut tenant, rc)?;
     let data = pattern(a.rkey);

@@ -407,8 +407,8 @@ pub fn check_model_signature(t: &Transcript) -> Result<(), String> {
     check_pci_count(t, &pci)
 }
 
-/// Linux mlx5_core's bring-up order (facts §b.2) as (opcode, op_mod) pairs the model's trace must contain in
-/// this order, each with status 0; `None` matches any op_mod. MANAGE_PAGES appears after each QUERY_PAGES.
+/// Linux mlx5_core's bring-up order (docs/reference/mlx5.md §b.2) as (opcode, op_mod) pairs the model's trace must
+/// contain in this order, each with status 0; `None` matches any op_mod. MANAGE_PAGES appears after each QUERY_PAGES.
 pub const BRINGUP_ORDER: &[(&str, Option<u32>, &str)] = &[
     ("0x104", None, "ENABLE_HCA"),
     ("0x10a", None, "QUERY_ISSI"),

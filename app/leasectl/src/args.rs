@@ -184,7 +184,7 @@ enum Cmd {
     Revoke {
         #[arg(value_name = "LEASE", value_parser = parse_lease)]
         lease: LeaseId,
-        /// Tear down in the seed's order (QP first) instead of MKEY first; the admin's to ask for
+        /// Tear down in the revoke spec's order (QP first) instead of MKEY first; the admin's to ask for
         #[arg(long)]
         qp_first: bool,
         #[command(flatten)]

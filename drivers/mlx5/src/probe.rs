@@ -1,5 +1,5 @@
-//! Which PCI functions this driver takes (facts §a; Linux `core/main.c` `mlx5_core_pci_table`): the mlx5
-//! PFs and VFs from ConnectX-4 to ConnectX-6 Dx, and — for CI — an ivshmem function whose BAR2 carries the
+//! Which PCI functions this driver takes (docs/reference/mlx5.md §a; Linux `core/main.c` `mlx5_core_pci_table`): the
+//! mlx5 PFs and VFs from ConnectX-4 to ConnectX-6 Dx, and — for CI — an ivshmem function whose BAR2 carries the
 //! device model's signature (the caller checks the signature; see `docs/hca-model.md`).
 
 pub const MELLANOX: u16 = 0x15b3;

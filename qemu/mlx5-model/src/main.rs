@@ -45,7 +45,7 @@ the signature is in place; everything else goes to stderr.";
 const MAX_IDLE_SLEEP: Duration = Duration::from_millis(1);
 /// How often the loop checks that the shared files still exist.
 const PRESENCE_CHECK: Duration = Duration::from_millis(250);
-/// The responder's default UDP address (`../shared/ARCHITECTURE.md`).
+/// The responder's default UDP address (`docs/architecture.md`).
 const DEFAULT_UDP: &str = "127.0.0.1:4791";
 
 #[derive(Debug, PartialEq, Eq)]
