@@ -65,7 +65,9 @@ enum Sub {
     Prereqs,
 }
 
+/// Given twice, a flag's later value counts (`--device`, `--object` and `--qemu-arg` add up).
 #[derive(Debug, Args)]
+#[command(args_override_self = true)]
 struct RunArgs {
     /// Host port forwarded to the control port
     #[arg(long, value_name = "N", default_value_t = DEFAULT_CONTROL_PORT, value_parser = |v: &str| number(v, 1, u16::MAX))]
@@ -116,6 +118,7 @@ struct RunArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(args_override_self = true)]
 struct TestArgs {
     /// Only the image build and the scenarios (the summary names the skipped steps)
     #[arg(long)]
@@ -132,6 +135,7 @@ struct TestArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(args_override_self = true)]
 enum BenchSub {
     /// Boot-time table for -kernel, GRUB BIOS, GRUB UEFI and -kernel with 3 CPUs, plus the size of leasebox.elf
     Boot {
@@ -486,6 +490,10 @@ mod tests {
         let o =
             run(&["--qemu-arg=-S", "--object", "o1", "--device", "d1", "--qemu-arg", "-no-reboot", "--device", "d2"]);
         assert_eq!(o.extra, ["-S", "-object", "o1", "-device", "d1", "-no-reboot", "-device", "d2"]);
+        // The later value counts, as before clap; repeatable flags add up.
+        let o = run(&["--smp", "2", "--smp=3", "--device", "a", "--device", "b", "--iso", "--iso"]);
+        assert_eq!((o.smp, o.extra.len(), o.iso), (3, 4, true));
+        assert_eq!(p(&["bench", "boot", "--runs", "2", "--runs", "4"]), p(&["bench", "boot", "--runs", "4"]));
         assert!(run(&["--iso"]).iso);
         assert!(!run(&["--iso"]).uefi);
         assert!(run(&[]).model && run(&[]).trace.is_none());

@@ -60,7 +60,7 @@ Exit codes:
 
 /// Talks to a Leasebox appliance over its control protocol (v1, TCP port 7470).
 #[derive(Debug, Parser)]
-#[command(name = "leasectl", version, after_help = AFTER_HELP, disable_help_subcommand = true)]
+#[command(name = "leasectl", version, after_help = AFTER_HELP)]
 pub struct Cli {
     #[command(flatten)]
     global: GlobalArgs,
@@ -73,27 +73,27 @@ pub struct Cli {
 /// The help section of the flags every command takes.
 const GLOBAL: &str = "Global options";
 
-/// The flags every command takes, before or after it.
+/// The flags every command takes, before or after it; given twice, the later one counts.
 #[derive(Debug, Args)]
 struct GlobalArgs {
     /// The appliance (default: the file's addr, else 127.0.0.1:7470)
-    #[arg(long, global = true, help_heading = GLOBAL, value_name = "HOST:PORT")]
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "HOST:PORT", overrides_with = "addr")]
     addr: Option<String>,
     /// Configuration file (default: $LEASECTL_CONFIG, else $XDG_CONFIG_HOME/leasebox/leasectl.conf, else
     /// ~/.config/leasebox/leasectl.conf; `cargo xtask run` writes it)
-    #[arg(long, global = true, help_heading = GLOBAL, value_name = "PATH")]
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "PATH", overrides_with = "config")]
     config: Option<PathBuf>,
     /// Authenticate as this tenant (default: the file's tenant)
-    #[arg(long, global = true, help_heading = GLOBAL, value_name = "NAME", value_parser = tenant, conflicts_with = "admin")]
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "NAME", value_parser = tenant, conflicts_with = "admin", overrides_with = "tenant")]
     tenant: Option<String>,
     /// The key to authenticate with (default: the file's key, or admin_key with --admin)
-    #[arg(long, global = true, help_heading = GLOBAL, value_name = "HEX")]
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "HEX", overrides_with = "key")]
     key: Option<String>,
     /// Authenticate as the principal `admin` with the admin key
-    #[arg(long, global = true, help_heading = GLOBAL)]
+    #[arg(long, global = true, help_heading = GLOBAL, overrides_with = "admin")]
     admin: bool,
     /// Print one JSON object (errors: {"error": {"code", "detail", "message"}})
-    #[arg(long, global = true, help_heading = GLOBAL)]
+    #[arg(long, global = true, help_heading = GLOBAL, overrides_with = "json")]
     json: bool,
 }
 
@@ -102,7 +102,7 @@ struct GlobalArgs {
 struct Timeout {
     /// How long to keep trying to connect and authenticate, and to wait for each answer (default 20 s to
     /// connect, 10 s per answer)
-    #[arg(long, value_name = "SECS", value_parser = timeout, help_heading = GLOBAL)]
+    #[arg(long, value_name = "SECS", value_parser = timeout, help_heading = GLOBAL, overrides_with = "timeout")]
     timeout: Option<Duration>,
 }
 
@@ -415,6 +415,8 @@ mod tests {
     #[test]
     fn help_version_and_usage_errors() {
         assert_eq!(kind(&["--help"]), ErrorKind::DisplayHelp);
+        assert_eq!(kind(&["help"]), ErrorKind::DisplayHelp);
+        assert_eq!(kind(&["help", "alloc"]), ErrorKind::DisplayHelp);
         assert_eq!(kind(&["ping", "-h"]), ErrorKind::DisplayHelp);
         assert_eq!(kind(&["--version"]), ErrorKind::DisplayVersion);
         assert!(p(&["--version"]).unwrap_err().to_string().contains(env!("CARGO_PKG_VERSION")));

@@ -23,8 +23,10 @@ use crate::cli;
 use crate::client::{Credentials, exit};
 use crate::rdma::{RcConfig, Requester, SoftConfig, SoftRoce};
 
-/// `verify`'s options (after the word `verify`; the global flags are [`Global`]).
+/// `verify`'s options (after the word `verify`; the global flags are [`Global`]). Given twice, the later one
+/// counts.
 #[derive(Clone, Debug, PartialEq, Eq, Args)]
+#[command(args_override_self = true)]
 pub struct VerifyArgs {
     /// Non-cooperating client: keep posting until the dataplane refuses (the default)
     #[arg(long, conflicts_with = "cooperating")]
@@ -355,6 +357,8 @@ mod tests {
         let p = parsed(&["verify", "--order", "both", "--plot", "/tmp/r.svg"]).unwrap();
         assert_eq!((p.orders, p.opts.order), (vec![Order::MkeyFirst, Order::QpFirst], Order::MkeyFirst));
         assert_eq!(p.plot, Some(PathBuf::from("/tmp/r.svg")));
+        let p = parsed(&["verify", "--order", "both", "--order=qp-first", "--depth", "2", "--depth", "3"]).unwrap();
+        assert_eq!((p.orders, p.opts.depth), (vec![Order::QpFirst], 3));
         let p = parsed(&["verify", "--order=qp-first"]).unwrap();
         assert_eq!((p.orders, p.opts.order, p.plot), (vec![Order::QpFirst], Order::QpFirst, None));
         assert!(parsed(&["verify", "--plot", "--json"]).unwrap_err().contains("--plot <FILE.svg>"));
