@@ -647,7 +647,7 @@ fn rdma_checks(app: &Appliance) -> Result<RdmaFigures, String> {
         return Err("the WRITE after REVOKE changed guest RAM".into());
     }
 
-    // The revoke spec's order on a fresh lease: the QP goes to ERR first and drops requests silently.
+    // The seed's order on a fresh lease: the QP goes to ERR first and drops requests silently.
     let rc = RcConfig { timeout: 10, retry_cnt: 7, ..RcConfig::default() };
     let RdmaLease { mut r, alloc: a } = rdma_lease(app, &mut tenant, rc)?;
     let data = pattern(a.rkey);
