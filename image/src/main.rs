@@ -3,8 +3,8 @@
 //! and runs core 0's roles.
 //!
 //! The `net` role runs the control channel (`net`: smoltcp over virtio-net) with a byte-stream service behind
-//! the control port (`service`): the session core, in `control`. The `cmd` and
-//! `event` roles are loops that count their iterations until the mlx5 engines take their places.
+//! the control port (`service`): the session core, in `control`, over the lease service (`lease`). The `cmd`
+//! and `event` roles run the mlx5 driver's command and event engines (`hca`).
 #![cfg_attr(target_os = "none", no_std, no_main)]
 
 #[cfg(target_os = "none")]

@@ -1,5 +1,5 @@
 //! The seam between the network loop ([`crate::net`]) and whatever serves the control port: a sans-I/O byte
-//! stream service (STYLE.md 12). The loop moves bytes between smoltcp sockets and the service and tells it
+//! stream service (sans-I/O). The loop moves bytes between smoltcp sockets and the service and tells it
 //! about connections; the service never sees a socket, so the same core runs under std TCP in hosted mode.
 
 /// A byte-stream service driven by the network loop (sans-I/O: it never touches sockets).

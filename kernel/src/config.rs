@@ -125,7 +125,7 @@ pub struct CoreLayout {
 }
 
 impl CoreLayout {
-    /// ARCHITECTURE.md's defaults: one CPU runs everything; two split net from the HCA engines; three or
+    /// docs/architecture.md's defaults: one CPU runs everything; two split net from the HCA engines; three or
     /// more give net, cmd and event a core each and leave the rest idle.
     pub fn default_for(cpus: usize) -> CoreLayout {
         let cpus = cpus.clamp(1, MAX_CORES);

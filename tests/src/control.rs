@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// The scenario's name in `cargo xtask test`.
+pub const NAME: &str = "control-qemu";
 /// Guest control port.
 const GUEST_PORT: u16 = 7470;
 /// Boot to the ready line (with DHCP) under TCG on a busy 2-core host.
@@ -178,8 +180,10 @@ pub fn check(t: &Target, leasectl_bin: &Path) -> Result<String, String> {
         return Err(format!("leasectl ping: {ping}"));
     }
     let stats = leasectl(leasectl_bin, t, &["stats", "--json"])?;
-    if !(stats.trim_start().starts_with('{') && stats.contains("\"sessions_current\"") && stats.contains("\"roles\"")) {
-        return Err(format!("leasectl stats --json: {stats}"));
+    let v: serde_json::Value =
+        serde_json::from_str(&stats).map_err(|e| format!("leasectl stats --json is not JSON ({e}): {stats}"))?;
+    if !(v["sessions_current"].is_u64() && v["roles"].is_array()) {
+        return Err(format!("leasectl stats --json lacks sessions_current or roles: {stats}"));
     }
     let health = leasectl(leasectl_bin, t, &["health"])?;
     if !health.contains("status") {
@@ -264,6 +268,13 @@ pub fn check(t: &Target, leasectl_bin: &Path) -> Result<String, String> {
         beats + interleaved_beats,
         s.frames_in
     ))
+}
+
+/// The `control-qemu` scenario: boots the image (one CPU) and runs [`check`] against it with
+/// [`Artifacts::leasectl_bin`].
+pub fn run(a: &Artifacts) -> Result<String, String> {
+    let t = boot_qemu(a, 1, "")?;
+    check(&t, &a.leasectl_bin)
 }
 
 /// HEARTBEAT round trips with `sessions` concurrent sessions for `dur`: (round trips per second, p50 µs, p99 µs).

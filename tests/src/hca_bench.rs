@@ -21,8 +21,7 @@ pub const GOAL_DRIVER_NS: f64 = 2_000.0;
 
 /// The boot: `hca-bringup`'s, with one CPU and a check that only needs the figures.
 pub fn scenario() -> Scenario {
-    let base = crate::scenario::all().into_iter().find(|s| s.name == "hca-bringup");
-    let base = base.expect("the hca-bringup scenario exists");
+    let base = crate::scenario::boot_scenario("hca-bringup").expect("the hca-bringup scenario exists");
     Scenario {
         name: "hca-bench",
         about: "kernel entry → HCA ready, one CPU, with the mlx5 model",

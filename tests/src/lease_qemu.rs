@@ -6,7 +6,7 @@
 //! 2. RDMA through the model's port with the software requester ([`leasectl::rdma::SoftRoce`]): ALLOC with the
 //!    requester's QP, connect, READY, a WRITE that lands in the lease (read back over RDMA and from the RAM
 //!    file at `remote_addr`), REVOKE (MKEY first) → the next WRITE gets `IBV_WC_REM_ACCESS_ERR` at once; then
-//!    on a fresh lease an admin REVOKE in the seed's order (QP first) → only silence, `IBV_WC_RETRY_EXC_ERR`;
+//!    on a fresh lease an admin REVOKE in the revoke spec's order (QP first) → only silence, `IBV_WC_RETRY_EXC_ERR`;
 //! 3. the `leasectl` binary's revoke verifier, `verify --revoke-test --order both --json --plot`, against the
 //!    guest's control port and the model's UDP port: mkey-first must fail the first request after the revoke
 //!    with `IBV_WC_REM_ACCESS_ERR` within [`VERIFY_NAK_BOUND`] of the outcome; qp-first (QP `timeout` 12,
@@ -15,7 +15,7 @@
 //!    `leasectl fenced` lists the slot (DESTROY_MKEY bit, origin REVOKE), the next ALLOC gets another slot.
 //!
 //! Parsing of `leasectl` output is done by pure functions (tested below); the boots are driven by
-//! [`check_normal`] and [`check_fence_test`], called from `cargo xtask test lease-qemu`.
+//! [`check_normal`] and [`check_fence_test`], called by [`run`] (the scenario `cargo xtask test lease-qemu`).
 
 use crate::{Artifacts, serial};
 use leasebox_proto::{AllocReq, LeaseId, LeaseState, Outcome, Request, Response, access, mtu_bytes};
@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// The step's name in `cargo xtask test`.
+/// The scenario's name in `cargo xtask test`.
 pub const NAME: &str = "lease-qemu";
 /// Guest control port.
 const GUEST_PORT: u16 = 7470;
@@ -691,6 +691,18 @@ fn rdma_checks(app: &Appliance) -> Result<RdmaFigures, String> {
     let _ = tenant.bye();
     let _ = admin.bye();
     Ok(f)
+}
+
+/// The `lease-qemu` scenario, two boots: the image (leasectl and RDMA checks), then the `fence-test` image
+/// ([`Artifacts::fence_test_elf`]) with `fence_test=on`. Returns both summaries.
+pub fn run(a: &Artifacts) -> Result<String, String> {
+    let mut app = Appliance::boot(a, &a.elf, NAME, "")?;
+    let normal = check_normal(&mut app, &a.leasectl_bin)?;
+    drop(app);
+    let name = format!("{NAME}-fence-test");
+    let mut app = Appliance::boot(a, &a.fence_test_elf, &name, "fence_test=on")?;
+    let fenced = check_fence_test(&mut app, &a.leasectl_bin)?;
+    Ok(format!("{normal}; {fenced}"))
 }
 
 /// The normal image: items 1 and 2. Returns the summary.

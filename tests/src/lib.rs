@@ -3,8 +3,9 @@
 //! - [`serial`]: pure parsers for the kernel's console contract (log lines, AP report-ins, PCI listing, the
 //!   ready line, exception and panic markers).
 //! - [`transcript`]: the record of one boot and the questions asked of it.
-//! - [`scenario`]: the scenario list ([`scenario::all`]) — runner configuration, stop condition, deadline and
-//!   check for each.
+//! - [`scenario`]: the scenario list ([`scenario::all`]): boot scenarios (runner configuration, stop condition,
+//!   deadline and check) and driven ones (a runner that boots the image and drives clients against it:
+//!   [`control`], [`lease_qemu`]).
 //! - [`bench`]: boot-time measurements over the same runner.
 //! - [`run`] boots one scenario: it spawns QEMU through `leasebox-qemu`, reads serial lines until the scenario
 //!   has what it needs or its deadline passes, kills and reaps QEMU, and writes the transcript to a log file.
@@ -27,7 +28,7 @@ use leasebox_qemu::config::DEFAULT_CPU;
 use leasebox_qemu::model::{self, ModelCommand, ModelProcess, ModelShm};
 use leasebox_qemu::{NextLine, Ovmf, QemuProcess, Stdio};
 
-pub use scenario::{BootKind, Scenario, Until};
+pub use scenario::{BootKind, Build, Driven, Entry, Scenario, Until};
 pub use transcript::Transcript;
 
 /// Serial lines kept per run; a guest that floods the console cannot exhaust host memory.
@@ -55,6 +56,10 @@ pub struct Artifacts {
     pub echo: bool,
     /// The `mlx5-model` binary for scenarios that boot with the model (`cargo build -p mlx5-model`).
     pub model_bin: PathBuf,
+    /// The `leasectl` binary the driven scenarios run (`cargo build -p leasectl`).
+    pub leasectl_bin: PathBuf,
+    /// The kernel built with the `fence-test` feature (`lease-qemu`'s second boot).
+    pub fence_test_elf: PathBuf,
     /// Where the model's shared files go (`/dev/shm`).
     pub shm_dir: PathBuf,
 }
@@ -73,6 +78,8 @@ impl Artifacts {
             cpu: DEFAULT_CPU.to_string(),
             echo: false,
             model_bin: target.join("debug").join("mlx5-model"),
+            leasectl_bin: target.join("debug").join("leasectl"),
+            fence_test_elf: dir.join("leasebox-fence-test.elf"),
             shm_dir: leasebox_qemu::model::shm_dir(),
         }
     }
@@ -194,7 +201,7 @@ mod tests {
             kernel_args: script,
             until,
             deadline: Duration::from_millis(deadline_ms),
-            ..scenario::all().remove(0)
+            ..scenario::boot_scenario("kernel-smp1-pc").unwrap()
         }
     }
 

@@ -1,5 +1,9 @@
-//! The QEMU boot scenarios: each is a runner configuration, a stop condition, a deadline and a check on the
-//! transcript. Checks are plain functions of a [`Transcript`] so they are unit-tested on sample text.
+//! The QEMU scenarios `cargo xtask test` runs, in one list ([`all`]) of two kinds:
+//!
+//! - a boot scenario ([`Scenario`]) is a runner configuration, a stop condition, a deadline and a check on the
+//!   transcript; checks are plain functions of a [`Transcript`] so they are unit-tested on sample text;
+//! - a driven scenario ([`Driven`]) boots the image with the control port forwarded and runs clients against
+//!   it; its runner is a function of this crate ([`crate::control::run`], [`crate::lease_qemu::run`]).
 
 use std::time::Duration;
 
@@ -126,8 +130,106 @@ impl Scenario {
     }
 }
 
+/// What a test run builds, once, before the scenarios that need it (besides the image, which all need).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Build {
+    /// The `mlx5-model` binary ([`Artifacts::model_bin`]).
+    Model,
+    /// The `leasectl` binary ([`Artifacts::leasectl_bin`]).
+    Leasectl,
+    /// The kernel built with the `fence-test` feature ([`Artifacts::fence_test_elf`]).
+    FenceTestImage,
+}
+
+impl Build {
+    /// Every build, in the order a test run does them.
+    pub const ALL: [Build; 3] = [Build::Model, Build::Leasectl, Build::FenceTestImage];
+
+    /// The step's name in the test report.
+    pub fn step(self) -> &'static str {
+        match self {
+            Build::Model => "model-build",
+            Build::Leasectl => "leasectl-build",
+            Build::FenceTestImage => "fence-test-image",
+        }
+    }
+}
+
+/// A scenario that drives clients against the booted image. Its runner boots what it needs (the image with
+/// virtio-net, the control port forwarded to a free host port, fresh keys; the model beside it if it needs
+/// one), drives it, stops it, and returns a one-line summary or why it failed (with the serial tail).
+#[derive(Clone, Debug)]
+pub struct Driven {
+    pub name: &'static str,
+    /// One line on what it proves.
+    pub about: &'static str,
+    /// Built before it runs.
+    pub needs: &'static [Build],
+    pub run: fn(&Artifacts) -> Result<String, String>,
+}
+
+/// One entry of the scenario list.
+#[derive(Clone, Debug)]
+pub enum Entry {
+    /// Boot, read the serial console, check the transcript.
+    Boot(Scenario),
+    /// Boot and drive clients against the image.
+    Driven(Driven),
+}
+
+impl Entry {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Entry::Boot(s) => s.name,
+            Entry::Driven(d) => d.name,
+        }
+    }
+
+    pub fn about(&self) -> &'static str {
+        match self {
+            Entry::Boot(s) => s.about,
+            Entry::Driven(d) => d.about,
+        }
+    }
+
+    /// Whether it needs `b` built first.
+    pub fn needs(&self, b: Build) -> bool {
+        match self {
+            Entry::Boot(s) => b == Build::Model && s.model,
+            Entry::Driven(d) => d.needs.contains(&b),
+        }
+    }
+}
+
 /// Every scenario, in the order `cargo xtask test` runs them.
-pub fn all() -> Vec<Scenario> {
+pub fn all() -> Vec<Entry> {
+    let mut all: Vec<Entry> = boot_scenarios().into_iter().map(Entry::Boot).collect();
+    all.push(Entry::Driven(Driven {
+        name: crate::control::NAME,
+        about: "the control channel under QEMU: leasectl ping/stats/health, 1,000 malformed frames beside a \
+                heartbeating session, garbage, still answering",
+        needs: &[Build::Leasectl],
+        run: crate::control::run,
+    }));
+    all.push(Entry::Driven(Driven {
+        name: crate::lease_qemu::NAME,
+        about: "leases under QEMU with the model and virtio-net: leasectl alloc/ready/list/revoke/fenced, RDMA \
+                WRITE/READ with the software requester, REM_ACCESS_ERR after an MKEY-first revoke, RETRY_EXC_ERR \
+                after a QP-first one, `leasectl verify --revoke-test --order both`; the fence-test image fences a \
+                revoked slot",
+        needs: &[Build::Model, Build::Leasectl, Build::FenceTestImage],
+        run: crate::lease_qemu::run,
+    }));
+    all
+}
+
+/// The boot scenario called `name` (the benchmarks boot variations of them).
+pub fn boot_scenario(name: &str) -> Option<Scenario> {
+    boot_scenarios().into_iter().find(|s| s.name == name)
+}
+
+/// The boot scenarios, in run order.
+fn boot_scenarios() -> Vec<Scenario> {
     vec![
         Scenario {
             machine: Machine::Pc,
@@ -195,18 +297,18 @@ pub fn all() -> Vec<Scenario> {
     ]
 }
 
-/// The scenarios whose names are in `names` (all if empty); an error names the unknown ones.
-pub fn select(names: &[String]) -> Result<Vec<Scenario>, String> {
+/// The scenarios whose names are in `names` (all if empty), in run order; an error names the unknown ones.
+pub fn select(names: &[String]) -> Result<Vec<Entry>, String> {
     let all = all();
     if names.is_empty() {
         return Ok(all);
     }
-    let unknown: Vec<&str> = names.iter().filter(|n| !all.iter().any(|s| s.name == *n)).map(String::as_str).collect();
+    let unknown: Vec<&str> = names.iter().filter(|n| !all.iter().any(|s| s.name() == *n)).map(String::as_str).collect();
     if !unknown.is_empty() {
-        let known: Vec<&str> = all.iter().map(|s| s.name).collect();
+        let known: Vec<&str> = all.iter().map(Entry::name).collect();
         return Err(format!("unknown scenario(s) {} (known: {})", unknown.join(", "), known.join(", ")));
     }
-    Ok(all.into_iter().filter(|s| names.iter().any(|n| n == s.name)).collect())
+    Ok(all.into_iter().filter(|s| names.iter().any(|n| n == s.name())).collect())
 }
 
 fn expect_eq(what: &str, got: u64, want: u64) -> Result<(), String> {
@@ -305,8 +407,8 @@ pub fn check_model_signature(t: &Transcript) -> Result<(), String> {
     check_pci_count(t, &pci)
 }
 
-/// Linux mlx5_core's bring-up order (facts §b.2) as (opcode, op_mod) pairs the model's trace must contain in
-/// this order, each with status 0; `None` matches any op_mod. MANAGE_PAGES appears after each QUERY_PAGES.
+/// Linux mlx5_core's bring-up order (docs/reference/mlx5.md §b.2) as (opcode, op_mod) pairs the model's trace must
+/// contain in this order, each with status 0; `None` matches any op_mod. MANAGE_PAGES appears after each QUERY_PAGES.
 pub const BRINGUP_ORDER: &[(&str, Option<u32>, &str)] = &[
     ("0x104", None, "ENABLE_HCA"),
     ("0x10a", None, "QUERY_ISSI"),
@@ -360,13 +462,15 @@ pub fn check_bringup_order(trace: &str) -> Result<(), String> {
     let mut want = BRINGUP_ORDER.iter().peekable();
     for l in trace.lines() {
         let Some(&&(opcode, op_mod, _)) = want.peek() else { break };
-        if json_field(l, "opcode") != Some(opcode) {
+        let v: serde_json::Value =
+            serde_json::from_str(l).map_err(|e| format!("a trace line is not JSON ({e}): {l}"))?;
+        if v["opcode"] != opcode {
             continue;
         }
-        if op_mod.is_some_and(|m| json_field(l, "op_mod") != Some(m.to_string().as_str())) {
+        if op_mod.is_some_and(|m| v["op_mod"] != m) {
             continue;
         }
-        if json_field(l, "status") != Some("0") || json_field(l, "delivery").is_some() {
+        if v["status"] != 0 || v.get("delivery").is_some() {
             return Err(format!("bring-up command {opcode} did not succeed in the trace: {l}"));
         }
         want.next();
@@ -378,14 +482,6 @@ pub fn check_bringup_order(trace: &str) -> Result<(), String> {
             trace.lines().count()
         )),
     }
-}
-
-/// The value of `key` in a flat one-line JSON object of numbers and strings (quotes removed).
-fn json_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let at = line.find(&format!("\"{key}\":"))? + key.len() + 3;
-    let rest = &line[at..];
-    let end = rest.find([',', '}']).unwrap_or(rest.len());
-    Some(rest[..end].trim_matches('"'))
 }
 
 /// `grub-bios`, `grub-uefi`: the ready line and nothing fatal.
@@ -519,6 +615,7 @@ leasebox: ready cores=1 mem_mib=256 pci=3 boot_ms=22.000 ap_ms=0.000 entry_ms=10
             "\"opcode\":\"0x102\",\"op_mod\":0,\"status\":3",
         );
         assert!(check_bringup_order(&failed).unwrap_err().contains("did not succeed"));
+        assert!(check_bringup_order("{\"opcode\":\"0x104\",").unwrap_err().contains("not JSON"));
         let t = Transcript::from_text(MODEL);
         assert!(check_hca_bringup(&t).unwrap_err().contains("hca="));
     }
@@ -576,7 +673,7 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
 
     #[test]
     fn selection() {
-        let names: Vec<&str> = all().iter().map(|s| s.name).collect();
+        let names: Vec<&str> = all().iter().map(Entry::name).collect();
         assert_eq!(
             names,
             [
@@ -587,29 +684,46 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "grub-bios",
                 "grub-uefi",
                 "fault-pagefault",
-                "fault-panic"
+                "fault-panic",
+                "control-qemu",
+                "lease-qemu"
             ]
         );
-        assert_eq!(select(&[]).unwrap().len(), 8);
-        assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name, "grub-bios");
-        assert!(select(&["nope".into()]).unwrap_err().contains("nope"));
+        assert_eq!(select(&[]).unwrap().len(), 10);
+        assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name(), "grub-bios");
+        // Run order, not the order named; driven and boot scenarios alike.
+        let picked = select(&["lease-qemu".into(), "kernel-smp1-pc".into(), "control-qemu".into()]).unwrap();
+        let picked: Vec<&str> = picked.iter().map(Entry::name).collect();
+        assert_eq!(picked, ["kernel-smp1-pc", "control-qemu", "lease-qemu"]);
+        let e = select(&["nope".into(), "control-qemu".into()]).unwrap_err();
+        assert!(e.contains("nope") && e.contains("known: kernel-smp1-pc") && e.contains("lease-qemu"), "{e}");
+    }
+
+    #[test]
+    fn builds_follow_the_scenarios() {
+        let needing =
+            |b: Build| -> Vec<&'static str> { all().iter().filter(|s| s.needs(b)).map(Entry::name).collect() };
+        assert_eq!(needing(Build::Model), ["model-signature", "hca-bringup", "lease-qemu"]);
+        assert_eq!(needing(Build::Leasectl), ["control-qemu", "lease-qemu"]);
+        assert_eq!(needing(Build::FenceTestImage), ["lease-qemu"]);
+        assert!(matches!(&all()[8], Entry::Driven(d) if d.about.contains("malformed frames")));
     }
 
     #[test]
     fn configs() {
         let a = Artifacts::for_tests();
-        let s = &all()[0];
+        let s = &boot_scenarios()[0];
         let (c, scratch) = s.qemu_config(&a).unwrap();
         assert!(scratch.is_empty());
         let args: Vec<String> = c.args().into_iter().map(|s| s.into_string().unwrap()).collect();
         assert!(args.windows(2).any(|w| w == ["-machine", "pc"]));
         assert!(args.windows(2).any(|w| w == ["-device", "e1000"]));
-        let pf = all().into_iter().find(|s| s.name == "fault-pagefault").unwrap();
+        let pf = boot_scenario("fault-pagefault").unwrap();
         let (c, _) = pf.qemu_config(&a).unwrap();
         assert!(matches!(c.boot, Boot::Kernel { ref append, .. } if append == "test=pagefault"));
-        let uefi = all().into_iter().find(|s| s.name == "grub-uefi").unwrap();
+        let uefi = boot_scenario("grub-uefi").unwrap();
         assert!(uefi.qemu_config(&a).unwrap_err().contains("OVMF"));
-        let mut bios = all().into_iter().find(|s| s.name == "grub-bios").unwrap();
+        let mut bios = boot_scenario("grub-bios").unwrap();
         bios.kernel_args = "test=panic";
         assert!(bios.qemu_config(&a).is_err());
     }

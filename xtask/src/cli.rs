@@ -1,87 +1,223 @@
-//! Command-line parsing for `cargo xtask` (by hand: a few flags, clear errors, no panics).
+//! Command-line parsing for `cargo xtask`, declared with clap: clear errors (exit code 2), no panics, `--help`
+//! on every command (`cargo xtask help COMMAND`) and `--version`.
 
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use leasebox_qemu::Machine;
 use leasebox_qemu::config::{DEFAULT_CPU, DEFAULT_MEM_MIB, MAX_SMP};
+use leasebox_scenarios::{bench, hca_bench, lease_bench, revoke_bench};
 
 /// The host port `run` forwards to the guest's control port.
 pub const DEFAULT_CONTROL_PORT: u16 = 7470;
 
-pub const USAGE: &str = "\
-usage: cargo xtask <command> [options]
-
-commands:
-  image                 build the kernel and the GRUB ISO:
-                        target/leasebox/leasebox.elf, target/leasebox/leasebox.iso
-  run [options] [-- kernel args...]
-                        build what is needed and boot under QEMU (TCG), serial console on this terminal,
-                        until the guest exits or Ctrl-C. Exits with QEMU's status (3 = the guest reported a
-                        failure through isa-debug-exit; 128+N = killed by signal N).
-                        The control port is forwarded to 127.0.0.1:7470 (virtio-net, QEMU user networking);
-                        fresh keys for the tenant `demo` and the admin are passed to the kernel and written
-                        to leasectl's configuration file (0600; the path is printed), so
-                        `cargo run -p leasectl -- ping` works from another terminal. Kernel args naming
-                        tenant= or admin= replace the generated keys (and no file is written)
-                        The mlx5 model (qemu/mlx5-model, CI's ConnectX-5) runs beside QEMU by default:
-                        guest RAM and an ivshmem BAR in fresh files under /dev/shm, the model process
-                        started before QEMU and stopped after it, the files deleted afterwards
-      --port N          host port forwarded to the control port (default 7470)
-      --no-model        boot without the mlx5 model (no shared files, no ivshmem, no model process)
-      --trace PATH      the model's command trace (default target/leasebox/mlx5-trace.jsonl)
-      --iso             boot the GRUB ISO on SeaBIOS instead of QEMU -kernel
-      --uefi            boot the GRUB ISO on OVMF (UEFI); implies --iso
-      --smp N           CPUs (default 1)
-      --mem MiB         guest memory (default 256; at most 2048 with the model)
-      --machine pc|q35  chipset (default q35; pc has no ECAM, so the kernel uses 0xCF8 PCI access)
-      --cpu MODEL       QEMU -cpu model (default max)
-      --device SPEC     add -device SPEC (repeatable)
-      --object SPEC     add -object SPEC (repeatable)
-      --qemu-arg ARG    add one raw QEMU argument (repeatable)
-      --timeout SECS    kill QEMU after SECS seconds
-      --dry-run         print the QEMU command line and exit
-      kernel args       e.g. log=debug cores=... test=pagefault; with --iso/--uefi they are baked into
-                        target/leasebox/run.iso
-  test [options] [SCENARIO...]
-                        host tests (cargo test --workspace), clippy (host, and the kernel target), image and
-                        ISO build, then the QEMU boot scenarios one after another; PASS/FAIL lines and a summary
-      --boot-only       only the image build and the boot scenarios (the summary names the skipped steps)
-      --list            list the boot scenarios and exit
-      --verbose         copy each scenario's serial output to stdout as it arrives
-  bench boot [--runs N] boot-time table (medians of N runs, default 5) for -kernel, GRUB BIOS, GRUB UEFI
-  bench control [--secs N]  HEARTBEAT round trips/s and p50/p99 with 1 and 8 sessions, QEMU guest and hosted
-                        and -kernel with 3 CPUs, plus the size of leasebox.elf; asserts nothing
-  bench hca [--secs N] [--runs N]
-                        mlx5 command path: hosted (driver + model thread, native, N s per row, default 2)
-                        QUERY_MKEY and CREATE+DESTROY_MKEY rates with 1 and 31 slots, p50/p99, driver ns per
-                        command; then QEMU (-kernel, 1 CPU, TCG, model; N boots, default 3) kernel entry →
-                        `mlx5: up:` and hca_ms; then the goals (32 slots ≥ 10× 1 slot, driver ≤ 2 µs per
-                        command); asserts nothing
-  bench lease [--secs N] [--leases N]
-                        lease service, hosted (model thread, engines thread, service on this one; native):
-                        ALLOC and REVOKE p50/p99, rate, appliance-side and service CPU time, HCA commands
-                        per op with 1 and 8 clients (N s per row, default 2); mass revoke of N leases
-                        (default 10000): last outcome and all swept vs the same HCA commands alone over the
-                        32 command slots; then the goals (REVOKE appliance-side ≤ 20 µs p99, mass revoke
-                        ≤ 1.5× the model alone); asserts nothing
-  bench revoke [--iterations N]
-                        leasectl verify --revoke-test in process, N iterations per order (default 20), for
-                        mkey-first and qp-first against the QEMU guest (image, model, virtio-net) and the
-                        hosted appliance: control-plane recall and dataplane first-fail latency p50/p99/max
-                        and the failing completion status; asserts nothing
-  prereqs               check (and, as root with apt-get, install) QEMU, GRUB (BIOS and EFI), xorriso,
-                        mtools, OVMF, and for leasectl's verbs backend libibverbs-dev, librdmacm-dev,
-                        pkg-config and libclang-dev; each is probed where its user looks for it
-  help                  this text
-
+/// What `cargo xtask --help` ends with.
+const AFTER_HELP: &str = "\
 run, test, bench and image check the host prerequisites first and install missing Debian packages when
 running as root (otherwise they print the apt-get command to run).
 LEASEBOX_KERNEL_ELF=<path> makes image/run/test/bench use that prebuilt kernel ELF instead of building
 leasebox-image (the host tests and clippy still build the workspace); `test` names the substitution in its
 summary, and .ci/run ignores the variable (CI tests the kernel its checkout builds).";
 
+/// Leasebox's one entry point: build the image, boot it under QEMU, run every test, measure boot and service
+/// times
+#[derive(Debug, Parser)]
+#[command(name = "xtask", bin_name = "cargo xtask", version, after_long_help = AFTER_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Sub>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// Build the kernel and the GRUB ISO: target/leasebox/leasebox.elf, target/leasebox/leasebox.iso
+    Image,
+    /// Build what is needed and boot under QEMU (TCG), serial console on this terminal
+    ///
+    /// Runs until the guest exits or Ctrl-C. Exits with QEMU's status (3 = the guest reported a failure
+    /// through isa-debug-exit; 128+N = killed by signal N; 124 = stopped by --timeout).
+    ///
+    /// The control port is forwarded to 127.0.0.1:7470 (virtio-net, QEMU user networking); fresh keys for
+    /// the tenant `demo` and the admin are passed to the kernel and written to leasectl's configuration file
+    /// (0600; the path is printed), so `cargo run -p leasectl -- ping` works from another terminal. Kernel
+    /// args naming tenant= or admin= replace the generated keys (and no file is written).
+    ///
+    /// The mlx5 model (qemu/mlx5-model, CI's ConnectX-5) runs beside QEMU by default: guest RAM and an
+    /// ivshmem BAR in fresh files under /dev/shm, the model process started before QEMU and stopped after it,
+    /// the files deleted afterwards.
+    Run(RunArgs),
+    /// Host tests, clippy, image and ISO build, then the QEMU scenarios; PASS/FAIL lines and a summary
+    ///
+    /// The host steps: cargo fmt --check, cargo test --workspace, clippy (host, leasectl's verbs feature, the
+    /// kernel target); then the image and ISO build, what the named scenarios need (the mlx5 model,
+    /// leasectl, the fence-test image), and the scenarios one after another: boot scenarios check the serial
+    /// transcript, driven ones (control-qemu, lease-qemu) run clients against the booted image. With
+    /// SCENARIO names, only those run (the summary names the skipped ones).
+    Test(TestArgs),
+    /// Benchmarks: figures only, nothing asserted
+    Bench {
+        #[command(subcommand)]
+        kind: BenchSub,
+    },
+    /// Check (and, as root with apt-get, install) the host prerequisites
+    ///
+    /// QEMU, GRUB (BIOS and EFI), xorriso, mtools, OVMF, and for leasectl's verbs backend libibverbs-dev,
+    /// librdmacm-dev, pkg-config and libclang-dev; each is probed where its user looks for it.
+    Prereqs,
+}
+
+/// Given twice, a flag's later value counts (`--device`, `--object` and `--qemu-arg` add up).
+#[derive(Debug, Args)]
+#[command(args_override_self = true)]
+struct RunArgs {
+    /// Host port forwarded to the control port
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_CONTROL_PORT, value_parser = |v: &str| number(v, 1, u16::MAX))]
+    port: u16,
+    /// Boot without the mlx5 model (no shared files, no ivshmem, no model process)
+    #[arg(long)]
+    no_model: bool,
+    /// The model's command trace (default target/leasebox/mlx5-trace.jsonl)
+    #[arg(long, value_name = "PATH", value_parser = |v: &str| word(v, "a file path"))]
+    trace: Option<String>,
+    /// Boot the GRUB ISO on SeaBIOS instead of QEMU -kernel
+    #[arg(long)]
+    iso: bool,
+    /// Boot the GRUB ISO on OVMF (UEFI); implies --iso
+    #[arg(long)]
+    uefi: bool,
+    /// CPUs
+    #[arg(long, value_name = "N", default_value_t = 1, allow_negative_numbers = true, value_parser = |v: &str| number(v, 1, MAX_SMP))]
+    smp: u32,
+    /// Guest memory in MiB (at most 2048 with the model)
+    #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = |v: &str| number::<u32>(v, 16, 1024 * 1024))]
+    mem: u32,
+    /// Chipset: q35, or pc (no ECAM, so the kernel uses 0xCF8 PCI access)
+    #[arg(long, value_name = "pc|q35", default_value = "q35", value_parser = |v: &str| v.parse::<Machine>())]
+    machine: Machine,
+    /// QEMU -cpu model
+    #[arg(long, value_name = "MODEL", default_value = DEFAULT_CPU, value_parser = |v: &str| word(v, "a CPU model"))]
+    cpu: String,
+    /// Add -device SPEC (repeatable)
+    #[arg(long, value_name = "SPEC", value_parser = |v: &str| word(v, "a value"))]
+    device: Vec<String>,
+    /// Add -object SPEC (repeatable)
+    #[arg(long, value_name = "SPEC", value_parser = |v: &str| word(v, "a value"))]
+    object: Vec<String>,
+    /// Add one raw QEMU argument (repeatable)
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    qemu_arg: Vec<String>,
+    /// Kill QEMU after SECS seconds
+    #[arg(long, value_name = "SECS", value_parser = |v: &str| number::<u64>(v, 1, 7 * 24 * 3600))]
+    timeout: Option<u64>,
+    /// Print the QEMU command line and exit
+    #[arg(long)]
+    dry_run: bool,
+    /// Kernel arguments, e.g. log=debug cores=... test=pagefault; with --iso/--uefi they are baked into
+    /// target/leasebox/run.iso
+    #[arg(last = true, value_name = "KERNEL ARGS")]
+    kernel_args: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(args_override_self = true)]
+struct TestArgs {
+    /// Only the image build and the scenarios (the summary names the skipped steps)
+    #[arg(long)]
+    boot_only: bool,
+    /// List the scenarios (the named ones, or all) and exit
+    #[arg(long)]
+    list: bool,
+    /// Copy each boot scenario's serial output to stdout as it arrives
+    #[arg(long, short)]
+    verbose: bool,
+    /// Scenarios to run (default: all; see --list)
+    #[arg(value_name = "SCENARIO")]
+    scenarios: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+#[command(args_override_self = true)]
+enum BenchSub {
+    /// Boot-time table for -kernel, GRUB BIOS, GRUB UEFI and -kernel with 3 CPUs, plus the size of leasebox.elf
+    Boot {
+        /// Runs per row (medians are shown; default 5)
+        #[arg(long, value_name = "N", value_parser = runs)]
+        runs: Option<usize>,
+    },
+    /// HEARTBEAT round trips/s and p50/p99 with 1 and 8 sessions, QEMU guest and hosted
+    Control {
+        /// Seconds of load per row (default 3)
+        #[arg(long, value_name = "N", value_parser = secs)]
+        secs: Option<u64>,
+    },
+    /// The mlx5 command path, hosted and under QEMU, then the goals
+    ///
+    /// Hosted (driver + model thread, native, N s per row): QUERY_MKEY and CREATE+DESTROY_MKEY rates with 1
+    /// and 31 slots, p50/p99, driver ns per command; then QEMU (-kernel, 1 CPU, TCG, model; N boots) kernel
+    /// entry → `mlx5: up:` and hca_ms; then the goals (32 slots ≥ 10× 1 slot, driver ≤ 2 µs per command).
+    Hca {
+        /// Seconds per hosted row (default 2)
+        #[arg(long, value_name = "N", value_parser = secs)]
+        secs: Option<u64>,
+        /// QEMU boots (default 3)
+        #[arg(long, value_name = "N", value_parser = runs)]
+        runs: Option<usize>,
+    },
+    /// The lease service, hosted (model thread, engines, service; native), then the goals
+    ///
+    /// ALLOC and REVOKE p50/p99, rate, appliance-side and service CPU time, HCA commands per op with 1 and 8
+    /// clients; mass revoke of N leases: last outcome and all swept vs the same HCA commands alone over the
+    /// 32 command slots; then the goals.
+    Lease {
+        /// Seconds per row (default 2)
+        #[arg(long, value_name = "N", value_parser = secs)]
+        secs: Option<u64>,
+        /// Leases in the mass revoke (default 10000)
+        #[arg(long, value_name = "N", value_parser = |v: &str| number(v, 8, lease_bench::MAX_LEASES))]
+        leases: Option<u32>,
+    },
+    /// `leasectl verify --revoke-test` per order against the QEMU guest and the hosted appliance
+    ///
+    /// mkey-first and qp-first against the QEMU guest (image, model, virtio-net) and the hosted appliance:
+    /// control-plane recall and dataplane first-fail latency p50/p99/max and the failing completion status.
+    Revoke {
+        /// Verifier iterations per order and target (default 20)
+        #[arg(long, value_name = "N", value_parser = |v: &str| number(v, 1, revoke_bench::MAX_ITERATIONS))]
+        iterations: Option<u32>,
+    },
+}
+
+fn runs(v: &str) -> Result<usize, String> {
+    number(v, 1, 1000)
+}
+
+fn secs(v: &str) -> Result<u64, String> {
+    number(v, 1, 600)
+}
+
+/// A decimal number from `min` to `max`.
+fn number<T>(v: &str, min: T, max: T) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
+{
+    match v.parse::<T>() {
+        Ok(n) if n >= min && n <= max => Ok(n),
+        _ => Err(format!("needs a number from {min} to {max}")),
+    }
+}
+
+/// A value that is neither empty nor a flag.
+fn word(v: &str, what: &str) -> Result<String, String> {
+    if v.is_empty() || v.starts_with('-') {
+        return Err(format!("needs {what}"));
+    }
+    Ok(v.to_string())
+}
+
 /// A parsed command.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Cmd {
-    Help,
+    /// Print this text (`cargo xtask` alone).
+    Help(String),
     Image,
     Prereqs,
     Run(RunOpts),
@@ -110,22 +246,30 @@ pub struct RunOpts {
     pub kernel_args: Vec<String>,
 }
 
-impl Default for RunOpts {
-    fn default() -> Self {
+impl RunOpts {
+    /// `a` with the QEMU extras in the order given (`m`: the `run` command's matches, for their positions).
+    fn new(a: RunArgs, m: &ArgMatches) -> RunOpts {
+        // (position on the command line, the QEMU arguments it adds), sorted by position.
+        let at = |id: &str| m.indices_of(id).into_iter().flatten();
+        let mut extra: Vec<(usize, Vec<String>)> = Vec::new();
+        extra.extend(at("device").zip(&a.device).map(|(i, v)| (i, vec!["-device".into(), v.clone()])));
+        extra.extend(at("object").zip(&a.object).map(|(i, v)| (i, vec!["-object".into(), v.clone()])));
+        extra.extend(at("qemu_arg").zip(&a.qemu_arg).map(|(i, v)| (i, vec![v.clone()])));
+        extra.sort_by_key(|(i, _)| *i);
         RunOpts {
-            iso: false,
-            uefi: false,
-            smp: 1,
-            mem_mib: DEFAULT_MEM_MIB,
-            machine: Machine::Q35,
-            cpu: DEFAULT_CPU.to_string(),
-            extra: Vec::new(),
-            timeout_secs: None,
-            dry_run: false,
-            port: DEFAULT_CONTROL_PORT,
-            model: true,
-            trace: None,
-            kernel_args: Vec::new(),
+            iso: a.iso || a.uefi,
+            uefi: a.uefi,
+            smp: a.smp,
+            mem_mib: a.mem,
+            machine: a.machine,
+            cpu: a.cpu,
+            extra: extra.into_iter().flat_map(|(_, v)| v).collect(),
+            timeout_secs: a.timeout,
+            dry_run: a.dry_run,
+            port: a.port,
+            model: !a.no_model,
+            trace: a.trace,
+            kernel_args: a.kernel_args,
         }
     }
 }
@@ -159,198 +303,91 @@ pub struct BenchOpts {
     pub iterations: u32,
 }
 
-/// Splits `--flag=value` and fetches the value of a flag that takes one.
-struct Args<I: Iterator<Item = String>> {
-    it: I,
-}
-
-impl<I: Iterator<Item = String>> Args<I> {
-    fn value(&mut self, flag: &str, inline: Option<String>) -> Result<String, String> {
-        match inline {
-            Some(v) => Ok(v),
-            None => self.it.next().ok_or_else(|| format!("{flag} needs a value")),
+impl BenchOpts {
+    fn new(b: BenchSub) -> BenchOpts {
+        let o = BenchOpts {
+            kind: BenchKind::Boot,
+            runs: bench::DEFAULT_RUNS,
+            secs: 3,
+            leases: lease_bench::DEFAULT_LEASES,
+            iterations: revoke_bench::DEFAULT_ITERATIONS,
+        };
+        match b {
+            BenchSub::Boot { runs } => BenchOpts { runs: runs.unwrap_or(o.runs), ..o },
+            BenchSub::Control { secs } => BenchOpts { kind: BenchKind::Control, secs: secs.unwrap_or(o.secs), ..o },
+            BenchSub::Hca { secs, runs } => BenchOpts {
+                kind: BenchKind::Hca,
+                runs: runs.unwrap_or(hca_bench::DEFAULT_RUNS),
+                secs: secs.unwrap_or(2),
+                ..o
+            },
+            BenchSub::Lease { secs, leases } => BenchOpts {
+                kind: BenchKind::Lease,
+                runs: 1,
+                secs: secs.unwrap_or(lease_bench::DEFAULT_SECS),
+                leases: leases.unwrap_or(o.leases),
+                ..o
+            },
+            BenchSub::Revoke { iterations } => {
+                BenchOpts { kind: BenchKind::Revoke, iterations: iterations.unwrap_or(o.iterations), ..o }
+            }
         }
     }
 }
 
-fn number<T>(flag: &str, v: &str, min: T, max: T) -> Result<T, String>
-where
-    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
-{
-    match v.parse::<T>() {
-        Ok(n) if n >= min && n <= max => Ok(n),
-        _ => Err(format!("{flag} needs a number from {min} to {max}, got `{v}`")),
-    }
+/// Parses the arguments after `cargo xtask`. `Err` is clap's: a usage error, or a help or version request
+/// (kinds [`ErrorKind::DisplayHelp`], [`ErrorKind::DisplayVersion`]) to print as it renders.
+pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Cmd, clap::Error> {
+    let args: Vec<String> = args.into_iter().collect();
+    let m = Cli::command()
+        .try_get_matches_from(std::iter::once("xtask").chain(args.iter().map(String::as_str)))
+        .map_err(|e| with_tip(e, &args))?;
+    let cli = Cli::from_arg_matches(&m)?;
+    Ok(match cli.command {
+        None => Cmd::Help(help()),
+        Some(Sub::Image) => Cmd::Image,
+        Some(Sub::Prereqs) => Cmd::Prereqs,
+        Some(Sub::Run(a)) => {
+            let run = m.subcommand_matches("run").ok_or_else(|| clap::Error::new(ErrorKind::MissingSubcommand))?;
+            Cmd::Run(RunOpts::new(a, run))
+        }
+        Some(Sub::Test(t)) => {
+            Cmd::Test(TestOpts { boot_only: t.boot_only, list: t.list, verbose: t.verbose, scenarios: t.scenarios })
+        }
+        Some(Sub::Bench { kind }) => Cmd::Bench(BenchOpts::new(kind)),
+    })
 }
 
-fn no_value(flag: &str, inline: &Option<String>) -> Result<(), String> {
-    match inline {
-        Some(_) => Err(format!("{flag} takes no value")),
-        None => Ok(()),
-    }
-}
-
-/// Parses the arguments after `cargo xtask`.
-pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Cmd, String> {
-    let mut it = args.into_iter();
-    let Some(cmd) = it.next() else {
-        return Ok(Cmd::Help);
-    };
-    let mut a = Args { it };
-    match cmd.as_str() {
-        "help" | "-h" | "--help" => Ok(Cmd::Help),
-        "image" => no_more(&mut a, "image").map(|_| Cmd::Image),
-        "prereqs" => no_more(&mut a, "prereqs").map(|_| Cmd::Prereqs),
-        "run" => parse_run(&mut a).map(Cmd::Run),
-        "test" => parse_test(&mut a).map(Cmd::Test),
-        "bench" => parse_bench(&mut a).map(Cmd::Bench),
-        other => Err(format!("unknown command `{other}`")),
-    }
-}
-
-fn no_more<I: Iterator<Item = String>>(a: &mut Args<I>, cmd: &str) -> Result<(), String> {
-    match a.it.next() {
-        None => Ok(()),
-        Some(x) => Err(format!("`{cmd}` takes no arguments, got `{x}`")),
-    }
-}
-
-fn split(arg: &str) -> (String, Option<String>) {
-    match arg.split_once('=') {
-        Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-        _ => (arg.to_string(), None),
-    }
-}
-
-fn parse_run<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<RunOpts, String> {
-    let mut o = RunOpts::default();
-    while let Some(arg) = a.it.next() {
-        let (flag, inline) = split(&arg);
-        match flag.as_str() {
-            "--" => {
-                o.kernel_args = a.it.by_ref().collect();
-                break;
-            }
-            "--iso" => {
-                no_value(&flag, &inline)?;
-                o.iso = true;
-            }
-            "--uefi" => {
-                no_value(&flag, &inline)?;
-                o.uefi = true;
-                o.iso = true;
-            }
-            "--dry-run" => {
-                no_value(&flag, &inline)?;
-                o.dry_run = true;
-            }
-            "--no-model" => {
-                no_value(&flag, &inline)?;
-                o.model = false;
-            }
-            "--trace" => {
-                let v = a.value(&flag, inline)?;
-                if v.is_empty() || v.starts_with('-') {
-                    return Err(format!("--trace needs a file path, got `{v}`"));
+/// `e` with a tip clap does not give: the known commands after an unknown one, and where kernel arguments go.
+fn with_tip(mut e: clap::Error, args: &[String]) -> clap::Error {
+    let tip = match e.kind() {
+        ErrorKind::InvalidSubcommand => {
+            // The command the unknown word was given to: follow the known ones.
+            let mut cmd = Cli::command();
+            for a in args {
+                match cmd.find_subcommand(a) {
+                    Some(sub) => cmd = sub.clone(),
+                    None => break,
                 }
-                o.trace = Some(v);
             }
-            "--smp" => o.smp = number(&flag, &a.value(&flag, inline)?, 1, MAX_SMP)?,
-            "--mem" => o.mem_mib = number(&flag, &a.value(&flag, inline)?, 16, 1024 * 1024)?,
-            "--machine" => o.machine = a.value(&flag, inline)?.parse()?,
-            "--cpu" => {
-                let v = a.value(&flag, inline)?;
-                if v.is_empty() || v.starts_with('-') {
-                    return Err(format!("--cpu needs a CPU model, got `{v}`"));
-                }
-                o.cpu = v;
-            }
-            "--device" | "--object" => {
-                let v = a.value(&flag, inline)?;
-                if v.is_empty() {
-                    return Err(format!("{flag} needs a value"));
-                }
-                o.extra.push(format!("-{}", &flag[2..]));
-                o.extra.push(v);
-            }
-            "--qemu-arg" => o.extra.push(a.value(&flag, inline)?),
-            "--timeout" => o.timeout_secs = Some(number(&flag, &a.value(&flag, inline)?, 1, 7 * 24 * 3600)?),
-            "--port" => o.port = number(&flag, &a.value(&flag, inline)?, 1, u16::MAX)?,
-            f if f.starts_with('-') => return Err(format!("unknown option `{f}` for `run`")),
-            other => {
-                return Err(format!("unexpected argument `{other}` (kernel arguments go after `--`)"));
-            }
+            let known: Vec<&str> = cmd.get_subcommands().map(|c| c.get_name()).filter(|n| *n != "help").collect();
+            format!("available: {}", known.join(", "))
         }
-    }
-    Ok(o)
+        ErrorKind::UnknownArgument
+            if args.first().is_some_and(|a| a == "run")
+                && matches!(e.get(ContextKind::InvalidArg), Some(ContextValue::String(a)) if !a.starts_with('-')) =>
+        {
+            "kernel arguments go after `--` (cargo xtask run -- log=debug)".to_string()
+        }
+        _ => return e,
+    };
+    e.insert(ContextKind::Suggested, ContextValue::StyledStrs(vec![tip.into()]));
+    e
 }
 
-fn parse_test<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<TestOpts, String> {
-    let mut o = TestOpts::default();
-    for arg in a.it.by_ref() {
-        let (flag, inline) = split(&arg);
-        match flag.as_str() {
-            "--boot-only" => {
-                no_value(&flag, &inline)?;
-                o.boot_only = true;
-            }
-            "--list" => {
-                no_value(&flag, &inline)?;
-                o.list = true;
-            }
-            "--verbose" | "-v" => {
-                no_value(&flag, &inline)?;
-                o.verbose = true;
-            }
-            f if f.starts_with('-') => return Err(format!("unknown option `{f}` for `test`")),
-            name => o.scenarios.push(name.to_string()),
-        }
-    }
-    Ok(o)
-}
-
-fn parse_bench<I: Iterator<Item = String>>(a: &mut Args<I>) -> Result<BenchOpts, String> {
-    let kind = match a.it.next().as_deref() {
-        Some("boot") => BenchKind::Boot,
-        Some("control") => BenchKind::Control,
-        Some("hca") => BenchKind::Hca,
-        Some("lease") => BenchKind::Lease,
-        Some("revoke") => BenchKind::Revoke,
-        Some(other) => {
-            return Err(format!("unknown benchmark `{other}` (available: boot, control, hca, lease, revoke)"));
-        }
-        None => return Err("`bench` needs a benchmark name (available: boot, control, hca, lease, revoke)".into()),
-    };
-    let leases = leasebox_scenarios::lease_bench::DEFAULT_LEASES;
-    let iterations = leasebox_scenarios::revoke_bench::DEFAULT_ITERATIONS;
-    let mut o = match kind {
-        BenchKind::Hca => {
-            BenchOpts { kind, runs: leasebox_scenarios::hca_bench::DEFAULT_RUNS, secs: 2, leases, iterations }
-        }
-        BenchKind::Lease => {
-            BenchOpts { kind, runs: 1, secs: leasebox_scenarios::lease_bench::DEFAULT_SECS, leases, iterations }
-        }
-        _ => BenchOpts { kind, runs: leasebox_scenarios::bench::DEFAULT_RUNS, secs: 3, leases, iterations },
-    };
-    while let Some(arg) = a.it.next() {
-        let (flag, inline) = split(&arg);
-        match (kind, flag.as_str()) {
-            (BenchKind::Boot | BenchKind::Hca, "--runs") => o.runs = number(&flag, &a.value(&flag, inline)?, 1, 1000)?,
-            (BenchKind::Control | BenchKind::Hca | BenchKind::Lease, "--secs") => {
-                o.secs = number(&flag, &a.value(&flag, inline)?, 1, 600)? as u64
-            }
-            (BenchKind::Lease, "--leases") => {
-                let max = leasebox_scenarios::lease_bench::MAX_LEASES;
-                o.leases = number(&flag, &a.value(&flag, inline)?, 8, max)?
-            }
-            (BenchKind::Revoke, "--iterations") => {
-                let max = leasebox_scenarios::revoke_bench::MAX_ITERATIONS;
-                o.iterations = number(&flag, &a.value(&flag, inline)?, 1, max)?
-            }
-            (_, other) => return Err(format!("unknown option `{other}` for this benchmark")),
-        }
-    }
-    Ok(o)
+/// The long help (`cargo xtask`, `cargo xtask help`, `cargo xtask --help`).
+pub fn help() -> String {
+    Cli::command().render_long_help().to_string()
 }
 
 #[cfg(test)]
@@ -358,7 +395,11 @@ mod tests {
     use super::*;
 
     fn p(args: &[&str]) -> Result<Cmd, String> {
-        parse(args.iter().map(|s| s.to_string()))
+        parse(args.iter().map(|s| s.to_string())).map_err(|e| e.to_string())
+    }
+
+    fn kind(args: &[&str]) -> ErrorKind {
+        parse(args.iter().map(|s| s.to_string())).unwrap_err().kind()
     }
 
     fn run(args: &[&str]) -> RunOpts {
@@ -368,20 +409,53 @@ mod tests {
         }
     }
 
+    fn run_defaults() -> RunOpts {
+        RunOpts {
+            iso: false,
+            uefi: false,
+            smp: 1,
+            mem_mib: DEFAULT_MEM_MIB,
+            machine: Machine::Q35,
+            cpu: DEFAULT_CPU.to_string(),
+            extra: Vec::new(),
+            timeout_secs: None,
+            dry_run: false,
+            port: DEFAULT_CONTROL_PORT,
+            model: true,
+            trace: None,
+            kernel_args: Vec::new(),
+        }
+    }
+
     #[test]
     fn top_level() {
-        assert_eq!(p(&[]), Ok(Cmd::Help));
-        assert_eq!(p(&["help"]), Ok(Cmd::Help));
-        assert_eq!(p(&["--help"]), Ok(Cmd::Help));
+        assert_eq!(p(&[]), Ok(Cmd::Help(help())));
+        assert!(help().contains("LEASEBOX_KERNEL_ELF") && help().contains("prereqs"));
+        assert_eq!(kind(&["help"]), ErrorKind::DisplayHelp);
+        assert_eq!(kind(&["--help"]), ErrorKind::DisplayHelp);
+        assert_eq!(kind(&["help", "run"]), ErrorKind::DisplayHelp);
+        assert_eq!(kind(&["--version"]), ErrorKind::DisplayVersion);
         assert_eq!(p(&["image"]), Ok(Cmd::Image));
         assert_eq!(p(&["prereqs"]), Ok(Cmd::Prereqs));
-        assert!(p(&["image", "x"]).unwrap_err().contains("no arguments"));
-        assert!(p(&["frobnicate"]).unwrap_err().contains("frobnicate"));
+        assert!(p(&["image", "x"]).unwrap_err().contains("unexpected argument 'x'"));
+        let e = p(&["frobnicate"]).unwrap_err();
+        assert!(e.contains("frobnicate") && e.contains("available: image, run, test, bench, prereqs"), "{e}");
+        // Usage errors exit with 2.
+        let e = parse(["frobnicate".to_string()]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn help_texts_say_what_the_commands_do() {
+        let test = Cli::command().find_subcommand_mut("test").unwrap().render_long_help().to_string();
+        assert!(test.contains("--boot-only") && test.contains("driven ones (control-qemu, lease-qemu)"));
+        let run = Cli::command().find_subcommand_mut("run").unwrap().render_long_help().to_string();
+        assert!(run.contains("isa-debug-exit") && run.contains("--qemu-arg") && run.contains("[default: 7470]"));
     }
 
     #[test]
     fn run_defaults_and_flags() {
-        assert_eq!(run(&[]), RunOpts::default());
+        assert_eq!(run(&[]), run_defaults());
         let o = run(&[
             "--uefi",
             "--smp",
@@ -412,6 +486,14 @@ mod tests {
         assert_eq!(o.timeout_secs, Some(30));
         assert_eq!((o.port, run(&[]).port), (7471, 7470));
         assert_eq!(o.kernel_args, ["log=debug", "test=panic", "--iso"]);
+        // QEMU extras keep their order across the three flags.
+        let o =
+            run(&["--qemu-arg=-S", "--object", "o1", "--device", "d1", "--qemu-arg", "-no-reboot", "--device", "d2"]);
+        assert_eq!(o.extra, ["-S", "-object", "o1", "-device", "d1", "-no-reboot", "-device", "d2"]);
+        // The later value counts, as before clap; repeatable flags add up.
+        let o = run(&["--smp", "2", "--smp=3", "--device", "a", "--device", "b", "--iso", "--iso"]);
+        assert_eq!((o.smp, o.extra.len(), o.iso), (3, 4, true));
+        assert_eq!(p(&["bench", "boot", "--runs", "2", "--runs", "4"]), p(&["bench", "boot", "--runs", "4"]));
         assert!(run(&["--iso"]).iso);
         assert!(!run(&["--iso"]).uefi);
         assert!(run(&[]).model && run(&[]).trace.is_none());
@@ -423,22 +505,24 @@ mod tests {
     #[test]
     fn run_errors_are_clear() {
         let e = |args: &[&str]| p(&[&["run"], args].concat()).unwrap_err();
-        assert!(e(&["--smp"]).contains("--smp needs a value"));
-        assert!(e(&["--smp", "zero"]).contains("--smp needs a number"));
+        assert!(e(&["--smp"]).contains("a value is required for '--smp <N>'"));
+        assert!(e(&["--smp", "zero"]).contains("'--smp <N>': needs a number"));
         assert!(e(&["--smp", "0"]).contains("from 1"));
         assert!(e(&["--smp", "-3"]).contains("--smp"));
         assert!(e(&["--mem", "99999999999999999999"]).contains("--mem"));
         assert!(e(&["--machine", "isapc"]).contains("isapc"));
-        assert!(e(&["--iso=yes"]).contains("takes no value"));
-        assert!(e(&["--fast"]).contains("unknown option `--fast`"));
+        assert!(e(&["--iso=yes"]).contains("unexpected value 'yes' for '--iso'"));
+        assert!(e(&["--fast"]).contains("unexpected argument '--fast'"));
         assert!(e(&["log=debug"]).contains("after `--`"));
-        assert!(e(&["--cpu", "--iso"]).contains("CPU model"));
-        assert!(e(&["--device="]).contains("needs a value"));
-        assert!(e(&["--port", "0"]).contains("--port needs a number from 1 to 65535"));
+        assert!(e(&["--cpu", "--iso"]).contains("--cpu <MODEL>"));
+        assert!(e(&["--cpu=-x"]).contains("CPU model"));
+        assert!(e(&["--device="]).contains("'--device <SPEC>': needs a value"));
+        assert!(e(&["--port", "0"]).contains("'--port <N>': needs a number from 1 to 65535"));
         assert!(e(&["--port", "65536"]).contains("--port"));
-        assert!(e(&["--no-model=yes"]).contains("takes no value"));
-        assert!(e(&["--trace"]).contains("--trace needs a value"));
-        assert!(e(&["--trace", "--iso"]).contains("file path"));
+        assert!(e(&["--no-model=yes"]).contains("unexpected value"));
+        assert!(e(&["--trace"]).contains("a value is required for '--trace <PATH>'"));
+        assert!(e(&["--trace", "--iso"]).contains("--trace <PATH>"));
+        assert!(e(&["--trace=-x"]).contains("file path"));
     }
 
     #[test]
@@ -463,14 +547,14 @@ mod tests {
             Ok(Cmd::Bench(BenchOpts { kind: BenchKind::Control, runs: 5, secs: 4, leases: 10_000, iterations: 20 }))
         );
         assert!(p(&["bench", "control", "--runs", "2"]).is_err());
-        assert!(p(&["bench"]).unwrap_err().contains("needs a benchmark"));
+        assert_eq!(kind(&["bench"]), ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand);
         assert!(p(&["bench", "net"]).unwrap_err().contains("net"));
         assert!(p(&["bench", "boot", "--runs", "0"]).is_err());
         let hca =
             |runs, secs| Cmd::Bench(BenchOpts { kind: BenchKind::Hca, runs, secs, leases: 10_000, iterations: 20 });
         assert_eq!(p(&["bench", "hca"]), Ok(hca(3, 2)));
         assert_eq!(p(&["bench", "hca", "--secs", "1", "--runs=2"]), Ok(hca(2, 1)));
-        assert!(p(&["bench", "hca", "--secs", "0"]).unwrap_err().contains("--secs needs a number from 1"));
+        assert!(p(&["bench", "hca", "--secs", "0"]).unwrap_err().contains("'--secs <N>': needs a number from 1"));
         assert!(p(&["bench", "hca", "--sessions", "8"]).unwrap_err().contains("--sessions"));
         assert!(p(&["bench", "boot", "--secs", "1"]).is_err());
         assert!(p(&["bench", "net"]).unwrap_err().contains("hca"));
@@ -478,7 +562,7 @@ mod tests {
             |secs, leases| Cmd::Bench(BenchOpts { kind: BenchKind::Lease, runs: 1, secs, leases, iterations: 20 });
         assert_eq!(p(&["bench", "lease"]), Ok(lease(2, 10_000)));
         assert_eq!(p(&["bench", "lease", "--secs", "1", "--leases=2000"]), Ok(lease(1, 2000)));
-        assert!(p(&["bench", "lease", "--leases", "7"]).unwrap_err().contains("--leases needs a number from 8"));
+        assert!(p(&["bench", "lease", "--leases", "7"]).unwrap_err().contains("'--leases <N>': needs a number from 8"));
         assert!(p(&["bench", "lease", "--leases", "16001"]).is_err());
         assert!(p(&["bench", "lease", "--runs", "2"]).unwrap_err().contains("--runs"));
         assert!(p(&["bench", "hca", "--leases", "100"]).is_err());
@@ -490,10 +574,17 @@ mod tests {
         assert_eq!(p(&["bench", "revoke", "--iterations", "5"]), Ok(revoke(5)));
         assert_eq!(p(&["bench", "revoke", "--iterations=1"]), Ok(revoke(1)));
         assert!(
-            p(&["bench", "revoke", "--iterations", "0"]).unwrap_err().contains("--iterations needs a number from 1")
+            p(&["bench", "revoke", "--iterations", "0"])
+                .unwrap_err()
+                .contains("'--iterations <N>': needs a number from 1")
         );
         assert!(p(&["bench", "revoke", "--secs", "2"]).unwrap_err().contains("--secs"));
         assert!(p(&["bench", "lease", "--iterations", "2"]).unwrap_err().contains("--iterations"));
         assert!(p(&["bench", "net"]).unwrap_err().contains("revoke"));
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
     }
 }

@@ -10,11 +10,12 @@ mod prereq;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use cli::{BenchKind, BenchOpts, Cmd, RunOpts, TestOpts, USAGE};
+use clap::error::ErrorKind;
+use cli::{BenchKind, BenchOpts, Cmd, RunOpts, TestOpts};
 use image::Paths;
 use leasebox_qemu::model::{self, ModelCommand, ModelFiles, ModelProcess, ModelShm};
 use leasebox_qemu::{Boot, HostFwd, Ovmf, QemuConfig, QemuProcess, Stdio};
-use leasebox_scenarios::{Artifacts, bench, control, hca_bench, lease_bench, lease_qemu, revoke_bench, scenario};
+use leasebox_scenarios::{Artifacts, Build, Entry, bench, control, hca_bench, lease_bench, revoke_bench, scenario};
 
 /// `println!` that ignores a closed stdout (e.g. `cargo xtask help | head`) instead of panicking.
 macro_rules! outln {
@@ -31,17 +32,25 @@ const RUN_TIMED_OUT: i32 = 124;
 
 fn main() -> ExitCode {
     let args: Result<Vec<String>, _> = std::env::args_os().skip(1).map(|a| a.into_string()).collect();
-    let cmd = match args.map_err(|a| format!("argument {a:?} is not valid UTF-8")).and_then(cli::parse) {
+    let Ok(args) = args else {
+        eprintln!("xtask: arguments must be valid UTF-8");
+        return ExitCode::from(USAGE_ERROR);
+    };
+    let cmd = match cli::parse(args) {
         Ok(cmd) => cmd,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            outln!("{}", e.render().to_string().trim_end());
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
-            eprintln!("xtask: {e}\n(see `cargo xtask help`)");
+            eprint!("{}", e.render());
             return ExitCode::from(USAGE_ERROR);
         }
     };
     let paths = Paths::discover();
     let result = match cmd {
-        Cmd::Help => {
-            outln!("{USAGE}");
+        Cmd::Help(text) => {
+            outln!("{}", text.trim_end());
             Ok(0)
         }
         Cmd::Prereqs => prereq::ensure().map(|_| {
@@ -217,32 +226,17 @@ fn artifacts(p: &Paths, echo: bool) -> Artifacts {
     let mut a = Artifacts::in_target_dir(&p.target);
     a.echo = echo;
     a.model_bin = model_binary(p);
+    a.leasectl_bin = p.target.join("debug").join("leasectl");
+    a.fence_test_elf = p.fence_test_elf();
     a
 }
 
-/// The control-channel scenario (not a transcript check: it talks to the running guest).
-const CONTROL_SCENARIO: &str = "control-qemu";
-
-/// The lease service end to end under QEMU (not a transcript check either).
-const LEASE_SCENARIO: &str = lease_qemu::NAME;
-
 fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
-    let boot_names: Vec<String> =
-        o.scenarios.iter().filter(|n| *n != CONTROL_SCENARIO && *n != LEASE_SCENARIO).cloned().collect();
-    let run_control = o.scenarios.is_empty() || o.scenarios.iter().any(|n| n == CONTROL_SCENARIO);
-    let run_lease = o.scenarios.is_empty() || o.scenarios.iter().any(|n| n == LEASE_SCENARIO);
-    let scenarios =
-        if !o.scenarios.is_empty() && boot_names.is_empty() { Vec::new() } else { scenario::select(&boot_names)? };
+    let scenarios = scenario::select(&o.scenarios)?;
     if o.list {
         for s in &scenarios {
-            outln!("{:<16} {}", s.name, s.about);
+            outln!("{:<16} {}", s.name(), s.about());
         }
-        outln!(
-            "{CONTROL_SCENARIO:<16} the control channel under QEMU: leasectl ping/stats/health, 1,000 malformed frames beside a heartbeating session, garbage, still answering"
-        );
-        outln!(
-            "{LEASE_SCENARIO:<16} leases under QEMU with the model and virtio-net: leasectl alloc/ready/list/revoke/fenced, RDMA WRITE/READ with the software requester, REM_ACCESS_ERR after an MKEY-first revoke, RETRY_EXC_ERR after a QP-first one, `leasectl verify --revoke-test --order both`; the fence-test image fences a revoked slot"
-        );
         return Ok(0);
     }
     prereq::ensure()?;
@@ -257,8 +251,9 @@ fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
         }
     }
     if !o.scenarios.is_empty() {
-        let all = scenario::select(&[])?.into_iter().map(|s| s.name).chain([CONTROL_SCENARIO, LEASE_SCENARIO]);
-        skipped.extend(all.filter(|n| !o.scenarios.iter().any(|s| s == n)).map(|n| format!("{n} (not named)")));
+        let all = scenario::all();
+        let unnamed = all.iter().map(Entry::name).filter(|n| !o.scenarios.iter().any(|s| s == n));
+        skipped.extend(unnamed.map(|n| format!("{n} (not named)")));
     }
     let prebuilt = image::prebuilt_kernel();
     match &prebuilt {
@@ -272,57 +267,52 @@ fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
 
     let a = artifacts(p, o.verbose);
     leasebox_qemu::firmware::remove_stale(&a.scratch_dir, "ovmf-vars", "fd");
-    let model_built = if image_ok && scenarios.iter().any(|s| s.model) {
-        let t0 = Instant::now();
-        let built = cargo_step(p, &["build", "-p", "mlx5-model"]);
-        let ok = built.is_ok();
-        report(&mut outcomes, "model-build", t0, built);
-        ok
-    } else {
-        true
-    };
+    // What the selected scenarios need besides the image, each built once; `failed` keeps the failed ones.
+    let mut failed = Vec::new();
+    for b in Build::ALL {
+        if image_ok && scenarios.iter().any(|s| s.needs(b)) {
+            let t0 = Instant::now();
+            let built = build(p, b);
+            if built.is_err() {
+                failed.push(b);
+            }
+            report(&mut outcomes, b.step(), t0, built);
+        }
+    }
     for s in &scenarios {
         if !image_ok {
-            report(&mut outcomes, s.name, Instant::now(), Err("not run: the image build failed".into()));
+            report(&mut outcomes, s.name(), Instant::now(), Err("not run: the image build failed".into()));
             continue;
         }
-        if s.model && !model_built {
-            report(&mut outcomes, s.name, Instant::now(), Err("not run: the mlx5-model build failed".into()));
+        if let Some(b) = failed.iter().find(|b| s.needs(**b)) {
+            let why = format!("not run: {} failed", b.step());
+            report(&mut outcomes, s.name(), Instant::now(), Err(why));
             continue;
         }
-        outln!("==> {}: {} (deadline {} s)", s.name, s.about, s.deadline.as_secs());
-        let t0 = Instant::now();
-        let (result, transcript) = leasebox_scenarios::run_and_check(s, &a);
-        let failed = result.is_err();
-        report(&mut outcomes, s.name, t0, result);
-        if failed {
-            if let Some(t) = transcript {
-                print_failure_context(&t);
+        match s {
+            Entry::Boot(s) => {
+                outln!("==> {}: {} (deadline {} s)", s.name, s.about, s.deadline.as_secs());
+                let t0 = Instant::now();
+                let (result, transcript) = leasebox_scenarios::run_and_check(s, &a);
+                let failed = result.is_err();
+                report(&mut outcomes, s.name, t0, result);
+                if failed {
+                    if let Some(t) = transcript {
+                        print_failure_context(&t);
+                    }
+                    outln!("    full log: {}", a.log_dir.join(format!("{}.log", s.name)).display());
+                }
             }
-            outln!("    full log: {}", a.log_dir.join(format!("{}.log", s.name)).display());
+            Entry::Driven(d) => {
+                outln!("==> {}: {}", d.name, d.about);
+                let t0 = Instant::now();
+                let result = (d.run)(&a);
+                if let Ok(summary) = &result {
+                    outln!("    {summary}");
+                }
+                report(&mut outcomes, d.name, t0, result.map(|_| ()));
+            }
         }
-    }
-
-    if run_control {
-        outln!("==> {CONTROL_SCENARIO}: virtio-net, fresh keys, leasectl and raw frames against the guest");
-        let t0 = Instant::now();
-        let result = if image_ok { control_scenario(p, &a) } else { Err("not run: the image build failed".into()) };
-        if let Ok(summary) = &result {
-            outln!("    {summary}");
-        }
-        report(&mut outcomes, CONTROL_SCENARIO, t0, result.map(|_| ()));
-    }
-
-    if run_lease {
-        outln!(
-            "==> {LEASE_SCENARIO}: the model and virtio-net, leasectl and RDMA against the guest; the fence-test image"
-        );
-        let t0 = Instant::now();
-        let result = if image_ok { lease_scenario(p, &a) } else { Err("not run: the image build failed".into()) };
-        if let Ok(summary) = &result {
-            outln!("    {summary}");
-        }
-        report(&mut outcomes, LEASE_SCENARIO, t0, result.map(|_| ()));
     }
 
     let substituted = prebuilt.map(|elf| {
@@ -403,30 +393,16 @@ fn print_failure_context(t: &leasebox_scenarios::Transcript) {
     }
 }
 
-fn leasectl_binary(p: &Paths) -> Result<std::path::PathBuf, String> {
-    cargo_step(p, &["build", "-p", "leasectl"])?;
-    Ok(p.target.join("debug").join("leasectl"))
-}
-
-fn control_scenario(p: &Paths, a: &Artifacts) -> Result<String, String> {
-    let bin = leasectl_binary(p)?;
-    let t = control::boot_qemu(a, 1, "")?;
-    control::check(&t, &bin)
-}
-
-/// Two boots: the image (leasectl and RDMA checks), then the `fence-test` image with `fence_test=on`.
-fn lease_scenario(p: &Paths, a: &Artifacts) -> Result<String, String> {
-    let bin = leasectl_binary(p)?;
-    cargo_step(p, &["build", "-p", "mlx5-model"])?;
-    outln!("==> fence-test image: {}", p.fence_test_elf().display());
-    let fence_elf = image::build_fence_test_kernel(p)?;
-    let mut app = lease_qemu::Appliance::boot(a, &p.elf(), LEASE_SCENARIO, "")?;
-    let normal = lease_qemu::check_normal(&mut app, &bin)?;
-    drop(app);
-    let name = format!("{LEASE_SCENARIO}-fence-test");
-    let mut app = lease_qemu::Appliance::boot(a, &fence_elf, &name, "fence_test=on")?;
-    let fenced = lease_qemu::check_fence_test(&mut app, &bin)?;
-    Ok(format!("{normal}; {fenced}"))
+/// Builds `b` where [`artifacts`] says it is.
+fn build(p: &Paths, b: Build) -> Result<(), String> {
+    match b {
+        Build::Model => cargo_step(p, &["build", "-p", "mlx5-model"]),
+        Build::Leasectl => cargo_step(p, &["build", "-p", "leasectl"]),
+        Build::FenceTestImage => {
+            outln!("==> fence-test image: {}", p.fence_test_elf().display());
+            image::build_fence_test_kernel(p).map(drop)
+        }
+    }
 }
 
 fn cmd_bench(o: &BenchOpts, p: &Paths) -> Result<i32, String> {

@@ -1,17 +1,17 @@
-//! The lease service's budgets and switches (STYLE 10: declared, with limits and clear errors).
+//! The lease service's budgets and switches (declared in one place, with limits and clear errors).
 
 use alloc::vec::Vec;
 use core::fmt;
 use core::ops::Range;
 
-/// Which teardown command the immediate phase of a revoke issues first (ARCHITECTURE.md, "Lease life cycle").
+/// Which teardown command the immediate phase of a revoke issues first (docs/architecture.md, "Lease life cycle").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RevokeOrder {
     /// DESTROY_MKEY, QP left in RTS: a client that keeps posting gets a NAK (remote access error) within one
     /// round trip. The default.
     MkeyFirst,
-    /// Seed 000's order: 2ERR_QP, then DESTROY_MKEY. A client that keeps posting hears nothing and learns of
-    /// the revoke when its transport retries run out. For comparison.
+    /// The spec's order (docs/reference/revoke-spec.md §2.1): 2ERR_QP, then DESTROY_MKEY. A client that keeps posting
+    /// hears nothing and learns of the revoke when its transport retries run out. For comparison.
     QpFirst,
 }
 
@@ -32,7 +32,8 @@ pub struct Config {
     pub max_ttl_ms: u32,
     /// A Granted lease with no READY within this long is revoked (origin EXPIRY).
     pub ready_timeout_ms: u64,
-    /// Revoked slots wait this long before the sweep destroys the QP (seed 000 GRACE, 5 s).
+    /// Revoked slots wait this long before the sweep destroys the QP (the spec's grace, 5 s:
+    /// docs/reference/revoke-spec.md §2.1).
     pub grace_ms: u64,
     /// A lost session's leases are kept this long for the tenant to reconnect.
     pub session_grace_ms: u64,

@@ -22,7 +22,7 @@ pub mod step_bit {
     pub const UNWIND: u32 = 1 << 8;
 }
 
-/// Where a fence came from (FENCED_SUMMARY `origin`; seed 000 `FENCE_ORIGIN_*`).
+/// Where a fence came from (FENCED_SUMMARY `origin`; docs/reference/revoke-spec.md §2.3).
 pub mod origin {
     /// A synchronous path: undoing a failed ALLOC.
     pub const LEGACY: u8 = 0;

@@ -1,5 +1,5 @@
-//! `leasebox-lease`: the lease service (ARCHITECTURE.md "Lease life cycle", seed 000 for revocation). A
-//! sans-I/O state machine over the mlx5 driver's command builders: requests and HCA results in, answers and
+//! `leasebox-lease`: the lease service (docs/architecture.md "Lease life cycle"; revocation: docs/revoke-semantics.md).
+//! A sans-I/O state machine over the mlx5 driver's command builders: requests and HCA results in, answers and
 //! HCA commands out; the image and the hosted appliance only move them.
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_code)]

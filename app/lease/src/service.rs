@@ -1,13 +1,13 @@
-//! The lease service as a sans-I/O state machine (STYLE 12): requests and HCA results in, answers and HCA
+//! The lease service as a sans-I/O state machine: requests and HCA results in, answers and HCA
 //! commands out. It never waits: each command a lease needs is queued with a tag ([`LeaseService::next_command`]),
 //! and the lease moves on when its result comes back ([`LeaseService::hca_done`]). Time comes in as
 //! microseconds with every call; [`LeaseService::tick`] runs the deadlines (revoke outcome within 1 s,
 //! READY, TTL, lost sessions) and the deferred sweep.
 //!
-//! Revocation (seed 000, with ARCHITECTURE.md's change of order): the immediate phase destroys the MKEY
-//! first and leaves the QP in RTS (or, configured, runs 2ERR_QP first as seed 000 does); if DESTROY_MKEY
-//! fails, 2ERR_QP runs at once as the fallback fence. The outcome — TornDown, Fenced, NotFound — is answered
-//! as soon as the immediate phase ends, and never later than the revoke deadline: a hung HCA gets Fenced.
+//! Revocation (docs/reference/revoke-spec.md, with docs/architecture.md's change of order): the immediate phase
+//! destroys the MKEY first and leaves the QP in RTS (or, configured, runs 2ERR_QP first as the spec does); if
+//! DESTROY_MKEY fails, 2ERR_QP runs at once as the fallback fence. The outcome — TornDown, Fenced, NotFound — is
+//! answered as soon as the immediate phase ends, and never later than the revoke deadline: a hung HCA gets Fenced.
 //! After the grace period the sweep runs 2ERR_QP, 2RST_QP, DESTROY_QP, deletes the DROP entry, deallocates
 //! the PD, scrubs the memory and frees the slot. Any failed step fences the slot for good.
 
@@ -67,7 +67,7 @@ const QP_BUF: usize = 64 << QP_LOG_SQ;
 const QP_DBR: usize = 64;
 /// The most LIST returns in one page.
 pub const LIST_MAX: usize = 128;
-/// The mkey index FENCE-TEST writes before DESTROY_MKEY (seed 000 §2.3).
+/// The mkey index FENCE-TEST writes before DESTROY_MKEY (docs/reference/revoke-spec.md §2.3).
 pub const FENCE_TEST_MKEY_INDEX: u32 = 0x00ff_ffff;
 
 /// The IB MTU code an Ethernet port of `oper_mtu` bytes (PMTU, L2 included) carries: the largest IB MTU

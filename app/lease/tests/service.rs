@@ -168,7 +168,7 @@ fn tenants_see_their_own_and_the_admin_sees_all() {
     assert_eq!(outcome, Outcome::NotFound);
     assert_eq!(r.revoke(OTHER, a.lease), Outcome::NotFound);
     assert_eq!(r.revoke(ADMIN, a.lease), Outcome::TornDown);
-    // Only the admin may pick seed 000's order.
+    // Only the admin may pick the spec's order (QP first).
     let e = r.call(TENANT, &Request::Revoke { lease: b.lease, qp_first: true });
     assert!(matches!(&e, Err(e) if e.code == ErrorCode::Forbidden), "{e:?}");
     let Ok(Response::Revoke { outcome, .. }) = r.call(ADMIN, &Request::Revoke { lease: b.lease, qp_first: true })

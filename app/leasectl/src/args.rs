@@ -1,9 +1,14 @@
-//! `leasectl`'s command line, parsed by hand: global flags may come before or after the command; every
-//! mistake is a clear message (exit code 2), never a panic.
+//! `leasectl`'s command line, declared with clap: global flags may come before or after the command
+//! (`--timeout` only before `verify`, whose own `--timeout` is the requester QP's); every mistake is a clear
+//! message (exit code 2), never a panic. `--help`, `--version` and `completions SHELL` come with it.
 
+use clap::{Args, Parser, Subcommand};
+use clap_complete::Shell;
 use leasebox_proto::{AllocReq, LeaseId, MAX_NAME, Request, access};
 use std::path::PathBuf;
 use std::time::Duration;
+
+use crate::verify::command::VerifyArgs;
 
 /// Flags that apply to every command.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -21,13 +26,16 @@ pub struct Global {
 /// What to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
-    Help,
     /// HELLO + one HEARTBEAT round trip.
     Ping,
     /// LIST, every page.
     List,
     /// One request, one answer.
     Call(Request),
+    /// The revoke verifier.
+    Verify(Box<VerifyArgs>),
+    /// A completion script for `shell` on stdout.
+    Completions(Shell),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,185 +44,252 @@ pub struct Invocation {
     pub command: Command,
 }
 
-/// A command, the flags it takes (name, whether it takes a value) and whether it needs a LEASE argument.
-struct Spec {
-    name: &'static str,
-    flags: &'static [(&'static str, bool)],
-    lease: bool,
+/// What `leasectl --help` ends with.
+const AFTER_HELP: &str = "\
+LEASE is SLOT.GENERATION, e.g. 3.17. Numbers may be decimal or 0x hex; sizes take a unit (64K, 2M, 1GiB).
+
+Exit codes:
+  0  ok
+  1  the server answered with an error (NOT_IMPLEMENTED included)
+  2  usage error (bad arguments, no credentials, unreadable configuration file)
+  3  connection failed or timed out
+  4  authentication failed (AUTH_FAILED, or the server's proof did not match the key)
+  5  protocol violation by the server
+  6  verify: a check failed (a figure over --budget-ms, a completed write missing, a success after the
+     outcome, a fresh lease not zero, no failed completion)";
+
+/// Talks to a Leasebox appliance over its control protocol (v1, TCP port 7470).
+#[derive(Debug, Parser)]
+#[command(name = "leasectl", version, after_help = AFTER_HELP)]
+pub struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(flatten)]
+    timeout: Timeout,
+    #[command(subcommand)]
+    command: Cmd,
 }
 
-const fn spec(name: &'static str, flags: &'static [(&'static str, bool)], lease: bool) -> Spec {
-    Spec { name, flags, lease }
+/// The help section of the flags every command takes.
+const GLOBAL: &str = "Global options";
+
+/// The flags every command takes, before or after it; given twice, the later one counts.
+#[derive(Debug, Args)]
+struct GlobalArgs {
+    /// The appliance (default: the file's addr, else 127.0.0.1:7470)
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "HOST:PORT", overrides_with = "addr")]
+    addr: Option<String>,
+    /// Configuration file (default: $LEASECTL_CONFIG, else $XDG_CONFIG_HOME/leasebox/leasectl.conf, else
+    /// ~/.config/leasebox/leasectl.conf; `cargo xtask run` writes it)
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "PATH", overrides_with = "config")]
+    config: Option<PathBuf>,
+    /// Authenticate as this tenant (default: the file's tenant)
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "NAME", value_parser = tenant, conflicts_with = "admin", overrides_with = "tenant")]
+    tenant: Option<String>,
+    /// The key to authenticate with (default: the file's key, or admin_key with --admin)
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "HEX", overrides_with = "key")]
+    key: Option<String>,
+    /// Authenticate as the principal `admin` with the admin key
+    #[arg(long, global = true, help_heading = GLOBAL, overrides_with = "admin")]
+    admin: bool,
+    /// Print one JSON object (errors: {"error": {"code", "detail", "message"}})
+    #[arg(long, global = true, help_heading = GLOBAL, overrides_with = "json")]
+    json: bool,
 }
 
-const COMMANDS: &[Spec] = &[
-    spec("ping", &[], false),
-    spec("stats", &[], false),
-    spec("health", &[], false),
-    spec("fenced", &[], false),
-    spec("list", &[], false),
-    spec(
-        "alloc",
-        &[
-            ("--size", true),
-            ("--access", true),
-            ("--mtu", true),
-            ("--ttl-ms", true),
-            ("--qpn", true),
-            ("--psn", true),
-            ("--gid", true),
-            ("--mac", true),
-        ],
-        false,
-    ),
-    spec("ready", &[("--client-qpn", true), ("--server-qpn", true)], true),
-    spec("renew", &[("--ttl-ms", true)], true),
-    spec("free", &[], true),
-    spec("query", &[], true),
-    spec("revoke", &[("--qp-first", false)], true),
-];
+/// The control channel's `--timeout` (before any command, or after one other than `verify`).
+#[derive(Debug, Args)]
+struct Timeout {
+    /// How long to keep trying to connect and authenticate, and to wait for each answer (default 20 s to
+    /// connect, 10 s per answer)
+    #[arg(long, value_name = "SECS", value_parser = timeout, help_heading = GLOBAL, overrides_with = "timeout")]
+    timeout: Option<Duration>,
+}
 
-/// Parses the arguments after the program name.
-pub fn parse(args: &[String]) -> Result<Invocation, String> {
-    let mut g = Global::default();
-    let mut command: Option<&'static Spec> = None;
-    let mut positional: Vec<String> = Vec::new();
-    let mut flags: Vec<(&'static str, Option<String>)> = Vec::new();
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = |inline: Option<String>| -> Result<String, String> {
-            match inline {
-                Some(v) => Ok(v),
-                None => it.next().cloned().ok_or_else(|| format!("{flag} needs a value")),
-            }
-        };
-        let no_value = |inline: &Option<String>| match inline {
-            Some(_) => Err(format!("{flag} takes no value")),
-            None => Ok(()),
-        };
-        match flag {
-            "-h" | "--help" => return Ok(Invocation { global: g, command: Command::Help }),
-            "--addr" => g.addr = Some(value(inline)?),
-            "--config" => g.config = Some(PathBuf::from(value(inline)?)),
-            "--tenant" => g.tenant = Some(value(inline)?),
-            "--key" => g.key = Some(value(inline)?),
-            "--admin" => {
-                no_value(&inline)?;
-                g.admin = true;
-            }
-            "--json" => {
-                no_value(&inline)?;
-                g.json = true;
-            }
-            "--timeout" => {
-                let v = value(inline)?;
-                let secs: f64 = v.parse().map_err(|_| format!("--timeout needs seconds, got '{v}'"))?;
-                if !(0.1..=3600.0).contains(&secs) {
-                    return Err(format!("--timeout must be between 0.1 and 3600 seconds, got '{v}'"));
-                }
-                g.timeout = Some(Duration::from_secs_f64(secs));
-            }
-            f if f.starts_with('-') && f.len() > 1 => {
-                let Some(cmd) = command else {
-                    return Err(format!("unknown option '{f}' (options of a command come after it)"));
-                };
-                let Some((name, takes)) = cmd.flags.iter().find(|(n, _)| *n == f) else {
-                    return Err(format!("unknown option '{f}' for '{}'", cmd.name));
-                };
-                let v = if *takes {
-                    Some(value(inline)?)
-                } else {
-                    no_value(&inline)?;
-                    None
-                };
-                if flags.iter().any(|(n, _)| n == name) {
-                    return Err(format!("{f} given twice"));
-                }
-                flags.push((name, v));
-            }
-            word if command.is_none() => {
-                if word == "help" {
-                    return Ok(Invocation { global: g, command: Command::Help });
-                }
-                command = Some(
-                    COMMANDS
-                        .iter()
-                        .find(|c| c.name == word)
-                        .ok_or_else(|| format!("unknown command '{word}' (see leasectl --help)"))?,
-                );
-            }
-            word => positional.push(word.to_string()),
+/// A command that takes a lease.
+#[derive(Debug, Args)]
+struct LeaseArg {
+    #[arg(value_name = "LEASE", value_parser = parse_lease)]
+    lease: LeaseId,
+    #[command(flatten)]
+    timeout: Timeout,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// HELLO, then one HEARTBEAT round trip: prints the RTT and the server's uptime
+    Ping(Timeout),
+    /// Sessions, frames, errors by code, per-core role loop counts; leases by state, bytes, lifetime counts,
+    /// ALLOC and REVOKE latency (p50, p99)
+    Stats(Timeout),
+    /// Overall and HCA health
+    Health(Timeout),
+    /// Ask for a lease
+    Alloc {
+        /// Lease size in bytes (units: 64K, 2M, 1G, 1TiB, ...)
+        #[arg(long, value_name = "BYTES", value_parser = lease_size)]
+        size: u64,
+        /// The client's QP number
+        #[arg(long, value_name = "N", value_parser = qpn)]
+        qpn: u32,
+        /// The client's first PSN
+        #[arg(long, value_name = "N", value_parser = qpn)]
+        psn: u32,
+        /// The client's GID, 32 hex digits (colons allowed between groups)
+        #[arg(long, value_name = "HEX32", value_parser = parse_gid)]
+        gid: [u8; 16],
+        /// Remote access: any of r, w, a (`r,w`, `rwa`, `read,atomic`)
+        #[arg(long, value_name = "r,w,a", default_value = "r,w", value_parser = parse_access)]
+        access: u8,
+        /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096
+        #[arg(long, value_name = "BYTES", default_value = "1024", value_parser = parse_mtu)]
+        mtu: u8,
+        /// Lease lifetime in ms (0: the server's default)
+        #[arg(long, value_name = "N", default_value = "0", value_parser = ttl)]
+        ttl_ms: u32,
+        /// The client's MAC, aa:bb:cc:dd:ee:ff
+        #[arg(long, value_name = "MAC", value_parser = parse_mac)]
+        mac: Option<[u8; 6]>,
+        #[command(flatten)]
+        timeout: Timeout,
+    },
+    /// Confirm the client's QP reached RTS
+    Ready {
+        #[arg(value_name = "LEASE", value_parser = parse_lease)]
+        lease: LeaseId,
+        #[arg(long, value_name = "N", value_parser = qpn)]
+        client_qpn: u32,
+        #[arg(long, value_name = "N", value_parser = qpn)]
+        server_qpn: u32,
+        #[command(flatten)]
+        timeout: Timeout,
+    },
+    /// Extend a lease
+    Renew {
+        #[arg(value_name = "LEASE", value_parser = parse_lease)]
+        lease: LeaseId,
+        /// The new lifetime in ms (0: the server's default)
+        #[arg(long, value_name = "N", default_value = "0", value_parser = ttl)]
+        ttl_ms: u32,
+        #[command(flatten)]
+        timeout: Timeout,
+    },
+    /// Give a lease back
+    Free(LeaseArg),
+    /// One lease's state
+    Query(LeaseArg),
+    /// Every lease this principal may see (all pages)
+    List(Timeout),
+    /// Revoke a lease (another tenant's needs --admin)
+    Revoke {
+        #[arg(value_name = "LEASE", value_parser = parse_lease)]
+        lease: LeaseId,
+        /// Tear down in the revoke spec's order (QP first) instead of MKEY first; the admin's to ask for
+        #[arg(long)]
+        qp_first: bool,
+        #[command(flatten)]
+        timeout: Timeout,
+    },
+    /// Slots fenced for good (FENCED_SUMMARY)
+    Fenced(Timeout),
+    /// Revoke verifier over RDMA
+    ///
+    /// The software RoCEv2 requester on UDP (default 127.0.0.1:4791), or --backend verbs on a real RDMA
+    /// device in a leasectl built with --features verbs: ALLOC, READY, a WRITE loop with READ checks, REVOKE;
+    /// reports recall latency (REVOKE sent -> outcome) and dataplane first-fail latency (outcome -> first
+    /// failed completion, with its ibv_wc_status); checks that completed writes read back, nothing succeeds
+    /// after the outcome and a new lease reads as zeros. After `verify`, --timeout and --retry-cnt are the
+    /// requester QP's; qp-first sends REVOKE qp_first as the admin (admin_key in the file, or --admin-key).
+    Verify(Box<VerifyArgs>),
+    /// Print a shell completion script (e.g. `leasectl completions bash > /etc/bash_completion.d/leasectl`)
+    Completions {
+        #[arg(value_name = "SHELL")]
+        shell: Shell,
+    },
+}
+
+/// Parses the arguments after the program name. `Err` carries clap's message and kind (help and version
+/// requests included: [`clap::error::ErrorKind::DisplayHelp`], [`clap::error::ErrorKind::DisplayVersion`]).
+pub fn parse(args: &[String]) -> Result<Invocation, clap::Error> {
+    let cli = Cli::try_parse_from(std::iter::once("leasectl").chain(args.iter().map(String::as_str)))?;
+    let lease_call = |a: LeaseArg, call: fn(LeaseId) -> Request| (a.timeout, Command::Call(call(a.lease)));
+    let (after, command) = match cli.command {
+        Cmd::Ping(t) => (t, Command::Ping),
+        Cmd::List(t) => (t, Command::List),
+        Cmd::Stats(t) => (t, Command::Call(Request::Stats)),
+        Cmd::Health(t) => (t, Command::Call(Request::Health)),
+        Cmd::Fenced(t) => (t, Command::Call(Request::FencedSummary)),
+        Cmd::Alloc { size, qpn, psn, gid, access, mtu, ttl_ms, mac, timeout } => (
+            timeout,
+            Command::Call(Request::Alloc(AllocReq {
+                size,
+                access,
+                mtu,
+                ttl_ms,
+                client_qpn: qpn,
+                client_psn: psn,
+                client_gid: gid,
+                client_mac: mac.unwrap_or([0; 6]),
+            })),
+        ),
+        Cmd::Ready { lease, client_qpn, server_qpn, timeout } => {
+            (timeout, Command::Call(Request::Ready { lease, client_qpn, server_qpn }))
         }
-    }
-    let Some(&Spec { name, lease: needs_lease, .. }) = command else {
-        return Err("no command given (see leasectl --help)".into());
+        Cmd::Renew { lease, ttl_ms, timeout } => (timeout, Command::Call(Request::Renew { lease, ttl_ms })),
+        Cmd::Free(a) => lease_call(a, |lease| Request::Free { lease }),
+        Cmd::Query(a) => lease_call(a, |lease| Request::Query { lease }),
+        Cmd::Revoke { lease, qp_first, timeout } => (timeout, Command::Call(Request::Revoke { lease, qp_first })),
+        Cmd::Verify(v) => (Timeout { timeout: None }, Command::Verify(v)),
+        Cmd::Completions { shell } => (Timeout { timeout: None }, Command::Completions(shell)),
     };
-    if g.admin && g.tenant.is_some() {
-        return Err("--admin and --tenant exclude each other".into());
-    }
-    if let Some(t) = &g.tenant
-        && (t.is_empty() || t.len() > MAX_NAME)
-    {
-        return Err(format!("--tenant: names are 1 to {MAX_NAME} bytes, got '{t}'"));
-    }
-    let lease = match (needs_lease, positional.as_slice()) {
-        (true, [l]) => Some(parse_lease(l)?),
-        (true, []) => return Err(format!("'{name}' needs a LEASE (SLOT.GENERATION, e.g. 3.17)")),
-        (false, []) => None,
-        (_, extra) => return Err(format!("unexpected argument '{}' for '{name}'", extra[extra.len() - 1])),
+    let g = cli.global;
+    let global = Global {
+        addr: g.addr,
+        config: g.config,
+        tenant: g.tenant,
+        key: g.key,
+        admin: g.admin,
+        json: g.json,
+        timeout: after.timeout.or(cli.timeout.timeout),
     };
-    let f = Flags(flags);
-    let command = match name {
-        "ping" => Command::Ping,
-        "list" => Command::List,
-        "stats" => Command::Call(Request::Stats),
-        "health" => Command::Call(Request::Health),
-        "fenced" => Command::Call(Request::FencedSummary),
-        "alloc" => Command::Call(Request::Alloc(AllocReq {
-            size: parse_size(f.required("--size")?)?,
-            access: f.get("--access").map_or(Ok(access::REMOTE_READ | access::REMOTE_WRITE), parse_access)?,
-            mtu: f.get("--mtu").map_or(Ok(3), parse_mtu)?,
-            ttl_ms: f.get("--ttl-ms").map_or(Ok(0), |v| number("--ttl-ms", v, u32::MAX as u64))? as u32,
-            client_qpn: number("--qpn", f.required("--qpn")?, 0xFF_FFFF)? as u32,
-            client_psn: number("--psn", f.required("--psn")?, 0xFF_FFFF)? as u32,
-            client_gid: parse_gid(f.required("--gid")?)?,
-            client_mac: f.get("--mac").map_or(Ok([0; 6]), parse_mac)?,
-        })),
-        "ready" => Command::Call(Request::Ready {
-            lease: lease.expect("checked above"),
-            client_qpn: number("--client-qpn", f.required("--client-qpn")?, 0xFF_FFFF)? as u32,
-            server_qpn: number("--server-qpn", f.required("--server-qpn")?, 0xFF_FFFF)? as u32,
-        }),
-        "renew" => Command::Call(Request::Renew {
-            lease: lease.expect("checked above"),
-            ttl_ms: f.get("--ttl-ms").map_or(Ok(0), |v| number("--ttl-ms", v, u32::MAX as u64))? as u32,
-        }),
-        "free" => Command::Call(Request::Free { lease: lease.expect("checked above") }),
-        "query" => Command::Call(Request::Query { lease: lease.expect("checked above") }),
-        "revoke" => {
-            Command::Call(Request::Revoke { lease: lease.expect("checked above"), qp_first: f.has("--qp-first") })
-        }
-        _ => unreachable!("every entry of COMMANDS is handled"),
-    };
-    Ok(Invocation { global: g, command })
+    Ok(Invocation { global, command })
 }
 
-struct Flags(Vec<(&'static str, Option<String>)>);
+/// Writes `leasectl`'s completion script for `shell`.
+pub fn completions(shell: Shell, out: &mut dyn std::io::Write) {
+    clap_complete::generate(shell, &mut <Cli as clap::CommandFactory>::command(), "leasectl", out);
+}
 
-impl Flags {
-    fn get(&self, name: &str) -> Option<&str> {
-        self.0.iter().find(|(n, _)| *n == name).and_then(|(_, v)| v.as_deref())
+/// `--tenant`: 1 to [`MAX_NAME`] bytes.
+fn tenant(v: &str) -> Result<String, String> {
+    if v.is_empty() || v.len() > MAX_NAME {
+        return Err(format!("names are 1 to {MAX_NAME} bytes"));
     }
-    fn has(&self, name: &str) -> bool {
-        self.0.iter().any(|(n, _)| *n == name)
+    Ok(v.to_string())
+}
+
+/// `--timeout` (control channel): seconds, 0.1 to 3600.
+fn timeout(v: &str) -> Result<Duration, String> {
+    let secs: f64 = v.parse().map_err(|_| "needs seconds (e.g. 2.5)".to_string())?;
+    if !(0.1..=3600.0).contains(&secs) {
+        return Err("must be between 0.1 and 3600 seconds".into());
     }
-    fn required(&self, name: &str) -> Result<&str, String> {
-        self.get(name).ok_or_else(|| format!("{name} is required"))
-    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// A 24-bit QP number or PSN.
+fn qpn(v: &str) -> Result<u32, String> {
+    number(v, 0, 0xFF_FFFF).map(|n| n as u32)
+}
+
+/// A lifetime in ms (`--ttl-ms`).
+fn ttl(v: &str) -> Result<u32, String> {
+    number(v, 0, u32::MAX.into()).map(|n| n as u32)
+}
+
+/// `alloc --size`: any positive size.
+fn lease_size(v: &str) -> Result<u64, String> {
+    leasebox_units::parse_size_in(v, 1..=u64::MAX).map_err(|e| e.to_string())
 }
 
 /// A lease written `SLOT.GENERATION` (decimal), e.g. `3.17`.
@@ -235,36 +310,16 @@ pub fn lease_str(l: LeaseId) -> String {
     format!("{}.{}", l.slot, l.generation)
 }
 
-/// A decimal or `0x` hex number no larger than `max`.
-fn number(flag: &str, v: &str, max: u64) -> Result<u64, String> {
+/// A decimal or `0x` hex number from `min` to `max`.
+pub(crate) fn number(v: &str, min: u64, max: u64) -> Result<u64, String> {
     let n = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
         Some(h) => u64::from_str_radix(h, 16),
         None => v.parse::<u64>(),
     };
     match n {
-        Ok(n) if n <= max => Ok(n),
-        _ => Err(format!("{flag} needs a number from 0 to {max} (decimal or 0x hex), got '{v}'")),
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(format!("needs a number from {min} to {max} (decimal or 0x hex)")),
     }
-}
-
-/// Bytes, with an optional binary suffix: `4096`, `64K`, `2M`, `1G` (also `KiB`, `MiB`, `GiB`, `TiB`).
-fn parse_size(v: &str) -> Result<u64, String> {
-    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let (digits, unit) = v.split_at(split);
-    let shift = match unit {
-        "" | "B" => 0,
-        "K" | "KiB" | "k" => 10,
-        "M" | "MiB" => 20,
-        "G" | "GiB" => 30,
-        "T" | "TiB" => 40,
-        _ => return Err(format!("--size: unknown unit in '{v}' (use bytes, K, M, G or T)")),
-    };
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(1 << shift))
-        .filter(|n| *n > 0)
-        .ok_or_else(|| format!("--size needs a positive byte count (e.g. 4096, 2M), got '{v}'"))
 }
 
 /// `r,w,a` (any subset, any order; `read`, `write`, `atomic` also accepted; `rwa` without commas too).
@@ -281,11 +336,11 @@ fn parse_access(v: &str) -> Result<u8, String> {
             "r" | "read" => access::REMOTE_READ,
             "w" | "write" => access::REMOTE_WRITE,
             "a" | "atomic" => access::REMOTE_ATOMIC,
-            _ => return Err(format!("--access: '{w}' is not r, w or a")),
+            _ => return Err(format!("'{w}' is not r, w or a")),
         };
     }
     if a == 0 {
-        return Err("--access needs at least one of r, w, a".into());
+        return Err("needs at least one of r, w, a".into());
     }
     Ok(a)
 }
@@ -294,20 +349,20 @@ fn parse_access(v: &str) -> Result<u8, String> {
 fn parse_mtu(v: &str) -> Result<u8, String> {
     (1u8..=5)
         .find(|c| leasebox_proto::mtu_bytes(*c).is_some_and(|b| b.to_string() == v))
-        .ok_or_else(|| format!("--mtu must be 256, 512, 1024, 2048 or 4096, got '{v}'"))
+        .ok_or_else(|| "must be 256, 512, 1024, 2048 or 4096".to_string())
 }
 
 /// 16 bytes as 32 hex digits (colons allowed between groups, as in `fe80:0000:...`).
 fn parse_gid(v: &str) -> Result<[u8; 16], String> {
     let digits: String = v.chars().filter(|c| *c != ':').collect();
-    let b = crate::hex::decode(&digits).map_err(|e| format!("--gid: {e}"))?;
-    b.try_into().map_err(|_| format!("--gid needs 32 hex digits (16 bytes), got '{v}'"))
+    let b = crate::hex::decode(&digits)?;
+    b.try_into().map_err(|_| "needs 32 hex digits (16 bytes)".to_string())
 }
 
 /// `aa:bb:cc:dd:ee:ff`.
-fn parse_mac(v: &str) -> Result<[u8; 6], String> {
+pub(crate) fn parse_mac(v: &str) -> Result<[u8; 6], String> {
     let parts: Vec<&str> = v.split(':').collect();
-    let bad = || format!("--mac needs six hex bytes like 02:00:00:00:00:01, got '{v}'");
+    let bad = || "needs six hex bytes like 02:00:00:00:00:01".to_string();
     if parts.len() != 6 || parts.iter().any(|p| p.len() != 2) {
         return Err(bad());
     }
@@ -321,15 +376,19 @@ fn parse_mac(v: &str) -> Result<[u8; 6], String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::error::ErrorKind;
 
-    fn p(args: &[&str]) -> Result<Invocation, String> {
+    fn p(args: &[&str]) -> Result<Invocation, clap::Error> {
         parse(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
     }
     fn cmd(args: &[&str]) -> Command {
         p(args).unwrap().command
     }
     fn err(args: &[&str]) -> String {
-        p(args).unwrap_err()
+        p(args).unwrap_err().to_string()
+    }
+    fn kind(args: &[&str]) -> ErrorKind {
+        p(args).unwrap_err().kind()
     }
 
     #[test]
@@ -345,25 +404,48 @@ mod tests {
         assert!(i.global.admin);
         assert_eq!(i.global.config, Some(PathBuf::from("/tmp/x.conf")));
         assert_eq!(i.command, Command::Call(Request::Stats));
+        // --timeout before the command, or after it (the later one wins).
+        assert_eq!(p(&["--timeout", "3", "list"]).unwrap().global.timeout, Some(Duration::from_secs(3)));
+        assert_eq!(
+            p(&["--timeout", "3", "list", "--timeout", "4"]).unwrap().global.timeout,
+            Some(Duration::from_secs(4))
+        );
     }
 
     #[test]
-    fn help_and_usage_errors() {
-        assert_eq!(cmd(&["--help"]), Command::Help);
-        assert_eq!(cmd(&["help"]), Command::Help);
-        assert_eq!(cmd(&["ping", "-h"]), Command::Help);
-        assert!(err(&[]).contains("no command"));
-        assert!(err(&["frob"]).contains("unknown command 'frob'"));
-        assert!(err(&["--frob", "ping"]).contains("unknown option '--frob'"));
-        assert!(err(&["ping", "--size", "4"]).contains("unknown option '--size' for 'ping'"));
+    fn help_version_and_usage_errors() {
+        assert_eq!(kind(&["--help"]), ErrorKind::DisplayHelp);
+        assert_eq!(kind(&["help"]), ErrorKind::DisplayHelp);
+        assert_eq!(kind(&["help", "alloc"]), ErrorKind::DisplayHelp);
+        assert_eq!(kind(&["ping", "-h"]), ErrorKind::DisplayHelp);
+        assert_eq!(kind(&["--version"]), ErrorKind::DisplayVersion);
+        assert!(p(&["--version"]).unwrap_err().to_string().contains(env!("CARGO_PKG_VERSION")));
+        // No command: the help, as a usage error.
+        assert_eq!(kind(&[]), ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand);
+        assert_eq!(p(&[]).unwrap_err().exit_code(), 2);
+        assert!(err(&["frob"]).contains("unrecognized subcommand 'frob'"));
+        assert!(err(&["--frob", "ping"]).contains("unexpected argument '--frob'"));
+        assert!(err(&["ping", "--size", "4"]).contains("unexpected argument '--size'"));
         assert!(err(&["ping", "extra"]).contains("unexpected argument 'extra'"));
-        assert!(err(&["--addr"]).contains("--addr needs a value"));
-        assert!(err(&["--json=yes", "ping"]).contains("takes no value"));
-        assert!(err(&["--timeout", "0", "ping"]).contains("--timeout"));
-        assert!(err(&["--timeout", "soon", "ping"]).contains("--timeout"));
-        assert!(err(&["--admin", "--tenant", "x", "ping"]).contains("exclude"));
+        assert!(err(&["--addr"]).contains("a value is required for '--addr <HOST:PORT>'"));
+        assert!(err(&["--json=yes", "ping"]).contains("unexpected value 'yes' for '--json'"));
+        assert!(err(&["--timeout", "0", "ping"]).contains("'--timeout <SECS>': must be between 0.1 and 3600"));
+        assert!(err(&["--timeout", "soon", "ping"]).contains("'--timeout <SECS>': needs seconds"));
+        assert!(err(&["--admin", "--tenant", "x", "ping"]).contains("cannot be used with"));
         assert!(err(&["--tenant", &"x".repeat(33), "ping"]).contains("1 to 32"));
-        assert!(err(&["revoke", "1.2", "--qp-first", "--qp-first"]).contains("twice"));
+        assert!(err(&["revoke", "1.2", "--qp-first", "--qp-first"]).contains("cannot be used multiple times"));
+        // Every usage error is exit code 2, as clap's own.
+        assert_eq!(p(&["frob"]).unwrap_err().exit_code(), i32::from(crate::client::exit::USAGE));
+    }
+
+    #[test]
+    fn completions() {
+        assert_eq!(cmd(&["completions", "bash"]), Command::Completions(Shell::Bash));
+        assert!(err(&["completions", "cmd.exe"]).contains("possible values"));
+        let mut out = Vec::new();
+        super::completions(Shell::Bash, &mut out);
+        let script = String::from_utf8(out).unwrap();
+        assert!(script.contains("leasectl") && script.contains("--qp-first") && script.contains("verify"));
     }
 
     #[test]
@@ -379,9 +461,9 @@ mod tests {
             cmd(&["ready", "3.17", "--client-qpn", "0x11", "--server-qpn", "72"]),
             Command::Call(Request::Ready { lease: l, client_qpn: 0x11, server_qpn: 72 })
         );
-        assert!(err(&["ready", "3.17", "--client-qpn", "1"]).contains("--server-qpn is required"));
+        assert!(err(&["ready", "3.17", "--client-qpn", "1"]).contains("--server-qpn <N>"));
         assert!(err(&["ready", "3.17", "--client-qpn", "0x1000000", "--server-qpn", "1"]).contains("0 to 16777215"));
-        assert!(err(&["free"]).contains("needs a LEASE"));
+        assert!(err(&["free"]).contains("<LEASE>"));
         assert!(err(&["free", "3"]).contains("SLOT.GENERATION"));
         assert_eq!(cmd(&["list"]), Command::List);
         assert_eq!(cmd(&["fenced"]), Command::Call(Request::FencedSummary));
@@ -427,11 +509,11 @@ mod tests {
         assert_eq!(a.client_mac, [2, 0, 0, 0xaa, 0xbb, 0xcc]);
         let base = ["alloc", "--qpn", "1", "--psn", "2", "--gid", gid];
         let with = |extra: &[&str]| err(&[&base[..], extra].concat());
-        assert!(with(&[]).contains("--size is required"));
-        assert!(with(&["--size", "0"]).contains("positive"));
-        assert!(with(&["--size", "3X"]).contains("unit"));
-        assert!(with(&["--size", "99999999999T"]).contains("--size"));
-        assert!(with(&["--size", "1", "--access", "x"]).contains("--access"));
+        assert!(with(&[]).contains("--size <BYTES>"));
+        assert!(with(&["--size", "0"]).contains("at least 1"));
+        assert!(with(&["--size", "3X"]).contains("unknown unit"));
+        assert!(with(&["--size", "99999999999T"]).contains("too large"));
+        assert!(with(&["--size", "1", "--access", "x"]).contains("'x' is not r, w or a"));
         assert!(with(&["--size", "1", "--mtu", "1500"]).contains("--mtu"));
         assert!(with(&["--size", "1", "--mac", "02:00"]).contains("--mac"));
         assert!(err(&["alloc", "--size", "1", "--qpn", "1", "--psn", "2", "--gid", "fe80"]).contains("32 hex digits"));
@@ -456,5 +538,10 @@ mod tests {
             assert!(parse_lease(bad).is_err(), "{bad}");
         }
         assert_eq!(lease_str(LeaseId { slot: 3, generation: 17 }), "3.17");
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        <Cli as clap::CommandFactory>::command().debug_assert();
     }
 }

@@ -4,69 +4,10 @@ use crate::args::{self, Command, Invocation, lease_str};
 use crate::client::{Client, ClientError, exit};
 use crate::config::{Settings, settings};
 use crate::render;
+use clap::error::ErrorKind;
 use leasebox_proto::{MAX_PAGE, Request, Response};
 use std::io::Write;
 use std::time::Instant;
-
-pub const USAGE: &str = "\
-usage: leasectl [--addr HOST:PORT] [--config PATH] [--tenant NAME --key HEX | --admin [--key HEX]]
-                [--json] [--timeout SECS] <command> [options]
-
-Talks to a Leasebox appliance over its control protocol (v1, TCP port 7470).
-
-commands:
-  ping                          HELLO, then one HEARTBEAT round trip: prints the RTT and the server's uptime
-  stats                         sessions, frames, errors by code, per-core role loop counts; leases by
-                                state, bytes, lifetime counts, ALLOC and REVOKE latency (p50, p99)
-  health                        overall and HCA health
-  alloc --size BYTES --qpn N --psn N --gid HEX32 [--access r,w,a] [--mtu 1024] [--ttl-ms N] [--mac aa:bb:..]
-                                ask for a lease (size accepts K, M, G suffixes; access default r,w;
-                                ttl 0 = the server's default)
-  ready LEASE --client-qpn N --server-qpn N
-                                confirm the client's QP reached RTS
-  renew LEASE [--ttl-ms N]      extend a lease (ttl 0 = the server's default)
-  free LEASE                    give a lease back
-  query LEASE                   one lease's state
-  list                          every lease this principal may see (all pages)
-  revoke LEASE [--qp-first]     revoke a lease (another tenant's needs --admin); --qp-first uses the seed's
-                                teardown order (QP first) instead of MKEY first
-  fenced                        slots fenced for good (FENCED_SUMMARY)
-  verify [--revoke-test | --cooperating] [--order mkey-first|qp-first|both] [--iterations N] [--budget-ms 2000]
-         [--plot FILE.svg]
-         [--size BYTES] [--depth N] [--warmup-ms 100] [--udp ADDR] [--timeout N] [--retry-cnt N]
-         [--admin-key HEX] [--backend soft|verbs] [--device NAME] [--gid-index N] [--ib-port N] [--mac M]
-                                revoke verifier over RDMA (software RoCEv2 requester on UDP, default
-                                127.0.0.1:4791; or --backend verbs on a real RDMA device, in a leasectl built
-                                with --features verbs): ALLOC, READY, a WRITE loop with READ checks, REVOKE; reports
-                                recall latency (REVOKE sent -> outcome) and dataplane first-fail latency
-                                (outcome -> first failed completion, with its ibv_wc_status); checks that
-                                completed writes read back, nothing succeeds after the outcome and a new
-                                lease reads as zeros. After `verify`, --timeout and --retry-cnt are the
-                                requester QP's (default 14 and 7); qp-first sends REVOKE qp_first as the
-                                admin (admin_key in the file, or --admin-key)
-  help                          this text
-LEASE is SLOT.GENERATION, e.g. 3.17. Numbers may be decimal or 0x hex.
-
-options:
-  --addr HOST:PORT   the appliance (default: the file's addr, else 127.0.0.1:7470)
-  --config PATH      configuration file (default: $LEASECTL_CONFIG, else $XDG_CONFIG_HOME/leasebox/leasectl.conf,
-                     else ~/.config/leasebox/leasectl.conf; `cargo xtask run` writes it)
-  --tenant NAME      authenticate as this tenant (default: the file's tenant)
-  --key HEX          the key to authenticate with (default: the file's key, or admin_key with --admin)
-  --admin            authenticate as the principal `admin` with the admin key
-  --json             print one JSON object (errors: {\"error\": {\"code\", \"detail\", \"message\"}})
-  --timeout SECS     how long to keep trying to connect and authenticate, and to wait for each answer
-                     (default 20 s to connect, 10 s per answer)
-
-exit codes:
-  0  ok
-  1  the server answered with an error (NOT_IMPLEMENTED included)
-  2  usage error (bad arguments, no credentials, unreadable configuration file)
-  3  connection failed or timed out
-  4  authentication failed (AUTH_FAILED, or the server's proof did not match the key)
-  5  protocol violation by the server
-  6  verify: a check failed (a figure over --budget-ms, a completed write missing, a success after the
-     outcome, a fresh lease not zero, no failed completion)";
 
 /// Runs `leasectl` with `args` (after the program name); returns the exit code.
 pub fn run(args: &[String], env: &dyn Fn(&str) -> Option<String>, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
@@ -79,16 +20,26 @@ pub fn run(args: &[String], env: &dyn Fn(&str) -> Option<String>, out: &mut dyn 
         }
         exit::USAGE
     };
-    if let Some(at) = crate::verify::command::position(args) {
-        return crate::verify::command::main(args, at, env, out, err);
-    }
     let inv: Invocation = match args::parse(args) {
         Ok(i) => i,
-        Err(m) => return usage(out, err, &m),
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            let _ = write!(out, "{}", e.render());
+            return exit::OK;
+        }
+        // clap's own layout for people (message, usage line, pointer to --help); its message alone in JSON.
+        Err(e) if json => return usage(out, err, &clap_message(&e)),
+        Err(e) => {
+            let _ = write!(err, "{}", e.render());
+            return exit::USAGE;
+        }
     };
-    if inv.command == Command::Help {
-        let _ = writeln!(out, "{USAGE}");
-        return exit::OK;
+    match &inv.command {
+        Command::Verify(v) => return crate::verify::command::main(v, &inv.global, env, out, err),
+        Command::Completions(shell) => {
+            args::completions(*shell, out);
+            return exit::OK;
+        }
+        _ => {}
     }
     let s = match settings(&inv.global, env) {
         Ok(s) => s,
@@ -110,13 +61,20 @@ pub fn run(args: &[String], env: &dyn Fn(&str) -> Option<String>, out: &mut dyn 
     }
 }
 
+/// A clap error's message: the first line of its text, without the `error: ` prefix.
+fn clap_message(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let first = text.lines().next().unwrap_or_default();
+    first.strip_prefix("error: ").unwrap_or(first).to_string()
+}
+
 /// Connects, runs `command`, says BYE; returns the rendered output.
 fn execute(command: &Command, s: &Settings, json: bool) -> Result<String, ClientError> {
     let t0 = Instant::now();
     let (mut c, welcome) = Client::connect_and_hello(&s.addr, &s.who, s.timeouts)?;
     let connect = t0.elapsed();
     let text = match command {
-        Command::Help => unreachable!("handled before connecting"),
+        Command::Verify(_) | Command::Completions(_) => unreachable!("run before connecting"),
         Command::Ping => {
             let echo = u64::from(std::process::id()) << 32 | u64::from(c.next_request_id());
             let t1 = Instant::now();
@@ -266,13 +224,13 @@ mod tests {
         let none = |_: &str| None;
         let (mut out, mut err) = (Vec::new(), Vec::new());
         assert_eq!(run(&["frob".into()], &none, &mut out, &mut err), exit::USAGE);
-        assert!(String::from_utf8_lossy(&err).contains("unknown command"));
+        assert!(String::from_utf8_lossy(&err).contains("unrecognized subcommand 'frob'"));
         let (mut out, mut err) = (Vec::new(), Vec::new());
         assert_eq!(run(&["--json".into(), "ping".into()], &none, &mut out, &mut err), exit::USAGE);
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["error"]["code"], "USAGE");
         let (mut out, mut err) = (Vec::new(), Vec::new());
         assert_eq!(run(&["--help".into()], &none, &mut out, &mut err), exit::OK);
-        assert!(String::from_utf8_lossy(&out).contains("exit codes"));
+        assert!(String::from_utf8_lossy(&out).contains("Exit codes"));
     }
 }

@@ -1,4 +1,4 @@
-//! `leasectl verify`: the revoke verifier (issue 7; seed 000's `lease_alloc_rdma_verify --revoke-test`). Per
+//! `leasectl verify`: the revoke verifier (issue 7; the spec's revoke test, docs/reference/revoke-spec.md §3.3). Per
 //! iteration: HELLO → ALLOC with the requester's QP parameters → our QP to RTS → READY → a sustained RDMA
 //! WRITE loop with READ-back checks → REVOKE while the loop keeps posting (non-cooperating, `--revoke-test`)
 //! or stops at the outcome (`--cooperating`). It measures
@@ -36,7 +36,8 @@ pub const EXIT_VERIFY_FAILED: u8 = 6;
 pub enum Order {
     /// The appliance's configured order (MKEY first by default): a plain REVOKE by the lease's tenant.
     MkeyFirst,
-    /// Seed 000's order (QP first): REVOKE with `qp_first`, which only the admin may ask for.
+    /// The revoke spec's order (QP first; docs/reference/revoke-spec.md §2.1): REVOKE with `qp_first`, which only the
+    /// admin may ask for.
     QpFirst,
 }
 

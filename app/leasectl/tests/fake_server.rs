@@ -306,5 +306,6 @@ fn cli_exit_codes_and_output() {
     let (code, out, _) =
         cli(&["--addr", &bad.addr.to_string(), "--tenant", "demo", "--key", KEY_HEX, "--json", "ping"]);
     assert_eq!(code, 4);
-    assert!(out.contains("\"SERVER_PROOF\""), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["error"]["code"], "SERVER_PROOF", "{out}");
 }

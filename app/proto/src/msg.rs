@@ -87,7 +87,7 @@ codes! {
 }
 
 codes! {
-    /// REVOKE / FREE outcomes (seed 000).
+    /// REVOKE / FREE outcomes (docs/reference/revoke-spec.md §1.1).
     Outcome: u8 {
         TornDown = 0, "TornDown";
         Fenced = 1, "Fenced";

@@ -1,4 +1,4 @@
-//! The command queue (facts §c; `device.h` `struct mlx5_cmd_layout`, `mlx5_cmd_prot_block`; ifc
+//! The command queue (docs/reference/mlx5.md §c; `device.h` `struct mlx5_cmd_layout`, `mlx5_cmd_prot_block`; ifc
 //! `cmd_queue_entry`, `cmd_if_box`): one 4 KiB page of `2^log_cmdq_size` 64-byte entries, a mailbox chain
 //! per slot and direction, polled ownership bits, a deadline per command.
 //!

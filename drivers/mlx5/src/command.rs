@@ -1,6 +1,6 @@
 //! One firmware command: the whole `*_in` structure (its first dword carries `opcode` [31:16], the second
-//! `op_mod` [15:0]; facts §c.6), the length of the `*_out` structure expected back, and the key attributes a
-//! failure report should name. [`Output`] is the `*_out` bytes of a command that completed with status OK;
+//! `op_mod` [15:0]; docs/reference/mlx5.md §c.6), the length of the `*_out` structure expected back, and the key
+//! attributes a failure report should name. [`Output`] is the `*_out` bytes of a command that completed with status OK;
 //! anything else is a [`CmdError`] naming opcode, op_mod, status name and syndrome.
 
 use alloc::vec;
@@ -180,8 +180,9 @@ pub fn status_name(status: u8) -> &'static str {
 /// specific meaning than its generic name.
 pub fn status_note(opcode: u16, status: u8) -> Option<&'static str> {
     match (opcode, status) {
-        // Seed 000 §3.2 saw a CX-5 (fw 16.35.4506) answer 0x08 to an entry on an occupied index and called it
-        // BAD_INDEX; Linux `device.h` names 0x08 EXCEED_LIM (`docs/hca-model.md`, "Flow steering").
+        // A CX-5 (fw 16.35.4506) answered 0x08 to an entry on an occupied index, reported as BAD_INDEX
+        // (docs/reference/revoke-spec.md §3.2); Linux `device.h` names 0x08 EXCEED_LIM (`docs/hca-model.md`, "Flow
+        // steering").
         (0x936, 0x08) => Some("BAD_INDEX: flow_index already holds an entry"),
         _ => None,
     }

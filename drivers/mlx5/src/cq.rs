@@ -1,5 +1,5 @@
-//! A polled completion queue (facts §f.2, §f.3; Linux `core/wq.h`, `infiniband/hw/mlx5/cq.c`): a ring of
-//! 64-byte CQEs initialised as Linux does (`op_own` = INVALID << 4 | owner), a doorbell record whose first
+//! A polled completion queue (docs/reference/mlx5.md §f.2, §f.3; Linux `core/wq.h`, `infiniband/hw/mlx5/cq.c`): a ring
+//! of 64-byte CQEs initialised as Linux does (`op_own` = INVALID << 4 | owner), a doorbell record whose first
 //! dword is the consumer counter. A CQE at counter `cc` belongs to software when its owner bit equals
 //! `(cc >> log_cq_size) & 1` and its opcode is not INVALID. CQs are never armed. CQE fields:
 //! [`crate::ifc::cq::Cqe`].

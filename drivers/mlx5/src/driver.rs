@@ -1,6 +1,6 @@
-//! The driver as one object: bring-up in Linux mlx5_core's order (facts §b.2), the synchronous `exec` used
-//! by bring-up, tests and the one-CPU layout, teardown in reverse (facts §b.4), and the split into engines for
-//! dedicated cores. Every wait has a deadline; every failure names its step and, for commands, opcode,
+//! The driver as one object: bring-up in Linux mlx5_core's order (docs/reference/mlx5.md §b.2), the synchronous `exec`
+//! used by bring-up, tests and the one-CPU layout, teardown in reverse (docs/reference/mlx5.md §b.4), and the split
+//! into engines for dedicated cores. Every wait has a deadline; every failure names its step and, for commands, opcode,
 //! status and syndrome.
 
 use alloc::sync::Arc;
@@ -352,8 +352,8 @@ impl<P: Platform> Driver<P> {
         Ok(q.num_pages)
     }
 
-    /// Teardown in reverse (facts §b.4): DESTROY_EQ, DEALLOC_UAR, TEARDOWN_HCA (graceful), reclaim every
-    /// page (MANAGE_PAGES take, bounded by RECLAIM_PAGES), DISABLE_HCA, then the driver's DMA memory. The
+    /// Teardown in reverse (docs/reference/mlx5.md §b.4): DESTROY_EQ, DEALLOC_UAR, TEARDOWN_HCA (graceful), reclaim
+    /// every page (MANAGE_PAGES take, bounded by RECLAIM_PAGES), DISABLE_HCA, then the driver's DMA memory. The
     /// first failing step is reported; the rest still run where that is safe. Pages the firmware did not give
     /// back are leaked on purpose (it may still write them), unless DISABLE_HCA succeeded.
     pub fn teardown(mut self) -> Result<TeardownReport, (TeardownReport, CmdError)> {

@@ -1,4 +1,4 @@
-//! The polling engines (ARCHITECTURE.md "Cores and roles"): the [`CommandEngine`] owns the command queue and
+//! The polling engines (docs/architecture.md "Cores and roles"): the [`CommandEngine`] owns the command queue and
 //! the pages given to the firmware; the [`EventEngine`] owns the EQ, the watched CQs and the health monitor.
 //! Everyone else holds a [`Client`] and talks to them through fixed-capacity SPSC rings. With three or more
 //! CPUs each engine runs alone on its core; with one CPU the same `poll` methods run round-robin on core 0.

@@ -1,5 +1,5 @@
-//! A polled event queue (facts §f.1, §f.4; Linux `core/eq.c`, `core/lib/eq.h`): a ring of 64-byte EQEs in
-//! DMA memory, every entry initialised with owner = 1; the entry at consumer index `ci` belongs to software
+//! A polled event queue (docs/reference/mlx5.md §f.1, §f.4; Linux `core/eq.c`, `core/lib/eq.h`): a ring of 64-byte EQEs
+//! in DMA memory, every entry initialised with owner = 1; the entry at consumer index `ci` belongs to software
 //! when its owner bit equals `(ci >> log_eq_size) & 1`. The consumer index goes back to the device through
 //! the UAR's no-arm doorbell (UAR + 0x48), so the EQ never raises an interrupt.
 

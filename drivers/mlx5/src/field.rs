@@ -1,7 +1,7 @@
 //! Big-endian bit fields as `mlx5_ifc.h` lays them out: a field is named by its bit offset from the start of
 //! its structure (bit 0 = the most significant bit of byte 0) and its width, exactly the numbers
-//! `../shared/reference/mlx5-layouts.txt` lists. `set` / `get` are `MLX5_SET` / `MLX5_GET` for fields of up
-//! to 32 bits that do not cross a dword; 64-bit fields and byte arrays have their own helpers.
+//! `offsetof` gives over the header (docs/reference/mlx5.md §0). `set` / `get` are `MLX5_SET` / `MLX5_GET` for fields
+//! of up to 32 bits that do not cross a dword; 64-bit fields and byte arrays have their own helpers.
 
 /// Writes `value` into the `width`-bit field at `bit_off` (`MLX5_SET`). The field must lie inside one
 /// big-endian dword; bits of `value` above `width` are dropped, as `MLX5_SET` masks them.

@@ -1,5 +1,5 @@
-//! Health monitoring as Linux `core/health.c` does it (facts §g): every 2 s check the fatal sensors (PCI
-//! gone: `fw_ver` reads all ones; `nic_interface` DISABLED or SW_RESET; `rfr` with a non-zero `synd`), then
+//! Health monitoring as Linux `core/health.c` does it (docs/reference/mlx5.md §g): every 2 s check the fatal sensors
+//! (PCI gone: `fw_ver` reads all ones; `nic_interface` DISABLED or SW_RESET; `rfr` with a non-zero `synd`), then
 //! the health counter (BAR0 0x1010) — three unchanged polls in a row mean the firmware hung.
 //!
 //! A fatal verdict is final: the driver stops trusting the command interface (Linux

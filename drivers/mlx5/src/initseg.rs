@@ -1,5 +1,5 @@
-//! The initialization segment at BAR0 offset 0 (`device.h` `struct mlx5_init_seg`, ifc `initial_seg`; facts
-//! §b.1) and the firmware timeouts it advertises (Linux `core/lib/tout.c`).
+//! The initialization segment at BAR0 offset 0 (`device.h` `struct mlx5_init_seg`, ifc `initial_seg`;
+//! docs/reference/mlx5.md §b.1) and the firmware timeouts it advertises (Linux `core/lib/tout.c`).
 
 use crate::platform::Platform;
 

@@ -1,9 +1,10 @@
 //! `leasebox-mlx5`: the native ConnectX-4/5/6 driver. A safe `no_std` core — command encoding and decoding
-//! (`ifc`), the command queue with its 32 slots (`cmdq`), EQ/CQ polling and health (`eq`, `cq`, `health`),
-//! page supply (`pages`), bring-up in Linux mlx5_core's order (`bringup`), objects with typed handles
-//! (`objects`) and the polling engines with their SPSC rings (`engine`, `ring`) — over [`Platform`], which
-//! supplies BAR0, DMA memory and time. Field offsets follow Linux `include/linux/mlx5/mlx5_ifc.h` and
-//! `device.h` (`../shared/reference/mlx5-facts.md`, `mlx5-layouts.txt`).
+//! (`command`, `field`, `ifc`), the initialization segment (`initseg`), the command queue with its 32 slots
+//! (`cmdq`), EQ/CQ polling and health (`eq`, `cq`, `health`), bring-up, page supply and teardown in Linux
+//! mlx5_core's order (`driver`), objects with typed handles (`objects`, `handles`), the polling engines with
+//! their SPSC rings (`engine`, `ring`), the command ring (`log`) and PCI matching (`probe`) — over
+//! [`Platform`], which supplies BAR0, DMA memory and time. Field offsets follow Linux `include/linux/mlx5/mlx5_ifc.h` and
+//! `device.h` (`docs/reference/mlx5.md`).
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_code)]
 // A command error carries its opcode, op_mod and key attributes for the report; commands fail rarely, and a

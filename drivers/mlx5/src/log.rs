@@ -1,4 +1,4 @@
-//! The always-on command ring (STYLE 11, Hubris `ringbuf`): the last [`CAPACITY`] commands with opcode,
+//! The always-on command ring (after Hubris `ringbuf`): the last [`CAPACITY`] commands with opcode,
 //! op_mod, status, syndrome, slot and elapsed time, plus totals. Cheap enough to stay on in every build;
 //! dumped over the control channel (HEALTH) and on panic.
 

@@ -1,7 +1,7 @@
 //! Objects with typed handles, created and destroyed through [`Driver::exec`]: PD, transport domain, UAR,
 //! CQ (ring + doorbell record, polled), MKEY in MTT mode (the 8-bit variant rotated on every create), RC QP
 //! (buffer + doorbell record; RST→INIT→RTR→RTS, 2ERR, 2RST, destroy), and the diagnostics queries. DMA
-//! memory an object owns is freed only after the firmware confirmed the destroy (STYLE 8): a destroy that
+//! memory an object owns is freed only after the firmware confirmed the destroy: a destroy that
 //! fails hands the object back.
 //!
 //! The lease service builds the same commands with `crate::ifc` and submits them through the engines'

@@ -1,4 +1,4 @@
-//! What the driver needs from the world it runs in (ARCHITECTURE.md, "The platform trait"): the HCA's BAR0
+//! What the driver needs from the world it runs in (docs/architecture.md, "The platform trait"): the HCA's BAR0
 //! as 32-bit big-endian registers, DMA memory addressed by device address, a monotonic clock and a relax hint.
 //! The kernel implements it on identity-mapped memory with volatile accesses; hosted mode implements it over
 //! the model's shared files (device address = offset in the RAM file); unit tests over plain buffers.

@@ -1,6 +1,6 @@
-//! Which PCI functions this driver takes (facts §a; Linux `core/main.c` `mlx5_core_pci_table`): the mlx5
-//! PFs and VFs from ConnectX-4 to ConnectX-6 Dx. (The device model behind ivshmem is the image's business:
-//! `mlx5-signature` names it and the part it plays.)
+//! Which PCI functions this driver takes (docs/reference/mlx5.md §a; Linux `core/main.c`
+//! `mlx5_core_pci_table`): the mlx5 PFs and VFs from ConnectX-4 to ConnectX-6 Dx. (The device model behind
+//! ivshmem is the image's business: `mlx5-signature` names it and the part it plays.)
 
 pub const MELLANOX: u16 = 0x15b3;
 

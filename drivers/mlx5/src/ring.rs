@@ -1,4 +1,4 @@
-//! Fixed-capacity single-producer single-consumer rings between cores (ARCHITECTURE.md "Cores and roles").
+//! Fixed-capacity single-producer single-consumer rings between cores (docs/architecture.md "Cores and roles").
 //! The producer and consumer halves are separate, non-`Clone` values, so each side has exactly one owner;
 //! head and tail are atomics, and each slot has its own lock that only one side ever contends for briefly
 //! (the consumer takes a slot only after the producer published it), which keeps this free of `unsafe`.

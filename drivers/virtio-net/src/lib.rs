@@ -37,7 +37,7 @@ pub const VIRTIO_VENDOR: u16 = 0x1af4;
 /// type 1), virtio 1.1 §4.1.2.1.
 pub const NET_DEVICE_IDS: [u16; 2] = [0x1000, 0x1041];
 
-/// Virtqueue size. 16 entries carry ~15 MB/s through QEMU user networking (platform notes); each entry has
+/// Virtqueue size. 16 entries carry ~15 MB/s through QEMU user networking (docs/reference/platform.md); each entry has
 /// a receive and a transmit buffer.
 pub const QUEUE_SIZE: usize = 16;
 

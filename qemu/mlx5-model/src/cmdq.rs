@@ -1,6 +1,6 @@
 //! The command queue transport (`mlx5_ifc.h` `cmd_queue_entry`, `cmd_if_box`; `device.h` `mlx5_cmd_layout`,
-//! `mlx5_cmd_prot_block`; facts §c): reading a command entry and its input mailbox chain, validating the
-//! chain (alignment, block numbers, tokens, signatures when enabled), and writing the output back with
+//! `mlx5_cmd_prot_block`; docs/reference/mlx5.md §c): reading a command entry and its input mailbox chain, validating
+//! the chain (alignment, block numbers, tokens, signatures when enabled), and writing the output back with
 //! ownership returned to software.
 //!
 //! Transport faults are reported as the entry's delivery status (`status_own >> 1`); the command is then not

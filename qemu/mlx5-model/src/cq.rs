@@ -1,5 +1,5 @@
-//! Completion queues as CREATE_CQ describes them (`mlx5_ifc.h` `cqc`, `create_cq_in`; facts §e.4, §f.2, §f.3).
-//! The model records the ring (PAS pages), the CQE size, the EQ its events go to and the doorbell record
+//! Completion queues as CREATE_CQ describes them (`mlx5_ifc.h` `cqc`, `create_cq_in`; docs/reference/mlx5.md §e.4,
+//! §f.2, §f.3). The model records the ring (PAS pages), the CQE size, the EQ its events go to and the doorbell record
 //! address, writes CQEs with the ownership bit ([`Cq::write_cqe`]), and takes arm requests from the UAR CQ
 //! doorbell ([`CqTable::poll_doorbells`]). Which CQEs are written, and the completion EQEs, are in
 //! `crate::completion`.
@@ -7,7 +7,8 @@
 //! A CQE at producer counter `pc` goes to entry `pc mod 2^log_cq_size` with `owner = (pc >> log_cq_size) & 1`:
 //! Linux initialises every CQE with `op_own` = 0xf0 (opcode INVALID, owner 0) and takes the CQE at consumer
 //! counter `cc` as software's when its opcode is not INVALID and `owner == (cc >> log_cq_size) & 1`
-//! (`infiniband/hw/mlx5/cq.c` `get_sw_cqe`; facts §f.2), so the bit flips on every pass through the ring.
+//! (`infiniband/hw/mlx5/cq.c` `get_sw_cqe`; docs/reference/mlx5.md §f.2), so the bit flips on every pass through the
+//! ring.
 
 use std::collections::BTreeMap;
 
@@ -25,7 +26,7 @@ pub mod syndrome {
     pub const WR_FLUSH_ERR: u8 = 0x05;
 }
 
-/// Byte offsets in the 64-byte CQE (`device.h` `struct mlx5_err_cqe`; facts §f.2).
+/// Byte offsets in the 64-byte CQE (`device.h` `struct mlx5_err_cqe`; docs/reference/mlx5.md §f.2).
 pub mod cqe {
     pub const SIZE: usize = 64;
     pub const SRQN: usize = 0x20;
@@ -38,7 +39,7 @@ pub mod cqe {
 }
 
 /// UAR page offset of the CQ doorbell (`doorbell.h` `MLX5_CQ_DOORBELL`): one 64-bit write, `(sn << 28) | cmd |
-/// ci` then the CQN (facts §f.4).
+/// ci` then the CQN (docs/reference/mlx5.md §f.4).
 pub const UAR_CQ_DOORBELL: u64 = 0x20;
 /// Arm command `REQ_NOT_SOL` (`cq.h`): solicited (and error) completions only; 0 is `REQ_NOT`.
 pub const ARM_SOLICITED: u32 = 1 << 24;

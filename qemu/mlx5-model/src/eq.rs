@@ -1,6 +1,6 @@
-//! Event queues (`mlx5_ifc.h` `eqc`, `eqe`; `device.h` `struct mlx5_eqe` and its event data unions; facts §e.3,
-//! §f.1, §f.4): the EQ table CREATE_EQ fills, EQE writing with the ownership bit, and the consumer index the
-//! driver reports through the UAR EQ doorbell (UAR + 0x40 arm, + 0x48 no arm).
+//! Event queues (`mlx5_ifc.h` `eqc`, `eqe`; `device.h` `struct mlx5_eqe` and its event data unions;
+//! docs/reference/mlx5.md §e.3, §f.1, §f.4): the EQ table CREATE_EQ fills, EQE writing with the ownership bit, and the
+//! consumer index the driver reports through the UAR EQ doorbell (UAR + 0x40 arm, + 0x48 no arm).
 //!
 //! An EQE at producer counter `pc` goes to entry `pc mod 2^log_eq_size` with `owner = (pc >> log_eq_size) & 1`:
 //! Linux initialises every entry with owner 1 and takes the entry at consumer index `ci` as software's when

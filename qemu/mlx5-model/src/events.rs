@@ -1,5 +1,5 @@
-//! Asynchronous events the device raises (facts §b.3, §f.1): PAGE_REQUEST at runtime — including the firmware
-//! behaviour of holding a command until the pages it needs are given (the VFIO selftest: "the FW can raise
+//! Asynchronous events the device raises (docs/reference/mlx5.md §b.3, §f.1): PAGE_REQUEST at runtime — including the
+//! firmware behaviour of holding a command until the pages it needs are given (the VFIO selftest: "the FW can raise
 //! PAGE_REQUEST while a regular command is outstanding, and that command will not complete until the pages are
 //! supplied via a second slot") — and the [`Model`] calls the data path and tests use for PORT_CHANGE,
 //! CQ_ERROR and QP async errors.

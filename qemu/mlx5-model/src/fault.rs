@@ -4,11 +4,11 @@
 //! (the initialization segment's `health_stopped`, set through [`crate::Model::inject`]).
 //!
 //! The faults mirror what a driver must survive on a real ConnectX-5: a command that fails with a chosen
-//! output-header status and syndrome (facts §c.6); a slow command (the entry stays HW-owned until the delay
-//! has passed, other slots run meanwhile); a command that never completes (the driver's timeout path must
+//! output-header status and syndrome (docs/reference/mlx5.md §c.6); a slow command (the entry stays HW-owned until the
+//! delay has passed, other slots run meanwhile); a command that never completes (the driver's timeout path must
 //! quarantine the slot, Linux "Avoid using pending command interface slots"); a health counter that stops and
-//! a fatal health syndrome (facts §g); a lost doorbell write. The text form ([`Fault::parse`]) is the control
-//! file's language (`docs/hca-model.md`, "Fault injection").
+//! a fatal health syndrome (docs/reference/mlx5.md §g); a lost doorbell write. The text form ([`Fault::parse`]) is the
+//! control file's language (`docs/hca-model.md`, "Fault injection").
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -206,7 +206,7 @@ impl Faults {
     }
 }
 
-/// The output header (`status`, `syndrome`; facts §c.6) of a command failed by [`Fault::Fail`].
+/// The output header (`status`, `syndrome`; docs/reference/mlx5.md §c.6) of a command failed by [`Fault::Fail`].
 pub fn output(status: u8, syndrome: u32) -> Vec<u8> {
     let mut out = vec![0u8; 16];
     out[0] = status;

@@ -1,6 +1,6 @@
 //! Flow steering objects for the receive domains the model accepts (`mlx5_ifc.h` `flow_table_context`,
-//! `create_flow_group_in`, `flow_context`, `dest_format_struct`; facts §e.7, §h): NIC_RX (0) and RDMA_RX (7).
-//! Tables hold groups (index ranges with match criteria) and entries (FTEs) at flow indexes.
+//! `create_flow_group_in`, `flow_context`, `dest_format_struct`; docs/reference/mlx5.md §e.7, §h): NIC_RX (0) and
+//! RDMA_RX (7). Tables hold groups (index ranges with match criteria) and entries (FTEs) at flow indexes.
 //!
 //! The dataplane does not consult these tables (`docs/hca-model.md`, "Flow steering").
 
@@ -18,7 +18,7 @@ pub mod action {
     pub const COUNT: u16 = 0x8;
 }
 
-/// `flow_table_context.table_miss_action` (facts §e.7).
+/// `flow_table_context.table_miss_action` (docs/reference/mlx5.md §e.7).
 pub mod miss {
     pub const DEFAULT: u8 = 0;
     pub const FORWARD_TO_TABLE: u8 = 1;

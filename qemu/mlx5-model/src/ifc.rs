@@ -3,7 +3,7 @@
 //! most 32 bits lies inside one big-endian dword; 64-bit fields (addresses) are big-endian u64 at a byte offset.
 //!
 //! The offsets in the structure modules below are the ones `offsetof()` printed over the real header
-//! (`reference/mlx5-layouts.txt`); every name is the `mlx5_ifc.h` name.
+//! (docs/reference/mlx5.md §0); every name is the `mlx5_ifc.h` name.
 //!
 //! Accessors never panic: a field that lies outside the buffer reads as 0 and is not written. Callers check
 //! the structure length first (that is what gives `BAD_INPUT_LEN`), so this only guards against model bugs.

@@ -1,7 +1,7 @@
 //! The initialization segment at BAR0 offset 0 (`mlx5_ifc.h` `initial_seg`, `device.h` `struct mlx5_init_seg`;
-//! facts §b.1, §g): firmware revision, command-interface revision 5, the command-queue address register with
-//! the read-only `log_cmdq_size` / `log_cmdq_stride`, the command doorbell, `initializing`, the health buffer
-//! and counter, `cmd_exec_to` / `cmd_q_init_to` and the free-running internal timer.
+//! docs/reference/mlx5.md §b.1, §g): firmware revision, command-interface revision 5, the command-queue address
+//! register with the read-only `log_cmdq_size` / `log_cmdq_stride`, the command doorbell, `initializing`, the health
+//! buffer and counter, `cmd_exec_to` / `cmd_q_init_to` and the free-running internal timer.
 //!
 //! The BAR is plain shared memory, so "read-only" bits are enforced by rewriting them whenever the driver's
 //! write clobbered them (Linux writes the whole `cmdq_addr_l_sz` dword with the low 12 bits zero).
@@ -85,8 +85,8 @@ impl InitSeg {
         self.health_stopped = stopped;
     }
 
-    /// Fatal health syndrome (facts §g, sensor 5): health buffer `synd` (0x23d) non-zero with `rfr` (0x238
-    /// bit 7, "firmware requests reset") and severity valid + 2 (`LOGLEVEL_CRIT`, 0x238 bits 3:0) — Linux's
+    /// Fatal health syndrome (docs/reference/mlx5.md §g, sensor 5): health buffer `synd` (0x23d) non-zero with `rfr`
+    /// (0x238 bit 7, "firmware requests reset") and severity valid + 2 (`LOGLEVEL_CRIT`, 0x238 bits 3:0) — Linux's
     /// `mlx5_health_check_fatal_sensors` then enters internal error — and `health_syndrome` (0x1010 bits
     /// 31:24, ifc `initial_seg`) set to the same value.
     pub fn raise_fatal(bar: &dyn Memory, synd: u8) -> Result<(), OutOfRange> {

@@ -38,14 +38,14 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
   --exit-on-stdin-eof   stop when standard input closes (for runners that hold a pipe to it)
   -h, --help            this text
 
-Sizes accept a K, M or G suffix (binary). On success, prints one line `mlx5-model: ready ...` on stdout once
+Sizes accept a binary unit: K, M, G, T (or KiB, MiB, GiB, TiB), and 0x hex. On success, prints one line `mlx5-model: ready ...` on stdout once
 the signature is in place; everything else goes to stderr.";
 
 /// The longest idle sleep: the worst-case added latency for a command after a quiet period.
 const MAX_IDLE_SLEEP: Duration = Duration::from_millis(1);
 /// How often the loop checks that the shared files still exist.
 const PRESENCE_CHECK: Duration = Duration::from_millis(250);
-/// The responder's default UDP address (`../shared/ARCHITECTURE.md`).
+/// The responder's default UDP address (`docs/architecture.md`).
 const DEFAULT_UDP: &str = "127.0.0.1:4791";
 
 #[derive(Debug, PartialEq, Eq)]
@@ -66,22 +66,10 @@ enum Parsed {
     Help,
 }
 
-/// `123`, `0x1000`, `32M`, `2G`.
+/// A size as `leasebox-units` reads it: `123`, `0x1000`, `32M`, `2G`; never zero.
 fn parse_size(flag: &str, v: &str) -> Result<u64, String> {
-    let (digits, shift) = match v.as_bytes().last() {
-        Some(b'K' | b'k') => (&v[..v.len() - 1], 10),
-        Some(b'M' | b'm') => (&v[..v.len() - 1], 20),
-        Some(b'G' | b'g') => (&v[..v.len() - 1], 30),
-        _ => (v, 0),
-    };
-    let n = match digits.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => digits.parse::<u64>(),
-    };
-    match n.ok().and_then(|n| n.checked_mul(1 << shift)) {
-        Some(n) if n > 0 => Ok(n),
-        _ => Err(format!("{flag} needs a size in bytes (e.g. 33554432, 0x2000000, 32M), got `{v}`")),
-    }
+    leasebox_units::parse_size_in(v, 1..=u64::MAX)
+        .map_err(|e| format!("{flag} needs a size in bytes (e.g. 33554432, 0x2000000, 32M): {e}, got `{v}`"))
 }
 
 fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
@@ -415,6 +403,8 @@ mod tests {
         assert!(e(&["--bar"]).contains("--bar needs a value"));
         assert!(e(&["--bar", "b", "--ram", "r", "--bar-size", "3M"]).contains("power of two"));
         assert!(e(&["--bar", "b", "--ram", "r", "--bar-size", "lots"]).contains("size in bytes"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--bar-size", "0"]).contains("at least 1"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--ram-size", "99999999T"]).contains("too large"));
         assert!(e(&["--bar", "b", "--ram", "r", "--ram-size", "4G"]).contains("below_4g_mem_size"));
         assert!(e(&["--bar", "b", "--ram", "r", "--udp", "nowhere"]).contains("--udp"));
         assert!(e(&["--bar", "b", "--ram", "r", "--wait", "0"]).contains("--wait"));

@@ -1,6 +1,6 @@
 //! Firmware page ownership (QUERY_PAGES / MANAGE_PAGES, `mlx5_ifc.h` `query_pages_*`, `manage_pages_*`;
-//! facts §b.3). A page the driver gives belongs to the device until the device returns it on a TAKE; the
-//! model records each 4 KiB page by its device address and never returns one twice or accepts one twice.
+//! docs/reference/mlx5.md §b.3). A page the driver gives belongs to the device until the device returns it on a TAKE;
+//! the model records each 4 KiB page by its device address and never returns one twice or accepts one twice.
 
 use std::collections::BTreeSet;
 

@@ -1,6 +1,6 @@
 //! The one RoCE port and its NIC vport: what PAOS and PMTU (ACCESS_REGISTER; `mlx5_ifc.h` `paos_reg`,
-//! `pmtu_reg`; facts §e.6), QUERY/MODIFY_NIC_VPORT_CONTEXT (`nic_vport_context`) and the RoCE address table
-//! (QUERY/SET_ROCE_ADDRESS, `roce_addr_layout`; QUERY_HCA_VPORT_GID) report, kept consistent with one MAC.
+//! `pmtu_reg`; docs/reference/mlx5.md §e.6), QUERY/MODIFY_NIC_VPORT_CONTEXT (`nic_vport_context`) and the RoCE address
+//! table (QUERY/SET_ROCE_ADDRESS, `roce_addr_layout`; QUERY_HCA_VPORT_GID) report, kept consistent with one MAC.
 //! Defaults and their reasons are in `docs/hca-model.md` ("Events and the port").
 
 /// PAOS `admin_status` / `oper_status` (`driver.h:231-232`).

@@ -1,5 +1,5 @@
-//! Queue pairs as the HCA holds them (`mlx5_ifc.h` `struct qpc`, `struct ads`; facts §e.5) and the PRM QP
-//! state machine for RC (`include/linux/mlx5/qp.h` `MLX5_QP_STATE_*`, Linux `infiniband/hw/mlx5/qp.c`
+//! Queue pairs as the HCA holds them (`mlx5_ifc.h` `struct qpc`, `struct ads`; docs/reference/mlx5.md §e.5) and the PRM
+//! QP state machine for RC (`include/linux/mlx5/qp.h` `MLX5_QP_STATE_*`, Linux `infiniband/hw/mlx5/qp.c`
 //! `optab`): which modify command is legal from which state.
 //!
 //! The QP keeps its whole context as the `qpc` bytes the driver built, updated field by field by each
@@ -12,7 +12,7 @@ use crate::roce::responder::{
     ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE, QpState, QpView, RespState,
 };
 
-/// `struct qpc` fields (bit offsets inside `qpc`, `reference/mlx5-layouts.txt`).
+/// `struct qpc` fields (bit offsets inside `qpc` as `mlx5_ifc.h` lays it out).
 pub mod qpc {
     use crate::ifc::Field;
     pub const SIZE: usize = 0xe8;
@@ -351,7 +351,7 @@ mod tests {
 
     #[test]
     fn qpc_offsets_match_the_layouts() {
-        // Absolute offsets in create_qp_in (qpc at byte 0x18) from facts §e.5.
+        // Absolute offsets in create_qp_in (qpc at byte 0x18) from docs/reference/mlx5.md §e.5.
         assert_eq!(qpc::ST.at(0x18).bit, 0x0c8);
         assert_eq!(qpc::PM_STATE.at(0x18).bit, 0x0d3);
         assert_eq!(qpc::NEXT_RCV_PSN.at(0x18).bit, 0x568);

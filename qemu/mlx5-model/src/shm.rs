@@ -1,4 +1,4 @@
-//! The model's side of QEMU's shared memory (platform notes, "Shared memory between QEMU and a host process"):
+//! The model's side of QEMU's shared memory (docs/reference/platform.md, "Shared memory between QEMU and the model"):
 //! the BAR file (QEMU `ivshmem-plain` BAR2, which plays the CX-5's BAR0) and the guest-RAM file
 //! (`memory-backend-file,share=on`), each mapped with `memmap2::MmapRaw` and served as a [`Memory`].
 //!

@@ -1,6 +1,6 @@
 //! End to end through the model: PD, MKEY (MTT) and an RC QP made by real commands, driven to RTS, then RoCEv2
 //! requests over UDP loopback from an encoder written here (ICRC included), answered by
-//! `dataplane::poll_udp` over the model's own tables. Covers both revoke orders of ARCHITECTURE.md.
+//! `dataplane::poll_udp` over the model's own tables. Covers both revoke orders of docs/architecture.md.
 
 mod common;
 mod support_qp;

@@ -1,4 +1,5 @@
-//! Flow steering commands for NIC_RX (0) and RDMA_RX (7) through the command queue; offsets from facts §e.7.
+//! Flow steering commands for NIC_RX (0) and RDMA_RX (7) through the command queue; offsets from docs/reference/mlx5.md
+//! §e.7.
 
 mod common;
 mod support_qp;
@@ -7,7 +8,7 @@ use common::{Drv, be32, cmd};
 use support_qp::setf;
 
 const BAD_PARAM: u8 = 0x03;
-/// Seed 000 §3.2: SET_FLOW_TABLE_ENTRY on an occupied flow_index returned status 0x08.
+/// docs/reference/revoke-spec.md §3.2: SET_FLOW_TABLE_ENTRY on an occupied flow_index returned status 0x08.
 const OCCUPIED: u8 = 0x08;
 const BAD_RES_STATE: u8 = 0x09;
 
@@ -65,7 +66,7 @@ fn rdma_rx_drop_rule_lifecycle_and_occupied_index() {
         let t = id(&create_table(&mut d, ty, 0, 4, miss));
         let g = id(&create_group(&mut d, ty, t, 0, 7));
         assert_eq!(set_fte(&mut d, ty, t, g, 3, 2).status(), 0);
-        // The seed's observation: no modify in place.
+        // The spec's observation: no modify in place.
         assert_eq!(set_fte(&mut d, ty, t, g, 3, 2).status(), OCCUPIED);
         // Outside the group, outside the table, bad action (ALLOW|DROP), unknown group.
         assert_eq!(set_fte(&mut d, ty, t, g, 8, 2).status(), BAD_PARAM);

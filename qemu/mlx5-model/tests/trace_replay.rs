@@ -1,4 +1,4 @@
-//! Replays, in trace order, every command INPUT of `reference/trace-mlx5_core-connectx4.txt.gz` (Linux
+//! Replays, in trace order, every command INPUT of `tests/data/trace-mlx5_core-connectx4.txt.gz` (Linux
 //! mlx5_core against a real ConnectX-4) whose opcode the model implements, and checks status, the trace's
 //! output length and the output fields Linux went on to use.
 

@@ -1,6 +1,6 @@
 //! QEMU command lines for the three boot paths.
 //!
-//! Every path shares one base (platform notes, "Booting" and "No usable KVM here"):
+//! Every path shares one base (docs/reference/platform.md, "Booting under QEMU"):
 //! `-machine <m> -accel tcg -cpu <model> -m <MiB> -smp <n> -display none -no-reboot -serial stdio
 //! -device isa-debug-exit,iobase=0xf4,iosize=0x04`, then either `-nic none` or, with [`QemuConfig::net`], a
 //! virtio-net NIC on QEMU's user-mode network with the control port forwarded from the host

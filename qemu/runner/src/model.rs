@@ -2,7 +2,7 @@
 //!
 //! QEMU takes its guest RAM from one shared file (`-object memory-backend-file,...,share=on -machine
 //! ...,memory-backend=...`, size equal to `-m`) and shows a second one as `ivshmem-plain` BAR2; the model
-//! process maps both (platform notes, "Shared memory between QEMU and a host process").
+//! process maps both (docs/reference/platform.md, "Shared memory between QEMU and the model").
 //!
 //! A backing file that already exists keeps its old contents into the next boot, so every run gets new,
 //! uniquely named files ([`ModelShm::create`]): created empty with `O_EXCL` and sized here, before QEMU and

@@ -1,5 +1,5 @@
 //! The RoCEv2 invariant CRC (IBTA Vol. 1 §7.8.1 and the RoCEv2 annex A17.3.3; facts in
-//! `shared/reference/roce-facts.md`): CRC-32 with the Ethernet polynomial over a masked copy of the IPv4, UDP
+//! `docs/reference/roce.md`): CRC-32 with the Ethernet polynomial over a masked copy of the IPv4, UDP
 //! and BTH headers preceded by 8 bytes of ones (the LRH RoCEv2 does not carry), then the rest of the packet.
 
 use super::wire::{BTH_LEN, IPV4_LEN, UDP_LEN};

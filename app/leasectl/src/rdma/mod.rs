@@ -2,7 +2,7 @@
 //! completions in rdma-core's terms ([`WcStatus`]). [`Requester`] is backend-neutral; [`SoftRoce`] implements it
 //! in software over UDP (one datagram per RoCEv2 frame, the model's cable), a verbs backend can follow.
 //!
-//! Layers (STYLE 12): [`wire`] and [`icrc`] encode and check frames, [`rc`] is the sans-I/O requester state
+//! Layers (sans-I/O): [`wire`] and [`icrc`] encode and check frames, [`rc`] is the sans-I/O requester state
 //! machine (IBTA Vol. 1 ch. 9.7 reliable service: PSNs, ACK/NAK, transport timer, retries), [`soft`] moves
 //! its frames over a socket.
 

@@ -14,34 +14,102 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::{Args, ValueEnum};
 use serde_json::json;
 
 use super::{Control, EXIT_VERIFY_FAILED, Mode, Options, Order, plot, report, run_detailed};
-use crate::args::{self, Global};
+use crate::args::{Global, number, parse_mac};
 use crate::client::{Credentials, exit};
 use crate::config;
 use crate::rdma::{RcConfig, Requester, SoftConfig, SoftRoce};
 
-/// Global flags that take a value.
-const GLOBAL_VALUE: [&str; 5] = ["--addr", "--config", "--tenant", "--key", "--timeout"];
+/// `verify`'s options (after the word `verify`; the global flags are [`Global`]). Given twice, the later one
+/// counts.
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+#[command(args_override_self = true)]
+pub struct VerifyArgs {
+    /// Non-cooperating client: keep posting until the dataplane refuses (the default)
+    #[arg(long, conflicts_with = "cooperating")]
+    revoke_test: bool,
+    /// Cooperating client: stop posting at the outcome
+    #[arg(long)]
+    cooperating: bool,
+    /// Teardown order the REVOKE asks for; `both` runs mkey-first, then qp-first
+    #[arg(long, value_enum, default_value = "mkey-first")]
+    order: OrderArg,
+    /// Revokes per order (default 1)
+    #[arg(long, value_name = "N", value_parser = |v: &str| number(v, 1, 100_000))]
+    iterations: Option<u64>,
+    /// Each figure must stay within this (default 2000)
+    #[arg(long, value_name = "MS", value_parser = |v: &str| number(v, 1, 3_600_000))]
+    budget_ms: Option<u64>,
+    /// Bytes per RDMA WRITE, 1 byte to 16 MiB (default 4096; units: 64K, 1M)
+    #[arg(long, value_name = "BYTES", value_parser = write_size)]
+    size: Option<u64>,
+    /// WRITEs (and READ checks) outstanding (default 8)
+    #[arg(long, value_name = "N", value_parser = |v: &str| number(v, 1, 1024))]
+    depth: Option<u64>,
+    /// How long the loop runs before the REVOKE (default 100)
+    #[arg(long, value_name = "MS", value_parser = |v: &str| number(v, 0, 600_000))]
+    warmup_ms: Option<u64>,
+    /// The RoCEv2 responder (the model's UDP port)
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:4791")]
+    udp: SocketAddr,
+    /// The requester QP's `timeout` attribute, 1 to 31 (default 14)
+    #[arg(long, value_name = "N", value_parser = |v: &str| number(v, 1, 31))]
+    timeout: Option<u64>,
+    /// The requester QP's `retry_cnt`, 0 to 7 (default 7)
+    #[arg(long, value_name = "N", value_parser = |v: &str| number(v, 0, 7))]
+    retry_cnt: Option<u64>,
+    /// The admin key for --order qp-first (default: admin_key in the configuration file)
+    #[arg(long, value_name = "HEX")]
+    admin_key: Option<String>,
+    /// Draw the figures to an SVG file, one panel per order
+    #[arg(long, value_name = "FILE.svg", value_parser = plot_path)]
+    plot: Option<PathBuf>,
+    /// Which requester carries the RDMA traffic
+    #[arg(long, value_enum, default_value = "soft")]
+    backend: BackendArg,
+    /// --backend verbs: the RDMA device (see ibv_devices)
+    #[arg(long, value_name = "NAME")]
+    device: Option<String>,
+    /// --backend verbs: the GID index
+    #[arg(long, value_name = "N", default_value = "0", value_parser = |v: &str| number(v, 0, 255).map(|n| n as u8))]
+    gid_index: u8,
+    /// --backend verbs: the port
+    #[arg(long, value_name = "N", default_value = "1", value_parser = |v: &str| number(v, 1, 255).map(|n| n as u8))]
+    ib_port: u8,
+    /// --backend verbs: the MAC to use, aa:bb:cc:dd:ee:ff
+    #[arg(long, value_name = "MAC", value_parser = parse_mac)]
+    mac: Option<[u8; 6]>,
+}
 
-/// Where the word `verify` stands, when it is the command.
-pub fn position(args: &[String]) -> Option<usize> {
-    let mut i = 0;
-    while i < args.len() {
-        let a = args[i].as_str();
-        if a == "verify" {
-            return Some(i);
-        }
-        if !a.starts_with('-') {
-            return None; // another command
-        }
-        if GLOBAL_VALUE.contains(&a) {
-            i += 1;
-        }
-        i += 1;
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum OrderArg {
+    MkeyFirst,
+    QpFirst,
+    Both,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum BackendArg {
+    /// The software RoCEv2 requester over UDP
+    Soft,
+    /// A real RDMA device through libibverbs (a leasectl built with --features verbs)
+    Verbs,
+}
+
+/// `--size`: 1 byte to 16 MiB.
+fn write_size(v: &str) -> Result<u64, String> {
+    leasebox_units::parse_size_in(v, 1..=16 << 20).map_err(|e| e.to_string())
+}
+
+/// `--plot`: a file name, not a flag.
+fn plot_path(v: &str) -> Result<PathBuf, String> {
+    if v.is_empty() || v.starts_with('-') {
+        return Err("needs a file name (FILE.svg)".into());
     }
-    None
+    Ok(PathBuf::from(v))
 }
 
 /// Which requester carries the RDMA traffic.
@@ -55,7 +123,6 @@ enum Backend {
 
 #[derive(Debug)]
 struct Parsed {
-    global: Vec<String>,
     opts: Options,
     /// The orders to run, in turn (`--order both`: mkey-first, then qp-first); `opts.order` is the first.
     orders: Vec<Order>,
@@ -65,135 +132,42 @@ struct Parsed {
     backend: Backend,
 }
 
-fn mac(v: &str) -> Result<[u8; 6], String> {
-    let parts: Vec<&str> = v.split(':').collect();
-    let mut m = [0u8; 6];
-    if parts.len() != 6 {
-        return Err(format!("--mac needs aa:bb:cc:dd:ee:ff, got '{v}'"));
-    }
-    for (b, p) in m.iter_mut().zip(parts) {
-        *b = u8::from_str_radix(p, 16).map_err(|_| format!("--mac needs aa:bb:cc:dd:ee:ff, got '{v}'"))?;
-    }
-    Ok(m)
-}
-
-fn number(flag: &str, v: &str, min: u64, max: u64) -> Result<u64, String> {
-    let n = match v.strip_prefix("0x") {
-        Some(h) => u64::from_str_radix(h, 16).ok(),
-        None => v.parse().ok(),
-    };
-    n.filter(|n| (min..=max).contains(n)).ok_or_else(|| format!("{flag} needs a number from {min} to {max}, got '{v}'"))
-}
-
-fn size(v: &str) -> Result<u64, String> {
-    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let (digits, unit) = v.split_at(split);
-    let shift = match unit {
-        "" | "B" => 0,
-        "K" | "k" | "KiB" => 10,
-        "M" | "MiB" => 20,
-        _ => return Err(format!("--size: unknown unit in '{v}' (use bytes, K or M)")),
-    };
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(1 << shift))
-        .filter(|n| (1..=16 << 20).contains(n))
-        .ok_or_else(|| format!("--size needs 1 byte to 16 MiB (e.g. 4096, 64K), got '{v}'"))
-}
-
-fn parse(args: &[String], at: usize) -> Result<Parsed, String> {
-    let mut global: Vec<String> = args[..at].to_vec();
-    let mut o = Options::default();
+/// The verifier's options from `v`, with the defaults of [`Options`] and [`RcConfig`] where `v` is silent.
+fn parse(v: &VerifyArgs) -> Result<Parsed, String> {
+    let d = Options::default();
     let mut rc = RcConfig::default();
-    let mut udp: SocketAddr = "127.0.0.1:4791".parse().expect("literal address");
-    let mut admin_key = None;
-    let mut orders = vec![Order::MkeyFirst];
-    let mut plot = None;
-    let (mut revoke_test, mut cooperating) = (false, false);
-    let (mut backend, mut device, mut gid_index, mut port, mut mac_addr) = (String::from("soft"), None, 0u8, 1u8, None);
-    let mut it = args[at + 1..].iter();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = || -> Result<String, String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => it.next().cloned().ok_or_else(|| format!("{flag} needs a value")),
-            }
-        };
-        match flag {
-            "--revoke-test" => revoke_test = true,
-            "--cooperating" => cooperating = true,
-            "--order" => {
-                orders = match value()?.as_str() {
-                    "mkey-first" => vec![Order::MkeyFirst],
-                    "qp-first" => vec![Order::QpFirst],
-                    "both" => vec![Order::MkeyFirst, Order::QpFirst],
-                    v => return Err(format!("--order is mkey-first, qp-first or both, got '{v}'")),
-                }
-            }
-            "--plot" => {
-                let v = value()?;
-                if v.is_empty() || v.starts_with('-') {
-                    return Err(format!("--plot needs a file name (FILE.svg), got '{v}'"));
-                }
-                plot = Some(PathBuf::from(v));
-            }
-            "--iterations" => o.iterations = number(flag, &value()?, 1, 100_000)? as u32,
-            "--budget-ms" => o.budget = Duration::from_millis(number(flag, &value()?, 1, 3_600_000)?),
-            "--size" => o.size = size(&value()?)? as u32,
-            "--depth" => o.depth = number(flag, &value()?, 1, 1024)? as u32,
-            "--warmup-ms" => o.warmup = Duration::from_millis(number(flag, &value()?, 0, 600_000)?),
-            "--udp" => {
-                let v = value()?;
-                udp = v.parse().map_err(|_| format!("--udp needs ADDR:PORT, got '{v}'"))?;
-            }
-            "--timeout" => rc.timeout = number(flag, &value()?, 1, 31)? as u8,
-            "--retry-cnt" => rc.retry_cnt = number(flag, &value()?, 0, 7)? as u8,
-            "--admin-key" => admin_key = Some(value()?),
-            "--backend" => backend = value()?,
-            "--device" => device = Some(value()?),
-            "--gid-index" => gid_index = number(flag, &value()?, 0, 255)? as u8,
-            "--ib-port" => port = number(flag, &value()?, 1, 255)? as u8,
-            "--mac" => mac_addr = Some(mac(&value()?)?),
-            "--admin" => {
-                return Err("verify runs as the tenant; the admin key for --order qp-first comes from admin_key \
-                            in the configuration file or --admin-key HEX"
-                    .into());
-            }
-            "--json" => global.push(arg.clone()),
-            "--addr" | "--config" | "--tenant" | "--key" => {
-                let v = value()?;
-                global.push(flag.to_string());
-                global.push(v);
-            }
-            other => return Err(format!("unknown option '{other}' for 'verify'")),
-        }
-    }
-    if revoke_test && cooperating {
-        return Err("--revoke-test and --cooperating exclude each other".into());
-    }
-    o.order = orders[0];
-    o.mode = if cooperating { Mode::Cooperating } else { Mode::RevokeTest };
-    rc.max_wr = (o.depth as usize + 1).max(rc.max_wr);
-    o.rc = rc;
-    let backend = match backend.as_str() {
-        "soft" => {
-            if device.is_some() {
+    rc.timeout = v.timeout.map_or(rc.timeout, |n| n as u8);
+    rc.retry_cnt = v.retry_cnt.map_or(rc.retry_cnt, |n| n as u8);
+    let orders = match v.order {
+        OrderArg::MkeyFirst => vec![Order::MkeyFirst],
+        OrderArg::QpFirst => vec![Order::QpFirst],
+        OrderArg::Both => vec![Order::MkeyFirst, Order::QpFirst],
+    };
+    let depth = v.depth.map_or(d.depth, |n| n as u32);
+    rc.max_wr = (depth as usize + 1).max(rc.max_wr);
+    let opts = Options {
+        mode: if v.cooperating { Mode::Cooperating } else { Mode::RevokeTest },
+        order: orders[0],
+        iterations: v.iterations.map_or(d.iterations, |n| n as u32),
+        budget: v.budget_ms.map_or(d.budget, Duration::from_millis),
+        size: v.size.map_or(d.size, |n| n as u32),
+        depth,
+        warmup: v.warmup_ms.map_or(d.warmup, Duration::from_millis),
+        rc,
+    };
+    let backend = match v.backend {
+        BackendArg::Soft => {
+            if v.device.is_some() {
                 return Err("--device is for --backend verbs".into());
             }
             Backend::Soft
         }
-        "verbs" => {
-            let device = device.ok_or("--backend verbs needs --device NAME (see ibv_devices)")?;
-            Backend::Verbs { device, gid_index, port, mac: mac_addr }
+        BackendArg::Verbs => {
+            let device = v.device.clone().ok_or("--backend verbs needs --device NAME (see ibv_devices)")?;
+            Backend::Verbs { device, gid_index: v.gid_index, port: v.ib_port, mac: v.mac }
         }
-        other => return Err(format!("--backend is soft or verbs, got '{other}'")),
     };
-    Ok(Parsed { global, opts: o, orders, plot, udp, admin_key, backend })
+    Ok(Parsed { opts, orders, plot: v.plot.clone(), udp: v.udp, admin_key: v.admin_key.clone(), backend })
 }
 
 /// The tenant's and (for qp-first) the admin's credentials, where to connect and the timeouts.
@@ -221,15 +195,15 @@ fn control(p: &Parsed, g: &Global, env: &dyn Fn(&str) -> Option<String>) -> Resu
     Ok(Control { addr: s.addr, tenant: s.who, admin, timeouts: s.timeouts })
 }
 
-/// Runs `leasectl verify`; `at` is where the word `verify` stands in `args`. Returns the exit code.
+/// Runs `leasectl verify` with its options `v` and the global flags `g`. Returns the exit code.
 pub fn main(
-    args: &[String],
-    at: usize,
+    v: &VerifyArgs,
+    g: &Global,
     env: &dyn Fn(&str) -> Option<String>,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
-    let json = args.iter().any(|a| a == "--json");
+    let json = g.json;
     let fail = |out: &mut dyn Write, err: &mut dyn Write, code: &str, exit: u8, m: &str| {
         if json {
             let _ = writeln!(out, "{}", json!({"error": {"code": code, "detail": [], "message": m}}));
@@ -238,17 +212,11 @@ pub fn main(
         }
         exit
     };
-    let p = match parse(args, at) {
+    let p = match parse(v) {
         Ok(p) => p,
         Err(m) => return fail(out, err, "USAGE", exit::USAGE, &m),
     };
-    let mut gargs = p.global.clone();
-    gargs.push("ping".into());
-    let g = match args::parse(&gargs) {
-        Ok(i) => i.global,
-        Err(m) => return fail(out, err, "USAGE", exit::USAGE, &m),
-    };
-    let c = match control(&p, &g, env) {
+    let c = match control(&p, g, env) {
         Ok(c) => c,
         Err(m) => return fail(out, err, "USAGE", exit::USAGE, &m),
     };
@@ -339,70 +307,94 @@ fn verbs_requester(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::args::{self, Command, Invocation};
 
-    fn v(a: &[&str]) -> Vec<String> {
-        a.iter().map(|s| s.to_string()).collect()
+    /// The whole command line through clap: the global flags and `verify`'s options.
+    fn inv(a: &[&str]) -> Result<(Global, VerifyArgs), String> {
+        let a: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+        match args::parse(&a).map_err(|e| e.to_string())? {
+            Invocation { global, command: Command::Verify(v) } => Ok((global, *v)),
+            other => Err(format!("not verify: {other:?}")),
+        }
+    }
+
+    fn parsed(a: &[&str]) -> Result<Parsed, String> {
+        parse(&inv(a)?.1)
     }
 
     #[test]
     fn finds_the_command_after_global_flags() {
-        assert_eq!(position(&v(&["verify"])), Some(0));
-        assert_eq!(position(&v(&["--addr", "verify", "verify"])), Some(2));
-        assert_eq!(position(&v(&["--json", "--timeout", "3", "verify", "--json"])), Some(3));
-        assert_eq!(position(&v(&["ping", "verify"])), None);
-        assert_eq!(position(&v(&["--addr=x", "list"])), None);
+        assert!(inv(&["verify"]).is_ok());
+        assert_eq!(inv(&["--addr", "verify", "verify"]).unwrap().0.addr.as_deref(), Some("verify"));
+        let (g, _) = inv(&["--json", "--timeout", "3", "verify", "--json"]).unwrap();
+        assert!(g.json);
+        assert!(inv(&["ping", "verify"]).unwrap_err().contains("unexpected argument 'verify'"));
+        assert!(inv(&["--addr=x", "list"]).unwrap_err().contains("not verify"));
     }
 
     #[test]
     fn options_and_globals() {
-        let a = v(&["--timeout", "3", "verify", "--order", "qp-first", "--timeout", "10", "--retry-cnt=3", "--json"]);
-        let p = parse(&a, 2).unwrap();
+        let a = ["--timeout", "3", "verify", "--order", "qp-first", "--timeout", "10", "--retry-cnt=3", "--json"];
+        let (g, v) = inv(&a).unwrap();
+        let p = parse(&v).unwrap();
         assert_eq!(p.opts.order, Order::QpFirst);
         assert_eq!((p.opts.rc.timeout, p.opts.rc.retry_cnt), (10, 3));
         assert_eq!(p.opts.mode, Mode::RevokeTest);
-        assert_eq!(p.global, v(&["--timeout", "3", "--json"]));
-        let p = parse(&v(&["verify", "--cooperating", "--size", "64K", "--depth", "4", "--addr", "h:1"]), 0).unwrap();
+        // Before `verify`, --timeout is the control channel's; after it, the QP's.
+        assert_eq!((g.timeout, g.json), (Some(Duration::from_secs(3)), true));
+        let a = ["verify", "--cooperating", "--size", "64K", "--depth", "4", "--addr", "h:1"];
+        let (g, v) = inv(&a).unwrap();
+        let p = parse(&v).unwrap();
         assert_eq!((p.opts.mode, p.opts.size, p.opts.depth), (Mode::Cooperating, 65536, 4));
-        assert_eq!(p.global, v(&["--addr", "h:1"]));
-        assert!(parse(&v(&["verify", "--revoke-test", "--cooperating"]), 0).unwrap_err().contains("exclude"));
-        assert!(parse(&v(&["verify", "--order", "x"]), 0).unwrap_err().contains("mkey-first"));
-        let p = parse(&v(&["verify", "--order", "both", "--plot", "/tmp/r.svg"]), 0).unwrap();
+        assert_eq!((g.addr.as_deref(), g.timeout, g.json), (Some("h:1"), None, false));
+        // Defaults: the verifier's own.
+        let p = parsed(&["verify"]).unwrap();
+        let d = Options::default();
+        assert_eq!((p.opts.iterations, p.opts.budget, p.opts.size), (d.iterations, d.budget, d.size));
+        assert_eq!((p.opts.rc.timeout, p.udp), (RcConfig::default().timeout, "127.0.0.1:4791".parse().unwrap()));
+        assert!(parsed(&["verify", "--revoke-test", "--cooperating"]).unwrap_err().contains("cannot be used with"));
+        assert!(parsed(&["verify", "--order", "x"]).unwrap_err().contains("mkey-first"));
+        let p = parsed(&["verify", "--order", "both", "--plot", "/tmp/r.svg"]).unwrap();
         assert_eq!((p.orders, p.opts.order), (vec![Order::MkeyFirst, Order::QpFirst], Order::MkeyFirst));
         assert_eq!(p.plot, Some(PathBuf::from("/tmp/r.svg")));
-        let p = parse(&v(&["verify", "--order=qp-first"]), 0).unwrap();
+        let p = parsed(&["verify", "--order", "both", "--order=qp-first", "--depth", "2", "--depth", "3"]).unwrap();
+        assert_eq!((p.orders, p.opts.depth), (vec![Order::QpFirst], 3));
+        let p = parsed(&["verify", "--order=qp-first"]).unwrap();
         assert_eq!((p.orders, p.opts.order, p.plot), (vec![Order::QpFirst], Order::QpFirst, None));
-        assert!(parse(&v(&["verify", "--plot", "--json"]), 0).unwrap_err().contains("file name"));
-        assert!(parse(&v(&["verify", "--timeout", "40"]), 0).is_err());
-        assert!(parse(&v(&["verify", "--frob"]), 0).unwrap_err().contains("unknown option"));
-        assert!(parse(&v(&["verify", "--admin"]), 0).unwrap_err().contains("admin_key"));
+        assert!(parsed(&["verify", "--plot", "--json"]).unwrap_err().contains("--plot <FILE.svg>"));
+        assert!(parsed(&["verify", "--plot=-x"]).unwrap_err().contains("file name"));
+        assert!(parsed(&["verify", "--timeout", "40"]).unwrap_err().contains("from 1 to 31"));
+        assert!(parsed(&["verify", "--size", "17M"]).unwrap_err().contains("from 1 to 16777216 bytes"));
+        assert!(parsed(&["verify", "--frob"]).unwrap_err().contains("unexpected argument '--frob'"));
+        // --admin is a global flag: verify refuses it, and says where the admin key comes from.
+        let none = |_: &str| None;
+        let (g, v) = inv(&["verify", "--admin"]).unwrap();
+        assert!(control(&parse(&v).unwrap(), &g, &none).unwrap_err().contains("admin_key"));
     }
 
     #[test]
     fn backends() {
-        assert_eq!(parse(&v(&["verify"]), 0).unwrap().backend, Backend::Soft);
-        let p = parse(
-            &v(&[
-                "verify",
-                "--backend",
-                "verbs",
-                "--device",
-                "mlx5_0",
-                "--gid-index",
-                "3",
-                "--mac",
-                "02:00:00:00:00:09",
-            ]),
-            0,
-        )
+        assert_eq!(parsed(&["verify"]).unwrap().backend, Backend::Soft);
+        let p = parsed(&[
+            "verify",
+            "--backend",
+            "verbs",
+            "--device",
+            "mlx5_0",
+            "--gid-index",
+            "3",
+            "--mac",
+            "02:00:00:00:00:09",
+        ])
         .unwrap();
         assert_eq!(
             p.backend,
             Backend::Verbs { device: "mlx5_0".into(), gid_index: 3, port: 1, mac: Some([2, 0, 0, 0, 0, 9]) }
         );
-        assert!(parse(&v(&["verify", "--backend", "verbs"]), 0).unwrap_err().contains("--device"));
-        assert!(parse(&v(&["verify", "--device", "mlx5_0"]), 0).unwrap_err().contains("--backend verbs"));
-        assert!(parse(&v(&["verify", "--backend", "dpdk"]), 0).unwrap_err().contains("soft or verbs"));
-        assert!(parse(&v(&["verify", "--mac", "02:00"]), 0).is_err());
+        assert!(parsed(&["verify", "--backend", "verbs"]).unwrap_err().contains("--device"));
+        assert!(parsed(&["verify", "--device", "mlx5_0"]).unwrap_err().contains("--backend verbs"));
+        assert!(parsed(&["verify", "--backend", "dpdk"]).unwrap_err().contains("[possible values: soft, verbs]"));
+        assert!(parsed(&["verify", "--mac", "02:00"]).is_err());
         // Without a device (or without the feature), opening fails with a clear message, not a panic.
         let e = match verbs_requester("no-such-device", 0, 1, None, RcConfig::default(), 4, 4096) {
             Err(e) => e,
@@ -418,16 +410,14 @@ mod tests {
     #[test]
     fn qp_first_needs_the_admin_key() {
         let none = |_: &str| None;
-        let p = parse(&v(&["verify", "--order", "qp-first", "--tenant", "t", "--key", "00"]), 0).unwrap();
-        let mut ga = p.global.clone();
-        ga.push("ping".into());
-        let g = args::parse(&ga).unwrap().global;
-        let e = control(&p, &g, &none).unwrap_err();
+        let (g, v) = inv(&["verify", "--order", "qp-first", "--tenant", "t", "--key", "00"]).unwrap();
+        let e = control(&parse(&v).unwrap(), &g, &none).unwrap_err();
         assert!(e.contains("only the admin") && e.contains("admin key"), "{e}");
-        let p = parse(&v(&["verify", "--order", "both", "--tenant", "t", "--key", "00"]), 0).unwrap();
-        assert!(control(&p, &g, &none).unwrap_err().contains("only the admin"));
-        let p = parse(&v(&["verify", "--order=qp-first", "--tenant", "t", "--key", "00", "--admin-key", "01"]), 0);
-        let c = control(&p.unwrap(), &g, &none).unwrap();
+        let (g, v) = inv(&["verify", "--order", "both", "--tenant", "t", "--key", "00"]).unwrap();
+        assert!(control(&parse(&v).unwrap(), &g, &none).unwrap_err().contains("only the admin"));
+        let a = ["verify", "--order=qp-first", "--tenant", "t", "--key", "00", "--admin-key", "01"];
+        let (g, v) = inv(&a).unwrap();
+        let c = control(&parse(&v).unwrap(), &g, &none).unwrap();
         assert_eq!(c.admin.unwrap().key, vec![1]);
     }
 }

@@ -1,6 +1,6 @@
 //! Completion queues (`mlx5_ifc.h`: `create_cq_in/out`, `cqc`, `destroy_cq_in`, `query_cq_in/out`) and the
 //! 64-byte CQE (`device.h` `struct mlx5_cqe64` / `struct mlx5_err_cqe`, opcodes and syndromes from `cq.h`;
-//! facts §e.4, §f.2, §f.4).
+//! docs/reference/mlx5.md §e.4, §f.2, §f.4).
 
 use crate::command::{Command, Output};
 use crate::handles::{Cqn, Eqn, UarPage};

@@ -1,7 +1,7 @@
 //! Event queues (`mlx5_ifc.h`: `create_eq_in/out`, `eqc`, `destroy_eq_in`, `query_eq_in/out`, `eqe`,
 //! `pages_req_event`, `cmd_inter_comp_event`, `comp_event`, `qp_events`, `cq_error`,
 //! `port_state_change_event`), the event types of `device.h` `enum mlx5_event`, and the EQ doorbell in the
-//! UAR page (facts §f.4, Linux `core/lib/eq.h` `eq_update_ci`).
+//! UAR page (docs/reference/mlx5.md §f.4, Linux `core/lib/eq.h` `eq_update_ci`).
 
 use crate::command::{Command, Output};
 use crate::field;
@@ -285,7 +285,7 @@ mod tests {
         // eqc dword 9 (byte 0x24): intr [11:0].
         assert_eq!(be32(b, 0x24), 3);
         assert_eq!(be32(b, 0x28), 0);
-        // CMD (0xA) is byte 0x5e bit 2, PAGE_REQUEST (0xB) byte 0x5e bit 3 (facts §e.3).
+        // CMD (0xA) is byte 0x5e bit 2, PAGE_REQUEST (0xB) byte 0x5e bit 3 (docs/reference/mlx5.md §e.3).
         assert_eq!(b[0x5e], 0x0c);
         assert_eq!(be64(b, 0x58), 0xc00);
         assert_eq!(be64(b, 0x110), 0x10_0000);

@@ -1,7 +1,7 @@
 //! Flow steering for the RDMA_RX domain (`mlx5_ifc.h`: `create_flow_table_in/out`, `flow_table_context`,
 //! `destroy_flow_table_in`, `create_flow_group_in/out`, `destroy_flow_group_in`, `set_fte_in`,
 //! `flow_context`, `delete_fte_in`, `set_flow_table_root_in`, `fte_match_param`, `fte_match_set_misc`;
-//! facts §e.7, §h). The one match we use is `misc_parameters.bth_dst_qp` (a QPN), the one action DROP.
+//! docs/reference/mlx5.md §e.7, §h). The one match we use is `misc_parameters.bth_dst_qp` (a QPN), the one action DROP.
 
 use crate::command::{Command, Output};
 use crate::handles::{FlowGroupId, FlowIndex, FlowTableId, Qpn};

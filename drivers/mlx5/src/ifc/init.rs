@@ -1,7 +1,7 @@
 //! Bring-up and tear-down commands (`mlx5_ifc.h`: `enable_hca_in`, `disable_hca_in`, `parse_query_issi`,
 //! `set_issi_in`, `query_pages_in/out`, `manage_pages_in/out`, `query_hca_cap_in/out`, `set_hca_cap_in`,
 //! `init_hca_in`, `teardown_hca_in/out`, `access_register_in/out`) and the capability blocks we read and
-//! write (`cmd_hca_cap`, `roce_cap`). Sequence and values follow Linux `core/main.c` (facts §b.2).
+//! write (`cmd_hca_cap`, `roce_cap`). Sequence and values follow Linux `core/main.c` (docs/reference/mlx5.md §b.2).
 
 use alloc::vec;
 use alloc::vec::Vec;

@@ -1,5 +1,6 @@
 //! Memory keys (`mlx5_ifc.h`: `create_mkey_in/out`, `mkc`, `mtt`, `destroy_mkey_in`, `query_mkey_in/out`;
-//! facts §e.2). MTT mode over a list of equal pages (4 KiB or 2 MiB), or PA mode for a whole-memory key.
+//! docs/reference/mlx5.md §e.2). MTT mode over a list of equal pages (4 KiB or 2 MiB), or PA mode for a whole-memory
+//! key.
 
 use alloc::vec::Vec;
 
@@ -11,7 +12,7 @@ pub const MLX5_CMD_OP_CREATE_MKEY: u16 = 0x200;
 pub const MLX5_CMD_OP_QUERY_MKEY: u16 = 0x201;
 pub const MLX5_CMD_OP_DESTROY_MKEY: u16 = 0x202;
 
-/// `query_mkey_out`: mkc at 0x10, the first four MTTs at 0x110 (measured; not in `mlx5-layouts.txt`).
+/// `query_mkey_out`: mkc at 0x10, the first four MTTs at 0x110 (read from `mlx5_ifc.h` by hand).
 pub const QUERY_MKEY_OUT_LEN: usize = 0x130;
 
 /// `mkc.access_mode_1_0` (`mlx5_ifc.h:4289-4297`).

@@ -1,6 +1,6 @@
 //! Command builders and output parsers, one module per PRM concept, each encoding fields exactly at the bit
-//! offsets `mlx5_ifc.h` gives (`../shared/reference/mlx5-layouts.txt`; structures missing there were measured
-//! with `offsetof` over Linux 6.12's `mlx5_ifc.h`). Builders return a [`Command`] carrying the key attributes
+//! offsets `mlx5_ifc.h` gives (as `offsetof` gives them, docs/reference/mlx5.md §0; structures missing there were
+//! measured with `offsetof` over Linux 6.12's `mlx5_ifc.h`). Builders return a [`Command`] carrying the key attributes
 //! for error reports; parsers take the [`Output`](crate::command::Output) of a command that succeeded
 //! (`parse_*` in `init`, `resources`, `eq`, `cq`; `*_out` in `mkey`, `qp`, `vport`, `flow`).
 //!

@@ -1,7 +1,7 @@
 //! RC queue pairs (`mlx5_ifc.h`: `create_qp_in/out`, `qpc`, `ads`, `rst2init_qp_in`, `init2rtr_qp_in`,
 //! `rtr2rts_qp_in`, `qp_2err_in`, `qp_2rst_in`, `destroy_qp_in`, `query_qp_in/out`; states and service
 //! types from `qp.h`). What each transition sets follows Linux `infiniband/hw/mlx5/qp.c` for a kernel RC QP
-//! on RoCEv2 (facts §e.5). `qpc` sits at byte 0x18 (bit 0xc0) of every one of these structures.
+//! on RoCEv2 (docs/reference/mlx5.md §e.5). `qpc` sits at byte 0x18 (bit 0xc0) of every one of these structures.
 
 use crate::command::{Command, Output};
 use crate::handles::{Cqn, Pdn, Qpn, UarPage};

@@ -1,7 +1,7 @@
 //! The port as the function sees it (`mlx5_ifc.h`: `query_nic_vport_context_in/out`, `nic_vport_context`,
 //! `modify_nic_vport_context_in`, `modify_nic_vport_field_select`, `query_vport_state_in/out`,
 //! `query_roce_address_in/out`, `set_roce_address_in`, `roce_addr_layout`, and through ACCESS_REG the
-//! `pmtu_reg` and `paos_reg` registers; facts §e.5, §e.6).
+//! `pmtu_reg` and `paos_reg` registers; docs/reference/mlx5.md §e.5, §e.6).
 
 use crate::command::{Command, Output};
 use crate::ifc::CMD_HDR_LEN;

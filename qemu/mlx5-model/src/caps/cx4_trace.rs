@@ -1,5 +1,5 @@
 //! Capability blocks a real ConnectX-4 (firmware 14.12.1220) returned to Linux in
-//! `reference/trace-mlx5_core-connectx4.txt.gz`: for each QUERY_HCA_CAP op_mod, the first output in the trace,
+//! `tests/data/trace-mlx5_core-connectx4.txt.gz`: for each QUERY_HCA_CAP op_mod, the first output in the trace,
 //! as the non-zero big-endian dwords of the 4 KiB capability block (byte offset, value). Extracted mechanically
 //! from the hexdump; not edited by hand.
 

@@ -1,5 +1,5 @@
 //! QUERY_HCA_CAP and SET_HCA_CAP (`mlx5_ifc.h` `query_hca_cap_in/out`, `set_hca_cap_in`; op_mod =
-//! `(cap_type << 1) | current` for queries and `cap_type << 1` for SET; facts §b.2 step 11, §e.1).
+//! `(cap_type << 1) | current` for queries and `cap_type << 1` for SET; docs/reference/mlx5.md §b.2 step 11, §e.1).
 
 use super::{CmdResult, Ctx, need_enabled, reason, status};
 use crate::caps::{CAP_SIZE, SetCapError};

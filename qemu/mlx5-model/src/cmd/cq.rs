@@ -1,5 +1,5 @@
-//! CREATE_CQ, DESTROY_CQ (`mlx5_ifc.h` `create_cq_in/out`, `cqc`, `destroy_cq_in`; facts §e.4, §f.3). The
-//! CQ's events go to the EQ `c_eqn` names, which must exist; `dbr_addr` is the 8-byte doorbell record
+//! CREATE_CQ, DESTROY_CQ (`mlx5_ifc.h` `create_cq_in/out`, `cqc`, `destroy_cq_in`; docs/reference/mlx5.md §e.4, §f.3).
+//! The CQ's events go to the EQ `c_eqn` names, which must exist; `dbr_addr` is the 8-byte doorbell record
 //! (`set_ci`, `arm`) in guest RAM.
 
 use super::eq::{pages_for, read_pas};

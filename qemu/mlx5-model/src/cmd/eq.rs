@@ -1,5 +1,5 @@
 //! CREATE_EQ, DESTROY_EQ, QUERY_EQ (`mlx5_ifc.h` `create_eq_in/out`, `eqc`, `destroy_eq_in`, `query_eq_in/out`;
-//! facts §e.3). The EQ buffer is the PAS list of the input (pages of `2^(12 + log_page_size)` bytes).
+//! docs/reference/mlx5.md §e.3). The EQ buffer is the PAS list of the input (pages of `2^(12 + log_page_size)` bytes).
 
 use super::{CmdError, CmdResult, Ctx, need_initialized, reason, status};
 use crate::caps::cmd_hca_cap;

@@ -1,8 +1,9 @@
 //! CREATE_FLOW_TABLE, DESTROY_FLOW_TABLE, CREATE_FLOW_GROUP, DESTROY_FLOW_GROUP, SET_FLOW_TABLE_ENTRY,
 //! DELETE_FLOW_TABLE_ENTRY, SET_FLOW_TABLE_ROOT for NIC_RX and RDMA_RX (`mlx5_ifc.h` `create_flow_table_in`,
 //! `flow_table_context`, `destroy_flow_table_in`, `create_flow_group_in`, `destroy_flow_group_in`,
-//! `set_fte_in`, `flow_context`, `dest_format_struct`, `delete_fte_in`, `set_flow_table_root_in`; facts §e.7).
-//! An occupied flow_index gives status 0x08, as seed 000 §3.2 observed on a CX-5.
+//! `set_fte_in`, `flow_context`, `dest_format_struct`, `delete_fte_in`, `set_flow_table_root_in`;
+//! docs/reference/mlx5.md §e.7). An occupied flow_index gives status 0x08, as docs/reference/revoke-spec.md §3.2
+//! observed on a CX-5.
 
 use super::{CmdError, CmdResult, Ctx, need_initialized, reason, status};
 use crate::flow::{self, DEST_FLOW_TABLE, FlowGroup, FlowTable, Fte, action, miss};
@@ -160,7 +161,7 @@ pub fn create_flow_table(hca: &mut Hca, c: &Ctx) -> CmdResult {
                 return Err(bad(c, reason::FT_BAD_DESTINATION));
             }
         }
-        // Continue to normal RDMA processing: only for RDMA_RX (facts §h.2).
+        // Continue to normal RDMA processing: only for RDMA_RX (docs/reference/mlx5.md §h).
         miss::SWITCH_DOMAIN if table_type == flow::RDMA_RX && miss_id == 0 => {}
         _ => return Err(bad(c, reason::FT_BAD_ACTION)),
     }
@@ -272,7 +273,7 @@ pub fn destroy_flow_group(hca: &mut Hca, c: &Ctx) -> CmdResult {
 
 pub fn set_flow_table_entry(hca: &mut Hca, c: &Ctx) -> CmdResult {
     c.need_input(fte::SIZE)?;
-    // op_mod 1 (modify in place) is not modelled: seed 000 saw no modify-in-place on a CX-5.
+    // op_mod 1 (modify in place) is not modelled: a CX-5 has none (docs/reference/revoke-spec.md §3.2).
     c.op_mod_in(&[0])?;
     let fc = |x: Field| x.at(fte::FC);
     let mut known = vec![
@@ -305,7 +306,7 @@ pub fn set_flow_table_entry(hca: &mut Hca, c: &Ctx) -> CmdResult {
         return Err(bad(c, reason::FT_BAD_INDEX));
     }
     if t.entries.contains_key(&index) {
-        // Seed 000 §3.2: SET_FLOW_TABLE_ENTRY on an occupied flow_index returned status 0x08.
+        // docs/reference/revoke-spec.md §3.2: SET_FLOW_TABLE_ENTRY on an occupied flow_index returned status 0x08.
         return Err(c.err(status::LIM_ERR, reason::FT_INDEX_OCCUPIED));
     }
     let act = c.get(fc(fte::ACTION)) as u16;
@@ -370,7 +371,7 @@ pub fn delete_flow_table_entry(hca: &mut Hca, c: &Ctx) -> CmdResult {
 
 pub fn set_flow_table_root(hca: &mut Hca, c: &Ctx) -> CmdResult {
     c.need_input(0x40)?;
-    // op_mod 0 connects `table_id` as the root, 1 disconnects (facts §e.7).
+    // op_mod 0 connects `table_id` as the root, 1 disconnects (docs/reference/mlx5.md §e.7).
     c.op_mod_in(&[0, 1])?;
     c.reserved_zero(
         0x40,
@@ -395,7 +396,7 @@ pub fn set_flow_table_root(hca: &mut Hca, c: &Ctx) -> CmdResult {
     {
         return Err(bad(c, reason::WRONG_FUNCTION));
     }
-    // underlay_qpn is for IPoIB on an IB port (facts §h.8); the model's port is Ethernet.
+    // underlay_qpn is for IPoIB on an IB port (docs/reference/mlx5.md §h); the model's port is Ethernet.
     if c.get(root::UNDERLAY_QPN) != 0 {
         return Err(bad(c, reason::UNSUPPORTED_FEATURE));
     }

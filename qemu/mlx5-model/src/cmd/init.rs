@@ -1,6 +1,6 @@
 //! Function life cycle: ENABLE_HCA, DISABLE_HCA, QUERY_ISSI, SET_ISSI, INIT_HCA, TEARDOWN_HCA, QUERY_ADAPTER
 //! (`mlx5_ifc.h` `enable_hca_in`, `disable_hca_in`, `query_issi_out`, `set_issi_in`, `init_hca_in`,
-//! `teardown_hca_in/out`, `query_adapter_out`; Linux bring-up order facts §b.2, teardown §b.4).
+//! `teardown_hca_in/out`, `query_adapter_out`; Linux bring-up order docs/reference/mlx5.md §b.2, teardown §b.4).
 
 use super::{CmdResult, Ctx, EMBEDDED_CPU_FUNCTION, FUNCTION_ID, need_enabled, need_own_function, reason, status};
 use crate::hca::{FnState, Hca};

@@ -1,5 +1,5 @@
 //! CREATE_MKEY, QUERY_MKEY, DESTROY_MKEY (`mlx5_ifc.h` `create_mkey_in/out`, `mkc`, `query_mkey_in/out`,
-//! `destroy_mkey_in`; facts §e.2). PA and MTT access modes; the MTT list comes from the input mailbox
+//! `destroy_mkey_in`; docs/reference/mlx5.md §e.2). PA and MTT access modes; the MTT list comes from the input mailbox
 //! (`klm_pas_mtt` at byte 0x110).
 
 use super::{CmdResult, Ctx, need_initialized, reason, status};

@@ -1,4 +1,4 @@
-//! Command execution: the output header (`status`, `syndrome`; facts §c.6), the status codes, and the
+//! Command execution: the output header (`status`, `syndrome`; docs/reference/mlx5.md §c.6), the status codes, and the
 //! dispatch from opcode to the handlers, one file per concept. Every handler validates its input before it
 //! changes any state: length (`BAD_INP_LEN`), op_mod and reserved fields (`BAD_PARAM`), device and object
 //! state (`BAD_SYS_STATE`, `BAD_RES_STATE`), limits (`NO_RES`).

@@ -1,4 +1,5 @@
-//! QUERY_PAGES and MANAGE_PAGES (`mlx5_ifc.h` `query_pages_in/out`, `manage_pages_in/out`; facts §b.3).
+//! QUERY_PAGES and MANAGE_PAGES (`mlx5_ifc.h` `query_pages_in/out`, `manage_pages_in/out`; docs/reference/mlx5.md
+//! §b.3).
 
 use super::{CmdResult, Ctx, EMBEDDED_CPU_FUNCTION, FUNCTION_ID, need_enabled, need_own_function, reason, status};
 use crate::hca::{FnState, Hca};

@@ -1,7 +1,7 @@
 //! CREATE_QP, QUERY_QP, DESTROY_QP and the RC state transitions RST2INIT_QP, INIT2RTR_QP, RTR2RTS_QP,
 //! RTS2RTS_QP, 2ERR_QP, 2RST_QP (`mlx5_ifc.h` `create_qp_in/out`, `query_qp_in/out`, `destroy_qp_in`,
 //! `rst2init_qp_in`, `init2rtr_qp_in`, `rtr2rts_qp_in`, `rts2rts_qp_in`, `qp_2err_in`, `qp_2rst_in`, `qpc`,
-//! `ads`; facts §e.5). Which fields each transition takes follows Linux `__mlx5_ib_modify_qp`
+//! `ads`; docs/reference/mlx5.md §e.5). Which fields each transition takes follows Linux `__mlx5_ib_modify_qp`
 //! (`infiniband/hw/mlx5/qp.c`) and its `opt_mask` table; a command from the wrong state is `BAD_QP_STATE`.
 
 use super::{CmdError, CmdResult, Ctx, need_initialized, reason, status};
@@ -27,7 +27,7 @@ const PAS: usize = 0x110;
 /// `query_qp_out`: fixed part up to the `pas` union.
 const QUERY_QP_OUT_FIXED: usize = 0x110;
 
-/// `cmd_hca_cap.log_max_qp_sz` and `log_max_msg` (`mlx5-layouts.txt`).
+/// `cmd_hca_cap.log_max_qp_sz` and `log_max_msg` (`mlx5_ifc.h`).
 const LOG_MAX_QP_SZ: Field = Field::new(0x88, 8);
 const LOG_MAX_MSG: Field = Field::new(0x1c3, 5);
 /// Largest WQ buffer page the model accepts (`qpc.log_page_size` is log2(page / 4 KiB)): 1 GiB.

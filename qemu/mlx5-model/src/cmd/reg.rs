@@ -1,4 +1,4 @@
-//! ACCESS_REGISTER (`mlx5_ifc.h` `access_register_in/out`; facts §d, §e.6): op_mod 0 writes, 1 reads
+//! ACCESS_REGISTER (`mlx5_ifc.h` `access_register_in/out`; docs/reference/mlx5.md §d, §e.6): op_mod 0 writes, 1 reads
 //! (`core/port.c:57`); the register data follows the 16-byte header in both input and output. Registers:
 //! PAOS (`paos_reg`), PMTU (`pmtu_reg`) and HOST_ENDIANNESS (`device.h` `mlx5_reg_host_endianness`, which
 //! Linux writes during bring-up, reference trace).

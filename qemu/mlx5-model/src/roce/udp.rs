@@ -1,4 +1,4 @@
-//! The virtual cable's socket: each UDP datagram carries one whole Ethernet frame (`reference/roce-facts.md`).
+//! The virtual cable's socket: each UDP datagram carries one whole Ethernet frame (`docs/reference/roce.md`).
 //! Received frames go to [`responder::handle_into`]; replies go back to the datagram's source address. This is
 //! the only I/O of the dataplane; the caller owns the loop, so it can interleave the command side's polling and
 //! choose how to share the tables.

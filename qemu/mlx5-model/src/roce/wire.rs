@@ -1,5 +1,5 @@
 //! RoCEv2 frames as carried on the model's virtual cable: Ethernet II + IPv4 + UDP (destination port 4791) + BTH
-//! + extension headers + payload + pad + ICRC, one frame per UDP datagram (`reference/roce-facts.md`).
+//! + extension headers + payload + pad + ICRC, one frame per UDP datagram (`docs/reference/roce.md`).
 //!
 //! Header layouts follow the IBTA Vol. 1 transport headers (BTH 9.2, RETH 9.3.3, AETH 9.3.5) and the RoCEv2
 //! annex (A17.4 ICRC); names follow Linux `drivers/infiniband/sw/rxe/rxe_hdr.h` and `include/rdma/ib_pack.h`.

@@ -1,5 +1,5 @@
-//! Test-side builders for PD/UAR/MKEY/RC QP commands, written from `mlx5_ifc.h` offsets (facts §e.2, §e.5)
-//! independently of the model's code.
+//! Test-side builders for PD/UAR/MKEY/RC QP commands, written from `mlx5_ifc.h` offsets (docs/reference/mlx5.md §e.2,
+//! §e.5) independently of the model's code.
 #![allow(dead_code)]
 
 use crate::common::{Drv, be32, cmd, create_eq_cq, put32};
@@ -29,7 +29,7 @@ pub const QP_2ERR: u16 = 0x507;
 pub const QP_2RST: u16 = 0x50a;
 pub const QUERY_QP: u16 = 0x50b;
 
-/// Absolute bit offsets inside create_qp_in / *2*_qp_in / query_qp_out (facts §e.5 table).
+/// Absolute bit offsets inside create_qp_in / *2*_qp_in / query_qp_out (docs/reference/mlx5.md §e.5 table).
 pub mod bit {
     pub const QPN: usize = 0x048;
     pub const OPT_PARAM_MASK: usize = 0x080;
