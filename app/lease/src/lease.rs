@@ -7,6 +7,9 @@ use alloc::vec::Vec;
 use leasebox_mlx5::handles::{FlowIndex, Mkey, Pdn, Qpn};
 use leasebox_proto::{LeaseId, LeaseState};
 
+use crate::config::RevokeOrder;
+use crate::service::plan::Steps;
+
 /// Teardown steps, as bits of a fenced slot's failed-step mask (FENCED_SUMMARY `failed_mask`).
 pub mod step_bit {
     pub const DESTROY_MKEY: u32 = 1 << 0;
@@ -170,11 +173,13 @@ pub struct Lease<T> {
     pub qp_in_err: bool,
     /// The MKEY variant its CREATE_MKEY used.
     pub variant: u8,
-    /// Steps still to run, in order, and the one in flight (its tag).
-    pub plan: Vec<Step>,
+    /// Steps of the current phase tried and failed so far (the plan's view), and the one in flight (its tag).
+    pub tried: Steps,
+    pub failed: Steps,
     pub in_flight: Option<(u64, Step)>,
-    /// Immediate-phase bookkeeping.
+    /// Immediate-phase bookkeeping: why and in which order.
     pub cause: Option<Cause>,
+    pub order: RevokeOrder,
     pub waiters: Vec<Waiter<T>>,
     /// ALLOC's answer goes here when the lease is built.
     pub alloc_ticket: Option<(T, u64)>,

@@ -26,6 +26,8 @@ pub enum Command {
     Ping,
     /// LIST, every page.
     List,
+    /// FENCED_SUMMARY, every page.
+    Fenced,
     /// One request, one answer.
     Call(Request),
 }
@@ -173,7 +175,7 @@ pub fn parse(args: &[String]) -> Result<Invocation, String> {
         "list" => Command::List,
         "stats" => Command::Call(Request::Stats),
         "health" => Command::Call(Request::Health),
-        "fenced" => Command::Call(Request::FencedSummary),
+        "fenced" => Command::Fenced,
         "alloc" => Command::Call(Request::Alloc(AllocReq {
             size: parse_size(f.required("--size")?)?,
             access: f.get("--access").map_or(Ok(access::REMOTE_READ | access::REMOTE_WRITE), parse_access)?,
@@ -384,7 +386,7 @@ mod tests {
         assert!(err(&["free"]).contains("needs a LEASE"));
         assert!(err(&["free", "3"]).contains("SLOT.GENERATION"));
         assert_eq!(cmd(&["list"]), Command::List);
-        assert_eq!(cmd(&["fenced"]), Command::Call(Request::FencedSummary));
+        assert_eq!(cmd(&["fenced"]), Command::Fenced);
         assert_eq!(cmd(&["health"]), Command::Call(Request::Health));
     }
 

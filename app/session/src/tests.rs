@@ -300,8 +300,8 @@ fn lease_ops_are_not_implemented_yet_and_bye_closes() {
         let a = exchange(&mut s, ConnId(1), &req(r, id as u32), 0);
         assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::NotImplemented));
     }
-    let a = exchange(&mut s, ConnId(1), &req(Request::FencedSummary, 8), 0);
-    assert!(matches!(&a[0].1, Ans::Ok(Response::FencedSummary { slots }) if slots.is_empty()));
+    let a = exchange(&mut s, ConnId(1), &req(Request::FencedSummary { cursor: 0, max: 128 }, 8), 0);
+    assert!(matches!(&a[0].1, Ans::Ok(Response::FencedSummary { next_cursor: 0, slots }) if slots.is_empty()));
     let a = exchange(&mut s, ConnId(1), &req(Request::Bye, 9), 0);
     assert!(matches!(a[0], (9, Ans::Ok(Response::Bye))));
     assert!(s.wants_close(ConnId(1)));
@@ -495,8 +495,8 @@ impl Backend for Deferring {
         revoke_us.record(700);
         LeaseStats { by_state: [0, 2, 0, 0, 1], allocs: 3, revoke_us, ..LeaseStats::default() }
     }
-    fn fenced(&mut self, _who: &Principal) -> Vec<leasebox_proto::FencedSlot> {
-        Vec::new()
+    fn fenced(&mut self, _who: &Principal, _cursor: u32, _max: u16) -> (u32, Vec<leasebox_proto::FencedSlot>) {
+        (0, Vec::new())
     }
     fn health(&mut self, now_ms: u64) -> leasebox_proto::Health {
         NoLeases::default().health(now_ms)
