@@ -291,7 +291,7 @@ impl<P: Platform> CommandEngine<P> {
                     Ok(_) => self.pages.in_flight = Some((tag, pages, give)),
                     Err(e) => {
                         self.pages.in_flight = Some((tag, pages, give));
-                        let c = Completion { tag, slot: 0xff, result: Err(e), elapsed_ns: 0 };
+                        let c = Completion { tag, slot: 0xff, result: Err(e), elapsed_ns: 0, hca_ns: 0 };
                         self.pages.complete(self.p.as_ref(), &c);
                     }
                 }
@@ -302,7 +302,7 @@ impl<P: Platform> CommandEngine<P> {
             let Some(r) = self.requests.pop() else { break };
             did = true;
             if let Err(e) = self.q.submit(self.p.as_ref(), r.tag, &r.cmd) {
-                self.done.push(Completion { tag: r.tag, slot: 0xff, result: Err(e), elapsed_ns: 0 });
+                self.done.push(Completion { tag: r.tag, slot: 0xff, result: Err(e), elapsed_ns: 0, hca_ns: 0 });
             }
         }
         self.q.poll(self.p.as_ref(), &mut self.done);
@@ -340,6 +340,7 @@ impl<P: Platform> CommandEngine<P> {
                 slot: 0xff,
                 result: Err(r.cmd.error(ErrorKind::Shutdown)),
                 elapsed_ns: 0,
+                hca_ns: 0,
             });
         }
         (self.q, self.pages)

@@ -154,11 +154,12 @@ fn qp_base<T>(l: &Lease<T>, hca: &HcaCtx) -> Option<QpBase> {
     Some(QpBase { qpn: l.qpn?, pd: l.pd?, cqn_snd: hca.cqn, cqn_rcv: hca.cqn })
 }
 
-/// The HCA command of `step` for lease `l` in `slot` during `stage`; `None` when the object it needs is gone.
+/// The HCA command of `step` for lease `l` in `slot` during `stage`, naming the slot for error reports; `None`
+/// when the object it needs is gone.
 pub fn command<T>(step: Step, stage: Stage, l: &Lease<T>, slot: u32, c: &CmdCtx) -> Option<Command> {
     let hca = &c.hca;
     let remote = |bit| l.access & bit != 0;
-    match step {
+    let cmd = match step {
         Step::AllocPd => Some(ifc::resources::alloc_pd()),
         Step::CreateMkey => {
             let mut a = MkeyAccess::LOCAL_READ | MkeyAccess::LOCAL_WRITE;
@@ -181,7 +182,6 @@ pub fn command<T>(step: Step, stage: Stage, l: &Lease<T>, slot: u32, c: &CmdCtx)
                     log_page_size: c.extent_log,
                     pages: &l.extents,
                 })
-                .with("slot", u64::from(slot))
             })
         }
         Step::CreateQp => l.pd.map(|pd| {
@@ -198,7 +198,6 @@ pub fn command<T>(step: Step, stage: Stage, l: &Lease<T>, slot: u32, c: &CmdCtx)
                 dbr_addr: l.qp_dbr,
                 pages: &[l.qp_buf],
             })
-            .with("slot", u64::from(slot))
         }),
         Step::Rst2Init => qp_base(l, hca).map(|b| {
             let qa = QpAccess {
@@ -236,7 +235,7 @@ pub fn command<T>(step: Step, stage: Stage, l: &Lease<T>, slot: u32, c: &CmdCtx)
             } else {
                 k.index()
             };
-            ifc::mkey::destroy_mkey(index).with("slot", u64::from(slot))
+            ifc::mkey::destroy_mkey(index)
         }),
         Step::Qp2Err => l.qpn.map(ifc::qp::qp_2err),
         Step::Qp2Rst => l.qpn.map(ifc::qp::qp_2rst),
@@ -257,7 +256,8 @@ pub fn command<T>(step: Step, stage: Stage, l: &Lease<T>, slot: u32, c: &CmdCtx)
             _ => None,
         },
         Step::DeallocPd => l.pd.map(ifc::resources::dealloc_pd),
-    }
+    };
+    cmd.map(|cmd| cmd.with("slot", u64::from(slot)))
 }
 
 #[cfg(test)]
