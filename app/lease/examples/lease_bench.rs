@@ -57,9 +57,8 @@ const RAM_PER_LEASE: usize = 12 << 10;
 
 type BenchHost = PlatformHost<HostedPlatform>;
 
-/// A command handed to the client: the service's tag and what it is.
+/// A command handed to the client (under the service's tag, as `Link::step` does): the slot it is for.
 struct Sent {
-    svc_tag: u64,
     slot: Option<u32>,
 }
 
@@ -195,7 +194,7 @@ impl Core {
         while let Some(c) = self.client.poll() {
             let Some(s) = self.tags.remove(&c.tag) else { continue };
             let t = Instant::now();
-            self.svc.hca_done(s.svc_tag, c.result, now, &mut self.host);
+            self.svc.hca_done(c.tag, c.result, now, &mut self.host);
             let cpu = elapsed_ns(t);
             self.cpu_ns_total += cpu;
             self.done.push(Done { slot: s.slot, held_ns: c.hca_ns, cpu_ns: cpu });
@@ -215,9 +214,9 @@ impl Core {
             let Some((svc_tag, cmd)) = self.svc.next_command() else { break };
             let opcode = cmd.opcode();
             let slot = cmd.attrs().get("slot").map(|s| s as u32);
-            match self.client.submit(cmd) {
-                Ok(ct) => {
-                    self.tags.insert(ct, Sent { svc_tag, slot });
+            match self.client.submit_as(svc_tag, cmd) {
+                Ok(()) => {
+                    self.tags.insert(svc_tag, Sent { slot });
                     *self.submitted.entry(opcode).or_default() += 1;
                 }
                 Err(cmd) => {

@@ -129,6 +129,36 @@ pub struct Waiter<T> {
     pub since_us: u64,
 }
 
+/// The clients waiting for a revoke's outcome. The first is kept inline: a revoke that nobody repeats (almost
+/// every one) allocates nothing.
+#[derive(Debug)]
+pub struct Waiters<T> {
+    first: Option<Waiter<T>>,
+    more: Vec<Waiter<T>>,
+}
+
+impl<T> Default for Waiters<T> {
+    fn default() -> Self {
+        Waiters { first: None, more: Vec::new() }
+    }
+}
+
+impl<T> Waiters<T> {
+    pub fn push(&mut self, w: Waiter<T>) {
+        if self.first.is_none() {
+            self.first = Some(w);
+        } else {
+            self.more.push(w);
+        }
+    }
+
+    /// Every waiter, in arrival order; none left behind.
+    pub fn take(&mut self) -> impl Iterator<Item = Waiter<T>> + use<T> {
+        let w = core::mem::take(self);
+        w.first.into_iter().chain(w.more)
+    }
+}
+
 /// What a fenced slot keeps for post-mortems.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FenceInfo {
@@ -180,7 +210,7 @@ pub struct Lease<T> {
     /// Immediate-phase bookkeeping: why and in which order.
     pub cause: Option<Cause>,
     pub order: RevokeOrder,
-    pub waiters: Vec<Waiter<T>>,
+    pub waiters: Waiters<T>,
     /// ALLOC's answer goes here when the lease is built.
     pub alloc_ticket: Option<(T, u64)>,
     /// Steps that failed so far (a fence needs at least one).

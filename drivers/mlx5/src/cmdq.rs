@@ -120,6 +120,7 @@ pub struct CmdQueue {
     timeout_ns: u64,
     /// Set by the health monitor: the command interface is no longer trusted.
     fatal: Option<u8>,
+    /// One bit per slot that is not Free (busy or quarantined).
     busy_mask: u32,
     /// Shared so the control channel and the panic path can read it while the engine runs on its core.
     log: Arc<Mutex<CmdLog>>,
@@ -206,9 +207,16 @@ impl CmdQueue {
         }
     }
 
+    /// The free slots of `class`, one bit each (`busy_mask` has a bit for every slot not Free).
+    fn free_mask(&self, class: SlotClass) -> u32 {
+        let r = self.range(class);
+        let class_bits = ((1u64 << r.end) - (1u64 << r.start)) as u32;
+        class_bits & !self.busy_mask
+    }
+
     /// A free slot for `class`, if any.
     pub fn has_free(&self, class: SlotClass) -> bool {
-        self.range(class).any(|i| matches!(self.slots[i].state, State::Free))
+        self.free_mask(class) != 0
     }
 
     /// Commands posted and not yet completed (quarantined slots not counted).
@@ -238,11 +246,11 @@ impl CmdQueue {
         if out_len > MAX_MSG {
             return Err(cmd.error(ErrorKind::TooLarge { len: out_len }));
         }
-        let class = SlotClass::of(cmd);
-        let slot = self
-            .range(class)
-            .find(|&i| matches!(self.slots[i].state, State::Free))
-            .ok_or_else(|| cmd.error(ErrorKind::Busy))?;
+        let free = self.free_mask(SlotClass::of(cmd));
+        if free == 0 {
+            return Err(cmd.error(ErrorKind::Busy));
+        }
+        let slot = free.trailing_zeros() as usize;
         self.token = self.token.wrapping_add(1);
         if self.token == 0 {
             self.token = 1;

@@ -440,6 +440,15 @@ impl Client {
         }
     }
 
+    /// Queues `cmd` under the caller's `tag` (its completion carries it back, so the caller needs no map of its
+    /// own); gives the command back when the ring is full. The caller keeps its tags unique among those
+    /// outstanding, apart from [`Client::submit`]'s (which count up from 1), and clear of bit 63 (the command
+    /// engine's own).
+    pub fn submit_as(&mut self, tag: u64, cmd: Command) -> Result<(), Command> {
+        debug_assert_eq!(tag & INTERNAL_TAG, 0, "bit 63 marks the command engine's own tags");
+        self.requests.push(Request { tag: tag & !INTERNAL_TAG, cmd }).map_err(|r| r.cmd)
+    }
+
     pub fn poll(&mut self) -> Option<Completion> {
         self.completions.pop()
     }

@@ -3,13 +3,12 @@
 
 use alloc::format;
 use alloc::string::{String, ToString};
-use alloc::vec::Vec;
 
 use leasebox_proto::{AllocReq, AllocResp, ErrorBody, ErrorCode, LeaseId, Reply, Response, access, mtu_bytes};
 
 use super::plan::{QP_BUF, QP_DBR, Steps};
 use super::{Host, LeaseService, Who, err};
-use crate::lease::{Lease, Phase, Slot};
+use crate::lease::{Lease, Phase, Slot, Waiters};
 
 fn bad(field: &str, why: &str) -> ErrorBody {
     err(ErrorCode::BadParam, &format!("ALLOC: field '{field}' {why}"))
@@ -113,7 +112,7 @@ impl<T: Copy> LeaseService<T> {
             in_flight: None,
             cause: None,
             order: self.cfg.order,
-            waiters: Vec::new(),
+            waiters: Waiters::default(),
             alloc_ticket: Some((ticket, now_us)),
             failed_mask: 0,
             failure: String::new(),

@@ -85,9 +85,10 @@ pub struct LeaseService<T: Copy> {
     hca: HcaCtx,
     slots: Vec<Slot<T>>,
     pool: ExtentPool,
-    /// Tag → slot of commands in flight.
-    tags: BTreeMap<u64, u32>,
-    next_tag: u64,
+    /// Commands issued and not yet completed. A command's tag is its slot (low 32 bits) and a sequence number
+    /// (bits 32..63), so a result finds its lease with no map.
+    in_flight: usize,
+    next_seq: u64,
     outbox: VecDeque<(u64, Command)>,
     /// Commands of revokes' immediate phases: they go out before anything in `outbox`, so ALLOCs and sweeps
     /// never delay an outcome that is due within the revoke deadline.
@@ -120,8 +121,8 @@ impl<T: Copy> LeaseService<T> {
             hca,
             slots,
             pool,
-            tags: BTreeMap::new(),
-            next_tag: 1,
+            in_flight: 0,
+            next_seq: 1,
             outbox: VecDeque::new(),
             urgent: VecDeque::new(),
             answers: Vec::new(),
@@ -146,11 +147,7 @@ impl<T: Copy> LeaseService<T> {
     /// Puts a command back at the front (the submit ring was full).
     pub fn unsend(&mut self, tag: u64, cmd: Command) {
         // Back where it came from, at the front: an immediate-phase command goes back to the urgent queue.
-        let urgent = self
-            .tags
-            .get(&tag)
-            .and_then(|&slot| self.lease(slot))
-            .is_some_and(|l| matches!(l.phase, Phase::Fencing { .. }));
+        let urgent = self.lease(tag_slot(tag)).is_some_and(|l| matches!(l.phase, Phase::Fencing { .. }));
         if urgent { self.urgent.push_front((tag, cmd)) } else { self.outbox.push_front((tag, cmd)) }
     }
 
@@ -165,7 +162,7 @@ impl<T: Copy> LeaseService<T> {
 
     /// Commands issued and not yet completed.
     pub fn in_flight(&self) -> usize {
-        self.tags.len()
+        self.in_flight
     }
 
     pub fn pool(&self) -> &ExtentPool {
@@ -261,10 +258,10 @@ impl<T: Copy> LeaseService<T> {
                 l.variant = ctx.variant;
                 self.mkey_variant = self.mkey_variant.wrapping_add(1);
             }
-            let tag = self.next_tag;
-            self.next_tag += 1;
+            let tag = (self.next_seq << 32) | u64::from(slot);
+            self.next_seq = self.next_seq % SEQ_MASK + 1;
             l.in_flight = Some((tag, step));
-            self.tags.insert(tag, slot);
+            self.in_flight += 1;
             if matches!(stage, Stage::Revoke(_)) {
                 self.urgent.push_back((tag, cmd));
             } else {
@@ -282,9 +279,10 @@ impl<T: Copy> LeaseService<T> {
         }
     }
 
-    /// A command finished.
+    /// A command finished. Every tag from [`LeaseService::next_command`] comes back here exactly once.
     pub fn hca_done(&mut self, tag: u64, result: Result<Output, CmdError>, now_us: u64, host: &mut dyn Host) {
-        let Some(slot) = self.tags.remove(&tag) else { return };
+        self.in_flight = self.in_flight.saturating_sub(1);
+        let slot = tag_slot(tag);
         // A late completion for a slot already fenced (its revoke deadline passed) finds no lease: it stays
         // fenced.
         let Some(l) = self.lease_mut(slot) else { return };
@@ -367,6 +365,15 @@ impl<T: Copy> LeaseService<T> {
     pub fn free_slots(&self) -> usize {
         self.free.len()
     }
+}
+
+/// Sequence numbers run 1..=SEQ_MASK: within bits 32..63 of a tag (bit 63 is the command engine's), and never
+/// 0, so a tag never looks like one of `Client::submit`'s own.
+const SEQ_MASK: u64 = (1 << 31) - 1;
+
+/// The slot a command's tag names.
+fn tag_slot(tag: u64) -> u32 {
+    tag as u32
 }
 
 /// The busy lease in `slot` (a borrow of the table alone, so the service's other fields stay usable).

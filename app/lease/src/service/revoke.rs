@@ -118,7 +118,7 @@ impl<T: Copy> LeaseService<T> {
         let at = now_us + self.cfg.grace_ms * 1000;
         let Some(l) = self.lease_mut(slot) else { return };
         l.phase = Phase::PendingDestroy { at };
-        let (waiters, cause) = (core::mem::take(&mut l.waiters), l.cause);
+        let (waiters, cause) = (l.waiters.take(), l.cause);
         self.count_ended(cause);
         for w in waiters {
             self.reply_outcome(w, Outcome::TornDown, now_us);
@@ -209,7 +209,7 @@ impl<T: Copy> LeaseService<T> {
     /// Fences `slot` for good: its memory and the slot are never reused until reboot.
     fn fence(&mut self, slot: u32, origin: u8, now_us: u64) {
         let Some(Slot::Busy(l)) = self.slots.get_mut(slot as usize) else { return };
-        let waiters = core::mem::take(&mut l.waiters);
+        let waiters = l.waiters.take();
         let alloc_ticket = l.alloc_ticket.take();
         let immediate = matches!(l.phase, Phase::Fencing { .. }).then_some(l.cause).flatten();
         let info = FenceInfo {
