@@ -51,6 +51,7 @@ fn usage() -> ! {
 }
 
 /// `n` leases, ALLOCs pipelined 64 deep.
+#[inline(never)]
 fn fill(r: &mut Rig, n: u32) -> Vec<LeaseId> {
     let mut leases = Vec::new();
     let mut pending = VecDeque::new();
