@@ -31,8 +31,8 @@ impl Backend for ApplianceBackend {
     fn lease_op(&mut self, who: &Principal, req: &Request, ticket: Ticket, now_ms: u64) -> Answer {
         self.inner.lease_op(who, req, ticket, now_ms)
     }
-    fn fenced(&mut self, who: &Principal) -> Vec<FencedSlot> {
-        self.inner.fenced(who)
+    fn fenced(&mut self, who: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>) {
+        self.inner.fenced(who, cursor, max)
     }
     fn health(&mut self, now_ms: u64) -> Health {
         let mut h = self.inner.health(now_ms);

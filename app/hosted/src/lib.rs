@@ -140,10 +140,10 @@ impl Backend for HostedBackend {
             HostedBackend::Lease(b) => b.lease_stats(),
         }
     }
-    fn fenced(&mut self, who: &Principal) -> Vec<FencedSlot> {
+    fn fenced(&mut self, who: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>) {
         match self {
-            HostedBackend::Plain(b) => b.fenced(who),
-            HostedBackend::Lease(b) => b.fenced(who),
+            HostedBackend::Plain(b) => b.fenced(who, cursor, max),
+            HostedBackend::Lease(b) => b.fenced(who, cursor, max),
         }
     }
     fn health(&mut self, now_ms: u64) -> Health {

@@ -4,7 +4,7 @@
 //! process, each its own tenant and session with one request outstanding.
 //!
 //! 1. ALLOC and REVOKE latency (p50/p99), rate, appliance-side time (request in → outcome out minus the time
-//!    the HCA held the op's commands, `Completion::elapsed_ns`), the service's CPU time and HCA commands per
+//!    the HCA held the op's commands, `Completion::hca_ns`), the service's CPU time and HCA commands per
 //!    op, with 1 and 8 clients on a service of [`LATENCY_SLOTS`] slots. Rounds: the clients fill the slots
 //!    (ALLOC, READY at once), then revoke every lease; the sweep waits for the default grace period, which
 //!    the bench skips between rounds by advancing the service's clock (no lease is live then), so the
@@ -57,23 +57,23 @@ const RAM_PER_LEASE: usize = 12 << 10;
 
 type BenchHost = PlatformHost<HostedPlatform>;
 
-/// A command handed to the client: the service's tag and what it is.
+/// A command handed to the client (under the service's tag, as `Link::step` does): the slot it is for.
 struct Sent {
-    svc_tag: u64,
     slot: Option<u32>,
 }
 
 /// One completed command, as seen by the link loop.
 struct Done {
     slot: Option<u32>,
-    /// Doorbell → completion seen by the command engine.
+    /// Doorbell → the last poll that saw the command still owned by the HCA (the engine's polling delay is
+    /// the appliance's time, not the HCA's).
     held_ns: u64,
     /// Time inside `svc.hca_done`.
     cpu_ns: u64,
 }
 
 /// The appliance core: the service and this bench's copy of the link loop (`Link::step`), which also sees
-/// each completion's `elapsed_ns` and times the service's calls.
+/// each completion's `hca_ns` and times the service's calls.
 struct Core {
     platform: Arc<HostedPlatform>,
     parts: LeaseParts,
@@ -194,10 +194,10 @@ impl Core {
         while let Some(c) = self.client.poll() {
             let Some(s) = self.tags.remove(&c.tag) else { continue };
             let t = Instant::now();
-            self.svc.hca_done(s.svc_tag, c.result, now, &mut self.host);
+            self.svc.hca_done(c.tag, c.result, now, &mut self.host);
             let cpu = elapsed_ns(t);
             self.cpu_ns_total += cpu;
-            self.done.push(Done { slot: s.slot, held_ns: c.elapsed_ns, cpu_ns: cpu });
+            self.done.push(Done { slot: s.slot, held_ns: c.hca_ns, cpu_ns: cpu });
         }
         while let Some(e) = self.client.next_event() {
             if let Event::Fatal(f) = e {
@@ -214,9 +214,9 @@ impl Core {
             let Some((svc_tag, cmd)) = self.svc.next_command() else { break };
             let opcode = cmd.opcode();
             let slot = cmd.attrs().get("slot").map(|s| s as u32);
-            match self.client.submit(cmd) {
-                Ok(ct) => {
-                    self.tags.insert(ct, Sent { svc_tag, slot });
+            match self.client.submit_as(svc_tag, cmd) {
+                Ok(()) => {
+                    self.tags.insert(svc_tag, Sent { slot });
                     *self.submitted.entry(opcode).or_default() += 1;
                 }
                 Err(cmd) => {
@@ -912,23 +912,20 @@ fn report(secs: f64, inline: bool, rows: &[Row], m: &Mass, mkey_ms: f64, sweep_m
             [("ALLOC", &r.alloc, r.alloc_secs, r.alloc_cmds), ("REVOKE", &r.revoke, r.revoke_secs, r.revoke_cmds)]
         {
             let (p50, p99) = p50_p99(samples, |s| s.latency);
-            // ALLOC's QP commands carry no slot: with several clients they cannot be tied to one ALLOC.
-            let split = op == "REVOKE" || r.clients == 1;
             let (a50, a99) = p50_p99(samples, Sample::appliance);
             let (c50, c99) = p50_p99(samples, |s| s.cpu);
             let (h50, _) = p50_p99(samples, |s| s.held);
-            let dash = || "—".to_string();
             cells.push(vec![
                 op.to_string(),
                 r.clients.to_string(),
                 format!("{:.0}", samples.len() as f64 / secs),
                 us(p50),
                 us(p99),
-                if split { us(a50) } else { dash() },
-                if split { us(a99) } else { dash() },
-                if split { us(c50) } else { dash() },
-                if split { us(c99) } else { dash() },
-                if split { us(h50) } else { dash() },
+                us(a50),
+                us(a99),
+                us(c50),
+                us(c99),
+                us(h50),
                 format!("{:.2}", cmds as f64 / samples.len().max(1) as f64),
             ]);
         }
@@ -945,7 +942,7 @@ fn report(secs: f64, inline: bool, rows: &[Row], m: &Mass, mkey_ms: f64, sweep_m
             r.sweep_cmds as f64 / r.swept.max(1) as f64,
             r.swept,
             if r.unattributed > 0 {
-                format!("; {} REVOKE completions not tied to one op", r.unattributed)
+                format!("; {} completions not tied to one op", r.unattributed)
             } else {
                 String::new()
             }
@@ -955,8 +952,8 @@ fn report(secs: f64, inline: bool, rows: &[Row], m: &Mass, mkey_ms: f64, sweep_m
         "({secs} s per row in rounds: the clients fill the {LATENCY_SLOTS} slots (ALLOC, then READY at once, \
          untimed), then revoke them all, then the sweep runs with the grace period skipped (service clock \
          advanced);\n each client is its own tenant with one request outstanding; latency = request in → answer \
-         taken from the service; HCA held = doorbell → completion seen (Completion::elapsed_ns) of the op's\n \
-         commands; appliance = latency − HCA held; service CPU = time inside svc.request + svc.hca_done of the \
+         taken from the service; HCA held = doorbell → the last poll that saw the command still owned by the HCA\n \
+         (Completion::hca_ns; the engine's polling delay after that counts as appliance time) of the op's commands; appliance = latency − HCA held; service CPU = time inside svc.request + svc.hca_done of the \
          op's commands + its share of svc.tick while outstanding; cmds/op from svc.counters.commands)\n"
     ));
 
@@ -1029,12 +1026,17 @@ fn report(secs: f64, inline: bool, rows: &[Row], m: &Mass, mkey_ms: f64, sweep_m
     ));
     let (_, app1) = p50_p99(&rows_revoke(rows_of(rows, 1)), Sample::appliance);
     let (_, app8) = p50_p99(&rows_revoke(rows_of(rows, 8)), Sample::appliance);
+    let allocs = |clients| rows_of(rows, clients).map_or_else(Vec::new, |r| r.alloc.clone());
+    let (_, alloc1) = p50_p99(&allocs(1), Sample::appliance);
+    let (_, alloc8) = p50_p99(&allocs(8), Sample::appliance);
     let (_, cpu1) = p50_p99(&rows_revoke(rows_of(rows, 1)), |s| s.cpu);
     let (_, cpu8) = p50_p99(&rows_revoke(rows_of(rows, 8)), |s| s.cpu);
     out.push_str(&format!(
-        "summary: revoke_app_p99_us_1={app1:.1} revoke_app_p99_us_8={app8:.1} revoke_cpu_p99_us_1={cpu1:.1} \
-         revoke_cpu_p99_us_8={cpu8:.1} leases={} mass_last_ms={:.1} mass_swept_ms={:.1} model_mkey_ms={mkey_ms:.1} \
+        "summary: alloc_app_p99_us_1={} alloc_app_p99_us_8={} revoke_app_p99_us_1={app1:.1} \
+         revoke_app_p99_us_8={app8:.1} revoke_cpu_p99_us_1={cpu1:.1} revoke_cpu_p99_us_8={cpu8:.1} leases={} mass_last_ms={:.1} mass_swept_ms={:.1} model_mkey_ms={mkey_ms:.1} \
          model_sweep_ms={sweep_ms:.1} mass_ratio={mass_ratio:.2} sweep_ratio={sweep_ratio:.2} fenced={}\n",
+        us(alloc1),
+        us(alloc8),
         m.leases,
         m.last_ms,
         m.swept_ms,

@@ -96,8 +96,8 @@ impl<H: Host, E: Environment> Backend for LeaseBackend<H, E> {
         }
     }
 
-    fn fenced(&mut self, p: &Principal) -> Vec<FencedSlot> {
-        self.svc.fenced(who(p))
+    fn fenced(&mut self, p: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>) {
+        self.svc.fenced(who(p), cursor, max)
     }
 
     fn health(&mut self, _now_ms: u64) -> Health {

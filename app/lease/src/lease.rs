@@ -7,6 +7,9 @@ use alloc::vec::Vec;
 use leasebox_mlx5::handles::{FlowIndex, Mkey, Pdn, Qpn};
 use leasebox_proto::{LeaseId, LeaseState};
 
+use crate::config::RevokeOrder;
+use crate::service::plan::Steps;
+
 /// Teardown steps, as bits of a fenced slot's failed-step mask (FENCED_SUMMARY `failed_mask`).
 pub mod step_bit {
     pub const DESTROY_MKEY: u32 = 1 << 0;
@@ -126,6 +129,36 @@ pub struct Waiter<T> {
     pub since_us: u64,
 }
 
+/// The clients waiting for a revoke's outcome. The first is kept inline: a revoke that nobody repeats (almost
+/// every one) allocates nothing.
+#[derive(Debug)]
+pub struct Waiters<T> {
+    first: Option<Waiter<T>>,
+    more: Vec<Waiter<T>>,
+}
+
+impl<T> Default for Waiters<T> {
+    fn default() -> Self {
+        Waiters { first: None, more: Vec::new() }
+    }
+}
+
+impl<T> Waiters<T> {
+    pub fn push(&mut self, w: Waiter<T>) {
+        if self.first.is_none() {
+            self.first = Some(w);
+        } else {
+            self.more.push(w);
+        }
+    }
+
+    /// Every waiter, in arrival order; none left behind.
+    pub fn take(&mut self) -> impl Iterator<Item = Waiter<T>> + use<T> {
+        let w = core::mem::take(self);
+        w.first.into_iter().chain(w.more)
+    }
+}
+
 /// What a fenced slot keeps for post-mortems.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FenceInfo {
@@ -170,12 +203,14 @@ pub struct Lease<T> {
     pub qp_in_err: bool,
     /// The MKEY variant its CREATE_MKEY used.
     pub variant: u8,
-    /// Steps still to run, in order, and the one in flight (its tag).
-    pub plan: Vec<Step>,
+    /// Steps of the current phase tried and failed so far (the plan's view), and the one in flight (its tag).
+    pub tried: Steps,
+    pub failed: Steps,
     pub in_flight: Option<(u64, Step)>,
-    /// Immediate-phase bookkeeping.
+    /// Immediate-phase bookkeeping: why and in which order.
     pub cause: Option<Cause>,
-    pub waiters: Vec<Waiter<T>>,
+    pub order: RevokeOrder,
+    pub waiters: Waiters<T>,
     /// ALLOC's answer goes here when the lease is built.
     pub alloc_ticket: Option<(T, u64)>,
     /// Steps that failed so far (a fence needs at least one).

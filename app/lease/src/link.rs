@@ -3,16 +3,16 @@
 //! fatal HCA makes every live lease fail closed. The image's core 0, the hosted appliance and the tests all
 //! drive the service through this one loop step.
 
-use alloc::collections::BTreeMap;
-
 use leasebox_mlx5::engine::{Client, Event};
 
 use crate::service::{Host, LeaseService};
 
+/// The service's tags travel through the client as they are (`Client::submit_as`), so results come back by
+/// tag with no map in between.
 #[derive(Default)]
 pub struct Link {
-    /// Client tag → service tag.
-    tags: BTreeMap<u64, u64>,
+    /// Commands handed to the client and not yet answered.
+    outstanding: usize,
     fatal_seen: bool,
     pub events: u64,
 }
@@ -33,9 +33,8 @@ impl Link {
         let mut did = false;
         while let Some(c) = client.poll() {
             did = true;
-            if let Some(tag) = self.tags.remove(&c.tag) {
-                svc.hca_done(tag, c.result, now_us, host);
-            }
+            self.outstanding = self.outstanding.saturating_sub(1);
+            svc.hca_done(c.tag, c.result, now_us, host);
         }
         while let Some(e) = client.next_event() {
             self.events += 1;
@@ -52,9 +51,9 @@ impl Link {
         svc.tick(now_us, host);
         while client.room() > 0 {
             let Some((tag, cmd)) = svc.next_command() else { break };
-            match client.submit(cmd) {
-                Ok(ct) => {
-                    self.tags.insert(ct, tag);
+            match client.submit_as(tag, cmd) {
+                Ok(()) => {
+                    self.outstanding += 1;
                     did = true;
                 }
                 Err(cmd) => {
@@ -68,6 +67,6 @@ impl Link {
 
     /// Commands handed to the client and not yet answered.
     pub fn outstanding(&self) -> usize {
-        self.tags.len()
+        self.outstanding
     }
 }

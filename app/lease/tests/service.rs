@@ -207,15 +207,15 @@ fn each_failing_teardown_command_fences_with_its_mask_and_origin() {
         let (mut r, lease, got) = fenced_after(r, qp_first);
         assert_eq!(got, outcome, "opcode {opcode:#x}");
         r.settle();
-        let f = r.svc.fenced(ADMIN);
+        let f = r.svc.fenced(ADMIN, 0, 128).1;
         if fenced {
             assert_eq!(f.len(), 1, "opcode {opcode:#x}");
             assert_eq!((f[0].slot, f[0].generation), (lease.slot, lease.generation));
             assert_eq!(f[0].failed_mask & mask, mask, "opcode {opcode:#x} mask {:#x}", f[0].failed_mask);
             assert_eq!(f[0].origin, org, "opcode {opcode:#x}");
             assert_eq!(r.svc.pool().free_extents(), a0 - 1, "the fenced slot's memory never returns");
-            assert_eq!(r.svc.fenced(TENANT).len(), 1, "the owner sees its fenced slot");
-            assert!(r.svc.fenced(OTHER).is_empty());
+            assert_eq!(r.svc.fenced(TENANT, 0, 128).1.len(), 1, "the owner sees its fenced slot");
+            assert!(r.svc.fenced(OTHER, 0, 128).1.is_empty());
             // The next ALLOC takes neither the slot nor its memory.
             let b = r.alloc(TENANT, 4096);
             assert_ne!(b.lease.slot, lease.slot);
@@ -402,7 +402,7 @@ fn ten_thousand_leases_allocated_then_revoked_leak_nothing() {
         assert!(matches!(r.wait(t, Duration::from_secs(10)), Ok(Response::Revoke { outcome: Outcome::TornDown, .. })));
     }
     r.settle();
-    if let Some(f) = r.svc.fenced(ADMIN).first() {
+    if let Some(f) = r.svc.fenced(ADMIN, 0, 128).1.first() {
         panic!("{} fenced, e.g. {f:?}: {:?}", r.svc.fenced_count(), r.svc.fence_info(f.slot));
     }
     assert_eq!(r.svc.free_slots(), 10_000);

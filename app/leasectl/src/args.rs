@@ -30,6 +30,8 @@ pub enum Command {
     Ping,
     /// LIST, every page.
     List,
+    /// FENCED_SUMMARY, every page.
+    Fenced,
     /// One request, one answer.
     Call(Request),
     /// The revoke verifier.
@@ -218,7 +220,7 @@ pub fn parse(args: &[String]) -> Result<Invocation, clap::Error> {
         Cmd::List(t) => (t, Command::List),
         Cmd::Stats(t) => (t, Command::Call(Request::Stats)),
         Cmd::Health(t) => (t, Command::Call(Request::Health)),
-        Cmd::Fenced(t) => (t, Command::Call(Request::FencedSummary)),
+        Cmd::Fenced(t) => (t, Command::Fenced),
         Cmd::Alloc { size, qpn, psn, gid, access, mtu, ttl_ms, mac, timeout } => (
             timeout,
             Command::Call(Request::Alloc(AllocReq {
@@ -466,7 +468,7 @@ mod tests {
         assert!(err(&["free"]).contains("<LEASE>"));
         assert!(err(&["free", "3"]).contains("SLOT.GENERATION"));
         assert_eq!(cmd(&["list"]), Command::List);
-        assert_eq!(cmd(&["fenced"]), Command::Call(Request::FencedSummary));
+        assert_eq!(cmd(&["fenced"]), Command::Fenced);
         assert_eq!(cmd(&["health"]), Command::Call(Request::Health));
     }
 

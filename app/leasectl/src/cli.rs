@@ -68,6 +68,32 @@ fn clap_message(e: &clap::Error) -> String {
     first.strip_prefix("error: ").unwrap_or(first).to_string()
 }
 
+/// Every page of a paged request (LIST, FENCED_SUMMARY): `ask` builds the request for a cursor, `page` takes
+/// the next cursor and the entries from its answer (or gives back an unexpected answer). A cursor that does
+/// not move forward is a protocol error, so a confused server cannot loop the client.
+fn every_page<E>(
+    c: &mut Client,
+    ask: impl Fn(u32, u16) -> Request,
+    page: impl Fn(Response) -> Result<(u32, Vec<E>), Response>,
+) -> Result<Vec<E>, ClientError> {
+    let mut all = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let req = ask(cursor, MAX_PAGE as u16);
+        let name = req.op().name();
+        let (next_cursor, entries) =
+            page(c.call(&req)?).map_err(|o| ClientError::Protocol(format!("{name} answered with {o:?}")))?;
+        all.extend(entries);
+        if next_cursor == 0 {
+            return Ok(all);
+        }
+        if next_cursor <= cursor {
+            return Err(ClientError::Protocol(format!("{name} cursor went from {cursor} to {next_cursor}")));
+        }
+        cursor = next_cursor;
+    }
+}
+
 /// Connects, runs `command`, says BYE; returns the rendered output.
 fn execute(command: &Command, s: &Settings, json: bool) -> Result<String, ClientError> {
     let t0 = Instant::now();
@@ -90,27 +116,28 @@ fn execute(command: &Command, s: &Settings, json: bool) -> Result<String, Client
             let p = render::Ping { addr: &addr, principal: &s.who.name, welcome: &welcome, connect, rtt, uptime_ms };
             if json { format!("{}\n", render::ping_json(&p)) } else { render::ping_human(&p) }
         }
-        Command::List => {
-            let mut all = Vec::new();
-            let mut cursor = 0;
-            loop {
-                match c.call(&Request::List { cursor, max: MAX_PAGE as u16 })? {
-                    Response::List { next_cursor, leases } => {
-                        all.extend(leases);
-                        if next_cursor == 0 {
-                            break;
-                        }
-                        if next_cursor <= cursor {
-                            return Err(ClientError::Protocol(format!(
-                                "LIST cursor went from {cursor} to {next_cursor}"
-                            )));
-                        }
-                        cursor = next_cursor;
-                    }
-                    other => return Err(ClientError::Protocol(format!("LIST answered with {other:?}"))),
-                }
-            }
-            let r = Response::List { next_cursor: 0, leases: all };
+        Command::List | Command::Fenced => {
+            let r = if *command == Command::List {
+                let leases = every_page(
+                    &mut c,
+                    |cursor, max| Request::List { cursor, max },
+                    |r| match r {
+                        Response::List { next_cursor, leases } => Ok((next_cursor, leases)),
+                        other => Err(other),
+                    },
+                )?;
+                Response::List { next_cursor: 0, leases }
+            } else {
+                let slots = every_page(
+                    &mut c,
+                    |cursor, max| Request::FencedSummary { cursor, max },
+                    |r| match r {
+                        Response::FencedSummary { next_cursor, slots } => Ok((next_cursor, slots)),
+                        other => Err(other),
+                    },
+                )?;
+                Response::FencedSummary { next_cursor: 0, slots }
+            };
             if json { format!("{}\n", render::response_json(&r, None)) } else { render::response_human(&r, None) }
         }
         Command::Call(req) => {

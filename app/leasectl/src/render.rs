@@ -229,7 +229,7 @@ pub fn response_json(r: &Response, lease: Option<String>) -> Value {
             json!({"next_cursor": next_cursor, "leases": leases.iter().map(info_json).collect::<Vec<_>>()})
         }
         Response::Stats(s) => stats_json(s),
-        Response::FencedSummary { slots } => json!({"slots": slots.iter().map(fenced_json).collect::<Vec<_>>()}),
+        Response::FencedSummary { slots, .. } => json!({"slots": slots.iter().map(fenced_json).collect::<Vec<_>>()}),
         Response::Health(h) => health_json(h),
     };
     if let (Some(l), Some(o)) = (lease, v.as_object_mut()) {
@@ -336,7 +336,7 @@ pub fn response_human(r: &Response, lease: Option<String>) -> String {
                 );
             }
         }
-        Response::FencedSummary { slots } => {
+        Response::FencedSummary { slots, .. } => {
             if slots.is_empty() {
                 s.push_str("no fenced slots\n");
             } else {

@@ -1,10 +1,11 @@
 //! The client against a tiny fake server on a std TCP thread: the real HELLO (a correct or a wrong proof),
-//! HEARTBEAT, NOT_IMPLEMENTED lease ops, a server that accepts and then closes (QEMU's forwarder before the
+//! HEARTBEAT, NOT_IMPLEMENTED lease ops, FENCED_SUMMARY in pages, a server that accepts and then closes (QEMU's forwarder before the
 //! guest listens), and the CLI's exit codes.
 
 use hmac::{Hmac, Mac};
 use leasebox_proto::{
-    ErrorBody, ErrorCode, FrameBuf, Hello, HelloReply, Kind, Next, Op, Request, Response, Role, hello_transcript,
+    ErrorBody, ErrorCode, FencedSlot, FrameBuf, Hello, HelloReply, Kind, MAX_PAGE, Next, Op, Request, Response, Role,
+    hello_transcript,
 };
 use leasectl::{Client, ClientError, Credentials, Timeouts};
 use std::io::{Read, Write};
@@ -15,6 +16,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 const KEY: [u8; 32] = [0x42; 32];
+/// The fake's FENCED_SUMMARY lists every third slot below this.
+const FENCED_SLOTS: u32 = 900;
 const KEY_HEX: &str = "4242424242424242424242424242424242424242424242424242424242424242";
 
 #[derive(Clone, Copy, Default)]
@@ -124,6 +127,18 @@ fn serve(mut s: TcpStream, b: Behaviour) {
                     close = true;
                 }
                 Request::Stats => Response::Stats(Default::default()).encode(op, h.request_id, &mut out),
+                Request::FencedSummary { cursor, max } => {
+                    // More fenced slots than one page holds: every third slot of 0..900.
+                    let take = usize::from(max).clamp(1, MAX_PAGE);
+                    let mut slots = (cursor..FENCED_SLOTS).filter(|s| s % 3 == 0);
+                    let page: Vec<FencedSlot> = slots
+                        .by_ref()
+                        .take(take)
+                        .map(|slot| FencedSlot { slot, generation: 1, failed_mask: 0x80, origin: 3, fenced_at_ms: 5 })
+                        .collect();
+                    let next_cursor = slots.next().unwrap_or(0);
+                    Response::FencedSummary { next_cursor, slots: page }.encode(op, h.request_id, &mut out);
+                }
                 other => {
                     let m = format!("{} is specified but the lease service is not built yet", other.op().name());
                     ErrorBody::new(ErrorCode::NotImplemented, &m).encode(h.op, h.request_id, &mut out);
@@ -278,6 +293,13 @@ fn cli_exit_codes_and_output() {
     let (code, out, _) = with(&["--json", "stats"]);
     assert_eq!(code, 0);
     assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["frames_in"], 0);
+
+    // FENCED_SUMMARY is paged: leasectl follows every page.
+    let (code, out, _) = with(&["--json", "fenced"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let slots: Vec<u64> = v["slots"].as_array().unwrap().iter().map(|s| s["slot"].as_u64().unwrap()).collect();
+    assert_eq!(slots, (0..u64::from(FENCED_SLOTS)).step_by(3).collect::<Vec<_>>());
 
     let (code, _, err) = with(&["free", "3.17"]);
     assert_eq!(code, 1);

@@ -411,17 +411,40 @@ pub struct Health {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
     Hello(Hello),
-    Heartbeat { echo: u64 },
+    Heartbeat {
+        echo: u64,
+    },
     Bye,
     Alloc(AllocReq),
-    Ready { lease: LeaseId, client_qpn: u32, server_qpn: u32 },
-    Renew { lease: LeaseId, ttl_ms: u32 },
-    Free { lease: LeaseId },
-    Query { lease: LeaseId },
-    List { cursor: u32, max: u16 },
-    Revoke { lease: LeaseId, qp_first: bool },
+    Ready {
+        lease: LeaseId,
+        client_qpn: u32,
+        server_qpn: u32,
+    },
+    Renew {
+        lease: LeaseId,
+        ttl_ms: u32,
+    },
+    Free {
+        lease: LeaseId,
+    },
+    Query {
+        lease: LeaseId,
+    },
+    List {
+        cursor: u32,
+        max: u16,
+    },
+    Revoke {
+        lease: LeaseId,
+        qp_first: bool,
+    },
     Stats,
-    FencedSummary,
+    /// One page of fenced slots, from slot `cursor` on, at most `max` (clamped to 1..=[`MAX_PAGE`]).
+    FencedSummary {
+        cursor: u32,
+        max: u16,
+    },
     Health,
 }
 
@@ -457,6 +480,8 @@ pub enum Response {
     /// Boxed: STATS is rare and large; every other answer stays small as it moves through queues.
     Stats(Box<Stats>),
     FencedSummary {
+        /// Where the next page starts; 0 when this is the last.
+        next_cursor: u32,
         slots: Vec<FencedSlot>,
     },
     Health(Health),
@@ -506,7 +531,7 @@ impl Request {
             Request::List { .. } => Op::List,
             Request::Revoke { .. } => Op::Revoke,
             Request::Stats => Op::Stats,
-            Request::FencedSummary => Op::FencedSummary,
+            Request::FencedSummary { .. } => Op::FencedSummary,
             Request::Health => Op::Health,
         }
     }
@@ -525,7 +550,7 @@ impl Request {
             Request::Heartbeat { echo } => {
                 w.u64(*echo);
             }
-            Request::Bye | Request::Stats | Request::FencedSummary | Request::Health => {}
+            Request::Bye | Request::Stats | Request::Health => {}
             Request::Alloc(a) => {
                 w.u64(a.size).u8(a.access).u8(a.mtu).zeros(2).u32(a.ttl_ms).u32(a.client_qpn).u32(a.client_psn);
                 w.bytes(&a.client_gid).bytes(&a.client_mac).zeros(2);
@@ -539,7 +564,7 @@ impl Request {
                 w.u32(*ttl_ms);
             }
             Request::Free { lease } | Request::Query { lease } => lease.put(&mut w),
-            Request::List { cursor, max } => {
+            Request::List { cursor, max } | Request::FencedSummary { cursor, max } => {
                 w.u32(*cursor).u16(*max).zeros(2);
             }
             Request::Revoke { lease, qp_first } => {
@@ -619,7 +644,12 @@ impl Request {
                 Request::Revoke { lease, qp_first: flags & 1 != 0 }
             }
             Op::Stats => Request::Stats,
-            Op::FencedSummary => Request::FencedSummary,
+            Op::FencedSummary => {
+                let cursor = r.u32("fenced.cursor")?;
+                let max = r.u16("fenced.max")?;
+                r.reserved(2)?;
+                Request::FencedSummary { cursor, max }
+            }
             Op::Health => Request::Health,
         };
         r.finish()?;
@@ -707,8 +737,8 @@ impl Response {
                 }
                 s.leases.put(&mut w);
             }
-            Response::FencedSummary { slots } => {
-                w.u16(slots.len() as u16);
+            Response::FencedSummary { next_cursor, slots } => {
+                w.u32(*next_cursor).u16(slots.len() as u16);
                 for s in slots {
                     w.u32(s.slot).u32(s.generation).u32(s.failed_mask).u8(s.origin).zeros(3).u64(s.fenced_at_ms);
                 }
@@ -823,6 +853,7 @@ impl Response {
                 Response::Stats(Box::new(s))
             }
             Op::FencedSummary => {
+                let next_cursor = r.u32("fenced.next_cursor")?;
                 let n = count(&mut r, "fenced.count", MAX_PAGE)?;
                 let mut slots = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -839,7 +870,7 @@ impl Response {
                         fenced_at_ms: r.u64("fenced.at_ms")?,
                     });
                 }
-                Response::FencedSummary { slots }
+                Response::FencedSummary { next_cursor, slots }
             }
             Op::Health => {
                 let status = HealthStatus::from_raw(r.u8("health.status")?)

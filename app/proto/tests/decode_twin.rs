@@ -111,7 +111,7 @@ fn request(r: &mut Rng) -> Request {
         9 => Request::List { cursor: r.u32(), max: r.u16() },
         10 => Request::Revoke { lease: lease(r), qp_first: r.chance(2) },
         11 => Request::Stats,
-        12 => Request::FencedSummary,
+        12 => Request::FencedSummary { cursor: r.u32(), max: r.u16() },
         _ => Request::Health,
     }
 }
@@ -195,6 +195,7 @@ fn response(r: &mut Rng) -> (Op, Response) {
         Op::FencedSummary => {
             let n = r.below(4);
             Response::FencedSummary {
+                next_cursor: r.u32(),
                 slots: (0..n)
                     .map(|_| FencedSlot {
                         slot: r.u32(),

@@ -77,8 +77,9 @@ pub trait Backend {
     fn lease_stats(&mut self) -> LeaseStats {
         LeaseStats::default()
     }
-    /// FENCED_SUMMARY.
-    fn fenced(&mut self, who: &Principal) -> Vec<FencedSlot>;
+    /// FENCED_SUMMARY: one page of the fenced slots `who` may see, from slot `cursor` on, at most `max`
+    /// (clamped to 1..=`MAX_PAGE`); returns the next page's cursor (0 after the last) and the page.
+    fn fenced(&mut self, who: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>);
     /// HEALTH (uptime is filled in by the server).
     fn health(&mut self, now_ms: u64) -> Health;
     /// Per-core role loop counts for STATS: (core, role, iterations).
@@ -120,8 +121,8 @@ impl Backend for NoLeases {
             &alloc::format!("{}: the lease service is off: {}", req.op().name(), self.reason),
         )))
     }
-    fn fenced(&mut self, _who: &Principal) -> Vec<FencedSlot> {
-        Vec::new()
+    fn fenced(&mut self, _who: &Principal, _cursor: u32, _max: u16) -> (u32, Vec<FencedSlot>) {
+        (0, Vec::new())
     }
     fn health(&mut self, _now_ms: u64) -> Health {
         Health {

@@ -383,7 +383,10 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 hl.uptime_ms = now_ms.saturating_sub(self.start_ms);
                 Ok(Response::Health(hl))
             }
-            Request::FencedSummary => Ok(Response::FencedSummary { slots: self.backend.fenced(&who) }),
+            Request::FencedSummary { cursor, max } => {
+                let (next_cursor, slots) = self.backend.fenced(&who, *cursor, *max);
+                Ok(Response::FencedSummary { next_cursor, slots })
+            }
             _ => {
                 let ticket =
                     Ticket { conn: self.conns[i].id, session_id: who.session_id, request_id: h.request_id, op };

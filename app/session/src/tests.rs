@@ -301,8 +301,8 @@ fn lease_ops_without_a_lease_service_name_the_reason_and_bye_closes() {
         assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::NotImplemented
                 && e.message.ends_with(": the lease service is off: no HCA")));
     }
-    let a = exchange(&mut s, ConnId(1), &req(Request::FencedSummary, 8), 0);
-    assert!(matches!(&a[0].1, Ans::Ok(Response::FencedSummary { slots }) if slots.is_empty()));
+    let a = exchange(&mut s, ConnId(1), &req(Request::FencedSummary { cursor: 0, max: 128 }, 8), 0);
+    assert!(matches!(&a[0].1, Ans::Ok(Response::FencedSummary { next_cursor: 0, slots }) if slots.is_empty()));
     let a = exchange(&mut s, ConnId(1), &req(Request::Bye, 9), 0);
     assert!(matches!(a[0], (9, Ans::Ok(Response::Bye))));
     assert!(s.wants_close(ConnId(1)));
@@ -496,8 +496,8 @@ impl Backend for Deferring {
         revoke_us.record(700);
         LeaseStats { by_state: [0, 2, 0, 0, 1], allocs: 3, revoke_us, ..LeaseStats::default() }
     }
-    fn fenced(&mut self, _who: &Principal) -> Vec<leasebox_proto::FencedSlot> {
-        Vec::new()
+    fn fenced(&mut self, _who: &Principal, _cursor: u32, _max: u16) -> (u32, Vec<leasebox_proto::FencedSlot>) {
+        (0, Vec::new())
     }
     fn health(&mut self, now_ms: u64) -> leasebox_proto::Health {
         NoLeases::default().health(now_ms)

@@ -79,6 +79,8 @@ struct Pending {
     attrs: crate::command::Attrs,
     out_len: usize,
     posted_ns: u64,
+    /// The last poll that still saw the entry owned by the HCA.
+    owned_seen_ns: u64,
     deadline_ns: u64,
 }
 
@@ -104,6 +106,10 @@ pub struct Completion {
     pub result: Result<Output, CmdError>,
     /// Doorbell to completion seen.
     pub elapsed_ns: u64,
+    /// Doorbell to the last poll that still saw the entry owned by the HCA: the part of `elapsed_ns` the HCA
+    /// certainly held the command. The rest may be the engine's polling delay, which is the driver's time, not
+    /// the hardware's (0 when the first poll already saw it done, or when it never reached the HCA).
+    pub hca_ns: u64,
 }
 
 pub struct CmdQueue {
@@ -114,6 +120,7 @@ pub struct CmdQueue {
     timeout_ns: u64,
     /// Set by the health monitor: the command interface is no longer trusted.
     fatal: Option<u8>,
+    /// One bit per slot that is not Free (busy or quarantined).
     busy_mask: u32,
     /// Shared so the control channel and the panic path can read it while the engine runs on its core.
     log: Arc<Mutex<CmdLog>>,
@@ -200,9 +207,16 @@ impl CmdQueue {
         }
     }
 
+    /// The free slots of `class`, one bit each (`busy_mask` has a bit for every slot not Free).
+    fn free_mask(&self, class: SlotClass) -> u32 {
+        let r = self.range(class);
+        let class_bits = ((1u64 << r.end) - (1u64 << r.start)) as u32;
+        class_bits & !self.busy_mask
+    }
+
     /// A free slot for `class`, if any.
     pub fn has_free(&self, class: SlotClass) -> bool {
-        self.range(class).any(|i| matches!(self.slots[i].state, State::Free))
+        self.free_mask(class) != 0
     }
 
     /// Commands posted and not yet completed (quarantined slots not counted).
@@ -232,11 +246,11 @@ impl CmdQueue {
         if out_len > MAX_MSG {
             return Err(cmd.error(ErrorKind::TooLarge { len: out_len }));
         }
-        let class = SlotClass::of(cmd);
-        let slot = self
-            .range(class)
-            .find(|&i| matches!(self.slots[i].state, State::Free))
-            .ok_or_else(|| cmd.error(ErrorKind::Busy))?;
+        let free = self.free_mask(SlotClass::of(cmd));
+        if free == 0 {
+            return Err(cmd.error(ErrorKind::Busy));
+        }
+        let slot = free.trailing_zeros() as usize;
         self.token = self.token.wrapping_add(1);
         if self.token == 0 {
             self.token = 1;
@@ -273,6 +287,7 @@ impl CmdQueue {
             attrs: *cmd.attrs(),
             out_len,
             posted_ns: now,
+            owned_seen_ns: now,
             deadline_ns: now.saturating_add(self.timeout_ns),
         });
         self.busy_mask |= 1 << slot;
@@ -344,7 +359,8 @@ impl CmdQueue {
                         self.log.lock().record(pend.opcode, pend.op_mod, slot as u8, outcome, elapsed);
                         self.slots[slot].state = State::Free;
                         self.busy_mask &= !(1 << slot);
-                        done.push(Completion { tag: pend.tag, slot: slot as u8, result, elapsed_ns: elapsed });
+                        let hca_ns = pend.owned_seen_ns.saturating_sub(pend.posted_ns);
+                        done.push(Completion { tag: pend.tag, slot: slot as u8, result, elapsed_ns: elapsed, hca_ns });
                     } else if now >= pend.deadline_ns {
                         let waited = now.saturating_sub(pend.posted_ns);
                         self.log.lock().record(pend.opcode, pend.op_mod, slot as u8, Outcome::Timeout, waited);
@@ -355,7 +371,15 @@ impl CmdQueue {
                             kind: ErrorKind::Timeout { slot: slot as u8, waited_ms: waited / 1_000_000 },
                             attrs: pend.attrs,
                         };
-                        done.push(Completion { tag: pend.tag, slot: slot as u8, result: Err(err), elapsed_ns: waited });
+                        done.push(Completion {
+                            tag: pend.tag,
+                            slot: slot as u8,
+                            result: Err(err),
+                            elapsed_ns: waited,
+                            hca_ns: waited,
+                        });
+                    } else {
+                        self.slots[slot].state = State::Busy(Pending { owned_seen_ns: now, ..pend });
                     }
                 }
                 State::Quarantined(pend) => {
@@ -426,7 +450,8 @@ impl CmdQueue {
                     kind: ErrorKind::Fatal { health_syndrome },
                     attrs: pend.attrs,
                 };
-                done.push(Completion { tag: pend.tag, slot: i as u8, result: Err(err), elapsed_ns: elapsed });
+                let hca_ns = pend.owned_seen_ns.saturating_sub(pend.posted_ns);
+                done.push(Completion { tag: pend.tag, slot: i as u8, result: Err(err), elapsed_ns: elapsed, hca_ns });
             }
         }
     }
@@ -438,5 +463,209 @@ impl CmdQueue {
             p.dma_free(s.mailboxes, 2 * MAX_BLOCKS * BLOCK_STRIDE);
         }
         p.dma_free(self.base, PAGE_SIZE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The queue over a scripted fake device on a virtual clock: the test plays the firmware (it reads the
+    //! doorbells and hands entries back), and time moves only when it says so.
+
+    use super::*;
+    use core::sync::atomic::{AtomicU64, Ordering};
+    use std::collections::BTreeMap;
+
+    const LOG_SIZE: u32 = 5;
+    const LOG_STRIDE: u32 = 6;
+    const MEM: usize = 2 << 20;
+
+    /// BAR0 registers, DMA memory from a bump allocator, a clock the test sets, the doorbells rung.
+    #[derive(Default)]
+    struct Fake {
+        bar: Mutex<BTreeMap<usize, u32>>,
+        mem: Mutex<Vec<u8>>,
+        next: Mutex<u64>,
+        now: AtomicU64,
+        doorbells: Mutex<Vec<u32>>,
+    }
+
+    impl Fake {
+        fn new() -> Fake {
+            let f = Fake { mem: Mutex::new(vec![0; MEM]), next: Mutex::new(0x1000), ..Fake::default() };
+            f.bar.lock().insert(initseg::CMDIF_REV_FW_SUB, initseg::CMD_INTERFACE_REV << 16);
+            f.bar.lock().insert(initseg::CMDQ_ADDR_L_SZ, (LOG_SIZE << 4) | LOG_STRIDE);
+            f
+        }
+
+        fn at_us(&self, us: u64) {
+            self.now.store(us * 1000, Ordering::Relaxed);
+        }
+
+        fn entry(&self, slot: u8) -> u64 {
+            let lo = u64::from(self.bar.lock()[&initseg::CMDQ_ADDR_L_SZ] & !0xfff);
+            (u64::from(self.bar.lock()[&initseg::CMDQ_ADDR_H]) << 32 | lo) + (u64::from(slot) << LOG_STRIDE)
+        }
+
+        /// The firmware finishes the command in `slot` with `status` (and `syndrome`) and hands it back.
+        fn complete(&self, slot: u8, status: u8, syndrome: u32) {
+            let e = self.entry(slot);
+            let mut out = [0u8; 8];
+            out[0] = status;
+            out[4..].copy_from_slice(&syndrome.to_be_bytes());
+            self.dma_write(e + 0x20, &out);
+            self.dma_write(e + 0x3f, &[0]);
+        }
+    }
+
+    impl Platform for Fake {
+        fn bar_read32(&self, offset: usize) -> u32 {
+            self.bar.lock().get(&offset).copied().unwrap_or(0)
+        }
+        fn bar_write32(&self, offset: usize, value: u32) {
+            if offset == initseg::CMD_DBELL {
+                self.doorbells.lock().push(value);
+            } else if offset == initseg::CMDQ_ADDR_L_SZ {
+                // The size nibbles are read-only.
+                let keep = self.bar_read32(offset) & 0xff;
+                self.bar.lock().insert(offset, (value & !0xff) | keep);
+            } else {
+                self.bar.lock().insert(offset, value);
+            }
+        }
+        fn dma_alloc(&self, len: usize, align: usize) -> Option<u64> {
+            let mut next = self.next.lock();
+            let a = next.next_multiple_of(align as u64);
+            *next = a + len as u64;
+            (*next as usize <= MEM).then_some(a)
+        }
+        fn dma_free(&self, _addr: u64, _len: usize) {}
+        fn dma_read(&self, addr: u64, buf: &mut [u8]) {
+            buf.copy_from_slice(&self.mem.lock()[addr as usize..addr as usize + buf.len()]);
+        }
+        fn dma_write(&self, addr: u64, data: &[u8]) {
+            self.mem.lock()[addr as usize..addr as usize + data.len()].copy_from_slice(data);
+        }
+        fn now_ns(&self) -> u64 {
+            self.now.load(Ordering::Relaxed)
+        }
+    }
+
+    const TIMEOUT_MS: u64 = 100;
+
+    fn queue() -> (Fake, CmdQueue) {
+        let p = Fake::new();
+        let q = CmdQueue::new(&p, TIMEOUT_MS).unwrap();
+        (p, q)
+    }
+
+    fn cmd(opcode: u16) -> Command {
+        Command::new(opcode, 0, HEADER_LEN, HEADER_LEN)
+    }
+
+    fn poll(p: &Fake, q: &mut CmdQueue) -> Vec<Completion> {
+        let mut done = Vec::new();
+        q.poll(p, &mut done);
+        done
+    }
+
+    #[test]
+    fn regular_commands_take_the_first_free_slots_and_manage_pages_its_own() {
+        let (p, mut q) = queue();
+        assert_eq!(q.slots(), 32);
+        for tag in 0..31 {
+            assert_eq!(q.submit(&p, tag, &cmd(0x800)), Ok(tag as u8));
+        }
+        assert_eq!(q.submit(&p, 99, &cmd(0x800)).unwrap_err().kind, ErrorKind::Busy, "31 regular slots");
+        assert!(!q.has_free(SlotClass::Regular) && q.has_free(SlotClass::Pages));
+        assert_eq!(q.submit(&p, 100, &cmd(MANAGE_PAGES)), Ok(31), "the pages slot stays for MANAGE_PAGES");
+        assert_eq!(q.submit(&p, 101, &cmd(MANAGE_PAGES)).unwrap_err().kind, ErrorKind::Busy);
+        assert_eq!(q.in_flight(), 32);
+        let rung: Vec<u32> = (0..32).map(|s| 1 << s).collect();
+        assert_eq!(*p.doorbells.lock(), rung, "one doorbell per command, its slot's bit");
+        // The entry the firmware reads: type, lengths, token, owned by hardware, XOR 0xff.
+        let mut e = [0u8; ENTRY_LEN];
+        p.dma_read(p.entry(3), &mut e);
+        assert_eq!((e[0], e[0x3f], xor(&e)), (CMD_TYPE_PCIE, 1, 0xff));
+        assert_eq!(u16::from_be_bytes([e[0x10], e[0x11]]), 0x800, "the opcode travels inline");
+        // A slot handed back is the next one used.
+        p.complete(5, 0, 0);
+        assert_eq!(poll(&p, &mut q).iter().map(|c| (c.tag, c.slot)).collect::<Vec<_>>(), [(5, 5)]);
+        assert_eq!(q.submit(&p, 7, &cmd(0x801)), Ok(5));
+    }
+
+    #[test]
+    fn completions_carry_the_result_and_the_hcas_own_time() {
+        let (p, mut q) = queue();
+        p.at_us(10);
+        q.submit(&p, 1, &cmd(0x800)).unwrap();
+        q.submit(&p, 2, &cmd(0x202)).unwrap();
+        p.at_us(13);
+        assert!(poll(&p, &mut q).is_empty(), "still owned by the HCA at 13 µs");
+        p.complete(0, 0, 0);
+        p.complete(1, 0x03, 0x7e57);
+        p.at_us(40);
+        let done = poll(&p, &mut q);
+        assert_eq!(done.len(), 2);
+        let (ok, bad) = (&done[0], &done[1]);
+        assert_eq!((ok.tag, ok.result.as_ref().map(|o| o.bytes().len())), (1, Ok(HEADER_LEN)));
+        assert_eq!(bad.tag, 2);
+        assert_eq!(bad.result.as_ref().unwrap_err().kind, ErrorKind::Status { status: 0x03, syndrome: 0x7e57 });
+        // Seen done at 40 µs, last seen owned at 13 µs: the 27 µs between are the poller's, not the HCA's.
+        assert_eq!((ok.elapsed_ns, ok.hca_ns), (30_000, 3_000));
+        let c = q.log().counters;
+        assert_eq!((q.in_flight(), c.ok, c.failed), (0, 1, 1));
+    }
+
+    #[test]
+    fn a_timeout_quarantines_the_slot_until_the_late_completion() {
+        let (p, mut q) = queue();
+        q.submit(&p, 1, &cmd(0x202)).unwrap();
+        p.at_us(TIMEOUT_MS * 1000 - 1);
+        assert!(poll(&p, &mut q).is_empty(), "not before the deadline");
+        p.at_us(TIMEOUT_MS * 1000);
+        let done = poll(&p, &mut q);
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].result.as_ref().unwrap_err().kind, ErrorKind::Timeout { slot: 0, waited_ms: TIMEOUT_MS });
+        assert_eq!((q.in_flight(), q.quarantined()), (0, 1));
+        // The firmware still owns the entry: the slot is not reused.
+        assert_eq!(q.submit(&p, 2, &cmd(0x800)), Ok(1));
+        p.complete(1, 0, 0);
+        assert_eq!(poll(&p, &mut q).iter().map(|c| c.tag).collect::<Vec<_>>(), [2]);
+        p.at_us(TIMEOUT_MS * 5000);
+        assert!(poll(&p, &mut q).is_empty(), "a quarantined slot reports nothing while owned");
+        p.complete(0, 0, 0);
+        assert!(poll(&p, &mut q).is_empty(), "the late completion answers nobody");
+        let c = q.log().counters;
+        assert_eq!((q.quarantined(), c.timeouts, c.late), (0, 1, 1));
+        assert_eq!(q.submit(&p, 3, &cmd(0x800)), Ok(0), "free again");
+    }
+
+    #[test]
+    fn a_fatal_hca_fails_everything_and_trusts_no_late_completion() {
+        let (p, mut q) = queue();
+        q.submit(&p, 1, &cmd(0x202)).unwrap();
+        q.submit(&p, 2, &cmd(MANAGE_PAGES)).unwrap();
+        p.at_us(7);
+        let mut done = Vec::new();
+        q.abort_all(0x42, p.now_ns(), &mut done);
+        assert_eq!(done.iter().map(|c| c.tag).collect::<Vec<_>>(), [1, 2]);
+        assert!(done.iter().all(|c| c.result.as_ref().unwrap_err().kind == ErrorKind::Fatal { health_syndrome: 0x42 }));
+        assert_eq!(q.fatal(), Some(0x42));
+        let e = q.submit(&p, 3, &cmd(0x800)).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Fatal { health_syndrome: 0x42 }, "nothing is posted any more");
+        assert_eq!(p.doorbells.lock().len(), 2);
+        p.complete(0, 0, 0);
+        assert!(poll(&p, &mut q).is_empty());
+        assert_eq!(q.quarantined(), 2, "what the firmware writes is not trusted");
+    }
+
+    #[test]
+    fn the_geometry_and_the_interface_revision_are_checked() {
+        let p = Fake::new();
+        p.bar.lock().insert(initseg::CMDIF_REV_FW_SUB, 4 << 16);
+        assert_eq!(CmdQueue::new(&p, 1).err(), Some(SetupError::CmdifRev(4)));
+        let p = Fake::new();
+        p.bar.lock().insert(initseg::CMDQ_ADDR_L_SZ, (6 << 4) | LOG_STRIDE);
+        assert_eq!(CmdQueue::new(&p, 1).err(), Some(SetupError::Geometry { log_size: 6, log_stride: LOG_STRIDE }));
     }
 }

@@ -291,7 +291,7 @@ impl<P: Platform> CommandEngine<P> {
                     Ok(_) => self.pages.in_flight = Some((tag, pages, give)),
                     Err(e) => {
                         self.pages.in_flight = Some((tag, pages, give));
-                        let c = Completion { tag, slot: 0xff, result: Err(e), elapsed_ns: 0 };
+                        let c = Completion { tag, slot: 0xff, result: Err(e), elapsed_ns: 0, hca_ns: 0 };
                         self.pages.complete(self.p.as_ref(), &c);
                     }
                 }
@@ -302,7 +302,7 @@ impl<P: Platform> CommandEngine<P> {
             let Some(r) = self.requests.pop() else { break };
             did = true;
             if let Err(e) = self.q.submit(self.p.as_ref(), r.tag, &r.cmd) {
-                self.done.push(Completion { tag: r.tag, slot: 0xff, result: Err(e), elapsed_ns: 0 });
+                self.done.push(Completion { tag: r.tag, slot: 0xff, result: Err(e), elapsed_ns: 0, hca_ns: 0 });
             }
         }
         self.q.poll(self.p.as_ref(), &mut self.done);
@@ -340,6 +340,7 @@ impl<P: Platform> CommandEngine<P> {
                 slot: 0xff,
                 result: Err(r.cmd.error(ErrorKind::Shutdown)),
                 elapsed_ns: 0,
+                hca_ns: 0,
             });
         }
         (self.q, self.pages)
@@ -437,6 +438,15 @@ impl Client {
             }
             Err(r) => Err(r.cmd),
         }
+    }
+
+    /// Queues `cmd` under the caller's `tag` (its completion carries it back, so the caller needs no map of its
+    /// own); gives the command back when the ring is full. The caller keeps its tags unique among those
+    /// outstanding, apart from [`Client::submit`]'s (which count up from 1), and clear of bit 63 (the command
+    /// engine's own).
+    pub fn submit_as(&mut self, tag: u64, cmd: Command) -> Result<(), Command> {
+        debug_assert_eq!(tag & INTERNAL_TAG, 0, "bit 63 marks the command engine's own tags");
+        self.requests.push(Request { tag: tag & !INTERNAL_TAG, cmd }).map_err(|r| r.cmd)
     }
 
     pub fn poll(&mut self) -> Option<Completion> {

@@ -71,7 +71,7 @@ fn requests() -> Vec<Request> {
         Request::List { cursor: 0, max: 64 },
         Request::Revoke { lease: lease(), qp_first: true },
         Request::Stats,
-        Request::FencedSummary,
+        Request::FencedSummary { cursor: 3, max: 128 },
         Request::Health,
     ]
 }
@@ -129,6 +129,7 @@ fn responses() -> Vec<(Op, Response)> {
         (
             Op::FencedSummary,
             Response::FencedSummary {
+                next_cursor: 7,
                 slots: vec![FencedSlot { slot: 1, generation: 2, failed_mask: 4, origin: 1, fenced_at_ms: 99 }],
             },
         ),

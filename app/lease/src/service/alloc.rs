@@ -1,0 +1,203 @@
+//! ALLOC: checks, budgets, a slot and extents, then the build (`plan::Stage::Build`); the answer goes out when
+//! the QP reaches RTS, or an HCA error when a step fails (the unwind follows, `revoke`).
+
+use alloc::format;
+use alloc::string::{String, ToString};
+
+use leasebox_proto::{AllocReq, AllocResp, ErrorBody, ErrorCode, LeaseId, Reply, Response, access, mtu_bytes};
+
+use super::plan::{QP_BUF, QP_DBR, Steps};
+use super::{Host, LeaseService, Who, err};
+use crate::lease::{Lease, Phase, Slot, Waiters};
+
+fn bad(field: &str, why: &str) -> ErrorBody {
+    err(ErrorCode::BadParam, &format!("ALLOC: field '{field}' {why}"))
+}
+
+impl<T: Copy> LeaseService<T> {
+    fn next_psn(&mut self) -> u32 {
+        // xorshift64: unpredictable enough for initial PSNs, which only need to differ between leases.
+        let mut x = self.psn_state;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.psn_state = x;
+        (x >> 20) as u32 & 0xff_ffff
+    }
+
+    pub(super) fn alloc(
+        &mut self,
+        who: Who<'_>,
+        a: &AllocReq,
+        ticket: T,
+        now_us: u64,
+        host: &mut dyn Host,
+    ) -> Option<Reply> {
+        if let Err(e) = self.check_alloc(a) {
+            return Some(Err(e));
+        }
+        let extents_needed = a.size.div_ceil(self.cfg.extent);
+        let (mine, my_bytes) = self.tenant_usage(who.tenant);
+        if mine >= self.cfg.tenant_leases {
+            return Some(Err(err(
+                ErrorCode::Limit,
+                &format!("tenant has {mine} leases, the limit is {}", self.cfg.tenant_leases),
+            )
+            .with_detail([mine, self.cfg.tenant_leases, 0])));
+        }
+        let bytes = extents_needed * self.cfg.extent;
+        if my_bytes.saturating_add(bytes) > self.cfg.tenant_bytes {
+            return Some(Err(err(
+                ErrorCode::Limit,
+                &format!("tenant would hold {} bytes, the limit is {}", my_bytes + bytes, self.cfg.tenant_bytes),
+            )));
+        }
+        let Some(&slot) = self.free.first() else {
+            return Some(Err(err(
+                ErrorCode::Limit,
+                &format!("all {} lease slots are in use or fenced", self.cfg.slots),
+            )));
+        };
+        let Some(extents) = self.pool.take(extents_needed as usize) else {
+            return Some(Err(err(
+                ErrorCode::NoMemory,
+                &format!("{} bytes asked, {} free in the pool", a.size, self.pool.free_bytes()),
+            )));
+        };
+        let qp_buf = host.dma_alloc(QP_BUF, 4096);
+        let qp_dbr = host.dma_alloc(QP_DBR, 64);
+        let (Some(qp_buf), Some(qp_dbr)) = (qp_buf, qp_dbr) else {
+            if let Some(b) = qp_buf {
+                host.dma_free(b, QP_BUF);
+            }
+            if let Some(d) = qp_dbr {
+                host.dma_free(d, QP_DBR);
+            }
+            self.pool.give_back(&extents);
+            return Some(Err(err(ErrorCode::NoMemory, "no DMA memory for the QP's work queue")));
+        };
+        let Slot::Free { next_generation } = self.slots[slot as usize] else { return None };
+        let id = LeaseId { slot, generation: next_generation };
+        let mtu = a.mtu.min(self.hca.port_mtu);
+        let ttl_ms = if a.ttl_ms == 0 { self.cfg.default_ttl_ms } else { a.ttl_ms };
+        let server_psn = self.next_psn();
+        let lease = Lease {
+            id,
+            tenant: who.tenant.to_string(),
+            session: Some(who.session),
+            orphaned_at: None,
+            reconnects: 0,
+            phase: Phase::Building,
+            size: a.size,
+            access: a.access,
+            mtu,
+            ttl_ms,
+            expires_at: now_us + u64::from(ttl_ms) * 1000,
+            client_qpn: a.client_qpn,
+            client_psn: a.client_psn,
+            client_gid: a.client_gid,
+            client_mac: a.client_mac,
+            server_psn,
+            extents,
+            qp_buf,
+            qp_dbr,
+            pd: None,
+            mkey: None,
+            qpn: None,
+            drop_entry: None,
+            qp_in_err: false,
+            variant: 0,
+            tried: Steps::default(),
+            failed: Steps::default(),
+            in_flight: None,
+            cause: None,
+            order: self.cfg.order,
+            waiters: Waiters::default(),
+            alloc_ticket: Some((ticket, now_us)),
+            failed_mask: 0,
+            failure: String::new(),
+        };
+        self.slots[slot as usize] = Slot::Busy(lease);
+        self.free.remove(&slot);
+        let u = self.usage.entry(who.tenant.to_string()).or_default();
+        u.0 += 1;
+        u.1 += bytes;
+        self.counters.allocs_started += 1;
+        self.advance(slot, now_us, host);
+        None
+    }
+
+    fn check_alloc(&self, a: &AllocReq) -> Result<(), ErrorBody> {
+        if a.size == 0 {
+            return Err(bad("alloc.size", "must be at least 1 byte"));
+        }
+        if a.size > self.cfg.pool_bytes() {
+            return Err(err(
+                ErrorCode::NoMemory,
+                &format!("{} bytes asked, the pool holds {}", a.size, self.cfg.pool_bytes()),
+            ));
+        }
+        if a.access == 0 || a.access & !access::ALL != 0 {
+            return Err(bad("alloc.access", "must be a non-empty set of REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC"));
+        }
+        if mtu_bytes(a.mtu).is_none() {
+            return Err(bad("alloc.mtu", "must be an IB MTU code from 1 (256) to 5 (4096)"));
+        }
+        if a.client_qpn == 0 || a.client_qpn > 0xff_ffff {
+            return Err(bad("alloc.client_qpn", "must be a 24-bit QPN other than 0"));
+        }
+        if a.client_psn > 0xff_ffff {
+            return Err(bad("alloc.client_psn", "must be a 24-bit PSN"));
+        }
+        if a.client_gid == [0; 16] {
+            return Err(bad("alloc.client_gid", "must be the client's GID"));
+        }
+        if a.client_mac == [0; 6] || a.client_mac[0] & 1 != 0 {
+            return Err(bad("alloc.client_mac", "must be a unicast MAC (the client's next hop)"));
+        }
+        if a.ttl_ms > self.cfg.max_ttl_ms {
+            return Err(bad("alloc.ttl_ms", &format!("must be at most {} ms", self.cfg.max_ttl_ms)));
+        }
+        Ok(())
+    }
+
+    fn tenant_usage(&self, tenant: &str) -> (u32, u64) {
+        self.usage.get(tenant).copied().unwrap_or_default()
+    }
+
+    /// A busy lease leaves the table (freed or fenced): its tenant's budget gets it back.
+    pub(super) fn unbook(&mut self, tenant: &str, extents: usize) {
+        let bytes = extents as u64 * self.cfg.extent;
+        if let Some(u) = self.usage.get_mut(tenant) {
+            u.0 = u.0.saturating_sub(1);
+            u.1 = u.1.saturating_sub(bytes);
+            if u.0 == 0 {
+                self.usage.remove(tenant);
+            }
+        }
+    }
+
+    /// The build finished: the lease is Granted and ALLOC is answered.
+    pub(super) fn granted(&mut self, slot: u32, now_us: u64) {
+        let ready_by = now_us + self.cfg.ready_timeout_ms * 1000;
+        let gid = self.hca.gid;
+        let Some(l) = self.lease_mut(slot) else { return };
+        l.phase = Phase::Granted { ready_by };
+        let resp = AllocResp {
+            lease: l.id,
+            rkey: l.mkey.map_or(0, |k| k.0),
+            remote_addr: l.extents[0],
+            length: l.size,
+            server_qpn: l.qpn.map_or(0, |q| q.0),
+            server_psn: l.server_psn,
+            server_gid: gid,
+            mtu: l.mtu,
+            ttl_ms: l.ttl_ms,
+        };
+        if let Some((ticket, since)) = l.alloc_ticket.take() {
+            self.answers.push((ticket, Ok(Response::Alloc(resp))));
+            self.counters.alloc_us.record(now_us.saturating_sub(since));
+        }
+        self.counters.allocs += 1;
+    }
+}

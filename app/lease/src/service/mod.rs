@@ -1,0 +1,393 @@
+//! The lease service as a sans-I/O state machine: requests and HCA results in, answers and HCA
+//! commands out. It never waits: each command a lease needs is queued with a tag ([`LeaseService::next_command`]),
+//! and the lease moves on when its result comes back ([`LeaseService::hca_done`]). Time comes in as
+//! microseconds with every call; [`LeaseService::tick`] runs the deadlines (revoke outcome within 1 s,
+//! READY, TTL, lost sessions) and the deferred sweep.
+//!
+//! By concern: [`plan`] decides the next step of a lease (pure), `alloc` grants, `revoke` ends leases (the
+//! immediate phase, the deadline, the sweep, fencing), `query` answers READY, RENEW, QUERY, LIST and
+//! FENCED_SUMMARY, `sessions` follows the control sessions. This file holds the table and moves commands.
+//! Revocation's contract is `docs/revoke-semantics.md`.
+
+mod alloc;
+pub mod plan;
+mod query;
+mod revoke;
+mod sessions;
+#[cfg(test)]
+mod tests;
+
+use ::alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+use ::alloc::format;
+use ::alloc::string::String;
+use ::alloc::vec::Vec;
+
+use leasebox_mlx5::command::{CmdError, Command, Output};
+use leasebox_mlx5::handles::{Cqn, FlowGroupId, FlowIndex, FlowTableId, MkeyVariant, UarPage};
+use leasebox_mlx5::ifc;
+use leasebox_proto::{ErrorBody, ErrorCode, LeaseState, Reply, Request, mtu_bytes};
+
+use crate::config::{Config, RevokeOrder};
+use crate::lease::{Cause, Lease, Phase, Slot, Step};
+use crate::pool::ExtentPool;
+use crate::stats::Counters;
+use plan::{CmdCtx, Next, Stage, View};
+
+pub use plan::FENCE_TEST_MKEY_INDEX;
+
+/// Who asks.
+#[derive(Clone, Copy, Debug)]
+pub struct Who<'a> {
+    pub session: u64,
+    pub tenant: &'a str,
+    pub admin: bool,
+}
+
+/// The memory services the lease service needs from its host: DMA memory for QP buffers and scrubbing.
+pub trait Host {
+    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<u64>;
+    fn dma_free(&mut self, addr: u64, len: usize);
+    /// Writes zeros over `[addr, addr + len)` (a lease's memory before it returns to the pool).
+    fn zero(&mut self, addr: u64, len: u64);
+}
+
+/// What the service needs to know about the HCA after bring-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HcaCtx {
+    pub uar: UarPage,
+    /// The CQ every lease QP reports to (polled by the event engine).
+    pub cqn: Cqn,
+    pub gid: [u8; 16],
+    pub gid_index: u8,
+    /// The largest IB MTU the port carries (1..=5).
+    pub port_mtu: u8,
+    /// The RDMA_RX table and group for per-slot DROP entries, when `Config::flow_drop` is set.
+    pub flow: Option<(FlowTableId, FlowGroupId)>,
+}
+
+/// The most LIST and FENCED_SUMMARY return in one page.
+pub const LIST_MAX: usize = leasebox_proto::MAX_PAGE;
+
+/// How often [`LeaseService::tick`] walks the table for deadlines (the revoke deadline is 1 s; READY, TTL and
+/// grace timers are coarser).
+pub const SCAN_INTERVAL_US: u64 = 1_000;
+
+/// The IB MTU code an Ethernet port of `oper_mtu` bytes (PMTU, L2 included) carries: the largest IB MTU
+/// whose RoCEv2 packets (IPv4 20 + UDP 8 + BTH 12 + RETH 16 + ICRC 4 bytes around the payload) fit the
+/// IP MTU (`oper_mtu` minus 22 bytes of L2).
+pub fn port_ib_mtu(oper_mtu: u16) -> u8 {
+    let ip = u32::from(oper_mtu).saturating_sub(22);
+    (1..=5u8).rev().find(|&c| mtu_bytes(c).is_some_and(|b| b + 60 <= ip)).unwrap_or(1)
+}
+
+pub struct LeaseService<T: Copy> {
+    cfg: Config,
+    hca: HcaCtx,
+    slots: Vec<Slot<T>>,
+    pool: ExtentPool,
+    /// Commands issued and not yet completed. A command's tag is its slot (low 32 bits) and a sequence number
+    /// (bits 32..63), so a result finds its lease with no map.
+    in_flight: usize,
+    next_seq: u64,
+    outbox: VecDeque<(u64, Command)>,
+    /// Commands of revokes' immediate phases: they go out before anything in `outbox`, so ALLOCs and sweeps
+    /// never delay an outcome that is due within the revoke deadline.
+    urgent: VecDeque<(u64, Command)>,
+    answers: Vec<(T, Reply)>,
+    mkey_variant: MkeyVariant,
+    psn_state: u64,
+    /// Free slots; ALLOC takes the lowest.
+    free: BTreeSet<u32>,
+    /// Busy leases and bytes per tenant (budgets).
+    usage: BTreeMap<String, (u32, u64)>,
+    /// The timer scan runs at most this often.
+    next_scan_us: u64,
+    pub counters: Counters,
+}
+
+fn err(code: ErrorCode, msg: &str) -> ErrorBody {
+    ErrorBody::new(code, msg)
+}
+
+impl<T: Copy> LeaseService<T> {
+    pub fn new(cfg: Config, hca: HcaCtx) -> Result<Self, crate::config::ConfigError> {
+        cfg.check()?;
+        let cfg_slots = cfg.slots;
+        let slots = (0..cfg.slots).map(|_| Slot::Free { next_generation: 1 }).collect();
+        let pool = ExtentPool::new(&cfg.pool, cfg.extent);
+        let psn_state = cfg.psn_seed | 1;
+        Ok(LeaseService {
+            cfg,
+            hca,
+            slots,
+            pool,
+            in_flight: 0,
+            next_seq: 1,
+            outbox: VecDeque::new(),
+            urgent: VecDeque::new(),
+            answers: Vec::new(),
+            mkey_variant: MkeyVariant::default(),
+            psn_state,
+            free: (0..cfg_slots).collect(),
+            usage: BTreeMap::new(),
+            next_scan_us: 0,
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The next HCA command to submit, with its tag.
+    pub fn next_command(&mut self) -> Option<(u64, Command)> {
+        self.urgent.pop_front().or_else(|| self.outbox.pop_front())
+    }
+
+    /// Puts a command back at the front (the submit ring was full).
+    pub fn unsend(&mut self, tag: u64, cmd: Command) {
+        // Back where it came from, at the front: an immediate-phase command goes back to the urgent queue.
+        let urgent = self.lease(tag_slot(tag)).is_some_and(|l| matches!(l.phase, Phase::Fencing { .. }));
+        if urgent { self.urgent.push_front((tag, cmd)) } else { self.outbox.push_front((tag, cmd)) }
+    }
+
+    pub fn has_commands(&self) -> bool {
+        !self.outbox.is_empty() || !self.urgent.is_empty()
+    }
+
+    /// Answers ready since the last call.
+    pub fn take_answers(&mut self, out: &mut Vec<(T, Reply)>) {
+        out.append(&mut self.answers);
+    }
+
+    /// Commands issued and not yet completed.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    pub fn pool(&self) -> &ExtentPool {
+        &self.pool
+    }
+
+    fn lease(&self, slot: u32) -> Option<&Lease<T>> {
+        match self.slots.get(slot as usize) {
+            Some(Slot::Busy(l)) => Some(l),
+            _ => None,
+        }
+    }
+
+    fn lease_mut(&mut self, slot: u32) -> Option<&mut Lease<T>> {
+        busy(&mut self.slots, slot)
+    }
+
+    /// One request from an authenticated principal. Returns the answer now, or `None` when it will come
+    /// through [`LeaseService::take_answers`].
+    pub fn request(
+        &mut self,
+        who: Who<'_>,
+        req: &Request,
+        ticket: T,
+        now_us: u64,
+        host: &mut dyn Host,
+    ) -> Option<Reply> {
+        match req {
+            Request::Alloc(a) => self.alloc(who, a, ticket, now_us, host),
+            Request::Ready { lease, client_qpn, server_qpn } => Some(self.ready(who, *lease, *client_qpn, *server_qpn)),
+            Request::Renew { lease, ttl_ms } => Some(self.renew(who, *lease, *ttl_ms, now_us)),
+            Request::Free { lease } => self.revoke(who, *lease, Cause::Free, None, ticket, now_us, host),
+            Request::Revoke { lease, qp_first } => {
+                let order = if *qp_first { Some(RevokeOrder::QpFirst) } else { None };
+                if order.is_some() && !(who.admin && self.cfg.allow_order_override) {
+                    return Some(Err(err(
+                        ErrorCode::Forbidden,
+                        "REVOKE: only the admin may choose the teardown order (qp_first), and only when allowed",
+                    )));
+                }
+                self.revoke(who, *lease, Cause::Revoke, order, ticket, now_us, host)
+            }
+            Request::Query { lease } => Some(self.query(who, *lease, now_us)),
+            Request::List { cursor, max } => Some(self.list(who, *cursor, *max, now_us)),
+            other => Some(Err(err(ErrorCode::UnknownOp, &format!("{} is not a lease operation", other.op().name())))),
+        }
+    }
+
+    /// The plan a lease in `phase` follows.
+    fn stage(l: &Lease<T>) -> Option<Stage> {
+        match l.phase {
+            Phase::Building => Some(Stage::Build),
+            Phase::Fencing { .. } => Some(Stage::Revoke(l.order)),
+            Phase::Sweeping => Some(Stage::Sweep),
+            Phase::Unwinding => Some(Stage::Unwind),
+            Phase::Granted { .. } | Phase::Active | Phase::PendingDestroy { .. } => None,
+        }
+    }
+
+    /// Issues the lease's next step, or ends its stage when [`plan::next`] says so.
+    fn advance(&mut self, slot: u32, now_us: u64, host: &mut dyn Host) {
+        let flow = self.cfg.flow_drop && self.hca.flow.is_some();
+        let ctx = CmdCtx {
+            hca: self.hca,
+            variant: self.mkey_variant.peek(),
+            extent_log: self.cfg.extent.trailing_zeros() as u8,
+            timers: (self.cfg.ack_timeout, self.cfg.retry_count, self.cfg.rnr_retry),
+            fence_test: self.cfg.fence_test,
+        };
+        let end = loop {
+            let Some(l) = busy(&mut self.slots, slot) else { return };
+            if l.in_flight.is_some() {
+                return;
+            }
+            let Some(stage) = Self::stage(l) else { return };
+            let view = View {
+                pd: l.pd.is_some(),
+                mkey: l.mkey.is_some(),
+                qp: l.qpn.is_some(),
+                qp_in_err: l.qp_in_err,
+                drop_entry: l.drop_entry.is_some(),
+                flow,
+                tried: l.tried,
+                failed: l.failed,
+            };
+            let step = match plan::next(stage, &view) {
+                Next::Issue(step) => step,
+                end => break (stage, end),
+            };
+            l.tried.insert(step);
+            let Some(cmd) = plan::command(step, stage, l, slot, &ctx) else { continue };
+            if step == Step::CreateMkey {
+                l.variant = ctx.variant;
+                self.mkey_variant.take();
+            }
+            let tag = (self.next_seq << 32) | u64::from(slot);
+            self.next_seq = self.next_seq % SEQ_MASK + 1;
+            l.in_flight = Some((tag, step));
+            self.in_flight += 1;
+            if matches!(stage, Stage::Revoke(_)) {
+                self.urgent.push_back((tag, cmd));
+            } else {
+                self.outbox.push_back((tag, cmd));
+            }
+            self.counters.commands += 1;
+            return;
+        };
+        match end {
+            (Stage::Build, Next::Done) => self.granted(slot, now_us),
+            (_, Next::Unwind) => self.unwind(slot, now_us, host),
+            (Stage::Revoke(_), Next::Done) => self.torn_down(slot, now_us),
+            (Stage::Sweep | Stage::Unwind, Next::Done) => self.release(slot, host),
+            (stage, _) => self.fail_closed(slot, stage, now_us),
+        }
+    }
+
+    /// A command finished. Every tag from [`LeaseService::next_command`] comes back here exactly once.
+    pub fn hca_done(&mut self, tag: u64, result: Result<Output, CmdError>, now_us: u64, host: &mut dyn Host) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        let slot = tag_slot(tag);
+        // A late completion for a slot already fenced (its revoke deadline passed) finds no lease: it stays
+        // fenced.
+        let Some(l) = self.lease_mut(slot) else { return };
+        let Some((t, step)) = l.in_flight.take() else { return };
+        if t != tag {
+            return;
+        }
+        match result {
+            Ok(out) => match step {
+                Step::AllocPd => l.pd = Some(ifc::resources::parse_alloc_pd(&out)),
+                Step::CreateMkey => l.mkey = Some(ifc::mkey::create_mkey_out_key(&out, l.variant)),
+                Step::CreateQp => l.qpn = Some(ifc::qp::create_qp_out(&out)),
+                Step::DestroyMkey => l.mkey = None,
+                Step::Qp2Err => l.qp_in_err = true,
+                Step::SetDrop => l.drop_entry = Some(FlowIndex(slot)),
+                Step::DeleteDrop => l.drop_entry = None,
+                Step::DestroyQp => l.qpn = None,
+                Step::DeallocPd => l.pd = None,
+                Step::Rst2Init | Step::Init2Rtr | Step::Rtr2Rts | Step::Qp2Rst => {}
+            },
+            Err(e) => self.step_failed(slot, step, &e, now_us),
+        }
+        self.advance(slot, now_us, host);
+    }
+
+    /// Books a failed step; [`plan::next`] decides what follows.
+    fn step_failed(&mut self, slot: u32, step: Step, e: &CmdError, now_us: u64) {
+        self.counters.failed_commands += 1;
+        let Some(l) = busy(&mut self.slots, slot) else { return };
+        let building = Self::stage(l) == Some(Stage::Build);
+        if step.bit() == 0 && !building {
+            // A build step of a lease revoked while it was built: nothing was created, nothing to cut.
+            return;
+        }
+        if l.failure.is_empty() {
+            l.failure = format!("{e}");
+        }
+        l.failed.insert(step);
+        l.failed_mask |= step.bit();
+        if step == Step::SetDrop {
+            self.counters.drop_failures += 1;
+        }
+        if building && let Some((ticket, since)) = l.alloc_ticket.take() {
+            // Answered now; the unwind follows.
+            self.answers.push((ticket, Err(hca_error(e))));
+            self.counters.alloc_us.record(now_us.saturating_sub(since));
+        }
+    }
+
+    // ---- figures ----
+
+    /// Leases by state (Granted, Active, Fencing, PendingDestroy, Fenced).
+    pub fn by_state(&self) -> [u32; 5] {
+        let mut n = [0u32; 5];
+        for s in &self.slots {
+            match s {
+                Slot::Busy(l) => n[l.state() as usize] += 1,
+                Slot::Fenced(_) => n[LeaseState::Fenced as usize] += 1,
+                Slot::Free { .. } => {}
+            }
+        }
+        n
+    }
+
+    pub fn bytes_leased(&self) -> u64 {
+        self.slots
+            .iter()
+            .map(|s| match s {
+                Slot::Busy(l) => l.extents.len() as u64 * self.cfg.extent,
+                _ => 0,
+            })
+            .sum()
+    }
+
+    pub fn fenced_count(&self) -> u32 {
+        self.slots.iter().filter(|s| matches!(s, Slot::Fenced(_))).count() as u32
+    }
+
+    /// Free slots (neither busy nor fenced).
+    pub fn free_slots(&self) -> usize {
+        self.free.len()
+    }
+}
+
+/// Sequence numbers run 1..=SEQ_MASK: within bits 32..63 of a tag (bit 63 is the command engine's), and never
+/// 0, so a tag never looks like one of `Client::submit`'s own.
+const SEQ_MASK: u64 = (1 << 31) - 1;
+
+/// The slot a command's tag names.
+fn tag_slot(tag: u64) -> u32 {
+    tag as u32
+}
+
+/// The busy lease in `slot` (a borrow of the table alone, so the service's other fields stay usable).
+fn busy<T>(slots: &mut [Slot<T>], slot: u32) -> Option<&mut Lease<T>> {
+    match slots.get_mut(slot as usize) {
+        Some(Slot::Busy(l)) => Some(l),
+        _ => None,
+    }
+}
+
+fn hca_error(e: &CmdError) -> ErrorBody {
+    ErrorBody::new(ErrorCode::HcaError, &format!("{e}")).with_detail([
+        (u32::from(e.opcode) << 16) | u32::from(e.op_mod),
+        u32::from(e.status_or_aborted()),
+        e.syndrome().unwrap_or(0),
+    ])
+}

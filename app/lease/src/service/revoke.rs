@@ -1,0 +1,256 @@
+//! Ending leases: FREE, REVOKE and expiry start the immediate phase (`plan::Stage::Revoke`), whose outcome is
+//! answered when it ends or at the revoke deadline; after the grace period the sweep runs; a failed ALLOC is
+//! unwound. Whatever fails fences the slot for good.
+
+use alloc::format;
+use alloc::string::String;
+
+use leasebox_proto::{ErrorCode, LeaseId, Outcome, Reply, Response};
+
+use super::plan::{QP_BUF, QP_DBR, Stage, Steps};
+use super::{Host, LeaseService, SCAN_INTERVAL_US, Who, err};
+use crate::config::RevokeOrder;
+use crate::lease::{Cause, FenceInfo, Lease, Phase, Slot, Waiter, origin, step_bit};
+
+/// The FENCED_SUMMARY origin of a fence in `stage`.
+pub(super) fn fence_origin<T>(stage: Stage, l: Option<&Lease<T>>) -> u8 {
+    match stage {
+        Stage::Revoke(_) => l.and_then(|l| l.cause).map_or(origin::REVOKE, Cause::origin),
+        Stage::Sweep => origin::SWEEP,
+        Stage::Build | Stage::Unwind => origin::LEGACY,
+    }
+}
+
+impl<T: Copy> LeaseService<T> {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn revoke(
+        &mut self,
+        who: Who<'_>,
+        id: LeaseId,
+        cause: Cause,
+        order: Option<RevokeOrder>,
+        ticket: T,
+        now_us: u64,
+        host: &mut dyn Host,
+    ) -> Option<Reply> {
+        let free = cause == Cause::Free;
+        let answer = |outcome| {
+            Some(Ok(if free {
+                Response::Free { outcome, elapsed_us: 0 }
+            } else {
+                Response::Revoke { outcome, elapsed_us: 0 }
+            }))
+        };
+        let waiter = Waiter { ticket, free, since_us: now_us };
+        match self.slots.get_mut(id.slot as usize) {
+            Some(Slot::Busy(l)) if who.admin || l.tenant == who.tenant => {
+                if l.id.generation != id.generation {
+                    return answer(Outcome::NotFound);
+                }
+                match l.phase {
+                    Phase::Fencing { .. } => {
+                        // Idempotent: the same outcome as the revoke in progress.
+                        l.waiters.push(waiter);
+                        None
+                    }
+                    Phase::PendingDestroy { .. } | Phase::Sweeping | Phase::Unwinding => answer(Outcome::TornDown),
+                    Phase::Building => {
+                        // The build is abandoned: ALLOC's asker hears so now, and the lease goes through the
+                        // immediate phase once the command in flight has answered.
+                        if let Some((t, since)) = l.alloc_ticket.take() {
+                            let msg = format!(
+                                "ALLOC: lease {}:{} was freed or revoked before it was granted",
+                                id.slot, id.generation
+                            );
+                            self.answers.push((t, Err(err(ErrorCode::NotFound, &msg))));
+                            self.counters.alloc_us.record(now_us.saturating_sub(since));
+                        }
+                        self.start_revoke(id.slot, cause, order, Some(waiter), now_us);
+                        self.advance(id.slot, now_us, host);
+                        None
+                    }
+                    Phase::Granted { .. } | Phase::Active => {
+                        self.start_revoke(id.slot, cause, order, Some(waiter), now_us);
+                        self.advance(id.slot, now_us, host);
+                        None
+                    }
+                }
+            }
+            Some(Slot::Fenced(f)) if (who.admin || f.tenant == who.tenant) && f.generation == id.generation => {
+                answer(Outcome::Fenced)
+            }
+            _ => answer(Outcome::NotFound),
+        }
+    }
+
+    /// Starts the immediate phase (its commands go out on the next `advance`).
+    fn start_revoke(
+        &mut self,
+        slot: u32,
+        cause: Cause,
+        order: Option<RevokeOrder>,
+        waiter: Option<Waiter<T>>,
+        now_us: u64,
+    ) {
+        let order = order.unwrap_or(self.cfg.order);
+        let deadline = now_us + self.cfg.revoke_deadline_ms * 1000;
+        let Some(l) = self.lease_mut(slot) else { return };
+        l.phase = Phase::Fencing { deadline };
+        l.cause = Some(cause);
+        l.order = order;
+        (l.tried, l.failed) = (Steps::default(), Steps::default());
+        if let Some(w) = waiter {
+            l.waiters.push(w);
+        }
+    }
+
+    /// The immediate phase ended (TornDown or Fenced): STATS counts it as a revoke or an expiry.
+    fn count_ended(&mut self, cause: Option<Cause>) {
+        match cause {
+            Some(Cause::Free | Cause::Revoke) => self.counters.revokes += 1,
+            Some(Cause::Expiry) => self.counters.expiries += 1,
+            None => {}
+        }
+    }
+
+    /// The immediate phase succeeded: the key is gone; the sweep comes after the grace period.
+    pub(super) fn torn_down(&mut self, slot: u32, now_us: u64) {
+        let at = now_us + self.cfg.grace_ms * 1000;
+        let Some(l) = self.lease_mut(slot) else { return };
+        l.phase = Phase::PendingDestroy { at };
+        let (waiters, cause) = (l.waiters.take(), l.cause);
+        self.count_ended(cause);
+        for w in waiters {
+            self.reply_outcome(w, Outcome::TornDown, now_us);
+        }
+    }
+
+    /// A build step failed: destroy what exists.
+    pub(super) fn unwind(&mut self, slot: u32, now_us: u64, host: &mut dyn Host) {
+        let Some(l) = self.lease_mut(slot) else { return };
+        l.phase = Phase::Unwinding;
+        (l.tried, l.failed) = (Steps::default(), Steps::default());
+        self.advance(slot, now_us, host);
+    }
+
+    /// A step of `stage` failed for good: fence the slot with the origin the stage names.
+    pub(super) fn fail_closed(&mut self, slot: u32, stage: Stage, now_us: u64) {
+        let origin = fence_origin(stage, self.lease(slot));
+        if let (Stage::Unwind, Some(l)) = (stage, self.lease_mut(slot)) {
+            l.failed_mask |= step_bit::UNWIND;
+        }
+        self.fence(slot, origin, now_us);
+    }
+
+    /// Timers: the revoke deadline, READY deadlines, TTLs, lost sessions, and the deferred sweep. Also issues
+    /// the commands that revokes started since the last call.
+    pub fn tick(&mut self, now_us: u64, host: &mut dyn Host) {
+        if now_us < self.next_scan_us {
+            return;
+        }
+        self.next_scan_us = now_us + SCAN_INTERVAL_US;
+        let session_grace = self.cfg.session_grace_ms * 1000;
+        for slot in 0..self.slots.len() as u32 {
+            let Some(l) = self.lease_mut(slot) else { continue };
+            match l.phase {
+                Phase::Fencing { deadline } => {
+                    if l.in_flight.is_none() {
+                        self.advance(slot, now_us, host);
+                    } else if now_us >= deadline {
+                        // The HCA has not answered: fail closed now, do not wait for the command timeout.
+                        l.failed_mask |= step_bit::DEADLINE;
+                        if l.failure.is_empty() {
+                            l.failure = String::from("no answer from the HCA within the revoke deadline");
+                        }
+                        let stage = Stage::Revoke(l.order);
+                        self.fail_closed(slot, stage, now_us);
+                    }
+                }
+                Phase::Granted { ready_by } if now_us >= ready_by => self.expire(slot, now_us, host),
+                Phase::Granted { .. } | Phase::Active => {
+                    let expired = now_us >= l.expires_at;
+                    let abandoned = l.orphaned_at.is_some_and(|t| now_us >= t + session_grace);
+                    if expired || abandoned {
+                        self.expire(slot, now_us, host);
+                    }
+                }
+                Phase::PendingDestroy { at } if now_us >= at => {
+                    l.phase = Phase::Sweeping;
+                    (l.tried, l.failed) = (Steps::default(), Steps::default());
+                    self.advance(slot, now_us, host);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn expire(&mut self, slot: u32, now_us: u64, host: &mut dyn Host) {
+        self.start_revoke(slot, Cause::Expiry, None, None, now_us);
+        self.advance(slot, now_us, host);
+    }
+
+    /// Revokes every live lease (an HCA that died, or shutdown): each gets its immediate phase.
+    pub fn revoke_all(&mut self, now_us: u64, host: &mut dyn Host) {
+        for slot in 0..self.slots.len() as u32 {
+            if self.lease(slot).is_some_and(|l| matches!(l.phase, Phase::Granted { .. } | Phase::Active)) {
+                self.expire(slot, now_us, host);
+            }
+        }
+    }
+
+    fn reply_outcome(&mut self, w: Waiter<T>, outcome: Outcome, now_us: u64) {
+        let elapsed = now_us.saturating_sub(w.since_us);
+        self.counters.revoke_us.record(elapsed);
+        let elapsed_us = elapsed.min(u64::from(u32::MAX)) as u32;
+        let r = if w.free { Response::Free { outcome, elapsed_us } } else { Response::Revoke { outcome, elapsed_us } };
+        self.answers.push((w.ticket, Ok(r)));
+    }
+
+    /// Fences `slot` for good: its memory and the slot are never reused until reboot.
+    fn fence(&mut self, slot: u32, origin: u8, now_us: u64) {
+        let Some(Slot::Busy(l)) = self.slots.get_mut(slot as usize) else { return };
+        let waiters = l.waiters.take();
+        let alloc_ticket = l.alloc_ticket.take();
+        let immediate = matches!(l.phase, Phase::Fencing { .. }).then_some(l.cause).flatten();
+        let info = FenceInfo {
+            generation: l.id.generation,
+            failed_mask: l.failed_mask,
+            origin,
+            at_ms: now_us / 1000,
+            tenant: core::mem::take(&mut l.tenant),
+            detail: core::mem::take(&mut l.failure),
+        };
+        // A command still in flight keeps its tag: its late completion finds the fence and is ignored.
+        self.pool.quarantine(l.extents.len());
+        let n = l.extents.len();
+        let tenant = info.tenant.clone();
+        self.slots[slot as usize] = Slot::Fenced(info);
+        self.unbook(&tenant, n);
+        self.counters.fenced += 1;
+        self.count_ended(immediate);
+        for w in waiters {
+            self.reply_outcome(w, Outcome::Fenced, now_us);
+        }
+        if let Some((ticket, _)) = alloc_ticket {
+            self.answers
+                .push((ticket, Err(err(ErrorCode::HcaError, "the lease's slot was fenced while it was built"))));
+        }
+    }
+
+    /// The sweep or an unwind finished: scrub, free the memory, free the slot.
+    pub(super) fn release(&mut self, slot: u32, host: &mut dyn Host) {
+        let Some(Slot::Busy(l)) = self.slots.get_mut(slot as usize) else { return };
+        for &e in &l.extents {
+            host.zero(e, self.cfg.extent);
+        }
+        self.pool.give_back(&l.extents);
+        host.dma_free(l.qp_buf, QP_BUF);
+        host.dma_free(l.qp_dbr, QP_DBR);
+        let next_generation = l.id.generation.wrapping_add(1).max(1);
+        let (tenant, n) = (core::mem::take(&mut l.tenant), l.extents.len());
+        self.slots[slot as usize] = Slot::Free { next_generation };
+        self.free.insert(slot);
+        self.unbook(&tenant, n);
+        self.counters.swept += 1;
+    }
+}

@@ -1,0 +1,471 @@
+//! The service over a scripted fake HCA on a virtual clock: every command is answered (or not) as the test
+//! says, at the time the test says. No model, no thread, no wall clock.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use leasebox_mlx5::command::{Command, ErrorKind, Output};
+use leasebox_mlx5::handles::{Cqn, FlowGroupId, FlowTableId, UarPage};
+use leasebox_proto::{
+    AllocReq, ErrorCode, HEADER_LEN, LeaseId, MAX_PAYLOAD, Op, Outcome, Reply, Request, Response, access,
+};
+
+use super::*;
+use crate::lease::{origin, step_bit};
+
+const ALLOC_PD: u16 = 0x800;
+const DEALLOC_PD: u16 = 0x801;
+const CREATE_MKEY: u16 = 0x200;
+const DESTROY_MKEY: u16 = 0x202;
+const CREATE_QP: u16 = 0x500;
+const RST2INIT: u16 = 0x502;
+const INIT2RTR: u16 = 0x503;
+const RTR2RTS: u16 = 0x504;
+const QP_2ERR: u16 = 0x507;
+const QP_2RST: u16 = 0x50a;
+const DESTROY_QP: u16 = 0x501;
+const SET_FTE: u16 = 0x936;
+const DELETE_FTE: u16 = 0x938;
+const BUILD: [u16; 6] = [ALLOC_PD, CREATE_MKEY, CREATE_QP, RST2INIT, INIT2RTR, RTR2RTS];
+
+/// How the fake answers a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    Ok,
+    /// Status BAD_PARAM, syndrome 0x7e57.
+    Fail,
+    /// Never (until [`Rig::late`]).
+    Hang,
+}
+
+/// DMA memory from a bump allocator; what was freed and scrubbed is recorded.
+#[derive(Default)]
+struct FakeHost {
+    next: u64,
+    live: BTreeMap<u64, usize>,
+    zeroed: Vec<(u64, u64)>,
+}
+
+impl Host for FakeHost {
+    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<u64> {
+        let a = (0x1000_0000 + self.next).next_multiple_of(align as u64);
+        self.next = a + len as u64 - 0x1000_0000;
+        self.live.insert(a, len);
+        Some(a)
+    }
+    fn dma_free(&mut self, addr: u64, len: usize) {
+        assert_eq!(self.live.remove(&addr), Some(len), "freed what was allocated, once");
+    }
+    fn zero(&mut self, addr: u64, len: u64) {
+        self.zeroed.push((addr, len));
+    }
+}
+
+const TENANT: Who<'static> = Who { session: 1, tenant: "alpha", admin: false };
+const ADMIN: Who<'static> = Who { session: 2, tenant: "root", admin: true };
+
+struct Rig {
+    svc: LeaseService<u64>,
+    host: FakeHost,
+    now_us: u64,
+    /// Answers scripted per opcode, used in order; an opcode with none left answers Ok.
+    script: BTreeMap<u16, VecDeque<Answer>>,
+    /// Opcodes in the order the service issued them.
+    issued: Vec<u16>,
+    hung: Vec<(u64, Command)>,
+    next_handle: u32,
+    next_ticket: u64,
+    answers: BTreeMap<u64, Reply>,
+}
+
+/// A pool of one run of `bytes` at `base`.
+fn one_run(base: u64, bytes: u64) -> Vec<core::ops::Range<u64>> {
+    core::iter::once(base..base + bytes).collect()
+}
+
+impl Rig {
+    fn new(cfg: Config) -> Rig {
+        let flow = cfg.flow_drop.then_some((FlowTableId(5), FlowGroupId(6)));
+        let pool_bytes = if cfg.pool.is_empty() { 64 << 20 } else { cfg.pool_bytes() };
+        let cfg = Config { pool: one_run(0x4000_0000, pool_bytes), ..cfg };
+        let hca = HcaCtx { uar: UarPage(1), cqn: Cqn(2), gid: [7; 16], gid_index: 0, port_mtu: 3, flow };
+        Rig {
+            svc: LeaseService::new(cfg, hca).unwrap(),
+            host: FakeHost::default(),
+            now_us: 1_000_000,
+            script: BTreeMap::new(),
+            issued: Vec::new(),
+            hung: Vec::new(),
+            next_handle: 0x100,
+            next_ticket: 1,
+            answers: BTreeMap::new(),
+        }
+    }
+
+    fn script(&mut self, opcode: u16, answers: &[Answer]) {
+        self.script.entry(opcode).or_default().extend(answers);
+    }
+
+    fn answer(&mut self, tag: u64, cmd: &Command, a: Answer) {
+        let result = match a {
+            Answer::Ok => {
+                let mut out = vec![0u8; cmd.out_len()];
+                // Every handle an output carries (pd, mkey index, qpn) is the 24 bits at 0x48.
+                leasebox_mlx5::field::set(&mut out, 0x48, 24, self.next_handle);
+                self.next_handle += 1;
+                Ok(Output::new(out))
+            }
+            Answer::Fail => Err(cmd.error(ErrorKind::Status { status: 0x03, syndrome: 0x7e57 })),
+            Answer::Hang => unreachable!("a hung command is never answered here"),
+        };
+        self.svc.hca_done(tag, result, self.now_us, &mut self.host);
+    }
+
+    /// The fake HCA takes every queued command and answers at once (or never, as scripted); then the
+    /// service's timers run. Collects answers.
+    fn run(&mut self) {
+        loop {
+            while let Some((tag, cmd)) = self.svc.next_command() {
+                self.issued.push(cmd.opcode());
+                let a = self.script.get_mut(&cmd.opcode()).and_then(|q| q.pop_front()).unwrap_or(Answer::Ok);
+                if a == Answer::Hang {
+                    self.hung.push((tag, cmd));
+                } else {
+                    self.answer(tag, &cmd, a);
+                }
+            }
+            self.svc.tick(self.now_us, &mut self.host);
+            if !self.svc.has_commands() {
+                break;
+            }
+        }
+        let mut out = Vec::new();
+        self.svc.take_answers(&mut out);
+        for (t, r) in out {
+            assert!(self.answers.insert(t, r).is_none(), "ticket {t} answered twice");
+        }
+    }
+
+    /// Moves the virtual clock on by `us` in timer-scan steps, running everything at each.
+    fn advance(&mut self, us: u64) {
+        let end = self.now_us + us;
+        while self.now_us < end {
+            self.now_us = (self.now_us + SCAN_INTERVAL_US).min(end);
+            self.run();
+        }
+    }
+
+    /// The hung commands complete now, as scripted.
+    fn late(&mut self, a: Answer) {
+        for (tag, cmd) in core::mem::take(&mut self.hung) {
+            self.answer(tag, &cmd, a);
+        }
+        self.run();
+    }
+
+    fn send(&mut self, who: Who<'_>, req: &Request) -> u64 {
+        let t = self.next_ticket;
+        self.next_ticket += 1;
+        if let Some(r) = self.svc.request(who, req, t, self.now_us, &mut self.host) {
+            self.answers.insert(t, r);
+        }
+        self.run();
+        t
+    }
+
+    fn take(&mut self, t: u64) -> Option<Reply> {
+        self.answers.remove(&t)
+    }
+
+    fn call(&mut self, who: Who<'_>, req: &Request) -> Reply {
+        let t = self.send(who, req);
+        self.take(t).expect("answered at once by the fake")
+    }
+
+    /// ALLOC + READY: an Active lease.
+    fn active(&mut self) -> LeaseId {
+        let Ok(Response::Alloc(a)) = self.call(TENANT, &Request::Alloc(alloc_req())) else { panic!("ALLOC") };
+        let r = self.call(TENANT, &Request::Ready { lease: a.lease, client_qpn: 0x1234, server_qpn: a.server_qpn });
+        assert!(matches!(r, Ok(Response::Ready { .. })), "{r:?}");
+        self.issued.clear();
+        a.lease
+    }
+
+    fn revoke(&mut self, lease: LeaseId, qp_first: bool) -> Outcome {
+        match self.call(ADMIN, &Request::Revoke { lease, qp_first }) {
+            Ok(Response::Revoke { outcome, .. }) => outcome,
+            other => panic!("REVOKE: {other:?}"),
+        }
+    }
+
+    /// Past the grace period: the sweep runs.
+    fn sweep(&mut self) {
+        let grace = self.svc.config().grace_ms * 1000;
+        self.advance(grace + SCAN_INTERVAL_US);
+    }
+
+    fn fenced(&self, lease: LeaseId) -> Option<(u32, u8)> {
+        self.svc.fence_info(lease.slot).map(|f| {
+            assert_eq!(f.generation, lease.generation);
+            (f.failed_mask, f.origin)
+        })
+    }
+}
+
+fn alloc_req() -> AllocReq {
+    AllocReq {
+        size: 4 << 20,
+        access: access::REMOTE_READ | access::REMOTE_WRITE,
+        mtu: 3,
+        ttl_ms: 0,
+        client_qpn: 0x1234,
+        client_psn: 0x100,
+        client_gid: [0xfe; 16],
+        client_mac: [2, 0, 0, 0, 0, 2],
+    }
+}
+
+fn cfg(flow_drop: bool) -> Config {
+    Config { flow_drop, grace_ms: 50, ..Config::default() }
+}
+
+#[test]
+fn a_lease_is_built_revoked_swept_and_scrubbed() {
+    let mut r = Rig::new(cfg(true));
+    let extents = r.svc.pool().free_extents();
+    let lease = r.active();
+    assert_eq!(r.revoke(lease, false), Outcome::TornDown);
+    assert_eq!(r.issued, [DESTROY_MKEY, SET_FTE], "mkey-first: the key, then the DROP entry; the QP stays");
+    assert_eq!(r.svc.counters.revokes, 1);
+    r.issued.clear();
+    r.sweep();
+    assert_eq!(r.issued, [QP_2ERR, QP_2RST, DESTROY_QP, DELETE_FTE, DEALLOC_PD]);
+    assert_eq!(r.host.zeroed, [(0x4000_0000, 2 << 20), (0x4020_0000, 2 << 20)], "scrubbed before reuse");
+    assert_eq!(r.svc.pool().free_extents(), extents);
+    assert!(r.host.live.is_empty(), "QP buffer and doorbell record freed");
+    assert_eq!(r.revoke(lease, false), Outcome::NotFound, "swept");
+}
+
+#[test]
+fn each_teardown_step_failing_in_turn_fences_with_its_mask_and_origin() {
+    /// Mask and origin of a fenced slot.
+    type Fence = Option<(u32, u8)>;
+    // (order qp-first?, flow DROP?, opcode failing, outcome, fence); `None` = not fenced.
+    let cases: &[(bool, bool, u16, Outcome, Fence)] = &[
+        // Immediate phase, mkey-first: the failed key falls back to 2ERR_QP.
+        (false, false, DESTROY_MKEY, Outcome::Fenced, Some((step_bit::DESTROY_MKEY, origin::REVOKE))),
+        // A DROP entry alone never fences; its bit is kept in case the slot fences later.
+        (false, true, SET_FTE, Outcome::TornDown, None),
+        // Immediate phase, qp-first: DESTROY_MKEY still runs after a failed 2ERR_QP.
+        (true, false, QP_2ERR, Outcome::Fenced, Some((step_bit::QP_2ERR, origin::REVOKE))),
+        (true, false, DESTROY_MKEY, Outcome::Fenced, Some((step_bit::DESTROY_MKEY, origin::REVOKE))),
+        // The sweep.
+        (false, false, QP_2ERR, Outcome::TornDown, Some((step_bit::QP_2ERR, origin::SWEEP))),
+        (false, false, QP_2RST, Outcome::TornDown, Some((step_bit::QP_2RST, origin::SWEEP))),
+        (false, false, DESTROY_QP, Outcome::TornDown, Some((step_bit::DESTROY_QP, origin::SWEEP))),
+        (false, true, DELETE_FTE, Outcome::TornDown, Some((step_bit::DELETE_DROP, origin::SWEEP))),
+        (false, false, DEALLOC_PD, Outcome::TornDown, Some((step_bit::DEALLOC_PD, origin::SWEEP))),
+    ];
+    for &(qp_first, flow, opcode, outcome, fenced) in cases {
+        let mut r = Rig::new(cfg(flow));
+        let extents = r.svc.pool().free_extents();
+        let lease = r.active();
+        r.script(opcode, &[Answer::Fail]);
+        let what = format!("qp_first {qp_first} flow {flow} opcode {opcode:#x}");
+        assert_eq!(r.revoke(lease, qp_first), outcome, "{what}");
+        r.sweep();
+        assert_eq!(r.fenced(lease), fenced, "{what}");
+        assert_eq!(r.svc.counters.revokes, 1, "{what}: one revoke, counted once");
+        if fenced.is_some() {
+            assert_eq!(r.svc.pool().free_extents(), extents - 2, "{what}: the memory never returns");
+            assert_eq!(r.revoke(lease, false), Outcome::Fenced, "{what}: idempotent");
+            assert!(r.host.zeroed.is_empty(), "{what}");
+        } else {
+            assert_eq!(r.svc.pool().free_extents(), extents, "{what}");
+            assert_eq!(r.svc.counters.drop_failures, 1, "{what}");
+        }
+    }
+}
+
+#[test]
+fn a_failed_destroy_mkey_falls_back_to_2err_at_once() {
+    let mut r = Rig::new(cfg(false));
+    let lease = r.active();
+    r.script(DESTROY_MKEY, &[Answer::Fail]);
+    assert_eq!(r.revoke(lease, false), Outcome::Fenced);
+    assert_eq!(r.issued, [DESTROY_MKEY, QP_2ERR]);
+    assert_eq!(r.fenced(lease), Some((step_bit::DESTROY_MKEY, origin::REVOKE)), "the fallback succeeded");
+    // Both cuts failing: both bits.
+    let lease = r.active();
+    r.script(DESTROY_MKEY, &[Answer::Fail]);
+    r.script(QP_2ERR, &[Answer::Fail]);
+    assert_eq!(r.revoke(lease, false), Outcome::Fenced);
+    assert_eq!(r.issued, [DESTROY_MKEY, QP_2ERR]);
+    assert_eq!(r.fenced(lease), Some((step_bit::DESTROY_MKEY | step_bit::QP_2ERR, origin::REVOKE)));
+}
+
+#[test]
+fn qp_first_runs_destroy_mkey_after_a_failed_2err_and_records_both() {
+    let mut r = Rig::new(cfg(false));
+    let lease = r.active();
+    assert_eq!(r.revoke(lease, true), Outcome::TornDown);
+    assert_eq!(r.issued, [QP_2ERR, DESTROY_MKEY], "the spec's order");
+    r.issued.clear();
+    r.sweep();
+    assert_eq!(r.issued, [QP_2RST, DESTROY_QP, DEALLOC_PD], "the QP is in ERR already");
+
+    let lease = r.active();
+    r.script(QP_2ERR, &[Answer::Fail]);
+    assert_eq!(r.revoke(lease, true), Outcome::Fenced);
+    assert_eq!(r.issued, [QP_2ERR, DESTROY_MKEY], "the strongest cut that remains still runs");
+    assert_eq!(r.fenced(lease), Some((step_bit::QP_2ERR, origin::REVOKE)));
+    assert_eq!(r.svc.counters.failed_commands, 1);
+
+    let lease = r.active();
+    r.script(QP_2ERR, &[Answer::Fail]);
+    r.script(DESTROY_MKEY, &[Answer::Fail]);
+    assert_eq!(r.revoke(lease, true), Outcome::Fenced);
+    assert_eq!(r.fenced(lease), Some((step_bit::QP_2ERR | step_bit::DESTROY_MKEY, origin::REVOKE)));
+}
+
+#[test]
+fn a_failed_drop_entry_is_in_the_mask_of_a_slot_that_fences() {
+    let mut r = Rig::new(cfg(true));
+    let lease = r.active();
+    r.script(DESTROY_MKEY, &[Answer::Fail]);
+    r.script(SET_FTE, &[Answer::Fail]);
+    assert_eq!(r.revoke(lease, false), Outcome::Fenced);
+    assert_eq!(r.issued, [DESTROY_MKEY, QP_2ERR, SET_FTE]);
+    assert_eq!(r.fenced(lease), Some((step_bit::DESTROY_MKEY | step_bit::SET_DROP, origin::REVOKE)));
+    assert_eq!(r.svc.counters.drop_failures, 1);
+}
+
+#[test]
+fn the_revoke_deadline_answers_fenced_and_a_late_completion_changes_nothing() {
+    let mut r = Rig::new(cfg(false));
+    let lease = r.active();
+    r.script(DESTROY_MKEY, &[Answer::Hang]);
+    let t = r.send(ADMIN, &Request::Revoke { lease, qp_first: false });
+    let deadline_us = r.svc.config().revoke_deadline_ms * 1000;
+    r.advance(deadline_us - SCAN_INTERVAL_US);
+    assert!(r.take(t).is_none(), "nothing before the deadline");
+    assert_eq!(r.svc.counters.revokes, 0, "counted when the outcome is known, not when it starts");
+    r.advance(SCAN_INTERVAL_US);
+    let Some(Ok(Response::Revoke { outcome: Outcome::Fenced, elapsed_us })) = r.take(t) else { panic!() };
+    assert_eq!(u64::from(elapsed_us), deadline_us, "answered at the deadline, on the virtual clock");
+    assert_eq!(r.fenced(lease), Some((step_bit::DEADLINE, origin::REVOKE)));
+    assert_eq!(r.svc.counters.revokes, 1);
+    assert_eq!(r.issued, [DESTROY_MKEY], "no fallback while the HCA does not answer");
+    // The command completes long after: the slot stays fenced and the tag is retired.
+    r.late(Answer::Ok);
+    assert_eq!(r.fenced(lease), Some((step_bit::DEADLINE, origin::REVOKE)));
+    assert_eq!(r.svc.in_flight(), 0);
+}
+
+#[test]
+fn a_revoke_of_a_lease_being_built_abandons_the_build() {
+    let mut r = Rig::new(cfg(false));
+    let extents = r.svc.pool().free_extents();
+    r.script(CREATE_QP, &[Answer::Hang]);
+    let alloc = r.send(TENANT, &Request::Alloc(alloc_req()));
+    assert!(r.take(alloc).is_none());
+    let lease = LeaseId { slot: 0, generation: 1 };
+    let free = r.send(TENANT, &Request::Free { lease });
+    let e = r.take(alloc).expect("ALLOC answered at once").unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound, "{e:?}");
+    assert!(r.take(free).is_none(), "the outcome waits for the command in flight");
+    // CREATE_QP answers: the QP exists, and the key is cut.
+    r.issued.clear();
+    r.late(Answer::Ok);
+    assert!(matches!(r.take(free), Some(Ok(Response::Free { outcome: Outcome::TornDown, .. }))));
+    assert_eq!(r.issued, [DESTROY_MKEY]);
+    assert_eq!((r.svc.counters.revokes, r.svc.counters.allocs), (1, 0));
+    r.issued.clear();
+    r.sweep();
+    assert_eq!(r.issued, [QP_2ERR, QP_2RST, DESTROY_QP, DEALLOC_PD]);
+    assert_eq!(r.svc.pool().free_extents(), extents);
+    assert_eq!(r.svc.free_slots(), r.svc.config().slots as usize);
+
+    // The command in flight hangs: the deadline fences, as for any revoke.
+    r.script(CREATE_MKEY, &[Answer::Hang]);
+    let alloc = r.send(TENANT, &Request::Alloc(alloc_req()));
+    let t = r.send(ADMIN, &Request::Revoke { lease: LeaseId { slot: 0, generation: 2 }, qp_first: false });
+    assert!(r.take(alloc).is_some_and(|a| a.is_err()));
+    r.advance(r.svc.config().revoke_deadline_ms * 1000);
+    assert!(matches!(r.take(t), Some(Ok(Response::Revoke { outcome: Outcome::Fenced, .. }))));
+}
+
+#[test]
+fn a_failed_build_step_unwinds_and_an_unwind_failure_fences() {
+    for (i, &failing) in BUILD.iter().enumerate() {
+        let mut r = Rig::new(cfg(false));
+        r.script(failing, &[Answer::Fail]);
+        let e = r.call(TENANT, &Request::Alloc(alloc_req())).unwrap_err();
+        assert_eq!((e.code, e.detail[0] >> 16), (ErrorCode::HcaError, u32::from(failing)));
+        let undo: &[u16] = match i {
+            0 => &[],
+            1 => &[DEALLOC_PD],
+            2 => &[DESTROY_MKEY, DEALLOC_PD],
+            _ => &[QP_2RST, DESTROY_QP, DESTROY_MKEY, DEALLOC_PD],
+        };
+        assert_eq!(&r.issued[i + 1..], undo, "failing {failing:#x}");
+        assert_eq!((r.svc.free_slots(), r.svc.fenced_count()), (r.svc.config().slots as usize, 0));
+    }
+    let mut r = Rig::new(cfg(false));
+    r.script(INIT2RTR, &[Answer::Fail]);
+    r.script(DESTROY_QP, &[Answer::Fail]);
+    assert!(r.call(TENANT, &Request::Alloc(alloc_req())).is_err());
+    let lease = LeaseId { slot: 0, generation: 1 };
+    assert_eq!(r.fenced(lease), Some((step_bit::DESTROY_QP | step_bit::UNWIND, origin::LEGACY)));
+}
+
+#[test]
+fn expiries_are_counted_when_their_outcome_is_known() {
+    let mut r = Rig::new(Config { ready_timeout_ms: 100, ..cfg(false) });
+    let Ok(Response::Alloc(_)) = r.call(TENANT, &Request::Alloc(alloc_req())) else { panic!() };
+    r.script(DESTROY_MKEY, &[Answer::Hang]);
+    r.advance(100_000 + SCAN_INTERVAL_US);
+    assert_eq!(r.svc.counters.expiries, 0, "the immediate phase is still running");
+    r.late(Answer::Ok);
+    assert_eq!((r.svc.counters.expiries, r.svc.counters.revokes), (1, 0));
+}
+
+#[test]
+fn fenced_summary_pages_past_one_frame() {
+    let n = 300;
+    let pool_bytes = u64::from(n) * alloc_req().size;
+    let mut r = Rig::new(Config { slots: n, tenant_leases: n, pool: one_run(0, pool_bytes), ..cfg(false) });
+    let mut leases = Vec::new();
+    for _ in 0..n {
+        leases.push(r.active());
+    }
+    // An HCA that refuses everything: every slot fences.
+    r.script(DESTROY_MKEY, &vec![Answer::Fail; n as usize]);
+    r.script(QP_2ERR, &vec![Answer::Fail; n as usize]);
+    r.svc.revoke_all(r.now_us, &mut r.host);
+    r.run();
+    assert_eq!(r.svc.fenced_count(), n);
+    assert_eq!(r.svc.counters.expiries, u64::from(n));
+    // One page is one frame; all pages together list every fenced slot once, in slot order.
+    let mut all = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let (next_cursor, slots) = r.svc.fenced(ADMIN, cursor, u16::MAX);
+        assert!(slots.len() <= LIST_MAX);
+        let resp = Response::FencedSummary { next_cursor, slots: slots.clone() };
+        let mut f = Vec::new();
+        resp.encode(Op::FencedSummary, 1, &mut f);
+        assert!(f.len() - HEADER_LEN <= MAX_PAYLOAD, "{} bytes", f.len());
+        all.extend(slots);
+        if next_cursor == 0 {
+            break;
+        }
+        assert!(next_cursor > cursor);
+        cursor = next_cursor;
+    }
+    assert_eq!(all.iter().map(|f| f.slot).collect::<Vec<_>>(), (0..n).collect::<Vec<_>>());
+    assert!(all.iter().all(|f| f.failed_mask == step_bit::DESTROY_MKEY | step_bit::QP_2ERR));
+    // A page of one, and a tenant that sees nothing of another's.
+    assert_eq!(r.svc.fenced(ADMIN, 5, 1), (6, vec![all[5].clone()]));
+    let other = Who { session: 9, tenant: "beta", admin: false };
+    assert_eq!(r.svc.fenced(other, 0, 128), (0, vec![]));
+}
