@@ -16,6 +16,7 @@ use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
+use leasebox_mlx5::DmaBuf;
 use leasebox_mlx5::command::{CmdError, Command, Output};
 use leasebox_mlx5::handles::{Cqn, FlowGroupId, FlowIndex, FlowTableId, MkeyIndex, MkeyVariant, Qpn, UarPage};
 use leasebox_mlx5::ifc;
@@ -41,8 +42,8 @@ pub struct Who<'a> {
 
 /// The memory services the lease service needs from its host: DMA memory for QP buffers and scrubbing.
 pub trait Host {
-    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<u64>;
-    fn dma_free(&mut self, addr: u64, len: usize);
+    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<DmaBuf>;
+    fn dma_free(&mut self, buf: DmaBuf);
     /// Writes zeros over `[addr, addr + len)` (a lease's memory before it returns to the pool).
     fn zero(&mut self, addr: u64, len: u64);
 }
@@ -279,10 +280,10 @@ impl<T: Copy> LeaseService<T> {
         let qp_dbr = host.dma_alloc(QP_DBR, 64);
         let (Some(qp_buf), Some(qp_dbr)) = (qp_buf, qp_dbr) else {
             if let Some(b) = qp_buf {
-                host.dma_free(b, QP_BUF);
+                host.dma_free(b);
             }
             if let Some(d) = qp_dbr {
-                host.dma_free(d, QP_DBR);
+                host.dma_free(d);
             }
             self.pool.give_back(&extents);
             return Some(Err(err(ErrorCode::NoMemory, "no DMA memory for the QP's work queue")));
@@ -446,8 +447,8 @@ impl<T: Copy> LeaseService<T> {
                         log_sq_size: QP_LOG_SQ,
                         log_msg_max: 30,
                         log_page_size: 0,
-                        dbr_addr: l.qp_dbr,
-                        pages: &[l.qp_buf],
+                        dbr_addr: l.qp_dbr.addr(),
+                        pages: &[l.qp_buf.addr()],
                     })
                     .with("slot", u64::from(slot))
                 }),
@@ -726,8 +727,8 @@ impl<T: Copy> LeaseService<T> {
             host.zero(e, self.cfg.extent);
         }
         self.pool.give_back(&l.extents);
-        host.dma_free(l.qp_buf, QP_BUF);
-        host.dma_free(l.qp_dbr, QP_DBR);
+        host.dma_free(l.qp_buf);
+        host.dma_free(l.qp_dbr);
         let next_generation = l.id.generation.wrapping_add(1).max(1);
         let (tenant, n) = (core::mem::take(&mut l.tenant), l.extents.len());
         self.slots[slot as usize] = Slot::Free { next_generation };

@@ -19,7 +19,7 @@ use spin::Mutex;
 use crate::command::{CmdError, Command, ErrorKind, HEADER_LEN, Output};
 use crate::initseg;
 use crate::log::{CmdLog, Outcome};
-use crate::platform::{PAGE_SIZE, Platform};
+use crate::platform::{DmaBuf, PAGE_SIZE, Platform};
 
 /// `MLX5_MAX_COMMANDS`.
 pub const MAX_SLOTS: usize = 32;
@@ -92,7 +92,7 @@ enum State {
 
 struct Slot {
     /// Input chain, then output chain: `2 * MAX_BLOCKS` blocks of [`BLOCK_STRIDE`].
-    mailboxes: u64,
+    mailboxes: DmaBuf,
     state: State,
 }
 
@@ -107,7 +107,7 @@ pub struct Completion {
 }
 
 pub struct CmdQueue {
-    base: u64,
+    base: DmaBuf,
     log_stride: u32,
     slots: Vec<Slot>,
     token: u8,
@@ -149,15 +149,15 @@ impl CmdQueue {
             let Some(mailboxes) = p.dma_alloc(2 * MAX_BLOCKS * BLOCK_STRIDE, PAGE_SIZE) else {
                 for s in &slots {
                     let s: &Slot = s;
-                    p.dma_free(s.mailboxes, 2 * MAX_BLOCKS * BLOCK_STRIDE);
+                    p.dma_free(s.mailboxes);
                 }
-                p.dma_free(base, PAGE_SIZE);
+                p.dma_free(base);
                 return Err(SetupError::NoDma);
             };
             slots.push(Slot { mailboxes, state: State::Free });
         }
-        p.bar_write32(initseg::CMDQ_ADDR_H, (base >> 32) as u32);
-        p.bar_write32(initseg::CMDQ_ADDR_L_SZ, (base as u32) & !0xfff);
+        p.bar_write32(initseg::CMDQ_ADDR_H, (base.addr() >> 32) as u32);
+        p.bar_write32(initseg::CMDQ_ADDR_L_SZ, (base.addr() as u32) & !0xfff);
         Ok(CmdQueue {
             base,
             log_stride,
@@ -189,7 +189,7 @@ impl CmdQueue {
     }
 
     fn entry_addr(&self, slot: usize) -> u64 {
-        self.base + ((slot as u64) << self.log_stride)
+        self.base.at((slot as u64) << self.log_stride)
     }
 
     fn range(&self, class: SlotClass) -> core::ops::Range<usize> {
@@ -242,7 +242,7 @@ impl CmdQueue {
             self.token = 1;
         }
         let token = self.token;
-        let mbox = self.slots[slot].mailboxes;
+        let mbox = self.slots[slot].mailboxes.addr();
         let in_chain = Self::write_chain(p, mbox, &input[HEADER_LEN.min(input.len())..], token);
         let out_blocks = out_len.saturating_sub(HEADER_LEN).div_ceil(BLOCK_DATA);
         let out_base = mbox + (MAX_BLOCKS * BLOCK_STRIDE) as u64;
@@ -399,7 +399,7 @@ impl CmdQueue {
             let syndrome = u32::from_be_bytes([out[4], out[5], out[6], out[7]]);
             return Err(err(ErrorKind::Status { status, syndrome }));
         }
-        let out_base = self.slots[slot].mailboxes + (MAX_BLOCKS * BLOCK_STRIDE) as u64;
+        let out_base = self.slots[slot].mailboxes.at((MAX_BLOCKS * BLOCK_STRIDE) as u64);
         let mut at = HEADER_LEN;
         let mut blk = 0u64;
         while at < out.len() {
@@ -435,8 +435,8 @@ impl CmdQueue {
     /// must no longer read the entries.
     pub fn release<P: Platform + ?Sized>(self, p: &P) {
         for s in &self.slots {
-            p.dma_free(s.mailboxes, 2 * MAX_BLOCKS * BLOCK_STRIDE);
+            p.dma_free(s.mailboxes);
         }
-        p.dma_free(self.base, PAGE_SIZE);
+        p.dma_free(self.base);
     }
 }
