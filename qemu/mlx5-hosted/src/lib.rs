@@ -164,27 +164,15 @@ impl HostedPlatform {
                 let handle = std::thread::Builder::new()
                     .name("mlx5-model".into())
                     .spawn(move || {
-                        let mut idle = 0u32;
-                        while !s.load(Ordering::Relaxed) {
+                        // Commands held for firmware time complete on a later pass, so the thread never
+                        // sleeps: it spins, then yields.
+                        poll_until(&s, 256, || {
                             let mut model = m.lock().unwrap_or_else(|e| e.into_inner());
-                            let mut did = model.poll();
-                            if let Some(u) = udp.as_mut() {
-                                did |= mlx5_model::dataplane::poll_udp(&mut model, u).unwrap_or(0) > 0;
-                            }
-                            drop(model);
-                            if did {
-                                idle = 0;
-                            } else {
-                                idle = idle.saturating_add(1);
-                                // Commands held for firmware time complete on a later pass, so the thread
-                                // never sleeps: it spins, then yields.
-                                if idle > 256 {
-                                    std::thread::yield_now();
-                                } else {
-                                    std::hint::spin_loop();
-                                }
-                            }
-                        }
+                            let did = model.poll();
+                            let sent =
+                                udp.as_mut().map_or(0, |u| mlx5_model::dataplane::poll_udp(&mut model, u).unwrap_or(0));
+                            did | (sent > 0)
+                        })
                     })
                     .expect("spawn the model thread");
                 Stepper::Thread { stop, handle: Some(handle), model }
@@ -258,21 +246,26 @@ pub fn spawn_engines(
     mut ev: EventEngine<HostedPlatform>,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new().name("mlx5-engines".into()).spawn(move || {
-        let mut idle = 0u32;
-        while !stop.load(Ordering::Relaxed) {
-            if cmd.poll() | ev.poll() {
-                idle = 0;
+    std::thread::Builder::new()
+        .name("mlx5-engines".into())
+        .spawn(move || poll_until(&stop, 1024, || cmd.poll() | ev.poll()))
+}
+
+/// Runs `pass` until `stop` is set: spinning while it does work, yielding after `spins` idle passes in a row.
+fn poll_until(stop: &AtomicBool, spins: u32, mut pass: impl FnMut() -> bool) {
+    let mut idle = 0u32;
+    while !stop.load(Ordering::Relaxed) {
+        if pass() {
+            idle = 0;
+        } else {
+            idle = idle.saturating_add(1);
+            if idle > spins {
+                std::thread::yield_now();
             } else {
-                idle = idle.saturating_add(1);
-                if idle > 1024 {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
+                std::hint::spin_loop();
             }
         }
-    })
+    }
 }
 
 /// A zeroed shared mapping of `len` bytes: a file in /dev/shm (or the temporary directory), mapped, then
