@@ -6,7 +6,8 @@
 //!
 //! Small DMA objects (doorbell records, mailbox-sized buffers) come from per-size free lists carved out of
 //! whole frames, so a 64-byte record does not cost a 4 KiB frame; such chunks go back to their list, never to
-//! the frame allocator.
+//! the frame allocator. Each allocation's handle carries an id, so a stale handle (its memory freed and handed
+//! out again) frees nothing.
 #![forbid(unsafe_code)]
 
 use alloc::collections::BTreeMap;
@@ -16,7 +17,7 @@ use core::sync::atomic::{AtomicU32, Ordering};
 use leasebox_kernel::arch::memory::{self, DmaRegion};
 use leasebox_kernel::arch::mmio::Mmio;
 use leasebox_kernel::time::Instant;
-use leasebox_mlx5::Platform;
+use leasebox_mlx5::{DmaBuf, Platform};
 use spin::RwLock;
 
 const FRAME: usize = 4096;
@@ -47,9 +48,10 @@ enum Backing {
     Region(DmaRegion),
 }
 
-/// A live allocation: the length asked for and the memory behind it.
+/// A live allocation: the length asked for, its id, and the memory behind it.
 struct Live {
     len: usize,
+    id: u64,
     backing: Backing,
 }
 
@@ -60,6 +62,8 @@ struct Dma {
     free: [Vec<Chunk>; CLASSES],
     /// Every live allocation by device address.
     live: BTreeMap<u64, Live>,
+    /// The id the last allocation got.
+    last_id: u64,
 }
 
 impl Dma {
@@ -125,7 +129,7 @@ impl Platform for KernelHca {
         self.bar.write32(offset, value.to_be());
     }
 
-    fn dma_alloc(&self, len: usize, align: usize) -> Option<u64> {
+    fn dma_alloc(&self, len: usize, align: usize) -> Option<DmaBuf> {
         if len == 0 {
             return None;
         }
@@ -142,21 +146,23 @@ impl Platform for KernelHca {
                 (r.device_addr(), Backing::Region(r))
             }
         };
-        dma.live.insert(addr, Live { len, backing });
-        Some(addr)
+        dma.last_id += 1;
+        let id = dma.last_id;
+        dma.live.insert(addr, Live { len, id, backing });
+        Some(DmaBuf::new(addr, len, id))
     }
 
-    fn dma_free(&self, addr: u64, len: usize) {
+    fn dma_free(&self, buf: DmaBuf) {
         let mut dma = self.dma.write();
-        let live = match dma.live.remove(&addr) {
-            Some(l) if l.len == len => l,
+        let live = match dma.live.remove(&buf.addr()) {
+            Some(l) if (l.len, l.id) == (buf.len(), buf.id()) => l,
             other => {
-                // Not what was handed out: keep whatever is live, free nothing.
+                // Not a live handle: keep whatever is live, free nothing.
                 if let Some(l) = other {
-                    dma.live.insert(addr, l);
+                    dma.live.insert(buf.addr(), l);
                 }
                 drop(dma);
-                return self.fault("free of", addr, len);
+                return self.fault("free of", buf.addr(), buf.len());
             }
         };
         match live.backing {

@@ -1,11 +1,11 @@
 //! Leasebox kernel library.
 //!
 //! Everything that parses, allocates or decides lives in safe modules that also build for the host and are
-//! unit-tested there (`bootinfo`, `acpi`, `frames`, `paging`, `pci`, `config`, `net_config`,
-//! `time`). The code that touches the machine — boot assembly, descriptor tables, port and MMIO access, AP
-//! start-up — lives under `arch/`, builds only for `target_os = "none"`, and is the only place with `unsafe`.
+//! unit-tested there (`bootinfo`, `acpi`, `frames`, `paging`, `pci`, `config`, `net_config`, `time`). The code
+//! that touches the machine — boot assembly, descriptor tables, port and MMIO access, AP start-up — lives under
+//! `arch/`, builds only for `target_os = "none"`, and is the only place with `unsafe` (besides the RDTSC in
+//! `time`, which host tests use too); the crate denies `unsafe_code` everywhere else.
 #![cfg_attr(not(test), no_std)]
-// `unsafe` only under `arch/` (and the one RDTSC in `time`): everything else is safe code over its exports.
 #![deny(unsafe_code)]
 
 extern crate alloc;

@@ -256,7 +256,7 @@ fn boot_scenarios() -> Vec<Scenario> {
             ..Scenario::new(
                 "model-signature",
                 "-kernel on Q35 with the mlx5 model: guest RAM and the ivshmem BAR in fresh shared files, the \
-                 model process running; the kernel finds the model's signature in BAR2",
+                 model process running; the image finds the model's signature in BAR2",
                 BootKind::Kernel,
                 check_model_signature,
             )
@@ -389,7 +389,7 @@ pub fn check_kernel_smp3_q35(t: &Transcript) -> Result<(), String> {
     check_pci_count(t, &pci)
 }
 
-/// `model-signature`: one ivshmem function with the model's 32 MiB BAR2, and the kernel's note that it
+/// `model-signature`: one ivshmem function with the model's 32 MiB BAR2, and the image's note that it
 /// carries the model's signature.
 pub fn check_model_signature(t: &Transcript) -> Result<(), String> {
     t.ready()?;

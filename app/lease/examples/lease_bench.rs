@@ -37,7 +37,7 @@ use leasebox_mlx5::handles::{Mkey, Pdn, Qpn};
 use leasebox_mlx5::ifc;
 use leasebox_mlx5::ifc::mkey::{MkeyAccess, MkeyParams};
 use leasebox_mlx5::ifc::qp::{Mtu, QpAccess, QpBase, RcPeer, RcQpParams, RtsParams};
-use leasebox_mlx5::platform::Platform;
+use leasebox_mlx5::platform::{DmaBuf, Platform};
 use leasebox_proto::{AllocReq, LeaseId, Reply, Request, Response, access};
 use mlx5_hosted::{HostedPlatform, ModelMode};
 use mlx5_model::ModelConfig;
@@ -696,7 +696,7 @@ fn model_alone(core: &mut Core, n: usize) -> (f64, f64) {
     let pool = core.parts.pool[0].start;
     let (pds, _) = pipeline(core, (0..n).map(|_| ifc::resources::alloc_pd()).collect());
     let pds: Vec<Pdn> = pds.iter().map(ifc::resources::parse_alloc_pd).collect();
-    let bufs: Vec<(u64, u64)> = (0..n)
+    let bufs: Vec<(DmaBuf, DmaBuf)> = (0..n)
         .map(|_| {
             let b = core.platform.dma_alloc(4096, 4096).expect("a QP buffer");
             let d = core.platform.dma_alloc(64, 64).expect("a doorbell record");
@@ -715,8 +715,8 @@ fn model_alone(core: &mut Core, n: usize) -> (f64, f64) {
                 log_sq_size: 6,
                 log_msg_max: 30,
                 log_page_size: 0,
-                dbr_addr: bufs[i].1,
-                pages: &[bufs[i].0],
+                dbr_addr: bufs[i].1.addr(),
+                pages: &[bufs[i].0.addr()],
             })
         })
         .collect();
@@ -768,8 +768,8 @@ fn model_alone(core: &mut Core, n: usize) -> (f64, f64) {
     sweep_ms += pipeline(core, qpns.iter().map(|&q| ifc::qp::destroy_qp(q)).collect()).1;
     sweep_ms += pipeline(core, pds.iter().map(|&pd| ifc::resources::dealloc_pd(pd)).collect()).1;
     for (b, d) in bufs {
-        core.platform.dma_free(b, 4096);
-        core.platform.dma_free(d, 64);
+        core.platform.dma_free(b);
+        core.platform.dma_free(d);
     }
     (mkey_ms, sweep_ms)
 }

@@ -4,6 +4,7 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
+use leasebox_mlx5::DmaBuf;
 use leasebox_mlx5::handles::{FlowIndex, Mkey, Pdn, Qpn};
 use leasebox_proto::{LeaseId, LeaseState};
 
@@ -193,8 +194,8 @@ pub struct Lease<T> {
     /// Extents of the lease pool, in MKEY page order.
     pub extents: Vec<u64>,
     /// QP work-queue buffer and doorbell record (DMA memory).
-    pub qp_buf: u64,
-    pub qp_dbr: u64,
+    pub qp_buf: DmaBuf,
+    pub qp_dbr: DmaBuf,
     pub pd: Option<Pdn>,
     pub mkey: Option<Mkey>,
     pub qpn: Option<Qpn>,

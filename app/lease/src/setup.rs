@@ -9,7 +9,7 @@ use core::ops::Range;
 use leasebox_mlx5::driver::Driver;
 use leasebox_mlx5::ifc::flow;
 use leasebox_mlx5::ifc::vport::{RoceAddress, set_roce_address};
-use leasebox_mlx5::platform::Platform;
+use leasebox_mlx5::platform::{DmaBuf, Platform};
 
 use alloc::sync::Arc;
 
@@ -22,11 +22,11 @@ use crate::service::{HcaCtx, Host, port_ib_mtu};
 pub struct PlatformHost<P: Platform>(pub Arc<P>);
 
 impl<P: Platform> Host for PlatformHost<P> {
-    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<u64> {
+    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<DmaBuf> {
         self.0.dma_alloc(len, align)
     }
-    fn dma_free(&mut self, addr: u64, len: usize) {
-        self.0.dma_free(addr, len)
+    fn dma_free(&mut self, buf: DmaBuf) {
+        self.0.dma_free(buf)
     }
     fn zero(&mut self, addr: u64, len: u64) {
         let z = [0u8; 4096];
@@ -55,23 +55,28 @@ pub struct LeaseParts {
 }
 
 /// `mib` MiB of DMA memory in [`POOL_EXTENT`]s wherever the platform has them, adjacent extents merged into
-/// runs; nothing (every extent returned) when there are fewer.
+/// runs; nothing (every extent returned) when there are fewer. The extents stay allocated until reboot.
 pub fn allocate_pool<P: Platform>(p: &P, mib: u32) -> Result<Vec<Range<u64>>, String> {
-    let want = u64::from(mib) << 20;
-    let mut runs: Vec<Range<u64>> = Vec::new();
-    let mut have = 0;
-    while have < want {
-        let Some(a) = p.dma_alloc(POOL_EXTENT as usize, POOL_EXTENT as usize) else {
-            for e in runs.iter().flat_map(|r| r.clone().step_by(POOL_EXTENT as usize)) {
-                p.dma_free(e, POOL_EXTENT as usize);
+    let want = (u64::from(mib) << 20) / POOL_EXTENT;
+    let mut taken: Vec<DmaBuf> = Vec::new();
+    while (taken.len() as u64) < want {
+        match p.dma_alloc(POOL_EXTENT as usize, POOL_EXTENT as usize) {
+            Some(b) => taken.push(b),
+            None => {
+                let have = taken.len() as u64 * (POOL_EXTENT >> 20);
+                for b in taken {
+                    p.dma_free(b);
+                }
+                return Err(format!("only {have} of {mib} MiB free for the lease pool (in 2 MiB extents)"));
             }
-            return Err(format!("only {} of {mib} MiB free for the lease pool (in 2 MiB extents)", have >> 20));
-        };
+        }
+    }
+    let mut runs: Vec<Range<u64>> = Vec::new();
+    for a in taken.iter().map(|b| b.addr()) {
         match runs.last_mut() {
             Some(r) if r.end == a => r.end += POOL_EXTENT,
             _ => runs.push(a..a + POOL_EXTENT),
         }
-        have += POOL_EXTENT;
     }
     Ok(runs)
 }
@@ -168,7 +173,7 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
 
-    /// Hands out the given extent addresses in order, then nothing; records frees.
+    /// Hands out the given extent addresses in order, then nothing; records frees (of live handles only).
     struct Extents {
         left: Mutex<Vec<u64>>,
         freed: Mutex<Vec<u64>>,
@@ -185,13 +190,15 @@ mod tests {
             u32::MAX
         }
         fn bar_write32(&self, _: usize, _: u32) {}
-        fn dma_alloc(&self, len: usize, align: usize) -> Option<u64> {
+        fn dma_alloc(&self, len: usize, align: usize) -> Option<DmaBuf> {
             assert_eq!((len, align), (POOL_EXTENT as usize, POOL_EXTENT as usize));
-            self.left.lock().unwrap().pop()
+            self.left.lock().unwrap().pop().map(|a| DmaBuf::new(a, len, a))
         }
-        fn dma_free(&self, addr: u64, len: usize) {
-            assert_eq!(len, POOL_EXTENT as usize);
-            self.freed.lock().unwrap().push(addr);
+        fn dma_free(&self, buf: DmaBuf) {
+            assert_eq!((buf.len(), buf.id()), (POOL_EXTENT as usize, buf.addr()), "a handle this fake handed out");
+            let mut freed = self.freed.lock().unwrap();
+            assert!(!freed.contains(&buf.addr()), "freed twice");
+            freed.push(buf.addr());
         }
         fn dma_read(&self, _: u64, buf: &mut [u8]) {
             buf.fill(0xff);

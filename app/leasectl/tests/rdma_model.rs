@@ -54,7 +54,7 @@ fn appliance(peer: &QpEndpoint) -> (Appliance, QpEndpoint, std::net::SocketAddr)
         Config { part: "ConnectX-5", pre_init_timeout_ms: 2_000, cmd_timeout_ms: Some(2_000), ..Config::default() };
     let mut d = Driver::bring_up(p.clone(), cfg).unwrap_or_else(|e| panic!("bring-up: {e}"));
     let pd = d.alloc_pd().unwrap();
-    let buf = p.dma_alloc(LEN, 4096).unwrap();
+    let buf = p.dma_alloc(LEN, 4096).unwrap().addr();
     let access = MkeyAccess::LOCAL_READ | MkeyAccess::LOCAL_WRITE | MkeyAccess::REMOTE_READ | MkeyAccess::REMOTE_WRITE;
     let mkey = d.create_mkey(pd, buf, LEN as u64, access, 12, &[buf, buf + 4096]).unwrap();
     let cq = d.create_cq(6).unwrap();

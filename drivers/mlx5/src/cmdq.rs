@@ -19,7 +19,7 @@ use spin::Mutex;
 use crate::command::{CmdError, Command, ErrorKind, HEADER_LEN, Output};
 use crate::initseg;
 use crate::log::{CmdLog, Outcome};
-use crate::platform::{PAGE_SIZE, Platform};
+use crate::platform::{DmaBuf, PAGE_SIZE, Platform};
 
 /// `MLX5_MAX_COMMANDS`.
 pub const MAX_SLOTS: usize = 32;
@@ -94,7 +94,7 @@ enum State {
 
 struct Slot {
     /// Input chain, then output chain: `2 * MAX_BLOCKS` blocks of [`BLOCK_STRIDE`].
-    mailboxes: u64,
+    mailboxes: DmaBuf,
     state: State,
 }
 
@@ -113,7 +113,7 @@ pub struct Completion {
 }
 
 pub struct CmdQueue {
-    base: u64,
+    base: DmaBuf,
     log_stride: u32,
     slots: Vec<Slot>,
     token: u8,
@@ -156,15 +156,15 @@ impl CmdQueue {
             let Some(mailboxes) = p.dma_alloc(2 * MAX_BLOCKS * BLOCK_STRIDE, PAGE_SIZE) else {
                 for s in &slots {
                     let s: &Slot = s;
-                    p.dma_free(s.mailboxes, 2 * MAX_BLOCKS * BLOCK_STRIDE);
+                    p.dma_free(s.mailboxes);
                 }
-                p.dma_free(base, PAGE_SIZE);
+                p.dma_free(base);
                 return Err(SetupError::NoDma);
             };
             slots.push(Slot { mailboxes, state: State::Free });
         }
-        p.bar_write32(initseg::CMDQ_ADDR_H, (base >> 32) as u32);
-        p.bar_write32(initseg::CMDQ_ADDR_L_SZ, (base as u32) & !0xfff);
+        p.bar_write32(initseg::CMDQ_ADDR_H, (base.addr() >> 32) as u32);
+        p.bar_write32(initseg::CMDQ_ADDR_L_SZ, (base.addr() as u32) & !0xfff);
         Ok(CmdQueue {
             base,
             log_stride,
@@ -196,7 +196,7 @@ impl CmdQueue {
     }
 
     fn entry_addr(&self, slot: usize) -> u64 {
-        self.base + ((slot as u64) << self.log_stride)
+        self.base.at((slot as u64) << self.log_stride)
     }
 
     fn range(&self, class: SlotClass) -> core::ops::Range<usize> {
@@ -256,7 +256,7 @@ impl CmdQueue {
             self.token = 1;
         }
         let token = self.token;
-        let mbox = self.slots[slot].mailboxes;
+        let mbox = self.slots[slot].mailboxes.addr();
         let in_chain = Self::write_chain(p, mbox, &input[HEADER_LEN.min(input.len())..], token);
         let out_blocks = out_len.saturating_sub(HEADER_LEN).div_ceil(BLOCK_DATA);
         let out_base = mbox + (MAX_BLOCKS * BLOCK_STRIDE) as u64;
@@ -423,7 +423,7 @@ impl CmdQueue {
             let syndrome = u32::from_be_bytes([out[4], out[5], out[6], out[7]]);
             return Err(err(ErrorKind::Status { status, syndrome }));
         }
-        let out_base = self.slots[slot].mailboxes + (MAX_BLOCKS * BLOCK_STRIDE) as u64;
+        let out_base = self.slots[slot].mailboxes.at((MAX_BLOCKS * BLOCK_STRIDE) as u64);
         let mut at = HEADER_LEN;
         let mut blk = 0u64;
         while at < out.len() {
@@ -460,9 +460,9 @@ impl CmdQueue {
     /// must no longer read the entries.
     pub fn release<P: Platform + ?Sized>(self, p: &P) {
         for s in &self.slots {
-            p.dma_free(s.mailboxes, 2 * MAX_BLOCKS * BLOCK_STRIDE);
+            p.dma_free(s.mailboxes);
         }
-        p.dma_free(self.base, PAGE_SIZE);
+        p.dma_free(self.base);
     }
 }
 
@@ -532,13 +532,13 @@ mod tests {
                 self.bar.lock().insert(offset, value);
             }
         }
-        fn dma_alloc(&self, len: usize, align: usize) -> Option<u64> {
+        fn dma_alloc(&self, len: usize, align: usize) -> Option<DmaBuf> {
             let mut next = self.next.lock();
             let a = next.next_multiple_of(align as u64);
             *next = a + len as u64;
-            (*next as usize <= MEM).then_some(a)
+            (*next as usize <= MEM).then_some(DmaBuf::new(a, len, a))
         }
-        fn dma_free(&self, _addr: u64, _len: usize) {}
+        fn dma_free(&self, _buf: DmaBuf) {}
         fn dma_read(&self, addr: u64, buf: &mut [u8]) {
             buf.copy_from_slice(&self.mem.lock()[addr as usize..addr as usize + buf.len()]);
         }

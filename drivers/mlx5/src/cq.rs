@@ -5,15 +5,15 @@
 //! [`crate::ifc::cq::Cqe`].
 
 use crate::ifc::cq::{CQE_INIT_OP_OWN, CQE_OP_OWN_BYTE, CQE_SIZE, Cqe, MLX5_CQE_INVALID};
-use crate::platform::{PAGE_SIZE, Platform};
+use crate::platform::{DmaBuf, PAGE_SIZE, Platform};
 
 /// Doorbell records get 64 bytes each, as the selftest aligns them.
 pub const DBR_LEN: usize = 64;
 
 /// The DMA side of a CQ.
 pub struct CqRing {
-    pub buf: u64,
-    pub dbr: u64,
+    pub buf: DmaBuf,
+    pub dbr: DmaBuf,
     pub log_size: u32,
     cc: u32,
 }
@@ -22,11 +22,11 @@ impl CqRing {
     pub fn alloc<P: Platform + ?Sized>(p: &P, log_size: u32) -> Option<CqRing> {
         let buf = p.dma_alloc(Self::bytes(log_size), PAGE_SIZE)?;
         let Some(dbr) = p.dma_alloc(DBR_LEN, DBR_LEN) else {
-            p.dma_free(buf, Self::bytes(log_size));
+            p.dma_free(buf);
             return None;
         };
         for i in 0..(1u64 << log_size) {
-            p.dma_write(buf + i * CQE_SIZE as u64 + CQE_OP_OWN_BYTE as u64, &[CQE_INIT_OP_OWN]);
+            p.dma_write(buf.at(i * CQE_SIZE as u64 + CQE_OP_OWN_BYTE as u64), &[CQE_INIT_OP_OWN]);
         }
         Some(CqRing { buf, dbr, log_size, cc: 0 })
     }
@@ -36,7 +36,7 @@ impl CqRing {
     }
 
     pub fn pages(&self) -> impl Iterator<Item = u64> + '_ {
-        (0..Self::bytes(self.log_size) / PAGE_SIZE).map(|i| self.buf + (i * PAGE_SIZE) as u64)
+        (0..Self::bytes(self.log_size) / PAGE_SIZE).map(|i| self.buf.at((i * PAGE_SIZE) as u64))
     }
 
     /// CQEs consumed so far.
@@ -47,7 +47,7 @@ impl CqRing {
     /// The next software-owned CQE, consuming it (and publishing the new counter in the doorbell record).
     pub fn next<P: Platform + ?Sized>(&mut self, p: &P) -> Option<Cqe> {
         let mask = (1u32 << self.log_size) - 1;
-        let at = self.buf + u64::from(self.cc & mask) * CQE_SIZE as u64;
+        let at = self.buf.at(u64::from(self.cc & mask) * CQE_SIZE as u64);
         let op_own = p.dma_read8(at + CQE_OP_OWN_BYTE as u64);
         if u32::from(op_own & 1) != (self.cc >> self.log_size) & 1 || op_own >> 4 == MLX5_CQE_INVALID {
             return None;
@@ -55,12 +55,12 @@ impl CqRing {
         let mut e = [0u8; CQE_SIZE];
         p.dma_read(at, &mut e);
         self.cc = self.cc.wrapping_add(1);
-        p.dma_write32(self.dbr, self.cc & 0xff_ffff);
+        p.dma_write32(self.dbr.addr(), self.cc & 0xff_ffff);
         Some(Cqe::parse(&e))
     }
 
     pub fn release<P: Platform + ?Sized>(self, p: &P) {
-        p.dma_free(self.buf, Self::bytes(self.log_size));
-        p.dma_free(self.dbr, DBR_LEN);
+        p.dma_free(self.buf);
+        p.dma_free(self.dbr);
     }
 }

@@ -4,7 +4,7 @@
 //! CPUs each engine runs alone on its core; with one CPU the same `poll` methods run round-robin on core 0.
 //! Nothing here waits: each `poll` does what is ready and returns whether it did anything.
 
-use alloc::collections::{BTreeSet, VecDeque};
+use alloc::collections::{BTreeMap, VecDeque};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -18,7 +18,7 @@ use crate::health::{Fatal, Health};
 use crate::ifc;
 use crate::ifc::cq::Cqe;
 use crate::ifc::eq::Eqe;
-use crate::platform::{PAGE_SIZE, Platform};
+use crate::platform::{DmaBuf, PAGE_SIZE, Platform};
 use crate::ring::{Consumer, Producer, ring};
 
 /// Ring capacities.
@@ -81,9 +81,10 @@ impl Shared {
 /// Pages the firmware holds, and page work waiting for the page slot.
 #[derive(Default)]
 pub struct PageSupply {
-    given: BTreeSet<u64>,
+    /// Pages the firmware holds, by device address (MANAGE_PAGES gives addresses back).
+    given: BTreeMap<u64, DmaBuf>,
     queue: VecDeque<PageRequest>,
-    in_flight: Option<(u64, Vec<u64>, bool)>,
+    in_flight: Option<(u64, Vec<DmaBuf>, bool)>,
     pub failures: u64,
 }
 
@@ -105,7 +106,7 @@ impl PageSupply {
 
     /// Builds the next page command, allocating pages for a give; a give the platform cannot back is
     /// answered with MANAGE_PAGES ALLOCATION_FAIL, as Linux does.
-    fn next_command<P: Platform + ?Sized>(&mut self, p: &P) -> Option<(Command, Vec<u64>, bool)> {
+    fn next_command<P: Platform + ?Sized>(&mut self, p: &P) -> Option<(Command, Vec<DmaBuf>, bool)> {
         let r = self.queue.pop_front()?;
         if r.num_pages > 0 {
             let n = (r.num_pages as usize).min(PAGES_PER_COMMAND);
@@ -118,14 +119,15 @@ impl PageSupply {
                     Some(a) => pages.push(a),
                     None => {
                         for a in pages {
-                            p.dma_free(a, PAGE_SIZE);
+                            p.dma_free(a);
                         }
                         self.failures += 1;
                         return Some((ifc::init::manage_pages_cant_give(r.function_id), Vec::new(), false));
                     }
                 }
             }
-            Some((ifc::init::manage_pages_give(r.function_id, &pages), pages, true))
+            let addrs: Vec<u64> = pages.iter().map(|b| b.addr()).collect();
+            Some((ifc::init::manage_pages_give(r.function_id, &addrs), pages, true))
         } else if r.num_pages < 0 {
             let n = (r.num_pages.unsigned_abs() as usize).min(PAGES_PER_COMMAND);
             if (r.num_pages.unsigned_abs() as usize) > n {
@@ -144,20 +146,20 @@ impl PageSupply {
         match (&c.result, give) {
             (Ok(_), true) => {
                 let n = pages.len();
-                self.given.extend(pages);
+                self.given.extend(pages.into_iter().map(|b| (b.addr(), b)));
                 n
             }
             (Err(_), true) => {
                 self.failures += 1;
                 for a in pages {
-                    p.dma_free(a, PAGE_SIZE);
+                    p.dma_free(a);
                 }
                 0
             }
             (Ok(out), false) => {
                 for a in ifc::init::parse_manage_pages_take(out) {
-                    if self.given.remove(&a) {
-                        p.dma_free(a, PAGE_SIZE);
+                    if let Some(b) = self.given.remove(&a) {
+                        p.dma_free(b);
                     }
                 }
                 0
@@ -172,8 +174,8 @@ impl PageSupply {
     /// Frees every page the firmware held. Only after the firmware can no longer touch them (reclaimed,
     /// or the function disabled).
     pub fn release_all<P: Platform + ?Sized>(&mut self, p: &P) {
-        for a in core::mem::take(&mut self.given) {
-            p.dma_free(a, PAGE_SIZE);
+        for b in core::mem::take(&mut self.given).into_values() {
+            p.dma_free(b);
         }
     }
 }

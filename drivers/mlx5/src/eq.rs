@@ -7,14 +7,14 @@ use crate::handles::{Eqn, UarPage};
 use crate::ifc::eq::{
     EQE_INIT_OWNER, EQE_OWNER_BYTE, EQE_SIZE, Eqe, MLX5_EQ_DOORBEL_OFFSET_UPDATE_CI, eq_doorbell_value,
 };
-use crate::platform::{PAGE_SIZE, Platform};
+use crate::platform::{DmaBuf, PAGE_SIZE, Platform};
 
 /// Linux updates the consumer index at least this often while draining (`MLX5_NUM_SPARE_EQE`).
 pub const UPDATE_EVERY: u32 = 128;
 
 /// The DMA side of an EQ: its buffer (one contiguous run of 4 KiB pages) and consumer index.
 pub struct EventRing {
-    pub buf: u64,
+    pub buf: DmaBuf,
     pub log_size: u32,
     ci: u32,
     eqn: Eqn,
@@ -28,7 +28,7 @@ impl EventRing {
         let len = Self::bytes(log_size);
         let buf = p.dma_alloc(len, PAGE_SIZE)?;
         for i in 0..(1u64 << log_size) {
-            p.dma_write(buf + i * EQE_SIZE as u64 + EQE_OWNER_BYTE as u64, &[EQE_INIT_OWNER]);
+            p.dma_write(buf.at(i * EQE_SIZE as u64 + EQE_OWNER_BYTE as u64), &[EQE_INIT_OWNER]);
         }
         Some(EventRing { buf, log_size, ci: 0, eqn: Eqn(0), uar_page: UarPage(0), unacked: 0 })
     }
@@ -39,7 +39,7 @@ impl EventRing {
 
     /// The 4 KiB pages of the buffer, for CREATE_EQ's PAS list.
     pub fn pages(&self) -> impl Iterator<Item = u64> + '_ {
-        (0..Self::bytes(self.log_size) / PAGE_SIZE).map(|i| self.buf + (i * PAGE_SIZE) as u64)
+        (0..Self::bytes(self.log_size) / PAGE_SIZE).map(|i| self.buf.at((i * PAGE_SIZE) as u64))
     }
 
     /// Binds the ring to the EQ the firmware created on it.
@@ -55,7 +55,7 @@ impl EventRing {
     /// The next software-owned EQE, consuming it.
     pub fn next<P: Platform + ?Sized>(&mut self, p: &P) -> Option<Eqe> {
         let mask = (1u32 << self.log_size) - 1;
-        let at = self.buf + u64::from(self.ci & mask) * EQE_SIZE as u64;
+        let at = self.buf.at(u64::from(self.ci & mask) * EQE_SIZE as u64);
         let owner = p.dma_read8(at + EQE_OWNER_BYTE as u64) & 1;
         if u32::from(owner) != (self.ci >> self.log_size) & 1 {
             return None;
@@ -81,6 +81,6 @@ impl EventRing {
     }
 
     pub fn release<P: Platform + ?Sized>(self, p: &P) {
-        p.dma_free(self.buf, Self::bytes(self.log_size));
+        p.dma_free(self.buf);
     }
 }

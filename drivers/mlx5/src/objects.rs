@@ -15,7 +15,7 @@ use crate::ifc;
 use crate::ifc::cq::CqParams;
 use crate::ifc::mkey::{MkeyAccess, MkeyInfo, MkeyParams};
 use crate::ifc::qp::{QpAccess, QpBase, QpInfo, RcPeer, RcQpParams, RtsParams};
-use crate::platform::{PAGE_SIZE, Platform};
+use crate::platform::{DmaBuf, PAGE_SIZE, Platform};
 
 /// A polled CQ: its number and its ring.
 pub struct Cq {
@@ -27,9 +27,8 @@ pub struct Cq {
 #[derive(Debug)]
 pub struct RcQp {
     pub base: QpBase,
-    buf: u64,
-    buf_len: usize,
-    dbr: u64,
+    buf: DmaBuf,
+    dbr: DmaBuf,
 }
 
 impl RcQp {
@@ -102,7 +101,7 @@ impl<P: Platform> Driver<P> {
         };
         let Some(ring) = CqRing::alloc(p.as_ref(), log_size) else { return Err(no_dma(&mk(0, &[]))) };
         let pages: alloc::vec::Vec<u64> = ring.pages().collect();
-        match self.exec(mk(ring.dbr, &pages)) {
+        match self.exec(mk(ring.dbr.addr(), &pages)) {
             Ok(o) => Ok(Cq { cqn: ifc::cq::parse_create_cq(&o), ring }),
             Err(e) => {
                 ring.release(p.as_ref());
@@ -170,18 +169,18 @@ impl<P: Platform> Driver<P> {
         let uar = self.info.uar;
         let Some(buf) = p.dma_alloc(buf_len, PAGE_SIZE) else { return Err(no_dma(&build(0, 0, &[], uar))) };
         let Some(dbr) = p.dma_alloc(DBR_LEN, DBR_LEN) else {
-            p.dma_free(buf, buf_len);
+            p.dma_free(buf);
             return Err(no_dma(&build(0, 0, &[], uar)));
         };
-        let pages: alloc::vec::Vec<u64> = (0..buf_len / PAGE_SIZE).map(|i| buf + (i * PAGE_SIZE) as u64).collect();
-        match self.exec(build(buf, dbr, &pages, uar)) {
+        let pages: alloc::vec::Vec<u64> = (0..buf_len / PAGE_SIZE).map(|i| buf.at((i * PAGE_SIZE) as u64)).collect();
+        match self.exec(build(buf.addr(), dbr.addr(), &pages, uar)) {
             Ok(o) => {
                 let qpn = ifc::qp::create_qp_out(&o);
-                Ok(RcQp { base: QpBase { qpn, pd, cqn_snd: cqn, cqn_rcv: cqn }, buf, buf_len, dbr })
+                Ok(RcQp { base: QpBase { qpn, pd, cqn_snd: cqn, cqn_rcv: cqn }, buf, dbr })
             }
             Err(e) => {
-                p.dma_free(buf, buf_len);
-                p.dma_free(dbr, DBR_LEN);
+                p.dma_free(buf);
+                p.dma_free(dbr);
                 Err(e)
             }
         }
@@ -218,8 +217,8 @@ impl<P: Platform> Driver<P> {
         match self.exec(ifc::qp::destroy_qp(qp.base.qpn)) {
             Ok(_) => {
                 let p = self.platform().clone();
-                p.dma_free(qp.buf, qp.buf_len);
-                p.dma_free(qp.dbr, DBR_LEN);
+                p.dma_free(qp.buf);
+                p.dma_free(qp.dbr);
                 Ok(())
             }
             Err(e) => Err((qp, e)),

@@ -260,7 +260,7 @@ fn bench(mode: ModelMode, secs: f64, latency: Duration) -> (Vec<Row>, usize) {
         d.cmd.queue().slots()
     );
     let pd = d.alloc_pd().unwrap_or_else(|e| panic!("ALLOC_PD: {e}"));
-    let page = d.platform().dma_alloc(4096, 4096).expect("a DMA page");
+    let page = d.platform().dma_alloc(4096, 4096).expect("a DMA page").addr();
     let access = MkeyAccess::LOCAL_READ | MkeyAccess::REMOTE_READ | MkeyAccess::REMOTE_WRITE;
     let key = d.create_mkey(pd, page, 4096, access, 12, &[page]).unwrap_or_else(|e| panic!("CREATE_MKEY: {e}"));
     let mut f = Fixture { pd, page, key, variant: MkeyVariant::new(0x40) };

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use mlx5_model::mem::{Memory, VecMemory};
 use mlx5_model::{Model, ModelConfig};
 
-use leasebox_mlx5::Platform;
 use leasebox_mlx5::engine::{CommandEngine, EventEngine};
+use leasebox_mlx5::{DmaBuf, Platform};
 
 /// BAR size the hosted model gets (the init segment, UAR pages and the signature page fit easily).
 pub const HOSTED_BAR_BYTES: usize = 1 << 20;
@@ -24,15 +24,16 @@ pub const HOSTED_BAR_BYTES: usize = 1 << 20;
 /// live allocations too, so every DMA access and free is checked against them, as on the kernel's platform.
 struct Arena {
     free: BTreeMap<u64, u64>,
-    /// Live allocations: address → length asked for.
-    live: BTreeMap<u64, u64>,
+    /// Live allocations: address → (length asked for, id).
+    live: BTreeMap<u64, (u64, u64)>,
+    next_id: u64,
 }
 
 impl Arena {
     fn new(start: u64, end: u64) -> Arena {
         let mut free = BTreeMap::new();
         free.insert(start, end - start);
-        Arena { free, live: BTreeMap::new() }
+        Arena { free, live: BTreeMap::new(), next_id: 1 }
     }
 
     /// Whether `[addr, addr + len)` lies inside one live allocation.
@@ -40,26 +41,28 @@ impl Arena {
         self.live
             .range(..=addr)
             .next_back()
-            .is_some_and(|(&s, &l)| addr.checked_add(len as u64).is_some_and(|end| end <= s + l))
+            .is_some_and(|(&s, &(l, _))| addr.checked_add(len as u64).is_some_and(|end| end <= s + l))
     }
 
     /// Allocates `len` (> 0) bytes and records them live.
-    fn alloc_live(&mut self, len: u64, align: u64) -> Option<u64> {
+    fn alloc_live(&mut self, len: usize, align: u64) -> Option<DmaBuf> {
         if len == 0 {
             return None;
         }
-        let at = self.alloc(len, align)?;
-        self.live.insert(at, len);
-        Some(at)
+        let at = self.alloc(len as u64, align)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.live.insert(at, (len as u64, id));
+        Some(DmaBuf::new(at, len, id))
     }
 
-    /// Frees a live allocation of exactly `len` bytes at `addr`; `false` (nothing freed) for anything else.
-    fn free_live(&mut self, addr: u64, len: u64) -> bool {
-        if self.live.get(&addr) != Some(&len) {
+    /// Frees a live allocation; `false` (nothing freed) for a handle that is not live.
+    fn free_live(&mut self, buf: DmaBuf) -> bool {
+        if self.live.get(&buf.addr()) != Some(&(buf.len() as u64, buf.id())) {
             return false;
         }
-        self.live.remove(&addr);
-        self.free(addr, len);
+        self.live.remove(&buf.addr());
+        self.free(buf.addr(), buf.len() as u64);
         true
     }
 
@@ -161,27 +164,15 @@ impl HostedPlatform {
                 let handle = std::thread::Builder::new()
                     .name("mlx5-model".into())
                     .spawn(move || {
-                        let mut idle = 0u32;
-                        while !s.load(Ordering::Relaxed) {
+                        // Commands held for firmware time complete on a later pass, so the thread never
+                        // sleeps: it spins, then yields.
+                        poll_until(&s, 256, || {
                             let mut model = m.lock().unwrap_or_else(|e| e.into_inner());
-                            let mut did = model.poll();
-                            if let Some(u) = udp.as_mut() {
-                                did |= mlx5_model::dataplane::poll_udp(&mut model, u).unwrap_or(0) > 0;
-                            }
-                            drop(model);
-                            if did {
-                                idle = 0;
-                            } else {
-                                idle = idle.saturating_add(1);
-                                // Commands held for firmware time complete on a later pass, so the thread
-                                // never sleeps: it spins, then yields.
-                                if idle > 256 {
-                                    std::thread::yield_now();
-                                } else {
-                                    std::hint::spin_loop();
-                                }
-                            }
-                        }
+                            let did = model.poll();
+                            let sent =
+                                udp.as_mut().map_or(0, |u| mlx5_model::dataplane::poll_udp(&mut model, u).unwrap_or(0));
+                            did | (sent > 0)
+                        })
                     })
                     .expect("spawn the model thread");
                 Stepper::Thread { stop, handle: Some(handle), model }
@@ -255,21 +246,26 @@ pub fn spawn_engines(
     mut ev: EventEngine<HostedPlatform>,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new().name("mlx5-engines".into()).spawn(move || {
-        let mut idle = 0u32;
-        while !stop.load(Ordering::Relaxed) {
-            if cmd.poll() | ev.poll() {
-                idle = 0;
+    std::thread::Builder::new()
+        .name("mlx5-engines".into())
+        .spawn(move || poll_until(&stop, 1024, || cmd.poll() | ev.poll()))
+}
+
+/// Runs `pass` until `stop` is set: spinning while it does work, yielding after `spins` idle passes in a row.
+fn poll_until(stop: &AtomicBool, spins: u32, mut pass: impl FnMut() -> bool) {
+    let mut idle = 0u32;
+    while !stop.load(Ordering::Relaxed) {
+        if pass() {
+            idle = 0;
+        } else {
+            idle = idle.saturating_add(1);
+            if idle > spins {
+                std::thread::yield_now();
             } else {
-                idle = idle.saturating_add(1);
-                if idle > 1024 {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
+                std::hint::spin_loop();
             }
         }
-    })
+    }
 }
 
 /// A zeroed shared mapping of `len` bytes: a file in /dev/shm (or the temporary directory), mapped, then
@@ -311,21 +307,21 @@ impl Platform for HostedPlatform {
         let _ = self.bar.write_be32(offset as u64, value);
     }
 
-    fn dma_alloc(&self, len: usize, align: usize) -> Option<u64> {
-        let addr = self.arena.write().unwrap_or_else(|e| e.into_inner()).alloc_live(len as u64, align.max(1) as u64)?;
+    fn dma_alloc(&self, len: usize, align: usize) -> Option<DmaBuf> {
+        let buf = self.arena.write().unwrap_or_else(|e| e.into_inner()).alloc_live(len, align.max(1) as u64)?;
         let zero = [0u8; 4096];
         let mut at = 0;
         while at < len {
             let n = (len - at).min(zero.len());
-            self.ram.write(addr + at as u64, &zero[..n]).ok()?;
+            self.ram.write(buf.at(at as u64), &zero[..n]).ok()?;
             at += n;
         }
-        Some(addr)
+        Some(buf)
     }
 
-    fn dma_free(&self, addr: u64, len: usize) {
-        if !self.arena.write().unwrap_or_else(|e| e.into_inner()).free_live(addr, len as u64) {
-            self.fault("free of", addr, len);
+    fn dma_free(&self, buf: DmaBuf) {
+        if !self.arena.write().unwrap_or_else(|e| e.into_inner()).free_live(buf) {
+            self.fault("free of", buf.addr(), buf.len());
         }
     }
 
@@ -380,7 +376,8 @@ mod tests {
     #[test]
     fn accesses_and_frees_are_checked_against_live_allocations() {
         let p = HostedPlatform::attach(Arc::new(VecMemory::new(4096)), Arc::new(VecMemory::new(4 << 20)));
-        let a = p.dma_alloc(100, 64).unwrap();
+        let h = p.dma_alloc(100, 64).unwrap();
+        let a = h.addr();
         p.dma_write(a + 96, &[1, 2, 3, 4]);
         let mut b = [0u8; 4];
         p.dma_read(a + 96, &mut b);
@@ -389,13 +386,19 @@ mod tests {
         assert_eq!((b, p.dma_faults()), ([0xff; 4], 1), "past the end reads all ones");
         p.dma_write(a + 100, &[9]);
         assert_eq!(p.dma_faults(), 2, "a write past the end is dropped");
-        p.dma_free(a, 64);
-        assert_eq!(p.dma_faults(), 3, "a free with the wrong length frees nothing");
+        p.dma_free(DmaBuf::new(a, 64, h.id()));
+        assert_eq!(p.dma_faults(), 3, "a handle with the wrong length frees nothing");
         p.dma_read(a, &mut b);
         assert_eq!(p.dma_faults(), 3, "still live");
-        p.dma_free(a, 100);
+        p.dma_free(h);
         p.dma_read(a, &mut b);
         assert_eq!((b, p.dma_faults()), ([0xff; 4], 4), "freed memory is no longer reachable");
+        let again = p.dma_alloc(100, 64).unwrap();
+        assert_eq!(again.addr(), a, "the arena hands the same place out again");
+        p.dma_free(h);
+        assert_eq!(p.dma_faults(), 5, "a stale handle cannot free the new allocation at its address");
+        p.dma_read(a, &mut b);
+        assert_eq!(p.dma_faults(), 5, "the new allocation is still live");
         assert!(p.dma_alloc(0, 8).is_none());
     }
 }

@@ -144,7 +144,7 @@ fn a_page_request_during_a_command_is_served_on_the_page_slot() {
     let mut d = common::up_with(model, common::driver_config());
     let pd = d.alloc_pd().unwrap();
     let before = d.cmd.pages().given();
-    let page = d.platform().dma_alloc(4096, 4096).unwrap();
+    let page = d.platform().dma_alloc(4096, 4096).unwrap().addr();
     // The model holds this CREATE_MKEY until it owns 32 more pages; exec keeps both engines running, so the
     // PAGE_REQUEST EQE is seen and MANAGE_PAGES goes out on the reserved slot.
     let mkey = d.create_mkey(pd, page, 4096, MkeyAccess::REMOTE_WRITE | MkeyAccess::LOCAL_READ, 12, &[page]).unwrap();
@@ -239,7 +239,7 @@ fn every_error_class_is_reported_with_its_name_and_syndrome() {
 fn mkey_variants_rotate_on_every_create() {
     let mut d = common::up();
     let pd = d.alloc_pd().unwrap();
-    let page = d.platform().dma_alloc(4096, 4096).unwrap();
+    let page = d.platform().dma_alloc(4096, 4096).unwrap().addr();
     let access = MkeyAccess::REMOTE_READ | MkeyAccess::REMOTE_WRITE | MkeyAccess::LOCAL_READ;
     let mut keys = Vec::new();
     for _ in 0..4 {

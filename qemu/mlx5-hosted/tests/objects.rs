@@ -16,7 +16,7 @@ use leasebox_mlx5::{PAGE_SIZE, Platform};
 use common::Hosted;
 
 fn page(d: &Hosted) -> u64 {
-    d.platform().dma_alloc(PAGE_SIZE, PAGE_SIZE).expect("DMA page")
+    d.platform().dma_alloc(PAGE_SIZE, PAGE_SIZE).expect("DMA page").addr()
 }
 
 #[test]

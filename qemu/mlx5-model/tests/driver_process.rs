@@ -52,7 +52,7 @@ fn the_driver_brings_up_the_model_process_over_shared_files() {
     let mut d = Driver::bring_up(p.clone(), cfg).unwrap_or_else(|e| panic!("bring-up: {e}"));
     assert_eq!(d.info.port, PortState::Active);
     let pd = d.alloc_pd().unwrap();
-    let page = p.dma_alloc(4096, 4096).unwrap();
+    let page = p.dma_alloc(4096, 4096).unwrap().addr();
     let key = d.create_mkey(pd, page, 4096, MkeyAccess::REMOTE_WRITE | MkeyAccess::LOCAL_READ, 12, &[page]).unwrap();
     let info = d.query_mkey(key).unwrap();
     assert_eq!((info.pd, info.start, info.len), (pd, page, 4096));

@@ -68,10 +68,10 @@ impl<T: Copy> LeaseService<T> {
         let qp_dbr = host.dma_alloc(QP_DBR, 64);
         let (Some(qp_buf), Some(qp_dbr)) = (qp_buf, qp_dbr) else {
             if let Some(b) = qp_buf {
-                host.dma_free(b, QP_BUF);
+                host.dma_free(b);
             }
             if let Some(d) = qp_dbr {
-                host.dma_free(d, QP_DBR);
+                host.dma_free(d);
             }
             self.pool.give_back(&extents);
             return Some(Err(err(ErrorCode::NoMemory, "no DMA memory for the QP's work queue")));

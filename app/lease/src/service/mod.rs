@@ -22,6 +22,7 @@ use ::alloc::format;
 use ::alloc::string::String;
 use ::alloc::vec::Vec;
 
+use leasebox_mlx5::DmaBuf;
 use leasebox_mlx5::command::{CmdError, Command, Output};
 use leasebox_mlx5::handles::{Cqn, FlowGroupId, FlowIndex, FlowTableId, MkeyVariant, UarPage};
 use leasebox_mlx5::ifc;
@@ -45,8 +46,8 @@ pub struct Who<'a> {
 
 /// The memory services the lease service needs from its host: DMA memory for QP buffers and scrubbing.
 pub trait Host {
-    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<u64>;
-    fn dma_free(&mut self, addr: u64, len: usize);
+    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<DmaBuf>;
+    fn dma_free(&mut self, buf: DmaBuf);
     /// Writes zeros over `[addr, addr + len)` (a lease's memory before it returns to the pool).
     fn zero(&mut self, addr: u64, len: u64);
 }

@@ -195,8 +195,8 @@ pub fn command<T>(step: Step, stage: Stage, l: &Lease<T>, slot: u32, c: &CmdCtx)
                 log_sq_size: QP_LOG_SQ,
                 log_msg_max: 30,
                 log_page_size: 0,
-                dbr_addr: l.qp_dbr,
-                pages: &[l.qp_buf],
+                dbr_addr: l.qp_dbr.addr(),
+                pages: &[l.qp_buf.addr()],
             })
         }),
         Step::Rst2Init => qp_base(l, hca).map(|b| {

@@ -7,7 +7,7 @@ use alloc::string::String;
 
 use leasebox_proto::{ErrorCode, LeaseId, Outcome, Reply, Response};
 
-use super::plan::{QP_BUF, QP_DBR, Stage, Steps};
+use super::plan::{Stage, Steps};
 use super::{Host, LeaseService, SCAN_INTERVAL_US, Who, err};
 use crate::config::RevokeOrder;
 use crate::lease::{Cause, FenceInfo, Lease, Phase, Slot, Waiter, origin, step_bit};
@@ -244,8 +244,8 @@ impl<T: Copy> LeaseService<T> {
             host.zero(e, self.cfg.extent);
         }
         self.pool.give_back(&l.extents);
-        host.dma_free(l.qp_buf, QP_BUF);
-        host.dma_free(l.qp_dbr, QP_DBR);
+        host.dma_free(l.qp_buf);
+        host.dma_free(l.qp_dbr);
         let next_generation = l.id.generation.wrapping_add(1).max(1);
         let (tenant, n) = (core::mem::take(&mut l.tenant), l.extents.len());
         self.slots[slot as usize] = Slot::Free { next_generation };

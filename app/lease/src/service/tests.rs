@@ -46,14 +46,14 @@ struct FakeHost {
 }
 
 impl Host for FakeHost {
-    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<u64> {
+    fn dma_alloc(&mut self, len: usize, align: usize) -> Option<DmaBuf> {
         let a = (0x1000_0000 + self.next).next_multiple_of(align as u64);
         self.next = a + len as u64 - 0x1000_0000;
         self.live.insert(a, len);
-        Some(a)
+        Some(DmaBuf::new(a, len, a))
     }
-    fn dma_free(&mut self, addr: u64, len: usize) {
-        assert_eq!(self.live.remove(&addr), Some(len), "freed what was allocated, once");
+    fn dma_free(&mut self, buf: DmaBuf) {
+        assert_eq!(self.live.remove(&buf.addr()), Some(buf.len()), "freed what was allocated, once");
     }
     fn zero(&mut self, addr: u64, len: u64) {
         self.zeroed.push((addr, len));

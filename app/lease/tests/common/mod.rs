@@ -72,7 +72,7 @@ impl Rig {
         } else {
             None
         };
-        let pool_base = p.dma_alloc(pool_bytes as usize, cfg.extent as usize).expect("pool memory");
+        let pool_base = p.dma_alloc(pool_bytes as usize, cfg.extent as usize).expect("pool memory").addr();
         cfg.pool = std::iter::once(pool_base..pool_base + pool_bytes).collect();
         let hca =
             HcaCtx { uar: d.info.uar, cqn, gid: d.info.gid, gid_index: 0, port_mtu: port_ib_mtu(d.info.mtu), flow };
