@@ -140,9 +140,9 @@ pub fn report(results: &[RowResult], elf_bytes: Option<u64>) -> String {
         "spawn → ready (ms)",
         "runs ok",
     ];
-    let mut rows: Vec<[String; 7]> = Vec::new();
+    let mut rows: Vec<Vec<String>> = Vec::new();
     for r in results {
-        rows.push([
+        rows.push(vec![
             r.row.label.to_string(),
             cell(r.median_of(Sample::qemu_to_entry)),
             cell(r.median_of(Sample::entry_to_ready)),
@@ -152,27 +152,7 @@ pub fn report(results: &[RowResult], elf_bytes: Option<u64>) -> String {
             format!("{}/{}", r.samples.len(), r.samples.len() + r.failures.len()),
         ]);
     }
-    let width = |i: usize| rows.iter().map(|r| r[i].chars().count()).chain([headers[i].chars().count()]).max();
-    let widths: Vec<usize> = (0..headers.len()).map(|i| width(i).unwrap_or(0)).collect();
-    let mut out = String::new();
-    let line = |cells: &[&str]| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(i, (c, w))| {
-                let pad = w.saturating_sub(c.chars().count());
-                if i == 0 { format!("{c}{}", " ".repeat(pad)) } else { format!("{}{c}", " ".repeat(pad)) }
-            })
-            .collect();
-        format!("{}\n", padded.join(" | ").trim_end())
-    };
-    out.push_str(&line(&headers));
-    let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
-    out.push_str(&format!("{}\n", rule.join("-|-")));
-    for r in &rows {
-        out.push_str(&line(&r.iter().map(String::as_str).collect::<Vec<_>>()));
-    }
+    let mut out = mlx5_hosted::table::render(&headers, &rows, 1);
     out.push_str("(medians; TCG figures: compare ratios, not absolute times)\n\n");
 
     let one_cpu = results.iter().find(|r| r.row.boot == BootKind::Kernel && r.row.smp == 1);

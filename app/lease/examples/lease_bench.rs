@@ -857,30 +857,6 @@ fn main() {
     print!("{}", report(secs, inline, &rows, &mass, mkey_ms, sweep_ms));
 }
 
-fn table(headers: &[&str], cells: &[Vec<String>], left: usize) -> String {
-    let widths: Vec<usize> = (0..headers.len())
-        .map(|i| cells.iter().map(|c| c[i].chars().count()).chain([headers[i].chars().count()]).max().unwrap_or(0))
-        .collect();
-    let line = |cells: &[String]| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(i, (c, w))| {
-                let pad = " ".repeat(w.saturating_sub(c.chars().count()));
-                if i < left { format!("{c}{pad}") } else { format!("{pad}{c}") }
-            })
-            .collect();
-        format!("{}\n", padded.join(" | ").trim_end())
-    };
-    let mut out = line(&headers.iter().map(|h| h.to_string()).collect::<Vec<_>>());
-    out.push_str(&format!("{}\n", widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("-|-")));
-    for c in cells {
-        out.push_str(&line(c));
-    }
-    out
-}
-
 fn us(v: f64) -> String {
     format!("{v:.1}")
 }
@@ -930,7 +906,7 @@ fn report(secs: f64, inline: bool, rows: &[Row], m: &Mass, mkey_ms: f64, sweep_m
             ]);
         }
     }
-    out.push_str(&table(&headers, &cells, 1));
+    out.push_str(&mlx5_hosted::table::render(&headers, &cells, 1));
     for r in rows {
         let outcomes: Vec<String> = r.outcomes.iter().map(|(k, v)| format!("{k} {v}")).collect();
         out.push_str(&format!(
@@ -1016,7 +992,7 @@ fn report(secs: f64, inline: bool, rows: &[Row], m: &Mass, mkey_ms: f64, sweep_m
         ("all swept / (DESTROY_MKEY + sweep commands) alone".to_string(), format!("{sweep_ratio:.2}×")),
     ];
     let cells: Vec<Vec<String>> = figures.into_iter().map(|(a, b)| vec![a, b]).collect();
-    out.push_str(&table(&["figure", "value"], &cells, 2));
+    out.push_str(&mlx5_hosted::table::render(&["figure", "value"], &cells, 2));
     out.push_str(&format!(
         "(times from the first REVOKE request; \"model alone\" = the same commands straight through the driver's \
          client, its request ring kept full so all 31 regular command slots (of 32) stay busy, no service, on {} objects built as ALLOC \

@@ -379,26 +379,5 @@ fn table(rows: &[Row], regular: usize) -> String {
             ]
         })
         .collect();
-    let widths: Vec<usize> = (0..headers.len())
-        .map(|i| cells.iter().map(|c| c[i].chars().count()).chain([headers[i].chars().count()]).max().unwrap_or(0))
-        .collect();
-    let line = |cells: &[&str]| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(i, (c, w))| {
-                let pad = " ".repeat(w.saturating_sub(c.chars().count()));
-                if i < 2 { format!("{c}{pad}") } else { format!("{pad}{c}") }
-            })
-            .collect();
-        format!("{}\n", padded.join(" | ").trim_end())
-    };
-    let mut out = String::new();
-    out.push_str(&line(&headers));
-    out.push_str(&format!("{}\n", widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("-|-")));
-    for c in &cells {
-        out.push_str(&line(&c.iter().map(String::as_str).collect::<Vec<_>>()));
-    }
-    out
+    mlx5_hosted::table::render(&headers, &cells, 2)
 }

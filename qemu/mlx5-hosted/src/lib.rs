@@ -4,6 +4,8 @@
 //! (native-speed benchmarks), or as its own process behind the shared files QEMU would use. The hosted
 //! appliance, the hosted tests and the benchmarks use it; the driver itself knows nothing of the model.
 
+pub mod table;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

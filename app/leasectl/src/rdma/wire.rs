@@ -1,6 +1,10 @@
 //! RoCEv2 frames on the virtual cable: Ethernet II + IPv4 (IHL 5, DF) + UDP (destination 4791) + BTH + RETH /
 //! AETH / ImmDt + payload + pad + ICRC (IBTA Vol. 1 §9.2–9.3 header layouts, RoCEv2 annex A17; RFC 791 and
 //! RFC 768). Sans-I/O: [`encode`] builds one frame, [`decode`] checks and splits one.
+//!
+//! This codec (and `icrc.rs`) is the verifier's own and shares no code with the device model's
+//! (`qemu/mlx5-model/src/roce/`) on purpose: a checker written from the same code as what it checks would
+//! repeat its mistakes. The likeness between the two is the cost of an independent oracle.
 
 use core::fmt;
 use std::net::Ipv4Addr;
