@@ -52,6 +52,8 @@ pub struct LeaseParts {
     /// The pool's runs of device addresses (adjacent extents merged).
     pub pool: Vec<Range<u64>>,
     pub rdma_ip: core::net::Ipv4Addr,
+    /// The HCA's largest memory region in bytes (`2^log_max_mrw_sz`; [`Config::max_region`]).
+    pub max_region: u64,
 }
 
 /// `mib` MiB of DMA memory in [`POOL_EXTENT`]s wherever the platform has them, adjacent extents merged into
@@ -131,7 +133,13 @@ pub fn prepare<P: Platform>(
         128u32 << port_mtu,
         if flow.is_some() { "on" } else { "off" }
     );
-    Ok(LeaseParts { hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, port_mtu, flow }, pool, rdma_ip: ip })
+    let max_region = 1u64.checked_shl(d.info.caps.log_max_mrw_sz.into()).unwrap_or(u64::MAX);
+    Ok(LeaseParts {
+        hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, port_mtu, flow },
+        pool,
+        rdma_ip: ip,
+        max_region,
+    })
 }
 
 impl Config {
@@ -139,6 +147,7 @@ impl Config {
     pub fn from_options(o: &LeaseOptions, parts: &LeaseParts, psn_seed: u64) -> Config {
         Config {
             pool: parts.pool.clone(),
+            max_region: parts.max_region,
             slots: o.slots,
             tenant_leases: o.tenant_leases,
             default_ttl_ms: o.ttl_ms,
