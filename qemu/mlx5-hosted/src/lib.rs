@@ -26,13 +26,17 @@ struct Arena {
     free: BTreeMap<u64, u64>,
     /// Live allocations: address → length asked for.
     live: BTreeMap<u64, u64>,
+    /// RAM from here up was never handed out and is still zero (a fresh memory), so an allocation there
+    /// needs no clearing: a large pool in a sparse file stays sparse until it is written.
+    fresh_from: u64,
 }
 
 impl Arena {
-    fn new(start: u64, end: u64) -> Arena {
+    /// `fresh`: whether the RAM is known to be all zeros.
+    fn new(start: u64, end: u64, fresh: bool) -> Arena {
         let mut free = BTreeMap::new();
         free.insert(start, end - start);
-        Arena { free, live: BTreeMap::new() }
+        Arena { free, live: BTreeMap::new(), fresh_from: if fresh { start } else { end } }
     }
 
     /// Whether `[addr, addr + len)` lies inside one live allocation.
@@ -43,14 +47,17 @@ impl Arena {
             .is_some_and(|(&s, &l)| addr.checked_add(len as u64).is_some_and(|end| end <= s + l))
     }
 
-    /// Allocates `len` (> 0) bytes and records them live.
-    fn alloc_live(&mut self, len: u64, align: u64) -> Option<u64> {
+    /// Allocates `len` (> 0) bytes and records them live; returns the address and how many of its first
+    /// bytes may hold old data (the rest is fresh).
+    fn alloc_live(&mut self, len: u64, align: u64) -> Option<(u64, u64)> {
         if len == 0 {
             return None;
         }
         let at = self.alloc(len, align)?;
         self.live.insert(at, len);
-        Some(at)
+        let used = self.fresh_from.saturating_sub(at).min(len);
+        self.fresh_from = self.fresh_from.max(at + len);
+        Some((at, used))
     }
 
     /// Frees a live allocation of exactly `len` bytes at `addr`; `false` (nothing freed) for anything else.
@@ -187,7 +194,7 @@ impl HostedPlatform {
                 Stepper::Thread { stop, handle: Some(handle), model }
             }
         };
-        Self::assemble(bar, ram, stepper)
+        Self::assemble(bar, ram, stepper, true)
     }
 
     /// Maps the BAR and RAM files a model process serves (the files QEMU would use), waiting up to `wait`
@@ -201,11 +208,12 @@ impl HostedPlatform {
 
     /// Attaches to memories someone else's model serves (the model as its own process over shared files).
     pub fn attach(bar: Arc<dyn Memory>, ram: Arc<dyn Memory>) -> HostedPlatform {
-        Self::assemble(bar, ram, Stepper::External)
+        Self::assemble(bar, ram, Stepper::External, false)
     }
 
-    fn assemble(bar: Arc<dyn Memory>, ram: Arc<dyn Memory>, stepper: Stepper) -> HostedPlatform {
-        let arena = RwLock::new(Arena::new(1 << 20, ram.size()));
+    /// `fresh`: the RAM was just created (all zeros); otherwise every allocation is cleared.
+    fn assemble(bar: Arc<dyn Memory>, ram: Arc<dyn Memory>, stepper: Stepper, fresh: bool) -> HostedPlatform {
+        let arena = RwLock::new(Arena::new(1 << 20, ram.size(), fresh));
         HostedPlatform { bar, ram, arena, faults: AtomicU64::new(0), start: Instant::now(), stepper }
     }
 
@@ -312,11 +320,12 @@ impl Platform for HostedPlatform {
     }
 
     fn dma_alloc(&self, len: usize, align: usize) -> Option<u64> {
-        let addr = self.arena.write().unwrap_or_else(|e| e.into_inner()).alloc_live(len as u64, align.max(1) as u64)?;
+        let (addr, used) =
+            self.arena.write().unwrap_or_else(|e| e.into_inner()).alloc_live(len as u64, align.max(1) as u64)?;
         let zero = [0u8; 4096];
         let mut at = 0;
-        while at < len {
-            let n = (len - at).min(zero.len());
+        while at < used as usize {
+            let n = (used as usize - at).min(zero.len());
             self.ram.write(addr + at as u64, &zero[..n]).ok()?;
             at += n;
         }
@@ -366,7 +375,7 @@ mod tests {
 
     #[test]
     fn arena_merges_and_aligns() {
-        let mut a = Arena::new(0x1000, 0x10000);
+        let mut a = Arena::new(0x1000, 0x10000, true);
         let x = a.alloc(0x100, 0x1000).unwrap();
         let y = a.alloc(0x1000, 0x1000).unwrap();
         assert_eq!((x, y), (0x1000, 0x2000));
@@ -375,6 +384,27 @@ mod tests {
         assert_eq!(a.free.len(), 1);
         assert_eq!(a.free_bytes(), 0xf000);
         assert!(a.alloc(0x10000, 8).is_none());
+    }
+
+    #[test]
+    fn only_memory_handed_out_before_is_cleared_again() {
+        let mut a = Arena::new(0x1000, 0x10000, true);
+        assert_eq!(a.alloc_live(0x2000, 0x1000), Some((0x1000, 0)), "fresh memory");
+        assert!(a.free_live(0x1000, 0x2000));
+        // Straddles the memory handed out before and fresh memory above it.
+        assert_eq!(a.alloc_live(0x3000, 0x1000), Some((0x1000, 0x2000)));
+        // Memory of unknown contents is always cleared whole.
+        let mut b = Arena::new(0x1000, 0x10000, false);
+        assert_eq!(b.alloc_live(0x2000, 0x1000), Some((0x1000, 0x2000)));
+        // Through a platform over fresh RAM: a reused allocation reads as zeros.
+        let p = HostedPlatform::with_model(ModelConfig::default(), 4 << 20, ModelMode::InProcess);
+        let x = p.dma_alloc(64, 64).unwrap();
+        p.dma_write(x, &[7; 64]);
+        p.dma_free(x, 64);
+        let y = p.dma_alloc(64, 64).unwrap();
+        let mut buf = [1u8; 64];
+        p.dma_read(y, &mut buf);
+        assert_eq!((x, buf), (y, [0; 64]));
     }
 
     #[test]
