@@ -203,6 +203,13 @@ impl HostedPlatform {
         use mlx5_model::shm::SharedFile;
         let bar = SharedFile::open_bar(bar, None, wait).map_err(|e| e.to_string())?;
         let ram = SharedFile::open_ram(ram, None, wait).map_err(|e| e.to_string())?;
+        if ram.below_4g() != ram.ram_bytes() {
+            return Err(format!(
+                "{}: {} MiB of RAM lies partly above the PCI hole; the hosted platform allocates from one range",
+                ram.file().path().display(),
+                ram.ram_bytes() >> 20
+            ));
+        }
         Ok(Self::attach(Arc::new(bar), Arc::new(ram)))
     }
 
