@@ -88,6 +88,13 @@ impl Default for Config {
     }
 }
 
+/// The largest lease in bytes with extents of `extent` bytes on an HCA whose largest memory region is
+/// `max_region` bytes (docs/operations.md, "The largest lease"): as many extents as one CREATE_MKEY's MTT
+/// list carries in the driver's longest command, and no more than `max_region`.
+pub fn max_lease(extent: u64, max_region: u64) -> u64 {
+    (MAX_MTT_PAGES as u64).saturating_mul(extent).min(max_region)
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError(pub &'static str);
 
@@ -103,11 +110,9 @@ impl Config {
         self.pool.iter().map(|r| r.end.saturating_sub(r.start)).sum()
     }
 
-    /// The largest lease in bytes (docs/operations.md, "The largest lease"): as many extents as one
-    /// CREATE_MKEY's MTT list carries in the driver's longest command, and no more than the HCA's largest
-    /// memory region. ALLOC refuses anything larger before it touches the HCA.
+    /// The largest lease in bytes ([`max_lease`]). ALLOC refuses anything larger before it touches the HCA.
     pub fn max_lease(&self) -> u64 {
-        (MAX_MTT_PAGES as u64).saturating_mul(self.extent).min(self.max_region)
+        max_lease(self.extent, self.max_region)
     }
 
     pub fn check(&self) -> Result<(), ConfigError> {

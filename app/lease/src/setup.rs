@@ -123,17 +123,18 @@ pub fn prepare<P: Platform>(
     };
     let pool = allocate_pool(d.platform().as_ref(), o.pool_mib)?;
     let port_mtu = port_ib_mtu(d.info.mtu);
+    let max_region = 1u64.checked_shl(d.info.caps.log_max_mrw_sz.into()).unwrap_or(u64::MAX);
     log::info!(
-        "lease: pool {} MiB in {} run(s) from {:#x}, {} slots, CQ {cqn}, port IB MTU {}, flow DROP {}, RDMA address \
-         {ip} (GID index {gid_index})",
+        "lease: pool {} MiB in {} run(s) from {:#x}, largest lease {} MiB, {} slots, CQ {cqn}, port IB MTU {}, \
+         flow DROP {}, RDMA address {ip} (GID index {gid_index})",
         o.pool_mib,
         pool.len(),
         pool.first().map_or(0, |r| r.start),
+        crate::config::max_lease(POOL_EXTENT, max_region).min(u64::from(o.pool_mib) << 20) >> 20,
         o.slots,
         128u32 << port_mtu,
         if flow.is_some() { "on" } else { "off" }
     );
-    let max_region = 1u64.checked_shl(d.info.caps.log_max_mrw_sz.into()).unwrap_or(u64::MAX);
     Ok(LeaseParts {
         hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, port_mtu, flow },
         pool,
