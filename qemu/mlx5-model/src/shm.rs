@@ -284,6 +284,10 @@ impl Memory for GuestRam {
         if self.below == self.file.size { self.below } else { FOUR_GIB + (self.file.size - self.below) }
     }
 
+    fn holds(&self, addr: u64, len: u64) -> bool {
+        usize::try_from(len).is_ok_and(|len| self.offset(addr, len).is_ok())
+    }
+
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), OutOfRange> {
         let at = self.offset(addr, buf.len())?;
         self.file.read(at, buf)
@@ -438,7 +442,10 @@ mod tests {
         for (addr, len) in [(2 << 30, 4), ((2 << 30) - 2, 4), (3 << 30, 1), (FOUR_GIB - 2, 4), (8 << 30, 1)] {
             assert!(ram.read(addr, &mut vec![0; len]).is_err(), "{addr:#x}+{len}");
             assert!(ram.write(addr, &vec![0; len]).is_err(), "{addr:#x}+{len}");
+            // Commands check their addresses with `holds` (MTT pages, queue pages, doorbell records).
+            assert!(!ram.holds(addr, len as u64), "{addr:#x}+{len}");
         }
+        assert!(ram.holds(0, 2 << 30) && ram.holds(FOUR_GIB, 4 << 30) && !ram.holds((2 << 30) - 4096, 8192));
         // RAM below 2.75 GiB is all below the hole: guest physical = file offset.
         let q = temp("flat", Some(0x4000));
         let flat = SharedFile::open_ram(&q, None, Duration::ZERO).unwrap();
