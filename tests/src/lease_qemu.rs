@@ -77,6 +77,21 @@ fn free_udp_addr() -> Result<SocketAddr, String> {
     s.local_addr().map_err(|e| e.to_string())
 }
 
+/// Where guest physical `[addr, addr + len)` sits in a q35 guest's RAM file of `ram` bytes: QEMU 7.2's q35
+/// keeps 2 GiB below the PCI hole once RAM reaches 2.75 GiB (all of it below otherwise) and continues the file
+/// at guest physical 4 GiB (docs/reference/platform.md). Worked out here on its own, not taken from the model.
+pub fn q35_file_offset(ram: u64, addr: u64, len: u64) -> Option<u64> {
+    let below = if ram >= 0xb000_0000 { 2 << 30 } else { ram };
+    let end = addr.checked_add(len)?;
+    if end <= below {
+        Some(addr)
+    } else if addr >= 4 << 30 && end - (4 << 30) <= ram - below {
+        Some(addr - (4 << 30) + below)
+    } else {
+        None
+    }
+}
+
 fn hex_bytes(h: &str) -> Vec<u8> {
     (0..h.len()).step_by(2).map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap_or(0)).collect()
 }
@@ -102,6 +117,17 @@ impl Appliance {
     /// Boots `elf` (1 CPU) with the model and virtio-net; `name` names the logs, `extra_args` are appended to
     /// the kernel command line. Returns once the ready line reports an address and a ConnectX-5.
     pub fn boot(a: &Artifacts, elf: &Path, name: &str, extra_args: &str) -> Result<Appliance, String> {
+        Self::boot_mem(a, elf, name, extra_args, leasebox_qemu::config::DEFAULT_MEM_MIB)
+    }
+
+    /// As [`Appliance::boot`], with `mem_mib` MiB of guest RAM.
+    pub fn boot_mem(
+        a: &Artifacts,
+        elf: &Path,
+        name: &str,
+        extra_args: &str,
+        mem_mib: u32,
+    ) -> Result<Appliance, String> {
         let (tenant_hex, admin_hex) = (crate::control::random_hex()?, crate::control::random_hex()?);
         let port = crate::control::free_port()?;
         let udp = free_udp_addr()?;
@@ -110,6 +136,7 @@ impl Appliance {
         c.qemu = a.qemu.clone();
         c.cpu = a.cpu.clone();
         c.smp = 1;
+        c.mem_mib = mem_mib;
         c.net = Some(HostFwd::localhost(port, GUEST_PORT));
         std::fs::create_dir_all(&a.log_dir).map_err(|e| format!("creating {}: {e}", a.log_dir.display()))?;
         let shm = ModelShm::create(&a.shm_dir, model::DEFAULT_BAR_BYTES, c.mem_mib).map_err(|e| e.to_string())?;
@@ -193,12 +220,15 @@ impl Appliance {
             .map_err(|e| format!("session to {}: {e}", self.addr))
     }
 
-    /// `len` bytes of guest RAM at device address `addr` (an offset in the model's RAM file).
+    /// `len` bytes of guest RAM at device (guest physical) address `addr`, read from the model's RAM file.
     pub fn ram(&self, addr: u64, len: usize) -> Result<Vec<u8>, String> {
         let path = &self.shm.files().ram;
         let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let size = f.metadata().map_err(|e| format!("{}: {e}", path.display()))?.len();
+        let at = q35_file_offset(size, addr, len as u64)
+            .ok_or_else(|| format!("{addr:#x}+{len:#x} is not guest RAM (q35, {} MiB)", size >> 20))?;
         let mut b = vec![0u8; len];
-        f.read_exact_at(&mut b, addr).map_err(|e| format!("reading {len} bytes at {addr:#x} of the RAM file: {e}"))?;
+        f.read_exact_at(&mut b, at).map_err(|e| format!("reading {len} bytes at {addr:#x} of the RAM file: {e}"))?;
         Ok(b)
     }
 
@@ -563,13 +593,13 @@ struct RdmaLease {
     alloc: leasebox_proto::AllocResp,
 }
 
-/// ALLOC with `r`'s QP, connect `r` to the server QP, READY.
-fn rdma_lease(app: &Appliance, tenant: &mut Client, rc: RcConfig) -> Result<RdmaLease, String> {
+/// ALLOC of `size` bytes with `r`'s QP, connect `r` to the server QP, READY.
+fn rdma_lease(app: &Appliance, tenant: &mut Client, rc: RcConfig, size: u64) -> Result<RdmaLease, String> {
     let cfg = SoftConfig { peer: app.udp, rc, mtu: RDMA_MTU, ..SoftConfig::default() };
     let mut r = SoftRoce::new(cfg).map_err(|e| format!("software requester: {e}"))?;
     let me = r.local();
     let req = AllocReq {
-        size: RDMA_LEN as u64,
+        size,
         access: access::REMOTE_READ | access::REMOTE_WRITE,
         mtu: 3,
         ttl_ms: 0,
@@ -613,7 +643,7 @@ fn rdma_checks(app: &Appliance) -> Result<RdmaFigures, String> {
     let mut f = RdmaFigures::default();
     let mut tenant = app.session(&app.tenant())?;
     let patient = RcConfig { timeout: PATIENT_QP_TIMEOUT, ..RcConfig::default() };
-    let RdmaLease { mut r, alloc: a } = rdma_lease(app, &mut tenant, patient)?;
+    let RdmaLease { mut r, alloc: a } = rdma_lease(app, &mut tenant, patient, RDMA_LEN as u64)?;
     let data = pattern(a.rkey);
     r.post_write(1, a.remote_addr, a.rkey, &data)?;
     let c = one(&mut r, Duration::from_secs(5))?;
@@ -653,7 +683,7 @@ fn rdma_checks(app: &Appliance) -> Result<RdmaFigures, String> {
     // timeout 12: 16.8 ms per attempt, 134 ms for all 8, so a model process starved for tens of ms beside the
     // TCG guest does not fail the first WRITE by the retry timer.
     let rc = RcConfig { timeout: 12, retry_cnt: 7, ..RcConfig::default() };
-    let RdmaLease { mut r, alloc: a } = rdma_lease(app, &mut tenant, rc)?;
+    let RdmaLease { mut r, alloc: a } = rdma_lease(app, &mut tenant, rc, RDMA_LEN as u64)?;
     let data = pattern(a.rkey);
     r.post_write(1, a.remote_addr, a.rkey, &data)?;
     let c = one(&mut r, Duration::from_secs(5))?;
@@ -788,6 +818,64 @@ fn fence_checks(app: &Appliance, bin: &Path) -> Result<String, String> {
     ))
 }
 
+/// The `lease-qemu-large` scenario's name.
+pub const LARGE_NAME: &str = "lease-qemu-large";
+/// Its guest: 6 GiB of RAM, so q35 puts 2 GiB below the PCI hole and 4 GiB at guest physical 4 GiB.
+const LARGE_MEM_MIB: u32 = 6144;
+const LARGE_POOL_MIB: u32 = 3000;
+/// Larger than all the RAM below the hole: the lease must take memory above 4 GiB. 1280 extents make an MTT list
+/// of 10,240 bytes, a mailbox chain of 21 blocks.
+const LARGE_LEASE: u64 = 2560 << 20;
+
+/// The `lease-qemu-large` scenario: a guest with RAM above 4 GiB lends a lease larger than 2 GiB.
+pub fn run_large(a: &Artifacts) -> Result<String, String> {
+    let args = format!("lease_pool_mib={LARGE_POOL_MIB}");
+    let mut app = Appliance::boot_mem(a, &a.elf, LARGE_NAME, &args, LARGE_MEM_MIB)?;
+    let r = large_checks(&app);
+    app.drain();
+    r.map_err(|e| app.fail(e))
+}
+
+/// ALLOC of [`LARGE_LEASE`], WRITE at both ends through the model's port, READ both back, the first bytes in
+/// guest RAM, REVOKE → TornDown, and the next WRITE refused.
+fn large_checks(app: &Appliance) -> Result<String, String> {
+    let mut tenant = app.session(&app.tenant())?;
+    let patient = RcConfig { timeout: PATIENT_QP_TIMEOUT, ..RcConfig::default() };
+    let t0 = Instant::now();
+    let RdmaLease { mut r, alloc: a } = rdma_lease(app, &mut tenant, patient, LARGE_LEASE)?;
+    let granted = t0.elapsed();
+    expect("ALLOC length", a.length == LARGE_LEASE, &a.length)?;
+    let (head, tail) = (pattern(a.rkey), pattern(!a.rkey));
+    let last = a.remote_addr + LARGE_LEASE - RDMA_LEN as u64;
+    r.post_write(1, a.remote_addr, a.rkey, &head)?;
+    r.post_write(2, last, a.rkey, &tail)?;
+    r.post_read(3, a.remote_addr, a.rkey, RDMA_LEN as u32)?;
+    r.post_read(4, last, a.rkey, RDMA_LEN as u32)?;
+    let cs = completions(&mut r, 4, Duration::from_secs(10))?;
+    expect("WRITE and READ at both ends", cs.iter().all(|c| c.status == WcStatus::Success), &cs)?;
+    if r.read_data(3).as_deref() != Some(head.as_slice()) || r.read_data(4).as_deref() != Some(tail.as_slice()) {
+        return Err("RDMA READ at the ends returned other bytes than the WRITEs put there".into());
+    }
+    if app.ram(a.remote_addr, RDMA_LEN)? != head {
+        return Err(format!("guest RAM at remote_addr {:#x} does not hold the written bytes", a.remote_addr));
+    }
+    let (outcome, us) = revoke(&mut tenant, a.lease, false)?;
+    expect("REVOKE of the large lease", outcome == Outcome::TornDown, &outcome)?;
+    r.post_write(5, last, a.rkey, &head[..64])?;
+    let c = one(&mut r, Duration::from_secs(5))?;
+    expect("WRITE after REVOKE", c.status.name() == "IBV_WC_REM_ACCESS_ERR", &c)?;
+    let _ = tenant.bye();
+    Ok(format!(
+        "{} MiB guest (ready line mem_mib={}): {} MiB lease granted in {:.1} s at {:#x}, WRITE+READ at both ends ok, \
+         REVOKE TornDown in {us} us, then REM_ACCESS_ERR",
+        LARGE_MEM_MIB,
+        app.ready.get("mem_mib").unwrap_or("?"),
+        LARGE_LEASE >> 20,
+        granted.as_secs_f64(),
+        a.remote_addr
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -795,6 +883,22 @@ mod tests {
     const ALLOC: &str = "lease        3.17\nrkey         0x00001203\nremote_addr  0x6400000\nlength       4096\n\
                          server_qpn   0x48\nserver_psn   0xabcdef\nserver_gid   00000000000000000000ffffc6336402\n\
                          mtu          1024\nttl_ms       60000\n";
+
+    #[test]
+    fn q35_ram_file_offsets() {
+        const G: u64 = 1 << 30;
+        // 2.75 GiB or more: 2 GiB below the hole, the rest from 4 GiB.
+        assert_eq!(q35_file_offset(6 * G, 0x1000, 8), Some(0x1000));
+        assert_eq!(q35_file_offset(6 * G, 2 * G - 8, 8), Some(2 * G - 8));
+        assert_eq!(q35_file_offset(6 * G, 2 * G - 4, 8), None, "straddles the hole");
+        assert_eq!(q35_file_offset(6 * G, 3 * G, 1), None, "in the hole");
+        assert_eq!(q35_file_offset(6 * G, 4 * G, 8), Some(2 * G));
+        assert_eq!(q35_file_offset(6 * G, 8 * G - 8, 8), Some(6 * G - 8));
+        assert_eq!(q35_file_offset(6 * G, 8 * G - 4, 8), None, "past the end");
+        // Less: all of it below, guest physical = file offset.
+        assert_eq!(q35_file_offset(256 << 20, 0x100_0000, 8), Some(0x100_0000));
+        assert_eq!(q35_file_offset(256 << 20, 4 * G, 8), None);
+    }
 
     #[test]
     fn alloc_outputs() {

@@ -220,6 +220,13 @@ pub fn all() -> Vec<Entry> {
         needs: &[Build::Model, Build::Leasectl, Build::FenceTestImage],
         run: crate::lease_qemu::run,
     }));
+    all.push(Entry::Driven(Driven {
+        name: crate::lease_qemu::LARGE_NAME,
+        about: "a 6 GiB guest (q35: RAM above 4 GiB) lends a 2.5 GiB lease through the model: WRITE+READ at both \
+                ends over RoCEv2, REVOKE TornDown, REM_ACCESS_ERR after it",
+        needs: &[Build::Model],
+        run: crate::lease_qemu::run_large,
+    }));
     all
 }
 
@@ -686,10 +693,11 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "fault-pagefault",
                 "fault-panic",
                 "control-qemu",
-                "lease-qemu"
+                "lease-qemu",
+                "lease-qemu-large"
             ]
         );
-        assert_eq!(select(&[]).unwrap().len(), 10);
+        assert_eq!(select(&[]).unwrap().len(), 11);
         assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name(), "grub-bios");
         // Run order, not the order named; driven and boot scenarios alike.
         let picked = select(&["lease-qemu".into(), "kernel-smp1-pc".into(), "control-qemu".into()]).unwrap();
@@ -703,7 +711,7 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
     fn builds_follow_the_scenarios() {
         let needing =
             |b: Build| -> Vec<&'static str> { all().iter().filter(|s| s.needs(b)).map(Entry::name).collect() };
-        assert_eq!(needing(Build::Model), ["model-signature", "hca-bringup", "lease-qemu"]);
+        assert_eq!(needing(Build::Model), ["model-signature", "hca-bringup", "lease-qemu", "lease-qemu-large"]);
         assert_eq!(needing(Build::Leasectl), ["control-qemu", "lease-qemu"]);
         assert_eq!(needing(Build::FenceTestImage), ["lease-qemu"]);
         assert!(matches!(&all()[8], Entry::Driven(d) if d.about.contains("malformed frames")));

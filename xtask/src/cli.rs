@@ -87,7 +87,7 @@ struct RunArgs {
     /// CPUs
     #[arg(long, value_name = "N", default_value_t = 1, allow_negative_numbers = true, value_parser = |v: &str| number(v, 1, MAX_SMP))]
     smp: u32,
-    /// Guest memory in MiB (at most 2048 with the model)
+    /// Guest memory in MiB (at most 2048 with the model on `pc`; q35 puts RAM above 2 GiB at 4 GiB)
     #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = |v: &str| number::<u32>(v, 16, 1024 * 1024))]
     mem: u32,
     /// Chipset: q35, or pc (no ECAM, so the kernel uses 0xCF8 PCI access)

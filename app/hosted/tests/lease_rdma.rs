@@ -353,3 +353,37 @@ fn revoked_memory_is_scrubbed_before_it_is_lent_again() {
         wait_swept(&mut s, b.lease);
     }
 }
+
+#[test]
+fn a_4_gib_lease_is_granted_written_at_both_ends_and_revoked() {
+    // 2048 extents of 2 MiB: the MKEY's MTT list (16,656 bytes) needs a mailbox chain of 33 blocks. The RAM is
+    // a sparse file; the sweep (which would scrub all 4 GiB) waits past the end of the test.
+    let rig = Rig::start(&["lease_pool_mib=4200", GRACE_PAST_THE_RETRIES]);
+    let mut c = rig.session(&rig.demo);
+    let mut r = rig.requester(PATIENT);
+    let size = 4u64 << 30;
+    let a = lease(&mut c, &mut r, size);
+    assert_eq!(a.length, size);
+    let (head, tail) = (pattern(4096, 3), pattern(4096, 4));
+    let last = a.remote_addr + size - tail.len() as u64;
+    r.post_write(1, a.remote_addr, a.rkey, &head).unwrap();
+    r.post_write(2, last, a.rkey, &tail).unwrap();
+    let cs = next(&mut r, 2, Duration::from_secs(5));
+    assert!(cs.iter().all(|c| c.status == WcStatus::Success), "{cs:?}");
+    r.post_read(3, a.remote_addr, a.rkey, head.len() as u32).unwrap();
+    r.post_read(4, last, a.rkey, tail.len() as u32).unwrap();
+    let cs = next(&mut r, 2, Duration::from_secs(5));
+    assert!(cs.iter().all(|c| c.status == WcStatus::Success), "{cs:?}");
+    assert_eq!((r.read_data(3).unwrap(), r.read_data(4).unwrap()), (head.clone(), tail.clone()));
+    // In RAM where the MKEY's first and last MTT entries point.
+    let key = rig.hosted().hca().unwrap().platform.model().unwrap().mkey(a.rkey).expect("the lease's MKEY");
+    assert_eq!(key.mtt.len(), 2048);
+    let at = |va: u64| key.translate(va, 1).unwrap()[0].0;
+    assert_eq!(rig.ram(at(a.remote_addr), head.len()), head);
+    assert_eq!(rig.ram(at(last), tail.len()), tail);
+
+    assert_eq!(revoke(&mut c, a.lease, false), Outcome::TornDown);
+    r.post_write(5, last, a.rkey, &head).unwrap();
+    assert_eq!(one(&mut r).status.name(), "IBV_WC_REM_ACCESS_ERR");
+    assert_eq!(rig.ram(at(last), tail.len()), tail, "nothing landed after the revoke");
+}

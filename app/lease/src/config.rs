@@ -4,6 +4,8 @@ use alloc::vec::Vec;
 use core::fmt;
 use core::ops::Range;
 
+use leasebox_mlx5::ifc::mkey::MAX_MTT_PAGES;
+
 /// Which teardown command the immediate phase of a revoke issues first (docs/architecture.md, "Lease life cycle").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RevokeOrder {
@@ -22,6 +24,8 @@ pub struct Config {
     pub pool: Vec<Range<u64>>,
     /// Allocation granule and MKEY page size (a power of two, 4 KiB to 1 GiB; 2 MiB by default).
     pub extent: u64,
+    /// The HCA's largest memory region, `2^log_max_mrw_sz` bytes ([`Config::max_lease`] is no larger).
+    pub max_region: u64,
     /// Lease slots (each: one PD, one MKEY, one RC QP).
     pub slots: u32,
     /// Per-tenant budgets.
@@ -61,6 +65,7 @@ impl Default for Config {
         Config {
             pool: Vec::new(),
             extent: 2 << 20,
+            max_region: u64::MAX,
             slots: 1024,
             tenant_leases: 256,
             tenant_bytes: u64::MAX,
@@ -83,6 +88,13 @@ impl Default for Config {
     }
 }
 
+/// The largest lease in bytes with extents of `extent` bytes on an HCA whose largest memory region is
+/// `max_region` bytes (docs/operations.md, "The largest lease"): as many extents as one CREATE_MKEY's MTT
+/// list carries in the driver's longest command, and no more than `max_region`.
+pub fn max_lease(extent: u64, max_region: u64) -> u64 {
+    (MAX_MTT_PAGES as u64).saturating_mul(extent).min(max_region)
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError(pub &'static str);
 
@@ -96,6 +108,11 @@ impl Config {
     /// The pool's size in bytes.
     pub fn pool_bytes(&self) -> u64 {
         self.pool.iter().map(|r| r.end.saturating_sub(r.start)).sum()
+    }
+
+    /// The largest lease in bytes ([`max_lease`]). ALLOC refuses anything larger before it touches the HCA.
+    pub fn max_lease(&self) -> u64 {
+        max_lease(self.extent, self.max_region)
     }
 
     pub fn check(&self) -> Result<(), ConfigError> {

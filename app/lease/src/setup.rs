@@ -52,6 +52,8 @@ pub struct LeaseParts {
     /// The pool's runs of device addresses (adjacent extents merged).
     pub pool: Vec<Range<u64>>,
     pub rdma_ip: core::net::Ipv4Addr,
+    /// The HCA's largest memory region in bytes (`2^log_max_mrw_sz`; [`Config::max_region`]).
+    pub max_region: u64,
 }
 
 /// `mib` MiB of DMA memory in [`POOL_EXTENT`]s wherever the platform has them, adjacent extents merged into
@@ -126,17 +128,24 @@ pub fn prepare<P: Platform>(
     };
     let pool = allocate_pool(d.platform().as_ref(), o.pool_mib)?;
     let port_mtu = port_ib_mtu(d.info.mtu);
+    let max_region = 1u64.checked_shl(d.info.caps.log_max_mrw_sz.into()).unwrap_or(u64::MAX);
     log::info!(
-        "lease: pool {} MiB in {} run(s) from {:#x}, {} slots, CQ {cqn}, port IB MTU {}, flow DROP {}, RDMA address \
-         {ip} (GID index {gid_index})",
+        "lease: pool {} MiB in {} run(s) from {:#x}, largest lease {} MiB, {} slots, CQ {cqn}, port IB MTU {}, \
+         flow DROP {}, RDMA address {ip} (GID index {gid_index})",
         o.pool_mib,
         pool.len(),
         pool.first().map_or(0, |r| r.start),
+        crate::config::max_lease(POOL_EXTENT, max_region).min(u64::from(o.pool_mib) << 20) >> 20,
         o.slots,
         128u32 << port_mtu,
         if flow.is_some() { "on" } else { "off" }
     );
-    Ok(LeaseParts { hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, port_mtu, flow }, pool, rdma_ip: ip })
+    Ok(LeaseParts {
+        hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, port_mtu, flow },
+        pool,
+        rdma_ip: ip,
+        max_region,
+    })
 }
 
 impl Config {
@@ -144,6 +153,7 @@ impl Config {
     pub fn from_options(o: &LeaseOptions, parts: &LeaseParts, psn_seed: u64) -> Config {
         Config {
             pool: parts.pool.clone(),
+            max_region: parts.max_region,
             slots: o.slots,
             tenant_leases: o.tenant_leases,
             default_ttl_ms: o.ttl_ms,

@@ -101,6 +101,23 @@ fn alloc_errors_name_the_field_or_the_limit() {
 }
 
 #[test]
+fn a_lease_above_the_largest_is_refused_naming_the_field_before_any_command() {
+    // The default reach: as many 2 MiB extents as one CREATE_MKEY's MTT list carries in the longest command.
+    let reach = leasebox_mlx5::ifc::mkey::MAX_MTT_PAGES as u64 * (2 << 20);
+    assert_eq!(Config::default().max_lease(), reach);
+    assert_eq!(Config { max_region: 1 << 30, ..Config::default() }.max_lease(), 1 << 30, "the HCA's own limit");
+    // An HCA whose largest region is 4 MiB, with an 8 MiB pool.
+    let mut r = Rig::with(common::model(), Config { max_region: 4 << 20, ..common::config() }, 8 << 20);
+    let commands = r.platform().model().unwrap().counters().commands;
+    let e = r.call(TENANT, &Request::Alloc(alloc_req((4 << 20) + 1, 7))).unwrap_err();
+    assert_eq!(e.code, ErrorCode::BadParam, "{e:?}");
+    assert!(e.message.contains("'alloc.size'") && e.message.contains("at most 4194304 bytes"), "{}", e.message);
+    assert_eq!(r.platform().model().unwrap().counters().commands, commands, "the HCA was not asked");
+    assert_eq!(r.svc.pool().free_extents(), 4, "nothing taken from the pool");
+    r.alloc(TENANT, 4 << 20);
+}
+
+#[test]
 fn an_hca_refusal_during_alloc_is_reported_and_undone() {
     let mut r = Rig::new();
     let free = r.svc.pool().free_extents();

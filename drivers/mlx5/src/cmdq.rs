@@ -2,6 +2,12 @@
 //! `cmd_queue_entry`, `cmd_if_box`): one 4 KiB page of `2^log_cmdq_size` 64-byte entries, a mailbox chain
 //! per slot and direction, polled ownership bits, a deadline per command.
 //!
+//! Each slot keeps a chain of [`SLOT_BLOCKS`] blocks per direction, enough for every command but the long
+//! lists (MANAGE_PAGES, a large lease's MTT). A command that needs more grows the slot's chain for as long as
+//! it runs, as Linux `mlx5_alloc_cmd_msg` sizes a message to the command (`DIV_ROUND_UP(len - 16, 512)`
+//! blocks): further pieces from the platform's DMA memory, linked by the blocks' `next` pointers, freed
+//! when the slot is free again. The longest command is [`MAX_MSG`] bytes.
+//!
 //! Slots 0 .. n-2 take regular commands, the last slot only MANAGE_PAGES, as Linux reserves it (`core/cmd.c`
 //! "pages queue"): firmware may hold a regular command until pages arrive, and the pages must then still
 //! have a slot. A command that misses its deadline is reported as a timeout and its slot is quarantined until
@@ -28,11 +34,17 @@ pub const BLOCK_DATA: usize = 512;
 /// Mailbox blocks are 576 bytes, 1 KiB apart (the `next` pointer's low 10 bits are reserved).
 pub const BLOCK_STRIDE: usize = 1024;
 const BLOCK_LEN: usize = 0x240;
-/// Blocks per slot and direction: 8 KiB of mailbox data beyond the inline 16 bytes (MANAGE_PAGES gives
-/// up to 1024 pages per command; QUERY_HCA_CAP's 0x1010-byte output needs 8 blocks).
-pub const MAX_BLOCKS: usize = 16;
-/// The largest input or output a slot carries.
-pub const MAX_MSG: usize = HEADER_LEN + MAX_BLOCKS * BLOCK_DATA;
+/// Blocks a slot keeps per direction, one DMA piece of 16 KiB: 8 KiB of mailbox data beyond the inline 16
+/// bytes (MANAGE_PAGES gives up to 1024 pages per command; QUERY_HCA_CAP's 0x1010-byte output needs 8
+/// blocks). Longer chains are built from further pieces of this size.
+pub const SLOT_BLOCKS: usize = 16;
+/// The largest input or output a slot carries without growing its chain.
+pub const SLOT_MSG: usize = HEADER_LEN + SLOT_BLOCKS * BLOCK_DATA;
+/// The most blocks one chain may have: 4 MiB of mailbox data (8 MiB of DMA memory per direction at most),
+/// as much as Linux's largest command cache holds (`LONG_LIST_SIZE`, the MTT list of 2 GiB of 4 KiB pages).
+pub const MAX_CHAIN_BLOCKS: usize = 8192;
+/// The largest input or output of any command.
+pub const MAX_MSG: usize = HEADER_LEN + MAX_CHAIN_BLOCKS * BLOCK_DATA;
 
 const ENTRY_LEN: usize = 64;
 const CMD_TYPE_PCIE: u8 = 7;
@@ -92,10 +104,74 @@ enum State {
     Quarantined(Pending),
 }
 
+/// Memory for one mailbox chain: pieces of [`SLOT_BLOCKS`] blocks [`BLOCK_STRIDE`] apart, each one DMA
+/// allocation (the blocks' `next` pointers link them, so pieces need not touch). The first piece stays.
+struct Chain {
+    pieces: Vec<DmaBuf>,
+}
+
+const PIECE_LEN: usize = SLOT_BLOCKS * BLOCK_STRIDE;
+
+impl Chain {
+    fn new<P: Platform + ?Sized>(p: &P) -> Option<Chain> {
+        Some(Chain { pieces: vec![p.dma_alloc(PIECE_LEN, PAGE_SIZE)?] })
+    }
+
+    /// Device address of block `i` (within the pieces held).
+    fn block(&self, i: usize) -> u64 {
+        self.pieces[i / SLOT_BLOCKS].addr() + ((i % SLOT_BLOCKS) * BLOCK_STRIDE) as u64
+    }
+
+    /// Grows the chain to hold `blocks` blocks; `false` when the platform has no DMA memory left.
+    fn reserve<P: Platform + ?Sized>(&mut self, p: &P, blocks: usize) -> bool {
+        while self.pieces.len() * SLOT_BLOCKS < blocks {
+            let Some(a) = p.dma_alloc(PIECE_LEN, PAGE_SIZE) else { return false };
+            self.pieces.push(a);
+        }
+        true
+    }
+
+    /// Back to the first piece (the slot's own blocks).
+    fn shrink<P: Platform + ?Sized>(&mut self, p: &P) {
+        for a in self.pieces.drain(1..) {
+            p.dma_free(a);
+        }
+    }
+
+    fn release<P: Platform + ?Sized>(self, p: &P) {
+        for a in self.pieces {
+            p.dma_free(a);
+        }
+    }
+}
+
 struct Slot {
-    /// Input chain, then output chain: `2 * MAX_BLOCKS` blocks of [`BLOCK_STRIDE`].
-    mailboxes: DmaBuf,
+    input: Chain,
+    output: Chain,
     state: State,
+}
+
+impl Slot {
+    fn new<P: Platform + ?Sized>(p: &P) -> Option<Slot> {
+        let input = Chain::new(p)?;
+        let Some(output) = Chain::new(p) else {
+            input.release(p);
+            return None;
+        };
+        Some(Slot { input, output, state: State::Free })
+    }
+
+    /// The slot is free again: its chains give back what a long command added.
+    fn settle<P: Platform + ?Sized>(&mut self, p: &P) {
+        self.state = State::Free;
+        self.input.shrink(p);
+        self.output.shrink(p);
+    }
+
+    fn release<P: Platform + ?Sized>(self, p: &P) {
+        self.input.release(p);
+        self.output.release(p);
+    }
 }
 
 /// A finished command.
@@ -151,17 +227,16 @@ impl CmdQueue {
         }
         let n = 1usize << log_size;
         let base = p.dma_alloc(PAGE_SIZE, PAGE_SIZE).ok_or(SetupError::NoDma)?;
-        let mut slots = Vec::with_capacity(n);
+        let mut slots: Vec<Slot> = Vec::with_capacity(n);
         for _ in 0..n {
-            let Some(mailboxes) = p.dma_alloc(2 * MAX_BLOCKS * BLOCK_STRIDE, PAGE_SIZE) else {
-                for s in &slots {
-                    let s: &Slot = s;
-                    p.dma_free(s.mailboxes);
+            let Some(slot) = Slot::new(p) else {
+                for s in slots {
+                    s.release(p);
                 }
                 p.dma_free(base);
                 return Err(SetupError::NoDma);
             };
-            slots.push(Slot { mailboxes, state: State::Free });
+            slots.push(slot);
         }
         p.bar_write32(initseg::CMDQ_ADDR_H, (base.addr() >> 32) as u32);
         p.bar_write32(initseg::CMDQ_ADDR_L_SZ, (base.addr() as u32) & !0xfff);
@@ -256,11 +331,15 @@ impl CmdQueue {
             self.token = 1;
         }
         let token = self.token;
-        let mbox = self.slots[slot].mailboxes.addr();
-        let in_chain = Self::write_chain(p, mbox, &input[HEADER_LEN.min(input.len())..], token);
+        let data = &input[HEADER_LEN.min(input.len())..];
         let out_blocks = out_len.saturating_sub(HEADER_LEN).div_ceil(BLOCK_DATA);
-        let out_base = mbox + (MAX_BLOCKS * BLOCK_STRIDE) as u64;
-        let out_chain = Self::prepare_out_chain(p, out_base, out_blocks, token);
+        let s = &mut self.slots[slot];
+        if !s.input.reserve(p, data.len().div_ceil(BLOCK_DATA)) || !s.output.reserve(p, out_blocks) {
+            s.settle(p);
+            return Err(cmd.error(ErrorKind::NoDma));
+        }
+        let in_chain = Self::write_chain(p, &s.input, data, token);
+        let out_chain = Self::prepare_out_chain(p, &s.output, out_blocks, token);
 
         let mut e = [0u8; ENTRY_LEN];
         e[0x00] = CMD_TYPE_PCIE;
@@ -296,35 +375,35 @@ impl CmdQueue {
         Ok(slot as u8)
     }
 
-    /// Writes `data` as a signed mailbox chain from `base`; returns the chain's address (0 when empty).
-    fn write_chain<P: Platform + ?Sized>(p: &P, base: u64, data: &[u8], token: u8) -> u64 {
+    /// Writes `data` as a signed mailbox chain into `chain`; returns the chain's address (0 when empty).
+    fn write_chain<P: Platform + ?Sized>(p: &P, chain: &Chain, data: &[u8], token: u8) -> u64 {
         let n = data.len().div_ceil(BLOCK_DATA);
         let mut blk = [0u8; BLOCK_LEN];
         for i in 0..n {
             blk.fill(0);
             let chunk = &data[i * BLOCK_DATA..((i + 1) * BLOCK_DATA).min(data.len())];
             blk[..chunk.len()].copy_from_slice(chunk);
-            Self::seal_block(&mut blk, base, i, n, token);
-            p.dma_write(base + (i * BLOCK_STRIDE) as u64, &blk);
+            Self::seal_block(&mut blk, chain, i, n, token);
+            p.dma_write(chain.block(i), &blk);
         }
-        if n == 0 { 0 } else { base }
+        if n == 0 { 0 } else { chain.block(0) }
     }
 
     /// Output blocks carry only the chain fields; the device fills the data.
-    fn prepare_out_chain<P: Platform + ?Sized>(p: &P, base: u64, n: usize, token: u8) -> u64 {
+    fn prepare_out_chain<P: Platform + ?Sized>(p: &P, chain: &Chain, n: usize, token: u8) -> u64 {
         let mut blk = [0u8; BLOCK_LEN];
         for i in 0..n {
             blk.fill(0);
-            Self::seal_block(&mut blk, base, i, n, token);
-            p.dma_write(base + (i * BLOCK_STRIDE) as u64 + BLOCK_DATA as u64, &blk[BLOCK_DATA..]);
+            Self::seal_block(&mut blk, chain, i, n, token);
+            p.dma_write(chain.block(i) + BLOCK_DATA as u64, &blk[BLOCK_DATA..]);
         }
-        if n == 0 { 0 } else { base }
+        if n == 0 { 0 } else { chain.block(0) }
     }
 
     /// `next`, `block_number`, `token` and both signatures (`core/cmd.c:233-253`): Linux leaves block
     /// signatures off (`cmdif_checksum` 0), but a signed block is valid either way.
-    fn seal_block(blk: &mut [u8; BLOCK_LEN], base: u64, i: usize, n: usize, token: u8) {
-        let next = if i + 1 < n { base + ((i + 1) * BLOCK_STRIDE) as u64 } else { 0 };
+    fn seal_block(blk: &mut [u8; BLOCK_LEN], chain: &Chain, i: usize, n: usize, token: u8) {
+        let next = if i + 1 < n { chain.block(i + 1) } else { 0 };
         blk[0x230..0x238].copy_from_slice(&next.to_be_bytes());
         blk[0x238..0x23c].copy_from_slice(&(i as u32).to_be_bytes());
         blk[0x23d] = token;
@@ -357,7 +436,7 @@ impl CmdQueue {
                             Err(e) => Outcome::from_error(&e.kind),
                         };
                         self.log.lock().record(pend.opcode, pend.op_mod, slot as u8, outcome, elapsed);
-                        self.slots[slot].state = State::Free;
+                        self.slots[slot].settle(p);
                         self.busy_mask &= !(1 << slot);
                         let hca_ns = pend.owned_seen_ns.saturating_sub(pend.posted_ns);
                         done.push(Completion { tag: pend.tag, slot: slot as u8, result, elapsed_ns: elapsed, hca_ns });
@@ -396,7 +475,7 @@ impl CmdQueue {
                             "mlx5: {} completion arrived after its timeout; slot {slot} leaves quarantine",
                             crate::command::opcode_name(pend.opcode)
                         );
-                        self.slots[slot].state = State::Free;
+                        self.slots[slot].settle(p);
                         self.busy_mask &= !(1 << slot);
                     }
                 }
@@ -423,12 +502,12 @@ impl CmdQueue {
             let syndrome = u32::from_be_bytes([out[4], out[5], out[6], out[7]]);
             return Err(err(ErrorKind::Status { status, syndrome }));
         }
-        let out_base = self.slots[slot].mailboxes.at((MAX_BLOCKS * BLOCK_STRIDE) as u64);
+        let chain = &self.slots[slot].output;
         let mut at = HEADER_LEN;
-        let mut blk = 0u64;
+        let mut blk = 0;
         while at < out.len() {
             let n = (out.len() - at).min(BLOCK_DATA);
-            p.dma_read(out_base + blk * BLOCK_STRIDE as u64, &mut out[at..at + n]);
+            p.dma_read(chain.block(blk), &mut out[at..at + n]);
             at += n;
             blk += 1;
         }
@@ -459,8 +538,8 @@ impl CmdQueue {
     /// Frees the queue's DMA memory. Only after DISABLE_HCA (or when the device is gone): the firmware
     /// must no longer read the entries.
     pub fn release<P: Platform + ?Sized>(self, p: &P) {
-        for s in &self.slots {
-            p.dma_free(s.mailboxes);
+        for s in self.slots {
+            s.release(p);
         }
         p.dma_free(self.base);
     }

@@ -88,8 +88,8 @@ pub struct PageSupply {
     pub failures: u64,
 }
 
-/// MANAGE_PAGES carries at most this many addresses per command (the slot's mailbox chain).
-pub const PAGES_PER_COMMAND: usize = (crate::cmdq::MAX_MSG - 16) / 8;
+/// MANAGE_PAGES carries at most this many addresses per command (what the slot's own chain holds).
+pub const PAGES_PER_COMMAND: usize = (crate::cmdq::SLOT_MSG - 16) / 8;
 
 impl PageSupply {
     pub fn given(&self) -> usize {

@@ -29,13 +29,17 @@ struct Arena {
     /// Live allocations: address → (length asked for, id).
     live: BTreeMap<u64, (u64, u64)>,
     next_id: u64,
+    /// RAM from here up was never handed out and is still zero (a fresh memory), so an allocation there
+    /// needs no clearing: a large pool in a sparse file stays sparse until it is written.
+    fresh_from: u64,
 }
 
 impl Arena {
-    fn new(start: u64, end: u64) -> Arena {
+    /// `fresh`: whether the RAM is known to be all zeros.
+    fn new(start: u64, end: u64, fresh: bool) -> Arena {
         let mut free = BTreeMap::new();
         free.insert(start, end - start);
-        Arena { free, live: BTreeMap::new(), next_id: 1 }
+        Arena { free, live: BTreeMap::new(), next_id: 1, fresh_from: if fresh { start } else { end } }
     }
 
     /// Whether `[addr, addr + len)` lies inside one live allocation.
@@ -46,8 +50,9 @@ impl Arena {
             .is_some_and(|(&s, &(l, _))| addr.checked_add(len as u64).is_some_and(|end| end <= s + l))
     }
 
-    /// Allocates `len` (> 0) bytes and records them live.
-    fn alloc_live(&mut self, len: usize, align: u64) -> Option<DmaBuf> {
+    /// Allocates `len` (> 0) bytes and records them live; returns the handle and how many of its first
+    /// bytes may hold old data (the rest is fresh).
+    fn alloc_live(&mut self, len: usize, align: u64) -> Option<(DmaBuf, u64)> {
         if len == 0 {
             return None;
         }
@@ -55,7 +60,9 @@ impl Arena {
         let id = self.next_id;
         self.next_id += 1;
         self.live.insert(at, (len as u64, id));
-        Some(DmaBuf::new(at, len, id))
+        let used = self.fresh_from.saturating_sub(at).min(len as u64);
+        self.fresh_from = self.fresh_from.max(at + len as u64);
+        Some((DmaBuf::new(at, len, id), used))
     }
 
     /// Frees a live allocation; `false` (nothing freed) for a handle that is not live.
@@ -180,7 +187,7 @@ impl HostedPlatform {
                 Stepper::Thread { stop, handle: Some(handle), model }
             }
         };
-        Self::assemble(bar, ram, stepper)
+        Self::assemble(bar, ram, stepper, true)
     }
 
     /// Maps the BAR and RAM files a model process serves (the files QEMU would use), waiting up to `wait`
@@ -189,16 +196,24 @@ impl HostedPlatform {
         use mlx5_model::shm::SharedFile;
         let bar = SharedFile::open_bar(bar, None, wait).map_err(|e| e.to_string())?;
         let ram = SharedFile::open_ram(ram, None, wait).map_err(|e| e.to_string())?;
+        if ram.below_4g() != ram.ram_bytes() {
+            return Err(format!(
+                "{}: {} MiB of RAM lies partly above the PCI hole; the hosted platform allocates from one range",
+                ram.file().path().display(),
+                ram.ram_bytes() >> 20
+            ));
+        }
         Ok(Self::attach(Arc::new(bar), Arc::new(ram)))
     }
 
     /// Attaches to memories someone else's model serves (the model as its own process over shared files).
     pub fn attach(bar: Arc<dyn Memory>, ram: Arc<dyn Memory>) -> HostedPlatform {
-        Self::assemble(bar, ram, Stepper::External)
+        Self::assemble(bar, ram, Stepper::External, false)
     }
 
-    fn assemble(bar: Arc<dyn Memory>, ram: Arc<dyn Memory>, stepper: Stepper) -> HostedPlatform {
-        let arena = RwLock::new(Arena::new(1 << 20, ram.size()));
+    /// `fresh`: the RAM was just created (all zeros); otherwise every allocation is cleared.
+    fn assemble(bar: Arc<dyn Memory>, ram: Arc<dyn Memory>, stepper: Stepper, fresh: bool) -> HostedPlatform {
+        let arena = RwLock::new(Arena::new(1 << 20, ram.size(), fresh));
         HostedPlatform { bar, ram, arena, faults: AtomicU64::new(0), start: Instant::now(), stepper }
     }
 
@@ -310,11 +325,11 @@ impl Platform for HostedPlatform {
     }
 
     fn dma_alloc(&self, len: usize, align: usize) -> Option<DmaBuf> {
-        let buf = self.arena.write().unwrap_or_else(|e| e.into_inner()).alloc_live(len, align.max(1) as u64)?;
+        let (buf, used) = self.arena.write().unwrap_or_else(|e| e.into_inner()).alloc_live(len, align.max(1) as u64)?;
         let zero = [0u8; 4096];
         let mut at = 0;
-        while at < len {
-            let n = (len - at).min(zero.len());
+        while at < used as usize {
+            let n = (used as usize - at).min(zero.len());
             self.ram.write(buf.at(at as u64), &zero[..n]).ok()?;
             at += n;
         }
@@ -364,7 +379,7 @@ mod tests {
 
     #[test]
     fn arena_merges_and_aligns() {
-        let mut a = Arena::new(0x1000, 0x10000);
+        let mut a = Arena::new(0x1000, 0x10000, true);
         let x = a.alloc(0x100, 0x1000).unwrap();
         let y = a.alloc(0x1000, 0x1000).unwrap();
         assert_eq!((x, y), (0x1000, 0x2000));
@@ -373,6 +388,29 @@ mod tests {
         assert_eq!(a.free.len(), 1);
         assert_eq!(a.free_bytes(), 0xf000);
         assert!(a.alloc(0x10000, 8).is_none());
+    }
+
+    #[test]
+    fn only_memory_handed_out_before_is_cleared_again() {
+        let addr_used = |r: Option<(DmaBuf, u64)>| r.map(|(b, used)| (b.addr(), used));
+        let mut a = Arena::new(0x1000, 0x10000, true);
+        let (first, used) = a.alloc_live(0x2000, 0x1000).unwrap();
+        assert_eq!((first.addr(), used), (0x1000, 0), "fresh memory");
+        assert!(a.free_live(first));
+        // Straddles the memory handed out before and fresh memory above it.
+        assert_eq!(addr_used(a.alloc_live(0x3000, 0x1000)), Some((0x1000, 0x2000)));
+        // Memory of unknown contents is always cleared whole.
+        let mut b = Arena::new(0x1000, 0x10000, false);
+        assert_eq!(addr_used(b.alloc_live(0x2000, 0x1000)), Some((0x1000, 0x2000)));
+        // Through a platform over fresh RAM: a reused allocation reads as zeros.
+        let p = HostedPlatform::with_model(ModelConfig::default(), 4 << 20, ModelMode::InProcess);
+        let x = p.dma_alloc(64, 64).unwrap();
+        p.dma_write(x.addr(), &[7; 64]);
+        p.dma_free(x);
+        let y = p.dma_alloc(64, 64).unwrap();
+        let mut buf = [1u8; 64];
+        p.dma_read(y.addr(), &mut buf);
+        assert_eq!((x.addr(), buf), (y.addr(), [0; 64]));
     }
 
     #[test]

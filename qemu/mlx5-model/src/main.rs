@@ -25,7 +25,8 @@ Serves a ConnectX-5 model over two files shared with QEMU: the BAR (QEMU `-objec
 by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to create and size them.
 
   --bar PATH            the BAR file (ivshmem BAR2, the CX-5's BAR0)
-  --ram PATH            the guest-RAM file (device address = file offset; at most 2048 MiB)
+  --ram PATH            the guest-RAM file, addressed as q35 maps it (guest physical: up to 2 GiB below
+                        the PCI hole, the rest from 4 GiB)
   --bar-size BYTES      expected BAR size (default: whatever size the file has; a power of two)
   --ram-size BYTES      expected guest-RAM size (default: whatever size the file has)
   --trace PATH          write one JSON line per completed command to PATH (as MLX5_MODEL_TRACE=PATH)
@@ -127,15 +128,6 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
         && (!s.is_power_of_two() || s < shm::MIN_BAR_BYTES)
     {
         return Err(format!("--bar-size must be a power of two of at least {:#x}, got {s:#x}", shm::MIN_BAR_BYTES));
-    }
-    if let Some(s) = ram_size
-        && s > shm::MAX_RAM_BYTES
-    {
-        return Err(format!(
-            "--ram-size above {} MiB is not supported (QEMU puts RAM above 4 GiB at file offset \
-             below_4g_mem_size, which the model does not translate)",
-            shm::MAX_RAM_BYTES >> 20
-        ));
     }
     if trace.is_none() {
         trace = std::env::var_os("MLX5_MODEL_TRACE").filter(|v| !v.is_empty()).map(PathBuf::from);
@@ -267,7 +259,7 @@ fn run(o: &Opts) -> Result<Stop, String> {
             o.bar.display(),
             bar.size(),
             o.ram.display(),
-            ram.size() >> 20,
+            ram.ram_bytes() >> 20,
             o.udp,
             o.trace.as_ref().map_or("off".into(), |p| p.display().to_string())
         );
@@ -290,7 +282,7 @@ fn run(o: &Opts) -> Result<Stop, String> {
         }
         if Instant::now() >= next_check {
             next_check = Instant::now() + PRESENCE_CHECK;
-            for f in [&bar, &ram] {
+            for f in [&*bar, ram.file()] {
                 if !f.still_present() {
                     return Ok(Stop::FileGone(f.path().to_path_buf()));
                 }
@@ -405,7 +397,6 @@ mod tests {
         assert!(e(&["--bar", "b", "--ram", "r", "--bar-size", "lots"]).contains("size in bytes"));
         assert!(e(&["--bar", "b", "--ram", "r", "--bar-size", "0"]).contains("at least 1"));
         assert!(e(&["--bar", "b", "--ram", "r", "--ram-size", "99999999T"]).contains("too large"));
-        assert!(e(&["--bar", "b", "--ram", "r", "--ram-size", "4G"]).contains("below_4g_mem_size"));
         assert!(e(&["--bar", "b", "--ram", "r", "--udp", "nowhere"]).contains("--udp"));
         assert!(e(&["--bar", "b", "--ram", "r", "--wait", "0"]).contains("--wait"));
         assert!(e(&["--bar", "b", "--ram", "r", "--fast"]).contains("unknown argument `--fast`"));

@@ -28,6 +28,12 @@ pub trait Memory: Send + Sync {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), OutOfRange>;
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), OutOfRange>;
 
+    /// Whether `[addr, addr + len)` is all memory (what a command's addresses must be before the device
+    /// takes them; a memory with a hole says no for it).
+    fn holds(&self, addr: u64, len: u64) -> bool {
+        addr.checked_add(len).is_some_and(|end| end <= self.size())
+    }
+
     /// Big-endian 32-bit register or field at `addr` (mlx5 structures are big-endian).
     fn read_be32(&self, addr: u64) -> Result<u32, OutOfRange> {
         let mut b = [0u8; 4];

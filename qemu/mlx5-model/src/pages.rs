@@ -4,6 +4,8 @@
 
 use std::collections::BTreeSet;
 
+use crate::mem::Memory;
+
 /// `MLX5_ADAPTER_PAGE_SIZE` (`device.h:247-248`).
 pub const PAGE_SIZE: u64 = 4096;
 
@@ -73,13 +75,13 @@ impl PageLedger {
     }
 
     /// Records `pas` as device pages: all or nothing.
-    pub fn give(&mut self, pas: &[u64], ram_size: u64) -> Result<(), GiveError> {
+    pub fn give(&mut self, pas: &[u64], ram: &dyn Memory) -> Result<(), GiveError> {
         let mut seen = BTreeSet::new();
         for (i, &pa) in pas.iter().enumerate() {
             if !pa.is_multiple_of(PAGE_SIZE) {
                 return Err(GiveError::Misaligned(i));
             }
-            if pa.checked_add(PAGE_SIZE).is_none_or(|end| end > ram_size) {
+            if !ram.holds(pa, PAGE_SIZE) {
                 return Err(GiveError::OutsideRam(i));
             }
             if self.owned.contains(&pa) || !seen.insert(pa) {
@@ -117,21 +119,22 @@ mod tests {
 
     #[test]
     fn demand_and_ownership() {
+        let ram = crate::mem::VecMemory::new(1 << 20);
         let mut l = PageLedger::new(2, 3, 1);
         assert_eq!(l.query(1), 2);
         assert_eq!(l.query(2), 5);
-        assert_eq!(l.give(&[0x1000, 0x1001], 1 << 20), Err(GiveError::Misaligned(1)));
-        assert_eq!(l.give(&[0x1000, 1 << 20], 1 << 20), Err(GiveError::OutsideRam(1)));
-        assert_eq!(l.give(&[0x1000, 0x1000], 1 << 20), Err(GiveError::AlreadyOwned(1)));
+        assert_eq!(l.give(&[0x1000, 0x1001], &ram), Err(GiveError::Misaligned(1)));
+        assert_eq!(l.give(&[0x1000, 1 << 20], &ram), Err(GiveError::OutsideRam(1)));
+        assert_eq!(l.give(&[0x1000, 0x1000], &ram), Err(GiveError::AlreadyOwned(1)));
         assert_eq!(l.owned(), 0);
-        l.give(&[0x1000, 0x2000], 1 << 20).unwrap();
+        l.give(&[0x1000, 0x2000], &ram).unwrap();
         assert_eq!(l.query(1), 0);
         assert_eq!(l.query(2), 3);
         assert!(!l.init_satisfied());
-        l.give(&[0x3000, 0x4000, 0x5000], 1 << 20).unwrap();
+        l.give(&[0x3000, 0x4000, 0x5000], &ram).unwrap();
         assert!(l.init_satisfied());
         assert_eq!(l.query(3), 1);
-        l.give(&[0x6000, 0x7000], 1 << 20).unwrap();
+        l.give(&[0x6000, 0x7000], &ram).unwrap();
         assert_eq!(l.query(3), -1, "the device holds one page more than it needs");
         assert_eq!(l.take(10, 6).len(), 1);
         assert_eq!(l.take(10, 0).len(), 6);

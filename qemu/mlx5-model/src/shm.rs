@@ -7,9 +7,9 @@
 //! 8 bytes, so an aligned 4- or 8-byte register or doorbell is one load or store (x86 makes those atomic,
 //! and both sides are x86-TSO).
 //!
-//! Device address = file offset. For RAM below QEMU's PCI hole that is the guest physical address; above
-//! about 2–3 GiB of guest RAM, QEMU continues the file at `below_4g_mem_size` for the RAM above 4 GiB, which
-//! this model does not translate: [`MAX_RAM_BYTES`] refuses such files.
+//! Device address = guest physical address. QEMU's q35 machine puts the first `below_4g_mem_size` bytes of the
+//! RAM file at guest physical 0 and the rest at 4 GiB, above the PCI hole ([`GuestRam`], [`q35_below_4g`]);
+//! an address in the hole is no RAM and every access to it is refused.
 //!
 //! The BAR's last 4 KiB page carries the model's signature ([`SIGNATURE`], see [`write_signature`]) so a
 //! driver can tell an ivshmem function backed by this model from any other ivshmem, without touching the
@@ -34,9 +34,8 @@ pub use mlx5_signature::{SIGNATURE, SIGNATURE_LEN, SIGNATURE_OFFSET_FROM_END, SI
 pub const DEFAULT_BAR_BYTES: u64 = 32 << 20;
 /// The smallest BAR the model accepts: the initialization segment's page, one UAR page, the signature page.
 pub const MIN_BAR_BYTES: u64 = 3 * 0x1000;
-/// The largest guest-RAM file the model accepts. Up to here the whole file sits below QEMU's PCI hole on
-/// both `pc` and `q35`, so file offset = guest physical address without exception.
-pub const MAX_RAM_BYTES: u64 = 2 << 30;
+/// Where RAM above the PCI hole starts (guest physical).
+pub const FOUR_GIB: u64 = 4 << 30;
 /// How long [`SharedFile::open`] waits by default for QEMU (or the runner) to create and size a file.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 
@@ -179,21 +178,9 @@ impl SharedFile {
         Ok(f)
     }
 
-    /// Opens the guest-RAM file, refusing more than [`MAX_RAM_BYTES`] (see the module comment).
-    pub fn open_ram(path: &Path, want: Option<u64>, wait: Duration) -> Result<SharedFile, ShmError> {
-        let f = SharedFile::open(path, want, wait)?;
-        if f.size > MAX_RAM_BYTES {
-            return Err(ShmError::BadSize {
-                path: f.path.clone(),
-                size: f.size,
-                reason: format!(
-                    "guest RAM above {} MiB is not supported: QEMU would put RAM above 4 GiB at file offset \
-                     below_4g_mem_size, which the model does not translate",
-                    MAX_RAM_BYTES >> 20
-                ),
-            });
-        }
-        Ok(f)
+    /// Opens the guest-RAM file as q35 lays it out in guest physical memory ([`GuestRam`]).
+    pub fn open_ram(path: &Path, want: Option<u64>, wait: Duration) -> Result<GuestRam, ShmError> {
+        SharedFile::open(path, want, wait).map(GuestRam::q35)
     }
 
     pub fn path(&self) -> &Path {
@@ -231,6 +218,84 @@ impl Memory for SharedFile {
         // Rust reference, because no reference into the mapping is ever handed out.
         unsafe { volatile_copy(data.as_ptr(), dst, data.len(), Dir::ToShared) };
         Ok(())
+    }
+}
+
+/// `below_4g_mem_size` of QEMU 7.2's q35 machine for `ram` bytes of RAM (`pc_q35_init`): with 2.75 GiB
+/// (0xB000_0000) or more, 2 GiB sit below the PCI hole and the rest at 4 GiB; with less, all of it sits below.
+pub fn q35_below_4g(ram: u64) -> u64 {
+    if ram >= 0xb000_0000 { 0x8000_0000 } else { ram }
+}
+
+/// Guest RAM in a `memory-backend-file` as q35 maps it: file offsets `[0, below)` at guest physical
+/// `[0, below)`, the rest of the file from guest physical 4 GiB. [`Memory`] addresses are guest physical;
+/// an access that touches the hole between `below` and 4 GiB, or runs past the end, is refused.
+#[derive(Debug)]
+pub struct GuestRam {
+    file: SharedFile,
+    below: u64,
+}
+
+impl GuestRam {
+    /// The file with q35's split ([`q35_below_4g`]).
+    pub fn q35(file: SharedFile) -> GuestRam {
+        let below = q35_below_4g(file.size);
+        GuestRam { file, below }
+    }
+
+    /// The file with the first `below` bytes under the hole (at most the file's size).
+    pub fn with_split(file: SharedFile, below: u64) -> GuestRam {
+        let below = below.min(file.size);
+        GuestRam { file, below }
+    }
+
+    pub fn file(&self) -> &SharedFile {
+        &self.file
+    }
+
+    /// The file's size: the guest's RAM.
+    pub fn ram_bytes(&self) -> u64 {
+        self.file.size
+    }
+
+    /// RAM below the PCI hole (`below_4g_mem_size`); the rest is at 4 GiB.
+    pub fn below_4g(&self) -> u64 {
+        self.below
+    }
+
+    /// The file offset of guest physical `[addr, addr + len)`, which must lie in one of the two parts.
+    fn offset(&self, addr: u64, len: usize) -> Result<u64, OutOfRange> {
+        let size = self.size();
+        let refuse = OutOfRange { addr, len, size };
+        let end = addr.checked_add(len as u64).ok_or(refuse)?;
+        if end <= self.below {
+            Ok(addr)
+        } else if addr >= FOUR_GIB && end <= size {
+            Ok(addr - FOUR_GIB + self.below)
+        } else {
+            Err(refuse)
+        }
+    }
+}
+
+impl Memory for GuestRam {
+    /// The end of guest physical RAM: 4 GiB plus the RAM above the hole when there is any.
+    fn size(&self) -> u64 {
+        if self.below == self.file.size { self.below } else { FOUR_GIB + (self.file.size - self.below) }
+    }
+
+    fn holds(&self, addr: u64, len: u64) -> bool {
+        usize::try_from(len).is_ok_and(|len| self.offset(addr, len).is_ok())
+    }
+
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), OutOfRange> {
+        let at = self.offset(addr, buf.len())?;
+        self.file.read(at, buf)
+    }
+
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), OutOfRange> {
+        let at = self.offset(addr, data.len())?;
+        self.file.write(at, data)
     }
 }
 
@@ -349,10 +414,45 @@ mod tests {
         let e = SharedFile::open(&p, Some(0x4000), Duration::from_millis(20)).unwrap_err().to_string();
         assert!(e.contains("waiting for size 0x4000"), "{e}");
         std::fs::remove_file(&p).unwrap();
-        let p = temp("big", Some(MAX_RAM_BYTES + 0x1000));
-        let e = SharedFile::open_ram(&p, None, Duration::ZERO).unwrap_err().to_string();
-        assert!(e.contains("below_4g_mem_size"), "{e}");
+    }
+
+    #[test]
+    fn q35_puts_ram_past_2_75_gib_partly_above_the_hole() {
+        assert_eq!(q35_below_4g(2 << 30), 2 << 30);
+        assert_eq!(q35_below_4g(0xafff_f000), 0xafff_f000);
+        assert_eq!(q35_below_4g(0xb000_0000), 0x8000_0000);
+        assert_eq!(q35_below_4g(6 << 30), 0x8000_0000);
+    }
+
+    #[test]
+    fn guest_ram_translates_above_4_gib_and_refuses_the_hole() {
+        // A sparse 6 GiB file: 2 GiB below the hole, 4 GiB at guest physical 4 GiB.
+        let p = temp("split", Some(6 << 30));
+        let ram = SharedFile::open_ram(&p, None, Duration::ZERO).unwrap();
+        assert_eq!((ram.ram_bytes(), ram.below_4g(), ram.size()), (6 << 30, 2 << 30, 8 << 30));
+        let file = SharedFile::open(&p, None, Duration::ZERO).unwrap();
+        ram.write_be32(0x1000, 0x1111_1111).unwrap();
+        ram.write_be32(FOUR_GIB, 0x2222_2222).unwrap();
+        ram.write_be32((8 << 30) - 4, 0x3333_3333).unwrap();
+        assert_eq!(file.read_be32(0x1000).unwrap(), 0x1111_1111);
+        assert_eq!(file.read_be32(2 << 30).unwrap(), 0x2222_2222, "4 GiB continues the file at below_4g");
+        assert_eq!(file.read_be32((6 << 30) - 4).unwrap(), 0x3333_3333);
+        assert_eq!(ram.read_be32(FOUR_GIB).unwrap(), 0x2222_2222);
+        // The hole, an access straddling its edges, and past the end are refused.
+        for (addr, len) in [(2 << 30, 4), ((2 << 30) - 2, 4), (3 << 30, 1), (FOUR_GIB - 2, 4), (8 << 30, 1)] {
+            assert!(ram.read(addr, &mut vec![0; len]).is_err(), "{addr:#x}+{len}");
+            assert!(ram.write(addr, &vec![0; len]).is_err(), "{addr:#x}+{len}");
+            // Commands check their addresses with `holds` (MTT pages, queue pages, doorbell records).
+            assert!(!ram.holds(addr, len as u64), "{addr:#x}+{len}");
+        }
+        assert!(ram.holds(0, 2 << 30) && ram.holds(FOUR_GIB, 4 << 30) && !ram.holds((2 << 30) - 4096, 8192));
+        // RAM below 2.75 GiB is all below the hole: guest physical = file offset.
+        let q = temp("flat", Some(0x4000));
+        let flat = SharedFile::open_ram(&q, None, Duration::ZERO).unwrap();
+        assert_eq!((flat.size(), flat.below_4g()), (0x4000, 0x4000));
+        assert!(flat.read(0x3ffc, &mut [0; 4]).is_ok() && flat.read(0x3ffd, &mut [0; 4]).is_err());
         std::fs::remove_file(&p).unwrap();
+        std::fs::remove_file(&q).unwrap();
     }
 
     #[test]

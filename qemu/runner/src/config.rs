@@ -13,7 +13,7 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use crate::model::{MAX_MODEL_MEM_MIB, ModelFiles, RAM_ID};
+use crate::model::{MAX_PC_MODEL_MEM_MIB, ModelFiles, RAM_ID};
 
 /// The default guest memory, MiB.
 pub const DEFAULT_MEM_MIB: u32 = 256;
@@ -169,9 +169,10 @@ impl QemuConfig {
         if self.cpu.is_empty() || self.cpu.contains(char::is_whitespace) {
             return Err(format!("bad CPU model `{}`", self.cpu));
         }
-        if self.model.is_some() && self.mem_mib > MAX_MODEL_MEM_MIB {
+        if self.model.is_some() && self.machine == Machine::Pc && self.mem_mib > MAX_PC_MODEL_MEM_MIB {
             return Err(format!(
-                "the mlx5 model supports at most {MAX_MODEL_MEM_MIB} MiB of guest RAM (got {}); use --no-model",
+                "the mlx5 model supports at most {MAX_PC_MODEL_MEM_MIB} MiB of guest RAM on `pc` (got {}): it maps \
+                 RAM above that as q35 does; use -machine q35 or --no-model",
                 self.mem_mib
             ));
         }
@@ -389,8 +390,14 @@ mod tests {
         ));
         assert!(has_pair(&a, "-device", "ivshmem-plain,memdev=mlx5bar"));
         assert!(c.validate().is_ok());
-        c.mem_mib = 4096;
-        assert!(c.validate().unwrap_err().contains("--no-model"));
+        // q35 puts RAM beyond 2 GiB at 4 GiB, as the model expects; `pc` would split it elsewhere.
+        c.mem_mib = 6144;
+        assert!(c.validate().is_ok());
+        c.machine = Machine::Pc;
+        assert!(c.validate().unwrap_err().contains("-machine q35"));
+        c.mem_mib = 2048;
+        assert!(c.validate().is_ok());
+        c.machine = Machine::Q35;
         c.model = None;
         assert!(c.validate().is_ok());
         assert!(has_pair(&strings(&c), "-machine", "q35"));

@@ -131,6 +131,12 @@ impl<T: Copy> LeaseService<T> {
         if a.size == 0 {
             return Err(bad("alloc.size", "must be at least 1 byte"));
         }
+        if a.size > self.cfg.max_lease() {
+            return Err(bad(
+                "alloc.size",
+                &format!("must be at most {} bytes (the largest lease)", self.cfg.max_lease()),
+            ));
+        }
         if a.size > self.cfg.pool_bytes() {
             return Err(err(
                 ErrorCode::NoMemory,

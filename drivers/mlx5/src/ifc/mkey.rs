@@ -72,6 +72,10 @@ const TRANSLATIONS_OCTWORD_SIZE: usize = MKC + 0x1a0;
 const LOG_PAGE_SIZE: usize = MKC + 0x1da;
 const TRANSLATIONS_OCTWORD_ACTUAL_SIZE: usize = 0x300;
 
+/// The most MTT entries one CREATE_MKEY carries: what fits the longest command ([`crate::cmdq::MAX_MSG`])
+/// after the 0x110 bytes before `klm_pas_mtt`, in whole octwords of two entries.
+pub const MAX_MTT_PAGES: usize = (crate::cmdq::MAX_MSG - PAS_OFFSET) / 16 * 2;
+
 /// What to register. For MTT mode `pages` are the device addresses of equal pages of `1 << log_page_size`
 /// bytes (12 = 4 KiB, 21 = 2 MiB; `mkc.log_page_size` is absolute, unlike the queues'); `start` is the
 /// address the key's users name (its offset inside the first page is `start % page`).

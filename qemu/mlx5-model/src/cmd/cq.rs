@@ -132,7 +132,7 @@ pub fn create_cq(hca: &mut Hca, c: &Ctx) -> CmdResult {
     }
     let dbr_addr = ifc::get64(c.input, CQC as usize + cqc::DBR_ADDR);
     // The record is two big-endian dwords (`set_ci`, `arm`), read as one 8-byte unit.
-    if !dbr_addr.is_multiple_of(8) || dbr_addr.checked_add(8).is_none_or(|end| end > c.ram.size()) {
+    if !dbr_addr.is_multiple_of(8) || !c.ram.holds(dbr_addr, 8) {
         return bad(reason::BAD_DOORBELL_RECORD);
     }
     let n = pages_for(log_cq_size, log_stride, log_page_size);

@@ -49,7 +49,7 @@ pub(crate) fn read_pas(hca: &Hca, c: &Ctx, n: usize, log_page_size: u32) -> Resu
         if !pa.is_multiple_of(ps) {
             return Err(c.err(status::BAD_PARAM, reason::PAGE_MISALIGNED));
         }
-        if pa.checked_add(ps).is_none_or(|end| end > c.ram.size()) {
+        if !c.ram.holds(pa, ps) {
             return Err(c.err(status::BAD_PARAM, reason::PAGE_OUTSIDE_RAM));
         }
         if (0..ps / 4096).any(|k| hca.pages.owns(pa + 4096 * k)) {

@@ -118,7 +118,7 @@ pub fn create_mkey(hca: &mut Hca, c: &Ctx) -> CmdResult {
                 if !addr.is_multiple_of(ps) || !addr.is_multiple_of(PAGE_SIZE) {
                     return bad(reason::PAGE_MISALIGNED);
                 }
-                if addr.checked_add(ps).is_none_or(|end| end > c.ram.size()) {
+                if !c.ram.holds(addr, ps) {
                     return bad(reason::TRANSLATION_OUTSIDE_RAM);
                 }
                 mtt.push(Mtt { addr, read: e & 1 != 0, write: e & 2 != 0 });

@@ -39,7 +39,7 @@ pub fn manage_pages(hca: &mut Hca, c: &Ctx) -> CmdResult {
             c.reserved_zero(0x10, &[EMBEDDED_CPU_FUNCTION, FUNCTION_ID, MANAGE_PAGES_IN_INPUT_NUM_ENTRIES])?;
             let pas: Vec<u64> = (0..n).map(|i| ifc::get64(c.input, PAS + 8 * i)).collect();
             let out = c.output(0x10)?;
-            hca.pages.give(&pas, c.ram.size()).map_err(|e| match e {
+            hca.pages.give(&pas, c.ram).map_err(|e| match e {
                 GiveError::Misaligned(_) => c.err(status::BAD_PARAM, reason::PAGE_MISALIGNED),
                 GiveError::OutsideRam(_) => c.err(status::BAD_PARAM, reason::PAGE_OUTSIDE_RAM),
                 GiveError::AlreadyOwned(_) => c.err(status::BAD_PARAM, reason::PAGE_ALREADY_OWNED),

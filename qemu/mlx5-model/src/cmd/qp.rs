@@ -131,7 +131,7 @@ pub fn create_qp(hca: &mut Hca, c: &Ctx) -> CmdResult {
         _ => return Err(bad(c, reason::UNSUPPORTED_FEATURE)),
     };
     let dbr = ifc::get64(c.input, QPC as usize + qpc::DBR_ADDR);
-    if !dbr.is_multiple_of(8) || dbr.checked_add(8).is_none_or(|end| end > c.ram.size()) {
+    if !dbr.is_multiple_of(8) || !c.ram.holds(dbr, 8) {
         return Err(bad(c, reason::QP_BAD_DBR));
     }
     let log_page = qpc_get(c, qpc::LOG_PAGE_SIZE);
@@ -152,7 +152,7 @@ pub fn create_qp(hca: &mut Hca, c: &Ctx) -> CmdResult {
         if !a.is_multiple_of(page) {
             return Err(bad(c, reason::PAGE_MISALIGNED));
         }
-        if a.checked_add(page).is_none_or(|end| end > c.ram.size()) {
+        if !c.ram.holds(a, page) {
             return Err(bad(c, reason::TRANSLATION_OUTSIDE_RAM));
         }
         pas.push(a);
