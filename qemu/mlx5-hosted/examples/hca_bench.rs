@@ -125,6 +125,26 @@ fn percentile(sorted: &[u64], q: f64) -> f64 {
     sorted[i] as f64
 }
 
+/// Submits `cmd`, remembering it as pending; when the queue is full it goes back on `next` (`false`).
+fn submit(
+    d: &mut Hosted,
+    pending: &mut HashMap<u64, (Pending, Instant)>,
+    next: &mut Vec<(Command, Pending)>,
+    cmd: Command,
+    what: Pending,
+) -> bool {
+    match d.client.submit(cmd) {
+        Ok(tag) => {
+            pending.insert(tag, (what, Instant::now()));
+            true
+        }
+        Err(cmd) => {
+            next.push((cmd, what));
+            false
+        }
+    }
+}
+
 /// Keeps `window` commands outstanding for `dur` (or until `max_ops` ops when given), then drains.
 fn run(d: &mut Hosted, f: &mut Fixture, w: Workload, window: usize, dur: Duration, max_ops: Option<u64>) -> Row {
     let mut pending: HashMap<u64, (Pending, Instant)> = HashMap::with_capacity(window * 2);
@@ -147,14 +167,8 @@ fn run(d: &mut Hosted, f: &mut Fixture, w: Workload, window: usize, dur: Duratio
     loop {
         while stopped.is_none() && pending.len() < window {
             let (cmd, what) = next.pop().unwrap_or_else(|| f.first(w));
-            match d.client.submit(cmd) {
-                Ok(tag) => {
-                    pending.insert(tag, (what, Instant::now()));
-                }
-                Err(cmd) => {
-                    next.push((cmd, what));
-                    break;
-                }
+            if !submit(d, &mut pending, &mut next, cmd, what) {
+                break;
             }
         }
         d.pump();
@@ -186,14 +200,8 @@ fn run(d: &mut Hosted, f: &mut Fixture, w: Workload, window: usize, dur: Duratio
         // Destroys owed after the window still go out.
         if stopped.is_some() {
             while let Some((cmd, what)) = next.pop() {
-                match d.client.submit(cmd) {
-                    Ok(tag) => {
-                        pending.insert(tag, (what, Instant::now()));
-                    }
-                    Err(cmd) => {
-                        next.push((cmd, what));
-                        break;
-                    }
+                if !submit(d, &mut pending, &mut next, cmd, what) {
+                    break;
                 }
             }
         }
