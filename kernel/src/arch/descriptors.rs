@@ -1,121 +1,119 @@
-//! GDT, TSS and IDT (Intel SDM vol. 3, ch. 3 and 6). One IDT shared by all cores; a GDT and TSS per core,
-//! whose IST slots give double fault, NMI and machine check stacks of their own so a smashed kernel stack
-//! still produces a dump.
+//! GDT, TSS and IDT (Intel SDM vol. 3, ch. 3 and 6), built from the `x86_64` crate's types. One IDT shared by
+//! all cores; a GDT and TSS per core, whose IST slots give double fault, NMI and machine check stacks of their
+//! own so a smashed kernel stack still produces a dump.
+//!
+//! The IDT entries point at the hand-written stubs of `exceptions.rs`, not at crate handler functions: those
+//! need the `x86-interrupt` ABI (nightly only), and the stubs push every register for the fatal dump.
 
 use super::exceptions;
 use super::percpu;
-use core::arch::asm;
-use core::cell::UnsafeCell;
+use spin::Once;
+use x86_64::instructions::segmentation::{CS, DS, ES, SS, Segment};
+use x86_64::instructions::tables::load_tss;
+use x86_64::structures::gdt::{Descriptor, GlobalDescriptorTable, SegmentSelector};
+use x86_64::structures::idt::{EntryOptions, InterruptDescriptorTable};
+use x86_64::{PrivilegeLevel, VirtAddr};
 
-pub const KERNEL_CS: u16 = 0x08;
-pub const KERNEL_DS: u16 = 0x10;
-pub const TSS_SEL: u16 = 0x18;
+/// A core's GDT: null, 64-bit code, data, and the TSS (a system descriptor, two entries).
+pub type Gdt = GlobalDescriptorTable<5>;
 
-/// IST slot (1-based, as in the IDT entry) per vector; 0 = current stack.
-fn ist_for(vector: usize) -> u8 {
+/// The kernel code selector: GDT index 1 here, as in the boot GDT (`boot.rs`) the IDT is built under.
+const KERNEL_CS: SegmentSelector = SegmentSelector::new(1, PrivilegeLevel::Ring0);
+
+/// IST slot (0-based, as the crate and the TSS array count) per vector; `None` = current stack.
+fn ist_for(vector: u8) -> Option<u16> {
     match vector {
-        8 => 1,  // #DF
-        2 => 2,  // NMI
-        18 => 3, // #MC
-        _ => 0,
+        8 => Some(0),  // #DF
+        2 => Some(1),  // NMI
+        18 => Some(2), // #MC
+        _ => None,
     }
 }
 pub const IST_STACKS: usize = 3;
 
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct IdtEntry {
-    offset_low: u16,
-    selector: u16,
-    ist: u8,
-    type_attr: u8,
-    offset_mid: u16,
-    offset_high: u32,
-    reserved: u32,
-}
-const _: () = assert!(core::mem::size_of::<IdtEntry>() == 16);
+static IDT: Once<InterruptDescriptorTable> = Once::new();
 
-const EMPTY: IdtEntry =
-    IdtEntry { offset_low: 0, selector: 0, ist: 0, type_attr: 0, offset_mid: 0, offset_high: 0, reserved: 0 };
-
-struct Idt(UnsafeCell<[IdtEntry; 32]>);
-// SAFETY: written once by the BSP (`build_idt`) before any core loads it; read-only afterwards.
-unsafe impl Sync for Idt {}
-static IDT: Idt = Idt(UnsafeCell::new([EMPTY; 32]));
-
-#[repr(C, packed)]
-struct DescriptorPointer {
-    limit: u16,
-    base: u64,
-}
-
-/// Fills the IDT with the exception stubs. BSP only, before the first `load`.
-pub fn build_idt() {
-    let stubs = exceptions::stub_addresses();
-    // SAFETY: no core has loaded the IDT yet (BSP, single-threaded boot), so this is the only access.
-    let idt = unsafe { &mut *IDT.0.get() };
-    for (v, e) in idt.iter_mut().enumerate() {
-        let a = stubs[v];
-        *e = IdtEntry {
-            offset_low: a as u16,
-            selector: KERNEL_CS,
-            ist: ist_for(v),
-            type_attr: 0x8E, // present, DPL 0, 64-bit interrupt gate (IF stays clear)
-            offset_mid: (a >> 16) as u16,
-            offset_high: (a >> 32) as u32,
-            reserved: 0,
-        };
-    }
-}
-
-fn tss_descriptor(base: u64, limit: u32) -> (u64, u64) {
-    let low = u64::from(limit & 0xFFFF)
-        | ((base & 0xFF_FFFF) << 16)
-        | (0x89u64 << 40) // present, 64-bit TSS (available)
-        | (u64::from((limit >> 16) & 0xF) << 48)
-        | (((base >> 24) & 0xFF) << 56);
-    (low, base >> 32)
-}
-
-/// Builds and loads this core's GDT and TSS (with the given IST stack tops) and the shared IDT.
+/// Points `vector`'s entry at `addr` (64-bit interrupt gate, DPL 0, present) and returns its options.
+/// Vectors that push an error code are fields of the crate's table, the others are reached by index.
 ///
 /// # Safety
-/// Must run on the core that owns `index` (after `percpu::activate`), after `build_idt`; the stack tops must
-/// be the ends of memory reserved for this core for good.
+/// `addr` must be an exception stub that expects the frame the CPU pushes for `vector`.
+unsafe fn set_entry(idt: &mut InterruptDescriptorTable, vector: u8, addr: VirtAddr) -> &mut EntryOptions {
+    // SAFETY: `addr` suits `vector` (caller contract).
+    unsafe {
+        match vector {
+            8 => idt.double_fault.set_handler_addr(addr),
+            10 => idt.invalid_tss.set_handler_addr(addr),
+            11 => idt.segment_not_present.set_handler_addr(addr),
+            12 => idt.stack_segment_fault.set_handler_addr(addr),
+            13 => idt.general_protection_fault.set_handler_addr(addr),
+            14 => idt.page_fault.set_handler_addr(addr),
+            17 => idt.alignment_check.set_handler_addr(addr),
+            18 => idt.machine_check.set_handler_addr(addr),
+            21 => idt.cp_protection_exception.set_handler_addr(addr),
+            29 => idt.vmm_communication_exception.set_handler_addr(addr),
+            30 => idt.security_exception.set_handler_addr(addr),
+            v => idt[v].set_handler_addr(addr),
+        }
+    }
+}
+
+/// The IDT: every exception vector on its stub. The reserved vectors (15, 22–27, 31), which no CPU raises,
+/// have no stub (the crate keeps their entries private) and stay not present, as do the interrupt vectors
+/// 32–255 (interrupts are off everywhere).
+fn build_idt() -> InterruptDescriptorTable {
+    let mut idt = InterruptDescriptorTable::new();
+    for (vector, &addr) in (0u8..).zip(exceptions::stub_addresses().iter()) {
+        if addr == 0 {
+            continue;
+        }
+        // SAFETY: the stub for `vector` is written for that vector's frame (with or without an error code);
+        // KERNEL_CS is the 64-bit code segment of every GDT the kernel loads; the IST slots are filled in
+        // every core's TSS by `load` before its IDT is loaded, and each is used by this one vector only.
+        unsafe {
+            let options = set_entry(&mut idt, vector, VirtAddr::new(addr));
+            options.set_code_selector(KERNEL_CS);
+            if let Some(ist) = ist_for(vector) {
+                options.set_stack_index(ist);
+            }
+        }
+    }
+    idt
+}
+
+/// Builds and loads this core's GDT and TSS (with the given IST stack tops) and the shared IDT (built by the
+/// first core to get here, the BSP).
+///
+/// # Safety
+/// Must run on the core that owns `index` (after `percpu::activate`); the stack tops must be the ends of
+/// memory reserved for this core for good.
 pub unsafe fn load(index: usize, ist_tops: [u64; IST_STACKS]) {
     let b = percpu::block(index);
-    // SAFETY: block `index` belongs to this core (caller contract); the GDT and TSS live in a static, so the
-    // addresses handed to the CPU stay valid forever. The segment reloads use selectors of the GDT just
-    // loaded; GS is not reloaded, so the per-CPU base survives.
+    // SAFETY: block `index` belongs to this core (caller contract) and lives in a static, so the references
+    // are the only ones and the addresses handed to the CPU stay valid forever. The GDT and TSS are not
+    // written again after loading. The segment reloads use selectors of the GDT just loaded; GS is not
+    // reloaded, so the per-CPU base survives.
     unsafe {
-        for (i, top) in ist_tops.iter().enumerate() {
-            (*b).tss.ist[i] = *top;
+        // A packed field: copied out and back whole, never referenced.
+        let mut ist = (*b).tss.interrupt_stack_table;
+        for (slot, &top) in ist.iter_mut().zip(&ist_tops) {
+            *slot = VirtAddr::new(top);
         }
-        let tss_addr = core::ptr::addr_of!((*b).tss) as u64;
-        let (lo, hi) = tss_descriptor(tss_addr, (core::mem::size_of::<percpu::Tss>() - 1) as u32);
-        (*b).gdt = [0, 0x00AF_9A00_0000_FFFF, 0x00CF_9200_0000_FFFF, lo, hi];
-        let gdtp = DescriptorPointer {
-            limit: (core::mem::size_of::<[u64; 5]>() - 1) as u16,
-            base: core::ptr::addr_of!((*b).gdt) as u64,
-        };
-        asm!("lgdt [{}]", in(reg) &gdtp, options(readonly, nostack, preserves_flags));
-        asm!(
-            "push {cs}",
-            "lea {tmp}, [rip + 2f]",
-            "push {tmp}",
-            "retfq",
-            "2:",
-            "mov ds, {ds:x}",
-            "mov es, {ds:x}",
-            "mov ss, {ds:x}",
-            cs = in(reg) u64::from(KERNEL_CS),
-            ds = in(reg) u64::from(KERNEL_DS),
-            tmp = lateout(reg) _,
-            options(preserves_flags),
-        );
-        asm!("ltr {:x}", in(reg) TSS_SEL, options(nostack, preserves_flags));
-        let idtp =
-            DescriptorPointer { limit: (core::mem::size_of::<[IdtEntry; 32]>() - 1) as u16, base: IDT.0.get() as u64 };
-        asm!("lidt [{}]", in(reg) &idtp, options(readonly, nostack, preserves_flags));
+        (*b).tss.interrupt_stack_table = ist;
+        let tss = &*core::ptr::addr_of!((*b).tss);
+        let gdt = &mut *core::ptr::addr_of_mut!((*b).gdt);
+        *gdt = Gdt::empty();
+        let cs = gdt.append(Descriptor::kernel_code_segment());
+        assert_eq!(cs, KERNEL_CS, "the IDT's code selector must be the GDT's code segment");
+        let ds = gdt.append(Descriptor::kernel_data_segment());
+        let tss_sel = gdt.append(Descriptor::tss_segment(tss));
+        let gdt: &'static Gdt = gdt;
+        gdt.load();
+        CS::set_reg(cs);
+        DS::set_reg(ds);
+        ES::set_reg(ds);
+        SS::set_reg(ds);
+        load_tss(tss_sel);
     }
+    IDT.call_once(build_idt).load();
 }

@@ -21,7 +21,7 @@ exc_stub_\n:
     .endm
 
     .text
-    .irp n, 0,1,2,3,4,5,6,7,9,15,16,18,19,20,22,23,24,25,26,27,28,31
+    .irp n, 0,1,2,3,4,5,6,7,9,16,18,19,20,28
     EXC_NOERR \n
     .endr
     .irp n, 8,10,11,12,13,14,17,21,29,30
@@ -55,9 +55,18 @@ exc_common:
     .p2align 3
     .global exception_stub_table
 exception_stub_table:
-    .irp n, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+    .irp n, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14
     .quad exc_stub_\n
     .endr
+    .quad 0                             # 15: reserved
+    .irp n, 16,17,18,19,20,21
+    .quad exc_stub_\n
+    .endr
+    .fill 6, 8, 0                       # 22-27: reserved
+    .irp n, 28,29,30
+    .quad exc_stub_\n
+    .endr
+    .quad 0                             # 31: reserved
     .text
 "#,
     options(att_syntax)
@@ -67,7 +76,7 @@ unsafe extern "C" {
     static exception_stub_table: [u64; 32];
 }
 
-/// Entry addresses of the 32 exception stubs, for the IDT.
+/// Entry address of each exception vector's stub, for the IDT; 0 for the reserved vectors, which have none.
 pub fn stub_addresses() -> [u64; 32] {
     // SAFETY: the table is a read-only array of 32 quads emitted by the assembly above.
     unsafe { exception_stub_table }

@@ -2,50 +2,26 @@
 //! each core's own GDT and TSS (whose IST stacks differ per core).
 
 use super::cpu::{IA32_GS_BASE, wrmsr};
+use super::descriptors::Gdt;
 use core::arch::asm;
 use core::cell::UnsafeCell;
+use x86_64::structures::tss::TaskStateSegment;
 
 /// Upper bound on CPUs the kernel drives (budget; ACPI reports more → the rest stay parked).
 pub const MAX_CPUS: usize = 64;
-
-/// Task-state segment (Intel SDM vol. 3, 8.7): only the IST pointers matter with interrupts off.
-#[repr(C, packed(4))]
-pub struct Tss {
-    _reserved0: u32,
-    pub rsp: [u64; 3],
-    _reserved1: u64,
-    pub ist: [u64; 7],
-    _reserved2: u64,
-    _reserved3: u16,
-    pub iomap_base: u16,
-}
-const _: () = assert!(core::mem::size_of::<Tss>() == 104);
 
 #[repr(C, align(64))]
 pub struct PerCpu {
     /// Offset 0: `core_id()` reads it as `gs:[0]`.
     pub index: u32,
     pub apic_id: u32,
-    pub gdt: [u64; 5],
-    pub tss: Tss,
+    pub gdt: Gdt,
+    pub tss: TaskStateSegment,
 }
 
 impl PerCpu {
     const fn new() -> Self {
-        PerCpu {
-            index: 0,
-            apic_id: 0,
-            gdt: [0; 5],
-            tss: Tss {
-                _reserved0: 0,
-                rsp: [0; 3],
-                _reserved1: 0,
-                ist: [0; 7],
-                _reserved2: 0,
-                _reserved3: 0,
-                iomap_base: core::mem::size_of::<Tss>() as u16,
-            },
-        }
+        PerCpu { index: 0, apic_id: 0, gdt: Gdt::empty(), tss: TaskStateSegment::new() }
     }
 }
 

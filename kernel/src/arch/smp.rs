@@ -137,7 +137,7 @@ extern "C" fn ap_entry64(index: u64) -> ! {
     let apic = APIC_IDS[index].load(Ordering::Relaxed);
     let ist: [u64; IST_STACKS] = core::array::from_fn(|i| IST_TOPS[index][i].load(Ordering::Relaxed));
     // SAFETY: this CPU is core `index` (the BSP handed it this index alone), nothing has used its per-CPU
-    // block, the IDT was built before any AP started, and the IST stacks were allocated for this core.
+    // block, and the IST stacks were allocated for this core.
     unsafe {
         percpu::activate(index, apic);
         descriptors::load(index, ist);

@@ -256,9 +256,8 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
     let t_memory = time::Instant::now();
     init_frames(boot);
     let (heap_base, heap_len) = memory::init_heap(HEAP_BYTES).unwrap_or_else(|e| fatal!("{e}"));
-    descriptors::build_idt();
     let ist = smp::alloc_ist(0).unwrap_or_else(|e| fatal!("BSP IST stacks: {e}"));
-    // SAFETY: on the BSP, after activate and build_idt; the IST stacks are this core's for good.
+    // SAFETY: on the BSP, after activate; the IST stacks are this core's for good.
     unsafe { descriptors::load(0, ist) };
     {
         let f = FRAMES.lock();
