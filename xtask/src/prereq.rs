@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::image::KERNEL_TARGET;
 use leasebox_qemu::Ovmf;
-use leasebox_qemu::process::ChildGuard;
+use leasebox_qemu::process::{ChildGuard, run_captured};
 
 /// How a requirement is detected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,9 +136,13 @@ impl Host {
     }
 
     /// Runs `program` with `args` in this environment; its stdout when it exits 0.
+    /// A probe tool that hangs (a broken `llvm-config` wrapper) is killed after [`PROBE_TIMEOUT`] and counts
+    /// as failed.
     fn run(&self, program: &Path, args: &[&str]) -> Option<String> {
-        let out = Command::new(program).args(args).env_clear().envs(&self.vars).output().ok()?;
-        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        let mut cmd = Command::new(program);
+        cmd.args(args).env_clear().envs(&self.vars);
+        let out = run_captured(&mut cmd, PROBE_TIMEOUT).ok()?;
+        out.success().then_some(out.stdout)
     }
 
     /// Whether `requirement` is met.
@@ -259,6 +263,9 @@ pub mod libclang {
         valid
     }
 }
+
+/// A probe's tool (`pkg-config`, `llvm-config`) is given this long.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// apt-get is given this long per command.
 const APT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
