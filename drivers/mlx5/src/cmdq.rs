@@ -495,7 +495,8 @@ impl CmdQueue {
         if delivery != 0 {
             return Err(err(ErrorKind::Delivery { status: delivery }));
         }
-        let mut out = vec![0u8; pend.out_len.max(HEADER_LEN)];
+        let mut output = Output::zeroed(pend.out_len.max(HEADER_LEN));
+        let out = output.bytes_mut();
         p.dma_read(self.entry_addr(slot) + 0x20, &mut out[..HEADER_LEN]);
         let status = out[0];
         if status != 0 {
@@ -511,7 +512,7 @@ impl CmdQueue {
             at += n;
             blk += 1;
         }
-        Ok(Output::new(out))
+        Ok(output)
     }
 
     /// The HCA is dead (health monitor): fails every in-flight command with `Fatal` and every later one at

@@ -6,6 +6,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
+use core::ops::{Deref, DerefMut};
 
 use crate::field;
 
@@ -51,10 +52,64 @@ impl fmt::Display for Attrs {
     }
 }
 
+/// Inputs and outputs up to this many bytes are kept inside the [`Command`] / [`Output`] rather than on the
+/// heap: every command of a lease's teardown and most outputs (a DESTROY_* input is 16 bytes, its output the
+/// 16-byte header), so the commands a revoke issues allocate nothing.
+pub const INLINE_LEN: usize = 32;
+
+/// Command bytes: inline up to [`INLINE_LEN`], on the heap beyond.
+#[derive(Clone)]
+enum Bytes {
+    Inline { len: u8, buf: [u8; INLINE_LEN] },
+    Heap(Vec<u8>),
+}
+
+impl Bytes {
+    fn zeroed(len: usize) -> Bytes {
+        match u8::try_from(len) {
+            Ok(l) if len <= INLINE_LEN => Bytes::Inline { len: l, buf: [0; INLINE_LEN] },
+            _ => Bytes::Heap(vec![0; len]),
+        }
+    }
+}
+
+impl Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Inline { len, buf } => &buf[..usize::from(*len)],
+            Bytes::Heap(v) => v,
+        }
+    }
+}
+
+impl DerefMut for Bytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Bytes::Inline { len, buf } => &mut buf[..usize::from(*len)],
+            Bytes::Heap(v) => v,
+        }
+    }
+}
+
+impl PartialEq for Bytes {
+    fn eq(&self, other: &Bytes) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Bytes {}
+
+impl fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
 /// A command ready to be posted: the complete input structure and the output length.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Command {
-    input: Vec<u8>,
+    input: Bytes,
     out_len: usize,
     attrs: Attrs,
 }
@@ -63,7 +118,7 @@ impl Command {
     /// A zeroed `in_len`-byte input with `opcode` and `op_mod` set; `out_len` bytes of output expected.
     pub fn new(opcode: u16, op_mod: u16, in_len: usize, out_len: usize) -> Command {
         let in_len = in_len.max(HEADER_LEN);
-        let mut input = vec![0u8; in_len];
+        let mut input = Bytes::zeroed(in_len);
         field::set(&mut input, 0x00, 16, u32::from(opcode));
         field::set(&mut input, 0x30, 16, u32::from(op_mod));
         Command { input, out_len: out_len.max(HEADER_LEN), attrs: Attrs::default() }
@@ -123,12 +178,21 @@ impl Command {
 /// The `*_out` bytes of a command that completed with delivery status 0 and command status OK.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Output {
-    bytes: Vec<u8>,
+    bytes: Bytes,
 }
 
 impl Output {
     pub fn new(bytes: Vec<u8>) -> Output {
-        Output { bytes }
+        Output { bytes: Bytes::Heap(bytes) }
+    }
+
+    /// `len` zero bytes, for the command queue to fill from the entry and the mailboxes.
+    pub fn zeroed(len: usize) -> Output {
+        Output { bytes: Bytes::zeroed(len) }
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
     }
 
     pub fn bytes(&self) -> &[u8] {
