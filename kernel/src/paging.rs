@@ -1,7 +1,7 @@
 //! x86-64 4-level page tables (Intel SDM vol. 3, 4.5), identity-mapped: the kernel's virtual address of
 //! anything is its physical address. Boot maps the first 4 GiB with 2 MiB write-back pages; this module then
-//! maps RAM above 4 GiB and device memory (BARs, ECAM, the local APIC) uncached anywhere in the 64-bit
-//! space, splitting a 2 MiB page into 4 KiB pages when only part of it changes.
+//! maps RAM above 4 GiB and device memory (BARs, ECAM, the local APIC) uncached anywhere below 128 TiB,
+//! splitting a 2 MiB page into 4 KiB pages when only part of it changes.
 //!
 //! Entries, flags, table indices and levels are the `x86_64` crate's types (`PageTableEntry`,
 //! `PageTableFlags`, `PageTableIndex`, `PageTableLevel`, `PhysFrame`, `PhysAddr`); the walk and the
@@ -15,8 +15,10 @@ use x86_64::structures::paging::{PageSize, PageTableFlags, PageTableIndex, PhysF
 
 pub const PAGE_4K: u64 = Size4KiB::SIZE;
 pub const PAGE_2M: u64 = Size2MiB::SIZE;
-/// Physical addresses the tables can express (52 bits).
-pub const MAX_PHYS: u64 = 1 << 52;
+/// The end of what an identity map can cover: 4-level paging translates 48-bit virtual addresses, and a
+/// virtual address equal to a physical one must be canonical, so below 2^47 (128 TiB). Above it the table
+/// indices would wrap onto lower addresses (the tables themselves could hold 52-bit physical addresses).
+pub const MAX_IDENTITY: u64 = 1 << 47;
 /// Entries per table.
 const ENTRIES: u16 = 512;
 /// Flags copied from a large page to the small pages it is split into (the PAT bit moves, and we never set
@@ -74,7 +76,7 @@ fn entry(addr: PhysAddr, flags: PageTableFlags) -> PageTableEntry {
     e
 }
 
-/// `addr` below [`MAX_PHYS`] as a physical address.
+/// `addr` below [`MAX_IDENTITY`] as a physical address.
 fn phys(addr: u64) -> PhysAddr {
     PhysAddr::new_truncate(addr)
 }
@@ -82,7 +84,7 @@ fn phys(addr: u64) -> PhysAddr {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MapError {
     OutOfMemory,
-    /// The range reaches beyond 52-bit physical addresses (or wraps).
+    /// The range reaches beyond [`MAX_IDENTITY`] (or wraps).
     OutOfRange {
         start: u64,
         end: u64,
@@ -94,7 +96,7 @@ impl core::fmt::Display for MapError {
         match self {
             MapError::OutOfMemory => write!(f, "no memory left for page tables"),
             MapError::OutOfRange { start, end } => {
-                write!(f, "range {start:#x}..{end:#x} is outside the 52-bit physical address space")
+                write!(f, "range {start:#x}..{end:#x} reaches beyond the identity-mappable 128 TiB")
             }
         }
     }
@@ -152,7 +154,7 @@ pub fn identity_map(
 ) -> Result<usize, MapError> {
     let start = start & !(PAGE_4K - 1);
     let end = end.checked_add(PAGE_4K - 1).ok_or(MapError::OutOfRange { start, end })? & !(PAGE_4K - 1);
-    if end > MAX_PHYS || start > end {
+    if end > MAX_IDENTITY || start > end {
         return Err(MapError::OutOfRange { start, end });
     }
     let attrs = PageTableFlags::PRESENT | PageTableFlags::WRITABLE | cache.flags();
@@ -386,9 +388,26 @@ mod tests {
         assert_eq!(identity_map(&mut m, root, 0, PAGE_2M, Cache::WriteBack), Err(MapError::OutOfMemory));
         let (mut m, root) = Fake::new();
         assert!(matches!(
-            identity_map(&mut m, root, MAX_PHYS - PAGE_4K, MAX_PHYS + PAGE_4K, Cache::Uncached),
+            identity_map(&mut m, root, MAX_IDENTITY - PAGE_4K, MAX_IDENTITY + PAGE_4K, Cache::Uncached),
             Err(MapError::OutOfRange { .. })
         ));
         assert!(matches!(identity_map(&mut m, root, 0, u64::MAX, Cache::Uncached), Err(MapError::OutOfRange { .. })));
+    }
+
+    #[test]
+    fn addresses_that_would_wrap_the_indices_are_refused() {
+        // 2^48 has the same table indices as 0: mapping it must not touch the low map.
+        let (mut m, root) = Fake::new();
+        identity_map(&mut m, root, 0, PAGE_2M, Cache::WriteBack).unwrap();
+        for start in [MAX_IDENTITY, 1 << 48] {
+            assert_eq!(
+                identity_map(&mut m, root, start, start + PAGE_4K, Cache::Uncached),
+                Err(MapError::OutOfRange { start, end: start + PAGE_4K })
+            );
+        }
+        let (p, f) = at(&m, root, 0x1000).unwrap();
+        assert_eq!(p, 0x1000);
+        assert!(f.contains(HUGE) && !f.contains(NO_CACHE));
+        assert_eq!(identity_map(&mut m, root, MAX_IDENTITY - PAGE_4K, MAX_IDENTITY, Cache::Uncached), Ok(1));
     }
 }

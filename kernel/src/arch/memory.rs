@@ -71,8 +71,8 @@ fn map(start: u64, end: u64, cache: Cache) -> Result<(), MapError> {
     Ok(())
 }
 
-/// Maps device registers `[phys, phys + len)` uncached (anywhere in the 64-bit physical space). Call before
-/// other cores touch the range: TLBs of other cores are not shot down.
+/// Maps device registers `[phys, phys + len)` uncached (anywhere below 128 TiB, `paging::MAX_IDENTITY`). Call
+/// before other cores touch the range: TLBs of other cores are not shot down.
 pub fn map_mmio(phys: u64, len: u64) -> Result<(), MapError> {
     let end = phys.checked_add(len).ok_or(MapError::OutOfRange { start: phys, end: u64::MAX })?;
     map(phys, end, Cache::Uncached)
