@@ -6,6 +6,7 @@ use core::arch::asm;
 use x86_64::instructions::port::{PortReadOnly, PortWriteOnly};
 use x86_64::registers::control::{Cr2, Cr3};
 use x86_64::registers::model_specific::Msr;
+use x86_64::structures::paging::PhysFrame;
 
 /// Writes a byte to an I/O port.
 ///
@@ -91,6 +92,11 @@ pub fn cr2() -> u64 {
 pub fn cr3() -> u64 {
     let (frame, flags) = Cr3::read_raw();
     frame.start_address().as_u64() | u64::from(flags)
+}
+
+/// The frame of the current top-level page table (CR3 without its flags).
+pub fn page_table_root() -> PhysFrame {
+    Cr3::read().0
 }
 
 /// Flushes all non-global TLB entries by reloading CR3 (the same root: only cached translations go).

@@ -10,6 +10,9 @@ use crate::physmem::PhysMem;
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::NonNull;
 use spin::Mutex;
+use x86_64::PhysAddr;
+use x86_64::structures::paging::page_table::PageTableEntry;
+use x86_64::structures::paging::{PageSize, PageTable, PageTableIndex, PhysFrame, Size4KiB};
 
 /// All free physical frames.
 pub static FRAMES: Mutex<FrameAllocator> = Mutex::new(FrameAllocator::empty());
@@ -17,29 +20,44 @@ pub static FRAMES: Mutex<FrameAllocator> = Mutex::new(FrameAllocator::empty());
 static TABLES: Mutex<()> = Mutex::new(());
 const FOUR_GIB: u64 = 4 << 30;
 
-fn root() -> u64 {
-    super::cpu::cr3() & paging::ADDR_MASK
+// A table is a 4 KiB frame of 512 eight-byte entries, which is how `LiveTables` addresses it.
+const _: () = assert!(FRAME_SIZE == Size4KiB::SIZE);
+const _: () = assert!(size_of::<PageTable>() == FRAME_SIZE as usize);
+const _: () = assert!(size_of::<PageTableEntry>() == size_of::<u64>());
+
+fn root() -> PhysFrame {
+    super::cpu::page_table_root()
 }
 
-/// The page tables in use, edited through the identity map.
+/// The page tables in use (the boot assembly's, then tables added here), edited through the identity map.
 struct LiveTables;
 
+impl LiveTables {
+    /// Where entry `index` of `table` lives.
+    fn slot(table: PhysFrame, index: PageTableIndex) -> *mut u64 {
+        (table.start_address().as_u64() as *mut PageTable).cast::<u64>().wrapping_add(usize::from(index))
+    }
+}
+
 impl TableMemory for LiveTables {
-    fn read(&self, table: u64, index: usize) -> u64 {
-        // SAFETY: `table` is a page-table page (from CR3 or a present entry), identity-mapped, and `index` is
-        // < 512 (paging masks it to 9 bits).
-        unsafe { super::mmio::read((table as *const u64).add(index)) }
+    fn read(&self, table: PhysFrame, index: PageTableIndex) -> PageTableEntry {
+        // SAFETY: `table` is a page-table frame (from CR3 or a present entry), identity-mapped, and `index` is
+        // < 512; the entry is read whole, in one access, as the processor may be setting its accessed bit.
+        paging::entry_from_bits(unsafe { super::mmio::read(Self::slot(table, index)) })
     }
-    fn write(&mut self, table: u64, index: usize, entry: u64) {
-        // SAFETY: as in `read`; edits happen under the TABLES lock.
-        unsafe { super::mmio::write((table as *mut u64).add(index), entry) }
+    fn write(&mut self, table: PhysFrame, index: PageTableIndex, entry: PageTableEntry) {
+        // SAFETY: as in `read`; edits happen under the TABLES lock, and each entry is stored in one access so
+        // no walker sees half of it.
+        unsafe { super::mmio::write(Self::slot(table, index), paging::entry_bits(&entry)) }
     }
-    fn alloc_table(&mut self) -> Option<u64> {
+    fn alloc_table(&mut self) -> Option<PhysFrame> {
         // Tables must be reachable through the boot map while they are being linked in: take them below 4 GiB.
         let a = FRAMES.lock().alloc_below(1, FRAME_SIZE, FOUR_GIB)?;
+        // Frame-aligned and below 4 GiB, so this is exactly the frame at `a`.
+        let frame = PhysFrame::containing_address(PhysAddr::new_truncate(a));
         // SAFETY: a fresh frame from the allocator, below 4 GiB and so identity-mapped; nobody else owns it.
         unsafe { core::ptr::write_bytes(a as *mut u8, 0, FRAME_SIZE as usize) };
-        Some(a)
+        Some(frame)
     }
 }
 
@@ -53,8 +71,8 @@ fn map(start: u64, end: u64, cache: Cache) -> Result<(), MapError> {
     Ok(())
 }
 
-/// Maps device registers `[phys, phys + len)` uncached (anywhere in the 64-bit physical space). Call before
-/// other cores touch the range: TLBs of other cores are not shot down.
+/// Maps device registers `[phys, phys + len)` uncached (anywhere below 128 TiB, `paging::MAX_IDENTITY`). Call
+/// before other cores touch the range: TLBs of other cores are not shot down.
 pub fn map_mmio(phys: u64, len: u64) -> Result<(), MapError> {
     let end = phys.checked_add(len).ok_or(MapError::OutOfRange { start: phys, end: u64::MAX })?;
     map(phys, end, Cache::Uncached)
