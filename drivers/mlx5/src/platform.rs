@@ -120,7 +120,11 @@ impl<T> LiveAllocations<T> {
     pub fn get(&self, buf: DmaBuf, offset: usize, len: usize) -> Result<&T, DmaFault> {
         match self.live.get(&buf.addr()) {
             Some((l, id, b)) if (*l, *id) == (buf.len(), buf.id()) => {
-                if buf.holds(offset, len) { Ok(b) } else { Err(DmaFault::OutOfBounds) }
+                if buf.holds(offset, len) {
+                    Ok(b)
+                } else {
+                    Err(DmaFault::OutOfBounds)
+                }
             }
             _ => Err(DmaFault::NotLive),
         }
