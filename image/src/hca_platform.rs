@@ -1,23 +1,23 @@
 //! The mlx5 driver's platform in the image (`leasebox_mlx5::Platform`), built from what the kernel exports: the
 //! BAR as an uncached register window (`Mmio`), DMA memory as kernel `DmaRegion`s (identity-mapped, so a
 //! device address is the physical address), the TSC as the clock. No `unsafe` here: every DMA read and write
-//! is checked against the live allocations (bounds and liveness) and fails closed like the BAR accessors — a
-//! read outside them returns all ones, a write there is dropped, and both are logged.
+//! names a handle and an offset, and is checked against the live allocations (the handle's address, length and
+//! id those of a live allocation, one exact-key lookup; the range inside it) and fails closed like the BAR
+//! accessors — a read refused returns all ones, a write refused is dropped, and both are logged.
 //!
 //! Small DMA objects (doorbell records, mailbox-sized buffers) come from per-size free lists carved out of
 //! whole frames, so a 64-byte record does not cost a 4 KiB frame; such chunks go back to their list, never to
 //! the frame allocator. Each allocation's handle carries an id, so a stale handle (its memory freed and handed
-//! out again) frees nothing.
+//! out again) reaches nothing: it neither reads, writes nor frees the new allocation.
 #![forbid(unsafe_code)]
 
-use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use leasebox_kernel::arch::memory::{self, DmaRegion};
 use leasebox_kernel::arch::mmio::Mmio;
 use leasebox_kernel::time::Instant;
-use leasebox_mlx5::{DmaBuf, Platform};
+use leasebox_mlx5::{DmaBuf, DmaFault, LiveAllocations, Platform};
 use spin::RwLock;
 
 const FRAME: usize = 4096;
@@ -48,35 +48,21 @@ enum Backing {
     Region(DmaRegion),
 }
 
-/// A live allocation: the length asked for, its id, and the memory behind it.
-struct Live {
-    len: usize,
-    id: u64,
-    backing: Backing,
-}
-
 #[derive(Default)]
 struct Dma {
     /// Frames carved into chunks; they stay with their class for good.
     frames: Vec<DmaRegion>,
     free: [Vec<Chunk>; CLASSES],
-    /// Every live allocation by device address.
-    live: BTreeMap<u64, Live>,
-    /// The id the last allocation got.
-    last_id: u64,
+    /// Every live allocation (handle and the memory behind it).
+    live: LiveAllocations<Backing>,
 }
 
 impl Dma {
-    /// The region and offset behind `[addr, addr + len)`, when one live allocation holds all of it.
-    fn find(&self, addr: u64, len: usize) -> Option<(&DmaRegion, usize)> {
-        let (&start, live) = self.live.range(..=addr).next_back()?;
-        let off = usize::try_from(addr - start).ok()?;
-        if off.checked_add(len)? > live.len {
-            return None;
-        }
-        match &live.backing {
-            Backing::Region(r) => Some((r, off)),
-            Backing::Chunk { chunk, .. } => Some((&self.frames[chunk.frame], chunk.offset + off)),
+    /// The region and offset behind `len` bytes at `offset` in `buf`, when `buf` is live and holds them.
+    fn find(&self, buf: DmaBuf, offset: usize, len: usize) -> Result<(&DmaRegion, usize), DmaFault> {
+        match self.live.get(buf, offset, len)? {
+            Backing::Region(r) => Ok((r, offset)),
+            Backing::Chunk { chunk, .. } => Ok((&self.frames[chunk.frame], chunk.offset + offset)),
         }
     }
 
@@ -104,16 +90,30 @@ impl KernelHca {
         KernelHca { bar, dma: RwLock::new(Dma::default()), faults: AtomicU32::new(0) }
     }
 
-    /// Runs `f` on the region and offset behind `[addr, addr + len)`; `false` when no live allocation holds it.
-    fn access(&self, addr: u64, len: usize, f: impl FnOnce(&DmaRegion, usize) -> bool) -> bool {
+    /// Runs `f` on the region and offset behind `len` bytes at `offset` in `buf` (under the read lock, so the
+    /// allocation stays live meanwhile); the fault when `buf` is not live or does not hold the range.
+    fn access(
+        &self,
+        buf: DmaBuf,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&DmaRegion, usize) -> bool,
+    ) -> Result<(), DmaFault> {
         let dma = self.dma.read();
-        dma.find(addr, len).is_some_and(|(r, off)| f(r, off))
+        let (r, off) = dma.find(buf, offset, len)?;
+        // The region holds the allocation, so this cannot fail; were it to, it is out of bounds.
+        if f(r, off) { Ok(()) } else { Err(DmaFault::OutOfBounds) }
     }
 
-    fn fault(&self, what: &str, addr: u64, len: usize) {
+    fn fault(&self, what: &str, buf: DmaBuf, offset: usize, len: usize, why: DmaFault) {
         let n = self.faults.fetch_add(1, Ordering::Relaxed);
         if n < LOGGED_FAULTS {
-            log::error!("mlx5 DMA: {what} {addr:#x}+{len:#x} refused: not inside one live allocation");
+            log::error!(
+                "mlx5 DMA: {what} {:#x}+{offset:#x} ({len:#x} bytes; handle {:#x} bytes, id {}) refused: {why}",
+                buf.addr(),
+                buf.len(),
+                buf.id()
+            );
         } else if n == LOGGED_FAULTS {
             log::error!("mlx5 DMA: more refused accesses; no longer logged");
         }
@@ -146,26 +146,22 @@ impl Platform for KernelHca {
                 (r.device_addr(), Backing::Region(r))
             }
         };
-        dma.last_id += 1;
-        let id = dma.last_id;
-        dma.live.insert(addr, Live { len, id, backing });
-        Some(DmaBuf::new(addr, len, id))
+        // Neither allocator hands out live memory, so nothing live is displaced.
+        let (buf, _) = dma.live.insert(addr, len, backing);
+        Some(buf)
     }
 
     fn dma_free(&self, buf: DmaBuf) {
         let mut dma = self.dma.write();
-        let live = match dma.live.remove(&buf.addr()) {
-            Some(l) if (l.len, l.id) == (buf.len(), buf.id()) => l,
-            other => {
-                // Not a live handle: keep whatever is live, free nothing.
-                if let Some(l) = other {
-                    dma.live.insert(buf.addr(), l);
-                }
+        let backing = match dma.live.remove(buf) {
+            Ok(b) => b,
+            Err(why) => {
+                // Not a live handle: free nothing.
                 drop(dma);
-                return self.fault("free of", buf.addr(), buf.len());
+                return self.fault("free of", buf, 0, buf.len(), why);
             }
         };
-        match live.backing {
+        match backing {
             Backing::Chunk { class, chunk } => dma.free[class].push(chunk),
             Backing::Region(r) => {
                 drop(dma);
@@ -174,17 +170,17 @@ impl Platform for KernelHca {
         }
     }
 
-    fn dma_read(&self, addr: u64, buf: &mut [u8]) {
-        let len = buf.len();
-        if !self.access(addr, len, |r, off| r.read(off, buf)) {
-            buf.fill(0xff);
-            self.fault("read of", addr, len);
+    fn dma_read(&self, buf: DmaBuf, offset: usize, out: &mut [u8]) {
+        let len = out.len();
+        if let Err(why) = self.access(buf, offset, len, |r, off| r.read(off, out)) {
+            out.fill(0xff);
+            self.fault("read of", buf, offset, len, why);
         }
     }
 
-    fn dma_write(&self, addr: u64, data: &[u8]) {
-        if !self.access(addr, data.len(), |r, off| r.write(off, data)) {
-            self.fault("write of", addr, data.len());
+    fn dma_write(&self, buf: DmaBuf, offset: usize, data: &[u8]) {
+        if let Err(why) = self.access(buf, offset, data.len(), |r, off| r.write(off, data)) {
+            self.fault("write of", buf, offset, data.len(), why);
         }
     }
 

@@ -98,6 +98,6 @@ pub fn start(
         shared: client.shared_handle(),
         summary: format!("{} fw {} port {} (model in process)", info.part, info.fw, info.port),
     };
-    let backend = LeaseBackend::new(svc, client, PlatformHost(platform.clone()), env);
+    let backend = LeaseBackend::new(svc, client, PlatformHost::new(platform.clone(), parts.extents), env);
     Ok((backend, HcaThreads { stop, engines: Some(engines), platform, udp: udp_addr }))
 }

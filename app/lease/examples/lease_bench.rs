@@ -144,7 +144,7 @@ impl Core {
         let (engines, inline) = if inline { (None, Some((cmd, ev))) } else { (Some(spawn_engines(cmd, ev, s)), None) };
         let svc = service(&parts, LATENCY_SLOTS, None);
         Core {
-            host: PlatformHost(platform.clone()),
+            host: PlatformHost::new(platform.clone(), parts.extents.clone()),
             platform,
             parts,
             svc,

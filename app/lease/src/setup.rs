@@ -17,9 +17,52 @@ use crate::config::Config;
 use crate::options::{DEFAULT_RDMA_IP, LeaseOptions};
 use crate::service::{HcaCtx, Host, port_ib_mtu};
 
-/// The lease service's host over an mlx5 platform: QP buffers from its DMA memory, scrubbing through its DMA
-/// writes (in 4 KiB pieces).
-pub struct PlatformHost<P: Platform>(pub Arc<P>);
+/// The lease service's host over an mlx5 platform: QP buffers from its DMA memory, scrubbing through the
+/// pool's DMA handles (in 4 KiB writes, each naming the pool extent it lands in and the offset there).
+pub struct PlatformHost<P: Platform>(pub Arc<P>, Scrub);
+
+/// The pool's handles (sorted by device address) and the scrubs refused so far.
+struct Scrub {
+    pool: Vec<DmaBuf>,
+    refused: u64,
+}
+
+impl<P: Platform> PlatformHost<P> {
+    /// The host over `platform` whose lease memory is `pool` (the handles [`allocate_pool`] returned, or any
+    /// DMA memory the service's pool lies in).
+    pub fn new(platform: Arc<P>, mut pool: Vec<DmaBuf>) -> PlatformHost<P> {
+        pool.sort_unstable_by_key(|b| b.addr());
+        PlatformHost(platform, Scrub { pool, refused: 0 })
+    }
+
+    /// Scrubs refused because their range was not inside the pool.
+    pub fn scrubs_refused(&self) -> u64 {
+        self.1.refused
+    }
+}
+
+impl Scrub {
+    /// The pieces of `[addr, addr + len)` as (pool handle, offset in it, length), in address order; `None`
+    /// when some of the range is not inside the pool. Finding the first handle is a binary search.
+    fn pieces(&self, addr: u64, len: u64) -> Option<Vec<(DmaBuf, usize, usize)>> {
+        let end = addr.checked_add(len)?;
+        let mut i = self.pool.partition_point(|b| b.addr() <= addr).checked_sub(1)?;
+        let mut pieces = Vec::new();
+        let mut at = addr;
+        while at < end {
+            let b = *self.pool.get(i)?;
+            let b_end = b.addr() + b.len() as u64;
+            if at < b.addr() || at >= b_end {
+                return None;
+            }
+            let n = end.min(b_end) - at;
+            pieces.push((b, usize::try_from(at - b.addr()).ok()?, usize::try_from(n).ok()?));
+            at += n;
+            i += 1;
+        }
+        Some(pieces)
+    }
+}
 
 impl<P: Platform> Host for PlatformHost<P> {
     fn dma_alloc(&mut self, len: usize, align: usize) -> Option<DmaBuf> {
@@ -28,13 +71,22 @@ impl<P: Platform> Host for PlatformHost<P> {
     fn dma_free(&mut self, buf: DmaBuf) {
         self.0.dma_free(buf)
     }
+    /// Zeroes the range through the pool's handles; a range not wholly inside the pool is refused whole
+    /// (nothing written), logged and counted ([`PlatformHost::scrubs_refused`]).
     fn zero(&mut self, addr: u64, len: u64) {
+        let Some(pieces) = self.1.pieces(addr, len) else {
+            self.1.refused += 1;
+            log::error!("lease: scrub of {addr:#x}+{len:#x} refused: not inside the pool");
+            return;
+        };
         let z = [0u8; 4096];
-        let mut at = 0;
-        while at < len {
-            let n = (len - at).min(z.len() as u64) as usize;
-            self.0.dma_write(addr + at, &z[..n]);
-            at += n as u64;
+        for (buf, offset, n) in pieces {
+            let mut at = 0;
+            while at < n {
+                let k = (n - at).min(z.len());
+                self.0.dma_write(buf, offset + at, &z[..k]);
+                at += k;
+            }
         }
     }
 }
@@ -51,14 +103,17 @@ pub struct LeaseParts {
     pub hca: HcaCtx,
     /// The pool's runs of device addresses (adjacent extents merged).
     pub pool: Vec<Range<u64>>,
+    /// The pool's extents as DMA handles, for the host's scrubbing ([`PlatformHost::new`]).
+    pub extents: Vec<DmaBuf>,
     pub rdma_ip: core::net::Ipv4Addr,
     /// The HCA's largest memory region in bytes (`2^log_max_mrw_sz`; [`Config::max_region`]).
     pub max_region: u64,
 }
 
-/// `mib` MiB of DMA memory in [`POOL_EXTENT`]s wherever the platform has them, adjacent extents merged into
-/// runs; nothing (every extent returned) when there are fewer. The extents stay allocated until reboot.
-pub fn allocate_pool<P: Platform>(p: &P, mib: u32) -> Result<Vec<Range<u64>>, String> {
+/// `mib` MiB of DMA memory in [`POOL_EXTENT`]s wherever the platform has them, as handles in allocation order
+/// ([`pool_runs`] merges them into runs of device addresses); nothing (every extent returned) when there are
+/// fewer. The extents stay allocated until reboot.
+pub fn allocate_pool<P: Platform>(p: &P, mib: u32) -> Result<Vec<DmaBuf>, String> {
     let want = (u64::from(mib) << 20) / POOL_EXTENT;
     let mut taken: Vec<DmaBuf> = Vec::new();
     while (taken.len() as u64) < want {
@@ -73,14 +128,20 @@ pub fn allocate_pool<P: Platform>(p: &P, mib: u32) -> Result<Vec<Range<u64>>, St
             }
         }
     }
+    Ok(taken)
+}
+
+/// The device-address runs of `extents`, adjacent ones (in the order given) merged.
+pub fn pool_runs(extents: &[DmaBuf]) -> Vec<Range<u64>> {
     let mut runs: Vec<Range<u64>> = Vec::new();
-    for a in taken.iter().map(|b| b.addr()) {
+    for b in extents {
+        let (a, len) = (b.addr(), b.len() as u64);
         match runs.last_mut() {
-            Some(r) if r.end == a => r.end += POOL_EXTENT,
-            _ => runs.push(a..a + POOL_EXTENT),
+            Some(r) if r.end == a => r.end += len,
+            _ => runs.push(a..a + len),
         }
     }
-    Ok(runs)
+    runs
 }
 
 /// On a driver that is up (before its engines are split off): the lease QPs' CQ (watched by the event
@@ -126,7 +187,8 @@ pub fn prepare<P: Platform>(
             (d.info.gid, 0)
         }
     };
-    let pool = allocate_pool(d.platform().as_ref(), o.pool_mib)?;
+    let extents = allocate_pool(d.platform().as_ref(), o.pool_mib)?;
+    let pool = pool_runs(&extents);
     let port_mtu = port_ib_mtu(d.info.mtu);
     let max_region = 1u64.checked_shl(d.info.caps.log_max_mrw_sz.into()).unwrap_or(u64::MAX);
     log::info!(
@@ -143,6 +205,7 @@ pub fn prepare<P: Platform>(
     Ok(LeaseParts {
         hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, port_mtu, flow },
         pool,
+        extents,
         rdma_ip: ip,
         max_region,
     })
@@ -183,15 +246,21 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
 
-    /// Hands out the given extent addresses in order, then nothing; records frees (of live handles only).
+    /// Hands out the given extent addresses in order, then nothing; records frees (of live handles only) and
+    /// writes (handle, offset, length; all zeros).
     struct Extents {
         left: Mutex<Vec<u64>>,
         freed: Mutex<Vec<u64>>,
+        writes: Mutex<Vec<(DmaBuf, usize, usize)>>,
     }
 
     impl Extents {
         fn new(addrs: &[u64]) -> Extents {
-            Extents { left: Mutex::new(addrs.iter().rev().copied().collect()), freed: Mutex::new(Vec::new()) }
+            Extents {
+                left: Mutex::new(addrs.iter().rev().copied().collect()),
+                freed: Mutex::new(Vec::new()),
+                writes: Mutex::new(Vec::new()),
+            }
         }
     }
 
@@ -210,10 +279,13 @@ mod tests {
             assert!(!freed.contains(&buf.addr()), "freed twice");
             freed.push(buf.addr());
         }
-        fn dma_read(&self, _: u64, buf: &mut [u8]) {
-            buf.fill(0xff);
+        fn dma_read(&self, _: DmaBuf, _: usize, out: &mut [u8]) {
+            out.fill(0xff);
         }
-        fn dma_write(&self, _: u64, _: &[u8]) {}
+        fn dma_write(&self, buf: DmaBuf, offset: usize, data: &[u8]) {
+            assert!(buf.holds(offset, data.len()) && data.iter().all(|&b| b == 0), "zeros inside the handle");
+            self.writes.lock().unwrap().push((buf, offset, data.len()));
+        }
         fn now_ns(&self) -> u64 {
             0
         }
@@ -224,8 +296,10 @@ mod tests {
     #[test]
     fn the_pool_is_built_from_extents_wherever_they_are() {
         let p = Extents::new(&[64 * M, 66 * M, 70 * M, 4096 * M, 4098 * M, 100 * M]);
-        let runs = allocate_pool(&p, 10).unwrap();
-        assert_eq!(runs, [64 * M..68 * M, 70 * M..72 * M, 4096 * M..4100 * M]);
+        let extents = allocate_pool(&p, 10).unwrap();
+        let addrs: Vec<u64> = extents.iter().map(|b| b.addr()).collect();
+        assert_eq!(addrs, [64 * M, 66 * M, 70 * M, 4096 * M, 4098 * M]);
+        assert_eq!(pool_runs(&extents), [64 * M..68 * M, 70 * M..72 * M, 4096 * M..4100 * M]);
         assert!(p.freed.lock().unwrap().is_empty());
     }
 
@@ -237,5 +311,47 @@ mod tests {
         let mut freed = p.freed.lock().unwrap().clone();
         freed.sort();
         assert_eq!(freed, [64 * M, 66 * M, 80 * M]);
+    }
+
+    /// The writes a scrub of `[addr, addr + len)` makes through a host over a pool at 64..68 and 70..72 MiB
+    /// (handed out in another order); `None` when the host refused it.
+    fn scrub(addr: u64, len: u64) -> Option<Vec<(u64, usize, usize)>> {
+        let p = Arc::new(Extents::new(&[70 * M, 66 * M, 64 * M]));
+        let extents = allocate_pool(p.as_ref(), 6).unwrap();
+        let mut host = PlatformHost::new(p.clone(), extents);
+        host.zero(addr, len);
+        let writes: Vec<(u64, usize, usize)> =
+            p.writes.lock().unwrap().iter().map(|&(b, off, n)| (b.addr(), off, n)).collect();
+        match host.scrubs_refused() {
+            0 => Some(writes),
+            _ => {
+                assert!(writes.is_empty(), "a refused scrub writes nothing");
+                None
+            }
+        }
+    }
+
+    #[test]
+    fn a_scrub_writes_zeros_through_the_pool_handles_it_lies_in() {
+        let w = scrub(66 * M, 2 * M).unwrap();
+        assert_eq!(w.len(), 512, "4 KiB writes");
+        assert!(
+            w.iter().enumerate().all(|(i, &w)| w == (66 * M, i * 4096, 4096)),
+            "in order, at offsets of the handle"
+        );
+        // Across two adjacent extents, and not starting at an extent.
+        let w = scrub(66 * M - 4096, 8192).unwrap();
+        assert_eq!(w, [(64 * M, 2 * M as usize - 4096, 4096), (66 * M, 0, 4096)]);
+        let w = scrub(70 * M + 100, 10).unwrap();
+        assert_eq!(w, [(70 * M, 100, 10)]);
+    }
+
+    #[test]
+    fn a_scrub_not_inside_the_pool_is_refused_whole() {
+        assert_eq!(scrub(68 * M, 4096), None, "the gap between the runs");
+        assert_eq!(scrub(68 * M - 4096, 8192), None, "from the pool into the gap");
+        assert_eq!(scrub(72 * M - 4096, 8192), None, "past the pool's end");
+        assert_eq!(scrub(62 * M, 4096), None, "below the pool");
+        assert_eq!(scrub(u64::MAX - 10, 100), None, "a range that overflows");
     }
 }

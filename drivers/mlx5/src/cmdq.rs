@@ -117,9 +117,15 @@ impl Chain {
         Some(Chain { pieces: vec![p.dma_alloc(PIECE_LEN, PAGE_SIZE)?] })
     }
 
-    /// Device address of block `i` (within the pieces held).
-    fn block(&self, i: usize) -> u64 {
-        self.pieces[i / SLOT_BLOCKS].addr() + ((i % SLOT_BLOCKS) * BLOCK_STRIDE) as u64
+    /// Block `i` (within the pieces held): its piece and its offset there.
+    fn block(&self, i: usize) -> (DmaBuf, usize) {
+        (self.pieces[i / SLOT_BLOCKS], (i % SLOT_BLOCKS) * BLOCK_STRIDE)
+    }
+
+    /// The device address of block `i`, for the entry and the `next` pointers.
+    fn block_addr(&self, i: usize) -> u64 {
+        let (piece, offset) = self.block(i);
+        piece.at(offset as u64)
     }
 
     /// Grows the chain to hold `blocks` blocks; `false` when the platform has no DMA memory left.
@@ -270,8 +276,9 @@ impl CmdQueue {
         self.timeout_ns / 1_000_000
     }
 
-    fn entry_addr(&self, slot: usize) -> u64 {
-        self.base.at((slot as u64) << self.log_stride)
+    /// Where `slot`'s entry lies in the queue page.
+    fn entry_offset(&self, slot: usize) -> usize {
+        slot << self.log_stride
     }
 
     fn range(&self, class: SlotClass) -> core::ops::Range<usize> {
@@ -353,11 +360,11 @@ impl CmdQueue {
         e[0x3f] = 1; // ownership: hardware
         // The entry's XOR over all 64 bytes must be 0xff (`core/cmd.c:267-270`).
         e[0x3d] = !xor(&e);
-        let addr = self.entry_addr(slot);
+        let at = self.entry_offset(slot);
         // Everything but the ownership byte first, then the dword holding it, so the device never sees an
         // owned entry that is half written.
-        p.dma_write(addr, &e[..0x3c]);
-        p.dma_write(addr + 0x3c, &e[0x3c..0x40]);
+        p.dma_write(self.base, at, &e[..0x3c]);
+        p.dma_write(self.base, at + 0x3c, &e[0x3c..0x40]);
         let now = p.now_ns();
         self.slots[slot].state = State::Busy(Pending {
             tag,
@@ -384,9 +391,10 @@ impl CmdQueue {
             let chunk = &data[i * BLOCK_DATA..((i + 1) * BLOCK_DATA).min(data.len())];
             blk[..chunk.len()].copy_from_slice(chunk);
             Self::seal_block(&mut blk, chain, i, n, token);
-            p.dma_write(chain.block(i), &blk);
+            let (piece, at) = chain.block(i);
+            p.dma_write(piece, at, &blk);
         }
-        if n == 0 { 0 } else { chain.block(0) }
+        if n == 0 { 0 } else { chain.block_addr(0) }
     }
 
     /// Output blocks carry only the chain fields; the device fills the data.
@@ -395,15 +403,16 @@ impl CmdQueue {
         for i in 0..n {
             blk.fill(0);
             Self::seal_block(&mut blk, chain, i, n, token);
-            p.dma_write(chain.block(i) + BLOCK_DATA as u64, &blk[BLOCK_DATA..]);
+            let (piece, at) = chain.block(i);
+            p.dma_write(piece, at + BLOCK_DATA, &blk[BLOCK_DATA..]);
         }
-        if n == 0 { 0 } else { chain.block(0) }
+        if n == 0 { 0 } else { chain.block_addr(0) }
     }
 
     /// `next`, `block_number`, `token` and both signatures (`core/cmd.c:233-253`): Linux leaves block
     /// signatures off (`cmdif_checksum` 0), but a signed block is valid either way.
     fn seal_block(blk: &mut [u8; BLOCK_LEN], chain: &Chain, i: usize, n: usize, token: u8) {
-        let next = if i + 1 < n { chain.block(i + 1) } else { 0 };
+        let next = if i + 1 < n { chain.block_addr(i + 1) } else { 0 };
         blk[0x230..0x238].copy_from_slice(&next.to_be_bytes());
         blk[0x238..0x23c].copy_from_slice(&(i as u32).to_be_bytes());
         blk[0x23d] = token;
@@ -424,8 +433,7 @@ impl CmdQueue {
         while mask != 0 {
             let slot = mask.trailing_zeros() as usize;
             mask &= mask - 1;
-            let addr = self.entry_addr(slot);
-            let status_own = p.dma_read8(addr + 0x3f);
+            let status_own = p.dma_read8(self.base, self.entry_offset(slot) + 0x3f);
             match self.slots[slot].state {
                 State::Busy(pend) => {
                     if status_own & 1 == 0 {
@@ -497,7 +505,7 @@ impl CmdQueue {
         }
         let mut output = Output::zeroed(pend.out_len.max(HEADER_LEN));
         let out = output.bytes_mut();
-        p.dma_read(self.entry_addr(slot) + 0x20, &mut out[..HEADER_LEN]);
+        p.dma_read(self.base, self.entry_offset(slot) + 0x20, &mut out[..HEADER_LEN]);
         let status = out[0];
         if status != 0 {
             let syndrome = u32::from_be_bytes([out[4], out[5], out[6], out[7]]);
@@ -508,7 +516,8 @@ impl CmdQueue {
         let mut blk = 0;
         while at < out.len() {
             let n = (out.len() - at).min(BLOCK_DATA);
-            p.dma_read(chain.block(blk), &mut out[at..at + n]);
+            let (piece, offset) = chain.block(blk);
+            p.dma_read(piece, offset, &mut out[at..at + n]);
             at += n;
             blk += 1;
         }
@@ -552,6 +561,7 @@ mod tests {
     //! doorbells and hands entries back), and time moves only when it says so.
 
     use super::*;
+    use crate::platform::LiveAllocations;
     use core::sync::atomic::{AtomicU64, Ordering};
     use std::collections::BTreeMap;
 
@@ -559,19 +569,33 @@ mod tests {
     const LOG_STRIDE: u32 = 6;
     const MEM: usize = 2 << 20;
 
-    /// BAR0 registers, DMA memory from a bump allocator, a clock the test sets, the doorbells rung.
+    /// BAR0 registers, DMA memory from a bump allocator (accesses checked against the live allocations, as
+    /// the real platforms do), a clock the test sets, the doorbells rung.
     #[derive(Default)]
     struct Fake {
         bar: Mutex<BTreeMap<usize, u32>>,
         mem: Mutex<Vec<u8>>,
         next: Mutex<u64>,
+        live: Mutex<LiveAllocations<()>>,
+        /// Refused DMA accesses and frees: the queue must make none.
+        faults: AtomicU64,
         now: AtomicU64,
         doorbells: Mutex<Vec<u32>>,
     }
 
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            if !std::thread::panicking() {
+                assert_eq!(self.faults.load(Ordering::Relaxed), 0, "the queue made a DMA access the platform refused");
+            }
+        }
+    }
+
     impl Fake {
         fn new() -> Fake {
-            let f = Fake { mem: Mutex::new(vec![0; MEM]), next: Mutex::new(0x1000), ..Fake::default() };
+            let f = Fake::default();
+            *f.mem.lock() = vec![0; MEM];
+            *f.next.lock() = 0x1000;
             f.bar.lock().insert(initseg::CMDIF_REV_FW_SUB, initseg::CMD_INTERFACE_REV << 16);
             f.bar.lock().insert(initseg::CMDQ_ADDR_L_SZ, (LOG_SIZE << 4) | LOG_STRIDE);
             f
@@ -586,14 +610,23 @@ mod tests {
             (u64::from(self.bar.lock()[&initseg::CMDQ_ADDR_H]) << 32 | lo) + (u64::from(slot) << LOG_STRIDE)
         }
 
+        /// The device's side: memory at device address `addr`.
+        fn mem_read(&self, addr: u64, out: &mut [u8]) {
+            out.copy_from_slice(&self.mem.lock()[addr as usize..addr as usize + out.len()]);
+        }
+
+        fn mem_write(&self, addr: u64, data: &[u8]) {
+            self.mem.lock()[addr as usize..addr as usize + data.len()].copy_from_slice(data);
+        }
+
         /// The firmware finishes the command in `slot` with `status` (and `syndrome`) and hands it back.
         fn complete(&self, slot: u8, status: u8, syndrome: u32) {
             let e = self.entry(slot);
             let mut out = [0u8; 8];
             out[0] = status;
             out[4..].copy_from_slice(&syndrome.to_be_bytes());
-            self.dma_write(e + 0x20, &out);
-            self.dma_write(e + 0x3f, &[0]);
+            self.mem_write(e + 0x20, &out);
+            self.mem_write(e + 0x3f, &[0]);
         }
     }
 
@@ -616,14 +649,27 @@ mod tests {
             let mut next = self.next.lock();
             let a = next.next_multiple_of(align as u64);
             *next = a + len as u64;
-            (*next as usize <= MEM).then_some(DmaBuf::new(a, len, a))
+            (*next as usize <= MEM).then(|| self.live.lock().insert(a, len, ()).0)
         }
-        fn dma_free(&self, _buf: DmaBuf) {}
-        fn dma_read(&self, addr: u64, buf: &mut [u8]) {
-            buf.copy_from_slice(&self.mem.lock()[addr as usize..addr as usize + buf.len()]);
+        fn dma_free(&self, buf: DmaBuf) {
+            if self.live.lock().remove(buf).is_err() {
+                self.faults.fetch_add(1, Ordering::Relaxed);
+            }
         }
-        fn dma_write(&self, addr: u64, data: &[u8]) {
-            self.mem.lock()[addr as usize..addr as usize + data.len()].copy_from_slice(data);
+        fn dma_read(&self, buf: DmaBuf, offset: usize, out: &mut [u8]) {
+            if self.live.lock().get(buf, offset, out.len()).is_err() {
+                out.fill(0xff);
+                self.faults.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            self.mem_read(buf.at(offset as u64), out);
+        }
+        fn dma_write(&self, buf: DmaBuf, offset: usize, data: &[u8]) {
+            if self.live.lock().get(buf, offset, data.len()).is_err() {
+                self.faults.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            self.mem_write(buf.at(offset as u64), data);
         }
         fn now_ns(&self) -> u64 {
             self.now.load(Ordering::Relaxed)
@@ -664,7 +710,7 @@ mod tests {
         assert_eq!(*p.doorbells.lock(), rung, "one doorbell per command, its slot's bit");
         // The entry the firmware reads: type, lengths, token, owned by hardware, XOR 0xff.
         let mut e = [0u8; ENTRY_LEN];
-        p.dma_read(p.entry(3), &mut e);
+        p.mem_read(p.entry(3), &mut e);
         assert_eq!((e[0], e[0x3f], xor(&e)), (CMD_TYPE_PCIE, 1, 0xff));
         assert_eq!(u16::from_be_bytes([e[0x10], e[0x11]]), 0x800, "the opcode travels inline");
         // A slot handed back is the next one used.
@@ -737,6 +783,37 @@ mod tests {
         p.complete(0, 0, 0);
         assert!(poll(&p, &mut q).is_empty());
         assert_eq!(q.quarantined(), 2, "what the firmware writes is not trusted");
+    }
+
+    #[test]
+    fn a_long_command_grows_its_chains_by_handle_and_gives_the_pieces_back() {
+        let (p, mut q) = queue();
+        let resident = p.live.lock().len();
+        // Twice what a slot keeps in each direction: one more piece per chain while the command runs.
+        let len = HEADER_LEN + 2 * SLOT_BLOCKS * BLOCK_DATA;
+        let mut c = Command::new(0x800, 0, len, len);
+        for (i, b) in c.input_mut().iter_mut().enumerate().skip(HEADER_LEN) {
+            *b = i as u8;
+        }
+        q.submit(&p, 1, &c).unwrap();
+        assert_eq!(p.live.lock().len(), resident + 2, "one piece more for the input and one for the output");
+        // The device follows the input chain from the entry by device address and finds the data in order.
+        let mut e = [0u8; ENTRY_LEN];
+        p.mem_read(p.entry(0), &mut e);
+        let mut next = u64::from_be_bytes(e[0x08..0x10].try_into().unwrap());
+        let mut data = Vec::new();
+        while next != 0 {
+            let mut blk = [0u8; BLOCK_LEN];
+            p.mem_read(next, &mut blk);
+            data.extend_from_slice(&blk[..BLOCK_DATA]);
+            next = u64::from_be_bytes(blk[0x230..0x238].try_into().unwrap());
+        }
+        assert_eq!(data, c.input()[HEADER_LEN..]);
+        p.complete(0, 0, 0);
+        let done = poll(&p, &mut q);
+        assert_eq!(done[0].result.as_ref().map(|o| o.bytes().len()), Ok(len));
+        assert_eq!(p.live.lock().len(), resident, "the added pieces are freed when the slot is free again");
+        assert_eq!(q.submit(&p, 2, &cmd(0x800)), Ok(0), "the slot works on its own blocks again");
     }
 
     #[test]

@@ -25,8 +25,8 @@ impl CqRing {
             p.dma_free(buf);
             return None;
         };
-        for i in 0..(1u64 << log_size) {
-            p.dma_write(buf.at(i * CQE_SIZE as u64 + CQE_OP_OWN_BYTE as u64), &[CQE_INIT_OP_OWN]);
+        for i in 0..1usize << log_size {
+            p.dma_write(buf, i * CQE_SIZE + CQE_OP_OWN_BYTE, &[CQE_INIT_OP_OWN]);
         }
         Some(CqRing { buf, dbr, log_size, cc: 0 })
     }
@@ -47,15 +47,15 @@ impl CqRing {
     /// The next software-owned CQE, consuming it (and publishing the new counter in the doorbell record).
     pub fn next<P: Platform + ?Sized>(&mut self, p: &P) -> Option<Cqe> {
         let mask = (1u32 << self.log_size) - 1;
-        let at = self.buf.at(u64::from(self.cc & mask) * CQE_SIZE as u64);
-        let op_own = p.dma_read8(at + CQE_OP_OWN_BYTE as u64);
+        let at = (self.cc & mask) as usize * CQE_SIZE;
+        let op_own = p.dma_read8(self.buf, at + CQE_OP_OWN_BYTE);
         if u32::from(op_own & 1) != (self.cc >> self.log_size) & 1 || op_own >> 4 == MLX5_CQE_INVALID {
             return None;
         }
         let mut e = [0u8; CQE_SIZE];
-        p.dma_read(at, &mut e);
+        p.dma_read(self.buf, at, &mut e);
         self.cc = self.cc.wrapping_add(1);
-        p.dma_write32(self.dbr.addr(), self.cc & 0xff_ffff);
+        p.dma_write32(self.dbr, 0, self.cc & 0xff_ffff);
         Some(Cqe::parse(&e))
     }
 

@@ -27,8 +27,8 @@ impl EventRing {
     pub fn alloc<P: Platform + ?Sized>(p: &P, log_size: u32) -> Option<EventRing> {
         let len = Self::bytes(log_size);
         let buf = p.dma_alloc(len, PAGE_SIZE)?;
-        for i in 0..(1u64 << log_size) {
-            p.dma_write(buf.at(i * EQE_SIZE as u64 + EQE_OWNER_BYTE as u64), &[EQE_INIT_OWNER]);
+        for i in 0..1usize << log_size {
+            p.dma_write(buf, i * EQE_SIZE + EQE_OWNER_BYTE, &[EQE_INIT_OWNER]);
         }
         Some(EventRing { buf, log_size, ci: 0, eqn: Eqn(0), uar_page: UarPage(0), unacked: 0 })
     }
@@ -55,13 +55,13 @@ impl EventRing {
     /// The next software-owned EQE, consuming it.
     pub fn next<P: Platform + ?Sized>(&mut self, p: &P) -> Option<Eqe> {
         let mask = (1u32 << self.log_size) - 1;
-        let at = self.buf.at(u64::from(self.ci & mask) * EQE_SIZE as u64);
-        let owner = p.dma_read8(at + EQE_OWNER_BYTE as u64) & 1;
+        let at = (self.ci & mask) as usize * EQE_SIZE;
+        let owner = p.dma_read8(self.buf, at + EQE_OWNER_BYTE) & 1;
         if u32::from(owner) != (self.ci >> self.log_size) & 1 {
             return None;
         }
         let mut e = [0u8; EQE_SIZE];
-        p.dma_read(at, &mut e);
+        p.dma_read(self.buf, at, &mut e);
         self.ci = self.ci.wrapping_add(1);
         self.unacked += 1;
         if self.unacked >= UPDATE_EVERY {

@@ -20,7 +20,7 @@ pub mod ifc;
 pub mod platform;
 
 pub use command::{Attrs, CmdError, Command, ErrorKind, Output};
-pub use platform::{Deadline, DmaBuf, PAGE_SIZE, Platform};
+pub use platform::{Deadline, DmaBuf, DmaFault, LiveAllocations, PAGE_SIZE, Platform};
 pub mod cmdq;
 pub mod cq;
 pub mod driver;

@@ -17,18 +17,17 @@ use mlx5_model::mem::{Memory, VecMemory};
 use mlx5_model::{Model, ModelConfig};
 
 use leasebox_mlx5::engine::{CommandEngine, EventEngine};
-use leasebox_mlx5::{DmaBuf, Platform};
+use leasebox_mlx5::{DmaBuf, DmaFault, LiveAllocations, Platform};
 
 /// BAR size the hosted model gets (the init segment, UAR pages and the signature page fit easily).
 pub const HOSTED_BAR_BYTES: usize = 1 << 20;
 
 /// First-fit allocator over `[start, end)` of the RAM; freed ranges merge with their neighbours. It keeps the
-/// live allocations too, so every DMA access and free is checked against them, as on the kernel's platform.
+/// live allocations too, so every DMA access and free is checked against them (handle live, range inside it),
+/// as on the kernel's platform.
 struct Arena {
     free: BTreeMap<u64, u64>,
-    /// Live allocations: address → (length asked for, id).
-    live: BTreeMap<u64, (u64, u64)>,
-    next_id: u64,
+    live: LiveAllocations<()>,
     /// RAM from here up was never handed out and is still zero (a fresh memory), so an allocation there
     /// needs no clearing: a large pool in a sparse file stays sparse until it is written.
     fresh_from: u64,
@@ -39,15 +38,7 @@ impl Arena {
     fn new(start: u64, end: u64, fresh: bool) -> Arena {
         let mut free = BTreeMap::new();
         free.insert(start, end - start);
-        Arena { free, live: BTreeMap::new(), next_id: 1, fresh_from: if fresh { start } else { end } }
-    }
-
-    /// Whether `[addr, addr + len)` lies inside one live allocation.
-    fn holds(&self, addr: u64, len: usize) -> bool {
-        self.live
-            .range(..=addr)
-            .next_back()
-            .is_some_and(|(&s, &(l, _))| addr.checked_add(len as u64).is_some_and(|end| end <= s + l))
+        Arena { free, live: LiveAllocations::new(), fresh_from: if fresh { start } else { end } }
     }
 
     /// Allocates `len` (> 0) bytes and records them live; returns the handle and how many of its first
@@ -57,22 +48,18 @@ impl Arena {
             return None;
         }
         let at = self.alloc(len as u64, align)?;
-        let id = self.next_id;
-        self.next_id += 1;
-        self.live.insert(at, (len as u64, id));
+        // The free list never holds live memory, so nothing live is displaced.
+        let (buf, _) = self.live.insert(at, len, ());
         let used = self.fresh_from.saturating_sub(at).min(len as u64);
         self.fresh_from = self.fresh_from.max(at + len as u64);
-        Some((DmaBuf::new(at, len, id), used))
+        Some((buf, used))
     }
 
-    /// Frees a live allocation; `false` (nothing freed) for a handle that is not live.
-    fn free_live(&mut self, buf: DmaBuf) -> bool {
-        if self.live.get(&buf.addr()) != Some(&(buf.len() as u64, buf.id())) {
-            return false;
-        }
-        self.live.remove(&buf.addr());
+    /// Frees a live allocation; nothing is freed for a handle that is not live.
+    fn free_live(&mut self, buf: DmaBuf) -> Result<(), DmaFault> {
+        self.live.remove(buf)?;
         self.free(buf.addr(), buf.len() as u64);
-        true
+        Ok(())
     }
 
     fn alloc(&mut self, len: u64, align: u64) -> Option<u64> {
@@ -121,8 +108,9 @@ enum Stepper {
     External,
 }
 
-/// The driver's platform over the model's BAR and RAM. DMA accesses outside a live allocation fail closed
-/// (reads see all ones, writes and frees are dropped) and are counted ([`HostedPlatform::dma_faults`]).
+/// The driver's platform over the model's BAR and RAM. A DMA access through a handle that is not live, or
+/// past its end, fails closed (a read sees all ones, a write is dropped), as does a free of a handle that is
+/// not live; each is counted ([`HostedPlatform::dma_faults`]) and the first few are printed.
 pub struct HostedPlatform {
     bar: Arc<dyn Memory>,
     ram: Arc<dyn Memory>,
@@ -240,18 +228,24 @@ impl HostedPlatform {
         self.arena.read().unwrap_or_else(|e| e.into_inner()).free_bytes()
     }
 
-    /// DMA reads, writes and frees refused so far because they were not inside one live allocation.
+    /// DMA reads, writes and frees refused so far (a handle not live, or a range past its end).
     pub fn dma_faults(&self) -> u64 {
         self.faults.load(Ordering::Relaxed)
     }
 
-    fn holds(&self, addr: u64, len: usize) -> bool {
-        self.arena.read().unwrap_or_else(|e| e.into_inner()).holds(addr, len)
+    /// Checks `len` bytes at `offset` in `buf` against the live allocations.
+    fn check(&self, buf: DmaBuf, offset: usize, len: usize) -> Result<(), DmaFault> {
+        self.arena.read().unwrap_or_else(|e| e.into_inner()).live.get(buf, offset, len).map(|_| ())
     }
 
-    fn fault(&self, what: &str, addr: u64, len: usize) {
+    fn fault(&self, what: &str, buf: DmaBuf, offset: usize, len: usize, why: DmaFault) {
         if self.faults.fetch_add(1, Ordering::Relaxed) < 8 {
-            eprintln!("mlx5-hosted: DMA {what} {addr:#x}+{len:#x} refused: not inside one live allocation");
+            eprintln!(
+                "mlx5-hosted: DMA {what} {:#x}+{offset:#x} ({len:#x} bytes; handle {:#x} bytes, id {}) refused: {why}",
+                buf.addr(),
+                buf.len(),
+                buf.id()
+            );
         }
     }
 }
@@ -337,26 +331,27 @@ impl Platform for HostedPlatform {
     }
 
     fn dma_free(&self, buf: DmaBuf) {
-        if !self.arena.write().unwrap_or_else(|e| e.into_inner()).free_live(buf) {
-            self.fault("free of", buf.addr(), buf.len());
+        let freed = self.arena.write().unwrap_or_else(|e| e.into_inner()).free_live(buf);
+        if let Err(why) = freed {
+            self.fault("free of", buf, 0, buf.len(), why);
         }
     }
 
-    fn dma_read(&self, addr: u64, buf: &mut [u8]) {
-        if !self.holds(addr, buf.len()) {
-            buf.fill(0xff);
-            return self.fault("read of", addr, buf.len());
+    fn dma_read(&self, buf: DmaBuf, offset: usize, out: &mut [u8]) {
+        if let Err(why) = self.check(buf, offset, out.len()) {
+            out.fill(0xff);
+            return self.fault("read of", buf, offset, out.len(), why);
         }
-        if self.ram.read(addr, buf).is_err() {
-            buf.fill(0xff);
+        if self.ram.read(buf.at(offset as u64), out).is_err() {
+            out.fill(0xff);
         }
     }
 
-    fn dma_write(&self, addr: u64, data: &[u8]) {
-        if !self.holds(addr, data.len()) {
-            return self.fault("write of", addr, data.len());
+    fn dma_write(&self, buf: DmaBuf, offset: usize, data: &[u8]) {
+        if let Err(why) = self.check(buf, offset, data.len()) {
+            return self.fault("write of", buf, offset, data.len(), why);
         }
-        let _ = self.ram.write(addr, data);
+        let _ = self.ram.write(buf.at(offset as u64), data);
     }
 
     fn now_ns(&self) -> u64 {
@@ -396,7 +391,7 @@ mod tests {
         let mut a = Arena::new(0x1000, 0x10000, true);
         let (first, used) = a.alloc_live(0x2000, 0x1000).unwrap();
         assert_eq!((first.addr(), used), (0x1000, 0), "fresh memory");
-        assert!(a.free_live(first));
+        assert_eq!(a.free_live(first), Ok(()));
         // Straddles the memory handed out before and fresh memory above it.
         assert_eq!(addr_used(a.alloc_live(0x3000, 0x1000)), Some((0x1000, 0x2000)));
         // Memory of unknown contents is always cleared whole.
@@ -405,11 +400,11 @@ mod tests {
         // Through a platform over fresh RAM: a reused allocation reads as zeros.
         let p = HostedPlatform::with_model(ModelConfig::default(), 4 << 20, ModelMode::InProcess);
         let x = p.dma_alloc(64, 64).unwrap();
-        p.dma_write(x.addr(), &[7; 64]);
+        p.dma_write(x, 0, &[7; 64]);
         p.dma_free(x);
         let y = p.dma_alloc(64, 64).unwrap();
         let mut buf = [1u8; 64];
-        p.dma_read(y.addr(), &mut buf);
+        p.dma_read(y, 0, &mut buf);
         assert_eq!((x.addr(), buf), (y.addr(), [0; 64]));
     }
 
@@ -418,27 +413,60 @@ mod tests {
         let p = HostedPlatform::attach(Arc::new(VecMemory::new(4096)), Arc::new(VecMemory::new(4 << 20)));
         let h = p.dma_alloc(100, 64).unwrap();
         let a = h.addr();
-        p.dma_write(a + 96, &[1, 2, 3, 4]);
+        p.dma_write(h, 96, &[1, 2, 3, 4]);
         let mut b = [0u8; 4];
-        p.dma_read(a + 96, &mut b);
+        p.dma_read(h, 96, &mut b);
         assert_eq!((b, p.dma_faults()), ([1, 2, 3, 4], 0));
-        p.dma_read(a + 98, &mut b);
+        assert_eq!(p.dma_read32(h, 96), 0x0102_0304);
+        p.dma_write32(h, 0, 0xdead_beef);
+        assert_eq!((p.dma_read8(h, 0), p.dma_read8(h, 3), p.dma_faults()), (0xde, 0xef, 0));
+        p.dma_read(h, 98, &mut b);
         assert_eq!((b, p.dma_faults()), ([0xff; 4], 1), "past the end reads all ones");
-        p.dma_write(a + 100, &[9]);
+        p.dma_write(h, 100, &[9]);
         assert_eq!(p.dma_faults(), 2, "a write past the end is dropped");
+        p.dma_write(h, usize::MAX, &[9, 9]);
+        assert_eq!(p.dma_faults(), 3, "an offset that overflows is past the end");
+        let mut tail = [0u8; 1];
+        p.ram().read(a + 100, &mut tail).unwrap();
+        assert_eq!(tail, [0], "nothing was written past the end");
+        // A handle naming a longer buffer at the same address was never handed out.
+        let forged = DmaBuf::new(a, 4096, h.id());
+        assert_eq!(p.dma_read32(forged, 96), u32::MAX);
+        p.dma_write(forged, 200, &[9]);
+        assert_eq!(p.dma_faults(), 5, "a forged handle reaches nothing");
         p.dma_free(DmaBuf::new(a, 64, h.id()));
-        assert_eq!(p.dma_faults(), 3, "a handle with the wrong length frees nothing");
-        p.dma_read(a, &mut b);
-        assert_eq!(p.dma_faults(), 3, "still live");
+        assert_eq!(p.dma_faults(), 6, "a handle with the wrong length frees nothing");
+        p.dma_read(h, 0, &mut b);
+        assert_eq!(p.dma_faults(), 6, "still live");
         p.dma_free(h);
-        p.dma_read(a, &mut b);
-        assert_eq!((b, p.dma_faults()), ([0xff; 4], 4), "freed memory is no longer reachable");
-        let again = p.dma_alloc(100, 64).unwrap();
-        assert_eq!(again.addr(), a, "the arena hands the same place out again");
-        p.dma_free(h);
-        assert_eq!(p.dma_faults(), 5, "a stale handle cannot free the new allocation at its address");
-        p.dma_read(a, &mut b);
-        assert_eq!(p.dma_faults(), 5, "the new allocation is still live");
+        p.dma_read(h, 0, &mut b);
+        assert_eq!((b, p.dma_faults()), ([0xff; 4], 7), "freed memory is no longer reachable");
         assert!(p.dma_alloc(0, 8).is_none());
+    }
+
+    #[test]
+    fn a_stale_handle_reaches_nothing_where_its_address_is_handed_out_again() {
+        let p = HostedPlatform::attach(Arc::new(VecMemory::new(4096)), Arc::new(VecMemory::new(4 << 20)));
+        let old = p.dma_alloc(100, 64).unwrap();
+        p.dma_write(old, 0, &[5; 100]);
+        p.dma_free(old);
+        let new = p.dma_alloc(100, 64).unwrap();
+        assert_eq!((new.addr(), new.len()), (old.addr(), old.len()), "the arena hands the same place out again");
+        assert_ne!(new.id(), old.id());
+        p.dma_write(new, 0, &[1, 2, 3, 4]);
+        assert_eq!(p.dma_faults(), 0);
+        // Through the stale handle: reads see all ones, writes change nothing, a free frees nothing.
+        let mut b = [0u8; 4];
+        p.dma_read(old, 0, &mut b);
+        assert_eq!((b, p.dma_read8(old, 1), p.dma_read32(old, 0)), ([0xff; 4], 0xff, u32::MAX));
+        p.dma_write(old, 0, &[9; 4]);
+        p.dma_write32(old, 0, 0);
+        p.dma_free(old);
+        assert_eq!(p.dma_faults(), 6, "every access and the free through the stale handle are refused");
+        p.dma_read(new, 0, &mut b);
+        assert_eq!(b, [1, 2, 3, 4], "the new allocation is untouched and still live");
+        assert_eq!(p.dma_faults(), 6);
+        p.dma_free(new);
+        assert_eq!(p.dma_faults(), 6, "and frees normally");
     }
 }

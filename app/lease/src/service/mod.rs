@@ -48,7 +48,9 @@ pub struct Who<'a> {
 pub trait Host {
     fn dma_alloc(&mut self, len: usize, align: usize) -> Option<DmaBuf>;
     fn dma_free(&mut self, buf: DmaBuf);
-    /// Writes zeros over `[addr, addr + len)` (a lease's memory before it returns to the pool).
+    /// Writes zeros over `[addr, addr + len)` of the pool (a lease's memory before it returns to the pool). The
+    /// host writes only through the pool's DMA handles and refuses, and reports, a range not inside the pool
+    /// (`setup::PlatformHost`).
     fn zero(&mut self, addr: u64, len: u64);
 }
 

@@ -72,7 +72,8 @@ impl Rig {
         } else {
             None
         };
-        let pool_base = p.dma_alloc(pool_bytes as usize, cfg.extent as usize).expect("pool memory").addr();
+        let pool = p.dma_alloc(pool_bytes as usize, cfg.extent as usize).expect("pool memory");
+        let pool_base = pool.addr();
         cfg.pool = std::iter::once(pool_base..pool_base + pool_bytes).collect();
         let hca =
             HcaCtx { uar: d.info.uar, cqn, gid: d.info.gid, gid_index: 0, port_mtu: port_ib_mtu(d.info.mtu), flow };
@@ -80,7 +81,7 @@ impl Rig {
         Rig {
             d,
             svc,
-            host: PlatformHost(p),
+            host: PlatformHost::new(p, vec![pool]),
             link: Link::new(),
             start: Instant::now(),
             next_ticket: 1,
