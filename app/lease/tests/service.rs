@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{ADMIN, OTHER, Rig, TENANT, alloc_req};
 use leasebox_lease::Config;
@@ -266,15 +266,19 @@ fn a_hung_hca_during_revoke_answers_fenced_within_a_second() {
     let a = r.alloc(TENANT, 4096);
     r.ready(TENANT, &a);
     r.platform().model().unwrap().inject(Fault::Hang { opcode: DESTROY_MKEY });
-    let t0 = Instant::now();
+    let deadline = Duration::from_millis(r.svc.config().revoke_deadline_ms);
+    assert!(deadline < common::CMD_TIMEOUT, "the revoke deadline comes first");
+    let t0 = r.now_us();
     let (t, now) = r.send(TENANT, &Request::Revoke { lease: a.lease, qp_first: false });
     assert!(now.is_none());
     let reply = r.wait(t, Duration::from_secs(3));
-    let waited = t0.elapsed();
+    let waited = r.since(t0);
     assert!(matches!(reply, Ok(Response::Revoke { outcome: Outcome::Fenced, .. })), "{reply:?}");
-    // The revoke deadline ended it: not before it, and before the hung command's own timeout would have.
-    assert!(waited >= Duration::from_millis(1000), "the deadline, not a guess: {waited:?}");
-    assert!(waited < common::CMD_TIMEOUT, "answered after {waited:?}: the command timeout, not the deadline");
+    // The revoke deadline ended it (virtual time): not before it, and at the first deadline scan after it —
+    // long before the hung command's own timeout would have.
+    let scan = Duration::from_micros(leasebox_lease::service::SCAN_INTERVAL_US);
+    assert!(waited >= deadline, "answered after {waited:?}, before the deadline");
+    assert!(waited <= deadline + scan + common::STEP, "answered after {waited:?}: not by the deadline scan");
     let f = r.svc.fence_info(a.lease.slot).unwrap();
     assert_eq!(f.failed_mask, step_bit::DEADLINE);
     assert_eq!(f.origin, origin::REVOKE);
@@ -314,7 +318,7 @@ fn lost_sessions_keep_their_leases_for_the_grace_then_expire() {
     // The same tenant reconnects within the grace: it resumes the lease.
     assert_eq!(r.svc.session_started(9, "alpha"), 1);
     assert_eq!(r.svc.counters.reconnects, 1);
-    r.pump_until(Duration::from_millis(300), |_| false);
+    r.pass(Duration::from_millis(300));
     let Ok(Response::Query(q)) = r.call(TENANT, &Request::Query { lease: a.lease }) else { panic!() };
     assert_eq!(q.state, LeaseState::Active);
     // Lost again, nobody comes back: expired.
@@ -329,13 +333,13 @@ fn ttl_expires_and_renew_or_heartbeats_extend_it() {
     let cfg = Config { heartbeat_renews: true, ..common::config() };
     let mut r = Rig::with(common::model(), cfg, 8 << 20);
     let mut req = alloc_req(4096, 0x1234);
-    // A TTL of a second: READY and every gap between two heartbeats stay well within it on a busy machine.
+    // A TTL of a second (virtual time): READY and the heartbeats, one a pump, come well within it.
     req.ttl_ms = 1000;
     let Ok(Response::Alloc(a)) = r.call(TENANT, &Request::Alloc(req)) else { panic!() };
     r.ready(TENANT, &a);
     // Heartbeats keep it alive past its TTL.
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_millis(1500) {
+    let t0 = r.now_us();
+    while r.since(t0) < Duration::from_millis(1500) {
         let now = r.now_us();
         r.svc.session_alive(TENANT.session, now);
         r.pump();
