@@ -21,6 +21,8 @@ use mlx5_model::mem::Memory;
 pub const RAM: usize = 512 << 20;
 /// The driver's command timeout: a hung HCA command fails after this (the revoke deadline is shorter).
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(2);
+/// Requests [`Rig::pipelined`] keeps waiting at once.
+pub const PIPELINE_DEPTH: usize = 64;
 /// Virtual time one `relax` (so one [`Rig::pump`]) takes: a tenth of the service's deadline scan interval.
 pub const STEP: Duration = Duration::from_micros(100);
 
@@ -52,6 +54,11 @@ pub fn config() -> Config {
 impl Rig {
     pub fn new() -> Rig {
         Rig::with(model(), config(), 64 << 20)
+    }
+
+    /// As [`Rig::new`] with `cfg`, over an 8 MiB pool.
+    pub fn configured(cfg: Config) -> Rig {
+        Rig::with(model(), cfg, 8 << 20)
     }
 
     /// A driver on a fresh model, a CQ for the lease QPs (watched by the event engine), a pool of
@@ -148,6 +155,24 @@ impl Rig {
             "no answer for ticket {ticket} within {limit:?}"
         );
         self.answers.remove(&ticket).unwrap()
+    }
+
+    /// Sends `reqs` (each answered later, through the HCA) with up to [`PIPELINE_DEPTH`] waiting; `each` gets
+    /// every answer in request order.
+    pub fn pipelined(&mut self, who: Who<'_>, reqs: impl IntoIterator<Item = Request>, mut each: impl FnMut(Reply)) {
+        let mut pending = std::collections::VecDeque::new();
+        for req in reqs {
+            let (t, now) = self.send(who, &req);
+            assert!(now.is_none(), "{req:?} answered at once: {now:?}");
+            pending.push_back(t);
+            if pending.len() > PIPELINE_DEPTH {
+                let t = pending.pop_front().unwrap();
+                each(self.wait(t, Duration::from_secs(10)));
+            }
+        }
+        for t in pending {
+            each(self.wait(t, Duration::from_secs(10)));
+        }
     }
 
     pub fn call(&mut self, who: Who<'_>, req: &Request) -> Reply {
