@@ -21,6 +21,21 @@ pub const GOAL_ENTRY_TO_READY_MS: f64 = 30.0;
 /// Goal: size of leasebox.elf, bytes.
 pub const GOAL_ELF_BYTES: u64 = 1024 * 1024;
 
+/// The `summary:` line a benchmark example prints last: `key=number` words (`cargo xtask bench hca`, `lease`).
+pub struct SummaryLine<'a>(&'a str);
+
+impl<'a> SummaryLine<'a> {
+    /// The last `summary:` line in `output`.
+    pub fn find(output: &'a str) -> Option<SummaryLine<'a>> {
+        output.lines().rev().find_map(|l| l.strip_prefix("summary:")).map(SummaryLine)
+    }
+
+    /// The number after `key=`.
+    pub fn field(&self, key: &str) -> Option<f64> {
+        self.0.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse::<f64>().ok())
+    }
+}
+
 /// One row of the table.
 #[derive(Clone, Debug)]
 pub struct Row {

@@ -90,10 +90,8 @@ pub struct Hosted {
 impl Hosted {
     /// Finds and parses the `summary:` line in the example's output.
     pub fn parse(output: &str) -> Option<Hosted> {
-        let line = output.lines().rev().find_map(|l| l.strip_prefix("summary:"))?;
-        let field = |key: &str| {
-            line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse::<f64>().ok())
-        };
+        let line = crate::bench::SummaryLine::find(output)?;
+        let field = |key: &str| line.field(key);
         Some(Hosted {
             query_ratio: field("query_ratio")?,
             pair_ratio: field("pair_ratio")?,

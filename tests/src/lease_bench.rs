@@ -48,10 +48,8 @@ pub struct Summary {
 impl Summary {
     /// Finds and parses the `summary:` line in the example's output.
     pub fn parse(output: &str) -> Option<Summary> {
-        let line = output.lines().rev().find_map(|l| l.strip_prefix("summary:"))?;
-        let field = |key: &str| {
-            line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse::<f64>().ok())
-        };
+        let line = crate::bench::SummaryLine::find(output)?;
+        let field = |key: &str| line.field(key);
         Some(Summary {
             alloc_app_p99_us_1: field("alloc_app_p99_us_1")?,
             alloc_app_p99_us_8: field("alloc_app_p99_us_8")?,

@@ -27,7 +27,6 @@ use serde_json::Value;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The scenario's name in `cargo xtask test`.
@@ -90,10 +89,6 @@ pub fn q35_file_offset(ram: u64, addr: u64, len: u64) -> Option<u64> {
     } else {
         None
     }
-}
-
-fn hex_bytes(h: &str) -> Vec<u8> {
-    (0..h.len()).step_by(2).map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap_or(0)).collect()
 }
 
 /// The booted image with the model beside it. Fields drop in order: QEMU is killed and reaped, then the
@@ -205,11 +200,11 @@ impl Appliance {
     }
 
     pub fn tenant(&self) -> Credentials {
-        Credentials { name: "demo".into(), key: hex_bytes(&self.tenant_hex) }
+        crate::control::credentials("demo", &self.tenant_hex)
     }
 
     pub fn admin(&self) -> Credentials {
-        Credentials { name: "admin".into(), key: hex_bytes(&self.admin_hex) }
+        crate::control::credentials("admin", &self.admin_hex)
     }
 
     /// An authenticated session with a generous answer timeout.
@@ -234,27 +229,9 @@ impl Appliance {
 
     /// Runs the `leasectl` binary as the tenant (or the admin); returns its stdout.
     pub fn leasectl(&self, bin: &Path, admin: bool, args: &[&str]) -> Result<String, String> {
-        let timeout = ANSWER_TIMEOUT.as_secs().to_string();
-        let mut c = Command::new(bin);
-        c.args(["--addr", &self.addr, "--timeout", &timeout]);
-        if admin {
-            c.args(["--admin", "--key", &self.admin_hex]);
-        } else {
-            c.args(["--tenant", "demo", "--key", &self.tenant_hex]);
-        }
-        // No configuration file of the developer's may leak in.
-        c.env("LEASECTL_CONFIG", "/nonexistent/leasectl.conf");
-        let out = c.args(args).output().map_err(|e| format!("running {}: {e}", bin.display()))?;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        if !out.status.success() {
-            return Err(format!(
-                "leasectl {} failed ({}): {stdout}{}",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Ok(stdout)
+        use crate::control::Who;
+        let who = if admin { Who::Admin(&self.admin_hex) } else { Who::Tenant(&self.tenant_hex) };
+        crate::control::run_leasectl(bin, &self.addr, ANSWER_TIMEOUT, who, args)
     }
 }
 
@@ -668,12 +645,10 @@ fn rdma_checks(app: &Appliance) -> Result<RdmaFigures, String> {
     expect("WRITE after REVOKE", c.status.name() == "IBV_WC_REM_ACCESS_ERR", &c)?;
     let took = c.at.saturating_duration_since(t0);
     f.nak_ms = took.as_secs_f64() * 1e3;
-    let rto = patient.transport_timeout().unwrap_or_default();
-    if took >= rto || r.stats().timeouts != before.timeouts {
-        let s = r.stats();
-        return Err(format!(
-            "REM_ACCESS_ERR after {took:?}: not the NAK of the first transmission (timer {rto:?}, {s:?})"
-        ));
+    // The NAK of the first transmission: the transport timer (over a second) never expired. Counted, not timed.
+    let s = r.stats();
+    if (s.naks - before.naks, s.timeouts - before.timeouts) != (1, 0) {
+        return Err(format!("REM_ACCESS_ERR after {took:?}: not the NAK of the first transmission ({s:?})"));
     }
     if app.ram(a.remote_addr, 64)? != data[..64] {
         return Err("the WRITE after REVOKE changed guest RAM".into());
@@ -698,13 +673,9 @@ fn rdma_checks(app: &Appliance) -> Result<RdmaFigures, String> {
     r.post_write(2, a.remote_addr, a.rkey, &pattern(!a.rkey))?;
     let c = one(&mut r, Duration::from_secs(5))?;
     expect("WRITE after a QP-first REVOKE", c.status.name() == "IBV_WC_RETRY_EXC_ERR", &c)?;
-    let took = c.at.saturating_duration_since(t0);
-    f.silence_ms = took.as_secs_f64() * 1e3;
-    let rto = rc.transport_timeout().unwrap_or_default();
-    if took < rto * 8 {
-        return Err(format!("RETRY_EXC_ERR after {took:?}, before 8 transport timeouts ({:?})", rto * 8));
-    }
-    // Silence: no NAK; the WRITE (all its packets) went out once per attempt and each attempt's timer expired.
+    f.silence_ms = c.at.saturating_duration_since(t0).as_secs_f64() * 1e3;
+    // Silence: no NAK; the WRITE (all its packets) went out once per attempt and each attempt's timer expired
+    // (counted, not timed).
     let s = r.stats();
     let attempts = u64::from(rc.retry_cnt) + 1;
     let path_mtu = mtu_bytes(a.mtu).unwrap_or(RDMA_MTU).min(RDMA_MTU);

@@ -219,9 +219,8 @@ mod tests {
             Until::Ready,
             20_000,
         );
-        let t0 = Instant::now();
         let t = run(&s, &a).unwrap();
-        assert!(t0.elapsed() < Duration::from_secs(10));
+        // Neither the deadline nor the fake's exit (after 30 s) ended the run: the ready line and the settle did.
         assert!(!t.timed_out);
         assert_eq!(t.exit, None);
         assert!(t.ready_after.is_some());

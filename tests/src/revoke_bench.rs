@@ -10,8 +10,7 @@
 
 use std::time::Duration;
 
-use leasebox_hosted::{Hosted, HostedConfig};
-use leasectl::client::{Credentials, Timeouts};
+use leasectl::client::Timeouts;
 use leasectl::rdma::{RcConfig, Requester, SoftConfig, SoftRoce};
 use leasectl::verify::{self, Control, Mode, Options, Order, Report};
 
@@ -194,30 +193,15 @@ fn run_orders(target: &str, control: &Control, udp: std::net::SocketAddr, iterat
 
 /// The hosted appliance with the model's responder on UDP, both orders.
 pub fn hosted(iterations: u32) -> Result<Vec<Row>, String> {
-    let (tenant_hex, admin_hex) = (crate::control::random_hex()?, crate::control::random_hex()?);
-    let args: Vec<String> = [
-        "--listen".to_string(),
-        "127.0.0.1:0".into(),
-        "--hca".into(),
-        "--udp".into(),
-        "127.0.0.1:0".into(),
-        format!("tenant=demo:{tenant_hex}"),
-        format!("admin={admin_hex}"),
-        GRACE_ARG.into(),
-    ]
-    .into();
-    let h = Hosted::start(HostedConfig::from_args(&args)?)?;
-    let udp = h.hca().and_then(|hca| hca.udp).ok_or("the hosted appliance has no RoCEv2 UDP port")?;
-    let key = |hex: &str| leasectl::hex::decode(hex).map_err(|e| e.to_string());
+    let t = crate::control::start_hosted(&["--hca", "--udp", "127.0.0.1:0", GRACE_ARG])?;
+    let udp = t.udp.ok_or("the hosted appliance has no RoCEv2 UDP port")?;
     let control = Control {
-        addr: h.addr().to_string(),
-        tenant: Credentials { name: "demo".into(), key: key(&tenant_hex)? },
-        admin: Some(Credentials { name: "admin".into(), key: key(&admin_hex)? }),
+        addr: t.addr.clone(),
+        tenant: t.tenant(),
+        admin: Some(t.admin()),
         timeouts: Timeouts::all(Duration::from_secs(10)),
     };
-    let rows = run_orders(HOSTED_TARGET, &control, udp, iterations);
-    h.stop();
-    Ok(rows)
+    Ok(run_orders(HOSTED_TARGET, &control, udp, iterations))
 }
 
 /// The image (`elf`) under QEMU with the model and virtio-net, both orders.

@@ -24,13 +24,15 @@ pub type HostedHost = PlatformHost<HostedPlatform>;
 
 pub struct HostedEnv {
     start: Instant,
+    /// How far the lease service's clock runs ahead of real time ([`HostedEnv::skip`]).
+    ahead: Duration,
     shared: Arc<Shared>,
     summary: String,
 }
 
 impl Environment for HostedEnv {
     fn now_us(&self) -> u64 {
-        self.start.elapsed().as_micros() as u64
+        (self.start.elapsed() + self.ahead).as_micros() as u64
     }
     fn role_counts(&self) -> Vec<(u16, u8, u64)> {
         Vec::new()
@@ -38,6 +40,14 @@ impl Environment for HostedEnv {
     fn hca_health(&self) -> (HcaState, String) {
         let state = if self.shared.fatal().is_some() { HcaState::Fatal } else { HcaState::Ok };
         (state, self.summary.clone())
+    }
+}
+
+impl HostedEnv {
+    /// Moves the lease service's clock on by `d` at once (tests: a grace period or a TTL passes without
+    /// waiting for it). The service's next pass runs every timer now due; the driver's clock is not moved.
+    pub fn skip(&mut self, d: Duration) {
+        self.ahead += d;
     }
 }
 
@@ -95,6 +105,7 @@ pub fn start(
     let svc = LeaseService::new(cfg, parts.hca).map_err(|e| format!("lease configuration: {e}"))?;
     let env = HostedEnv {
         start: Instant::now(),
+        ahead: Duration::ZERO,
         shared: client.shared_handle(),
         summary: format!("{} fw {} port {} (model in process)", info.part, info.fw, info.port),
     };

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{ADMIN, OTHER, Rig, TENANT, alloc_req};
 use leasebox_lease::Config;
@@ -67,7 +67,7 @@ fn alloc_ready_revoke_sweep_and_scrub() {
 
 #[test]
 fn alloc_errors_name_the_field_or_the_limit() {
-    let mut r = Rig::with(common::model(), Config { tenant_leases: 2, ..common::config() }, 8 << 20);
+    let mut r = Rig::configured(Config { tenant_leases: 2, ..common::config() });
     let bad = |f: &dyn Fn(&mut leasebox_proto::AllocReq)| {
         let mut a = alloc_req(4096, 7);
         f(&mut a);
@@ -107,7 +107,7 @@ fn a_lease_above_the_largest_is_refused_naming_the_field_before_any_command() {
     assert_eq!(Config::default().max_lease(), reach);
     assert_eq!(Config { max_region: 1 << 30, ..Config::default() }.max_lease(), 1 << 30, "the HCA's own limit");
     // An HCA whose largest region is 4 MiB, with an 8 MiB pool.
-    let mut r = Rig::with(common::model(), Config { max_region: 4 << 20, ..common::config() }, 8 << 20);
+    let mut r = Rig::configured(Config { max_region: 4 << 20, ..common::config() });
     let commands = r.platform().model().unwrap().counters().commands;
     let e = r.call(TENANT, &Request::Alloc(alloc_req((4 << 20) + 1, 7))).unwrap_err();
     assert_eq!(e.code, ErrorCode::BadParam, "{e:?}");
@@ -137,7 +137,7 @@ fn an_hca_refusal_during_alloc_is_reported_and_undone() {
 
 #[test]
 fn ready_is_checked_and_a_missing_ready_expires_the_lease() {
-    let mut r = Rig::with(common::model(), Config { ready_timeout_ms: 100, ..common::config() }, 8 << 20);
+    let mut r = Rig::configured(Config { ready_timeout_ms: 100, ..common::config() });
     let a = r.alloc(TENANT, 4096);
     let stale = LeaseId { generation: a.lease.generation + 1, ..a.lease };
     let e = r.call(TENANT, &Request::Ready { lease: stale, client_qpn: 0x1234, server_qpn: a.server_qpn }).unwrap_err();
@@ -218,7 +218,7 @@ fn each_failing_teardown_command_fences_with_its_mask_and_origin() {
         (0x801, false, false, Outcome::TornDown, true, step_bit::DEALLOC_PD, origin::SWEEP),
     ];
     for (opcode, qp_first, flow, outcome, fenced, mask, org) in cases {
-        let r = Rig::with(common::model(), Config { flow_drop: flow, ..common::config() }, 8 << 20);
+        let r = Rig::configured(Config { flow_drop: flow, ..common::config() });
         let a0 = r.svc.pool().free_extents();
         fail(&r, opcode);
         let (mut r, lease, got) = fenced_after(r, qp_first);
@@ -266,15 +266,19 @@ fn a_hung_hca_during_revoke_answers_fenced_within_a_second() {
     let a = r.alloc(TENANT, 4096);
     r.ready(TENANT, &a);
     r.platform().model().unwrap().inject(Fault::Hang { opcode: DESTROY_MKEY });
-    let t0 = Instant::now();
+    let deadline = Duration::from_millis(r.svc.config().revoke_deadline_ms);
+    assert!(deadline < common::CMD_TIMEOUT, "the revoke deadline comes first");
+    let t0 = r.now_us();
     let (t, now) = r.send(TENANT, &Request::Revoke { lease: a.lease, qp_first: false });
     assert!(now.is_none());
     let reply = r.wait(t, Duration::from_secs(3));
-    let waited = t0.elapsed();
+    let waited = r.since(t0);
     assert!(matches!(reply, Ok(Response::Revoke { outcome: Outcome::Fenced, .. })), "{reply:?}");
-    // The revoke deadline ended it: not before it, and before the hung command's own timeout would have.
-    assert!(waited >= Duration::from_millis(1000), "the deadline, not a guess: {waited:?}");
-    assert!(waited < common::CMD_TIMEOUT, "answered after {waited:?}: the command timeout, not the deadline");
+    // The revoke deadline ended it (virtual time): not before it, and at the first deadline scan after it —
+    // long before the hung command's own timeout would have.
+    let scan = Duration::from_micros(leasebox_lease::service::SCAN_INTERVAL_US);
+    assert!(waited >= deadline, "answered after {waited:?}, before the deadline");
+    assert!(waited <= deadline + scan + common::STEP, "answered after {waited:?}: not by the deadline scan");
     let f = r.svc.fence_info(a.lease.slot).unwrap();
     assert_eq!(f.failed_mask, step_bit::DEADLINE);
     assert_eq!(f.origin, origin::REVOKE);
@@ -305,8 +309,7 @@ fn a_page_request_storm_during_an_alloc_burst() {
 
 #[test]
 fn lost_sessions_keep_their_leases_for_the_grace_then_expire() {
-    let cfg = Config { session_grace_ms: 100, ..common::config() };
-    let mut r = Rig::with(common::model(), cfg, 8 << 20);
+    let mut r = Rig::configured(Config { session_grace_ms: 100, ..common::config() });
     let a = r.alloc(TENANT, 4096);
     r.ready(TENANT, &a);
     let now = r.now_us();
@@ -314,7 +317,7 @@ fn lost_sessions_keep_their_leases_for_the_grace_then_expire() {
     // The same tenant reconnects within the grace: it resumes the lease.
     assert_eq!(r.svc.session_started(9, "alpha"), 1);
     assert_eq!(r.svc.counters.reconnects, 1);
-    r.pump_until(Duration::from_millis(300), |_| false);
+    r.pass(Duration::from_millis(300));
     let Ok(Response::Query(q)) = r.call(TENANT, &Request::Query { lease: a.lease }) else { panic!() };
     assert_eq!(q.state, LeaseState::Active);
     // Lost again, nobody comes back: expired.
@@ -326,16 +329,15 @@ fn lost_sessions_keep_their_leases_for_the_grace_then_expire() {
 
 #[test]
 fn ttl_expires_and_renew_or_heartbeats_extend_it() {
-    let cfg = Config { heartbeat_renews: true, ..common::config() };
-    let mut r = Rig::with(common::model(), cfg, 8 << 20);
+    let mut r = Rig::configured(Config { heartbeat_renews: true, ..common::config() });
     let mut req = alloc_req(4096, 0x1234);
-    // A TTL of a second: READY and every gap between two heartbeats stay well within it on a busy machine.
+    // A TTL of a second (virtual time): READY and the heartbeats, one a pump, come well within it.
     req.ttl_ms = 1000;
     let Ok(Response::Alloc(a)) = r.call(TENANT, &Request::Alloc(req)) else { panic!() };
     r.ready(TENANT, &a);
     // Heartbeats keep it alive past its TTL.
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_millis(1500) {
+    let t0 = r.now_us();
+    while r.since(t0) < Duration::from_millis(1500) {
         let now = r.now_us();
         r.svc.session_alive(TENANT.session, now);
         r.pump();
@@ -352,8 +354,7 @@ fn ttl_expires_and_renew_or_heartbeats_extend_it() {
 
 #[test]
 fn fence_test_corrupts_the_mkey_index_and_the_slot_is_never_reused() {
-    let cfg = Config { fence_test: true, ..common::config() };
-    let mut r = Rig::with(common::model(), cfg, 8 << 20);
+    let mut r = Rig::configured(Config { fence_test: true, ..common::config() });
     let a = r.alloc(TENANT, 2 << 20);
     r.ready(TENANT, &a);
     let fenced_before = r.svc.fenced_count();
@@ -385,39 +386,16 @@ fn ten_thousand_leases_allocated_then_revoked_leak_nothing() {
     let dma_free = r.platform().dma_free_bytes();
     let pool = r.svc.pool().free_extents();
     let mut leases = Vec::new();
-    let mut pending = std::collections::VecDeque::new();
-    for i in 0..10_000u32 {
-        let (t, now) = r.send(TENANT, &Request::Alloc(alloc_req(4096, 0x10 + i)));
-        assert!(now.is_none());
-        pending.push_back(t);
-        while pending.len() > 64 {
-            let t = pending.pop_front().unwrap();
-            let Ok(Response::Alloc(a)) = r.wait(t, Duration::from_secs(10)) else { panic!() };
-            leases.push(a.lease);
-        }
-    }
-    for t in pending {
-        let Ok(Response::Alloc(a)) = r.wait(t, Duration::from_secs(10)) else { panic!() };
-        leases.push(a.lease);
-    }
+    r.pipelined(TENANT, (0..10_000u32).map(|i| Request::Alloc(alloc_req(4096, 0x10 + i))), |reply| match reply {
+        Ok(Response::Alloc(a)) => leases.push(a.lease),
+        other => panic!("ALLOC: {other:?}"),
+    });
     assert_eq!(leases.len(), 10_000);
     assert_eq!(r.svc.by_state()[LeaseState::Granted as usize], 10_000);
-    let mut pending = std::collections::VecDeque::new();
-    for l in &leases {
-        let (t, now) = r.send(TENANT, &Request::Revoke { lease: *l, qp_first: false });
-        assert!(now.is_none());
-        pending.push_back(t);
-        while pending.len() > 64 {
-            let t = pending.pop_front().unwrap();
-            assert!(matches!(
-                r.wait(t, Duration::from_secs(10)),
-                Ok(Response::Revoke { outcome: Outcome::TornDown, .. })
-            ));
-        }
-    }
-    for t in pending {
-        assert!(matches!(r.wait(t, Duration::from_secs(10)), Ok(Response::Revoke { outcome: Outcome::TornDown, .. })));
-    }
+    let revokes = leases.iter().map(|&lease| Request::Revoke { lease, qp_first: false });
+    r.pipelined(TENANT, revokes, |reply| {
+        assert!(matches!(reply, Ok(Response::Revoke { outcome: Outcome::TornDown, .. })), "{reply:?}")
+    });
     r.settle();
     if let Some(f) = r.svc.fenced(ADMIN, 0, 128).1.first() {
         panic!("{} fenced, e.g. {f:?}: {:?}", r.svc.fenced_count(), r.svc.fence_info(f.slot));

@@ -4,6 +4,7 @@
 //! (native-speed benchmarks), or as its own process behind the shared files QEMU would use. The hosted
 //! appliance, the hosted tests and the benchmarks use it; the driver itself knows nothing of the model.
 
+pub mod clock;
 pub mod table;
 
 use std::collections::BTreeMap;
@@ -116,7 +117,7 @@ pub struct HostedPlatform {
     ram: Arc<dyn Memory>,
     arena: RwLock<Arena>,
     faults: AtomicU64,
-    start: Instant,
+    clock: clock::Clock,
     stepper: Stepper,
 }
 
@@ -202,7 +203,14 @@ impl HostedPlatform {
     /// `fresh`: the RAM was just created (all zeros); otherwise every allocation is cleared.
     fn assemble(bar: Arc<dyn Memory>, ram: Arc<dyn Memory>, stepper: Stepper, fresh: bool) -> HostedPlatform {
         let arena = RwLock::new(Arena::new(1 << 20, ram.size(), fresh));
-        HostedPlatform { bar, ram, arena, faults: AtomicU64::new(0), start: Instant::now(), stepper }
+        HostedPlatform {
+            bar,
+            ram,
+            arena,
+            faults: AtomicU64::new(0),
+            clock: clock::Clock::starting(Instant::now()),
+            stepper,
+        }
     }
 
     /// The in-process model (fault injection, inspection). `None` when it runs elsewhere.
@@ -355,10 +363,11 @@ impl Platform for HostedPlatform {
     }
 
     fn now_ns(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
+        self.clock.now_ns()
     }
 
     fn relax(&self) {
+        self.clock.relaxed();
         match &self.stepper {
             Stepper::InProcess(m) => {
                 m.lock().unwrap_or_else(|e| e.into_inner()).poll();

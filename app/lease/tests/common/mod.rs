@@ -1,10 +1,12 @@
 //! A lease service on the native driver over the in-process model (stepped from `relax`, deterministic),
-//! with a synchronous `call` for tests.
+//! with a synchronous `call` for tests. Time is virtual: the platform's clock moves [`STEP`] per `relax` (one
+//! per [`Rig::pump`], more while the driver waits), the service reads the same clock, and every limit below is
+//! in that time — so a deadline is met or missed after a fixed number of passes, however busy the machine.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leasebox_lease::link::Link;
 use leasebox_lease::setup::PlatformHost;
@@ -19,17 +21,23 @@ use mlx5_model::mem::Memory;
 pub const RAM: usize = 512 << 20;
 /// The driver's command timeout: a hung HCA command fails after this (the revoke deadline is shorter).
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(2);
+/// Requests [`Rig::pipelined`] keeps waiting at once.
+pub const PIPELINE_DEPTH: usize = 64;
+/// Virtual time one `relax` (so one [`Rig::pump`]) takes: a tenth of the service's deadline scan interval.
+pub const STEP: Duration = Duration::from_micros(100);
 
 pub struct Rig {
     pub d: Driver<HostedPlatform>,
     pub svc: LeaseService<u64>,
     pub host: PlatformHost<HostedPlatform>,
     pub link: Link,
-    pub start: Instant,
     next_ticket: u64,
     pub answers: HashMap<u64, Reply>,
     pub pool_base: u64,
 }
+
+/// The driver's health watch interval here: a day of virtual time (off, in effect).
+const HEALTH_OFF_MS: u64 = 24 * 3600 * 1000;
 
 pub const TENANT: Who<'static> = Who { session: 1, tenant: "alpha", admin: false };
 pub const OTHER: Who<'static> = Who { session: 2, tenant: "beta", admin: false };
@@ -48,14 +56,23 @@ impl Rig {
         Rig::with(model(), config(), 64 << 20)
     }
 
+    /// As [`Rig::new`] with `cfg`, over an 8 MiB pool.
+    pub fn configured(cfg: Config) -> Rig {
+        Rig::with(model(), cfg, 8 << 20)
+    }
+
     /// A driver on a fresh model, a CQ for the lease QPs (watched by the event engine), a pool of
     /// `pool_bytes` and the service.
     pub fn with(model: ModelConfig, mut cfg: Config, pool_bytes: u64) -> Rig {
         let p = Arc::new(HostedPlatform::with_model(model, RAM, ModelMode::InProcess));
+        p.clock().go_virtual(STEP);
         let dcfg = DriverConfig {
             part: "ConnectX-5",
             pre_init_timeout_ms: 2000,
             cmd_timeout_ms: Some(CMD_TIMEOUT.as_millis() as u64),
+            // The model's health counter ticks in real time, far slower than this virtual clock runs: the watch
+            // would see it stuck. The driver's own tests cover the health watch.
+            health_interval_ms: HEALTH_OFF_MS,
             ..DriverConfig::default()
         };
         let mut d = Driver::bring_up(p.clone(), dcfg).unwrap_or_else(|e| panic!("bring-up: {e}"));
@@ -83,15 +100,20 @@ impl Rig {
             svc,
             host: PlatformHost::new(p, vec![pool]),
             link: Link::new(),
-            start: Instant::now(),
             next_ticket: 1,
             answers: HashMap::new(),
             pool_base,
         }
     }
 
+    /// The platform's (virtual) clock in microseconds: what the service is told.
     pub fn now_us(&self) -> u64 {
-        self.start.elapsed().as_micros() as u64
+        self.host.0.now_ns() / 1_000
+    }
+
+    /// Virtual time since `t0_us`.
+    pub fn since(&self, t0_us: u64) -> Duration {
+        Duration::from_micros(self.now_us().saturating_sub(t0_us))
     }
 
     pub fn platform(&self) -> Arc<HostedPlatform> {
@@ -111,10 +133,10 @@ impl Rig {
         }
     }
 
-    /// Pumps until `cond` or `limit`.
+    /// Pumps until `cond` or until `limit` of virtual time has passed.
     pub fn pump_until(&mut self, limit: Duration, mut cond: impl FnMut(&mut Rig) -> bool) -> bool {
-        let t0 = Instant::now();
-        while t0.elapsed() < limit {
+        let t0 = self.now_us();
+        while self.since(t0) < limit {
             if cond(self) {
                 return true;
             }
@@ -131,12 +153,35 @@ impl Rig {
         (t, self.svc.request(who, req, t, now, &mut self.host))
     }
 
+    /// Lets `d` of virtual time pass with the service running (timers, the sweep).
+    pub fn pass(&mut self, d: Duration) {
+        self.pump_until(d, |_| false);
+    }
+
     pub fn wait(&mut self, ticket: u64, limit: Duration) -> Reply {
         assert!(
             self.pump_until(limit, |r| r.answers.contains_key(&ticket)),
             "no answer for ticket {ticket} within {limit:?}"
         );
         self.answers.remove(&ticket).unwrap()
+    }
+
+    /// Sends `reqs` (each answered later, through the HCA) with up to [`PIPELINE_DEPTH`] waiting; `each` gets
+    /// every answer in request order.
+    pub fn pipelined(&mut self, who: Who<'_>, reqs: impl IntoIterator<Item = Request>, mut each: impl FnMut(Reply)) {
+        let mut pending = std::collections::VecDeque::new();
+        for req in reqs {
+            let (t, now) = self.send(who, &req);
+            assert!(now.is_none(), "{req:?} answered at once: {now:?}");
+            pending.push_back(t);
+            if pending.len() > PIPELINE_DEPTH {
+                let t = pending.pop_front().unwrap();
+                each(self.wait(t, Duration::from_secs(10)));
+            }
+        }
+        for t in pending {
+            each(self.wait(t, Duration::from_secs(10)));
+        }
     }
 
     pub fn call(&mut self, who: Who<'_>, req: &Request) -> Reply {
