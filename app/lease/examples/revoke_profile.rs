@@ -67,12 +67,13 @@ fn fill(r: &mut Rig, n: u32) -> Vec<LeaseId> {
     leases
 }
 
-/// Every REVOKE at once, then the link loop until the last outcome. The service's clock is virtual — one
-/// microsecond per loop pass, about what a pass takes natively — so a profiler's slowdown changes neither the
-/// deadlines nor how often the timers scan.
+/// Every REVOKE at once, then the link loop until the last outcome. The clock is the rig's virtual one, set
+/// here to one microsecond per loop pass (about what a pass takes natively), so a profiler's slowdown changes
+/// neither the deadlines nor how often the timers scan.
 #[inline(never)]
 fn mass_revoke(r: &mut Rig, leases: &[LeaseId]) {
-    let mut now = r.now_us();
+    r.host.0.clock().go_virtual(Duration::from_micros(1));
+    let now = r.now_us();
     for (ticket, &lease) in leases.iter().enumerate() {
         let answer =
             r.svc.request(TENANT, &Request::Revoke { lease, qp_first: false }, ticket as u64, now, &mut r.host);
@@ -81,7 +82,7 @@ fn mass_revoke(r: &mut Rig, leases: &[LeaseId]) {
     let mut out = Vec::new();
     let mut answered = 0;
     while answered < leases.len() {
-        now += 1;
+        let now = r.now_us();
         r.link.step(&mut r.svc, &mut r.d.client, now, &mut r.host);
         r.d.pump();
         r.host.0.relax();
