@@ -344,6 +344,7 @@ impl<'a> Config<'a> {
                     _ => return Err(err("expected pagefault, panic or none")),
                 }
             }
+            "ctl_nic" => self.net.set_nic(value).map_err(err)?,
             "ip" => self.net.set_ip(value).map_err(err)?,
             "gw" => {
                 self.net.set_gw(value).map_err(err)?;
@@ -538,6 +539,7 @@ mod tests {
     fn bad_network_values_name_the_key() {
         for (word, key) in [
             ("ip=10.0.2.15", "ip"),
+            ("ctl_nic=eth0", "ctl_nic"),
             ("gw=10.0.2", "gw"),
             ("port=0", "port"),
             ("sessions=65", "sessions"),
@@ -548,6 +550,22 @@ mod tests {
         ] {
             let mut c = Config::default();
             assert_eq!(c.apply_cmdline(word).unwrap_err().key, key, "{word}");
+        }
+    }
+
+    #[test]
+    fn ctl_nic_picks_the_control_nic() {
+        use crate::net_config::ControlNic;
+        assert_eq!(Config::default().net.nic, ControlNic::Auto);
+        for (word, nic) in [
+            ("ctl_nic=auto", ControlNic::Auto),
+            ("ctl_nic=virtio", ControlNic::Virtio),
+            ("ctl_nic=mlx5", ControlNic::Mlx5),
+        ] {
+            let mut c = Config::default();
+            c.apply_cmdline(word).unwrap();
+            assert_eq!(c.net.nic, nic, "{word}");
+            assert_eq!(std::format!("ctl_nic={nic}"), word);
         }
     }
 

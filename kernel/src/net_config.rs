@@ -1,7 +1,7 @@
 //! Options of the control channel and the control service (docs/operations.md):
 //!
-//! - the interface: `ip=A.B.C.D/N` and `gw=A.B.C.D` for a static address, DHCPv4 (RFC 2131) when `ip=` is
-//!   absent; `port=N`, the control service's TCP port;
+//! - the interface: `ctl_nic=auto|virtio|mlx5`, which NIC carries it; `ip=A.B.C.D/N` and `gw=A.B.C.D` for a
+//!   static address, DHCPv4 (RFC 2131) when `ip=` is absent; `port=N`, the control service's TCP port;
 //! - the control service: principals (`tenant=NAME:HEXKEY`, repeatable; `admin=HEXKEY`) and budgets
 //!   (`sessions=`, `credits=`, `heartbeat_ms=`).
 //!
@@ -102,9 +102,45 @@ fn parse_in(s: &str, range: RangeInclusive<u32>, reason: &'static str) -> Result
     parse_decimal(s).filter(|v| range.contains(v)).ok_or(reason)
 }
 
+/// Which NIC carries the control channel (`ctl_nic=`). Only a name here: the image owns the drivers and acts on
+/// it (docs/operations.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ControlNic {
+    /// virtio-net when the machine has one, else the ConnectX-5's own Ethernet port.
+    #[default]
+    Auto,
+    /// virtio-net only (no control channel without one).
+    Virtio,
+    /// The ConnectX-5's Ethernet port, even when a virtio-net device is present.
+    Mlx5,
+}
+
+impl ControlNic {
+    pub fn parse(v: &str) -> Result<ControlNic, &'static str> {
+        match v {
+            "auto" => Ok(ControlNic::Auto),
+            "virtio" => Ok(ControlNic::Virtio),
+            "mlx5" => Ok(ControlNic::Mlx5),
+            _ => Err("expected auto, virtio or mlx5"),
+        }
+    }
+}
+
+impl fmt::Display for ControlNic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ControlNic::Auto => "auto",
+            ControlNic::Virtio => "virtio",
+            ControlNic::Mlx5 => "mlx5",
+        })
+    }
+}
+
 /// The control channel's interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NetConfig {
+    /// Which NIC (`ctl_nic=`).
+    pub nic: ControlNic,
     /// A static address (`ip=`); `None`: DHCPv4.
     pub ip: Option<Ipv4Net>,
     /// The default gateway (`gw=`, static addressing only).
@@ -115,7 +151,7 @@ pub struct NetConfig {
 
 impl Default for NetConfig {
     fn default() -> Self {
-        NetConfig { ip: None, gw: None, port: DEFAULT_PORT }
+        NetConfig { nic: ControlNic::Auto, ip: None, gw: None, port: DEFAULT_PORT }
     }
 }
 
@@ -132,6 +168,11 @@ impl NetConfig {
 
     pub(crate) fn set_gw(&mut self, v: &str) -> Result<(), &'static str> {
         self.gw = Some(parse_unicast(v)?);
+        Ok(())
+    }
+
+    pub(crate) fn set_nic(&mut self, v: &str) -> Result<(), &'static str> {
+        self.nic = ControlNic::parse(v)?;
         Ok(())
     }
 

@@ -4,12 +4,15 @@
 //! `-machine <m> -accel tcg -cpu <model> -m <MiB> -smp <n> -display none -no-reboot -serial stdio
 //! -device isa-debug-exit,iobase=0xf4,iosize=0x04`, then either `-nic none` or, with [`QemuConfig::net`], a
 //! virtio-net NIC on QEMU's user-mode network with the control port forwarded from the host
-//! (`-netdev user,id=n0,hostfwd=tcp:127.0.0.1:7470-:7470 -device virtio-net-pci,netdev=n0`). KVM is never
-//! used: on these hosts it is a nested set-up that runs guests thousands of times slower than TCG.
+//! (`-netdev user,id=n0,hostfwd=tcp:127.0.0.1:7470-:7470 -device virtio-net-pci,netdev=n0`). With
+//! [`QemuConfig::hub`], the user-mode network joins hub 0 together with UDP socket ports that carry one
+//! Ethernet frame per datagram (the ConnectX-5 model's Ethernet wire, the software RoCE requester), and the
+//! virtio-net NIC, if any, is one more port on that hub (docs/reference/platform.md, "A hub of UDP ports").
+//! KVM is never used: on these hosts it is a nested set-up that runs guests thousands of times slower than TCG.
 
 use std::ffi::OsString;
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -84,6 +87,14 @@ impl HostFwd {
     }
 }
 
+/// A port of hub 0 that is a UDP socket: QEMU reads frames on `local` and sends them to `peer`, one Ethernet
+/// frame per datagram (`-netdev socket,udp=PEER,localaddr=LOCAL`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HubSocket {
+    pub local: SocketAddrV4,
+    pub peer: SocketAddrV4,
+}
+
 /// How the guest is booted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Boot {
@@ -119,8 +130,13 @@ pub struct QemuConfig {
     pub mem_mib: u32,
     pub smp: u32,
     pub boot: Boot,
-    /// A NIC with a forwarded port, or none at all (`-nic none`).
+    /// QEMU's user-mode network with a forwarded port, or none at all (`-nic none`).
     pub net: Option<HostFwd>,
+    /// Whether the guest gets a virtio-net NIC on that network (the default; false: the network reaches the
+    /// guest only through the hub's other ports, e.g. the model's Ethernet wire).
+    pub virtio_net: bool,
+    /// UDP socket ports joined with the user-mode network on hub 0 (none: no hub).
+    pub hub: Vec<HubSocket>,
     /// The mlx5 model's shared files: guest RAM from the RAM file (`-machine ...,memory-backend=`) and the
     /// BAR file as `ivshmem-plain` (see [`crate::model`]).
     pub model: Option<ModelFiles>,
@@ -139,6 +155,8 @@ impl QemuConfig {
             smp: 1,
             boot,
             net: None,
+            virtio_net: true,
+            hub: Vec::new(),
             model: None,
             extra: Vec::new(),
         }
@@ -204,15 +222,33 @@ impl QemuConfig {
         push("-device");
         push(&format!("isa-debug-exit,iobase={DEBUG_EXIT_IOBASE:#x},iosize=0x04"));
         match &self.net {
-            None => {
-                push("-nic");
-                push("none");
-            }
-            Some(fwd) => {
+            Some(fwd) if self.hub.is_empty() && self.virtio_net => {
                 push("-netdev");
                 push(&fwd.netdev());
                 push("-device");
                 push("virtio-net-pci,netdev=n0");
+            }
+            net => {
+                push("-nic");
+                push("none");
+                if let Some(fwd) = net {
+                    push("-netdev");
+                    push(&fwd.netdev());
+                    push("-netdev");
+                    push("hubport,id=hn0,hubid=0,netdev=n0");
+                    if self.virtio_net {
+                        push("-netdev");
+                        push("hubport,id=hv0,hubid=0");
+                        push("-device");
+                        push("virtio-net-pci,netdev=hv0");
+                    }
+                }
+                for (i, h) in self.hub.iter().enumerate() {
+                    push("-netdev");
+                    push(&format!("socket,id=s{i},udp={},localaddr={}", h.peer, h.local));
+                    push("-netdev");
+                    push(&format!("hubport,id=hs{i},hubid=0,netdev=s{i}"));
+                }
             }
         }
         match &self.boot {
@@ -372,6 +408,32 @@ mod tests {
         assert!(!has_pair(&a, "-nic", "none"));
         c.net = None;
         assert!(has_pair(&strings(&c), "-nic", "none"));
+    }
+
+    #[test]
+    fn hub_joins_the_user_network_and_udp_ports() {
+        let mut c = QemuConfig::new(Boot::Kernel { elf: "k".into(), append: String::new() });
+        c.net = Some(HostFwd::localhost(7471, 7470));
+        c.virtio_net = false;
+        let sock = |l: u16, p: u16| HubSocket {
+            local: SocketAddrV4::new(Ipv4Addr::LOCALHOST, l),
+            peer: SocketAddrV4::new(Ipv4Addr::LOCALHOST, p),
+        };
+        c.hub = vec![sock(5001, 5002), sock(5003, 5004)];
+        let a = strings(&c);
+        assert!(has_pair(&a, "-nic", "none"), "no NIC at all: {a:?}");
+        assert!(!a.iter().any(|x| x.contains("virtio-net")));
+        assert!(has_pair(&a, "-netdev", "user,id=n0,hostfwd=tcp:127.0.0.1:7471-:7470"));
+        assert!(has_pair(&a, "-netdev", "hubport,id=hn0,hubid=0,netdev=n0"));
+        assert!(has_pair(&a, "-netdev", "socket,id=s0,udp=127.0.0.1:5002,localaddr=127.0.0.1:5001"));
+        assert!(has_pair(&a, "-netdev", "hubport,id=hs0,hubid=0,netdev=s0"));
+        assert!(has_pair(&a, "-netdev", "socket,id=s1,udp=127.0.0.1:5004,localaddr=127.0.0.1:5003"));
+        assert!(has_pair(&a, "-netdev", "hubport,id=hs1,hubid=0,netdev=s1"));
+        // virtio-net as well: one more hub port, not the user network directly.
+        c.virtio_net = true;
+        let a = strings(&c);
+        assert!(has_pair(&a, "-netdev", "hubport,id=hv0,hubid=0"));
+        assert!(has_pair(&a, "-device", "virtio-net-pci,netdev=hv0"));
     }
 
     #[test]
