@@ -265,10 +265,13 @@ impl SoftRoce {
                 Some(n)
             }
             Err(e) => {
-                if !matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+                // A socket error (e.g. ICMP port unreachable) returns at once even from a blocking socket: pause
+                // as for a non-blocking poll, so callers looping until a deadline do not spin.
+                let error = !matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut);
+                if error {
                     self.counters.socket_errors += 1;
                 }
-                if !blocking {
+                if !blocking || error {
                     std::thread::sleep(wait.min(FINE_STEP));
                 }
                 None
@@ -356,9 +359,13 @@ impl SoftRoce {
         }
         let (me, peer) = (self.sock.local_addr().ok(), self.sock.peer_addr().ok());
         let at = |a: Option<SocketAddr>| a.map_or("?".to_string(), |a| a.to_string());
+        let errors = match self.counters.socket_errors {
+            0 => String::new(),
+            n => format!(" ({n} socket error(s): is anything listening at {}?)", at(peer)),
+        };
         Err(format!(
             "no ARP reply for {ip} (the appliance's RDMA address) on the cable {} → {} within {:.1} s ({tries} \
-             request(s) as {} at {}): is the appliance's port on this segment? Give its MAC instead \
+             request(s) as {} at {}){errors}: is the appliance's port on this segment? Give its MAC instead \
              (verify --remote-mac MAC, or rdma_remote_mac in the configuration file)",
             at(me),
             at(peer),
@@ -839,6 +846,17 @@ mod tests {
             let q = wire::decode_arp(&buf[..n]).unwrap();
             assert_eq!(q, Arp::request(DEFAULT_LOCAL_MAC, Ipv4Addr::new(10, 0, 2, 100), REMOTE_IP));
         }
+    }
+
+    #[test]
+    fn arp_toward_nothing_listening_says_so() {
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap(); // closed again
+        let resolve = Resolve::Arp { deadline: Duration::from_millis(100), tries: 1 };
+        let mut r = SoftRoce::new(SoftConfig { peer, resolve, ..SoftConfig::default() }).unwrap();
+        let e = r.connect(&remote_endpoint()).unwrap_err();
+        // Loopback answers with ICMP port unreachable, which the connected socket reports.
+        assert!(e.contains(&format!("is anything listening at {peer}?")), "{e}");
+        assert!(r.counters().socket_errors >= 1);
     }
 
     #[test]
