@@ -45,6 +45,7 @@ impl DemoKeys {
             tenant: Some(TENANT.to_string()),
             key: Some(self.tenant_hex.clone()),
             admin_key: Some(self.admin_hex.clone()),
+            ..FileConfig::default()
         }
     }
 }

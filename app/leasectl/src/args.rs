@@ -149,7 +149,8 @@ enum Cmd {
         /// Lease lifetime in ms (0: the server's default)
         #[arg(long, value_name = "N", default_value = "0", value_parser = ttl)]
         ttl_ms: u32,
-        /// The client's MAC, aa:bb:cc:dd:ee:ff
+        /// The client's MAC, aa:bb:cc:dd:ee:ff (default 0: "resolve", the appliance ARPs for the GID's IPv4 on its
+        /// port where it can)
         #[arg(long, value_name = "MAC", value_parser = parse_mac)]
         mac: Option<[u8; 6]>,
         #[command(flatten)]

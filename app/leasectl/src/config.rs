@@ -7,6 +7,13 @@
 //! tenant = demo
 //! key = 5f0c…            (hex, the tenant's key)
 //! admin_key = 9a41…      (hex, the admin key)
+//! # the RDMA cable of `verify --backend soft` (each optional; `verify`'s flags override them)
+//! rdma_peer = 127.0.0.1:4791       (where frames go: the model's UDP socket, or QEMU's socket netdev `localaddr`)
+//! rdma_bind = 127.0.0.1:4792       (our UDP socket: QEMU's socket netdev `udp=` sends to a fixed address)
+//! rdma_local_ip = 10.0.2.100       (our IPv4 in frames and our GID)
+//! rdma_local_mac = 02:4c:42:00:00:01
+//! rdma_resolve = arp               (arp: the appliance's MAC by ARP; endpoint: ALLOC's answer, else a placeholder)
+//! rdma_remote_mac = 52:54:00:12:34:56   (the appliance's MAC, given: no ARP)
 //! ```
 //!
 //! Default path: `$XDG_CONFIG_HOME/leasebox/leasectl.conf`, else `$HOME/.config/leasebox/leasectl.conf`;
@@ -15,10 +22,11 @@
 
 use std::fs;
 use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::args::Global;
+use crate::args::{Global, parse_mac};
 use crate::client::{Credentials, DEFAULT_PORT, Timeouts};
 use crate::hex;
 
@@ -34,6 +42,59 @@ pub struct FileConfig {
     pub key: Option<String>,
     /// The admin key, hex.
     pub admin_key: Option<String>,
+    /// `verify`'s RDMA cable (see [`Rdma`]), as written; [`FileConfig::parse`] checks the values.
+    pub rdma_peer: Option<String>,
+    pub rdma_bind: Option<String>,
+    pub rdma_local_ip: Option<String>,
+    pub rdma_local_mac: Option<String>,
+    pub rdma_resolve: Option<String>,
+    pub rdma_remote_mac: Option<String>,
+}
+
+/// How the appliance's RDMA MAC is learned, as `rdma_resolve` / `verify --resolve` name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResolveKind {
+    /// ARP on the cable (an Ethernet segment: the QEMU hub).
+    Arp,
+    /// ALLOC's answer, else a placeholder (the model's point-to-point socket).
+    Endpoint,
+}
+
+impl ResolveKind {
+    pub fn parse(v: &str) -> Result<ResolveKind, String> {
+        match v {
+            "arp" => Ok(ResolveKind::Arp),
+            "endpoint" => Ok(ResolveKind::Endpoint),
+            _ => Err(format!("`{v}` is not arp or endpoint")),
+        }
+    }
+}
+
+/// The file's RDMA cable settings, typed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rdma {
+    pub peer: Option<SocketAddr>,
+    pub bind: Option<SocketAddr>,
+    pub local_ip: Option<Ipv4Addr>,
+    pub local_mac: Option<[u8; 6]>,
+    pub resolve: Option<ResolveKind>,
+    pub remote_mac: Option<[u8; 6]>,
+}
+
+/// The keys [`FileConfig::parse`] knows, in the order [`FileConfig::render`] writes them.
+const KEYS: &str = "addr, tenant, key, admin_key, rdma_peer, rdma_bind, rdma_local_ip, rdma_local_mac, rdma_resolve, \
+                    rdma_remote_mac";
+
+fn socket_addr(v: &str) -> Result<SocketAddr, String> {
+    v.parse().map_err(|_| format!("`{v}` is not ADDR:PORT (e.g. 127.0.0.1:4791)"))
+}
+
+fn ipv4(v: &str) -> Result<Ipv4Addr, String> {
+    v.parse().map_err(|_| format!("`{v}` is not an IPv4 address"))
+}
+
+fn mac(v: &str) -> Result<[u8; 6], String> {
+    parse_mac(v).map_err(|e| format!("`{v}` {e}"))
 }
 
 impl std::fmt::Debug for FileConfig {
@@ -44,13 +105,20 @@ impl std::fmt::Debug for FileConfig {
             .field("tenant", &self.tenant)
             .field("key", &secret(&self.key))
             .field("admin_key", &secret(&self.admin_key))
+            .field("rdma_peer", &self.rdma_peer)
+            .field("rdma_bind", &self.rdma_bind)
+            .field("rdma_local_ip", &self.rdma_local_ip)
+            .field("rdma_local_mac", &self.rdma_local_mac)
+            .field("rdma_resolve", &self.rdma_resolve)
+            .field("rdma_remote_mac", &self.rdma_remote_mac)
             .finish()
     }
 }
 
 impl FileConfig {
-    /// Parses `key = value` lines; `#` starts a comment; blank lines are ignored. Unknown keys and repeated
-    /// keys are errors (with the line number), so a typo never silently falls back to a default.
+    /// Parses `key = value` lines; `#` starts a comment; blank lines are ignored. Unknown keys, repeated keys
+    /// and malformed `rdma_*` values are errors (with the line number), so a typo never silently falls back
+    /// to a default.
     pub fn parse(text: &str) -> Result<FileConfig, String> {
         let mut c = FileConfig::default();
         for (i, raw) in text.lines().enumerate() {
@@ -69,13 +137,47 @@ impl FileConfig {
                 "tenant" => &mut c.tenant,
                 "key" => &mut c.key,
                 "admin_key" => &mut c.admin_key,
-                _ => return Err(format!("line {n}: unknown key `{k}` (known: addr, tenant, key, admin_key)")),
+                "rdma_peer" => &mut c.rdma_peer,
+                "rdma_bind" => &mut c.rdma_bind,
+                "rdma_local_ip" => &mut c.rdma_local_ip,
+                "rdma_local_mac" => &mut c.rdma_local_mac,
+                "rdma_resolve" => &mut c.rdma_resolve,
+                "rdma_remote_mac" => &mut c.rdma_remote_mac,
+                _ => return Err(format!("line {n}: unknown key `{k}` (known: {KEYS})")),
             };
             if slot.replace(v.to_string()).is_some() {
                 return Err(format!("line {n}: `{k}` given twice"));
             }
+            let check = match k {
+                "rdma_peer" | "rdma_bind" => socket_addr(v).map(drop),
+                "rdma_local_ip" => ipv4(v).map(drop),
+                "rdma_local_mac" | "rdma_remote_mac" => mac(v).map(drop),
+                "rdma_resolve" => ResolveKind::parse(v).map(drop),
+                _ => Ok(()),
+            };
+            check.map_err(|e| format!("line {n}: {k}: {e}"))?;
         }
+        c.rdma()?;
         Ok(c)
+    }
+
+    /// The RDMA cable settings, typed. `rdma_resolve = arp` and `rdma_remote_mac` contradict each other.
+    pub fn rdma(&self) -> Result<Rdma, String> {
+        fn opt<T>(k: &str, v: &Option<String>, f: fn(&str) -> Result<T, String>) -> Result<Option<T>, String> {
+            v.as_deref().map(f).transpose().map_err(|e| format!("{k}: {e}"))
+        }
+        let r = Rdma {
+            peer: opt("rdma_peer", &self.rdma_peer, socket_addr)?,
+            bind: opt("rdma_bind", &self.rdma_bind, socket_addr)?,
+            local_ip: opt("rdma_local_ip", &self.rdma_local_ip, ipv4)?,
+            local_mac: opt("rdma_local_mac", &self.rdma_local_mac, mac)?,
+            resolve: opt("rdma_resolve", &self.rdma_resolve, ResolveKind::parse)?,
+            remote_mac: opt("rdma_remote_mac", &self.rdma_remote_mac, mac)?,
+        };
+        if r.resolve == Some(ResolveKind::Arp) && r.remote_mac.is_some() {
+            return Err("rdma_resolve = arp and rdma_remote_mac contradict each other: keep one".into());
+        }
+        Ok(r)
     }
 
     /// The file's text (what [`FileConfig::write`] stores).
@@ -84,9 +186,18 @@ impl FileConfig {
         for l in comment.lines() {
             s.push_str(&format!("# {l}\n"));
         }
-        for (k, v) in
-            [("addr", &self.addr), ("tenant", &self.tenant), ("key", &self.key), ("admin_key", &self.admin_key)]
-        {
+        for (k, v) in [
+            ("addr", &self.addr),
+            ("tenant", &self.tenant),
+            ("key", &self.key),
+            ("admin_key", &self.admin_key),
+            ("rdma_peer", &self.rdma_peer),
+            ("rdma_bind", &self.rdma_bind),
+            ("rdma_local_ip", &self.rdma_local_ip),
+            ("rdma_local_mac", &self.rdma_local_mac),
+            ("rdma_resolve", &self.rdma_resolve),
+            ("rdma_remote_mac", &self.rdma_remote_mac),
+        ] {
             if let Some(v) = v {
                 s.push_str(&format!("{k} = {v}\n"));
             }
@@ -137,15 +248,21 @@ pub struct Settings {
     pub timeouts: Timeouts,
 }
 
-/// Combines flags, the configuration file and defaults. `env` looks up environment variables.
-pub fn settings(g: &Global, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings, String> {
-    let (file, path) = match &g.config {
+/// The configuration file `--config` or the environment names (empty when the default one does not exist),
+/// and its path.
+pub fn file(g: &Global, env: &dyn Fn(&str) -> Option<String>) -> Result<(FileConfig, Option<PathBuf>), String> {
+    Ok(match &g.config {
         Some(p) => (FileConfig::load(p)?, Some(p.clone())),
         None => match default_path(env) {
             Some(p) if p.exists() => (FileConfig::load(&p)?, Some(p)),
             other => (FileConfig::default(), other),
         },
-    };
+    })
+}
+
+/// Combines flags, the configuration file and defaults. `env` looks up environment variables.
+pub fn settings(g: &Global, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings, String> {
+    let (file, path) = file(g, env)?;
     let where_ = |p: &Option<PathBuf>| match p {
         Some(p) => format!("{} (which `cargo xtask run` writes)", p.display()),
         None => "a configuration file (set HOME or LEASECTL_CONFIG)".into(),
@@ -211,13 +328,41 @@ mod tests {
             addr: Some("127.0.0.1:7471".into()),
             tenant: Some("demo".into()),
             key: Some("0011".into()),
-            admin_key: None,
+            rdma_peer: Some("127.0.0.1:4791".into()),
+            rdma_resolve: Some("arp".into()),
+            ..FileConfig::default()
         };
         let text = c.render("written by a test\nsecond line");
         assert!(text.starts_with("# written by a test\n# second line\n"));
         assert_eq!(FileConfig::parse(&text).unwrap(), c);
         let dbg = format!("{c:?}");
         assert!(!dbg.contains("0011") && dbg.contains("<set>"));
+    }
+
+    #[test]
+    fn rdma_keys_parse_typed_and_bad_values_name_the_line() {
+        let c = FileConfig::parse(
+            "rdma_peer = 127.0.0.1:40001\nrdma_bind = 127.0.0.1:40002\nrdma_local_ip = 10.0.2.100\n\
+             rdma_local_mac = 02:4c:42:00:00:09\nrdma_resolve = arp\n",
+        )
+        .unwrap();
+        let r = c.rdma().unwrap();
+        assert_eq!(r.peer, Some("127.0.0.1:40001".parse().unwrap()));
+        assert_eq!(r.bind, Some("127.0.0.1:40002".parse().unwrap()));
+        assert_eq!(r.local_ip, Some(Ipv4Addr::new(10, 0, 2, 100)));
+        assert_eq!(r.local_mac, Some([0x02, 0x4C, 0x42, 0, 0, 9]));
+        assert_eq!((r.resolve, r.remote_mac), (Some(ResolveKind::Arp), None));
+        let r = FileConfig::parse("rdma_resolve = endpoint\nrdma_remote_mac = 52:54:00:12:34:56").unwrap().rdma();
+        assert_eq!(r.unwrap().remote_mac, Some([0x52, 0x54, 0, 0x12, 0x34, 0x56]));
+        assert_eq!(FileConfig::default().rdma().unwrap(), Rdma::default());
+        let err = |t: &str| FileConfig::parse(t).unwrap_err();
+        assert!(err("\nrdma_peer = localhost").contains("line 2: rdma_peer: `localhost` is not ADDR:PORT"));
+        assert!(err("rdma_bind = 127.0.0.1").contains("line 1: rdma_bind"));
+        assert!(err("rdma_local_ip = ::1").contains("rdma_local_ip: `::1` is not an IPv4 address"));
+        assert!(err("rdma_local_mac = 02:00").contains("rdma_local_mac: `02:00` needs six hex bytes"));
+        assert!(err("rdma_resolve = rarp").contains("rdma_resolve: `rarp` is not arp or endpoint"));
+        assert!(err("rdma_resolve = arp\nrdma_remote_mac = 02:00:00:00:00:01").contains("contradict"));
+        assert!(err("rdma_mac = 02:00:00:00:00:01").contains("known: addr, tenant, key, admin_key, rdma_peer"));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use leasebox_proto::{AllocReq, AllocResp, ErrorCode, LeaseState, Outcome, Reques
 
 use crate::args::lease_str;
 use crate::client::{Client, ClientError, Credentials, Timeouts};
-use crate::rdma::{Completion, QpEndpoint, QpState, RcConfig, Requester, WcOpcode, WcStatus, mtu_enum};
+use crate::rdma::{Completion, MacSource, QpEndpoint, QpState, RcConfig, Requester, WcOpcode, WcStatus, mtu_enum};
 
 /// `leasectl verify`'s exit code when a check fails (a figure over budget, a missing write, a success after
 /// the outcome, a non-zero fresh lease, no failure seen). Codes 1–5 keep their meaning from `leasectl`.
@@ -153,6 +153,9 @@ pub struct Iteration {
     /// Bytes of a fresh lease (allocated after the revoke) read back, and how many were not zero.
     pub fresh_bytes_read: u64,
     pub fresh_nonzero: u64,
+    /// The MAC the lease's RDMA frames went to and how the requester learned it (`None`: the backend does not
+    /// say, e.g. verbs).
+    pub remote_mac: Option<(MacSource, [u8; 6])>,
     pub failures: Vec<String>,
 }
 
@@ -465,6 +468,7 @@ fn iteration(
     let lease_len = (size * regions) as u64;
     let mut r = requesters().map_err(|e| local(format!("requester: {e}")))?;
     let a = open_lease(&mut tenant, r.as_mut(), lease_len)?;
+    let remote_mac = r.remote_mac();
     let mut l = Loop {
         r: r.as_mut(),
         base: a.remote_addr,
@@ -476,7 +480,7 @@ fn iteration(
         next_region: 0,
         posted: HashMap::new(),
         landed: vec![None; regions],
-        it: Iteration { index, lease: lease_str(a.lease), ..Iteration::default() },
+        it: Iteration { index, lease: lease_str(a.lease), remote_mac, ..Iteration::default() },
     };
     let slack = retry_time(&opts.rc) + Duration::from_secs(1);
 

@@ -181,7 +181,7 @@ fn the_binary_reports_json_and_exits_0() {
     std::fs::create_dir_all(&dir).unwrap();
     let conf = dir.join("leasectl.conf");
     let text = format!("addr = {}\ntenant = demo\nkey = {}\nadmin_key = {}\n", a.addr(), a.tenant_hex, a.admin_hex);
-    std::fs::write(&conf, text).unwrap();
+    std::fs::write(&conf, &text).unwrap();
     let udp = a.udp.to_string();
     for (order, status, code, timeout) in
         [("mkey-first", "IBV_WC_REM_ACCESS_ERR", 10, 14), ("qp-first", "IBV_WC_RETRY_EXC_ERR", 12, 10)]
@@ -212,13 +212,18 @@ fn the_binary_reports_json_and_exits_0() {
             assert_eq!(it["missing_writes"], 0);
             assert_eq!(it["late_successes"], 0);
             assert_eq!(it["fresh_nonzero"], 0);
+            // The model's point-to-point socket: no ARP, ALLOC's answer carries no MAC.
+            assert_eq!((&it["mac_source"], &it["remote_mac"]), (&"placeholder".into(), &"02:4c:42:00:00:02".into()));
         }
+        assert_eq!(v["mac_source"], "placeholder", "{v}");
         assert!(v["summary"]["recall_us"]["p50"].as_i64().is_some(), "{v}");
         assert!(v["summary"]["dataplane_us"]["max"].as_i64().is_some(), "{v}");
     }
-    // The human table, once.
+    // The human table, once, with the cable from the file (rdma_peer) rather than --udp.
+    let text = format!("{text}rdma_peer = {udp}\nrdma_local_ip = 127.0.0.1\n");
+    std::fs::write(&conf, text).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_leasectl"))
-        .args(["--config", conf.to_str().unwrap(), "verify", "--cooperating", "--udp", &udp])
+        .args(["--config", conf.to_str().unwrap(), "verify", "--cooperating"])
         .env_remove("LEASECTL_CONFIG")
         .output()
         .unwrap();
@@ -226,5 +231,26 @@ fn the_binary_reports_json_and_exits_0() {
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("recall latency") && stdout.contains("n/a (cooperating client)"), "{stdout}");
     assert!(stdout.trim_end().ends_with("PASS"), "{stdout}");
+    assert!(stdout.contains("RDMA frames to 02:4c:42:00:00:02 (placeholder)"), "{stdout}");
+    // ARP toward the model's point-to-point socket: nobody answers, and verify says so.
+    let out = Command::new(env!("CARGO_BIN_EXE_leasectl"))
+        .args([
+            "--config",
+            conf.to_str().unwrap(),
+            "--json",
+            "verify",
+            "--cooperating",
+            "--arp",
+            "--arp-wait-ms",
+            "300",
+        ])
+        .env_remove("LEASECTL_CONFIG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(6), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let m = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(m.contains("no ARP reply for") && m.contains(&format!("→ {udp}")) && m.contains("--remote-mac"), "{v}");
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -20,7 +20,7 @@ pub mod verbs;
 pub mod wire;
 
 pub use rc::{RcConfig, RcRequester};
-pub use soft::{SoftConfig, SoftCounters, SoftRoce};
+pub use soft::{Resolve, SoftConfig, SoftCounters, SoftRoce};
 pub use status::{WcOpcode, WcStatus};
 
 /// One side of an RC connection: what a requester sends in ALLOC and what the appliance answers.
@@ -34,6 +34,35 @@ pub struct QpEndpoint {
     pub mac: [u8; 6],
     /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
     pub mtu: u32,
+}
+
+/// How a requester learned the MAC its frames go to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MacSource {
+    /// An ARP reply on the cable.
+    Arp,
+    /// Given by the user (a flag or the configuration file).
+    Flag,
+    /// The remote endpoint's MAC (from ALLOC's answer, when it carries one).
+    Endpoint,
+    /// A fixed placeholder: the point-to-point cable does not look at destination MACs.
+    Placeholder,
+}
+
+impl MacSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            MacSource::Arp => "arp",
+            MacSource::Flag => "flag",
+            MacSource::Endpoint => "endpoint",
+            MacSource::Placeholder => "placeholder",
+        }
+    }
+}
+
+/// A MAC as `aa:bb:cc:dd:ee:ff`.
+pub fn mac_string(mac: &[u8; 6]) -> String {
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
 /// A work completion (`struct ibv_wc`, the fields a verifier needs).
@@ -69,6 +98,11 @@ pub trait Requester {
     /// The bytes a successful RDMA READ returned (taken: a second call gives `None`).
     fn read_data(&mut self, wr_id: u64) -> Option<Vec<u8>>;
     fn qp_state(&self) -> QpState;
+    /// The MAC our frames go to and how it was learned, once connected; `None` where the backend does not
+    /// address frames itself (verbs: the kernel's neighbour table does).
+    fn remote_mac(&self) -> Option<(MacSource, [u8; 6])> {
+        None
+    }
 }
 
 /// The IPv4-mapped GID RoCEv2 uses for an IPv4 address (`::ffff:a.b.c.d`).
@@ -105,5 +139,7 @@ mod tests {
         assert_eq!(ipv4_from_gid(&[0xFE, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]), None);
         assert_eq!(mtu_enum(1024), Some(3));
         assert_eq!(mtu_enum(1000), None);
+        assert_eq!(mac_string(&[0x02, 0x4C, 0, 0, 0x0A, 0xFF]), "02:4c:00:00:0a:ff");
+        assert_eq!(MacSource::Arp.name(), "arp");
     }
 }

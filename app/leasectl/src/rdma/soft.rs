@@ -1,12 +1,18 @@
-//! `SoftRoce`: the RC requester of [`super::rc`] over a `std::net::UdpSocket`, one datagram per whole RoCEv2
-//! frame ([`super::wire`]), the cable of the ConnectX-5 model's responder (docs/hca-model.md "RoCEv2
-//! responder"). Frames go to one peer address (the model's UDP socket, default 127.0.0.1:4791); the model
-//! answers to the datagram's source address and swaps the frame's MACs and IPs, so the frame addressing is
-//! ours to choose: our IPv4 and MAC, the appliance's IPv4 from its IPv4-mapped GID and a MAC that the model
-//! does not check.
+//! `SoftRoce`: the RC requester of [`super::rc`] over a `std::net::UdpSocket`, one datagram per whole Ethernet
+//! frame ([`super::wire`]). Two cables look like this:
+//!
+//! * the ConnectX-5 model's responder socket, point to point (docs/hca-model.md "RoCEv2 responder"; the
+//!   default, 127.0.0.1:4791): the model answers to the datagram's source address and swaps the frame's MACs
+//!   and IPs, so the frame addressing is ours to choose — our IPv4 and MAC, the appliance's IPv4 from its
+//!   IPv4-mapped GID and a MAC the model does not check;
+//! * an Ethernet segment (a QEMU hub port: `-netdev socket,udp=…,localaddr=…`), shared with the model's port,
+//!   QEMU's user network and whoever else is on the hub. There the appliance's MAC is learned by ARP
+//!   ([`Resolve::Arp`]), and frames not for our MAC or not RoCE are set aside ([`SoftCounters::frames_other`]).
+//!
+//! On either cable `SoftRoce` answers ARP requests for its own IPv4, so the appliance can resolve us.
 //!
 //! Everything happens on the caller's thread: packets go out when posted and from [`Requester::poll`], which
-//! also runs the transport timer.
+//! also runs the transport timer; ARP requests are answered whenever the socket is read.
 
 use std::fs::File;
 use std::hash::{BuildHasher, Hasher};
@@ -17,14 +23,37 @@ use std::time::{Duration, Instant};
 
 use super::pcap::PcapWriter;
 use super::rc::{RcConfig, RcRequester, RcStats};
-use super::wire::{self, Addr, ROCEV2_PORT};
-use super::{Completion, QpEndpoint, QpState, Requester, gid_from_ipv4, ipv4_from_gid, mtu_enum};
+use super::wire::{self, Addr, Arp, ArpOp, ROCEV2_PORT};
+use super::{Completion, MacSource, QpEndpoint, QpState, Requester, gid_from_ipv4, ipv4_from_gid, mtu_enum};
 
 /// Our default MAC (locally administered).
 pub const DEFAULT_LOCAL_MAC: [u8; 6] = [0x02, 0x4C, 0x42, 0x00, 0x00, 0x01];
-/// The appliance's MAC when neither the configuration nor its endpoint gives one (the model does not check
-/// destination MACs; it swaps them into its reply).
+/// The appliance's MAC when neither the configuration nor its endpoint gives one (the model's point-to-point
+/// responder does not check destination MACs; it swaps them into its reply).
 pub const PLACEHOLDER_REMOTE_MAC: [u8; 6] = [0x02, 0x4C, 0x42, 0x00, 0x00, 0x02];
+/// ARP's default wait: three requests, half a second apart.
+pub const ARP_DEADLINE: Duration = Duration::from_millis(1500);
+pub const ARP_TRIES: u32 = 3;
+
+/// How [`SoftRoce`] learns the MAC its frames go to (the appliance's RDMA port).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolve {
+    /// The remote endpoint's MAC, or [`PLACEHOLDER_REMOTE_MAC`] when that is zero: the point-to-point cable
+    /// (the default).
+    Endpoint,
+    /// This MAC (given by the user).
+    Fixed([u8; 6]),
+    /// ARP for the appliance's IPv4 (from its GID) on the cable before the first frame: `tries` broadcast
+    /// requests spread evenly over `deadline`; the first reply from that IPv4 wins.
+    Arp { deadline: Duration, tries: u32 },
+}
+
+impl Resolve {
+    /// ARP with the default wait ([`ARP_TRIES`] requests in [`ARP_DEADLINE`]).
+    pub fn arp() -> Resolve {
+        Resolve::Arp { deadline: ARP_DEADLINE, tries: ARP_TRIES }
+    }
+}
 /// Largest frame we receive (4096-byte MTU plus headers fits).
 const MAX_FRAME: usize = 9216;
 /// Waits closer than this to a deadline poll the socket instead of blocking on it (see `SoftRoce::receive`).
@@ -41,8 +70,8 @@ pub struct SoftConfig {
     /// Source IPv4 in frames and our GID; `None`: the bound address (127.0.0.1 when unspecified).
     pub local_ip: Option<Ipv4Addr>,
     pub local_mac: [u8; 6],
-    /// Destination MAC; `None`: the remote endpoint's MAC, or [`PLACEHOLDER_REMOTE_MAC`] when that is zero.
-    pub remote_mac: Option<[u8; 6]>,
+    /// How the destination MAC is learned (default [`Resolve::Endpoint`]).
+    pub resolve: Resolve,
     /// Our QPN; `None`: 0x10000 | our UDP port.
     pub qpn: Option<u32>,
     /// Our first PSN; `None`: random.
@@ -63,7 +92,7 @@ impl Default for SoftConfig {
             peer: SocketAddr::from(([127, 0, 0, 1], ROCEV2_PORT)),
             local_ip: None,
             local_mac: DEFAULT_LOCAL_MAC,
-            remote_mac: None,
+            resolve: Resolve::Endpoint,
             qpn: None,
             psn: None,
             mtu: 4096,
@@ -79,8 +108,15 @@ impl Default for SoftConfig {
 pub struct SoftCounters {
     pub frames_sent: u64,
     pub frames_received: u64,
-    /// Received frames failing a [`wire::decode`] check.
+    /// Received RoCEv2 or ARP frames failing a [`wire::decode`] / [`wire::decode_arp`] check (and runts).
     pub frames_bad: u64,
+    /// Received frames set aside: for another station's MAC, neither RoCEv2 nor ARP, ARP not for us, or an
+    /// ARP reply nobody waited for.
+    pub frames_other: u64,
+    /// ARP requests sent (resolving the appliance's MAC).
+    pub arp_requests: u64,
+    /// ARP replies sent (answering a request for our IPv4).
+    pub arp_replies: u64,
     /// Socket errors on send or receive (e.g. ICMP port unreachable while the model is not listening).
     pub socket_errors: u64,
 }
@@ -89,7 +125,9 @@ pub struct SoftRoce {
     sock: UdpSocket,
     local: QpEndpoint,
     local_ip: Ipv4Addr,
-    remote_mac: Option<[u8; 6]>,
+    resolve: Resolve,
+    /// The MAC frames go to and how it was learned, once connected.
+    remote_mac: Option<(MacSource, [u8; 6])>,
     sport: u16,
     /// Frame addressing once connected.
     addr: Option<Addr>,
@@ -132,7 +170,8 @@ impl SoftRoce {
             sock,
             local: QpEndpoint { qpn, psn, gid: gid_from_ipv4(local_ip), mac: cfg.local_mac, mtu: cfg.mtu },
             local_ip,
-            remote_mac: cfg.remote_mac,
+            resolve: cfg.resolve,
+            remote_mac: None,
             sport: cfg.udp_sport.unwrap_or(0xC000 | (qpn & 0x3FFF) as u16),
             addr: None,
             core,
@@ -181,52 +220,159 @@ impl SoftRoce {
         });
     }
 
-    /// Receives at most one frame, waiting until `until`. Returns false when nothing arrived.
+    /// Sends one frame built outside the RC core (ARP), into the pcap file too.
+    fn send_raw(&mut self, frame: &[u8]) -> bool {
+        if let Some(w) = self.pcap.as_mut() {
+            let _ = w.frame(frame);
+        }
+        match self.sock.send(frame) {
+            Ok(_) => {
+                self.counters.frames_sent += 1;
+                true
+            }
+            Err(_) => {
+                self.counters.socket_errors += 1;
+                false
+            }
+        }
+    }
+
+    /// Receives at most one frame into `self.rx`, waiting until `until`; returns its length.
     ///
     /// Linux rounds a socket receive timeout up to whole jiffies (up to 10 ms late at HZ=100), far too coarse
     /// for a 4 ms transport timer; so the socket blocks only while the deadline is more than
     /// [`COARSE_SLACK`] away, and the last stretch polls it without blocking between short sleeps.
-    fn receive(&mut self, until: Instant) -> bool {
+    fn receive_frame(&mut self, until: Instant) -> Option<usize> {
         let wait = until.saturating_duration_since(Instant::now());
         let blocking = wait > COARSE_SLACK;
         if blocking != self.blocking {
             if self.sock.set_nonblocking(!blocking).is_err() {
                 self.counters.socket_errors += 1;
-                return false;
+                return None;
             }
             self.blocking = blocking;
         }
         if blocking && self.sock.set_read_timeout(Some(wait - COARSE_SLACK)).is_err() {
             self.counters.socket_errors += 1;
-            return false;
+            return None;
         }
-        let n = match self.sock.recv(&mut self.rx) {
-            Ok(n) => n,
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                if !blocking {
+        match self.sock.recv(&mut self.rx) {
+            Ok(n) => {
+                self.counters.frames_received += 1;
+                if let Some(w) = self.pcap.as_mut() {
+                    let _ = w.frame(&self.rx[..n]);
+                }
+                Some(n)
+            }
+            Err(e) => {
+                // A socket error (e.g. ICMP port unreachable) returns at once even from a blocking socket: pause
+                // as for a non-blocking poll, so callers looping until a deadline do not spin.
+                let error = !matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut);
+                if error {
+                    self.counters.socket_errors += 1;
+                }
+                if !blocking || error {
                     std::thread::sleep(wait.min(FINE_STEP));
                 }
-                return false;
+                None
             }
-            Err(_) => {
-                self.counters.socket_errors += 1;
-                if !blocking {
-                    std::thread::sleep(wait.min(FINE_STEP));
-                }
-                return false;
-            }
-        };
-        let now = Instant::now();
-        self.counters.frames_received += 1;
+        }
+    }
+
+    /// Sorts the `n`-byte frame in `self.rx`: a RoCEv2 packet for us goes to the RC core, an ARP request for
+    /// our IPv4 is answered; an ARP reply for us is returned (to [`SoftRoce::arp`]); the rest is counted.
+    fn accept(&mut self, n: usize, now: Instant) -> Option<Arp> {
         let frame = &self.rx[..n];
-        if let Some(w) = self.pcap.as_mut() {
-            let _ = w.frame(frame);
+        let Some(dst) = wire::dst_mac(frame).filter(|_| n >= wire::ETH_LEN) else {
+            self.counters.frames_bad += 1;
+            return None;
+        };
+        if !wire::for_station(dst, self.local.mac) {
+            self.counters.frames_other += 1;
+            return None;
+        }
+        if wire::ethertype(frame) == Some(wire::ETHERTYPE_ARP) {
+            let arp = match wire::decode_arp(frame) {
+                Ok(a) => a,
+                Err(_) => {
+                    self.counters.frames_bad += 1;
+                    return None;
+                }
+            };
+            return match arp.op {
+                ArpOp::Request if arp.target_ip == self.local_ip => {
+                    let mut out = Vec::with_capacity(wire::ETH_MIN_LEN);
+                    wire::encode_arp(&arp.reply_from(self.local.mac), &mut out);
+                    if self.send_raw(&out) {
+                        self.counters.arp_replies += 1;
+                    }
+                    None
+                }
+                ArpOp::Reply if arp.target_ip == self.local_ip => Some(arp),
+                _ => {
+                    self.counters.frames_other += 1;
+                    None
+                }
+            };
+        }
+        if !wire::is_rocev2(frame) {
+            self.counters.frames_other += 1;
+            return None;
         }
         match wire::decode(frame) {
             Ok(p) => self.core.handle(now, &p),
             Err(_) => self.counters.frames_bad += 1,
         }
+        None
+    }
+
+    /// Receives and sorts at most one frame, waiting until `until`. Returns false when nothing arrived.
+    fn receive(&mut self, until: Instant) -> bool {
+        let Some(n) = self.receive_frame(until) else { return false };
+        if self.accept(n, Instant::now()).is_some() {
+            self.counters.frames_other += 1; // a reply nobody is waiting for
+        }
         true
+    }
+
+    /// The MAC of `ip` on the cable: `tries` broadcast requests spread over `deadline`, the first reply whose
+    /// sender is `ip` wins. Frames arriving meanwhile are sorted as usual (RoCE to the core, our own ARP
+    /// requests answered).
+    fn arp(&mut self, ip: Ipv4Addr, deadline: Duration, tries: u32) -> Result<[u8; 6], String> {
+        let tries = tries.max(1);
+        let mut req = Vec::with_capacity(wire::ETH_MIN_LEN);
+        wire::encode_arp(&Arp::request(self.local.mac, self.local_ip, ip), &mut req);
+        let start = Instant::now();
+        for k in 1..=tries {
+            if self.send_raw(&req) {
+                self.counters.arp_requests += 1;
+            }
+            let until = start + deadline * k / tries;
+            while Instant::now() < until {
+                let Some(n) = self.receive_frame(until) else { continue };
+                match self.accept(n, Instant::now()) {
+                    Some(a) if a.op == ArpOp::Reply && a.sender_ip == ip => return Ok(a.sender_mac),
+                    Some(_) => self.counters.frames_other += 1,
+                    None => {}
+                }
+            }
+        }
+        let (me, peer) = (self.sock.local_addr().ok(), self.sock.peer_addr().ok());
+        let at = |a: Option<SocketAddr>| a.map_or("?".to_string(), |a| a.to_string());
+        let errors = match self.counters.socket_errors {
+            0 => String::new(),
+            n => format!(" ({n} socket error(s): is anything listening at {}?)", at(peer)),
+        };
+        Err(format!(
+            "no ARP reply for {ip} (the appliance's RDMA address) on the cable {} → {} within {:.1} s ({tries} \
+             request(s) as {} at {}){errors}: is the appliance's port on this segment? Give its MAC instead \
+             (verify --remote-mac MAC, or rdma_remote_mac in the configuration file)",
+            at(me),
+            at(peer),
+            deadline.as_secs_f64(),
+            self.local_ip,
+            super::mac_string(&self.local.mac),
+        ))
     }
 }
 
@@ -239,9 +385,15 @@ impl Requester for SoftRoce {
         let Some(remote_ip) = ipv4_from_gid(&remote.gid) else {
             return Err(format!("remote GID {:02x?} is not IPv4-mapped (RoCEv2 over IPv4)", remote.gid));
         };
+        let (source, dst_mac) = match self.resolve {
+            Resolve::Fixed(mac) => (MacSource::Flag, mac),
+            Resolve::Endpoint if remote.mac == [0; 6] => (MacSource::Placeholder, PLACEHOLDER_REMOTE_MAC),
+            Resolve::Endpoint => (MacSource::Endpoint, remote.mac),
+            Resolve::Arp { deadline, tries } => (MacSource::Arp, self.arp(remote_ip, deadline, tries)?),
+        };
         let mtu = remote.mtu.min(self.local.mtu);
         self.core.connect(remote.qpn, mtu)?;
-        let dst_mac = self.remote_mac.unwrap_or(if remote.mac == [0; 6] { PLACEHOLDER_REMOTE_MAC } else { remote.mac });
+        self.remote_mac = Some((source, dst_mac));
         self.addr = Some(Addr {
             src_mac: self.local.mac,
             dst_mac,
@@ -295,6 +447,10 @@ impl Requester for SoftRoce {
     fn qp_state(&self) -> QpState {
         self.core.state()
     }
+
+    fn remote_mac(&self) -> Option<(MacSource, [u8; 6])> {
+        self.remote_mac
+    }
 }
 
 #[cfg(test)]
@@ -322,7 +478,14 @@ mod tests {
         Silent,
         /// Drops the first packet carrying this PSN (the next one is then ahead: sequence NAK).
         DropOnce(u32),
+        /// Normal, on an Ethernet segment: owns [`REMOTE_IP`] at this MAC, answers ARP for it from the second
+        /// request on (after some traffic that is not for the requester), and checks every RoCE frame is sent
+        /// to this MAC.
+        Arp([u8; 6]),
     }
+
+    /// The responder's IPv4 (its GID's).
+    const REMOTE_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 9);
 
     struct Fake {
         stop: Arc<AtomicBool>,
@@ -356,10 +519,60 @@ mod tests {
         let mut nakked = false;
         let mut write_va = 0u64;
         let mut msn = 0u32;
+        let mut arp_requests = 0;
         while !stop.load(Ordering::Relaxed) {
             let Ok((n, from)) = sock.recv_from(&mut buf) else { continue };
+            if wire::ethertype(&buf[..n]) == Some(wire::ETHERTYPE_ARP) {
+                let Mode::Arp(mac) = mode else { panic!("ARP on a point-to-point cable") };
+                let Ok(q) = wire::decode_arp(&buf[..n]) else { panic!("the requester sent a bad ARP frame") };
+                assert_eq!((q.op, q.eth_dst, q.target_ip), (ArpOp::Request, wire::BROADCAST_MAC, REMOTE_IP));
+                assert_eq!((q.sender_mac, q.eth_src), (DEFAULT_LOCAL_MAC, DEFAULT_LOCAL_MAC));
+                arp_requests += 1;
+                if arp_requests < 2 {
+                    continue;
+                }
+                // Traffic on the segment that is not for the requester: a unicast RoCE frame to another
+                // station, a broadcast that is not RoCE, an ARP reply from another address, an ARP request for
+                // another address.
+                let other = Addr {
+                    src_mac: mac,
+                    dst_mac: [2, 0, 0, 0, 0, 0x77],
+                    src_ip: REMOTE_IP,
+                    dst_ip: q.sender_ip,
+                    src_port: 0xC001,
+                    dst_port: ROCEV2_PORT,
+                    tos: 0,
+                    ttl: 64,
+                };
+                let aeth = Some(Aeth::ack(0));
+                let r = Packet {
+                    addr: other,
+                    bth: Bth::new(opcode::ACKNOWLEDGE, 1, 1),
+                    reth: None,
+                    aeth,
+                    imm: None,
+                    payload: &[],
+                };
+                wire::encode(&r, &mut out).unwrap();
+                sock.send_to(&out, from).unwrap();
+                let mut bcast = out.clone();
+                bcast[..6].copy_from_slice(&wire::BROADCAST_MAC);
+                bcast[wire::ETH_LEN + wire::IPV4_LEN + 3] = 67; // UDP to port 67
+                sock.send_to(&bcast, from).unwrap();
+                let wrong = Arp { sender_ip: Ipv4Addr::new(192, 0, 2, 10), ..q.reply_from([2, 0, 0, 0, 0, 0x66]) };
+                wire::encode_arp(&wrong, &mut out);
+                sock.send_to(&out, from).unwrap();
+                wire::encode_arp(&Arp::request(mac, REMOTE_IP, Ipv4Addr::new(192, 0, 2, 11)), &mut out);
+                sock.send_to(&out, from).unwrap();
+                wire::encode_arp(&q.reply_from(mac), &mut out);
+                sock.send_to(&out, from).unwrap();
+                continue;
+            }
             let Ok(p) = wire::decode(&buf[..n]) else { panic!("the requester sent a bad frame") };
             assert_eq!(p.bth.dest_qp, RESP_QPN);
+            if let Mode::Arp(mac) = mode {
+                assert_eq!((p.addr.dst_mac, p.addr.dst_ip), (mac, REMOTE_IP), "RoCE frames go to the ARP'd MAC");
+            }
             if mode == Mode::Silent {
                 continue;
             }
@@ -441,13 +654,7 @@ mod tests {
     fn requester(fake: &Fake, mtu: u32, psn: u32, rc: RcConfig) -> SoftRoce {
         let cfg = SoftConfig { peer: fake.addr, mtu, psn: Some(psn), rc, ..SoftConfig::default() };
         let mut r = SoftRoce::new(cfg).unwrap();
-        let remote = QpEndpoint {
-            qpn: RESP_QPN,
-            psn: 0,
-            gid: gid_from_ipv4(Ipv4Addr::new(192, 0, 2, 9)),
-            mac: [0; 6],
-            mtu: 4096,
-        };
+        let remote = QpEndpoint { qpn: RESP_QPN, psn: 0, gid: gid_from_ipv4(REMOTE_IP), mac: [0; 6], mtu: 4096 };
         r.connect(&remote).unwrap();
         r
     }
@@ -580,5 +787,126 @@ mod tests {
         assert_eq!(r.stats().timeouts, 0, "no timer expiry needed: {:?}", r.stats());
         let mem = fake.finish();
         assert_eq!(&mem[..1024], &a[..]);
+    }
+
+    const APPLIANCE_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
+
+    fn remote_endpoint() -> QpEndpoint {
+        QpEndpoint { qpn: RESP_QPN, psn: 0, gid: gid_from_ipv4(REMOTE_IP), mac: [0; 6], mtu: 4096 }
+    }
+
+    #[test]
+    fn the_appliance_mac_is_resolved_by_arp_before_the_first_frame() {
+        let fake = Fake::start(Mode::Arp(APPLIANCE_MAC), 1024, 50);
+        // Two requests one and a half seconds apart: the fake answers only the second.
+        let resolve = Resolve::Arp { deadline: Duration::from_secs(3), tries: 2 };
+        let cfg =
+            SoftConfig { peer: fake.addr, mtu: 1024, psn: Some(50), rc: patient(), resolve, ..SoftConfig::default() };
+        let mut r = SoftRoce::new(cfg).unwrap();
+        assert_eq!(r.remote_mac(), None);
+        r.connect(&remote_endpoint()).unwrap();
+        assert_eq!(r.remote_mac(), Some((MacSource::Arp, APPLIANCE_MAC)));
+        let c = r.counters();
+        assert_eq!((c.arp_requests, c.frames_sent), (2, 2));
+        // Before the reply: a RoCE frame for another MAC, a broadcast that is not RoCE, a reply from another
+        // IPv4, a request for another IPv4.
+        assert_eq!((c.frames_received, c.frames_other, c.frames_bad, c.arp_replies), (5, 4, 0, 0));
+        let data = pattern(2000, 4);
+        r.post_write(1, BASE, RKEY, &data).unwrap();
+        r.post_read(2, BASE, RKEY, 2000).unwrap();
+        let done = wait_all(&mut r, 2, Duration::from_secs(5));
+        let got: Vec<_> = done.iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::Success)]);
+        assert_eq!(r.read_data(2).unwrap(), data);
+        fake.finish(); // its thread checked every RoCE frame's destination MAC
+    }
+
+    #[test]
+    fn no_arp_reply_is_a_clear_error() {
+        // A peer that never reads: nothing answers.
+        let mute = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let peer = mute.local_addr().unwrap();
+        let resolve = Resolve::Arp { deadline: Duration::from_millis(200), tries: 2 };
+        let local_ip = Some(Ipv4Addr::new(10, 0, 2, 100));
+        let mut r = SoftRoce::new(SoftConfig { peer, resolve, local_ip, ..SoftConfig::default() }).unwrap();
+        let e = r.connect(&remote_endpoint()).unwrap_err();
+        for want in ["no ARP reply for 192.0.2.9", &format!("→ {peer}"), "within 0.2 s", "2 request(s) as 10.0.2.100"]
+        {
+            assert!(e.contains(want), "{want:?} in {e}");
+        }
+        assert!(e.contains("--remote-mac") && e.contains("rdma_remote_mac"), "{e}");
+        assert_eq!(r.counters().arp_requests, 2);
+        // Not connected: nothing to send, nothing learned.
+        assert_eq!((r.qp_state(), r.remote_mac()), (QpState::Reset, None));
+        // Both requests are on the wire, well formed.
+        let mut buf = [0u8; 128];
+        mute.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        for _ in 0..2 {
+            let n = mute.recv(&mut buf).unwrap();
+            let q = wire::decode_arp(&buf[..n]).unwrap();
+            assert_eq!(q, Arp::request(DEFAULT_LOCAL_MAC, Ipv4Addr::new(10, 0, 2, 100), REMOTE_IP));
+        }
+    }
+
+    #[test]
+    fn arp_toward_nothing_listening_says_so() {
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap(); // closed again
+        let resolve = Resolve::Arp { deadline: Duration::from_millis(100), tries: 1 };
+        let mut r = SoftRoce::new(SoftConfig { peer, resolve, ..SoftConfig::default() }).unwrap();
+        let e = r.connect(&remote_endpoint()).unwrap_err();
+        // Loopback answers with ICMP port unreachable, which the connected socket reports.
+        assert!(e.contains(&format!("is anything listening at {peer}?")), "{e}");
+        assert!(r.counters().socket_errors >= 1);
+    }
+
+    #[test]
+    fn arp_requests_for_our_ipv4_are_answered() {
+        let asker = UdpSocket::bind("127.0.0.1:0").unwrap();
+        asker.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let me_ip = Ipv4Addr::new(10, 0, 2, 100);
+        let cfg = SoftConfig { peer: asker.local_addr().unwrap(), local_ip: Some(me_ip), ..SoftConfig::default() };
+        let mut r = SoftRoce::new(cfg).unwrap();
+        asker.connect(r.socket_addr().unwrap()).unwrap();
+        let mut out = Vec::new();
+        // For another address (not answered), a unicast to another station (set aside), then for ours.
+        wire::encode_arp(&Arp::request(APPLIANCE_MAC, REMOTE_IP, Ipv4Addr::new(10, 0, 2, 101)), &mut out);
+        asker.send(&out).unwrap();
+        let ours = Arp::request(APPLIANCE_MAC, REMOTE_IP, me_ip);
+        wire::encode_arp(&Arp { eth_dst: [2, 0, 0, 0, 0, 0x77], ..ours }, &mut out);
+        asker.send(&out).unwrap();
+        wire::encode_arp(&ours, &mut out);
+        asker.send(&out).unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        while r.counters().arp_replies == 0 && Instant::now() < end {
+            r.poll(Duration::from_millis(20));
+        }
+        let c = r.counters();
+        assert_eq!((c.frames_received, c.arp_replies, c.frames_other, c.frames_bad), (3, 1, 2, 0));
+        let mut buf = [0u8; 128];
+        let n = asker.recv(&mut buf).unwrap();
+        assert_eq!(n, wire::ETH_MIN_LEN);
+        let a = wire::decode_arp(&buf[..n]).unwrap();
+        assert_eq!(a, ours.reply_from(DEFAULT_LOCAL_MAC));
+        assert_eq!(
+            (a.eth_dst, a.sender_mac, a.sender_ip, a.target_ip),
+            (APPLIANCE_MAC, DEFAULT_LOCAL_MAC, me_ip, REMOTE_IP)
+        );
+    }
+
+    #[test]
+    fn a_fixed_mac_or_the_endpoint_s_is_used_without_arp() {
+        let fake = Fake::start(Mode::Normal, 1024, 0);
+        let mine = [2, 0, 0, 0, 0, 0x42];
+        let cfg = SoftConfig { peer: fake.addr, resolve: Resolve::Fixed(mine), ..SoftConfig::default() };
+        let mut r = SoftRoce::new(cfg).unwrap();
+        r.connect(&remote_endpoint()).unwrap();
+        assert_eq!(r.remote_mac(), Some((MacSource::Flag, mine)));
+        let mut r = SoftRoce::new(SoftConfig { peer: fake.addr, ..SoftConfig::default() }).unwrap();
+        r.connect(&QpEndpoint { mac: APPLIANCE_MAC, ..remote_endpoint() }).unwrap();
+        assert_eq!(r.remote_mac(), Some((MacSource::Endpoint, APPLIANCE_MAC)));
+        let r = requester(&fake, 1024, 0, patient());
+        assert_eq!(r.remote_mac(), Some((MacSource::Placeholder, PLACEHOLDER_REMOTE_MAC)));
+        assert_eq!(r.counters(), SoftCounters::default(), "no frame: no ARP on the point-to-point cable");
+        fake.finish();
     }
 }

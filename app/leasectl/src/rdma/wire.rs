@@ -1,6 +1,8 @@
 //! RoCEv2 frames on the virtual cable: Ethernet II + IPv4 (IHL 5, DF) + UDP (destination 4791) + BTH + RETH /
 //! AETH / ImmDt + payload + pad + ICRC (IBTA Vol. 1 §9.2–9.3 header layouts, RoCEv2 annex A17; RFC 791 and
-//! RFC 768). Sans-I/O: [`encode`] builds one frame, [`decode`] checks and splits one.
+//! RFC 768). Sans-I/O: [`encode`] builds one frame, [`decode`] checks and splits one. ARP for IPv4 over
+//! Ethernet (RFC 826) resolves the appliance's MAC on a cable that is an Ethernet segment: [`encode_arp`] and
+//! [`decode_arp`], and [`dst_mac`] / [`ethertype`] to sort frames before either decoder.
 //!
 //! This codec (and `icrc.rs`) is the verifier's own and shares no code with the device model's
 //! (`qemu/mlx5-model/src/roce/`) on purpose: a checker written from the same code as what it checks would
@@ -22,6 +24,12 @@ pub const ICRC_LEN: usize = 4;
 /// Headers before the BTH.
 pub const OUTER_LEN: usize = ETH_LEN + IPV4_LEN + UDP_LEN;
 pub const ETHERTYPE_IPV4: u16 = 0x0800;
+pub const ETHERTYPE_ARP: u16 = 0x0806;
+/// The ARP packet for IPv4 over Ethernet (RFC 826): htype, ptype, hlen, plen, oper, sha, spa, tha, tpa.
+pub const ARP_LEN: usize = 28;
+/// The shortest Ethernet frame without its FCS (IEEE 802.3 `ETH_ZLEN`); [`encode_arp`] pads to it.
+pub const ETH_MIN_LEN: usize = 60;
+pub const BROADCAST_MAC: [u8; 6] = [0xFF; 6];
 pub const ROCEV2_PORT: u16 = 4791;
 pub const IPPROTO_UDP: u8 = 17;
 pub const DEFAULT_PKEY: u16 = 0xFFFF;
@@ -437,6 +445,176 @@ pub fn decode(frame: &[u8]) -> Result<Packet<'_>, WireError> {
     Ok(Packet { addr, bth, reth, aeth, imm, payload: &body[..body.len() - bth.pad as usize] })
 }
 
+/// ARP's `ar$op` (RFC 826).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArpOp {
+    Request,
+    Reply,
+}
+
+impl ArpOp {
+    pub fn code(self) -> u16 {
+        match self {
+            ArpOp::Request => 1,
+            ArpOp::Reply => 2,
+        }
+    }
+}
+
+/// One ARP packet for IPv4 over Ethernet with its Ethernet addressing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arp {
+    /// The Ethernet header's destination (broadcast for a request, the asker for a reply).
+    pub eth_dst: [u8; 6],
+    /// The Ethernet header's source.
+    pub eth_src: [u8; 6],
+    pub op: ArpOp,
+    pub sender_mac: [u8; 6],
+    pub sender_ip: Ipv4Addr,
+    /// Zero in a request (RFC 826: "don't care"; RFC 5227 §2.1.1 says zero).
+    pub target_mac: [u8; 6],
+    pub target_ip: Ipv4Addr,
+}
+
+impl Arp {
+    /// "Who has `target_ip`? Tell `sender_ip`": broadcast, from `mac`.
+    pub fn request(mac: [u8; 6], ip: Ipv4Addr, target_ip: Ipv4Addr) -> Arp {
+        Arp {
+            eth_dst: BROADCAST_MAC,
+            eth_src: mac,
+            op: ArpOp::Request,
+            sender_mac: mac,
+            sender_ip: ip,
+            target_mac: [0; 6],
+            target_ip,
+        }
+    }
+
+    /// The answer to this request from the owner of `target_ip` at `mac`: sent to the asker.
+    pub fn reply_from(&self, mac: [u8; 6]) -> Arp {
+        Arp {
+            eth_dst: self.sender_mac,
+            eth_src: mac,
+            op: ArpOp::Reply,
+            sender_mac: mac,
+            sender_ip: self.target_ip,
+            target_mac: self.sender_mac,
+            target_ip: self.sender_ip,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArpError {
+    Short,
+    NotArp,
+    /// `ar$hrd` is not 1 (Ethernet).
+    HardwareType(u16),
+    /// `ar$pro` is not 0x0800 (IPv4).
+    ProtocolType(u16),
+    /// `ar$hln` / `ar$pln` are not 6 / 4.
+    AddressLengths(u8, u8),
+    /// `ar$op` is neither 1 (request) nor 2 (reply).
+    Op(u16),
+}
+
+impl fmt::Display for ArpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ArpError::Short => f.write_str("ARP frame too short"),
+            ArpError::NotArp => f.write_str("not ARP (EtherType)"),
+            ArpError::HardwareType(h) => write!(f, "ARP hardware type {h} is not 1 (Ethernet)"),
+            ArpError::ProtocolType(p) => write!(f, "ARP protocol type {p:#06x} is not 0x0800 (IPv4)"),
+            ArpError::AddressLengths(h, p) => write!(f, "ARP address lengths {h}/{p} are not 6/4"),
+            ArpError::Op(o) => write!(f, "ARP operation {o} is neither request (1) nor reply (2)"),
+        }
+    }
+}
+
+impl std::error::Error for ArpError {}
+
+/// Builds an ARP frame, padded with zeros to [`ETH_MIN_LEN`].
+pub fn encode_arp(a: &Arp, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&a.eth_dst);
+    out.extend_from_slice(&a.eth_src);
+    out.extend_from_slice(&ETHERTYPE_ARP.to_be_bytes());
+    out.extend_from_slice(&1u16.to_be_bytes());
+    out.extend_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+    out.extend_from_slice(&[6, 4]);
+    out.extend_from_slice(&a.op.code().to_be_bytes());
+    out.extend_from_slice(&a.sender_mac);
+    out.extend_from_slice(&a.sender_ip.octets());
+    out.extend_from_slice(&a.target_mac);
+    out.extend_from_slice(&a.target_ip.octets());
+    out.resize(ETH_MIN_LEN, 0);
+}
+
+/// Checks and splits an ARP frame: EtherType 0x0806, hardware type 1, protocol type 0x0800, address lengths
+/// 6 and 4, operation 1 or 2. Trailing bytes (Ethernet padding) are ignored.
+pub fn decode_arp(frame: &[u8]) -> Result<Arp, ArpError> {
+    if frame.len() < ETH_LEN + ARP_LEN {
+        return Err(ArpError::Short);
+    }
+    if be16(frame, 12) != ETHERTYPE_ARP {
+        return Err(ArpError::NotArp);
+    }
+    let a = &frame[ETH_LEN..ETH_LEN + ARP_LEN];
+    match (be16(a, 0), be16(a, 2), a[4], a[5]) {
+        (1, ETHERTYPE_IPV4, 6, 4) => {}
+        (1, ETHERTYPE_IPV4, h, p) => return Err(ArpError::AddressLengths(h, p)),
+        (1, p, ..) => return Err(ArpError::ProtocolType(p)),
+        (h, ..) => return Err(ArpError::HardwareType(h)),
+    }
+    let op = match be16(a, 6) {
+        1 => ArpOp::Request,
+        2 => ArpOp::Reply,
+        o => return Err(ArpError::Op(o)),
+    };
+    let mac = |at: usize| -> [u8; 6] { [a[at], a[at + 1], a[at + 2], a[at + 3], a[at + 4], a[at + 5]] };
+    let ip = |at: usize| Ipv4Addr::new(a[at], a[at + 1], a[at + 2], a[at + 3]);
+    Ok(Arp {
+        eth_dst: [frame[0], frame[1], frame[2], frame[3], frame[4], frame[5]],
+        eth_src: [frame[6], frame[7], frame[8], frame[9], frame[10], frame[11]],
+        op,
+        sender_mac: mac(8),
+        sender_ip: ip(14),
+        target_mac: mac(18),
+        target_ip: ip(24),
+    })
+}
+
+/// A frame's destination MAC (`None` when shorter than an Ethernet header).
+pub fn dst_mac(frame: &[u8]) -> Option<[u8; 6]> {
+    frame.get(..6)?.try_into().ok()
+}
+
+/// A frame's EtherType (`None` when shorter than an Ethernet header).
+pub fn ethertype(frame: &[u8]) -> Option<u16> {
+    (frame.len() >= ETH_LEN).then(|| be16(frame, 12))
+}
+
+/// Whether a frame is a RoCEv2 packet by its headers (EtherType IPv4, IPv4 protocol UDP, UDP destination port
+/// 4791), whatever its checks say: [`decode`]'s errors on such a frame are a bad packet, on any other frame
+/// just traffic that is not RoCE.
+pub fn is_rocev2(frame: &[u8]) -> bool {
+    if ethertype(frame) != Some(ETHERTYPE_IPV4) {
+        return false;
+    }
+    let Some(&vihl) = frame.get(ETH_LEN) else { return false };
+    let ihl = (vihl & 0x0F) as usize * 4;
+    if vihl >> 4 != 4 || frame.get(ETH_LEN + 9) != Some(&IPPROTO_UDP) {
+        return false;
+    }
+    frame.len() >= ETH_LEN + ihl + 4 && be16(frame, ETH_LEN + ihl + 2) == ROCEV2_PORT
+}
+
+/// Whether a frame sent to `dst` is for the station at `mine`: its own address or broadcast (it joins no
+/// multicast group).
+pub fn for_station(dst: [u8; 6], mine: [u8; 6]) -> bool {
+    dst == mine || dst == BROADCAST_MAC
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -536,5 +714,75 @@ mod tests {
         let c = !(ones_sum(acc, udp) as u16);
         f[OUTER_LEN - 2..OUTER_LEN].copy_from_slice(&c.to_be_bytes());
         assert_eq!(decode(&f).unwrap().payload, &[1, 2, 3, 4, 5]);
+        assert!(is_rocev2(&f));
+        // Another UDP port, another IP protocol: not RoCE (whatever the checks would say).
+        let mut g = f.clone();
+        g[ETH_LEN + IPV4_LEN + 3] = 67;
+        assert!(!is_rocev2(&g));
+        let mut g = f.clone();
+        g[ETH_LEN + 9] = 6;
+        assert!(!is_rocev2(&g) && !is_rocev2(&f[..ETH_LEN + 10]));
+    }
+
+    /// RFC 826 layout, byte by byte: who has 10.0.2.20? Tell 10.0.2.16 at 02:4c:42:00:00:01.
+    const ARP_REQUEST: [u8; 42] = [
+        0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x02, 0x4C, 0x42, 0x00, 0x00, 0x01, 0x08, 0x06, // Ethernet
+        0x00, 0x01, 0x08, 0x00, 0x06, 0x04, 0x00, 0x01, // hrd 1, pro 0x0800, hln 6, pln 4, op 1
+        0x02, 0x4C, 0x42, 0x00, 0x00, 0x01, 0x0A, 0x00, 0x02, 0x10, // sha, spa
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0A, 0x00, 0x02, 0x14, // tha, tpa
+    ];
+    /// 10.0.2.20 is at 52:54:00:12:34:56, to the asker.
+    const ARP_REPLY: [u8; 42] = [
+        0x02, 0x4C, 0x42, 0x00, 0x00, 0x01, 0x52, 0x54, 0x00, 0x12, 0x34, 0x56, 0x08, 0x06, // Ethernet
+        0x00, 0x01, 0x08, 0x00, 0x06, 0x04, 0x00, 0x02, // op 2
+        0x52, 0x54, 0x00, 0x12, 0x34, 0x56, 0x0A, 0x00, 0x02, 0x14, // sha, spa
+        0x02, 0x4C, 0x42, 0x00, 0x00, 0x01, 0x0A, 0x00, 0x02, 0x10, // tha, tpa
+    ];
+
+    #[test]
+    fn arp_request_and_reply_golden_bytes() {
+        let me = [0x02, 0x4C, 0x42, 0x00, 0x00, 0x01];
+        let them = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
+        let q = Arp::request(me, Ipv4Addr::new(10, 0, 2, 16), Ipv4Addr::new(10, 0, 2, 20));
+        let mut f = Vec::new();
+        encode_arp(&q, &mut f);
+        assert_eq!(f.len(), ETH_MIN_LEN);
+        assert_eq!(&f[..42], &ARP_REQUEST[..]);
+        assert!(f[42..].iter().all(|&b| b == 0), "zero padding");
+        assert_eq!(decode_arp(&f), Ok(q));
+        assert_eq!(decode_arp(&ARP_REQUEST), Ok(q), "unpadded");
+        let r = q.reply_from(them);
+        encode_arp(&r, &mut f);
+        assert_eq!(&f[..42], &ARP_REPLY[..]);
+        let d = decode_arp(&ARP_REPLY).unwrap();
+        assert_eq!(d, r);
+        assert_eq!((d.op, d.sender_ip, d.sender_mac), (ArpOp::Reply, Ipv4Addr::new(10, 0, 2, 20), them));
+        assert_eq!((dst_mac(&ARP_REPLY), ethertype(&ARP_REPLY)), (Some(me), Some(ETHERTYPE_ARP)));
+        assert_eq!((dst_mac(&[1, 2]), ethertype(&ARP_REPLY[..13])), (None, None));
+        assert!(for_station(BROADCAST_MAC, me) && for_station(me, me) && !for_station(them, me));
+        assert!(!is_rocev2(&ARP_REPLY));
+    }
+
+    #[test]
+    fn arp_frames_with_bad_fields_are_refused() {
+        let bad = |at: usize, v: u8| {
+            let mut f = ARP_REQUEST;
+            f[at] = v;
+            decode_arp(&f)
+        };
+        assert_eq!(decode_arp(&ARP_REQUEST[..41]), Err(ArpError::Short));
+        assert_eq!(bad(13, 0x00), Err(ArpError::NotArp)); // EtherType 0x0800
+        assert_eq!(bad(15, 6), Err(ArpError::HardwareType(6))); // IEEE 802
+        assert_eq!(bad(16, 0x86), Err(ArpError::ProtocolType(0x8600)));
+        assert_eq!(bad(18, 8), Err(ArpError::AddressLengths(8, 4)));
+        assert_eq!(bad(19, 16), Err(ArpError::AddressLengths(6, 16)));
+        assert_eq!(bad(21, 3), Err(ArpError::Op(3))); // RARP request
+        assert_eq!(bad(21, 0), Err(ArpError::Op(0)));
+        // A RoCE frame is not ARP, and ARP is not RoCE.
+        assert_eq!(decode(&ARP_REQUEST), Err(WireError::Short));
+        let mut padded = ARP_REQUEST.to_vec();
+        padded.resize(200, 0);
+        assert_eq!(decode(&padded), Err(WireError::NotIpv4));
+        assert!(ArpError::Op(3).to_string().contains("neither request"));
     }
 }

@@ -8,9 +8,14 @@
 //! Global flags keep their meaning (`--addr`, `--config`, `--tenant`, `--key`, `--json`) wherever they stand;
 //! `--timeout` is the global control-channel timeout (seconds) before the word `verify` and the requester
 //! QP's `timeout` attribute after it.
+//!
+//! The software requester's cable: `--udp` (where frames go), `--bind` (our socket), `--local-ip`, `--mac` and
+//! how the appliance's MAC is learned (`--arp` / `--resolve`, `--remote-mac`), each over the configuration
+//! file's `rdma_*` key of the same meaning (config.rs), over the default of today's point-to-point cable to the
+//! model's socket (127.0.0.1:4791, no ARP).
 
 use std::io::Write;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -20,8 +25,8 @@ use serde_json::json;
 use super::{Control, EXIT_VERIFY_FAILED, Mode, Options, Order, plot, report, run_detailed};
 use crate::args::{Global, number, parse_mac};
 use crate::client::{Credentials, exit};
-use crate::config;
-use crate::rdma::{RcConfig, Requester, SoftConfig, SoftRoce};
+use crate::config::{self, ResolveKind};
+use crate::rdma::{RcConfig, Requester, Resolve, SoftConfig, SoftRoce};
 
 /// `verify`'s options (after the word `verify`; the global flags are [`Global`]). Given twice, the later one
 /// counts.
@@ -52,9 +57,28 @@ pub struct VerifyArgs {
     /// How long the loop runs before the REVOKE (default 100)
     #[arg(long, value_name = "MS", value_parser = |v: &str| number(v, 0, 600_000))]
     warmup_ms: Option<u64>,
-    /// The RoCEv2 responder (the model's UDP port)
-    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:4791")]
-    udp: SocketAddr,
+    /// Where RDMA frames go: the model's UDP port, or QEMU's socket netdev `localaddr` on a hub (default:
+    /// rdma_peer in the configuration file, else 127.0.0.1:4791)
+    #[arg(long, value_name = "ADDR:PORT")]
+    udp: Option<SocketAddr>,
+    /// --backend soft: our UDP socket (default: rdma_bind, else 127.0.0.1 on any port)
+    #[arg(long, value_name = "ADDR:PORT")]
+    bind: Option<SocketAddr>,
+    /// --backend soft: our IPv4 in frames and our GID (default: rdma_local_ip, else the bound address)
+    #[arg(long, value_name = "IPV4")]
+    local_ip: Option<Ipv4Addr>,
+    /// --backend soft: learn the appliance's MAC by ARP (same as --resolve arp)
+    #[arg(long, conflicts_with_all = ["resolve", "remote_mac"])]
+    arp: bool,
+    /// --backend soft: how the appliance's MAC is learned (default: rdma_resolve, else endpoint)
+    #[arg(long, value_enum, value_name = "HOW", conflicts_with = "remote_mac")]
+    resolve: Option<ResolveArg>,
+    /// --backend soft: the appliance's MAC, aa:bb:cc:dd:ee:ff: no ARP (default: rdma_remote_mac)
+    #[arg(long, value_name = "MAC", value_parser = parse_mac)]
+    remote_mac: Option<[u8; 6]>,
+    /// --backend soft with ARP: how long to wait for the reply, three requests spread over it (default 1500)
+    #[arg(long, value_name = "MS", value_parser = |v: &str| number(v, 1, 600_000), conflicts_with = "remote_mac")]
+    arp_wait_ms: Option<u64>,
     /// The requester QP's `timeout` attribute, 1 to 31 (default 14)
     #[arg(long, value_name = "N", value_parser = |v: &str| number(v, 1, 31))]
     timeout: Option<u64>,
@@ -79,9 +103,17 @@ pub struct VerifyArgs {
     /// --backend verbs: the port
     #[arg(long, value_name = "N", default_value = "1", value_parser = |v: &str| number(v, 1, 255).map(|n| n as u8))]
     ib_port: u8,
-    /// --backend verbs: the MAC to use, aa:bb:cc:dd:ee:ff
+    /// Our MAC, aa:bb:cc:dd:ee:ff (--backend soft: default rdma_local_mac, else 02:4c:42:00:00:01)
     #[arg(long, value_name = "MAC", value_parser = parse_mac)]
     mac: Option<[u8; 6]>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ResolveArg {
+    /// ARP on the cable (an Ethernet segment, e.g. a QEMU hub)
+    Arp,
+    /// ALLOC's answer, else a placeholder (the model's point-to-point socket)
+    Endpoint,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -121,13 +153,55 @@ enum Backend {
     Verbs { device: String, gid_index: u8, port: u8, mac: Option<[u8; 6]> },
 }
 
+/// The software requester's cable as the flags give it (`None`: the configuration file's, else the default).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Cable {
+    udp: Option<SocketAddr>,
+    bind: Option<SocketAddr>,
+    local_ip: Option<Ipv4Addr>,
+    mac: Option<[u8; 6]>,
+    resolve: Option<ResolveKind>,
+    remote_mac: Option<[u8; 6]>,
+    arp_wait: Option<Duration>,
+}
+
+impl Cable {
+    /// Flags over the file's `rdma_*` keys over the defaults.
+    fn soft_config(&self, file: &config::Rdma, rc: RcConfig) -> SoftConfig {
+        let d = SoftConfig::default();
+        // A MAC given by flag, or the way to learn it given by flag, beats anything in the file.
+        let (kind, fixed) = match (self.remote_mac, self.resolve) {
+            (Some(m), _) => (None, Some(m)),
+            (None, Some(k)) => (Some(k), None),
+            (None, None) => (file.resolve, file.remote_mac),
+        };
+        let resolve = match (fixed, kind) {
+            (Some(m), _) => Resolve::Fixed(m),
+            (None, Some(ResolveKind::Arp)) => match self.arp_wait {
+                Some(deadline) => Resolve::Arp { deadline, tries: crate::rdma::soft::ARP_TRIES },
+                None => Resolve::arp(),
+            },
+            (None, Some(ResolveKind::Endpoint) | None) => Resolve::Endpoint,
+        };
+        SoftConfig {
+            peer: self.udp.or(file.peer).unwrap_or(d.peer),
+            bind: self.bind.or(file.bind).unwrap_or(d.bind),
+            local_ip: self.local_ip.or(file.local_ip),
+            local_mac: self.mac.or(file.local_mac).unwrap_or(d.local_mac),
+            resolve,
+            rc,
+            ..d
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Parsed {
     opts: Options,
     /// The orders to run, in turn (`--order both`: mkey-first, then qp-first); `opts.order` is the first.
     orders: Vec<Order>,
     plot: Option<PathBuf>,
-    udp: SocketAddr,
+    cable: Cable,
     admin_key: Option<String>,
     backend: Backend,
 }
@@ -155,6 +229,20 @@ fn parse(v: &VerifyArgs) -> Result<Parsed, String> {
         warmup: v.warmup_ms.map_or(d.warmup, Duration::from_millis),
         rc,
     };
+    let resolve = match (v.arp, v.resolve) {
+        (true, _) | (false, Some(ResolveArg::Arp)) => Some(ResolveKind::Arp),
+        (false, Some(ResolveArg::Endpoint)) => Some(ResolveKind::Endpoint),
+        (false, None) => None,
+    };
+    let cable = Cable {
+        udp: v.udp,
+        bind: v.bind,
+        local_ip: v.local_ip,
+        mac: v.mac,
+        resolve,
+        remote_mac: v.remote_mac,
+        arp_wait: v.arp_wait_ms.map(Duration::from_millis),
+    };
     let backend = match v.backend {
         BackendArg::Soft => {
             if v.device.is_some() {
@@ -163,11 +251,22 @@ fn parse(v: &VerifyArgs) -> Result<Parsed, String> {
             Backend::Soft
         }
         BackendArg::Verbs => {
+            let soft_only = [
+                ("--bind", v.bind.is_some()),
+                ("--local-ip", v.local_ip.is_some()),
+                ("--arp", v.arp),
+                ("--resolve", v.resolve.is_some()),
+                ("--remote-mac", v.remote_mac.is_some()),
+                ("--arp-wait-ms", v.arp_wait_ms.is_some()),
+            ];
+            if let Some((flag, _)) = soft_only.iter().find(|(_, given)| *given) {
+                return Err(format!("{flag} is for --backend soft (the verbs device resolves addresses itself)"));
+            }
             let device = v.device.clone().ok_or("--backend verbs needs --device NAME (see ibv_devices)")?;
             Backend::Verbs { device, gid_index: v.gid_index, port: v.ib_port, mac: v.mac }
         }
     };
-    Ok(Parsed { opts, orders, plot: v.plot.clone(), udp: v.udp, admin_key: v.admin_key.clone(), backend })
+    Ok(Parsed { opts, orders, plot: v.plot.clone(), cable, admin_key: v.admin_key.clone(), backend })
 }
 
 /// The tenant's and (for qp-first) the admin's credentials, where to connect and the timeouts.
@@ -220,17 +319,20 @@ pub fn main(
         Ok(c) => c,
         Err(m) => return fail(out, err, "USAGE", exit::USAGE, &m),
     };
-    let (udp, rc) = (p.udp, p.opts.rc);
+    // The file was read (and its rdma_* keys checked) by `control` already; a file without them is no error.
+    let file = match config::file(g, env).and_then(|(f, _)| f.rdma()) {
+        Ok(f) => f,
+        Err(m) => return fail(out, err, "USAGE", exit::USAGE, &m),
+    };
+    let soft = p.cable.soft_config(&file, p.opts.rc);
+    let rc = p.opts.rc;
     let (depth, size) = (p.opts.depth as usize, p.opts.size as usize);
     let backend = p.backend.clone();
     let mut factory = || -> Result<Box<dyn Requester>, String> {
         match &backend {
-            Backend::Soft => {
-                let cfg = SoftConfig { peer: udp, rc, ..SoftConfig::default() };
-                SoftRoce::new(cfg)
-                    .map(|r| Box::new(r) as Box<dyn Requester>)
-                    .map_err(|e| format!("UDP toward {udp}: {e}"))
-            }
+            Backend::Soft => SoftRoce::new(soft.clone())
+                .map(|r| Box::new(r) as Box<dyn Requester>)
+                .map_err(|e| format!("UDP {} → {}: {e}", soft.bind, soft.peer)),
             Backend::Verbs { device, gid_index, port, mac } => {
                 verbs_requester(device, *gid_index, *port, *mac, rc, depth, size)
             }
@@ -351,7 +453,9 @@ mod tests {
         let p = parsed(&["verify"]).unwrap();
         let d = Options::default();
         assert_eq!((p.opts.iterations, p.opts.budget, p.opts.size), (d.iterations, d.budget, d.size));
-        assert_eq!((p.opts.rc.timeout, p.udp), (RcConfig::default().timeout, "127.0.0.1:4791".parse().unwrap()));
+        let none = config::Rdma::default();
+        let cfg = p.cable.soft_config(&none, p.opts.rc);
+        assert_eq!((p.opts.rc.timeout, cfg.peer), (RcConfig::default().timeout, "127.0.0.1:4791".parse().unwrap()));
         assert!(parsed(&["verify", "--revoke-test", "--cooperating"]).unwrap_err().contains("cannot be used with"));
         assert!(parsed(&["verify", "--order", "x"]).unwrap_err().contains("mkey-first"));
         let p = parsed(&["verify", "--order", "both", "--plot", "/tmp/r.svg"]).unwrap();
@@ -405,6 +509,72 @@ mod tests {
             e.contains("no-such-device") || e.contains("ibv_get_device_list") || e.contains("--features verbs"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_cable_flags_over_the_file_over_the_defaults() {
+        let rc = RcConfig::default();
+        let cfg = |a: &[&str], file: &config::Rdma| parsed(a).map(|p| p.cable.soft_config(file, rc));
+        let none = config::Rdma::default();
+        // Defaults: today's point-to-point cable.
+        let d = cfg(&["verify"], &none).unwrap();
+        assert_eq!((d.peer, d.bind), ("127.0.0.1:4791".parse().unwrap(), "127.0.0.1:0".parse().unwrap()));
+        assert_eq!((d.local_ip, d.local_mac), (None, crate::rdma::soft::DEFAULT_LOCAL_MAC));
+        assert_eq!(d.resolve, Resolve::Endpoint);
+        // The file's keys.
+        let file = config::FileConfig::parse(
+            "rdma_peer = 127.0.0.1:40001\nrdma_bind = 127.0.0.1:40002\nrdma_local_ip = 10.0.2.100\n\
+             rdma_local_mac = 02:00:00:00:00:05\nrdma_resolve = arp\n",
+        )
+        .unwrap()
+        .rdma()
+        .unwrap();
+        let f = cfg(&["verify"], &file).unwrap();
+        assert_eq!((f.peer, f.bind), ("127.0.0.1:40001".parse().unwrap(), "127.0.0.1:40002".parse().unwrap()));
+        assert_eq!((f.local_ip, f.local_mac), (Some(Ipv4Addr::new(10, 0, 2, 100)), [2, 0, 0, 0, 0, 5]));
+        assert_eq!(f.resolve, Resolve::arp());
+        assert_eq!(f.rc, rc);
+        // Flags override them, one by one.
+        let a = [
+            "verify",
+            "--udp",
+            "127.0.0.1:5001",
+            "--bind=127.0.0.1:5002",
+            "--local-ip",
+            "10.0.2.7",
+            "--mac",
+            "02:00:00:00:00:06",
+            "--resolve",
+            "endpoint",
+        ];
+        let o = cfg(&a, &file).unwrap();
+        assert_eq!((o.peer, o.bind), ("127.0.0.1:5001".parse().unwrap(), "127.0.0.1:5002".parse().unwrap()));
+        assert_eq!((o.local_ip, o.local_mac), (Some(Ipv4Addr::new(10, 0, 2, 7)), [2, 0, 0, 0, 0, 6]));
+        assert_eq!(o.resolve, Resolve::Endpoint);
+        let o = cfg(&["verify", "--remote-mac", "52:54:00:12:34:56"], &file).unwrap();
+        assert_eq!(o.resolve, Resolve::Fixed([0x52, 0x54, 0, 0x12, 0x34, 0x56]));
+        let fixed = config::Rdma { remote_mac: Some([2, 0, 0, 0, 0, 9]), ..config::Rdma::default() };
+        assert_eq!(cfg(&["verify"], &fixed).unwrap().resolve, Resolve::Fixed([2, 0, 0, 0, 0, 9]));
+        assert_eq!(cfg(&["verify", "--arp"], &fixed).unwrap().resolve, Resolve::arp());
+        assert_eq!(cfg(&["verify", "--resolve=arp"], &none).unwrap().resolve, Resolve::arp());
+        assert_eq!(
+            cfg(&["verify", "--arp", "--arp-wait-ms", "3000"], &none).unwrap().resolve,
+            Resolve::Arp { deadline: Duration::from_secs(3), tries: 3 }
+        );
+        // Contradictions and typos.
+        assert!(
+            parsed(&["verify", "--arp", "--remote-mac", "02:00:00:00:00:01"]).unwrap_err().contains("cannot be used")
+        );
+        assert!(parsed(&["verify", "--arp", "--resolve", "endpoint"]).unwrap_err().contains("cannot be used"));
+        assert!(parsed(&["verify", "--remote-mac", "02:00:00:00:00:01", "--arp-wait-ms", "5"]).is_err());
+        assert!(parsed(&["verify", "--resolve", "rarp"]).unwrap_err().contains("[possible values: arp, endpoint]"));
+        assert!(parsed(&["verify", "--local-ip", "::1"]).is_err());
+        assert!(parsed(&["verify", "--bind", "127.0.0.1"]).is_err());
+        assert!(parsed(&["verify", "--remote-mac", "02:00"]).unwrap_err().contains("six hex bytes"));
+        let e = parsed(&["verify", "--backend", "verbs", "--device", "d", "--arp"]).unwrap_err();
+        assert!(e.contains("--arp is for --backend soft"), "{e}");
+        let e = parsed(&["verify", "--backend", "verbs", "--device", "d", "--bind", "127.0.0.1:1"]).unwrap_err();
+        assert!(e.contains("--bind is for --backend soft"), "{e}");
     }
 
     #[test]

@@ -4,6 +4,15 @@
 use serde_json::{Value, json};
 
 use super::{Iteration, Mode, Report, retry_time};
+use crate::rdma::{MacSource, mac_string};
+
+/// `mac_source` and `remote_mac` of a report or an iteration (nulls when the backend does not say).
+fn mac_fields(m: Option<(MacSource, [u8; 6])>) -> (Value, Value) {
+    match m {
+        Some((source, mac)) => (json!(source.name()), json!(mac_string(&mac))),
+        None => (Value::Null, Value::Null),
+    }
+}
 
 /// p50 and max of some figures (nearest rank).
 fn p50_max(mut v: Vec<i64>) -> Option<(i64, i64)> {
@@ -27,6 +36,7 @@ fn ms(us: i64) -> String {
 }
 
 fn iteration_json(i: &Iteration) -> Value {
+    let (mac_source, remote_mac) = mac_fields(i.remote_mac);
     json!({
         "iteration": i.index,
         "lease": i.lease,
@@ -51,6 +61,8 @@ fn iteration_json(i: &Iteration) -> Value {
         "late_successes": i.late_successes,
         "fresh_bytes_read": i.fresh_bytes_read,
         "fresh_nonzero": i.fresh_nonzero,
+        "mac_source": mac_source,
+        "remote_mac": remote_mac,
         "passed": i.failures.is_empty(),
         "failures": i.failures,
     })
@@ -64,6 +76,8 @@ pub fn json(r: &Report) -> Value {
         .iter()
         .flat_map(|i| i.failures.iter().map(move |f| format!("iteration {}: {f}", i.index)))
         .collect();
+    // The first iteration's; every iteration's is in `results`.
+    let (mac_source, remote_mac) = mac_fields(r.iterations.first().and_then(|i| i.remote_mac));
     json!({
         "passed": r.passed(),
         "mode": o.mode.name(),
@@ -76,6 +90,8 @@ pub fn json(r: &Report) -> Value {
         "retry_cnt": o.rc.retry_cnt,
         "retry_time_us": retry_time(&o.rc).as_micros() as u64,
         "dataplane_applies": o.mode == Mode::RevokeTest,
+        "mac_source": mac_source,
+        "remote_mac": remote_mac,
         "summary": { "recall_us": stat(recall(r)), "dataplane_us": stat(dataplane(r)) },
         "results": r.iterations.iter().map(iteration_json).collect::<Vec<_>>(),
         "failures": failures,
@@ -97,6 +113,9 @@ pub fn human(r: &Report) -> String {
         retry_time(&o.rc).as_secs_f64() * 1e3,
         o.budget.as_millis()
     );
+    if let Some((source, mac)) = r.iterations.first().and_then(|i| i.remote_mac) {
+        s.push_str(&format!("RDMA frames to {} ({})\n", mac_string(&mac), source.name()));
+    }
     s.push_str(&format!(
         "{:>4}  {:<10} {:<9} {:>11} {:>14}  {:<26} {:>9} {:>11} {:>5} {:>6}  {}\n",
         "#",
