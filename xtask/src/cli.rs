@@ -2,7 +2,7 @@
 //! on every command (`cargo xtask help COMMAND`) and `--version`.
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
-use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use leasebox_qemu::Machine;
 use leasebox_qemu::config::{DEFAULT_CPU, DEFAULT_MEM_MIB, MAX_SMP};
 use leasebox_scenarios::{bench, hca_bench, lease_bench, revoke_bench};
@@ -73,8 +73,13 @@ struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_CONTROL_PORT, value_parser = |v: &str| number(v, 1, u16::MAX))]
     port: u16,
     /// Boot without the mlx5 model (no shared files, no ivshmem, no model process)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "ctl_nic")]
     no_model: bool,
+    /// The control channel's NIC: virtio-net on QEMU's user network, or mlx5, the model's own Ethernet port
+    /// on a hub with QEMU's user network and no virtio-net at all (leasectl's configuration then names the
+    /// hub port its RDMA frames use, and the verifier finds the appliance's MAC by ARP)
+    #[arg(long, value_enum, value_name = "virtio|mlx5", default_value = "virtio")]
+    ctl_nic: CtlNic,
     /// The model's command trace (default target/leasebox/mlx5-trace.jsonl)
     #[arg(long, value_name = "PATH", value_parser = |v: &str| word(v, "a file path"))]
     trace: Option<String>,
@@ -244,6 +249,7 @@ pub struct RunOpts {
     pub model: bool,
     /// The model's trace file (`None`: `target/leasebox/mlx5-trace.jsonl`).
     pub trace: Option<String>,
+    pub ctl_nic: CtlNic,
     pub kernel_args: Vec<String>,
 }
 
@@ -270,9 +276,18 @@ impl RunOpts {
             port: a.port,
             model: !a.no_model,
             trace: a.trace,
+            ctl_nic: a.ctl_nic,
             kernel_args: a.kernel_args,
         }
     }
+}
+
+/// `run --ctl-nic`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum CtlNic {
+    #[default]
+    Virtio,
+    Mlx5,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -424,6 +439,7 @@ mod tests {
             port: DEFAULT_CONTROL_PORT,
             model: true,
             trace: None,
+            ctl_nic: CtlNic::Virtio,
             kernel_args: Vec::new(),
         }
     }
@@ -499,6 +515,8 @@ mod tests {
         assert!(!run(&["--iso"]).uefi);
         assert!(run(&[]).model && run(&[]).trace.is_none());
         assert!(!run(&["--no-model"]).model);
+        assert_eq!(run(&["--ctl-nic", "mlx5"]).ctl_nic, CtlNic::Mlx5);
+        assert_eq!(run(&[]).ctl_nic, CtlNic::Virtio);
         assert_eq!(run(&["--trace", "/tmp/t.jsonl"]).trace.as_deref(), Some("/tmp/t.jsonl"));
         assert_eq!(run(&["--trace=t.jsonl"]).trace.as_deref(), Some("t.jsonl"));
     }
@@ -514,6 +532,8 @@ mod tests {
         assert!(e(&["--machine", "isapc"]).contains("isapc"));
         assert!(e(&["--iso=yes"]).contains("unexpected value 'yes' for '--iso'"));
         assert!(e(&["--fast"]).contains("unexpected argument '--fast'"));
+        assert!(e(&["--ctl-nic", "mlx5", "--no-model"]).contains("cannot be used with"));
+        assert!(e(&["--ctl-nic", "e1000"]).contains("invalid value 'e1000'"));
         assert!(e(&["log=debug"]).contains("after `--`"));
         assert!(e(&["--cpu", "--iso"]).contains("--cpu <MODEL>"));
         assert!(e(&["--cpu=-x"]).contains("CPU model"));

@@ -2,8 +2,10 @@
 //! every run, passed to the image as `tenant=demo:HEX admin=HEX`, and written to the file `leasectl` reads by
 //! default, so that `cargo run -p leasectl -- ping` works from another terminal with no flags.
 
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::path::{Path, PathBuf};
 
+use leasebox_qemu::HubSocket;
 use leasectl::FileConfig;
 
 /// The tenant `cargo xtask run` creates.
@@ -12,6 +14,56 @@ pub const TENANT: &str = "demo";
 const KEY_BYTES: usize = 32;
 /// The control service's port in the guest when the kernel arguments do not set `port=`.
 pub const GUEST_PORT: u16 = 7470;
+
+/// `run --ctl-nic mlx5`: the appliance's RDMA address (on QEMU's user subnet, so the port answers ARP for it
+/// beside its DHCP address) and leasectl's address on that subnet.
+pub const HUB_RDMA_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 16);
+pub const HUB_LEASECTL_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 100);
+
+/// The hub of `run --ctl-nic mlx5` (docs/reference/platform.md, "A hub of UDP ports"): QEMU's user network,
+/// the model's Ethernet wire and leasectl's RDMA frames, each socket port with its own pair of UDP addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hub {
+    /// QEMU's end (`local`) and the model's (`peer`, what `--eth-udp` binds).
+    pub model: HubSocket,
+    /// QEMU's end and leasectl's (`rdma_bind`).
+    pub leasectl: HubSocket,
+}
+
+impl Hub {
+    /// Four free UDP ports on 127.0.0.1 (free when asked; nothing holds them until QEMU, the model and
+    /// leasectl bind them).
+    pub fn pick() -> Result<Hub, String> {
+        let mut ports = Vec::new();
+        let socks: Vec<UdpSocket> = (0..4)
+            .map(|_| UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| format!("a free UDP port: {e}")))
+            .collect::<Result<_, _>>()?;
+        for s in &socks {
+            ports.push(s.local_addr().map_err(|e| e.to_string())?.port());
+        }
+        let at = |i: usize| SocketAddrV4::new(Ipv4Addr::LOCALHOST, ports[i]);
+        Ok(Hub { model: HubSocket { local: at(0), peer: at(1) }, leasectl: HubSocket { local: at(2), peer: at(3) } })
+    }
+
+    /// The kernel options the hub needs: the CX-5 port as the control NIC and an RDMA address on its subnet
+    /// (unless the user's arguments set one).
+    pub fn kernel_words(&self, kernel_args: &[String]) -> Vec<String> {
+        let mut w = vec!["ctl_nic=mlx5".to_string()];
+        if !kernel_args.iter().flat_map(|a| a.split_whitespace()).any(|w| w.starts_with("rdma_ip=")) {
+            w.push(format!("rdma_ip={HUB_RDMA_IP}"));
+        }
+        w
+    }
+
+    /// leasectl's RDMA cable: frames to QEMU's end of its hub port, from the address QEMU sends to, with an
+    /// address on the subnet, the appliance's MAC found by ARP.
+    fn rdma(&self, c: &mut FileConfig) {
+        c.rdma_peer = Some(self.leasectl.local.to_string());
+        c.rdma_bind = Some(self.leasectl.peer.to_string());
+        c.rdma_local_ip = Some(HUB_LEASECTL_IP.to_string());
+        c.rdma_resolve = Some("arp".to_string());
+    }
+}
 
 /// One run's keys, as hex.
 pub struct DemoKeys {
@@ -38,15 +90,20 @@ impl DemoKeys {
         text.replace(&self.tenant_hex, "***").replace(&self.admin_hex, "***")
     }
 
-    /// The leasectl configuration for a control port forwarded to `127.0.0.1:host_port`.
-    pub fn client_config(&self, host_port: u16) -> FileConfig {
-        FileConfig {
+    /// The leasectl configuration for a control port forwarded to `127.0.0.1:host_port`, and the RDMA cable
+    /// of `hub` when the control NIC is the model's port.
+    pub fn client_config(&self, host_port: u16, hub: Option<&Hub>) -> FileConfig {
+        let mut c = FileConfig {
             addr: Some(format!("127.0.0.1:{host_port}")),
             tenant: Some(TENANT.to_string()),
             key: Some(self.tenant_hex.clone()),
             admin_key: Some(self.admin_hex.clone()),
             ..FileConfig::default()
+        };
+        if let Some(h) = hub {
+            h.rdma(&mut c);
         }
+        c
     }
 }
 
@@ -73,9 +130,9 @@ pub fn config_path(out_dir: &Path) -> PathBuf {
 }
 
 /// Writes the leasectl configuration (mode 0600).
-pub fn write_config(keys: &DemoKeys, host_port: u16, path: &Path) -> Result<(), String> {
+pub fn write_config(keys: &DemoKeys, host_port: u16, hub: Option<&Hub>, path: &Path) -> Result<(), String> {
     let comment = "written by `cargo xtask run`: keys of the tenant `demo` and of the admin for this run only";
-    keys.client_config(host_port).write(path, comment)
+    keys.client_config(host_port, hub).write(path, comment)
 }
 
 #[cfg(test)]
@@ -110,12 +167,31 @@ mod tests {
     }
 
     #[test]
+    fn hub_ports_are_distinct_and_name_the_rdma_address() {
+        let h = Hub::pick().unwrap();
+        let mut ports =
+            vec![h.model.local.port(), h.model.peer.port(), h.leasectl.local.port(), h.leasectl.peer.port()];
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), 4);
+        assert_eq!(h.kernel_words(&words(&["log=debug"])), ["ctl_nic=mlx5", "rdma_ip=10.0.2.16"]);
+        assert_eq!(h.kernel_words(&words(&["rdma_ip=10.0.2.9"])), ["ctl_nic=mlx5"]);
+    }
+
+    #[test]
     fn config_file_is_what_leasectl_reads() {
         let k = DemoKeys::generate().unwrap();
         let dir = std::env::temp_dir().join(format!("xtask-demo-{}", std::process::id()));
         let path = dir.join("leasebox/leasectl.conf");
-        write_config(&k, 7471, &path).unwrap();
+        write_config(&k, 7471, None, &path).unwrap();
         let c = FileConfig::load(&path).unwrap();
+        assert_eq!((c.rdma_peer.as_deref(), c.rdma_resolve.as_deref()), (None, None));
+        let hub = Hub::pick().unwrap();
+        write_config(&k, 7471, Some(&hub), &path).unwrap();
+        let h = FileConfig::load(&path).unwrap();
+        assert_eq!(h.rdma_peer, Some(hub.leasectl.local.to_string()));
+        assert_eq!(h.rdma_bind, Some(hub.leasectl.peer.to_string()));
+        assert_eq!((h.rdma_local_ip.as_deref(), h.rdma_resolve.as_deref()), (Some("10.0.2.100"), Some("arp")));
         assert_eq!(c.addr.as_deref(), Some("127.0.0.1:7471"));
         assert_eq!(c.tenant.as_deref(), Some("demo"));
         assert_eq!(c.key.as_deref(), Some(k.tenant_hex.as_str()));

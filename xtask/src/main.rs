@@ -11,7 +11,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use clap::error::ErrorKind;
-use cli::{BenchKind, BenchOpts, Cmd, RunOpts, TestOpts};
+use cli::{BenchKind, BenchOpts, Cmd, CtlNic, RunOpts, TestOpts};
 use image::Paths;
 use leasebox_qemu::model::{self, ModelCommand, ModelFiles, ModelProcess, ModelShm};
 use leasebox_qemu::{Boot, HostFwd, Ovmf, QemuConfig, QemuProcess, Stdio};
@@ -85,9 +85,16 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
     leasebox_qemu::firmware::remove_stale(&p.out, "ovmf-vars", "fd");
     // The zero-config demo: fresh keys on every run, unless the kernel arguments bring their own principals.
     let keys = if demo::has_principals(&o.kernel_args) { None } else { Some(demo::DemoKeys::generate()?) };
+    let hub = match o.ctl_nic {
+        CtlNic::Mlx5 => Some(demo::Hub::pick()?),
+        CtlNic::Virtio => None,
+    };
     let mut kernel_args = o.kernel_args.clone();
     if let Some(k) = &keys {
         kernel_args.extend(k.kernel_words());
+    }
+    if let Some(h) = &hub {
+        kernel_args.extend(h.kernel_words(&o.kernel_args));
     }
     let args = kernel_args.join(" ");
     let mut scratch = Vec::new();
@@ -114,6 +121,11 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
     config.mem_mib = o.mem_mib;
     config.extra = o.extra.iter().map(Into::into).collect();
     config.net = Some(HostFwd::localhost(o.port, demo::guest_port(&o.kernel_args)));
+    if let Some(h) = &hub {
+        // No virtio-net: the guest reaches QEMU's user network only through the model's Ethernet port.
+        config.virtio_net = false;
+        config.hub = vec![h.model, h.leasectl];
+    }
     // The mlx5 model: fresh shared files for guest RAM and the ivshmem BAR (a dry run only names them).
     let shm_dir = leasebox_qemu::model::shm_dir();
     if o.model {
@@ -139,19 +151,30 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
     match &keys {
         Some(k) => {
             let path = demo::config_path(&p.out);
-            demo::write_config(k, o.port, &path)?;
+            demo::write_config(k, o.port, hub.as_ref(), &path)?;
             eprintln!(
                 "xtask: control port on 127.0.0.1:{}; leasectl configuration (tenant {}, admin key) written to {}",
                 o.port,
                 demo::TENANT,
                 path.display()
             );
+            if let Some(h) = &hub {
+                eprintln!(
+                    "xtask: control NIC: the model's Ethernet port (no virtio-net); hub ports: model {} ↔ QEMU {}, \
+                     leasectl {} ↔ QEMU {}; RDMA address {} (found by ARP)",
+                    h.model.peer,
+                    h.model.local,
+                    h.leasectl.peer,
+                    h.leasectl.local,
+                    demo::HUB_RDMA_IP
+                );
+            }
             eprintln!("xtask: try `cargo run -p leasectl -- ping` from another terminal");
         }
         None => eprintln!("xtask: control port on 127.0.0.1:{}; principals from the kernel arguments", o.port),
     }
     let _model = match &shm {
-        Some(s) => Some(start_model(o, p, s)?),
+        Some(s) => Some(start_model(o, p, s, hub.as_ref())?),
         None => {
             eprintln!("xtask: without the mlx5 model (--no-model)");
             None
@@ -176,9 +199,10 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
 }
 
 /// Builds and starts the mlx5 model on `shm`'s files; it has written its signature when this returns.
-fn start_model(o: &RunOpts, p: &Paths, shm: &ModelShm) -> Result<ModelProcess, String> {
+fn start_model(o: &RunOpts, p: &Paths, shm: &ModelShm, hub: Option<&demo::Hub>) -> Result<ModelProcess, String> {
     cargo_step(p, &["build", "-p", "mlx5-model"])?;
     let mut cmd = ModelCommand::new(model_binary(p));
+    cmd.eth_udp = hub.map(|h| (h.model.peer, h.model.local));
     let trace = o.trace.as_ref().map_or_else(|| p.out.join("mlx5-trace.jsonl"), std::path::PathBuf::from);
     if let Some(dir) = trace.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;

@@ -153,13 +153,16 @@ pub struct ModelCommand {
     pub udp: Option<String>,
     /// `--control PATH` (the fault-injection control file).
     pub control: Option<PathBuf>,
+    /// `--eth-udp LOCAL,PEER`: the port's Ethernet wire, one frame per UDP datagram (the model reads on LOCAL
+    /// and sends to PEER, a port of QEMU's hub).
+    pub eth_udp: Option<(std::net::SocketAddrV4, std::net::SocketAddrV4)>,
     /// Where the model's stderr goes: a file (created or truncated), or this process's stderr.
     pub log: Option<PathBuf>,
 }
 
 impl ModelCommand {
     pub fn new(binary: PathBuf) -> Self {
-        ModelCommand { binary, trace: None, udp: None, control: None, log: None }
+        ModelCommand { binary, trace: None, udp: None, control: None, eth_udp: None, log: None }
     }
 
     /// The model's arguments for `files` and a guest of `mem_mib` MiB.
@@ -182,6 +185,10 @@ impl ModelCommand {
         if let Some(u) = &self.udp {
             a.push("--udp".into());
             a.push(u.into());
+        }
+        if let Some((local, peer)) = &self.eth_udp {
+            a.push("--eth-udp".into());
+            a.push(format!("{local},{peer}").into());
         }
         if let Some(c) = &self.control {
             a.push("--control".into());
@@ -317,6 +324,7 @@ mod tests {
         let mut c = ModelCommand::new("mlx5-model".into());
         c.trace = Some("t.jsonl".into());
         c.control = Some("c.txt".into());
+        c.eth_udp = Some(("127.0.0.1:5001".parse().unwrap(), "127.0.0.1:5002".parse().unwrap()));
         let a: Vec<String> = c.args(&f, 256).into_iter().map(|s| s.into_string().unwrap()).collect();
         assert_eq!(
             a,
@@ -332,6 +340,8 @@ mod tests {
                 "--exit-on-stdin-eof",
                 "--trace",
                 "t.jsonl",
+                "--eth-udp",
+                "127.0.0.1:5001,127.0.0.1:5002",
                 "--control",
                 "c.txt"
             ]
