@@ -26,6 +26,7 @@ pub mod cq;
 pub mod driver;
 pub mod engine;
 pub mod eq;
+pub mod eth;
 pub mod health;
 pub mod initseg;
 pub mod log;
