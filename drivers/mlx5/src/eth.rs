@@ -56,6 +56,8 @@ pub const HW_MTU_OVERHEAD: u16 = 22;
 /// The receive WQE stride: one 16-byte data segment (`log_wq_stride` 4).
 pub const RQ_WQE_LEN: usize = 16;
 
+/// `mkc.log_page_size` of the buffers' MKEYs: log2 of the page size in bytes (4 KiB pages).
+const LOG_PAGE: u8 = PAGE_SIZE.trailing_zeros() as u8;
 /// `wq.log_wq_stride` of the SQ: 64-byte basic blocks.
 const LOG_SQ_STRIDE: u8 = 6;
 const LOG_RQ_STRIDE: u8 = 4;
@@ -821,7 +823,8 @@ impl<P: Platform> EthPort<P> {
             None => {
                 let access = MkeyAccess::LOCAL_READ.union(MkeyAccess::LOCAL_WRITE);
                 let mut mk = |b: DmaBuf| {
-                    d.create_mkey(pd, b.addr(), b.len() as u64, access, 0, &pages(b)).map_err(step("CREATE_MKEY"))
+                    d.create_mkey(pd, b.addr(), b.len() as u64, access, LOG_PAGE, &pages(b))
+                        .map_err(step("CREATE_MKEY"))
                 };
                 let tx = mk(tx_bufs)?;
                 o.mkeys.push(tx);
@@ -848,7 +851,10 @@ impl<P: Platform> EthPort<P> {
         // SQ: cyclic, 64-byte strides, rung through the port's UAR page; RST → RDY.
         let log_sq_bbs = cfg.log_tx_frames + slot_bbs.trailing_zeros() as u8;
         let sq_pages = pages(sq_buf);
+        // With the reserved lkey the queues are created with `rlky`, which lets their WQEs use it.
+        let rlky = matches!(lkey, Lkey::Reserved(_));
         let sq = ifc::eth::create_sq(&SqParams {
+            rlky,
             cqn: tx_cqn,
             tisn,
             min_wqe_inline_mode: sq_inline,
@@ -871,6 +877,7 @@ impl<P: Platform> EthPort<P> {
         // (Linux posts receive WQEs after the RQ reached RDY).
         let rq_pages = pages(rq_buf);
         let rq = ifc::eth::create_rq(&RqParams {
+            rlky,
             cqn: rx_cqn,
             vlan_strip_disable: true,
             wq: WqParams {

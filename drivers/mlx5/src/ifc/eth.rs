@@ -114,6 +114,8 @@ fn put_wq(c: &mut Command, w: &WqParams<'_>) {
 /// What a created SQ gets (Linux `mlx5e_create_sq`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SqParams<'a> {
+    /// `sqc.rlky`: the reserved lkey (QUERY_SPECIAL_CONTEXTS `resd_lkey`) may be used in this queue's WQEs.
+    pub rlky: bool,
     pub cqn: Cqn,
     pub tisn: u32,
     /// `sqc.min_wqe_inline_mode`, set only when the capability says the vport context decides
@@ -129,6 +131,7 @@ pub fn create_sq(p: &SqParams<'_>) -> Command {
         .with("cqn", p.cqn.0.into())
         .with("tisn", p.tisn.into())
         .with("log_wq_sz", p.wq.log_wq_sz.into());
+    c.set(CTX, 1, p.rlky as u32);
     c.set(CTX + 0x03, 1, 1); // flush_in_error_en
     if let Some(m) = p.min_wqe_inline_mode {
         c.set(CTX + 0x05, 3, m.into());
@@ -201,6 +204,7 @@ fn wq_info(out: &Output) -> WqInfo {
 /// `query_sq_out.sq_context` fields we check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SqInfo {
+    pub rlky: bool,
     pub state: u8,
     pub min_wqe_inline_mode: u8,
     pub cqn: Cqn,
@@ -210,6 +214,7 @@ pub struct SqInfo {
 
 pub fn query_sq_out(out: &Output) -> SqInfo {
     SqInfo {
+        rlky: out.get(CTX, 1) != 0,
         state: out.get(CTX + 0x08, 4) as u8,
         min_wqe_inline_mode: out.get(CTX + 0x05, 3) as u8,
         cqn: Cqn(out.get(CTX + 0x48, 24)),
@@ -221,6 +226,8 @@ pub fn query_sq_out(out: &Output) -> SqInfo {
 /// What a created RQ gets (Linux `mlx5e_create_rq` with a cyclic WQ).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RqParams<'a> {
+    /// `rqc.rlky`: the reserved lkey may be used in this queue's WQEs.
+    pub rlky: bool,
     pub cqn: Cqn,
     /// `rqc.vsd`: VLAN stripping disabled (frames arrive as sent).
     pub vlan_strip_disable: bool,
@@ -232,6 +239,7 @@ pub fn create_rq(p: &RqParams<'_>) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_CREATE_RQ, 0, with_pas(CTX_CMD_LEN, p.wq.pages.len()), CMD_HDR_LEN)
         .with("cqn", p.cqn.0.into())
         .with("log_wq_sz", p.wq.log_wq_sz.into());
+    c.set(CTX, 1, p.rlky as u32);
     c.set(CTX + 0x03, 1, p.vlan_strip_disable as u32);
     c.set(CTX + 0x08, 4, MLX5_WQ_STATE_RST.into());
     c.set(CTX + 0x48, 24, p.cqn.0);
@@ -269,6 +277,7 @@ pub fn query_rq(rqn: u32) -> Command {
 /// `query_rq_out.rq_context` fields we check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RqInfo {
+    pub rlky: bool,
     pub state: u8,
     pub vlan_strip_disable: bool,
     pub cqn: Cqn,
@@ -277,6 +286,7 @@ pub struct RqInfo {
 
 pub fn query_rq_out(out: &Output) -> RqInfo {
     RqInfo {
+        rlky: out.get(CTX, 1) != 0,
         state: out.get(CTX + 0x08, 4) as u8,
         vlan_strip_disable: out.get(CTX + 0x03, 1) != 0,
         cqn: Cqn(out.get(CTX + 0x48, 24)),
@@ -390,11 +400,18 @@ mod tests {
     #[test]
     fn sq() {
         let pages = [0x10_0000, 0x10_1000];
-        let c = create_sq(&SqParams { cqn: Cqn(0x55), tisn: 0x66, min_wqe_inline_mode: Some(1), wq: wq(&pages) });
+        let c = create_sq(&SqParams {
+            rlky: true,
+            cqn: Cqn(0x55),
+            tisn: 0x66,
+            min_wqe_inline_mode: Some(1),
+            wq: wq(&pages),
+        });
         let b = c.input();
         assert_eq!((be16(b, 0), b.len()), (0x904, 0x110 + 16));
-        // sqc dword 0 (byte 0x20): flush_in_error_en bit 28, min_wqe_inline_mode bits 26:24, state bits 23:20.
-        assert_eq!(be32(b, 0x20), (1 << 28) | (1 << 24));
+        // sqc dword 0 (byte 0x20): rlky bit 31, flush_in_error_en bit 28, min_wqe_inline_mode bits 26:24, state
+        // bits 23:20.
+        assert_eq!(be32(b, 0x20), (1 << 31) | (1 << 28) | (1 << 24));
         assert_eq!(be32(b, 0x28), 0x55); // cqn
         assert_eq!(be16(b, 0x40), 1); // tis_lst_sz
         assert_eq!(be32(b, 0x4c), 0x66); // tis_num_0 at byte 0x2d of sqc
@@ -404,7 +421,7 @@ mod tests {
         // dword at wq byte 0x20: log_wq_stride [19:16], log_wq_pg_sz [12:8], log_wq_sz [4:0].
         assert_eq!(be32(b, 0x70), (6 << 16) | 7);
         assert_eq!((be64(b, 0x110), be64(b, 0x118)), (0x10_0000, 0x10_1000));
-        let none = create_sq(&SqParams { cqn: Cqn(1), tisn: 2, min_wqe_inline_mode: None, wq: wq(&[]) });
+        let none = create_sq(&SqParams { rlky: false, cqn: Cqn(1), tisn: 2, min_wqe_inline_mode: None, wq: wq(&[]) });
         assert_eq!(be32(none.input(), 0x20), 1 << 28);
         assert_eq!(create_sq_out(&out(0x10, &[(0x08, &[0, 0, 1, 2])])), 0x102);
 
@@ -422,14 +439,15 @@ mod tests {
         let q = query_sq(0x102);
         assert_eq!((be16(q.input(), 0), be32(q.input(), 8), q.out_len()), (0x907, 0x102, 0x110));
         // The create's context read back as a query output.
-        let mut img = create_sq(&SqParams { cqn: Cqn(0x55), tisn: 0x66, min_wqe_inline_mode: Some(1), wq: wq(&[]) })
-            .input()
-            .to_vec();
+        let mut img =
+            create_sq(&SqParams { rlky: true, cqn: Cqn(0x55), tisn: 0x66, min_wqe_inline_mode: Some(1), wq: wq(&[]) })
+                .input()
+                .to_vec();
         img[..0x20].fill(0);
         img[0x21] = 0x10; // state RDY
         img[0x68..0x6c].copy_from_slice(&5u32.to_be_bytes()); // hw_counter at wq byte 0x18
         let i = query_sq_out(&crate::command::Output::new(img));
-        assert_eq!((i.state, i.min_wqe_inline_mode, i.cqn, i.tisn), (1, 1, Cqn(0x55), 0x66));
+        assert_eq!((i.rlky, i.state, i.min_wqe_inline_mode, i.cqn, i.tisn), (true, 1, 1, Cqn(0x55), 0x66));
         assert_eq!((i.wq.wq_type, i.wq.pd, i.wq.uar_page, i.wq.dbr_addr), (1, Pdn(0x12), UarPage(0x34), 0x1_2345_6780));
         assert_eq!((i.wq.log_wq_stride, i.wq.log_wq_sz, i.wq.hw_counter), (6, 7, 5));
     }
@@ -438,10 +456,12 @@ mod tests {
     fn rq() {
         let pages = [0x20_0000];
         let w = WqParams { uar_page: UarPage(0), log_wq_stride: 4, log_wq_sz: 9, ..wq(&pages) };
-        let c = create_rq(&RqParams { cqn: Cqn(0x77), vlan_strip_disable: true, wq: w });
+        let c = create_rq(&RqParams { rlky: false, cqn: Cqn(0x77), vlan_strip_disable: true, wq: w });
         let b = c.input();
         assert_eq!((be16(b, 0), b.len()), (0x908, 0x118));
-        assert_eq!(be32(b, 0x20), 1 << 28); // vsd (bit 3), mem_rq_type 0, state RST
+        assert_eq!(be32(b, 0x20), 1 << 28); // rlky 0, vsd (bit 3), mem_rq_type 0, state RST
+        let r = create_rq(&RqParams { rlky: true, cqn: Cqn(0x77), vlan_strip_disable: false, wq: w });
+        assert_eq!(be32(r.input(), 0x20), 1 << 31);
         assert_eq!(be32(b, 0x28), 0x77);
         assert_eq!((be32(b, 0x50), be32(b, 0x58), be32(b, 0x5c)), (1 << 28, 0x12, 0));
         assert_eq!(be32(b, 0x70), (4 << 16) | 9);
@@ -459,7 +479,7 @@ mod tests {
         img[..0x20].fill(0);
         img[0x21] |= 0x10;
         let i = query_rq_out(&crate::command::Output::new(img));
-        assert_eq!((i.state, i.vlan_strip_disable, i.cqn), (1, true, Cqn(0x77)));
+        assert_eq!((i.rlky, i.state, i.vlan_strip_disable, i.cqn), (false, 1, true, Cqn(0x77)));
         assert_eq!((i.wq.log_wq_stride, i.wq.log_wq_sz, i.wq.uar_page), (4, 9, UarPage(0)));
     }
 
