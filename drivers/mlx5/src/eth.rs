@@ -1,5 +1,5 @@
 //! The ConnectX's own Ethernet port as a NIC (docs/mlx5-driver.md "The Ethernet port"; docs/reference/mlx5.md
-//! §e.8, §f.5, §f.6): one send queue and one receive queue with their CQs, a TIS and a TIR in a transport
+//! §i): one send queue and one receive queue with their CQs, a TIS and a TIR in a transport
 //! domain, a NIC_RX root flow table forwarding the port's unicast MAC and broadcast to the TIR, and the port
 //! brought up through PAOS and PMTU. Everything is created synchronously through [`Driver::exec`] before
 //! `into_engines`; after that the data path ([`EthPort::transmit`], [`EthPort::receive`]) needs no command,

@@ -3,7 +3,7 @@
 //! `destroy_rq_in`, `query_rq_in/out`, `create_tir_in/out`, `tirc`, `destroy_tir_in`,
 //! `query_special_contexts_in/out`, the ETHERNET_OFFLOADS capability block
 //! `per_protocol_networking_offload_caps` and `nic_vport_context.min_wqe_inline_mode`; docs/reference/mlx5.md
-//! §e.8). Offsets were taken with `offsetof` over Linux 6.12's `mlx5_ifc.h`; every `*_in` below that carries a
+//! §i). Offsets were taken with `offsetof` over Linux 6.12's `mlx5_ifc.h`; every `*_in` below that carries a
 //! context has it at byte 0x20 (bit 0x100), and the SQ/RQ `wq` sits 0x30 bytes into `sqc`/`rqc`, so at byte
 //! 0x50 of the command, with its `pas[]` at byte 0x110.
 

@@ -3,7 +3,7 @@
 //! `delete_fte_in`, `set_flow_table_root_in`, `fte_match_param`, `fte_match_set_lyr_2_4`, `fte_match_set_misc`;
 //! docs/reference/mlx5.md §e.7, §h). Two uses: the RDMA_RX domain, matching `misc_parameters.bth_dst_qp` (a QPN)
 //! with the action DROP or ALLOW; and the NIC_RX domain of the Ethernet port, matching the outer destination MAC
-//! and forwarding to a TIR (docs/reference/mlx5.md §e.8).
+//! and forwarding to a TIR (docs/reference/mlx5.md §i.4).
 
 use crate::command::{Command, Output};
 use crate::handles::{FlowGroupId, FlowIndex, FlowTableId, Qpn};
