@@ -309,9 +309,11 @@ impl TxRing {
             } else if cqe.opcode != MLX5_CQE_REQ {
                 continue;
             }
-            // The CQE names the last WQE of a slot (the one that asked for it); ignore one outside the
-            // frames in flight.
-            let done = cqe.wqe_counter.wrapping_add(1);
+            // The CQE names the last WQE of a slot (the one that asked for it: the frame's own WQE when it
+            // fills the slot, else the last NOP), so its whole slot is done. Ignore one outside the frames in
+            // flight.
+            let slot_start = cqe.wqe_counter & !(self.slot_bbs as u16 - 1);
+            let done = slot_start.wrapping_add(self.slot_bbs as u16);
             let ahead = done.wrapping_sub(self.cc);
             if ahead != 0 && ahead <= self.pc.wrapping_sub(self.cc) {
                 self.cc = done;
@@ -409,7 +411,8 @@ impl TxRing {
         let ring_bbs = self.frames() * self.slot_bbs;
         let at = (usize::from(self.pc) & (ring_bbs - 1)) * SEND_WQE_BB;
         p.dma_write(self.wq, at, wqe);
-        let last_at = (self.slot_bbs - 1) * SEND_WQE_BB;
+        // The slot's last WQE: the last NOP, or the frame's WQE itself when it fills the slot.
+        let last_at = if bbs < self.slot_bbs { (self.slot_bbs - 1) * SEND_WQE_BB } else { 0 };
         let db = [
             u32::from_be_bytes([wqe[last_at], wqe[last_at + 1], wqe[last_at + 2], wqe[last_at + 3]]),
             u32::from_be_bytes([wqe[last_at + 4], wqe[last_at + 5], wqe[last_at + 6], wqe[last_at + 7]]),
@@ -1031,6 +1034,13 @@ impl<P: Platform> EthPort<P> {
         Ok(w)
     }
 
+    /// QUERY_SQ and QUERY_RQ: the queues as the HCA sees them (state, CQ, work queue, counters).
+    pub fn query_queues(&self, d: &mut Driver<P>) -> Result<(ifc::eth::SqInfo, ifc::eth::RqInfo), CmdError> {
+        let sq = d.exec(ifc::eth::query_sq(self.info.sqn))?;
+        let rq = d.exec(ifc::eth::query_rq(self.info.rqn))?;
+        Ok((ifc::eth::query_sq_out(&sq), ifc::eth::query_rq_out(&rq)))
+    }
+
     /// Destroys the port in reverse (root disconnected, entries, group, table, TIR, RQ, SQ, CQs, TIS, MKEYs,
     /// UAR, TD, PD), then frees its DMA memory. Needs the synchronous driver (before `into_engines`). The first
     /// failing step is reported; the rest still run, and memory a queue may still reach is not freed.
@@ -1260,6 +1270,15 @@ mod tests {
         assert_eq!((be32(&w, 0x40), be64(&w, 0x48)), (46, tx.bufs.at((BUF + 34) as u64)));
         assert_eq!(w[0x4b], 0, "a data segment, not a control segment, sits at 0x40");
         assert_eq!(w[11], MLX5_WQE_CTRL_CQ_UPDATE, "the frame fills its slot: it asks for the CQE");
+        // ... and its own control segment is the doorbell.
+        assert_eq!(p.bar.lock()[2..], [(db, (2 << 8) | MLX5_OPCODE_SEND as u32), (db + 4, (SQN << 8) | 5)]);
+        assert_eq!((tx.room(), be32(&p.bytes(tx.dbr, 0, 8), 4)), (0, 4));
+        // Completions free whole slots: the CQE of slot 0 names its NOP (index 1), that of slot 1 its frame WQE
+        // (index 2).
+        put_cqe(&p, &tx.cq, 0, MLX5_CQE_REQ, 1, 0, 0);
+        assert_eq!((tx.reap(&p, &mut st), tx.room()), (1, 1));
+        put_cqe(&p, &tx.cq, 1, MLX5_CQE_REQ, 2, 0, 0);
+        assert_eq!((tx.reap(&p, &mut st), tx.room(), tx.in_flight()), (1, 2, 0));
 
         // TCP: L2 + IP + the TCP header's data offset; IPv6 is 40 bytes of IP header.
         let mut tcp = udp.clone();
