@@ -257,11 +257,7 @@ impl<P: Platform> Driver<P> {
         d.info.mtu = ifc::vport::pmtu_out(&pmtu).oper_mtu;
         // Port state as Linux `mlx5_query_port_oper_status` reads it: PAOS `oper_status` (1 up, 2 down).
         let paos = d.exec(ifc::vport::paos_query(1)).map_err(step("ACCESS_REG PAOS"))?;
-        d.info.port = match ifc::vport::paos_out(&paos).oper_status {
-            1 => PortState::Active,
-            2 => PortState::Down,
-            v => PortState::Unknown(v),
-        };
+        d.info.port = PortState::from_paos(ifc::vport::paos_out(&paos).oper_status);
         d.info.bring_up_ns = p.now_ns().saturating_sub(t0);
         Ok(d)
     }

@@ -2,7 +2,8 @@
 //! (`command`, `field`, `ifc`), the initialization segment (`initseg`), the command queue with its 32 slots
 //! (`cmdq`), EQ/CQ polling and health (`eq`, `cq`, `health`), bring-up, page supply and teardown in Linux
 //! mlx5_core's order (`driver`), objects with typed handles (`objects`, `handles`), the polling engines with
-//! their SPSC rings (`engine`, `ring`), the command ring (`log`) and PCI matching (`probe`) — over
+//! their SPSC rings (`engine`, `ring`), the port's Ethernet queues (`eth`), the command ring (`log`) and PCI
+//! matching (`probe`) — over
 //! [`Platform`], which supplies BAR0, DMA memory and time. Field offsets follow Linux `include/linux/mlx5/mlx5_ifc.h` and
 //! `device.h` (`docs/reference/mlx5.md`).
 #![cfg_attr(not(test), no_std)]
@@ -26,6 +27,7 @@ pub mod cq;
 pub mod driver;
 pub mod engine;
 pub mod eq;
+pub mod eth;
 pub mod health;
 pub mod initseg;
 pub mod log;

@@ -1,7 +1,9 @@
-//! Flow steering for the RDMA_RX domain (`mlx5_ifc.h`: `create_flow_table_in/out`, `flow_table_context`,
-//! `destroy_flow_table_in`, `create_flow_group_in/out`, `destroy_flow_group_in`, `set_fte_in`,
-//! `flow_context`, `delete_fte_in`, `set_flow_table_root_in`, `fte_match_param`, `fte_match_set_misc`;
-//! docs/reference/mlx5.md §e.7, §h). The one match we use is `misc_parameters.bth_dst_qp` (a QPN), the one action DROP.
+//! Flow steering (`mlx5_ifc.h`: `create_flow_table_in/out`, `flow_table_context`, `destroy_flow_table_in`,
+//! `create_flow_group_in/out`, `destroy_flow_group_in`, `set_fte_in`, `flow_context`, `dest_format_struct`,
+//! `delete_fte_in`, `set_flow_table_root_in`, `fte_match_param`, `fte_match_set_lyr_2_4`, `fte_match_set_misc`;
+//! docs/reference/mlx5.md §e.7, §h). Two uses: the RDMA_RX domain, matching `misc_parameters.bth_dst_qp` (a QPN)
+//! with the action DROP or ALLOW; and the NIC_RX domain of the Ethernet port, matching the outer destination MAC
+//! and forwarding to a TIR (docs/reference/mlx5.md §i.4).
 
 use crate::command::{Command, Output};
 use crate::handles::{FlowGroupId, FlowIndex, FlowTableId, Qpn};
@@ -39,9 +41,25 @@ pub const MLX5_MATCH_MISC_PARAMETERS: u8 = 1 << 1;
 /// `MLX5_FLOW_CONTEXT_ACTION_*` (`mlx5_ifc.h:3716-3731`).
 pub const MLX5_FLOW_CONTEXT_ACTION_ALLOW: u16 = 0x1;
 pub const MLX5_FLOW_CONTEXT_ACTION_DROP: u16 = 0x2;
+pub const MLX5_FLOW_CONTEXT_ACTION_FWD_DEST: u16 = 0x4;
+
+/// `dest_format_struct.destination_type` for a TIR (`MLX5_IFC_FLOW_DESTINATION_TYPE_TIR`, `mlx5_ifc.h:2184`).
+pub const MLX5_IFC_FLOW_DESTINATION_TYPE_TIR: u8 = 0x2;
+/// `dest_format_struct` is 8 bytes; the destination list starts at `flow_context` byte 0x300, which is byte
+/// 0x340 of `set_fte_in`: right after its fixed part.
+pub const DEST_FORMAT_LEN: usize = 8;
+const FTE_DESTINATIONS: usize = 0x40 + 0x300;
+
+/// `set_flow_table_root_in.op_mod`: 0 connects `table_id` as the root, 1 disconnects the root.
+pub const SET_ROOT_CONNECT: u16 = 0;
+pub const SET_ROOT_DISCONNECT: u16 = 1;
 
 /// `fte_match_set_misc.bth_dst_qp` inside an `fte_match_param` (misc block at bit 0x200): bit 0x348.
 const MATCH_BTH_DST_QP: usize = 0x200 + 0x148;
+/// `fte_match_set_lyr_2_4.dmac_47_16` (bit 0x40, 32 wide) and `dmac_15_0` (bit 0x60, 16 wide) in the outer
+/// headers, which open `fte_match_param`.
+const MATCH_DMAC_47_16: usize = 0x40;
+const MATCH_DMAC_15_0: usize = 0x60;
 /// `create_flow_group_in.match_criteria` at bit 0x200; `set_fte_in.flow_context.match_value` at bit 0x400.
 const GROUP_CRITERIA: usize = 0x200;
 const FTE_CONTEXT: usize = 0x200;
@@ -116,6 +134,42 @@ pub fn set_fte_bth_dst_qp(
     c
 }
 
+/// CREATE_FLOW_GROUP over entries `[start, end]` matching the whole outer destination MAC
+/// (`match_criteria_enable` = outer headers).
+pub fn create_flow_group_dmac(table_type: u8, table: FlowTableId, start: u32, end: u32) -> Command {
+    let mut c = table_cmd(MLX5_CMD_OP_CREATE_FLOW_GROUP, CREATE_FLOW_GROUP_IN_LEN, table_type, table);
+    c.set(0xe0, 32, start);
+    c.set(0x120, 32, end);
+    c.set(0x1f8, 8, MLX5_MATCH_OUTER_HEADERS.into());
+    c.set(GROUP_CRITERIA + MATCH_DMAC_47_16, 32, u32::MAX);
+    c.set(GROUP_CRITERIA + MATCH_DMAC_15_0, 16, 0xffff);
+    c
+}
+
+/// SET_FLOW_TABLE_ENTRY (op_mod 0) at `index` in `group`: frames whose outer destination MAC is `dmac` are
+/// forwarded (`FWD_DEST`) to TIR `tirn` (one destination, `destination_list_size` 1).
+pub fn set_fte_dmac_to_tir(
+    table_type: u8,
+    table: FlowTableId,
+    group: FlowGroupId,
+    index: FlowIndex,
+    dmac: [u8; 6],
+    tirn: u32,
+) -> Command {
+    let mut c = table_cmd(MLX5_CMD_OP_SET_FLOW_TABLE_ENTRY, SET_FTE_IN_LEN + DEST_FORMAT_LEN, table_type, table)
+        .with("flow_index", index.0.into())
+        .with("tirn", tirn.into());
+    c.set(0x100, 32, index.0);
+    c.set(FTE_CONTEXT + 0x20, 32, group.0);
+    c.set(FTE_CONTEXT + 0x70, 16, MLX5_FLOW_CONTEXT_ACTION_FWD_DEST.into());
+    c.set(FTE_CONTEXT + 0x88, 24, 1);
+    c.set(FTE_MATCH_VALUE + MATCH_DMAC_47_16, 32, u32::from_be_bytes([dmac[0], dmac[1], dmac[2], dmac[3]]));
+    c.set(FTE_MATCH_VALUE + MATCH_DMAC_15_0, 16, u16::from_be_bytes([dmac[4], dmac[5]]).into());
+    c.set(FTE_DESTINATIONS * 8, 8, MLX5_IFC_FLOW_DESTINATION_TYPE_TIR.into());
+    c.set(FTE_DESTINATIONS * 8 + 8, 24, tirn);
+    c
+}
+
 pub fn delete_fte(table_type: u8, table: FlowTableId, index: FlowIndex) -> Command {
     let mut c = table_cmd(MLX5_CMD_OP_DELETE_FLOW_TABLE_ENTRY, DELETE_FTE_IN_LEN, table_type, table)
         .with("flow_index", index.0.into());
@@ -126,6 +180,15 @@ pub fn delete_fte(table_type: u8, table: FlowTableId, index: FlowIndex) -> Comma
 /// SET_FLOW_TABLE_ROOT: makes `table` the root of its domain (`underlay_qpn` 0: Ethernet port).
 pub fn set_flow_table_root(table_type: u8, table: FlowTableId) -> Command {
     table_cmd(MLX5_CMD_OP_SET_FLOW_TABLE_ROOT, SET_FLOW_TABLE_ROOT_IN_LEN, table_type, table)
+}
+
+/// SET_FLOW_TABLE_ROOT op_mod 1: disconnects the domain's root (before its table is destroyed; `table_id` 0).
+pub fn clear_flow_table_root(table_type: u8) -> Command {
+    let mut c =
+        Command::new(MLX5_CMD_OP_SET_FLOW_TABLE_ROOT, SET_ROOT_DISCONNECT, SET_FLOW_TABLE_ROOT_IN_LEN, CMD_HDR_LEN)
+            .with("table_type", table_type.into());
+    c.set(0x80, 8, table_type.into());
+    c
 }
 
 #[cfg(test)]
@@ -182,5 +245,41 @@ mod tests {
         assert_eq!(be32(b, 0xe8), 0x12_3456);
         let d = delete_fte(FS_FT_RDMA_RX, FlowTableId(5), FlowIndex(2));
         assert_eq!((be16(d.input(), 0), be32(d.input(), 0x14), be32(d.input(), 0x20)), (0x938, 5, 2));
+    }
+
+    #[test]
+    fn nic_rx_dmac_to_tir() {
+        let t = create_flow_table(FS_FT_NIC_RX, 0, 1);
+        assert_eq!((be16(t.input(), 0), t.input()[0x10], be32(t.input(), 0x18)), (0x930, 0, 1));
+        let g = create_flow_group_dmac(FS_FT_NIC_RX, FlowTableId(4), 0, 1);
+        let b = g.input();
+        assert_eq!((be16(b, 0), b.len(), b[0x10], be32(b, 0x14)), (0x933, 0x400, 0, 4));
+        assert_eq!((be32(b, 0x1c), be32(b, 0x24), b[0x3f]), (0, 1, 1));
+        // match_criteria at byte 0x40; outer dmac_47_16 at +8, dmac_15_0 in the high half of +0xc.
+        assert_eq!((be32(b, 0x48), be32(b, 0x4c)), (u32::MAX, 0xffff_0000));
+        assert_eq!(b.iter().filter(|&&x| x != 0).count(), 2 + 1 + 1 + 1 + 6);
+
+        let e = set_fte_dmac_to_tir(
+            FS_FT_NIC_RX,
+            FlowTableId(4),
+            FlowGroupId(8),
+            FlowIndex(1),
+            [0x02, 0x4c, 0x42, 0x00, 0x00, 0x01],
+            0x12_3456,
+        );
+        let b = e.input();
+        assert_eq!((be16(b, 0), b.len(), b[0x10], be32(b, 0x14), be32(b, 0x20)), (0x936, 0x348, 0, 4, 1));
+        assert_eq!(be32(b, 0x44), 8); // group_id
+        assert_eq!(be16(b, 0x4e), 4); // action FWD_DEST
+        assert_eq!(be32(b, 0x50), 1); // destination_list_size
+        // match_value at byte 0x80: outer dmac.
+        assert_eq!((be32(b, 0x88), be32(b, 0x8c)), (0x024c_4200, 0x0001_0000));
+        // The destination list at byte 0x340: type TIR in the top byte, id below; the second dword zero.
+        assert_eq!((be32(b, 0x340), be32(b, 0x344)), ((2 << 24) | 0x12_3456, 0));
+
+        let r = set_flow_table_root(FS_FT_NIC_RX, FlowTableId(4));
+        assert_eq!((be16(r.input(), 0), be16(r.input(), 6), r.input()[0x10], be32(r.input(), 0x14)), (0x92f, 0, 0, 4));
+        let c = clear_flow_table_root(FS_FT_NIC_RX);
+        assert_eq!((be16(c.input(), 0), be16(c.input(), 6), be32(c.input(), 0x14)), (0x92f, 1, 0));
     }
 }

@@ -12,6 +12,7 @@ use crate::command::Command;
 
 pub mod cq;
 pub mod eq;
+pub mod eth;
 pub mod flow;
 pub mod init;
 pub mod mkey;

@@ -1,0 +1,534 @@
+//! Ethernet transport objects (`mlx5_ifc.h`: `create_tis_in/out`, `tisc`, `destroy_tis_in`, `create_sq_in/out`,
+//! `sqc`, `wq`, `modify_sq_in`, `destroy_sq_in`, `query_sq_in/out`, `create_rq_in/out`, `rqc`, `modify_rq_in`,
+//! `destroy_rq_in`, `query_rq_in/out`, `create_tir_in/out`, `tirc`, `destroy_tir_in`,
+//! `query_special_contexts_in/out`, the ETHERNET_OFFLOADS capability block
+//! `per_protocol_networking_offload_caps` and `nic_vport_context.min_wqe_inline_mode`; docs/reference/mlx5.md
+//! §i). Offsets were taken with `offsetof` over Linux 6.12's `mlx5_ifc.h`; every `*_in` below that carries a
+//! context has it at byte 0x20 (bit 0x100), and the SQ/RQ `wq` sits 0x30 bytes into `sqc`/`rqc`, so at byte
+//! 0x50 of the command, with its `pas[]` at byte 0x110.
+
+use crate::command::{Command, Output};
+use crate::handles::{Cqn, Pdn, Tdn, UarPage};
+use crate::ifc::{CMD_HDR_LEN, PAS_OFFSET, put_pas, with_pas};
+
+pub const MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS: u16 = 0x203;
+pub const MLX5_CMD_OP_CREATE_TIR: u16 = 0x900;
+pub const MLX5_CMD_OP_DESTROY_TIR: u16 = 0x902;
+pub const MLX5_CMD_OP_CREATE_SQ: u16 = 0x904;
+pub const MLX5_CMD_OP_MODIFY_SQ: u16 = 0x905;
+pub const MLX5_CMD_OP_DESTROY_SQ: u16 = 0x906;
+pub const MLX5_CMD_OP_QUERY_SQ: u16 = 0x907;
+pub const MLX5_CMD_OP_CREATE_RQ: u16 = 0x908;
+pub const MLX5_CMD_OP_MODIFY_RQ: u16 = 0x909;
+pub const MLX5_CMD_OP_DESTROY_RQ: u16 = 0x90a;
+pub const MLX5_CMD_OP_QUERY_RQ: u16 = 0x90b;
+pub const MLX5_CMD_OP_CREATE_TIS: u16 = 0x912;
+pub const MLX5_CMD_OP_DESTROY_TIS: u16 = 0x914;
+
+/// `create_tis_in` (0xc0 bytes), `create_{sq,rq,tir}_in` / `modify_{sq,rq}_in` / `query_{sq,rq}_out` fixed
+/// parts (0x110 bytes), `query_special_contexts_out` (0x20 bytes).
+pub const CREATE_TIS_IN_LEN: usize = 0xc0;
+pub const CTX_CMD_LEN: usize = 0x110;
+pub const QUERY_SPECIAL_CONTEXTS_OUT_LEN: usize = 0x20;
+
+/// `wq.wq_type` (`mlx5_ifc.h` `MLX5_WQ_TYPE_*`).
+pub const MLX5_WQ_TYPE_LINKED_LIST: u8 = 0;
+pub const MLX5_WQ_TYPE_CYCLIC: u8 = 1;
+/// `sqc.state` / `rqc.state` (`MLX5_SQC_STATE_*`, `MLX5_RQC_STATE_*`: the same numbers).
+pub const MLX5_WQ_STATE_RST: u8 = 0;
+pub const MLX5_WQ_STATE_RDY: u8 = 1;
+pub const MLX5_WQ_STATE_ERR: u8 = 3;
+/// `tirc.disp_type` (`MLX5_TIRC_DISP_TYPE_*`).
+pub const MLX5_TIRC_DISP_TYPE_DIRECT: u8 = 0;
+pub const MLX5_TIRC_DISP_TYPE_INDIRECT: u8 = 1;
+
+/// `per_protocol_networking_offload_caps.wqe_inline_mode` (Linux `vport.h` `MLX5_CAP_INLINE_MODE_*`).
+pub const MLX5_CAP_INLINE_MODE_L2: u8 = 0;
+pub const MLX5_CAP_INLINE_MODE_VPORT_CONTEXT: u8 = 1;
+pub const MLX5_CAP_INLINE_MODE_NOT_REQUIRED: u8 = 2;
+/// `sqc.min_wqe_inline_mode` / `nic_vport_context.min_wqe_inline_mode` (`device.h` `MLX5_INLINE_MODE_*`).
+pub const MLX5_INLINE_MODE_NONE: u8 = 0;
+pub const MLX5_INLINE_MODE_L2: u8 = 1;
+pub const MLX5_INLINE_MODE_IP: u8 = 2;
+pub const MLX5_INLINE_MODE_TCP_UDP: u8 = 3;
+
+/// The context every context-carrying command here holds, at byte 0x20.
+const CTX: usize = 0x100;
+/// `sqc.wq` / `rqc.wq` at bit 0x180 of the context.
+const WQ: usize = CTX + 0x180;
+
+fn handle_cmd(opcode: u16, name: &'static str, handle: u32) -> Command {
+    let mut c = Command::new(opcode, 0, CMD_HDR_LEN, CMD_HDR_LEN).with(name, handle.into());
+    c.set(0x48, 24, handle);
+    c
+}
+
+/// `create_*_out.{tisn,sqn,rqn,tirn}`: bit 0x48, 24 bits.
+fn created(out: &Output) -> u32 {
+    out.get(0x48, 24)
+}
+
+/// CREATE_TIS in transport domain `td` (`tisc.prio` 0; Linux `mlx5e_create_tis`).
+pub fn create_tis(td: Tdn) -> Command {
+    let mut c = Command::new(MLX5_CMD_OP_CREATE_TIS, 0, CREATE_TIS_IN_LEN, CMD_HDR_LEN).with("td", td.0.into());
+    c.set(CTX + 0x128, 24, td.0); // tisc.transport_domain
+    c
+}
+
+pub fn create_tis_out(out: &Output) -> u32 {
+    created(out)
+}
+
+pub fn destroy_tis(tisn: u32) -> Command {
+    handle_cmd(MLX5_CMD_OP_DESTROY_TIS, "tisn", tisn)
+}
+
+/// The `wq` of an SQ or RQ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WqParams<'a> {
+    pub wq_type: u8,
+    pub pd: Pdn,
+    /// The UAR page whose doorbell rings this WQ (SQ); 0 for an RQ (rung through its doorbell record only).
+    pub uar_page: UarPage,
+    pub dbr_addr: u64,
+    /// log2 of the WQE stride in bytes (6 = 64-byte send WQE basic blocks; 4 = one 16-byte data segment).
+    pub log_wq_stride: u8,
+    /// log2(page / 4 KiB) of `pages`.
+    pub log_wq_pg_sz: u8,
+    /// log2 of the number of WQEs (strides).
+    pub log_wq_sz: u8,
+    pub pages: &'a [u64],
+}
+
+fn put_wq(c: &mut Command, w: &WqParams<'_>) {
+    c.set(WQ, 4, w.wq_type.into());
+    c.set(WQ + 0x48, 24, w.pd.0);
+    c.set(WQ + 0x68, 24, w.uar_page.0);
+    c.set64((WQ + 0x80) / 8, w.dbr_addr);
+    c.set(WQ + 0x10c, 4, w.log_wq_stride.into());
+    c.set(WQ + 0x113, 5, w.log_wq_pg_sz.into());
+    c.set(WQ + 0x11b, 5, w.log_wq_sz.into());
+    put_pas(c, PAS_OFFSET, w.pages);
+}
+
+/// What a created SQ gets (Linux `mlx5e_create_sq`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SqParams<'a> {
+    /// `sqc.rlky`: the reserved lkey (QUERY_SPECIAL_CONTEXTS `resd_lkey`) may be used in this queue's WQEs.
+    pub rlky: bool,
+    pub cqn: Cqn,
+    pub tisn: u32,
+    /// `sqc.min_wqe_inline_mode`, set only when the capability says the vport context decides
+    /// (`MLX5_CAP_INLINE_MODE_VPORT_CONTEXT`), as Linux does; `None` leaves it 0.
+    pub min_wqe_inline_mode: Option<u8>,
+    pub wq: WqParams<'a>,
+}
+
+/// CREATE_SQ in state RST: `flush_in_error_en`, `cqn`, one TIS (`tis_lst_sz` 1, `tis_num_0`), the `wq` and its
+/// pages.
+pub fn create_sq(p: &SqParams<'_>) -> Command {
+    let mut c = Command::new(MLX5_CMD_OP_CREATE_SQ, 0, with_pas(CTX_CMD_LEN, p.wq.pages.len()), CMD_HDR_LEN)
+        .with("cqn", p.cqn.0.into())
+        .with("tisn", p.tisn.into())
+        .with("log_wq_sz", p.wq.log_wq_sz.into());
+    c.set(CTX, 1, p.rlky as u32);
+    c.set(CTX + 0x03, 1, 1); // flush_in_error_en
+    if let Some(m) = p.min_wqe_inline_mode {
+        c.set(CTX + 0x05, 3, m.into());
+    }
+    c.set(CTX + 0x08, 4, MLX5_WQ_STATE_RST.into());
+    c.set(CTX + 0x48, 24, p.cqn.0);
+    c.set(CTX + 0x100, 16, 1); // tis_lst_sz
+    c.set(CTX + 0x168, 24, p.tisn);
+    put_wq(&mut c, &p.wq);
+    c
+}
+
+pub fn create_sq_out(out: &Output) -> u32 {
+    created(out)
+}
+
+/// MODIFY_SQ `from` → `to` (`modify_sq_in.sq_state` the current state, `sqc.state` the next). The
+/// `modify_bitmask` stays 0: Linux `mlx5e_modify_sq` sets bits only for rate-limit and QoS-group updates.
+pub fn modify_sq(sqn: u32, from: u8, to: u8) -> Command {
+    let mut c = Command::new(MLX5_CMD_OP_MODIFY_SQ, 0, CTX_CMD_LEN, CMD_HDR_LEN)
+        .with("sqn", sqn.into())
+        .with("from", from.into())
+        .with("to", to.into());
+    c.set(0x40, 4, from.into());
+    c.set(0x48, 24, sqn);
+    c.set64(0x10, 0); // modify_bitmask
+    c.set(CTX + 0x08, 4, to.into());
+    c
+}
+
+pub fn destroy_sq(sqn: u32) -> Command {
+    handle_cmd(MLX5_CMD_OP_DESTROY_SQ, "sqn", sqn)
+}
+
+pub fn query_sq(sqn: u32) -> Command {
+    let mut c = Command::new(MLX5_CMD_OP_QUERY_SQ, 0, CMD_HDR_LEN, CTX_CMD_LEN).with("sqn", sqn.into());
+    c.set(0x48, 24, sqn);
+    c
+}
+
+/// The `wq` fields a query returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WqInfo {
+    pub wq_type: u8,
+    pub pd: Pdn,
+    pub uar_page: UarPage,
+    pub dbr_addr: u64,
+    pub log_wq_stride: u8,
+    pub log_wq_pg_sz: u8,
+    pub log_wq_sz: u8,
+    /// `wq.hw_counter` (bit 0xc0) and `wq.sw_counter` (bit 0xe0).
+    pub hw_counter: u32,
+    pub sw_counter: u32,
+}
+
+fn wq_info(out: &Output) -> WqInfo {
+    WqInfo {
+        wq_type: out.get(WQ, 4) as u8,
+        pd: Pdn(out.get(WQ + 0x48, 24)),
+        uar_page: UarPage(out.get(WQ + 0x68, 24)),
+        dbr_addr: out.get64((WQ + 0x80) / 8),
+        log_wq_stride: out.get(WQ + 0x10c, 4) as u8,
+        log_wq_pg_sz: out.get(WQ + 0x113, 5) as u8,
+        log_wq_sz: out.get(WQ + 0x11b, 5) as u8,
+        hw_counter: out.get(WQ + 0xc0, 32),
+        sw_counter: out.get(WQ + 0xe0, 32),
+    }
+}
+
+/// `query_sq_out.sq_context` fields we check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SqInfo {
+    pub rlky: bool,
+    pub state: u8,
+    pub min_wqe_inline_mode: u8,
+    pub cqn: Cqn,
+    pub tisn: u32,
+    pub wq: WqInfo,
+}
+
+pub fn query_sq_out(out: &Output) -> SqInfo {
+    SqInfo {
+        rlky: out.get(CTX, 1) != 0,
+        state: out.get(CTX + 0x08, 4) as u8,
+        min_wqe_inline_mode: out.get(CTX + 0x05, 3) as u8,
+        cqn: Cqn(out.get(CTX + 0x48, 24)),
+        tisn: out.get(CTX + 0x168, 24),
+        wq: wq_info(out),
+    }
+}
+
+/// What a created RQ gets (Linux `mlx5e_create_rq` with a cyclic WQ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RqParams<'a> {
+    /// `rqc.rlky`: the reserved lkey may be used in this queue's WQEs.
+    pub rlky: bool,
+    pub cqn: Cqn,
+    /// `rqc.vsd`: VLAN stripping disabled (frames arrive as sent).
+    pub vlan_strip_disable: bool,
+    pub wq: WqParams<'a>,
+}
+
+/// CREATE_RQ in state RST (`mem_rq_type` 0: the RQ's own memory).
+pub fn create_rq(p: &RqParams<'_>) -> Command {
+    let mut c = Command::new(MLX5_CMD_OP_CREATE_RQ, 0, with_pas(CTX_CMD_LEN, p.wq.pages.len()), CMD_HDR_LEN)
+        .with("cqn", p.cqn.0.into())
+        .with("log_wq_sz", p.wq.log_wq_sz.into());
+    c.set(CTX, 1, p.rlky as u32);
+    c.set(CTX + 0x03, 1, p.vlan_strip_disable as u32);
+    c.set(CTX + 0x08, 4, MLX5_WQ_STATE_RST.into());
+    c.set(CTX + 0x48, 24, p.cqn.0);
+    put_wq(&mut c, &p.wq);
+    c
+}
+
+pub fn create_rq_out(out: &Output) -> u32 {
+    created(out)
+}
+
+/// MODIFY_RQ `from` → `to` (`modify_bitmask` 0, as Linux `mlx5e_modify_rq_state`).
+pub fn modify_rq(rqn: u32, from: u8, to: u8) -> Command {
+    let mut c = Command::new(MLX5_CMD_OP_MODIFY_RQ, 0, CTX_CMD_LEN, CMD_HDR_LEN)
+        .with("rqn", rqn.into())
+        .with("from", from.into())
+        .with("to", to.into());
+    c.set(0x40, 4, from.into());
+    c.set(0x48, 24, rqn);
+    c.set64(0x10, 0);
+    c.set(CTX + 0x08, 4, to.into());
+    c
+}
+
+pub fn destroy_rq(rqn: u32) -> Command {
+    handle_cmd(MLX5_CMD_OP_DESTROY_RQ, "rqn", rqn)
+}
+
+pub fn query_rq(rqn: u32) -> Command {
+    let mut c = Command::new(MLX5_CMD_OP_QUERY_RQ, 0, CMD_HDR_LEN, CTX_CMD_LEN).with("rqn", rqn.into());
+    c.set(0x48, 24, rqn);
+    c
+}
+
+/// `query_rq_out.rq_context` fields we check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RqInfo {
+    pub rlky: bool,
+    pub state: u8,
+    pub vlan_strip_disable: bool,
+    pub cqn: Cqn,
+    pub wq: WqInfo,
+}
+
+pub fn query_rq_out(out: &Output) -> RqInfo {
+    RqInfo {
+        rlky: out.get(CTX, 1) != 0,
+        state: out.get(CTX + 0x08, 4) as u8,
+        vlan_strip_disable: out.get(CTX + 0x03, 1) != 0,
+        cqn: Cqn(out.get(CTX + 0x48, 24)),
+        wq: wq_info(out),
+    }
+}
+
+/// CREATE_TIR dispatching directly to `rqn` (`disp_type` DIRECT, `inline_rqn`) in transport domain `td`.
+pub fn create_tir_direct(td: Tdn, rqn: u32) -> Command {
+    let mut c = Command::new(MLX5_CMD_OP_CREATE_TIR, 0, CTX_CMD_LEN, CMD_HDR_LEN)
+        .with("td", td.0.into())
+        .with("rqn", rqn.into());
+    c.set(CTX + 0x20, 4, MLX5_TIRC_DISP_TYPE_DIRECT.into());
+    c.set(CTX + 0xe8, 24, rqn);
+    c.set(CTX + 0x128, 24, td.0);
+    c
+}
+
+pub fn create_tir_out(out: &Output) -> u32 {
+    created(out)
+}
+
+pub fn destroy_tir(tirn: u32) -> Command {
+    handle_cmd(MLX5_CMD_OP_DESTROY_TIR, "tirn", tirn)
+}
+
+pub fn query_special_contexts() -> Command {
+    Command::new(MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS, 0, CMD_HDR_LEN, QUERY_SPECIAL_CONTEXTS_OUT_LEN)
+}
+
+/// `query_special_contexts_out`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpecialContexts {
+    pub dump_fill_mkey: u32,
+    /// The reserved lkey: local access by physical address, no MKEY needed.
+    pub resd_lkey: u32,
+    pub null_mkey: u32,
+}
+
+pub fn query_special_contexts_out(out: &Output) -> SpecialContexts {
+    SpecialContexts { dump_fill_mkey: out.get(0x40, 32), resd_lkey: out.get(0x60, 32), null_mkey: out.get(0x80, 32) }
+}
+
+/// The ETHERNET_OFFLOADS capability fields we use (`per_protocol_networking_offload_caps`, the capability block
+/// of QUERY_HCA_CAP op_mod `MLX5_CAP_ETHERNET_OFFLOADS << 1 | cur`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EthCaps {
+    pub csum_cap: bool,
+    pub wqe_vlan_insert: bool,
+    /// `MLX5_CAP_INLINE_MODE_*`: L2 (0), decided by the vport context (1), not required (2).
+    pub wqe_inline_mode: u8,
+}
+
+impl EthCaps {
+    /// Parses the block ([`crate::ifc::init::hca_cap_block`] of the query's output).
+    pub fn parse(block: &[u8]) -> EthCaps {
+        let get = |bit: usize, width: usize| {
+            if block.len() < 4 * (bit / 32 + 1) { 0 } else { crate::field::get(block, bit, width) }
+        };
+        EthCaps { csum_cap: get(0x00, 1) != 0, wqe_vlan_insert: get(0x07, 1) != 0, wqe_inline_mode: get(0x12, 2) as u8 }
+    }
+}
+
+/// `nic_vport_context.min_wqe_inline_mode` from a QUERY_NIC_VPORT_CONTEXT output (context at byte 0x10).
+pub fn nic_vport_min_wqe_inline_mode(out: &Output) -> u8 {
+    out.get(0x80 + 0x05, 3) as u8
+}
+
+/// The SQ's minimal inline mode as Linux `mlx5_query_min_inline` decides it: L2 when the capability says L2,
+/// none when not required, and the vport context's `min_wqe_inline_mode` when the capability defers to it
+/// (`vport` is `None` when that query failed: L2, as Linux falls back).
+pub fn min_inline_mode(caps: &EthCaps, vport: Option<u8>) -> u8 {
+    match caps.wqe_inline_mode {
+        MLX5_CAP_INLINE_MODE_VPORT_CONTEXT => vport.unwrap_or(MLX5_INLINE_MODE_L2),
+        MLX5_CAP_INLINE_MODE_NOT_REQUIRED => MLX5_INLINE_MODE_NONE,
+        _ => MLX5_INLINE_MODE_L2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ifc::golden::{be16, be32, be64, out};
+
+    fn wq<'a>(pages: &'a [u64]) -> WqParams<'a> {
+        WqParams {
+            wq_type: MLX5_WQ_TYPE_CYCLIC,
+            pd: Pdn(0x12),
+            uar_page: UarPage(0x34),
+            dbr_addr: 0x1_2345_6780,
+            log_wq_stride: 6,
+            log_wq_pg_sz: 0,
+            log_wq_sz: 7,
+            pages,
+        }
+    }
+
+    #[test]
+    fn tis() {
+        let c = create_tis(Tdn(0xab_cdef));
+        let b = c.input();
+        assert_eq!((be16(b, 0), b.len(), c.out_len()), (0x912, 0xc0, 0x10));
+        // tisc at byte 0x20; transport_domain at tisc bit 0x128 = byte 0x25 (24 bits of the dword at 0x44).
+        assert_eq!(be32(b, 0x44), 0x00ab_cdef);
+        assert_eq!(b.iter().filter(|&&x| x != 0).count(), 2 + 3);
+        assert_eq!(create_tis_out(&out(0x10, &[(0x08, &[0xff, 0, 0, 7])])), 7);
+        let d = destroy_tis(7);
+        assert_eq!((be16(d.input(), 0), be32(d.input(), 8), d.input().len()), (0x914, 7, 0x10));
+    }
+
+    #[test]
+    fn sq() {
+        let pages = [0x10_0000, 0x10_1000];
+        let c = create_sq(&SqParams {
+            rlky: true,
+            cqn: Cqn(0x55),
+            tisn: 0x66,
+            min_wqe_inline_mode: Some(1),
+            wq: wq(&pages),
+        });
+        let b = c.input();
+        assert_eq!((be16(b, 0), b.len()), (0x904, 0x110 + 16));
+        // sqc dword 0 (byte 0x20): rlky bit 31, flush_in_error_en bit 28, min_wqe_inline_mode bits 26:24, state
+        // bits 23:20.
+        assert_eq!(be32(b, 0x20), (1 << 31) | (1 << 28) | (1 << 24));
+        assert_eq!(be32(b, 0x28), 0x55); // cqn
+        assert_eq!(be16(b, 0x40), 1); // tis_lst_sz
+        assert_eq!(be32(b, 0x4c), 0x66); // tis_num_0 at byte 0x2d of sqc
+        // wq at byte 0x50: wq_type bits 31:28, pd at 0x58, uar_page at 0x5c, dbr_addr at 0x60.
+        assert_eq!(be32(b, 0x50), 1 << 28);
+        assert_eq!((be32(b, 0x58), be32(b, 0x5c), be64(b, 0x60)), (0x12, 0x34, 0x1_2345_6780));
+        // dword at wq byte 0x20: log_wq_stride [19:16], log_wq_pg_sz [12:8], log_wq_sz [4:0].
+        assert_eq!(be32(b, 0x70), (6 << 16) | 7);
+        assert_eq!((be64(b, 0x110), be64(b, 0x118)), (0x10_0000, 0x10_1000));
+        let none = create_sq(&SqParams { rlky: false, cqn: Cqn(1), tisn: 2, min_wqe_inline_mode: None, wq: wq(&[]) });
+        assert_eq!(be32(none.input(), 0x20), 1 << 28);
+        assert_eq!(create_sq_out(&out(0x10, &[(0x08, &[0, 0, 1, 2])])), 0x102);
+
+        let m = modify_sq(0x102, MLX5_WQ_STATE_RST, MLX5_WQ_STATE_RDY);
+        let b = m.input();
+        assert_eq!((be16(b, 0), b.len(), c.out_len()), (0x905, 0x110, 0x10));
+        assert_eq!(be32(b, 0x08), 0x102); // sq_state RST (bits 31:28 = 0), sqn
+        assert_eq!(be64(b, 0x10), 0); // modify_bitmask
+        assert_eq!(be32(b, 0x20), 1 << 20); // sqc.state RDY
+        let back = modify_sq(0x102, MLX5_WQ_STATE_RDY, MLX5_WQ_STATE_ERR);
+        assert_eq!((be32(back.input(), 0x08), be32(back.input(), 0x20)), ((1 << 28) | 0x102, 3 << 20));
+
+        let d = destroy_sq(0x102);
+        assert_eq!((be16(d.input(), 0), be32(d.input(), 8)), (0x906, 0x102));
+        let q = query_sq(0x102);
+        assert_eq!((be16(q.input(), 0), be32(q.input(), 8), q.out_len()), (0x907, 0x102, 0x110));
+        // The create's context read back as a query output.
+        let mut img =
+            create_sq(&SqParams { rlky: true, cqn: Cqn(0x55), tisn: 0x66, min_wqe_inline_mode: Some(1), wq: wq(&[]) })
+                .input()
+                .to_vec();
+        img[..0x20].fill(0);
+        img[0x21] = 0x10; // state RDY
+        img[0x68..0x6c].copy_from_slice(&5u32.to_be_bytes()); // hw_counter at wq byte 0x18
+        let i = query_sq_out(&crate::command::Output::new(img));
+        assert_eq!((i.rlky, i.state, i.min_wqe_inline_mode, i.cqn, i.tisn), (true, 1, 1, Cqn(0x55), 0x66));
+        assert_eq!((i.wq.wq_type, i.wq.pd, i.wq.uar_page, i.wq.dbr_addr), (1, Pdn(0x12), UarPage(0x34), 0x1_2345_6780));
+        assert_eq!((i.wq.log_wq_stride, i.wq.log_wq_sz, i.wq.hw_counter), (6, 7, 5));
+    }
+
+    #[test]
+    fn rq() {
+        let pages = [0x20_0000];
+        let w = WqParams { uar_page: UarPage(0), log_wq_stride: 4, log_wq_sz: 9, ..wq(&pages) };
+        let c = create_rq(&RqParams { rlky: false, cqn: Cqn(0x77), vlan_strip_disable: true, wq: w });
+        let b = c.input();
+        assert_eq!((be16(b, 0), b.len()), (0x908, 0x118));
+        assert_eq!(be32(b, 0x20), 1 << 28); // rlky 0, vsd (bit 3), mem_rq_type 0, state RST
+        let r = create_rq(&RqParams { rlky: true, cqn: Cqn(0x77), vlan_strip_disable: false, wq: w });
+        assert_eq!(be32(r.input(), 0x20), 1 << 31);
+        assert_eq!(be32(b, 0x28), 0x77);
+        assert_eq!((be32(b, 0x50), be32(b, 0x58), be32(b, 0x5c)), (1 << 28, 0x12, 0));
+        assert_eq!(be32(b, 0x70), (4 << 16) | 9);
+        assert_eq!(be64(b, 0x110), 0x20_0000);
+        assert_eq!(create_rq_out(&out(0x10, &[(0x09, &[0, 0, 9])])), 9);
+
+        let m = modify_rq(9, MLX5_WQ_STATE_RST, MLX5_WQ_STATE_RDY);
+        assert_eq!((be16(m.input(), 0), m.input().len()), (0x909, 0x110));
+        assert_eq!((be32(m.input(), 0x08), be64(m.input(), 0x10), be32(m.input(), 0x20)), (9, 0, 1 << 20));
+        let d = destroy_rq(9);
+        assert_eq!((be16(d.input(), 0), be32(d.input(), 8)), (0x90a, 9));
+        let q = query_rq(9);
+        assert_eq!((be16(q.input(), 0), be32(q.input(), 8), q.out_len()), (0x90b, 9, 0x110));
+        let mut img = c.input()[..0x110].to_vec();
+        img[..0x20].fill(0);
+        img[0x21] |= 0x10;
+        let i = query_rq_out(&crate::command::Output::new(img));
+        assert_eq!((i.rlky, i.state, i.vlan_strip_disable, i.cqn), (false, 1, true, Cqn(0x77)));
+        assert_eq!((i.wq.log_wq_stride, i.wq.log_wq_sz, i.wq.uar_page), (4, 9, UarPage(0)));
+    }
+
+    #[test]
+    fn tir() {
+        let c = create_tir_direct(Tdn(0x3), 0x12_3456);
+        let b = c.input();
+        assert_eq!((be16(b, 0), b.len(), c.out_len()), (0x900, 0x110, 0x10));
+        assert_eq!(be32(b, 0x24), 0); // disp_type DIRECT (bits 31:28 of tirc dword 1)
+        assert_eq!(be32(b, 0x3c), 0x12_3456); // inline_rqn: tirc bit 0xe8 = byte 0x1d
+        assert_eq!(be32(b, 0x44), 3); // transport_domain: tirc bit 0x128 = byte 0x25; rx_hash_fn 0
+        assert_eq!(b.iter().filter(|&&x| x != 0).count(), 1 + 3 + 1); // opcode 0x0900, rqn, td
+        assert_eq!(create_tir_out(&out(0x10, &[(0x0b, &[0x42])])), 0x42);
+        let d = destroy_tir(0x42);
+        assert_eq!((be16(d.input(), 0), be32(d.input(), 8)), (0x902, 0x42));
+    }
+
+    #[test]
+    fn special_contexts() {
+        let q = query_special_contexts();
+        assert_eq!((be16(q.input(), 0), q.input().len(), q.out_len()), (0x203, 0x10, 0x20));
+        let o = out(0x20, &[(0x08, &[0, 0, 0, 1]), (0x0c, &[0, 0, 0x01, 0x00]), (0x10, &[0, 0, 0, 3])]);
+        assert_eq!(
+            query_special_contexts_out(&o),
+            SpecialContexts { dump_fill_mkey: 1, resd_lkey: 0x100, null_mkey: 3 }
+        );
+    }
+
+    #[test]
+    fn ethernet_caps_and_inline_mode() {
+        // Byte 0: csum_cap bit 7, wqe_vlan_insert bit 0; byte 2 bits 5:4 wqe_inline_mode (bit 0x12, 2 wide).
+        let mut block = [0u8; 0x100];
+        block[0] = 0x81;
+        block[2] = 0x10;
+        let c = EthCaps::parse(&block);
+        assert_eq!(c, EthCaps { csum_cap: true, wqe_vlan_insert: true, wqe_inline_mode: 1 });
+        assert_eq!(EthCaps::parse(&[]), EthCaps::default());
+        assert_eq!(min_inline_mode(&c, Some(MLX5_INLINE_MODE_IP)), MLX5_INLINE_MODE_IP);
+        assert_eq!(min_inline_mode(&c, None), MLX5_INLINE_MODE_L2);
+        let l2 = EthCaps { wqe_inline_mode: MLX5_CAP_INLINE_MODE_L2, ..c };
+        assert_eq!(min_inline_mode(&l2, Some(MLX5_INLINE_MODE_NONE)), MLX5_INLINE_MODE_L2);
+        let none = EthCaps { wqe_inline_mode: MLX5_CAP_INLINE_MODE_NOT_REQUIRED, ..c };
+        assert_eq!(min_inline_mode(&none, Some(MLX5_INLINE_MODE_L2)), MLX5_INLINE_MODE_NONE);
+        // nic_vport_context at byte 0x10 of the output; min_wqe_inline_mode bits 26:24 of its dword 0.
+        assert_eq!(nic_vport_min_wqe_inline_mode(&out(0x110, &[(0x10, &[0x03])])), 3);
+        let q = crate::ifc::init::query_hca_cap(
+            crate::ifc::init::MLX5_CAP_ETHERNET_OFFLOADS,
+            crate::ifc::init::CapMode::Cur,
+        );
+        assert_eq!(be16(q.input(), 6), 3);
+    }
+}
