@@ -106,6 +106,7 @@ struct Ready {
     ap_time: Duration,
     entry: Duration,
     port: u16,
+    nic: net::Choice,
     hca: hca::Status,
     test: Option<TestHook>,
 }
@@ -117,6 +118,8 @@ impl Ready {
 
     /// Prints the line, then runs the `test=` hook.
     fn announce(self) {
+        let (size, used) = leasebox_kernel::arch::boot::boot_stack_usage();
+        log::info!("boot stack: {} of {} KiB used so far", used.div_ceil(1024), size / 1024);
         let status = net::status();
         if status == net::Status::Waiting {
             log::warn!("net: no address after {}s; still asking (DHCP)", ADDRESS_WAIT.as_secs());
@@ -126,7 +129,7 @@ impl Ready {
             _ => IpField(None),
         };
         println!(
-            "leasebox: ready cores={} mem_mib={} pci={} boot_ms={} ap_ms={} entry_ms={} ip={ip} ctl_port={} {} {}",
+            "leasebox: ready cores={} mem_mib={} pci={} boot_ms={} ap_ms={} entry_ms={} ip={ip} ctl_port={} {} {} {}",
             self.cores,
             self.mem_mib,
             self.pci,
@@ -134,6 +137,7 @@ impl Ready {
             ms(self.ap_time),
             ms(self.entry),
             self.port,
+            self.nic,
             self.hca,
             crate::lease::ready_field(),
         );
@@ -203,9 +207,10 @@ fn leasebox_main(p: Platform) -> ! {
     // mappings are not shot down on other cores.
     // The HCA first (bring-up maps its BAR and runs on this core before the engines move to theirs), then the
     // control channel, whose service is the lease service on top of it.
-    let hca = hca::init(&p);
+    let nic = net::choose(&p);
+    let hca = hca::init(&p, nic == net::Choice::Mlx5);
     let service = crate::control::service(&p, Instant::now().since_boot().as_millis() as u64);
-    *NET.lock() = net::init(&p, service);
+    *NET.lock() = net::init(&p, nic, service);
 
     let ap_start = Instant::now();
     if let Some(lapic) = p.lapic.as_ref()
@@ -231,6 +236,7 @@ fn leasebox_main(p: Platform) -> ! {
         ap_time,
         entry: ticks_to_duration(p.entry_tsc, p.tsc_hz),
         port: p.config.net.port,
+        nic,
         hca,
         test: p.config.test,
     };

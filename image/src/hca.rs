@@ -122,9 +122,15 @@ fn carries_model(p: &Platform, bdf: pci::Bdf, base: u64, size: u64) -> bool {
     found
 }
 
-/// Finds and brings up the HCA, then parks the engines for their cores. Runs on the BSP before the APs start
-/// (mapping the BAR is not shot down on other cores).
-pub fn init(p: &Platform) -> Status {
+/// What the event engine last heard of port 1's link (PORT_CHANGE), for the control NIC on any core.
+pub fn port_event() -> Option<leasebox_mlx5::driver::PortState> {
+    SHARED.get()?.port_event(1)
+}
+
+/// Finds and brings up the HCA, then parks the engines for their cores; with `eth`, also builds the Ethernet
+/// port the control channel runs on (`crate::eth`). Runs on the BSP before the APs start (mapping the BAR is
+/// not shot down on other cores).
+pub fn init(p: &Platform, eth: bool) -> Status {
     let Some((bdf, base, size, part)) = find(p) else {
         LEASES.call_once(|| Err(String::from("no HCA")));
         return Status::Absent;
@@ -152,6 +158,9 @@ pub fn init(p: &Platform) -> Status {
                 Err(e) => {
                     LEASES.call_once(|| Err(e));
                 }
+            }
+            if eth {
+                crate::eth::build(&mut d);
             }
             let (cmd, ev, client, info) = d.into_engines();
             log::info!(
@@ -196,6 +205,10 @@ pub fn health() -> (HcaState, String) {
         "{summary}; cmds {} ok {} failed {} timeout {} late {} aborted {}",
         c.submitted, c.ok, c.failed, c.timeouts, c.late, c.aborted
     );
+    if let Some(eth) = crate::eth::summary() {
+        m.push_str("; ");
+        m.push_str(&eth);
+    }
     let recent: alloc::vec::Vec<String> = l.last(DUMP_RECORDS).map(|r| format!("\n{r}")).collect();
     for line in recent.iter().rev() {
         if m.len() + line.len() > leasebox_proto::MAX_MESSAGE {

@@ -15,6 +15,8 @@ mod appliance;
 #[cfg(target_os = "none")]
 mod control;
 #[cfg(target_os = "none")]
+mod eth;
+#[cfg(target_os = "none")]
 mod hca;
 #[cfg(target_os = "none")]
 mod hca_platform;

@@ -1,5 +1,11 @@
 //! The `net` role: the control channel. smoltcp (TCP per RFC 9293, ARP, the DHCPv4 client of RFC 2131) over
-//! the virtio-net device (virtio 1.1 §5.1), polled from the role loop with interrupts off.
+//! the control NIC, polled from the role loop with interrupts off: the virtio-net device (virtio 1.1 §5.1),
+//! or the ConnectX-5's own Ethernet port (`crate::eth`), as `ctl_nic=` picks ([`choose`]).
+//!
+//! - On the ConnectX-5 port the interface also owns the RDMA address (`rdma_ip=`, when it is not the control
+//!   address): smoltcp answers ARP for it, so a client's RDMA stack resolves the appliance's RoCEv2 MAC like
+//!   any neighbour's, and a gratuitous ARP announces it whenever the link comes up. RoCEv2 itself never
+//!   reaches smoltcp: the HCA hands it to the RDMA engine.
 //!
 //! - Addressing: `ip=`/`gw=` when configured, otherwise DHCPv4. The address is published for the ready line
 //!   ([`status`]); a lost lease is asked for again.
@@ -14,16 +20,20 @@
 //! - Memory: socket buffers (64 KiB each way per socket) come from frames once at boot; nothing is allocated
 //!   per packet or per connection.
 
+use crate::eth::Mlx5Nic;
 use crate::service::{ConnId, StreamService};
 use alloc::boxed::Box;
+use alloc::format;
 use alloc::vec::Vec;
 use core::net::Ipv4Addr;
 use core::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use leasebox_kernel::arch::start::Platform;
 use leasebox_kernel::arch::{memory, rng};
+use leasebox_kernel::net_config::ControlNic;
 use leasebox_kernel::time;
 use leasebox_virtio_net::probe::{self, KernelNic, ProbeError};
 use smoltcp::iface::{Config, Interface, PollIngressSingleResult, PollResult, SocketHandle, SocketSet};
+use smoltcp::phy::Device;
 use smoltcp::socket::{dhcpv4, tcp};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
 
@@ -98,9 +108,65 @@ struct Slot {
     conn: Option<Conn>,
 }
 
-/// The network stack and the service behind the control port.
-pub struct NetStack {
-    nic: KernelNic,
+/// Which NIC carries the control channel this boot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    Virtio,
+    /// The ConnectX-5's Ethernet port: HCA bring-up builds it (`crate::eth::build`).
+    Mlx5,
+}
+
+impl core::fmt::Display for Choice {
+    /// The ready line's `ctl_nic=` field; the ConnectX-5 port adds its link state.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Choice::Virtio => f.write_str("ctl_nic=virtio"),
+            Choice::Mlx5 => write!(f, "ctl_nic=mlx5 link={}", crate::eth::link()),
+        }
+    }
+}
+
+/// `ctl_nic=` against the machine: `auto` takes virtio-net when there is one, else the ConnectX-5's port.
+pub fn choose(p: &Platform) -> Choice {
+    match p.config.net.nic {
+        ControlNic::Virtio => Choice::Virtio,
+        ControlNic::Mlx5 => Choice::Mlx5,
+        ControlNic::Auto => {
+            if p.pci.functions().iter().any(|f| leasebox_virtio_net::is_virtio_net(f.vendor, f.device)) {
+                Choice::Virtio
+            } else {
+                Choice::Mlx5
+            }
+        }
+    }
+}
+
+/// The network stack over the NIC `ctl_nic=` picked.
+pub enum NetStack {
+    Virtio(Box<Stack<KernelNic>>),
+    Mlx5(Box<Stack<Mlx5Nic>>),
+}
+
+impl NetStack {
+    /// One pass: frames in, addressing, timers, connections, frames out. Never waits.
+    pub fn step(&mut self) {
+        match self {
+            NetStack::Virtio(s) => s.step(),
+            NetStack::Mlx5(s) => {
+                let announced = crate::hca::port_event();
+                if s.nic.update_link(announced).is_some() && s.nic.link_up() {
+                    s.announce();
+                }
+                s.step();
+                s.nic.maintain();
+            }
+        }
+    }
+}
+
+/// The network stack and the service behind the control port, over one NIC.
+pub struct Stack<D: Device> {
+    nic: D,
     iface: Interface,
     sockets: SocketSet<'static>,
     dhcp: Option<SocketHandle>,
@@ -110,6 +176,9 @@ pub struct NetStack {
     service: Box<dyn StreamService + Send>,
     port: u16,
     next_conn: u64,
+    /// The RDMA address the interface answers ARP for (ConnectX-5 port only).
+    rdma: Option<Ipv4Addr>,
+    mac: [u8; 6],
 }
 
 /// `bytes` of zeroed memory for the whole boot, from frames (the heap is a few MiB; 65 sockets need 8 MiB).
@@ -126,21 +195,55 @@ fn boot_memory(bytes: usize) -> Option<&'static mut [u8]> {
     Some(unsafe { core::slice::from_raw_parts_mut(region.as_ptr(), bytes) })
 }
 
-/// Opens the device and builds the stack, or reports why there is no control channel (status `Absent`).
-/// Call on the bootstrap processor before other cores start (the device's BARs get mapped).
-pub fn init(p: &Platform, service: Box<dyn StreamService + Send>) -> Option<NetStack> {
+/// Opens the NIC `choice` names and builds the stack, or reports why there is no control channel (status
+/// `Absent`). Call on the bootstrap processor before other cores start (the device's BARs get mapped), after
+/// HCA bring-up (which builds the ConnectX-5 port).
+pub fn init(p: &Platform, choice: Choice, service: Box<dyn StreamService + Send>) -> Option<NetStack> {
     publish(Status::Absent);
-    let (bdf, mut nic) = match probe::open(p.pci, p.pci_access) {
-        Ok(found) => found,
-        Err(ProbeError::NotFound) => {
-            log::warn!("net: no virtio-net device: no control channel this boot");
-            return None;
+    match choice {
+        Choice::Virtio => {
+            let (bdf, nic) = match probe::open(p.pci, p.pci_access) {
+                Ok(found) => found,
+                Err(ProbeError::NotFound) => {
+                    log::warn!("net: no virtio-net device: no control channel this boot");
+                    return None;
+                }
+                Err(e) => {
+                    log::error!("net: no control channel this boot: {e}");
+                    return None;
+                }
+            };
+            let mac = nic.mac();
+            let label = format!("virtio-net {bdf}");
+            build(p, nic, mac, &label, None, service).map(|s| NetStack::Virtio(Box::new(s)))
         }
-        Err(e) => {
-            log::error!("net: no control channel this boot: {e}");
-            return None;
+        Choice::Mlx5 => {
+            let Some(nic) = crate::eth::take() else {
+                log::error!("net: ctl_nic=mlx5 but the ConnectX-5's Ethernet port is not there: no control channel");
+                return None;
+            };
+            let mac = nic.mac();
+            let rdma = crate::hca::leases().ok().map(|(parts, _)| parts.rdma_ip);
+            let mut s = build(p, nic, mac, "the ConnectX-5 port", rdma, service)?;
+            if s.nic.link_up() {
+                s.announce();
+            } else {
+                log::warn!("net: the ConnectX-5 port's link is not up yet; the control channel starts when it is");
+            }
+            Some(NetStack::Mlx5(Box::new(s)))
         }
-    };
+    }
+}
+
+/// The stack over `nic`; `rdma`: the RDMA address the interface also answers ARP for.
+fn build<D: Device>(
+    p: &Platform,
+    mut nic: D,
+    mac: [u8; 6],
+    label: &str,
+    rdma: Option<Ipv4Addr>,
+    service: Box<dyn StreamService + Send>,
+) -> Option<Stack<D>> {
     // smoltcp draws TCP initial sequence numbers and DHCP transaction IDs from this seed: predictable values
     // would let an off-path host inject into control connections, so there is no fallback.
     let Some(seed) = rng::random_u64() else {
@@ -151,7 +254,6 @@ pub fn init(p: &Platform, service: Box<dyn StreamService + Send>) -> Option<NetS
     let sockets_n = p.config.control().sessions as usize + 1;
     let memory = boot_memory(sockets_n * 2 * SOCKET_BUF)?;
 
-    let mac = nic.mac();
     let mut cfg = Config::new(HardwareAddress::Ethernet(EthernetAddress(mac)));
     cfg.random_seed = seed;
     let now = now_ms();
@@ -187,8 +289,17 @@ pub fn init(p: &Platform, service: Box<dyn StreamService + Send>) -> Option<NetS
             Some(sockets.add(dhcpv4::Socket::new()))
         }
     };
+    // The RDMA address on the same port: smoltcp answers ARP (and ICMP echo) for every address it holds.
+    let rdma = rdma.filter(|r| net.ip.is_none_or(|n| n.addr != *r));
+    if let Some(r) = rdma {
+        iface.update_ip_addrs(|a| {
+            if a.push(IpCidr::new(IpAddress::Ipv4(r), 32)).is_err() {
+                log::error!("net: no room for the RDMA address {r}");
+            }
+        });
+    }
     log::info!(
-        "net: virtio-net {bdf} mac {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} address {}{} seed from {}",
+        "net: {label} mac {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} address {}{}{} seed from {}",
         mac[0],
         mac[1],
         mac[2],
@@ -197,10 +308,22 @@ pub fn init(p: &Platform, service: Box<dyn StreamService + Send>) -> Option<NetS
         mac[5],
         net.ip.map_or(Addressing::Dhcp, Addressing::Static),
         Gateway(net.gw),
+        RdmaAddr(rdma),
         rng::source().unwrap_or("?"),
     );
     log::info!("net: control port tcp/{} ({sockets_n} sockets, {} KiB buffers each way)", net.port, SOCKET_BUF >> 10);
-    Some(NetStack { nic, iface, sockets, dhcp, leased: false, slots, service, port: net.port, next_conn: 1 })
+    Some(Stack { nic, iface, sockets, dhcp, leased: false, slots, service, port: net.port, next_conn: 1, rdma, mac })
+}
+
+struct RdmaAddr(Option<Ipv4Addr>);
+
+impl core::fmt::Display for RdmaAddr {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.0 {
+            Some(a) => write!(f, ", answers ARP for RDMA address {a}"),
+            None => Ok(()),
+        }
+    }
 }
 
 enum Addressing {
@@ -234,7 +357,34 @@ fn relisten(s: &mut tcp::Socket<'_>, port: u16) {
     }
 }
 
-impl NetStack {
+impl Stack<Mlx5Nic> {
+    /// A gratuitous ARP for the RDMA address (a request for itself, RFC 5227 §3's announcement), so that
+    /// neighbours update a MAC they hold for it.
+    fn announce(&mut self) {
+        if let Some(ip) = self.rdma {
+            let frame = gratuitous_arp(self.mac, ip);
+            if !self.nic.send_raw(&frame) {
+                log::warn!("net: gratuitous ARP for {ip} not sent (send ring full)");
+            }
+        }
+    }
+}
+
+/// An ARP announcement of `ip` at `mac` (RFC 826 layout, RFC 5227 §2.3): broadcast, sender and target
+/// address both `ip`, padded to the 60-byte minimum frame.
+fn gratuitous_arp(mac: [u8; 6], ip: Ipv4Addr) -> [u8; 60] {
+    let mut f = [0u8; 60];
+    f[0..6].copy_from_slice(&[0xff; 6]);
+    f[6..12].copy_from_slice(&mac);
+    f[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+    f[14..22].copy_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 1]);
+    f[22..28].copy_from_slice(&mac);
+    f[28..32].copy_from_slice(&ip.octets());
+    f[38..42].copy_from_slice(&ip.octets());
+    f
+}
+
+impl<D: Device> Stack<D> {
     /// One pass: frames in, addressing, timers, connections, frames out. Never waits.
     pub fn step(&mut self) {
         let now = now_ms();

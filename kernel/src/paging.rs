@@ -38,6 +38,8 @@ pub enum Cache {
     WriteBack,
     /// Device registers: every access reaches the device, in order.
     Uncached,
+    /// Not mapped at all: a guard page, whose every access faults (always a 4 KiB page).
+    Guard,
 }
 
 impl Cache {
@@ -45,6 +47,7 @@ impl Cache {
         match self {
             Cache::WriteBack => PageTableFlags::empty(),
             Cache::Uncached => PageTableFlags::NO_CACHE | PageTableFlags::WRITE_THROUGH,
+            Cache::Guard => PageTableFlags::empty(),
         }
     }
 }
@@ -157,7 +160,10 @@ pub fn identity_map(
     if end > MAX_IDENTITY || start > end {
         return Err(MapError::OutOfRange { start, end });
     }
-    let attrs = PageTableFlags::PRESENT | PageTableFlags::WRITABLE | cache.flags();
+    let attrs = match cache {
+        Cache::Guard => PageTableFlags::empty(),
+        c => PageTableFlags::PRESENT | PageTableFlags::WRITABLE | c.flags(),
+    };
     let mut written = 0;
     let mut addr = start;
     while addr < end {
@@ -166,7 +172,7 @@ pub fn identity_map(
         let pdi = index(addr, PageTableLevel::Two);
         let pde = mem.read(pd, pdi);
         let is_table = pde.frame().is_ok();
-        if addr.is_multiple_of(PAGE_2M) && end - addr >= PAGE_2M && !is_table {
+        if addr.is_multiple_of(PAGE_2M) && end - addr >= PAGE_2M && !is_table && cache != Cache::Guard {
             let want = entry(phys(addr), attrs | PageTableFlags::HUGE_PAGE);
             if !same(&pde, &want) {
                 mem.write(pd, pdi, want);
@@ -339,6 +345,19 @@ mod tests {
         assert!(!f.contains(NO_CACHE), "neighbour keeps write-back");
         let (_, f) = at(&m, root, 0x0FE0_0000 - 1).unwrap();
         assert!(f.contains(HUGE), "other 2 MiB pages untouched");
+    }
+
+    #[test]
+    fn a_guard_page_is_unmapped_between_mapped_neighbours() {
+        let (mut m, root) = Fake::new();
+        identity_map(&mut m, root, 0, 1 << 30, Cache::WriteBack).unwrap();
+        assert_eq!(identity_map(&mut m, root, 0x0018_4000, 0x0018_5000, Cache::Guard).unwrap(), 1);
+        assert!(at(&m, root, 0x0018_4000).is_none() && at(&m, root, 0x0018_4FFF).is_none(), "the guard page");
+        assert_eq!(at(&m, root, 0x0018_3FFF).unwrap().0, 0x0018_3FFF, "below it still mapped");
+        assert_eq!(at(&m, root, 0x0018_5000).unwrap().0, 0x0018_5000, "above it still mapped");
+        assert_eq!(identity_map(&mut m, root, 0x0018_4000, 0x0018_5000, Cache::Guard).unwrap(), 0, "idempotent");
+        // Even a whole 2 MiB range is guarded page by page, never as a non-present large entry.
+        assert_eq!(identity_map(&mut m, root, 0x0040_0000, 0x0060_0000, Cache::Guard).unwrap(), 512);
     }
 
     #[test]

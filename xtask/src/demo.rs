@@ -2,10 +2,10 @@
 //! every run, passed to the image as `tenant=demo:HEX admin=HEX`, and written to the file `leasectl` reads by
 //! default, so that `cargo run -p leasectl -- ping` works from another terminal with no flags.
 
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use leasebox_qemu::HubSocket;
+use leasebox_qemu::ModelHub;
 use leasectl::FileConfig;
 
 /// The tenant `cargo xtask run` creates.
@@ -20,29 +20,13 @@ pub const GUEST_PORT: u16 = 7470;
 pub const HUB_RDMA_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 16);
 pub const HUB_LEASECTL_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 100);
 
-/// The hub of `run --ctl-nic mlx5` (docs/reference/platform.md, "A hub of UDP ports"): QEMU's user network,
-/// the model's Ethernet wire and leasectl's RDMA frames, each socket port with its own pair of UDP addresses.
+/// The hub of `run --ctl-nic mlx5`: QEMU's user network, the model's Ethernet wire and leasectl's RDMA frames.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Hub {
-    /// QEMU's end (`local`) and the model's (`peer`, what `--eth-udp` binds).
-    pub model: HubSocket,
-    /// QEMU's end and leasectl's (`rdma_bind`).
-    pub leasectl: HubSocket,
-}
+pub struct Hub(pub ModelHub);
 
 impl Hub {
-    /// Four free UDP ports on 127.0.0.1 (free when asked; nothing holds them until QEMU, the model and
-    /// leasectl bind them).
     pub fn pick() -> Result<Hub, String> {
-        let mut ports = Vec::new();
-        let socks: Vec<UdpSocket> = (0..4)
-            .map(|_| UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| format!("a free UDP port: {e}")))
-            .collect::<Result<_, _>>()?;
-        for s in &socks {
-            ports.push(s.local_addr().map_err(|e| e.to_string())?.port());
-        }
-        let at = |i: usize| SocketAddrV4::new(Ipv4Addr::LOCALHOST, ports[i]);
-        Ok(Hub { model: HubSocket { local: at(0), peer: at(1) }, leasectl: HubSocket { local: at(2), peer: at(3) } })
+        ModelHub::pick().map(Hub).map_err(|e| format!("free UDP ports for the hub: {e}"))
     }
 
     /// The kernel options the hub needs: the CX-5 port as the control NIC and an RDMA address on its subnet
@@ -58,8 +42,8 @@ impl Hub {
     /// leasectl's RDMA cable: frames to QEMU's end of its hub port, from the address QEMU sends to, with an
     /// address on the subnet, the appliance's MAC found by ARP.
     fn rdma(&self, c: &mut FileConfig) {
-        c.rdma_peer = Some(self.leasectl.local.to_string());
-        c.rdma_bind = Some(self.leasectl.peer.to_string());
+        c.rdma_peer = Some(self.0.client.local.to_string());
+        c.rdma_bind = Some(self.0.client.peer.to_string());
         c.rdma_local_ip = Some(HUB_LEASECTL_IP.to_string());
         c.rdma_resolve = Some("arp".to_string());
     }
@@ -170,7 +154,7 @@ mod tests {
     fn hub_ports_are_distinct_and_name_the_rdma_address() {
         let h = Hub::pick().unwrap();
         let mut ports =
-            vec![h.model.local.port(), h.model.peer.port(), h.leasectl.local.port(), h.leasectl.peer.port()];
+            vec![h.0.model.local.port(), h.0.model.peer.port(), h.0.client.local.port(), h.0.client.peer.port()];
         ports.sort_unstable();
         ports.dedup();
         assert_eq!(ports.len(), 4);
@@ -189,8 +173,8 @@ mod tests {
         let hub = Hub::pick().unwrap();
         write_config(&k, 7471, Some(&hub), &path).unwrap();
         let h = FileConfig::load(&path).unwrap();
-        assert_eq!(h.rdma_peer, Some(hub.leasectl.local.to_string()));
-        assert_eq!(h.rdma_bind, Some(hub.leasectl.peer.to_string()));
+        assert_eq!(h.rdma_peer, Some(hub.0.client.local.to_string()));
+        assert_eq!(h.rdma_bind, Some(hub.0.client.peer.to_string()));
         assert_eq!((h.rdma_local_ip.as_deref(), h.rdma_resolve.as_deref()), (Some("10.0.2.100"), Some("arp")));
         assert_eq!(c.addr.as_deref(), Some("127.0.0.1:7471"));
         assert_eq!(c.tenant.as_deref(), Some("demo"));

@@ -124,7 +124,7 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
     if let Some(h) = &hub {
         // No virtio-net: the guest reaches QEMU's user network only through the model's Ethernet port.
         config.virtio_net = false;
-        config.hub = vec![h.model, h.leasectl];
+        config.hub = h.0.ports();
     }
     // The mlx5 model: fresh shared files for guest RAM and the ivshmem BAR (a dry run only names them).
     let shm_dir = leasebox_qemu::model::shm_dir();
@@ -162,10 +162,10 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
                 eprintln!(
                     "xtask: control NIC: the model's Ethernet port (no virtio-net); hub ports: model {} ↔ QEMU {}, \
                      leasectl {} ↔ QEMU {}; RDMA address {} (found by ARP)",
-                    h.model.peer,
-                    h.model.local,
-                    h.leasectl.peer,
-                    h.leasectl.local,
+                    h.0.model.peer,
+                    h.0.model.local,
+                    h.0.client.peer,
+                    h.0.client.local,
                     demo::HUB_RDMA_IP
                 );
             }
@@ -202,7 +202,7 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
 fn start_model(o: &RunOpts, p: &Paths, shm: &ModelShm, hub: Option<&demo::Hub>) -> Result<ModelProcess, String> {
     cargo_step(p, &["build", "-p", "mlx5-model"])?;
     let mut cmd = ModelCommand::new(model_binary(p));
-    cmd.eth_udp = hub.map(|h| (h.model.peer, h.model.local));
+    cmd.eth_udp = hub.map(|h| h.0.model_wire());
     let trace = o.trace.as_ref().map_or_else(|| p.out.join("mlx5-trace.jsonl"), std::path::PathBuf::from);
     if let Some(dir) = trace.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;

@@ -7,11 +7,12 @@
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use crate::cmdq::{CmdQueue, Completion, SlotClass};
 use crate::command::{Command, ErrorKind};
 use crate::cq::CqRing;
+use crate::driver::PortState;
 use crate::eq::EventRing;
 use crate::handles::Cqn;
 use crate::health::{Fatal, Health};
@@ -65,9 +66,34 @@ pub struct Shared {
     pub pages_given: AtomicU64,
     pub page_requests: AtomicU64,
     pub eqes: AtomicU64,
+    /// The newest PORT_CHANGE event of ports 1 and 2: 0 none yet, 1 down, 2 active.
+    port_events: [AtomicU8; 2],
+    /// PORT_CHANGE events seen.
+    pub port_changes: AtomicU64,
 }
 
 impl Shared {
+    /// What the newest PORT_CHANGE event said of `port` (1 or 2), if one came: the event engine records them
+    /// here for whoever drives that port, on any core (they also go to the client as [`Event::Async`]).
+    pub fn port_event(&self, port: u8) -> Option<PortState> {
+        let slot = self.port_events.get(usize::from(port).checked_sub(1)?)?;
+        match slot.load(Ordering::Acquire) {
+            1 => Some(PortState::Down),
+            2 => Some(PortState::Active),
+            _ => None,
+        }
+    }
+
+    fn record_port_event(&self, e: &Eqe) {
+        for port in 1..=2u8 {
+            if let Some(s) = PortState::from_event(e, port) {
+                let v = if s == PortState::Active { 2 } else { 1 };
+                self.port_events[usize::from(port) - 1].store(v, Ordering::Release);
+                self.port_changes.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     pub fn fatal(&self) -> Option<u8> {
         let v = self.fatal.load(Ordering::Acquire);
         (v != 0).then_some(v as u8)
@@ -404,7 +430,10 @@ impl<P: Platform> EventEngine<P> {
                     ifc::eq::Event::PageRequest { function_id, num_pages, .. } => {
                         self.pending_pages.push_back(PageRequest { function_id, num_pages })
                     }
-                    _ => self.emit(Event::Async(e)),
+                    _ => {
+                        self.shared.record_port_event(&e);
+                        self.emit(Event::Async(e))
+                    }
                 }
             }
             eq.update_ci(p.as_ref());

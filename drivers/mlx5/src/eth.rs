@@ -1008,6 +1008,17 @@ impl<P: Platform> EthPort<P> {
         self.state
     }
 
+    /// Sets the link state from an announcement read elsewhere (the event engine records PORT_CHANGE events in
+    /// [`crate::engine::Shared::port_event`] for whichever core drives the port).
+    pub fn set_state(&mut self, s: PortState) {
+        self.state = s;
+    }
+
+    /// The port's PAOS / PORT_CHANGE number (1-based).
+    pub fn local_port(&self) -> u8 {
+        self.local_port
+    }
+
     /// Keeps the link state current from a PORT_CHANGE event (other events are ignored). Returns the new state
     /// when the event changed it.
     pub fn on_event(&mut self, e: &Event) -> Option<PortState> {

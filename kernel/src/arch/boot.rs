@@ -14,6 +14,9 @@ unsafe extern "C" {
     pub static __image_start: u8;
     pub static __image_end: u8;
     pub static boot_pml4: u8;
+    pub static boot_stack_guard: u8;
+    pub static boot_stack_bottom: u8;
+    pub static boot_stack_top: u8;
     pub static boot_entry_tsc: u64;
     pub static ap_trampoline_start: u8;
     pub static ap_trampoline_end: u8;
@@ -72,9 +75,13 @@ boot_pdpt:
     .skip 4096
 boot_pd:
     .skip 4096 * 4
-    .p2align 4
+    .p2align 12
+    .global boot_stack_guard
+boot_stack_guard:                       # unmapped once paging is ours (start.rs): an overflow faults here
+    .skip 4096                          # instead of running into the page tables above
+    .global boot_stack_bottom, boot_stack_top
 boot_stack_bottom:
-    .skip 65536
+    .skip 131072
 boot_stack_top:
     .p2align 3
     .global boot_entry_tsc
@@ -265,3 +272,17 @@ ap_trampoline_end:
 "#,
     options(att_syntax)
 );
+
+/// The boot stack's size and the most of it ever used so far (the stack starts zeroed, so the lowest nonzero
+/// byte is its high-water mark; a frame that reserved space and left it zero is not counted).
+pub fn boot_stack_usage() -> (usize, usize) {
+    // SAFETY: only the addresses of the linker symbols are taken.
+    let (bottom, top) = unsafe { (&boot_stack_bottom as *const u8 as usize, &boot_stack_top as *const u8 as usize) };
+    let mut at = bottom;
+    // SAFETY: `[bottom, top)` is the boot stack, mapped and part of the image; the bytes below the live frames
+    // are read while the BSP may be using the stack above them, which does not touch them.
+    while at < top && unsafe { super::mmio::read(at as *const u64) } == 0 {
+        at += 8;
+    }
+    (top - bottom, top - at)
+}

@@ -78,6 +78,12 @@ pub fn map_mmio(phys: u64, len: u64) -> Result<(), MapError> {
     map(phys, end, Cache::Uncached)
 }
 
+/// Unmaps the 4 KiB page at `page` (a guard page: any access faults). Only for pages inside the kernel image,
+/// which no allocator hands out.
+pub fn guard_page(page: u64) -> Result<(), MapError> {
+    map(page, page + paging::PAGE_4K, Cache::Guard)
+}
+
 /// Maps RAM above 4 GiB (the boot map covers the first 4 GiB).
 pub fn map_ram(start: u64, end: u64) -> Result<(), MapError> {
     map(start.max(FOUR_GIB), end, Cache::WriteBack)
@@ -87,7 +93,8 @@ pub fn map_ram(start: u64, end: u64) -> Result<(), MapError> {
 pub fn is_mapped(addr: u64, len: usize) -> bool {
     let Some(end) = addr.checked_add(len as u64) else { return false };
     if end <= FOUR_GIB {
-        // The boot map covers the first 4 GiB and nothing is ever unmapped.
+        // The boot map covers the first 4 GiB and nothing is unmapped there but the boot stack's guard page,
+        // inside the kernel image (no boot structure or frame lies there).
         return true;
     }
     let mut page = addr & !(paging::PAGE_4K - 1);

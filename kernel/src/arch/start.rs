@@ -255,6 +255,11 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
 
     let t_memory = time::Instant::now();
     init_frames(boot);
+    // SAFETY: only the address of the linker symbol is taken.
+    let guard = unsafe { &boot::boot_stack_guard as *const u8 as u64 };
+    if let Err(e) = memory::guard_page(guard) {
+        fatal!("the boot stack's guard page at {guard:#x}: {e}");
+    }
     let (heap_base, heap_len) = memory::init_heap(HEAP_BYTES).unwrap_or_else(|e| fatal!("{e}"));
     let ist = smp::alloc_ist(0).unwrap_or_else(|e| fatal!("BSP IST stacks: {e}"));
     // SAFETY: on the BSP, after activate; the IST stacks are this core's for good.

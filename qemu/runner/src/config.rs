@@ -95,6 +95,41 @@ pub struct HubSocket {
     pub peer: SocketAddrV4,
 }
 
+/// The hub of a boot whose control NIC is the mlx5 model's Ethernet port (docs/reference/platform.md, "A hub
+/// of UDP ports"): one socket port for the model's wire and one for a client's RDMA frames, each with its own
+/// pair of UDP addresses (`local`: QEMU's end; `peer`: the station's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelHub {
+    /// The model binds `peer` (`--eth-udp PEER,LOCAL`).
+    pub model: HubSocket,
+    /// A client (leasectl) binds `peer` and sends to `local`.
+    pub client: HubSocket,
+}
+
+impl ModelHub {
+    /// Four UDP ports on 127.0.0.1 that were free when asked (nothing holds them until QEMU, the model and
+    /// the client bind them).
+    pub fn pick() -> std::io::Result<ModelHub> {
+        let socks =
+            (0..4).map(|_| std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))).collect::<Result<Vec<_>, _>>()?;
+        let mut at = Vec::with_capacity(4);
+        for s in &socks {
+            at.push(SocketAddrV4::new(Ipv4Addr::LOCALHOST, s.local_addr()?.port()));
+        }
+        Ok(ModelHub { model: HubSocket { local: at[0], peer: at[1] }, client: HubSocket { local: at[2], peer: at[3] } })
+    }
+
+    /// The hub's socket ports, for [`QemuConfig::hub`].
+    pub fn ports(&self) -> Vec<HubSocket> {
+        vec![self.model, self.client]
+    }
+
+    /// The model's `--eth-udp` pair: (what it binds, where it sends).
+    pub fn model_wire(&self) -> (SocketAddrV4, SocketAddrV4) {
+        (self.model.peer, self.model.local)
+    }
+}
+
 /// How the guest is booted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Boot {

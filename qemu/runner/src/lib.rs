@@ -18,7 +18,7 @@ pub mod iso;
 pub mod model;
 pub mod process;
 
-pub use config::{Boot, HostFwd, HubSocket, Machine, QemuConfig};
+pub use config::{Boot, HostFwd, HubSocket, Machine, ModelHub, QemuConfig};
 pub use exit::QemuExit;
 pub use firmware::{Ovmf, ScratchFile};
 pub use model::{ModelCommand, ModelFiles, ModelProcess, ModelShm};

@@ -1,0 +1,223 @@
+//! The ConnectX-5's own Ethernet port as the control NIC (`ctl_nic=mlx5`, or `auto` with no virtio-net):
+//! smoltcp's `Device` over the driver's [`EthPort`] (docs/mlx5-driver.md, "The Ethernet port").
+//!
+//! The port is built on the BSP during HCA bring-up, before the driver splits into its engines
+//! ([`build`]), and taken by the network stack. The `net` role polls the port's completion queues itself, in
+//! its own loop: it is their only consumer, so frames never cross cores and need no second ring (the event
+//! core keeps the EQ and the lease CQ). The link state comes from PAOS at bring-up, then from the PORT_CHANGE
+//! events the event engine records ([`leasebox_mlx5::engine::Shared::port_event`]). Counters and the link
+//! state are published for HEALTH and the ready line ([`summary`]).
+
+use crate::hca_platform::KernelHca;
+use alloc::boxed::Box;
+use alloc::format;
+use alloc::string::String;
+use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use leasebox_mlx5::driver::{Driver, PortState};
+use leasebox_mlx5::eth::{EthConfig, EthPort, EthStats};
+use smoltcp::phy::{self, DeviceCapabilities, Medium};
+use smoltcp::time::Instant;
+use spin::Mutex;
+
+/// The port, between HCA bring-up (which builds it) and the network stack (which takes it).
+static PORT: Mutex<Option<EthPort<KernelHca>>> = Mutex::new(None);
+
+/// The largest frame smoltcp sends: a 1500-byte MTU plus the Ethernet header.
+const MAX_FRAME: usize = 1514;
+
+/// Frames taken from the receive queue per `receive` call (smoltcp asks once per frame).
+const RX_BUDGET: usize = 1;
+
+/// Builds the Ethernet port on `d` (before `into_engines`). The link need not be up: boot never waits for it.
+pub fn build(d: &mut Driver<KernelHca>) {
+    match EthPort::create(d, &EthConfig::default()) {
+        Ok(port) => {
+            let i = &port.info;
+            log::info!(
+                "mlx5: Ethernet port mac {:02x?} inline mode {} lkey {:?} sqn {:#x} rqn {:#x} tirn {:#x} link {}",
+                i.mac,
+                i.inline_mode,
+                i.lkey,
+                i.sqn,
+                i.rqn,
+                i.tirn,
+                port.state()
+            );
+            publish_state(port.state());
+            *PORT.lock() = Some(port);
+        }
+        Err(e) => log::error!("mlx5: the Ethernet port could not be built: {e}"),
+    }
+}
+
+/// The port built by [`build`], once.
+pub fn take() -> Option<Mlx5Nic> {
+    PORT.lock().take().map(|port| Mlx5Nic { port, rx: Box::new([0; 2048]), rx_len: 0, spill: Box::new([0; 2048]) })
+}
+
+static LINK: AtomicU8 = AtomicU8::new(0);
+static TX_FRAMES: AtomicU64 = AtomicU64::new(0);
+static TX_DROPS: AtomicU64 = AtomicU64::new(0);
+static RX_FRAMES: AtomicU64 = AtomicU64::new(0);
+static RX_DROPS: AtomicU64 = AtomicU64::new(0);
+
+fn publish_state(s: PortState) {
+    LINK.store(
+        match s {
+            PortState::Down => 1,
+            PortState::Active => 2,
+            PortState::Unknown(_) => 3,
+        },
+        Ordering::Relaxed,
+    );
+}
+
+/// The link state as the ready line and HEALTH report it (`none` without the port).
+pub fn link() -> &'static str {
+    match LINK.load(Ordering::Relaxed) {
+        1 => "down",
+        2 => "up",
+        3 => "unknown",
+        _ => "none",
+    }
+}
+
+/// One line for HEALTH: link and frame counters (drops include a full ring and frames the driver refused).
+pub fn summary() -> Option<String> {
+    (LINK.load(Ordering::Relaxed) != 0).then(|| {
+        format!(
+            "ctl port link {} tx {} (dropped {}) rx {} (dropped {})",
+            link(),
+            TX_FRAMES.load(Ordering::Relaxed),
+            TX_DROPS.load(Ordering::Relaxed),
+            RX_FRAMES.load(Ordering::Relaxed),
+            RX_DROPS.load(Ordering::Relaxed)
+        )
+    })
+}
+
+/// smoltcp's device over the port.
+pub struct Mlx5Nic {
+    port: EthPort<KernelHca>,
+    /// The frame lent to smoltcp by the last `receive`.
+    rx: Box<[u8; 2048]>,
+    rx_len: usize,
+    /// Where a transmit token's frame is written before it is posted.
+    spill: Box<[u8; 2048]>,
+}
+
+impl Mlx5Nic {
+    pub fn mac(&self) -> [u8; 6] {
+        self.port.info.mac
+    }
+
+    /// Applies a link change announced by the event engine; returns the new state when it changed.
+    pub fn update_link(&mut self, announced: Option<PortState>) -> Option<PortState> {
+        let s = announced?;
+        if s == self.port.state() && LINK.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        self.port.set_state(s);
+        publish_state(s);
+        log::info!("net: ctl port link {}", link());
+        Some(s)
+    }
+
+    pub fn link_up(&self) -> bool {
+        self.port.state() == PortState::Active
+    }
+
+    /// Sends one frame of our own (a gratuitous ARP).
+    pub fn send_raw(&mut self, frame: &[u8]) -> bool {
+        self.port.transmit(frame).is_ok()
+    }
+
+    /// Reaps send completions and publishes the counters.
+    pub fn maintain(&mut self) {
+        self.port.poll_tx();
+        publish_stats(&self.port.stats());
+    }
+}
+
+fn publish_stats(s: &EthStats) {
+    TX_FRAMES.store(s.tx_frames, Ordering::Relaxed);
+    TX_DROPS.store(s.tx_drops + s.tx_errors, Ordering::Relaxed);
+    RX_FRAMES.store(s.rx_frames, Ordering::Relaxed);
+    RX_DROPS.store(s.rx_drops + s.rx_errors, Ordering::Relaxed);
+}
+
+pub struct RxToken<'a> {
+    frame: &'a [u8],
+}
+
+impl phy::RxToken for RxToken<'_> {
+    fn consume<R, F>(self, f: F) -> R
+    where
+        F: FnOnce(&[u8]) -> R,
+    {
+        f(self.frame)
+    }
+}
+
+pub struct TxToken<'a> {
+    port: &'a mut EthPort<KernelHca>,
+    spill: &'a mut [u8; 2048],
+}
+
+impl phy::TxToken for TxToken<'_> {
+    fn consume<R, F>(self, len: usize, f: F) -> R
+    where
+        F: FnOnce(&mut [u8]) -> R,
+    {
+        // smoltcp never asks for more than `MAX_FRAME`; the frame is written here whatever becomes of it,
+        // then posted (a full ring or a refused frame is dropped and counted by the driver).
+        let len = len.min(self.spill.len());
+        let r = f(&mut self.spill[..len]);
+        let _ = self.port.transmit(&self.spill[..len]);
+        r
+    }
+}
+
+impl phy::Device for Mlx5Nic {
+    type RxToken<'a>
+        = RxToken<'a>
+    where
+        Self: 'a;
+    type TxToken<'a>
+        = TxToken<'a>
+    where
+        Self: 'a;
+
+    fn receive(&mut self, _timestamp: Instant) -> Option<(RxToken<'_>, TxToken<'_>)> {
+        // smoltcp may answer a frame at once (an ACK, ARP): leave frames in the queue until a send slot is
+        // free, rather than drop the answer.
+        if self.port.tx_room() == 0 && self.port.poll_tx() == 0 {
+            return None;
+        }
+        let Mlx5Nic { port, rx, rx_len, spill } = self;
+        *rx_len = 0;
+        let got = port.receive(RX_BUDGET, |frame| {
+            let n = frame.len().min(rx.len());
+            rx[..n].copy_from_slice(&frame[..n]);
+            *rx_len = n;
+        });
+        if got == 0 {
+            return None;
+        }
+        Some((RxToken { frame: &rx[..*rx_len] }, TxToken { port, spill }))
+    }
+
+    fn transmit(&mut self, _timestamp: Instant) -> Option<TxToken<'_>> {
+        if self.port.tx_room() == 0 && self.port.poll_tx() == 0 {
+            return None;
+        }
+        Some(TxToken { port: &mut self.port, spill: &mut self.spill })
+    }
+
+    fn capabilities(&self) -> DeviceCapabilities {
+        let mut caps = DeviceCapabilities::default();
+        caps.medium = Medium::Ethernet;
+        caps.max_transmission_unit = MAX_FRAME;
+        caps
+    }
+}
