@@ -292,13 +292,14 @@ fn run(o: &Opts) -> Result<Stop, String> {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(
             out,
-            "mlx5-model: ready bar={} ({:#x} bytes, signature at +{sig_at:#x}) ram={} ({} MiB) udp={} trace={}",
+            "mlx5-model: ready bar={} ({:#x} bytes, signature at +{sig_at:#x}) ram={} ({} MiB) udp={} trace={} eth={}",
             o.bar.display(),
             bar.size(),
             o.ram.display(),
             ram.ram_bytes() >> 20,
             o.udp,
-            o.trace.as_ref().map_or("off".into(), |p| p.display().to_string())
+            o.trace.as_ref().map_or("off".into(), |p| p.display().to_string()),
+            device.eth_description()
         );
         let _ = out.flush();
     }
@@ -363,6 +364,17 @@ impl Device {
                 .ok()
         });
         Device { model: mlx5_model::Model::new(bar, ram, cfg), control, udp, eth }
+    }
+
+    /// `LOCAL,PEER` of the Ethernet wire, or `off`.
+    fn eth_description(&self) -> String {
+        match &self.eth {
+            Some(w) => match w.local_addr() {
+                Ok(a) => format!("{a},{}", w.peer()),
+                Err(_) => format!("?,{}", w.peer()),
+            },
+            None => "off".into(),
+        }
     }
 
     /// One pass over everything the device polls; `true` if it did work.
