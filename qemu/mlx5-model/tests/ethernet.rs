@@ -124,7 +124,12 @@ fn number(out: &[u8]) -> u32 {
 /// A NIC_RX table (level 0, 4 entries) with one group matching the outer destination MAC, and entries
 /// forwarding the port's MAC and broadcast to `tir`.
 fn steering(d: &mut Drv, tir: u32) -> u32 {
+    steering_at(d, tir, 0)
+}
+
+fn steering_at(d: &mut Drv, tir: u32, level: u32) -> u32 {
     let mut t = cmd(0x930, 0, 0x40);
+    setf(&mut t, 0xc8, 8, level);
     setf(&mut t, 0xd8, 8, 2);
     let table = number(&d.ok(&t, 16));
     let mut g = cmd(0x933, 0, 0x400);
@@ -206,25 +211,44 @@ fn frame(dst: [u8; 6], src: [u8; 6], len: usize) -> Vec<u8> {
 /// Posts one SEND WQE at producer counter `pc`: `inline` bytes of the frame inline, the rest in one data
 /// segment from TX_BUF with `lkey`; a CQE requested. Writes the doorbell record and the BlueFlame register.
 fn post_send(d: &Drv, e: &Eth, pc: u16, f: &[u8], inline: usize, lkey: u32) {
+    let w = write_send(d, SqMem { sqn: e.sqn, ring: SQ_RING, dbr: SQ_DBR }, pc, f, inline, lkey, 0);
+    ring(d, e.uar, &w);
+}
+
+/// Where an SQ's ring and doorbell record are.
+#[derive(Clone, Copy)]
+struct SqMem {
+    sqn: u32,
+    ring: u64,
+    dbr: u64,
+}
+
+/// Writes the BlueFlame register of `uar` with the first 8 bytes of the control segment `w`.
+fn ring(d: &Drv, uar: u32, w: &[u8]) {
+    d.bar.write(u64::from(uar) * 4096 + 0x800, &w[..8]).unwrap();
+}
+
+/// Writes a SEND WQE (with `cs_flags`) and the doorbell record, without ringing; returns the WQE.
+fn write_send(d: &Drv, q: SqMem, pc: u16, f: &[u8], inline: usize, lkey: u32, cs_flags: u8) -> [u8; 64] {
     d.ram.write(TX_BUF, f).unwrap();
     let mut w = [0u8; 64];
     let rest = inline.saturating_sub(2);
     let data_at = 32 + rest.div_ceil(16) * 16;
     let ds = (data_at / 16 + 1) as u32;
     put32(&mut w, 0, (u32::from(pc) << 8) | 0x0a);
-    put32(&mut w, 4, (e.sqn << 8) | ds);
+    put32(&mut w, 4, (q.sqn << 8) | ds);
     w[11] = 0x08;
+    w[20] = cs_flags;
     w[28..30].copy_from_slice(&(inline as u16).to_be_bytes());
     w[30..30 + inline.min(2)].copy_from_slice(&f[..inline.min(2)]);
     w[32..32 + rest].copy_from_slice(&f[2..inline.max(2)]);
     put32(&mut w, data_at, (f.len() - inline) as u32);
     put32(&mut w, data_at + 4, lkey);
     w[data_at + 8..data_at + 16].copy_from_slice(&(TX_BUF + inline as u64).to_be_bytes());
-    let slot = SQ_RING + 64 * u64::from(pc % 64);
+    let slot = q.ring + 64 * u64::from(pc % 64);
     d.ram.write(slot, &w).unwrap();
-    d.ram.write_be32(SQ_DBR + 4, u32::from(pc) + 1).unwrap();
-    let bf = u64::from(e.uar) * 4096 + 0x800;
-    d.bar.write(bf, &w[..8]).unwrap();
+    d.ram.write_be32(q.dbr + 4, u32::from(pc) + 1).unwrap();
+    w
 }
 
 /// Posts receive WQEs `from..to` (2 KiB buffers at RX_BUF) and the doorbell record.
@@ -520,4 +544,162 @@ fn late_link_comes_up_with_a_port_change_event() {
     assert_eq!((eqe[1], eqe[3]), (0x09, 1), "PORT_CHANGE DOWN");
     d.ok(&paos(0, (1 << 16) | (1 << 8), 1 << 31), 0x20);
     assert_eq!(oper(&mut d), 2, "training again");
+}
+
+/// Reads the receive buffer of WQE `i`.
+fn rx_data(d: &Drv, i: u64, len: usize) -> Vec<u8> {
+    let mut got = vec![0u8; len];
+    d.ram.read(RX_BUF + 2048 * i, &mut got).unwrap();
+    got
+}
+
+#[test]
+fn errors_move_queues_to_err_and_flush_what_is_posted() {
+    let mut d = Drv::with(config(), 64 << 20);
+    let e = bring_up(&mut d, true);
+    sq_ready(&mut d, &e);
+    let q = SqMem { sqn: e.sqn, ring: SQ_RING, dbr: SQ_DBR };
+    let f = frame(PEER_MAC, PORT_MAC, 100);
+    // Two WQEs posted but not rung: MODIFY_SQ RDY→ERR flushes both (flush_in_error_en).
+    write_send(&d, q, 0, &f, 18, e.lkey, 0);
+    write_send(&d, q, 1, &f, 18, e.lkey, 0);
+    d.ok(&modify_in(0x905, e.sqn, 1, 3), 16);
+    for i in 0..2 {
+        let c = cqe(&d, TX_CQ_RING, i);
+        assert_eq!((c[63] >> 4, c[0x37], u16::from_be_bytes([c[60], c[61]])), (0xd, 0x05, i as u16));
+    }
+    assert!(d.model.take_eth_frames().is_empty());
+
+    // Receive: the first WQE has a bad lkey → RESP_ERR local protection, RQ to ERR, the other two flushed.
+    post_recv(&d, &e, 0, 3);
+    put32_ram(&d, RQ_RING + 4, e.lkey ^ 0x80);
+    let mut sink = |_: Vec<u8>| {};
+    assert_eq!(d.model.eth_receive(&frame(PORT_MAC, PEER_MAC, 100), &mut sink), RxOutcome::Error);
+    let c = cqe(&d, RX_CQ_RING, 0);
+    assert_eq!((c[63] >> 4, c[0x37]), (0xe, 0x04));
+    for i in 1..3 {
+        let c = cqe(&d, RX_CQ_RING, i);
+        assert_eq!((c[63] >> 4, c[0x37], u16::from_be_bytes([c[60], c[61]])), (0xe, 0x05, i as u16));
+    }
+    let st = d.ok(&number_in(0x90b, e.rqn), 0x110);
+    assert_eq!(getf(&st, 0x100 + 8, 4), 3, "RQ in ERR");
+    assert_eq!(d.model.eth_receive(&frame(PORT_MAC, PEER_MAC, 100), &mut sink), RxOutcome::RqNotReady);
+    // Recovery ERR→RST→RDY; a WQE smaller than the frame → local length error.
+    d.ok(&modify_in(0x909, e.rqn, 3, 0), 16);
+    d.ok(&modify_in(0x909, e.rqn, 0, 1), 16);
+    post_recv(&d, &e, 0, 1);
+    put32_ram(&d, RQ_RING, 64);
+    assert_eq!(d.model.eth_receive(&frame(PORT_MAC, PEER_MAC, 100), &mut sink), RxOutcome::Error);
+    assert_eq!(cqe(&d, RX_CQ_RING, 3)[0x37], 0x01);
+    assert_eq!(d.model.eth_counters().rx_errors, 2);
+}
+
+fn put32_ram(d: &Drv, at: u64, v: u32) {
+    d.ram.write_be32(at, v).unwrap();
+}
+
+#[test]
+fn vlan_strip_checksum_offload_reserved_lkey_and_link_down() {
+    let mut d = Drv::with(config(), 64 << 20);
+    let e = bring_up(&mut d, true);
+    sq_ready(&mut d, &e);
+    // MODIFY_RQ RDY→RDY with the VSD bit and vsd = 0: strip VLAN tags from now on.
+    let mut m = modify_in(0x909, e.rqn, 1, 1);
+    setf(&mut m, 0xa0, 32, 1 << 1);
+    d.ok(&m, 16);
+    post_recv(&d, &e, 0, 4);
+    let plain = frame(PORT_MAC, PEER_MAC, 100);
+    let mut tagged = plain[..12].to_vec();
+    tagged.extend_from_slice(&[0x81, 0x00, 0x20, 0x64]);
+    tagged.extend_from_slice(&plain[12..]);
+    let mut sink = |_: Vec<u8>| {};
+    assert_eq!(d.model.eth_receive(&tagged, &mut sink), RxOutcome::Delivered);
+    let c = cqe(&d, RX_CQ_RING, 0);
+    assert_eq!(be32(&c, 0x2c), 100, "byte_cnt without the tag");
+    assert_eq!((c[0x1d] & 1, u16::from_be_bytes([c[0x1e], c[0x1f]])), (1, 0x2064), "stripped TCI");
+    assert_eq!((c[0x1d] >> 2) & 3, 2, "L3 IPv4");
+    assert_eq!((c[0x1d] >> 4) & 7, 2, "L4 UDP");
+    assert_eq!(rx_data(&d, 0, 100), plain);
+
+    // Checksum offload: the IPv4 header checksum is filled in.
+    let q = SqMem { sqn: e.sqn, ring: SQ_RING, dbr: SQ_DBR };
+    let w = write_send(&d, q, 0, &plain, 18, e.lkey, 0x40 | 0x80);
+    ring(&d, e.uar, &w);
+    d.model.poll();
+    let out = d.model.take_eth_frames();
+    assert_eq!(out.len(), 1);
+    let hdr = &out[0][14..34];
+    let sum: u32 = hdr.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+    assert_eq!((sum & 0xffff) + (sum >> 16), 0xffff, "IPv4 header checksum verifies");
+    assert_ne!(&out[0][40..42], &[0, 0], "UDP checksum filled in");
+
+    // A second SQ created with rlky may use the reserved lkey (guest physical addresses).
+    let mut c2 = queue_in(0x904, e.pd, e.uar, SQ_DBR + 0x80, SQ_RING + 0x7_0000, 6, 6);
+    setf(&mut c2, 0x100, 1, 1);
+    setf(&mut c2, 0x100 + 5, 3, 1);
+    setf(&mut c2, 0x100 + 0x48, 24, e.tx_cq);
+    setf(&mut c2, 0x100 + 0x100, 16, 1);
+    setf(&mut c2, 0x100 + 0x168, 24, e.tis);
+    let sq2 = number(&d.ok(&c2, 16));
+    d.ok(&modify_in(0x905, sq2, 0, 1), 16);
+    let q2 = SqMem { sqn: sq2, ring: SQ_RING + 0x7_0000, dbr: SQ_DBR + 0x80 };
+    let w = write_send(&d, q2, 0, &plain, 18, mlx5_model::eth::RESD_LKEY, 0);
+    ring(&d, e.uar, &w);
+    d.model.poll();
+    assert_eq!(d.model.take_eth_frames(), vec![plain.clone()]);
+
+    // Link down (PAOS admin down): the send completes but the frame is discarded; nothing is received.
+    let mut paos = cmd(0x805, 0, 0x20);
+    put32(&mut paos, 8, 0x5006);
+    put32(&mut paos, 0x10, (1 << 16) | (2 << 8));
+    put32(&mut paos, 0x14, 1 << 31);
+    d.ok(&paos, 0x20);
+    let w = write_send(&d, q, 1, &plain, 18, e.lkey, 0);
+    ring(&d, e.uar, &w);
+    d.model.poll();
+    assert!(d.model.take_eth_frames().is_empty());
+    assert_eq!(d.model.eth_counters().tx_link_down, 1);
+    assert_eq!(cqe(&d, TX_CQ_RING, 2)[63] >> 4, 0x0, "still completed (CQE 2: after the offload and the rlky sends)");
+    assert_eq!(d.model.eth_receive(&plain, &mut sink), RxOutcome::LinkDown);
+}
+
+#[test]
+fn steering_drop_entry_and_miss_forwarding_to_a_deeper_table() {
+    let mut d = Drv::with(config(), 64 << 20);
+    let e = bring_up(&mut d, false);
+    post_recv(&d, &e, 0, 4);
+    // Table B (level 1): the usual DMAC entries. Root A (level 0): drops IPv6, misses go on to B.
+    let b = steering_at(&mut d, e.tir, 1);
+    let mut t = cmd(0x930, 0, 0x40);
+    setf(&mut t, 0xc4, 4, 1);
+    setf(&mut t, 0xd8, 8, 1);
+    setf(&mut t, 0xe8, 24, b);
+    let a = number(&d.ok(&t, 16));
+    let mut g = cmd(0x933, 0, 0x400);
+    setf(&mut g, 0xa8, 24, a);
+    setf(&mut g, 0x120, 32, 1);
+    setf(&mut g, 0x1f8, 8, 1);
+    setf(&mut g, 0x200 + 0x30, 16, 0xffff);
+    let group = number(&d.ok(&g, 16));
+    let mut f = cmd(0x936, 0, 0x340);
+    setf(&mut f, 0xa8, 24, a);
+    setf(&mut f, 0x220, 32, group);
+    setf(&mut f, 0x270, 16, 0x2);
+    setf(&mut f, 0x400 + 0x30, 16, 0x86dd);
+    d.ok(&f, 16);
+    // A NIC_RX group on misc parameters cannot be matched: refused.
+    let mut bad = cmd(0x933, 0, 0x400);
+    setf(&mut bad, 0xa8, 24, a);
+    setf(&mut bad, 0xe0, 32, 1);
+    setf(&mut bad, 0x120, 32, 1);
+    setf(&mut bad, 0x1f8, 8, 2);
+    assert_eq!(d.exec(&bad, 16).status(), BAD_PARAM);
+    set_root(&mut d, a);
+    let mut sink = |_: Vec<u8>| {};
+    assert_eq!(d.model.eth_receive(&frame(PORT_MAC, PEER_MAC, 80), &mut sink), RxOutcome::Delivered);
+    let mut v6 = frame(PORT_MAC, PEER_MAC, 80);
+    v6[12..14].copy_from_slice(&[0x86, 0xdd]);
+    assert_eq!(d.model.eth_receive(&v6, &mut sink), RxOutcome::SteeringDrop);
+    let k = d.model.eth_counters();
+    assert_eq!((k.rx_frames, k.rx_steering_drop), (1, 1));
 }
