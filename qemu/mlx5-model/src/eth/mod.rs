@@ -289,10 +289,11 @@ pub const RESD_LKEY: u32 = 0x0000_0001;
 /// and a zero byte count ends the scatter list (Linux pads cyclic RQ WQEs with it).
 pub const TERMINATE_LKEY: u32 = 0x100;
 
-/// Checks one data segment of a queue on PD `pd` and translates it: the lkey must be the reserved lkey on a
-/// queue with `rlky`, or name a live MKEY (index and variant) that is not `free`, on `pd`, with local read
-/// (`write` false: gather) or local write (`write` true: scatter), and `[addr, addr + len)` must lie inside
-/// the key. Returns the device-address pieces, or `None` (a local protection error).
+/// Checks one data segment of a queue on PD `pd` and translates the first `used` bytes of it: the lkey must be
+/// the reserved lkey on a queue with `rlky`, or name a live MKEY (index and variant) that is not `free`, on
+/// `pd`, with local read (`write` false: gather) or local write (`write` true: scatter), and the whole segment
+/// `[addr, addr + byte_count)` must lie inside the key. Returns the device-address pieces of the used part, or
+/// `None` (a local protection error).
 pub fn translate_segment(
     hca: &crate::hca::Hca,
     ram: &dyn Memory,
@@ -300,16 +301,23 @@ pub fn translate_segment(
     pd: u32,
     seg: &DataSeg,
     write: bool,
+    used: u64,
 ) -> Option<Vec<(u64, u64)>> {
     let (lkey, addr, len) = (seg.lkey, seg.addr, u64::from(seg.byte_count));
+    let used = used.min(len);
     if lkey == RESD_LKEY {
-        return (rlky && ram.holds(addr, len)).then(|| vec![(addr, len)]);
+        return (rlky && ram.holds(addr, len)).then(|| vec![(addr, used)]);
     }
     let m = hca.mkeys.get(&(lkey >> 8)).filter(|m| m.key == lkey)?;
     let access = if write { m.access.local_write } else { m.access.local_read };
     if m.free || m.pd != pd || !access {
         return None;
     }
-    let pieces = m.translate(addr, len)?;
+    // The whole segment inside the key (cheap: no translation of bytes that will not be touched).
+    let end = addr.checked_add(len)?;
+    if addr < m.start_addr || (!m.length64 && end > m.start_addr.checked_add(m.len)?) {
+        return None;
+    }
+    let pieces = m.translate(addr, used)?;
     pieces.iter().all(|&(a, l)| ram.holds(a, l)).then_some(pieces)
 }

@@ -212,14 +212,12 @@ fn scatter(hca: &Hca, ram: &dyn Memory, rq: &Rq, data: &[u8]) -> Result<(), u8> 
         if seg.byte_count & INLINE_SEG != 0 {
             return Err(syndrome::LOCAL_QP_OP_ERR);
         }
-        let pieces = translate_segment(hca, ram, rq.rlky, rq.wq.pd, &seg, true).ok_or(syndrome::LOCAL_PROT_ERR)?;
+        let pieces = translate_segment(hca, ram, rq.rlky, rq.wq.pd, &seg, true, (data.len() - done) as u64)
+            .ok_or(syndrome::LOCAL_PROT_ERR)?;
         for (a, l) in pieces {
-            let n = (l as usize).min(data.len() - done);
+            let n = l as usize;
             ram.write(a, &data[done..done + n]).map_err(|_| syndrome::LOCAL_PROT_ERR)?;
             done += n;
-            if done == data.len() {
-                break;
-            }
         }
     }
     if done < data.len() { Err(syndrome::LOCAL_LENGTH_ERR) } else { Ok(()) }

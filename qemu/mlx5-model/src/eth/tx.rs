@@ -269,7 +269,8 @@ fn execute(hca: &Hca, ram: &dyn Memory, sq: &Sq, wqe: &[u8]) -> Result<Option<Ve
         if f.len() as u64 + u64::from(seg.byte_count) > u64::from(hca.port.max_mtu) {
             return Err(syndrome::LOCAL_LENGTH_ERR);
         }
-        let pieces = translate_segment(hca, ram, sq.rlky, sq.wq.pd, &seg, false).ok_or(syndrome::LOCAL_PROT_ERR)?;
+        let pieces = translate_segment(hca, ram, sq.rlky, sq.wq.pd, &seg, false, seg.byte_count.into())
+            .ok_or(syndrome::LOCAL_PROT_ERR)?;
         for (a, l) in pieces {
             let at = f.len();
             f.resize(at + l as usize, 0);
