@@ -278,7 +278,11 @@ fn wire_pair() -> (EthWire, UdpSocket) {
 
 /// Polls the model and the wire until `done` or 5 s pass (loopback datagrams arrive in microseconds).
 fn pump(d: &mut Drv, wire: &mut EthWire, done: impl Fn(&Drv) -> bool) {
-    let end = Instant::now() + Duration::from_secs(5);
+    pump_for(d, wire, Duration::from_secs(5), done);
+}
+
+fn pump_for(d: &mut Drv, wire: &mut EthWire, limit: Duration, done: impl Fn(&Drv) -> bool) {
+    let end = Instant::now() + limit;
     while !done(d) && Instant::now() < end {
         d.model.poll();
         mlx5_model::dataplane::poll_eth(&mut d.model, wire).unwrap();
@@ -702,4 +706,55 @@ fn steering_drop_entry_and_miss_forwarding_to_a_deeper_table() {
     assert_eq!(d.model.eth_receive(&v6, &mut sink), RxOutcome::SteeringDrop);
     let k = d.model.eth_counters();
     assert_eq!((k.rx_frames, k.rx_steering_drop), (1, 1));
+}
+
+/// The wire against QEMU's own network: `-netdev socket` (the peer of `--eth-udp`) on a hub with
+/// `-netdev user`. The port sends an ARP request for QEMU's gateway 10.0.2.2 through its SQ; QEMU's reply comes
+/// back over the wire, through the NIC_RX broadcast/unicast entries, into the RQ. Needs `qemu-system-x86_64`
+/// (no guest is booted): `cargo test -p mlx5-model --test ethernet -- --ignored`.
+#[test]
+#[ignore = "needs qemu-system-x86_64"]
+fn arp_with_qemu_user_networking_over_the_wire() {
+    let mut d = Drv::with(config(), 64 << 20);
+    let e = bring_up(&mut d, true);
+    sq_ready(&mut d, &e);
+    post_recv(&d, &e, 0, 4);
+    // Two free UDP ports: the model's LOCAL and QEMU's localaddr.
+    let probe = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let qemu_addr = probe.local_addr().unwrap();
+    drop(probe);
+    let mut wire = EthWire::bind("127.0.0.1:0".parse().unwrap(), qemu_addr).unwrap();
+    let local = wire.local_addr().unwrap();
+    let mut qemu = std::process::Command::new("qemu-system-x86_64")
+        .args(["-M", "none", "-display", "none", "-nodefaults", "-monitor", "none", "-serial", "none"])
+        .args(["-netdev", "user,id=u0"])
+        .args(["-netdev", &format!("socket,id=s0,udp={local},localaddr={qemu_addr}")])
+        .args(["-netdev", "hubport,id=h0,hubid=0,netdev=u0", "-netdev", "hubport,id=h1,hubid=0,netdev=s0"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("qemu-system-x86_64");
+    let mut arp = vec![0xff; 6];
+    arp.extend_from_slice(&PORT_MAC);
+    arp.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+    arp.extend_from_slice(&PORT_MAC);
+    arp.extend_from_slice(&[10, 0, 2, 15, 0, 0, 0, 0, 0, 0, 10, 0, 2, 2]);
+    // QEMU needs a moment to open its socket; ask again until the reply is in the RQ.
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut pc = 0u16;
+    while d.model.eth_counters().rx_frames == 0 && Instant::now() < end {
+        post_send(&d, &e, pc, &arp, 18, e.lkey);
+        pc += 1;
+        pump_for(&mut d, &mut wire, Duration::from_millis(200), |d| d.model.eth_counters().rx_frames > 0);
+    }
+    let _ = qemu.kill();
+    let _ = qemu.wait();
+    let c = cqe(&d, RX_CQ_RING, 0);
+    assert_eq!(c[63] >> 4, 0x2, "RESP_SEND");
+    let len = be32(&c, 0x2c) as usize;
+    assert!(len >= 60, "QEMU pads short frames: {len}");
+    let reply = rx_data(&d, 0, len);
+    assert_eq!(&reply[..6], &PORT_MAC, "unicast to the port");
+    assert_eq!(&reply[12..14], &[0x08, 0x06]);
+    assert_eq!(u16::from_be_bytes([reply[20], reply[21]]), 2, "ARP reply");
+    assert_eq!(&reply[28..32], &[10, 0, 2, 2], "from the gateway");
 }
