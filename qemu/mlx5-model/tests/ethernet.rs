@@ -48,6 +48,7 @@ struct Eth {
     rqn: u32,
     tir: u32,
     table: u32,
+    q_counter: u32,
 }
 
 fn config() -> ModelConfig {
@@ -85,13 +86,22 @@ fn create_sq_in(e: &Eth) -> Vec<u8> {
     c
 }
 
-/// CREATE_RQ: 16 WQEs of one data segment, VLAN stripping off, flush in error.
+/// CREATE_RQ: 16 WQEs of one data segment, VLAN stripping off, flush in error, counting into `q_counter`.
 fn create_rq_in(e: &Eth) -> Vec<u8> {
     let mut c = queue_in(0x908, e.pd, 0, RQ_DBR, RQ_RING, 4, 4);
     setf(&mut c, 0x100 + 3, 1, 1);
     setf(&mut c, 0x100 + 0xd, 1, 1);
     setf(&mut c, 0x100 + 0x48, 24, e.rx_cq);
+    setf(&mut c, 0x100 + 0x60, 8, e.q_counter);
     c
+}
+
+/// QUERY_Q_COUNTER `out_of_buffer` (bit 0x180 of the 0x100-byte output), clearing it when `clear`.
+fn out_of_buffer(d: &mut Drv, id: u32, clear: bool) -> u32 {
+    let mut c = cmd(0x773, 0, 0x20);
+    setf(&mut c, 0xc0, 1, clear.into());
+    setf(&mut c, 0xf8, 8, id);
+    be32(&d.ok(&c, 0x100), 0x30)
 }
 
 /// MODIFY_SQ (0x905) / MODIFY_RQ (0x909) from `cur` to `next`.
@@ -175,7 +185,21 @@ fn bring_up(d: &mut Drv, root: bool) -> Eth {
         }
     }
     let index = number(&d.ok(&create_mkey_in(pd, 0, TX_BUF, BUF_END - TX_BUF, &[]), 16));
-    let mut e = Eth { uar, pd, td, lkey: (index << 8) | 0x5a, tx_cq, rx_cq, tis: 0, sqn: 0, rqn: 0, tir: 0, table: 0 };
+    let q_counter = getf(&d.ok(&cmd(0x771, 0, 16), 16), 0x58, 8);
+    let mut e = Eth {
+        uar,
+        pd,
+        td,
+        lkey: (index << 8) | 0x5a,
+        tx_cq,
+        rx_cq,
+        tis: 0,
+        sqn: 0,
+        rqn: 0,
+        tir: 0,
+        table: 0,
+        q_counter,
+    };
     e.tis = number(&d.ok(&create_tis_in(td), 16));
     e.sqn = number(&d.ok(&create_sq_in(&e), 16));
     e.rqn = number(&d.ok(&create_rq_in(&e), 16));
@@ -366,6 +390,9 @@ fn ring_full_drops_and_counts_out_of_buffer() {
     assert_eq!(d.model.eth_receive(&f, &mut sink), RxOutcome::Delivered);
     assert_eq!(d.model.eth_receive(&f, &mut sink), RxOutcome::OutOfBuffer);
     assert_eq!(d.model.eth_counters().rx_out_of_buffer, 1);
+    // The driver sees it in the RQ's Q counter; `clear` zeroes it after reading.
+    assert_eq!(out_of_buffer(&mut d, e.q_counter, true), 1);
+    assert_eq!(out_of_buffer(&mut d, e.q_counter, false), 0);
     // Posting one more WQE takes the next frame.
     post_recv(&d, &e, 1, 2);
     assert_eq!(d.model.eth_receive(&f, &mut sink), RxOutcome::Delivered);
@@ -497,6 +524,15 @@ fn references_states_and_bad_parameters() {
     assert_eq!(d.exec(&number_in(0x902, e.tir), 16).status(), BAD_RES_STATE);
     assert_eq!(d.exec(&number_in(0x914, e.tis), 16).status(), BAD_RES_STATE);
     assert_eq!(d.exec(&number_in(0x817, e.td), 16).status(), BAD_RES_STATE);
+    let mut dq = cmd(0x772, 0, 16);
+    setf(&mut dq, 0x58, 8, e.q_counter);
+    assert_eq!(d.exec(&dq, 16).status(), BAD_RES_STATE, "the RQ counts into it");
+    // An RQ on a Q counter that was never allocated.
+    let mut rq = create_rq_in(&Eth { q_counter: 200, ..e });
+    assert_eq!(d.exec(&rq, 16).status(), BAD_PARAM);
+    rq = create_rq_in(&e);
+    setf(&mut rq, 0x100 + 4, 4, 1);
+    assert_eq!(d.exec(&rq, 16).status(), BAD_PARAM, "RMP-backed RQs are not modelled");
     // A NIC_RX entry forwarding to a TIR that does not exist.
     let mut f = cmd(0x936, 0, 0x348);
     setf(&mut f, 0xa8, 24, e.table);

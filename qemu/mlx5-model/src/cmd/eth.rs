@@ -62,6 +62,7 @@ mod rqc {
     pub const TS_FORMAT: Field = Field::new(0x1a, 2);
     pub const USER_INDEX: Field = Field::new(0x28, 24);
     pub const CQN: Field = Field::new(0x48, 24);
+    pub const COUNTER_SET_ID: Field = Field::new(0x60, 8);
 }
 
 mod tisc {
@@ -337,6 +338,7 @@ pub fn create_rq(hca: &mut Hca, c: &Ctx) -> CmdResult {
         rqc::TS_FORMAT,
         rqc::USER_INDEX,
         rqc::CQN,
+        rqc::COUNTER_SET_ID,
     ])
     .collect();
     known.extend(wq_known());
@@ -354,6 +356,10 @@ pub fn create_rq(hca: &mut Hca, c: &Ctx) -> CmdResult {
     if !hca.cqs.cqs.contains_key(&cqn) {
         return Err(bad(c, reason::QP_BAD_CQ));
     }
+    let counter_set_id = q(rqc::COUNTER_SET_ID);
+    if counter_set_id != 0 && !hca.eth.q_counters.contains_key(&counter_set_id) {
+        return Err(bad(c, reason::NO_SUCH_OBJECT));
+    }
     // A WQE of 1 to 128 data segments (16 bytes each); no doorbell register, so no UAR needed.
     let wq = read_wq(hca, c, 4..=11, false)?;
     let mut out = c.output(0x10)?;
@@ -370,6 +376,7 @@ pub fn create_rq(hca: &mut Hca, c: &Ctx) -> CmdResult {
             rlky: q(rqc::RLKY) == 1,
             flush_in_error: q(rqc::FLUSH_IN_ERROR_EN) == 1,
             vsd: q(rqc::VSD) == 1,
+            counter_set_id,
             wq,
             ctx,
             consumed: 0,
@@ -474,5 +481,78 @@ pub fn query_special_contexts(hca: &mut Hca, c: &Ctx) -> CmdResult {
     let mut out = c.output(SPECIAL_CONTEXTS_OUT_SIZE)?;
     // dump_fill_mkey and null_mkey are not modelled (0, and no capability bit claims them).
     ifc::set(&mut out, RESD_LKEY, eth::RESD_LKEY);
+    Ok(out)
+}
+
+/// `alloc_q_counter_out.counter_set_id`, `dealloc_q_counter_in.counter_set_id` (bit 0x58, 8 bits).
+const COUNTER_SET_ID: Field = Field::new(0x58, 8);
+/// `query_q_counter_in` (0x20 bytes): `other_vport`, `vport_number`, `clear`, `aggregate`, `counter_set_id`.
+mod qcq {
+    use crate::ifc::Field;
+    pub const SIZE: usize = 0x20;
+    pub const OTHER_VPORT: Field = Field::new(0x40, 1);
+    pub const VPORT_NUMBER: Field = Field::new(0x50, 16);
+    pub const CLEAR: Field = Field::new(0xc0, 1);
+    pub const AGGREGATE: Field = Field::new(0xc1, 1);
+    pub const COUNTER_SET_ID: Field = Field::new(0xf8, 8);
+    /// `query_q_counter_out` (0x100 bytes) and its `out_of_buffer` (bit 0x180).
+    pub const OUT_SIZE: usize = 0x100;
+    pub const OUT_OF_BUFFER: Field = Field::new(0x180, 32);
+}
+/// `cmd_hca_cap.max_qp_cnt` (bit 0x186, 10 bits): how many Q counters the function may allocate.
+const MAX_QP_CNT: Field = Field::new(0x186, 10);
+
+pub fn alloc_q_counter(hca: &mut Hca, c: &Ctx) -> CmdResult {
+    c.need_input(0x10)?;
+    c.op_mod_in(&[0])?;
+    c.reserved_zero(0x10, &[])?;
+    need_initialized(hca, c)?;
+    let mut out = c.output(0x10)?;
+    // Ids from 1 (0 is "no counter" in `rqc.counter_set_id`) up to `max_qp_cnt`, which fits the 8-bit field.
+    let max = hca.caps.general(MAX_QP_CNT).min(0xff);
+    let Some(id) = (1..=max).find(|n| !hca.eth.q_counters.contains_key(n)) else {
+        return Err(c.err(status::NO_RES, reason::TABLE_FULL));
+    };
+    hca.eth.q_counters.insert(id, eth::QCounter::default());
+    ifc::set(&mut out, COUNTER_SET_ID, id);
+    Ok(out)
+}
+
+pub fn dealloc_q_counter(hca: &mut Hca, c: &Ctx) -> CmdResult {
+    c.need_input(0x10)?;
+    c.op_mod_in(&[0])?;
+    c.reserved_zero(0x10, &[COUNTER_SET_ID])?;
+    need_initialized(hca, c)?;
+    let id = c.get(COUNTER_SET_ID);
+    if !hca.eth.q_counters.contains_key(&id) {
+        return Err(bad(c, reason::NO_SUCH_OBJECT));
+    }
+    if hca.eth.rqs.values().any(|r| r.counter_set_id == id) {
+        return Err(c.err(status::BAD_RES_STATE, reason::OBJECTS_IN_USE));
+    }
+    let out = c.output(0x10)?;
+    hca.eth.q_counters.remove(&id);
+    Ok(out)
+}
+
+pub fn query_q_counter(hca: &mut Hca, c: &Ctx) -> CmdResult {
+    c.need_input(qcq::SIZE)?;
+    c.op_mod_in(&[0])?;
+    c.reserved_zero(
+        qcq::SIZE,
+        &[qcq::OTHER_VPORT, qcq::VPORT_NUMBER, qcq::CLEAR, qcq::AGGREGATE, qcq::COUNTER_SET_ID],
+    )?;
+    need_initialized(hca, c)?;
+    // Own vport only; aggregation across vports is not modelled.
+    if c.get(qcq::OTHER_VPORT) != 0 || c.get(qcq::VPORT_NUMBER) != 0 || c.get(qcq::AGGREGATE) != 0 {
+        return Err(bad(c, reason::WRONG_FUNCTION));
+    }
+    let id = c.get(qcq::COUNTER_SET_ID);
+    let Some(q) = hca.eth.q_counters.get_mut(&id) else { return Err(bad(c, reason::NO_SUCH_OBJECT)) };
+    let mut out = c.output(qcq::OUT_SIZE)?;
+    ifc::set(&mut out, qcq::OUT_OF_BUFFER, q.out_of_buffer);
+    if c.get(qcq::CLEAR) == 1 {
+        *q = eth::QCounter::default();
+    }
     Ok(out)
 }

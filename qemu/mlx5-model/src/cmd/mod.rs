@@ -91,6 +91,9 @@ pub mod opcode {
     pub const DEALLOC_UAR: u16 = 0x803;
     pub const ALLOC_TRANSPORT_DOMAIN: u16 = 0x816;
     pub const DEALLOC_TRANSPORT_DOMAIN: u16 = 0x817;
+    pub const ALLOC_Q_COUNTER: u16 = 0x771;
+    pub const DEALLOC_Q_COUNTER: u16 = 0x772;
+    pub const QUERY_Q_COUNTER: u16 = 0x773;
     pub const QUERY_NIC_VPORT_CONTEXT: u16 = 0x754;
     pub const MODIFY_NIC_VPORT_CONTEXT: u16 = 0x755;
     pub const QUERY_ROCE_ADDRESS: u16 = 0x760;
@@ -311,6 +314,9 @@ fn dispatch(hca: &mut Hca, c: &Ctx) -> CmdResult {
         QUERY_RQ => eth::query_rq(hca, c),
         DESTROY_RQ => eth::destroy_rq(hca, c),
         CREATE_TIR => eth::create_tir(hca, c),
+        ALLOC_Q_COUNTER => eth::alloc_q_counter(hca, c),
+        DEALLOC_Q_COUNTER => eth::dealloc_q_counter(hca, c),
+        QUERY_Q_COUNTER => eth::query_q_counter(hca, c),
         DESTROY_TIR => eth::destroy_tir(hca, c),
         _ => Err(c.err(status::BAD_OP, reason::UNKNOWN_OPCODE)),
     }

@@ -145,6 +145,8 @@ pub struct Rq {
     pub flush_in_error: bool,
     /// `rqc.vsd`: VLAN stripping disabled (0 = the outer C-VLAN tag is stripped into the CQE).
     pub vsd: bool,
+    /// `rqc.counter_set_id`: the Q counter this RQ counts into (0: none).
+    pub counter_set_id: u32,
     pub wq: Wq,
     pub ctx: Vec<u8>,
     /// WQEs consumed (16 bits, as the doorbell record counts them); 0 after RST.
@@ -215,6 +217,14 @@ pub struct Eth {
     pub counters: EthCounters,
     /// Frames sent and not yet taken by the wire.
     pub outbox: VecDeque<Vec<u8>>,
+    /// Q counters (ALLOC_Q_COUNTER) by `counter_set_id`: `out_of_buffer` of the RQs attached to each.
+    pub q_counters: BTreeMap<u32, QCounter>,
+}
+
+/// One Q counter set (`query_q_counter_out`); the model counts `out_of_buffer` only.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QCounter {
+    pub out_of_buffer: u32,
 }
 
 impl Eth {
@@ -224,6 +234,7 @@ impl Eth {
         self.tises.clear();
         self.tirs.clear();
         self.outbox.clear();
+        self.q_counters.clear();
     }
 
     pub fn uses_cq(&self, cqn: u32) -> bool {

@@ -159,6 +159,9 @@ fn deliver(hca: &mut Hca, ram: &dyn Memory, rqn: u32, f: &[u8]) -> RxOutcome {
     let posted = rq.wq.doorbell(ram, 0).unwrap_or(rq.consumed);
     if posted == rq.consumed {
         hca.eth.counters.rx_out_of_buffer += 1;
+        if let Some(q) = hca.eth.q_counters.get_mut(&rq.counter_set_id) {
+            q.out_of_buffer = q.out_of_buffer.wrapping_add(1);
+        }
         return RxOutcome::OutOfBuffer;
     }
     // VLAN stripping (vsd = 0): the outer C-VLAN tag goes into the CQE.
