@@ -110,9 +110,9 @@ pub fn run_sq(hca: &mut Hca, ram: &dyn Memory, sqn: u32) {
     let Some(sq) = hca.eth.sqs.get(&sqn).cloned() else { return };
     let Some(pc) = sq.wq.doorbell(ram, 1) else { return };
     match sq.state {
-        WqState::Rst => {
-            hca.eth.counters.sq_doorbells_not_ready += 1;
-        }
+        // Counted only when something is posted (another SQ on the same UAR page may have been rung).
+        WqState::Rst if pc != sq.cc => hca.eth.counters.sq_doorbells_not_ready += 1,
+        WqState::Rst => {}
         WqState::Err => flush(hca, ram, sqn),
         WqState::Rdy => {
             let mut cc = sq.cc;
