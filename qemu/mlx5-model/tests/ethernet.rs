@@ -744,24 +744,25 @@ fn steering_drop_entry_and_miss_forwarding_to_a_deeper_table() {
     assert_eq!((k.rx_frames, k.rx_steering_drop), (1, 1));
 }
 
-/// The wire against QEMU's own network: `-netdev socket` (the peer of `--eth-udp`) on a hub with
-/// `-netdev user`. The port sends an ARP request for QEMU's gateway 10.0.2.2 through its SQ; QEMU's reply comes
-/// back over the wire, through the NIC_RX broadcast/unicast entries, into the RQ. Needs `qemu-system-x86_64`
-/// (no guest is booted): `cargo test -p mlx5-model --test ethernet -- --ignored`.
-#[test]
-#[ignore = "needs qemu-system-x86_64"]
-fn arp_with_qemu_user_networking_over_the_wire() {
-    let mut d = Drv::with(config(), 64 << 20);
-    let e = bring_up(&mut d, true);
-    sq_ready(&mut d, &e);
-    post_recv(&d, &e, 0, 4);
-    // Two free UDP ports: the model's LOCAL and QEMU's localaddr.
+/// The QEMU child: killed and reaped when the test ends, passed or failed.
+struct Qemu(std::process::Child);
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// QEMU with no guest: `-netdev user` on a hub with `-netdev socket` whose peer is a wire bound here. Returns
+/// QEMU and the wire (already pointing at QEMU's `localaddr`).
+fn qemu_user_network() -> (Qemu, EthWire) {
     let probe = UdpSocket::bind("127.0.0.1:0").unwrap();
     let qemu_addr = probe.local_addr().unwrap();
     drop(probe);
-    let mut wire = EthWire::bind("127.0.0.1:0".parse().unwrap(), qemu_addr).unwrap();
+    let wire = EthWire::bind("127.0.0.1:0".parse().unwrap(), qemu_addr).unwrap();
     let local = wire.local_addr().unwrap();
-    let mut qemu = std::process::Command::new("qemu-system-x86_64")
+    let qemu = std::process::Command::new("qemu-system-x86_64")
         .args(["-M", "none", "-display", "none", "-nodefaults", "-monitor", "none", "-serial", "none"])
         .args(["-netdev", "user,id=u0"])
         .args(["-netdev", &format!("socket,id=s0,udp={local},localaddr={qemu_addr}")])
@@ -769,28 +770,82 @@ fn arp_with_qemu_user_networking_over_the_wire() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("qemu-system-x86_64");
+    (Qemu(qemu), wire)
+}
+
+/// Sends `f` (checksums by the port when `cs_flags` asks) until a frame lands in the RQ; QEMU needs a moment to
+/// open its socket, so the first frames may go nowhere. Returns the received frame.
+fn exchange(d: &mut Drv, e: &Eth, wire: &mut EthWire, f: &[u8], cs_flags: u8) -> Vec<u8> {
+    let q = SqMem { sqn: e.sqn, ring: SQ_RING, dbr: SQ_DBR };
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut pc = 0u16;
+    while d.model.eth_counters().rx_frames == 0 && Instant::now() < end {
+        let w = write_send(d, q, pc, f, 18, e.lkey, cs_flags);
+        ring(d, e.uar, &w);
+        pc += 1;
+        pump_for(d, wire, Duration::from_millis(200), |d| d.model.eth_counters().rx_frames > 0);
+    }
+    let c = cqe(d, RX_CQ_RING, 0);
+    assert_eq!(c[63] >> 4, 0x2, "RESP_SEND");
+    let len = be32(&c, 0x2c) as usize;
+    assert!(len >= 60, "QEMU pads short frames: {len}");
+    rx_data(d, 0, len)
+}
+
+/// The wire against QEMU's own network (`-netdev socket` on a hub with `-netdev user`): the port's SQ sends an
+/// ARP request for the gateway 10.0.2.2; QEMU's reply comes back over the wire, through the NIC_RX entries,
+/// into the RQ. Needs `qemu-system-x86_64` (no guest is booted):
+/// `cargo test -p mlx5-model --test ethernet -- --ignored`.
+#[test]
+#[ignore = "needs qemu-system-x86_64"]
+fn arp_with_qemu_user_networking_over_the_wire() {
+    let mut d = Drv::with(config(), 64 << 20);
+    let e = bring_up(&mut d, true);
+    sq_ready(&mut d, &e);
+    post_recv(&d, &e, 0, 4);
+    let (qemu, mut wire) = qemu_user_network();
     let mut arp = vec![0xff; 6];
     arp.extend_from_slice(&PORT_MAC);
     arp.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
     arp.extend_from_slice(&PORT_MAC);
     arp.extend_from_slice(&[10, 0, 2, 15, 0, 0, 0, 0, 0, 0, 10, 0, 2, 2]);
-    // QEMU needs a moment to open its socket; ask again until the reply is in the RQ.
-    let end = Instant::now() + Duration::from_secs(10);
-    let mut pc = 0u16;
-    while d.model.eth_counters().rx_frames == 0 && Instant::now() < end {
-        post_send(&d, &e, pc, &arp, 18, e.lkey);
-        pc += 1;
-        pump_for(&mut d, &mut wire, Duration::from_millis(200), |d| d.model.eth_counters().rx_frames > 0);
-    }
-    let _ = qemu.kill();
-    let _ = qemu.wait();
-    let c = cqe(&d, RX_CQ_RING, 0);
-    assert_eq!(c[63] >> 4, 0x2, "RESP_SEND");
-    let len = be32(&c, 0x2c) as usize;
-    assert!(len >= 60, "QEMU pads short frames: {len}");
-    let reply = rx_data(&d, 0, len);
+    let reply = exchange(&mut d, &e, &mut wire, &arp, 0);
+    drop(qemu);
     assert_eq!(&reply[..6], &PORT_MAC, "unicast to the port");
     assert_eq!(&reply[12..14], &[0x08, 0x06]);
     assert_eq!(u16::from_be_bytes([reply[20], reply[21]]), 2, "ARP reply");
     assert_eq!(&reply[28..32], &[10, 0, 2, 2], "from the gateway");
+}
+
+/// DHCP through QEMU's user network: a DISCOVER whose IPv4 and UDP checksums the port fills in (`cs_flags` L3 and
+/// L4: QEMU drops a datagram whose checksums are wrong) is answered with an OFFER of 10.0.2.15.
+#[test]
+#[ignore = "needs qemu-system-x86_64"]
+fn dhcp_with_qemu_user_networking_and_checksum_offload() {
+    let mut d = Drv::with(config(), 64 << 20);
+    let e = bring_up(&mut d, true);
+    sq_ready(&mut d, &e);
+    post_recv(&d, &e, 0, 4);
+    let (qemu, mut wire) = qemu_user_network();
+    let mut bootp = vec![1, 1, 6, 0, 0x12, 0x34, 0x56, 0x78, 0, 0, 0x80, 0];
+    bootp.extend_from_slice(&[0; 16]);
+    bootp.extend_from_slice(&PORT_MAC);
+    bootp.resize(236, 0);
+    bootp.extend_from_slice(&[0x63, 0x82, 0x53, 0x63, 53, 1, 1, 255]);
+    let udp_len = 8 + bootp.len() as u16;
+    let ip_len = 20 + udp_len;
+    let mut f = vec![0xff; 6];
+    f.extend_from_slice(&PORT_MAC);
+    f.extend_from_slice(&[0x08, 0x00, 0x45, 0, (ip_len >> 8) as u8, ip_len as u8, 0, 0, 0, 0, 64, 17, 0, 0]);
+    f.extend_from_slice(&[0, 0, 0, 0, 255, 255, 255, 255, 0, 68, 0, 67, (udp_len >> 8) as u8, udp_len as u8, 0, 0]);
+    f.extend_from_slice(&bootp);
+    let reply = exchange(&mut d, &e, &mut wire, &f, 0x40 | 0x80);
+    drop(qemu);
+    assert_eq!(&reply[12..14], &[0x08, 0x00]);
+    assert_eq!(&reply[34..38], &[0, 67, 0, 68], "UDP 67 → 68");
+    let b = &reply[42..];
+    assert_eq!((b[0], &b[4..8]), (2, &[0x12, 0x34, 0x56, 0x78][..]), "BOOTREPLY to our xid");
+    assert_eq!(&b[16..20], &[10, 0, 2, 15], "yiaddr");
+    assert_eq!(&b[236..240], &[0x63, 0x82, 0x53, 0x63]);
+    assert_eq!(&b[240..243], &[53, 1, 2], "DHCPOFFER");
 }
