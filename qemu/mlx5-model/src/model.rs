@@ -275,6 +275,9 @@ impl Model {
     /// A frame from the Ethernet wire: RoCEv2 for the port goes to the RDMA responder (its replies to `send`,
     /// QP errors raised as events), everything else through NIC_RX steering into an RQ.
     pub fn eth_receive(&mut self, frame: &[u8], send: &mut dyn FnMut(Vec<u8>)) -> crate::eth::rx::RxOutcome {
+        if let Some(dropped) = crate::eth::rx::mac_filter(&mut self.hca, frame) {
+            return dropped;
+        }
         if !crate::eth::rx::is_roce(&self.hca, frame) {
             let ram = self.ram.clone();
             return crate::eth::rx::receive(&mut self.hca, ram.as_ref(), frame);

@@ -701,6 +701,10 @@ fn vlan_strip_checksum_offload_reserved_lkey_and_link_down() {
     assert_eq!(d.model.eth_counters().tx_link_down, 1);
     assert_eq!(cqe(&d, TX_CQ_RING, 2)[63] >> 4, 0x0, "still completed (CQE 2: after the offload and the rlky sends)");
     assert_eq!(d.model.eth_receive(&plain, &mut sink), RxOutcome::LinkDown);
+    let mut roce = frame(PORT_MAC, PEER_MAC, 100);
+    roce[36..38].copy_from_slice(&4791u16.to_be_bytes());
+    assert_eq!(d.model.eth_receive(&roce, &mut sink), RxOutcome::LinkDown, "RoCE too: the MAC drops it");
+    assert_eq!(d.model.eth_counters().rx_roce, 0);
 }
 
 #[test]

@@ -45,21 +45,28 @@ pub fn is_roce(hca: &Hca, f: &[u8]) -> bool {
     l.ip_version == 4 && l.ip_protocol == IPPROTO_UDP && dport == Some(crate::roce::wire::ROCE_V2_UDP_DPORT)
 }
 
-/// Receives one frame that is not RoCE.
-pub fn receive(hca: &mut Hca, ram: &dyn Memory, f: &[u8]) -> RxOutcome {
+/// What the MAC drops before anything else sees the frame (RoCE included): everything while the link is down,
+/// runts, and frames longer than the port MTU allows. `None`: the frame goes on.
+pub fn mac_filter(hca: &mut Hca, f: &[u8]) -> Option<RxOutcome> {
     let c = &mut hca.eth.counters;
     if hca.port.oper_status != crate::port::PORT_UP {
         c.rx_link_down += 1;
-        return RxOutcome::LinkDown;
+        return Some(RxOutcome::LinkDown);
     }
     if f.len() < ETH_ZLEN {
         c.rx_runt += 1;
-        return RxOutcome::Runt;
+        return Some(RxOutcome::Runt);
     }
     if f.len() > usize::from(hca.port.oper_mtu).saturating_sub(4) {
         c.rx_oversize += 1;
-        return RxOutcome::Oversize;
+        return Some(RxOutcome::Oversize);
     }
+    None
+}
+
+/// Receives one frame that passed [`mac_filter`] and is not RoCE.
+pub fn receive(hca: &mut Hca, ram: &dyn Memory, f: &[u8]) -> RxOutcome {
+    let c = &mut hca.eth.counters;
     let Some(&root) = hca.flow.roots.get(&flow::NIC_RX) else {
         c.rx_no_root += 1;
         return RxOutcome::NoRoot;
