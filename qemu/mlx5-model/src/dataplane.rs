@@ -93,6 +93,27 @@ impl Tables for HcaTables<'_> {
     }
 }
 
+/// Moves frames between the port and its Ethernet wire: sends what the SQs transmitted, then handles up to
+/// [`MAX_FRAMES_PER_POLL`] received frames (`Model::eth_receive`; RoCE replies go back on the same wire).
+/// Returns how many frames moved.
+pub fn poll_eth(model: &mut Model, wire: &mut crate::eth::wire::EthWire) -> io::Result<usize> {
+    let out = model.take_eth_frames();
+    let mut n = out.len();
+    for f in &out {
+        wire.send(f)?;
+    }
+    for _ in 0..MAX_FRAMES_PER_POLL {
+        let Some(frame) = wire.recv()?.map(<[u8]>::to_vec) else { break };
+        let mut replies = Vec::new();
+        model.eth_receive(&frame, &mut |r| replies.push(r));
+        for r in &replies {
+            wire.send(r)?;
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
 /// Handles the datagrams waiting on `udp` (at most [`MAX_FRAMES_PER_POLL`]); `udp` must be non-blocking
 /// ([`UdpResponder::set_nonblocking`]). Returns how many were handled. ICMP-induced receive errors
 /// (connection refused / reset from an earlier reply) are skipped.

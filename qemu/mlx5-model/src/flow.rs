@@ -2,7 +2,8 @@
 //! `create_flow_group_in`, `flow_context`, `dest_format_struct`; docs/reference/mlx5.md §e.7, §h): NIC_RX (0) and
 //! RDMA_RX (7). Tables hold groups (index ranges with match criteria) and entries (FTEs) at flow indexes.
 //!
-//! The dataplane does not consult these tables (`docs/hca-model.md`, "Flow steering").
+//! The Ethernet receive path steers through the NIC_RX root table (`crate::eth::rx`); the RoCE responder does
+//! not consult RDMA_RX tables (`docs/hca-model.md`, "Flow steering").
 
 use std::collections::BTreeMap;
 
@@ -25,8 +26,10 @@ pub mod miss {
     pub const SWITCH_DOMAIN: u8 = 2;
 }
 
-/// `dest_format_struct.destination_type` FLOW_TABLE (`mlx5_ifc.h:2181-2188`), the only one modelled.
+/// `dest_format_struct.destination_type` FLOW_TABLE and TIR (`MLX5_IFC_FLOW_DESTINATION_TYPE_*`), the ones
+/// modelled (a TIR only from a NIC_RX table).
 pub const DEST_FLOW_TABLE: u8 = 1;
+pub const DEST_TIR: u8 = 2;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FlowGroup {
@@ -102,6 +105,11 @@ impl FlowSteering {
                 && ((t.table_miss_action == miss::FORWARD_TO_TABLE && t.table_miss_id == id)
                     || t.entries.values().any(|e| e.destinations.contains(&(DEST_FLOW_TABLE, id))))
         })
+    }
+
+    /// Whether an entry forwards to TIR `tirn`.
+    pub fn uses_tir(&self, tirn: u32) -> bool {
+        self.tables.values().any(|t| t.entries.values().any(|e| e.destinations.contains(&(DEST_TIR, tirn))))
     }
 
     pub fn clear(&mut self) {

@@ -41,6 +41,12 @@ pub struct ModelConfig {
     /// Firmware time: every command stays HW-owned this long after its doorbell, other slots running
     /// meanwhile (zero by default: commands run at the model's own speed).
     pub cmd_latency: Duration,
+    /// The link comes up this long after the port is administratively up (at INIT_HCA, or a PAOS write of
+    /// `admin_status` up); zero: at once, as before. Real link training takes seconds.
+    pub link_up_delay: Duration,
+    /// The NIC vport context's `min_wqe_inline_mode` (the Ethernet caps report `wqe_inline_mode` =
+    /// VPORT_CONTEXT): 1 = L2 (`MLX5_INLINE_MODE_L2`).
+    pub min_wqe_inline_mode: u8,
 }
 
 impl Default for ModelConfig {
@@ -59,6 +65,8 @@ impl Default for ModelConfig {
             mac: [0x02, 0x4c, 0x42, 0x00, 0x00, 0x01],
             page_request: None,
             cmd_latency: Duration::ZERO,
+            link_up_delay: Duration::ZERO,
+            min_wqe_inline_mode: crate::eth::frame::inline_mode::L2,
         }
     }
 }
@@ -88,6 +96,8 @@ pub struct Hca {
     pub cqs: crate::cq::CqTable,
     pub port: crate::port::Port,
     pub page_waits: crate::events::PageWaits,
+    /// TIS, SQ, RQ, TIR and the Ethernet data path's counters (`crate::eth`).
+    pub eth: crate::eth::Eth,
 }
 
 impl Hca {
@@ -106,8 +116,10 @@ impl Hca {
             flow: FlowSteering::default(),
             eqs: crate::eq::EqTable::default(),
             cqs: crate::cq::CqTable::default(),
-            port: crate::port::Port::new(cfg.mac, ROCE_ADDRESS_TABLE_SIZE),
+            port: crate::port::Port::new(cfg.mac, ROCE_ADDRESS_TABLE_SIZE)
+                .with_link(cfg.link_up_delay, cfg.min_wqe_inline_mode),
             page_waits: crate::events::PageWaits::new(cfg.page_request),
+            eth: crate::eth::Eth::default(),
         }
     }
 
@@ -118,6 +130,7 @@ impl Hca {
         self.tds.clear();
         self.mkeys.clear();
         self.qps.clear();
+        self.eth.clear();
         self.flow.clear();
         self.cqs.clear();
         self.eqs.clear();
@@ -136,5 +149,13 @@ impl Hca {
     /// "enabled"; Linux sets 0).
     pub fn checksums(&self) -> bool {
         self.caps.general(cmd_hca_cap::CMDIF_CHECKSUM) == 3
+    }
+
+    /// `per_protocol_networking_offload_caps.wqe_inline_mode` (bit 0x12, 2 bits) of the current Ethernet
+    /// offloads block: 0 L2, 1 VPORT_CONTEXT, 2 NOT_REQUIRED (`MLX5_CAP_INLINE_MODE_*`).
+    pub fn eth_inline_cap(&self) -> u32 {
+        self.caps
+            .block(crate::caps::cap_type::ETHERNET_OFFLOADS, true)
+            .map_or(0, |b| crate::ifc::get(b, crate::ifc::Field::new(0x12, 2)))
     }
 }

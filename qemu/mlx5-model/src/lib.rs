@@ -10,6 +10,7 @@ pub mod completion;
 pub mod cq;
 pub mod dataplane;
 pub mod eq;
+pub mod eth;
 pub mod events;
 pub mod fault;
 pub mod flow;

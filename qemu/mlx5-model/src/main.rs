@@ -31,6 +31,10 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
   --ram-size BYTES      expected guest-RAM size (default: whatever size the file has)
   --trace PATH          write one JSON line per completed command to PATH (as MLX5_MODEL_TRACE=PATH)
   --udp ADDR            the RoCEv2 responder's UDP address (default 127.0.0.1:4791)
+  --eth-udp LOCAL,PEER  the port's Ethernet wire: one frame per UDP datagram, read on LOCAL and sent to PEER
+                        (the peer of QEMU `-netdev socket,udp=LOCAL,localaddr=PEER`); RoCEv2 frames for the
+                        port's MAC on it go to the responder too (default: no Ethernet wire)
+  --link-up-delay MS    the link comes up MS milliseconds after the port is administratively up (default 0)
   --control PATH        a control file for fault injection, created empty and polled every 100 ms: append one
                         command per line (`fail <opcode> <count> <status> <syndrome>`, `delay <opcode> <ms>`,
                         `hang <opcode>`, `health stop|run`, `health fatal <synd>`, `drop-doorbell`, `clear`;
@@ -58,12 +62,14 @@ struct Opts {
     trace: Option<PathBuf>,
     control: Option<PathBuf>,
     udp: SocketAddr,
+    eth_udp: Option<(SocketAddr, SocketAddr)>,
+    link_up_delay: Duration,
     wait: Duration,
     exit_on_stdin_eof: bool,
 }
 
 enum Parsed {
-    Run(Opts),
+    Run(Box<Opts>),
     Help,
 }
 
@@ -80,6 +86,8 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     let mut wait = shm::DEFAULT_WAIT;
     let mut exit_on_stdin_eof = false;
     let mut control = None;
+    let mut eth_udp = None;
+    let mut link_up_delay = Duration::ZERO;
     while let Some(arg) = it.next() {
         let (flag, inline) = match arg.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
@@ -103,6 +111,23 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
             "--udp" => {
                 let v = value()?;
                 udp = v.parse().map_err(|_| format!("--udp needs an address such as {DEFAULT_UDP}, got `{v}`"))?;
+            }
+            "--eth-udp" => {
+                let v = value()?;
+                eth_udp = Some(mlx5_model::eth::wire::parse_pair(&v).ok_or_else(|| {
+                    format!(
+                        "--eth-udp needs LOCAL,PEER socket addresses such as 127.0.0.1:5555,127.0.0.1:5556, got `{v}`"
+                    )
+                })?);
+            }
+            "--link-up-delay" => {
+                let v = value()?;
+                let ms: u64 = v
+                    .parse()
+                    .ok()
+                    .filter(|s| *s <= 600_000)
+                    .ok_or_else(|| format!("--link-up-delay needs milliseconds from 0 to 600000, got `{v}`"))?;
+                link_up_delay = Duration::from_millis(ms);
             }
             "--wait" => {
                 let v = value()?;
@@ -132,7 +157,19 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     if trace.is_none() {
         trace = std::env::var_os("MLX5_MODEL_TRACE").filter(|v| !v.is_empty()).map(PathBuf::from);
     }
-    Ok(Parsed::Run(Opts { bar, ram, bar_size, ram_size, trace, control, udp, wait, exit_on_stdin_eof }))
+    Ok(Parsed::Run(Box::new(Opts {
+        bar,
+        ram,
+        bar_size,
+        ram_size,
+        trace,
+        control,
+        udp,
+        eth_udp,
+        link_up_delay,
+        wait,
+        exit_on_stdin_eof,
+    })))
 }
 
 /// Idle back-off: spin briefly, then yield, then sleep with exponential growth up to [`MAX_IDLE_SLEEP`];
@@ -255,13 +292,14 @@ fn run(o: &Opts) -> Result<Stop, String> {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(
             out,
-            "mlx5-model: ready bar={} ({:#x} bytes, signature at +{sig_at:#x}) ram={} ({} MiB) udp={} trace={}",
+            "mlx5-model: ready bar={} ({:#x} bytes, signature at +{sig_at:#x}) ram={} ({} MiB) udp={} trace={} eth={}",
             o.bar.display(),
             bar.size(),
             o.ram.display(),
             ram.ram_bytes() >> 20,
             o.udp,
-            o.trace.as_ref().map_or("off".into(), |p| p.display().to_string())
+            o.trace.as_ref().map_or("off".into(), |p| p.display().to_string()),
+            device.eth_description()
         );
         let _ = out.flush();
     }
@@ -299,11 +337,17 @@ struct Device {
     control: Option<mlx5_model::fault::ControlFile>,
     /// The RoCEv2 responder's socket (non-blocking); None when it could not be bound.
     udp: Option<mlx5_model::roce::udp::UdpResponder>,
+    /// The port's Ethernet wire; None without `--eth-udp` (or when it could not be bound).
+    eth: Option<mlx5_model::eth::wire::EthWire>,
 }
 
 impl Device {
     fn new(bar: Arc<dyn Memory>, ram: Arc<dyn Memory>, o: &Opts) -> Device {
-        let cfg = mlx5_model::ModelConfig { trace: o.trace.clone(), ..mlx5_model::ModelConfig::default() };
+        let cfg = mlx5_model::ModelConfig {
+            trace: o.trace.clone(),
+            link_up_delay: o.link_up_delay,
+            ..mlx5_model::ModelConfig::default()
+        };
         let control = o.control.as_deref().and_then(|p| match mlx5_model::fault::ControlFile::create(p) {
             Ok(c) => Some(c),
             Err(e) => {
@@ -314,7 +358,23 @@ impl Device {
         let udp = mlx5_model::roce::udp::UdpResponder::bind(&o.udp.to_string(), Duration::from_millis(1))
             .and_then(|u| u.set_nonblocking(true).map(|()| u));
         let udp = udp.map_err(|e| eprintln!("mlx5-model: RoCEv2 responder disabled: {}: {e}", o.udp)).ok();
-        Device { model: mlx5_model::Model::new(bar, ram, cfg), control, udp }
+        let eth = o.eth_udp.and_then(|(local, peer)| {
+            mlx5_model::eth::wire::EthWire::bind(local, peer)
+                .map_err(|e| eprintln!("mlx5-model: Ethernet wire disabled: {local}: {e}"))
+                .ok()
+        });
+        Device { model: mlx5_model::Model::new(bar, ram, cfg), control, udp, eth }
+    }
+
+    /// `LOCAL,PEER` of the Ethernet wire, or `off`.
+    fn eth_description(&self) -> String {
+        match &self.eth {
+            Some(w) => match w.local_addr() {
+                Ok(a) => format!("{a},{}", w.peer()),
+                Err(_) => format!("?,{}", w.peer()),
+            },
+            None => "off".into(),
+        }
     }
 
     /// One pass over everything the device polls; `true` if it did work.
@@ -337,6 +397,14 @@ impl Device {
                 Err(e) => eprintln!("mlx5-model: RoCEv2 responder: {e}"),
             }
         }
+        match self.eth.as_mut() {
+            Some(w) => match mlx5_model::dataplane::poll_eth(&mut self.model, w) {
+                Ok(n) => did |= n > 0,
+                Err(e) => eprintln!("mlx5-model: Ethernet wire: {e}"),
+            },
+            // No cable: what the SQs send goes nowhere.
+            None => did |= !self.model.take_eth_frames().is_empty(),
+        }
         did
     }
 }
@@ -347,7 +415,7 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Opts, String> {
         match parse_args(args.iter().map(|s| s.to_string()))? {
-            Parsed::Run(o) => Ok(o),
+            Parsed::Run(o) => Ok(*o),
             Parsed::Help => Err("help".into()),
         }
     }
@@ -376,8 +444,14 @@ mod tests {
             "--exit-on-stdin-eof",
             "--control",
             "c.txt",
+            "--eth-udp",
+            "127.0.0.1:5555,127.0.0.1:5556",
+            "--link-up-delay",
+            "1500",
         ])
         .unwrap();
+        assert_eq!(o.eth_udp.map(|(a, b)| (a.port(), b.port())), Some((5555, 5556)));
+        assert_eq!(o.link_up_delay, Duration::from_millis(1500));
         assert_eq!(o.control, Some(PathBuf::from("c.txt")));
         assert_eq!((o.bar_size, o.ram_size), (Some(32 << 20), Some(256 << 20)));
         assert_eq!(o.trace, Some(PathBuf::from("t.jsonl")));
@@ -399,6 +473,8 @@ mod tests {
         assert!(e(&["--bar", "b", "--ram", "r", "--ram-size", "99999999T"]).contains("too large"));
         assert!(e(&["--bar", "b", "--ram", "r", "--udp", "nowhere"]).contains("--udp"));
         assert!(e(&["--bar", "b", "--ram", "r", "--wait", "0"]).contains("--wait"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--eth-udp", "127.0.0.1:1"]).contains("LOCAL,PEER"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--link-up-delay", "soon"]).contains("milliseconds"));
         assert!(e(&["--bar", "b", "--ram", "r", "--fast"]).contains("unknown argument `--fast`"));
         assert!(e(&["--bar=", "--ram", "r"]).contains("non-empty"));
     }

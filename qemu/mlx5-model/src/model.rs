@@ -203,6 +203,8 @@ impl Model {
     fn poll_events(&mut self) -> bool {
         let mut did = self.hca.eqs.poll_doorbells(self.bar.as_ref());
         did |= crate::completion::poll_cq_doorbells(&mut self.hca, self.bar.as_ref(), self.ram.as_ref());
+        did |= crate::port::tick(&mut self.hca, self.ram.as_ref(), Instant::now());
+        did |= crate::eth::tx::poll_doorbells(&mut self.hca, self.bar.as_ref(), self.ram.as_ref());
         for (slot, addr) in crate::events::ready(&mut self.hca) {
             self.run_slot(slot, addr, false);
             did = true;
@@ -263,5 +265,33 @@ impl Model {
 
     pub fn fault_counters(&self) -> FaultCounters {
         self.faults.counters()
+    }
+
+    /// Frames the SQs put on the wire since the last call (the wire sends them; without one they are dropped).
+    pub fn take_eth_frames(&mut self) -> Vec<Vec<u8>> {
+        self.hca.eth.outbox.drain(..).collect()
+    }
+
+    /// A frame from the Ethernet wire: RoCEv2 for the port goes to the RDMA responder (its replies to `send`,
+    /// QP errors raised as events), everything else through NIC_RX steering into an RQ.
+    pub fn eth_receive(&mut self, frame: &[u8], send: &mut dyn FnMut(Vec<u8>)) -> crate::eth::rx::RxOutcome {
+        if let Some(dropped) = crate::eth::rx::mac_filter(&mut self.hca, frame) {
+            return dropped;
+        }
+        if !crate::eth::rx::is_roce(&self.hca, frame) {
+            let ram = self.ram.clone();
+            return crate::eth::rx::receive(&mut self.hca, ram.as_ref(), frame);
+        }
+        self.hca.eth.counters.rx_roce += 1;
+        let mut t = crate::dataplane::HcaTables::new(self);
+        crate::roce::responder::handle_into(&mut t, frame, send);
+        for e in self.hca.qps.take_events() {
+            self.raise_qp_event(e.qpn, e.event_type);
+        }
+        crate::eth::rx::RxOutcome::Roce
+    }
+
+    pub fn eth_counters(&self) -> crate::eth::EthCounters {
+        self.hca.eth.counters
     }
 }

@@ -3,6 +3,12 @@
 //! table (QUERY/SET_ROCE_ADDRESS, `roce_addr_layout`; QUERY_HCA_VPORT_GID) report, kept consistent with one MAC.
 //! Defaults and their reasons are in `docs/hca-model.md` ("Events and the port").
 
+use std::time::{Duration, Instant};
+
+use crate::eq::{event_type, port_change, port_change_data};
+use crate::hca::Hca;
+use crate::mem::Memory;
+
 /// PAOS `admin_status` / `oper_status` (`driver.h:231-232`).
 pub const PORT_UP: u8 = 1;
 pub const PORT_DOWN: u8 = 2;
@@ -48,6 +54,12 @@ pub struct Port {
     /// `nic_vport_context.mtu`.
     pub vport_mtu: u16,
     pub roce_addrs: Vec<RoceAddr>,
+    /// `nic_vport_context.min_wqe_inline_mode` (`MLX5_INLINE_MODE_*`).
+    pub min_wqe_inline_mode: u8,
+    /// How long link training takes after the port goes administratively up (`ModelConfig::link_up_delay`).
+    pub link_delay: Duration,
+    /// When the link comes up (training in progress).
+    pub link_due: Option<Instant>,
 }
 
 /// EUI-64 from a MAC (flip the universal/local bit, insert ff:fe): node/port GUID and the link-local GID.
@@ -90,6 +102,71 @@ impl Port {
             roce_en: false,
             vport_mtu: DEFAULT_HW_MTU,
             roce_addrs,
+            min_wqe_inline_mode: crate::eth::frame::inline_mode::L2,
+            link_delay: Duration::ZERO,
+            link_due: None,
         }
+    }
+
+    /// Link training time and the vport's minimal inline mode. With a delay the link starts down; it trains
+    /// from INIT_HCA ([`start_link`]).
+    pub fn with_link(mut self, delay: Duration, min_wqe_inline_mode: u8) -> Port {
+        self.link_delay = delay;
+        self.min_wqe_inline_mode = min_wqe_inline_mode;
+        if !delay.is_zero() {
+            self.oper_status = PORT_DOWN;
+        }
+        self
+    }
+}
+
+/// The operational state changes to `status`: a PORT_CHANGE EQE (sub-type ACTIVE or DOWN, port 1) goes to the
+/// EQs subscribed to it when PAOS `e` asks for events (`e` = 2: this one, then no more).
+pub fn set_oper(hca: &mut Hca, ram: &dyn Memory, status: u8) {
+    let p = &mut hca.port;
+    if p.oper_status == status {
+        return;
+    }
+    p.oper_status = status;
+    if p.event_mode != 0 {
+        let sub = if status == PORT_UP { port_change::ACTIVE } else { port_change::DOWN };
+        if p.event_mode == 2 {
+            p.event_mode = 0;
+        }
+        hca.eqs.raise(ram, event_type::PORT_CHANGE, sub, &port_change_data(1));
+    }
+}
+
+/// The port is administratively up (INIT_HCA with `admin_status` up, or a PAOS write): the link comes up at
+/// once when there is no training delay, otherwise after it ([`tick`]).
+pub fn start_link(hca: &mut Hca, ram: &dyn Memory, now: Instant) {
+    if hca.port.admin_status != PORT_UP || hca.port.oper_status == PORT_UP {
+        return;
+    }
+    if hca.port.link_delay.is_zero() {
+        set_oper(hca, ram, PORT_UP);
+    } else if hca.port.link_due.is_none() {
+        hca.port.link_due = Some(now + hca.port.link_delay);
+    }
+}
+
+/// Administratively down: the link drops at once and training stops.
+pub fn stop_link(hca: &mut Hca, ram: &dyn Memory) {
+    hca.port.link_due = None;
+    set_oper(hca, ram, PORT_DOWN);
+}
+
+/// Link training finished? Returns true when the link came up now.
+pub fn tick(hca: &mut Hca, ram: &dyn Memory, now: Instant) -> bool {
+    match hca.port.link_due {
+        Some(due) if now >= due => {
+            hca.port.link_due = None;
+            if hca.port.admin_status == PORT_UP {
+                set_oper(hca, ram, PORT_UP);
+                return true;
+            }
+            false
+        }
+        _ => false,
     }
 }

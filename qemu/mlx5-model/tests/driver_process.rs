@@ -65,3 +65,42 @@ fn the_driver_brings_up_the_model_process_over_shared_files() {
     let status = model.wait().unwrap();
     assert!(status.success(), "the model exits cleanly when its stdin closes: {status}");
 }
+
+#[test]
+fn the_process_carries_an_ethernet_wire_and_survives_what_arrives_on_it() {
+    let bar = shm_file("ethbar", 32 << 20);
+    let ram = shm_file("ethram", 64 << 20);
+    let _files = Files(vec![bar.clone(), ram.clone()]);
+    let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let wire = format!("127.0.0.1:0,{}", peer.local_addr().unwrap());
+    let mut model = Command::new(env!("CARGO_BIN_EXE_mlx5-model"))
+        .args(["--bar", bar.to_str().unwrap(), "--ram", ram.to_str().unwrap(), "--udp", "127.0.0.1:0"])
+        .args(["--eth-udp", &wire, "--link-up-delay", "10", "--exit-on-stdin-eof"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the model");
+    let mut line = String::new();
+    BufReader::new(model.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let eth = line.trim().rsplit_once(" eth=").map(|(_, e)| e.to_string()).unwrap_or_default();
+    let (local, to) = eth.split_once(',').unwrap_or_else(|| panic!("no eth= in {line}"));
+    assert_eq!(to, peer.local_addr().unwrap().to_string());
+    let local: std::net::SocketAddr = local.parse().unwrap();
+    assert_ne!(local.port(), 0, "the bound address");
+    // Garbage, runts, a giant and a RoCE-looking frame: the device is not even initialized; nothing may crash it.
+    let mut roce = vec![0u8; 80];
+    roce[..6].copy_from_slice(&[0x02, 0x4c, 0x42, 0, 0, 1]);
+    roce[12..14].copy_from_slice(&[0x08, 0x00]);
+    roce[14] = 0x45;
+    roce[23] = 17;
+    roce[36..38].copy_from_slice(&4791u16.to_be_bytes());
+    for f in [vec![], vec![0xff; 3], vec![0xab; 60], vec![0x5a; 9000], roce] {
+        peer.send_to(&f, local).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(model.try_wait().unwrap().is_none(), "the model is still running");
+    let _ = model.stdin.take().map(|mut s| s.flush());
+    let status = model.wait().unwrap();
+    assert!(status.success(), "the model exits cleanly when its stdin closes: {status}");
+}

@@ -179,7 +179,7 @@ pub fn destroy_cq(hca: &mut Hca, c: &Ctx) -> CmdResult {
         return Err(c.err(status::BAD_PARAM, reason::NO_SUCH_OBJECT));
     }
     // A QP still completing to the CQ keeps it (as DESTROY_EQ with a CQ on the EQ).
-    if hca.qps.uses_cq(cqn) {
+    if hca.qps.uses_cq(cqn) || hca.eth.uses_cq(cqn) {
         return Err(c.err(status::BAD_RES_STATE, reason::OBJECTS_IN_USE));
     }
     hca.cqs.cqs.remove(&cqn);

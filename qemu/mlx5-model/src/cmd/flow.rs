@@ -6,7 +6,7 @@
 //! observed on a CX-5.
 
 use super::{CmdError, CmdResult, Ctx, need_initialized, reason, status};
-use crate::flow::{self, DEST_FLOW_TABLE, FlowGroup, FlowTable, Fte, action, miss};
+use crate::flow::{self, DEST_FLOW_TABLE, DEST_TIR, FlowGroup, FlowTable, Fte, action, miss};
 use crate::hca::Hca;
 use crate::ifc::{self, Field};
 
@@ -86,6 +86,8 @@ mod root {
 const MATCH_PARAM_SIZE: usize = 0x200;
 const MATCH_BLOCK: usize = 0x40;
 const KNOWN_CRITERIA: u32 = 0x1f;
+/// `match_criteria_enable` bit 0: outer headers.
+const OUTER_HEADERS: u32 = 0x1;
 /// Largest `log_size` accepted (the model's own limit, `docs/hca-model.md`).
 pub const MAX_LOG_SIZE: u32 = 16;
 /// Highest `level` accepted (flow tables chain to higher levels only).
@@ -234,6 +236,11 @@ pub fn create_flow_group(hca: &mut Hca, c: &Ctx) -> CmdResult {
     if enable & !KNOWN_CRITERIA != 0 {
         return Err(bad(c, reason::UNSUPPORTED_FEATURE));
     }
+    // The Ethernet receive path matches outer headers only (`crate::eth::frame::outer_headers`): a NIC_RX
+    // group with other criteria could not be honoured.
+    if table_type == flow::NIC_RX && enable & !OUTER_HEADERS != 0 {
+        return Err(bad(c, reason::UNSUPPORTED_FEATURE));
+    }
     let criteria = c.input[fg::MATCH_CRITERIA..fg::MATCH_CRITERIA + MATCH_PARAM_SIZE].to_vec();
     // A block that is not enabled must not carry criteria (stricter than the PRM, which would ignore them).
     for (i, block) in criteria.chunks(MATCH_BLOCK).enumerate() {
@@ -330,9 +337,14 @@ pub fn set_flow_table_entry(hca: &mut Hca, c: &Ctx) -> CmdResult {
         if ifc::get(d, Field::new(0x20, 32)) != 0 {
             return Err(bad(c, reason::UNSUPPORTED_FEATURE));
         }
-        // Only forwarding to a deeper table of the same type is modelled (no TIRs or vports exist).
-        let ok = dt == DEST_FLOW_TABLE
-            && hca.flow.table(table_type, did).is_some_and(|d| c.get(fte::IGNORE_FLOW_LEVEL) == 1 || d.level > t.level);
+        // Forwarding to a deeper table of the same type, or (NIC_RX) to an existing TIR; no vports exist.
+        let ok = match dt {
+            DEST_FLOW_TABLE => {
+                hca.flow.table(table_type, did).is_some_and(|d| c.get(fte::IGNORE_FLOW_LEVEL) == 1 || d.level > t.level)
+            }
+            DEST_TIR => table_type == flow::NIC_RX && hca.eth.tirs.contains_key(&did),
+            _ => false,
+        };
         if !ok {
             return Err(bad(c, reason::FT_BAD_DESTINATION));
         }

@@ -98,6 +98,8 @@ pub fn init_hca(hca: &mut Hca, c: &Ctx) -> CmdResult {
     }
     let out = c.output(0x10)?;
     hca.state = FnState::Initialized;
+    // The port starts link training once the function is initialized (admin up by default).
+    crate::port::start_link(hca, c.ram, std::time::Instant::now());
     Ok(out)
 }
 

@@ -9,6 +9,7 @@
 mod caps;
 mod cq;
 mod eq;
+mod eth;
 mod flow;
 mod init;
 mod mkey;
@@ -54,6 +55,19 @@ pub mod opcode {
     pub const SET_HCA_CAP: u16 = 0x109;
     pub const QUERY_ISSI: u16 = 0x10a;
     pub const SET_ISSI: u16 = 0x10b;
+    pub const QUERY_SPECIAL_CONTEXTS: u16 = 0x203;
+    pub const CREATE_TIR: u16 = 0x900;
+    pub const DESTROY_TIR: u16 = 0x902;
+    pub const CREATE_SQ: u16 = 0x904;
+    pub const MODIFY_SQ: u16 = 0x905;
+    pub const DESTROY_SQ: u16 = 0x906;
+    pub const QUERY_SQ: u16 = 0x907;
+    pub const CREATE_RQ: u16 = 0x908;
+    pub const MODIFY_RQ: u16 = 0x909;
+    pub const DESTROY_RQ: u16 = 0x90a;
+    pub const QUERY_RQ: u16 = 0x90b;
+    pub const CREATE_TIS: u16 = 0x912;
+    pub const DESTROY_TIS: u16 = 0x914;
     pub const CREATE_MKEY: u16 = 0x200;
     pub const QUERY_MKEY: u16 = 0x201;
     pub const DESTROY_MKEY: u16 = 0x202;
@@ -77,6 +91,9 @@ pub mod opcode {
     pub const DEALLOC_UAR: u16 = 0x803;
     pub const ALLOC_TRANSPORT_DOMAIN: u16 = 0x816;
     pub const DEALLOC_TRANSPORT_DOMAIN: u16 = 0x817;
+    pub const ALLOC_Q_COUNTER: u16 = 0x771;
+    pub const DEALLOC_Q_COUNTER: u16 = 0x772;
+    pub const QUERY_Q_COUNTER: u16 = 0x773;
     pub const QUERY_NIC_VPORT_CONTEXT: u16 = 0x754;
     pub const MODIFY_NIC_VPORT_CONTEXT: u16 = 0x755;
     pub const QUERY_ROCE_ADDRESS: u16 = 0x760;
@@ -285,6 +302,22 @@ fn dispatch(hca: &mut Hca, c: &Ctx) -> CmdResult {
         SET_FLOW_TABLE_ENTRY => flow::set_flow_table_entry(hca, c),
         DELETE_FLOW_TABLE_ENTRY => flow::delete_flow_table_entry(hca, c),
         SET_FLOW_TABLE_ROOT => flow::set_flow_table_root(hca, c),
+        QUERY_SPECIAL_CONTEXTS => eth::query_special_contexts(hca, c),
+        CREATE_TIS => eth::create_tis(hca, c),
+        DESTROY_TIS => eth::destroy_tis(hca, c),
+        CREATE_SQ => eth::create_sq(hca, c),
+        MODIFY_SQ => eth::modify_sq(hca, c),
+        QUERY_SQ => eth::query_sq(hca, c),
+        DESTROY_SQ => eth::destroy_sq(hca, c),
+        CREATE_RQ => eth::create_rq(hca, c),
+        MODIFY_RQ => eth::modify_rq(hca, c),
+        QUERY_RQ => eth::query_rq(hca, c),
+        DESTROY_RQ => eth::destroy_rq(hca, c),
+        CREATE_TIR => eth::create_tir(hca, c),
+        ALLOC_Q_COUNTER => eth::alloc_q_counter(hca, c),
+        DEALLOC_Q_COUNTER => eth::dealloc_q_counter(hca, c),
+        QUERY_Q_COUNTER => eth::query_q_counter(hca, c),
+        DESTROY_TIR => eth::destroy_tir(hca, c),
         _ => Err(c.err(status::BAD_OP, reason::UNKNOWN_OPCODE)),
     }
 }

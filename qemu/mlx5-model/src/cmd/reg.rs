@@ -4,7 +4,6 @@
 //! Linux writes during bring-up, reference trace).
 
 use super::{CmdResult, Ctx, need_enabled, reason, status};
-use crate::eq::{event_type, port_change, port_change_data};
 use crate::hca::Hca;
 use crate::ifc::{self, Field};
 use crate::port::{PORT_DOWN, PORT_UP};
@@ -83,16 +82,12 @@ pub fn access_register(hca: &mut Hca, c: &Ctx) -> CmdResult {
                 }
                 if r(paos::ASE) == 1 {
                     p.admin_status = admin;
-                    // The cable is always there: operational state follows the administrative one.
-                    if p.oper_status != admin {
-                        p.oper_status = admin;
-                        if p.event_mode != 0 {
-                            let sub = if admin == PORT_UP { port_change::ACTIVE } else { port_change::DOWN };
-                            hca.eqs.raise(c.ram, event_type::PORT_CHANGE, sub, &port_change_data(1));
-                            if p.event_mode == 2 {
-                                p.event_mode = 0;
-                            }
-                        }
+                    // The cable is always there: the link follows the administrative state, after the
+                    // training delay when one is configured (`crate::port`).
+                    if admin == PORT_UP {
+                        crate::port::start_link(hca, c.ram, std::time::Instant::now());
+                    } else {
+                        crate::port::stop_link(hca, c.ram);
                     }
                 }
             }

@@ -65,6 +65,7 @@ pub fn dealloc_uar(hca: &mut Hca, c: &Ctx) -> CmdResult {
     if hca.eqs.eqs.values().any(|q| q.uar_page == uar)
         || hca.cqs.cqs.values().any(|q| q.uar_page == uar)
         || hca.qps.qps.values().any(|q| q.get(crate::qp::qpc::UAR_PAGE) == uar)
+        || hca.eth.uses_uar(uar)
     {
         return Err(c.err(status::BAD_RES_STATE, reason::OBJECTS_IN_USE));
     }
@@ -80,7 +81,10 @@ pub fn alloc_pd(hca: &mut Hca, c: &Ctx) -> CmdResult {
 
 pub fn dealloc_pd(hca: &mut Hca, c: &Ctx) -> CmdResult {
     c.need_input(0x10)?;
-    if hca.mkeys.values().any(|m| m.pd == c.get(HANDLE)) || hca.qps.qps.values().any(|q| q.pd() == c.get(HANDLE)) {
+    if hca.mkeys.values().any(|m| m.pd == c.get(HANDLE))
+        || hca.qps.qps.values().any(|q| q.pd() == c.get(HANDLE))
+        || hca.eth.uses_pd(c.get(HANDLE))
+    {
         return Err(c.err(status::BAD_RES_STATE, reason::OBJECTS_IN_USE));
     }
     release(hca, c, |h| &mut h.pds)
@@ -94,5 +98,10 @@ pub fn alloc_transport_domain(hca: &mut Hca, c: &Ctx) -> CmdResult {
 }
 
 pub fn dealloc_transport_domain(hca: &mut Hca, c: &Ctx) -> CmdResult {
+    c.need_input(0x10)?;
+    // A TIS or TIR in the domain keeps it.
+    if hca.eth.uses_td(c.get(HANDLE)) {
+        return Err(c.err(status::BAD_RES_STATE, reason::OBJECTS_IN_USE));
+    }
     release(hca, c, |h| &mut h.tds)
 }

@@ -16,6 +16,7 @@ const ALLOWED_LIST_TYPE: Field = Field::new(0x65, 3);
 /// `nic_vport_context` fields (inside the context).
 mod ctx {
     use crate::ifc::Field;
+    pub const MIN_WQE_INLINE_MODE: Field = Field::new(0x05, 3);
     pub const ROCE_EN: Field = Field::new(0x1f, 1);
     pub const MTU: Field = Field::new(0x130, 16);
     pub const SYSTEM_IMAGE_GUID: usize = 0x28;
@@ -49,6 +50,7 @@ pub fn query_nic_vport_context(hca: &mut Hca, c: &Ctx) -> CmdResult {
     let p = &hca.port;
     let base = QUERY_CTX as usize;
     ifc::set(&mut out, ctx::ROCE_EN.at(QUERY_CTX), p.roce_en.into());
+    ifc::set(&mut out, ctx::MIN_WQE_INLINE_MODE.at(QUERY_CTX), p.min_wqe_inline_mode.into());
     ifc::set(&mut out, ctx::MTU.at(QUERY_CTX), p.vport_mtu.into());
     let guid = u64::from_be_bytes(eui64(p.mac));
     for at in [ctx::SYSTEM_IMAGE_GUID, ctx::PORT_GUID, ctx::NODE_GUID] {
