@@ -306,12 +306,12 @@ fn run(o: &Opts) -> Result<Stop, String> {
 
     let mut backoff = Backoff::default();
     let mut next_check = Instant::now() + PRESENCE_CHECK;
-    loop {
+    let why = loop {
         if stop.load(Ordering::Relaxed) {
-            return Ok(Stop::Signal);
+            break Stop::Signal;
         }
         if stdin_closed.load(Ordering::Relaxed) {
-            return Ok(Stop::StdinClosed);
+            break Stop::StdinClosed;
         }
         if device.poll() {
             backoff.reset();
@@ -320,13 +320,16 @@ fn run(o: &Opts) -> Result<Stop, String> {
         }
         if Instant::now() >= next_check {
             next_check = Instant::now() + PRESENCE_CHECK;
-            for f in [&*bar, ram.file()] {
-                if !f.still_present() {
-                    return Ok(Stop::FileGone(f.path().to_path_buf()));
-                }
+            if let Some(f) = [&*bar, ram.file()].into_iter().find(|f| !f.still_present()) {
+                break Stop::FileGone(f.path().to_path_buf());
             }
         }
+    };
+    // What the Ethernet port did, for the run's log.
+    if device.eth.is_some() {
+        eprintln!("mlx5-model: ethernet {:?}", device.model.eth_counters());
     }
+    Ok(why)
 }
 
 /// The device behind the loop. The command interface (`mlx5_model::Model`: initialization segment, command
