@@ -420,13 +420,21 @@ impl<D: Device> Stack<D> {
             Some(dhcpv4::Event::Deconfigured) => None,
         };
         let was_leased = core::mem::replace(&mut self.leased, lease.is_some());
-        self.iface.update_ip_addrs(|a| a.clear());
+        // The leased address comes first (smoltcp's source for what it originates), then the RDMA address,
+        // which stays whatever DHCP does.
+        let rdma = self.rdma.map(|r| IpCidr::new(IpAddress::Ipv4(r), 32));
+        self.iface.update_ip_addrs(|a| {
+            a.clear();
+            if let Some((cidr, _)) = lease {
+                let _ = a.push(IpCidr::Ipv4(cidr));
+            }
+            if let Some(r) = rdma {
+                let _ = a.push(r);
+            }
+        });
         self.iface.routes_mut().remove_default_ipv4_route();
         match lease {
             Some((cidr, router)) => {
-                self.iface.update_ip_addrs(|a| {
-                    let _ = a.push(IpCidr::Ipv4(cidr));
-                });
                 if let Some(r) = router {
                     let _ = self.iface.routes_mut().add_default_ipv4_route(r);
                 }

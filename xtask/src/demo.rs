@@ -19,6 +19,8 @@ pub const GUEST_PORT: u16 = 7470;
 /// beside its DHCP address) and leasectl's address on that subnet.
 pub const HUB_RDMA_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 16);
 pub const HUB_LEASECTL_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 100);
+/// leasectl's MAC on the hub (its default is the model port's own MAC, which a shared segment cannot have twice).
+pub const HUB_LEASECTL_MAC: &str = "02:4c:42:00:00:64";
 
 /// The hub of `run --ctl-nic mlx5`: QEMU's user network, the model's Ethernet wire and leasectl's RDMA frames.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +47,7 @@ impl Hub {
         c.rdma_peer = Some(self.0.client.local.to_string());
         c.rdma_bind = Some(self.0.client.peer.to_string());
         c.rdma_local_ip = Some(HUB_LEASECTL_IP.to_string());
+        c.rdma_local_mac = Some(HUB_LEASECTL_MAC.to_string());
         c.rdma_resolve = Some("arp".to_string());
     }
 }
