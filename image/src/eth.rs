@@ -7,12 +7,21 @@
 //! core keeps the EQ and the lease CQ). The link state comes from PAOS at bring-up, then from the PORT_CHANGE
 //! events the event engine records ([`leasebox_mlx5::engine::Shared::port_event`]). Counters and the link
 //! state are published for HEALTH and the ready line ([`summary`]).
+//!
+//! Neighbours for the lease service (ALLOC's `client_mac` 0, "resolve"): [`neighbour`] answers from a small
+//! table of ARP replies heard on the port and asks ARP for what it does not know; the `net` role sends the
+//! requests ([`Mlx5Nic::ask_neighbours`]). Only replies to our MAC, from an address being asked for, are learned,
+//! so an ARP storm cannot fill the table.
 
 use crate::hca_platform::KernelHca;
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
+use alloc::vec::Vec;
+use core::net::Ipv4Addr;
 use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use leasebox_kernel::time::Instant as KernelInstant;
+use leasebox_lease::service::Neighbour;
 use leasebox_mlx5::driver::{Driver, PortState};
 use leasebox_mlx5::eth::{EthConfig, EthPort, EthStats};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
@@ -53,6 +62,87 @@ pub fn build(d: &mut Driver<KernelHca>) {
 /// The port built by [`build`], once.
 pub fn take() -> Option<Mlx5Nic> {
     PORT.lock().take().map(|port| Mlx5Nic { port, rx: Box::new([0; 2048]), rx_len: 0, spill: Box::new([0; 2048]) })
+}
+
+/// Entries of the neighbour table; the oldest goes first.
+const ARP_ENTRIES: usize = 64;
+/// A learned MAC is trusted this long.
+const ARP_AGE_MS: u64 = 60_000;
+/// An address being asked for is asked again this often, and no longer than this.
+const ARP_RETRY_MS: u64 = 250;
+const ARP_GIVE_UP_MS: u64 = 5_000;
+
+struct Asking {
+    ip: Ipv4Addr,
+    since_ms: u64,
+    next_ms: u64,
+}
+
+/// The neighbour table and the addresses being asked for.
+struct Arp {
+    known: Vec<(Ipv4Addr, [u8; 6], u64)>,
+    asking: Vec<Asking>,
+}
+
+static ARP: Mutex<Arp> = Mutex::new(Arp { known: Vec::new(), asking: Vec::new() });
+
+fn now_ms() -> u64 {
+    KernelInstant::now().since_boot().as_millis() as u64
+}
+
+/// The lease service's resolver (`PlatformHost::with_resolver`): the MAC of `ip` on the port's segment.
+pub fn neighbour(ip: Ipv4Addr) -> Neighbour {
+    if LINK.load(Ordering::Relaxed) == 0 {
+        return Neighbour::Unsupported(
+            "this appliance does not resolve MACs: its control channel is not on the ConnectX-5 port (ctl_nic=mlx5)",
+        );
+    }
+    let now = now_ms();
+    let mut a = ARP.lock();
+    if let Some(&(_, mac, _)) = a.known.iter().find(|(k, _, at)| *k == ip && now < at + ARP_AGE_MS) {
+        return Neighbour::Known(mac);
+    }
+    if !a.asking.iter().any(|q| q.ip == ip) {
+        a.asking.push(Asking { ip, since_ms: now, next_ms: now });
+    }
+    Neighbour::Asking
+}
+
+/// Learns from an ARP reply to `me` whose sender is being asked for (RFC 826 layout).
+fn learn(frame: &[u8], me: [u8; 6]) {
+    if frame.len() < 42 || frame[12..14] != [0x08, 0x06] || frame[14..22] != [0, 1, 0x08, 0x00, 6, 4, 0, 2] {
+        return;
+    }
+    if frame[0..6] != me || frame[32..38] != me {
+        return;
+    }
+    let mac: [u8; 6] = frame[22..28].try_into().unwrap_or([1; 6]);
+    let ip = Ipv4Addr::new(frame[28], frame[29], frame[30], frame[31]);
+    if mac[0] & 1 != 0 || mac == [0; 6] {
+        return;
+    }
+    let mut a = ARP.lock();
+    let Some(i) = a.asking.iter().position(|q| q.ip == ip) else { return };
+    a.asking.swap_remove(i);
+    let now = now_ms();
+    a.known.retain(|(k, _, _)| *k != ip);
+    if a.known.len() >= ARP_ENTRIES {
+        a.known.remove(0);
+    }
+    a.known.push((ip, mac, now));
+}
+
+/// An ARP request for `target` from `mac`/`sender` (RFC 826), padded to the 60-byte minimum frame.
+pub fn arp_request(mac: [u8; 6], sender: Ipv4Addr, target: Ipv4Addr) -> [u8; 60] {
+    let mut f = [0u8; 60];
+    f[0..6].copy_from_slice(&[0xff; 6]);
+    f[6..12].copy_from_slice(&mac);
+    f[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+    f[14..22].copy_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 1]);
+    f[22..28].copy_from_slice(&mac);
+    f[28..32].copy_from_slice(&sender.octets());
+    f[38..42].copy_from_slice(&target.octets());
+    f
 }
 
 static LINK: AtomicU8 = AtomicU8::new(0);
@@ -132,6 +222,29 @@ impl Mlx5Nic {
         self.port.transmit(frame).is_ok()
     }
 
+    /// Sends the ARP requests the neighbour table owes (as `sender`), and forgets addresses asked for too long.
+    pub fn ask_neighbours(&mut self, sender: Ipv4Addr) {
+        let now = now_ms();
+        let mut due = [Ipv4Addr::UNSPECIFIED; 8];
+        let mut n = 0;
+        {
+            let mut a = ARP.lock();
+            a.asking.retain(|q| now < q.since_ms + ARP_GIVE_UP_MS);
+            for q in a.asking.iter_mut().filter(|q| now >= q.next_ms) {
+                if n == due.len() {
+                    break;
+                }
+                q.next_ms = now + ARP_RETRY_MS;
+                due[n] = q.ip;
+                n += 1;
+            }
+        }
+        let mac = self.mac();
+        for &ip in &due[..n] {
+            let _ = self.port.transmit(&arp_request(mac, sender, ip));
+        }
+    }
+
     /// Reaps send completions and publishes the counters.
     pub fn maintain(&mut self) {
         self.port.poll_tx();
@@ -196,10 +309,12 @@ impl phy::Device for Mlx5Nic {
         }
         let Mlx5Nic { port, rx, rx_len, spill } = self;
         *rx_len = 0;
+        let me = port.info.mac;
         let got = port.receive(RX_BUDGET, |frame| {
             let n = frame.len().min(rx.len());
             rx[..n].copy_from_slice(&frame[..n]);
             *rx_len = n;
+            learn(&frame[..n], me);
         });
         if got == 0 {
             return None;

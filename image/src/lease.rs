@@ -62,7 +62,12 @@ fn make_backend(o: &LeaseOptions) -> Result<ImageBackend, String> {
         log::warn!("lease: {w}");
     }
     let svc = LeaseService::new(cfg, parts.hca).map_err(|e| alloc::format!("lease configuration: {e}"))?;
-    Ok(LeaseBackend::new(svc, client, PlatformHost::new(platform.clone(), parts.extents.clone()), KernelEnv))
+    Ok(LeaseBackend::new(
+        svc,
+        client,
+        PlatformHost::new(platform.clone(), parts.extents.clone()).with_resolver(crate::eth::neighbour),
+        KernelEnv,
+    ))
 }
 
 /// The ready line's lease field: `lease=on`, or `lease=off lease_error="<why>"`.

@@ -158,6 +158,9 @@ impl NetStack {
                     s.announce();
                 }
                 s.step();
+                if let Some(sender) = s.rdma.or_else(|| s.address()) {
+                    s.nic.ask_neighbours(sender);
+                }
                 s.nic.maintain();
             }
         }
@@ -357,6 +360,13 @@ fn relisten(s: &mut tcp::Socket<'_>, port: u16) {
     }
 }
 
+impl<D: Device> Stack<D> {
+    /// The interface's first IPv4 address (the control address), if it has one yet.
+    fn address(&self) -> Option<Ipv4Addr> {
+        self.iface.ipv4_addr()
+    }
+}
+
 impl Stack<Mlx5Nic> {
     /// A gratuitous ARP for the RDMA address (a request for itself, RFC 5227 §3's announcement), so that
     /// neighbours update a MAC they hold for it.
@@ -370,18 +380,10 @@ impl Stack<Mlx5Nic> {
     }
 }
 
-/// An ARP announcement of `ip` at `mac` (RFC 826 layout, RFC 5227 §2.3): broadcast, sender and target
-/// address both `ip`, padded to the 60-byte minimum frame.
+/// An ARP announcement of `ip` at `mac` (RFC 5227 §2.3): a broadcast request whose sender and target
+/// address are both `ip`.
 fn gratuitous_arp(mac: [u8; 6], ip: Ipv4Addr) -> [u8; 60] {
-    let mut f = [0u8; 60];
-    f[0..6].copy_from_slice(&[0xff; 6]);
-    f[6..12].copy_from_slice(&mac);
-    f[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
-    f[14..22].copy_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 1]);
-    f[22..28].copy_from_slice(&mac);
-    f[28..32].copy_from_slice(&ip.octets());
-    f[38..42].copy_from_slice(&ip.octets());
-    f
+    crate::eth::arp_request(mac, ip, ip)
 }
 
 impl<D: Device> Stack<D> {

@@ -15,16 +15,17 @@ use alloc::sync::Arc;
 
 use crate::config::Config;
 use crate::options::{DEFAULT_RDMA_IP, LeaseOptions};
-use crate::service::{HcaCtx, Host, port_ib_mtu};
+use crate::service::{HcaCtx, Host, Neighbour, port_ib_mtu};
 
 /// The lease service's host over an mlx5 platform: QP buffers from its DMA memory, scrubbing through the
 /// pool's DMA handles (in 4 KiB writes, each naming the pool extent it lands in and the offset there).
 pub struct PlatformHost<P: Platform>(pub Arc<P>, Scrub);
 
-/// The pool's handles (sorted by device address) and the scrubs refused so far.
+/// The pool's handles (sorted by device address), the scrubs refused so far, and how neighbours are resolved.
 struct Scrub {
     pool: Vec<DmaBuf>,
     refused: u64,
+    resolver: Option<fn(core::net::Ipv4Addr) -> Neighbour>,
 }
 
 impl<P: Platform> PlatformHost<P> {
@@ -32,7 +33,14 @@ impl<P: Platform> PlatformHost<P> {
     /// DMA memory the service's pool lies in).
     pub fn new(platform: Arc<P>, mut pool: Vec<DmaBuf>) -> PlatformHost<P> {
         pool.sort_unstable_by_key(|b| b.addr());
-        PlatformHost(platform, Scrub { pool, refused: 0 })
+        PlatformHost(platform, Scrub { pool, refused: 0, resolver: None })
+    }
+
+    /// Resolves ALLOC's `client_mac` 0 through `f` (the image's ARP on the ConnectX-5 port); without one the
+    /// host answers [`Neighbour::Unsupported`].
+    pub fn with_resolver(mut self, f: fn(core::net::Ipv4Addr) -> Neighbour) -> PlatformHost<P> {
+        self.1.resolver = Some(f);
+        self
     }
 
     /// Scrubs refused because their range was not inside the pool.
@@ -87,6 +95,14 @@ impl<P: Platform> Host for PlatformHost<P> {
                 self.0.dma_write(buf, offset + at, &z[..k]);
                 at += k;
             }
+        }
+    }
+    fn neighbour(&mut self, ip: core::net::Ipv4Addr) -> Neighbour {
+        match self.1.resolver {
+            Some(f) => f(ip),
+            None => Neighbour::Unsupported(
+                "this appliance does not resolve MACs: its control channel is not on the RDMA port (ctl_nic=mlx5)",
+            ),
         }
     }
 }

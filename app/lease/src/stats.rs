@@ -14,6 +14,9 @@ pub struct Counters {
     pub commands: u64,
     pub failed_commands: u64,
     pub drop_failures: u64,
+    /// ALLOCs with `client_mac` 0 whose MAC the host resolved, and those that waited in vain.
+    pub resolved: u64,
+    pub resolve_timeouts: u64,
     /// ALLOC and FREE/REVOKE, request to answer, in microseconds.
     pub alloc_us: Histogram,
     pub revoke_us: Histogram,

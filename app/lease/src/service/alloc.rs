@@ -7,7 +7,7 @@ use alloc::string::{String, ToString};
 use leasebox_proto::{AllocReq, AllocResp, ErrorBody, ErrorCode, LeaseId, Reply, Response, access, mtu_bytes};
 
 use super::plan::{QP_BUF, QP_DBR, Steps};
-use super::{Host, LeaseService, Who, err};
+use super::{Host, LeaseService, Neighbour, Parked, RESOLVE_TIMEOUT_MS, Who, err};
 use crate::lease::{Lease, Phase, Slot, Waiters};
 
 fn bad(field: &str, why: &str) -> ErrorBody {
@@ -35,6 +35,9 @@ impl<T: Copy> LeaseService<T> {
     ) -> Option<Reply> {
         if let Err(e) = self.check_alloc(a) {
             return Some(Err(e));
+        }
+        if a.client_mac == [0; 6] {
+            return self.resolve(who, a, ticket, now_us, host);
         }
         let extents_needed = a.size.div_ceil(self.cfg.extent);
         let (mine, my_bytes) = self.tenant_usage(who.tenant);
@@ -158,13 +161,79 @@ impl<T: Copy> LeaseService<T> {
         if a.client_gid == [0; 16] {
             return Err(bad("alloc.client_gid", "must be the client's GID"));
         }
-        if a.client_mac == [0; 6] || a.client_mac[0] & 1 != 0 {
-            return Err(bad("alloc.client_mac", "must be a unicast MAC (the client's next hop)"));
+        if a.client_mac[0] & 1 != 0 {
+            return Err(bad("alloc.client_mac", "must be a unicast MAC (the client's next hop), or 0 to resolve it"));
         }
         if a.ttl_ms > self.cfg.max_ttl_ms {
             return Err(bad("alloc.ttl_ms", &format!("must be at most {} ms", self.cfg.max_ttl_ms)));
         }
         Ok(())
+    }
+
+    /// ALLOC with `client_mac` 0: the MAC of the client GID's IPv4 address, as the host resolves it (ARP on
+    /// the RDMA port, as the Linux RDMA core resolves a destination); the ALLOC proceeds once it is known,
+    /// waits while the host asks (up to [`RESOLVE_TIMEOUT_MS`]), and fails when the host cannot resolve.
+    fn resolve(&mut self, who: Who<'_>, a: &AllocReq, ticket: T, now_us: u64, host: &mut dyn Host) -> Option<Reply> {
+        let g = a.client_gid;
+        if g[..10] != [0; 10] || g[10..12] != [0xff, 0xff] {
+            return Some(Err(bad("alloc.client_mac", "0 (resolve) needs an IPv4-mapped client_gid (::ffff:A.B.C.D)")));
+        }
+        let ip = core::net::Ipv4Addr::new(g[12], g[13], g[14], g[15]);
+        match host.neighbour(ip) {
+            Neighbour::Known(mac) => {
+                let mut resolved = a.clone();
+                resolved.client_mac = mac;
+                self.counters.resolved += 1;
+                self.alloc(who, &resolved, ticket, now_us, host)
+            }
+            Neighbour::Unsupported(why) => Some(Err(bad("alloc.client_mac", &format!("0 (resolve): {why}")))),
+            Neighbour::Asking => {
+                self.resolving.push(Parked {
+                    tenant: who.tenant.to_string(),
+                    session: who.session,
+                    admin: who.admin,
+                    req: a.clone(),
+                    ticket,
+                    ip,
+                    deadline_us: now_us + RESOLVE_TIMEOUT_MS * 1000,
+                });
+                None
+            }
+        }
+    }
+
+    /// Timer scan: parked ALLOCs whose MAC is now known proceed; those past their deadline answer TIMEOUT.
+    pub(super) fn poll_resolving(&mut self, now_us: u64, host: &mut dyn Host) {
+        if self.resolving.is_empty() {
+            return;
+        }
+        for p in core::mem::take(&mut self.resolving) {
+            let reply = match host.neighbour(p.ip) {
+                Neighbour::Asking if now_us < p.deadline_us => {
+                    self.resolving.push(p);
+                    continue;
+                }
+                Neighbour::Asking => {
+                    self.counters.resolve_timeouts += 1;
+                    Some(Err(err(
+                        ErrorCode::Timeout,
+                        &format!("client_mac 0 (resolve): no ARP answer for {} within {RESOLVE_TIMEOUT_MS} ms", p.ip),
+                    )))
+                }
+                Neighbour::Known(_) | Neighbour::Unsupported(_) => {
+                    let who = Who { session: p.session, tenant: &p.tenant, admin: p.admin };
+                    self.resolve(who, &p.req, p.ticket, now_us, host)
+                }
+            };
+            if let Some(r) = reply {
+                self.answers.push((p.ticket, r));
+            }
+        }
+    }
+
+    /// A session ended: its ALLOCs still waiting for a MAC are dropped (nobody is left to answer).
+    pub(super) fn drop_parked(&mut self, session: u64) {
+        self.resolving.retain(|p| p.session != session);
     }
 
     fn tenant_usage(&self, tenant: &str) -> (u32, u64) {

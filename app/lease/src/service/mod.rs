@@ -26,7 +26,7 @@ use leasebox_mlx5::DmaBuf;
 use leasebox_mlx5::command::{CmdError, Command, Output};
 use leasebox_mlx5::handles::{Cqn, FlowGroupId, FlowIndex, FlowTableId, MkeyVariant, UarPage};
 use leasebox_mlx5::ifc;
-use leasebox_proto::{ErrorBody, ErrorCode, LeaseState, Reply, Request, mtu_bytes};
+use leasebox_proto::{AllocReq, ErrorBody, ErrorCode, LeaseState, Reply, Request, mtu_bytes};
 
 use crate::config::{Config, RevokeOrder};
 use crate::lease::{Cause, Lease, Phase, Slot, Step};
@@ -44,7 +44,21 @@ pub struct Who<'a> {
     pub admin: bool,
 }
 
-/// The memory services the lease service needs from its host: DMA memory for QP buffers and scrubbing.
+/// What the host knows of a neighbour's MAC, for ALLOC's `client_mac` 0 ("resolve": docs/wire-protocol.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Neighbour {
+    Known([u8; 6]),
+    /// Not known yet: the host is asking (ARP) and will know, or not, on a later call.
+    Asking,
+    /// The host cannot resolve at all (why).
+    Unsupported(&'static str),
+}
+
+/// How long an ALLOC with `client_mac` 0 waits for the client's MAC before it answers TIMEOUT.
+pub const RESOLVE_TIMEOUT_MS: u64 = 3_000;
+
+/// The memory services the lease service needs from its host: DMA memory for QP buffers and scrubbing, and
+/// neighbour resolution on the RDMA port.
 pub trait Host {
     fn dma_alloc(&mut self, len: usize, align: usize) -> Option<DmaBuf>;
     fn dma_free(&mut self, buf: DmaBuf);
@@ -52,6 +66,22 @@ pub trait Host {
     /// host writes only through the pool's DMA handles and refuses, and reports, a range not inside the pool
     /// (`setup::PlatformHost`).
     fn zero(&mut self, addr: u64, len: u64);
+    /// The MAC of `ip` on the RDMA port's segment (the client's next hop), as ARP finds it. Asked again on
+    /// every timer scan while the answer is [`Neighbour::Asking`].
+    fn neighbour(&mut self, _ip: core::net::Ipv4Addr) -> Neighbour {
+        Neighbour::Unsupported("this appliance does not resolve MACs: its control channel is not on the RDMA port")
+    }
+}
+
+/// An ALLOC waiting for its client's MAC.
+struct Parked<T> {
+    tenant: String,
+    session: u64,
+    admin: bool,
+    req: AllocReq,
+    ticket: T,
+    ip: core::net::Ipv4Addr,
+    deadline_us: u64,
 }
 
 /// What the service needs to know about the HCA after bring-up.
@@ -105,6 +135,8 @@ pub struct LeaseService<T: Copy> {
     usage: BTreeMap<String, (u32, u64)>,
     /// The timer scan runs at most this often.
     next_scan_us: u64,
+    /// ALLOCs waiting for the client's MAC (`client_mac` 0).
+    resolving: Vec<Parked<T>>,
     pub counters: Counters,
 }
 
@@ -134,6 +166,7 @@ impl<T: Copy> LeaseService<T> {
             free: (0..cfg_slots).collect(),
             usage: BTreeMap::new(),
             next_scan_us: 0,
+            resolving: Vec::new(),
             counters: Counters::default(),
         })
     }

@@ -149,6 +149,7 @@ impl<T: Copy> LeaseService<T> {
             return;
         }
         self.next_scan_us = now_us + SCAN_INTERVAL_US;
+        self.poll_resolving(now_us, host);
         let session_grace = self.cfg.session_grace_ms * 1000;
         for slot in 0..self.slots.len() as u32 {
             let Some(l) = self.lease_mut(slot) else { continue };

@@ -7,6 +7,7 @@ use crate::lease::{Phase, Slot};
 impl<T: Copy> LeaseService<T> {
     /// A session ended: its leases stay for the session grace period, then expire.
     pub fn session_lost(&mut self, session: u64, now_us: u64) {
+        self.drop_parked(session);
         for s in &mut self.slots {
             if let Slot::Busy(l) = s
                 && l.session == Some(session)

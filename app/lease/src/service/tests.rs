@@ -43,6 +43,10 @@ struct FakeHost {
     next: u64,
     live: BTreeMap<u64, usize>,
     zeroed: Vec<(u64, u64)>,
+    /// Neighbour resolution: off (`Unsupported`) unless set; then the MACs "ARP" has found so far.
+    resolves: bool,
+    arp: BTreeMap<core::net::Ipv4Addr, [u8; 6]>,
+    asked: usize,
 }
 
 impl Host for FakeHost {
@@ -57,6 +61,13 @@ impl Host for FakeHost {
     }
     fn zero(&mut self, addr: u64, len: u64) {
         self.zeroed.push((addr, len));
+    }
+    fn neighbour(&mut self, ip: core::net::Ipv4Addr) -> Neighbour {
+        if !self.resolves {
+            return Neighbour::Unsupported("no port to ARP on");
+        }
+        self.asked += 1;
+        self.arp.get(&ip).map_or(Neighbour::Asking, |&m| Neighbour::Known(m))
     }
 }
 
@@ -468,4 +479,77 @@ fn fenced_summary_pages_past_one_frame() {
     assert_eq!(r.svc.fenced(ADMIN, 5, 1), (6, vec![all[5].clone()]));
     let other = Who { session: 9, tenant: "beta", admin: false };
     assert_eq!(r.svc.fenced(other, 0, 128), (0, vec![]));
+}
+
+/// ALLOC with `client_mac` 0 for a client at 10.0.2.100 (IPv4-mapped GID).
+fn resolve_req() -> AllocReq {
+    let mut gid = [0u8; 16];
+    gid[10..].copy_from_slice(&[0xff, 0xff, 10, 0, 2, 100]);
+    AllocReq { client_gid: gid, client_mac: [0; 6], ..alloc_req() }
+}
+
+#[test]
+fn client_mac_zero_waits_for_the_hosts_arp_then_builds() {
+    let mut r = Rig::new(cfg(false));
+    r.host.resolves = true;
+    let t = r.send(TENANT, &Request::Alloc(resolve_req()));
+    assert!(r.take(t).is_none() && r.issued.is_empty(), "nothing built before the MAC is known");
+    r.advance(10 * SCAN_INTERVAL_US);
+    assert!(r.take(t).is_none(), "still asking");
+    assert!(r.host.asked >= 10, "asked again on every scan: {}", r.host.asked);
+    r.host.arp.insert(core::net::Ipv4Addr::new(10, 0, 2, 100), [2, 0, 0, 0, 0, 0x64]);
+    r.advance(SCAN_INTERVAL_US);
+    let reply = r.take(t).expect("answered once the MAC is known");
+    assert!(matches!(reply, Ok(Response::Alloc(_))), "{reply:?}");
+    assert_eq!(r.svc.counters.resolved, 1);
+    assert!(r.issued.contains(&ifc::qp::MLX5_CMD_OP_CREATE_QP), "{:?}", r.issued);
+}
+
+#[test]
+fn client_mac_zero_times_out_without_an_answer_and_keeps_nothing() {
+    let mut r = Rig::new(cfg(false));
+    r.host.resolves = true;
+    let free = r.svc.pool().free_extents();
+    let t = r.send(TENANT, &Request::Alloc(resolve_req()));
+    r.advance(RESOLVE_TIMEOUT_MS * 1000 - SCAN_INTERVAL_US);
+    assert!(r.take(t).is_none(), "not before the deadline");
+    r.advance(2 * SCAN_INTERVAL_US);
+    match r.take(t) {
+        Some(Err(e)) => {
+            assert_eq!(e.code, ErrorCode::Timeout);
+            assert!(e.message.contains("10.0.2.100"), "{}", e.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!((r.svc.counters.resolve_timeouts, r.svc.pool().free_extents()), (1, free));
+    assert!(r.issued.is_empty());
+}
+
+#[test]
+fn client_mac_zero_is_refused_where_it_cannot_be_resolved() {
+    let mut r = Rig::new(cfg(false));
+    let e = |r: &mut Rig, req: AllocReq| match r.call(TENANT, &Request::Alloc(req)) {
+        Err(e) => e,
+        other => panic!("{other:?}"),
+    };
+    let no_port = e(&mut r, resolve_req());
+    assert_eq!(no_port.code, ErrorCode::BadParam);
+    assert!(no_port.message.contains("no port to ARP on"), "{}", no_port.message);
+    r.host.resolves = true;
+    let not_ipv4 = e(&mut r, AllocReq { client_mac: [0; 6], ..alloc_req() });
+    assert!(not_ipv4.message.contains("IPv4-mapped"), "{}", not_ipv4.message);
+    let multicast = e(&mut r, AllocReq { client_mac: [1, 0, 0, 0, 0, 1], ..alloc_req() });
+    assert!(multicast.message.contains("unicast"), "{}", multicast.message);
+    assert_eq!(r.host.asked, 0, "nothing asked for a request refused up front");
+}
+
+#[test]
+fn a_lost_session_drops_its_waiting_alloc() {
+    let mut r = Rig::new(cfg(false));
+    r.host.resolves = true;
+    let t = r.send(TENANT, &Request::Alloc(resolve_req()));
+    r.svc.session_lost(TENANT.session, r.now_us);
+    r.host.arp.insert(core::net::Ipv4Addr::new(10, 0, 2, 100), [2, 0, 0, 0, 0, 0x64]);
+    r.advance(10 * SCAN_INTERVAL_US);
+    assert!(r.take(t).is_none() && r.issued.is_empty(), "no lease built for a session that is gone");
 }
