@@ -30,13 +30,12 @@ fn shm_file(name: &str, len: u64) -> PathBuf {
     p
 }
 
-#[test]
-fn the_driver_brings_up_the_model_process_over_shared_files() {
-    let bar = shm_file("bar", 32 << 20);
-    let ram = shm_file("ram", 128 << 20);
-    let _files = Files(vec![bar.clone(), ram.clone()]);
+/// The model binary over `bar` and `ram` (RoCE cable on a free port, stopped by closing its stdin) with
+/// `extra` arguments; returns the child and its first line (the ready line).
+fn spawn_model(bar: &std::path::Path, ram: &std::path::Path, extra: &[&str]) -> (std::process::Child, String) {
     let mut model = Command::new(env!("CARGO_BIN_EXE_mlx5-model"))
         .args(["--bar", bar.to_str().unwrap(), "--ram", ram.to_str().unwrap(), "--udp", "127.0.0.1:0"])
+        .args(extra)
         .arg("--exit-on-stdin-eof")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -45,6 +44,15 @@ fn the_driver_brings_up_the_model_process_over_shared_files() {
         .expect("start the model");
     let mut line = String::new();
     BufReader::new(model.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    (model, line)
+}
+
+#[test]
+fn the_driver_brings_up_the_model_process_over_shared_files() {
+    let bar = shm_file("bar", 32 << 20);
+    let ram = shm_file("ram", 128 << 20);
+    let _files = Files(vec![bar.clone(), ram.clone()]);
+    let (mut model, line) = spawn_model(&bar, &ram, &[]);
     assert!(line.starts_with("mlx5-model: ready"), "{line}");
 
     let p = Arc::new(HostedPlatform::open_files(&bar, &ram, Duration::from_secs(5)).unwrap());
@@ -73,16 +81,7 @@ fn the_process_carries_an_ethernet_wire_and_survives_what_arrives_on_it() {
     let _files = Files(vec![bar.clone(), ram.clone()]);
     let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let wire = format!("127.0.0.1:0,{}", peer.local_addr().unwrap());
-    let mut model = Command::new(env!("CARGO_BIN_EXE_mlx5-model"))
-        .args(["--bar", bar.to_str().unwrap(), "--ram", ram.to_str().unwrap(), "--udp", "127.0.0.1:0"])
-        .args(["--eth-udp", &wire, "--link-up-delay", "10", "--exit-on-stdin-eof"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the model");
-    let mut line = String::new();
-    BufReader::new(model.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (mut model, line) = spawn_model(&bar, &ram, &["--eth-udp", &wire, "--link-up-delay", "10"]);
     let eth = line.trim().rsplit_once(" eth=").map(|(_, e)| e.to_string()).unwrap_or_default();
     let (local, to) = eth.split_once(',').unwrap_or_else(|| panic!("no eth= in {line}"));
     assert_eq!(to, peer.local_addr().unwrap().to_string());

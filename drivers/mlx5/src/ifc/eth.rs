@@ -151,13 +151,19 @@ pub fn create_sq_out(out: &Output) -> u32 {
 /// MODIFY_SQ `from` → `to` (`modify_sq_in.sq_state` the current state, `sqc.state` the next). The
 /// `modify_bitmask` stays 0: Linux `mlx5e_modify_sq` sets bits only for rate-limit and QoS-group updates.
 pub fn modify_sq(sqn: u32, from: u8, to: u8) -> Command {
-    let mut c = Command::new(MLX5_CMD_OP_MODIFY_SQ, 0, CTX_CMD_LEN, CMD_HDR_LEN)
-        .with("sqn", sqn.into())
+    modify_wq(MLX5_CMD_OP_MODIFY_SQ, "sqn", sqn, from, to)
+}
+
+/// MODIFY_SQ / MODIFY_RQ share their layout: the current state at bit 0x40, the queue number at 0x48, the
+/// 64-bit `modify_bitmask` at byte 0x10 and the next state in the context's `state` (`sqc`/`rqc` bit 8).
+fn modify_wq(opcode: u16, name: &'static str, n: u32, from: u8, to: u8) -> Command {
+    let mut c = Command::new(opcode, 0, CTX_CMD_LEN, CMD_HDR_LEN)
+        .with(name, n.into())
         .with("from", from.into())
         .with("to", to.into());
     c.set(0x40, 4, from.into());
-    c.set(0x48, 24, sqn);
-    c.set64(0x10, 0); // modify_bitmask
+    c.set(0x48, 24, n);
+    c.set64(0x10, 0);
     c.set(CTX + 0x08, 4, to.into());
     c
 }
@@ -253,15 +259,7 @@ pub fn create_rq_out(out: &Output) -> u32 {
 
 /// MODIFY_RQ `from` → `to` (`modify_bitmask` 0, as Linux `mlx5e_modify_rq_state`).
 pub fn modify_rq(rqn: u32, from: u8, to: u8) -> Command {
-    let mut c = Command::new(MLX5_CMD_OP_MODIFY_RQ, 0, CTX_CMD_LEN, CMD_HDR_LEN)
-        .with("rqn", rqn.into())
-        .with("from", from.into())
-        .with("to", to.into());
-    c.set(0x40, 4, from.into());
-    c.set(0x48, 24, rqn);
-    c.set64(0x10, 0);
-    c.set(CTX + 0x08, 4, to.into());
-    c
+    modify_wq(MLX5_CMD_OP_MODIFY_RQ, "rqn", rqn, from, to)
 }
 
 pub fn destroy_rq(rqn: u32) -> Command {
