@@ -33,8 +33,10 @@ pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 100);
 pub const CLIENT_MAC: [u8; 6] = [0x02, 0x4c, 0x42, 0x00, 0x00, 0x64];
 /// The guest's DHCP address on QEMU's user network (its first lease).
 const GUEST_DHCP_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
-/// A unicast MAC nobody on the hub has.
+/// A unicast MAC nobody on the hub has, and a multicast one nobody joined (all-hosts, 224.0.0.1): the port
+/// steers only its own MAC and broadcast to its receive queue.
 const OTHER_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x00, 0x99];
+const MULTICAST_MAC: [u8; 6] = [0x01, 0x00, 0x5e, 0x00, 0x00, 0x01];
 /// Runt frame lengths: shorter than the 60-byte Ethernet minimum (never 0: QEMU's socket netdev takes an
 /// empty datagram for the end of the connection).
 const RUNT_LENS: [usize; 6] = [1, 13, 14, 20, 42, 59];
@@ -43,8 +45,9 @@ const RUNTS_EACH: usize = 5;
 /// Oversize frame lengths (the port's MTU is 1500: 1518 bytes with header and VLAN tag, FCS not carried).
 const OVERSIZE_LENS: [usize; 3] = [1600, 2000, 9000];
 const OVERSIZE_EACH: usize = 5;
-/// Frames (IPv4/UDP) to a MAC that is not the port's.
+/// Frames (IPv4/UDP) to a unicast MAC that is not the port's, and to a multicast MAC.
 const OTHER_MAC_FRAMES: usize = 100;
+const MULTICAST_FRAMES: usize = 20;
 /// UDP frames to the port's MAC and a closed port, back to back: far more than the 128 receive buffers the
 /// driver posts, faster than a TCG guest takes them.
 const OVERRUN_FRAMES: usize = 1000;
@@ -57,6 +60,8 @@ const CHUNK: usize = 50;
 const CHUNK_PAUSE: Duration = Duration::from_millis(1);
 /// How long the guest gets to work through what it was sent before it is asked again.
 const SETTLE: Duration = Duration::from_secs(3);
+/// How long to wait for the appliance's ARP reply after the storm (one request a second).
+const ARP_WAIT: Duration = Duration::from_secs(20);
 
 // ---- frames ----
 
@@ -80,6 +85,20 @@ pub fn arp_request(src_mac: [u8; 6], src_ip: Ipv4Addr, target: Ipv4Addr) -> Vec<
     p.extend_from_slice(&target.octets());
     p.resize(46, 0);
     eth_frame([0xff; 6], src_mac, 0x0806, &p)
+}
+
+/// An ARP packet in an Ethernet frame: (op, sender MAC, sender IP, target MAC, target IP).
+pub type Arp = (u16, [u8; 6], Ipv4Addr, [u8; 6], Ipv4Addr);
+
+/// The ARP packet (Ethernet/IPv4) in `frame`, if it is one.
+pub fn parse_arp(frame: &[u8]) -> Option<Arp> {
+    let p = frame.get(14..42)?;
+    if frame[12..14] != [0x08, 0x06] || p[..6] != [0, 1, 0x08, 0x00, 6, 4] {
+        return None;
+    }
+    let mac = |at: usize| -> [u8; 6] { p[at..at + 6].try_into().unwrap_or_default() };
+    let ip = |at: usize| Ipv4Addr::new(p[at], p[at + 1], p[at + 2], p[at + 3]);
+    Some((u16::from_be_bytes([p[6], p[7]]), mac(8), ip(14), mac(18), ip(24)))
 }
 
 /// The Internet checksum (RFC 1071) of `b`.
@@ -283,11 +302,17 @@ fn checks(app: &mut Appliance, bin: &Path) -> Result<(String, Sent), String> {
     let health0 = health(app, bin)?;
 
     // 4. Bad input on the wire.
-    let sent = bad_input(hub.client, port_mac)?;
+    let s = UdpSocket::bind(hub.client.peer)
+        .map_err(|e| format!("binding the hub's client port {}: {e}", hub.client.peer))?;
+    let sent = bad_input(&s, hub.client, port_mac)?;
     std::thread::sleep(SETTLE);
+    let stray = arp_after_storm(&s, hub.client, port_mac)?;
+    drop(s);
     let out = app.leasectl(bin, false, &["ping"])?;
     expect("leasectl ping after the bad input", out.contains("pong"), &out)?;
     let cli2_us = lease_qemu::cli_cycle(app, bin)?;
+    // RDMA through the port as before: the verifier's leases, ARP, the revoke orders.
+    lease_qemu::verify_revoke_test(app, bin, &cable).map_err(|e| format!("after the bad input: {e}"))?;
     let health1 = health(app, bin)?;
     expect("the ctl port's link after the bad input", health1.link == "up", &health1)?;
     // The ARP storm and the burst reached the driver (what it could take of them).
@@ -301,8 +326,10 @@ fn checks(app: &mut Appliance, bin: &Path) -> Result<(String, Sent), String> {
         format!(
             "ready {} {} ip={}; no virtio-net; leasectl ping/alloc/ready/list/revoke ok (TornDown in {cli_us} us); \
              verify --arp over the hub: {}, MAC {want_mac} by ARP in every iteration; bad input (runts {}, \
-             oversize {}, other MAC {}, overrun burst {OVERRUN_FRAMES}, ARP storm {ARP_STORM}): still serving \
-             (TornDown in {cli2_us} us), no panic; HEALTH ctl port rx {} -> {} (dropped {} -> {}), tx {} -> {}",
+             oversize {}, other/multicast MAC {}, overrun burst {OVERRUN_FRAMES}, ARP storm {ARP_STORM}): ARP for \
+             {HUB_RDMA_IP} answered after it ({stray} frames had come back), ping, lease cycle (TornDown in \
+             {cli2_us} us) and verify --arp pass again, no panic; HEALTH ctl port rx {} -> {} (dropped {} -> {}), \
+             tx {} -> {}",
             app.ready.get("ctl_nic").unwrap_or("?"),
             app.ready.get("link").map_or("?".to_string(), |l| format!("link={l}")),
             app.ready.get("ip").unwrap_or("?"),
@@ -326,9 +353,9 @@ fn health(app: &Appliance, bin: &Path) -> Result<CtlPort, String> {
     parse_ctl_port(&out).ok_or_else(|| format!("no `ctl port link ...` in leasectl health: {out}"))
 }
 
-/// Sends the bad frames from the hub's client port; returns how many of each kind went out.
-fn bad_input(client: leasebox_qemu::HubSocket, port_mac: [u8; 6]) -> Result<Sent, String> {
-    let s = UdpSocket::bind(client.peer).map_err(|e| format!("binding the hub's client port {}: {e}", client.peer))?;
+/// Sends the bad frames from the hub's client port `s` (bound at `client.peer`); returns how many of each kind
+/// went out.
+fn bad_input(s: &UdpSocket, client: leasebox_qemu::HubSocket, port_mac: [u8; 6]) -> Result<Sent, String> {
     let mut sent = Sent::default();
     let mut n = 0usize;
     let mut send = |f: &[u8]| -> Result<(), String> {
@@ -357,6 +384,11 @@ fn bad_input(client: leasebox_qemu::HubSocket, port_mac: [u8; 6]) -> Result<Sent
         send(&udp_frame(OTHER_MAC, CLIENT_MAC, from, to, &(i as u32).to_be_bytes()))?;
         sent.other_mac += 1;
     }
+    let group = SocketAddrV4::new(Ipv4Addr::new(224, 0, 0, 1), CLOSED_PORT);
+    for i in 0..MULTICAST_FRAMES {
+        send(&udp_frame(MULTICAST_MAC, CLIENT_MAC, from, group, &(i as u32).to_be_bytes()))?;
+        sent.other_mac += 1;
+    }
     for i in 0..OVERRUN_FRAMES {
         send(&udp_frame(port_mac, CLIENT_MAC, from, to, &(i as u32).to_be_bytes()))?;
     }
@@ -370,6 +402,40 @@ fn bad_input(client: leasebox_qemu::HubSocket, port_mac: [u8; 6]) -> Result<Sent
         send(&arp_request(CLIENT_MAC, CLIENT_IP, target))?;
     }
     Ok(sent)
+}
+
+/// After the storm: what the client port received so far has no ARP reply from the port for an address that
+/// is not the appliance's; then a fresh ARP request for the RDMA address is answered with the port's MAC.
+/// Returns how many frames were waiting.
+fn arp_after_storm(s: &UdpSocket, client: leasebox_qemu::HubSocket, port_mac: [u8; 6]) -> Result<usize, String> {
+    let mut buf = vec![0u8; 65536];
+    let mut waiting = 0;
+    s.set_nonblocking(true).map_err(|e| e.to_string())?;
+    while let Ok((n, _)) = s.recv_from(&mut buf) {
+        waiting += 1;
+        if let Some(a @ (2, mac, ip, ..)) = parse_arp(&buf[..n])
+            && mac == port_mac
+            && ip != HUB_RDMA_IP
+            && ip != GUEST_DHCP_IP
+        {
+            return Err(format!("the port answered ARP for an address it does not have: {a:?}"));
+        }
+    }
+    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(1))).map_err(|e| e.to_string())?;
+    let end = std::time::Instant::now() + ARP_WAIT;
+    while std::time::Instant::now() < end {
+        let req = arp_request(CLIENT_MAC, CLIENT_IP, HUB_RDMA_IP);
+        s.send_to(&req, client.local).map_err(|e| format!("sending an ARP request: {e}"))?;
+        let until = std::time::Instant::now() + Duration::from_secs(1);
+        while std::time::Instant::now() < until {
+            let Ok((n, _)) = s.recv_from(&mut buf) else { break };
+            if parse_arp(&buf[..n]) == Some((2, port_mac, HUB_RDMA_IP, CLIENT_MAC, CLIENT_IP)) {
+                return Ok(waiting);
+            }
+        }
+    }
+    Err(format!("no ARP reply for {HUB_RDMA_IP} from {} within {ARP_WAIT:?} after the storm", mac_string(&port_mac)))
 }
 
 /// The ready line of a hub boot, for checks on sample text.
@@ -413,6 +479,26 @@ mod tests {
         assert_eq!(&f[28..32], &[10, 0, 2, 100]);
         assert_eq!(&f[32..38], &[0; 6]);
         assert_eq!(&f[38..42], &[10, 0, 2, 16]);
+    }
+
+    #[test]
+    fn arp_parsing() {
+        let req = arp_request(CLIENT_MAC, CLIENT_IP, HUB_RDMA_IP);
+        assert_eq!(parse_arp(&req), Some((1, CLIENT_MAC, CLIENT_IP, [0; 6], HUB_RDMA_IP)));
+        // A reply: op 2, sender and target filled in.
+        let mut reply = req.clone();
+        reply[21] = 2;
+        reply[22..28].copy_from_slice(&OTHER_MAC);
+        reply[28..32].copy_from_slice(&HUB_RDMA_IP.octets());
+        reply[32..38].copy_from_slice(&CLIENT_MAC);
+        reply[38..42].copy_from_slice(&CLIENT_IP.octets());
+        assert_eq!(parse_arp(&reply), Some((2, OTHER_MAC, HUB_RDMA_IP, CLIENT_MAC, CLIENT_IP)));
+        assert_eq!(parse_arp(&req[..41]), None, "truncated");
+        let from = SocketAddrV4::new(CLIENT_IP, 1);
+        assert_eq!(parse_arp(&udp_frame(OTHER_MAC, CLIENT_MAC, from, from, &[])), None, "IPv4");
+        let mut ipv6 = req.clone();
+        ipv6[16..18].copy_from_slice(&[0x86, 0xdd]);
+        assert_eq!(parse_arp(&ipv6), None, "not Ethernet/IPv4");
     }
 
     #[test]
