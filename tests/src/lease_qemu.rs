@@ -20,7 +20,7 @@
 use crate::{Artifacts, serial};
 use leasebox_proto::{AllocReq, LeaseId, LeaseState, Outcome, Request, Response, access, mtu_bytes};
 use leasebox_qemu::model::{self, ModelCommand, ModelProcess, ModelShm};
-use leasebox_qemu::{Boot, HostFwd, NextLine, QemuConfig, QemuProcess, Stdio};
+use leasebox_qemu::{Boot, HostFwd, ModelHub, NextLine, QemuConfig, QemuProcess, Stdio};
 use leasectl::client::{Client, Credentials, Timeouts};
 use leasectl::rdma::{Completion, QpEndpoint, RcConfig, Requester, SoftConfig, SoftRoce, WcStatus};
 use serde_json::Value;
@@ -64,6 +64,9 @@ const VERIFY_NAK_BOUND: Duration = Duration::from_secs(1);
 /// for the timer running since the last ACK before the QP went to ERR; the slack covers the recall under TCG
 /// (the QP goes to ERR somewhere between REVOKE sent and the outcome) and a busy host.
 const VERIFY_RETRY_SLACK: Duration = Duration::from_millis(1500);
+/// The appliance's RDMA address on QEMU's user subnet when the control NIC is the model's port (the port
+/// answers ARP for it beside its DHCP address), as `cargo xtask run --ctl-nic mlx5` gives it.
+pub const HUB_RDMA_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 2, 16);
 /// Serial lines shown with a failure.
 const SERIAL_TAIL: usize = 25;
 /// The CLI lease's requester parameters (a QP that never sends: the lease is only driven through the CLI).
@@ -104,6 +107,13 @@ pub struct Appliance {
     pub udp: SocketAddr,
     /// What the ready line said, for the summary.
     pub ready: serial::Ready,
+    /// With the control channel on the model's Ethernet port: the hub joining QEMU's user network, the model's
+    /// wire and a client's port (no virtio-net).
+    pub hub: Option<ModelHub>,
+    /// QEMU's command line.
+    pub command: String,
+    /// Where the model's stderr goes (it logs its Ethernet counters there when it stops).
+    pub model_log: PathBuf,
     lines: Vec<String>,
     log: PathBuf,
 }
@@ -123,6 +133,26 @@ impl Appliance {
         extra_args: &str,
         mem_mib: u32,
     ) -> Result<Appliance, String> {
+        Self::boot_with(a, elf, name, extra_args, mem_mib, None)
+    }
+
+    /// As [`Appliance::boot`], with the control channel on the model's own Ethernet port and no virtio-net
+    /// device: QEMU's user network (control port forwarded) and two UDP socket ports on hub 0, one the model's
+    /// wire, one left for a client ([`Appliance::hub`]); kernel arguments `ctl_nic=mlx5 rdma_ip=`[`HUB_RDMA_IP`].
+    pub fn boot_hub(a: &Artifacts, elf: &Path, name: &str, extra_args: &str) -> Result<Appliance, String> {
+        let hub = ModelHub::pick().map_err(|e| format!("free UDP ports for the hub: {e}"))?;
+        let args = format!("ctl_nic=mlx5 rdma_ip={HUB_RDMA_IP} {extra_args}");
+        Self::boot_with(a, elf, name, &args, leasebox_qemu::config::DEFAULT_MEM_MIB, Some(hub))
+    }
+
+    fn boot_with(
+        a: &Artifacts,
+        elf: &Path,
+        name: &str,
+        extra_args: &str,
+        mem_mib: u32,
+        hub: Option<ModelHub>,
+    ) -> Result<Appliance, String> {
         let (tenant_hex, admin_hex) = (crate::control::random_hex()?, crate::control::random_hex()?);
         let port = crate::control::free_port()?;
         let udp = free_udp_addr()?;
@@ -135,10 +165,17 @@ impl Appliance {
         c.net = Some(HostFwd::localhost(port, GUEST_PORT));
         std::fs::create_dir_all(&a.log_dir).map_err(|e| format!("creating {}: {e}", a.log_dir.display()))?;
         let shm = ModelShm::create(&a.shm_dir, model::DEFAULT_BAR_BYTES, c.mem_mib).map_err(|e| e.to_string())?;
+        let model_log = a.log_dir.join(format!("{name}.model.log"));
         let mut cmd = ModelCommand::new(a.model_bin.clone());
-        cmd.log = Some(a.log_dir.join(format!("{name}.model.log")));
+        cmd.log = Some(model_log.clone());
         cmd.trace = Some(crate::model_trace_path(a, name));
         cmd.udp = Some(udp.to_string());
+        if let Some(h) = &hub {
+            // No virtio-net: the guest reaches QEMU's user network only through the model's Ethernet port.
+            c.virtio_net = false;
+            c.hub = h.ports();
+            cmd.eth_udp = Some(h.model_wire());
+        }
         let model = ModelProcess::spawn(&cmd, shm.files(), c.mem_mib, model::READY_TIMEOUT)
             .map_err(|e| format!("{e} (binary {})", a.model_bin.display()))?;
         c.model = Some(shm.files().clone());
@@ -152,9 +189,13 @@ impl Appliance {
             admin_hex,
             udp,
             ready: serial::Ready { fields: Vec::new() },
+            hub,
+            command: String::new(),
+            model_log,
             lines: Vec::new(),
             log: a.log_dir.join(format!("{name}.log")),
         };
+        app.command = app.qemu.command().to_string();
         let deadline = app.qemu.started() + BOOT_DEADLINE;
         loop {
             match app.qemu.next_line(deadline) {
@@ -183,11 +224,22 @@ impl Appliance {
     }
 
     /// Collects the serial lines that arrived so far and writes them to the log.
-    fn drain(&mut self) {
+    pub fn drain(&mut self) {
         while let NextLine::Line(l) = self.qemu.next_line(Instant::now()) {
             self.lines.push(l.text);
         }
         let _ = std::fs::write(&self.log, self.lines.join("\n") + "\n");
+    }
+
+    /// Every serial line so far (collected first).
+    pub fn serial_lines(&mut self) -> &[String] {
+        self.drain();
+        &self.lines
+    }
+
+    /// Where the serial log is written.
+    pub fn log_path(&self) -> &Path {
+        &self.log
     }
 
     /// `why`, with the last serial lines and where the full log is.
@@ -407,6 +459,9 @@ pub struct VerifyIteration {
     /// The first failed completion's `ibv_wc_status` name and its REVOKE sent → completion time.
     pub status: Option<String>,
     pub after_revoke_us: Option<i64>,
+    /// How the requester learned the appliance's MAC (`arp`, `flag`, `endpoint`, `placeholder`) and that MAC.
+    pub mac_source: Option<String>,
+    pub remote_mac: Option<String>,
 }
 
 /// `leasectl --json verify`: one report object, or `{"passed", "runs": [...]}` with one per order.
@@ -425,6 +480,8 @@ pub fn parse_verify_json(text: &str) -> Result<Vec<VerifyRun>, String> {
                     dataplane_us: i["dataplane_us"].as_i64(),
                     status: i["first_fail"]["status"].as_str().map(str::to_string),
                     after_revoke_us: i["first_fail"]["after_revoke_us"].as_i64(),
+                    mac_source: i["mac_source"].as_str().map(str::to_string),
+                    remote_mac: i["remote_mac"].as_str().map(str::to_string),
                 })
                 .collect(),
             failures: r["failures"]
@@ -491,15 +548,30 @@ pub fn check_verify_runs(runs: &[VerifyRun]) -> Result<VerifyFigures, String> {
 /// Item 3: the `leasectl` binary's `verify --revoke-test`, both orders, with a plot beside the logs.
 fn verify_cli(app: &Appliance, bin: &Path) -> Result<(VerifyFigures, PathBuf), String> {
     let plot = app.log.with_file_name(format!("{NAME}-revoke.svg"));
-    let (udp, it) = (app.udp.to_string(), VERIFY_ITERATIONS.to_string());
+    let udp = app.udp.to_string();
+    let cable = ["--udp", &udp, "--plot", plot.to_str().unwrap_or("lease-qemu-revoke.svg")];
+    let (f, _) = verify_revoke_test(app, bin, &cable)?;
+    let svg = std::fs::read_to_string(&plot).map_err(|e| format!("--plot {}: {e}", plot.display()))?;
+    expect("the plot", svg.contains("<svg") && svg.contains("dataplane first-fail"), &plot)?;
+    Ok((f, plot))
+}
+
+/// `leasectl --json verify --revoke-test --order both` with this scenario's iterations, sizes and QP timers,
+/// plus `cable` (where the RDMA frames go and how; a plot); its runs must pass [`check_verify_runs`].
+pub fn verify_revoke_test(
+    app: &Appliance,
+    bin: &Path,
+    cable: &[&str],
+) -> Result<(VerifyFigures, Vec<VerifyRun>), String> {
+    let it = VERIFY_ITERATIONS.to_string();
     let (size, depth) = (VERIFY_SIZE.to_string(), VERIFY_DEPTH.to_string());
     let (qt, rc) = (VERIFY_QP_TIMEOUT.to_string(), VERIFY_RETRY_CNT.to_string());
     #[rustfmt::skip]
-    let args = [
-        "--json", "verify", "--revoke-test", "--order", "both", "--udp", &udp, "--admin-key", &app.admin_hex,
+    let mut args = vec![
+        "--json", "verify", "--revoke-test", "--order", "both", "--admin-key", &app.admin_hex,
         "--iterations", &it, "--size", &size, "--depth", &depth, "--timeout", &qt, "--retry-cnt", &rc,
-        "--plot", plot.to_str().unwrap_or("lease-qemu-revoke.svg"),
     ];
+    args.extend_from_slice(cable);
     // `leasectl` exits 6 when a check fails: its JSON says which, so parse it before judging the exit status.
     let out = match app.leasectl(bin, false, &args) {
         Ok(out) => out,
@@ -511,14 +583,13 @@ fn verify_cli(app: &Appliance, bin: &Path) -> Result<(VerifyFigures, PathBuf), S
             _ => return Err(e),
         },
     };
-    let f = check_verify_runs(&parse_verify_json(&out)?).map_err(|e| format!("{e}\n    leasectl output: {out}"))?;
-    let svg = std::fs::read_to_string(&plot).map_err(|e| format!("--plot {}: {e}", plot.display()))?;
-    expect("the plot", svg.contains("<svg") && svg.contains("dataplane first-fail"), &plot)?;
-    Ok((f, plot))
+    let runs = parse_verify_json(&out)?;
+    let f = check_verify_runs(&runs).map_err(|e| format!("{e}\n    leasectl output: {out}"))?;
+    Ok((f, runs))
 }
 
 /// Item 1: the lease life cycle through the `leasectl` binary. Returns the revoke's elapsed microseconds.
-fn cli_cycle(app: &Appliance, bin: &Path) -> Result<u32, String> {
+pub fn cli_cycle(app: &Appliance, bin: &Path) -> Result<u32, String> {
     let out = app.leasectl(
         bin,
         false,

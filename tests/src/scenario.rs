@@ -3,7 +3,8 @@
 //! - a boot scenario ([`Scenario`]) is a runner configuration, a stop condition, a deadline and a check on the
 //!   transcript; checks are plain functions of a [`Transcript`] so they are unit-tested on sample text;
 //! - a driven scenario ([`Driven`]) boots the image with the control port forwarded and runs clients against
-//!   it; its runner is a function of this crate ([`crate::control::run`], [`crate::lease_qemu::run`]).
+//!   it; its runner is a function of this crate ([`crate::control::run`], [`crate::lease_qemu::run`],
+//!   [`crate::ctl_mlx5::run`]).
 
 use std::time::Duration;
 
@@ -219,6 +220,15 @@ pub fn all() -> Vec<Entry> {
                 revoked slot",
         needs: &[Build::Model, Build::Leasectl, Build::FenceTestImage],
         run: crate::lease_qemu::run,
+    }));
+    all.push(Entry::Driven(Driven {
+        name: crate::ctl_mlx5::NAME,
+        about: "the control channel on the model's own Ethernet port, no virtio-net (hub of QEMU's user network, \
+                the model's wire, a client port): leasectl ping/alloc/ready/list/revoke, `verify --revoke-test \
+                --order both --arp` with the MAC by ARP; runt, oversize, other-MAC frames, a receive-ring overrun \
+                and an ARP storm counted and dropped, still serving",
+        needs: &[Build::Model, Build::Leasectl],
+        run: crate::ctl_mlx5::run,
     }));
     all.push(Entry::Driven(Driven {
         name: crate::lease_qemu::LARGE_NAME,
@@ -694,10 +704,11 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "fault-panic",
                 "control-qemu",
                 "lease-qemu",
+                "ctl-mlx5-qemu",
                 "lease-qemu-large"
             ]
         );
-        assert_eq!(select(&[]).unwrap().len(), 11);
+        assert_eq!(select(&[]).unwrap().len(), 12);
         assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name(), "grub-bios");
         // Run order, not the order named; driven and boot scenarios alike.
         let picked = select(&["lease-qemu".into(), "kernel-smp1-pc".into(), "control-qemu".into()]).unwrap();
@@ -711,8 +722,11 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
     fn builds_follow_the_scenarios() {
         let needing =
             |b: Build| -> Vec<&'static str> { all().iter().filter(|s| s.needs(b)).map(Entry::name).collect() };
-        assert_eq!(needing(Build::Model), ["model-signature", "hca-bringup", "lease-qemu", "lease-qemu-large"]);
-        assert_eq!(needing(Build::Leasectl), ["control-qemu", "lease-qemu"]);
+        assert_eq!(
+            needing(Build::Model),
+            ["model-signature", "hca-bringup", "lease-qemu", "ctl-mlx5-qemu", "lease-qemu-large"]
+        );
+        assert_eq!(needing(Build::Leasectl), ["control-qemu", "lease-qemu", "ctl-mlx5-qemu"]);
         assert_eq!(needing(Build::FenceTestImage), ["lease-qemu"]);
         assert!(matches!(&all()[8], Entry::Driven(d) if d.about.contains("malformed frames")));
     }
