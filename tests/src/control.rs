@@ -88,7 +88,7 @@ pub struct Target {
     pub tenant_hex: String,
     pub admin_hex: String,
     pub what: &'static str,
-    /// The model's RoCEv2 responder (the hosted appliance with `--hca --udp`).
+    /// The model's RoCEv2 responder (the hosted appliance with `--hca --udp`, the appliance as shipped).
     pub udp: Option<std::net::SocketAddr>,
     _guard: Guard,
 }
@@ -142,6 +142,11 @@ impl Target {
             Guard::Qemu(q) | Guard::Appliance { qemu: q, .. } => Some(q),
             Guard::Hosted(_) => None,
         }
+    }
+
+    /// Whether QEMU has exited (false for the hosted appliance, and when its state cannot be read).
+    pub fn qemu_exited(&mut self) -> bool {
+        self.qemu().is_some_and(|q| matches!(q.try_exit(), Ok(Some(_))))
     }
 
     /// When QEMU was spawned (none for the hosted appliance).
@@ -242,9 +247,9 @@ impl Nic {
 }
 
 /// Starts the appliance as shipped without waiting for it: a fresh mlx5 model (guest RAM and BAR in shared
-/// files), then QEMU (`smp` CPUs, TCG) with the control port forwarded to a free host port and the control
-/// channel on `nic` — virtio-net (the model's RoCEv2 on a free UDP port), or the model's Ethernet port on a hub
-/// with QEMU's user network and no virtio-net. `extra_args` are appended to the kernel command line.
+/// files, its RoCEv2 responder on a free UDP port), then QEMU (`smp` CPUs, TCG) with the control port forwarded
+/// to a free host port and the control channel on `nic` — virtio-net, or the model's Ethernet port on a hub with
+/// QEMU's user network and no virtio-net. `extra_args` are appended to the kernel command line.
 pub fn spawn_appliance(a: &Artifacts, smp: u32, nic: Nic, extra_args: &str) -> Result<Target, String> {
     let (tenant_hex, admin_hex) = (random_hex()?, random_hex()?);
     let port = free_port()?;
@@ -255,19 +260,14 @@ pub fn spawn_appliance(a: &Artifacts, smp: u32, nic: Nic, extra_args: &str) -> R
     c.smp = smp;
     c.net = Some(HostFwd::localhost(port, GUEST_PORT));
     let mut cmd = ModelCommand::new(a.model_bin.clone());
-    let mut udp = None;
-    match nic {
-        Nic::Virtio => {
-            let u = UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).map_err(|e| e.to_string())?;
-            cmd.udp = Some(u.to_string());
-            udp = Some(u);
-        }
-        Nic::Mlx5 => {
-            let hub = ModelHub::pick().map_err(|e| format!("free UDP ports for the hub: {e}"))?;
-            c.virtio_net = false;
-            c.hub = hub.ports();
-            cmd.eth_udp = Some(hub.model_wire());
-        }
+    // A port of its own for the RoCEv2 responder, never the shared default that another run may hold.
+    let udp = UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).map_err(|e| e.to_string())?;
+    cmd.udp = Some(udp.to_string());
+    if nic == Nic::Mlx5 {
+        let hub = ModelHub::pick().map_err(|e| format!("free UDP ports for the hub: {e}"))?;
+        c.virtio_net = false;
+        c.hub = hub.ports();
+        cmd.eth_udp = Some(hub.model_wire());
     }
     let shm = ModelShm::create(&a.shm_dir, model::DEFAULT_BAR_BYTES, c.mem_mib).map_err(|e| e.to_string())?;
     let m = ModelProcess::spawn(&cmd, shm.files(), c.mem_mib, model::READY_TIMEOUT)
@@ -283,7 +283,7 @@ pub fn spawn_appliance(a: &Artifacts, smp: u32, nic: Nic, extra_args: &str) -> R
             Nic::Virtio => "QEMU appliance (virtio-net)",
             Nic::Mlx5 => "QEMU appliance (CX-5 port)",
         },
-        udp,
+        udp: Some(udp),
         _guard: Guard::Appliance { qemu: Box::new(q), nic, _model: m, _shm: shm },
     })
 }
