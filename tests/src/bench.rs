@@ -213,11 +213,12 @@ pub fn report(results: &[RowResult], elf_bytes: Option<u64>) -> String {
     out
 }
 
-/// How long one HELLO probe waits for the answer: [`PROBE_WAIT`], then [`PROBE_WAIT_SLOW`] from probe
-/// [`PROBE_FAST`] on (about 11 s after spawn), so a host too busy to answer within 100 ms still gets a figure.
-pub const PROBE_WAIT: Duration = Duration::from_millis(100);
+/// How long one HELLO probe waits for the answer: [`PROBE_WAIT`] (a HELLO under TCG takes a few ms), then
+/// [`PROBE_WAIT_SLOW`] from probe [`PROBE_FAST`] on (about 10 s after spawn), so a host too busy to answer
+/// within [`PROBE_WAIT`] still gets a figure.
+pub const PROBE_WAIT: Duration = Duration::from_millis(25);
 pub const PROBE_WAIT_SLOW: Duration = Duration::from_secs(1);
-pub const PROBE_FAST: u32 = 100;
+pub const PROBE_FAST: u32 = 300;
 /// Pause between HELLO probes.
 pub const PROBE_PAUSE: Duration = Duration::from_millis(10);
 
