@@ -5,11 +5,20 @@
 //! under TCG the TSC starts near 0 at VM start). The table shows medians of the per-run figures:
 //! QEMU start → kernel entry = T_total − boot_ms; kernel entry → ready = boot_ms − ap_ms; AP start-up = ap_ms.
 //! Under TCG these are not native figures: compare ratios between paths, not absolute times.
+//!
+//! A second table boots the appliance as shipped (the mlx5 model attached, the lease service up; `-kernel`,
+//! q35, one CPU) once per control NIC — virtio-net, and the ConnectX-5 model's own Ethernet port with no
+//! virtio-net — and measures QEMU spawn → the forwarded control port answers a HELLO, and QEMU spawn → ready
+//! line, which must report the NIC, `hca=ConnectX-5` and `lease=on`. Before the guest listens, QEMU's user
+//! network accepts the host's connection and the guest never answers it, so each probe is a fresh connection
+//! that waits [`probe_wait`] for the answer, [`PROBE_PAUSE`] apart: the figure is late by up to their sum.
 
 use std::fmt::Write as _;
+use std::time::{Duration, Instant};
 
 use leasebox_qemu::Machine;
 
+use crate::control::{self, Nic};
 use crate::scenario::{BootKind, Scenario, Until};
 use crate::transcript::Transcript;
 use crate::{Artifacts, run};
@@ -204,10 +213,108 @@ pub fn report(results: &[RowResult], elf_bytes: Option<u64>) -> String {
     out
 }
 
+/// How long one HELLO probe waits for the answer: [`PROBE_WAIT`] (a HELLO under TCG takes a few ms), then
+/// [`PROBE_WAIT_SLOW`] from probe [`PROBE_FAST`] on (about 10 s after spawn), so a host too busy to answer
+/// within [`PROBE_WAIT`] still gets a figure.
+pub const PROBE_WAIT: Duration = Duration::from_millis(25);
+pub const PROBE_WAIT_SLOW: Duration = Duration::from_secs(1);
+pub const PROBE_FAST: u32 = 300;
+/// Pause between HELLO probes.
+pub const PROBE_PAUSE: Duration = Duration::from_millis(10);
+
+/// The wait of probe `n` (from 0).
+pub fn probe_wait(n: u32) -> Duration {
+    if n < PROBE_FAST { PROBE_WAIT } else { PROBE_WAIT_SLOW }
+}
+
+/// One boot of the appliance as shipped, ms after QEMU's spawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ControlSample {
+    /// The control port answered a HELLO.
+    pub answers_ms: f64,
+    /// The host read the ready line.
+    pub ready_ms: f64,
+}
+
+/// Boots the appliance as shipped with the control channel on `nic` and measures it (see the module text).
+pub fn control_sample(a: &Artifacts, nic: Nic) -> Result<ControlSample, String> {
+    let mut t = control::spawn_appliance(a, 1, nic, "")?;
+    let started = t.qemu_started().ok_or("no QEMU behind the appliance")?;
+    let deadline = started + control::SHIPPED_BOOT_DEADLINE;
+    let mut probes = 0u32;
+    let answered = loop {
+        let wait = probe_wait(probes);
+        probes += 1;
+        match t.probe_hello(wait) {
+            Ok(()) => break Instant::now(),
+            Err(_) if t.qemu_exited() => return Err("QEMU exited before the control port answered".into()),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(format!(
+                    "the control port did not answer within {} s: {e}",
+                    control::SHIPPED_BOOT_DEADLINE.as_secs()
+                ));
+            }
+            Err(_) => std::thread::sleep(PROBE_PAUSE),
+        }
+    };
+    let (_, ready_at) = t.wait_ready(control::SHIPPED_BOOT_DEADLINE)?;
+    let ms = |at: Instant| at.saturating_duration_since(started).as_secs_f64() * 1000.0;
+    Ok(ControlSample { answers_ms: ms(answered), ready_ms: ms(ready_at) })
+}
+
+/// The runs of one NIC.
+#[derive(Clone, Debug)]
+pub struct ControlResult {
+    pub nic: Nic,
+    pub samples: Vec<ControlSample>,
+    pub failures: Vec<String>,
+}
+
+/// The row label of `nic`'s boots.
+pub fn control_label(nic: Nic) -> String {
+    format!("control NIC {} (-kernel, q35, smp 1)", nic.label())
+}
+
+/// The second table: medians per NIC, then the failed runs.
+pub fn control_report(results: &[ControlResult]) -> String {
+    let headers = [
+        "appliance as shipped (model, lease service)",
+        "QEMU start → control port answers (ms)",
+        "QEMU start → ready line (ms)",
+        "runs ok",
+    ];
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|r| {
+            let med = |f: fn(&ControlSample) -> f64| median(&r.samples.iter().map(f).collect::<Vec<_>>());
+            vec![
+                control_label(r.nic),
+                cell(med(|s| s.answers_ms)),
+                cell(med(|s| s.ready_ms)),
+                format!("{}/{}", r.samples.len(), r.samples.len() + r.failures.len()),
+            ]
+        })
+        .collect();
+    let mut out = mlx5_hosted::table::render(&headers, &rows, 1);
+    let _ = writeln!(
+        out,
+        "(medians; the answer is a HELLO probe's, a fresh connection every {} ms that waits {} ms for it, so up to \
+         ~{} ms late; TCG figures: compare the NICs, not absolute times)",
+        PROBE_PAUSE.as_millis(),
+        PROBE_WAIT.as_millis(),
+        (PROBE_WAIT + PROBE_PAUSE).as_millis()
+    );
+    for r in results {
+        for f in &r.failures {
+            let _ = writeln!(out, "failed run, {}: {f}", control_label(r.nic));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn medians() {
@@ -251,6 +358,32 @@ mod tests {
         assert!(r.contains("failed run, GRUB UEFI (q35, smp 1): timed out"));
         let r = report(&[], Some(2 * 1024 * 1024));
         assert!(r.contains("OVER GOAL"));
+    }
+
+    #[test]
+    fn probes_wait_longer_when_slow() {
+        assert_eq!(probe_wait(0), PROBE_WAIT);
+        assert_eq!(probe_wait(PROBE_FAST - 1), PROBE_WAIT);
+        assert_eq!(probe_wait(PROBE_FAST), PROBE_WAIT_SLOW);
+        assert!(PROBE_WAIT < PROBE_WAIT_SLOW);
+    }
+
+    #[test]
+    fn control_report_has_both_nics() {
+        let s = |answers_ms, ready_ms| ControlSample { answers_ms, ready_ms };
+        let results = vec![
+            ControlResult { nic: Nic::Virtio, samples: vec![s(900.0, 850.0), s(1100.0, 1000.0)], failures: vec![] },
+            ControlResult { nic: Nic::Mlx5, samples: vec![s(1500.0, 1400.0)], failures: vec!["no ready line".into()] },
+        ];
+        let r = control_report(&results);
+        let lines: Vec<&str> = r.lines().collect();
+        assert!(lines[0].contains("QEMU start → control port answers (ms)"), "{r}");
+        let cells = |l: &str| l.split('|').map(|c| c.trim().to_string()).collect::<Vec<_>>();
+        assert_eq!(cells(lines[2]), ["control NIC virtio-net (-kernel, q35, smp 1)", "1000.0", "925.0", "2/2"]);
+        assert_eq!(cells(lines[3]), ["control NIC CX-5 port (-kernel, q35, smp 1)", "1500.0", "1400.0", "1/2"]);
+        assert!(r.contains("failed run, control NIC CX-5 port (-kernel, q35, smp 1): no ready line"), "{r}");
+        let empty = control_report(&[ControlResult { nic: Nic::Mlx5, samples: vec![], failures: vec![] }]);
+        assert!(empty.lines().nth(2).unwrap().contains("— | "), "{empty}");
     }
 
     #[test]

@@ -1,14 +1,17 @@
 //! The control channel end to end: boots the image with virtio-net, user networking and fresh keys (or starts
-//! the hosted appliance), then talks to it as clients do — the `leasectl` binary for the CLI, the `leasectl`
-//! library for concurrent sessions, raw frames for abuse. Used by `cargo xtask test` (scenario) and
-//! `cargo xtask bench control` (figures).
+//! the hosted appliance, or boots the appliance as shipped — the mlx5 model attached, the control channel on
+//! virtio-net or on the model's own Ethernet port: [`boot_qemu_nic`]), then talks to it as clients do — the
+//! `leasectl` binary for the CLI, the `leasectl` library for concurrent sessions, raw frames for abuse. Used by
+//! `cargo xtask test` (scenario) and `cargo xtask bench control` / `bench boot` (figures).
 
 use crate::{Artifacts, serial};
 use leasebox_hosted::{Hosted, HostedConfig};
 use leasebox_proto::{ErrorCode, Kind, Op, Request, Response, frame};
-use leasebox_qemu::{Boot, HostFwd, NextLine, QemuConfig, QemuProcess, Stdio};
+use leasebox_qemu::model::{self, ModelCommand, ModelProcess, ModelShm};
+use leasebox_qemu::{Boot, HostFwd, ModelHub, NextLine, QemuConfig, QemuProcess, Stdio};
 use leasectl::client::{Client, Credentials, Timeouts};
-use std::net::TcpListener;
+use std::fmt::Write as _;
+use std::net::{TcpListener, UdpSocket};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -21,6 +24,8 @@ pub const NAME: &str = "control-qemu";
 const GUEST_PORT: u16 = 7470;
 /// Boot to the ready line (with DHCP) under TCG on a busy 2-core host.
 const BOOT_DEADLINE: Duration = Duration::from_secs(90);
+/// The same with the HCA's bring-up as well (the appliance as shipped).
+pub const SHIPPED_BOOT_DEADLINE: Duration = Duration::from_secs(150);
 /// Frames sent on the abusive connection.
 pub const MALFORMED_FRAMES: u32 = 1000;
 
@@ -83,20 +88,28 @@ pub struct Target {
     pub tenant_hex: String,
     pub admin_hex: String,
     pub what: &'static str,
-    /// The model's RoCEv2 responder (the hosted appliance with `--hca --udp`).
+    /// The model's RoCEv2 responder (the hosted appliance with `--hca --udp`, the appliance as shipped).
     pub udp: Option<std::net::SocketAddr>,
     _guard: Guard,
 }
 
 enum Guard {
     Qemu(Box<QemuProcess>),
+    /// The appliance as shipped. Fields drop in order after QEMU was killed: the model stopped, then the shared
+    /// files deleted.
+    Appliance {
+        qemu: Box<QemuProcess>,
+        nic: Nic,
+        _model: ModelProcess,
+        _shm: ModelShm,
+    },
     Hosted(Option<Hosted>),
 }
 
 impl Drop for Target {
     fn drop(&mut self) {
         match &mut self._guard {
-            Guard::Qemu(q) => {
+            Guard::Qemu(q) | Guard::Appliance { qemu: q, .. } => {
                 let _ = q.kill();
             }
             Guard::Hosted(h) => {
@@ -122,6 +135,164 @@ impl Target {
             .map(|(c, _)| c)
             .map_err(|e| format!("session to {}: {e}", self.addr))
     }
+
+    /// The QEMU process behind this target (none for the hosted appliance).
+    fn qemu(&mut self) -> Option<&mut QemuProcess> {
+        match &mut self._guard {
+            Guard::Qemu(q) | Guard::Appliance { qemu: q, .. } => Some(q),
+            Guard::Hosted(_) => None,
+        }
+    }
+
+    /// Whether QEMU has exited (false for the hosted appliance, and when its state cannot be read).
+    pub fn qemu_exited(&mut self) -> bool {
+        self.qemu().is_some_and(|q| matches!(q.try_exit(), Ok(Some(_))))
+    }
+
+    /// When QEMU was spawned (none for the hosted appliance).
+    pub fn qemu_started(&mut self) -> Option<Instant> {
+        self.qemu().map(|q| q.started())
+    }
+
+    /// One quick HELLO: connect and authenticate with a single short wait for the answer, no back-off (the
+    /// probe of `bench boot`, which retries at its own pace). Ok when the control port answered.
+    pub fn probe_hello(&self, wait: Duration) -> Result<(), String> {
+        let t = Timeouts { connect: wait, receive: wait, retry_for: wait };
+        Client::connect_and_hello(&self.addr, &self.tenant(), t).map(drop).map_err(|e| e.to_string())
+    }
+
+    /// Waits for the ready line until `deadline` (from QEMU's spawn); requires an address and, for the
+    /// appliance as shipped, a ConnectX-5 and the lease service up (`hca=ConnectX-5`, `lease=on`). Returns the
+    /// line and when the host read it.
+    pub fn wait_ready(&mut self, deadline: Duration) -> Result<(serial::Ready, Instant), String> {
+        let shipped = match self._guard {
+            Guard::Appliance { nic, .. } => Some(nic),
+            _ => None,
+        };
+        let q = self.qemu().ok_or("the hosted appliance has no ready line")?;
+        let until = q.started() + deadline;
+        loop {
+            match q.next_line(until) {
+                NextLine::Line(l) => {
+                    if let Some(r) = serial::parse_ready(&l.text) {
+                        return check_ready(&r, shipped).map(|()| (r, l.at)).map_err(|e| format!("{e}: {}", l.text));
+                    }
+                    if l.text.contains("!!!") || l.text.contains("PANIC") {
+                        return Err(format!("guest failed: {}", l.text));
+                    }
+                }
+                NextLine::Closed => return Err("QEMU exited before the ready line".into()),
+                NextLine::TimedOut => return Err(format!("no ready line within {} s", deadline.as_secs())),
+            }
+        }
+    }
+}
+
+/// What the ready line must say: an address; for the appliance as shipped (`Some(nic)`) also the control NIC,
+/// the ConnectX-5 and the lease service.
+fn check_ready(r: &serial::Ready, shipped: Option<Nic>) -> Result<(), String> {
+    if r.get("ip").is_none_or(|ip| ip == "none") {
+        return Err("the ready line has no address".into());
+    }
+    let Some(nic) = shipped else { return Ok(()) };
+    if r.get("ctl_nic") != Some(nic.ready_field()) {
+        return Err(format!("the ready line names another control NIC than ctl_nic={}", nic.ready_field()));
+    }
+    if r.get("hca") != Some("ConnectX-5") {
+        return Err("the ready line has no ConnectX-5".into());
+    }
+    if r.get("lease") != Some("on") {
+        return Err("the ready line has the lease service off".into());
+    }
+    Ok(())
+}
+
+/// The control channel's NIC in the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Nic {
+    /// virtio-net on QEMU's user network (the ConnectX-5 carries only RoCEv2, on its own UDP port).
+    Virtio,
+    /// The ConnectX-5 model's own Ethernet port on a hub with QEMU's user network; no virtio-net.
+    Mlx5,
+}
+
+impl Nic {
+    pub const ALL: [Nic; 2] = [Nic::Virtio, Nic::Mlx5];
+
+    /// A short name for tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            Nic::Virtio => "virtio-net",
+            Nic::Mlx5 => "CX-5 port",
+        }
+    }
+
+    /// The kernel options the NIC needs: none for virtio-net (the default, `ctl_nic=auto`, takes it when
+    /// present); the port and an RDMA address on QEMU's user subnet for the CX-5, as `cargo xtask run
+    /// --ctl-nic mlx5` gives them.
+    pub fn kernel_words(self) -> &'static str {
+        match self {
+            Nic::Virtio => "",
+            Nic::Mlx5 => "ctl_nic=mlx5 rdma_ip=10.0.2.16",
+        }
+    }
+
+    /// The ready line's `ctl_nic=` value.
+    pub fn ready_field(self) -> &'static str {
+        match self {
+            Nic::Virtio => "virtio",
+            Nic::Mlx5 => "mlx5",
+        }
+    }
+}
+
+/// Starts the appliance as shipped without waiting for it: a fresh mlx5 model (guest RAM and BAR in shared
+/// files, its RoCEv2 responder on a free UDP port), then QEMU (`smp` CPUs, TCG) with the control port forwarded
+/// to a free host port and the control channel on `nic` — virtio-net, or the model's Ethernet port on a hub with
+/// QEMU's user network and no virtio-net. `extra_args` are appended to the kernel command line.
+pub fn spawn_appliance(a: &Artifacts, smp: u32, nic: Nic, extra_args: &str) -> Result<Target, String> {
+    let (tenant_hex, admin_hex) = (random_hex()?, random_hex()?);
+    let port = free_port()?;
+    let append = format!("tenant=demo:{tenant_hex} admin={admin_hex} {} {extra_args}", nic.kernel_words());
+    let mut c = QemuConfig::new(Boot::Kernel { elf: a.elf.clone(), append });
+    c.qemu = a.qemu.clone();
+    c.cpu = a.cpu.clone();
+    c.smp = smp;
+    c.net = Some(HostFwd::localhost(port, GUEST_PORT));
+    let mut cmd = ModelCommand::new(a.model_bin.clone());
+    // A port of its own for the RoCEv2 responder, never the shared default that another run may hold.
+    let udp = UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).map_err(|e| e.to_string())?;
+    cmd.udp = Some(udp.to_string());
+    if nic == Nic::Mlx5 {
+        let hub = ModelHub::pick().map_err(|e| format!("free UDP ports for the hub: {e}"))?;
+        c.virtio_net = false;
+        c.hub = hub.ports();
+        cmd.eth_udp = Some(hub.model_wire());
+    }
+    let shm = ModelShm::create(&a.shm_dir, model::DEFAULT_BAR_BYTES, c.mem_mib).map_err(|e| e.to_string())?;
+    let m = ModelProcess::spawn(&cmd, shm.files(), c.mem_mib, model::READY_TIMEOUT)
+        .map_err(|e| format!("{e} (binary {})", a.model_bin.display()))?;
+    c.model = Some(shm.files().clone());
+    c.validate()?;
+    let q = QemuProcess::spawn(&c, Stdio::Capture { echo: a.echo }, vec![]).map_err(|e| e.to_string())?;
+    Ok(Target {
+        addr: format!("127.0.0.1:{port}"),
+        tenant_hex,
+        admin_hex,
+        what: match nic {
+            Nic::Virtio => "QEMU appliance (virtio-net)",
+            Nic::Mlx5 => "QEMU appliance (CX-5 port)",
+        },
+        udp: Some(udp),
+        _guard: Guard::Appliance { qemu: Box::new(q), nic, _model: m, _shm: shm },
+    })
+}
+
+/// [`spawn_appliance`], then waits for the ready line (an address, the ConnectX-5, the lease service up).
+pub fn boot_qemu_nic(a: &Artifacts, smp: u32, nic: Nic, extra_args: &str) -> Result<Target, String> {
+    let mut t = spawn_appliance(a, smp, nic, extra_args)?;
+    t.wait_ready(SHIPPED_BOOT_DEADLINE)?;
+    Ok(t)
 }
 
 /// Boots the image under QEMU with the control port forwarded to a free host port.
@@ -335,6 +506,37 @@ pub fn heartbeat_load(t: &Target, sessions: usize, dur: Duration) -> Result<(f64
     Ok((all.len() as f64 / secs, pct(0.5), pct(0.99)))
 }
 
+/// One row of `bench control`'s table: what ran, sessions, and [`heartbeat_load`]'s figures (or why none).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadRow {
+    pub target: String,
+    pub sessions: usize,
+    pub result: Result<(f64, f64, f64), String>,
+}
+
+/// `bench control`'s table: one line per row, `—` where a target gave no figures (the reasons below it).
+pub fn load_table(rows: &[LoadRow]) -> String {
+    let headers = ["target", "sessions", "HEARTBEAT round trips/s", "p50 (µs)", "p99 (µs)"];
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let mut c = vec![r.target.clone(), r.sessions.to_string()];
+            match &r.result {
+                Ok((rate, p50, p99)) => c.extend([format!("{rate:.0}"), format!("{p50:.0}"), format!("{p99:.0}")]),
+                Err(_) => c.extend(["—".to_string(), "—".to_string(), "—".to_string()]),
+            }
+            c
+        })
+        .collect();
+    let mut out = mlx5_hosted::table::render(&headers, &cells, 1);
+    for r in rows {
+        if let Err(e) = &r.result {
+            let _ = writeln!(out, "no figures, {}, {} session(s): {e}", r.target, r.sessions);
+        }
+    }
+    out
+}
+
 /// Memory per session, measured in the hosted appliance: the process's resident set before and after opening
 /// `n` (≤ 64) authenticated sessions. It includes both ends' thread stacks touched so far and the session
 /// core's buffers, so it is an upper bound on the session core's own cost.
@@ -350,4 +552,47 @@ pub fn hosted_bytes_per_session(n: usize) -> Result<f64, String> {
     let after = rss_kib().ok_or("no /proc/self/status")?;
     drop(held);
     Ok((after.saturating_sub(before) as f64 * 1024.0) / n as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_table_rows_and_failures() {
+        let rows = vec![
+            LoadRow { target: "QEMU appliance, CX-5 port".into(), sessions: 8, result: Ok((1234.4, 800.0, 2500.6)) },
+            LoadRow { target: "hosted".into(), sessions: 1, result: Err("no boot".into()) },
+        ];
+        let t = load_table(&rows);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("target "), "{t}");
+        assert!(lines[0].contains("| HEARTBEAT round trips/s |"), "{t}");
+        assert_eq!(
+            lines[2].split('|').map(str::trim).collect::<Vec<_>>(),
+            ["QEMU appliance, CX-5 port", "8", "1234", "800", "2501"]
+        );
+        assert_eq!(lines[3].split('|').map(str::trim).collect::<Vec<_>>(), ["hosted", "1", "—", "—", "—"]);
+        assert_eq!(lines[4], "no figures, hosted, 1 session(s): no boot");
+    }
+
+    #[test]
+    fn ready_line_of_the_shipped_appliance() {
+        let line = |nic: &str, lease: &str| {
+            serial::parse_ready(&format!(
+                "leasebox: ready cores=1 ip=10.0.2.15 ctl_port=7470 ctl_nic={nic} hca=ConnectX-5 fw=16.35.2000 \
+                 port=1 hca_ms=3.000 lease={lease}"
+            ))
+            .unwrap()
+        };
+        assert_eq!(check_ready(&line("virtio", "on"), Some(Nic::Virtio)), Ok(()));
+        assert_eq!(check_ready(&line("mlx5", "on"), Some(Nic::Mlx5)), Ok(()));
+        assert!(check_ready(&line("virtio", "on"), Some(Nic::Mlx5)).unwrap_err().contains("ctl_nic=mlx5"));
+        assert!(check_ready(&line("mlx5", "off"), Some(Nic::Mlx5)).unwrap_err().contains("lease service off"));
+        let bare = serial::parse_ready("leasebox: ready cores=1 ip=10.0.2.15 ctl_nic=virtio hca=none").unwrap();
+        assert_eq!(check_ready(&bare, None), Ok(()));
+        assert!(check_ready(&bare, Some(Nic::Virtio)).unwrap_err().contains("ConnectX-5"));
+        let no_ip = serial::parse_ready("leasebox: ready cores=1 ip=none").unwrap();
+        assert!(check_ready(&no_ip, None).unwrap_err().contains("no address"));
+    }
 }

@@ -143,12 +143,19 @@ struct TestArgs {
 #[command(args_override_self = true)]
 enum BenchSub {
     /// Boot-time table for -kernel, GRUB BIOS, GRUB UEFI and -kernel with 3 CPUs, plus the size of leasebox.elf
+    ///
+    /// Then the appliance as shipped (model attached, lease service up; -kernel, 1 CPU) per control NIC,
+    /// virtio-net and the CX-5 model's own Ethernet port: QEMU start → the control port answers a HELLO, and
+    /// QEMU start → ready line.
     Boot {
         /// Runs per row (medians are shown; default 5)
         #[arg(long, value_name = "N", value_parser = runs)]
         runs: Option<usize>,
     },
-    /// HEARTBEAT round trips/s and p50/p99 with 1 and 8 sessions, QEMU guest and hosted
+    /// HEARTBEAT round trips/s and p50/p99 with 1 and 8 sessions, QEMU appliance per control NIC and hosted
+    ///
+    /// The QEMU rows boot the appliance as shipped (model attached, lease service up; TCG, 1 CPU) with the
+    /// control channel on virtio-net, then on the CX-5 model's own Ethernet port with no virtio-net.
     Control {
         /// Seconds of load per row (default 3)
         #[arg(long, value_name = "N", value_parser = secs)]
