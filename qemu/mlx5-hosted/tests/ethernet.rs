@@ -1,0 +1,374 @@
+//! The driver's Ethernet port (`leasebox_mlx5::eth::EthPort`) against the in-process model over the model's
+//! UDP wire, with a local UDP socket as the station at the other end of the cable: frames both ways (the
+//! port's MAC and broadcast delivered, another unicast MAC not), a full send ring dropping and counting, a
+//! receive overrun (the model's `out_of_buffer`) the driver recovers from, a link that comes up late (PORT_CHANGE
+//! ACTIVE recorded by the event engine), a port taken down and up again through PAOS, and `destroy` returning
+//! every object and every byte of DMA memory without a DMA fault.
+//!
+//! The model only runs when the test steps it ([`Rig::step`]: one model pass, the wire, both driver engines),
+//! so "before the model processed it" is a fact of the test, not a race. Real time enters only where the model
+//! keeps real time (the link-up delay) and through the UDP sockets on loopback; every wait for either is a
+//! bounded loop with a generous deadline.
+
+mod common;
+
+use std::net::UdpSocket;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use leasebox_mlx5::driver::PortState;
+use leasebox_mlx5::eth::{BROADCAST, Dropped, EthConfig, EthPort, EthStats, LinkWait};
+use leasebox_mlx5::ifc;
+use leasebox_mlx5::platform::Platform;
+use mlx5_hosted::HostedPlatform;
+use mlx5_model::eth::EthCounters;
+use mlx5_model::eth::wire::EthWire;
+use mlx5_model::{ModelConfig, dataplane};
+
+/// The model's default MAC (`ModelConfig::mac`), the port's own.
+const PORT_MAC: [u8; 6] = [0x02, 0x4c, 0x42, 0x00, 0x00, 0x01];
+/// The station's MAC.
+const PEER_MAC: [u8; 6] = [0x52, 0x55, 0x0a, 0x00, 0x02, 0x02];
+/// A unicast MAC that is neither.
+const OTHER_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x00, 0x99];
+/// IEEE 802 local experimental ethertype: never RoCE, never IP, so nothing but steering looks at it.
+const ETHERTYPE: [u8; 2] = [0x88, 0xb5];
+/// Bound on every wait for the wire or the model's real-time link delay.
+const PATIENCE: Duration = Duration::from_secs(20);
+/// Small rings, so filling them takes few frames.
+const RING_LOG: u8 = 3;
+const RING: usize = 1 << RING_LOG;
+
+/// A `len`-byte frame (≥ 60, so neither side pads it) from `src` to `dst`, its payload counting from `tag`.
+fn frame(dst: [u8; 6], src: [u8; 6], tag: u8, len: usize) -> Vec<u8> {
+    let mut f: Vec<u8> = (0..len).map(|i| tag.wrapping_add(i as u8)).collect();
+    f[..6].copy_from_slice(&dst);
+    f[6..12].copy_from_slice(&src);
+    f[12..14].copy_from_slice(&ETHERTYPE);
+    f
+}
+
+fn eth_config() -> EthConfig {
+    EthConfig { log_tx_frames: RING_LOG, log_rx_frames: RING_LOG, ..EthConfig::default() }
+}
+
+/// Frames the model has dealt with on receive, whatever became of them.
+fn rx_seen(c: &EthCounters) -> u64 {
+    c.rx_frames
+        + c.rx_runt
+        + c.rx_oversize
+        + c.rx_link_down
+        + c.rx_no_root
+        + c.rx_steering_drop
+        + c.rx_rq_not_ready
+        + c.rx_out_of_buffer
+        + c.rx_errors
+        + c.rx_roce
+}
+
+/// Send WQEs the model has completed, sent or not.
+fn tx_done(c: &EthCounters) -> u64 {
+    c.tx_frames + c.tx_link_down + c.tx_errors
+}
+
+/// Driver, model and cable: the model's end of the wire (`EthWire`, as `--eth-udp` binds it) and the station's
+/// socket, each sending to the other on loopback.
+struct Rig {
+    d: common::Hosted,
+    p: Arc<HostedPlatform>,
+    wire: EthWire,
+    station: UdpSocket,
+}
+
+impl Rig {
+    fn new(model: ModelConfig) -> Rig {
+        let d = common::up_with(model, common::driver_config());
+        let p = d.platform().clone();
+        let station = UdpSocket::bind("127.0.0.1:0").expect("bind the station");
+        station.set_read_timeout(Some(PATIENCE)).unwrap();
+        let wire = EthWire::bind("127.0.0.1:0".parse().unwrap(), station.local_addr().unwrap()).expect("bind the wire");
+        Rig { d, p, wire, station }
+    }
+
+    fn counters(&self) -> EthCounters {
+        self.p.model().unwrap().eth_counters()
+    }
+
+    /// One model pass (doorbells, the link timer), the wire both ways, then both driver engines.
+    fn step(&mut self) {
+        self.p.relax();
+        dataplane::poll_eth(&mut self.p.model().unwrap(), &mut self.wire).expect("the wire");
+        self.d.pump();
+    }
+
+    /// Steps until `done` holds; panics after [`PATIENCE`].
+    fn step_until(&mut self, what: &str, mut done: impl FnMut(&mut Rig) -> bool) {
+        let t0 = Instant::now();
+        while !done(self) {
+            assert!(t0.elapsed() < PATIENCE, "gave up waiting for {what}");
+            self.step();
+        }
+    }
+
+    /// The station sends `f` onto the cable.
+    fn station_send(&self, f: &[u8]) {
+        self.station.send_to(f, self.wire.local_addr().unwrap()).expect("station send");
+    }
+
+    /// Sends `frames` from the station and steps until the model has dealt with all of them (the driver does
+    /// not look at its receive ring meanwhile).
+    fn deliver_to_model(&mut self, frames: &[Vec<u8>]) {
+        let want = rx_seen(&self.counters()) + frames.len() as u64;
+        for f in frames {
+            self.station_send(f);
+        }
+        self.step_until("the model to receive the station's frames", |r| rx_seen(&r.counters()) >= want);
+    }
+
+    /// The next datagram the station receives.
+    fn station_recv(&self) -> Vec<u8> {
+        let mut buf = vec![0u8; 16384];
+        let (n, from) = self.station.recv_from(&mut buf).expect("a datagram from the wire");
+        assert_eq!(from, self.wire.local_addr().unwrap(), "from the model's end of the wire");
+        buf.truncate(n);
+        buf
+    }
+
+    /// Steps until the model completed `n` more send WQEs than `before`, then reaps them.
+    fn drain_tx(&mut self, port: &mut EthPort<HostedPlatform>, before: u64, n: usize) {
+        self.step_until("the model to execute the sends", |r| tx_done(&r.counters()) >= before + n as u64);
+        self.step();
+        port.poll_tx();
+    }
+
+    /// Everything the port has received, up to `budget` frames per call, until a call delivers nothing.
+    fn receive_all(port: &mut EthPort<HostedPlatform>) -> Vec<Vec<u8>> {
+        let mut got = Vec::new();
+        while port.receive(64, |f| got.push(f.to_vec())) > 0 {}
+        got
+    }
+
+    /// Destroys the port and checks that the model holds none of its objects and all DMA memory came back.
+    fn destroy(&mut self, port: EthPort<HostedPlatform>, free_before: u64) {
+        port.destroy(&mut self.d).unwrap_or_else(|e| panic!("destroy: {e}"));
+        {
+            let m = self.p.model().unwrap();
+            let e = &m.hca().eth;
+            assert!(
+                e.sqs.is_empty() && e.rqs.is_empty() && e.tises.is_empty() && e.tirs.is_empty(),
+                "the port's queues, TIS and TIR are gone"
+            );
+        }
+        assert_eq!(self.p.dma_free_bytes(), free_before, "every byte of the port's DMA memory came back");
+        assert_eq!(self.p.dma_faults(), 0, "no DMA access outside a live allocation");
+    }
+}
+
+fn create(r: &mut Rig) -> EthPort<HostedPlatform> {
+    EthPort::create(&mut r.d, &eth_config()).unwrap_or_else(|e| panic!("create: {e}"))
+}
+
+#[test]
+fn frames_cross_the_wire_both_ways_and_steering_admits_the_port_mac_and_broadcast_only() {
+    let mut r = Rig::new(common::model_config());
+    let free_before = r.p.dma_free_bytes();
+    let mut port = create(&mut r);
+    assert_eq!(port.info.mac, PORT_MAC);
+    assert_eq!(port.state(), PortState::Active, "no link delay: up once administratively up");
+    assert_eq!(port.tx_room(), RING);
+
+    // Sent: each frame arrives as one datagram holding exactly its bytes, in order; `transmit_with` too.
+    let sent: Vec<Vec<u8>> = (0..3).map(|i| frame(PEER_MAC, PORT_MAC, 0x10 * i, 60 + 100 * usize::from(i))).collect();
+    let before = tx_done(&r.counters());
+    for f in &sent {
+        port.transmit(f).unwrap();
+    }
+    let big = frame(BROADCAST, PORT_MAC, 0x77, 1514);
+    assert_eq!(port.transmit_with(big.len(), |b| b.copy_from_slice(&big)), Ok(()));
+    r.drain_tx(&mut port, before, 4);
+    for f in sent.iter().chain([&big]) {
+        assert_eq!(&r.station_recv(), f);
+    }
+    assert_eq!(port.tx_room(), RING, "every slot reaped");
+
+    // Received: to the port's MAC and to broadcast, delivered in order with their exact bytes; to another
+    // unicast MAC, dropped by the NIC_RX table.
+    let to_port = frame(PORT_MAC, PEER_MAC, 1, 60);
+    let to_other = frame(OTHER_MAC, PEER_MAC, 2, 200);
+    let to_all = frame(BROADCAST, PEER_MAC, 3, 1514);
+    let c0 = r.counters();
+    r.deliver_to_model(&[to_port.clone(), to_other, to_all.clone()]);
+    let c1 = r.counters();
+    assert_eq!((c1.rx_frames - c0.rx_frames, c1.rx_steering_drop - c0.rx_steering_drop), (2, 1));
+    assert_eq!(Rig::receive_all(&mut port), vec![to_port, to_all]);
+
+    let s = port.stats();
+    assert_eq!(
+        s,
+        EthStats {
+            tx_frames: 4,
+            tx_bytes: (60 + 160 + 260 + 1514) as u64,
+            rx_frames: 2,
+            rx_bytes: (60 + 1514) as u64,
+            ..EthStats::default()
+        }
+    );
+    let (sq, rq) = port.query_queues(&mut r.d).unwrap();
+    assert_eq!((sq.state, rq.state), (ifc::eth::MLX5_WQ_STATE_RDY, ifc::eth::MLX5_WQ_STATE_RDY));
+    r.destroy(port, free_before);
+}
+
+#[test]
+fn a_full_send_ring_drops_and_counts_and_a_receive_overrun_is_survived() {
+    let mut r = Rig::new(common::model_config());
+    let free_before = r.p.dma_free_bytes();
+    let mut port = create(&mut r);
+
+    // Send: the model does not run between these calls, so no completion can free a slot. RING frames fill
+    // the ring; the next is dropped (RingFull) and counted, and nothing is rung for it.
+    let sent: Vec<Vec<u8>> = (0..RING as u8).map(|i| frame(PEER_MAC, PORT_MAC, i, 64 + usize::from(i))).collect();
+    let before = tx_done(&r.counters());
+    for f in &sent {
+        port.transmit(f).unwrap();
+    }
+    assert_eq!(port.tx_room(), 0);
+    let lost = frame(PEER_MAC, PORT_MAC, 0xee, 90);
+    assert_eq!(port.transmit(&lost), Err(Dropped::RingFull));
+    assert_eq!(port.transmit_with(90, |b| b.copy_from_slice(&lost)), Err(Dropped::RingFull));
+    assert_eq!((port.stats().tx_frames, port.stats().tx_drops), (RING as u64, 2));
+    // The model runs: every queued frame goes out, the completions free the ring.
+    r.drain_tx(&mut port, before, RING);
+    assert_eq!(port.tx_room(), RING);
+    for f in &sent {
+        assert_eq!(&r.station_recv(), f);
+    }
+    // The next frame is the next datagram: the dropped ones never reached the wire.
+    let after = frame(PEER_MAC, PORT_MAC, 0x55, 70);
+    let before = tx_done(&r.counters());
+    port.transmit(&after).unwrap();
+    r.drain_tx(&mut port, before, 1);
+    assert_eq!(r.station_recv(), after);
+    assert_eq!(r.counters().tx_frames, RING as u64 + 1);
+
+    // Receive: RING + 3 frames arrive before the driver looks; the model fills every posted buffer and counts
+    // the rest as out_of_buffer (no WQE posted).
+    let burst: Vec<Vec<u8>> = (0..RING as u8 + 3).map(|i| frame(PORT_MAC, PEER_MAC, i, 60 + usize::from(i))).collect();
+    let c0 = r.counters();
+    r.deliver_to_model(&burst);
+    let c1 = r.counters();
+    assert_eq!((c1.rx_frames - c0.rx_frames, c1.rx_out_of_buffer - c0.rx_out_of_buffer), (RING as u64, 3));
+    // The driver hands out the first RING in order and reposts their buffers ...
+    assert_eq!(Rig::receive_all(&mut port), burst[..RING].to_vec());
+    // ... so the ring works again: a full ring's worth more arrives whole.
+    let again: Vec<Vec<u8>> = (0..RING as u8).map(|i| frame(BROADCAST, PEER_MAC, 0x80 + i, 100)).collect();
+    r.deliver_to_model(&again);
+    assert_eq!(r.counters().rx_out_of_buffer, c1.rx_out_of_buffer, "no more drops");
+    assert_eq!(Rig::receive_all(&mut port), again);
+    let s = port.stats();
+    assert_eq!((s.rx_frames, s.rx_drops, s.rx_errors), (2 * RING as u64, 0, 0));
+    let (_, rq) = port.query_queues(&mut r.d).unwrap();
+    assert_eq!(rq.state, ifc::eth::MLX5_WQ_STATE_RDY, "an overrun is not an error");
+    r.destroy(port, free_before);
+}
+
+#[test]
+fn a_link_that_comes_up_late_is_announced_by_port_change() {
+    let delay = Duration::from_millis(1500);
+    let mut r = Rig::new(ModelConfig { link_up_delay: delay, ..common::model_config() });
+    // The model began training at INIT_HCA; take the port administratively down so that the training `create`
+    // starts (its PAOS admin-up write) is the one that counts.
+    r.d.exec(ifc::vport::paos_set(1, ifc::vport::MLX5_PORT_DOWN)).unwrap();
+    let free_before = r.p.dma_free_bytes();
+    let t0 = Instant::now();
+    let mut port = create(&mut r);
+    assert_eq!(port.state(), PortState::Down, "create does not wait for the link");
+    assert_eq!(port.wait_link_up(&mut r.d, 5).unwrap(), LinkWait::NotYet(PortState::Down));
+    assert_eq!(port.refresh_state(&mut r.d).unwrap(), PortState::Down);
+
+    // While the link trains, a frame sent is completed but discarded; one received is dropped by the MAC.
+    let c0 = r.counters();
+    port.transmit(&frame(PEER_MAC, PORT_MAC, 0xd0, 64)).unwrap();
+    r.drain_tx(&mut port, tx_done(&c0), 1);
+    r.deliver_to_model(&[frame(PORT_MAC, PEER_MAC, 0xd1, 64)]);
+    let c1 = r.counters();
+    assert!(
+        c1.tx_link_down == c0.tx_link_down + 1 && c1.rx_link_down == c0.rx_link_down + 1,
+        "both dropped for the link: {c1:?}"
+    );
+    assert_eq!(Rig::receive_all(&mut port), Vec::<Vec<u8>>::new());
+    assert_eq!(port.tx_room(), RING, "the discarded frame still completed");
+
+    // Link up: the model raises PORT_CHANGE ACTIVE; the event engine records it, and the same EQE reaches the
+    // client, where `on_event` turns it into the port's state.
+    r.step_until("PORT_CHANGE ACTIVE", |r| r.d.client.shared().port_event(1) == Some(PortState::Active));
+    assert!(t0.elapsed() >= delay, "not before the training delay");
+    let mut announced = None;
+    while let Some(e) = r.d.next_event() {
+        announced = port.on_event(&e).or(announced);
+    }
+    assert_eq!((announced, port.state()), (Some(PortState::Active), PortState::Active));
+    assert_eq!(port.refresh_state(&mut r.d).unwrap(), PortState::Active);
+    assert_eq!(port.wait_link_up(&mut r.d, 5).unwrap(), LinkWait::Up);
+
+    // Frames flow both ways now; the station's first datagram is the frame sent after link-up.
+    let out = frame(PEER_MAC, PORT_MAC, 0xa0, 80);
+    let before = tx_done(&r.counters());
+    port.transmit(&out).unwrap();
+    r.drain_tx(&mut port, before, 1);
+    assert_eq!(r.station_recv(), out);
+    let inb = frame(PORT_MAC, PEER_MAC, 0xa1, 80);
+    r.deliver_to_model(std::slice::from_ref(&inb));
+    assert_eq!(Rig::receive_all(&mut port), vec![inb]);
+    r.destroy(port, free_before);
+}
+
+#[test]
+fn a_port_taken_down_drops_frames_until_it_comes_back() {
+    let mut r = Rig::new(common::model_config());
+    let free_before = r.p.dma_free_bytes();
+    let mut port = create(&mut r);
+    assert_eq!(port.state(), PortState::Active);
+    let changes = |r: &Rig| r.d.client.shared().port_changes.load(std::sync::atomic::Ordering::Relaxed);
+    let changes0 = changes(&r);
+
+    // Administratively down (PAOS write): the link drops at once with PORT_CHANGE DOWN.
+    r.d.exec(ifc::vport::paos_set(1, ifc::vport::MLX5_PORT_DOWN)).unwrap();
+    r.step_until("PORT_CHANGE DOWN", |r| r.d.client.shared().port_event(1) == Some(PortState::Down));
+    assert_eq!(changes(&r), changes0 + 1);
+    let mut announced = None;
+    while let Some(e) = r.d.next_event() {
+        announced = port.on_event(&e).or(announced);
+    }
+    assert_eq!((announced, port.state()), (Some(PortState::Down), PortState::Down));
+    assert_eq!(port.refresh_state(&mut r.d).unwrap(), PortState::Down);
+
+    // Down: nothing is delivered either way (counted by the model), and the driver's rings stay usable.
+    let c0 = r.counters();
+    let lost_out = frame(PEER_MAC, PORT_MAC, 0xc0, 64);
+    port.transmit(&lost_out).unwrap();
+    r.drain_tx(&mut port, tx_done(&c0), 1);
+    r.deliver_to_model(&[frame(PORT_MAC, PEER_MAC, 0xc1, 64), frame(BROADCAST, PEER_MAC, 0xc2, 64)]);
+    let c1 = r.counters();
+    assert_eq!((c1.tx_link_down - c0.tx_link_down, c1.rx_link_down - c0.rx_link_down), (1, 2));
+    assert_eq!((c1.tx_frames, c1.rx_frames), (c0.tx_frames, c0.rx_frames));
+    assert_eq!(Rig::receive_all(&mut port), Vec::<Vec<u8>>::new());
+
+    // Up again (PAOS admin up, no training delay): PORT_CHANGE ACTIVE, and frames flow again.
+    leasebox_mlx5::eth::port_admin_up(&mut r.d, 1).unwrap();
+    r.step_until("PORT_CHANGE ACTIVE", |r| r.d.client.shared().port_event(1) == Some(PortState::Active));
+    assert_eq!(changes(&r), changes0 + 2);
+    while let Some(e) = r.d.next_event() {
+        port.on_event(&e);
+    }
+    assert_eq!(port.state(), PortState::Active);
+    let out = frame(PEER_MAC, PORT_MAC, 0xb0, 64);
+    let before = tx_done(&r.counters());
+    port.transmit(&out).unwrap();
+    r.drain_tx(&mut port, before, 1);
+    assert_eq!(r.station_recv(), out, "the first datagram is the frame sent after the link came back");
+    let inb = frame(BROADCAST, PEER_MAC, 0xb1, 64);
+    r.deliver_to_model(std::slice::from_ref(&inb));
+    assert_eq!(Rig::receive_all(&mut port), vec![inb]);
+    assert_eq!(port.stats().tx_errors + port.stats().rx_errors, 0);
+    r.destroy(port, free_before);
+}
