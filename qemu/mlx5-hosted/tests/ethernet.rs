@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasebox_mlx5::driver::PortState;
-use leasebox_mlx5::eth::{BROADCAST, Dropped, EthConfig, EthPort, EthStats, LinkWait};
+use leasebox_mlx5::eth::{BROADCAST, Dropped, EthConfig, EthPort, EthStats, LinkWait, Lkey, LkeySource};
 use leasebox_mlx5::ifc;
 use leasebox_mlx5::platform::Platform;
 use mlx5_hosted::HostedPlatform;
@@ -78,6 +78,8 @@ struct Rig {
     p: Arc<HostedPlatform>,
     wire: EthWire,
     station: UdpSocket,
+    /// MKEYs the model held before any port existed.
+    mkeys: usize,
 }
 
 impl Rig {
@@ -87,7 +89,8 @@ impl Rig {
         let station = UdpSocket::bind("127.0.0.1:0").expect("bind the station");
         station.set_read_timeout(Some(PATIENCE)).unwrap();
         let wire = EthWire::bind("127.0.0.1:0".parse().unwrap(), station.local_addr().unwrap()).expect("bind the wire");
-        Rig { d, p, wire, station }
+        let mkeys = p.model().unwrap().hca().mkeys.len();
+        Rig { d, p, wire, station, mkeys }
     }
 
     fn counters(&self) -> EthCounters {
@@ -158,6 +161,7 @@ impl Rig {
                 e.sqs.is_empty() && e.rqs.is_empty() && e.tises.is_empty() && e.tirs.is_empty(),
                 "the port's queues, TIS and TIR are gone"
             );
+            assert_eq!(m.hca().mkeys.len(), self.mkeys, "the port's MKEYs are gone");
         }
         assert_eq!(self.p.dma_free_bytes(), free_before, "every byte of the port's DMA memory came back");
         assert_eq!(self.p.dma_faults(), 0, "no DMA access outside a live allocation");
@@ -170,9 +174,22 @@ fn create(r: &mut Rig) -> EthPort<HostedPlatform> {
 
 #[test]
 fn frames_cross_the_wire_both_ways_and_steering_admits_the_port_mac_and_broadcast_only() {
+    frames_both_ways(LkeySource::Reserved);
+}
+
+#[test]
+fn frames_cross_the_wire_with_an_mkey_over_the_buffers() {
+    frames_both_ways(LkeySource::Mkey);
+}
+
+fn frames_both_ways(lkey: LkeySource) {
     let mut r = Rig::new(common::model_config());
     let free_before = r.p.dma_free_bytes();
-    let mut port = create(&mut r);
+    let mut port = EthPort::create(&mut r.d, &EthConfig { lkey, ..eth_config() }).unwrap_or_else(|e| panic!("{e}"));
+    match lkey {
+        LkeySource::Reserved => assert!(matches!(port.info.lkey, Lkey::Reserved(_)), "{:?}", port.info.lkey),
+        LkeySource::Mkey => assert!(matches!(port.info.lkey, Lkey::Mkeys { .. }), "{:?}", port.info.lkey),
+    }
     assert_eq!(port.info.mac, PORT_MAC);
     assert_eq!(port.state(), PortState::Active, "no link delay: up once administratively up");
     assert_eq!(port.tx_room(), RING);
@@ -371,4 +388,109 @@ fn a_port_taken_down_drops_frames_until_it_comes_back() {
     assert_eq!(Rig::receive_all(&mut port), vec![inb]);
     assert_eq!(port.stats().tx_errors + port.stats().rx_errors, 0);
     r.destroy(port, free_before);
+}
+
+#[test]
+fn the_sixteen_bit_ring_counters_wrap_on_both_sides() {
+    // Past 65536 frames each way the driver's and the model's 16-bit producer/consumer counters (doorbell
+    // records, WQE counters in CQEs) wrap; frames keep flowing in order. No wire here: frames go straight
+    // into the model (`eth_receive`) and are taken from its outbox, so the run is quick and exact.
+    let mut r = Rig::new(common::model_config());
+    let free_before = r.p.dma_free_bytes();
+    let mut port = create(&mut r);
+    let rounds = (1usize << 16) / RING + 3;
+    let mut seq = 0u32;
+    for _ in 0..rounds {
+        let mut out = Vec::with_capacity(RING);
+        for _ in 0..RING {
+            let mut f = frame(PEER_MAC, PORT_MAC, seq as u8, 64);
+            f[14..18].copy_from_slice(&seq.to_be_bytes());
+            port.transmit(&f).unwrap();
+            out.push(f);
+            seq += 1;
+        }
+        r.p.relax();
+        let sent = r.p.model().unwrap().take_eth_frames();
+        assert_eq!(sent, out);
+        assert_eq!(port.poll_tx(), RING);
+        let inb: Vec<Vec<u8>> = out
+            .iter()
+            .map(|f| {
+                let mut g = f.clone();
+                g[..6].copy_from_slice(&PORT_MAC);
+                g[6..12].copy_from_slice(&PEER_MAC);
+                g
+            })
+            .collect();
+        {
+            let mut m = r.p.model().unwrap();
+            for g in &inb {
+                assert_eq!(m.eth_receive(g, &mut |_| {}), mlx5_model::eth::rx::RxOutcome::Delivered);
+            }
+        }
+        assert_eq!(Rig::receive_all(&mut port), inb);
+    }
+    let s = port.stats();
+    assert_eq!(
+        (s.tx_frames, s.rx_frames, s.tx_drops + s.rx_drops + s.tx_errors + s.rx_errors),
+        (u64::from(seq), u64::from(seq), 0)
+    );
+    r.destroy(port, free_before);
+}
+
+/// An IPv4/UDP frame (IHL 5, UDP to port 9, never RoCE's 4791) of `len` bytes; checksums are left 0 (no
+/// offload asked for, and the model does not verify received checksums).
+fn udp_frame(dst: [u8; 6], src: [u8; 6], tag: u8, len: usize) -> Vec<u8> {
+    let mut f = frame(dst, src, tag, len);
+    f[12..14].copy_from_slice(&[0x08, 0x00]);
+    let ip_len = (len - 14) as u16;
+    f[14..34].fill(0);
+    f[14] = 0x45;
+    f[16..18].copy_from_slice(&ip_len.to_be_bytes());
+    f[22] = 64;
+    f[23] = 17;
+    f[26..30].copy_from_slice(&[10, 0, 2, 2]);
+    f[30..34].copy_from_slice(&[10, 0, 2, 15]);
+    f[34..42].fill(0);
+    f[34..36].copy_from_slice(&1234u16.to_be_bytes());
+    f[36..38].copy_from_slice(&9u16.to_be_bytes());
+    f[38..40].copy_from_slice(&(ip_len - 20).to_be_bytes());
+    f
+}
+
+#[test]
+fn every_inline_mode_sends_whole_slots_the_model_accepts() {
+    // The vport asks for no inline headers, then IP, then TCP/UDP headers inline: the driver's slots are 1, 2
+    // and 4 basic blocks, padded with NOPs; the model checks the inline length on every WQE and would complete
+    // a short one in error.
+    for mode in [ifc::eth::MLX5_INLINE_MODE_NONE, ifc::eth::MLX5_INLINE_MODE_IP, ifc::eth::MLX5_INLINE_MODE_TCP_UDP] {
+        let mut r = Rig::new(ModelConfig { min_wqe_inline_mode: mode, ..common::model_config() });
+        let free_before = r.p.dma_free_bytes();
+        let mut port = create(&mut r);
+        assert_eq!(port.info.inline_mode, mode);
+        // Two rings' worth, so the ring wraps with the larger slots; an ARP-like frame and UDP frames mixed.
+        for round in 0..2u8 {
+            let sent: Vec<Vec<u8>> = (0..RING as u8)
+                .map(|i| match i % 3 {
+                    0 => frame(PEER_MAC, PORT_MAC, i, 60),
+                    _ => udp_frame(PEER_MAC, PORT_MAC, round * 16 + i, 60 + 50 * usize::from(i)),
+                })
+                .collect();
+            let before = tx_done(&r.counters());
+            for f in &sent {
+                port.transmit(f).unwrap();
+            }
+            assert_eq!(port.tx_room(), 0);
+            r.drain_tx(&mut port, before, RING);
+            assert_eq!(port.tx_room(), RING);
+            for f in &sent {
+                assert_eq!(&r.station_recv(), f, "inline mode {mode}");
+            }
+        }
+        let inb = udp_frame(PORT_MAC, PEER_MAC, 0x42, 300);
+        r.deliver_to_model(std::slice::from_ref(&inb));
+        assert_eq!(Rig::receive_all(&mut port), vec![inb]);
+        assert_eq!((port.stats().tx_errors, r.counters().tx_errors), (0, 0));
+        r.destroy(port, free_before);
+    }
 }
