@@ -494,3 +494,56 @@ fn every_inline_mode_sends_whole_slots_the_model_accepts() {
         r.destroy(port, free_before);
     }
 }
+
+#[test]
+fn destroy_with_work_outstanding_returns_everything_and_a_new_port_works() {
+    let mut r = Rig::new(common::model_config());
+    let free_before = r.p.dma_free_bytes();
+    let mut port = create(&mut r);
+    // Sends posted and rung but not yet executed (the model has not run since), and received frames never
+    // reaped: destroy must not care.
+    let sent: Vec<Vec<u8>> = (0..RING as u8).map(|i| frame(PEER_MAC, PORT_MAC, i, 64)).collect();
+    for f in &sent {
+        port.transmit(f).unwrap();
+    }
+    let stale = frame(PORT_MAC, PEER_MAC, 0x33, 64);
+    {
+        let mut m = r.p.model().unwrap();
+        for _ in 0..3 {
+            assert_eq!(m.eth_receive(&stale, &mut |_| {}), mlx5_model::eth::rx::RxOutcome::Delivered);
+        }
+    }
+    r.destroy(port, free_before);
+    // The model ran while destroy's commands did (before DESTROY_SQ): the rung sends went out from buffers
+    // that were still live. Nothing more comes once the SQ is gone, and with no root table frames go nowhere.
+    for _ in 0..4 {
+        r.step();
+    }
+    for f in &sent {
+        assert_eq!(&r.station_recv(), f);
+    }
+    let c = r.counters();
+    for _ in 0..4 {
+        r.step();
+    }
+    assert_eq!(tx_done(&r.counters()), tx_done(&c), "nothing more of the destroyed SQ");
+    r.deliver_to_model(&[stale]);
+    assert_eq!(r.counters().rx_no_root, c.rx_no_root + 1);
+
+    // A new port on the same driver starts clean: its first datagram and first received frame are new ones.
+    let mut port = create(&mut r);
+    assert_eq!(port.stats(), EthStats::default());
+    let out = frame(PEER_MAC, PORT_MAC, 0x61, 61);
+    let before = tx_done(&r.counters());
+    port.transmit(&out).unwrap();
+    r.drain_tx(&mut port, before, 1);
+    assert_eq!(r.station_recv(), out);
+    let inb = frame(PORT_MAC, PEER_MAC, 0x62, 62);
+    r.deliver_to_model(std::slice::from_ref(&inb));
+    assert_eq!(Rig::receive_all(&mut port), vec![inb]);
+    r.destroy(port, free_before);
+    // And the driver itself still tears down to nothing.
+    let report = r.d.teardown().unwrap_or_else(|(rep, e)| panic!("teardown: {e} ({rep:?})"));
+    assert_eq!(report.pages_left, 0);
+    assert_eq!(r.p.dma_faults(), 0);
+}
