@@ -1,9 +1,10 @@
 //! The driver's Ethernet port (`leasebox_mlx5::eth::EthPort`) against the in-process model over the model's
 //! UDP wire, with a local UDP socket as the station at the other end of the cable: frames both ways (the
-//! port's MAC and broadcast delivered, another unicast MAC not), a full send ring dropping and counting, a
-//! receive overrun (the model's `out_of_buffer`) the driver recovers from, a link that comes up late (PORT_CHANGE
-//! ACTIVE recorded by the event engine), a port taken down and up again through PAOS, and `destroy` returning
-//! every object and every byte of DMA memory without a DMA fault.
+//! port's MAC and broadcast delivered, another unicast MAC not; the reserved lkey and an MKEY), a full send ring
+//! dropping and counting, a receive overrun (the model's `out_of_buffer`) the driver recovers from, a link that
+//! comes up late (PORT_CHANGE ACTIVE recorded by the event engine), a port taken down and up again through
+//! PAOS, the 16-bit ring counters wrapping, every minimal inline mode, and `destroy` — also with work
+//! outstanding — returning every object and every byte of DMA memory without a DMA fault.
 //!
 //! The model only runs when the test steps it ([`Rig::step`]: one model pass, the wire, both driver engines),
 //! so "before the model processed it" is a fact of the test, not a race. Real time enters only where the model
@@ -336,6 +337,16 @@ fn a_link_that_comes_up_late_is_announced_by_port_change() {
     let inb = frame(PORT_MAC, PEER_MAC, 0xa1, 80);
     r.deliver_to_model(std::slice::from_ref(&inb));
     assert_eq!(Rig::receive_all(&mut port), vec![inb]);
+
+    // Retrained (admin down, then up): `wait_link_up` with a deadline past the delay polls PAOS until the
+    // link is up; the event engine, pumped by every command, records DOWN then ACTIVE meanwhile.
+    r.d.exec(ifc::vport::paos_set(1, ifc::vport::MLX5_PORT_DOWN)).unwrap();
+    r.step_until("PORT_CHANGE DOWN", |r| r.d.client.shared().port_event(1) == Some(PortState::Down));
+    let t1 = Instant::now();
+    leasebox_mlx5::eth::port_admin_up(&mut r.d, 1).unwrap();
+    assert_eq!(port.wait_link_up(&mut r.d, PATIENCE.as_millis() as u64).unwrap(), LinkWait::Up);
+    assert!(t1.elapsed() >= delay, "not before the training delay");
+    assert_eq!((port.state(), r.d.client.shared().port_event(1)), (PortState::Active, Some(PortState::Active)));
     r.destroy(port, free_before);
 }
 
