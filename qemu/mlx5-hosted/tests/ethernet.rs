@@ -3,8 +3,9 @@
 //! port's MAC and broadcast delivered, another unicast MAC not; the reserved lkey and an MKEY), a full send ring
 //! dropping and counting, a receive overrun (the model's `out_of_buffer`) the driver recovers from, a link that
 //! comes up late (PORT_CHANGE ACTIVE recorded by the event engine), a port taken down and up again through
-//! PAOS, the 16-bit ring counters wrapping, every minimal inline mode, and `destroy` — also with work
-//! outstanding — returning every object and every byte of DMA memory without a DMA fault.
+//! PAOS, the 16-bit ring counters wrapping, every minimal inline mode, an SQ in error flushing a full ring
+//! without overrunning its CQ, and `destroy` — also with work outstanding — returning every object and every
+//! byte of DMA memory without a DMA fault.
 //!
 //! The model only runs when the test steps it ([`Rig::step`]: one model pass, the wire, both driver engines),
 //! so "before the model processed it" is a fact of the test, not a race. Real time enters only where the model
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasebox_mlx5::driver::PortState;
+use leasebox_mlx5::engine::Event;
 use leasebox_mlx5::eth::{BROADCAST, Dropped, EthConfig, EthPort, EthStats, LinkWait, Lkey, LkeySource};
 use leasebox_mlx5::ifc;
 use leasebox_mlx5::platform::Platform;
@@ -557,4 +559,34 @@ fn destroy_with_work_outstanding_returns_everything_and_a_new_port_works() {
     let report = r.d.teardown().unwrap_or_else(|(rep, e)| panic!("teardown: {e} ({rep:?})"));
     assert_eq!(report.pages_left, 0);
     assert_eq!(r.p.dma_faults(), 0);
+}
+
+#[test]
+fn a_send_queue_flushed_in_error_completes_every_wqe_without_overrunning_its_cq() {
+    // IP inline mode: two basic blocks per slot, and a non-IP frame fills only one, so each slot holds two
+    // WQEs (the frame and a NOP asking for the CQE). Rung on an SQ in ERR, a full ring is flushed: every posted
+    // WQE gets its own WR_FLUSH_ERR CQE — twice as many CQEs as frames — and the CQ must hold them all (Linux
+    // sizes a send CQ by the SQ's basic blocks for this reason).
+    let mut r = Rig::new(ModelConfig { min_wqe_inline_mode: ifc::eth::MLX5_INLINE_MODE_IP, ..common::model_config() });
+    let free_before = r.p.dma_free_bytes();
+    let mut port = create(&mut r);
+    let sqn = port.info.sqn;
+    r.d.exec(ifc::eth::modify_sq(sqn, ifc::eth::MLX5_WQ_STATE_RDY, ifc::eth::MLX5_WQ_STATE_ERR)).unwrap();
+    for i in 0..RING as u8 {
+        port.transmit(&frame(PEER_MAC, PORT_MAC, i, 64)).unwrap();
+    }
+    assert_eq!(port.tx_room(), 0);
+    for _ in 0..4 {
+        r.step();
+    }
+    assert_eq!(r.counters().tx_frames, 0);
+    assert_eq!(port.poll_tx(), 2 * RING, "one flush CQE per WQE");
+    assert_eq!((port.tx_room(), port.stats().tx_errors), (RING, 2 * RING as u64));
+    let cq_errors = std::iter::from_fn(|| r.d.next_event())
+        .filter(|e| matches!(e, Event::Async(q) if q.event_type == ifc::eq::MLX5_EVENT_TYPE_CQ_ERROR))
+        .count();
+    assert_eq!(cq_errors, 0, "no CQ overrun");
+    let (sq, _) = port.query_queues(&mut r.d).unwrap();
+    assert_eq!(sq.state, ifc::eth::MLX5_WQ_STATE_ERR);
+    r.destroy(port, free_before);
 }
