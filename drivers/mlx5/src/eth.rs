@@ -844,7 +844,11 @@ impl<P: Platform> EthPort<P> {
         let tisn = d.exec(ifc::eth::create_tis(td)).map_err(step("CREATE_TIS"))?;
         let tisn = ifc::eth::create_tis_out(&tisn);
         o.tisn = Some(tisn);
-        let tx_cq = d.create_cq(u32::from(cfg.log_tx_frames)).map_err(step("CREATE_CQ (send)"))?;
+        // The send CQ has an entry per basic block, not per frame (Linux `mlx5e_build_tx_cq_param`: log_cq_size
+        // = the SQ's log_wq_sz in WQEBBs): only a slot's last WQE asks for a CQE, but an SQ in error flushes
+        // every posted WQE with a CQE of its own, and a slot may hold the frame's WQE and NOPs.
+        let log_sq_bbs = cfg.log_tx_frames + slot_bbs.trailing_zeros() as u8;
+        let tx_cq = d.create_cq(u32::from(log_sq_bbs)).map_err(step("CREATE_CQ (send)"))?;
         let tx_cqn = tx_cq.cqn;
         o.tx_cq = Some(tx_cq);
         let rx_cq = d.create_cq(u32::from(cfg.log_rx_frames)).map_err(step("CREATE_CQ (receive)"))?;
@@ -852,7 +856,6 @@ impl<P: Platform> EthPort<P> {
         o.rx_cq = Some(rx_cq);
 
         // SQ: cyclic, 64-byte strides, rung through the port's UAR page; RST → RDY.
-        let log_sq_bbs = cfg.log_tx_frames + slot_bbs.trailing_zeros() as u8;
         let sq_pages = pages(sq_buf);
         // With the reserved lkey the queues are created with `rlky`, which lets their WQEs use it.
         let rlky = matches!(lkey, Lkey::Reserved(_));
