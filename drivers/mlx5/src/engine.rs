@@ -30,6 +30,14 @@ pub const PAGE_RING: usize = 16;
 
 /// Tags with this bit are the command engine's own (page commands); clients' tags never have it.
 const INTERNAL_TAG: u64 = 1 << 63;
+/// Tags with this bit (and not [`INTERNAL_TAG`]) came from the [`SideClient`]: the engine sets it on the way in
+/// and clears it on the way back, so each side sees its own tags; the main client's tags never have it.
+const SIDE_TAG: u64 = 1 << 62;
+/// The bits a client's own tag may use.
+const CLIENT_TAG_BITS: u64 = SIDE_TAG - 1;
+/// Ring capacities of the side client (a port's maintenance keeps a few commands in flight at most).
+pub const SIDE_REQUEST_RING: usize = 8;
+pub const SIDE_COMPLETION_RING: usize = 8;
 /// EQEs handled per event-engine pass (Linux handles at most 128 per pass).
 const EQ_BUDGET: usize = 64;
 const CQ_BUDGET: usize = 64;
@@ -217,9 +225,21 @@ pub struct CommandEngine<P: Platform> {
     shared: Arc<Shared>,
     /// Completions the client's ring had no room for yet (delivered first next time; never dropped).
     undelivered: VecDeque<Completion>,
+    /// The second submitting side, once [`CommandEngine::side_client`] handed it out.
+    side: Option<SideRings>,
+    /// Which side the next pass takes a request from first (they alternate, so neither starves the other).
+    side_first: bool,
     done: Vec<Completion>,
     next_internal: u64,
     pub busy_ns: u64,
+}
+
+/// The engine's end of the side client's rings.
+struct SideRings {
+    requests: Consumer<Request>,
+    completions: Producer<Completion>,
+    /// Completions the side's ring had no room for yet (delivered first next time; never dropped).
+    undelivered: VecDeque<Completion>,
 }
 
 /// Owns the EQ, the watched CQs and the health monitor (core 2).
@@ -244,6 +264,17 @@ pub struct Client {
     next_tag: u64,
 }
 
+/// A second submitting side for the command engine (docs/mlx5-driver.md "The side client"): its own request
+/// and completion rings, so a core other than the main client's (the `net` core, for its Ethernet port) can
+/// issue commands without going through the main client's owner. Its tags are its own: the engine marks them
+/// on the way in and routes each completion back to this side, unmarked. It sees no events.
+pub struct SideClient {
+    requests: Producer<Request>,
+    completions: Consumer<Completion>,
+    shared: Arc<Shared>,
+    next_tag: u64,
+}
+
 /// Creates the three parts around an already set-up command queue.
 pub fn assemble<P: Platform>(p: Arc<P>, q: CmdQueue, health: Health) -> (CommandEngine<P>, EventEngine<P>, Client) {
     let shared = Arc::new(Shared::default());
@@ -260,6 +291,8 @@ pub fn assemble<P: Platform>(p: Arc<P>, q: CmdQueue, health: Health) -> (Command
         page_requests: page_rx,
         shared: shared.clone(),
         undelivered: VecDeque::new(),
+        side: None,
+        side_first: false,
         done: Vec::new(),
         next_internal: 0,
         busy_ns: 0,
@@ -293,7 +326,33 @@ impl<P: Platform> CommandEngine<P> {
         self.pages.push(r);
     }
 
-    /// One pass: abort on fatal health, page work, client requests, completions. Returns true if it did
+    /// The second submitting side, the first time it is asked for (`None` after that: it has one owner). Its
+    /// rings exist from then on; the engine serves both sides alternately.
+    pub fn side_client(&mut self) -> Option<SideClient> {
+        if self.side.is_some() {
+            return None;
+        }
+        let (req_tx, req_rx) = ring(SIDE_REQUEST_RING);
+        let (done_tx, done_rx) = ring(SIDE_COMPLETION_RING);
+        self.side = Some(SideRings { requests: req_rx, completions: done_tx, undelivered: VecDeque::new() });
+        Some(SideClient { requests: req_tx, completions: done_rx, shared: self.shared.clone(), next_tag: 1 })
+    }
+
+    /// The next request from either side, alternating which side is asked first; a side request's tag gets
+    /// [`SIDE_TAG`].
+    fn next_request(&mut self) -> Option<Request> {
+        self.side_first = !self.side_first;
+        let side = |s: &mut Option<SideRings>| {
+            s.as_mut().and_then(|s| s.requests.pop()).map(|r| Request { tag: r.tag | SIDE_TAG, cmd: r.cmd })
+        };
+        if self.side_first {
+            side(&mut self.side).or_else(|| self.requests.pop())
+        } else {
+            self.requests.pop().or_else(|| side(&mut self.side))
+        }
+    }
+
+    /// One pass: abort on fatal health, page work, both sides' requests, completions. Returns true if it did
     /// anything.
     pub fn poll(&mut self) -> bool {
         let t0 = self.p.now_ns();
@@ -327,7 +386,7 @@ impl<P: Platform> CommandEngine<P> {
             }
         }
         while self.q.has_free(SlotClass::Regular) || self.q.fatal().is_some() {
-            let Some(r) = self.requests.pop() else { break };
+            let Some(r) = self.next_request() else { break };
             did = true;
             if let Err(e) = self.q.submit(self.p.as_ref(), r.tag, &r.cmd) {
                 self.done.push(Completion { tag: r.tag, slot: 0xff, result: Err(e), elapsed_ns: 0, hca_ns: 0 });
@@ -344,6 +403,10 @@ impl<P: Platform> CommandEngine<P> {
                         log::warn!("mlx5: page command failed: {e}");
                     }
                 }
+            } else if c.tag & SIDE_TAG != 0
+                && let Some(s) = self.side.as_mut()
+            {
+                s.undelivered.push_back(Completion { tag: c.tag & !SIDE_TAG, ..c });
             } else {
                 self.undelivered.push_back(c);
             }
@@ -354,6 +417,14 @@ impl<P: Platform> CommandEngine<P> {
                 break;
             }
         }
+        if let Some(s) = self.side.as_mut() {
+            while let Some(c) = s.undelivered.pop_front() {
+                if let Err(c) = s.completions.push(c) {
+                    s.undelivered.push_front(c);
+                    break;
+                }
+            }
+        }
         if did {
             self.busy_ns += self.p.now_ns().saturating_sub(t0);
         }
@@ -362,14 +433,20 @@ impl<P: Platform> CommandEngine<P> {
 
     /// Stops: every command still queued or in flight fails with `Shutdown`; returns the queue and pages.
     pub fn into_parts(mut self) -> (CmdQueue, PageSupply) {
+        let shutdown = |r: Request| Completion {
+            tag: r.tag,
+            slot: 0xff,
+            result: Err(r.cmd.error(ErrorKind::Shutdown)),
+            elapsed_ns: 0,
+            hca_ns: 0,
+        };
         while let Some(r) = self.requests.pop() {
-            let _ = self.completions.push(Completion {
-                tag: r.tag,
-                slot: 0xff,
-                result: Err(r.cmd.error(ErrorKind::Shutdown)),
-                elapsed_ns: 0,
-                hca_ns: 0,
-            });
+            let _ = self.completions.push(shutdown(r));
+        }
+        if let Some(s) = self.side.as_mut() {
+            while let Some(r) = s.requests.pop() {
+                let _ = s.completions.push(shutdown(r));
+            }
         }
         (self.q, self.pages)
     }
@@ -464,7 +541,7 @@ impl Client {
         let tag = self.next_tag;
         match self.requests.push(Request { tag, cmd }) {
             Ok(()) => {
-                self.next_tag = (self.next_tag + 1) & !INTERNAL_TAG;
+                self.next_tag = (self.next_tag + 1) & CLIENT_TAG_BITS;
                 Ok(tag)
             }
             Err(r) => Err(r.cmd),
@@ -473,11 +550,11 @@ impl Client {
 
     /// Queues `cmd` under the caller's `tag` (its completion carries it back, so the caller needs no map of its
     /// own); gives the command back when the ring is full. The caller keeps its tags unique among those
-    /// outstanding, apart from [`Client::submit`]'s (which count up from 1), and clear of bit 63 (the command
-    /// engine's own).
+    /// outstanding, apart from [`Client::submit`]'s (which count up from 1), and clear of bits 62 and 63 (the
+    /// side client's mark and the command engine's own).
     pub fn submit_as(&mut self, tag: u64, cmd: Command) -> Result<(), Command> {
-        debug_assert_eq!(tag & INTERNAL_TAG, 0, "bit 63 marks the command engine's own tags");
-        self.requests.push(Request { tag: tag & !INTERNAL_TAG, cmd }).map_err(|r| r.cmd)
+        debug_assert_eq!(tag & !CLIENT_TAG_BITS, 0, "bits 62 and 63 mark the side client's and the engine's tags");
+        self.requests.push(Request { tag: tag & CLIENT_TAG_BITS, cmd }).map_err(|r| r.cmd)
     }
 
     pub fn poll(&mut self) -> Option<Completion> {
@@ -505,5 +582,41 @@ impl Client {
     /// A handle on the shared state for readers elsewhere (health reports).
     pub fn shared_handle(&self) -> Arc<Shared> {
         self.shared.clone()
+    }
+}
+
+impl SideClient {
+    /// Queues `cmd`; returns its tag (counting up from 1), or the command back when the ring is full.
+    pub fn submit(&mut self, cmd: Command) -> Result<u64, Command> {
+        let tag = self.next_tag;
+        self.requests.push(Request { tag, cmd }).map_err(|r| r.cmd)?;
+        self.next_tag = (self.next_tag + 1) & CLIENT_TAG_BITS;
+        Ok(tag)
+    }
+
+    /// Queues `cmd` under the caller's `tag` (bits 0..62; the caller keeps it unique among those outstanding,
+    /// apart from [`SideClient::submit`]'s); gives the command back when the ring is full.
+    pub fn submit_as(&mut self, tag: u64, cmd: Command) -> Result<(), Command> {
+        debug_assert_eq!(tag & !CLIENT_TAG_BITS, 0, "bits 62 and 63 are the engine's");
+        self.requests.push(Request { tag: tag & CLIENT_TAG_BITS, cmd }).map_err(|r| r.cmd)
+    }
+
+    /// The next completion of a command this side queued.
+    pub fn poll(&mut self) -> Option<Completion> {
+        self.completions.pop()
+    }
+
+    /// Free places in the request ring.
+    pub fn room(&self) -> usize {
+        self.requests.free()
+    }
+
+    /// The health verdict's syndrome, once the HCA is dead.
+    pub fn fatal(&self) -> Option<u8> {
+        self.shared.fatal()
+    }
+
+    pub fn shared(&self) -> &Shared {
+        &self.shared
     }
 }

@@ -255,3 +255,108 @@ fn mkey_variants_rotate_on_every_create() {
     let e = d.query_mkey(keys[0]).map(|i| i.free);
     assert!(e.is_err() || e == Ok(true), "{e:?}");
 }
+
+/// Pumps the engines until `done` holds; panics after 10 s.
+fn pump_until(d: &mut common::Hosted, what: &str, mut done: impl FnMut(&mut common::Hosted) -> bool) {
+    let p = d.platform().clone();
+    let t0 = std::time::Instant::now();
+    while !done(d) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "gave up waiting for {what}");
+        d.pump();
+        p.relax();
+    }
+}
+
+#[test]
+fn the_side_client_has_its_own_rings_and_gets_its_own_completions_back() {
+    let mut d = common::up();
+    let p = d.platform().clone();
+    let mut side = d.cmd.side_client().expect("the first side client");
+    assert!(d.cmd.side_client().is_none(), "one owner only");
+    // Hold every command a while, so both sides' commands are in flight together.
+    p.model().unwrap().inject(Fault::Delay { opcode: ACCESS_REG, delay: Duration::from_millis(100) });
+    // The same tags on both sides: each side gets its own back, unmarked.
+    let n = leasebox_mlx5::engine::SIDE_REQUEST_RING as u64;
+    for tag in 1..=n {
+        d.client.submit_as(tag, ifc::vport::paos_query(1)).map_err(|_| "main ring full").unwrap();
+        side.submit_as(tag, ifc::vport::paos_query(1)).map_err(|_| "side ring full").unwrap();
+    }
+    assert!(side.submit(ifc::vport::paos_query(1)).is_err(), "the side's ring is full: the command comes back");
+    assert_eq!(side.room(), 0);
+    let (mut main_done, mut side_done) = (Vec::new(), Vec::new());
+    let mut both_in_flight = 0;
+    pump_until(&mut d, "both sides' completions", |d| {
+        both_in_flight = both_in_flight.max(d.cmd.queue().in_flight());
+        main_done.extend(std::iter::from_fn(|| d.client.poll()));
+        side_done.extend(std::iter::from_fn(|| side.poll()));
+        main_done.len() == n as usize && side_done.len() == n as usize
+    });
+    assert_eq!(both_in_flight, 2 * n as usize, "the engine took requests from both rings");
+    for done in [&main_done, &side_done] {
+        let mut tags: Vec<u64> = done.iter().map(|c| c.tag).collect();
+        tags.sort();
+        assert_eq!(tags, (1..=n).collect::<Vec<_>>());
+        assert!(done.iter().all(|c| c.result.as_ref().is_ok_and(|o| ifc::vport::paos_out(o).oper_status == 1)));
+    }
+    // The side's own counter starts at 1 too, and `exec` on the main client is untouched by the side.
+    let t = side.submit(ifc::vport::paos_query(1)).map_err(|_| "ring full").unwrap();
+    d.exec(ifc::vport::paos_query(1)).unwrap();
+    pump_until(&mut d, "the side's completion", |_| side.poll().is_some_and(|c| c.tag == t && c.result.is_ok()));
+    assert!(d.take_stashed().is_empty(), "nothing of the side's reached the main client");
+}
+
+#[test]
+fn a_side_client_that_keeps_its_ring_full_does_not_starve_the_main_client_or_lose_completions() {
+    let mut d = common::up();
+    let mut side = d.cmd.side_client().unwrap();
+    // The side refills its ring on every pass and never reads its completions for a while: they wait in the
+    // engine (more than its completion ring holds), and the main client's commands still go through.
+    let mut side_sent = 0u64;
+    for _ in 0..20 {
+        while side.submit(ifc::vport::paos_query(1)).is_ok() {
+            side_sent += 1;
+        }
+        d.exec(ifc::vport::paos_query(1)).expect("the main client is served while the side keeps its ring full");
+    }
+    assert!(side_sent > 2 * leasebox_mlx5::engine::SIDE_COMPLETION_RING as u64, "{side_sent}");
+    let mut got = Vec::new();
+    pump_until(&mut d, "every side completion", |_| {
+        got.extend(std::iter::from_fn(|| side.poll()));
+        got.len() as u64 == side_sent
+    });
+    got.sort_by_key(|c| c.tag);
+    assert_eq!(got.iter().map(|c| c.tag).collect::<Vec<_>>(), (1..=side_sent).collect::<Vec<_>>(), "none dropped");
+    assert!(got.iter().all(|c| c.result.is_ok()));
+}
+
+#[test]
+fn fatal_health_fails_the_side_clients_in_flight_and_later_commands() {
+    let cfg = Config { health_interval_ms: 50, cmd_timeout_ms: Some(60_000), ..common::driver_config() };
+    let mut d = common::up_with(common::model_config(), cfg);
+    let p = d.platform().clone();
+    let mut side = d.cmd.side_client().unwrap();
+    p.model().unwrap().inject(Fault::Hang { opcode: ACCESS_REG });
+    let tag = side.submit(ifc::vport::paos_query(1)).map_err(|_| "ring full").unwrap();
+    pump_until(&mut d, "the side's command in flight", |d| d.cmd.queue().in_flight() == 1);
+    p.model().unwrap().inject(Fault::HealthFatal { synd: 0x8 });
+    let t0 = std::time::Instant::now();
+    let mut c = None;
+    pump_until(&mut d, "the side's command to fail", |_| {
+        c = side.poll();
+        c.is_some()
+    });
+    assert!(t0.elapsed() < Duration::from_secs(5), "at once, not after the 60 s command timeout");
+    let c = c.unwrap();
+    assert_eq!(c.tag, tag);
+    assert_eq!(c.result.unwrap_err().kind, ErrorKind::Fatal { health_syndrome: 0x8 });
+    assert_eq!(side.fatal(), Some(0x8));
+    // A later side command fails at once too.
+    let t = side.submit(ifc::vport::paos_query(1)).map_err(|_| "ring full").unwrap();
+    let mut c = None;
+    pump_until(&mut d, "the later side command to fail", |_| {
+        c = side.poll();
+        c.is_some()
+    });
+    let c = c.unwrap();
+    assert_eq!((c.tag, c.result.unwrap_err().kind), (t, ErrorKind::Fatal { health_syndrome: 0x8 }));
+}
