@@ -21,13 +21,13 @@ use core::fmt;
 use crate::command::CmdError;
 use crate::cq::{CqRing, DBR_LEN};
 use crate::driver::{Driver, PortState};
-use crate::engine::Event;
+use crate::engine::{Event, SideClient};
 use crate::handles::{FlowGroupId, FlowIndex, FlowTableId, Mkey, Pdn, Tdn, UarPage};
 use crate::ifc;
 use crate::ifc::cq::{MLX5_CQE_REQ, MLX5_CQE_RESP_SEND};
 use crate::ifc::eth::{
     EthCaps, MLX5_CAP_INLINE_MODE_VPORT_CONTEXT, MLX5_INLINE_MODE_IP, MLX5_INLINE_MODE_NONE, MLX5_INLINE_MODE_TCP_UDP,
-    MLX5_WQ_STATE_RDY, MLX5_WQ_STATE_RST, MLX5_WQ_TYPE_CYCLIC, RqParams, SqParams, WqParams,
+    MLX5_WQ_STATE_ERR, MLX5_WQ_STATE_RDY, MLX5_WQ_STATE_RST, MLX5_WQ_TYPE_CYCLIC, RqParams, SqParams, WqParams,
 };
 use crate::ifc::flow::FS_FT_NIC_RX;
 use crate::ifc::init::{CapMode, MLX5_CAP_ETHERNET_OFFLOADS};
@@ -146,6 +146,8 @@ pub enum Dropped {
     TooShort,
     /// Its headers need more inline bytes than a send slot holds (e.g. two VLAN tags in L2 inline mode).
     HeadersTooLong,
+    /// The send queue is in error and waits for [`EthPort::maintain`] to recover it.
+    QueueInError,
 }
 
 /// Counters (owned by the one core that runs the data path).
@@ -163,6 +165,14 @@ pub struct EthStats {
     pub rx_drops: u64,
     /// Error CQEs on the receive queue.
     pub rx_errors: u64,
+    /// Frames the HCA dropped because no receive buffer was posted (the port's Q counter `out_of_buffer`, read
+    /// by [`EthPort::maintain`]; 0 without a Q counter).
+    pub rx_out_of_buffer: u64,
+    /// Times the send queue and the receive queue were brought back from error (ERR → RST → RDY).
+    pub tx_recoveries: u64,
+    pub rx_recoveries: u64,
+    /// Maintenance commands that failed (a recovery step is retried a second later).
+    pub maintenance_errors: u64,
 }
 
 /// How many inline header bytes `frame` needs in `mode` (Linux `mlx5e_calc_min_inline`): none; the L2 header
@@ -246,6 +256,8 @@ pub struct TxRing {
     pc: u16,
     cc: u16,
     scratch: Vec<u8>,
+    /// An error CQE arrived: the SQ is in ERR (or was) and takes nothing until it is recovered.
+    in_error: bool,
 }
 
 /// What a TX ring is built from.
@@ -281,7 +293,27 @@ impl TxRing {
             pc: 0,
             cc: 0,
             scratch: vec![0u8; t.buf_len.max(SEND_WQE_BB * wqebbs_per_slot(t.inline_mode))],
+            in_error: false,
         }
+    }
+
+    /// Whether an error CQE put the SQ in error (cleared once it is ready again).
+    pub fn in_error(&self) -> bool {
+        self.in_error
+    }
+
+    /// After MODIFY_SQ ERR → RST: the CQ's leftover CQEs are consumed (errors counted), the ring's counters
+    /// and the doorbell record start at 0 again, as the SQ's own counter does in RST (Linux
+    /// `mlx5e_reset_txqsq_cc_pc` and the work queue reset).
+    pub fn reset<P: Platform + ?Sized>(&mut self, p: &P, stats: &mut EthStats) {
+        while let Some(cqe) = self.cq.next(p) {
+            if cqe.is_error() {
+                stats.tx_errors += 1;
+            }
+        }
+        self.pc = 0;
+        self.cc = 0;
+        p.dma_write32(self.dbr, 4, 0);
     }
 
     fn frames(&self) -> usize {
@@ -306,6 +338,7 @@ impl TxRing {
             n += 1;
             if cqe.is_error() {
                 stats.tx_errors += 1;
+                self.in_error = true;
             } else if cqe.opcode != MLX5_CQE_REQ {
                 continue;
             }
@@ -361,6 +394,9 @@ impl TxRing {
         }
         if len < ETH_HLEN {
             return Err(Dropped::TooShort);
+        }
+        if self.in_error {
+            return Err(Dropped::QueueInError);
         }
         if self.room() == 0 {
             return Err(Dropped::RingFull);
@@ -436,6 +472,7 @@ fn ctrl(seg: &mut [u8], idx: u16, opcode: u8, sqn: u32, ds: u8, cqe: bool) {
 
 /// The receive side: RQ buffer, doorbell record, frame buffers, its CQ.
 pub struct RxRing {
+    wq: DmaBuf,
     dbr: DmaBuf,
     bufs: DmaBuf,
     cq: CqRing,
@@ -446,6 +483,8 @@ pub struct RxRing {
     pc: u16,
     cc: u16,
     scratch: Vec<u8>,
+    /// An error CQE arrived: the RQ is in ERR; consumed buffers are not posted again until it is recovered.
+    in_error: bool,
 }
 
 /// What an RX ring is built from.
@@ -464,14 +503,8 @@ pub struct RxParts {
 impl RxRing {
     /// Writes every receive WQE (one data segment over its own buffer); nothing is posted yet.
     pub fn new<P: Platform + ?Sized>(p: &P, r: RxParts, cq: CqRing) -> RxRing {
-        for i in 0..1usize << r.log_frames {
-            let mut seg = [0u8; RQ_WQE_LEN];
-            seg[0..4].copy_from_slice(&(r.buf_len as u32).to_be_bytes());
-            seg[4..8].copy_from_slice(&r.lkey.to_be_bytes());
-            seg[8..16].copy_from_slice(&r.bufs.at((i * r.buf_len) as u64).to_be_bytes());
-            p.dma_write(r.wq, i * RQ_WQE_LEN, &seg);
-        }
-        RxRing {
+        let rx = RxRing {
+            wq: r.wq,
             dbr: r.dbr,
             bufs: r.bufs,
             cq,
@@ -481,7 +514,43 @@ impl RxRing {
             pc: 0,
             cc: 0,
             scratch: vec![0u8; r.buf_len],
+            in_error: false,
+        };
+        rx.write_wqes(p);
+        rx
+    }
+
+    /// Every receive WQE: one data segment over its own buffer.
+    fn write_wqes<P: Platform + ?Sized>(&self, p: &P) {
+        for i in 0..self.frames() {
+            let mut seg = [0u8; RQ_WQE_LEN];
+            seg[0..4].copy_from_slice(&(self.buf_len as u32).to_be_bytes());
+            seg[4..8].copy_from_slice(&self.lkey.to_be_bytes());
+            seg[8..16].copy_from_slice(&self.bufs.at((i * self.buf_len) as u64).to_be_bytes());
+            p.dma_write(self.wq, i * RQ_WQE_LEN, &seg);
         }
+    }
+
+    /// Whether an error CQE put the RQ in error (cleared once it is ready again).
+    pub fn in_error(&self) -> bool {
+        self.in_error
+    }
+
+    /// After MODIFY_RQ ERR → RST (Linux `mlx5e_flush_rq`): the CQ's leftover CQEs are consumed (errors counted,
+    /// anything else dropped), the counters and the doorbell record start at 0 and every WQE is written
+    /// afresh. [`RxRing::post_all`] posts them once the RQ is ready again.
+    pub fn reset<P: Platform + ?Sized>(&mut self, p: &P, stats: &mut EthStats) {
+        while let Some(cqe) = self.cq.next(p) {
+            if cqe.is_error() {
+                stats.rx_errors += 1;
+            } else {
+                stats.rx_drops += 1;
+            }
+        }
+        self.pc = 0;
+        self.cc = 0;
+        p.dma_write32(self.dbr, 0, 0);
+        self.write_wqes(p);
     }
 
     fn frames(&self) -> usize {
@@ -490,6 +559,7 @@ impl RxRing {
 
     /// Posts every buffer: the receive counter in the doorbell record (dword 0) becomes the ring size.
     pub fn post_all<P: Platform + ?Sized>(&mut self, p: &P) {
+        self.in_error = false;
         self.pc = self.cc.wrapping_add(self.frames() as u16);
         p.dma_write32(self.dbr, 0, u32::from(self.pc));
     }
@@ -520,6 +590,7 @@ impl RxRing {
             self.cc = self.cc.wrapping_add(1);
             if cqe.is_error() {
                 stats.rx_errors += 1;
+                self.in_error = true;
                 continue;
             }
             let len = cqe.byte_cnt as usize;
@@ -534,7 +605,7 @@ impl RxRing {
             delivered += 1;
             deliver(frame);
         }
-        if consumed > 0 {
+        if consumed > 0 && !self.in_error {
             // The buffers just consumed go back to the hardware unchanged: the WQEs already describe them.
             self.pc = self.pc.wrapping_add(consumed as u16);
             p.dma_write32(self.dbr, 0, u32::from(self.pc));
@@ -637,6 +708,8 @@ struct Objects {
     group: Option<FlowGroupId>,
     ftes: Vec<FlowIndex>,
     root: bool,
+    /// The Q counter the RQ counts into.
+    q_counter: Option<u8>,
     /// DMA memory the queues use, freed once the queues are destroyed.
     dma: Vec<DmaBuf>,
 }
@@ -675,6 +748,10 @@ impl Objects {
         let mut queues_gone = true;
         if let Some(r) = self.rqn.take() {
             queues_gone &= note("DESTROY_RQ", d.exec(ifc::eth::destroy_rq(r)));
+        }
+        // The counter set outlives the RQ counting into it (the firmware refuses to free one still in use).
+        if queues_gone && let Some(q) = self.q_counter.take() {
+            note("DEALLOC_Q_COUNTER", d.exec(ifc::eth::dealloc_q_counter(q)));
         }
         if let Some(s) = self.sqn.take() {
             queues_gone &= note("DESTROY_SQ", d.exec(ifc::eth::destroy_sq(s)));
@@ -733,6 +810,63 @@ pub struct EthInfo {
     pub table: FlowTableId,
     /// PMTU after bring-up.
     pub pmtu: ifc::vport::Pmtu,
+    /// The Q counter the RQ counts into (`None` when the HCA has none to give: `max_qp_cnt` 0, or ALLOC failed).
+    pub q_counter: Option<u8>,
+}
+
+/// How often [`EthPort::maintain`] reads the Q counter.
+pub const Q_COUNTER_PERIOD_MS: u64 = 1_000;
+/// How long a failed recovery step waits before it is tried again.
+pub const RECOVERY_RETRY_MS: u64 = 1_000;
+
+/// Which command a maintenance tag belongs to (one in flight each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Purpose {
+    Counter = 1,
+    Sq = 2,
+    Rq = 3,
+}
+
+/// Where a queue's recovery stands: the next command to send (Linux `mlx5e_tx_reporter_err_cqe_recover` and
+/// `mlx5e_flush_rq`: read the state, ERR → RST, the ring reset, RST → RDY, the buffers posted again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    Query,
+    ToReset,
+    ToReady,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Recovery {
+    step: Step,
+    /// The tag of the command in flight.
+    tag: Option<u64>,
+    not_before_ms: u64,
+}
+
+impl Default for Recovery {
+    fn default() -> Self {
+        Recovery { step: Step::Query, tag: None, not_before_ms: 0 }
+    }
+}
+
+/// The port's maintenance state (see [`EthPort::maintain`]).
+#[derive(Debug, Default)]
+struct Maintenance {
+    counter_tag: Option<u64>,
+    next_counter_ms: u64,
+    /// The last `out_of_buffer` read (the counter is free-running; the stats get the differences).
+    last_out_of_buffer: u32,
+    sq: Recovery,
+    rq: Recovery,
+    seq: u64,
+}
+
+impl Maintenance {
+    fn tag(&mut self, purpose: Purpose) -> u64 {
+        self.seq = (self.seq + 1) & 0xffff_ffff;
+        ((purpose as u64) << 32) | self.seq
+    }
 }
 
 /// The Ethernet port: its objects, rings, counters and link state.
@@ -745,6 +879,7 @@ pub struct EthPort<P: Platform> {
     state: PortState,
     local_port: u8,
     objects: Objects,
+    maint: Maintenance,
 }
 
 impl<P: Platform> EthPort<P> {
@@ -792,6 +927,15 @@ impl<P: Platform> EthPort<P> {
         o.td = Some(td);
         let uar = d.alloc_uar().map_err(step("ALLOC_UAR"))?;
         o.uar = Some(uar);
+        // A Q counter for the RQ (Linux `mlx5e_create_q_counters`), when the function may have one; a refusal
+        // by the firmware leaves the port without (its drops are then not counted).
+        if d.info.caps.max_qp_cnt > 0 {
+            match d.exec(ifc::eth::alloc_q_counter()) {
+                Ok(out) => o.q_counter = Some(ifc::eth::alloc_q_counter_out(&out)),
+                Err(e) if e.status().is_some() => log::warn!("mlx5: Ethernet port without a Q counter: {e}"),
+                Err(e) => return Err(step("ALLOC_Q_COUNTER")(e)),
+            }
+        }
 
         // DMA memory: frame buffers, the SQ and RQ buffers, two doorbell records.
         let tx_frames = 1usize << cfg.log_tx_frames;
@@ -886,6 +1030,7 @@ impl<P: Platform> EthPort<P> {
             rlky,
             cqn: rx_cqn,
             vlan_strip_disable: true,
+            counter_set_id: o.q_counter.unwrap_or(0),
             wq: WqParams {
                 wq_type: MLX5_WQ_TYPE_CYCLIC,
                 pd,
@@ -960,8 +1105,25 @@ impl<P: Platform> EthPort<P> {
             },
             tx_cq.ring,
         );
-        let info =
-            EthInfo { mac, caps, inline_mode, lkey, pd, td, uar, tisn, tx_cqn, rx_cqn, sqn, rqn, tirn, table, pmtu };
+        let q_counter = o.q_counter;
+        let info = EthInfo {
+            mac,
+            caps,
+            inline_mode,
+            lkey,
+            pd,
+            td,
+            uar,
+            tisn,
+            tx_cqn,
+            rx_cqn,
+            sqn,
+            rqn,
+            tirn,
+            table,
+            pmtu,
+            q_counter,
+        };
         Ok(EthPort {
             p,
             info,
@@ -971,7 +1133,168 @@ impl<P: Platform> EthPort<P> {
             state,
             local_port: cfg.local_port,
             objects: core::mem::take(o),
+            maint: Maintenance::default(),
         })
+    }
+
+    /// The port's upkeep after `into_engines`, driven by its owner (the core that runs the data path) with the
+    /// command engine's [`SideClient`]; never waits. Each call first takes the side's completions, then submits
+    /// what is due, at most one command in flight per purpose:
+    ///
+    /// - every [`Q_COUNTER_PERIOD_MS`], QUERY_Q_COUNTER; `out_of_buffer` grows `rx_out_of_buffer` by what it
+    ///   moved since the last read;
+    /// - when an error CQE put the SQ or the RQ in error, its recovery, one step per completion: QUERY_SQ/RQ
+    ///   (nothing to do unless the queue is in ERR), MODIFY ERR → RST, the ring reset (leftover CQEs consumed,
+    ///   counters and doorbell record 0, the receive WQEs written afresh), MODIFY RST → RDY, then for the RQ every
+    ///   buffer posted again. Sends are refused ([`Dropped::QueueInError`]) and received buffers not reposted
+    ///   meanwhile. A failed step counts in `maintenance_errors` and is tried again after
+    ///   [`RECOVERY_RETRY_MS`].
+    ///
+    /// Once the HCA is fatal nothing more is submitted. `now_ms` is any monotonic millisecond clock. Returns
+    /// whether anything happened.
+    pub fn maintain(&mut self, side: &mut SideClient, now_ms: u64) -> bool {
+        let p = self.p.clone();
+        let mut did = false;
+        while let Some(c) = side.poll() {
+            did = true;
+            let m = &mut self.maint;
+            if m.counter_tag == Some(c.tag) {
+                m.counter_tag = None;
+                match c.result {
+                    Ok(out) => {
+                        let v = ifc::eth::query_q_counter_out_of_buffer(&out);
+                        self.stats.rx_out_of_buffer += u64::from(v.wrapping_sub(m.last_out_of_buffer));
+                        m.last_out_of_buffer = v;
+                    }
+                    Err(e) => {
+                        self.stats.maintenance_errors += 1;
+                        log::warn!("mlx5: Ethernet port: {e}");
+                    }
+                }
+            } else if m.sq.tag == Some(c.tag) {
+                m.sq.tag = None;
+                let tx = &mut self.tx;
+                Self::advance(&mut m.sq, c.result, now_ms, &mut self.stats, |step, out, stats| match step {
+                    Step::Query => match ifc::eth::query_sq_out(out).state {
+                        MLX5_WQ_STATE_ERR => Some(Step::ToReset),
+                        MLX5_WQ_STATE_RST => {
+                            tx.reset(p.as_ref(), stats);
+                            Some(Step::ToReady)
+                        }
+                        _ => {
+                            tx.in_error = false;
+                            None
+                        }
+                    },
+                    Step::ToReset => {
+                        tx.reset(p.as_ref(), stats);
+                        Some(Step::ToReady)
+                    }
+                    Step::ToReady => {
+                        tx.in_error = false;
+                        stats.tx_recoveries += 1;
+                        None
+                    }
+                });
+            } else if m.rq.tag == Some(c.tag) {
+                m.rq.tag = None;
+                let rx = &mut self.rx;
+                Self::advance(&mut m.rq, c.result, now_ms, &mut self.stats, |step, out, stats| match step {
+                    Step::Query => match ifc::eth::query_rq_out(out).state {
+                        MLX5_WQ_STATE_ERR => Some(Step::ToReset),
+                        MLX5_WQ_STATE_RST => {
+                            rx.reset(p.as_ref(), stats);
+                            Some(Step::ToReady)
+                        }
+                        _ => {
+                            // Ready after all: post again what was consumed meanwhile.
+                            rx.post_all(p.as_ref());
+                            None
+                        }
+                    },
+                    Step::ToReset => {
+                        rx.reset(p.as_ref(), stats);
+                        Some(Step::ToReady)
+                    }
+                    Step::ToReady => {
+                        rx.post_all(p.as_ref());
+                        stats.rx_recoveries += 1;
+                        None
+                    }
+                });
+            }
+        }
+        if side.fatal().is_some() {
+            return did;
+        }
+        let (sqn, rqn) = (self.info.sqn, self.info.rqn);
+        let m = &mut self.maint;
+        if let Some(q) = self.info.q_counter
+            && m.counter_tag.is_none()
+            && now_ms >= m.next_counter_ms
+        {
+            let tag = m.tag(Purpose::Counter);
+            if side.submit_as(tag, ifc::eth::query_q_counter(q)).is_ok() {
+                m.counter_tag = Some(tag);
+                m.next_counter_ms = now_ms + Q_COUNTER_PERIOD_MS;
+                did = true;
+            }
+        }
+        if self.tx.in_error && m.sq.tag.is_none() && now_ms >= m.sq.not_before_ms {
+            let cmd = match m.sq.step {
+                Step::Query => ifc::eth::query_sq(sqn),
+                Step::ToReset => ifc::eth::modify_sq(sqn, MLX5_WQ_STATE_ERR, MLX5_WQ_STATE_RST),
+                Step::ToReady => ifc::eth::modify_sq(sqn, MLX5_WQ_STATE_RST, MLX5_WQ_STATE_RDY),
+            };
+            let tag = m.tag(Purpose::Sq);
+            if side.submit_as(tag, cmd).is_ok() {
+                m.sq.tag = Some(tag);
+                did = true;
+            }
+        }
+        if self.rx.in_error && m.rq.tag.is_none() && now_ms >= m.rq.not_before_ms {
+            let cmd = match m.rq.step {
+                Step::Query => ifc::eth::query_rq(rqn),
+                Step::ToReset => ifc::eth::modify_rq(rqn, MLX5_WQ_STATE_ERR, MLX5_WQ_STATE_RST),
+                Step::ToReady => ifc::eth::modify_rq(rqn, MLX5_WQ_STATE_RST, MLX5_WQ_STATE_RDY),
+            };
+            let tag = m.tag(Purpose::Rq);
+            if side.submit_as(tag, cmd).is_ok() {
+                m.rq.tag = Some(tag);
+                did = true;
+            }
+        }
+        did
+    }
+
+    /// Whether a maintenance command is in flight.
+    pub fn maintenance_pending(&self) -> bool {
+        let m = &self.maint;
+        m.counter_tag.is_some() || m.sq.tag.is_some() || m.rq.tag.is_some()
+    }
+
+    /// Whether the send or the receive queue waits for recovery.
+    pub fn in_error(&self) -> (bool, bool) {
+        (self.tx.in_error, self.rx.in_error)
+    }
+
+    /// One recovery step finished: `on_ok` says the next step (`None`: done, back to the start). A failure is
+    /// counted, and the same step waits [`RECOVERY_RETRY_MS`].
+    fn advance(
+        r: &mut Recovery,
+        result: Result<crate::command::Output, CmdError>,
+        now_ms: u64,
+        stats: &mut EthStats,
+        on_ok: impl FnOnce(Step, &crate::command::Output, &mut EthStats) -> Option<Step>,
+    ) {
+        match result {
+            Ok(out) => r.step = on_ok(r.step, &out, stats).unwrap_or(Step::Query),
+            Err(e) => {
+                stats.maintenance_errors += 1;
+                r.not_before_ms = now_ms + RECOVERY_RETRY_MS;
+                log::warn!("mlx5: Ethernet port recovery: {e}");
+            }
+        }
     }
 
     /// Sends one frame; a full send ring (after reaping completions), a frame longer than a buffer or shorter
@@ -1055,8 +1378,8 @@ impl<P: Platform> EthPort<P> {
         Ok((ifc::eth::query_sq_out(&sq), ifc::eth::query_rq_out(&rq)))
     }
 
-    /// Destroys the port in reverse (root disconnected, entries, group, table, TIR, RQ, SQ, CQs, TIS, MKEYs,
-    /// UAR, TD, PD), then frees its DMA memory. Needs the synchronous driver (before `into_engines`). The first
+    /// Destroys the port in reverse (root disconnected, entries, group, table, TIR, RQ, Q counter, SQ, CQs, TIS,
+    /// MKEYs, UAR, TD, PD), then frees its DMA memory. Needs the synchronous driver (before `into_engines`). The first
     /// failing step is reported; the rest still run, and memory a queue may still reach is not freed.
     pub fn destroy(self, d: &mut Driver<P>) -> Result<(), EthError> {
         let EthPort { info, tx, rx, mut objects, .. } = self;
@@ -1246,6 +1569,20 @@ mod tests {
         assert_eq!(tx.transmit(&p, &mut st, &frame(BUF + 1)), Err(Dropped::TooLong));
         assert_eq!(tx.transmit(&p, &mut st, &[0u8; 13]), Err(Dropped::TooShort));
         assert_eq!(st.tx_drops, 3);
+        // The error CQE left the SQ in error: sends are refused (and counted) until it is reset.
+        assert!(tx.in_error());
+        let rung = p.bar.lock().len();
+        assert_eq!(tx.transmit(&p, &mut st, &frame(64)), Err(Dropped::QueueInError));
+        assert_eq!((st.tx_drops, p.bar.lock().len()), (4, rung));
+        // The reset consumes what the CQ still holds and starts the ring and its doorbell record at 0.
+        put_cqe(&p, &tx.cq, 3, ifc::cq::MLX5_CQE_REQ_ERR, 3, 0, MLX5_CQE_SYNDROME_WR_FLUSH_ERR);
+        tx.reset(&p, &mut st);
+        assert_eq!((st.tx_errors, tx.room(), be32(&p.bytes(tx.dbr, 0, 8), 4)), (2, 4, 0));
+        assert!(tx.in_error(), "still refused until the SQ is ready again");
+        tx.in_error = false;
+        tx.transmit(&p, &mut st, &frame(64)).unwrap();
+        assert_eq!(be32(&p.bytes(tx.wq, 0, 4), 0), MLX5_OPCODE_SEND as u32, "WQE index 0 in slot 0 again");
+        assert_eq!(be32(&p.bytes(tx.dbr, 0, 8), 4), 1);
     }
 
     #[test]
@@ -1357,26 +1694,52 @@ mod tests {
         // The CQ's doorbell record follows the consumer counter.
         assert_eq!(be32(&p.bytes(rx.cq.dbr, 0, 4), 0), 2);
 
-        // An error CQE, a length beyond the buffer, a zero length, an out-of-order counter: counted, reposted,
-        // never handed out. The budget bounds one call.
-        put_cqe(&p, &rx.cq, 2, MLX5_CQE_RESP_ERR, 2, 0, MLX5_CQE_SYNDROME_WR_FLUSH_ERR);
-        put_cqe(&p, &rx.cq, 3, MLX5_CQE_RESP_SEND, 3, BUF as u32 + 1, 0);
-        put_cqe(&p, &rx.cq, 4, MLX5_CQE_RESP_SEND, 4, 0, 0);
-        put_cqe(&p, &rx.cq, 5, MLX5_CQE_RESP_SEND, 7, 60, 0);
+        // A length beyond the buffer, a zero length, an out-of-order counter: counted, reposted, never handed
+        // out. The budget bounds one call.
+        put_cqe(&p, &rx.cq, 2, MLX5_CQE_RESP_SEND, 2, BUF as u32 + 1, 0);
+        put_cqe(&p, &rx.cq, 3, MLX5_CQE_RESP_SEND, 3, 0, 0);
+        put_cqe(&p, &rx.cq, 4, MLX5_CQE_RESP_SEND, 7, 60, 0);
         got.clear();
-        assert_eq!(rx.receive(&p, &mut st, 3, |f| got.push(f.to_vec())), 0);
-        assert_eq!(be32(&p.bytes(rx.dbr, 0, 4), 0), 9);
-        assert_eq!(rx.receive(&p, &mut st, 3, |f| got.push(f.to_vec())), 0);
+        assert_eq!(rx.receive(&p, &mut st, 2, |f| got.push(f.to_vec())), 0);
+        assert_eq!(be32(&p.bytes(rx.dbr, 0, 4), 0), 8);
+        assert_eq!(rx.receive(&p, &mut st, 2, |f| got.push(f.to_vec())), 0);
         assert!(got.is_empty());
-        assert_eq!((st.rx_errors, st.rx_drops, st.rx_frames), (1, 3, 2));
-        assert_eq!(be32(&p.bytes(rx.dbr, 0, 4), 0), 10);
+        assert_eq!((st.rx_errors, st.rx_drops, st.rx_frames), (0, 3, 2));
+        assert_eq!(be32(&p.bytes(rx.dbr, 0, 4), 0), 9);
 
-        // The ring wraps: buffer 2 (counter 6) on the CQ's second pass is delivered from its own buffer.
+        // The ring wraps: buffer 1 (counter 5) on the CQ's second pass is delivered from its own buffer.
         let c = frame(70);
-        p.dma_write(rx.bufs, 2 * BUF, &c);
-        put_cqe(&p, &rx.cq, 6, MLX5_CQE_RESP_SEND, 6, 70, 0);
+        p.dma_write(rx.bufs, BUF, &c);
+        put_cqe(&p, &rx.cq, 5, MLX5_CQE_RESP_SEND, 5, 70, 0);
         assert_eq!(rx.receive(&p, &mut st, 8, |f| got.push(f.to_vec())), 1);
         assert_eq!(got, vec![c]);
+        assert_eq!(be32(&p.bytes(rx.dbr, 0, 4), 0), 10);
+
+        // An error CQE (and the flush after it): counted, never handed out, and the RQ in error takes its
+        // buffers back no more.
+        put_cqe(&p, &rx.cq, 6, MLX5_CQE_RESP_ERR, 6, 0, 0x04);
+        put_cqe(&p, &rx.cq, 7, MLX5_CQE_RESP_ERR, 7, 0, MLX5_CQE_SYNDROME_WR_FLUSH_ERR);
+        got.clear();
+        assert_eq!(rx.receive(&p, &mut st, 8, |f| got.push(f.to_vec())), 0);
+        assert!(got.is_empty() && rx.in_error());
+        assert_eq!((st.rx_errors, be32(&p.bytes(rx.dbr, 0, 4), 0)), (2, 10));
+        // The reset consumes what the CQ still holds, zeroes the counters and the doorbell record and writes
+        // every WQE afresh (one was scribbled over); posting all of them makes the ring whole again.
+        put_cqe(&p, &rx.cq, 8, MLX5_CQE_RESP_ERR, 8, 0, MLX5_CQE_SYNDROME_WR_FLUSH_ERR);
+        p.dma_write(rx.wq, 0, &[0xee; RQ_WQE_LEN]);
+        rx.reset(&p, &mut st);
+        assert_eq!((st.rx_errors, be32(&p.bytes(rx.dbr, 0, 4), 0)), (3, 0));
+        let w = p.bytes(rx.wq, 0, RQ_WQE_LEN);
+        assert_eq!((be32(&w, 0), be32(&w, 4), be64(&w, 8)), (BUF as u32, LKEY, rx.bufs.at(0)));
+        rx.post_all(&p);
+        assert!(!rx.in_error());
+        assert_eq!(be32(&p.bytes(rx.dbr, 0, 4), 0), 4);
+        // Counter 0 again, in buffer 0 (the CQ itself goes on: index 9).
+        let d = frame(80);
+        p.dma_write(rx.bufs, 0, &d);
+        put_cqe(&p, &rx.cq, 9, MLX5_CQE_RESP_SEND, 0, 80, 0);
+        assert_eq!(rx.receive(&p, &mut st, 8, |f| got.push(f.to_vec())), 1);
+        assert_eq!(got, vec![d]);
     }
 
     #[test]

@@ -18,8 +18,9 @@ use std::net::UdpSocket;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use leasebox_mlx5::driver::Config;
 use leasebox_mlx5::driver::PortState;
-use leasebox_mlx5::engine::Event;
+use leasebox_mlx5::engine::{Event, SideClient};
 use leasebox_mlx5::eth::{BROADCAST, Dropped, EthConfig, EthPort, EthStats, LinkWait, Lkey, LkeySource};
 use leasebox_mlx5::ifc;
 use leasebox_mlx5::platform::Platform;
@@ -78,6 +79,8 @@ fn tx_done(c: &EthCounters) -> u64 {
 /// socket, each sending to the other on loopback.
 struct Rig {
     d: common::Hosted,
+    /// The command engine's second submitting side, for the port's maintenance.
+    side: SideClient,
     p: Arc<HostedPlatform>,
     wire: EthWire,
     station: UdpSocket,
@@ -87,13 +90,18 @@ struct Rig {
 
 impl Rig {
     fn new(model: ModelConfig) -> Rig {
-        let d = common::up_with(model, common::driver_config());
+        Rig::with_driver(model, common::driver_config())
+    }
+
+    fn with_driver(model: ModelConfig, cfg: Config) -> Rig {
+        let mut d = common::up_with(model, cfg);
+        let side = d.cmd.side_client().expect("the side client");
         let p = d.platform().clone();
         let station = UdpSocket::bind("127.0.0.1:0").expect("bind the station");
         station.set_read_timeout(Some(PATIENCE)).unwrap();
         let wire = EthWire::bind("127.0.0.1:0".parse().unwrap(), station.local_addr().unwrap()).expect("bind the wire");
         let mkeys = p.model().unwrap().hca().mkeys.len();
-        Rig { d, p, wire, station, mkeys }
+        Rig { d, side, p, wire, station, mkeys }
     }
 
     fn counters(&self) -> EthCounters {
@@ -114,6 +122,15 @@ impl Rig {
             assert!(t0.elapsed() < PATIENCE, "gave up waiting for {what}");
             self.step();
         }
+    }
+
+    /// Runs the port's maintenance at `now_ms` and steps until it has nothing in flight.
+    fn maintain(&mut self, port: &mut EthPort<HostedPlatform>, now_ms: u64) {
+        port.maintain(&mut self.side, now_ms);
+        self.step_until("the maintenance commands", |r| {
+            port.maintain(&mut r.side, now_ms);
+            !port.maintenance_pending()
+        });
     }
 
     /// The station sends `f` onto the cable.
@@ -164,6 +181,7 @@ impl Rig {
                 e.sqs.is_empty() && e.rqs.is_empty() && e.tises.is_empty() && e.tirs.is_empty(),
                 "the port's queues, TIS and TIR are gone"
             );
+            assert!(e.q_counters.is_empty(), "the port's Q counter is gone");
             assert_eq!(m.hca().mkeys.len(), self.mkeys, "the port's MKEYs are gone");
         }
         assert_eq!(self.p.dma_free_bytes(), free_before, "every byte of the port's DMA memory came back");
@@ -589,4 +607,170 @@ fn a_send_queue_flushed_in_error_completes_every_wqe_without_overrunning_its_cq(
     let (sq, _) = port.query_queues(&mut r.d).unwrap();
     assert_eq!(sq.state, ifc::eth::MLX5_WQ_STATE_ERR);
     r.destroy(port, free_before);
+}
+
+#[test]
+fn the_q_counter_reports_an_overrun_exactly_through_maintain() {
+    let mut r = Rig::new(common::model_config());
+    let free_before = r.p.dma_free_bytes();
+    let mut port = create(&mut r);
+    let q = port.info.q_counter.expect("the model's max_qp_cnt allows a Q counter");
+    assert_eq!(r.p.model().unwrap().hca().eth.rqs[&port.info.rqn].counter_set_id, u32::from(q), "the RQ counts there");
+
+    // RING + 3 frames before the driver looks: 3 dropped for want of a buffer, and only the RQ's Q counter
+    // knows. The first maintenance pass reads it.
+    let burst: Vec<Vec<u8>> = (0..RING as u8 + 3).map(|i| frame(PORT_MAC, PEER_MAC, i, 64)).collect();
+    r.deliver_to_model(&burst);
+    r.maintain(&mut port, 0);
+    assert_eq!(port.stats().rx_out_of_buffer, 3);
+    assert_eq!(Rig::receive_all(&mut port), burst[..RING].to_vec());
+
+    // Five more lost: not read again before the period has passed, then read and added exactly.
+    r.deliver_to_model(&(0..RING as u8 + 5).map(|i| frame(PORT_MAC, PEER_MAC, i, 64)).collect::<Vec<_>>());
+    assert!(!port.maintain(&mut r.side, leasebox_mlx5::eth::Q_COUNTER_PERIOD_MS - 1), "not due yet");
+    assert_eq!(port.stats().rx_out_of_buffer, 3);
+    r.maintain(&mut port, leasebox_mlx5::eth::Q_COUNTER_PERIOD_MS);
+    assert_eq!(port.stats().rx_out_of_buffer, 8);
+    assert_eq!(r.p.model().unwrap().hca().eth.q_counters[&u32::from(q)].out_of_buffer, 8);
+    assert_eq!(Rig::receive_all(&mut port).len(), RING);
+    // A read with nothing new adds nothing.
+    r.maintain(&mut port, 2 * leasebox_mlx5::eth::Q_COUNTER_PERIOD_MS);
+    let s = port.stats();
+    assert_eq!((s.rx_out_of_buffer, s.maintenance_errors, s.rx_errors), (8, 0, 0));
+    r.destroy(port, free_before);
+}
+
+#[test]
+fn a_port_without_q_counters_goes_without() {
+    let mut r = Rig::new(common::model_config());
+    // The firmware refuses the allocation (as one with no counter left would).
+    r.p.model().unwrap().inject(mlx5_model::fault::Fault::Fail {
+        opcode: ifc::eth::MLX5_CMD_OP_ALLOC_Q_COUNTER,
+        count: 1,
+        status: 0x0f,
+        syndrome: 0x1234,
+    });
+    let free_before = r.p.dma_free_bytes();
+    let mut port = create(&mut r);
+    assert_eq!(port.info.q_counter, None);
+    assert_eq!(r.p.model().unwrap().hca().eth.rqs[&port.info.rqn].counter_set_id, 0);
+    assert!(!port.maintain(&mut r.side, 0), "nothing to read");
+    let inb = frame(PORT_MAC, PEER_MAC, 1, 64);
+    r.deliver_to_model(std::slice::from_ref(&inb));
+    assert_eq!(Rig::receive_all(&mut port), vec![inb]);
+    r.destroy(port, free_before);
+}
+
+#[test]
+fn a_send_queue_in_error_is_recovered_and_frames_flow_again() {
+    let mut r = Rig::new(common::model_config());
+    let free_before = r.p.dma_free_bytes();
+    let mut port = create(&mut r);
+    // A frame longer than the port's MTU fits a buffer but not the wire: the model completes it with a local
+    // length error and puts the SQ in ERR.
+    let before = tx_done(&r.counters());
+    port.transmit(&frame(PEER_MAC, PORT_MAC, 0, 1600)).unwrap();
+    r.drain_tx(&mut port, before, 1);
+    assert_eq!(r.counters().tx_errors, 1);
+    assert_eq!(port.in_error(), (true, false));
+    assert_eq!(port.transmit(&frame(PEER_MAC, PORT_MAC, 1, 64)), Err(Dropped::QueueInError));
+    let (sq, _) = port.query_queues(&mut r.d).unwrap();
+    assert_eq!(sq.state, ifc::eth::MLX5_WQ_STATE_ERR);
+
+    // Maintenance: QUERY_SQ (ERR), ERR → RST, the ring reset, RST → RDY.
+    r.step_until("the SQ recovered", |r| {
+        port.maintain(&mut r.side, 0);
+        port.stats().tx_recoveries == 1
+    });
+    assert_eq!(port.in_error(), (false, false));
+    let (sq, _) = port.query_queues(&mut r.d).unwrap();
+    assert_eq!((sq.state, sq.wq.hw_counter), (ifc::eth::MLX5_WQ_STATE_RDY, 0));
+    // Frames flow again, a full ring's worth and more (the ring restarted at counter 0).
+    for round in 0..2u8 {
+        let sent: Vec<Vec<u8>> = (0..RING as u8).map(|i| frame(PEER_MAC, PORT_MAC, 0x40 * round + i, 70)).collect();
+        let before = tx_done(&r.counters());
+        for f in &sent {
+            port.transmit(f).unwrap();
+        }
+        r.drain_tx(&mut port, before, RING);
+        for f in &sent {
+            assert_eq!(&r.station_recv(), f);
+        }
+    }
+    let s = port.stats();
+    assert_eq!((s.tx_errors, s.tx_drops, s.tx_recoveries, s.maintenance_errors), (1, 1, 1, 0));
+    assert_eq!(r.counters().tx_errors, 1);
+    r.destroy(port, free_before);
+}
+
+#[test]
+fn a_receive_queue_in_error_is_recovered_and_frames_flow_again() {
+    let mut r = Rig::new(common::model_config());
+    let free_before = r.p.dma_free_bytes();
+    let mut port = create(&mut r);
+    let inb = frame(PORT_MAC, PEER_MAC, 1, 64);
+    r.deliver_to_model(std::slice::from_ref(&inb));
+    assert_eq!(Rig::receive_all(&mut port), vec![inb]);
+    // Scribble over the next receive WQE's lkey (as a stray write would): the model cannot scatter the next
+    // frame, completes it with a protection error and puts the RQ in ERR.
+    {
+        let m = r.p.model().unwrap();
+        let rq = &m.hca().eth.rqs[&port.info.rqn];
+        let at = rq.wq.entry_addr(1).unwrap();
+        r.p.ram().write(at + 4, &0x00de_ad00u32.to_be_bytes()).unwrap();
+    }
+    r.deliver_to_model(&[frame(PORT_MAC, PEER_MAC, 2, 64)]);
+    assert_eq!(r.counters().rx_errors, 1);
+    assert_eq!(Rig::receive_all(&mut port), Vec::<Vec<u8>>::new());
+    assert_eq!(port.in_error(), (false, true));
+    let (_, rq) = port.query_queues(&mut r.d).unwrap();
+    assert_eq!(rq.state, ifc::eth::MLX5_WQ_STATE_ERR);
+    // Frames arriving meanwhile are dropped by the model (the RQ is not ready).
+    r.deliver_to_model(&[frame(PORT_MAC, PEER_MAC, 3, 64)]);
+    assert_eq!(r.counters().rx_rq_not_ready, 1);
+
+    r.step_until("the RQ recovered", |r| {
+        port.maintain(&mut r.side, 0);
+        port.stats().rx_recoveries == 1
+    });
+    assert_eq!(port.in_error(), (false, false));
+    let (_, rq) = port.query_queues(&mut r.d).unwrap();
+    assert_eq!(rq.state, ifc::eth::MLX5_WQ_STATE_RDY);
+    // Every buffer is posted again, with its WQE rewritten: two full rings' worth arrive whole.
+    for round in 0..2u8 {
+        let again: Vec<Vec<u8>> = (0..RING as u8).map(|i| frame(PORT_MAC, PEER_MAC, 0x40 * round + i, 90)).collect();
+        r.deliver_to_model(&again);
+        assert_eq!(Rig::receive_all(&mut port), again);
+    }
+    let s = port.stats();
+    assert_eq!((s.rx_errors, s.rx_recoveries, s.maintenance_errors, s.rx_frames), (1, 1, 0, 1 + 2 * RING as u64));
+    assert_eq!(r.counters().rx_out_of_buffer, 0);
+    r.destroy(port, free_before);
+}
+
+#[test]
+fn fatal_health_fails_a_maintenance_command_in_flight_and_stops_maintenance() {
+    let cfg = Config { health_interval_ms: 50, cmd_timeout_ms: Some(60_000), ..common::driver_config() };
+    let mut r = Rig::with_driver(common::model_config(), cfg);
+    let mut port = create(&mut r);
+    r.p.model().unwrap().inject(mlx5_model::fault::Fault::Hang { opcode: ifc::eth::MLX5_CMD_OP_QUERY_Q_COUNTER });
+    assert!(port.maintain(&mut r.side, 0), "the Q counter query goes out");
+    r.step_until("the query in flight", |r| r.d.cmd.queue().in_flight() == 1);
+    r.p.model().unwrap().inject(mlx5_model::fault::Fault::HealthFatal { synd: 0x8 });
+    let t0 = Instant::now();
+    r.step_until("the query to fail", |r| {
+        port.maintain(&mut r.side, 0);
+        !port.maintenance_pending()
+    });
+    assert!(t0.elapsed() < Duration::from_secs(10), "at once, not after the 60 s command timeout");
+    assert_eq!(port.stats().maintenance_errors, 1);
+    assert_eq!(r.side.fatal(), Some(0x8));
+    // Nothing more is submitted once the HCA is dead, however much time passes.
+    let submitted = r.d.cmd.queue().log().counters.submitted;
+    for t in 1..5 {
+        port.maintain(&mut r.side, t * leasebox_mlx5::eth::Q_COUNTER_PERIOD_MS);
+        r.step();
+    }
+    assert!(!port.maintenance_pending());
+    assert_eq!(r.d.cmd.queue().log().counters.submitted, submitted);
 }

@@ -12,6 +12,9 @@ use crate::handles::{Cqn, Pdn, Tdn, UarPage};
 use crate::ifc::{CMD_HDR_LEN, PAS_OFFSET, put_pas, with_pas};
 
 pub const MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS: u16 = 0x203;
+pub const MLX5_CMD_OP_ALLOC_Q_COUNTER: u16 = 0x771;
+pub const MLX5_CMD_OP_DEALLOC_Q_COUNTER: u16 = 0x772;
+pub const MLX5_CMD_OP_QUERY_Q_COUNTER: u16 = 0x773;
 pub const MLX5_CMD_OP_CREATE_TIR: u16 = 0x900;
 pub const MLX5_CMD_OP_DESTROY_TIR: u16 = 0x902;
 pub const MLX5_CMD_OP_CREATE_SQ: u16 = 0x904;
@@ -237,6 +240,8 @@ pub struct RqParams<'a> {
     pub cqn: Cqn,
     /// `rqc.vsd`: VLAN stripping disabled (frames arrive as sent).
     pub vlan_strip_disable: bool,
+    /// `rqc.counter_set_id`: the Q counter the RQ counts into (0: none).
+    pub counter_set_id: u8,
     pub wq: WqParams<'a>,
 }
 
@@ -249,6 +254,7 @@ pub fn create_rq(p: &RqParams<'_>) -> Command {
     c.set(CTX + 0x03, 1, p.vlan_strip_disable as u32);
     c.set(CTX + 0x08, 4, MLX5_WQ_STATE_RST.into());
     c.set(CTX + 0x48, 24, p.cqn.0);
+    c.set(CTX + 0x60, 8, p.counter_set_id.into());
     put_wq(&mut c, &p.wq);
     c
 }
@@ -309,6 +315,42 @@ pub fn create_tir_out(out: &Output) -> u32 {
 
 pub fn destroy_tir(tirn: u32) -> Command {
     handle_cmd(MLX5_CMD_OP_DESTROY_TIR, "tirn", tirn)
+}
+
+/// `query_q_counter_in` (0x20 bytes) and `query_q_counter_out` (0x100 bytes).
+pub const QUERY_Q_COUNTER_IN_LEN: usize = 0x20;
+pub const QUERY_Q_COUNTER_OUT_LEN: usize = 0x100;
+
+/// ALLOC_Q_COUNTER (Linux `mlx5e_create_q_counters`): a counter set for this function's queues.
+pub fn alloc_q_counter() -> Command {
+    Command::new(MLX5_CMD_OP_ALLOC_Q_COUNTER, 0, CMD_HDR_LEN, CMD_HDR_LEN)
+}
+
+/// `alloc_q_counter_out.counter_set_id`: bit 0x58, 8 bits.
+pub fn alloc_q_counter_out(out: &Output) -> u8 {
+    out.get(0x58, 8) as u8
+}
+
+/// DEALLOC_Q_COUNTER: `counter_set_id` at bit 0x58, as ALLOC returns it.
+pub fn dealloc_q_counter(counter_set_id: u8) -> Command {
+    let mut c = Command::new(MLX5_CMD_OP_DEALLOC_Q_COUNTER, 0, CMD_HDR_LEN, CMD_HDR_LEN)
+        .with("counter_set_id", counter_set_id.into());
+    c.set(0x58, 8, counter_set_id.into());
+    c
+}
+
+/// QUERY_Q_COUNTER of our own vport (`other_vport` 0, `aggregate` 0, `clear` 0): `counter_set_id` at bit 0xF8.
+pub fn query_q_counter(counter_set_id: u8) -> Command {
+    let mut c = Command::new(MLX5_CMD_OP_QUERY_Q_COUNTER, 0, QUERY_Q_COUNTER_IN_LEN, QUERY_Q_COUNTER_OUT_LEN)
+        .with("counter_set_id", counter_set_id.into());
+    c.set(0xf8, 8, counter_set_id.into());
+    c
+}
+
+/// `query_q_counter_out.out_of_buffer` (bit 0x180, 32 bits): frames dropped because their RQ had no WQE posted.
+/// A free-running counter (it wraps).
+pub fn query_q_counter_out_of_buffer(out: &Output) -> u32 {
+    out.get(0x180, 32)
 }
 
 pub fn query_special_contexts() -> Command {
@@ -454,12 +496,16 @@ mod tests {
     fn rq() {
         let pages = [0x20_0000];
         let w = WqParams { uar_page: UarPage(0), log_wq_stride: 4, log_wq_sz: 9, ..wq(&pages) };
-        let c = create_rq(&RqParams { rlky: false, cqn: Cqn(0x77), vlan_strip_disable: true, wq: w });
+        let c =
+            create_rq(&RqParams { rlky: false, cqn: Cqn(0x77), vlan_strip_disable: true, counter_set_id: 0, wq: w });
         let b = c.input();
         assert_eq!((be16(b, 0), b.len()), (0x908, 0x118));
         assert_eq!(be32(b, 0x20), 1 << 28); // rlky 0, vsd (bit 3), mem_rq_type 0, state RST
-        let r = create_rq(&RqParams { rlky: true, cqn: Cqn(0x77), vlan_strip_disable: false, wq: w });
+        let r =
+            create_rq(&RqParams { rlky: true, cqn: Cqn(0x77), vlan_strip_disable: false, counter_set_id: 5, wq: w });
         assert_eq!(be32(r.input(), 0x20), 1 << 31);
+        // counter_set_id: rqc bit 0x60 = byte 0x2c of the command, the dword's top byte.
+        assert_eq!((be32(b, 0x2c), be32(r.input(), 0x2c)), (0, 5 << 24));
         assert_eq!(be32(b, 0x28), 0x77);
         assert_eq!((be32(b, 0x50), be32(b, 0x58), be32(b, 0x5c)), (1 << 28, 0x12, 0));
         assert_eq!(be32(b, 0x70), (4 << 16) | 9);
@@ -493,6 +539,23 @@ mod tests {
         assert_eq!(create_tir_out(&out(0x10, &[(0x0b, &[0x42])])), 0x42);
         let d = destroy_tir(0x42);
         assert_eq!((be16(d.input(), 0), be32(d.input(), 8)), (0x902, 0x42));
+    }
+
+    #[test]
+    fn q_counters() {
+        let a = alloc_q_counter();
+        assert_eq!((be16(a.input(), 0), a.input().len(), a.out_len()), (0x771, 0x10, 0x10));
+        // counter_set_id: bit 0x58 = byte 0xb, in the output of ALLOC and the input of DEALLOC.
+        assert_eq!(alloc_q_counter_out(&out(0x10, &[(0x0b, &[7])])), 7);
+        let d = dealloc_q_counter(7);
+        assert_eq!((be16(d.input(), 0), be32(d.input(), 8), d.input().len()), (0x772, 7, 0x10));
+        // QUERY: 0x20 bytes in, counter_set_id at bit 0xF8 = byte 0x1f, clear (bit 0xC0) 0; 0x100 bytes out.
+        let q = query_q_counter(7);
+        assert_eq!((be16(q.input(), 0), q.input().len(), q.out_len()), (0x773, 0x20, 0x100));
+        assert_eq!((be32(q.input(), 0x18), be32(q.input(), 0x1c)), (0, 7));
+        assert_eq!(q.input().iter().filter(|&&x| x != 0).count(), 2 + 1);
+        // out_of_buffer: bit 0x180 = byte 0x30.
+        assert_eq!(query_q_counter_out_of_buffer(&out(0x100, &[(0x30, &[0, 1, 0, 2])])), 0x1_0002);
     }
 
     #[test]

@@ -273,6 +273,8 @@ pub mod cmd_hca_cap {
     pub const LOG_MAX_CURRENT_UC_LIST: (usize, usize) = (0x3fb, 5);
     pub const LOG_UAR_PAGE_SZ: (usize, usize) = (0x490, 16);
     pub const NUM_VHCA_PORTS: (usize, usize) = (0x610, 8);
+    /// How many Q counters the function may allocate (ALLOC_Q_COUNTER).
+    pub const MAX_QP_CNT: (usize, usize) = (0x186, 10);
 }
 
 /// `roce_cap` offsets inside the capability block.
@@ -338,6 +340,8 @@ pub struct GeneralCaps {
     pub log_max_current_uc_list: u8,
     pub log_uar_page_sz: u16,
     pub num_vhca_ports: u8,
+    /// Q counters the function may allocate (0: none).
+    pub max_qp_cnt: u16,
 }
 
 impl GeneralCaps {
@@ -389,6 +393,7 @@ impl GeneralCaps {
             log_max_current_uc_list: u8_(f::LOG_MAX_CURRENT_UC_LIST),
             log_uar_page_sz: u16_(f::LOG_UAR_PAGE_SZ),
             num_vhca_ports: u8_(f::NUM_VHCA_PORTS),
+            max_qp_cnt: u16_(f::MAX_QP_CNT),
         }
     }
 }
