@@ -8,6 +8,11 @@
 //! events the event engine records ([`leasebox_mlx5::engine::Shared::port_event`]). Counters and the link
 //! state are published for HEALTH and the ready line ([`summary`]).
 //!
+//! The `net` core cannot use the lease service's command client, so [`build`] also takes the command engine's
+//! side client ([`SideClient`]) for the port: each pass, [`Mlx5Nic::maintain`] runs the port's maintenance over
+//! it (the Q counter's `out_of_buffer` read every second, a send or receive queue in error brought back),
+//! never waiting for a command.
+//!
 //! Neighbours for the lease service (ALLOC's `client_mac` 0, "resolve"): [`neighbour`] answers from a small
 //! table of ARP replies heard on the port and asks ARP for what it does not know; the `net` role sends the
 //! requests ([`Mlx5Nic::ask_neighbours`]). Only replies to our MAC, from an address being asked for, are learned,
@@ -23,13 +28,14 @@ use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use leasebox_kernel::time::Instant as KernelInstant;
 use leasebox_lease::service::Neighbour;
 use leasebox_mlx5::driver::{Driver, PortState};
+use leasebox_mlx5::engine::SideClient;
 use leasebox_mlx5::eth::{EthConfig, EthPort, EthStats};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
 use spin::Mutex;
 
-/// The port, between HCA bring-up (which builds it) and the network stack (which takes it).
-static PORT: Mutex<Option<EthPort<KernelHca>>> = Mutex::new(None);
+/// The port and its side client, between HCA bring-up (which builds it) and the network stack (which takes it).
+static PORT: Mutex<Option<(EthPort<KernelHca>, Option<SideClient>)>> = Mutex::new(None);
 
 /// The largest frame smoltcp sends: a 1500-byte MTU plus the Ethernet header.
 const MAX_FRAME: usize = 1514;
@@ -37,7 +43,8 @@ const MAX_FRAME: usize = 1514;
 /// Frames taken from the receive queue per `receive` call (smoltcp asks once per frame).
 const RX_BUDGET: usize = 1;
 
-/// Builds the Ethernet port on `d` (before `into_engines`). The link need not be up: boot never waits for it.
+/// Builds the Ethernet port on `d` (before `into_engines`) and takes the command engine's side client for its
+/// maintenance. The link need not be up: boot never waits for it.
 pub fn build(d: &mut Driver<KernelHca>) {
     match EthPort::create(d, &EthConfig::default()) {
         Ok(port) => {
@@ -53,7 +60,11 @@ pub fn build(d: &mut Driver<KernelHca>) {
                 port.state()
             );
             publish_state(port.state());
-            *PORT.lock() = Some(port);
+            let side = d.cmd.side_client();
+            if side.is_none() {
+                log::warn!("mlx5: no side client for the Ethernet port: its counters and recovery are off");
+            }
+            *PORT.lock() = Some((port, side));
         }
         Err(e) => log::error!("mlx5: the Ethernet port could not be built: {e}"),
     }
@@ -61,7 +72,13 @@ pub fn build(d: &mut Driver<KernelHca>) {
 
 /// The port built by [`build`], once.
 pub fn take() -> Option<Mlx5Nic> {
-    PORT.lock().take().map(|port| Mlx5Nic { port, rx: Box::new([0; 2048]), rx_len: 0, spill: Box::new([0; 2048]) })
+    PORT.lock().take().map(|(port, side)| Mlx5Nic {
+        port,
+        side,
+        rx: Box::new([0; 2048]),
+        rx_len: 0,
+        spill: Box::new([0; 2048]),
+    })
 }
 
 /// Entries of the neighbour table; the oldest goes first.
@@ -150,6 +167,8 @@ static TX_FRAMES: AtomicU64 = AtomicU64::new(0);
 static TX_DROPS: AtomicU64 = AtomicU64::new(0);
 static RX_FRAMES: AtomicU64 = AtomicU64::new(0);
 static RX_DROPS: AtomicU64 = AtomicU64::new(0);
+static RX_OUT_OF_BUFFER: AtomicU64 = AtomicU64::new(0);
+static RECOVERIES: AtomicU64 = AtomicU64::new(0);
 
 fn publish_state(s: PortState) {
     LINK.store(
@@ -172,16 +191,20 @@ pub fn link() -> &'static str {
     }
 }
 
-/// One line for HEALTH: link and frame counters (drops include a full ring and frames the driver refused).
+/// One line for HEALTH: link and frame counters (drops include a full ring, frames the driver refused and
+/// error completions), the frames the HCA dropped for want of a receive buffer (its Q counter), and how often a
+/// queue was brought back from error.
 pub fn summary() -> Option<String> {
     (LINK.load(Ordering::Relaxed) != 0).then(|| {
         format!(
-            "ctl port link {} tx {} (dropped {}) rx {} (dropped {})",
+            "ctl port link {} tx {} (dropped {}) rx {} (dropped {}) out-of-buffer {} recovered {}",
             link(),
             TX_FRAMES.load(Ordering::Relaxed),
             TX_DROPS.load(Ordering::Relaxed),
             RX_FRAMES.load(Ordering::Relaxed),
-            RX_DROPS.load(Ordering::Relaxed)
+            RX_DROPS.load(Ordering::Relaxed),
+            RX_OUT_OF_BUFFER.load(Ordering::Relaxed),
+            RECOVERIES.load(Ordering::Relaxed)
         )
     })
 }
@@ -189,6 +212,8 @@ pub fn summary() -> Option<String> {
 /// smoltcp's device over the port.
 pub struct Mlx5Nic {
     port: EthPort<KernelHca>,
+    /// The command engine's side client, for the port's maintenance.
+    side: Option<SideClient>,
     /// The frame lent to smoltcp by the last `receive`.
     rx: Box<[u8; 2048]>,
     rx_len: usize,
@@ -245,10 +270,22 @@ impl Mlx5Nic {
         }
     }
 
-    /// Reaps send completions and publishes the counters.
+    /// Reaps send completions, runs the port's maintenance (Q counter, queue recovery) and publishes the
+    /// counters.
     pub fn maintain(&mut self) {
         self.port.poll_tx();
-        publish_stats(&self.port.stats());
+        let before = self.port.stats();
+        if let Some(side) = self.side.as_mut() {
+            self.port.maintain(side, now_ms());
+        }
+        let s = self.port.stats();
+        if s.tx_recoveries != before.tx_recoveries {
+            log::warn!("net: ctl port send queue recovered from error ({} so far)", s.tx_recoveries);
+        }
+        if s.rx_recoveries != before.rx_recoveries {
+            log::warn!("net: ctl port receive queue recovered from error ({} so far)", s.rx_recoveries);
+        }
+        publish_stats(&s);
     }
 }
 
@@ -257,6 +294,8 @@ fn publish_stats(s: &EthStats) {
     TX_DROPS.store(s.tx_drops + s.tx_errors, Ordering::Relaxed);
     RX_FRAMES.store(s.rx_frames, Ordering::Relaxed);
     RX_DROPS.store(s.rx_drops + s.rx_errors, Ordering::Relaxed);
+    RX_OUT_OF_BUFFER.store(s.rx_out_of_buffer, Ordering::Relaxed);
+    RECOVERIES.store(s.tx_recoveries + s.rx_recoveries, Ordering::Relaxed);
 }
 
 pub struct RxToken<'a> {
@@ -307,7 +346,7 @@ impl phy::Device for Mlx5Nic {
         if self.port.tx_room() == 0 && self.port.poll_tx() == 0 {
             return None;
         }
-        let Mlx5Nic { port, rx, rx_len, spill } = self;
+        let Mlx5Nic { port, rx, rx_len, spill, .. } = self;
         *rx_len = 0;
         let me = port.info.mac;
         let got = port.receive(RX_BUDGET, |frame| {

@@ -172,7 +172,8 @@ pub fn parse_port_mac(lines: &[String]) -> Option<[u8; 6]> {
     })
 }
 
-/// The control port's line in HEALTH's message: `ctl port link up tx N (dropped N) rx N (dropped N)`.
+/// The control port's line in HEALTH's message:
+/// `ctl port link up tx N (dropped N) rx N (dropped N) out-of-buffer N recovered N`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CtlPort {
     pub link: String,
@@ -180,15 +181,27 @@ pub struct CtlPort {
     pub tx_dropped: u64,
     pub rx: u64,
     pub rx_dropped: u64,
+    /// Frames the HCA dropped for want of a receive buffer (the port's Q counter).
+    pub out_of_buffer: u64,
+    /// Send and receive queue recoveries from error.
+    pub recovered: u64,
 }
 
 pub fn parse_ctl_port(text: &str) -> Option<CtlPort> {
     let rest = &text[text.find("ctl port link ")? + "ctl port link ".len()..];
-    let w: Vec<&str> = rest.split_whitespace().take(9).collect();
+    let w: Vec<&str> = rest.split_whitespace().take(13).collect();
     let n = |s: &str| s.trim_end_matches([')', ';', ',']).parse::<u64>().ok();
     match w.as_slice() {
-        [link, "tx", tx, "(dropped", txd, "rx", rx, "(dropped", rxd] => {
-            Some(CtlPort { link: link.to_string(), tx: n(tx)?, tx_dropped: n(txd)?, rx: n(rx)?, rx_dropped: n(rxd)? })
+        [link, "tx", tx, "(dropped", txd, "rx", rx, "(dropped", rxd, "out-of-buffer", oob, "recovered", rec] => {
+            Some(CtlPort {
+                link: link.to_string(),
+                tx: n(tx)?,
+                tx_dropped: n(txd)?,
+                rx: n(rx)?,
+                rx_dropped: n(rxd)?,
+                out_of_buffer: n(oob)?,
+                recovered: n(rec)?,
+            })
         }
         _ => None,
     }
@@ -231,7 +244,7 @@ pub fn run(a: &Artifacts) -> Result<String, String> {
     let bin = a.leasectl_bin.clone();
     let r = checks(&mut app, &bin);
     app.drain();
-    let (summary, sent) = match r {
+    let (summary, sent, health1) = match r {
         Ok(x) => x,
         Err(e) => return Err(app.fail(e)),
     };
@@ -250,9 +263,11 @@ pub fn run(a: &Artifacts) -> Result<String, String> {
     ];
     let short: Vec<String> =
         want.iter().filter(|(k, n)| get(k) < *n).map(|(k, n)| format!("{k} {} (expected >= {n})", get(k))).collect();
-    if !short.is_empty() {
+    if !short.is_empty() || health1.out_of_buffer > get("rx_out_of_buffer") {
         return Err(format!(
-            "the model did not count the bad frames: {}; its counters: {c:?}\n    model log: {}\n    serial log: {}",
+            "the model did not count the bad frames, or HEALTH's out-of-buffer {} is more than the model's: {}; its \
+             counters: {c:?}\n    model log: {}\n    serial log: {}",
+            health1.out_of_buffer,
             short.join(", "),
             model_log.display(),
             serial_log.display()
@@ -278,7 +293,7 @@ struct Sent {
     other_mac: u64,
 }
 
-fn checks(app: &mut Appliance, bin: &Path) -> Result<(String, Sent), String> {
+fn checks(app: &mut Appliance, bin: &Path) -> Result<(String, Sent, CtlPort), String> {
     let hub = app.hub.ok_or("booted without the hub")?;
     // 1. No virtio-net anywhere on QEMU's command line; the address and the ConnectX-5 were checked at boot.
     expect("QEMU's command line has no virtio-net", !app.command.contains("virtio-net"), &app.command)?;
@@ -320,6 +335,13 @@ fn checks(app: &mut Appliance, bin: &Path) -> Result<(String, Sent), String> {
     expect("the ctl port's link after the bad input", health1.link == "up", &health1)?;
     // The ARP storm and the burst reached the driver (what it could take of them).
     expect("HEALTH's ctl port rx count moved", health1.rx > health0.rx, &(&health0, &health1))?;
+    // The overrun burst: the driver reads the port's Q counter every second, and the checks since took longer.
+    expect(
+        "HEALTH's ctl port counted the overrun's out-of-buffer drops",
+        health1.out_of_buffer > health0.out_of_buffer,
+        &(&health0, &health1),
+    )?;
+    expect("no queue needed recovery", health1.recovered == 0, &health1)?;
     if let Some(l) = fatal_line(app.serial_lines()) {
         return Err(format!("the guest failed: {l}"));
     }
@@ -332,7 +354,7 @@ fn checks(app: &mut Appliance, bin: &Path) -> Result<(String, Sent), String> {
              oversize {}, other/multicast MAC {}, overrun burst {OVERRUN_FRAMES}, ARP storm {ARP_STORM}): ARP for \
              {HUB_RDMA_IP} answered after it ({stray} frames had come back), ping, lease cycle (TornDown in \
              {cli2_us} us) and verify --arp pass again, no panic; HEALTH ctl port rx {} -> {} (dropped {} -> {}), \
-             tx {} -> {}",
+             tx {} -> {}, out-of-buffer {} -> {}",
             app.ready.get("ctl_nic").unwrap_or("?"),
             app.ready.get("link").map_or("?".to_string(), |l| format!("link={l}")),
             app.ready.get("ip").unwrap_or("?"),
@@ -346,8 +368,11 @@ fn checks(app: &mut Appliance, bin: &Path) -> Result<(String, Sent), String> {
             health1.rx_dropped,
             health0.tx,
             health1.tx,
+            health0.out_of_buffer,
+            health1.out_of_buffer,
         ),
         sent,
+        health1,
     ))
 }
 
@@ -553,14 +578,31 @@ mod tests {
     #[test]
     fn ctl_port_in_health() {
         let h = "status ok, HCA ok, 0 fenced slots, uptime 12.3 s: ConnectX-5 fw 16.35.1012; cmds 40 ok 40 failed 0 \
-                 timeout 0 late 0 aborted 0; ctl port link up tx 120 (dropped 0) rx 3021 (dropped 7)\n";
-        let want = CtlPort { link: "up".into(), tx: 120, tx_dropped: 0, rx: 3021, rx_dropped: 7 };
+                 timeout 0 late 0 aborted 0; ctl port link up tx 120 (dropped 0) rx 3021 (dropped 7) out-of-buffer \
+                 412 recovered 1\n";
+        let want = CtlPort {
+            link: "up".into(),
+            tx: 120,
+            tx_dropped: 0,
+            rx: 3021,
+            rx_dropped: 7,
+            out_of_buffer: 412,
+            recovered: 1,
+        };
         assert_eq!(parse_ctl_port(h), Some(want));
-        let cut = "...; ctl port link down tx 1 (dropped 0) rx 2 (dropped 0)\nCREATE_MKEY ok";
+        let cut =
+            "...; ctl port link down tx 1 (dropped 0) rx 2 (dropped 0) out-of-buffer 0 recovered 0\nCREATE_MKEY ok";
         assert_eq!(parse_ctl_port(cut).map(|p| (p.link, p.rx)), Some(("down".into(), 2)));
         assert_eq!(parse_ctl_port("status ok, HCA ok: ConnectX-5"), None);
-        assert_eq!(parse_ctl_port("ctl port link up tx many (dropped 0) rx 1 (dropped 0)"), None);
-        assert_eq!(parse_ctl_port("ctl port link up tx 1 (dropped 0)"), None);
+        assert_eq!(
+            parse_ctl_port("ctl port link up tx many (dropped 0) rx 1 (dropped 0) out-of-buffer 0 recovered 0"),
+            None
+        );
+        assert_eq!(
+            parse_ctl_port("ctl port link up tx 1 (dropped 0) rx 2 (dropped 0)"),
+            None,
+            "the counters are there"
+        );
     }
 
     #[test]
