@@ -65,7 +65,7 @@ pub fn mkey_view(m: &MkeyInfo) -> MkeyView {
 
 impl Tables for HcaTables<'_> {
     fn qp(&self, qpn: u32) -> Option<QpView> {
-        self.hca.qps.get(qpn).map(|q| q.view())
+        self.hca.qps.get(qpn).map(|q| QpView { path: q.reply_path(&self.hca.port.roce_addrs), ..q.view() })
     }
 
     fn resp_state(&mut self, qpn: u32) -> Option<&mut RespState> {

@@ -53,6 +53,21 @@ pub struct QpView {
     pub access: u8,
     /// Path MTU in bytes of payload (256 … 4096).
     pub mtu: u32,
+    /// Where the QP's frames go: its address path. `None`: the QP has no IPv4 RoCEv2 path (the model sends
+    /// IPv4 only), so nothing is sent.
+    pub path: Option<ReplyPath>,
+}
+
+/// A QP's frames as firmware builds them from the QP's address path (`ads`: `rmac`, `rgid`, `udp_sport`,
+/// `hop_limit`, `tclass`) and GID table entry `src_addr_index` (source MAC and IPv4), never from the
+/// request's addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplyPath {
+    pub endpoints: Endpoints,
+    /// IPv4 TOS (`tclass`).
+    pub tos: u8,
+    /// IPv4 TTL (`hop_limit`).
+    pub ttl: u8,
 }
 
 /// How an MKEY maps its virtual range onto device addresses.
@@ -474,14 +489,7 @@ impl Responder<'_, '_> {
     }
 
     fn reply(&mut self, op: u8, psn: u32, ext: &[u8], payload: &[u8]) {
-        let req = &self.pkt.endpoints;
-        let ep = Endpoints {
-            eth_src: req.eth_dst,
-            eth_dst: req.eth_src,
-            ip_src: req.ip_dst,
-            ip_dst: req.ip_src,
-            udp_sport: reply_sport(self.qp.qpn),
-        };
+        let Some(path) = self.qp.path else { return };
         let bth = Bth {
             opcode: op,
             se: false,
@@ -494,14 +502,8 @@ impl Responder<'_, '_> {
             ack_req: false,
             psn,
         };
-        (self.send)(wire::build(&ep, &bth, ext, payload));
+        (self.send)(wire::build_with(&path.endpoints, path.tos, path.ttl, &bth, ext, payload));
     }
-}
-
-/// UDP source port of the model's frames for a QP: RoCEv2 leaves it to the sender as flow entropy; the model
-/// derives it from the QPN within the dynamic range 0xC000..=0xFFFF.
-pub fn reply_sport(qpn: u32) -> u16 {
-    0xC000 | (qpn & 0x3FFF) as u16
 }
 
 /// Response packets of a READ of `len` bytes: one per MTU, at least one.
