@@ -96,8 +96,13 @@ fn appliance(peer: &QpEndpoint) -> (Appliance, QpEndpoint, std::net::SocketAddr)
             }
         }
     });
-    let remote =
-        QpEndpoint { qpn: qp.qpn().0, psn: rts.psn, gid: gid_from_ipv4(APPLIANCE_IP.into()), mac: [0; 6], mtu: 1024 };
+    let remote = QpEndpoint {
+        qpn: qp.qpn().0,
+        psn: rts.psn,
+        gid: gid_from_ipv4(APPLIANCE_IP.into()),
+        mac: d.info.mac,
+        mtu: 1024,
+    };
     (Appliance { d, qp, _cq: cq, mkey, buf, stop, pump: Some(pump) }, remote, addr)
 }
 

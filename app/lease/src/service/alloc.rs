@@ -255,7 +255,7 @@ impl<T: Copy> LeaseService<T> {
     /// The build finished: the lease is Granted and ALLOC is answered.
     pub(super) fn granted(&mut self, slot: u32, now_us: u64) {
         let ready_by = now_us + self.cfg.ready_timeout_ms * 1000;
-        let gid = self.hca.gid;
+        let (gid, mac) = (self.hca.gid, self.hca.mac);
         let Some(l) = self.lease_mut(slot) else { return };
         l.phase = Phase::Granted { ready_by };
         let resp = AllocResp {
@@ -268,6 +268,7 @@ impl<T: Copy> LeaseService<T> {
             server_gid: gid,
             mtu: l.mtu,
             ttl_ms: l.ttl_ms,
+            server_mac: mac,
         };
         if let Some((ticket, since)) = l.alloc_ticket.take() {
             self.answers.push((ticket, Ok(Response::Alloc(resp))));

@@ -92,6 +92,8 @@ pub struct HcaCtx {
     pub cqn: Cqn,
     pub gid: [u8; 16],
     pub gid_index: u8,
+    /// The RDMA port's MAC (the GID entry's source MAC), answered in ALLOC as `server_mac`.
+    pub mac: [u8; 6],
     /// The largest IB MTU the port carries (1..=5).
     pub port_mtu: u8,
     /// The RDMA_RX table and group for per-slot DROP entries, when `Config::flow_drop` is set.

@@ -98,7 +98,15 @@ impl Rig {
         let flow = cfg.flow_drop.then_some((FlowTableId(5), FlowGroupId(6)));
         let pool_bytes = if cfg.pool.is_empty() { 64 << 20 } else { cfg.pool_bytes() };
         let cfg = Config { pool: one_run(0x4000_0000, pool_bytes), ..cfg };
-        let hca = HcaCtx { uar: UarPage(1), cqn: Cqn(2), gid: [7; 16], gid_index: 0, port_mtu: 3, flow };
+        let hca = HcaCtx {
+            uar: UarPage(1),
+            cqn: Cqn(2),
+            gid: [7; 16],
+            gid_index: 0,
+            mac: [2, 0, 0, 0, 0, 7],
+            port_mtu: 3,
+            flow,
+        };
         Rig {
             svc: LeaseService::new(cfg, hca).unwrap(),
             host: FakeHost::default(),

@@ -95,8 +95,15 @@ impl Rig {
         cfg.pool = std::iter::once(pool_base..pool_base + pool_bytes).collect();
         // RoCE on the port and the appliance's GID, written as the lease set-up writes it.
         let gid = d.roce_gid(LEASE_GID_INDEX.into(), [192, 0, 2, 1]).unwrap_or_else(|e| panic!("RoCE set-up: {e}"));
-        let hca =
-            HcaCtx { uar: d.info.uar, cqn, gid, gid_index: LEASE_GID_INDEX, port_mtu: port_ib_mtu(d.info.mtu), flow };
+        let hca = HcaCtx {
+            uar: d.info.uar,
+            cqn,
+            gid,
+            gid_index: LEASE_GID_INDEX,
+            mac: d.info.mac,
+            port_mtu: port_ib_mtu(d.info.mtu),
+            flow,
+        };
         let svc = LeaseService::new(cfg, hca).unwrap();
         Rig {
             d,
