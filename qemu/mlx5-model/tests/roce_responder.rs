@@ -50,6 +50,9 @@ struct Hca {
 }
 
 impl Tables for Hca {
+    fn accepts(&self, eth_dst: [u8; 6], ip_dst: [u8; 4]) -> bool {
+        (eth_dst, ip_dst) == (MODEL_MAC, MODEL_IP)
+    }
     fn qp(&self, qpn: u32) -> Option<QpView> {
         self.qps.get(&qpn).map(|q| q.0)
     }

@@ -140,6 +140,9 @@ pub struct RespState {
 
 /// The HCA's side of the responder.
 pub trait Tables {
+    /// Does the port take RoCE frames addressed to `eth_dst` / `ip_dst`? (RoCE enabled on the vport, the port's
+    /// MAC, the IPv4 of a valid RoCEv2 GID.) Frames it does not take are dropped before anything else.
+    fn accepts(&self, eth_dst: [u8; 6], ip_dst: [u8; 4]) -> bool;
     fn qp(&self, qpn: u32) -> Option<QpView>;
     /// The QP's responder state (None when the QP does not exist).
     fn resp_state(&mut self, qpn: u32) -> Option<&mut RespState>;
@@ -157,6 +160,8 @@ pub trait Tables {
 pub enum Disposition {
     /// Malformed frame (`WireError`), bad P_Key, or not a request opcode.
     Malformed,
+    /// Not for this port's RoCE: `roce_en` off, or the destination MAC / IPv4 is not the port's / a GID's.
+    NotForPort,
     NoSuchQp,
     /// The QP is in RESET, INIT or ERR.
     QpNotReceiving,
@@ -199,6 +204,9 @@ pub fn handle(tables: &mut dyn Tables, frame: &[u8]) -> Vec<Vec<u8>> {
 /// sit in memory whole), and saying what happened.
 pub fn handle_into(tables: &mut dyn Tables, frame: &[u8], send: &mut dyn FnMut(Vec<u8>)) -> Disposition {
     let Ok(pkt) = wire::parse(frame) else { return Disposition::Malformed };
+    if !tables.accepts(pkt.endpoints.eth_dst, pkt.endpoints.ip_dst) {
+        return Disposition::NotForPort;
+    }
     // P_Key: the model has only the default partition (IBTA 10.9.3: a mismatch is dropped, low 15 bits compared).
     if pkt.bth.pkey & 0x7FFF != wire::DEFAULT_PKEY & 0x7FFF || !is_request(pkt.bth.opcode) {
         return Disposition::Malformed;

@@ -79,6 +79,15 @@ pub fn encode(r: &Req) -> Vec<u8> {
 
 /// [`encode`] from another station's MAC and IPv4 (still to the model's).
 pub fn encode_from(r: &Req, mac: [u8; 6], ip_src: [u8; 4]) -> Vec<u8> {
+    encode_addr(r, mac, ip_src, MODEL_MAC, MODEL_IP)
+}
+
+/// [`encode`] from the client to another MAC / IPv4 destination.
+pub fn encode_to(r: &Req, eth_dst: [u8; 6], ip_dst: [u8; 4]) -> Vec<u8> {
+    encode_addr(r, CLIENT_MAC, CLIENT_IP, eth_dst, ip_dst)
+}
+
+fn encode_addr(r: &Req, mac: [u8; 6], ip_src: [u8; 4], eth_dst: [u8; 6], ip_dst: [u8; 4]) -> Vec<u8> {
     let mut roce = Vec::new();
     let pad = (4 - r.payload.len() % 4) % 4;
     roce.push(r.opcode);
@@ -100,7 +109,7 @@ pub fn encode_from(r: &Req, mac: [u8; 6], ip_src: [u8; 4]) -> Vec<u8> {
     let mut ip = vec![0x45, 0x02 /* ECT(0), masked by the ICRC */, (ip_len >> 8) as u8, ip_len as u8];
     ip.extend_from_slice(&[0x12, 0x34, 0x40, 0x00, 17 /* TTL */, 17 /* UDP */, 0, 0]);
     ip.extend_from_slice(&ip_src);
-    ip.extend_from_slice(&MODEL_IP);
+    ip.extend_from_slice(&ip_dst);
     let c = ip_checksum(&ip);
     ip[10] = (c >> 8) as u8;
     ip[11] = c as u8;
@@ -113,7 +122,7 @@ pub fn encode_from(r: &Req, mac: [u8; 6], ip_src: [u8; 4]) -> Vec<u8> {
     let crc = icrc(&body);
     body.extend_from_slice(&crc.to_le_bytes());
     let mut f = Vec::new();
-    f.extend_from_slice(&MODEL_MAC);
+    f.extend_from_slice(&eth_dst);
     f.extend_from_slice(&mac);
     f.extend_from_slice(&[0x08, 0x00]);
     f.extend_from_slice(&body);
