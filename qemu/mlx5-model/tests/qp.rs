@@ -327,6 +327,15 @@ fn init2rtr_refuses_a_path_firmware_cannot_use() {
     setf(&mut c, LOG_RRA_MAX, 3, 4);
     setf(&mut c, bit::UDP_SPORT, 16, 0xffff);
     d.ok(&c, 16);
+    // The port's IB MTU follows its Ethernet MTU as Linux `iboe_get_mtu` computes it: 4096 needs 4096 + 96
+    // bytes of RoCE headers + 22 of L2 (PMTU counts them).
+    for (oper_mtu, ok) in [(4096 + 96 + 22 - 1, false), (4096 + 96 + 22, true)] {
+        d.model.hca_mut().port.oper_mtu = oper_mtu;
+        let q5 = qp_in(&mut d, r, S::Init);
+        let mut c = init2rtr_in(q5, r, 1, 0);
+        setf(&mut c, bit::MTU, 3, 5);
+        assert_eq!(d.exec(&c, 16).status() == OK, ok, "PMTU {oper_mtu}");
+    }
     // RTR2RTS: log_sra_max above log_max_ra_req_qp (4).
     let mut c = rtr2rts_in(q, r, 0x200);
     setf(&mut c, LOG_SRA_MAX, 3, 5);
