@@ -63,18 +63,9 @@ pub struct Port {
     pub link_due: Option<Instant>,
 }
 
-/// EUI-64 from a MAC (flip the universal/local bit, insert ff:fe): node/port GUID and the link-local GID.
+/// EUI-64 from a MAC (flip the universal/local bit, insert ff:fe): the node and port GUIDs.
 pub fn eui64(mac: [u8; 6]) -> [u8; 8] {
     [mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]]
-}
-
-/// fe80::/64 + EUI-64: the default GID of a RoCE port (IBTA A17.4 / Linux `ib_cache` default GID).
-pub fn link_local_gid(mac: [u8; 6]) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[0] = 0xfe;
-    g[1] = 0x80;
-    g[8..].copy_from_slice(&eui64(mac));
-    g
 }
 
 /// The IB path MTU code (1 = 256 … 5 = 4096; 0 = none) a RoCE port of `oper_mtu` bytes (PMTU, L2 included)
