@@ -661,7 +661,8 @@ fn rdma_lease(app: &Appliance, tenant: &mut Client, rc: RcConfig, size: u64) -> 
         other => return Err(format!("ALLOC: {other:?}")),
     };
     let mtu = mtu_bytes(alloc.mtu).ok_or_else(|| format!("ALLOC answered MTU code {}", alloc.mtu))?;
-    let remote = QpEndpoint { qpn: alloc.server_qpn, psn: alloc.server_psn, gid: alloc.server_gid, mac: [0; 6], mtu };
+    let remote =
+        QpEndpoint { qpn: alloc.server_qpn, psn: alloc.server_psn, gid: alloc.server_gid, mac: alloc.server_mac, mtu };
     r.connect(&remote).map_err(|e| format!("connecting the requester: {e}"))?;
     match tenant.call(&Request::Ready { lease: alloc.lease, client_qpn: me.qpn, server_qpn: alloc.server_qpn }) {
         Ok(Response::Ready { state: LeaseState::Active }) => {}
@@ -924,7 +925,7 @@ mod tests {
 
     const ALLOC: &str = "lease        3.17\nrkey         0x00001203\nremote_addr  0x6400000\nlength       4096\n\
                          server_qpn   0x48\nserver_psn   0xabcdef\nserver_gid   00000000000000000000ffffc6336402\n\
-                         mtu          1024\nttl_ms       60000\n";
+                         server_mac   02:4c:42:00:00:01\nmtu          1024\nttl_ms       60000\n";
 
     #[test]
     fn q35_ram_file_offsets() {

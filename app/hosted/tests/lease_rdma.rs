@@ -144,7 +144,7 @@ fn lease(c: &mut Client, r: &mut SoftRoce, size: u64) -> AllocResp {
         qpn: a.server_qpn,
         psn: a.server_psn,
         gid: a.server_gid,
-        mac: [0; 6],
+        mac: a.server_mac,
         mtu: mtu_bytes(a.mtu).unwrap(),
     };
     r.connect(&remote).unwrap();

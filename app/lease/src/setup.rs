@@ -8,7 +8,6 @@ use core::ops::Range;
 
 use leasebox_mlx5::driver::Driver;
 use leasebox_mlx5::ifc::flow;
-use leasebox_mlx5::ifc::vport::{RoceAddress, set_roce_address};
 use leasebox_mlx5::platform::{DmaBuf, Platform};
 
 use alloc::sync::Arc;
@@ -107,6 +106,9 @@ impl<P: Platform> Host for PlatformHost<P> {
     }
 }
 
+/// The GID table entry the lease QPs send from (the table starts empty; [`prepare`] writes it).
+pub const LEASE_GID_INDEX: u8 = 0;
+
 /// The lease QPs' CQ size (log2 entries).
 const LEASE_CQ_LOG: u32 = 12;
 
@@ -161,8 +163,9 @@ pub fn pool_runs(extents: &[DmaBuf]) -> Vec<Range<u64>> {
 }
 
 /// On a driver that is up (before its engines are split off): the lease QPs' CQ (watched by the event
-/// engine), the RDMA_RX table and group for DROP entries when `flow_drop` is on (best effort), a RoCEv2 GID
-/// for `rdma_ip` (index 1; GID 0 if the firmware refuses), and the pool ([`allocate_pool`]).
+/// engine), the RDMA_RX table and group for DROP entries when `flow_drop` is on (best effort), RoCE on the
+/// port and a RoCEv2 GID for `rdma_ip` at [`LEASE_GID_INDEX`] (`Driver::roce_gid`: an InfiniBand port, no
+/// RoCEv2 or a GID the firmware refuses is an error naming the fix), and the pool ([`allocate_pool`]).
 #[allow(clippy::result_large_err)]
 pub fn prepare<P: Platform>(
     d: &mut Driver<P>,
@@ -191,18 +194,9 @@ pub fn prepare<P: Platform>(
         None
     };
     let ip = o.rdma_ip.or(net_ip).unwrap_or(DEFAULT_RDMA_IP);
-    let mut gid = [0u8; 16];
-    gid[10] = 0xff;
-    gid[11] = 0xff;
-    gid[12..].copy_from_slice(&ip.octets());
-    let entry = RoceAddress { gid, vlan: None, source_mac: d.info.mac, roce_l3_type: 0, roce_version: 2 };
-    let (gid, gid_index) = match d.exec(set_roce_address(1, &entry)) {
-        Ok(_) => (gid, 1),
-        Err(e) => {
-            log::warn!("lease: cannot add the RoCEv2 GID for {ip} ({e}); lease QPs use GID 0");
-            (d.info.gid, 0)
-        }
-    };
+    // The lease QPs' `src_addr_index` is the entry written here and read back; nothing else is used.
+    let gid_index = LEASE_GID_INDEX;
+    let gid = d.roce_gid(gid_index.into(), ip.octets()).map_err(|e| format!("RoCE set-up for {ip}: {e}"))?;
     let extents = allocate_pool(d.platform().as_ref(), o.pool_mib)?;
     let pool = pool_runs(&extents);
     let port_mtu = port_ib_mtu(d.info.mtu);
@@ -219,7 +213,7 @@ pub fn prepare<P: Platform>(
         if flow.is_some() { "on" } else { "off" }
     );
     Ok(LeaseParts {
-        hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, port_mtu, flow },
+        hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, mac: d.info.mac, port_mtu, flow },
         pool,
         extents,
         rdma_ip: ip,

@@ -123,6 +123,7 @@ fn alloc_json(a: &AllocResp) -> Value {
         "server_qpn": a.server_qpn,
         "server_psn": a.server_psn,
         "server_gid": hex::encode(&a.server_gid),
+        "server_mac": crate::rdma::mac_string(&a.server_mac),
         "mtu": mtu_json(a.mtu),
         "ttl_ms": a.ttl_ms,
     })
@@ -274,6 +275,7 @@ pub fn response_human(r: &Response, lease: Option<String>) -> String {
             let _ = writeln!(s, "server_qpn   {:#x}", a.server_qpn);
             let _ = writeln!(s, "server_psn   {:#x}", a.server_psn);
             let _ = writeln!(s, "server_gid   {}", hex::encode(&a.server_gid));
+            let _ = writeln!(s, "server_mac   {}", crate::rdma::mac_string(&a.server_mac));
             let _ = writeln!(s, "mtu          {}", mtu_str(a.mtu));
             let _ = writeln!(s, "ttl_ms       {}", a.ttl_ms);
         }

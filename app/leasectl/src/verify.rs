@@ -270,7 +270,7 @@ fn open_lease(c: &mut Client, r: &mut dyn Requester, size: u64) -> Result<AllocR
         }
     };
     let mtu = mtu_bytes(a.mtu).ok_or_else(|| local(format!("ALLOC answered MTU code {}", a.mtu)))?;
-    let remote = QpEndpoint { qpn: a.server_qpn, psn: a.server_psn, gid: a.server_gid, mac: [0; 6], mtu };
+    let remote = QpEndpoint { qpn: a.server_qpn, psn: a.server_psn, gid: a.server_gid, mac: a.server_mac, mtu };
     r.connect(&remote).map_err(|e| local(format!("requester to RTS: {e}")))?;
     let ready = Request::Ready { lease: a.lease, client_qpn: me.qpn, server_qpn: a.server_qpn };
     match c.call(&ready).map_err(client_err("READY"))? {

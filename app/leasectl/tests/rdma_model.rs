@@ -53,6 +53,8 @@ fn appliance(peer: &QpEndpoint) -> (Appliance, QpEndpoint, std::net::SocketAddr)
     let cfg =
         Config { part: "ConnectX-5", pre_init_timeout_ms: 2_000, cmd_timeout_ms: Some(2_000), ..Config::default() };
     let mut d = Driver::bring_up(p.clone(), cfg).unwrap_or_else(|e| panic!("bring-up: {e}"));
+    // GID 0: the appliance's RoCEv2 address (the table starts empty).
+    d.roce_gid(0, APPLIANCE_IP).unwrap();
     let pd = d.alloc_pd().unwrap();
     let buf = p.dma_alloc(LEN, 4096).unwrap().addr();
     let access = MkeyAccess::LOCAL_READ | MkeyAccess::LOCAL_WRITE | MkeyAccess::REMOTE_READ | MkeyAccess::REMOTE_WRITE;
@@ -94,8 +96,13 @@ fn appliance(peer: &QpEndpoint) -> (Appliance, QpEndpoint, std::net::SocketAddr)
             }
         }
     });
-    let remote =
-        QpEndpoint { qpn: qp.qpn().0, psn: rts.psn, gid: gid_from_ipv4(APPLIANCE_IP.into()), mac: [0; 6], mtu: 1024 };
+    let remote = QpEndpoint {
+        qpn: qp.qpn().0,
+        psn: rts.psn,
+        gid: gid_from_ipv4(APPLIANCE_IP.into()),
+        mac: d.info.mac,
+        mtu: 1024,
+    };
     (Appliance { d, qp, _cq: cq, mkey, buf, stop, pump: Some(pump) }, remote, addr)
 }
 

@@ -212,10 +212,10 @@ fn the_binary_reports_json_and_exits_0() {
             assert_eq!(it["missing_writes"], 0);
             assert_eq!(it["late_successes"], 0);
             assert_eq!(it["fresh_nonzero"], 0);
-            // The model's point-to-point socket: no ARP, ALLOC's answer carries no MAC.
-            assert_eq!((&it["mac_source"], &it["remote_mac"]), (&"placeholder".into(), &"02:4c:42:00:00:02".into()));
+            // The model's point-to-point socket: no ARP; ALLOC's answer carries the port's MAC.
+            assert_eq!((&it["mac_source"], &it["remote_mac"]), (&"endpoint".into(), &"02:4c:42:00:00:01".into()));
         }
-        assert_eq!(v["mac_source"], "placeholder", "{v}");
+        assert_eq!(v["mac_source"], "endpoint", "{v}");
         assert!(v["summary"]["recall_us"]["p50"].as_i64().is_some(), "{v}");
         assert!(v["summary"]["dataplane_us"]["max"].as_i64().is_some(), "{v}");
     }
@@ -231,7 +231,7 @@ fn the_binary_reports_json_and_exits_0() {
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("recall latency") && stdout.contains("n/a (cooperating client)"), "{stdout}");
     assert!(stdout.trim_end().ends_with("PASS"), "{stdout}");
-    assert!(stdout.contains("RDMA frames to 02:4c:42:00:00:02 (placeholder)"), "{stdout}");
+    assert!(stdout.contains("RDMA frames to 02:4c:42:00:00:01 (endpoint)"), "{stdout}");
     // ARP toward the model's point-to-point socket: nobody answers, and verify says so.
     let out = Command::new(env!("CARGO_BIN_EXE_leasectl"))
         .args([

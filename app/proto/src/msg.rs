@@ -227,6 +227,8 @@ pub struct AllocResp {
     pub server_gid: [u8; 16],
     pub mtu: u8,
     pub ttl_ms: u32,
+    /// The MAC of the appliance's RDMA port (the source MAC of its GID): where the client's RoCE frames go.
+    pub server_mac: [u8; 6],
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -707,7 +709,7 @@ impl Response {
             Response::Alloc(a) => {
                 a.lease.put(&mut w);
                 w.u32(a.rkey).u64(a.remote_addr).u64(a.length).u32(a.server_qpn).u32(a.server_psn);
-                w.bytes(&a.server_gid).u8(a.mtu).zeros(3).u32(a.ttl_ms);
+                w.bytes(&a.server_gid).u8(a.mtu).zeros(3).u32(a.ttl_ms).bytes(&a.server_mac).zeros(2);
             }
             Response::Ready { state } => {
                 w.u8(*state as u8).zeros(3);
@@ -793,6 +795,8 @@ impl Response {
                 let mtu = r.u8("alloc.mtu")?;
                 r.reserved(3)?;
                 let ttl_ms = r.u32("alloc.ttl_ms")?;
+                let server_mac = r.array("alloc.server_mac")?;
+                r.reserved(2)?;
                 Response::Alloc(AllocResp {
                     lease,
                     rkey,
@@ -803,6 +807,7 @@ impl Response {
                     server_gid,
                     mtu,
                     ttl_ms,
+                    server_mac,
                 })
             }
             Op::Ready => {

@@ -156,6 +156,7 @@ fn response(r: &mut Rng) -> (Op, Response) {
             server_gid: r.bytes(),
             mtu: r.u8(),
             ttl_ms: r.u32(),
+            server_mac: r.bytes(),
         }),
         Op::Ready => Response::Ready { state: r.pick(LeaseState::ALL) },
         Op::Renew => Response::Renew { ttl_ms: r.u32() },

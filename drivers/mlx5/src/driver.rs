@@ -79,6 +79,8 @@ pub struct HcaInfo {
     pub uar: UarPage,
     pub eqn: Eqn,
     pub mac: [u8; 6],
+    /// GID 0 as bring-up found it: all zero on firmware that holds no GID until one is written
+    /// (`Driver::roce_gid` writes the one the lease QPs use).
     pub gid: [u8; 16],
     pub mtu: u16,
     pub port: PortState,

@@ -59,7 +59,103 @@ fn no_dma(cmd: &crate::command::Command) -> CmdError {
     cmd.error(ErrorKind::NoDma)
 }
 
+/// Why the port cannot carry the lease QPs' RoCEv2 traffic, or a command of the RoCE set-up that failed.
+#[derive(Debug)]
+pub enum RoceError {
+    /// `cmd_hca_cap.port_type` is InfiniBand (0): the port's link type must be changed on the card.
+    InfiniBand,
+    /// `cmd_hca_cap.roce` is 0.
+    NoRoce,
+    /// The RoCE capabilities lack RoCE version 2 or IPv4 (`roce_cap.roce_version`, `l3_type`).
+    NoRoceV2Ipv4 {
+        roce_version: u8,
+        l3_type: u8,
+    },
+    /// The GID table has no entry `index` (`roce_address_table_size`).
+    TableTooSmall {
+        index: u16,
+        size: u16,
+    },
+    /// The vport still reports `roce_en` = 0 after MODIFY_NIC_VPORT_CONTEXT.
+    RoceEnNotSet,
+    /// The GID read back is not the one written.
+    GidNotWritten {
+        index: u16,
+    },
+    Command {
+        step: &'static str,
+        error: CmdError,
+    },
+}
+
+impl core::fmt::Display for RoceError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RoceError::InfiniBand => write!(
+                f,
+                "the port is InfiniBand (port_type 0), but lease QPs run RoCEv2 over Ethernet: set the link type \
+                 on the card with `mlxconfig -d <device> set LINK_TYPE_P1=2`, then reset it (mlxfwreset or a \
+                 power cycle)"
+            ),
+            RoceError::NoRoce => write!(f, "the function does not support RoCE (HCA capability roce = 0)"),
+            RoceError::NoRoceV2Ipv4 { roce_version, l3_type } => write!(
+                f,
+                "the port does not offer RoCEv2 over IPv4 (roce_cap roce_version {roce_version:#x}, \
+                 l3_type {l3_type:#x})"
+            ),
+            RoceError::TableTooSmall { index, size } => {
+                write!(f, "GID index {index} is outside the RoCE address table ({size} entries)")
+            }
+            RoceError::RoceEnNotSet => write!(f, "the NIC vport still has roce_en = 0 after enabling it"),
+            RoceError::GidNotWritten { index } => {
+                write!(f, "GID index {index} does not hold the entry written (QUERY_ROCE_ADDRESS)")
+            }
+            RoceError::Command { step, error } => write!(f, "{step}: {error}"),
+        }
+    }
+}
+
 impl<P: Platform> Driver<P> {
+    /// RoCE set-up as Linux `mlx5_ib` does it for an Ethernet port, then one RoCEv2 GID: the port's link type
+    /// is Ethernet (`port_type`), the function has RoCE (`roce`) and RoCEv2 over IPv4 (`roce_cap`), the NIC
+    /// vport has `roce_en` (MODIFY_NIC_VPORT_CONTEXT, Linux `mlx5_nic_vport_enable_roce`), and GID `index`
+    /// holds `::ffff:ip` from the port MAC (SET_ROCE_ADDRESS, read back). Returns the GID written; QPs use
+    /// `index` as `src_addr_index`.
+    pub fn roce_gid(&mut self, index: u16, ip: [u8; 4]) -> Result<[u8; 16], RoceError> {
+        use ifc::init::{CapMode, MLX5_CAP_ROCE, RoceCaps, hca_cap_block, query_hca_cap};
+        let step = |step: &'static str| move |error: CmdError| RoceError::Command { step, error };
+        if self.info.caps.port_type != 1 {
+            return Err(RoceError::InfiniBand);
+        }
+        if !self.info.caps.roce {
+            return Err(RoceError::NoRoce);
+        }
+        let out = self.exec(query_hca_cap(MLX5_CAP_ROCE, CapMode::Cur)).map_err(step("QUERY_HCA_CAP ROCE"))?;
+        let rc = RoceCaps::parse(hca_cap_block(&out));
+        // `MLX5_ROCE_L3_TYPE_IPV4_CAP` is bit 1 of `l3_type`.
+        if !rc.supports_roce_v2() || rc.l3_type & (1 << 1) == 0 {
+            return Err(RoceError::NoRoceV2Ipv4 { roce_version: rc.roce_version, l3_type: rc.l3_type });
+        }
+        if index >= rc.roce_address_table_size {
+            return Err(RoceError::TableTooSmall { index, size: rc.roce_address_table_size });
+        }
+        let ctx = self.exec(ifc::vport::query_nic_vport_context()).map_err(step("QUERY_NIC_VPORT_CONTEXT"))?;
+        if !ifc::vport::query_nic_vport_context_out(&ctx).roce_en {
+            self.exec(ifc::vport::modify_nic_vport_roce_en(true)).map_err(step("MODIFY_NIC_VPORT_CONTEXT"))?;
+            let ctx = self.exec(ifc::vport::query_nic_vport_context()).map_err(step("QUERY_NIC_VPORT_CONTEXT"))?;
+            if !ifc::vport::query_nic_vport_context_out(&ctx).roce_en {
+                return Err(RoceError::RoceEnNotSet);
+            }
+        }
+        let entry = ifc::vport::RoceAddress::rocev2_ipv4(ip, self.info.mac);
+        self.exec(ifc::vport::set_roce_address(index, &entry)).map_err(step("SET_ROCE_ADDRESS"))?;
+        let back = self.exec(ifc::vport::query_roce_address(index)).map_err(step("QUERY_ROCE_ADDRESS"))?;
+        if ifc::vport::query_roce_address_out(&back) != entry {
+            return Err(RoceError::GidNotWritten { index });
+        }
+        Ok(entry.gid)
+    }
+
     pub fn alloc_pd(&mut self) -> Result<Pdn, CmdError> {
         self.exec(ifc::resources::alloc_pd()).map(|o| ifc::resources::parse_alloc_pd(&o))
     }

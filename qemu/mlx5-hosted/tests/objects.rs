@@ -145,6 +145,8 @@ fn rc_qp_through_its_states() {
         .unwrap(),
     );
     let base = QpBase { qpn, pd, cqn_snd: cqn, cqn_rcv: cqn };
+    // The GID table starts empty: the QP's path sends from the entry written here.
+    d.roce_gid(0, [192, 0, 2, 1]).unwrap();
     let state = |d: &mut Hosted| qp::query_qp_out(&d.exec(qp::query_qp(qpn)).unwrap()).state;
     assert_eq!(state(&mut d), QpState::Rst);
 
@@ -157,7 +159,7 @@ fn rc_qp_through_its_states() {
     let peer = RcPeer {
         qpn: Qpn(0xabcd),
         psn: 0x12_3456,
-        gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0x4c, 0x42, 0xff, 0xfe, 0, 0, 2],
+        gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 0, 2, 2],
         mac: [0x02, 0x4c, 0x42, 0, 0, 2],
         mtu: Mtu::Mtu1024,
         sgid_index: 0,

@@ -64,8 +64,12 @@ pub fn mkey_view(m: &MkeyInfo) -> MkeyView {
 }
 
 impl Tables for HcaTables<'_> {
+    fn accepts(&self, eth_dst: [u8; 6], ip_dst: [u8; 4]) -> bool {
+        self.hca.port.takes_roce(eth_dst, ip_dst)
+    }
+
     fn qp(&self, qpn: u32) -> Option<QpView> {
-        self.hca.qps.get(qpn).map(|q| q.view())
+        self.hca.qps.get(qpn).map(|q| QpView { path: q.reply_path(&self.hca.port.roce_addrs), ..q.view() })
     }
 
     fn resp_state(&mut self, qpn: u32) -> Option<&mut RespState> {

@@ -23,6 +23,7 @@ pub const MAX_HW_MTU: u16 = 10000;
 pub const ROCE_VERSION_2: u8 = 2;
 /// `roce_l3_type` (`MLX5_ROCE_L3_TYPE_*`).
 pub const ROCE_L3_TYPE_IPV6: u8 = 1;
+pub const ROCE_L3_TYPE_IPV4: u8 = 0;
 
 /// One RoCE address table entry.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,35 +63,51 @@ pub struct Port {
     pub link_due: Option<Instant>,
 }
 
-/// EUI-64 from a MAC (flip the universal/local bit, insert ff:fe): node/port GUID and the link-local GID.
+/// EUI-64 from a MAC (flip the universal/local bit, insert ff:fe): the node and port GUIDs.
 pub fn eui64(mac: [u8; 6]) -> [u8; 8] {
     [mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]]
 }
 
-/// fe80::/64 + EUI-64: the default GID of a RoCE port (IBTA A17.4 / Linux `ib_cache` default GID).
-pub fn link_local_gid(mac: [u8; 6]) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[0] = 0xfe;
-    g[1] = 0x80;
-    g[8..].copy_from_slice(&eui64(mac));
-    g
+/// The IB path MTU code (1 = 256 … 5 = 4096; 0 = none) a RoCE port of `oper_mtu` bytes (PMTU, L2 included)
+/// carries: Linux `iboe_get_mtu` (`include/rdma/ib_addr.h`) over the netdev MTU (`oper_mtu` − 22,
+/// `MLX5E_HW2SW_MTU`), which takes GRH 40 + UDP 8 + BTH 12 + XRC 4 + AtomicETH 28 + ICRC 4 bytes off.
+pub fn ib_mtu(oper_mtu: u16) -> u32 {
+    let room = i32::from(oper_mtu) - 22 - (40 + 8 + 12 + 4 + 28 + 4);
+    (1..=5u32).rev().find(|&c| (128i32 << c) <= room).unwrap_or(0)
+}
+
+/// The IPv4 address of an IPv4-mapped GID (`::ffff:a.b.c.d`).
+pub fn gid_ipv4(gid: &[u8; 16]) -> Option<[u8; 4]> {
+    (gid[..10] == [0; 10] && gid[10..12] == [0xff, 0xff]).then(|| [gid[12], gid[13], gid[14], gid[15]])
+}
+
+impl RoceAddr {
+    /// A valid RoCEv2 entry for an IPv4 destination `ip`: written, version 2, L3 type IPv4, that address.
+    pub fn is_v2_ipv4(&self, ip: [u8; 4]) -> bool {
+        !self.is_empty()
+            && self.version == ROCE_VERSION_2
+            && self.l3_type == ROCE_L3_TYPE_IPV4
+            && gid_ipv4(&self.gid) == Some(ip)
+    }
 }
 
 impl Port {
-    /// A port that is up at `DEFAULT_HW_MTU`, RoCE disabled in the vport until the driver enables it, and
-    /// RoCE address 0 = the RoCEv2 link-local GID of `mac`.
+    /// Does the RoCE engine take a frame to `eth_dst` / `ip_dst`? Only with `roce_en` set on the vport, to the
+    /// port's MAC, and to the IPv4 address of a valid RoCEv2 GID entry; anything else is dropped.
+    pub fn takes_roce(&self, eth_dst: [u8; 6], ip_dst: [u8; 4]) -> bool {
+        self.roce_en && eth_dst == self.mac && self.roce_addrs.iter().any(|e| e.is_v2_ipv4(ip_dst))
+    }
+
+    /// The port's RoCE path MTU code ([`ib_mtu`] of the operational MTU).
+    pub fn ib_mtu(&self) -> u32 {
+        ib_mtu(self.oper_mtu)
+    }
+
+    /// A port that is up at `DEFAULT_HW_MTU`, RoCE disabled in the vport until the driver enables it, and an
+    /// empty RoCE address table: firmware holds no GID until the driver writes one (SET_ROCE_ADDRESS; Linux
+    /// `mlx5_ib` writes even the default link-local GIDs itself through `set_roce_addr`).
     pub fn new(mac: [u8; 6], table_size: usize) -> Port {
-        let mut roce_addrs = vec![RoceAddr::default(); table_size];
-        if let Some(a) = roce_addrs.first_mut() {
-            *a = RoceAddr {
-                gid: link_local_gid(mac),
-                mac,
-                vlan_valid: false,
-                vlan_id: 0,
-                l3_type: ROCE_L3_TYPE_IPV6,
-                version: ROCE_VERSION_2,
-            };
-        }
+        let roce_addrs = vec![RoceAddr::default(); table_size];
         Port {
             mac,
             admin_status: PORT_UP,

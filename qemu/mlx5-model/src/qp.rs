@@ -9,8 +9,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::ifc::{self, Field};
 use crate::roce::responder::{
-    ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE, QpState, QpView, RespState,
+    ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE, QpState, QpView, ReplyPath, RespState,
 };
+use crate::roce::wire::Endpoints;
 
 /// `struct qpc` fields (bit offsets inside `qpc` as `mlx5_ifc.h` lays it out).
 pub mod qpc {
@@ -247,6 +248,31 @@ impl Qp {
         [hi[2], hi[3], lo[0], lo[1], lo[2], lo[3]]
     }
 
+    /// How the QP's frames are addressed, from its primary address path and the RoCE address table entry
+    /// `src_addr_index` names: to `rmac` / `rgid`, from that entry's MAC and IPv4, `udp_sport`, TTL =
+    /// `hop_limit`, TOS = `tclass`. `None` when the path or the entry is not RoCEv2 over IPv4 (the model sends
+    /// IPv4 only) or the entry was deleted since INIT2RTR.
+    pub fn reply_path(&self, gids: &[crate::port::RoceAddr]) -> Option<ReplyPath> {
+        let ip_dst = crate::port::gid_ipv4(&self.rgid())?;
+        let e = gids.get(self.path(ads::SRC_ADDR_INDEX) as usize)?;
+        let ip_src = crate::port::gid_ipv4(&e.gid)?;
+        if !e.is_v2_ipv4(ip_src) {
+            return None;
+        }
+        Some(ReplyPath {
+            endpoints: Endpoints {
+                eth_src: e.mac,
+                eth_dst: self.rmac(),
+                ip_src,
+                ip_dst,
+                udp_sport: self.path(ads::UDP_SPORT) as u16,
+            },
+            tos: self.path(ads::TCLASS) as u8,
+            ttl: self.path(ads::HOP_LIMIT) as u8,
+        })
+    }
+
+    /// The responder's view; `path` is left `None` (the table's owner fills it from [`Qp::reply_path`]).
     pub fn view(&self) -> QpView {
         let mut access = 0;
         if self.get(qpc::RRE) == 1 {
@@ -266,6 +292,7 @@ impl Qp {
             expected_psn: self.get(qpc::NEXT_RCV_PSN),
             access,
             mtu: self.mtu_bytes(),
+            path: None,
         }
     }
 }

@@ -29,6 +29,7 @@ struct T {
 fn setup_cq(log_cq: u32) -> T {
     let mut d = Drv::new();
     d.bring_up();
+    roce_port(&mut d);
     let pd = alloc_pd(&mut d);
     let uar = alloc_uar(&mut d);
     for i in 0..16 {

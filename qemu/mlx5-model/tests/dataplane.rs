@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use common::Drv;
 use mlx5_model::dataplane;
 use mlx5_model::mem::Memory;
+use mlx5_model::roce::responder::{self, Disposition};
 use mlx5_model::roce::udp::UdpResponder;
 use support_qp::*;
 
@@ -170,4 +171,51 @@ fn qp_first_revoke_is_silent_and_2rst_resets_the_responder() {
     // Destroyed QP: silence.
     r.d.ok(&short_in(DESTROY_QP, q), 16);
     assert!(r.send(&write_only(q, 0x11, key, VA, &data), Duration::from_millis(200)).is_empty());
+}
+
+/// Hands one frame to the responder over the model's own tables (as `poll_udp` and the Ethernet wire do) and
+/// returns what became of it and how many frames went back.
+fn deliver(d: &mut Drv, frame: &[u8]) -> (Disposition, usize) {
+    let mut t = dataplane::HcaTables::new(&mut d.model);
+    let mut sent = 0;
+    let how = responder::handle_into(&mut t, frame, &mut |_| sent += 1);
+    (how, sent)
+}
+
+#[test]
+fn the_port_takes_roce_only_with_roce_en_to_its_mac_and_a_rocev2_gid() {
+    let mut r = Rig::new();
+    let key = create_mkey_mtt(&mut r.d, r.r.pd, VA, 0x2000, &PAGES);
+    let q = r.rts_qp();
+    let req = |psn| write_only(q, psn, key, VA, b"abcd");
+    let written = |d: &Drv| {
+        let mut a = [0u8; 4];
+        d.ram.read(PAGES[0], &mut a).unwrap();
+        a
+    };
+    // Another MAC (even the broadcast one), another IPv4: dropped, nothing written, no answer.
+    for (mac, ip) in [([0x02, 0x4c, 0x42, 0, 0, 2], MODEL_IP), ([0xff; 6], MODEL_IP), (MODEL_MAC, [192, 168, 7, 3])] {
+        assert_eq!(
+            deliver(&mut r.d, &encode_to(&req(0x100), mac, ip)),
+            (Disposition::NotForPort, 0),
+            "{mac:02x?} {ip:?}"
+        );
+    }
+    // RoCE disabled on the vport: dropped.
+    r.d.ok(&roce_en_in(false), 16);
+    assert_eq!(deliver(&mut r.d, &encode(&req(0x100))), (Disposition::NotForPort, 0));
+    r.d.ok(&roce_en_in(true), 16);
+    // GID 0 rewritten as RoCE v1 for the same address: not a valid RoCEv2 GID, dropped.
+    let mut v1 = set_roce_ipv4_in(0, LOCAL_IP, PORT_MAC);
+    setf(&mut v1, 0x80 + 0xd8, 8, 1);
+    r.d.ok(&v1, 16);
+    assert_eq!(deliver(&mut r.d, &encode(&req(0x100))), (Disposition::NotForPort, 0));
+    // GID 0 deleted (an all-zero entry): dropped.
+    r.d.ok(&common::cmd(0x761, 0, 0x30), 16);
+    assert_eq!(deliver(&mut r.d, &encode(&req(0x100))), (Disposition::NotForPort, 0));
+    assert_eq!(written(&r.d), [0; 4]);
+    // Written again: taken, as the requests of the other tests are.
+    r.d.ok(&set_roce_ipv4_in(0, LOCAL_IP, PORT_MAC), 16);
+    assert_eq!(deliver(&mut r.d, &encode(&req(0x100))), (Disposition::Acked, 1));
+    assert_eq!(&written(&r.d), b"abcd");
 }

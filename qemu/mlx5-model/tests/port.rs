@@ -85,9 +85,21 @@ fn nic_vport_context_defaults_and_roce_en() {
 fn gid_table_and_roce_addresses() {
     let mut d = Drv::new();
     d.bring_up();
+    // The table starts empty, as firmware's does: no GID until the driver writes one.
     let mut g = cmd(0x764, 0, 16);
     let out = d.ok(&g, 0x20);
-    assert_eq!((be32(&out, 0xc) >> 16, &out[0x10..0x20]), (1, &GID0[..]));
+    assert_eq!((be32(&out, 0xc) >> 16, &out[0x10..0x20]), (1, &[0u8; 16][..]));
+    assert_eq!(&d.ok(&cmd(0x760, 0, 16), 0x30)[0x10..0x30], &[0u8; 0x20]);
+    assert!(d.model.hca().port.roce_addrs.iter().all(|a| a.is_empty()));
+    // Index 0 written as Linux writes its default RoCEv2 GID: fe80::EUI-64, IPv6 (1), version 2, the MAC.
+    let mut s0 = cmd(0x761, 0, 0x30);
+    s0[0x10..0x20].copy_from_slice(&GID0);
+    put32(&mut s0, 0x20, 0x024c);
+    put32(&mut s0, 0x24, 0x4200_0001);
+    put32(&mut s0, 0x28, 0x102);
+    d.ok(&s0, 16);
+    let out = d.ok(&g, 0x20);
+    assert_eq!(&out[0x10..0x20], &GID0[..]);
     put32(&mut g, 0xc, 0xffff);
     let out = d.ok(&g, 0x10 + 16 * 256);
     assert_eq!(be32(&out, 0xc) >> 16, 256);

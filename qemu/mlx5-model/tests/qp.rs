@@ -249,3 +249,120 @@ fn dealloc_uar_waits_for_its_eq_cq_and_qp() {
     d.ok(&c, 16);
     assert_eq!(d.exec(&c, 16).status(), BAD_PARAM, "gone");
 }
+
+/// Absolute bits (inside the modify inputs) of the fields the RoCE path rules look at (`mlx5_ifc.h` `qpc`, `ads`).
+const SRC_ADDR_INDEX: usize = 0x1c8;
+const LOG_SRA_MAX: usize = 0x448;
+const LOG_RRA_MAX: usize = 0x548;
+const ATOMIC_MODE: usize = 0x54c;
+const RAE: usize = 0x552;
+
+#[test]
+fn init2rtr_needs_a_written_rocev2_gid_of_the_paths_type_at_src_addr_index() {
+    let (mut d, r) = up();
+    let q = qp_in(&mut d, r, S::Init);
+    // Index 0 holds the IPv4 RoCEv2 GID `setup` wrote; 5 was never written.
+    let mut c = init2rtr_in(q, r, 1, 0);
+    setf(&mut c, SRC_ADDR_INDEX, 8, 5);
+    assert_eq!(d.exec(&c, 16).status(), BAD_PARAM, "an empty entry");
+    // Index 1: RoCEv2 but IPv6 (fe80::1) while the remote is IPv4-mapped.
+    let mut v6 = set_roce_ipv4_in(1, [0; 4], PORT_MAC);
+    v6[0x10..0x20].copy_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    setf(&mut v6, 0x80 + 0xd4, 4, 1);
+    d.ok(&v6, 16);
+    setf(&mut c, SRC_ADDR_INDEX, 8, 1);
+    assert_eq!(d.exec(&c, 16).status(), BAD_PARAM, "an IPv6 GID for an IPv4 path");
+    // Index 2: IPv4 but RoCE v1 (the model carries RoCEv2 only).
+    let mut v1 = set_roce_ipv4_in(2, LOCAL_IP, PORT_MAC);
+    setf(&mut v1, 0x80 + 0xd8, 8, 1);
+    d.ok(&v1, 16);
+    setf(&mut c, SRC_ADDR_INDEX, 8, 2);
+    assert_eq!(d.exec(&c, 16).status(), BAD_PARAM, "a RoCE v1 GID");
+    assert_eq!(qp_state(&mut d, q), S::Init as u32);
+    setf(&mut c, SRC_ADDR_INDEX, 8, 0);
+    d.ok(&c, 16);
+    // RTR2RTS looks again: the GID deleted meanwhile (an all-zero SET_ROCE_ADDRESS) stops it.
+    let mut del = cmd(0x761, 0, 0x30);
+    setf(&mut del, 0x40, 16, 0);
+    d.ok(&del, 16);
+    assert_eq!(d.exec(&rtr2rts_in(q, r, 0x200), 16).status(), BAD_PARAM);
+    roce_port(&mut d);
+    d.ok(&rtr2rts_in(q, r, 0x200), 16);
+    assert_eq!(qp_state(&mut d, q), S::Rts as u32);
+}
+
+#[test]
+fn init2rtr_refuses_a_path_firmware_cannot_use() {
+    let (mut d, r) = up();
+    let q = qp_in(&mut d, r, S::Init);
+    type Edit = fn(&mut Vec<u8>);
+    let bad: [(&str, Edit); 8] = [
+        // The port runs 1500-byte frames: `iboe_get_mtu` gives 1024 (3); 2048 does not fit.
+        ("MTU above the port's", |c| setf(c, bit::MTU, 3, 4)),
+        // The reference caps: log_max_ra_res_qp = 4.
+        ("log_rra_max above the cap", |c| setf(c, LOG_RRA_MAX, 3, 5)),
+        ("a zero rmac", |c| {
+            setf(c, bit::RMAC_47_32, 16, 0);
+            setf(c, bit::RMAC_31_0, 32, 0);
+        }),
+        ("a multicast rmac", |c| setf(c, bit::RMAC_47_32, 16, 0x0100)),
+        ("the broadcast rmac", |c| {
+            setf(c, bit::RMAC_47_32, 16, 0xffff);
+            setf(c, bit::RMAC_31_0, 32, u32::MAX);
+        }),
+        // roce_cap r_roce_min/max_src_udp_port: 0xc000..=0xffff.
+        ("UDP source port below the range", |c| setf(c, bit::UDP_SPORT, 16, 0xbfff)),
+        ("UDP source port 0", |c| setf(c, bit::UDP_SPORT, 16, 0)),
+        ("UDP source port 4791", |c| setf(c, bit::UDP_SPORT, 16, 4791)),
+    ];
+    for (why, edit) in bad {
+        let mut c = init2rtr_in(q, r, 1, 0);
+        edit(&mut c);
+        assert_eq!(d.exec(&c, 16).status(), BAD_PARAM, "{why}");
+        assert_eq!(qp_state(&mut d, q), S::Init as u32, "{why}");
+    }
+    // The limits themselves are accepted.
+    let mut c = init2rtr_in(q, r, 1, 0);
+    setf(&mut c, bit::MTU, 3, 3);
+    setf(&mut c, LOG_RRA_MAX, 3, 4);
+    setf(&mut c, bit::UDP_SPORT, 16, 0xffff);
+    d.ok(&c, 16);
+    // The port's IB MTU follows its Ethernet MTU as Linux `iboe_get_mtu` computes it: 4096 needs 4096 + 96
+    // bytes of RoCE headers + 22 of L2 (PMTU counts them).
+    for (oper_mtu, ok) in [(4096 + 96 + 22 - 1, false), (4096 + 96 + 22, true)] {
+        d.model.hca_mut().port.oper_mtu = oper_mtu;
+        let q5 = qp_in(&mut d, r, S::Init);
+        let mut c = init2rtr_in(q5, r, 1, 0);
+        setf(&mut c, bit::MTU, 3, 5);
+        assert_eq!(d.exec(&c, 16).status() == OK, ok, "PMTU {oper_mtu}");
+    }
+    // RTR2RTS: log_sra_max above log_max_ra_req_qp (4).
+    let mut c = rtr2rts_in(q, r, 0x200);
+    setf(&mut c, LOG_SRA_MAX, 3, 5);
+    assert_eq!(d.exec(&c, 16).status(), BAD_PARAM);
+    setf(&mut c, LOG_SRA_MAX, 3, 4);
+    d.ok(&c, 16);
+}
+
+#[test]
+fn remote_atomics_need_an_atomic_mode() {
+    let (mut d, r) = up();
+    let q = create_qp(&mut d, r);
+    let mut c = rst2init_in(q, r);
+    setf(&mut c, RAE, 1, 1);
+    assert_eq!(d.exec(&c, 16).status(), BAD_PARAM, "rae without atomic_mode");
+    assert_eq!(qp_state(&mut d, q), S::Rst as u32);
+    // MLX5_ATOMIC_MODE_IB_COMP (`driver.h`), as Linux `get_atomic_mode` picks on a card without extended atomics.
+    setf(&mut c, ATOMIC_MODE, 4, 1);
+    d.ok(&c, 16);
+    let out = query_qp(&mut d, q);
+    assert_eq!((getf(&out, RAE, 1), getf(&out, ATOMIC_MODE, 4)), (1, 1));
+    // Later transitions that turn `rae` on (an optional parameter) need the mode too.
+    let q = qp_in(&mut d, r, S::Rts);
+    let mut c = modify_in(RTS2RTS, q, r);
+    setf(&mut c, bit::OPT_PARAM_MASK, 32, 1 << 1 | 1 << 2 | 1 << 3); // RRE, RAE, RWE
+    setf(&mut c, RAE, 1, 1);
+    assert_eq!(d.exec(&c, 16).status(), BAD_PARAM);
+    setf(&mut c, ATOMIC_MODE, 4, 1);
+    d.ok(&c, 16);
+}

@@ -5,9 +5,10 @@ use std::collections::HashMap;
 
 use mlx5_model::mem::{Memory, VecMemory};
 use mlx5_model::roce::responder::{
-    self, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE, MkeyView, QpEvent, QpState, QpView, RespState,
-    Tables, Translation,
+    self, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE, MkeyView, QpEvent, QpState, QpView, ReplyPath,
+    RespState, Tables, Translation,
 };
+use mlx5_model::roce::wire::Endpoints;
 
 mod rocev2;
 use rocev2::*;
@@ -28,6 +29,18 @@ const ACK_OK: u8 = 0x1F;
 const NAK_PSN_SEQ: u8 = 0x60;
 const NAK_INV_REQ: u8 = 0x61;
 const NAK_REM_ACCESS: u8 = 0x62;
+/// The QP's address path: to the client, from the model's GID, UDP source port 0xC0DE, TOS 0x68, TTL 9.
+const PATH: ReplyPath = ReplyPath {
+    endpoints: Endpoints {
+        eth_src: MODEL_MAC,
+        eth_dst: CLIENT_MAC,
+        ip_src: MODEL_IP,
+        ip_dst: CLIENT_IP,
+        udp_sport: 0xC0DE,
+    },
+    tos: 0x68,
+    ttl: 9,
+};
 
 struct Hca {
     qps: HashMap<u32, (QpView, RespState)>,
@@ -37,6 +50,9 @@ struct Hca {
 }
 
 impl Tables for Hca {
+    fn accepts(&self, eth_dst: [u8; 6], ip_dst: [u8; 4]) -> bool {
+        (eth_dst, ip_dst) == (MODEL_MAC, MODEL_IP)
+    }
     fn qp(&self, qpn: u32) -> Option<QpView> {
         self.qps.get(&qpn).map(|q| q.0)
     }
@@ -67,6 +83,7 @@ fn hca(mtu: u32, epsn: u32) -> Hca {
         expected_psn: epsn,
         access: ACCESS_REMOTE_READ | ACCESS_REMOTE_WRITE,
         mtu,
+        path: Some(PATH),
     };
     let mkey = MkeyView {
         key: RKEY,
@@ -426,4 +443,24 @@ fn udp_cable_answers_the_source_and_records_a_pcap() {
     let second_len = u32::from_ne_bytes(cap[second + 8..second + 12].try_into().unwrap()) as usize;
     assert_eq!(cap.len(), second + 16 + second_len);
     assert_eq!(decode(&cap[second + 16..]), ack(1, ACK_OK, 1));
+}
+
+#[test]
+fn replies_follow_the_qps_address_path_not_the_requests_addresses() {
+    let mut h = hca(1024, 100);
+    // From a station that is not the QP's peer: the answer still goes to the path's rmac/rgid.
+    let stranger_mac = [0x02, 0xCC, 0, 0, 0, 9];
+    let frames =
+        responder::handle(&mut h, &encode_from(&write_only(100, RKEY, VA, b"abcd"), stranger_mac, [10, 9, 9, 9]));
+    assert_eq!(frames.len(), 1);
+    let f = &frames[0];
+    let r = decode(f); // checks MACs and IPs: to CLIENT_MAC / CLIENT_IP, from MODEL_MAC / MODEL_IP
+    assert_eq!((r.opcode, r.syndrome), (OP_ACK, Some(ACK_OK)));
+    let ip = &f[14..];
+    assert_eq!((ip[1], ip[8]), (0x68, 9), "TOS = tclass, TTL = hop_limit");
+    assert_eq!(u16::from_be_bytes([ip[20], ip[21]]), 0xC0DE, "UDP source port = udp_sport");
+    // A QP without an IPv4 RoCEv2 path sends nothing (but still executes the request).
+    h.qps.get_mut(&QPN).unwrap().0.path = None;
+    assert!(h.send(write_only(101, RKEY, VA + 4, b"efgh")).is_empty());
+    assert_eq!(h.ram_at(RAM_BASE, 8), b"abcdefgh");
 }

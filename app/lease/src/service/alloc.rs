@@ -161,6 +161,15 @@ impl<T: Copy> LeaseService<T> {
         if a.client_gid == [0; 16] {
             return Err(bad("alloc.client_gid", "must be the client's GID"));
         }
+        // The lease QPs send from the appliance's IPv4 RoCEv2 GID; firmware refuses a path whose remote GID is
+        // of another type (INIT2RTR), so an IPv6 client cannot be reached.
+        let g = a.client_gid;
+        if g[..10] != [0; 10] || g[10..12] != [0xff, 0xff] {
+            return Err(bad(
+                "alloc.client_gid",
+                "must be IPv4-mapped (::ffff:A.B.C.D): the appliance's RoCEv2 GID is IPv4",
+            ));
+        }
         if a.client_mac[0] & 1 != 0 {
             return Err(bad("alloc.client_mac", "must be a unicast MAC (the client's next hop), or 0 to resolve it"));
         }
@@ -255,7 +264,7 @@ impl<T: Copy> LeaseService<T> {
     /// The build finished: the lease is Granted and ALLOC is answered.
     pub(super) fn granted(&mut self, slot: u32, now_us: u64) {
         let ready_by = now_us + self.cfg.ready_timeout_ms * 1000;
-        let gid = self.hca.gid;
+        let (gid, mac) = (self.hca.gid, self.hca.mac);
         let Some(l) = self.lease_mut(slot) else { return };
         l.phase = Phase::Granted { ready_by };
         let resp = AllocResp {
@@ -268,6 +277,7 @@ impl<T: Copy> LeaseService<T> {
             server_gid: gid,
             mtu: l.mtu,
             ttl_ms: l.ttl_ms,
+            server_mac: mac,
         };
         if let Some((ticket, since)) = l.alloc_ticket.take() {
             self.answers.push((ticket, Ok(Response::Alloc(resp))));

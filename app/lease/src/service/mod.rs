@@ -92,6 +92,8 @@ pub struct HcaCtx {
     pub cqn: Cqn,
     pub gid: [u8; 16],
     pub gid_index: u8,
+    /// The RDMA port's MAC (the GID entry's source MAC), answered in ALLOC as `server_mac`.
+    pub mac: [u8; 6],
     /// The largest IB MTU the port carries (1..=5).
     pub port_mtu: u8,
     /// The RDMA_RX table and group for per-slot DROP entries, when `Config::flow_drop` is set.
@@ -105,12 +107,13 @@ pub const LIST_MAX: usize = leasebox_proto::MAX_PAGE;
 /// grace timers are coarser).
 pub const SCAN_INTERVAL_US: u64 = 1_000;
 
-/// The IB MTU code an Ethernet port of `oper_mtu` bytes (PMTU, L2 included) carries: the largest IB MTU
-/// whose RoCEv2 packets (IPv4 20 + UDP 8 + BTH 12 + RETH 16 + ICRC 4 bytes around the payload) fit the
-/// IP MTU (`oper_mtu` minus 22 bytes of L2).
+/// The IB MTU code an Ethernet port of `oper_mtu` bytes (PMTU, L2 included) carries, as Linux reports it
+/// (`mlx5_query_port_roce`: `iboe_get_mtu` of the netdev MTU, `oper_mtu` minus 22 bytes of L2): the largest
+/// IB MTU that fits after GRH 40 + UDP 8 + BTH 12 + XRC 4 + AtomicETH 28 + ICRC 4 bytes; firmware refuses
+/// a path MTU above it. 1 (256) at least.
 pub fn port_ib_mtu(oper_mtu: u16) -> u8 {
-    let ip = u32::from(oper_mtu).saturating_sub(22);
-    (1..=5u8).rev().find(|&c| mtu_bytes(c).is_some_and(|b| b + 60 <= ip)).unwrap_or(1)
+    let room = u32::from(oper_mtu).saturating_sub(22);
+    (1..=5u8).rev().find(|&c| mtu_bytes(c).is_some_and(|b| b + 96 <= room)).unwrap_or(1)
 }
 
 pub struct LeaseService<T: Copy> {

@@ -98,7 +98,15 @@ impl Rig {
         let flow = cfg.flow_drop.then_some((FlowTableId(5), FlowGroupId(6)));
         let pool_bytes = if cfg.pool.is_empty() { 64 << 20 } else { cfg.pool_bytes() };
         let cfg = Config { pool: one_run(0x4000_0000, pool_bytes), ..cfg };
-        let hca = HcaCtx { uar: UarPage(1), cqn: Cqn(2), gid: [7; 16], gid_index: 0, port_mtu: 3, flow };
+        let hca = HcaCtx {
+            uar: UarPage(1),
+            cqn: Cqn(2),
+            gid: [7; 16],
+            gid_index: 0,
+            mac: [2, 0, 0, 0, 0, 7],
+            port_mtu: 3,
+            flow,
+        };
         Rig {
             svc: LeaseService::new(cfg, hca).unwrap(),
             host: FakeHost::default(),
@@ -230,7 +238,7 @@ fn alloc_req() -> AllocReq {
         ttl_ms: 0,
         client_qpn: 0x1234,
         client_psn: 0x100,
-        client_gid: [0xfe; 16],
+        client_gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 2, 7],
         client_mac: [2, 0, 0, 0, 0, 2],
     }
 }
@@ -536,8 +544,12 @@ fn client_mac_zero_is_refused_where_it_cannot_be_resolved() {
     assert_eq!(no_port.code, ErrorCode::BadParam);
     assert!(no_port.message.contains("no port to ARP on"), "{}", no_port.message);
     r.host.resolves = true;
-    let not_ipv4 = e(&mut r, AllocReq { client_mac: [0; 6], ..alloc_req() });
+    let not_ipv4 = e(&mut r, AllocReq { client_gid: [0xfe; 16], client_mac: [0; 6], ..alloc_req() });
     assert!(not_ipv4.message.contains("IPv4-mapped"), "{}", not_ipv4.message);
+    // With a MAC given too: the lease QP could not send to an IPv6 GID from the appliance's IPv4 one.
+    let ipv6 = e(&mut r, AllocReq { client_gid: [0xfe; 16], ..alloc_req() });
+    assert_eq!(ipv6.code, ErrorCode::BadParam);
+    assert!(ipv6.message.contains("alloc.client_gid") && ipv6.message.contains("IPv4-mapped"), "{}", ipv6.message);
     let multicast = e(&mut r, AllocReq { client_mac: [1, 0, 0, 0, 0, 1], ..alloc_req() });
     assert!(multicast.message.contains("unicast"), "{}", multicast.message);
     assert_eq!(r.host.asked, 0, "nothing asked for a request refused up front");

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasebox_lease::link::Link;
+use leasebox_lease::setup::LEASE_GID_INDEX;
 use leasebox_lease::setup::PlatformHost;
 use leasebox_lease::{Config, HcaCtx, LeaseService, Who, port_ib_mtu};
 use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
@@ -92,8 +93,17 @@ impl Rig {
         let pool = p.dma_alloc(pool_bytes as usize, cfg.extent as usize).expect("pool memory");
         let pool_base = pool.addr();
         cfg.pool = std::iter::once(pool_base..pool_base + pool_bytes).collect();
-        let hca =
-            HcaCtx { uar: d.info.uar, cqn, gid: d.info.gid, gid_index: 0, port_mtu: port_ib_mtu(d.info.mtu), flow };
+        // RoCE on the port and the appliance's GID, written as the lease set-up writes it.
+        let gid = d.roce_gid(LEASE_GID_INDEX.into(), [192, 0, 2, 1]).unwrap_or_else(|e| panic!("RoCE set-up: {e}"));
+        let hca = HcaCtx {
+            uar: d.info.uar,
+            cqn,
+            gid,
+            gid_index: LEASE_GID_INDEX,
+            mac: d.info.mac,
+            port_mtu: port_ib_mtu(d.info.mtu),
+            flow,
+        };
         let svc = LeaseService::new(cfg, hca).unwrap();
         Rig {
             d,

@@ -45,7 +45,7 @@ pub enum MacSource {
     Flag,
     /// The remote endpoint's MAC (from ALLOC's answer, when it carries one).
     Endpoint,
-    /// A fixed placeholder: the point-to-point cable does not look at destination MACs.
+    /// A fixed placeholder (ALLOC's answer carried no MAC): no port takes RoCE frames to it.
     Placeholder,
 }
 

@@ -2,9 +2,11 @@
 //! frame ([`super::wire`]). Two cables look like this:
 //!
 //! * the ConnectX-5 model's responder socket, point to point (docs/hca-model.md "RoCEv2 responder"; the
-//!   default, 127.0.0.1:4791): the model answers to the datagram's source address and swaps the frame's MACs
-//!   and IPs, so the frame addressing is ours to choose — our IPv4 and MAC, the appliance's IPv4 from its
-//!   IPv4-mapped GID and a MAC the model does not check;
+//!   default, 127.0.0.1:4791): the model answers to the datagram's source address, in frames addressed from
+//!   the lease QP's path — to the MAC and GID we gave in ALLOC (`client_mac`, `client_gid`: ours), from the
+//!   appliance's GID and port MAC; our frames carry our IPv4 and MAC, the appliance's IPv4 from its
+//!   IPv4-mapped GID and the appliance's MAC from ALLOC's answer (`server_mac`): the model drops RoCE frames
+//!   that are not for its port's MAC and one of its GIDs;
 //! * an Ethernet segment (a QEMU hub port: `-netdev socket,udp=…,localaddr=…`), shared with the model's port,
 //!   QEMU's user network and whoever else is on the hub. There the appliance's MAC is learned by ARP
 //!   ([`Resolve::Arp`]), and frames not for our MAC or not RoCE are set aside ([`SoftCounters::frames_other`]).
@@ -28,8 +30,8 @@ use super::{Completion, MacSource, QpEndpoint, QpState, Requester, gid_from_ipv4
 
 /// Our default MAC (locally administered).
 pub const DEFAULT_LOCAL_MAC: [u8; 6] = [0x02, 0x4C, 0x42, 0x00, 0x00, 0x01];
-/// The appliance's MAC when neither the configuration nor its endpoint gives one (the model's point-to-point
-/// responder does not check destination MACs; it swaps them into its reply).
+/// The appliance's MAC when neither the configuration nor its endpoint gives one (an ALLOC answer with
+/// `server_mac` 0). The model's port drops frames to it: it is only a well-formed stand-in.
 pub const PLACEHOLDER_REMOTE_MAC: [u8; 6] = [0x02, 0x4C, 0x42, 0x00, 0x00, 0x02];
 /// ARP's default wait: three requests, half a second apart.
 pub const ARP_DEADLINE: Duration = Duration::from_millis(1500);

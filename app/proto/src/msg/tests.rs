@@ -103,6 +103,7 @@ fn responses() -> Vec<(Op, Response)> {
                 server_gid: [0xaa; 16],
                 mtu: 3,
                 ttl_ms: 30_000,
+                server_mac: [2, 0x4c, 0x42, 0, 0, 1],
             }),
         ),
         (Op::Ready, Response::Ready { state: LeaseState::Active }),

@@ -122,6 +122,10 @@ const FRE: usize = QPC + 0x394;
 const NEXT_SEND_PSN: usize = QPC + 0x3c8;
 const CQN_SND: usize = QPC + 0x3e8;
 const LOG_RRA_MAX: usize = QPC + 0x488;
+const ATOMIC_MODE: usize = QPC + 0x48c;
+/// `MLX5_ATOMIC_MODE_IB_COMP` (`driver.h`): IB-compatible 8-byte atomics, what Linux `get_atomic_mode`
+/// chooses when the card has plain compare-and-swap and fetch-and-add.
+pub const ATOMIC_MODE_IB_COMP: u32 = 1;
 const RRE: usize = QPC + 0x490;
 const RWE: usize = QPC + 0x491;
 const RAE: usize = QPC + 0x492;
@@ -214,7 +218,8 @@ fn modify(opcode: u16, q: &QpBase) -> Command {
     c
 }
 
-/// RST2INIT: P_Key index 0, port 1, remote access bits.
+/// RST2INIT: P_Key index 0, port 1, remote access bits; remote atomics with an atomic mode (IB-compatible),
+/// as Linux `to_mlx5_access_flags` sets `rae` only together with `atomic_mode`.
 pub fn rst2init(q: &QpBase, access: QpAccess) -> Command {
     let mut c = modify(MLX5_CMD_OP_RST2INIT_QP, q);
     c.set(PKEY_INDEX, 16, 0);
@@ -222,6 +227,9 @@ pub fn rst2init(q: &QpBase, access: QpAccess) -> Command {
     c.set(RRE, 1, access.remote_read as u32);
     c.set(RWE, 1, access.remote_write as u32);
     c.set(RAE, 1, access.remote_atomic as u32);
+    if access.remote_atomic {
+        c.set(ATOMIC_MODE, 4, ATOMIC_MODE_IB_COMP);
+    }
     c.set(RLKY, 1, 1);
     c
 }
@@ -477,6 +485,10 @@ mod tests {
         assert_eq!(be16(b, 0x32), 0); // pkey_index
         assert_eq!(b[0x55], 1); // vhca_port_num
         assert_eq!(be32(b, 0xa8) & 0xe000, 0xc000); // rre, rwe (qpc dword 42 bits 15, 14)
+        assert_eq!(be32(b, 0xa8) & 0xf_0000, 0, "no atomic mode without remote atomics");
+        let a = rst2init(&BASE, QpAccess { remote_read: false, remote_write: false, remote_atomic: true });
+        // rae (bit 13) with atomic_mode IB_COMP (qpc bits 0x48c..0x490: dword 42 bits 19..16).
+        assert_eq!(be32(a.input(), 0xa8) & 0xf_e000, 0x1_2000);
 
         let peer = RcPeer {
             qpn: Qpn(0xabcd),

@@ -112,6 +112,22 @@ pub struct RoceAddress {
     pub roce_version: u8,
 }
 
+/// `roce_addr_layout.roce_version` 2 and `roce_l3_type` IPv4 (`MLX5_ROCE_VERSION_2`, `MLX5_ROCE_L3_TYPE_IPV4`).
+pub const ROCE_VERSION_2: u8 = 2;
+pub const ROCE_L3_TYPE_IPV4: u8 = 0;
+
+impl RoceAddress {
+    /// The RoCEv2 entry for IPv4 address `ip` sent from `mac`: GID `::ffff:ip`, no VLAN (Linux
+    /// `mlx5_ib` `set_roce_addr` for an IPv4 netdev address).
+    pub fn rocev2_ipv4(ip: [u8; 4], mac: [u8; 6]) -> RoceAddress {
+        let mut gid = [0u8; 16];
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&ip);
+        RoceAddress { gid, vlan: None, source_mac: mac, roce_l3_type: ROCE_L3_TYPE_IPV4, roce_version: ROCE_VERSION_2 }
+    }
+}
+
 pub fn query_roce_address(index: u16) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_QUERY_ROCE_ADDRESS, 0, CMD_HDR_LEN, QUERY_ROCE_ADDRESS_OUT_LEN)
         .with("index", index.into());

@@ -30,6 +30,15 @@ const QUERY_QP_OUT_FIXED: usize = 0x110;
 /// `cmd_hca_cap.log_max_qp_sz` and `log_max_msg` (`mlx5_ifc.h`).
 const LOG_MAX_QP_SZ: Field = Field::new(0x88, 8);
 const LOG_MAX_MSG: Field = Field::new(0x1c3, 5);
+/// `cmd_hca_cap.log_max_ra_req_qp` / `log_max_ra_res_qp`: the most RDMA READs/atomics a QP may have in flight
+/// as requester (`qpc.log_sra_max`) and as responder (`qpc.log_rra_max`).
+const LOG_MAX_RA_REQ_QP: Field = Field::new(0x14a, 6);
+const LOG_MAX_RA_RES_QP: Field = Field::new(0x15a, 6);
+/// `cmd_hca_cap.atomic`: the atomic capability block is present and atomics are supported.
+const CAP_ATOMIC: Field = Field::new(0x21e, 1);
+/// `roce_cap.r_roce_max_src_udp_port` / `r_roce_min_src_udp_port`: the UDP source ports firmware sends from.
+const R_ROCE_MAX_SRC_UDP_PORT: Field = Field::new(0xc0, 16);
+const R_ROCE_MIN_SRC_UDP_PORT: Field = Field::new(0xd0, 16);
 /// Largest WQ buffer page the model accepts (`qpc.log_page_size` is log2(page / 4 KiB)): 1 GiB.
 const MAX_LOG_PAGE_SIZE: u32 = 18;
 /// The model has one port (`vhca_port_num` is 1-based) and one P_Key (index 0).
@@ -268,6 +277,8 @@ pub fn modify(hca: &mut Hca, c: &Ctx, t: Transition) -> CmdResult {
             if path_get(c, ads::PKEY_INDEX) != 0 || path_get(c, ads::VHCA_PORT_NUM) != PORT {
                 return Err(bad(c, reason::QP_BAD_PATH));
             }
+            // RST2INIT names every access bit (Linux sends `rre`/`rwe`/`rae` with `atomic_mode` at RST2INIT).
+            take.push(qpc::ATOMIC_MODE);
             take.extend([qpc::RRE, qpc::RWE, qpc::RAE, qpc::COUNTER_SET_ID, qpc::RLKY]);
         }
         Transition::Init2Rtr => {
@@ -276,6 +287,33 @@ pub fn modify(hca: &mut Hca, c: &Ctx, t: Transition) -> CmdResult {
             }
             if qpc_get(c, qpc::LOG_MSG_MAX) > hca.caps.general(LOG_MAX_MSG) {
                 return Err(bad(c, reason::QP_BAD_SIZE));
+            }
+            // The path MTU fits the port (Linux `mlx5_query_port_roce`: `active_mtu` = `iboe_get_mtu`).
+            if qpc_get(c, qpc::MTU) > hca.port.ib_mtu() {
+                return Err(bad(c, reason::QP_BAD_FIELD));
+            }
+            if qpc_get(c, qpc::LOG_RRA_MAX) > hca.caps.general(LOG_MAX_RA_RES_QP) {
+                return Err(bad(c, reason::QP_BAD_FIELD));
+            }
+            let mut rgid = [0u8; 16];
+            let rgid_at = (QPC + qpc::PRIMARY_ADDRESS_PATH) as usize + ads::RGID_RIP;
+            rgid.copy_from_slice(&c.input[rgid_at..rgid_at + 16]);
+            if !sgid_fits(hca, path_get(c, ads::SRC_ADDR_INDEX), &rgid) {
+                return Err(bad(c, reason::QP_BAD_PATH));
+            }
+            // The next hop's MAC: a unicast station (not zero, group bit clear).
+            let rmac_hi = path_get(c, ads::RMAC_47_32);
+            if rmac_hi == 0 && path_get(c, ads::RMAC_31_0) == 0 || rmac_hi & 0x0100 != 0 {
+                return Err(bad(c, reason::QP_BAD_PATH));
+            }
+            let roce = hca.caps.block(crate::caps::cap_type::ROCE, true).unwrap_or(&[]);
+            let (lo, hi) = if roce.is_empty() {
+                (1, 0)
+            } else {
+                (ifc::get(roce, R_ROCE_MIN_SRC_UDP_PORT), ifc::get(roce, R_ROCE_MAX_SRC_UDP_PORT))
+            };
+            if !(lo..=hi).contains(&path_get(c, ads::UDP_SPORT)) {
+                return Err(bad(c, reason::QP_BAD_PATH));
             }
             // RoCE: one port; no LID routing (IB only); the remote address must be given.
             let rgid_at = (QPC + qpc::PRIMARY_ADDRESS_PATH) as usize + ads::RGID_RIP;
@@ -321,6 +359,16 @@ pub fn modify(hca: &mut Hca, c: &Ctx, t: Transition) -> CmdResult {
             }
         }
         Transition::Rtr2Rts => {
+            if qpc_get(c, qpc::LOG_SRA_MAX) > hca.caps.general(LOG_MAX_RA_REQ_QP) {
+                return Err(bad(c, reason::QP_BAD_FIELD));
+            }
+            // The GID the QP sends from must still be there as INIT2RTR found it.
+            let mut rgid = [0u8; 16];
+            let at = qpc::PRIMARY_ADDRESS_PATH as usize + ads::RGID_RIP;
+            rgid.copy_from_slice(&q.qpc[at..at + 16]);
+            if !sgid_fits(hca, q.get(ads::SRC_ADDR_INDEX.at(qpc::PRIMARY_ADDRESS_PATH)), &rgid) {
+                return Err(bad(c, reason::QP_BAD_PATH));
+            }
             take.extend([
                 path(ads::ACK_TIMEOUT),
                 qpc::RETRY_COUNT,
@@ -338,6 +386,16 @@ pub fn modify(hca: &mut Hca, c: &Ctx, t: Transition) -> CmdResult {
             take.push(f);
         }
     }
+    // Remote atomics need an atomic mode (Linux `to_mlx5_access_flags`: `rae` only with `atomic_mode` from
+    // `get_atomic_mode`) and the atomic capability.
+    if take.contains(&qpc::RAE) && qpc_get(c, qpc::RAE) == 1 {
+        if qpc_get(c, qpc::ATOMIC_MODE) == 0 || hca.caps.general(CAP_ATOMIC) == 0 {
+            return Err(bad(c, reason::QP_BAD_FIELD));
+        }
+        if !take.contains(&qpc::ATOMIC_MODE) {
+            take.push(qpc::ATOMIC_MODE);
+        }
+    }
     if opt & optpar::RNR_TIMEOUT != 0 {
         take.push(qpc::MIN_RNR_NAK);
     }
@@ -352,4 +410,17 @@ pub fn modify(hca: &mut Hca, c: &Ctx, t: Transition) -> CmdResult {
         q.state = t.to();
     }
     Ok(out)
+}
+
+/// Does GID table entry `index` suit a path toward `rgid`? It must be written, RoCE version 2 (the only version
+/// the model carries) and of the same L3 type as the remote address (Linux `mlx5_ib` takes `src_addr_index`
+/// from the `sgid_attr` of the address handle, whose type matches the path; stricter than known for a mismatch).
+fn sgid_fits(hca: &Hca, index: u32, rgid: &[u8; 16]) -> bool {
+    let Some(e) = hca.port.roce_addrs.get(index as usize) else { return false };
+    let l3 = if crate::port::gid_ipv4(rgid).is_some() {
+        crate::port::ROCE_L3_TYPE_IPV4
+    } else {
+        crate::port::ROCE_L3_TYPE_IPV6
+    };
+    !e.is_empty() && e.version == crate::port::ROCE_VERSION_2 && e.l3_type == l3
 }

@@ -53,6 +53,21 @@ pub struct QpView {
     pub access: u8,
     /// Path MTU in bytes of payload (256 … 4096).
     pub mtu: u32,
+    /// Where the QP's frames go: its address path. `None`: the QP has no IPv4 RoCEv2 path (the model sends
+    /// IPv4 only), so nothing is sent.
+    pub path: Option<ReplyPath>,
+}
+
+/// A QP's frames as firmware builds them from the QP's address path (`ads`: `rmac`, `rgid`, `udp_sport`,
+/// `hop_limit`, `tclass`) and GID table entry `src_addr_index` (source MAC and IPv4), never from the
+/// request's addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplyPath {
+    pub endpoints: Endpoints,
+    /// IPv4 TOS (`tclass`).
+    pub tos: u8,
+    /// IPv4 TTL (`hop_limit`).
+    pub ttl: u8,
 }
 
 /// How an MKEY maps its virtual range onto device addresses.
@@ -125,6 +140,9 @@ pub struct RespState {
 
 /// The HCA's side of the responder.
 pub trait Tables {
+    /// Does the port take RoCE frames addressed to `eth_dst` / `ip_dst`? (RoCE enabled on the vport, the port's
+    /// MAC, the IPv4 of a valid RoCEv2 GID.) Frames it does not take are dropped before anything else.
+    fn accepts(&self, eth_dst: [u8; 6], ip_dst: [u8; 4]) -> bool;
     fn qp(&self, qpn: u32) -> Option<QpView>;
     /// The QP's responder state (None when the QP does not exist).
     fn resp_state(&mut self, qpn: u32) -> Option<&mut RespState>;
@@ -142,6 +160,8 @@ pub trait Tables {
 pub enum Disposition {
     /// Malformed frame (`WireError`), bad P_Key, or not a request opcode.
     Malformed,
+    /// Not for this port's RoCE: `roce_en` off, or the destination MAC / IPv4 is not the port's / a GID's.
+    NotForPort,
     NoSuchQp,
     /// The QP is in RESET, INIT or ERR.
     QpNotReceiving,
@@ -184,6 +204,9 @@ pub fn handle(tables: &mut dyn Tables, frame: &[u8]) -> Vec<Vec<u8>> {
 /// sit in memory whole), and saying what happened.
 pub fn handle_into(tables: &mut dyn Tables, frame: &[u8], send: &mut dyn FnMut(Vec<u8>)) -> Disposition {
     let Ok(pkt) = wire::parse(frame) else { return Disposition::Malformed };
+    if !tables.accepts(pkt.endpoints.eth_dst, pkt.endpoints.ip_dst) {
+        return Disposition::NotForPort;
+    }
     // P_Key: the model has only the default partition (IBTA 10.9.3: a mismatch is dropped, low 15 bits compared).
     if pkt.bth.pkey & 0x7FFF != wire::DEFAULT_PKEY & 0x7FFF || !is_request(pkt.bth.opcode) {
         return Disposition::Malformed;
@@ -474,14 +497,7 @@ impl Responder<'_, '_> {
     }
 
     fn reply(&mut self, op: u8, psn: u32, ext: &[u8], payload: &[u8]) {
-        let req = &self.pkt.endpoints;
-        let ep = Endpoints {
-            eth_src: req.eth_dst,
-            eth_dst: req.eth_src,
-            ip_src: req.ip_dst,
-            ip_dst: req.ip_src,
-            udp_sport: reply_sport(self.qp.qpn),
-        };
+        let Some(path) = self.qp.path else { return };
         let bth = Bth {
             opcode: op,
             se: false,
@@ -494,14 +510,8 @@ impl Responder<'_, '_> {
             ack_req: false,
             psn,
         };
-        (self.send)(wire::build(&ep, &bth, ext, payload));
+        (self.send)(wire::build_with(&path.endpoints, path.tos, path.ttl, &bth, ext, payload));
     }
-}
-
-/// UDP source port of the model's frames for a QP: RoCEv2 leaves it to the sender as flow entropy; the model
-/// derives it from the QPN within the dynamic range 0xC000..=0xFFFF.
-pub fn reply_sport(qpn: u32) -> u16 {
-    0xC000 | (qpn & 0x3FFF) as u16
 }
 
 /// Response packets of a READ of `len` bytes: one per MTU, at least one.

@@ -529,6 +529,11 @@ pub const DEFAULT_TTL: u8 = 64;
 /// Builds a frame: `ext` is the extension headers in wire order, PadCnt in `bth` is recomputed from the payload
 /// length. IPv4: DF set, identification 0, TOS 0, TTL 64. UDP checksum 0 (allowed for RoCEv2 over IPv4).
 pub fn build(ep: &Endpoints, bth: &Bth, ext: &[u8], payload: &[u8]) -> Vec<u8> {
+    build_with(ep, 0, DEFAULT_TTL, bth, ext, payload)
+}
+
+/// [`build`] with the IPv4 TOS and TTL given (a QP's `tclass` and `hop_limit`).
+pub fn build_with(ep: &Endpoints, tos: u8, ttl: u8, bth: &Bth, ext: &[u8], payload: &[u8]) -> Vec<u8> {
     let pad = (4 - payload.len() % 4) % 4;
     let roce_len = BTH_BYTES + ext.len() + payload.len() + pad + ICRC_BYTES;
     let udp_len = UDP_HLEN + roce_len;
@@ -540,8 +545,9 @@ pub fn build(ep: &Endpoints, bth: &Bth, ext: &[u8], payload: &[u8]) -> Vec<u8> {
     let mut ip = [0u8; IPV4_HLEN];
     ip[0] = 0x45;
     ip[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
+    ip[1] = tos;
     ip[6] = 0x40; // DF
-    ip[8] = DEFAULT_TTL;
+    ip[8] = ttl;
     ip[9] = IPPROTO_UDP;
     ip[12..16].copy_from_slice(&ep.ip_src);
     ip[16..20].copy_from_slice(&ep.ip_dst);

@@ -17,7 +17,8 @@ pub const OP_READ_RESP_ONLY: u8 = 0x10;
 pub const OP_ACK: u8 = 0x11;
 
 pub const CLIENT_MAC: [u8; 6] = [0x02, 0xAA, 0, 0, 0, 1];
-pub const MODEL_MAC: [u8; 6] = [0x02, 0xBB, 0, 0, 0, 2];
+/// The model's default port MAC (`ModelConfig::default`), which its GID entries carry.
+pub const MODEL_MAC: [u8; 6] = [0x02, 0x4C, 0x42, 0, 0, 1];
 pub const CLIENT_IP: [u8; 4] = [192, 168, 7, 1];
 pub const MODEL_IP: [u8; 4] = [192, 168, 7, 2];
 
@@ -73,6 +74,20 @@ pub struct Req {
 }
 
 pub fn encode(r: &Req) -> Vec<u8> {
+    encode_from(r, CLIENT_MAC, CLIENT_IP)
+}
+
+/// [`encode`] from another station's MAC and IPv4 (still to the model's).
+pub fn encode_from(r: &Req, mac: [u8; 6], ip_src: [u8; 4]) -> Vec<u8> {
+    encode_addr(r, mac, ip_src, MODEL_MAC, MODEL_IP)
+}
+
+/// [`encode`] from the client to another MAC / IPv4 destination.
+pub fn encode_to(r: &Req, eth_dst: [u8; 6], ip_dst: [u8; 4]) -> Vec<u8> {
+    encode_addr(r, CLIENT_MAC, CLIENT_IP, eth_dst, ip_dst)
+}
+
+fn encode_addr(r: &Req, mac: [u8; 6], ip_src: [u8; 4], eth_dst: [u8; 6], ip_dst: [u8; 4]) -> Vec<u8> {
     let mut roce = Vec::new();
     let pad = (4 - r.payload.len() % 4) % 4;
     roce.push(r.opcode);
@@ -93,8 +108,8 @@ pub fn encode(r: &Req) -> Vec<u8> {
     let ip_len = 20 + udp_len;
     let mut ip = vec![0x45, 0x02 /* ECT(0), masked by the ICRC */, (ip_len >> 8) as u8, ip_len as u8];
     ip.extend_from_slice(&[0x12, 0x34, 0x40, 0x00, 17 /* TTL */, 17 /* UDP */, 0, 0]);
-    ip.extend_from_slice(&CLIENT_IP);
-    ip.extend_from_slice(&MODEL_IP);
+    ip.extend_from_slice(&ip_src);
+    ip.extend_from_slice(&ip_dst);
     let c = ip_checksum(&ip);
     ip[10] = (c >> 8) as u8;
     ip[11] = c as u8;
@@ -107,8 +122,8 @@ pub fn encode(r: &Req) -> Vec<u8> {
     let crc = icrc(&body);
     body.extend_from_slice(&crc.to_le_bytes());
     let mut f = Vec::new();
-    f.extend_from_slice(&MODEL_MAC);
-    f.extend_from_slice(&CLIENT_MAC);
+    f.extend_from_slice(&eth_dst);
+    f.extend_from_slice(&mac);
     f.extend_from_slice(&[0x08, 0x00]);
     f.extend_from_slice(&body);
     f

@@ -87,8 +87,43 @@ pub struct Res {
     pub cqn: u32,
 }
 
-/// ALLOC_PD, ALLOC_UAR, CREATE_EQ and CREATE_CQ (the QP's send and receive CQ), all through real commands.
+/// The appliance side's RoCE address in these tests: RoCEv2 GID `::ffff:192.168.7.2` at index 0.
+pub const LOCAL_IP: [u8; 4] = [192, 168, 7, 2];
+/// The model's default port MAC (`ModelConfig::default`).
+pub const PORT_MAC: [u8; 6] = [0x02, 0x4c, 0x42, 0x00, 0x00, 0x01];
+
+/// SET_ROCE_ADDRESS `index`: a RoCEv2 (2) IPv4 (L3 type 0) entry for `ip` with source MAC `mac`
+/// (`set_roce_address_in`, `roce_addr_layout` at 0x10).
+pub fn set_roce_ipv4_in(index: u16, ip: [u8; 4], mac: [u8; 6]) -> Vec<u8> {
+    let mut s = cmd(0x761, 0, 0x30);
+    put32(&mut s, 8, u32::from(index) << 16);
+    s[0x1a] = 0xff;
+    s[0x1b] = 0xff;
+    s[0x1c..0x20].copy_from_slice(&ip);
+    put32(&mut s, 0x20, u32::from(u16::from_be_bytes([mac[0], mac[1]])));
+    put32(&mut s, 0x24, u32::from_be_bytes([mac[2], mac[3], mac[4], mac[5]]));
+    put32(&mut s, 0x28, 2);
+    s
+}
+
+/// MODIFY_NIC_VPORT_CONTEXT selecting `roce_en` = `on`.
+pub fn roce_en_in(on: bool) -> Vec<u8> {
+    let mut m = cmd(0x755, 0, 0x200);
+    put32(&mut m, 0xc, 1 << 1);
+    put32(&mut m, 0x100, on.into());
+    m
+}
+
+/// RoCE enabled on the vport and GID index 0 = [`LOCAL_IP`] on the port MAC.
+pub fn roce_port(d: &mut Drv) {
+    d.ok(&roce_en_in(true), 16);
+    d.ok(&set_roce_ipv4_in(0, LOCAL_IP, PORT_MAC), 16);
+}
+
+/// ALLOC_PD, ALLOC_UAR, CREATE_EQ and CREATE_CQ (the QP's send and receive CQ), all through real commands;
+/// RoCE enabled on the vport and GID index 0 written ([`LOCAL_IP`]), as a driver does before its first QP.
 pub fn setup(d: &mut Drv) -> Res {
+    roce_port(d);
     let pd = alloc_pd(d);
     let uar = alloc_uar(d);
     let (eqn, cqn) = create_eq_cq(d, uar);
