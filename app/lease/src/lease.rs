@@ -237,3 +237,32 @@ pub enum Slot<T> {
     /// Fenced until reboot: never reused, nor its memory.
     Fenced(FenceInfo),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_bits_keep_their_wire_meaning_and_the_reserved_ones_stay_clear() {
+        // FENCED_SUMMARY `failed_mask` (docs/wire-protocol.md): 0x004 and 0x008 are reserved since `flow_drop`
+        // was removed; every other bit means what it meant before.
+        let steps = [
+            (Step::AllocPd, 0),
+            (Step::CreateMkey, 0),
+            (Step::CreateQp, 0),
+            (Step::Rst2Init, 0),
+            (Step::Init2Rtr, 0),
+            (Step::Rtr2Rts, 0),
+            (Step::DestroyMkey, 0x001),
+            (Step::Qp2Err, 0x002),
+            (Step::Qp2Rst, 0x010),
+            (Step::DestroyQp, 0x020),
+            (Step::DeallocPd, 0x040),
+        ];
+        for (step, bit) in steps {
+            assert_eq!(step.bit(), bit, "{step:?}");
+            assert_eq!(step.bit() & 0x00c, 0, "{step:?} sets a reserved bit");
+        }
+        assert_eq!((step_bit::DEADLINE, step_bit::UNWIND), (0x080, 0x100));
+    }
+}
