@@ -46,8 +46,6 @@ pub struct Config {
     pub order: RevokeOrder,
     /// Whether a REVOKE may ask for the other order (admin only).
     pub allow_order_override: bool,
-    /// Install a per-slot RDMA_RX DROP entry during the immediate phase (best effort; needs the flow table).
-    pub flow_drop: bool,
     /// The outcome of a revoke is answered within this long in every case.
     pub revoke_deadline_ms: u64,
     /// FENCE-TEST (only with the `fence-test` feature).
@@ -77,7 +75,6 @@ impl Default for Config {
             heartbeat_renews: true,
             order: RevokeOrder::MkeyFirst,
             allow_order_override: true,
-            flow_drop: false,
             revoke_deadline_ms: 1_000,
             fence_test: false,
             ack_timeout: 14,

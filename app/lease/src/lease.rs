@@ -5,18 +5,18 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use leasebox_mlx5::DmaBuf;
-use leasebox_mlx5::handles::{FlowIndex, Mkey, Pdn, Qpn};
+use leasebox_mlx5::handles::{Mkey, Pdn, Qpn};
 use leasebox_proto::{LeaseId, LeaseState};
 
 use crate::config::RevokeOrder;
 use crate::service::plan::Steps;
 
-/// Teardown steps, as bits of a fenced slot's failed-step mask (FENCED_SUMMARY `failed_mask`).
+/// Teardown steps, as bits of a fenced slot's failed-step mask (FENCED_SUMMARY `failed_mask`). Bits 2 (0x004)
+/// and 3 (0x008) are reserved and never set: they were SET DROP and DELETE DROP of the removed `flow_drop`
+/// option (docs/revoke-semantics.md, "Why there is no flow-table DROP"); no other bit moved.
 pub mod step_bit {
     pub const DESTROY_MKEY: u32 = 1 << 0;
     pub const QP_2ERR: u32 = 1 << 1;
-    pub const SET_DROP: u32 = 1 << 2;
-    pub const DELETE_DROP: u32 = 1 << 3;
     pub const QP_2RST: u32 = 1 << 4;
     pub const DESTROY_QP: u32 = 1 << 5;
     pub const DEALLOC_PD: u32 = 1 << 6;
@@ -59,8 +59,6 @@ pub enum Step {
     Rtr2Rts,
     DestroyMkey,
     Qp2Err,
-    SetDrop,
-    DeleteDrop,
     Qp2Rst,
     DestroyQp,
     DeallocPd,
@@ -71,8 +69,6 @@ impl Step {
         match self {
             Step::DestroyMkey => step_bit::DESTROY_MKEY,
             Step::Qp2Err => step_bit::QP_2ERR,
-            Step::SetDrop => step_bit::SET_DROP,
-            Step::DeleteDrop => step_bit::DELETE_DROP,
             Step::Qp2Rst => step_bit::QP_2RST,
             Step::DestroyQp => step_bit::DESTROY_QP,
             Step::DeallocPd => step_bit::DEALLOC_PD,
@@ -199,7 +195,6 @@ pub struct Lease<T> {
     pub pd: Option<Pdn>,
     pub mkey: Option<Mkey>,
     pub qpn: Option<Qpn>,
-    pub drop_entry: Option<FlowIndex>,
     /// The QP is known to be in ERR (2ERR done).
     pub qp_in_err: bool,
     /// The MKEY variant its CREATE_MKEY used.
@@ -241,4 +236,33 @@ pub enum Slot<T> {
     Busy(Lease<T>),
     /// Fenced until reboot: never reused, nor its memory.
     Fenced(FenceInfo),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_bits_keep_their_wire_meaning_and_the_reserved_ones_stay_clear() {
+        // FENCED_SUMMARY `failed_mask` (docs/wire-protocol.md): 0x004 and 0x008 are reserved since `flow_drop`
+        // was removed; every other bit means what it meant before.
+        let steps = [
+            (Step::AllocPd, 0),
+            (Step::CreateMkey, 0),
+            (Step::CreateQp, 0),
+            (Step::Rst2Init, 0),
+            (Step::Init2Rtr, 0),
+            (Step::Rtr2Rts, 0),
+            (Step::DestroyMkey, 0x001),
+            (Step::Qp2Err, 0x002),
+            (Step::Qp2Rst, 0x010),
+            (Step::DestroyQp, 0x020),
+            (Step::DeallocPd, 0x040),
+        ];
+        for (step, bit) in steps {
+            assert_eq!(step.bit(), bit, "{step:?}");
+            assert_eq!(step.bit() & 0x00c, 0, "{step:?} sets a reserved bit");
+        }
+        assert_eq!((step_bit::DEADLINE, step_bit::UNWIND), (0x080, 0x100));
+    }
 }

@@ -28,8 +28,6 @@ pub struct LeaseOptions {
     pub order: RevokeOrder,
     /// `allow_order_override=on|off`: whether the admin's REVOKE may ask for the other order.
     pub allow_order_override: bool,
-    /// `flow_drop=on|off`: per-slot RDMA_RX DROP entries during revoke.
-    pub flow_drop: bool,
     /// `fence_test=on|off` (only in images built with the `fence-test` feature).
     pub fence_test: bool,
     /// `rdma_ip=a.b.c.d`: the RDMA port's IPv4 address, programmed as a RoCEv2 GID (IPv4-mapped) that lease
@@ -53,7 +51,6 @@ impl LeaseOptions {
         heartbeat_renews: true,
         order: RevokeOrder::MkeyFirst,
         allow_order_override: true,
-        flow_drop: false,
         fence_test: false,
         rdma_ip: None,
     };
@@ -103,7 +100,6 @@ impl LeaseOptions {
                 }
             }
             "allow_order_override" => self.allow_order_override = on_off(value)?,
-            "flow_drop" => self.flow_drop = on_off(value)?,
             "fence_test" => self.fence_test = on_off(value)?,
             "rdma_ip" => {
                 let ip: core::net::Ipv4Addr = value.parse().map_err(|_| "expected an IPv4 address a.b.c.d")?;
@@ -127,7 +123,8 @@ mod tests {
         let mut o = LeaseOptions::default();
         assert_eq!(o.apply("lease_pool_mib", "128"), Ok(true));
         assert_eq!(o.apply("revoke_order", "qp-first"), Ok(true));
-        assert_eq!(o.apply("flow_drop", "on"), Ok(true));
+        // Removed (docs/revoke-semantics.md, "Why there is no flow-table DROP"): an unknown option now.
+        assert_eq!(o.apply("flow_drop", "on"), Ok(false));
         assert_eq!(o.apply("allow_order_override", "off"), Ok(true));
         assert!(!o.allow_order_override);
         assert!(o.apply("allow_order_override", "maybe").is_err());
@@ -140,6 +137,6 @@ mod tests {
         assert!(o.apply("revoke_order", "sideways").is_err());
         assert!(o.apply("lease_pool_mib", "3").is_err());
         assert!(o.apply("lease_slots", "0").is_err());
-        assert_eq!((o.pool_mib, o.order, o.flow_drop, o.grace_ms), (128, RevokeOrder::QpFirst, true, 0));
+        assert_eq!((o.pool_mib, o.order, o.grace_ms), (128, RevokeOrder::QpFirst, 0));
     }
 }

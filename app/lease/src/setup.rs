@@ -7,7 +7,6 @@ use alloc::vec::Vec;
 use core::ops::Range;
 
 use leasebox_mlx5::driver::Driver;
-use leasebox_mlx5::ifc::flow;
 use leasebox_mlx5::platform::{DmaBuf, Platform};
 
 use alloc::sync::Arc;
@@ -163,8 +162,7 @@ pub fn pool_runs(extents: &[DmaBuf]) -> Vec<Range<u64>> {
 }
 
 /// On a driver that is up (before its engines are split off): the lease QPs' CQ (watched by the event
-/// engine), the RDMA_RX table and group for DROP entries when `flow_drop` is on (best effort), RoCE on the
-/// port and a RoCEv2 GID for `rdma_ip` at [`LEASE_GID_INDEX`] (`Driver::roce_gid`: an InfiniBand port, no
+/// engine), RoCE on the port and a RoCEv2 GID for `rdma_ip` at [`LEASE_GID_INDEX`] (`Driver::roce_gid`: an InfiniBand port, no
 /// RoCEv2 or a GID the firmware refuses is an error naming the fix), and the pool ([`allocate_pool`]).
 #[allow(clippy::result_large_err)]
 pub fn prepare<P: Platform>(
@@ -175,24 +173,6 @@ pub fn prepare<P: Platform>(
     let cq = d.create_cq(LEASE_CQ_LOG).map_err(|e| format!("lease CQ: {e}"))?;
     let cqn = cq.cqn;
     d.events.watch_cq(cq.cqn, cq.ring);
-    let flow = if o.flow_drop {
-        let log = (o.slots.max(2) - 1).ilog2() as u8 + 1;
-        let made =
-            d.exec(flow::create_flow_table(flow::FS_FT_RDMA_RX, 0, log)).map(|o| flow::create_flow_table_out(&o));
-        let made = made.and_then(|t| {
-            d.exec(flow::create_flow_group_bth_dst_qp(flow::FS_FT_RDMA_RX, t, 0, (1 << log) - 1))
-                .map(|o| (t, flow::create_flow_group_out(&o)))
-        });
-        match made {
-            Ok(tg) => Some(tg),
-            Err(e) => {
-                log::warn!("lease: flow_drop=on but the RDMA_RX table could not be set up ({e}); no DROP entries");
-                None
-            }
-        }
-    } else {
-        None
-    };
     let ip = o.rdma_ip.or(net_ip).unwrap_or(DEFAULT_RDMA_IP);
     // The lease QPs' `src_addr_index` is the entry written here and read back; nothing else is used.
     let gid_index = LEASE_GID_INDEX;
@@ -203,17 +183,16 @@ pub fn prepare<P: Platform>(
     let max_region = 1u64.checked_shl(d.info.caps.log_max_mrw_sz.into()).unwrap_or(u64::MAX);
     log::info!(
         "lease: pool {} MiB in {} run(s) from {:#x}, largest lease {} MiB, {} slots, CQ {cqn}, port IB MTU {}, \
-         flow DROP {}, RDMA address {ip} (GID index {gid_index})",
+         RDMA address {ip} (GID index {gid_index})",
         o.pool_mib,
         pool.len(),
         pool.first().map_or(0, |r| r.start),
         crate::config::max_lease(POOL_EXTENT, max_region).min(u64::from(o.pool_mib) << 20) >> 20,
         o.slots,
         128u32 << port_mtu,
-        if flow.is_some() { "on" } else { "off" }
     );
     Ok(LeaseParts {
-        hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, mac: d.info.mac, port_mtu, flow },
+        hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, mac: d.info.mac, port_mtu },
         pool,
         extents,
         rdma_ip: ip,
@@ -237,7 +216,6 @@ impl Config {
             heartbeat_renews: o.heartbeat_renews,
             order: o.order,
             allow_order_override: o.allow_order_override,
-            flow_drop: o.flow_drop,
             fence_test: o.fence_test,
             psn_seed: psn_seed | 1,
             ..Config::default()

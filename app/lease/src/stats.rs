@@ -13,7 +13,6 @@ pub struct Counters {
     pub swept: u64,
     pub commands: u64,
     pub failed_commands: u64,
-    pub drop_failures: u64,
     /// ALLOCs with `client_mac` 0 whose MAC the host resolved, and those that waited in vain.
     pub resolved: u64,
     pub resolve_timeouts: u64,

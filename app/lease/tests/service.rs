@@ -18,8 +18,6 @@ const DESTROY_MKEY: u16 = 0x202;
 const QP_2ERR: u16 = 0x507;
 const QP_2RST: u16 = 0x50a;
 const DESTROY_QP: u16 = 0x501;
-const SET_FTE: u16 = 0x936;
-const DELETE_FTE: u16 = 0x938;
 const CREATE_MKEY: u16 = 0x200;
 
 fn fail(rig: &Rig, opcode: u16) {
@@ -207,41 +205,33 @@ fn fenced_after(mut r: Rig, revoke_qp_first: bool) -> (Rig, LeaseId, Outcome) {
 
 #[test]
 fn each_failing_teardown_command_fences_with_its_mask_and_origin() {
-    // (command failing, revoke qp-first?, flow DROP configured?, outcome, fenced?, mask, origin)
-    let cases: [(u16, bool, bool, Outcome, bool, u32, u8); 7] = [
-        (DESTROY_MKEY, false, false, Outcome::Fenced, true, step_bit::DESTROY_MKEY, origin::REVOKE),
-        (QP_2ERR, true, false, Outcome::Fenced, true, step_bit::QP_2ERR, origin::REVOKE),
-        (SET_FTE, false, true, Outcome::TornDown, false, 0, 0),
-        (DELETE_FTE, false, true, Outcome::TornDown, true, step_bit::DELETE_DROP, origin::SWEEP),
-        (QP_2RST, false, false, Outcome::TornDown, true, step_bit::QP_2RST, origin::SWEEP),
-        (DESTROY_QP, false, false, Outcome::TornDown, true, step_bit::DESTROY_QP, origin::SWEEP),
-        (0x801, false, false, Outcome::TornDown, true, step_bit::DEALLOC_PD, origin::SWEEP),
+    // (command failing, revoke qp-first?, outcome, mask, origin)
+    let cases: [(u16, bool, Outcome, u32, u8); 5] = [
+        (DESTROY_MKEY, false, Outcome::Fenced, step_bit::DESTROY_MKEY, origin::REVOKE),
+        (QP_2ERR, true, Outcome::Fenced, step_bit::QP_2ERR, origin::REVOKE),
+        (QP_2RST, false, Outcome::TornDown, step_bit::QP_2RST, origin::SWEEP),
+        (DESTROY_QP, false, Outcome::TornDown, step_bit::DESTROY_QP, origin::SWEEP),
+        (0x801, false, Outcome::TornDown, step_bit::DEALLOC_PD, origin::SWEEP),
     ];
-    for (opcode, qp_first, flow, outcome, fenced, mask, org) in cases {
-        let r = Rig::configured(Config { flow_drop: flow, ..common::config() });
+    for (opcode, qp_first, outcome, mask, org) in cases {
+        let r = Rig::configured(common::config());
         let a0 = r.svc.pool().free_extents();
         fail(&r, opcode);
         let (mut r, lease, got) = fenced_after(r, qp_first);
         assert_eq!(got, outcome, "opcode {opcode:#x}");
         r.settle();
         let f = r.svc.fenced(ADMIN, 0, 128).1;
-        if fenced {
-            assert_eq!(f.len(), 1, "opcode {opcode:#x}");
-            assert_eq!((f[0].slot, f[0].generation), (lease.slot, lease.generation));
-            assert_eq!(f[0].failed_mask & mask, mask, "opcode {opcode:#x} mask {:#x}", f[0].failed_mask);
-            assert_eq!(f[0].origin, org, "opcode {opcode:#x}");
-            assert_eq!(r.svc.pool().free_extents(), a0 - 1, "the fenced slot's memory never returns");
-            assert_eq!(r.svc.fenced(TENANT, 0, 128).1.len(), 1, "the owner sees its fenced slot");
-            assert!(r.svc.fenced(OTHER, 0, 128).1.is_empty());
-            // The next ALLOC takes neither the slot nor its memory.
-            let b = r.alloc(TENANT, 4096);
-            assert_ne!(b.lease.slot, lease.slot);
-            assert_eq!(r.revoke(TENANT, lease), Outcome::Fenced, "a fenced slot answers Fenced for its generation");
-        } else {
-            assert!(f.is_empty(), "opcode {opcode:#x}: {f:?}");
-            assert_eq!(r.svc.counters.drop_failures, 1);
-            assert_eq!(r.svc.pool().free_extents(), a0);
-        }
+        assert_eq!(f.len(), 1, "opcode {opcode:#x}");
+        assert_eq!((f[0].slot, f[0].generation), (lease.slot, lease.generation));
+        assert_eq!(f[0].failed_mask & mask, mask, "opcode {opcode:#x} mask {:#x}", f[0].failed_mask);
+        assert_eq!(f[0].origin, org, "opcode {opcode:#x}");
+        assert_eq!(r.svc.pool().free_extents(), a0 - 1, "the fenced slot's memory never returns");
+        assert_eq!(r.svc.fenced(TENANT, 0, 128).1.len(), 1, "the owner sees its fenced slot");
+        assert!(r.svc.fenced(OTHER, 0, 128).1.is_empty());
+        // The next ALLOC takes neither the slot nor its memory.
+        let b = r.alloc(TENANT, 4096);
+        assert_ne!(b.lease.slot, lease.slot);
+        assert_eq!(r.revoke(TENANT, lease), Outcome::Fenced, "a fenced slot answers Fenced for its generation");
     }
 }
 

@@ -107,7 +107,6 @@ impl<T: Copy> LeaseService<T> {
             pd: None,
             mkey: None,
             qpn: None,
-            drop_entry: None,
             qp_in_err: false,
             variant: 0,
             tried: Steps::default(),

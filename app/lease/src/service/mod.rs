@@ -24,7 +24,7 @@ use ::alloc::vec::Vec;
 
 use leasebox_mlx5::DmaBuf;
 use leasebox_mlx5::command::{CmdError, Command, Output};
-use leasebox_mlx5::handles::{Cqn, FlowGroupId, FlowIndex, FlowTableId, MkeyVariant, UarPage};
+use leasebox_mlx5::handles::{Cqn, MkeyVariant, UarPage};
 use leasebox_mlx5::ifc;
 use leasebox_proto::{AllocReq, ErrorBody, ErrorCode, LeaseState, Reply, Request, mtu_bytes};
 
@@ -96,8 +96,6 @@ pub struct HcaCtx {
     pub mac: [u8; 6],
     /// The largest IB MTU the port carries (1..=5).
     pub port_mtu: u8,
-    /// The RDMA_RX table and group for per-slot DROP entries, when `Config::flow_drop` is set.
-    pub flow: Option<(FlowTableId, FlowGroupId)>,
 }
 
 /// The most LIST and FENCED_SUMMARY return in one page.
@@ -263,7 +261,6 @@ impl<T: Copy> LeaseService<T> {
 
     /// Issues the lease's next step, or ends its stage when [`plan::next`] says so.
     fn advance(&mut self, slot: u32, now_us: u64, host: &mut dyn Host) {
-        let flow = self.cfg.flow_drop && self.hca.flow.is_some();
         let ctx = CmdCtx {
             hca: self.hca,
             variant: self.mkey_variant.peek(),
@@ -282,8 +279,6 @@ impl<T: Copy> LeaseService<T> {
                 mkey: l.mkey.is_some(),
                 qp: l.qpn.is_some(),
                 qp_in_err: l.qp_in_err,
-                drop_entry: l.drop_entry.is_some(),
-                flow,
                 tried: l.tried,
                 failed: l.failed,
             };
@@ -336,8 +331,6 @@ impl<T: Copy> LeaseService<T> {
                 Step::CreateQp => l.qpn = Some(ifc::qp::create_qp_out(&out)),
                 Step::DestroyMkey => l.mkey = None,
                 Step::Qp2Err => l.qp_in_err = true,
-                Step::SetDrop => l.drop_entry = Some(FlowIndex(slot)),
-                Step::DeleteDrop => l.drop_entry = None,
                 Step::DestroyQp => l.qpn = None,
                 Step::DeallocPd => l.pd = None,
                 Step::Rst2Init | Step::Init2Rtr | Step::Rtr2Rts | Step::Qp2Rst => {}
@@ -361,9 +354,6 @@ impl<T: Copy> LeaseService<T> {
         }
         l.failed.insert(step);
         l.failed_mask |= step.bit();
-        if step == Step::SetDrop {
-            self.counters.drop_failures += 1;
-        }
         if building && let Some((ticket, since)) = l.alloc_ticket.take() {
             // Answered now; the unwind follows.
             self.answers.push((ticket, Err(hca_error(e))));

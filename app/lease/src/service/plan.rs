@@ -4,11 +4,10 @@
 //!
 //! Revocation (`docs/revoke-semantics.md`): the immediate phase runs every cut its order names even after one
 //! failed — a failed 2ERR_QP in qp-first order still destroys the MKEY, a failed DESTROY_MKEY in mkey-first
-//! order moves the QP to ERR (the fallback fence) — then the best-effort DROP entry; it fences when a cut
-//! failed. The sweep and the unwinding of a failed ALLOC stop at the first failure and fence.
+//! order moves the QP to ERR (the fallback fence); it fences when a cut failed. The sweep and the unwinding of a failed ALLOC stop at the first failure and fence.
 
 use leasebox_mlx5::command::Command;
-use leasebox_mlx5::handles::{FlowIndex, MkeyIndex, Qpn};
+use leasebox_mlx5::handles::{MkeyIndex, Qpn};
 use leasebox_mlx5::ifc;
 use leasebox_mlx5::ifc::mkey::{MkeyAccess, MkeyParams};
 use leasebox_mlx5::ifc::qp::{Mtu, QpAccess, QpBase, RcPeer, RcQpParams, RtsParams};
@@ -47,11 +46,6 @@ impl Steps {
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
-
-    /// The set without `s`.
-    pub fn without(self, s: Step) -> Steps {
-        Steps(self.0 & !(1 << s as u16))
-    }
 }
 
 /// What [`next`] needs to know about a lease.
@@ -62,9 +56,6 @@ pub struct View {
     pub qp: bool,
     /// The QP is known to be in ERR.
     pub qp_in_err: bool,
-    pub drop_entry: bool,
-    /// DROP entries are configured (`flow_drop` on and a flow table at hand).
-    pub flow: bool,
     /// Steps of the current stage tried so far, and those of them that failed.
     pub tried: Steps,
     pub failed: Steps,
@@ -86,10 +77,9 @@ pub enum Next {
 
 const BUILD: [Step; 6] =
     [Step::AllocPd, Step::CreateMkey, Step::CreateQp, Step::Rst2Init, Step::Init2Rtr, Step::Rtr2Rts];
-const MKEY_FIRST: [Step; 3] = [Step::DestroyMkey, Step::Qp2Err, Step::SetDrop];
-const QP_FIRST: [Step; 3] = [Step::Qp2Err, Step::DestroyMkey, Step::SetDrop];
-const TEARDOWN: [Step; 6] =
-    [Step::Qp2Err, Step::Qp2Rst, Step::DestroyQp, Step::DestroyMkey, Step::DeleteDrop, Step::DeallocPd];
+const MKEY_FIRST: [Step; 2] = [Step::DestroyMkey, Step::Qp2Err];
+const QP_FIRST: [Step; 2] = [Step::Qp2Err, Step::DestroyMkey];
+const TEARDOWN: [Step; 5] = [Step::Qp2Err, Step::Qp2Rst, Step::DestroyQp, Step::DestroyMkey, Step::DeallocPd];
 
 /// The next step of `stage` for a lease in state `v`.
 pub fn next(stage: Stage, v: &View) -> Next {
@@ -108,11 +98,9 @@ pub fn next(stage: Stage, v: &View) -> Next {
             match first(steps, &|s| match s {
                 Step::DestroyMkey => v.mkey,
                 Step::Qp2Err => qp_cut && v.qp && !v.qp_in_err,
-                Step::SetDrop => v.flow && v.qp && !v.drop_entry,
                 _ => false,
             }) {
-                // A DROP entry that cannot be set costs latency, not safety: it never fences by itself.
-                Next::Done if !v.failed.without(Step::SetDrop).is_empty() => Next::Fence,
+                Next::Done if !v.failed.is_empty() => Next::Fence,
                 n => n,
             }
         }
@@ -123,7 +111,6 @@ pub fn next(stage: Stage, v: &View) -> Next {
             Step::Qp2Err => stage == Stage::Sweep && v.qp && !v.qp_in_err,
             Step::Qp2Rst | Step::DestroyQp => v.qp,
             Step::DestroyMkey => v.mkey,
-            Step::DeleteDrop => v.drop_entry,
             Step::DeallocPd => v.pd,
             _ => false,
         }),
@@ -240,21 +227,6 @@ pub fn command<T>(step: Step, stage: Stage, l: &Lease<T>, slot: u32, c: &CmdCtx)
         Step::Qp2Err => l.qpn.map(ifc::qp::qp_2err),
         Step::Qp2Rst => l.qpn.map(ifc::qp::qp_2rst),
         Step::DestroyQp => l.qpn.map(ifc::qp::destroy_qp),
-        Step::SetDrop => match (hca.flow, l.qpn) {
-            (Some((table, group)), Some(qpn)) => Some(ifc::flow::set_fte_bth_dst_qp(
-                ifc::flow::FS_FT_RDMA_RX,
-                table,
-                group,
-                FlowIndex(slot),
-                qpn,
-                ifc::flow::MLX5_FLOW_CONTEXT_ACTION_DROP,
-            )),
-            _ => None,
-        },
-        Step::DeleteDrop => match (hca.flow, l.drop_entry) {
-            (Some((table, _)), Some(index)) => Some(ifc::flow::delete_fte(ifc::flow::FS_FT_RDMA_RX, table, index)),
-            _ => None,
-        },
         Step::DeallocPd => l.pd.map(ifc::resources::dealloc_pd),
     };
     cmd.map(|cmd| cmd.with("slot", u64::from(slot)))
@@ -283,8 +255,6 @@ mod tests {
                         Step::CreateQp => v.qp = true,
                         Step::DestroyMkey => v.mkey = false,
                         Step::Qp2Err => v.qp_in_err = true,
-                        Step::SetDrop => v.drop_entry = true,
-                        Step::DeleteDrop => v.drop_entry = false,
                         Step::DestroyQp => v.qp = false,
                         Step::DeallocPd => v.pd = false,
                         _ => {}
@@ -295,8 +265,8 @@ mod tests {
         }
     }
 
-    fn built(flow: bool) -> View {
-        View { pd: true, mkey: true, qp: true, flow, ..View::default() }
+    fn built() -> View {
+        View { pd: true, mkey: true, qp: true, ..View::default() }
     }
 
     use Step::*;
@@ -313,28 +283,21 @@ mod tests {
 
     #[test]
     fn mkey_first_cuts_the_key_and_leaves_the_qp() {
-        assert_eq!(run(MKEY, built(false), &[]), (vec![DestroyMkey], Next::Done));
-        assert_eq!(run(MKEY, built(true), &[]), (vec![DestroyMkey, SetDrop], Next::Done));
+        assert_eq!(run(MKEY, built(), &[]), (vec![DestroyMkey], Next::Done));
     }
 
     #[test]
     fn a_failed_destroy_mkey_falls_back_to_2err_and_fences() {
-        assert_eq!(run(MKEY, built(true), &[DestroyMkey]), (vec![DestroyMkey, Qp2Err, SetDrop], Next::Fence));
+        assert_eq!(run(MKEY, built(), &[DestroyMkey]), (vec![DestroyMkey, Qp2Err], Next::Fence));
         // Both cuts failed: still fenced, both tried.
-        assert_eq!(run(MKEY, built(false), &[DestroyMkey, Qp2Err]), (vec![DestroyMkey, Qp2Err], Next::Fence));
+        assert_eq!(run(MKEY, built(), &[DestroyMkey, Qp2Err]), (vec![DestroyMkey, Qp2Err], Next::Fence));
     }
 
     #[test]
     fn qp_first_runs_destroy_mkey_even_after_a_failed_2err() {
-        assert_eq!(run(QP, built(false), &[]), (vec![Qp2Err, DestroyMkey], Next::Done));
-        assert_eq!(run(QP, built(true), &[Qp2Err]), (vec![Qp2Err, DestroyMkey, SetDrop], Next::Fence));
-        assert_eq!(run(QP, built(false), &[Qp2Err, DestroyMkey]), (vec![Qp2Err, DestroyMkey], Next::Fence));
-    }
-
-    #[test]
-    fn a_failed_drop_entry_alone_never_fences() {
-        assert_eq!(run(MKEY, built(true), &[SetDrop]), (vec![DestroyMkey, SetDrop], Next::Done));
-        assert_eq!(run(QP, built(true), &[SetDrop]), (vec![Qp2Err, DestroyMkey, SetDrop], Next::Done));
+        assert_eq!(run(QP, built(), &[]), (vec![Qp2Err, DestroyMkey], Next::Done));
+        assert_eq!(run(QP, built(), &[Qp2Err]), (vec![Qp2Err, DestroyMkey], Next::Fence));
+        assert_eq!(run(QP, built(), &[Qp2Err, DestroyMkey]), (vec![Qp2Err, DestroyMkey], Next::Fence));
     }
 
     #[test]
@@ -349,18 +312,12 @@ mod tests {
 
     #[test]
     fn the_sweep_and_the_unwind_stop_at_the_first_failure() {
-        let after_mkey_first = View { mkey: false, drop_entry: true, ..built(true) };
-        assert_eq!(
-            run(Stage::Sweep, after_mkey_first, &[]),
-            (vec![Qp2Err, Qp2Rst, DestroyQp, DeleteDrop, DeallocPd], Next::Done)
-        );
-        let after_qp_first = View { mkey: false, qp_in_err: true, ..built(false) };
+        let after_mkey_first = View { mkey: false, ..built() };
+        assert_eq!(run(Stage::Sweep, after_mkey_first, &[]), (vec![Qp2Err, Qp2Rst, DestroyQp, DeallocPd], Next::Done));
+        let after_qp_first = View { mkey: false, qp_in_err: true, ..built() };
         assert_eq!(run(Stage::Sweep, after_qp_first, &[]), (vec![Qp2Rst, DestroyQp, DeallocPd], Next::Done));
         assert_eq!(run(Stage::Sweep, after_qp_first, &[Qp2Rst]), (vec![Qp2Rst], Next::Fence));
-        assert_eq!(
-            run(Stage::Unwind, built(false), &[]),
-            (vec![Qp2Rst, DestroyQp, DestroyMkey, DeallocPd], Next::Done)
-        );
-        assert_eq!(run(Stage::Unwind, built(false), &[DestroyQp]), (vec![Qp2Rst, DestroyQp], Next::Fence));
+        assert_eq!(run(Stage::Unwind, built(), &[]), (vec![Qp2Rst, DestroyQp, DestroyMkey, DeallocPd], Next::Done));
+        assert_eq!(run(Stage::Unwind, built(), &[DestroyQp]), (vec![Qp2Rst, DestroyQp], Next::Fence));
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use leasebox_mlx5::command::{Command, ErrorKind, Output};
-use leasebox_mlx5::handles::{Cqn, FlowGroupId, FlowTableId, UarPage};
+use leasebox_mlx5::handles::{Cqn, UarPage};
 use leasebox_proto::{
     AllocReq, ErrorCode, HEADER_LEN, LeaseId, MAX_PAYLOAD, Op, Outcome, Reply, Request, Response, access,
 };
@@ -23,8 +23,6 @@ const RTR2RTS: u16 = 0x504;
 const QP_2ERR: u16 = 0x507;
 const QP_2RST: u16 = 0x50a;
 const DESTROY_QP: u16 = 0x501;
-const SET_FTE: u16 = 0x936;
-const DELETE_FTE: u16 = 0x938;
 const BUILD: [u16; 6] = [ALLOC_PD, CREATE_MKEY, CREATE_QP, RST2INIT, INIT2RTR, RTR2RTS];
 
 /// How the fake answers a command.
@@ -95,18 +93,10 @@ fn one_run(base: u64, bytes: u64) -> Vec<core::ops::Range<u64>> {
 
 impl Rig {
     fn new(cfg: Config) -> Rig {
-        let flow = cfg.flow_drop.then_some((FlowTableId(5), FlowGroupId(6)));
         let pool_bytes = if cfg.pool.is_empty() { 64 << 20 } else { cfg.pool_bytes() };
         let cfg = Config { pool: one_run(0x4000_0000, pool_bytes), ..cfg };
-        let hca = HcaCtx {
-            uar: UarPage(1),
-            cqn: Cqn(2),
-            gid: [7; 16],
-            gid_index: 0,
-            mac: [2, 0, 0, 0, 0, 7],
-            port_mtu: 3,
-            flow,
-        };
+        let hca =
+            HcaCtx { uar: UarPage(1), cqn: Cqn(2), gid: [7; 16], gid_index: 0, mac: [2, 0, 0, 0, 0, 7], port_mtu: 3 };
         Rig {
             svc: LeaseService::new(cfg, hca).unwrap(),
             host: FakeHost::default(),
@@ -243,21 +233,21 @@ fn alloc_req() -> AllocReq {
     }
 }
 
-fn cfg(flow_drop: bool) -> Config {
-    Config { flow_drop, grace_ms: 50, ..Config::default() }
+fn cfg() -> Config {
+    Config { grace_ms: 50, ..Config::default() }
 }
 
 #[test]
 fn a_lease_is_built_revoked_swept_and_scrubbed() {
-    let mut r = Rig::new(cfg(true));
+    let mut r = Rig::new(cfg());
     let extents = r.svc.pool().free_extents();
     let lease = r.active();
     assert_eq!(r.revoke(lease, false), Outcome::TornDown);
-    assert_eq!(r.issued, [DESTROY_MKEY, SET_FTE], "mkey-first: the key, then the DROP entry; the QP stays");
+    assert_eq!(r.issued, [DESTROY_MKEY], "mkey-first: the key; the QP stays");
     assert_eq!(r.svc.counters.revokes, 1);
     r.issued.clear();
     r.sweep();
-    assert_eq!(r.issued, [QP_2ERR, QP_2RST, DESTROY_QP, DELETE_FTE, DEALLOC_PD]);
+    assert_eq!(r.issued, [QP_2ERR, QP_2RST, DESTROY_QP, DEALLOC_PD]);
     assert_eq!(r.host.zeroed, [(0x4000_0000, 2 << 20), (0x4020_0000, 2 << 20)], "scrubbed before reuse");
     assert_eq!(r.svc.pool().free_extents(), extents);
     assert!(r.host.live.is_empty(), "QP buffer and doorbell record freed");
@@ -266,48 +256,38 @@ fn a_lease_is_built_revoked_swept_and_scrubbed() {
 
 #[test]
 fn each_teardown_step_failing_in_turn_fences_with_its_mask_and_origin() {
-    /// Mask and origin of a fenced slot.
-    type Fence = Option<(u32, u8)>;
-    // (order qp-first?, flow DROP?, opcode failing, outcome, fence); `None` = not fenced.
-    let cases: &[(bool, bool, u16, Outcome, Fence)] = &[
+    // (order qp-first?, opcode failing, outcome, the fenced slot's mask and origin).
+    let cases: &[(bool, u16, Outcome, (u32, u8))] = &[
         // Immediate phase, mkey-first: the failed key falls back to 2ERR_QP.
-        (false, false, DESTROY_MKEY, Outcome::Fenced, Some((step_bit::DESTROY_MKEY, origin::REVOKE))),
-        // A DROP entry alone never fences; its bit is kept in case the slot fences later.
-        (false, true, SET_FTE, Outcome::TornDown, None),
+        (false, DESTROY_MKEY, Outcome::Fenced, (step_bit::DESTROY_MKEY, origin::REVOKE)),
         // Immediate phase, qp-first: DESTROY_MKEY still runs after a failed 2ERR_QP.
-        (true, false, QP_2ERR, Outcome::Fenced, Some((step_bit::QP_2ERR, origin::REVOKE))),
-        (true, false, DESTROY_MKEY, Outcome::Fenced, Some((step_bit::DESTROY_MKEY, origin::REVOKE))),
+        (true, QP_2ERR, Outcome::Fenced, (step_bit::QP_2ERR, origin::REVOKE)),
+        (true, DESTROY_MKEY, Outcome::Fenced, (step_bit::DESTROY_MKEY, origin::REVOKE)),
         // The sweep.
-        (false, false, QP_2ERR, Outcome::TornDown, Some((step_bit::QP_2ERR, origin::SWEEP))),
-        (false, false, QP_2RST, Outcome::TornDown, Some((step_bit::QP_2RST, origin::SWEEP))),
-        (false, false, DESTROY_QP, Outcome::TornDown, Some((step_bit::DESTROY_QP, origin::SWEEP))),
-        (false, true, DELETE_FTE, Outcome::TornDown, Some((step_bit::DELETE_DROP, origin::SWEEP))),
-        (false, false, DEALLOC_PD, Outcome::TornDown, Some((step_bit::DEALLOC_PD, origin::SWEEP))),
+        (false, QP_2ERR, Outcome::TornDown, (step_bit::QP_2ERR, origin::SWEEP)),
+        (false, QP_2RST, Outcome::TornDown, (step_bit::QP_2RST, origin::SWEEP)),
+        (false, DESTROY_QP, Outcome::TornDown, (step_bit::DESTROY_QP, origin::SWEEP)),
+        (false, DEALLOC_PD, Outcome::TornDown, (step_bit::DEALLOC_PD, origin::SWEEP)),
     ];
-    for &(qp_first, flow, opcode, outcome, fenced) in cases {
-        let mut r = Rig::new(cfg(flow));
+    for &(qp_first, opcode, outcome, fenced) in cases {
+        let mut r = Rig::new(cfg());
         let extents = r.svc.pool().free_extents();
         let lease = r.active();
         r.script(opcode, &[Answer::Fail]);
-        let what = format!("qp_first {qp_first} flow {flow} opcode {opcode:#x}");
+        let what = format!("qp_first {qp_first} opcode {opcode:#x}");
         assert_eq!(r.revoke(lease, qp_first), outcome, "{what}");
         r.sweep();
-        assert_eq!(r.fenced(lease), fenced, "{what}");
+        assert_eq!(r.fenced(lease), Some(fenced), "{what}");
         assert_eq!(r.svc.counters.revokes, 1, "{what}: one revoke, counted once");
-        if fenced.is_some() {
-            assert_eq!(r.svc.pool().free_extents(), extents - 2, "{what}: the memory never returns");
-            assert_eq!(r.revoke(lease, false), Outcome::Fenced, "{what}: idempotent");
-            assert!(r.host.zeroed.is_empty(), "{what}");
-        } else {
-            assert_eq!(r.svc.pool().free_extents(), extents, "{what}");
-            assert_eq!(r.svc.counters.drop_failures, 1, "{what}");
-        }
+        assert_eq!(r.svc.pool().free_extents(), extents - 2, "{what}: the memory never returns");
+        assert_eq!(r.revoke(lease, false), Outcome::Fenced, "{what}: idempotent");
+        assert!(r.host.zeroed.is_empty(), "{what}");
     }
 }
 
 #[test]
 fn a_failed_destroy_mkey_falls_back_to_2err_at_once() {
-    let mut r = Rig::new(cfg(false));
+    let mut r = Rig::new(cfg());
     let lease = r.active();
     r.script(DESTROY_MKEY, &[Answer::Fail]);
     assert_eq!(r.revoke(lease, false), Outcome::Fenced);
@@ -324,7 +304,7 @@ fn a_failed_destroy_mkey_falls_back_to_2err_at_once() {
 
 #[test]
 fn qp_first_runs_destroy_mkey_after_a_failed_2err_and_records_both() {
-    let mut r = Rig::new(cfg(false));
+    let mut r = Rig::new(cfg());
     let lease = r.active();
     assert_eq!(r.revoke(lease, true), Outcome::TornDown);
     assert_eq!(r.issued, [QP_2ERR, DESTROY_MKEY], "the spec's order");
@@ -347,20 +327,8 @@ fn qp_first_runs_destroy_mkey_after_a_failed_2err_and_records_both() {
 }
 
 #[test]
-fn a_failed_drop_entry_is_in_the_mask_of_a_slot_that_fences() {
-    let mut r = Rig::new(cfg(true));
-    let lease = r.active();
-    r.script(DESTROY_MKEY, &[Answer::Fail]);
-    r.script(SET_FTE, &[Answer::Fail]);
-    assert_eq!(r.revoke(lease, false), Outcome::Fenced);
-    assert_eq!(r.issued, [DESTROY_MKEY, QP_2ERR, SET_FTE]);
-    assert_eq!(r.fenced(lease), Some((step_bit::DESTROY_MKEY | step_bit::SET_DROP, origin::REVOKE)));
-    assert_eq!(r.svc.counters.drop_failures, 1);
-}
-
-#[test]
 fn the_revoke_deadline_answers_fenced_and_a_late_completion_changes_nothing() {
-    let mut r = Rig::new(cfg(false));
+    let mut r = Rig::new(cfg());
     let lease = r.active();
     r.script(DESTROY_MKEY, &[Answer::Hang]);
     let t = r.send(ADMIN, &Request::Revoke { lease, qp_first: false });
@@ -382,7 +350,7 @@ fn the_revoke_deadline_answers_fenced_and_a_late_completion_changes_nothing() {
 
 #[test]
 fn a_revoke_of_a_lease_being_built_abandons_the_build() {
-    let mut r = Rig::new(cfg(false));
+    let mut r = Rig::new(cfg());
     let extents = r.svc.pool().free_extents();
     r.script(CREATE_QP, &[Answer::Hang]);
     let alloc = r.send(TENANT, &Request::Alloc(alloc_req()));
@@ -416,7 +384,7 @@ fn a_revoke_of_a_lease_being_built_abandons_the_build() {
 #[test]
 fn a_failed_build_step_unwinds_and_an_unwind_failure_fences() {
     for (i, &failing) in BUILD.iter().enumerate() {
-        let mut r = Rig::new(cfg(false));
+        let mut r = Rig::new(cfg());
         r.script(failing, &[Answer::Fail]);
         let e = r.call(TENANT, &Request::Alloc(alloc_req())).unwrap_err();
         assert_eq!((e.code, e.detail[0] >> 16), (ErrorCode::HcaError, u32::from(failing)));
@@ -429,7 +397,7 @@ fn a_failed_build_step_unwinds_and_an_unwind_failure_fences() {
         assert_eq!(&r.issued[i + 1..], undo, "failing {failing:#x}");
         assert_eq!((r.svc.free_slots(), r.svc.fenced_count()), (r.svc.config().slots as usize, 0));
     }
-    let mut r = Rig::new(cfg(false));
+    let mut r = Rig::new(cfg());
     r.script(INIT2RTR, &[Answer::Fail]);
     r.script(DESTROY_QP, &[Answer::Fail]);
     assert!(r.call(TENANT, &Request::Alloc(alloc_req())).is_err());
@@ -439,7 +407,7 @@ fn a_failed_build_step_unwinds_and_an_unwind_failure_fences() {
 
 #[test]
 fn expiries_are_counted_when_their_outcome_is_known() {
-    let mut r = Rig::new(Config { ready_timeout_ms: 100, ..cfg(false) });
+    let mut r = Rig::new(Config { ready_timeout_ms: 100, ..cfg() });
     let Ok(Response::Alloc(_)) = r.call(TENANT, &Request::Alloc(alloc_req())) else { panic!() };
     r.script(DESTROY_MKEY, &[Answer::Hang]);
     r.advance(100_000 + SCAN_INTERVAL_US);
@@ -452,7 +420,7 @@ fn expiries_are_counted_when_their_outcome_is_known() {
 fn fenced_summary_pages_past_one_frame() {
     let n = 300;
     let pool_bytes = u64::from(n) * alloc_req().size;
-    let mut r = Rig::new(Config { slots: n, tenant_leases: n, pool: one_run(0, pool_bytes), ..cfg(false) });
+    let mut r = Rig::new(Config { slots: n, tenant_leases: n, pool: one_run(0, pool_bytes), ..cfg() });
     let mut leases = Vec::new();
     for _ in 0..n {
         leases.push(r.active());
@@ -498,7 +466,7 @@ fn resolve_req() -> AllocReq {
 
 #[test]
 fn client_mac_zero_waits_for_the_hosts_arp_then_builds() {
-    let mut r = Rig::new(cfg(false));
+    let mut r = Rig::new(cfg());
     r.host.resolves = true;
     let t = r.send(TENANT, &Request::Alloc(resolve_req()));
     assert!(r.take(t).is_none() && r.issued.is_empty(), "nothing built before the MAC is known");
@@ -515,7 +483,7 @@ fn client_mac_zero_waits_for_the_hosts_arp_then_builds() {
 
 #[test]
 fn client_mac_zero_times_out_without_an_answer_and_keeps_nothing() {
-    let mut r = Rig::new(cfg(false));
+    let mut r = Rig::new(cfg());
     r.host.resolves = true;
     let free = r.svc.pool().free_extents();
     let t = r.send(TENANT, &Request::Alloc(resolve_req()));
@@ -535,7 +503,7 @@ fn client_mac_zero_times_out_without_an_answer_and_keeps_nothing() {
 
 #[test]
 fn client_mac_zero_is_refused_where_it_cannot_be_resolved() {
-    let mut r = Rig::new(cfg(false));
+    let mut r = Rig::new(cfg());
     let e = |r: &mut Rig, req: AllocReq| match r.call(TENANT, &Request::Alloc(req)) {
         Err(e) => e,
         other => panic!("{other:?}"),
@@ -557,7 +525,7 @@ fn client_mac_zero_is_refused_where_it_cannot_be_resolved() {
 
 #[test]
 fn a_lost_session_drops_its_waiting_alloc() {
-    let mut r = Rig::new(cfg(false));
+    let mut r = Rig::new(cfg());
     r.host.resolves = true;
     let t = r.send(TENANT, &Request::Alloc(resolve_req()));
     r.svc.session_lost(TENANT.session, r.now_us);

@@ -80,16 +80,6 @@ impl Rig {
         let cq = d.create_cq(10).unwrap();
         let cqn = cq.cqn;
         d.events.watch_cq(cq.cqn, cq.ring);
-        let flow = if cfg.flow_drop {
-            use leasebox_mlx5::ifc::flow;
-            let t = flow::create_flow_table_out(&d.exec(flow::create_flow_table(flow::FS_FT_RDMA_RX, 0, 12)).unwrap());
-            let g = flow::create_flow_group_out(
-                &d.exec(flow::create_flow_group_bth_dst_qp(flow::FS_FT_RDMA_RX, t, 0, (1 << 12) - 1)).unwrap(),
-            );
-            Some((t, g))
-        } else {
-            None
-        };
         let pool = p.dma_alloc(pool_bytes as usize, cfg.extent as usize).expect("pool memory");
         let pool_base = pool.addr();
         cfg.pool = std::iter::once(pool_base..pool_base + pool_bytes).collect();
@@ -102,7 +92,6 @@ impl Rig {
             gid_index: LEASE_GID_INDEX,
             mac: d.info.mac,
             port_mtu: port_ib_mtu(d.info.mtu),
-            flow,
         };
         let svc = LeaseService::new(cfg, hca).unwrap();
         Rig {

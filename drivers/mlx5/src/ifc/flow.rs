@@ -1,9 +1,10 @@
 //! Flow steering (`mlx5_ifc.h`: `create_flow_table_in/out`, `flow_table_context`, `destroy_flow_table_in`,
 //! `create_flow_group_in/out`, `destroy_flow_group_in`, `set_fte_in`, `flow_context`, `dest_format_struct`,
 //! `delete_fte_in`, `set_flow_table_root_in`, `fte_match_param`, `fte_match_set_lyr_2_4`, `fte_match_set_misc`;
-//! docs/reference/mlx5.md §e.7, §h). Two uses: the RDMA_RX domain, matching `misc_parameters.bth_dst_qp` (a QPN)
-//! with the action DROP or ALLOW; and the NIC_RX domain of the Ethernet port, matching the outer destination MAC
-//! and forwarding to a TIR (docs/reference/mlx5.md §i.4).
+//! docs/reference/mlx5.md §e.7, §h). The NIC_RX domain of the Ethernet port, matching the outer destination MAC
+//! and forwarding to a TIR (docs/reference/mlx5.md §i.4); and RDMA_RX builders matching
+//! `misc_parameters.bth_dst_qp` (a QPN) with DROP or ALLOW, which only the model's tests use: the lease service
+//! installs no RDMA_RX rule (docs/revoke-semantics.md, "Why there is no flow-table DROP").
 
 use crate::command::{Command, Output};
 use crate::handles::{FlowGroupId, FlowIndex, FlowTableId, Qpn};
