@@ -213,7 +213,7 @@ pub fn prepare<P: Platform>(
         if flow.is_some() { "on" } else { "off" }
     );
     Ok(LeaseParts {
-        hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, mac: d.info.mac, port_mtu, flow },
+        hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, mac: d.info.mac, port_mtu, flow, qp: d.info.qp },
         pool,
         extents,
         rdma_ip: ip,

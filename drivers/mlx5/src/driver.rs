@@ -86,6 +86,9 @@ pub struct HcaInfo {
     pub port: PortState,
     pub roce: bool,
     pub caps: ifc::init::GeneralCaps,
+    /// The QP context values the caps dictate (`log_msg_max`, read-atomic bounds, `ts_format`,
+    /// `user_index`, atomic mode).
+    pub qp: ifc::qp::QpCaps,
     pub bring_up_ns: u64,
 }
 
@@ -182,6 +185,7 @@ impl<P: Platform> Driver<P> {
                 port: PortState::Unknown(0),
                 roce: false,
                 caps: ifc::init::GeneralCaps::default(),
+                qp: ifc::qp::QpCaps::default(),
                 bring_up_ns: 0,
             },
             stash: Vec::new(),
@@ -222,6 +226,25 @@ impl<P: Platform> Driver<P> {
         let cur = d.exec(ifc::init::query_hca_cap(MLX5_CAP_GENERAL, CapMode::Cur)).map_err(step("QUERY_HCA_CAP"))?;
         d.info.caps = ifc::init::GeneralCaps::parse(ifc::init::hca_cap_block(&cur));
         d.info.roce = d.info.caps.roce;
+        // The RoCE caps (timestamp format) and the ATOMIC caps (atomic mode) the QPs' contexts follow, read
+        // only where the general caps announce them.
+        let roce = if d.info.roce {
+            let out = d
+                .exec(ifc::init::query_hca_cap(ifc::init::MLX5_CAP_ROCE, CapMode::Cur))
+                .map_err(step("QUERY_HCA_CAP ROCE"))?;
+            Some(ifc::init::RoceCaps::parse(ifc::init::hca_cap_block(&out)))
+        } else {
+            None
+        };
+        let atomic = if d.info.caps.atomic {
+            let out = d
+                .exec(ifc::init::query_hca_cap(ifc::init::MLX5_CAP_ATOMIC, CapMode::Cur))
+                .map_err(step("QUERY_HCA_CAP ATOMIC"))?;
+            Some(ifc::init::AtomicCaps::parse(ifc::init::hca_cap_block(&out)))
+        } else {
+            None
+        };
+        d.info.qp = ifc::qp::QpCaps::from_caps(&d.info.caps, roce.as_ref(), atomic.as_ref());
         // 15. The driver's UAR page.
         let uar = d.exec(ifc::resources::alloc_uar()).map_err(step("ALLOC_UAR"))?;
         d.info.uar = ifc::resources::parse_alloc_uar(&uar);

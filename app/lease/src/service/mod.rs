@@ -26,6 +26,7 @@ use leasebox_mlx5::DmaBuf;
 use leasebox_mlx5::command::{CmdError, Command, Output};
 use leasebox_mlx5::handles::{Cqn, FlowGroupId, FlowIndex, FlowTableId, MkeyVariant, UarPage};
 use leasebox_mlx5::ifc;
+use leasebox_mlx5::ifc::qp::QpCaps;
 use leasebox_proto::{AllocReq, ErrorBody, ErrorCode, LeaseState, Reply, Request, mtu_bytes};
 
 use crate::config::{Config, RevokeOrder};
@@ -98,6 +99,9 @@ pub struct HcaCtx {
     pub port_mtu: u8,
     /// The RDMA_RX table and group for per-slot DROP entries, when `Config::flow_drop` is set.
     pub flow: Option<(FlowTableId, FlowGroupId)>,
+    /// The QP context values the HCA's caps dictate (`log_msg_max`, the read/atomic bounds, `ts_format`,
+    /// `user_index`, the atomic mode; `HcaInfo::qp` after bring-up).
+    pub qp: QpCaps,
 }
 
 /// The most LIST and FENCED_SUMMARY return in one page.

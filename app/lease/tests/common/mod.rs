@@ -103,6 +103,7 @@ impl Rig {
             mac: d.info.mac,
             port_mtu: port_ib_mtu(d.info.mtu),
             flow,
+            qp: d.info.qp,
         };
         let svc = LeaseService::new(cfg, hca).unwrap();
         Rig {
