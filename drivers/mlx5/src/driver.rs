@@ -28,6 +28,9 @@ pub const EQ_EVENTS: u64 = ifc::eq::ASYNC_EVENT_MASK | ifc::eq::event_bit(ifc::e
 /// event engine keeps consuming.
 pub const ASYNC_EQ_LOG_SIZE: u32 = 13;
 
+/// Command status BAD_SYS_STATE (`MLX5_CMD_STAT_BAD_SYS_STATE_ERR`).
+const STATUS_BAD_SYS_STATE: u8 = 0x04;
+
 /// Bring-up choices.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -101,6 +104,8 @@ pub struct HcaInfo {
     /// How long the pre-init wait waited, and how many times it reported that it was still waiting.
     pub pre_init_waited_ms: u64,
     pub pre_init_reports: u32,
+    /// ENABLE_HCA found the function still enabled by a previous owner, and bring-up brought it down first.
+    pub previous_owner: bool,
     /// The QP context values the caps dictate (`log_msg_max`, read-atomic bounds, `ts_format`,
     /// `user_index`, atomic mode).
     pub qp: ifc::qp::QpCaps,
@@ -219,6 +224,7 @@ impl<P: Platform> Driver<P> {
                 fw: initseg::fw_rev(p.as_ref()),
                 pre_init_waited_ms,
                 pre_init_reports,
+                previous_owner: false,
                 timeouts: Timeouts { cmd_ms, init_ms: timeouts.init_ms },
                 issi: 0,
                 boot_pages: 0,
@@ -240,8 +246,18 @@ impl<P: Platform> Driver<P> {
             mkey_variant: crate::handles::MkeyVariant::default(),
         };
         let step = |step: &'static str| move |error| BringUpError::Command { step, error };
-        // 6. ENABLE_HCA.
-        d.exec(ifc::init::enable_hca(d.embedded_cpu)).map_err(step("ENABLE_HCA"))?;
+        // 6. ENABLE_HCA. Refused with BAD_SYS_STATE, the function is still enabled (or initialised) by a previous
+        // owner — a VM rebooted with the card live and no function reset: bring it down first.
+        match d.exec(ifc::init::enable_hca(d.embedded_cpu)) {
+            Ok(_) => {}
+            Err(e) if e.status() == Some(STATUS_BAD_SYS_STATE) => {
+                log::warn!("mlx5: {e}: the function was left enabled by a previous owner; bringing it down first");
+                d.bring_down_previous_owner().map_err(step("bringing down the previous owner's function"))?;
+                d.info.previous_owner = true;
+                d.exec(ifc::init::enable_hca(d.embedded_cpu)).map_err(step("ENABLE_HCA"))?;
+            }
+            Err(e) => return Err(step("ENABLE_HCA")(e)),
+        }
         // 7. ISSI: 1 when the firmware supports it, else 0 (a failing QUERY_ISSI means ISSI 0, as Linux).
         match d.exec(ifc::init::query_issi()) {
             Ok(out) => {
@@ -333,6 +349,30 @@ impl<P: Platform> Driver<P> {
         d.info.port = PortState::from_paos(ifc::vport::paos_out(&paos).oper_status);
         d.info.bring_up_ns = p.now_ns().saturating_sub(t0);
         Ok(d)
+    }
+
+    /// A function a previous owner left enabled (and maybe initialised): TEARDOWN_HCA graceful, FORCE_CLOSE if
+    /// that is refused for another reason than "not initialised" (BAD_SYS_STATE), then DISABLE_HCA, which ends
+    /// the firmware's use of the pages the previous owner gave (their addresses are unknown here, so they
+    /// cannot be taken back one by one).
+    fn bring_down_previous_owner(&mut self) -> Result<(), CmdError> {
+        use ifc::init::{
+            MLX5_TEARDOWN_HCA_IN_PROFILE_FORCE_CLOSE as FORCE, MLX5_TEARDOWN_HCA_IN_PROFILE_GRACEFUL_CLOSE as GRACEFUL,
+        };
+        match self.exec(ifc::init::teardown_hca(GRACEFUL)) {
+            Ok(_) => log::info!("mlx5: previous owner's function torn down (TEARDOWN_HCA)"),
+            Err(e) if e.status() == Some(STATUS_BAD_SYS_STATE) => {}
+            Err(e) if e.status().is_some() => {
+                log::warn!("mlx5: {e}; trying FORCE_CLOSE");
+                if let Err(e) = self.exec(ifc::init::teardown_hca(FORCE)) {
+                    log::warn!("mlx5: {e}");
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        self.exec(ifc::init::disable_hca(self.embedded_cpu))?;
+        log::info!("mlx5: previous owner's function disabled (DISABLE_HCA)");
+        Ok(())
     }
 
     pub fn platform(&self) -> &Arc<P> {

@@ -71,3 +71,23 @@ fn page_reclaim_retries_a_round_that_brings_nothing_back() {
     assert!(report.disable_hca, "{report:?}");
     assert_eq!(p.model().unwrap().hca().pages.owned(), 0);
 }
+
+#[test]
+fn a_function_left_initialised_is_brought_down_and_up_again() {
+    // A VM rebooted with the card live: the function is still enabled and initialised by the previous owner.
+    let model = ModelConfig { left_initialized: true, ..common::model_config() };
+    let p = common::platform(model);
+    assert_eq!(p.model().unwrap().state(), mlx5_model::FnState::Initialized);
+    let mut d = Driver::bring_up(p.clone(), common::driver_config()).unwrap_or_else(|e| panic!("bring-up: {e}"));
+    assert!(d.info.previous_owner);
+    // Brought up from scratch afterwards: ISSI, boot and init pages, INIT_HCA, the EQ.
+    assert_eq!((d.info.issi, d.info.boot_pages, d.info.init_pages), (1, 6, 0x3244));
+    assert_eq!(p.model().unwrap().state(), mlx5_model::FnState::Initialized);
+    let pd = d.alloc_pd().unwrap();
+    d.dealloc_pd(pd).unwrap();
+    let report = d.teardown().unwrap_or_else(|(r, e)| panic!("teardown: {e} ({r:?})"));
+    assert!(report.disable_hca && report.pages_left == 0, "{report:?}");
+    assert_eq!(p.model().unwrap().state(), mlx5_model::FnState::Disabled);
+    // A fresh function takes no detour.
+    assert!(!common::up().info.previous_owner);
+}
