@@ -730,7 +730,9 @@ fn model_alone(core: &mut Core, n: usize) -> (f64, f64) {
                 log_rq_size: None,
                 log_rq_stride: 0,
                 log_sq_size: 6,
-                log_msg_max: 30,
+                log_msg_max: hca.qp.log_msg_max,
+                ts_format: hca.qp.ts_format,
+                user_index: hca.qp.user_index,
                 log_page_size: 0,
                 dbr_addr: bufs[i].1.addr(),
                 pages: &[bufs[i].0.addr()],
@@ -743,7 +745,7 @@ fn model_alone(core: &mut Core, n: usize) -> (f64, f64) {
         .collect();
     let qpns: Vec<Qpn> = base.iter().map(|b| b.qpn).collect();
     let qp_access = QpAccess { remote_read: true, remote_write: true, remote_atomic: false };
-    pipeline(core, base.iter().map(|b| ifc::qp::rst2init(b, qp_access)).collect());
+    pipeline(core, base.iter().map(|b| ifc::qp::rst2init(b, qp_access, hca.qp.atomic_mode)).collect());
     let peer = |b: &QpBase| RcPeer {
         qpn: Qpn(0x1000),
         psn: 0x100,
@@ -758,7 +760,7 @@ fn model_alone(core: &mut Core, n: usize) -> (f64, f64) {
         log_rra_max: 4,
         min_rnr_nak: 12,
     };
-    pipeline(core, base.iter().map(|b| ifc::qp::init2rtr(b, &peer(b), 30)).collect());
+    pipeline(core, base.iter().map(|b| ifc::qp::init2rtr(b, &peer(b), hca.qp.log_msg_max)).collect());
     let rts = RtsParams { psn: 0x200, ack_timeout: 14, retry_count: 7, rnr_retry: 7, log_sra_max: 0 };
     pipeline(core, base.iter().map(|b| ifc::qp::rtr2rts(b, &rts)).collect());
     let access = MkeyAccess::LOCAL_READ | MkeyAccess::LOCAL_WRITE | MkeyAccess::REMOTE_READ | MkeyAccess::REMOTE_WRITE;

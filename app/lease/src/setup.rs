@@ -192,7 +192,7 @@ pub fn prepare<P: Platform>(
         128u32 << port_mtu,
     );
     Ok(LeaseParts {
-        hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, mac: d.info.mac, port_mtu },
+        hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, mac: d.info.mac, port_mtu, qp: d.info.qp },
         pool,
         extents,
         rdma_ip: ip,

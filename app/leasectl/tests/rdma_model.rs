@@ -76,7 +76,7 @@ fn appliance(peer: &QpEndpoint) -> (Appliance, QpEndpoint, std::net::SocketAddr)
         log_rra_max: 4,
         min_rnr_nak: 0,
     };
-    d.qp_init2rtr(&qp, &rc_peer, 30).unwrap();
+    d.qp_init2rtr(&qp, &rc_peer).unwrap();
     let rts = RtsParams { psn: 0x00AB_CDEF, ack_timeout: 14, retry_count: 7, rnr_retry: 7, log_sra_max: 4 };
     d.qp_rtr2rts(&qp, &rts).unwrap();
 

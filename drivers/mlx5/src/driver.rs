@@ -22,6 +22,15 @@ use crate::platform::{Deadline, Platform};
 /// completions (the queue is polled) and never completion events (CQs are polled, never armed).
 pub const EQ_EVENTS: u64 = ifc::eq::ASYNC_EVENT_MASK | ifc::eq::event_bit(ifc::eq::MLX5_EVENT_TYPE_PAGE_REQUEST);
 
+/// Linux 6.12's async EQ size: `order_base_2(MLX5_NUM_ASYNC_EQE + MLX5_NUM_SPARE_EQE)`, with 0x1000 and 0x80
+/// entries: 13 (8192 entries, 512 KiB). Our one EQ takes what Linux's async and page EQs take; a mass revoke
+/// with clients still writing produces one async event per QP at most (errors), well below this while the
+/// event engine keeps consuming.
+pub const ASYNC_EQ_LOG_SIZE: u32 = 13;
+
+/// Command status BAD_SYS_STATE (`MLX5_CMD_STAT_BAD_SYS_STATE_ERR`).
+const STATUS_BAD_SYS_STATE: u8 = 0x04;
+
 /// Bring-up choices.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -29,11 +38,14 @@ pub struct Config {
     pub part: &'static str,
     /// Bound on the first wait for `initializing` (Linux FW_PRE_INIT: 120 s).
     pub pre_init_timeout_ms: u64,
+    /// How often that wait reports that it is still waiting (Linux: every 20 s).
+    pub pre_init_report_ms: u64,
     /// Overrides the command timeout (default: `cmd_exec_to`, else Linux's 60 s).
     pub cmd_timeout_ms: Option<u64>,
     /// Health poll period (Linux: 2 s).
     pub health_interval_ms: u64,
-    /// log2 of the async/page EQ's entries.
+    /// log2 of the async/page EQ's entries, bounded by `cmd_hca_cap.log_max_eq_sz` at bring-up (default
+    /// [`ASYNC_EQ_LOG_SIZE`], as Linux sizes its async EQ).
     pub log_eq_size: u32,
 }
 
@@ -42,9 +54,10 @@ impl Default for Config {
         Config {
             part: "ConnectX",
             pre_init_timeout_ms: initseg::FW_PRE_INIT_TIMEOUT_MS,
+            pre_init_report_ms: initseg::FW_PRE_INIT_WARN_MS,
             cmd_timeout_ms: None,
             health_interval_ms: initseg::HEALTH_POLL_INTERVAL_MS,
-            log_eq_size: 7,
+            log_eq_size: ASYNC_EQ_LOG_SIZE,
         }
     }
 }
@@ -86,6 +99,16 @@ pub struct HcaInfo {
     pub port: PortState,
     pub roce: bool,
     pub caps: ifc::init::GeneralCaps,
+    /// log2 of the EQ's entries (the configured size bounded by `log_max_eq_sz`).
+    pub log_eq_size: u32,
+    /// How long the pre-init wait waited, and how many times it reported that it was still waiting.
+    pub pre_init_waited_ms: u64,
+    pub pre_init_reports: u32,
+    /// ENABLE_HCA found the function still enabled by a previous owner, and bring-up brought it down first.
+    pub previous_owner: bool,
+    /// The QP context values the caps dictate (`log_msg_max`, read-atomic bounds, `ts_format`,
+    /// `user_index`, atomic mode).
+    pub qp: ifc::qp::QpCaps,
     pub bring_up_ns: u64,
 }
 
@@ -142,16 +165,45 @@ fn wait<P: Platform + ?Sized>(p: &P, ms: u64, mut done: impl FnMut() -> bool) ->
     }
 }
 
+/// Waits up to `ms` for `initializing` to clear, logging every `report_ms` how long is left (Linux
+/// `wait_fw_init`'s warning). Returns whether it cleared and how many reports were made.
+fn wait_reporting<P: Platform + ?Sized>(p: &P, ms: u64, report_ms: u64) -> (bool, u32) {
+    let start = p.now_ns();
+    let d = Deadline::after(p, ms);
+    let mut next = Deadline::after(p, report_ms.max(1));
+    let mut reports = 0;
+    loop {
+        if !initseg::initializing(p) {
+            return (true, reports);
+        }
+        if d.passed(p) {
+            return (!initseg::initializing(p), reports);
+        }
+        if report_ms > 0 && next.passed(p) {
+            let waited = p.now_ns().saturating_sub(start) / 1_000_000;
+            log::warn!(
+                "mlx5: waiting for firmware initialization ({waited} ms so far), giving up in {} s",
+                ms.saturating_sub(waited) / 1000
+            );
+            reports += 1;
+            next = Deadline::after(p, report_ms);
+        }
+        p.relax();
+    }
+}
+
 impl<P: Platform> Driver<P> {
     /// Brings the HCA up: pre-init wait, command queue, init wait, health, ENABLE_HCA, ISSI, boot pages,
     /// HOST_ENDIANNESS, capabilities, init pages, INIT_HCA, ALLOC_UAR, the async/page EQ, RoCE on the vport,
     /// then the port's MAC, GID, MTU and state.
     pub fn bring_up(p: Arc<P>, cfg: Config) -> Result<Driver<P>, BringUpError> {
         let t0 = p.now_ns();
-        // 1. Wait for `initializing` to clear (FW_PRE_INIT).
-        if !wait(p.as_ref(), cfg.pre_init_timeout_ms, || !initseg::initializing(p.as_ref())) {
+        // 1. Wait for `initializing` to clear (FW_PRE_INIT), reporting while it waits as Linux `wait_fw_init`.
+        let (cleared, pre_init_reports) = wait_reporting(p.as_ref(), cfg.pre_init_timeout_ms, cfg.pre_init_report_ms);
+        if !cleared {
             return Err(BringUpError::Initializing { waited_ms: cfg.pre_init_timeout_ms });
         }
+        let pre_init_waited_ms = p.now_ns().saturating_sub(t0) / 1_000_000;
         // 2. Command queue; 3. timeouts from the init segment; 4. the init wait.
         let timeouts = initseg::timeouts(p.as_ref());
         let cmd_ms = cfg.cmd_timeout_ms.unwrap_or(timeouts.cmd_ms);
@@ -170,6 +222,9 @@ impl<P: Platform> Driver<P> {
             info: HcaInfo {
                 part: cfg.part,
                 fw: initseg::fw_rev(p.as_ref()),
+                pre_init_waited_ms,
+                pre_init_reports,
+                previous_owner: false,
                 timeouts: Timeouts { cmd_ms, init_ms: timeouts.init_ms },
                 issi: 0,
                 boot_pages: 0,
@@ -182,6 +237,8 @@ impl<P: Platform> Driver<P> {
                 port: PortState::Unknown(0),
                 roce: false,
                 caps: ifc::init::GeneralCaps::default(),
+                log_eq_size: 0,
+                qp: ifc::qp::QpCaps::default(),
                 bring_up_ns: 0,
             },
             stash: Vec::new(),
@@ -189,8 +246,18 @@ impl<P: Platform> Driver<P> {
             mkey_variant: crate::handles::MkeyVariant::default(),
         };
         let step = |step: &'static str| move |error| BringUpError::Command { step, error };
-        // 6. ENABLE_HCA.
-        d.exec(ifc::init::enable_hca(d.embedded_cpu)).map_err(step("ENABLE_HCA"))?;
+        // 6. ENABLE_HCA. Refused with BAD_SYS_STATE, the function is still enabled (or initialised) by a previous
+        // owner — a VM rebooted with the card live and no function reset: bring it down first.
+        match d.exec(ifc::init::enable_hca(d.embedded_cpu)) {
+            Ok(_) => {}
+            Err(e) if e.status() == Some(STATUS_BAD_SYS_STATE) => {
+                log::warn!("mlx5: {e}: the function was left enabled by a previous owner; bringing it down first");
+                d.bring_down_previous_owner().map_err(step("bringing down the previous owner's function"))?;
+                d.info.previous_owner = true;
+                d.exec(ifc::init::enable_hca(d.embedded_cpu)).map_err(step("ENABLE_HCA"))?;
+            }
+            Err(e) => return Err(step("ENABLE_HCA")(e)),
+        }
         // 7. ISSI: 1 when the firmware supports it, else 0 (a failing QUERY_ISSI means ISSI 0, as Linux).
         match d.exec(ifc::init::query_issi()) {
             Ok(out) => {
@@ -222,15 +289,35 @@ impl<P: Platform> Driver<P> {
         let cur = d.exec(ifc::init::query_hca_cap(MLX5_CAP_GENERAL, CapMode::Cur)).map_err(step("QUERY_HCA_CAP"))?;
         d.info.caps = ifc::init::GeneralCaps::parse(ifc::init::hca_cap_block(&cur));
         d.info.roce = d.info.caps.roce;
+        // The RoCE caps (timestamp format) and the ATOMIC caps (atomic mode) the QPs' contexts follow, read
+        // only where the general caps announce them.
+        let roce = if d.info.roce {
+            let out = d
+                .exec(ifc::init::query_hca_cap(ifc::init::MLX5_CAP_ROCE, CapMode::Cur))
+                .map_err(step("QUERY_HCA_CAP ROCE"))?;
+            Some(ifc::init::RoceCaps::parse(ifc::init::hca_cap_block(&out)))
+        } else {
+            None
+        };
+        let atomic = if d.info.caps.atomic {
+            let out = d
+                .exec(ifc::init::query_hca_cap(ifc::init::MLX5_CAP_ATOMIC, CapMode::Cur))
+                .map_err(step("QUERY_HCA_CAP ATOMIC"))?;
+            Some(ifc::init::AtomicCaps::parse(ifc::init::hca_cap_block(&out)))
+        } else {
+            None
+        };
+        d.info.qp = ifc::qp::QpCaps::from_caps(&d.info.caps, roce.as_ref(), atomic.as_ref());
         // 15. The driver's UAR page.
         let uar = d.exec(ifc::resources::alloc_uar()).map_err(step("ALLOC_UAR"))?;
         d.info.uar = ifc::resources::parse_alloc_uar(&uar);
-        // 17. One EQ for async events and page requests, polled, never armed.
-        let mut ring =
-            EventRing::alloc(p.as_ref(), cfg.log_eq_size).ok_or(BringUpError::NoDma { step: "EQ buffer" })?;
+        // 17. One EQ for async events and page requests, polled, never armed; as large as the caps allow.
+        let log_eq_size = cfg.log_eq_size.min(d.info.caps.log_max_eq_sz.into());
+        d.info.log_eq_size = log_eq_size;
+        let mut ring = EventRing::alloc(p.as_ref(), log_eq_size).ok_or(BringUpError::NoDma { step: "EQ buffer" })?;
         let pages: Vec<u64> = ring.pages().collect();
         let create = ifc::eq::create_eq(&ifc::eq::EqParams {
-            log_eq_size: cfg.log_eq_size as u8,
+            log_eq_size: log_eq_size as u8,
             uar_page: d.info.uar,
             intr: 0,
             log_page_size: 0,
@@ -262,6 +349,30 @@ impl<P: Platform> Driver<P> {
         d.info.port = PortState::from_paos(ifc::vport::paos_out(&paos).oper_status);
         d.info.bring_up_ns = p.now_ns().saturating_sub(t0);
         Ok(d)
+    }
+
+    /// A function a previous owner left enabled (and maybe initialised): TEARDOWN_HCA graceful, FORCE_CLOSE if
+    /// that is refused for another reason than "not initialised" (BAD_SYS_STATE), then DISABLE_HCA, which ends
+    /// the firmware's use of the pages the previous owner gave (their addresses are unknown here, so they
+    /// cannot be taken back one by one).
+    fn bring_down_previous_owner(&mut self) -> Result<(), CmdError> {
+        use ifc::init::{
+            MLX5_TEARDOWN_HCA_IN_PROFILE_FORCE_CLOSE as FORCE, MLX5_TEARDOWN_HCA_IN_PROFILE_GRACEFUL_CLOSE as GRACEFUL,
+        };
+        match self.exec(ifc::init::teardown_hca(GRACEFUL)) {
+            Ok(_) => log::info!("mlx5: previous owner's function torn down (TEARDOWN_HCA)"),
+            Err(e) if e.status() == Some(STATUS_BAD_SYS_STATE) => {}
+            Err(e) if e.status().is_some() => {
+                log::warn!("mlx5: {e}; trying FORCE_CLOSE");
+                if let Err(e) = self.exec(ifc::init::teardown_hca(FORCE)) {
+                    log::warn!("mlx5: {e}");
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        self.exec(ifc::init::disable_hca(self.embedded_cpu))?;
+        log::info!("mlx5: previous owner's function disabled (DISABLE_HCA)");
+        Ok(())
     }
 
     pub fn platform(&self) -> &Arc<P> {
@@ -351,7 +462,8 @@ impl<P: Platform> Driver<P> {
     }
 
     /// Teardown in reverse (docs/reference/mlx5.md §b.4): DESTROY_EQ, DEALLOC_UAR, TEARDOWN_HCA (graceful), reclaim
-    /// every page (MANAGE_PAGES take, bounded by RECLAIM_PAGES), DISABLE_HCA, then the driver's DMA memory. The
+    /// every page (MANAGE_PAGES take, retried until none is held or RECLAIM_PAGES passes without progress),
+    /// DISABLE_HCA, then the driver's DMA memory. The
     /// first failing step is reported; the rest still run where that is safe. Pages the firmware did not give
     /// back are leaked on purpose (it may still write them), unless DISABLE_HCA succeeded.
     pub fn teardown(mut self) -> Result<TeardownReport, (TeardownReport, CmdError)> {
@@ -380,19 +492,27 @@ impl<P: Platform> Driver<P> {
         )
         .is_some();
         report.teardown_hca = torn;
-        // Reclaim: ask for everything back until the firmware returns nothing (or RECLAIM_PAGES passes).
+        // Reclaim as Linux `mlx5_reclaim_root_pages`: ask for everything the firmware holds until it holds
+        // nothing. A round that brings pages back restarts the RECLAIM_PAGES deadline; a round that brings none
+        // (or fails) is retried until the deadline passes.
         let p = self.p.clone();
-        let deadline = Deadline::after(p.as_ref(), initseg::RECLAIM_PAGES_TIMEOUT_MS);
+        let mut deadline = Deadline::after(p.as_ref(), initseg::RECLAIM_PAGES_TIMEOUT_MS);
         report.pages_before = self.cmd.pages().given();
-        while self.cmd.pages().given() > 0 && !deadline.passed(p.as_ref()) {
+        while self.cmd.pages().given() > 0 {
             let before = self.cmd.pages().given();
             self.cmd.request_pages(PageRequest { function_id: 0, num_pages: -(before as i32) });
             while !self.cmd.pages().idle() && !deadline.passed(p.as_ref()) {
                 self.pump();
                 p.relax();
             }
-            if self.cmd.pages().given() == before {
+            report.reclaim_rounds += 1;
+            if self.cmd.pages().given() < before {
+                deadline = Deadline::after(p.as_ref(), initseg::RECLAIM_PAGES_TIMEOUT_MS);
+            } else if deadline.passed(p.as_ref()) {
+                log::warn!("mlx5: the firmware did not return {before} pages within the reclaim deadline");
                 break;
+            } else {
+                p.relax();
             }
         }
         report.pages_left = self.cmd.pages().given();
@@ -421,5 +541,7 @@ pub struct TeardownReport {
     pub teardown_hca: bool,
     pub pages_before: usize,
     pub pages_left: usize,
+    /// MANAGE_PAGES take rounds (each asks for everything still held).
+    pub reclaim_rounds: u32,
     pub disable_hca: bool,
 }

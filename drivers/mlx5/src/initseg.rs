@@ -24,6 +24,9 @@ pub const CMD_INTERFACE_REV: u32 = 5;
 
 /// Linux defaults (`core/lib/tout.c:11-29`).
 pub const FW_PRE_INIT_TIMEOUT_MS: u64 = 120_000;
+/// How often the pre-init wait reports that it is still waiting (Linux `FW_PRE_INIT_WARN_MESSAGE_INTERVAL_MS`:
+/// 20 s, "Waiting for FW initialization, timeout abort in N s").
+pub const FW_PRE_INIT_WARN_MS: u64 = 20_000;
 pub const FW_INIT_TIMEOUT_MS: u64 = 2_000;
 pub const CMD_TIMEOUT_MS: u64 = 60_000;
 pub const TEARDOWN_TIMEOUT_MS: u64 = 3_000;

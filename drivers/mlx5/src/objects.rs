@@ -46,12 +46,11 @@ pub struct RcQpSizes {
     pub log_rq_size: Option<u8>,
     /// log2(RQ WQE bytes) - 4.
     pub log_rq_stride: u8,
-    pub log_msg_max: u8,
 }
 
 impl Default for RcQpSizes {
     fn default() -> Self {
-        RcQpSizes { log_sq_size: 6, log_rq_size: None, log_rq_stride: 2, log_msg_max: 30 }
+        RcQpSizes { log_sq_size: 6, log_rq_size: None, log_rq_stride: 2 }
     }
 }
 
@@ -240,9 +239,11 @@ impl<P: Platform> Driver<P> {
         self.exec(ifc::mkey::query_mkey(mkey.index())).map(|o| ifc::mkey::query_mkey_out(&o))
     }
 
-    /// CREATE_QP for an RC QP in `pd` whose send and receive completions go to `cqn`.
+    /// CREATE_QP for an RC QP in `pd` whose send and receive completions go to `cqn`; `log_msg_max`,
+    /// `ts_format` and `user_index` from the caps ([`HcaInfo::qp`](crate::driver::HcaInfo)).
     pub fn create_rc_qp(&mut self, pd: Pdn, cqn: Cqn, sizes: RcQpSizes) -> Result<RcQp, CmdError> {
         let p = self.platform().clone();
+        let caps = self.info.qp;
         let rq_bytes = sizes.log_rq_size.map_or(0, |n| (16usize << sizes.log_rq_stride) << n);
         let sq_bytes = 64usize << sizes.log_sq_size;
         let buf_len = (rq_bytes + sq_bytes).next_multiple_of(PAGE_SIZE);
@@ -255,7 +256,9 @@ impl<P: Platform> Driver<P> {
                 log_rq_size: sizes.log_rq_size,
                 log_rq_stride: sizes.log_rq_stride,
                 log_sq_size: sizes.log_sq_size,
-                log_msg_max: sizes.log_msg_max,
+                log_msg_max: caps.log_msg_max,
+                ts_format: caps.ts_format,
+                user_index: caps.user_index,
                 log_page_size: 0,
                 dbr_addr: dbr,
                 pages,
@@ -282,14 +285,15 @@ impl<P: Platform> Driver<P> {
         }
     }
 
-    /// RST→INIT with the remote access the lease grants.
+    /// RST→INIT with the remote access the lease grants (remote atomics in the caps' atomic mode).
     pub fn qp_rst2init(&mut self, qp: &RcQp, access: QpAccess) -> Result<(), CmdError> {
-        self.exec(ifc::qp::rst2init(&qp.base, access)).map(drop)
+        self.exec(ifc::qp::rst2init(&qp.base, access, self.info.qp.atomic_mode)).map(drop)
     }
 
-    /// INIT→RTR toward `peer` (RoCEv2 address path from its GID, MAC, QPN, PSN and MTU).
-    pub fn qp_init2rtr(&mut self, qp: &RcQp, peer: &RcPeer, log_msg_max: u8) -> Result<(), CmdError> {
-        self.exec(ifc::qp::init2rtr(&qp.base, peer, log_msg_max)).map(drop)
+    /// INIT→RTR toward `peer` (RoCEv2 address path from its GID, MAC, QPN, PSN and MTU), `log_msg_max` from
+    /// the caps.
+    pub fn qp_init2rtr(&mut self, qp: &RcQp, peer: &RcPeer) -> Result<(), CmdError> {
+        self.exec(ifc::qp::init2rtr(&qp.base, peer, self.info.qp.log_msg_max)).map(drop)
     }
 
     pub fn qp_rtr2rts(&mut self, qp: &RcQp, rts: &RtsParams) -> Result<(), CmdError> {

@@ -127,7 +127,8 @@ fn rc_qp_through_its_states() {
         .unwrap(),
     );
     let (sq_page, qp_dbr) = (page(&d), page(&d));
-    let log_msg_max = d.info.caps.log_max_msg;
+    let log_msg_max = d.info.qp.log_msg_max;
+    assert_eq!(log_msg_max, d.info.caps.log_max_msg);
     let qpn = qp::create_qp_out(
         &d.exec(qp::create_rc_qp(&RcQpParams {
             pd,
@@ -138,6 +139,8 @@ fn rc_qp_through_its_states() {
             log_rq_stride: 0,
             log_sq_size: 6, // 64 WQEBBs of 64 bytes: one page
             log_msg_max,
+            ts_format: d.info.qp.ts_format,
+            user_index: d.info.qp.user_index,
             log_page_size: 0,
             dbr_addr: qp_dbr,
             pages: &[sq_page],
@@ -150,7 +153,8 @@ fn rc_qp_through_its_states() {
     let state = |d: &mut Hosted| qp::query_qp_out(&d.exec(qp::query_qp(qpn)).unwrap()).state;
     assert_eq!(state(&mut d), QpState::Rst);
 
-    d.exec(qp::rst2init(&base, QpAccess { remote_read: true, remote_write: true, remote_atomic: false })).unwrap();
+    let access = QpAccess { remote_read: true, remote_write: true, remote_atomic: false };
+    d.exec(qp::rst2init(&base, access, d.info.qp.atomic_mode)).unwrap();
     assert_eq!(state(&mut d), QpState::Init);
     // INIT2RTR again from RTR-less states is refused: RTR2RTS from INIT → BAD_QP_STATE.
     let rts = RtsParams { psn: 0x65_4321, ack_timeout: 14, retry_count: 7, rnr_retry: 7, log_sra_max: 2 };

@@ -526,8 +526,8 @@ fn create_eq_as_bring_up_sends_it() {
     if log_eq_size != l.log_eq_size {
         why.push((
             Span::Bytes(0x1c..0x1d),
-            "eqc.log_eq_size: ours Config::log_eq_size; Linux sizes its async EQ order_base_2(MLX5_NUM_ASYNC_EQE + \
-             MLX5_NUM_SPARE_EQE): 0x100 + 0x80 → 9 in the trace's kernel (Linux 6.12: 0x1000 + 0x80 → 13)",
+            "eqc.log_eq_size: ours 13, Linux 6.12's async EQ (order_base_2(MLX5_NUM_ASYNC_EQE 0x1000 + \
+             MLX5_NUM_SPARE_EQE 0x80)); the trace's older kernel had MLX5_NUM_ASYNC_EQE 0x100: 0x100 + 0x80 → 9",
         ));
     }
     why.push((

@@ -47,6 +47,10 @@ pub struct ModelConfig {
     /// The NIC vport context's `min_wqe_inline_mode` (the Ethernet caps report `wqe_inline_mode` =
     /// VPORT_CONTEXT): 1 = L2 (`MLX5_INLINE_MODE_L2`).
     pub min_wqe_inline_mode: u8,
+    /// The function starts as a previous owner left it (a VM rebooted with the card live and no function
+    /// reset): enabled, ISSI 1, INIT_HCA done, no objects and no pages. ENABLE_HCA is then refused
+    /// (BAD_SYS_STATE) until TEARDOWN_HCA and DISABLE_HCA bring it down (docs/hca-model.md, "Configuration").
+    pub left_initialized: bool,
 }
 
 impl Default for ModelConfig {
@@ -67,6 +71,7 @@ impl Default for ModelConfig {
             cmd_latency: Duration::ZERO,
             link_up_delay: Duration::ZERO,
             min_wqe_inline_mode: crate::eth::frame::inline_mode::L2,
+            left_initialized: false,
         }
     }
 }
@@ -102,9 +107,10 @@ pub struct Hca {
 
 impl Hca {
     pub fn new(cfg: &ModelConfig) -> Hca {
+        let left = cfg.left_initialized;
         Hca {
-            state: FnState::Disabled,
-            issi: 0,
+            state: if left { FnState::Initialized } else { FnState::Disabled },
+            issi: if left { 1 } else { 0 },
             caps: Caps::default(),
             pages: PageLedger::new(cfg.boot_pages, cfg.init_pages, cfg.regular_pages),
             first_uar: cfg.first_uar,

@@ -82,6 +82,22 @@ fn enable_disable_and_state_errors() {
     d.ok(&cmd(0x105, 0, 16), 16);
 }
 
+/// `ModelConfig::left_initialized`: the function starts enabled and initialised, as a previous owner left it;
+/// ENABLE_HCA and DISABLE_HCA are refused until TEARDOWN_HCA, then it behaves as a fresh function.
+#[test]
+fn a_function_left_initialized_needs_teardown_and_disable() {
+    let cfg =
+        mlx5_model::ModelConfig { left_initialized: true, init_delay: std::time::Duration::ZERO, ..Default::default() };
+    let mut d = Drv::with(cfg, 64 << 20);
+    assert_eq!(d.model.state(), mlx5_model::FnState::Initialized);
+    assert_eq!(d.exec(&cmd(0x104, 0, 16), 16).status(), BAD_SYS_STATE);
+    assert_eq!(d.exec(&cmd(0x105, 0, 16), 16).status(), BAD_SYS_STATE);
+    d.ok(&cmd(0x103, 0, 16), 16);
+    d.ok(&cmd(0x105, 0, 16), 16);
+    d.ok(&cmd(0x104, 0, 16), 16);
+    assert_eq!(d.model.state(), mlx5_model::FnState::Enabled);
+}
+
 #[test]
 fn unknown_opcode_is_bad_op() {
     let mut d = Drv::new();

@@ -148,6 +148,11 @@ impl<T: Copy> LeaseService<T> {
         if a.access == 0 || a.access & !access::ALL != 0 {
             return Err(bad("alloc.access", "must be a non-empty set of REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC"));
         }
+        if a.access & access::REMOTE_ATOMIC != 0
+            && let Some(why) = self.hca.qp.atomics_refused()
+        {
+            return Err(bad("alloc.access", &format!("must not ask REMOTE_ATOMIC: {why}")));
+        }
         if mtu_bytes(a.mtu).is_none() {
             return Err(bad("alloc.mtu", "must be an IB MTU code from 1 (256) to 5 (4096)"));
         }

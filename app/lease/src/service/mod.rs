@@ -26,6 +26,7 @@ use leasebox_mlx5::DmaBuf;
 use leasebox_mlx5::command::{CmdError, Command, Output};
 use leasebox_mlx5::handles::{Cqn, MkeyVariant, UarPage};
 use leasebox_mlx5::ifc;
+use leasebox_mlx5::ifc::qp::QpCaps;
 use leasebox_proto::{AllocReq, ErrorBody, ErrorCode, LeaseState, Reply, Request, mtu_bytes};
 
 use crate::config::{Config, RevokeOrder};
@@ -96,6 +97,9 @@ pub struct HcaCtx {
     pub mac: [u8; 6],
     /// The largest IB MTU the port carries (1..=5).
     pub port_mtu: u8,
+    /// The QP context values the HCA's caps dictate (`log_msg_max`, the read/atomic bounds, `ts_format`,
+    /// `user_index`, the atomic mode; `HcaInfo::qp` after bring-up).
+    pub qp: QpCaps,
 }
 
 /// The most LIST and FENCED_SUMMARY return in one page.

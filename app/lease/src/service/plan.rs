@@ -119,6 +119,9 @@ pub fn next(stage: Stage, v: &View) -> Next {
 
 /// QP work-queue buffer: zero-length RQ, 64 WQEBBs of SQ (the appliance never posts; the QP only responds).
 pub(super) const QP_LOG_SQ: u8 = 6;
+/// log2 of the RDMA READs/atomics a lease QP accepts in flight (16, as a Linux responder is commonly set up),
+/// bounded by `cmd_hca_cap.log_max_ra_res_qp`. The lease QPs never read, so `log_sra_max` is 0.
+pub(super) const QP_LOG_RRA: u8 = 4;
 pub(super) const QP_BUF: usize = 64 << QP_LOG_SQ;
 pub(super) const QP_DBR: usize = 64;
 /// The mkey index FENCE-TEST writes before DESTROY_MKEY (docs/reference/revoke-spec.md §2.3).
@@ -180,7 +183,9 @@ pub fn command<T>(step: Step, stage: Stage, l: &Lease<T>, slot: u32, c: &CmdCtx)
                 log_rq_size: None,
                 log_rq_stride: 0,
                 log_sq_size: QP_LOG_SQ,
-                log_msg_max: 30,
+                log_msg_max: hca.qp.log_msg_max,
+                ts_format: hca.qp.ts_format,
+                user_index: hca.qp.user_index,
                 log_page_size: 0,
                 dbr_addr: l.qp_dbr.addr(),
                 pages: &[l.qp_buf.addr()],
@@ -192,7 +197,7 @@ pub fn command<T>(step: Step, stage: Stage, l: &Lease<T>, slot: u32, c: &CmdCtx)
                 remote_write: remote(access::REMOTE_WRITE),
                 remote_atomic: remote(access::REMOTE_ATOMIC),
             };
-            ifc::qp::rst2init(&b, qa)
+            ifc::qp::rst2init(&b, qa, hca.qp.atomic_mode)
         }),
         Step::Init2Rtr => qp_base(l, hca).map(|b| {
             let peer = RcPeer {
@@ -206,10 +211,10 @@ pub fn command<T>(step: Step, stage: Stage, l: &Lease<T>, slot: u32, c: &CmdCtx)
                 udp_sport: ifc::qp::roce_udp_sport(b.qpn, Qpn(l.client_qpn)),
                 tclass: 0,
                 eth_prio: 0,
-                log_rra_max: 4,
+                log_rra_max: QP_LOG_RRA.min(hca.qp.log_max_ra_res),
                 min_rnr_nak: 12,
             };
-            ifc::qp::init2rtr(&b, &peer, 30)
+            ifc::qp::init2rtr(&b, &peer, hca.qp.log_msg_max)
         }),
         Step::Rtr2Rts => qp_base(l, hca).map(|b| {
             let (ack_timeout, retry_count, rnr_retry) = c.timers;

@@ -12,6 +12,19 @@ use leasebox_proto::{
 use super::*;
 use crate::lease::{origin, step_bit};
 
+/// The QP caps of a ConnectX-5 as the model reports them: 2^30-byte messages, 16 reads in flight each way,
+/// CQE version 1, IB-compatible atomics.
+fn qp_caps() -> QpCaps {
+    QpCaps {
+        log_msg_max: 30,
+        log_max_ra_res: 4,
+        log_max_ra_req: 4,
+        ts_format: 0,
+        user_index: Some(leasebox_mlx5::ifc::qp::DEFAULT_USER_INDEX),
+        atomic_mode: Some(leasebox_mlx5::ifc::qp::ATOMIC_MODE_IB_COMP),
+    }
+}
+
 const ALLOC_PD: u16 = 0x800;
 const DEALLOC_PD: u16 = 0x801;
 const CREATE_MKEY: u16 = 0x200;
@@ -80,6 +93,8 @@ struct Rig {
     script: BTreeMap<u16, VecDeque<Answer>>,
     /// Opcodes in the order the service issued them.
     issued: Vec<u16>,
+    /// The last input issued per opcode.
+    inputs: BTreeMap<u16, Vec<u8>>,
     hung: Vec<(u64, Command)>,
     next_handle: u32,
     next_ticket: u64,
@@ -93,16 +108,28 @@ fn one_run(base: u64, bytes: u64) -> Vec<core::ops::Range<u64>> {
 
 impl Rig {
     fn new(cfg: Config) -> Rig {
+        Rig::with_qp(cfg, qp_caps())
+    }
+
+    fn with_qp(cfg: Config, qp: QpCaps) -> Rig {
         let pool_bytes = if cfg.pool.is_empty() { 64 << 20 } else { cfg.pool_bytes() };
         let cfg = Config { pool: one_run(0x4000_0000, pool_bytes), ..cfg };
-        let hca =
-            HcaCtx { uar: UarPage(1), cqn: Cqn(2), gid: [7; 16], gid_index: 0, mac: [2, 0, 0, 0, 0, 7], port_mtu: 3 };
+        let hca = HcaCtx {
+            uar: UarPage(1),
+            cqn: Cqn(2),
+            gid: [7; 16],
+            gid_index: 0,
+            mac: [2, 0, 0, 0, 0, 7],
+            port_mtu: 3,
+            qp,
+        };
         Rig {
             svc: LeaseService::new(cfg, hca).unwrap(),
             host: FakeHost::default(),
             now_us: 1_000_000,
             script: BTreeMap::new(),
             issued: Vec::new(),
+            inputs: BTreeMap::new(),
             hung: Vec::new(),
             next_handle: 0x100,
             next_ticket: 1,
@@ -135,6 +162,7 @@ impl Rig {
         loop {
             while let Some((tag, cmd)) = self.svc.next_command() {
                 self.issued.push(cmd.opcode());
+                self.inputs.insert(cmd.opcode(), cmd.input().to_vec());
                 let a = self.script.get_mut(&cmd.opcode()).and_then(|q| q.pop_front()).unwrap_or(Answer::Ok);
                 if a == Answer::Hang {
                     self.hung.push((tag, cmd));
@@ -532,4 +560,60 @@ fn a_lost_session_drops_its_waiting_alloc() {
     r.host.arp.insert(core::net::Ipv4Addr::new(10, 0, 2, 100), [2, 0, 0, 0, 0, 0x64]);
     r.advance(10 * SCAN_INTERVAL_US);
     assert!(r.take(t).is_none() && r.issued.is_empty(), "no lease built for a session that is gone");
+}
+
+/// The lease QPs' contexts carry the HCA's values: `log_msg_max`, `ts_format`, `user_index` at CREATE_QP,
+/// the atomic mode at RST2INIT, `log_msg_max` and `log_rra_max` (bounded by `log_max_ra_res_qp`) at INIT2RTR.
+#[test]
+fn lease_qps_follow_the_caps() {
+    let caps = QpCaps {
+        log_msg_max: 20,
+        log_max_ra_res: 2,
+        log_max_ra_req: 1,
+        ts_format: 1,
+        user_index: None,
+        atomic_mode: Some(ifc::qp::ATOMIC_MODE_8B),
+    };
+    let mut r = Rig::with_qp(cfg(), caps);
+    let req = AllocReq { access: access::REMOTE_READ | access::REMOTE_ATOMIC, ..alloc_req() };
+    let Ok(Response::Alloc(_)) = r.call(TENANT, &Request::Alloc(req)) else { panic!("ALLOC") };
+    // qpc sits at byte 0x18 of every QP command; read the inputs as QUERY_QP images.
+    let qpc = |r: &Rig, op: u16| {
+        let mut img = r.inputs[&op].clone();
+        img.resize(ifc::qp::QUERY_QP_OUT_LEN, 0);
+        (ifc::qp::query_qp_out(&Output::new(img.clone())), img)
+    };
+    let (create, img) = qpc(&r, ifc::qp::MLX5_CMD_OP_CREATE_QP);
+    assert_eq!(create.log_msg_max, 20);
+    // ts_format: qpc bit 0x58 (2 bits) = byte 0x23 bits 7:6; user_index: qpc bit 0x88 = bytes 0x29..0x2c.
+    assert_eq!((img[0x23] >> 6, &img[0x29..0x2c]), (1, &[0u8, 0, 0][..]));
+    let (init, img) = qpc(&r, ifc::qp::MLX5_CMD_OP_RST2INIT_QP);
+    // atomic_mode: qpc bit 0x48c (4 bits) = byte 0xa9 bits 3:0.
+    assert!(init.rae && init.rre && !init.rwe);
+    assert_eq!(img[0xa9] & 0xf, ifc::qp::ATOMIC_MODE_8B);
+    let (rtr, _) = qpc(&r, ifc::qp::MLX5_CMD_OP_INIT2RTR_QP);
+    assert_eq!((rtr.log_msg_max, rtr.log_rra_max), (20, 2));
+    let (rts, _) = qpc(&r, ifc::qp::MLX5_CMD_OP_RTR2RTS_QP);
+    assert_eq!(rts.log_sra_max, 0, "the lease QPs never read");
+}
+
+/// Without atomic caps, ALLOC refuses REMOTE_ATOMIC up front with BAD_PARAM naming the reason, and builds
+/// nothing; reads and writes still go.
+#[test]
+fn alloc_refuses_atomics_the_hca_does_not_offer() {
+    let mut r = Rig::with_qp(cfg(), QpCaps { atomic_mode: None, ..qp_caps() });
+    let req = AllocReq { access: access::REMOTE_WRITE | access::REMOTE_ATOMIC, ..alloc_req() };
+    match r.call(TENANT, &Request::Alloc(req)) {
+        Err(e) => {
+            assert_eq!(e.code, ErrorCode::BadParam);
+            assert!(e.message.contains("alloc.access") && e.message.contains("no remote atomics"), "{}", e.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(r.issued.is_empty(), "{:?}", r.issued);
+    let Ok(Response::Alloc(_)) = r.call(TENANT, &Request::Alloc(alloc_req())) else { panic!("ALLOC rw") };
+    // With the caps, the same request goes through.
+    let mut r = Rig::new(cfg());
+    let req = AllocReq { access: access::REMOTE_WRITE | access::REMOTE_ATOMIC, ..alloc_req() };
+    assert!(matches!(r.call(TENANT, &Request::Alloc(req)), Ok(Response::Alloc(_))));
 }

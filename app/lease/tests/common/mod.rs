@@ -92,6 +92,7 @@ impl Rig {
             gid_index: LEASE_GID_INDEX,
             mac: d.info.mac,
             port_mtu: port_ib_mtu(d.info.mtu),
+            qp: d.info.qp,
         };
         let svc = LeaseService::new(cfg, hca).unwrap();
         Rig {

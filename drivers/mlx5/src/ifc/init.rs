@@ -272,6 +272,7 @@ pub mod cmd_hca_cap {
     pub const ROCE_RW_SUPPORTED: (usize, usize) = (0x3a1, 1);
     pub const LOG_MAX_CURRENT_UC_LIST: (usize, usize) = (0x3fb, 5);
     pub const LOG_UAR_PAGE_SZ: (usize, usize) = (0x490, 16);
+    pub const SQ_TS_FORMAT: (usize, usize) = (0x440, 2);
     pub const NUM_VHCA_PORTS: (usize, usize) = (0x610, 8);
     /// How many Q counters the function may allocate (ALLOC_Q_COUNTER).
     pub const MAX_QP_CNT: (usize, usize) = (0x186, 10);
@@ -288,6 +289,37 @@ pub mod roce_cap {
     pub const R_ROCE_MAX_SRC_UDP_PORT: (usize, usize) = (0x0c0, 16);
     pub const R_ROCE_MIN_SRC_UDP_PORT: (usize, usize) = (0x0d0, 16);
     pub const ROCE_ADDRESS_TABLE_SIZE: (usize, usize) = (0x0f0, 16);
+}
+
+/// `atomic_caps` offsets inside the capability block.
+pub mod atomic_caps {
+    pub const ATOMIC_OPERATIONS: (usize, usize) = (0x090, 16);
+    pub const ATOMIC_SIZE_QP: (usize, usize) = (0x0b0, 16);
+}
+
+/// `atomic_operations` bits (`driver.h` `MLX5_ATOMIC_OPS_*`).
+pub const MLX5_ATOMIC_OPS_CMP_SWAP: u16 = 1 << 0;
+pub const MLX5_ATOMIC_OPS_FETCH_ADD: u16 = 1 << 1;
+pub const MLX5_ATOMIC_OPS_EXTENDED_CMP_SWAP: u16 = 1 << 2;
+pub const MLX5_ATOMIC_OPS_EXTENDED_FETCH_ADD: u16 = 1 << 3;
+
+/// The `atomic_caps` fields (cap type 3) the QP's atomic mode comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AtomicCaps {
+    /// `MLX5_ATOMIC_OPS_*` bits.
+    pub atomic_operations: u16,
+    /// Bit mask of the operand sizes a QP supports (bit n: 2^n bytes; `MLX5_ATOMIC_CAPS_ATOMIC_SIZE_QP_*`).
+    pub atomic_size_qp: u16,
+}
+
+impl AtomicCaps {
+    /// Parses an `atomic_caps` block ([`hca_cap_block`] of a QUERY_HCA_CAP ATOMIC output).
+    pub fn parse(block: &[u8]) -> AtomicCaps {
+        AtomicCaps {
+            atomic_operations: cap(block, atomic_caps::ATOMIC_OPERATIONS) as u16,
+            atomic_size_qp: cap(block, atomic_caps::ATOMIC_SIZE_QP) as u16,
+        }
+    }
 }
 
 fn cap(block: &[u8], f: (usize, usize)) -> u32 {
@@ -339,6 +371,8 @@ pub struct GeneralCaps {
     pub roce_rw_supported: bool,
     pub log_max_current_uc_list: u8,
     pub log_uar_page_sz: u16,
+    /// Timestamp formats an SQ supports (`MLX5_TIMESTAMP_FORMAT_CAP_*`: 0 free running, 1 real time, 2 both).
+    pub sq_ts_format: u8,
     pub num_vhca_ports: u8,
     /// Q counters the function may allocate (0: none).
     pub max_qp_cnt: u16,
@@ -392,6 +426,7 @@ impl GeneralCaps {
             roce_rw_supported: b(f::ROCE_RW_SUPPORTED),
             log_max_current_uc_list: u8_(f::LOG_MAX_CURRENT_UC_LIST),
             log_uar_page_sz: u16_(f::LOG_UAR_PAGE_SZ),
+            sq_ts_format: u8_(f::SQ_TS_FORMAT),
             num_vhca_ports: u8_(f::NUM_VHCA_PORTS),
             max_qp_cnt: u16_(f::MAX_QP_CNT),
         }

@@ -94,7 +94,9 @@ const ST: usize = QPC + 0x08;
 const PM_STATE: usize = QPC + 0x13;
 const PD: usize = QPC + 0x28;
 const MTU: usize = QPC + 0x40;
+const TS_FORMAT: usize = QPC + 0x58;
 const LOG_MSG_MAX: usize = QPC + 0x43;
+const USER_INDEX: usize = QPC + 0x88;
 const LOG_RQ_SIZE: usize = QPC + 0x49;
 const LOG_RQ_STRIDE: usize = QPC + 0x4d;
 const LOG_SQ_SIZE: usize = QPC + 0x51;
@@ -124,8 +126,87 @@ const CQN_SND: usize = QPC + 0x3e8;
 const LOG_RRA_MAX: usize = QPC + 0x488;
 const ATOMIC_MODE: usize = QPC + 0x48c;
 /// `MLX5_ATOMIC_MODE_IB_COMP` (`driver.h`): IB-compatible 8-byte atomics, what Linux `get_atomic_mode`
-/// chooses when the card has plain compare-and-swap and fetch-and-add.
-pub const ATOMIC_MODE_IB_COMP: u32 = 1;
+/// chooses when the card has plain compare-and-swap and fetch-and-add only.
+pub const ATOMIC_MODE_IB_COMP: u8 = 1;
+/// `MLX5_ATOMIC_MODE_8B` (`driver.h`).
+pub const ATOMIC_MODE_8B: u8 = 3;
+/// `MLX5_IB_DEFAULT_UIDX`: the `user_index` Linux gives a kernel QP when `cqe_version` is 1 ("work with CQE
+/// version 0").
+pub const DEFAULT_USER_INDEX: u32 = 0xff_ffff;
+/// `qpc.ts_format` values (`mlx5_ifc.h` `MLX5_TIMESTAMP_FORMAT_*`).
+pub const TS_FORMAT_FREE_RUNNING: u8 = 0;
+pub const TS_FORMAT_DEFAULT: u8 = 1;
+
+/// The QP context values that come from the HCA's capabilities, read once after bring-up and used for every
+/// RC QP, as Linux `mlx5_ib` derives them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpCaps {
+    /// `qpc.log_msg_max` = `cmd_hca_cap.log_max_msg` (Linux sets it from the cap at create and INIT2RTR).
+    pub log_msg_max: u8,
+    /// The bound on `log_rra_max` (responder reads/atomics in flight): `cmd_hca_cap.log_max_ra_res_qp`.
+    pub log_max_ra_res: u8,
+    /// The bound on `log_sra_max` (requester reads/atomics in flight): `cmd_hca_cap.log_max_ra_req_qp`.
+    pub log_max_ra_req: u8,
+    /// `qpc.ts_format`: Linux `mlx5_get_qp_default_ts` — DEFAULT when the timestamp cap in force
+    /// (`roce_cap.qp_ts_format` with RoCE, else `cmd_hca_cap.sq_ts_format`) is non-zero, else FREE_RUNNING.
+    pub ts_format: u8,
+    /// `qpc.user_index`: [`DEFAULT_USER_INDEX`] when `cmd_hca_cap.cqe_version` is 1 (Linux sets it only then).
+    pub user_index: Option<u32>,
+    /// `qpc.atomic_mode` for remote atomics (Linux `get_atomic_mode`); `None` when the HCA offers none.
+    pub atomic_mode: Option<u8>,
+}
+
+impl QpCaps {
+    /// The values from the general caps, the RoCE caps (when RoCE is on) and the ATOMIC caps (when queried).
+    pub fn from_caps(
+        general: &crate::ifc::init::GeneralCaps,
+        roce: Option<&crate::ifc::init::RoceCaps>,
+        atomic: Option<&crate::ifc::init::AtomicCaps>,
+    ) -> QpCaps {
+        let ts_cap = roce.map_or(general.sq_ts_format, |r| r.qp_ts_format);
+        QpCaps {
+            log_msg_max: general.log_max_msg,
+            log_max_ra_res: general.log_max_ra_res_qp,
+            log_max_ra_req: general.log_max_ra_req_qp,
+            ts_format: if ts_cap != 0 { TS_FORMAT_DEFAULT } else { TS_FORMAT_FREE_RUNNING },
+            user_index: (general.cqe_version == 1).then_some(DEFAULT_USER_INDEX),
+            atomic_mode: atomic.and_then(|a| atomic_mode(general.atomic, a)),
+        }
+    }
+
+    /// Why remote atomics are not available, or `None` when they are.
+    pub fn atomics_refused(&self) -> Option<&'static str> {
+        if self.atomic_mode.is_none() {
+            Some("the HCA offers no remote atomics (cmd_hca_cap.atomic or the ATOMIC capabilities say no)")
+        } else {
+            None
+        }
+    }
+}
+
+/// Linux `get_atomic_mode` for an RC QP: none without `cmd_hca_cap.atomic`; with extended atomics the mode of
+/// the largest operand size the QP supports (`atomic_size_to_mode`: sizes above 256 bytes ignored, 8 bytes or
+/// less → `MLX5_ATOMIC_MODE_8B`, else log2 of the size); otherwise IB-compatible when compare-and-swap and
+/// fetch-and-add are both there.
+pub fn atomic_mode(atomic: bool, a: &crate::ifc::init::AtomicCaps) -> Option<u8> {
+    use crate::ifc::init::{
+        MLX5_ATOMIC_OPS_CMP_SWAP, MLX5_ATOMIC_OPS_EXTENDED_CMP_SWAP, MLX5_ATOMIC_OPS_EXTENDED_FETCH_ADD,
+        MLX5_ATOMIC_OPS_FETCH_ADD,
+    };
+    if !atomic {
+        return None;
+    }
+    let ops = a.atomic_operations;
+    if ops & (MLX5_ATOMIC_OPS_EXTENDED_CMP_SWAP | MLX5_ATOMIC_OPS_EXTENDED_FETCH_ADD) != 0 {
+        let sizes = a.atomic_size_qp & 0x1ff;
+        if sizes != 0 {
+            let log_max = 15 - sizes.leading_zeros() as u8;
+            return Some(if log_max > 3 { log_max } else { ATOMIC_MODE_8B });
+        }
+    }
+    let plain = MLX5_ATOMIC_OPS_CMP_SWAP | MLX5_ATOMIC_OPS_FETCH_ADD;
+    (ops & plain == plain).then_some(ATOMIC_MODE_IB_COMP)
+}
 const RRE: usize = QPC + 0x490;
 const RWE: usize = QPC + 0x491;
 const RAE: usize = QPC + 0x492;
@@ -149,6 +230,10 @@ pub struct RcQpParams<'a> {
     /// log2 of the SQ size in 64-byte WQE basic blocks.
     pub log_sq_size: u8,
     pub log_msg_max: u8,
+    /// `qpc.ts_format` ([`QpCaps::ts_format`]).
+    pub ts_format: u8,
+    /// `qpc.user_index` when the CQE version calls for one ([`QpCaps::user_index`]).
+    pub user_index: Option<u32>,
     /// log2(page / 4 KiB) of the WQ buffer.
     pub log_page_size: u8,
     pub dbr_addr: u64,
@@ -181,6 +266,10 @@ pub fn create_rc_qp(p: &RcQpParams<'_>) -> Command {
         .with("cqn_rcv", p.cqn_rcv.0.into());
     common(&mut c, p.pd, p.cqn_snd, p.cqn_rcv);
     c.set(LOG_MSG_MAX, 5, p.log_msg_max.into());
+    c.set(TS_FORMAT, 2, p.ts_format.into());
+    if let Some(u) = p.user_index {
+        c.set(USER_INDEX, 24, u);
+    }
     match p.log_rq_size {
         Some(n) => {
             c.set(RQ_TYPE, 3, MLX5_NON_ZERO_RQ);
@@ -218,17 +307,18 @@ fn modify(opcode: u16, q: &QpBase) -> Command {
     c
 }
 
-/// RST2INIT: P_Key index 0, port 1, remote access bits; remote atomics with an atomic mode (IB-compatible),
-/// as Linux `to_mlx5_access_flags` sets `rae` only together with `atomic_mode`.
-pub fn rst2init(q: &QpBase, access: QpAccess) -> Command {
+/// RST2INIT: P_Key index 0, port 1, remote access bits; remote atomics with `atomic_mode` (from the caps,
+/// [`QpCaps::atomic_mode`]), as Linux `to_mlx5_access_flags` sets `rae` only together with `atomic_mode`.
+/// Asked for remote atomics with no mode, the command carries `rae` alone and the firmware refuses it.
+pub fn rst2init(q: &QpBase, access: QpAccess, atomic_mode: Option<u8>) -> Command {
     let mut c = modify(MLX5_CMD_OP_RST2INIT_QP, q);
     c.set(PKEY_INDEX, 16, 0);
     c.set(VHCA_PORT_NUM, 8, 1);
     c.set(RRE, 1, access.remote_read as u32);
     c.set(RWE, 1, access.remote_write as u32);
     c.set(RAE, 1, access.remote_atomic as u32);
-    if access.remote_atomic {
-        c.set(ATOMIC_MODE, 4, ATOMIC_MODE_IB_COMP);
+    if let (true, Some(m)) = (access.remote_atomic, atomic_mode) {
+        c.set(ATOMIC_MODE, 4, m.into());
     }
     c.set(RLKY, 1, 1);
     c
@@ -432,6 +522,8 @@ mod tests {
             log_rq_stride: 2,
             log_sq_size: 7,
             log_msg_max: 30,
+            ts_format: TS_FORMAT_DEFAULT,
+            user_index: Some(DEFAULT_USER_INDEX),
             log_page_size: 0,
             dbr_addr: 0xdead_0040,
             pages: &[0x1000, 0x2000, 0x3000],
@@ -442,9 +534,11 @@ mod tests {
         assert_eq!(be32(b, 0x18), 3 << 11);
         assert_eq!(be32(b, 0x1c), 7);
         // qpc dword 2 (byte 0x20): mtu [31:29] 0, log_msg_max [28:24], log_rq_size [22:19], log_rq_stride
-        // [18:16], log_sq_size [14:11], rlky [4].
-        assert_eq!(be32(b, 0x20), (30 << 24) | (6 << 19) | (2 << 16) | (7 << 11) | (1 << 4));
+        // [18:16], log_sq_size [14:11], ts_format [7:6], rlky [4].
+        assert_eq!(be32(b, 0x20), (30 << 24) | (6 << 19) | (2 << 16) | (7 << 11) | (1 << 6) | (1 << 4));
         assert_eq!(be32(b, 0x24), 0x11);
+        // user_index: qpc bit 0x88 (24 bits) = bytes 0x29..0x2c.
+        assert_eq!(be32(b, 0x28) & 0xff_ffff, 0xff_ffff);
         assert_eq!(be32(b, 0x2c), 0);
         assert_eq!(b[0x8a] & 0x08, 0x08); // fre: qpc dword 34 bit 11
         assert_eq!(be32(b, 0x94), 3);
@@ -464,12 +558,15 @@ mod tests {
                 log_rq_stride: 0,
                 log_sq_size: 0,
                 log_msg_max: 0,
+                ts_format: 0,
+                user_index: None,
                 log_page_size: 0,
                 dbr_addr: 0,
                 pages: &[],
             }
         });
         assert_eq!(be32(z.input(), 0xc4) >> 24, 3);
+        assert_eq!((z.input()[0x23] & 0xc0, be32(z.input(), 0x28)), (0, 0));
         assert_eq!(
             create_qp_out(&Output::new(alloc::vec![0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34, 0, 0, 0, 0])),
             Qpn(0x1234)
@@ -478,7 +575,7 @@ mod tests {
 
     #[test]
     fn transitions() {
-        let c = rst2init(&BASE, QpAccess { remote_read: true, remote_write: true, remote_atomic: false });
+        let c = rst2init(&BASE, QpAccess { remote_read: true, remote_write: true, remote_atomic: false }, Some(5));
         let b = c.input();
         assert_eq!((be16(b, 0), b.len()), (0x502, 0x110));
         check_common(b);
@@ -486,9 +583,15 @@ mod tests {
         assert_eq!(b[0x55], 1); // vhca_port_num
         assert_eq!(be32(b, 0xa8) & 0xe000, 0xc000); // rre, rwe (qpc dword 42 bits 15, 14)
         assert_eq!(be32(b, 0xa8) & 0xf_0000, 0, "no atomic mode without remote atomics");
-        let a = rst2init(&BASE, QpAccess { remote_read: false, remote_write: false, remote_atomic: true });
+        let atomic = QpAccess { remote_read: false, remote_write: false, remote_atomic: true };
+        let a = rst2init(&BASE, atomic, Some(ATOMIC_MODE_IB_COMP));
         // rae (bit 13) with atomic_mode IB_COMP (qpc bits 0x48c..0x490: dword 42 bits 19..16).
         assert_eq!(be32(a.input(), 0xa8) & 0xf_e000, 0x1_2000);
+        let a = rst2init(&BASE, atomic, Some(5));
+        assert_eq!(be32(a.input(), 0xa8) & 0xf_e000, 0x5_2000);
+        // No mode: rae alone (the firmware refuses it).
+        let a = rst2init(&BASE, atomic, None);
+        assert_eq!(be32(a.input(), 0xa8) & 0xf_e000, 0x2000);
 
         let peer = RcPeer {
             qpn: Qpn(0xabcd),
@@ -567,6 +670,51 @@ mod tests {
         assert_eq!((i.rgid, i.rmac, i.src_addr_index, i.hop_limit), ([1; 16], [1, 2, 3, 4, 5, 6], 1, 9));
         assert_eq!((i.cqn_snd, i.cqn_rcv, i.log_msg_max, i.vhca_port_num), (Cqn(3), Cqn(4), 20, 1));
         assert_eq!(Mtu::Mtu1024.bytes(), 1024);
+    }
+
+    #[test]
+    fn caps_give_the_qp_values() {
+        use crate::ifc::init::{AtomicCaps, GeneralCaps, RoceCaps};
+        let general = GeneralCaps {
+            log_max_msg: 20,
+            log_max_ra_res_qp: 2,
+            log_max_ra_req_qp: 1,
+            cqe_version: 1,
+            atomic: true,
+            sq_ts_format: 0,
+            ..GeneralCaps::default()
+        };
+        let roce = RoceCaps { qp_ts_format: 2, ..RoceCaps::default() };
+        // The ConnectX-4 trace's ATOMIC caps: all four ops, sizes 4..32 bytes (0x3c) → the 32-byte mode (5).
+        let ext = AtomicCaps { atomic_operations: 0xf, atomic_size_qp: 0x3c };
+        let q = QpCaps::from_caps(&general, Some(&roce), Some(&ext));
+        assert_eq!(
+            q,
+            QpCaps {
+                log_msg_max: 20,
+                log_max_ra_res: 2,
+                log_max_ra_req: 1,
+                ts_format: TS_FORMAT_DEFAULT,
+                user_index: Some(DEFAULT_USER_INDEX),
+                atomic_mode: Some(5),
+            }
+        );
+        assert_eq!(q.atomics_refused(), None);
+        // Without RoCE the SQ timestamp cap decides; CQE version 0 sets no user index.
+        let q = QpCaps::from_caps(&GeneralCaps { cqe_version: 0, ..general }, None, Some(&ext));
+        assert_eq!((q.ts_format, q.user_index), (TS_FORMAT_FREE_RUNNING, None));
+        // Extended atomics up to 8 bytes → 8B mode; plain CAS + FA → IB-compatible; neither → none.
+        assert_eq!(
+            atomic_mode(true, &AtomicCaps { atomic_operations: 0x4, atomic_size_qp: 0x8 }),
+            Some(ATOMIC_MODE_8B)
+        );
+        assert_eq!(atomic_mode(true, &AtomicCaps { atomic_operations: 0x3, atomic_size_qp: 0x8 }), Some(1));
+        assert_eq!(atomic_mode(true, &AtomicCaps { atomic_operations: 0x1, atomic_size_qp: 0x8 }), None);
+        assert_eq!(atomic_mode(false, &ext), None);
+        // The general `atomic` bit off, or no ATOMIC caps: refused with a reason.
+        let q = QpCaps::from_caps(&GeneralCaps { atomic: false, ..general }, Some(&roce), Some(&ext));
+        assert!(q.atomics_refused().is_some_and(|r| r.contains("atomic")));
+        assert!(QpCaps::from_caps(&general, Some(&roce), None).atomics_refused().is_some());
     }
 
     #[test]
