@@ -867,6 +867,28 @@ impl Maintenance {
         self.seq = (self.seq + 1) & 0xffff_ffff;
         ((purpose as u64) << 32) | self.seq
     }
+
+    /// Sends the next command of the SQ's or RQ's recovery (`command` builds it for the current step), unless
+    /// one is in flight or the retry time has not come; returns whether one went out.
+    fn recover(
+        &mut self,
+        purpose: Purpose,
+        side: &mut SideClient,
+        now_ms: u64,
+        command: impl FnOnce(Step) -> crate::command::Command,
+    ) -> bool {
+        let r = if purpose == Purpose::Sq { self.sq } else { self.rq };
+        if r.tag.is_some() || now_ms < r.not_before_ms {
+            return false;
+        }
+        let tag = self.tag(purpose);
+        if side.submit_as(tag, command(r.step)).is_err() {
+            return false;
+        }
+        let r = if purpose == Purpose::Sq { &mut self.sq } else { &mut self.rq };
+        r.tag = Some(tag);
+        true
+    }
 }
 
 /// The Ethernet port: its objects, rings, counters and link state.
@@ -1240,29 +1262,19 @@ impl<P: Platform> EthPort<P> {
                 did = true;
             }
         }
-        if self.tx.in_error && m.sq.tag.is_none() && now_ms >= m.sq.not_before_ms {
-            let cmd = match m.sq.step {
+        if self.tx.in_error {
+            did |= m.recover(Purpose::Sq, side, now_ms, |step| match step {
                 Step::Query => ifc::eth::query_sq(sqn),
                 Step::ToReset => ifc::eth::modify_sq(sqn, MLX5_WQ_STATE_ERR, MLX5_WQ_STATE_RST),
                 Step::ToReady => ifc::eth::modify_sq(sqn, MLX5_WQ_STATE_RST, MLX5_WQ_STATE_RDY),
-            };
-            let tag = m.tag(Purpose::Sq);
-            if side.submit_as(tag, cmd).is_ok() {
-                m.sq.tag = Some(tag);
-                did = true;
-            }
+            });
         }
-        if self.rx.in_error && m.rq.tag.is_none() && now_ms >= m.rq.not_before_ms {
-            let cmd = match m.rq.step {
+        if self.rx.in_error {
+            did |= m.recover(Purpose::Rq, side, now_ms, |step| match step {
                 Step::Query => ifc::eth::query_rq(rqn),
                 Step::ToReset => ifc::eth::modify_rq(rqn, MLX5_WQ_STATE_ERR, MLX5_WQ_STATE_RST),
                 Step::ToReady => ifc::eth::modify_rq(rqn, MLX5_WQ_STATE_RST, MLX5_WQ_STATE_RDY),
-            };
-            let tag = m.tag(Purpose::Rq);
-            if side.submit_as(tag, cmd).is_ok() {
-                m.rq.tag = Some(tag);
-                did = true;
-            }
+            });
         }
         did
     }
