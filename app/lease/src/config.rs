@@ -54,6 +54,9 @@ pub struct Config {
     pub ack_timeout: u8,
     pub retry_count: u8,
     pub rnr_retry: u8,
+    /// The lease QPs' traffic class byte (DSCP << 2) and 802.1p priority (`rdma_dscp=`, `rdma_prio=`).
+    pub tclass: u8,
+    pub eth_prio: u8,
     /// Seed for the server's initial PSNs.
     pub psn_seed: u64,
 }
@@ -80,6 +83,8 @@ impl Default for Config {
             ack_timeout: 14,
             retry_count: 7,
             rnr_retry: 7,
+            tclass: 0,
+            eth_prio: 0,
             psn_seed: 0x5eed_1ea5_e0b0_c0de,
         }
     }

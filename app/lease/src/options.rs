@@ -33,6 +33,12 @@ pub struct LeaseOptions {
     /// `rdma_ip=a.b.c.d`: the RDMA port's IPv4 address, programmed as a RoCEv2 GID (IPv4-mapped) that lease
     /// QPs use. Unset: the control channel's static `ip=`, else [`DEFAULT_RDMA_IP`].
     pub rdma_ip: Option<core::net::Ipv4Addr>,
+    /// `rdma_dscp=0..63`: the DSCP of the lease QPs' RoCEv2 packets (IPv4 TOS = DSCP << 2), so their traffic
+    /// runs in the class a lossless fabric is configured for (docs/hardware-bringup.md).
+    pub rdma_dscp: u8,
+    /// `rdma_prio=0..7`: the 802.1p priority of the lease QPs' frames (the QP address path's `eth_prio`; it
+    /// reaches the wire only on a VLAN-tagged port, where the switch maps it to a PFC class).
+    pub rdma_prio: u8,
 }
 
 /// The RDMA port's address when nothing else names one (TEST-NET-2: set `rdma_ip=` on a real network).
@@ -53,6 +59,8 @@ impl LeaseOptions {
         allow_order_override: true,
         fence_test: false,
         rdma_ip: None,
+        rdma_dscp: 0,
+        rdma_prio: 0,
     };
 }
 
@@ -108,6 +116,8 @@ impl LeaseOptions {
                 }
                 self.rdma_ip = Some(ip);
             }
+            "rdma_dscp" => self.rdma_dscp = number(value, 0, 63, "expected a DSCP from 0 to 63")? as u8,
+            "rdma_prio" => self.rdma_prio = number(value, 0, 7, "expected an 802.1p priority from 0 to 7")? as u8,
             _ => return Ok(false),
         }
         Ok(true)
@@ -138,5 +148,9 @@ mod tests {
         assert!(o.apply("lease_pool_mib", "3").is_err());
         assert!(o.apply("lease_slots", "0").is_err());
         assert_eq!((o.pool_mib, o.order, o.grace_ms), (128, RevokeOrder::QpFirst, 0));
+        assert_eq!((o.apply("rdma_dscp", "26"), o.apply("rdma_prio", "3")), (Ok(true), Ok(true)));
+        assert_eq!((o.rdma_dscp, o.rdma_prio), (26, 3));
+        assert!(o.apply("rdma_dscp", "64").is_err() && o.apply("rdma_prio", "8").is_err());
+        assert!(o.apply("rdma_dscp", "-1").is_err());
     }
 }

@@ -217,6 +217,8 @@ impl Config {
             order: o.order,
             allow_order_override: o.allow_order_override,
             fence_test: o.fence_test,
+            tclass: o.rdma_dscp << 2,
+            eth_prio: o.rdma_prio,
             psn_seed: psn_seed | 1,
             ..Config::default()
         }

@@ -271,6 +271,8 @@ impl<T: Copy> LeaseService<T> {
             extent_log: self.cfg.extent.trailing_zeros() as u8,
             timers: (self.cfg.ack_timeout, self.cfg.retry_count, self.cfg.rnr_retry),
             fence_test: self.cfg.fence_test,
+            tclass: self.cfg.tclass,
+            eth_prio: self.cfg.eth_prio,
         };
         let end = loop {
             let Some(l) = busy(&mut self.slots, slot) else { return };

@@ -138,6 +138,9 @@ pub struct CmdCtx {
     pub timers: (u8, u8, u8),
     /// FENCE-TEST: the immediate phase's DESTROY_MKEY names a bad index.
     pub fence_test: bool,
+    /// The lease QPs' traffic class byte and 802.1p priority (`Config::tclass`, `Config::eth_prio`).
+    pub tclass: u8,
+    pub eth_prio: u8,
 }
 
 fn qp_base<T>(l: &Lease<T>, hca: &HcaCtx) -> Option<QpBase> {
@@ -209,8 +212,8 @@ pub fn command<T>(step: Step, stage: Stage, l: &Lease<T>, slot: u32, c: &CmdCtx)
                 sgid_index: hca.gid_index,
                 hop_limit: 64,
                 udp_sport: ifc::qp::roce_udp_sport(b.qpn, Qpn(l.client_qpn)),
-                tclass: 0,
-                eth_prio: 0,
+                tclass: c.tclass,
+                eth_prio: c.eth_prio,
                 log_rra_max: QP_LOG_RRA.min(hca.qp.log_max_ra_res),
                 min_rnr_nak: 12,
             };

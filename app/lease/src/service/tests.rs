@@ -93,6 +93,8 @@ struct Rig {
     script: BTreeMap<u16, VecDeque<Answer>>,
     /// Opcodes in the order the service issued them.
     issued: Vec<u16>,
+    /// The input of the last INIT2RTR_QP issued.
+    last_init2rtr: Vec<u8>,
     /// The last input issued per opcode.
     inputs: BTreeMap<u16, Vec<u8>>,
     hung: Vec<(u64, Command)>,
@@ -129,6 +131,7 @@ impl Rig {
             now_us: 1_000_000,
             script: BTreeMap::new(),
             issued: Vec::new(),
+            last_init2rtr: Vec::new(),
             inputs: BTreeMap::new(),
             hung: Vec::new(),
             next_handle: 0x100,
@@ -162,6 +165,9 @@ impl Rig {
         loop {
             while let Some((tag, cmd)) = self.svc.next_command() {
                 self.issued.push(cmd.opcode());
+                if cmd.opcode() == ifc::qp::MLX5_CMD_OP_INIT2RTR_QP {
+                    self.last_init2rtr = cmd.input().to_vec();
+                }
                 self.inputs.insert(cmd.opcode(), cmd.input().to_vec());
                 let a = self.script.get_mut(&cmd.opcode()).and_then(|q| q.pop_front()).unwrap_or(Answer::Ok);
                 if a == Answer::Hang {
@@ -616,4 +622,20 @@ fn alloc_refuses_atomics_the_hca_does_not_offer() {
     let mut r = Rig::new(cfg());
     let req = AllocReq { access: access::REMOTE_WRITE | access::REMOTE_ATOMIC, ..alloc_req() };
     assert!(matches!(r.call(TENANT, &Request::Alloc(req)), Ok(Response::Alloc(_))));
+}
+
+#[test]
+fn lease_qps_carry_the_configured_dscp_and_priority() {
+    let be32 = |b: &[u8], at: usize| u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let mut r = Rig::new(cfg());
+    r.active();
+    let b = r.last_init2rtr.clone();
+    assert_eq!((be32(&b, 0x3c) >> 20 & 0xff, b[0x54] >> 4 & 7), (0, 0), "best effort unless configured");
+    // rdma_dscp=26 (AF31), rdma_prio=3: the address path's tclass, dscp and eth_prio.
+    let mut r = Rig::new(Config { tclass: 26 << 2, eth_prio: 3, ..cfg() });
+    r.active();
+    let b = &r.last_init2rtr;
+    assert_eq!(be32(b, 0x3c) >> 20 & 0xff, 26 << 2, "tclass");
+    assert_eq!(be32(b, 0x50) >> 16 & 0x3f, 26, "dscp");
+    assert_eq!(b[0x54] >> 4 & 7, 3, "eth_prio");
 }
