@@ -222,7 +222,16 @@ pub fn init(p: &Platform, choice: Choice, service: Box<dyn StreamService + Send>
         }
         Choice::Mlx5 => {
             let Some(nic) = crate::eth::take() else {
-                log::error!("net: ctl_nic=mlx5 but the ConnectX-5's Ethernet port is not there: no control channel");
+                if p.config.net.nic == ControlNic::Auto {
+                    log::warn!(
+                        "net: no virtio-net device, and no ConnectX-5 Ethernet port (no HCA, or it did not come up): \
+                         no control channel this boot"
+                    );
+                } else {
+                    log::error!(
+                        "net: ctl_nic=mlx5 but the ConnectX-5's Ethernet port is not there: no control channel"
+                    );
+                }
                 return None;
             };
             let mac = nic.mac();
