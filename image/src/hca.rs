@@ -82,20 +82,26 @@ fn find(p: &Platform) -> Option<(pci::Bdf, u64, u64, probe::Part)> {
             return Some((f.bdf, base, size, part));
         }
     }
-    let plays = probe::classify(probe::MELLANOX, sig::PLAYS_DEVICE)?;
     p.pci.find(sig::IVSHMEM_VENDOR, sig::IVSHMEM_DEVICE).find_map(|f| {
         let (base, size) = f.bars[sig::IVSHMEM_BAR].mem()?;
-        carries_model(p, f.bdf, base, size).then_some((f.bdf, base, size, plays))
+        let device = carries_model(p, f.bdf, base, size)?;
+        // The part the model plays (a PF, or a VF with `--vf`), named by its signature.
+        let plays = probe::classify(probe::MELLANOX, device);
+        if plays.is_none() {
+            log::warn!("pci: {} the mlx5 model plays device {device:#06x}, which no supported part has", f.bdf);
+        }
+        Some((f.bdf, base, size, plays?))
     })
 }
 
-/// Whether the ivshmem function's BAR2 carries the mlx5 model's signature (`mlx5-signature`). Reads only the
-/// BAR's last page: the CX-5 initialization segment at offset 0 is left for the driver.
-fn carries_model(p: &Platform, bdf: pci::Bdf, base: u64, size: u64) -> bool {
-    let Some(off) = sig::offset(size) else { return false };
+/// The PCI device id the mlx5 model plays, when the ivshmem function's BAR2 carries its signature
+/// (`mlx5-signature`). Reads only the BAR's last page: the CX-5 initialization segment at offset 0 is left for
+/// the driver.
+fn carries_model(p: &Platform, bdf: pci::Bdf, base: u64, size: u64) -> Option<u16> {
+    let off = sig::offset(size)?;
     if base == 0 {
         log::warn!("pci: {bdf} ivshmem BAR2 is not assigned; not checked for the mlx5 model");
-        return false;
+        return None;
     }
     let page = base + off;
     // SAFETY: `[page, page + 4 KiB)` is the last page of the function's memory BAR (`off + 0x1000 <= size`), not
@@ -104,7 +110,7 @@ fn carries_model(p: &Platform, bdf: pci::Bdf, base: u64, size: u64) -> bool {
         Ok(w) => w,
         Err(e) => {
             log::warn!("pci: {bdf} mapping ivshmem BAR2 page {page:#x}: {e}");
-            return false;
+            return None;
         }
     };
     // Memory decoding only: no bus mastering, and interrupts stay off (INTx disabled).
@@ -113,13 +119,14 @@ fn carries_model(p: &Platform, bdf: pci::Bdf, base: u64, size: u64) -> bool {
     for (i, word) in bytes.chunks_exact_mut(4).enumerate() {
         word.copy_from_slice(&window.read32(i * 4).to_ne_bytes());
     }
-    let found = sig::matches(&bytes, size);
-    if found {
+    if sig::matches(&bytes, size) {
+        let device = sig::plays(&bytes);
         log::info!("pci: {bdf} ivshmem carries the mlx5 model (signature at BAR2+{off:#x})");
+        Some(device)
     } else {
         log::debug!("pci: {bdf} ivshmem without the mlx5 model's signature");
+        None
     }
-    found
 }
 
 /// What the event engine last heard of port 1's link (PORT_CHANGE), for the control NIC on any core.
@@ -147,7 +154,7 @@ pub fn init(p: &Platform, eth: bool) -> Status {
     pci::set_command(p.pci_access, bdf, pci::COMMAND_MEMORY | pci::COMMAND_BUS_MASTER | pci::COMMAND_INTX_DISABLE, 0);
     log::info!("mlx5: {bdf} {} BAR0 {base:#x}+{size:#x}", part.name);
     let platform = Arc::new(KernelHca::new(bar));
-    let cfg = Config { part: part.name, pre_init_timeout_ms: PRE_INIT_MS, ..Config::default() };
+    let cfg = Config { part: part.name, vf: part.vf, pre_init_timeout_ms: PRE_INIT_MS, ..Config::default() };
     match Driver::bring_up(platform.clone(), cfg) {
         Ok(mut d) => {
             match leasebox_lease::setup::prepare(&mut d, &crate::lease::OPTIONS.get(), p.config.net.ip.map(|n| n.addr))

@@ -79,6 +79,7 @@ impl Row {
             deadline: self.boot.deadline(),
             until: Until::Ready,
             model: false,
+            model_vf: false,
             check: |t| t.ready().map(|_| ()),
         }
     }

@@ -159,6 +159,7 @@ fn start_model(
     let mut cmd = ModelCommand::new(a.model_bin.clone());
     cmd.log = Some(a.log_dir.join(format!("{}.model.log", s.name)));
     cmd.trace = Some(model_trace_path(a, s.name));
+    cmd.vf = s.model_vf;
     let proc = ModelProcess::spawn(&cmd, shm.files(), config.mem_mib, model::READY_TIMEOUT)
         .map_err(|e| format!("{e} (binary {})", a.model_bin.display()))?;
     config.model = Some(shm.files().clone());

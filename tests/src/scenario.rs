@@ -77,6 +77,8 @@ pub struct Scenario {
     /// Boot with the mlx5 model: fresh shared files for guest RAM and the ivshmem BAR, and the model process
     /// running (started before QEMU, stopped after it).
     pub model: bool,
+    /// The model plays a VF (`--vf`; needs `model`).
+    pub model_vf: bool,
     pub check: fn(&Transcript) -> Result<(), String>,
 }
 
@@ -99,6 +101,7 @@ impl Scenario {
             deadline: boot.deadline(),
             until: Until::Ready,
             model: false,
+            model_vf: false,
             check,
         }
     }
@@ -289,6 +292,18 @@ fn boot_scenarios() -> Vec<Scenario> {
                 check_hca_bringup,
             )
         },
+        Scenario {
+            model: true,
+            model_vf: true,
+            ..Scenario::new(
+                "hca-vf",
+                "-kernel on Q35 with the mlx5 model playing a ConnectX-5 VF (`--vf`): the driver learns it is a VF \
+                 from the signature, skips HOST_ENDIANNESS and the port registers' writes, and comes up (ready line \
+                 `hca=ConnectX-5-VF ... lease=on`); the model's trace holds no register access it refuses",
+                BootKind::Kernel,
+                check_hca_vf,
+            )
+        },
         Scenario::new("grub-bios", "the GRUB ISO on SeaBIOS (multiboot1)", BootKind::GrubBios, check_grub),
         Scenario::new("grub-uefi", "the GRUB ISO on OVMF (multiboot2)", BootKind::GrubUefi, check_grub),
         Scenario {
@@ -474,6 +489,48 @@ pub fn check_hca_bringup(t: &Transcript) -> Result<(), String> {
     check_bringup_order(trace)
 }
 
+/// `hca-vf`: the ready line reports the VF part with an active port and the lease service on; the model's
+/// trace holds no HOST_ENDIANNESS access and no register write (a VF's firmware refuses them).
+pub fn check_hca_vf(t: &Transcript) -> Result<(), String> {
+    let ready = t.ready()?;
+    t.no_fatal()?;
+    if ready.get("hca") != Some("ConnectX-5-VF") {
+        return Err(format!("ready line reports hca={:?}, expected ConnectX-5-VF", ready.get("hca")));
+    }
+    if ready.get("port") != Some("Active") {
+        return Err(format!("port={:?}, expected Active", ready.get("port")));
+    }
+    if ready.get("lease") != Some("on") {
+        return Err(format!(
+            "lease={:?}, expected on (lease_error={:?})",
+            ready.get("lease"),
+            ready.get("lease_error")
+        ));
+    }
+    let trace = t.model_trace.as_deref().ok_or("the model's trace file was not read")?;
+    check_vf_trace(trace)
+}
+
+/// A VF's bring-up in the model's trace: ENABLE_HCA and INIT_HCA succeeded, and ACCESS_REG (0x805) only ever
+/// read (op_mod 1), successfully — HOST_ENDIANNESS and the PAOS/PMTU writes are the PF's.
+pub fn check_vf_trace(trace: &str) -> Result<(), String> {
+    let (mut enable, mut init) = (false, false);
+    for l in trace.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(l).map_err(|e| format!("a trace line is not JSON ({e}): {l}"))?;
+        let ok = v["status"] == 0 && v.get("delivery").is_none();
+        if v["opcode"] == "0x805" && (v["op_mod"] != 1 || !ok) {
+            return Err(format!("ACCESS_REG other than a successful read on a VF: {l}"));
+        }
+        enable |= v["opcode"] == "0x104" && ok;
+        init |= v["opcode"] == "0x102" && ok;
+    }
+    if !(enable && init) {
+        return Err("the trace lacks ENABLE_HCA or INIT_HCA".into());
+    }
+    Ok(())
+}
+
 /// The trace's commands contain [`BRINGUP_ORDER`] as an ordered subsequence, each with status 0.
 pub fn check_bringup_order(trace: &str) -> Result<(), String> {
     let mut want = BRINGUP_ORDER.iter().peekable();
@@ -638,6 +695,32 @@ leasebox: ready cores=1 mem_mib=256 pci=3 boot_ms=22.000 ap_ms=0.000 entry_ms=10
     }
 
     #[test]
+    fn vf_checks_the_part_the_lease_service_and_the_registers() {
+        let line = |op: &str, m: u32, st: u32| {
+            format!(
+                "{{\"t_ns\":1,\"slot\":0,\"opcode\":\"{op}\",\"op_mod\":{m},\"status\":{st},\"syndrome\":\"0x0\"}}\n"
+            )
+        };
+        let good = [line("0x104", 0, 0), line("0x102", 0, 0), line("0x805", 1, 0), line("0x200", 0, 0)].concat();
+        assert_eq!(check_vf_trace(&good), Ok(()));
+        let he = format!("{good}{}", line("0x805", 0, 3));
+        assert!(check_vf_trace(&he).unwrap_err().contains("ACCESS_REG"));
+        let failed_read = format!("{good}{}", line("0x805", 1, 3));
+        assert!(check_vf_trace(&failed_read).unwrap_err().contains("ACCESS_REG"));
+        assert!(check_vf_trace(&line("0x104", 0, 0)).unwrap_err().contains("INIT_HCA"));
+        let ready = "leasebox: ready cores=1 hca=ConnectX-5-VF fw=16.35.4030 port=Active hca_ms=1.000 lease=on\n";
+        let mut t = Transcript::from_text(ready);
+        t.model_trace = Some(good.clone());
+        assert_eq!(check_hca_vf(&t), Ok(()));
+        let mut t = Transcript::from_text(&ready.replace("ConnectX-5-VF", "ConnectX-5"));
+        t.model_trace = Some(good.clone());
+        assert!(check_hca_vf(&t).unwrap_err().contains("hca="));
+        let mut t = Transcript::from_text(&ready.replace("lease=on", "lease=off lease_error=\"x\""));
+        t.model_trace = Some(good);
+        assert!(check_hca_vf(&t).unwrap_err().contains("lease="));
+    }
+
+    #[test]
     fn model_signature_passes_and_catches_faults() {
         assert_eq!(check_model_signature(&Transcript::from_text(MODEL)), Ok(()));
         let bad = |from: &str, to: &str| check_model_signature(&Transcript::from_text(&MODEL.replace(from, to)));
@@ -698,6 +781,7 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "kernel-smp3-q35",
                 "model-signature",
                 "hca-bringup",
+                "hca-vf",
                 "grub-bios",
                 "grub-uefi",
                 "fault-pagefault",
@@ -708,7 +792,7 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "lease-qemu-large"
             ]
         );
-        assert_eq!(select(&[]).unwrap().len(), 12);
+        assert_eq!(select(&[]).unwrap().len(), 13);
         assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name(), "grub-bios");
         // Run order, not the order named; driven and boot scenarios alike.
         let picked = select(&["lease-qemu".into(), "kernel-smp1-pc".into(), "control-qemu".into()]).unwrap();
@@ -724,11 +808,11 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
             |b: Build| -> Vec<&'static str> { all().iter().filter(|s| s.needs(b)).map(Entry::name).collect() };
         assert_eq!(
             needing(Build::Model),
-            ["model-signature", "hca-bringup", "lease-qemu", "ctl-mlx5-qemu", "lease-qemu-large"]
+            ["model-signature", "hca-bringup", "hca-vf", "lease-qemu", "ctl-mlx5-qemu", "lease-qemu-large"]
         );
         assert_eq!(needing(Build::Leasectl), ["control-qemu", "lease-qemu", "ctl-mlx5-qemu"]);
         assert_eq!(needing(Build::FenceTestImage), ["lease-qemu"]);
-        assert!(matches!(&all()[8], Entry::Driven(d) if d.about.contains("malformed frames")));
+        assert!(matches!(&all()[9], Entry::Driven(d) if d.about.contains("malformed frames")));
     }
 
     #[test]

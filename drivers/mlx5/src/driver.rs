@@ -36,6 +36,9 @@ const STATUS_BAD_SYS_STATE: u8 = 0x04;
 pub struct Config {
     /// Part name for reports (from the PCI device id).
     pub part: &'static str,
+    /// The function is a VF (the probe's `Part::vf`, from the PCI device id, as Linux `mlx5_core_is_pf`):
+    /// bring-up skips what only the PF may do (HOST_ENDIANNESS; the port registers' writes in `crate::eth`).
+    pub vf: bool,
     /// Bound on the first wait for `initializing` (Linux FW_PRE_INIT: 120 s).
     pub pre_init_timeout_ms: u64,
     /// How often that wait reports that it is still waiting (Linux: every 20 s).
@@ -53,6 +56,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             part: "ConnectX",
+            vf: false,
             pre_init_timeout_ms: initseg::FW_PRE_INIT_TIMEOUT_MS,
             pre_init_report_ms: initseg::FW_PRE_INIT_WARN_MS,
             cmd_timeout_ms: None,
@@ -84,6 +88,8 @@ impl fmt::Display for PortState {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HcaInfo {
     pub part: &'static str,
+    /// Brought up as a VF (`Config::vf`).
+    pub vf: bool,
     pub fw: FwRev,
     pub timeouts: Timeouts,
     pub issi: u16,
@@ -194,7 +200,7 @@ fn wait_reporting<P: Platform + ?Sized>(p: &P, ms: u64, report_ms: u64) -> (bool
 
 impl<P: Platform> Driver<P> {
     /// Brings the HCA up: pre-init wait, command queue, init wait, health, ENABLE_HCA, ISSI, boot pages,
-    /// HOST_ENDIANNESS, capabilities, init pages, INIT_HCA, ALLOC_UAR, the async/page EQ, RoCE on the vport,
+    /// HOST_ENDIANNESS (PF only), capabilities, init pages, INIT_HCA, ALLOC_UAR, the async/page EQ, RoCE on the vport,
     /// then the port's MAC, GID, MTU and state.
     pub fn bring_up(p: Arc<P>, cfg: Config) -> Result<Driver<P>, BringUpError> {
         let t0 = p.now_ns();
@@ -221,6 +227,7 @@ impl<P: Platform> Driver<P> {
             client,
             info: HcaInfo {
                 part: cfg.part,
+                vf: cfg.vf,
                 fw: initseg::fw_rev(p.as_ref()),
                 pre_init_waited_ms,
                 pre_init_reports,
@@ -271,9 +278,12 @@ impl<P: Platform> Driver<P> {
         }
         // 8. Boot pages.
         d.info.boot_pages = d.satisfy_pages(PagesKind::Boot).map_err(step("boot pages"))?;
-        // 10. HOST_ENDIANNESS (PF only; the model plays a PF): little-endian host.
-        let he = ifc::init::access_reg(RegOp::Write, ifc::init::MLX5_REG_HOST_ENDIANNESS, 0, &[0u8; 16]);
-        d.exec(he).map_err(step("ACCESS_REG HOST_ENDIANNESS"))?;
+        // 10. HOST_ENDIANNESS: little-endian host. PF only, as Linux `set_hca_ctrl` (`!mlx5_core_is_pf`
+        // returns at once): a VF's firmware keeps the PF's setting and refuses the register.
+        if !cfg.vf {
+            let he = ifc::init::access_reg(RegOp::Write, ifc::init::MLX5_REG_HOST_ENDIANNESS, 0, &[0u8; 16]);
+            d.exec(he).map_err(step("ACCESS_REG HOST_ENDIANNESS"))?;
+        }
         // 11. Capabilities: general (max and current), then SET_HCA_CAP with what we use.
         let max =
             d.exec(ifc::init::query_hca_cap(MLX5_CAP_GENERAL, CapMode::Max)).map_err(step("QUERY_HCA_CAP max"))?;

@@ -677,7 +677,8 @@ pub fn wait_link_up<P: Platform>(d: &mut Driver<P>, local_port: u8, ms: u64) -> 
 }
 
 /// Sets the port MTU for an L3 `mtu` as Linux `mlx5e_set_mtu` does: PMTU `admin_mtu` and the NIC vport context
-/// `mtu` get `mtu + 22`; refused beyond the port's `max_mtu`. Returns the PMTU read back.
+/// `mtu` get `mtu + 22`; refused beyond the port's `max_mtu`. Returns the PMTU read back. As a VF only the
+/// vport context changes: the physical port's MTU is the PF's (its firmware refuses the PMTU write).
 pub fn set_port_mtu<P: Platform>(d: &mut Driver<P>, local_port: u8, mtu: u16) -> Result<ifc::vport::Pmtu, EthError> {
     let step = |step: &'static str| move |error| EthError::Command { step, error };
     let hw = mtu.checked_add(HW_MTU_OVERHEAD).ok_or(EthError::Config("MTU too large"))?;
@@ -685,7 +686,9 @@ pub fn set_port_mtu<P: Platform>(d: &mut Driver<P>, local_port: u8, mtu: u16) ->
     if hw > ifc::vport::pmtu_out(&cur).max_mtu {
         return Err(EthError::Config("MTU beyond the port's max_mtu"));
     }
-    d.exec(ifc::vport::pmtu_set(local_port, hw)).map_err(step("ACCESS_REG PMTU write"))?;
+    if !d.info.vf {
+        d.exec(ifc::vport::pmtu_set(local_port, hw)).map_err(step("ACCESS_REG PMTU write"))?;
+    }
     d.exec(ifc::vport::modify_nic_vport_mtu(hw)).map_err(step("MODIFY_NIC_VPORT_CONTEXT mtu"))?;
     let o = d.exec(ifc::vport::pmtu_query(local_port)).map_err(step("ACCESS_REG PMTU"))?;
     Ok(ifc::vport::pmtu_out(&o))
@@ -1088,8 +1091,11 @@ impl<P: Platform> EthPort<P> {
         d.exec(ifc::flow::set_flow_table_root(FS_FT_NIC_RX, table)).map_err(step("SET_FLOW_TABLE_ROOT"))?;
         o.root = true;
 
-        // The port: administratively up, MTU, state.
-        port_admin_up(d, cfg.local_port).map_err(step("ACCESS_REG PAOS write"))?;
+        // The port: administratively up (PF only: a VF's link is the PF's business, and its firmware refuses
+        // the PAOS write), MTU, state.
+        if !d.info.vf {
+            port_admin_up(d, cfg.local_port).map_err(step("ACCESS_REG PAOS write"))?;
+        }
         let pmtu = match cfg.mtu {
             Some(mtu) => set_port_mtu(d, cfg.local_port, mtu)?,
             None => {

@@ -47,7 +47,13 @@ pub mod cmd_hca_cap {
     pub const LOG_UAR_PAGE_SZ: Field = Field::new(0x490, 16);
     pub const DEVICE_FREQUENCY_KHZ: Field = Field::new(0x4e0, 32);
     pub const NUM_VHCA_PORTS: Field = Field::new(0x610, 8);
+    pub const VHCA_ID: Field = Field::new(0x30, 16);
+    pub const VPORT_GROUP_MANAGER: Field = Field::new(0x1a0, 1);
+    pub const VHCA_GROUP_MANAGER: Field = Field::new(0x1a1, 1);
 }
+
+/// The `vhca_id` the `--vf` personality reports: the first VF of PF 0 (the PF is vhca 0).
+pub const VF_VHCA_ID: u32 = 1;
 
 /// `struct mlx5_ifc_roce_cap_bits` fields the driver may set.
 pub mod roce_cap {
@@ -126,6 +132,19 @@ impl Caps {
         Caps { max, cur }
     }
 
+    /// The trace's blocks as a VF of that HCA reports them: it manages no vports (`vport_group_manager` and
+    /// `vhca_group_manager` 0, the bits Linux's eswitch and SR-IOV code look for) and is not vhca 0
+    /// ([`VF_VHCA_ID`]).
+    pub fn vf() -> Caps {
+        let mut c = Caps::connectx4_trace();
+        for current in [false, true] {
+            c.set_field(cap_type::GENERAL, current, cmd_hca_cap::VPORT_GROUP_MANAGER, 0);
+            c.set_field(cap_type::GENERAL, current, cmd_hca_cap::VHCA_GROUP_MANAGER, 0);
+            c.set_field(cap_type::GENERAL, current, cmd_hca_cap::VHCA_ID, VF_VHCA_ID);
+        }
+        c
+    }
+
     /// The block for `cap_type`, maximum or current; `None` for a type this HCA does not report.
     pub fn block(&self, cap_type: u16, current: bool) -> Option<&[u8]> {
         if current { self.cur.get(&cap_type) } else { self.max.get(&cap_type) }.map(Vec::as_slice)
@@ -187,6 +206,22 @@ mod tests {
         assert_eq!(ifc::get(c.block(0, false).unwrap(), cmd_hca_cap::CMDIF_CHECKSUM), 3);
         assert_eq!(c.general(cmd_hca_cap::CMDIF_CHECKSUM), 0);
         assert!(c.block(2, true).is_none());
+    }
+
+    #[test]
+    fn a_vf_manages_no_vports_and_is_not_vhca_0() {
+        let pf = Caps::default();
+        assert_eq!(pf.general(cmd_hca_cap::VHCA_ID), 0);
+        let vf = Caps::vf();
+        for current in [false, true] {
+            let b = vf.block(cap_type::GENERAL, current).unwrap();
+            assert_eq!(ifc::get(b, cmd_hca_cap::VPORT_GROUP_MANAGER), 0);
+            assert_eq!(ifc::get(b, cmd_hca_cap::VHCA_GROUP_MANAGER), 0);
+            assert_eq!(ifc::get(b, cmd_hca_cap::VHCA_ID), VF_VHCA_ID);
+        }
+        // Everything else is the PF's.
+        assert_eq!(vf.general(cmd_hca_cap::LOG_MAX_QP), pf.general(cmd_hca_cap::LOG_MAX_QP));
+        assert_eq!(vf.general(cmd_hca_cap::ROCE), 1);
     }
 
     #[test]

@@ -51,6 +51,10 @@ pub struct ModelConfig {
     /// reset): enabled, ISSI 1, INIT_HCA done, no objects and no pages. ENABLE_HCA is then refused
     /// (BAD_SYS_STATE) until TEARDOWN_HCA and DISABLE_HCA bring it down (docs/hca-model.md, "Configuration").
     pub left_initialized: bool,
+    /// The model plays a ConnectX-5 VF (`--vf`): the signature names device 0x1018, the general caps say
+    /// `vport_group_manager` 0 and a non-zero `vhca_id`, and ACCESS_REGISTER refuses HOST_ENDIANNESS and
+    /// writes of PAOS and PMTU (docs/hca-model.md, "VF personality").
+    pub vf: bool,
 }
 
 impl Default for ModelConfig {
@@ -72,6 +76,7 @@ impl Default for ModelConfig {
             link_up_delay: Duration::ZERO,
             min_wqe_inline_mode: crate::eth::frame::inline_mode::L2,
             left_initialized: false,
+            vf: false,
         }
     }
 }
@@ -103,6 +108,8 @@ pub struct Hca {
     pub page_waits: crate::events::PageWaits,
     /// TIS, SQ, RQ, TIR and the Ethernet data path's counters (`crate::eth`).
     pub eth: crate::eth::Eth,
+    /// Plays a VF (`ModelConfig::vf`).
+    pub vf: bool,
 }
 
 impl Hca {
@@ -111,7 +118,7 @@ impl Hca {
         Hca {
             state: if left { FnState::Initialized } else { FnState::Disabled },
             issi: if left { 1 } else { 0 },
-            caps: Caps::default(),
+            caps: if cfg.vf { Caps::vf() } else { Caps::default() },
             pages: PageLedger::new(cfg.boot_pages, cfg.init_pages, cfg.regular_pages),
             first_uar: cfg.first_uar,
             uars: BTreeSet::new(),
@@ -126,6 +133,7 @@ impl Hca {
                 .with_link(cfg.link_up_delay, cfg.min_wqe_inline_mode),
             page_waits: crate::events::PageWaits::new(cfg.page_request),
             eth: crate::eth::Eth::default(),
+            vf: cfg.vf,
         }
     }
 

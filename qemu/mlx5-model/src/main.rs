@@ -39,6 +39,8 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
                         command per line (`fail <opcode> <count> <status> <syndrome>`, `delay <opcode> <ms>`,
                         `hang <opcode>`, `health stop|run`, `health fatal <synd>`, `drop-doorbell`, `clear`;
                         see docs/hca-model.md)
+  --vf                  play a ConnectX-5 VF (device 0x1018 in the signature): ACCESS_REGISTER refuses
+                        HOST_ENDIANNESS and PAOS/PMTU writes, as only the PF may make them
   --wait SECS           how long to wait for the files (default 10)
   --exit-on-stdin-eof   stop when standard input closes (for runners that hold a pipe to it)
   -h, --help            this text
@@ -66,6 +68,7 @@ struct Opts {
     link_up_delay: Duration,
     wait: Duration,
     exit_on_stdin_eof: bool,
+    vf: bool,
 }
 
 enum Parsed {
@@ -85,6 +88,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     let mut udp: SocketAddr = DEFAULT_UDP.parse().map_err(|e| format!("{e}"))?;
     let mut wait = shm::DEFAULT_WAIT;
     let mut exit_on_stdin_eof = false;
+    let mut vf = false;
     let mut control = None;
     let mut eth_udp = None;
     let mut link_up_delay = Duration::ZERO;
@@ -144,6 +148,12 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
                 }
                 exit_on_stdin_eof = true;
             }
+            "--vf" => {
+                if inline.is_some() {
+                    return Err(format!("{flag} takes no value"));
+                }
+                vf = true;
+            }
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
@@ -169,6 +179,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
         link_up_delay,
         wait,
         exit_on_stdin_eof,
+        vf,
     })))
 }
 
@@ -281,7 +292,7 @@ fn run(o: &Opts) -> Result<Stop, String> {
 
     let bar = Arc::new(SharedFile::open_bar(&o.bar, o.bar_size, o.wait).map_err(|e| e.to_string())?);
     let ram = Arc::new(SharedFile::open_ram(&o.ram, o.ram_size, o.wait).map_err(|e| e.to_string())?);
-    shm::write_signature(&*bar).map_err(|e| format!("writing the signature: {e}"))?;
+    shm::write_signature(&*bar, o.vf).map_err(|e| format!("writing the signature: {e}"))?;
     let sig_at = shm::signature_offset(bar.size());
 
     let bar_mem: Arc<dyn Memory> = bar.clone();
@@ -292,13 +303,14 @@ fn run(o: &Opts) -> Result<Stop, String> {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(
             out,
-            "mlx5-model: ready bar={} ({:#x} bytes, signature at +{sig_at:#x}) ram={} ({} MiB) udp={} trace={} eth={}",
+            "mlx5-model: ready bar={} ({:#x} bytes, signature at +{sig_at:#x}) ram={} ({} MiB) udp={} trace={} function={} eth={}",
             o.bar.display(),
             bar.size(),
             o.ram.display(),
             ram.ram_bytes() >> 20,
             o.udp,
             o.trace.as_ref().map_or("off".into(), |p| p.display().to_string()),
+            if o.vf { "vf" } else { "pf" },
             device.eth_description()
         );
         let _ = out.flush();
@@ -349,6 +361,7 @@ impl Device {
         let cfg = mlx5_model::ModelConfig {
             trace: o.trace.clone(),
             link_up_delay: o.link_up_delay,
+            vf: o.vf,
             ..mlx5_model::ModelConfig::default()
         };
         let control = o.control.as_deref().and_then(|p| match mlx5_model::fault::ControlFile::create(p) {
@@ -430,6 +443,7 @@ mod tests {
         assert_eq!((o.bar_size, o.ram_size, o.wait), (None, None, shm::DEFAULT_WAIT));
         assert_eq!(o.udp.to_string(), DEFAULT_UDP);
         assert!(!o.exit_on_stdin_eof);
+        assert!(!o.vf);
         let o = parse(&[
             "--bar",
             "b",
@@ -451,6 +465,7 @@ mod tests {
             "127.0.0.1:5555,127.0.0.1:5556",
             "--link-up-delay",
             "1500",
+            "--vf",
         ])
         .unwrap();
         assert_eq!(o.eth_udp.map(|(a, b)| (a.port(), b.port())), Some((5555, 5556)));
@@ -461,6 +476,8 @@ mod tests {
         assert_eq!(o.udp.port(), 5000);
         assert_eq!(o.wait, Duration::from_secs(3));
         assert!(o.exit_on_stdin_eof);
+        assert!(o.vf);
+        assert!(parse(&["--bar", "b", "--ram", "r", "--vf=1"]).is_err(), "--vf takes no value");
         assert!(matches!(parse_args(["-h".to_string()]), Ok(Parsed::Help)));
     }
 

@@ -44,15 +44,17 @@ pub fn signature_offset(bar_size: u64) -> u64 {
     bar_size - SIGNATURE_OFFSET_FROM_END
 }
 
-/// Writes the signature into the BAR's last page. The rest of that page is cleared.
-pub fn write_signature(bar: &dyn Memory) -> Result<(), OutOfRange> {
+/// Writes the signature into the BAR's last page, naming the PCI device the model plays (`vf`: a ConnectX-5
+/// VF, else the PF). The rest of that page is cleared.
+pub fn write_signature(bar: &dyn Memory, vf: bool) -> Result<(), OutOfRange> {
     let size = bar.size();
     if size < MIN_BAR_BYTES {
         return Err(OutOfRange { addr: 0, len: MIN_BAR_BYTES as usize, size });
     }
     let at = signature_offset(size);
     bar.write(at, &[0u8; SIGNATURE_OFFSET_FROM_END as usize])?;
-    bar.write(at, &mlx5_signature::bytes(size))
+    let device = if vf { mlx5_signature::PLAYS_VF_DEVICE } else { mlx5_signature::PLAYS_DEVICE };
+    bar.write(at, &mlx5_signature::bytes(size, device))
 }
 
 /// Reads the signature back: `Some(bar_size)` when `bar` carries a valid one (the driver's check, for tests).
@@ -460,16 +462,21 @@ mod tests {
         let bar = VecMemory::new(0x10000);
         assert_eq!(read_signature(&bar), None);
         bar.write(0xf000, &[0xff; 0x1000]).unwrap();
-        write_signature(&bar).unwrap();
+        write_signature(&bar, false).unwrap();
         assert_eq!(read_signature(&bar), Some(0x10000));
         let mut b = [0u8; SIGNATURE_LEN];
         bar.read(0x10000 - SIGNATURE_OFFSET_FROM_END, &mut b).unwrap();
         assert_eq!(&b[..8], b"MLX5MODL");
-        assert_eq!(&b[8..12], &[0, 0, 0, 1]);
+        assert_eq!(&b[8..12], &[0, 0, 0, 2]);
+        assert_eq!(&b[12..14], &[0x10, 0x17], "plays a ConnectX-5 PF");
         assert_eq!(&b[16..], &0x10000u64.to_be_bytes());
         // The rest of the page is cleared; the initialization segment (offset 0) is untouched.
         assert_eq!(bar.read_be32(0xfffc).unwrap(), 0);
         assert_eq!(bar.read_be32(0).unwrap(), 0);
-        assert!(write_signature(&VecMemory::new(0x1000)).is_err());
+        assert!(write_signature(&VecMemory::new(0x1000), false).is_err());
+        write_signature(&bar, true).unwrap();
+        bar.read(0x10000 - SIGNATURE_OFFSET_FROM_END, &mut b).unwrap();
+        assert_eq!(&b[12..14], &[0x10, 0x18], "--vf plays a ConnectX-5 VF");
+        assert_eq!(read_signature(&bar), Some(0x10000));
     }
 }

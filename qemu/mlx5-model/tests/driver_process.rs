@@ -103,3 +103,28 @@ fn the_process_carries_an_ethernet_wire_and_survives_what_arrives_on_it() {
     let status = model.wait().unwrap();
     assert!(status.success(), "the model exits cleanly when its stdin closes: {status}");
 }
+
+#[test]
+fn the_vf_personality_names_a_vf_and_a_vf_driver_comes_up_on_it() {
+    let bar = shm_file("vfbar", 32 << 20);
+    let ram = shm_file("vfram", 128 << 20);
+    let _files = Files(vec![bar.clone(), ram.clone()]);
+    let (mut model, line) = spawn_model(&bar, &ram, &["--vf"]);
+    assert!(line.contains(" function=vf "), "{line}");
+    // The signature (last 4 KiB of the BAR) names the device played: a ConnectX-5 VF.
+    let bytes = std::fs::read(&bar).unwrap();
+    let sig: &[u8; mlx5_signature::SIGNATURE_LEN] =
+        bytes[bytes.len() - 0x1000..][..mlx5_signature::SIGNATURE_LEN].try_into().unwrap();
+    assert!(mlx5_signature::matches(sig, 32 << 20));
+    assert_eq!(mlx5_signature::plays(sig), 0x1018);
+
+    let p = Arc::new(HostedPlatform::open_files(&bar, &ram, Duration::from_secs(5)).unwrap());
+    let cfg = Config { part: "ConnectX-5 VF", vf: true, pre_init_timeout_ms: 5_000, ..Config::default() };
+    let d = Driver::bring_up(p, cfg).unwrap_or_else(|e| panic!("bring-up as a VF: {e}"));
+    assert_eq!(d.info.port, PortState::Active);
+    let report = d.teardown().unwrap_or_else(|(r, e)| panic!("teardown: {e} ({r:?})"));
+    assert_eq!(report.pages_left, 0);
+
+    let _ = model.stdin.take().map(|mut s| s.flush());
+    assert!(model.wait().unwrap().success());
+}

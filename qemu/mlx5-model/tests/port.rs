@@ -147,3 +147,65 @@ fn gid_table_and_roce_addresses() {
     // An opcode still not modelled.
     assert_eq!(d.exec(&cmd(0x762, 0, 16), 16).status(), BAD_OP);
 }
+
+/// The `--vf` personality (docs/hca-model.md, "VF personality").
+fn vf() -> Drv {
+    let cfg = mlx5_model::ModelConfig { vf: true, init_delay: std::time::Duration::ZERO, ..Default::default() };
+    let mut d = Drv::with(cfg, 64 << 20);
+    d.bring_up();
+    d
+}
+
+/// The model's syndrome for a register only the PF may touch: ACCESS_REGISTER's opcode, reason 0x36.
+const NOT_PERMITTED_FOR_VF: u32 = (0x805 << 16) | 0x36;
+
+#[test]
+fn a_vf_may_not_set_the_host_endianness() {
+    let mut d = vf();
+    for op_mod in [0, 1] {
+        let r = d.exec(&reg(op_mod, 0x7004, 0, 0, 0), 0x20);
+        assert_eq!((r.status(), r.syndrome()), (BAD_PARAM, NOT_PERMITTED_FOR_VF), "op_mod {op_mod}");
+    }
+}
+
+#[test]
+fn a_vf_may_not_change_the_port_admin_status() {
+    let mut d = vf();
+    // admin_status down with ase.
+    let r = d.exec(&reg(0, 0x5006, (1 << 16) | (2 << 8), 1 << 31, 0), 0x20);
+    assert_eq!((r.status(), r.syndrome()), (BAD_PARAM, NOT_PERMITTED_FOR_VF));
+    // Not even the event mode (ee) alone: the whole register write is the PF's.
+    let r = d.exec(&reg(0, 0x5006, 1 << 16, 1 << 30, 1), 0x20);
+    assert_eq!((r.status(), r.syndrome()), (BAD_PARAM, NOT_PERMITTED_FOR_VF));
+    // Reading the port's state is allowed, and the refused writes changed nothing.
+    let out = d.ok(&reg(1, 0x5006, 1 << 16, 0, 0), 0x20);
+    assert_eq!(be32(&out, 0x10) & 0xf0f, 0x101, "admin up, oper up");
+    assert_eq!(be32(&out, 0x18) & 3, 0, "no events asked");
+}
+
+#[test]
+fn a_vf_may_not_set_the_port_mtu() {
+    let mut d = vf();
+    let r = d.exec(&reg(0, 0x5003, 1 << 16, 0, 4096 << 16), 0x20);
+    assert_eq!((r.status(), r.syndrome()), (BAD_PARAM, NOT_PERMITTED_FOR_VF));
+    let out = d.ok(&reg(1, 0x5003, 1 << 16, 0, 0), 0x20);
+    assert_eq!((be32(&out, 0x14) >> 16, be32(&out, 0x18) >> 16, be32(&out, 0x1c) >> 16), (10000, 1522, 1522));
+    // Unknown registers keep their own refusal.
+    let r = d.exec(&reg(1, 0x5008, 1 << 16, 0, 0), 0x20);
+    assert_eq!((r.status(), r.syndrome() & 0xffff), (BAD_PARAM, 0x32));
+}
+
+#[test]
+fn a_vf_reports_itself_in_the_general_caps() {
+    let mut d = vf();
+    let mut pf = Drv::new();
+    pf.bring_up();
+    for op_mod in [0, 1] {
+        // QUERY_HCA_CAP GENERAL (max, current): vport_group_manager (bit 0x1a0) 0, vhca_id (bit 0x30) 1.
+        let out = d.ok(&cmd(0x100, op_mod, 16), 0x1010);
+        assert_eq!(be32(&out, 0x10 + 0x34) >> 31, 0, "vport_group_manager");
+        assert_eq!(be32(&out, 0x10 + 0x4) & 0xffff, 1, "vhca_id");
+        let out = pf.ok(&cmd(0x100, op_mod, 16), 0x1010);
+        assert_eq!(be32(&out, 0x10 + 0x4) & 0xffff, 0, "the PF is vhca 0");
+    }
+}

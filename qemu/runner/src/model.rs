@@ -158,11 +158,13 @@ pub struct ModelCommand {
     pub eth_udp: Option<(std::net::SocketAddrV4, std::net::SocketAddrV4)>,
     /// Where the model's stderr goes: a file (created or truncated), or this process's stderr.
     pub log: Option<PathBuf>,
+    /// `--vf`: the model plays a ConnectX-5 VF (docs/hca-model.md, "VF personality").
+    pub vf: bool,
 }
 
 impl ModelCommand {
     pub fn new(binary: PathBuf) -> Self {
-        ModelCommand { binary, trace: None, udp: None, control: None, eth_udp: None, log: None }
+        ModelCommand { binary, trace: None, udp: None, control: None, eth_udp: None, log: None, vf: false }
     }
 
     /// The model's arguments for `files` and a guest of `mem_mib` MiB.
@@ -193,6 +195,9 @@ impl ModelCommand {
         if let Some(c) = &self.control {
             a.push("--control".into());
             a.push(c.clone().into());
+        }
+        if self.vf {
+            a.push("--vf".into());
         }
         a
     }
@@ -325,6 +330,7 @@ mod tests {
         c.trace = Some("t.jsonl".into());
         c.control = Some("c.txt".into());
         c.eth_udp = Some(("127.0.0.1:5001".parse().unwrap(), "127.0.0.1:5002".parse().unwrap()));
+        c.vf = true;
         let a: Vec<String> = c.args(&f, 256).into_iter().map(|s| s.into_string().unwrap()).collect();
         assert_eq!(
             a,
@@ -343,7 +349,8 @@ mod tests {
                 "--eth-udp",
                 "127.0.0.1:5001,127.0.0.1:5002",
                 "--control",
-                "c.txt"
+                "c.txt",
+                "--vf"
             ]
         );
     }

@@ -149,6 +149,8 @@ pub mod reason {
     pub const BAD_PORT: u16 = 0x33;
     pub const BAD_REGISTER_VALUE: u16 = 0x34;
     pub const BAD_TABLE_INDEX: u16 = 0x35;
+    /// A register only the PF may write (or, HOST_ENDIANNESS, access), from a VF (`--vf`).
+    pub const NOT_PERMITTED_FOR_VF: u16 = 0x36;
     // QP and flow steering (0x40..=0x5f).
     pub const QP_WRONG_STATE: u16 = 0x40;
     pub const QP_BAD_OPT_PARAM: u16 = 0x41;

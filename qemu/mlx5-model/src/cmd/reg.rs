@@ -59,6 +59,11 @@ pub fn access_register(hca: &mut Hca, c: &Ctx) -> CmdResult {
         HOST_ENDIANNESS => &[HE],
         _ => return bad(reason::UNKNOWN_REGISTER),
     };
+    // A VF's firmware keeps the host's endianness and the physical port's settings for the PF (Linux
+    // `set_hca_ctrl` returns early unless `mlx5_core_is_pf`); stricter than known: refused, not ignored.
+    if hca.vf && (id == HOST_ENDIANNESS || (write && (id == PAOS || id == PMTU))) {
+        return bad(reason::NOT_PERMITTED_FOR_VF);
+    }
     let known: Vec<Field> = fields.iter().map(|f| f.at(DATA)).chain([REGISTER_ID, ARGUMENT]).collect();
     c.reserved_zero(DATA as usize + REG_SIZE, &known)?;
     let mut out = c.output(DATA as usize + REG_SIZE)?;
