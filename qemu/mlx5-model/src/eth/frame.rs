@@ -3,6 +3,7 @@
 //! only), and the IPv4/TCP/UDP checksums. Every access is bounds-checked: a frame is untrusted input.
 
 use crate::ifc::{self, Field};
+use crate::roce::wire::inet_checksum;
 
 pub const ETH_HLEN: usize = 14;
 /// The shortest frame on the wire without its FCS (64 − 4).
@@ -197,23 +198,11 @@ pub fn required_inline(f: &[u8], mode: u8) -> usize {
     }
 }
 
-/// The Internet checksum (RFC 1071) of `data` added to `sum`, not yet folded.
-fn sum16(mut sum: u32, data: &[u8]) -> u32 {
-    let mut it = data.chunks_exact(2);
-    for w in &mut it {
-        sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
-    }
-    if let [b] = it.remainder() {
-        sum += u32::from(*b) << 8;
-    }
-    sum
-}
-
-fn fold(mut sum: u32) -> u16 {
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
+/// The pseudo-header's part of a TCP/UDP checksum over IPv4 (RFC 768/793): the addresses at `ip + 12..ip + 20`,
+/// the protocol and the L4 length, summed but not folded (an initial sum for `inet_checksum`).
+fn pseudo_header_sum(f: &[u8], ip: usize, protocol: u8, l4_len: usize) -> u32 {
+    let addrs: u32 = f[ip + 12..ip + 20].chunks_exact(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+    addrs + u32::from(protocol) + l4_len as u32
 }
 
 /// Fills the IPv4 header checksum (`l3`) and/or the TCP/UDP checksum over IPv4 (`l4`), as the send side's
@@ -224,7 +213,7 @@ pub fn offload_checksums(f: &mut [u8], l3: bool, l4: bool) {
     let Some((at, ihl)) = l.l3.filter(|_| l.ip_version == 4) else { return };
     if l3 {
         f[at + 10..at + 12].fill(0);
-        let c = fold(sum16(0, &f[at..at + ihl]));
+        let c = inet_checksum(&f[at..at + ihl], 0);
         f[at + 10..at + 12].copy_from_slice(&c.to_be_bytes());
     }
     let Some((l4_at, _)) = l.l4.filter(|_| l4 && !l.fragment) else { return };
@@ -238,9 +227,8 @@ pub fn offload_checksums(f: &mut [u8], l3: bool, l4: bool) {
         return;
     }
     f[csum_at..csum_at + 2].fill(0);
-    let mut s = sum16(0, &f[at + 12..at + 20]);
-    s += u32::from(l.ip_protocol) + (end - l4_at) as u32;
-    let mut c = fold(sum16(s, &f[l4_at..end]));
+    let pseudo = pseudo_header_sum(f, at, l.ip_protocol, end - l4_at);
+    let mut c = inet_checksum(&f[l4_at..end], pseudo);
     if c == 0 && l.ip_protocol == IPPROTO_UDP {
         c = 0xffff;
     }
@@ -288,9 +276,11 @@ mod tests {
         let mut f = udp_frame();
         offload_checksums(&mut f, true, true);
         assert_ne!(&f[24..26], &[0, 0]);
-        assert_eq!(fold(sum16(0, &f[14..34])), 0, "IPv4 header checksum");
-        let mut s = sum16(0, &f[26..34]) + 17 + 12;
-        s = sum16(s, &f[34..46]);
-        assert_eq!(fold(s), 0, "UDP checksum with the pseudo-header");
+        assert_eq!(inet_checksum(&f[14..34], 0), 0, "IPv4 header checksum");
+        assert_eq!(
+            inet_checksum(&f[34..46], pseudo_header_sum(&f, 14, 17, 12)),
+            0,
+            "UDP checksum with the pseudo-header"
+        );
     }
 }
