@@ -19,13 +19,13 @@
 //! so an ARP storm cannot fill the table.
 
 use crate::hca_platform::KernelHca;
+use crate::net::now_ms;
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::net::Ipv4Addr;
 use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use leasebox_kernel::time::Instant as KernelInstant;
 use leasebox_lease::service::Neighbour;
 use leasebox_mlx5::driver::{Driver, PortState};
 use leasebox_mlx5::engine::SideClient;
@@ -102,10 +102,6 @@ struct Arp {
 }
 
 static ARP: Mutex<Arp> = Mutex::new(Arp { known: Vec::new(), asking: Vec::new() });
-
-fn now_ms() -> u64 {
-    KernelInstant::now().since_boot().as_millis() as u64
-}
 
 /// The lease service's resolver (`PlatformHost::with_resolver`): the MAC of `ip` on the port's segment.
 pub fn neighbour(ip: Ipv4Addr) -> Neighbour {

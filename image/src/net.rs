@@ -87,7 +87,7 @@ fn publish(s: Status) {
 }
 
 /// Milliseconds since kernel entry: the clock of smoltcp and of the service.
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     u64::try_from(time::Instant::now().since_boot().as_millis()).unwrap_or(u64::MAX)
 }
 
