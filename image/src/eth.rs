@@ -106,9 +106,7 @@ static ARP: Mutex<Arp> = Mutex::new(Arp { known: Vec::new(), asking: Vec::new() 
 /// The lease service's resolver (`PlatformHost::with_resolver`): the MAC of `ip` on the port's segment.
 pub fn neighbour(ip: Ipv4Addr) -> Neighbour {
     if LINK.load(Ordering::Relaxed) == 0 {
-        return Neighbour::Unsupported(
-            "this appliance does not resolve MACs: its control channel is not on the ConnectX-5 port (ctl_nic=mlx5)",
-        );
+        return Neighbour::Unsupported(leasebox_lease::service::NO_RESOLVER);
     }
     let now = now_ms();
     let mut a = ARP.lock();

@@ -98,9 +98,7 @@ impl<P: Platform> Host for PlatformHost<P> {
     fn neighbour(&mut self, ip: core::net::Ipv4Addr) -> Neighbour {
         match self.1.resolver {
             Some(f) => f(ip),
-            None => Neighbour::Unsupported(
-                "this appliance does not resolve MACs: its control channel is not on the RDMA port (ctl_nic=mlx5)",
-            ),
+            None => Neighbour::Unsupported(crate::service::NO_RESOLVER),
         }
     }
 }

@@ -55,6 +55,10 @@ pub enum Neighbour {
     Unsupported(&'static str),
 }
 
+/// Why a host without neighbour resolution refuses ALLOC's `client_mac` 0.
+pub const NO_RESOLVER: &str =
+    "this appliance does not resolve MACs: its control channel is not on the RDMA port (ctl_nic=mlx5)";
+
 /// How long an ALLOC with `client_mac` 0 waits for the client's MAC before it answers TIMEOUT.
 pub const RESOLVE_TIMEOUT_MS: u64 = 3_000;
 
@@ -70,7 +74,7 @@ pub trait Host {
     /// The MAC of `ip` on the RDMA port's segment (the client's next hop), as ARP finds it. Asked again on
     /// every timer scan while the answer is [`Neighbour::Asking`].
     fn neighbour(&mut self, _ip: core::net::Ipv4Addr) -> Neighbour {
-        Neighbour::Unsupported("this appliance does not resolve MACs: its control channel is not on the RDMA port")
+        Neighbour::Unsupported(NO_RESOLVER)
     }
 }
 
