@@ -14,7 +14,7 @@ use leasebox_session::{
 };
 
 /// Nonces from the CPU; no predictable fallback exists.
-struct CpuEntropy;
+pub(crate) struct CpuEntropy;
 
 impl Entropy for CpuEntropy {
     fn fill(&mut self, buf: &mut [u8]) -> Result<(), EntropyError> {

@@ -56,12 +56,14 @@ pub fn backend(o: &LeaseOptions) -> Result<ImageBackend, String> {
 fn make_backend(o: &LeaseOptions) -> Result<ImageBackend, String> {
     let (parts, platform) = crate::hca::leases().map_err(String::from)?;
     let client = crate::hca::CLIENT.lock().take().ok_or("the HCA's command client is already taken")?;
-    let seed = leasebox_kernel::arch::rng::random_u64().unwrap_or(0x5eed);
-    let cfg = Config::from_options(o, parts, seed);
+    // Initial PSNs and MKEY variants from a CSPRNG seeded by RDSEED/RDRAND, as the nonces are. There is no
+    // fallback seed: without a hardware random source the lease service does not start.
+    let rng = leasebox_lease::setup::identifiers(&mut crate::control::CpuEntropy)?;
+    let cfg = Config::from_options(o, parts);
     if let Some(w) = leasebox_lease::setup::fence_test_warning(o) {
         log::warn!("lease: {w}");
     }
-    let svc = LeaseService::new(cfg, parts.hca).map_err(|e| alloc::format!("lease configuration: {e}"))?;
+    let svc = LeaseService::new(cfg, parts.hca, rng).map_err(|e| alloc::format!("lease configuration: {e}"))?;
     Ok(LeaseBackend::new(
         svc,
         client,

@@ -97,12 +97,13 @@ pub fn start(
     let (cmd, ev, client, info) = d.into_engines();
     let stop = Arc::new(AtomicBool::new(false));
     let engines = mlx5_hosted::spawn_engines(cmd, ev, stop.clone()).map_err(|e| e.to_string())?;
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-    let cfg = Config::from_options(o, &parts, seed);
+    // Initial PSNs and MKEY variants from a CSPRNG seeded by the OS, as the nonces are; none without it.
+    let rng = leasebox_lease::setup::identifiers(&mut crate::OsEntropy)?;
+    let cfg = Config::from_options(o, &parts);
     if let Some(w) = leasebox_lease::setup::fence_test_warning(o) {
         eprintln!("leasebox-hosted: {w}");
     }
-    let svc = LeaseService::new(cfg, parts.hca).map_err(|e| format!("lease configuration: {e}"))?;
+    let svc = LeaseService::new(cfg, parts.hca, rng).map_err(|e| format!("lease configuration: {e}"))?;
     let env = HostedEnv {
         start: Instant::now(),
         ahead: Duration::ZERO,

@@ -23,7 +23,7 @@ const POLL: Duration = Duration::from_millis(2);
 const TICK: Duration = Duration::from_micros(200);
 
 /// Nonces from the OS.
-struct OsEntropy;
+pub(crate) struct OsEntropy;
 impl Entropy for OsEntropy {
     fn fill(&mut self, buf: &mut [u8]) -> Result<(), EntropyError> {
         std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(buf)).map_err(|_| EntropyError)

@@ -281,7 +281,7 @@ fn first_bytes(runs: &[std::ops::Range<u64>], mut bytes: u64) -> Vec<std::ops::R
 /// A service over the pool with `slots` slots of one extent each; `grace_ms` `None` keeps the default.
 fn service(parts: &LeaseParts, slots: u32, grace_ms: Option<u64>) -> LeaseService<u64> {
     let o = LeaseOptions { slots, ..LeaseOptions::default() };
-    let base = Config::from_options(&o, parts, 0x1ea5_eb0c);
+    let base = Config::from_options(&o, parts);
     let cfg = Config {
         extent: EXTENT,
         pool: first_bytes(&parts.pool, u64::from(slots) * EXTENT),
@@ -290,7 +290,9 @@ fn service(parts: &LeaseParts, slots: u32, grace_ms: Option<u64>) -> LeaseServic
         grace_ms: grace_ms.unwrap_or(base.grace_ms),
         ..base
     };
-    LeaseService::new(cfg, parts.hca).unwrap_or_else(|e| fail(&format!("lease configuration: {e}")))
+    // A fixed seed: the benchmark wants reproducible runs.
+    LeaseService::new(cfg, parts.hca, leasebox_session::IdRng::from_seed([0x1e; 32]))
+        .unwrap_or_else(|e| fail(&format!("lease configuration: {e}")))
 }
 
 fn alloc_req(client: usize) -> AllocReq {

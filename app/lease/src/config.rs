@@ -57,8 +57,6 @@ pub struct Config {
     /// The lease QPs' traffic class byte (DSCP << 2) and 802.1p priority (`rdma_dscp=`, `rdma_prio=`).
     pub tclass: u8,
     pub eth_prio: u8,
-    /// Seed for the server's initial PSNs.
-    pub psn_seed: u64,
 }
 
 impl Default for Config {
@@ -85,7 +83,6 @@ impl Default for Config {
             rnr_retry: 7,
             tclass: 0,
             eth_prio: 0,
-            psn_seed: 0x5eed_1ea5_e0b0_c0de,
         }
     }
 }

@@ -14,6 +14,7 @@ use alloc::sync::Arc;
 use crate::config::Config;
 use crate::options::{DEFAULT_RDMA_IP, LeaseOptions};
 use crate::service::{HcaCtx, Host, Neighbour, port_ib_mtu};
+use leasebox_session::{Entropy, IdRng};
 
 /// The lease service's host over an mlx5 platform: QP buffers from its DMA memory, scrubbing through the
 /// pool's DMA handles (in 4 KiB writes, each naming the pool extent it lands in and the offset there).
@@ -200,7 +201,7 @@ pub fn prepare<P: Platform>(
 
 impl Config {
     /// The service's configuration from the lease options and the pool `prepare` set aside.
-    pub fn from_options(o: &LeaseOptions, parts: &LeaseParts, psn_seed: u64) -> Config {
+    pub fn from_options(o: &LeaseOptions, parts: &LeaseParts) -> Config {
         Config {
             pool: parts.pool.clone(),
             max_region: parts.max_region,
@@ -217,10 +218,18 @@ impl Config {
             fence_test: o.fence_test,
             tclass: o.rdma_dscp << 2,
             eth_prio: o.rdma_prio,
-            psn_seed: psn_seed | 1,
             ..Config::default()
         }
     }
+}
+
+/// The generator of the service's initial PSNs and MKEY variants, seeded from `entropy` (the CPU's
+/// RDSEED/RDRAND in the image, the OS in the hosted appliance). Without entropy the lease service does not
+/// start: there is no fallback seed.
+pub fn identifiers<E: Entropy + ?Sized>(entropy: &mut E) -> Result<IdRng, String> {
+    IdRng::from_entropy(entropy).map_err(|_| {
+        String::from("no random source for lease identifiers (initial PSNs, MKEY variants): RDSEED/RDRAND or the OS's")
+    })
 }
 
 /// The line a host logs when `fence_test=on` cannot take effect.
@@ -232,7 +241,21 @@ pub fn fence_test_warning(o: &LeaseOptions) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasebox_session::EntropyError;
     use std::sync::Mutex;
+
+    struct NoEntropy;
+    impl Entropy for NoEntropy {
+        fn fill(&mut self, _: &mut [u8]) -> Result<(), EntropyError> {
+            Err(EntropyError)
+        }
+    }
+
+    #[test]
+    fn no_entropy_no_lease_service() {
+        let e = identifiers(&mut NoEntropy).unwrap_err();
+        assert!(e.contains("no random source"), "{e}");
+    }
 
     /// Hands out the given extent addresses in order, then nothing; records frees (of live handles only) and
     /// writes (handle, offset, length; all zeros).

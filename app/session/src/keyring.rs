@@ -61,6 +61,17 @@ fn valid_name(n: &str) -> bool {
     (1..=MAX_NAME).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
+/// Compares two names over `MAX_NAME` bytes (the shorter zero-padded; names are never longer) and their
+/// lengths, without an early exit.
+fn same_name(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut diff = u8::from(a.len() != b.len());
+    for i in 0..MAX_NAME.max(a.len()).max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
 impl Keyring {
     pub fn new() -> Self {
         Self::default()
@@ -101,8 +112,16 @@ impl Keyring {
         self.entries.is_empty()
     }
 
+    /// The principal named `name`. Every entry is compared, each over the same `MAX_NAME` bytes, so the time
+    /// taken does not depend on where (or whether) the name is found.
     pub(crate) fn find(&self, name: &str) -> Option<usize> {
-        self.entries.iter().position(|e| e.name == name)
+        let mut found = None;
+        for (i, e) in self.entries.iter().enumerate() {
+            if same_name(&e.name, name) {
+                found = Some(i);
+            }
+        }
+        found
     }
     pub(crate) fn get(&self, i: usize) -> &Entry {
         &self.entries[i]

@@ -11,10 +11,12 @@ extern crate alloc;
 
 mod backend;
 mod keyring;
+mod rng;
 mod server;
 
 pub use backend::{Answer, Backend, CloseReason, ConnId, NoLeases, Principal, Ticket};
 pub use keyring::{KeyError, Keyring, parse_hex};
+pub use rng::IdRng;
 pub use server::{Entropy, EntropyError, Limits, Server, StartError};
 
 #[cfg(test)]

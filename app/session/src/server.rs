@@ -22,6 +22,10 @@ const VERSION_MAX: u16 = 1;
 const MAX_PENDING_OUTPUT: usize = 256 * 1024;
 /// Refused connections that still get their BUSY frame; beyond this they are just closed.
 const MAX_REFUSED: usize = 4;
+/// The length of the stand-in key HELLO step 2 checks an unknown name's MAC with. HMAC-SHA256 pads every key of
+/// up to 64 bytes (every configured key: `keyring::MAX_KEY`) to one 64-byte block, so the check costs the same
+/// whatever the real key's length.
+const DUMMY_KEY_LEN: usize = 32;
 /// A connection must finish HELLO within this time of opening, whatever it sends meanwhile: otherwise a
 /// client that never authenticates could hold a session place forever.
 pub const HELLO_DEADLINE_MS: u64 = 5_000;
@@ -128,6 +132,11 @@ pub struct Server<B: Backend, E: Entropy> {
     answers_dropped: u64,
     /// Scratch for [`Backend::take_answers`], kept to avoid an allocation per call.
     answers: Vec<(Ticket, Reply)>,
+    /// A random key nobody knows: HELLO step 2 checks an unknown name's MAC against it, so an unknown name
+    /// costs the same work as a known name with a wrong MAC and gets the same answer.
+    dummy_key: [u8; DUMMY_KEY_LEN],
+    /// HELLO step-2 MACs checked (one HMAC each, known names and unknown alike).
+    hello_macs: u64,
 }
 
 fn error_frame(code: ErrorCode, op: u16, request_id: u32, message: &str, detail: [u32; 3]) -> Vec<u8> {
@@ -139,8 +148,8 @@ fn error_frame(code: ErrorCode, op: u16, request_id: u32, message: &str, detail:
 impl<B: Backend, E: Entropy> Server<B, E> {
     /// Starts the service; refuses without a working entropy source or without any principal.
     pub fn new(limits: Limits, keys: Keyring, backend: B, mut entropy: E, now_ms: u64) -> Result<Self, StartError> {
-        let mut probe = [0u8; 8];
-        entropy.fill(&mut probe).map_err(|_| StartError::NoEntropy)?;
+        let mut dummy_key = [0u8; DUMMY_KEY_LEN];
+        entropy.fill(&mut dummy_key).map_err(|_| StartError::NoEntropy)?;
         if keys.is_empty() {
             return Err(StartError::NoPrincipals);
         }
@@ -158,6 +167,8 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             errors: [0; 32],
             answers_dropped: 0,
             answers: Vec::new(),
+            dummy_key,
+            hello_macs: 0,
         })
     }
 
@@ -180,6 +191,12 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         s.roles = self.backend.role_counts();
         s.leases = self.backend.lease_stats();
         s
+    }
+
+    /// HELLO step-2 MACs checked so far: every proof is checked with one HMAC, for a name no key is configured
+    /// for too (against a random stand-in key), so the answer's timing does not tell which names exist.
+    pub fn hello_macs(&self) -> u64 {
+        self.hello_macs
     }
 
     /// Deferred answers dropped because their session had ended before they came.
@@ -276,7 +293,10 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 Next::Bad(e) => {
                     self.stats.frames_in += 1;
                     self.send_error(i, e.code, e.op, e.request_id, e.reason, [0; 3]);
-                    if e.framing_lost {
+                    // Lost framing always closes; a framed bad header (unknown kind, reserved bytes set) only
+                    // before authentication, where every malformed frame ends the connection.
+                    let authenticated = matches!(self.conns[i].state, State::Authenticated(_));
+                    if e.framing_lost || !authenticated {
                         self.close(i, CloseReason::ProtocolError, now_ms);
                     }
                 }
@@ -441,13 +461,18 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 State::Challenged { principal, name, version, client_nonce, server_nonce },
                 Request::Hello(Hello::Proof { mac }),
             ) => {
-                let verified = principal.filter(|p| {
-                    let key = &self.keys.get(*p).key;
-                    let t = hello_transcript(true, version, &name, &client_nonce, &server_nonce);
-                    let mut m = <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC accepts any key length");
-                    m.update(&t);
-                    m.verify_slice(&mac).is_ok()
-                });
+                // One HMAC whatever the name: an unknown name's MAC is checked against the random stand-in key
+                // and refused exactly as a wrong MAC is, so neither the answer nor the work tells names apart.
+                let key = match principal {
+                    Some(p) => &self.keys.get(p).key[..],
+                    None => &self.dummy_key[..],
+                };
+                let t = hello_transcript(true, version, &name, &client_nonce, &server_nonce);
+                let mut m = <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC accepts any key length");
+                m.update(&t);
+                let mac_ok = m.verify_slice(&mac).is_ok();
+                self.hello_macs += 1;
+                let verified = principal.filter(|_| mac_ok);
                 let Some(p) = verified else {
                     self.send_error(
                         i,

@@ -634,3 +634,171 @@ fn stats_carry_the_lease_figures() {
     assert_eq!(st.leases.revoke_us.percentile(50.0), Some(1024));
     assert_eq!(s.stats(6).leases, s.backend_mut().lease_stats());
 }
+
+/// HELLO step 1 for `name`, request id 1.
+fn hello_init(name: &str) -> Vec<u8> {
+    req(
+        Request::Hello(Hello::Init(HelloInit {
+            min_version: 1,
+            max_version: 1,
+            name: name.to_string(),
+            client_nonce: [0x55; 16],
+        })),
+        1,
+    )
+}
+
+/// A frame of `kind` (raw) with `reserved` header bytes.
+fn raw_frame(kind: u8, reserved: u16, op: u16, request_id: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    leasebox_proto::frame(Kind::Request, op, request_id, payload, &mut f);
+    f[3] = kind;
+    f[6..8].copy_from_slice(&reserved.to_be_bytes());
+    f
+}
+
+#[test]
+fn before_authentication_every_malformed_frame_closes() {
+    let hello = Op::Hello as u16;
+    let mut init_payload = hello_init("demo");
+    let init_payload = init_payload.split_off(leasebox_proto::HEADER_LEN);
+    let proof_payload = {
+        let mut p = req(Request::Hello(Hello::Proof { mac: [0; 32] }), 2);
+        p.split_off(leasebox_proto::HEADER_LEN)
+    };
+    let with_trailing = |p: &[u8]| [p, &[0u8][..]].concat();
+    // (what, bytes, the error code that answers it).
+    let cases: Vec<(&str, Vec<u8>, ErrorCode)> = vec![
+        ("unknown frame kind", raw_frame(7, 0, hello, 3, &init_payload), ErrorCode::Malformed),
+        ("reserved header bytes set", raw_frame(0, 1, hello, 3, &init_payload), ErrorCode::Malformed),
+        ("a response frame", raw_frame(1, 0, hello, 3, &init_payload), ErrorCode::Malformed),
+        ("an error frame", raw_frame(2, 0, hello, 3, &init_payload), ErrorCode::Malformed),
+        ("HELLO step 1 cut short", raw_frame(0, 0, hello, 3, &init_payload[..10]), ErrorCode::Malformed),
+        (
+            "HELLO step 1 with a byte too many",
+            raw_frame(0, 0, hello, 3, &with_trailing(&init_payload)),
+            ErrorCode::Malformed,
+        ),
+        ("HELLO step 2 cut short", raw_frame(0, 0, hello, 3, &proof_payload[..20]), ErrorCode::Malformed),
+        (
+            "HELLO step 2 with a byte too many",
+            raw_frame(0, 0, hello, 3, &with_trailing(&proof_payload)),
+            ErrorCode::Malformed,
+        ),
+        ("HELLO step 3", raw_frame(0, 0, hello, 3, &[3]), ErrorCode::BadParam),
+        ("HELLO with an empty payload", raw_frame(0, 0, hello, 3, &[]), ErrorCode::Malformed),
+        ("an unknown op", raw_frame(0, 0, 0x0999, 3, &[]), ErrorCode::UnknownOp),
+        ("an op other than HELLO", req(Request::Stats, 3), ErrorCode::NotAuthenticated),
+        ("bad magic", b"GET / HTTP/1.1\r\n\r\n".to_vec(), ErrorCode::BadMagic),
+    ];
+    // Each case, both before HELLO step 1 and between the steps (after the challenge).
+    let mut conn = 0;
+    for challenged in [false, true] {
+        for (what, bytes, code) in &cases {
+            let mut s = server(Limits::default());
+            conn += 1;
+            let c = ConnId(conn);
+            s.open(c, 0);
+            if challenged {
+                let a = exchange(&mut s, c, &hello_init("demo"), 0);
+                assert!(matches!(&a[0].1, Ans::Ok(Response::Hello(HelloReply::Challenge { .. }))));
+            }
+            // The malformed frame, then a frame that would be fine: nothing after the bad one is served.
+            let follow = if challenged { proof_payload.clone() } else { init_payload.clone() };
+            let bytes = [&bytes[..], &raw_frame(0, 0, hello, 9, &follow)].concat();
+            let a = exchange(&mut s, c, &bytes, 0);
+            assert_eq!(a.len(), 1, "{what} (challenged: {challenged}): one answer, got {}", a.len());
+            assert!(
+                matches!(&a[0].1, Ans::Err(e) if e.code == *code),
+                "{what} (challenged: {challenged}): {:?}",
+                match &a[0].1 {
+                    Ans::Err(e) => Some(e.code),
+                    Ans::Ok(_) => None,
+                }
+            );
+            assert!(s.wants_close(c), "{what} (challenged: {challenged}) closes the connection");
+        }
+    }
+    // HELLO steps out of order: step 2 first, and step 1 twice.
+    let mut s = server(Limits::default());
+    s.open(ConnId(1), 0);
+    let a = exchange(&mut s, ConnId(1), &raw_frame(0, 0, hello, 3, &proof_payload), 0);
+    assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::BadState));
+    assert!(s.wants_close(ConnId(1)));
+    s.open(ConnId(2), 0);
+    exchange(&mut s, ConnId(2), &hello_init("demo"), 0);
+    let a = exchange(&mut s, ConnId(2), &hello_init("demo"), 0);
+    assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::BadState));
+    assert!(s.wants_close(ConnId(2)));
+}
+
+#[test]
+fn after_authentication_a_framed_bad_header_does_not_close() {
+    let mut s = server(Limits::default());
+    s.open(ConnId(1), 0);
+    login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
+    for f in [raw_frame(7, 0, Op::Heartbeat as u16, 4, &[0; 8]), raw_frame(0, 1, Op::Heartbeat as u16, 5, &[0; 8])] {
+        let a = exchange(&mut s, ConnId(1), &f, 0);
+        assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::Malformed));
+        assert!(!s.wants_close(ConnId(1)), "the session survives its mistakes");
+    }
+    let a = exchange(&mut s, ConnId(1), &req(Request::Heartbeat { echo: 1 }, 6), 0);
+    assert!(matches!(a[0], (6, Ans::Ok(Response::Heartbeat { echo: 1, .. }))));
+}
+
+/// HELLO on a fresh connection of `s` as `name` with a proof made with `key`: (the challenge frame, the
+/// bytes answering the proof).
+fn hello_bytes(s: &mut Server<NoLeases, Counter>, c: ConnId, name: &str, key: &str) -> (Vec<u8>, Vec<u8>) {
+    s.open(c, 0);
+    s.input(c, &hello_init(name), 0);
+    let mut out = vec![0u8; 4096];
+    let n = s.output(c, &mut out);
+    let challenge = out[..n].to_vec();
+    let mut fb = FrameBuf::new();
+    fb.push(&challenge);
+    let Next::Frame(_, p) = fb.next_frame() else { panic!("no challenge") };
+    let Ok(Response::Hello(HelloReply::Challenge { server_nonce, .. })) = Response::decode(Op::Hello, &p) else {
+        panic!("no challenge")
+    };
+    let proof = mac(key, &hello_transcript(true, 1, name, &[0x55; 16], &server_nonce));
+    s.input(c, &req(Request::Hello(Hello::Proof { mac: proof }), 2), 0);
+    let n = s.output(c, &mut out);
+    (challenge, out[..n].to_vec())
+}
+
+#[test]
+fn an_unknown_name_costs_and_answers_as_a_wrong_mac() {
+    let mut s = server(Limits::default());
+    // A known name with a wrong key (a MAC that does not verify), and two names no key is configured for.
+    let (c_known, a_known) = hello_bytes(&mut s, ConnId(1), "demo", ADMIN_KEY);
+    assert_eq!(s.hello_macs(), 1);
+    let (c_unknown, a_unknown) = hello_bytes(&mut s, ConnId(2), "dem0", DEMO_KEY);
+    assert_eq!(s.hello_macs(), 2, "the unknown name's MAC is checked too");
+    let (c_long, a_long) = hello_bytes(&mut s, ConnId(3), "a-name-of-the-longest-length-32b", DEMO_KEY);
+    assert_eq!(s.hello_macs(), 3);
+    // Byte-identical refusals, and challenges that differ only in the nonce (bytes 19..51: header 16, step,
+    // version).
+    assert_eq!(a_known, a_unknown);
+    assert_eq!(a_known, a_long);
+    let Some((Ans::Err(e), _)) = take_one(&a_known) else { panic!("not an error") };
+    assert_eq!((e.code, e.message.as_str()), (ErrorCode::AuthFailed, "authentication failed"));
+    for c in [&c_unknown, &c_long] {
+        assert_eq!(c.len(), c_known.len());
+        assert_eq!(c[..19], c_known[..19]);
+        assert_eq!(c[51..], c_known[51..]);
+    }
+    for c in 1..=3 {
+        assert!(s.wants_close(ConnId(c)));
+    }
+    // A good proof is one MAC check too.
+    s.open(ConnId(4), 0);
+    login(&mut s, ConnId(4), "demo", DEMO_KEY).unwrap();
+    assert_eq!(s.hello_macs(), 4);
+}
+
+fn take_one(bytes: &[u8]) -> Option<(Ans, u32)> {
+    let mut fb = FrameBuf::new();
+    fb.push(bytes);
+    let Next::Frame(h, p) = fb.next_frame() else { return None };
+    Some((if h.kind == Kind::Error { Ans::Err(ErrorBody::decode(&p).ok()?) } else { return None }, h.request_id))
+}

@@ -15,16 +15,6 @@ fn bad(field: &str, why: &str) -> ErrorBody {
 }
 
 impl<T: Copy> LeaseService<T> {
-    fn next_psn(&mut self) -> u32 {
-        // xorshift64: unpredictable enough for initial PSNs, which only need to differ between leases.
-        let mut x = self.psn_state;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.psn_state = x;
-        (x >> 20) as u32 & 0xff_ffff
-    }
-
     pub(super) fn alloc(
         &mut self,
         who: Who<'_>,
@@ -83,7 +73,7 @@ impl<T: Copy> LeaseService<T> {
         let id = LeaseId { slot, generation: next_generation };
         let mtu = a.mtu.min(self.hca.port_mtu);
         let ttl_ms = if a.ttl_ms == 0 { self.cfg.default_ttl_ms } else { a.ttl_ms };
-        let server_psn = self.next_psn();
+        let server_psn = self.ids.psn();
         let lease = Lease {
             id,
             tenant: who.tenant.to_string(),

@@ -10,6 +10,7 @@
 //! Revocation's contract is `docs/revoke-semantics.md`.
 
 mod alloc;
+mod ids;
 pub mod plan;
 mod query;
 mod revoke;
@@ -24,15 +25,17 @@ use ::alloc::vec::Vec;
 
 use leasebox_mlx5::DmaBuf;
 use leasebox_mlx5::command::{CmdError, Command, Output};
-use leasebox_mlx5::handles::{Cqn, MkeyVariant, UarPage};
+use leasebox_mlx5::handles::{Cqn, UarPage};
 use leasebox_mlx5::ifc;
 use leasebox_mlx5::ifc::qp::QpCaps;
 use leasebox_proto::{AllocReq, ErrorBody, ErrorCode, LeaseState, Reply, Request, mtu_bytes};
+use leasebox_session::IdRng;
 
 use crate::config::{Config, RevokeOrder};
 use crate::lease::{Cause, Lease, Phase, Slot, Step};
 use crate::pool::ExtentPool;
 use crate::stats::Counters;
+use ids::Ids;
 use plan::{CmdCtx, Next, Stage, View};
 
 pub use plan::FENCE_TEST_MKEY_INDEX;
@@ -136,8 +139,8 @@ pub struct LeaseService<T: Copy> {
     /// never delay an outcome that is due within the revoke deadline.
     urgent: VecDeque<(u64, Command)>,
     answers: Vec<(T, Reply)>,
-    mkey_variant: MkeyVariant,
-    psn_state: u64,
+    /// Initial PSNs and MKEY variants, from the CSPRNG (`ids`).
+    ids: Ids,
     /// Free slots; ALLOC takes the lowest.
     free: BTreeSet<u32>,
     /// Busy leases and bytes per tenant (budgets).
@@ -154,12 +157,13 @@ fn err(code: ErrorCode, msg: &str) -> ErrorBody {
 }
 
 impl<T: Copy> LeaseService<T> {
-    pub fn new(cfg: Config, hca: HcaCtx) -> Result<Self, crate::config::ConfigError> {
+    /// The service over `cfg` and the HCA's objects; `rng` draws the identifiers clients must not predict
+    /// (initial PSNs, MKEY variants): seed it from [`IdRng::from_entropy`] (tests may use a fixed seed).
+    pub fn new(cfg: Config, hca: HcaCtx, rng: IdRng) -> Result<Self, crate::config::ConfigError> {
         cfg.check()?;
         let cfg_slots = cfg.slots;
         let slots = (0..cfg.slots).map(|_| Slot::Free { next_generation: 1 }).collect();
         let pool = ExtentPool::new(&cfg.pool, cfg.extent);
-        let psn_state = cfg.psn_seed | 1;
         Ok(LeaseService {
             cfg,
             hca,
@@ -170,8 +174,7 @@ impl<T: Copy> LeaseService<T> {
             outbox: VecDeque::new(),
             urgent: VecDeque::new(),
             answers: Vec::new(),
-            mkey_variant: MkeyVariant::default(),
-            psn_state,
+            ids: Ids::new(rng),
             free: (0..cfg_slots).collect(),
             usage: BTreeMap::new(),
             next_scan_us: 0,
@@ -269,9 +272,9 @@ impl<T: Copy> LeaseService<T> {
 
     /// Issues the lease's next step, or ends its stage when [`plan::next`] says so.
     fn advance(&mut self, slot: u32, now_us: u64, host: &mut dyn Host) {
-        let ctx = CmdCtx {
+        let mut ctx = CmdCtx {
             hca: self.hca,
-            variant: self.mkey_variant.peek(),
+            variant: 0,
             extent_log: self.cfg.extent.trailing_zeros() as u8,
             timers: (self.cfg.ack_timeout, self.cfg.retry_count, self.cfg.rnr_retry),
             fence_test: self.cfg.fence_test,
@@ -297,11 +300,11 @@ impl<T: Copy> LeaseService<T> {
                 end => break (stage, end),
             };
             l.tried.insert(step);
-            let Some(cmd) = plan::command(step, stage, l, slot, &ctx) else { continue };
             if step == Step::CreateMkey {
+                ctx.variant = self.ids.variant();
                 l.variant = ctx.variant;
-                self.mkey_variant.take();
             }
+            let Some(cmd) = plan::command(step, stage, l, slot, &ctx) else { continue };
             let tag = (self.next_seq << 32) | u64::from(slot);
             self.next_seq = self.next_seq % SEQ_MASK + 1;
             l.in_flight = Some((tag, step));
@@ -329,7 +332,7 @@ impl<T: Copy> LeaseService<T> {
         let slot = tag_slot(tag);
         // A late completion for a slot already fenced (its revoke deadline passed) finds no lease: it stays
         // fenced.
-        let Some(l) = self.lease_mut(slot) else { return };
+        let Some(l) = busy(&mut self.slots, slot) else { return };
         let Some((t, step)) = l.in_flight.take() else { return };
         if t != tag {
             return;
@@ -337,9 +340,21 @@ impl<T: Copy> LeaseService<T> {
         match result {
             Ok(out) => match step {
                 Step::AllocPd => l.pd = Some(ifc::resources::parse_alloc_pd(&out)),
-                Step::CreateMkey => l.mkey = Some(ifc::mkey::create_mkey_out_key(&out, l.variant)),
+                Step::CreateMkey => {
+                    let key = ifc::mkey::create_mkey_out_key(&out, l.variant);
+                    l.mkey = Some(key);
+                    if !self.ids.created(key.index().raw(), key.variant()) {
+                        // The HCA re-used an index with the variant its previous key had: a stale rkey would
+                        // name this key. It is destroyed by the unwind; the client asks again.
+                        self.variant_reused(slot, key, now_us);
+                    }
+                }
                 Step::CreateQp => l.qpn = Some(ifc::qp::create_qp_out(&out)),
-                Step::DestroyMkey => l.mkey = None,
+                Step::DestroyMkey => {
+                    if let Some(k) = l.mkey.take() {
+                        self.ids.destroyed(k.index().raw(), k.variant());
+                    }
+                }
                 Step::Qp2Err => l.qp_in_err = true,
                 Step::DestroyQp => l.qpn = None,
                 Step::DeallocPd => l.pd = None,
@@ -348,6 +363,24 @@ impl<T: Copy> LeaseService<T> {
             Err(e) => self.step_failed(slot, step, &e, now_us),
         }
         self.advance(slot, now_us, host);
+    }
+
+    /// CREATE_MKEY made a key equal to the one its index had before: the ALLOC fails as if the step had
+    /// failed (answered now, the unwind follows), so no stale rkey ever names a granted lease.
+    fn variant_reused(&mut self, slot: u32, key: leasebox_mlx5::handles::Mkey, now_us: u64) {
+        self.counters.failed_commands += 1;
+        let Some(l) = busy(&mut self.slots, slot) else { return };
+        let msg = format!("CREATE_MKEY re-used index {} with its previous variant; ask again", key.index());
+        if l.failure.is_empty() {
+            l.failure = msg.clone();
+        }
+        l.failed.insert(Step::CreateMkey);
+        if Self::stage(l) == Some(Stage::Build)
+            && let Some((ticket, since)) = l.alloc_ticket.take()
+        {
+            self.answers.push((ticket, Err(err(ErrorCode::Internal, &msg))));
+            self.counters.alloc_us.record(now_us.saturating_sub(since));
+        }
     }
 
     /// Books a failed step; [`plan::next`] decides what follows.

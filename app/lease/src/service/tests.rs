@@ -99,6 +99,9 @@ struct Rig {
     inputs: BTreeMap<u16, Vec<u8>>,
     hung: Vec<(u64, Command)>,
     next_handle: u32,
+    /// When set, CREATE_MKEY answers the index this gives for the variant the command carries (an HCA that
+    /// re-uses indices as the test says) instead of the next handle.
+    mkey_index: Option<fn(u8) -> u32>,
     next_ticket: u64,
     answers: BTreeMap<u64, Reply>,
 }
@@ -126,7 +129,7 @@ impl Rig {
             qp,
         };
         Rig {
-            svc: LeaseService::new(cfg, hca).unwrap(),
+            svc: LeaseService::new(cfg, hca, leasebox_session::IdRng::from_seed([0x5e; 32])).unwrap(),
             host: FakeHost::default(),
             now_us: 1_000_000,
             script: BTreeMap::new(),
@@ -135,6 +138,7 @@ impl Rig {
             inputs: BTreeMap::new(),
             hung: Vec::new(),
             next_handle: 0x100,
+            mkey_index: None,
             next_ticket: 1,
             answers: BTreeMap::new(),
         }
@@ -149,8 +153,15 @@ impl Rig {
             Answer::Ok => {
                 let mut out = vec![0u8; cmd.out_len()];
                 // Every handle an output carries (pd, mkey index, qpn) is the 24 bits at 0x48.
-                leasebox_mlx5::field::set(&mut out, 0x48, 24, self.next_handle);
-                self.next_handle += 1;
+                let variant = busy(&mut self.svc.slots, tag_slot(tag)).map_or(0, |l| l.variant);
+                let handle = match self.mkey_index {
+                    Some(f) if cmd.opcode() == CREATE_MKEY => f(variant),
+                    _ => {
+                        self.next_handle += 1;
+                        self.next_handle - 1
+                    }
+                };
+                leasebox_mlx5::field::set(&mut out, 0x48, 24, handle);
                 Ok(Output::new(out))
             }
             Answer::Fail => Err(cmd.error(ErrorKind::Status { status: 0x03, syndrome: 0x7e57 })),
@@ -638,4 +649,156 @@ fn lease_qps_carry_the_configured_dscp_and_priority() {
     assert_eq!(be32(b, 0x3c) >> 20 & 0xff, 26 << 2, "tclass");
     assert_eq!(be32(b, 0x50) >> 16 & 0x3f, 26, "dscp");
     assert_eq!(b[0x54] >> 4 & 7, 3, "eth_prio");
+}
+
+// ---- unpredictable identifiers (docs/security.md, "Identifiers") ----
+
+/// The generator initial PSNs came from before: xorshift64, PSN = state bits 20..43.
+fn xorshift_psn(state: &mut u64) -> u32 {
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    (x >> 20) as u32 & 0xff_ffff
+}
+
+/// The attack on it: xorshift64 is linear over GF(2), so each PSN bit is a known XOR of the bits of the
+/// unknown seed. Four PSNs give 96 such equations for 64 unknowns; Gaussian elimination recovers the seed,
+/// and the generator then gives the next PSN. `None` when the PSNs fit no xorshift64 seed.
+fn predict_next_xorshift_psn(psns: &[u32]) -> Option<u32> {
+    // Each state bit as a mask over the seed's bits.
+    let mut sym: [u64; 64] = core::array::from_fn(|j| 1u64 << j);
+    let shl = |s: &[u64; 64], k: usize| -> [u64; 64] { core::array::from_fn(|j| if j >= k { s[j - k] } else { 0 }) };
+    let shr =
+        |s: &[u64; 64], k: usize| -> [u64; 64] { core::array::from_fn(|j| if j + k < 64 { s[j + k] } else { 0 }) };
+    let xor = |a: &mut [u64; 64], b: [u64; 64]| a.iter_mut().zip(b).for_each(|(a, b)| *a ^= b);
+    let mut rows: Vec<(u64, bool)> = Vec::new();
+    for &psn in psns {
+        let t = shl(&sym, 13);
+        xor(&mut sym, t);
+        let t = shr(&sym, 7);
+        xor(&mut sym, t);
+        let t = shl(&sym, 17);
+        xor(&mut sym, t);
+        rows.extend((0..24).map(|i| (sym[20 + i], psn >> i & 1 == 1)));
+    }
+    // Gaussian elimination over GF(2).
+    let mut pivots: Vec<(usize, u64, bool)> = Vec::new();
+    for (mut m, mut v) in rows {
+        for &(bit, pm, pv) in &pivots {
+            if m >> bit & 1 == 1 {
+                m ^= pm;
+                v ^= pv;
+            }
+        }
+        if m == 0 {
+            if v {
+                return None; // inconsistent: no xorshift64 seed gives these PSNs
+            }
+            continue;
+        }
+        let bit = m.trailing_zeros() as usize;
+        for p in pivots.iter_mut() {
+            if p.1 >> bit & 1 == 1 {
+                p.1 ^= m;
+                p.2 ^= v;
+            }
+        }
+        pivots.push((bit, m, v));
+    }
+    // Back-substituted: each pivot row is its bit plus free bits, which are taken as 0.
+    let seed = pivots.iter().filter(|p| p.2).fold(0u64, |s, p| s | 1 << p.0);
+    let mut state = seed;
+    for _ in psns {
+        xorshift_psn(&mut state);
+    }
+    Some(xorshift_psn(&mut state))
+}
+
+fn small_alloc() -> AllocReq {
+    AllocReq { size: 2 << 20, ..alloc_req() }
+}
+
+/// `n` ALLOCs in a row: their (server PSN, rkey).
+fn grant_many(r: &mut Rig, n: usize) -> Vec<(u32, u32)> {
+    (0..n)
+        .map(|i| match r.call(TENANT, &Request::Alloc(small_alloc())) {
+            Ok(Response::Alloc(a)) => (a.server_psn, a.rkey),
+            other => panic!("ALLOC {i}: {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn the_attack_predicts_the_old_generator() {
+    // The attack code is sound: against xorshift64 four PSNs give the fifth, whatever the seed.
+    for seed in [0x5eed_1ea5_e0b0_c0de_u64 | 1, 0x1234_5678_9abc_def1, 3, u64::MAX] {
+        let mut s = seed;
+        let psns: Vec<u32> = (0..5).map(|_| xorshift_psn(&mut s)).collect();
+        assert_eq!(predict_next_xorshift_psn(&psns[..4]), Some(psns[4]), "seed {seed:#x}");
+    }
+}
+
+#[test]
+fn initial_psns_do_not_follow_from_earlier_ones() {
+    let mut r = Rig::new(Config { pool: one_run(0x4000_0000, 1 << 30), tenant_leases: 1024, ..cfg() });
+    let got = grant_many(&mut r, 300);
+    let psns: Vec<u32> = got.iter().map(|g| g.0).collect();
+    assert!(psns.iter().all(|p| *p <= 0xff_ffff), "24-bit PSNs");
+    // Any four consecutive answers, as an attacker who made four ALLOCs sees them: the next PSN is not the
+    // one the xorshift64 attack predicts (it is not a xorshift64 sequence at all).
+    for w in psns.windows(5) {
+        assert_ne!(predict_next_xorshift_psn(&w[..4]), Some(w[4]), "PSN predicted from {:x?}", &w[..4]);
+    }
+    // Nor does a PSN follow from the last by a fixed step.
+    let steps: BTreeSet<u32> = psns.windows(2).map(|w| w[1].wrapping_sub(w[0]) & 0xff_ffff).collect();
+    assert!(steps.len() > 290, "{} distinct steps", steps.len());
+    let distinct: BTreeSet<u32> = psns.iter().copied().collect();
+    assert_eq!(distinct.len(), psns.len(), "300 leases, 300 different initial PSNs");
+}
+
+#[test]
+fn rkey_variants_are_not_a_counter() {
+    let mut r = Rig::new(Config { pool: one_run(0x4000_0000, 1 << 30), tenant_leases: 1024, ..cfg() });
+    let variants: Vec<u8> = grant_many(&mut r, 300).iter().map(|g| g.1 as u8).collect();
+    let counted = variants.windows(2).filter(|w| w[1] == w[0].wrapping_add(1)).count();
+    assert!(counted < 10, "{counted} of 299 variants were the previous one plus 1");
+    let distinct: BTreeSet<u8> = variants.iter().copied().collect();
+    assert!(distinct.len() > 150, "only {} distinct variants in 300 keys", distinct.len());
+}
+
+#[test]
+fn a_reused_mkey_index_never_gets_its_previous_variant() {
+    // An HCA that hands out the same index each time: every new key must differ from the stale one.
+    let mut r = Rig::new(cfg());
+    r.mkey_index = Some(|_| 0x42);
+    let mut last: Option<u32> = None;
+    for _ in 0..100 {
+        let Ok(Response::Alloc(a)) = r.call(TENANT, &Request::Alloc(alloc_req())) else { panic!("ALLOC") };
+        assert_eq!(a.rkey >> 8, 0x42);
+        assert_ne!(Some(a.rkey), last, "a stale rkey names the new lease");
+        last = Some(a.rkey);
+        assert_eq!(r.revoke(a.lease, false), Outcome::TornDown);
+        r.sweep();
+    }
+}
+
+#[test]
+fn a_key_equal_to_a_stale_one_is_never_granted() {
+    // Every index 0x1000 + v last had variant v, and the HCA answers the index whose old variant is the one
+    // asked for: the new key would equal a stale one. The ALLOC fails and unwinds; nothing is granted.
+    let mut r = Rig::new(cfg());
+    for v in 0..=255u8 {
+        r.svc.ids.destroyed(0x1000 + u32::from(v), v);
+    }
+    r.mkey_index = Some(|v| 0x1000 + u32::from(v));
+    let extents = r.svc.pool().free_extents();
+    let reply = r.call(TENANT, &Request::Alloc(alloc_req()));
+    let Err(e) = reply else { panic!("granted: {reply:?}") };
+    assert_eq!(e.code, ErrorCode::Internal);
+    assert!(e.message.contains("previous variant"), "{}", e.message);
+    assert_eq!(r.issued, [ALLOC_PD, CREATE_MKEY, DESTROY_MKEY, DEALLOC_PD], "the key is destroyed at once");
+    assert_eq!(r.svc.pool().free_extents(), extents);
+    assert!(r.host.live.is_empty());
 }

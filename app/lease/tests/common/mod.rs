@@ -94,7 +94,7 @@ impl Rig {
             port_mtu: port_ib_mtu(d.info.mtu),
             qp: d.info.qp,
         };
-        let svc = LeaseService::new(cfg, hca).unwrap();
+        let svc = LeaseService::new(cfg, hca, leasebox_session::IdRng::from_seed([0x5e; 32])).unwrap();
         Rig {
             d,
             svc,
