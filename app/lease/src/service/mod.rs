@@ -367,17 +367,18 @@ impl<T: Copy> LeaseService<T> {
 
     /// CREATE_MKEY made a key equal to the one its index had before: the ALLOC fails as if the step had
     /// failed (answered now, the unwind follows), so no stale rkey ever names a granted lease.
+    /// A lease revoked while it was built is not granted anyway: its revoke destroys the key as usual.
     fn variant_reused(&mut self, slot: u32, key: leasebox_mlx5::handles::Mkey, now_us: u64) {
-        self.counters.failed_commands += 1;
         let Some(l) = busy(&mut self.slots, slot) else { return };
+        if Self::stage(l) != Some(Stage::Build) {
+            return;
+        }
         let msg = format!("CREATE_MKEY re-used index {} with its previous variant; ask again", key.index());
         if l.failure.is_empty() {
             l.failure = msg.clone();
         }
         l.failed.insert(Step::CreateMkey);
-        if Self::stage(l) == Some(Stage::Build)
-            && let Some((ticket, since)) = l.alloc_ticket.take()
-        {
+        if let Some((ticket, since)) = l.alloc_ticket.take() {
             self.answers.push((ticket, Err(err(ErrorCode::Internal, &msg))));
             self.counters.alloc_us.record(now_us.saturating_sub(since));
         }
