@@ -802,3 +802,24 @@ fn a_key_equal_to_a_stale_one_is_never_granted() {
     assert_eq!(r.svc.pool().free_extents(), extents);
     assert!(r.host.live.is_empty());
 }
+
+#[test]
+fn a_stale_key_made_for_a_lease_already_revoked_is_torn_down_as_usual() {
+    let mut r = Rig::new(cfg());
+    for v in 0..=255u8 {
+        r.svc.ids.destroyed(0x1000 + u32::from(v), v);
+    }
+    r.mkey_index = Some(|v| 0x1000 + u32::from(v));
+    r.script(CREATE_MKEY, &[Answer::Hang]);
+    let alloc = r.send(TENANT, &Request::Alloc(alloc_req()));
+    let free = r.send(TENANT, &Request::Free { lease: LeaseId { slot: 0, generation: 1 } });
+    assert!(r.take(alloc).is_some_and(|a| a.is_err()), "the FREE ends the ALLOC");
+    r.issued.clear();
+    // CREATE_MKEY answers with the stale key: the revoke destroys it; nothing fences.
+    r.late(Answer::Ok);
+    assert!(matches!(r.take(free), Some(Ok(Response::Free { outcome: Outcome::TornDown, .. }))));
+    assert_eq!(r.issued, [DESTROY_MKEY]);
+    r.sweep();
+    assert_eq!(r.svc.fenced_count(), 0);
+    assert_eq!(r.svc.free_slots(), r.svc.config().slots as usize);
+}
