@@ -277,6 +277,11 @@ impl Model {
         self.faults.add(f);
     }
 
+    /// The health syndrome of the firmware's internal error, once in it (an injected fatal or an EQ overrun).
+    pub fn fatal(&self) -> Option<u8> {
+        self.faults.fatal()
+    }
+
     pub fn fault_counters(&self) -> FaultCounters {
         self.faults.counters()
     }
