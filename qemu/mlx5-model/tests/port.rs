@@ -240,6 +240,28 @@ fn poll_until_up(d: &mut Drv) {
     }
 }
 
+/// QUERY_VPORT_STATE (0x750) of the own vNIC vport: (`admin_state`, `state`).
+fn vport_state(d: &mut Drv) -> (u32, u32) {
+    let v = be32(&d.ok(&cmd(0x750, 0, 16), 16), 0xc);
+    ((v >> 4) & 0xf, v & 0xf)
+}
+
+/// QUERY_VPORT_STATE: only op_mod VNIC_VPORT (0) and the own vport; before INIT_HCA refused.
+#[test]
+fn query_vport_state_takes_the_own_vnic_vport_only() {
+    let mut d = Drv::new();
+    assert_eq!(d.exec(&cmd(0x750, 0, 16), 16).status(), BAD_SYS_STATE, "before INIT_HCA");
+    d.bring_up();
+    assert_eq!(vport_state(&mut d).0, 2, "admin_state AUTO");
+    for op_mod in [1, 2] {
+        assert_eq!(d.exec(&cmd(0x750, op_mod, 16), 16).status(), BAD_PARAM, "op_mod {op_mod}");
+    }
+    let mut other = cmd(0x750, 0, 16);
+    put32(&mut other, 8, (1 << 31) | 1);
+    assert_eq!(d.exec(&other, 16).status(), BAD_PARAM, "another vport");
+    assert_eq!(d.exec(&cmd(0x750, 0, 16), 8).status(), BAD_OUTP_LEN);
+}
+
 fn eqe(d: &Drv, i: u64) -> [u8; 64] {
     let mut e = [0u8; 64];
     d.ram.read(PORT_EQ + 64 * i, &mut e).unwrap();
@@ -255,10 +277,12 @@ fn the_link_trains_by_default_and_port_change_reports_it() {
     assert_eq!(cfg.link_up_delay, mlx5_model::hca::DEFAULT_LINK_UP_DELAY);
     let mut d = with_port_eq(cfg, PORT_EQ);
     assert_eq!(paos_state(&mut d), (1, 2), "admin up, oper down right after INIT_HCA");
+    assert_eq!(vport_state(&mut d), (2, 0), "QUERY_VPORT_STATE: admin AUTO, state down");
     d.model.poll();
     assert_eq!(eqe(&d, 0)[0x3f] & 1, 1, "no EQE while training");
     poll_until_up(&mut d);
     assert_eq!(paos_state(&mut d), (1, 1), "up after the training delay");
+    assert_eq!(vport_state(&mut d), (2, 1), "QUERY_VPORT_STATE: state up");
     let e = eqe(&d, 0);
     assert_eq!((e[1], e[3], e[0x28] >> 4, e[63] & 1), (0x09, 4, 1, 0), "PORT_CHANGE ACTIVE, port 1");
     assert_eq!(eqe(&d, 1)[63] & 1, 1, "one event only");
