@@ -140,3 +140,56 @@ impl Health {
         verdict
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::platform::DmaBuf;
+    use alloc::collections::BTreeMap;
+    use spin::Mutex;
+
+    /// BAR words only; no DMA.
+    #[derive(Default)]
+    struct Bar(Mutex<BTreeMap<usize, u32>>);
+
+    impl Platform for Bar {
+        fn bar_read32(&self, offset: usize) -> u32 {
+            self.0.lock().get(&offset).copied().unwrap_or(0)
+        }
+        fn bar_write32(&self, offset: usize, value: u32) {
+            self.0.lock().insert(offset, value);
+        }
+        fn dma_alloc(&self, _len: usize, _align: usize) -> Option<DmaBuf> {
+            None
+        }
+        fn dma_free(&self, _buf: DmaBuf) {}
+        fn dma_read(&self, _buf: DmaBuf, _offset: usize, _out: &mut [u8]) {}
+        fn dma_write(&self, _buf: DmaBuf, _offset: usize, _data: &[u8]) {}
+        fn now_ns(&self) -> u64 {
+            0
+        }
+    }
+
+    /// A health buffer with `synd` (byte 0x23d), `ext_synd` (0x23e) and `rfr` (bit 7 of byte 0x238).
+    fn bar(synd: u8, rfr: bool) -> Bar {
+        let b = Bar::default();
+        b.bar_write32(initseg::HEALTH_FW_VER, 0x0010_0023);
+        b.bar_write32(initseg::HEALTH_SYND_DW, (u32::from(synd) << 16) | 0x1234);
+        b.bar_write32(initseg::HEALTH_RFR_DW, (u32::from(rfr) << 31) | (0x0a << 24));
+        b
+    }
+
+    #[test]
+    fn a_syndrome_is_fatal_whatever_rfr_says() {
+        assert_eq!(Health::sensors(&bar(0, false)), None);
+        assert_eq!(Health::sensors(&bar(0, true)), None, "rfr without a syndrome is nothing");
+        assert_eq!(
+            Health::sensors(&bar(0x1, false)),
+            Some(Fatal::Syndrome { synd: 0x1, ext_synd: 0x1234, rfr: false }),
+            "stock firmware's assert: rfr 0 (Linux's sensor would not fire)"
+        );
+        assert_eq!(Health::sensors(&bar(0xc, true)), Some(Fatal::Syndrome { synd: 0xc, ext_synd: 0x1234, rfr: true }));
+        let s = format!("{}", Fatal::Syndrome { synd: 0xc, ext_synd: 0, rfr: false });
+        assert!(s.contains("async EQ buffer overrun") && s.contains("rfr 0"), "{s}");
+    }
+}
