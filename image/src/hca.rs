@@ -47,6 +47,11 @@ const DUMP_RECORDS: usize = 16;
 /// find its firmware says so within a CI deadline).
 const PRE_INIT_MS: u64 = 10_000;
 
+/// Bring-up then waits at most this long for the port's link (PAOS `oper_status`): a ConnectX-5 trains its link
+/// for seconds after INIT_HCA or the PAOS write, the model for `--link-up-delay` (1 s by default). A link still
+/// down then is reported on the ready line (`port=Down`) and logged when PORT_CHANGE brings it up; boot goes on.
+const LINK_WAIT_MS: u64 = 5_000;
+
 /// What the ready line reports.
 pub enum Status {
     Absent,
@@ -154,7 +159,13 @@ pub fn init(p: &Platform, eth: bool) -> Status {
     pci::set_command(p.pci_access, bdf, pci::COMMAND_MEMORY | pci::COMMAND_BUS_MASTER | pci::COMMAND_INTX_DISABLE, 0);
     log::info!("mlx5: {bdf} {} BAR0 {base:#x}+{size:#x}", part.name);
     let platform = Arc::new(KernelHca::new(bar));
-    let cfg = Config { part: part.name, vf: part.vf, pre_init_timeout_ms: PRE_INIT_MS, ..Config::default() };
+    let cfg = Config {
+        part: part.name,
+        vf: part.vf,
+        pre_init_timeout_ms: PRE_INIT_MS,
+        link_wait_ms: LINK_WAIT_MS,
+        ..Config::default()
+    };
     match Driver::bring_up(platform.clone(), cfg) {
         Ok(mut d) => {
             match leasebox_lease::setup::prepare(&mut d, &crate::lease::OPTIONS.get(), p.config.net.ip.map(|n| n.addr))

@@ -462,8 +462,8 @@ pub const BRINGUP_ORDER: &[(&str, Option<u32>, &str)] = &[
     ("0x805", Some(1), "ACCESS_REG PAOS read"),
 ];
 
-/// `hca-bringup`: the ready line reports the HCA up with its part, firmware and an active port; the cmd and
-/// event roles run on cores 1 and 2; and the model's trace holds the bring-up commands in Linux's order,
+/// `hca-bringup`: the ready line reports the HCA up with its part, firmware and an active port after link
+/// training; the cmd and event roles run on cores 1 and 2; and the model's trace holds the bring-up commands in Linux's order,
 /// each with status 0.
 pub fn check_hca_bringup(t: &Transcript) -> Result<(), String> {
     let ready = t.ready()?;
@@ -477,6 +477,11 @@ pub fn check_hca_bringup(t: &Transcript) -> Result<(), String> {
     }
     if ready.get("port") != Some("Active") {
         return Err(format!("port={:?}, expected Active", ready.get("port")));
+    }
+    // The model trains its link (1 s by default, docs/hca-model.md): bring-up waited for it rather than
+    // finding the port up at once.
+    if !t.messages().any(|m| m.starts_with("mlx5: port 1 Active after ")) {
+        return Err("no `mlx5: port 1 Active after N ms of link training` line: the link did not train".into());
     }
     ready.ms("hca_ms")?;
     for (cpu, role) in [(1, "cmd"), (2, "event")] {
@@ -692,6 +697,9 @@ leasebox: ready cores=1 mem_mib=256 pci=3 boot_ms=22.000 ap_ms=0.000 entry_ms=10
         assert!(check_bringup_order("{\"opcode\":\"0x104\",").unwrap_err().contains("not JSON"));
         let t = Transcript::from_text(MODEL);
         assert!(check_hca_bringup(&t).unwrap_err().contains("hca="));
+        // An active port that never trained (the link up at once) is not the model's default.
+        let untrained = "leasebox: ready cores=3 hca=ConnectX-5 fw=16.35.4030 port=Active hca_ms=1.000 lease=on\n";
+        assert!(check_hca_bringup(&Transcript::from_text(untrained)).unwrap_err().contains("did not train"));
     }
 
     #[test]

@@ -71,6 +71,10 @@ impl Drop for HcaThreads {
     }
 }
 
+/// How long bring-up waits for the link (the model trains for `mlx5_model::hca::DEFAULT_LINK_UP_DELAY`); a link
+/// still down then is reported, not an error.
+const LINK_WAIT_MS: u64 = 5_000;
+
 /// Brings the model and the driver up and builds the lease backend. `udp`: where the model's RoCEv2 responder
 /// listens (`None`: no data path); `cmd_latency`: firmware time per command.
 pub fn start(
@@ -91,7 +95,13 @@ pub fn start(
     let model = ModelConfig { init_delay: Duration::ZERO, cmd_latency, ..ModelConfig::default() };
     let ram = (o.pool_mib as usize) * (1 << 20) + RAM_EXTRA;
     let platform = Arc::new(HostedPlatform::with_model_udp(model, ram, ModelMode::Thread, responder));
-    let dcfg = DriverConfig { part: "ConnectX-5", pre_init_timeout_ms: 5_000, ..DriverConfig::default() };
+    // Bring-up waits (bounded) for the model's link training, as the image does (`image/src/hca.rs`).
+    let dcfg = DriverConfig {
+        part: "ConnectX-5",
+        pre_init_timeout_ms: 5_000,
+        link_wait_ms: LINK_WAIT_MS,
+        ..DriverConfig::default()
+    };
     let mut d = Driver::bring_up(platform.clone(), dcfg).map_err(|e| format!("HCA bring-up: {e}"))?;
     let parts = leasebox_lease::setup::prepare(&mut d, o, None)?;
     let (cmd, ev, client, info) = d.into_engines();

@@ -51,8 +51,47 @@ fn fenced(c: &mut Client) -> Vec<FencedSlot> {
     }
 }
 
+/// A firmware assert as stock firmware reports it: health syndrome 0x8 with `rfr` 0 (Linux's fatal sensor
+/// would not fire; the driver's does, docs/mlx5-driver.md "Health").
 #[test]
 fn a_fatal_hca_fences_every_live_lease_and_answers_the_pending_revoke() {
+    fences_every_live_lease(|h| {
+        h.hca()
+            .unwrap()
+            .platform
+            .model()
+            .expect("the in-process model")
+            .inject(Fault::HealthFatal { synd: 0x8, rfr: false })
+    });
+}
+
+/// The async EQ overruns (more PORT_CHANGE events than its entries while the model holds the doorbell back):
+/// the firmware enters internal error with syndrome 0xc, and the leases fence as for any fatal HCA.
+#[test]
+fn an_async_eq_overrun_fences_every_live_lease() {
+    fences_every_live_lease(|h| {
+        let hca = h.hca().unwrap();
+        {
+            let mut m = hca.platform.model().expect("the in-process model");
+            let ram = m.ram().clone();
+            let entries: usize = m.hca().eqs.eqs.values().map(|q| 1usize << q.log_eq_size).max().unwrap();
+            for i in 0..=entries {
+                let s = if i % 2 == 0 { mlx5_model::port::PORT_DOWN } else { mlx5_model::port::PORT_UP };
+                mlx5_model::port::set_oper(m.hca_mut(), ram.as_ref(), s);
+            }
+            assert!(m.hca().eqs.overrun());
+        }
+        // The model's next pass enters internal error; wait for it so that the REVOKE below meets a dead firmware.
+        let end = Instant::now() + HANG;
+        while hca.platform.model().unwrap().fatal() != Some(0xc) {
+            assert!(Instant::now() < end, "the model did not enter internal error");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+}
+
+/// Three live leases and a REVOKE sent right after `kill` makes the HCA fatal: everything fences.
+fn fences_every_live_lease(kill: impl FnOnce(&Hosted)) {
     let (demo_hex, admin_hex) = (random_hex(), random_hex());
     let args: Vec<String> = ["--listen", "127.0.0.1:0", "--hca"]
         .iter()
@@ -80,7 +119,7 @@ fn a_fatal_hca_fences_every_live_lease_and_answers_the_pending_revoke() {
     assert!(fenced(&mut admin).is_empty());
 
     // The firmware dies; at once a REVOKE of A goes in. Its DESTROY_MKEY is never executed by a dead firmware.
-    h.hca().unwrap().platform.model().expect("the in-process model").inject(Fault::HealthFatal { synd: 0x8 });
+    kill(&h);
     let a = leases[0].0;
     let ticket = admin.send(&Request::Revoke { lease: a, qp_first: false }).unwrap();
     let end = Instant::now() + HANG;

@@ -50,6 +50,10 @@ pub struct Config {
     /// log2 of the async/page EQ's entries, bounded by `cmd_hca_cap.log_max_eq_sz` at bring-up (default
     /// [`ASYNC_EQ_LOG_SIZE`], as Linux sizes its async EQ).
     pub log_eq_size: u32,
+    /// After bring-up, wait up to this long for the port's link (PAOS `oper_status` up); 0 = do not wait, as
+    /// Linux does not. Link training takes seconds on a ConnectX-5; a link still down then is not an error
+    /// (`HcaInfo::port` says Down, and PORT_CHANGE reports it when it comes up).
+    pub link_wait_ms: u64,
 }
 
 impl Default for Config {
@@ -62,6 +66,7 @@ impl Default for Config {
             cmd_timeout_ms: None,
             health_interval_ms: initseg::HEALTH_POLL_INTERVAL_MS,
             log_eq_size: ASYNC_EQ_LOG_SIZE,
+            link_wait_ms: 0,
         }
     }
 }
@@ -354,10 +359,26 @@ impl<P: Platform> Driver<P> {
         d.info.gid = ifc::vport::query_roce_address_out(&gid).gid;
         let pmtu = d.exec(ifc::vport::pmtu_query(1)).map_err(step("ACCESS_REG PMTU"))?;
         d.info.mtu = ifc::vport::pmtu_out(&pmtu).oper_mtu;
+        // The port administratively up, as Linux `mlx5e_open_locked` does through `mlx5_set_port_admin_status`
+        // (the appliance has no netdev to open, and RoCE needs the link). PF only: a VF's port follows the PF,
+        // and its firmware refuses the PAOS write.
+        if !d.info.vf {
+            crate::eth::port_admin_up(&mut d, 1).map_err(step("ACCESS_REG PAOS write"))?;
+        }
         // Port state as Linux `mlx5_query_port_oper_status` reads it: PAOS `oper_status` (1 up, 2 down).
         let paos = d.exec(ifc::vport::paos_query(1)).map_err(step("ACCESS_REG PAOS"))?;
         d.info.port = PortState::from_paos(ifc::vport::paos_out(&paos).oper_status);
         d.info.bring_up_ns = p.now_ns().saturating_sub(t0);
+        // Link training: bounded, never an error (the link may come up later, announced by PORT_CHANGE).
+        if cfg.link_wait_ms > 0 && d.info.port != PortState::Active {
+            let w = crate::eth::wait_link_up(&mut d, 1, cfg.link_wait_ms).map_err(step("ACCESS_REG PAOS"))?;
+            d.info.port = match w {
+                crate::eth::LinkWait::Up => PortState::Active,
+                crate::eth::LinkWait::NotYet(s) => s,
+            };
+            let waited = p.now_ns().saturating_sub(t0).saturating_sub(d.info.bring_up_ns);
+            log::info!("mlx5: port 1 {} after {} ms of link training", d.info.port, waited / 1_000_000);
+        }
         Ok(d)
     }
 

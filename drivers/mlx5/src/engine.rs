@@ -95,6 +95,7 @@ impl Shared {
     fn record_port_event(&self, e: &Eqe) {
         for port in 1..=2u8 {
             if let Some(s) = PortState::from_event(e, port) {
+                log::info!("mlx5: port {port} link {s} (PORT_CHANGE)");
                 let v = if s == PortState::Active { 2 } else { 1 };
                 self.port_events[usize::from(port) - 1].store(v, Ordering::Release);
                 self.port_changes.fetch_add(1, Ordering::Relaxed);

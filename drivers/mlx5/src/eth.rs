@@ -1373,9 +1373,15 @@ impl<P: Platform> EthPort<P> {
         changed.then_some(s)
     }
 
-    /// Re-reads the operational state through PAOS (before `into_engines`, or whenever the driver is at hand).
+    /// Re-reads the link state (before `into_engines`, or whenever the driver is at hand) as Linux
+    /// `mlx5e_update_carrier` does on a PORT_CHANGE: QUERY_VPORT_STATE of the function's own vNIC vport
+    /// (`state` 1 up, 0 down), which a VF may ask as well as a PF.
     pub fn refresh_state(&mut self, d: &mut Driver<P>) -> Result<PortState, CmdError> {
-        self.state = query_port_state(d, self.local_port)?;
+        let o = d.exec(ifc::vport::query_vport_state())?;
+        self.state = match ifc::vport::query_vport_state_out(&o).state {
+            ifc::vport::MLX5_VPORT_STATE_UP => PortState::Active,
+            _ => PortState::Down,
+        };
         Ok(self.state)
     }
 

@@ -165,7 +165,7 @@ fn fatal_health_fails_in_flight_and_later_commands_at_once() {
         p.relax();
     }
     assert_eq!(d.cmd.queue().in_flight(), 1);
-    p.model().unwrap().inject(Fault::HealthFatal { synd: 0x8 });
+    p.model().unwrap().inject(Fault::HealthFatal { synd: 0x8, rfr: false });
     let t0 = std::time::Instant::now();
     let c = loop {
         d.pump();
@@ -187,8 +187,41 @@ fn fatal_health_fails_in_flight_and_later_commands_at_once() {
     assert_eq!(d.client.fatal(), Some(0x8));
     let events: Vec<Event> = std::iter::from_fn(|| d.next_event()).collect();
     assert!(
-        events.iter().any(|e| matches!(e, Event::Fatal(Fatal::Syndrome { synd: 0x8, .. }))),
-        "the user is told: {events:?}"
+        events.iter().any(|e| matches!(e, Event::Fatal(Fatal::Syndrome { synd: 0x8, rfr: false, .. }))),
+        "the user is told, although stock firmware's rfr is 0: {events:?}"
+    );
+}
+
+/// Rule: an overrun of the async EQ puts the firmware in internal error (health syndrome 0xc, stock `rfr` 0);
+/// the driver's health poll declares the HCA fatal from the syndrome alone and commands fail at once.
+#[test]
+fn an_async_eq_overrun_is_fatal() {
+    let cfg = Config { health_interval_ms: 50, log_eq_size: 2, ..common::driver_config() };
+    let mut d = common::up_with(common::model_config(), cfg);
+    let p = d.platform().clone();
+    {
+        // PORT_CHANGE events, more than the 4-entry EQ holds, while the event engine does not run.
+        let mut m = p.model().unwrap();
+        let ram = m.ram().clone();
+        for i in 0..5 {
+            let s = if i % 2 == 0 { mlx5_model::port::PORT_DOWN } else { mlx5_model::port::PORT_UP };
+            mlx5_model::port::set_oper(m.hca_mut(), ram.as_ref(), s);
+        }
+        assert!(m.hca().eqs.overrun(), "the EQ overran");
+    }
+    let t0 = std::time::Instant::now();
+    while d.client.fatal().is_none() {
+        d.pump();
+        p.relax();
+        assert!(t0.elapsed() < Duration::from_secs(10), "the overrun was not found fatal");
+    }
+    assert_eq!(d.client.fatal(), Some(0xc));
+    let e = d.alloc_pd().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Fatal { health_syndrome: 0xc });
+    let events: Vec<Event> = std::iter::from_fn(|| d.next_event()).collect();
+    assert!(
+        events.iter().any(|e| matches!(e, Event::Fatal(Fatal::Syndrome { synd: 0xc, rfr: false, .. }))),
+        "{events:?}"
     );
 }
 
@@ -338,7 +371,7 @@ fn fatal_health_fails_the_side_clients_in_flight_and_later_commands() {
     p.model().unwrap().inject(Fault::Hang { opcode: ACCESS_REG });
     let tag = side.submit(ifc::vport::paos_query(1)).map_err(|_| "ring full").unwrap();
     pump_until(&mut d, "the side's command in flight", |d| d.cmd.queue().in_flight() == 1);
-    p.model().unwrap().inject(Fault::HealthFatal { synd: 0x8 });
+    p.model().unwrap().inject(Fault::HealthFatal { synd: 0x8, rfr: true });
     let t0 = std::time::Instant::now();
     let mut c = None;
     pump_until(&mut d, "the side's command to fail", |_| {

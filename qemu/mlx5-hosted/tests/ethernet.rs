@@ -756,7 +756,7 @@ fn fatal_health_fails_a_maintenance_command_in_flight_and_stops_maintenance() {
     r.p.model().unwrap().inject(mlx5_model::fault::Fault::Hang { opcode: ifc::eth::MLX5_CMD_OP_QUERY_Q_COUNTER });
     assert!(port.maintain(&mut r.side, 0), "the Q counter query goes out");
     r.step_until("the query in flight", |r| r.d.cmd.queue().in_flight() == 1);
-    r.p.model().unwrap().inject(mlx5_model::fault::Fault::HealthFatal { synd: 0x8 });
+    r.p.model().unwrap().inject(mlx5_model::fault::Fault::HealthFatal { synd: 0x8, rfr: false });
     let t0 = Instant::now();
     r.step_until("the query to fail", |r| {
         port.maintain(&mut r.side, 0);

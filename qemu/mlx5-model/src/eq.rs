@@ -93,8 +93,13 @@ impl Eq {
         Some(page + (off & ((1u64 << shift) - 1)))
     }
 
-    /// Writes one EQE; false (and an overrun counted) when every entry is still the driver's, unless `oi`.
+    /// Writes one EQE; false (and an overrun counted) when every entry is still the driver's, unless `oi`. An
+    /// EQ in overrun takes no further EQE (the firmware is in internal error, [`EqTable::overrun`]).
     pub fn post(&mut self, ram: &dyn Memory, event_type: u8, sub_type: u8, data: &[u8]) -> bool {
+        if self.overruns > 0 {
+            self.overruns += 1;
+            return false;
+        }
         let used = self.producer_counter.wrapping_sub(self.consumer_counter) & 0xff_ffff;
         if used >= self.entries() && !self.oi {
             self.overruns += 1;
@@ -117,6 +122,9 @@ impl Eq {
     }
 }
 
+/// Health syndrome of an EQ overrun (`mlx5_ifc.h` `MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN`).
+pub const SYND_ASYNC_EQ_OVERRUN: u8 = 0xc;
+
 /// The EQs of the function, by EQ number.
 #[derive(Default)]
 pub struct EqTable {
@@ -131,6 +139,12 @@ pub const LAST_EQN: u32 = 0xfe;
 impl EqTable {
     pub fn clear(&mut self) {
         self.eqs.clear();
+    }
+
+    /// Has an EQ overrun (an EQE lost because the ring was full and `oi` clear)? The model then enters internal
+    /// error (`crate::model`).
+    pub fn overrun(&self) -> bool {
+        self.eqs.values().any(|q| q.overruns > 0)
     }
 
     /// Writes an EQE into every EQ subscribed to `event_type`; returns how many were written.

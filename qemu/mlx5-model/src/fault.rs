@@ -29,8 +29,10 @@ pub enum Fault {
     Hang { opcode: u16 },
     /// The health counter (BAR0 0x1010) stops (`stopped`) or runs again.
     HealthCounter { stopped: bool },
-    /// Fatal health syndrome `synd` (non-zero): the firmware is in internal error from then on.
-    HealthFatal { synd: u8 },
+    /// Fatal health syndrome `synd` (non-zero): the firmware is in internal error from then on. `rfr` is the
+    /// health buffer's "firmware requests reset" bit: stock firmware leaves it 0 (its default), a firmware
+    /// configured for reset-on-error sets it (docs/hca-model.md, "Fault injection").
+    HealthFatal { synd: u8, rfr: bool },
     /// The next doorbell write is ignored (the entries it rang stay HW-owned).
     DropDoorbell,
     /// Removes the fail, delay and hang rules and pending doorbell drops. Commands already hung or delayed,
@@ -111,7 +113,7 @@ impl Faults {
                 self.hang.insert(opcode);
             }
             Fault::HealthCounter { .. } => {}
-            Fault::HealthFatal { synd } => self.fatal = Some(synd),
+            Fault::HealthFatal { synd, .. } => self.fatal = Some(synd),
             Fault::DropDoorbell => self.drop_doorbells = self.drop_doorbells.saturating_add(1),
             Fault::Clear => {
                 self.fail.clear();
@@ -230,7 +232,7 @@ pub const SYNTAX: &str = "\
 fail <opcode hex> <count> <status hex> <syndrome hex>
 delay <opcode hex> <ms>
 hang <opcode hex>
-health stop | health run | health fatal <synd hex>
+health stop | health run | health fatal <synd hex> [rfr=0|rfr=1]
 drop-doorbell
 clear";
 
@@ -272,11 +274,24 @@ impl Fault {
             "health" => match w.next() {
                 Some("stop") => Fault::HealthCounter { stopped: true },
                 Some("run") => Fault::HealthCounter { stopped: false },
-                Some("fatal") => match hex("synd", w.next(), 0xff)? as u8 {
-                    0 => return Err(ParseError("a fatal syndrome is non-zero".into())),
-                    synd => Fault::HealthFatal { synd },
-                },
-                _ => return Err(ParseError("expected `health stop`, `health run` or `health fatal <synd>`".into())),
+                Some("fatal") => {
+                    let synd = match hex("synd", w.next(), 0xff)? as u8 {
+                        0 => return Err(ParseError("a fatal syndrome is non-zero".into())),
+                        synd => synd,
+                    };
+                    // Stock firmware's `rfr` is 0; `rfr=1` plays a firmware set to request a reset.
+                    let rfr = match w.next() {
+                        None | Some("rfr=0") => false,
+                        Some("rfr=1") => true,
+                        Some(other) => return Err(ParseError(format!("expected `rfr=0` or `rfr=1`, got `{other}`"))),
+                    };
+                    Fault::HealthFatal { synd, rfr }
+                }
+                _ => {
+                    return Err(ParseError(
+                        "expected `health stop`, `health run` or `health fatal <synd> [rfr=0|rfr=1]`".into(),
+                    ));
+                }
             },
             "drop-doorbell" => Fault::DropDoorbell,
             "clear" => Fault::Clear,
@@ -374,7 +389,9 @@ mod tests {
         assert_eq!(p("hang 0x102  # INIT_HCA"), Some(Fault::Hang { opcode: 0x102 }));
         assert_eq!(p("health stop"), Some(Fault::HealthCounter { stopped: true }));
         assert_eq!(p("health run"), Some(Fault::HealthCounter { stopped: false }));
-        assert_eq!(p("health fatal 0x7"), Some(Fault::HealthFatal { synd: 7 }));
+        assert_eq!(p("health fatal 0x7"), Some(Fault::HealthFatal { synd: 7, rfr: false }));
+        assert_eq!(p("health fatal 1 rfr=0"), Some(Fault::HealthFatal { synd: 1, rfr: false }));
+        assert_eq!(p("health fatal 8 rfr=1"), Some(Fault::HealthFatal { synd: 8, rfr: true }));
         assert_eq!(p("drop-doorbell"), Some(Fault::DropDoorbell));
         assert_eq!(p("clear"), Some(Fault::Clear));
         assert_eq!(p("   "), None);
@@ -385,6 +402,8 @@ mod tests {
         assert!(e("fail 0x10000 1 3 0").contains("opcode"));
         assert!(e("fail 0x104 x 3 0").contains("count"));
         assert!(e("health fatal 0").contains("non-zero"));
+        assert!(e("health fatal 1 rfr=2").contains("rfr=0"));
+        assert!(e("health fatal 1 rfr=1 x").contains("unexpected `x`"));
         assert!(e("health").contains("health stop"));
         assert!(e("drop-doorbell now").contains("unexpected `now`"));
     }
@@ -410,7 +429,7 @@ mod tests {
         assert!(!f.take_doorbell_drop());
         f.add(Fault::Clear);
         assert_eq!(f.on_command(1, 0, 0, now, false), Verdict::Run);
-        f.add(Fault::HealthFatal { synd: 1 });
+        f.add(Fault::HealthFatal { synd: 1, rfr: false });
         assert_eq!(f.on_command(1, 0, 0, now, false), Verdict::Dead);
         assert_eq!(f.counters().ignored_after_fatal, 1);
     }

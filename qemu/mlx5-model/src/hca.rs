@@ -14,6 +14,9 @@ use crate::qp::QpTable;
 /// `roce_cap.roce_address_table_size` of the reported capabilities (256 in the reference trace).
 const ROCE_ADDRESS_TABLE_SIZE: usize = 256;
 
+/// [`ModelConfig::link_up_delay`] by default: one second of link training (a real ConnectX-5 takes seconds).
+pub const DEFAULT_LINK_UP_DELAY: Duration = Duration::from_millis(1000);
+
 /// Model configuration; every default's source is in `docs/hca-model.md`.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
@@ -42,8 +45,14 @@ pub struct ModelConfig {
     /// meanwhile (zero by default: commands run at the model's own speed).
     pub cmd_latency: Duration,
     /// The link comes up this long after the port is administratively up (at INIT_HCA, or a PAOS write of
-    /// `admin_status` up); zero: at once, as before. Real link training takes seconds.
+    /// `admin_status` up), announced by a PORT_CHANGE (ACTIVE) event; zero: at once. Real link training takes
+    /// seconds; the default, [`DEFAULT_LINK_UP_DELAY`], keeps a QEMU boot short (docs/hca-model.md).
     pub link_up_delay: Duration,
+    /// The port starts administratively down (`--admin-down`): the link stays down until the driver writes
+    /// PAOS `admin_status` up (Linux `mlx5_set_port_admin_status`, on netdev open), then trains. A VF may not
+    /// write PAOS: its port follows the PF, which in this model never brings it up, so a VF with this set
+    /// keeps a down link (docs/hca-model.md, "Events and the port").
+    pub admin_down: bool,
     /// The NIC vport context's `min_wqe_inline_mode` (the Ethernet caps report `wqe_inline_mode` =
     /// VPORT_CONTEXT): 1 = L2 (`MLX5_INLINE_MODE_L2`).
     pub min_wqe_inline_mode: u8,
@@ -73,7 +82,8 @@ impl Default for ModelConfig {
             mac: [0x02, 0x4c, 0x42, 0x00, 0x00, 0x01],
             page_request: None,
             cmd_latency: Duration::ZERO,
-            link_up_delay: Duration::ZERO,
+            link_up_delay: DEFAULT_LINK_UP_DELAY,
+            admin_down: false,
             min_wqe_inline_mode: crate::eth::frame::inline_mode::L2,
             left_initialized: false,
             vf: false,
@@ -129,8 +139,11 @@ impl Hca {
             flow: FlowSteering::default(),
             eqs: crate::eq::EqTable::default(),
             cqs: crate::cq::CqTable::default(),
-            port: crate::port::Port::new(cfg.mac, ROCE_ADDRESS_TABLE_SIZE)
-                .with_link(cfg.link_up_delay, cfg.min_wqe_inline_mode),
+            port: crate::port::Port::new(cfg.mac, ROCE_ADDRESS_TABLE_SIZE).with_link(
+                cfg.link_up_delay,
+                cfg.admin_down,
+                cfg.min_wqe_inline_mode,
+            ),
             page_waits: crate::events::PageWaits::new(cfg.page_request),
             eth: crate::eth::Eth::default(),
             vf: cfg.vf,

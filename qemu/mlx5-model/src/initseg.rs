@@ -85,15 +85,16 @@ impl InitSeg {
         self.health_stopped = stopped;
     }
 
-    /// Fatal health syndrome (docs/reference/mlx5.md §g, sensor 5): health buffer `synd` (0x23d) non-zero with `rfr`
-    /// (0x238 bit 7, "firmware requests reset") and severity valid + 2 (`LOGLEVEL_CRIT`, 0x238 bits 3:0) — Linux's
-    /// `mlx5_health_check_fatal_sensors` then enters internal error — and `health_syndrome` (0x1010 bits
-    /// 31:24, ifc `initial_seg`) set to the same value.
-    pub fn raise_fatal(bar: &dyn Memory, synd: u8) -> Result<(), OutOfRange> {
+    /// Fatal health syndrome (docs/reference/mlx5.md §g): health buffer `synd` (0x23d) non-zero, `rfr` (0x238
+    /// bit 7, "firmware requests reset") as given — stock firmware leaves it 0, so Linux's
+    /// `mlx5_health_check_fatal_sensors` (which wants `rfr` and `synd`) does not see it; only its poller's
+    /// devlink report does — severity valid + 2 (`LOGLEVEL_CRIT`, 0x238 bits 3:0), and `health_syndrome`
+    /// (0x1010 bits 31:24, ifc `initial_seg`) set to the same value.
+    pub fn raise_fatal(bar: &dyn Memory, synd: u8, rfr: bool) -> Result<(), OutOfRange> {
         let mut hb = [0u8; ifc::health_buffer::SIZE];
         bar.read(seg::HEALTH_BUFFER, &mut hb)?;
         ifc::set(&mut hb, ifc::health_buffer::SYND, synd.into());
-        ifc::set(&mut hb, ifc::health_buffer::RFR, 1);
+        ifc::set(&mut hb, ifc::health_buffer::RFR, rfr.into());
         hb[0x38] = (hb[0x38] & 0xf0) | 0x8 | 2;
         bar.write(seg::HEALTH_BUFFER, &hb)?;
         let d = bar.read_be32(seg::BYTE_HEALTH_COUNTER)?;

@@ -34,10 +34,13 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
   --eth-udp LOCAL,PEER  the port's Ethernet wire: one frame per UDP datagram, read on LOCAL and sent to PEER
                         (the peer of QEMU `-netdev socket,udp=LOCAL,localaddr=PEER`); RoCEv2 frames for the
                         port's MAC on it go to the responder too (default: no Ethernet wire)
-  --link-up-delay MS    the link comes up MS milliseconds after the port is administratively up (default 0)
+  --link-up-delay MS    the link comes up (PORT_CHANGE ACTIVE) MS milliseconds after the port is
+                        administratively up (default 1000: link training; 0 = at once)
+  --admin-down          the port starts administratively down: no link until the driver writes PAOS
+                        admin_status up (as Linux does on netdev open)
   --control PATH        a control file for fault injection, created empty and polled every 100 ms: append one
                         command per line (`fail <opcode> <count> <status> <syndrome>`, `delay <opcode> <ms>`,
-                        `hang <opcode>`, `health stop|run`, `health fatal <synd>`, `drop-doorbell`, `clear`;
+                        `hang <opcode>`, `health stop|run`, `health fatal <synd> [rfr=0|1]`, `drop-doorbell`, `clear`;
                         see docs/hca-model.md)
   --vf                  play a ConnectX-5 VF (device 0x1018 in the signature): ACCESS_REGISTER refuses
                         HOST_ENDIANNESS and PAOS/PMTU writes, as only the PF may make them
@@ -66,6 +69,7 @@ struct Opts {
     udp: SocketAddr,
     eth_udp: Option<(SocketAddr, SocketAddr)>,
     link_up_delay: Duration,
+    admin_down: bool,
     wait: Duration,
     exit_on_stdin_eof: bool,
     vf: bool,
@@ -91,7 +95,8 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     let mut vf = false;
     let mut control = None;
     let mut eth_udp = None;
-    let mut link_up_delay = Duration::ZERO;
+    let mut link_up_delay = mlx5_model::hca::DEFAULT_LINK_UP_DELAY;
+    let mut admin_down = false;
     while let Some(arg) = it.next() {
         let (flag, inline) = match arg.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
@@ -154,6 +159,12 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
                 }
                 vf = true;
             }
+            "--admin-down" => {
+                if inline.is_some() {
+                    return Err(format!("{flag} takes no value"));
+                }
+                admin_down = true;
+            }
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
@@ -177,6 +188,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
         udp,
         eth_udp,
         link_up_delay,
+        admin_down,
         wait,
         exit_on_stdin_eof,
         vf,
@@ -361,6 +373,7 @@ impl Device {
         let cfg = mlx5_model::ModelConfig {
             trace: o.trace.clone(),
             link_up_delay: o.link_up_delay,
+            admin_down: o.admin_down,
             vf: o.vf,
             ..mlx5_model::ModelConfig::default()
         };
@@ -466,6 +479,7 @@ mod tests {
             "--link-up-delay",
             "1500",
             "--vf",
+            "--admin-down",
         ])
         .unwrap();
         assert_eq!(o.eth_udp.map(|(a, b)| (a.port(), b.port())), Some((5555, 5556)));
@@ -477,7 +491,11 @@ mod tests {
         assert_eq!(o.wait, Duration::from_secs(3));
         assert!(o.exit_on_stdin_eof);
         assert!(o.vf);
+        assert!(o.admin_down);
         assert!(parse(&["--bar", "b", "--ram", "r", "--vf=1"]).is_err(), "--vf takes no value");
+        assert!(parse(&["--bar", "b", "--ram", "r", "--admin-down=1"]).is_err(), "--admin-down takes no value");
+        let d = parse(&["--bar", "b", "--ram", "r"]).unwrap();
+        assert_eq!((d.link_up_delay, d.admin_down), (mlx5_model::hca::DEFAULT_LINK_UP_DELAY, false));
         assert!(matches!(parse_args(["-h".to_string()]), Ok(Parsed::Help)));
     }
 

@@ -204,12 +204,26 @@ impl Model {
         let mut did = self.hca.eqs.poll_doorbells(self.bar.as_ref());
         did |= crate::completion::poll_cq_doorbells(&mut self.hca, self.bar.as_ref(), self.ram.as_ref());
         did |= crate::port::tick(&mut self.hca, self.ram.as_ref(), Instant::now());
+        did |= self.eq_overrun_check();
         did |= crate::eth::tx::poll_doorbells(&mut self.hca, self.bar.as_ref(), self.ram.as_ref());
         for (slot, addr) in crate::events::ready(&mut self.hca) {
             self.run_slot(slot, addr, false);
             did = true;
         }
         did
+    }
+
+    /// An EQ that overran (an EQE was due and every entry was still the driver's, `oi` clear) puts the
+    /// firmware in internal error: health syndrome 0xc (`MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN`)
+    /// with stock firmware's `rfr` 0, commands no longer complete and the health counter stops
+    /// (docs/hca-model.md, "Events and the port"). Returns true when it happened in this pass.
+    fn eq_overrun_check(&mut self) -> bool {
+        if self.faults.fatal().is_some() || !self.hca.eqs.overrun() {
+            return false;
+        }
+        self.inject(Fault::HealthFatal { synd: crate::eq::SYND_ASYNC_EQ_OVERRUN, rfr: false });
+        self.set_health_stopped(true);
+        true
     }
 
     /// The MKEY named by `key` (index `key >> 8` and variant `key & 0xff` must both match; a stale variant
@@ -255,12 +269,17 @@ impl Model {
     pub fn inject(&mut self, f: Fault) {
         match f {
             Fault::HealthCounter { stopped } => self.set_health_stopped(stopped),
-            Fault::HealthFatal { synd } if self.seg.is_some() => {
-                let _ = InitSeg::raise_fatal(self.bar.as_ref(), synd);
+            Fault::HealthFatal { synd, rfr } if self.seg.is_some() => {
+                let _ = InitSeg::raise_fatal(self.bar.as_ref(), synd, rfr);
             }
             _ => {}
         }
         self.faults.add(f);
+    }
+
+    /// The health syndrome of the firmware's internal error, once in it (an injected fatal or an EQ overrun).
+    pub fn fatal(&self) -> Option<u8> {
+        self.faults.fatal()
     }
 
     pub fn fault_counters(&self) -> FaultCounters {

@@ -125,12 +125,16 @@ impl Port {
         }
     }
 
-    /// Link training time and the vport's minimal inline mode. With a delay the link starts down; it trains
-    /// from INIT_HCA ([`start_link`]).
-    pub fn with_link(mut self, delay: Duration, min_wqe_inline_mode: u8) -> Port {
+    /// Link training time, the administrative state at power-up and the vport's minimal inline mode. With a
+    /// delay the link starts down and trains from INIT_HCA ([`start_link`]); administratively down, it stays
+    /// down until a PAOS write brings it up.
+    pub fn with_link(mut self, delay: Duration, admin_down: bool, min_wqe_inline_mode: u8) -> Port {
         self.link_delay = delay;
         self.min_wqe_inline_mode = min_wqe_inline_mode;
-        if !delay.is_zero() {
+        if admin_down {
+            self.admin_status = PORT_DOWN;
+        }
+        if admin_down || !delay.is_zero() {
             self.oper_status = PORT_DOWN;
         }
         self

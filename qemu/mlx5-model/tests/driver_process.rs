@@ -52,11 +52,13 @@ fn the_driver_brings_up_the_model_process_over_shared_files() {
     let bar = shm_file("bar", 32 << 20);
     let ram = shm_file("ram", 128 << 20);
     let _files = Files(vec![bar.clone(), ram.clone()]);
-    let (mut model, line) = spawn_model(&bar, &ram, &[]);
+    // Administratively down: the link comes up only because the driver (a PF) writes PAOS admin_status up,
+    // then trains (the binary's default delay) while bring-up waits for it.
+    let (mut model, line) = spawn_model(&bar, &ram, &["--admin-down"]);
     assert!(line.starts_with("mlx5-model: ready"), "{line}");
 
     let p = Arc::new(HostedPlatform::open_files(&bar, &ram, Duration::from_secs(5)).unwrap());
-    let cfg = Config { part: "ConnectX-5", pre_init_timeout_ms: 5_000, ..Config::default() };
+    let cfg = Config { part: "ConnectX-5", pre_init_timeout_ms: 5_000, link_wait_ms: 10_000, ..Config::default() };
     let mut d = Driver::bring_up(p.clone(), cfg).unwrap_or_else(|e| panic!("bring-up: {e}"));
     assert_eq!(d.info.port, PortState::Active);
     let pd = d.alloc_pd().unwrap();
@@ -119,7 +121,14 @@ fn the_vf_personality_names_a_vf_and_a_vf_driver_comes_up_on_it() {
     assert_eq!(mlx5_signature::plays(sig), 0x1018);
 
     let p = Arc::new(HostedPlatform::open_files(&bar, &ram, Duration::from_secs(5)).unwrap());
-    let cfg = Config { part: "ConnectX-5 VF", vf: true, pre_init_timeout_ms: 5_000, ..Config::default() };
+    // The VF does not write PAOS; its port (the PF's, up from power-on in the model) trains and comes up.
+    let cfg = Config {
+        part: "ConnectX-5 VF",
+        vf: true,
+        pre_init_timeout_ms: 5_000,
+        link_wait_ms: 10_000,
+        ..Config::default()
+    };
     let d = Driver::bring_up(p, cfg).unwrap_or_else(|e| panic!("bring-up as a VF: {e}"));
     assert_eq!(d.info.port, PortState::Active);
     let report = d.teardown().unwrap_or_else(|(r, e)| panic!("teardown: {e} ({r:?})"));

@@ -41,8 +41,9 @@ fn qps(d: &mut Drv, uar: u32, eqn: u8, n: usize) -> Vec<u32> {
     (0..n).map(|_| support_qp::create_qp(d, r)).collect()
 }
 
+/// The link up at once (PORT_CHANGE here comes from PAOS writes; training is in `tests/port.rs`).
 fn cfg() -> ModelConfig {
-    ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() }
+    ModelConfig { init_delay: Duration::ZERO, link_up_delay: Duration::ZERO, ..ModelConfig::default() }
 }
 
 fn eqe(d: &Drv, i: u64) -> [u8; 64] {
@@ -69,9 +70,8 @@ fn eqes_carry_type_data_and_a_toggling_owner_bit() {
         let e = eqe(&d, i);
         assert_eq!((e[1], e[3], e[0x20 + 0x14], be32(&e, 0x38), e[63] & 1), (0x11, 0, 0, q[i as usize], 0));
     }
-    // Full: the fifth is dropped (overrun) until the consumer index moves through the UAR EQ doorbell.
-    d.model.raise_qp_event(q[4], 0x11);
-    assert_eq!(d.model.hca().eqs.eqs[&eqn].overruns, 1);
+    // The consumer index moves through the UAR EQ doorbell (a fifth EQE before that would overrun the EQ:
+    // `async_eq_overrun_is_fatal`).
     d.bar.write_be32(u64::from(uar) * 4096 + 0x40, (u32::from(eqn) << 24) | 2).unwrap();
     d.model.poll();
     assert_eq!(d.model.hca().eqs.eqs[&eqn].consumer_counter, 2);
@@ -83,6 +83,49 @@ fn eqes_carry_type_data_and_a_toggling_owner_bit() {
     // A destroyed QP raises nothing either.
     d.ok(&support_qp::short_in(support_qp::DESTROY_QP, q[5]), 16);
     assert_eq!(d.model.raise_qp_event(q[5], 0x11), 0);
+}
+
+/// Rule: an EQE for an EQ whose every entry is still the driver's (`oi` clear) is an overrun, and the firmware
+/// enters internal error: health syndrome 0xc (`MLX5_INITIAL_SEG_HEALTH_SYNDROME_ASYNCHRONOUS_EQ_BUF_OVERRUN`),
+/// stock `rfr` 0, commands no longer complete, the health counter stops, and the EQ takes no further EQE.
+#[test]
+fn async_eq_overrun_is_fatal() {
+    let cfg = ModelConfig { health_period: Duration::from_millis(2), ..cfg() };
+    let (mut d, uar, eqn) = with_eq(cfg, (1 << 0x11) | (1 << 0x4));
+    let q = qps(&mut d, uar, eqn, 5);
+    for &n in &q[..4] {
+        assert_eq!(d.model.raise_qp_event(n, 0x11), 1);
+    }
+    d.model.poll();
+    let mut hb = [0u8; 0x40];
+    d.bar.read(0x200, &mut hb).unwrap();
+    assert_eq!(hb[0x3d], 0, "a full EQ alone is no error");
+    // The fifth has nowhere to go.
+    assert_eq!(d.model.raise_qp_event(q[4], 0x11), 0);
+    assert_eq!(d.model.hca().eqs.eqs[&eqn].overruns, 1);
+    d.model.poll();
+    d.bar.read(0x200, &mut hb).unwrap();
+    assert_eq!(hb[0x3d], 0xc, "synd: async EQ buffer overrun");
+    assert_eq!(hb[0x38] & 0x80, 0, "stock firmware's rfr 0");
+    assert_eq!(d.bar.read_be32(0x1010).unwrap() >> 24, 0xc, "health_syndrome");
+    // Commands are no longer answered.
+    d.post(0, &cmd(0x107, 1, 16), 16);
+    d.ring(1);
+    for _ in 0..10 {
+        d.model.poll();
+    }
+    let mut e = [0u8; 64];
+    d.ram.read(common::CMDQ, &mut e).unwrap();
+    assert_eq!(e[0x3f] & 1, 1, "QUERY_PAGES stays hardware-owned");
+    // The health counter stops.
+    let c = d.bar.read_be32(0x1010).unwrap() & 0xff_ffff;
+    std::thread::sleep(Duration::from_millis(10));
+    d.model.poll();
+    assert_eq!(d.bar.read_be32(0x1010).unwrap() & 0xff_ffff, c, "health counter stopped");
+    // Freeing entries does not bring the EQ back.
+    d.bar.write_be32(u64::from(uar) * 4096 + 0x40, (u32::from(eqn) << 24) | 4).unwrap();
+    d.model.poll();
+    assert_eq!(d.model.raise_qp_event(q[0], 0x11), 0, "no EQE after the overrun");
 }
 
 #[test]

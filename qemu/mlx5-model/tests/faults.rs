@@ -103,11 +103,11 @@ fn health_counter_stops_and_runs_again() {
 fn fatal_syndrome_sets_the_health_buffer_and_commands_are_not_answered() {
     let mut d = Drv::new();
     d.ok(&cmd(ENABLE_HCA, 0, 16), 16);
-    d.model.inject(Fault::HealthFatal { synd: 0x7 });
+    d.model.inject(Fault::HealthFatal { synd: 0x7, rfr: true });
     let mut hb = [0u8; 0x40];
     d.bar.read(0x200, &mut hb).unwrap();
     assert_eq!(hb[0x3d], 0x7, "synd");
-    assert_eq!(hb[0x38] & 0x80, 0x80, "rfr: Linux's fatal sensor needs rfr with synd");
+    assert_eq!(hb[0x38] & 0x80, 0x80, "rfr as asked: Linux's fatal sensor needs rfr with synd");
     assert_eq!(hb[0x38] & 0x0f, 0x8 | 2, "severity valid, LOGLEVEL_CRIT");
     assert_eq!(d.bar.read_be32(0x1010).unwrap() >> 24, 0x7, "health_syndrome");
     d.post(0, &cmd(QUERY_PAGES, 1, 16), 16);
@@ -122,6 +122,29 @@ fn fatal_syndrome_sets_the_health_buffer_and_commands_are_not_answered() {
     d.post(1, &cmd(QUERY_PAGES, 1, 16), 16);
     d.ring(2);
     assert!(hw_owned(&d, 1));
+}
+
+/// Stock firmware (`rfr` 0, its default): the same syndrome, severity and dead command interface, but no
+/// reset request — the driver must not wait for `rfr` to call it fatal.
+#[test]
+fn fatal_syndrome_with_stock_rfr_leaves_rfr_clear() {
+    let mut d = Drv::new();
+    d.ok(&cmd(ENABLE_HCA, 0, 16), 16);
+    let f = Fault::parse("health fatal 0x1").unwrap().unwrap();
+    assert_eq!(f, Fault::HealthFatal { synd: 0x1, rfr: false }, "the control file's default is stock rfr 0");
+    d.model.inject(f);
+    let mut hb = [0u8; 0x40];
+    d.bar.read(0x200, &mut hb).unwrap();
+    assert_eq!(hb[0x3d], 0x1, "synd");
+    assert_eq!(hb[0x38] & 0x80, 0, "rfr stays 0");
+    assert_eq!(hb[0x38] & 0x0f, 0x8 | 2, "severity valid, LOGLEVEL_CRIT");
+    assert_eq!(d.bar.read_be32(0x1010).unwrap() >> 24, 0x1, "health_syndrome");
+    d.post(0, &cmd(QUERY_PAGES, 1, 16), 16);
+    d.ring(1);
+    for _ in 0..10 {
+        d.model.poll();
+    }
+    assert!(hw_owned(&d, 0), "a firmware in internal error does not complete commands, whatever rfr says");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{Drv, be32, cmd, put32};
+use mlx5_model::mem::Memory;
 
 const BAD_OP: u8 = 0x02;
 const BAD_PARAM: u8 = 0x03;
@@ -37,7 +38,7 @@ fn pmtu_paos_and_host_endianness() {
     assert_eq!(d.exec(&reg(0, 0x5003, 1 << 16, 0, 20 << 16), 0x20).status(), BAD_PARAM, "below minimum");
     assert_eq!(d.exec(&reg(1, 0x5003, 2 << 16, 0, 0), 0x20).status(), BAD_PARAM, "local_port 2");
     let out = d.ok(&reg(1, 0x5006, 1 << 16, 0, 0), 0x20);
-    assert_eq!(be32(&out, 0x10) & 0xf0f, 0x101, "admin up, oper up");
+    assert_eq!(be32(&out, 0x10) & 0xf0f, 0x102, "admin up, oper down: the link is still training");
     assert_eq!(d.exec(&reg(0, 0x5006, (1 << 16) | (3 << 8), 1 << 31, 0), 0x20).status(), BAD_PARAM);
     d.ok(&reg(0, 0x7004, 0, 0, 0), 0x20);
     assert_eq!(d.exec(&reg(0, 0x7004, 0x80 << 24, 0, 0), 0x20).status(), BAD_PARAM, "big-endian host");
@@ -179,7 +180,7 @@ fn a_vf_may_not_change_the_port_admin_status() {
     assert_eq!((r.status(), r.syndrome()), (BAD_PARAM, NOT_PERMITTED_FOR_VF));
     // Reading the port's state is allowed, and the refused writes changed nothing.
     let out = d.ok(&reg(1, 0x5006, 1 << 16, 0, 0), 0x20);
-    assert_eq!(be32(&out, 0x10) & 0xf0f, 0x101, "admin up, oper up");
+    assert_eq!(be32(&out, 0x10) & 0xf0f, 0x102, "admin up (the PF's), oper down while training");
     assert_eq!(be32(&out, 0x18) & 3, 0, "no events asked");
 }
 
@@ -208,4 +209,133 @@ fn a_vf_reports_itself_in_the_general_caps() {
         let out = pf.ok(&cmd(0x100, op_mod, 16), 0x1010);
         assert_eq!(be32(&out, 0x10 + 0x4) & 0xffff, 0, "the PF is vhca 0");
     }
+}
+
+/// A driver brought up on `cfg` with a 4-entry EQ subscribed to PORT_CHANGE at `buf` (owner bits 1).
+fn with_port_eq(cfg: mlx5_model::ModelConfig, buf: u64) -> Drv {
+    let mut d = Drv::with(cfg, 64 << 20);
+    d.bring_up();
+    let uar = be32(&d.ok(&cmd(0x802, 0, 16), 16), 8);
+    for i in 0..4 {
+        d.ram.write(buf + 64 * i + 63, &[1]).unwrap();
+    }
+    d.ok(&common::create_eq_in(2, uar, 1 << 0x9, buf), 16);
+    d
+}
+
+const PORT_EQ: u64 = 0x3c0_0000;
+
+/// PAOS `admin_status` (bits 11:8) and `oper_status` (bits 3:0) of port 1.
+fn paos_state(d: &mut Drv) -> (u32, u32) {
+    let v = be32(&d.ok(&reg(1, 0x5006, 1 << 16, 0, 0), 0x20), 0x10);
+    ((v >> 8) & 0xf, v & 0xf)
+}
+
+/// Polls the model until port 1 is up or 5 s pass.
+fn poll_until_up(d: &mut Drv) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while paos_state(d).1 != 1 && std::time::Instant::now() < end {
+        d.model.poll();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// QUERY_VPORT_STATE (0x750) of the own vNIC vport: (`admin_state`, `state`).
+fn vport_state(d: &mut Drv) -> (u32, u32) {
+    let v = be32(&d.ok(&cmd(0x750, 0, 16), 16), 0xc);
+    ((v >> 4) & 0xf, v & 0xf)
+}
+
+/// QUERY_VPORT_STATE: only op_mod VNIC_VPORT (0) and the own vport; before INIT_HCA refused.
+#[test]
+fn query_vport_state_takes_the_own_vnic_vport_only() {
+    let mut d = Drv::new();
+    assert_eq!(d.exec(&cmd(0x750, 0, 16), 16).status(), BAD_SYS_STATE, "before INIT_HCA");
+    d.bring_up();
+    assert_eq!(vport_state(&mut d).0, 2, "admin_state AUTO");
+    for op_mod in [1, 2] {
+        assert_eq!(d.exec(&cmd(0x750, op_mod, 16), 16).status(), BAD_PARAM, "op_mod {op_mod}");
+    }
+    let mut other = cmd(0x750, 0, 16);
+    put32(&mut other, 8, (1 << 31) | 1);
+    assert_eq!(d.exec(&other, 16).status(), BAD_PARAM, "another vport");
+    assert_eq!(d.exec(&cmd(0x750, 0, 16), 8).status(), BAD_OUTP_LEN);
+}
+
+fn eqe(d: &Drv, i: u64) -> [u8; 64] {
+    let mut e = [0u8; 64];
+    d.ram.read(PORT_EQ + 64 * i, &mut e).unwrap();
+    e
+}
+
+/// Rule: link training by default. The model's default configuration trains for a non-zero time after
+/// INIT_HCA: the link is down right after bring-up, then up with a PORT_CHANGE (ACTIVE, port 1) EQE.
+#[test]
+fn the_link_trains_by_default_and_port_change_reports_it() {
+    let cfg = mlx5_model::ModelConfig { init_delay: std::time::Duration::ZERO, ..Default::default() };
+    assert!(!cfg.link_up_delay.is_zero(), "a real ConnectX-5 takes seconds to train its link");
+    assert_eq!(cfg.link_up_delay, mlx5_model::hca::DEFAULT_LINK_UP_DELAY);
+    let mut d = with_port_eq(cfg, PORT_EQ);
+    assert_eq!(paos_state(&mut d), (1, 2), "admin up, oper down right after INIT_HCA");
+    assert_eq!(vport_state(&mut d), (2, 0), "QUERY_VPORT_STATE: admin AUTO, state down");
+    d.model.poll();
+    assert_eq!(eqe(&d, 0)[0x3f] & 1, 1, "no EQE while training");
+    poll_until_up(&mut d);
+    assert_eq!(paos_state(&mut d), (1, 1), "up after the training delay");
+    assert_eq!(vport_state(&mut d), (2, 1), "QUERY_VPORT_STATE: state up");
+    let e = eqe(&d, 0);
+    assert_eq!((e[1], e[3], e[0x28] >> 4, e[63] & 1), (0x09, 4, 1, 0), "PORT_CHANGE ACTIVE, port 1");
+    assert_eq!(eqe(&d, 1)[63] & 1, 1, "one event only");
+}
+
+/// Rule: `admin_down` (`--admin-down`): the port starts administratively down and stays down (no training, no
+/// event) until the driver writes PAOS `admin_status` up (Linux `mlx5_set_port_admin_status`); then it trains
+/// and PORT_CHANGE (ACTIVE) reports it.
+#[test]
+fn an_administratively_down_port_trains_only_after_a_paos_write() {
+    let delay = std::time::Duration::from_millis(100);
+    let cfg = mlx5_model::ModelConfig {
+        init_delay: std::time::Duration::ZERO,
+        link_up_delay: delay,
+        admin_down: true,
+        ..Default::default()
+    };
+    let mut d = with_port_eq(cfg, PORT_EQ);
+    assert_eq!(paos_state(&mut d), (2, 2), "admin down, oper down");
+    // Longer than the training delay: nothing happens.
+    let end = std::time::Instant::now() + 2 * delay;
+    while std::time::Instant::now() < end {
+        d.model.poll();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(paos_state(&mut d), (2, 2), "still down: nobody brought it up");
+    assert_eq!(eqe(&d, 0)[0x3f] & 1, 1, "no EQE");
+    // admin_status up with ase.
+    d.ok(&reg(0, 0x5006, (1 << 16) | (1 << 8), 1 << 31, 0), 0x20);
+    assert_eq!(paos_state(&mut d), (1, 2), "admin up, training");
+    poll_until_up(&mut d);
+    assert_eq!(paos_state(&mut d), (1, 1));
+    let e = eqe(&d, 0);
+    assert_eq!((e[1], e[3], e[0x28] >> 4), (0x09, 4, 1), "PORT_CHANGE ACTIVE, port 1");
+}
+
+/// Rule: a VF may not write PAOS, and its port follows the PF's; with `admin_down` the model's PF never brings
+/// the port up, so the VF's link stays down.
+#[test]
+fn a_vf_on_an_administratively_down_port_stays_down() {
+    let delay = std::time::Duration::from_millis(20);
+    let cfg = mlx5_model::ModelConfig {
+        vf: true,
+        init_delay: std::time::Duration::ZERO,
+        link_up_delay: delay,
+        admin_down: true,
+        ..Default::default()
+    };
+    let mut d = with_port_eq(cfg, PORT_EQ);
+    let r = d.exec(&reg(0, 0x5006, (1 << 16) | (1 << 8), 1 << 31, 0), 0x20);
+    assert_eq!((r.status(), r.syndrome()), (BAD_PARAM, NOT_PERMITTED_FOR_VF));
+    std::thread::sleep(3 * delay);
+    d.model.poll();
+    assert_eq!(paos_state(&mut d), (2, 2));
+    assert_eq!(eqe(&d, 0)[0x3f] & 1, 1, "no EQE");
 }

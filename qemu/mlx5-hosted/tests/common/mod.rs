@@ -14,8 +14,9 @@ pub type Hosted = Driver<HostedPlatform>;
 /// RAM for the hosted model: init pages (~50 MiB with the model's defaults) plus room for queues and leases.
 pub const RAM_BYTES: usize = 128 << 20;
 
+/// The link up at once (no training): tests of link training set `link_up_delay` themselves.
 pub fn model_config() -> ModelConfig {
-    ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() }
+    ModelConfig { init_delay: Duration::ZERO, link_up_delay: Duration::ZERO, ..ModelConfig::default() }
 }
 
 pub fn driver_config() -> Config {

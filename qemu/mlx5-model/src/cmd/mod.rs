@@ -94,6 +94,7 @@ pub mod opcode {
     pub const ALLOC_Q_COUNTER: u16 = 0x771;
     pub const DEALLOC_Q_COUNTER: u16 = 0x772;
     pub const QUERY_Q_COUNTER: u16 = 0x773;
+    pub const QUERY_VPORT_STATE: u16 = 0x750;
     pub const QUERY_NIC_VPORT_CONTEXT: u16 = 0x754;
     pub const MODIFY_NIC_VPORT_CONTEXT: u16 = 0x755;
     pub const QUERY_ROCE_ADDRESS: u16 = 0x760;
@@ -283,6 +284,7 @@ fn dispatch(hca: &mut Hca, c: &Ctx) -> CmdResult {
         CREATE_CQ => cq::create_cq(hca, c),
         DESTROY_CQ => cq::destroy_cq(hca, c),
         ACCESS_REG => reg::access_register(hca, c),
+        QUERY_VPORT_STATE => vport::query_vport_state(hca, c),
         QUERY_NIC_VPORT_CONTEXT => vport::query_nic_vport_context(hca, c),
         MODIFY_NIC_VPORT_CONTEXT => vport::modify_nic_vport_context(hca, c),
         QUERY_HCA_VPORT_GID => vport::query_hca_vport_gid(hca, c),

@@ -34,6 +34,35 @@ const SELECT_MTU: Field = Field::new(0x79, 1);
 const SELECT_ROCE_EN: Field = Field::new(0x7e, 1);
 const FIELD_SELECT: Field = Field::new(0x60, 32);
 
+/// `query_vport_state_out`: `admin_state` (4 bits at 0x78) and `state` (4 bits at 0x7c); 0x10 bytes.
+const VPORT_ADMIN_STATE: Field = Field::new(0x78, 4);
+const VPORT_STATE: Field = Field::new(0x7c, 4);
+const QUERY_VPORT_STATE_OUT_SIZE: usize = 0x10;
+/// `device.h`: `VPORT_STATE_DOWN` / `_UP`; `MLX5_VPORT_ADMIN_STATE_AUTO` (the vport follows the uplink).
+const VPORT_STATE_DOWN: u32 = 0;
+const VPORT_STATE_UP: u32 = 1;
+const VPORT_ADMIN_STATE_AUTO: u32 = 2;
+
+/// QUERY_VPORT_STATE (`query_vport_state_in/out`; Linux `mlx5_query_vport_state`, which `mlx5e_update_carrier`
+/// calls with op_mod VNIC_VPORT and vport 0 on every PORT_CHANGE): the function's own vNIC vport only. `state`
+/// follows the port's operational state; `admin_state` is AUTO (the vport follows the uplink: no e-switch
+/// manager set it otherwise; docs/hca-model.md, "Events and the port").
+pub fn query_vport_state(hca: &mut Hca, c: &Ctx) -> CmdResult {
+    c.need_input(0x10)?;
+    // MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT only: the e-switch and uplink views are the e-switch manager's.
+    c.op_mod_in(&[0])?;
+    c.reserved_zero(0x10, &[OTHER_VPORT, VPORT_NUMBER])?;
+    need_initialized(hca, c)?;
+    if c.get(OTHER_VPORT) != 0 || c.get(VPORT_NUMBER) != 0 {
+        return Err(c.err(status::BAD_PARAM, reason::WRONG_FUNCTION));
+    }
+    let mut out = c.output(QUERY_VPORT_STATE_OUT_SIZE)?;
+    let up = hca.port.oper_status == crate::port::PORT_UP;
+    ifc::set(&mut out, VPORT_STATE, if up { VPORT_STATE_UP } else { VPORT_STATE_DOWN });
+    ifc::set(&mut out, VPORT_ADMIN_STATE, VPORT_ADMIN_STATE_AUTO);
+    Ok(out)
+}
+
 pub fn query_nic_vport_context(hca: &mut Hca, c: &Ctx) -> CmdResult {
     c.need_input(0x10)?;
     c.op_mod_in(&[0])?;
