@@ -85,7 +85,12 @@ pub fn flush_rq(hca: &mut Hca, ram: &dyn Memory, qpn: u32) -> u32 {
     for _ in 0..pending {
         let Some(q) = hca.qps.get(qpn) else { break };
         let counter = q.rq_consumed as u16;
-        let body = cq::error_cqe(cq::opcode::RESP_ERR, cq::syndrome::WR_FLUSH_ERR, qpn, counter);
+        let mut body = cq::error_cqe(cq::opcode::RESP_ERR, cq::syndrome::WR_FLUSH_ERR, qpn, counter);
+        // CQE version 1: the QP's `user_index` in `srqn_uidx` (bits 23:0).
+        if hca.caps.general(crate::caps::cmd_hca_cap::CQE_VERSION) == 1 {
+            let uidx = q.get(qpc::USER_INDEX) & 0xff_ffff;
+            body[cq::cqe::SRQN..cq::cqe::SRQN + 4].copy_from_slice(&uidx.to_be_bytes());
+        }
         if write_cqe(hca, ram, cqn, &body) != CqeWrite::Written {
             break;
         }
