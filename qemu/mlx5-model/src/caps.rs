@@ -351,7 +351,7 @@ mod tests {
 
     #[test]
     fn trace_values_land_in_the_right_fields() {
-        let c = Caps::default();
+        let c = Caps::connectx4_trace();
         // From the trace: general max dword 0x10 = 0x0f0f0017 → log_max_qp 0x17; current 0x0e.
         assert_eq!(ifc::get(c.block(0, false).unwrap(), cmd_hca_cap::LOG_MAX_QP), 0x17);
         assert_eq!(c.general(cmd_hca_cap::LOG_MAX_QP), 0x0e);
@@ -380,6 +380,48 @@ mod tests {
         // Everything else is the PF's.
         assert_eq!(vf.general(cmd_hca_cap::LOG_MAX_QP), pf.general(cmd_hca_cap::LOG_MAX_QP));
         assert_eq!(vf.general(cmd_hca_cap::ROCE), 1);
+    }
+
+    #[test]
+    fn ts_formats_follow_linux_get_ts_format() {
+        use ts_format::*;
+        let fr = ts_format_cap::FREE_RUNNING;
+        let rt = ts_format_cap::REAL_TIME;
+        let both = ts_format_cap::FREE_RUNNING_AND_REAL_TIME;
+        assert!(ts_format_offered(fr, FREE_RUNNING) && ts_format_offered(fr, DEFAULT));
+        assert!(!ts_format_offered(fr, REAL_TIME));
+        assert!(!ts_format_offered(rt, FREE_RUNNING) && ts_format_offered(rt, REAL_TIME));
+        assert!([FREE_RUNNING, DEFAULT, REAL_TIME].iter().all(|&t| ts_format_offered(both, t)));
+        assert!(!ts_format_offered(3, FREE_RUNNING) && ts_format_offered(3, DEFAULT));
+        assert!(!ts_format_offered(both, 3));
+    }
+
+    #[test]
+    fn the_cx5_profile_is_the_default_and_cx4_fields_keep_the_trace() {
+        let (cx5, cx4) = (Caps::default(), Caps::connectx4_trace());
+        assert_eq!(cx5.general(cmd_hca_cap::ROCE_RW_SUPPORTED), 1);
+        assert_eq!(cx4.general(cmd_hca_cap::ROCE_RW_SUPPORTED), 0);
+        assert_eq!(cx5.qp_user_index(), DEFAULT_USER_INDEX);
+        assert_eq!(cx5.qp_ts_format_cap(), ts_format_cap::FREE_RUNNING);
+        assert_eq!(CapsProfile::parse("cx5"), Some(CapsProfile::ConnectX5));
+        assert_eq!(CapsProfile::parse("cx4-trace"), Some(CapsProfile::ConnectX4Trace));
+        assert_eq!(CapsProfile::parse("cx4"), None);
+        for p in [CapsProfile::ConnectX5, CapsProfile::ConnectX4Trace] {
+            assert_eq!(CapsProfile::parse(p.name()), Some(p));
+        }
+        // Outside the listed fields the blocks are the trace's.
+        for t in [cap_type::GENERAL, cap_type::ETHERNET_OFFLOADS, cap_type::ATOMIC, cap_type::ROCE, cap_type::FLOW_TABLE] {
+            for current in [false, true] {
+                let mut a = cx5.block(t, current).unwrap().to_vec();
+                let b = cx4.block(t, current).unwrap();
+                for (ty, _, f, _, _, _) in Caps::connectx5_fields() {
+                    if ty == t {
+                        ifc::set(&mut a, f, ifc::get(b, f));
+                    }
+                }
+                assert_eq!(a, b, "cap type {t} current {current}");
+            }
+        }
     }
 
     #[test]
