@@ -410,7 +410,9 @@ mod tests {
             assert_eq!(CapsProfile::parse(p.name()), Some(p));
         }
         // Outside the listed fields the blocks are the trace's.
-        for t in [cap_type::GENERAL, cap_type::ETHERNET_OFFLOADS, cap_type::ATOMIC, cap_type::ROCE, cap_type::FLOW_TABLE] {
+        for t in
+            [cap_type::GENERAL, cap_type::ETHERNET_OFFLOADS, cap_type::ATOMIC, cap_type::ROCE, cap_type::FLOW_TABLE]
+        {
             for current in [false, true] {
                 let mut a = cx5.block(t, current).unwrap().to_vec();
                 let b = cx4.block(t, current).unwrap();

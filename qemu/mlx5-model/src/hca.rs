@@ -133,8 +133,7 @@ impl Hca {
             flow: FlowSteering::default(),
             eqs: crate::eq::EqTable::default(),
             cqs: crate::cq::CqTable::default(),
-            port: crate::port::Port::new(cfg.mac, gids)
-                .with_link(cfg.link_up_delay, cfg.min_wqe_inline_mode),
+            port: crate::port::Port::new(cfg.mac, gids).with_link(cfg.link_up_delay, cfg.min_wqe_inline_mode),
             page_waits: crate::events::PageWaits::new(cfg.page_request),
             eth: crate::eth::Eth::default(),
             vf: cfg.vf,

@@ -484,7 +484,10 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(o.caps, mlx5_model::caps::CapsProfile::ConnectX4Trace);
-        assert_eq!(parse(&["--bar", "b", "--ram", "r", "--caps=cx5"]).unwrap().caps, mlx5_model::caps::CapsProfile::ConnectX5);
+        assert_eq!(
+            parse(&["--bar", "b", "--ram", "r", "--caps=cx5"]).unwrap().caps,
+            mlx5_model::caps::CapsProfile::ConnectX5
+        );
         assert_eq!(o.eth_udp.map(|(a, b)| (a.port(), b.port())), Some((5555, 5556)));
         assert_eq!(o.link_up_delay, Duration::from_millis(1500));
         assert_eq!(o.control, Some(PathBuf::from("c.txt")));

@@ -121,7 +121,8 @@ fn roce_is_settable_only_with_roce_rw_supported() {
 
 #[test]
 fn release_all_pages_is_settable_where_the_maximum_offers_it() {
-    for (profile, want) in [(CapsProfile::ConnectX5, (0, 0)), (CapsProfile::ConnectX4Trace, (BAD_PARAM, CAP_ABOVE_MAX))] {
+    for (profile, want) in [(CapsProfile::ConnectX5, (0, 0)), (CapsProfile::ConnectX4Trace, (BAD_PARAM, CAP_ABOVE_MAX))]
+    {
         let mut d = enabled(profile);
         let mut b = query(&mut d, cap_type::GENERAL, true);
         ifc::set(&mut b, cmd_hca_cap::RELEASE_ALL_PAGES, 1);

@@ -708,8 +708,14 @@ mod tests {
             atomic_mode(true, &AtomicCaps { atomic_operations: 0x4, atomic_size_qp: 0x8, ..Default::default() }),
             Some(ATOMIC_MODE_8B)
         );
-        assert_eq!(atomic_mode(true, &AtomicCaps { atomic_operations: 0x3, atomic_size_qp: 0x8, ..Default::default() }), Some(1));
-        assert_eq!(atomic_mode(true, &AtomicCaps { atomic_operations: 0x1, atomic_size_qp: 0x8, ..Default::default() }), None);
+        assert_eq!(
+            atomic_mode(true, &AtomicCaps { atomic_operations: 0x3, atomic_size_qp: 0x8, ..Default::default() }),
+            Some(1)
+        );
+        assert_eq!(
+            atomic_mode(true, &AtomicCaps { atomic_operations: 0x1, atomic_size_qp: 0x8, ..Default::default() }),
+            None
+        );
         assert_eq!(atomic_mode(false, &ext), None);
         // The general `atomic` bit off, or no ATOMIC caps: refused with a reason.
         let q = QpCaps::from_caps(&GeneralCaps { atomic: false, ..general }, Some(&roce), Some(&ext));
