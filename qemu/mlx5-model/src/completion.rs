@@ -6,7 +6,8 @@
 //! doorbell record counter, dword 0 of `qpc.dbr_addr`, 16 bits; docs/reference/mlx5.md §f.3) beyond those the model
 //! completed ([`crate::qp::Qp::rq_consumed`]) is outstanding. When the QP moves to ERR each of them completes, in
 //! order, with a flush error CQE (opcode RESP_ERR 0xE, syndrome WR_FLUSH_ERR 0x05, the QPN, `wqe_counter` = the
-//! WQE's index counter) in the QP's receive CQ (`cqn_rcv`), as the PRM defines for a QP in error.
+//! WQE's index counter; with CQE version 1 also the QP's `user_index` in `srqn_uidx`) in the QP's receive CQ
+//! (`cqn_rcv`), as the PRM defines for a QP in error.
 
 use crate::cq::{self, CQ_ERROR_OVERRUN, CqeWrite};
 use crate::eq::{self, event_type};
