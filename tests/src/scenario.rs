@@ -451,6 +451,9 @@ pub const BRINGUP_ORDER: &[(&str, Option<u32>, &str)] = &[
     ("0x100", Some(0), "QUERY_HCA_CAP general max"),
     ("0x100", Some(1), "QUERY_HCA_CAP general cur"),
     ("0x109", Some(0), "SET_HCA_CAP general"),
+    // The model's default ConnectX-5 caps offer host-endian atomics: Linux `handle_hca_cap_atomic`.
+    ("0x100", Some(7), "QUERY_HCA_CAP atomic cur"),
+    ("0x109", Some(6), "SET_HCA_CAP atomic"),
     ("0x107", Some(2), "QUERY_PAGES init"),
     ("0x108", Some(1), "MANAGE_PAGES give"),
     ("0x102", None, "INIT_HCA"),
@@ -686,8 +689,9 @@ leasebox: ready cores=1 mem_mib=256 pci=3 boot_ms=22.000 ap_ms=0.000 entry_ms=10
         assert_eq!(check_bringup_order(&padded), Ok(()));
         // INIT_HCA before the init pages: out of order.
         let mut lines: Vec<String> = BRINGUP_ORDER.iter().map(|(op, m, _)| line(op, m.unwrap_or(0), 0)).collect();
-        let init = lines.remove(11);
-        lines.insert(8, init);
+        let at = |name: &str| BRINGUP_ORDER.iter().position(|e| e.2 == name).unwrap();
+        let init = lines.remove(at("INIT_HCA"));
+        lines.insert(at("SET_HCA_CAP general"), init);
         assert!(check_bringup_order(&lines.concat()).unwrap_err().contains("INIT_HCA"));
         let failed = good.replace(
             "\"opcode\":\"0x102\",\"op_mod\":0,\"status\":0",

@@ -297,6 +297,17 @@ impl<P: Platform> Driver<P> {
             d.exec(ifc::init::query_hca_cap(MLX5_CAP_GENERAL, CapMode::Cur)).map_err(step("QUERY_HCA_CAP cur"))?;
         let block = ifc::init::general_caps_to_set(ifc::init::hca_cap_block(&cur), &max);
         d.exec(ifc::init::set_hca_cap(MLX5_CAP_GENERAL, &block)).map_err(step("SET_HCA_CAP"))?;
+        // 11b. ATOMIC: host-endian 8-byte atomic responses where the HCA offers them (Linux
+        // `handle_hca_cap_atomic`, after the general caps and before INIT_HCA).
+        if ifc::init::GeneralCaps::parse(ifc::init::hca_cap_block(&cur)).atomic {
+            let out = d
+                .exec(ifc::init::query_hca_cap(ifc::init::MLX5_CAP_ATOMIC, CapMode::Cur))
+                .map_err(step("QUERY_HCA_CAP ATOMIC"))?;
+            let atomic = ifc::init::AtomicCaps::parse(ifc::init::hca_cap_block(&out));
+            if let Some(b) = ifc::init::atomic_caps_to_set(true, &atomic) {
+                d.exec(ifc::init::set_hca_cap(ifc::init::MLX5_CAP_ATOMIC, &b)).map_err(step("SET_HCA_CAP ATOMIC"))?;
+            }
+        }
         // 12. Init pages; 13. INIT_HCA.
         d.info.init_pages = d.satisfy_pages(PagesKind::Init).map_err(step("init pages"))?;
         d.exec(ifc::init::init_hca()).map_err(step("INIT_HCA"))?;

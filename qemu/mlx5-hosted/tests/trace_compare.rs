@@ -633,7 +633,12 @@ fn frame_rules(side: &str, get: &dyn Fn(usize) -> Option<u8>, in_len: usize, out
 #[test]
 fn framing_as_the_queue_writes_it() {
     let p = HostedPlatform::with_model(
-        ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() },
+        // Linux's commands against the trace's ConnectX-4 profile, the HCA they were sent to.
+        ModelConfig {
+            init_delay: Duration::ZERO,
+            caps: mlx5_model::caps::CapsProfile::ConnectX4Trace,
+            ..ModelConfig::default()
+        },
         128 << 20,
         ModelMode::InProcess,
     );

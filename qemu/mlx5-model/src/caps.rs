@@ -2,11 +2,13 @@
 //! maximum and a current copy (`hca_cap_union` in `mlx5_ifc.h`; op_mod = `(cap_type << 1) | current`,
 //! `device.h:1228-1255`, §e.1 of the facts).
 //!
-//! The defaults are the blocks a real ConnectX-4 returned in the reference trace ([`cx4_trace`]). No
-//! ConnectX-5 values are applied on top: we have no CX-5 capability dump, and guessing would be worse than a
-//! documented CX-4 baseline (`docs/hca-model.md`).
+//! Two profiles ([`CapsProfile`]): the blocks a real ConnectX-4 returned in the reference trace
+//! ([`cx4_trace`], what the trace replay needs byte for byte) and the default, a ConnectX-5 on firmware 16.x
+//! ([`cx5`]: the trace's blocks with the fields a CX-5 reports differently, each with its source;
+//! `docs/hca-model.md`, "The ConnectX-5 profile").
 
 mod cx4_trace;
+mod cx5;
 
 use std::collections::BTreeMap;
 
@@ -32,6 +34,11 @@ pub mod cmd_hca_cap {
     pub const LOG_MAX_MKEY: Field = Field::new(0xea, 6);
     pub const LOG_MAX_EQ: Field = Field::new(0xfc, 4);
     pub const RELEASE_ALL_PAGES: Field = Field::new(0x145, 1);
+    pub const CQE_VERSION: Field = Field::new(0x1fc, 4);
+    pub const ATOMIC: Field = Field::new(0x21e, 1);
+    pub const ROCE_RW_SUPPORTED: Field = Field::new(0x3a1, 1);
+    pub const SQ_TS_FORMAT: Field = Field::new(0x440, 2);
+    pub const RQ_TS_FORMAT: Field = Field::new(0x442, 2);
     pub const CACHE_LINE_128BYTE: Field = Field::new(0x164, 1);
     pub const PKEY_TABLE_SIZE: Field = Field::new(0x190, 16);
     pub const PORT_TYPE: Field = Field::new(0x1b6, 2);
@@ -55,11 +62,89 @@ pub mod cmd_hca_cap {
 /// The `vhca_id` the `--vf` personality reports: the first VF of PF 0 (the PF is vhca 0).
 pub const VF_VHCA_ID: u32 = 1;
 
-/// `struct mlx5_ifc_roce_cap_bits` fields the driver may set.
+/// `struct mlx5_ifc_roce_cap_bits` fields the model reads or the driver may set.
 pub mod roce_cap {
     use crate::ifc::Field;
     pub const SW_R_ROCE_SRC_UDP_PORT: Field = Field::new(0x04, 1);
     pub const QP_OOO_TRANSMIT_DEFAULT: Field = Field::new(0x08, 1);
+    pub const QP_TS_FORMAT: Field = Field::new(0x1e, 2);
+    pub const L3_TYPE: Field = Field::new(0x8c, 4);
+    pub const ROCE_VERSION: Field = Field::new(0x98, 8);
+    pub const R_ROCE_DEST_UDP_PORT: Field = Field::new(0xb0, 16);
+    pub const R_ROCE_MAX_SRC_UDP_PORT: Field = Field::new(0xc0, 16);
+    pub const R_ROCE_MIN_SRC_UDP_PORT: Field = Field::new(0xd0, 16);
+    pub const ROCE_ADDRESS_TABLE_SIZE: Field = Field::new(0xf0, 16);
+}
+
+/// `struct mlx5_ifc_atomic_caps_bits` fields the model reads or the driver may set.
+pub mod atomic_caps {
+    use crate::ifc::Field;
+    /// Settable (Linux `handle_hca_cap_atomic`): 1 = `MLX5_ATOMIC_REQ_MODE_HOST_ENDIANNESS`.
+    pub const ATOMIC_REQ_8B_ENDIANNESS_MODE: Field = Field::new(0x40, 2);
+    pub const SUPPORTED_ATOMIC_REQ_8B_ENDIANNESS_MODE_1: Field = Field::new(0x46, 1);
+    pub const ATOMIC_OPERATIONS: Field = Field::new(0x90, 16);
+    pub const ATOMIC_SIZE_QP: Field = Field::new(0xb0, 16);
+}
+
+/// `MLX5_TIMESTAMP_FORMAT_CAP_*` (`mlx5_ifc.h`): which clocks a queue may stamp with.
+pub mod ts_format_cap {
+    pub const FREE_RUNNING: u32 = 0;
+    pub const REAL_TIME: u32 = 1;
+    pub const FREE_RUNNING_AND_REAL_TIME: u32 = 2;
+}
+
+/// `MLX5_TIMESTAMP_FORMAT_*` (`mlx5_ifc.h`): a queue's `ts_format`.
+pub mod ts_format {
+    pub const FREE_RUNNING: u32 = 0;
+    pub const DEFAULT: u32 = 1;
+    pub const REAL_TIME: u32 = 2;
+}
+
+/// Whether a queue's `ts_format` is one the capability `cap` (`MLX5_TIMESTAMP_FORMAT_CAP_*`) offers, as Linux
+/// `get_ts_format` chooses them (`infiniband/hw/mlx5/qp.c`: free running where `fr_supported`, real time where
+/// `rt_supported`, DEFAULT always). A reserved cap value (3) offers DEFAULT only: the stricter reading.
+pub fn ts_format_offered(cap: u32, ts: u32) -> bool {
+    match ts {
+        ts_format::DEFAULT => true,
+        ts_format::FREE_RUNNING => {
+            matches!(cap, ts_format_cap::FREE_RUNNING | ts_format_cap::FREE_RUNNING_AND_REAL_TIME)
+        }
+        ts_format::REAL_TIME => matches!(cap, ts_format_cap::REAL_TIME | ts_format_cap::FREE_RUNNING_AND_REAL_TIME),
+        _ => false,
+    }
+}
+
+/// `MLX5_IB_DEFAULT_UIDX` (`infiniband/hw/mlx5/mlx5_ib.h`): the `user_index` Linux gives every kernel QP
+/// when `cqe_version` is 1.
+pub const DEFAULT_USER_INDEX: u32 = 0xff_ffff;
+
+/// Which capability blocks the model reports (`ModelConfig::caps`, `--caps`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CapsProfile {
+    /// A ConnectX-5 on firmware 16.x ([`Caps::connectx5`]): the default.
+    #[default]
+    ConnectX5,
+    /// The reference trace's ConnectX-4 (fw 14.12.1220), byte for byte ([`Caps::connectx4_trace`]): what the
+    /// trace replay pins.
+    ConnectX4Trace,
+}
+
+impl CapsProfile {
+    /// The `--caps` names: `cx5`, `cx4-trace`.
+    pub fn parse(s: &str) -> Option<CapsProfile> {
+        match s {
+            "cx5" => Some(CapsProfile::ConnectX5),
+            "cx4-trace" => Some(CapsProfile::ConnectX4Trace),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CapsProfile::ConnectX5 => "cx5",
+            CapsProfile::ConnectX4Trace => "cx4-trace",
+        }
+    }
 }
 
 /// Fields of the current GENERAL block that SET_HCA_CAP may change (the ones Linux `handle_hca_cap`,
@@ -82,6 +167,10 @@ const GENERAL_SETTABLE: &[Field] = &[
 
 const ROCE_SETTABLE: &[Field] = &[roce_cap::SW_R_ROCE_SRC_UDP_PORT, roce_cap::QP_OOO_TRANSMIT_DEFAULT];
 
+/// The one ATOMIC field SET_HCA_CAP may change (Linux `handle_hca_cap_atomic`), checked against the maximum
+/// block and offered only with `supported_atomic_req_8B_endianness_mode_1`.
+const ATOMIC_SETTABLE: &[Field] = &[atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE];
+
 /// A SET_HCA_CAP refusal: the index of the offending field in the settable list (for the syndrome).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SetCapError {
@@ -89,6 +178,10 @@ pub enum SetCapError {
     NotSettable,
     /// A settable field exceeds the maximum; the value is the field's bit offset.
     AboveMax(u32),
+    /// A field the current caps make read-only was given another value: `roce` without
+    /// `roce_rw_supported`, `atomic_req_8B_endianness_mode` without
+    /// `supported_atomic_req_8B_endianness_mode_1`. The value is the field's bit offset.
+    ReadOnly(u32),
 }
 
 pub struct Caps {
@@ -109,11 +202,36 @@ fn block(dwords: &[(u16, u32)]) -> Vec<u8> {
 
 impl Default for Caps {
     fn default() -> Self {
-        Self::connectx4_trace()
+        Self::connectx5()
     }
 }
 
 impl Caps {
+    /// The blocks of `profile`, as the PF (`vf` false) or as a VF of it ([`Caps::into_vf`]).
+    pub fn new(profile: CapsProfile, vf: bool) -> Caps {
+        let c = match profile {
+            CapsProfile::ConnectX5 => Caps::connectx5(),
+            CapsProfile::ConnectX4Trace => Caps::connectx4_trace(),
+        };
+        if vf { c.into_vf() } else { c }
+    }
+
+    /// A ConnectX-5 on firmware 16.x: the trace's blocks with [`cx5::FIELDS`] applied (maximum and current).
+    pub fn connectx5() -> Caps {
+        let mut c = Caps::connectx4_trace();
+        for x in cx5::FIELDS {
+            c.set_field(x.cap_type, false, x.field, x.max);
+            c.set_field(x.cap_type, true, x.field, x.cur);
+        }
+        c
+    }
+
+    /// The CX-5 profile's fields with their values and sources (for the docs and the tests): type, name,
+    /// field, maximum, current, source.
+    pub fn connectx5_fields() -> impl Iterator<Item = (u16, &'static str, Field, u32, u32, &'static str)> {
+        cx5::FIELDS.iter().map(|x| (x.cap_type, x.name, x.field, x.max, x.cur, x.source))
+    }
+
     /// The capability blocks of the reference trace's ConnectX-4.
     pub fn connectx4_trace() -> Caps {
         use cx4_trace::*;
@@ -132,11 +250,16 @@ impl Caps {
         Caps { max, cur }
     }
 
-    /// The trace's blocks as a VF of that HCA reports them: it manages no vports (`vport_group_manager` and
+    /// The default profile's blocks as a VF reports them ([`Caps::into_vf`]).
+    pub fn vf() -> Caps {
+        Caps::default().into_vf()
+    }
+
+    /// These blocks as a VF of that HCA reports them: it manages no vports (`vport_group_manager` and
     /// `vhca_group_manager` 0, the bits Linux's eswitch and SR-IOV code look for) and is not vhca 0
     /// ([`VF_VHCA_ID`]).
-    pub fn vf() -> Caps {
-        let mut c = Caps::connectx4_trace();
+    pub fn into_vf(self) -> Caps {
+        let mut c = self;
         for current in [false, true] {
             c.set_field(cap_type::GENERAL, current, cmd_hca_cap::VPORT_GROUP_MANAGER, 0);
             c.set_field(cap_type::GENERAL, current, cmd_hca_cap::VHCA_GROUP_MANAGER, 0);
@@ -155,6 +278,27 @@ impl Caps {
         self.cur.get(&cap_type::GENERAL).map_or(0, |b| ifc::get(b, f))
     }
 
+    /// A field of a current block (0 for a type this HCA does not report).
+    pub fn current(&self, cap_type: u16, f: Field) -> u32 {
+        self.cur.get(&cap_type).map_or(0, |b| ifc::get(b, f))
+    }
+
+    /// The timestamp formats QPs may use: `roce_cap.qp_ts_format` when RoCE is on, else
+    /// `cmd_hca_cap.sq_ts_format` (the cap Linux `mlx5_get_qp_default_ts` reads).
+    pub fn qp_ts_format_cap(&self) -> u32 {
+        if self.general(cmd_hca_cap::ROCE) == 1 {
+            self.current(cap_type::ROCE, roce_cap::QP_TS_FORMAT)
+        } else {
+            self.general(cmd_hca_cap::SQ_TS_FORMAT)
+        }
+    }
+
+    /// The `user_index` a QP must carry: [`DEFAULT_USER_INDEX`] with CQE version 1 (the model has no user
+    /// contexts, so every QP is a kernel consumer's), 0 with CQE version 0 (the field unused, left zero).
+    pub fn qp_user_index(&self) -> u32 {
+        if self.general(cmd_hca_cap::CQE_VERSION) == 1 { DEFAULT_USER_INDEX } else { 0 }
+    }
+
     /// Overrides a field of a block (configuration, tests).
     pub fn set_field(&mut self, cap_type: u16, current: bool, f: Field, v: u32) {
         let map = if current { &mut self.cur } else { &mut self.max };
@@ -164,19 +308,33 @@ impl Caps {
     }
 
     /// SET_HCA_CAP: copies the settable fields of `input` (a 4 KiB block) into the current block after
-    /// checking each against the maximum. Nothing changes when any field is refused.
+    /// checking each against the maximum. Nothing changes when any field is refused. A field the current caps
+    /// make read-only must keep its current value (`roce` needs `roce_rw_supported`, Linux `handle_hca_cap`;
+    /// `atomic_req_8B_endianness_mode` needs `supported_atomic_req_8B_endianness_mode_1`, Linux
+    /// `handle_hca_cap_atomic`): another value is refused, the stricter reading of "read-only".
     pub fn set(&mut self, cap_type: u16, input: &[u8]) -> Result<(), SetCapError> {
         let fields = match cap_type {
             cap_type::GENERAL => GENERAL_SETTABLE,
             cap_type::ROCE => ROCE_SETTABLE,
+            cap_type::ATOMIC => ATOMIC_SETTABLE,
             _ => return Err(SetCapError::NotSettable),
         };
         let (Some(max), Some(cur)) = (self.max.get(&cap_type), self.cur.get(&cap_type)) else {
             return Err(SetCapError::NotSettable);
         };
+        let read_only = |f: Field| match (cap_type, f) {
+            (cap_type::GENERAL, cmd_hca_cap::ROCE) => ifc::get(cur, cmd_hca_cap::ROCE_RW_SUPPORTED) == 0,
+            (cap_type::ATOMIC, atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE) => {
+                ifc::get(cur, atomic_caps::SUPPORTED_ATOMIC_REQ_8B_ENDIANNESS_MODE_1) == 0
+            }
+            _ => false,
+        };
         let mut next = cur.clone();
         for &f in fields {
             let v = ifc::get(input, f);
+            if read_only(f) && v != ifc::get(cur, f) {
+                return Err(SetCapError::ReadOnly(f.bit));
+            }
             if v > ifc::get(max, f) {
                 return Err(SetCapError::AboveMax(f.bit));
             }
@@ -193,7 +351,7 @@ mod tests {
 
     #[test]
     fn trace_values_land_in_the_right_fields() {
-        let c = Caps::default();
+        let c = Caps::connectx4_trace();
         // From the trace: general max dword 0x10 = 0x0f0f0017 → log_max_qp 0x17; current 0x0e.
         assert_eq!(ifc::get(c.block(0, false).unwrap(), cmd_hca_cap::LOG_MAX_QP), 0x17);
         assert_eq!(c.general(cmd_hca_cap::LOG_MAX_QP), 0x0e);
@@ -222,6 +380,50 @@ mod tests {
         // Everything else is the PF's.
         assert_eq!(vf.general(cmd_hca_cap::LOG_MAX_QP), pf.general(cmd_hca_cap::LOG_MAX_QP));
         assert_eq!(vf.general(cmd_hca_cap::ROCE), 1);
+    }
+
+    #[test]
+    fn ts_formats_follow_linux_get_ts_format() {
+        use ts_format::*;
+        let fr = ts_format_cap::FREE_RUNNING;
+        let rt = ts_format_cap::REAL_TIME;
+        let both = ts_format_cap::FREE_RUNNING_AND_REAL_TIME;
+        assert!(ts_format_offered(fr, FREE_RUNNING) && ts_format_offered(fr, DEFAULT));
+        assert!(!ts_format_offered(fr, REAL_TIME));
+        assert!(!ts_format_offered(rt, FREE_RUNNING) && ts_format_offered(rt, REAL_TIME));
+        assert!([FREE_RUNNING, DEFAULT, REAL_TIME].iter().all(|&t| ts_format_offered(both, t)));
+        assert!(!ts_format_offered(3, FREE_RUNNING) && ts_format_offered(3, DEFAULT));
+        assert!(!ts_format_offered(both, 3));
+    }
+
+    #[test]
+    fn the_cx5_profile_is_the_default_and_cx4_fields_keep_the_trace() {
+        let (cx5, cx4) = (Caps::default(), Caps::connectx4_trace());
+        assert_eq!(cx5.general(cmd_hca_cap::ROCE_RW_SUPPORTED), 1);
+        assert_eq!(cx4.general(cmd_hca_cap::ROCE_RW_SUPPORTED), 0);
+        assert_eq!(cx5.qp_user_index(), DEFAULT_USER_INDEX);
+        assert_eq!(cx5.qp_ts_format_cap(), ts_format_cap::FREE_RUNNING);
+        assert_eq!(CapsProfile::parse("cx5"), Some(CapsProfile::ConnectX5));
+        assert_eq!(CapsProfile::parse("cx4-trace"), Some(CapsProfile::ConnectX4Trace));
+        assert_eq!(CapsProfile::parse("cx4"), None);
+        for p in [CapsProfile::ConnectX5, CapsProfile::ConnectX4Trace] {
+            assert_eq!(CapsProfile::parse(p.name()), Some(p));
+        }
+        // Outside the listed fields the blocks are the trace's.
+        for t in
+            [cap_type::GENERAL, cap_type::ETHERNET_OFFLOADS, cap_type::ATOMIC, cap_type::ROCE, cap_type::FLOW_TABLE]
+        {
+            for current in [false, true] {
+                let mut a = cx5.block(t, current).unwrap().to_vec();
+                let b = cx4.block(t, current).unwrap();
+                for (ty, _, f, _, _, _) in Caps::connectx5_fields() {
+                    if ty == t {
+                        ifc::set(&mut a, f, ifc::get(b, f));
+                    }
+                }
+                assert_eq!(a, b, "cap type {t} current {current}");
+            }
+        }
     }
 
     #[test]

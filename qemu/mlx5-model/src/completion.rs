@@ -6,7 +6,8 @@
 //! doorbell record counter, dword 0 of `qpc.dbr_addr`, 16 bits; docs/reference/mlx5.md §f.3) beyond those the model
 //! completed ([`crate::qp::Qp::rq_consumed`]) is outstanding. When the QP moves to ERR each of them completes, in
 //! order, with a flush error CQE (opcode RESP_ERR 0xE, syndrome WR_FLUSH_ERR 0x05, the QPN, `wqe_counter` = the
-//! WQE's index counter) in the QP's receive CQ (`cqn_rcv`), as the PRM defines for a QP in error.
+//! WQE's index counter; with CQE version 1 also the QP's `user_index` in `srqn_uidx`) in the QP's receive CQ
+//! (`cqn_rcv`), as the PRM defines for a QP in error.
 
 use crate::cq::{self, CQ_ERROR_OVERRUN, CqeWrite};
 use crate::eq::{self, event_type};
@@ -85,7 +86,12 @@ pub fn flush_rq(hca: &mut Hca, ram: &dyn Memory, qpn: u32) -> u32 {
     for _ in 0..pending {
         let Some(q) = hca.qps.get(qpn) else { break };
         let counter = q.rq_consumed as u16;
-        let body = cq::error_cqe(cq::opcode::RESP_ERR, cq::syndrome::WR_FLUSH_ERR, qpn, counter);
+        let mut body = cq::error_cqe(cq::opcode::RESP_ERR, cq::syndrome::WR_FLUSH_ERR, qpn, counter);
+        // CQE version 1: the QP's `user_index` in `srqn_uidx` (bits 23:0).
+        if hca.caps.general(crate::caps::cmd_hca_cap::CQE_VERSION) == 1 {
+            let uidx = q.get(qpc::USER_INDEX) & 0xff_ffff;
+            body[cq::cqe::SRQN..cq::cqe::SRQN + 4].copy_from_slice(&uidx.to_be_bytes());
+        }
         if write_cqe(hca, ram, cqn, &body) != CqeWrite::Written {
             break;
         }

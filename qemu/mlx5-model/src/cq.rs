@@ -29,6 +29,7 @@ pub mod syndrome {
 /// Byte offsets in the 64-byte CQE (`device.h` `struct mlx5_err_cqe`; docs/reference/mlx5.md §f.2).
 pub mod cqe {
     pub const SIZE: usize = 64;
+    /// `srqn` (`srqn_uidx` with CQE version 1: the QP's `user_index`), bits 23:0.
     pub const SRQN: usize = 0x20;
     pub const VENDOR_ERR_SYND: usize = 0x36;
     pub const SYNDROME: usize = 0x37;

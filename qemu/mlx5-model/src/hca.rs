@@ -5,14 +5,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::caps::{Caps, cmd_hca_cap};
+use crate::caps::{Caps, CapsProfile, cmd_hca_cap};
 use crate::flow::FlowSteering;
 use crate::mkey::MkeyInfo;
 use crate::pages::PageLedger;
 use crate::qp::QpTable;
-
-/// `roce_cap.roce_address_table_size` of the reported capabilities (256 in the reference trace).
-const ROCE_ADDRESS_TABLE_SIZE: usize = 256;
 
 /// [`ModelConfig::link_up_delay`] by default: one second of link training (a real ConnectX-5 takes seconds).
 pub const DEFAULT_LINK_UP_DELAY: Duration = Duration::from_millis(1000);
@@ -64,6 +61,9 @@ pub struct ModelConfig {
     /// `vport_group_manager` 0 and a non-zero `vhca_id`, and ACCESS_REGISTER refuses HOST_ENDIANNESS and
     /// writes of PAOS and PMTU (docs/hca-model.md, "VF personality").
     pub vf: bool,
+    /// The capability blocks reported (`--caps`): a ConnectX-5 by default, the reference trace's ConnectX-4
+    /// for the trace replay (docs/hca-model.md, "The ConnectX-5 profile").
+    pub caps: CapsProfile,
 }
 
 impl Default for ModelConfig {
@@ -87,6 +87,7 @@ impl Default for ModelConfig {
             min_wqe_inline_mode: crate::eth::frame::inline_mode::L2,
             left_initialized: false,
             vf: false,
+            caps: CapsProfile::ConnectX5,
         }
     }
 }
@@ -125,10 +126,13 @@ pub struct Hca {
 impl Hca {
     pub fn new(cfg: &ModelConfig) -> Hca {
         let left = cfg.left_initialized;
+        let caps = Caps::new(cfg.caps, cfg.vf);
+        // The port's RoCE address table is as large as the caps say.
+        let gids = caps.current(crate::caps::cap_type::ROCE, crate::caps::roce_cap::ROCE_ADDRESS_TABLE_SIZE) as usize;
         Hca {
             state: if left { FnState::Initialized } else { FnState::Disabled },
             issi: if left { 1 } else { 0 },
-            caps: if cfg.vf { Caps::vf() } else { Caps::default() },
+            caps,
             pages: PageLedger::new(cfg.boot_pages, cfg.init_pages, cfg.regular_pages),
             first_uar: cfg.first_uar,
             uars: BTreeSet::new(),
@@ -139,7 +143,7 @@ impl Hca {
             flow: FlowSteering::default(),
             eqs: crate::eq::EqTable::default(),
             cqs: crate::cq::CqTable::default(),
-            port: crate::port::Port::new(cfg.mac, ROCE_ADDRESS_TABLE_SIZE).with_link(
+            port: crate::port::Port::new(cfg.mac, gids).with_link(
                 cfg.link_up_delay,
                 cfg.admin_down,
                 cfg.min_wqe_inline_mode,

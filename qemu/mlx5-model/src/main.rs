@@ -44,6 +44,8 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
                         see docs/hca-model.md)
   --vf                  play a ConnectX-5 VF (device 0x1018 in the signature): ACCESS_REGISTER refuses
                         HOST_ENDIANNESS and PAOS/PMTU writes, as only the PF may make them
+  --caps PROFILE        the capability blocks: `cx5` (default; a ConnectX-5 on firmware 16.x) or `cx4-trace`
+                        (the reference trace's ConnectX-4, byte for byte); --vf applies on top of either
   --wait SECS           how long to wait for the files (default 10)
   --exit-on-stdin-eof   stop when standard input closes (for runners that hold a pipe to it)
   -h, --help            this text
@@ -73,6 +75,7 @@ struct Opts {
     wait: Duration,
     exit_on_stdin_eof: bool,
     vf: bool,
+    caps: mlx5_model::caps::CapsProfile,
 }
 
 enum Parsed {
@@ -93,6 +96,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     let mut wait = shm::DEFAULT_WAIT;
     let mut exit_on_stdin_eof = false;
     let mut vf = false;
+    let mut caps = mlx5_model::caps::CapsProfile::default();
     let mut control = None;
     let mut eth_udp = None;
     let mut link_up_delay = mlx5_model::hca::DEFAULT_LINK_UP_DELAY;
@@ -165,6 +169,11 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
                 }
                 admin_down = true;
             }
+            "--caps" => {
+                let v = value()?;
+                caps = mlx5_model::caps::CapsProfile::parse(&v)
+                    .ok_or_else(|| format!("--caps needs `cx5` or `cx4-trace`, got `{v}`"))?;
+            }
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
@@ -192,6 +201,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
         wait,
         exit_on_stdin_eof,
         vf,
+        caps,
     })))
 }
 
@@ -315,13 +325,14 @@ fn run(o: &Opts) -> Result<Stop, String> {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(
             out,
-            "mlx5-model: ready bar={} ({:#x} bytes, signature at +{sig_at:#x}) ram={} ({} MiB) udp={} trace={} function={} eth={}",
+            "mlx5-model: ready bar={} ({:#x} bytes, signature at +{sig_at:#x}) ram={} ({} MiB) udp={} trace={} caps={} function={} eth={}",
             o.bar.display(),
             bar.size(),
             o.ram.display(),
             ram.ram_bytes() >> 20,
             o.udp,
             o.trace.as_ref().map_or("off".into(), |p| p.display().to_string()),
+            o.caps.name(),
             if o.vf { "vf" } else { "pf" },
             device.eth_description()
         );
@@ -375,6 +386,7 @@ impl Device {
             link_up_delay: o.link_up_delay,
             admin_down: o.admin_down,
             vf: o.vf,
+            caps: o.caps,
             ..mlx5_model::ModelConfig::default()
         };
         let control = o.control.as_deref().and_then(|p| match mlx5_model::fault::ControlFile::create(p) {
@@ -457,6 +469,7 @@ mod tests {
         assert_eq!(o.udp.to_string(), DEFAULT_UDP);
         assert!(!o.exit_on_stdin_eof);
         assert!(!o.vf);
+        assert_eq!(o.caps, mlx5_model::caps::CapsProfile::ConnectX5, "the CX-5 profile is the default");
         let o = parse(&[
             "--bar",
             "b",
@@ -480,8 +493,15 @@ mod tests {
             "1500",
             "--vf",
             "--admin-down",
+            "--caps",
+            "cx4-trace",
         ])
         .unwrap();
+        assert_eq!(o.caps, mlx5_model::caps::CapsProfile::ConnectX4Trace);
+        assert_eq!(
+            parse(&["--bar", "b", "--ram", "r", "--caps=cx5"]).unwrap().caps,
+            mlx5_model::caps::CapsProfile::ConnectX5
+        );
         assert_eq!(o.eth_udp.map(|(a, b)| (a.port(), b.port())), Some((5555, 5556)));
         assert_eq!(o.link_up_delay, Duration::from_millis(1500));
         assert_eq!(o.control, Some(PathBuf::from("c.txt")));
@@ -500,6 +520,13 @@ mod tests {
     }
 
     #[test]
+    fn help_names_the_caps_profiles() {
+        assert!(USAGE.contains("--caps PROFILE"));
+        assert!(USAGE.contains("`cx5` (default"));
+        assert!(USAGE.contains("`cx4-trace`"));
+    }
+
+    #[test]
     fn usage_errors_are_clear() {
         let e = |a: &[&str]| parse(a).unwrap_err();
         assert!(e(&[]).contains("--bar PATH is required"));
@@ -514,6 +541,8 @@ mod tests {
         assert!(e(&["--bar", "b", "--ram", "r", "--eth-udp", "127.0.0.1:1"]).contains("LOCAL,PEER"));
         assert!(e(&["--bar", "b", "--ram", "r", "--link-up-delay", "soon"]).contains("milliseconds"));
         assert!(e(&["--bar", "b", "--ram", "r", "--fast"]).contains("unknown argument `--fast`"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--caps", "cx6"]).contains("--caps needs `cx5` or `cx4-trace`"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--caps"]).contains("--caps needs a value"));
         assert!(e(&["--bar=", "--ram", "r"]).contains("non-empty"));
     }
 

@@ -113,7 +113,9 @@ fn check_flush(c: &[u8; 64], qpn: u32, wqe_counter: u16, owner: u8) {
     assert_eq!(c[0x37], 0x05, "syndrome WR_FLUSH_ERR");
     assert_eq!(be32(c, 0x38) & 0xff_ffff, qpn, "qpn");
     assert_eq!(u16::from_be_bytes([c[0x3c], c[0x3d]]), wqe_counter, "wqe_counter");
-    assert!(c[..0x37].iter().all(|&b| b == 0), "no other field is set");
+    // CQE version 1 (both profiles): the QP's user_index in srqn_uidx (the test QPs carry Linux's 0xffffff).
+    assert_eq!(be32(c, 0x20), 0xff_ffff, "srqn_uidx = the QP's user_index");
+    assert!(c[..0x20].iter().chain(&c[0x24..0x37]).all(|&b| b == 0), "no other field is set");
 }
 
 #[test]

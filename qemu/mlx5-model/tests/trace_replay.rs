@@ -6,8 +6,10 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use common::{Drv, be32};
+use mlx5_model::ModelConfig;
 
 /// A copy of the reference trace (Linux mlx5_core ↔ ConnectX-4 command hexdump), kept in the repository so the
 /// test runs on a clean clone.
@@ -85,7 +87,14 @@ fn replay_connectx4_trace() {
     let dumps = parse(&String::from_utf8_lossy(&text.stdout));
     assert_eq!(dumps.len(), 84);
 
-    let mut d = Drv::new();
+    // The replay compares capability blocks byte for byte: it pins the trace's ConnectX-4 profile (the model's
+    // default is the ConnectX-5 one).
+    let cfg = ModelConfig {
+        init_delay: Duration::ZERO,
+        caps: mlx5_model::caps::CapsProfile::ConnectX4Trace,
+        ..ModelConfig::default()
+    };
+    let mut d = Drv::with(cfg, 64 << 20);
     let (mut replayed, mut skipped) = (0, Vec::new());
     for pair in dumps.chunks(2) {
         let [i, o] = pair else { panic!("unpaired dump") };

@@ -293,6 +293,10 @@ pub mod roce_cap {
 
 /// `atomic_caps` offsets inside the capability block.
 pub mod atomic_caps {
+    /// Settable: the byte order of 8-byte atomic responses to this requester (`MLX5_ATOMIC_REQ_MODE_*`).
+    pub const ATOMIC_REQ_8B_ENDIANNESS_MODE: (usize, usize) = (0x040, 2);
+    /// The HCA can answer this requester's 8-byte atomics in host byte order.
+    pub const SUPPORTED_ATOMIC_REQ_8B_ENDIANNESS_MODE_1: (usize, usize) = (0x046, 1);
     pub const ATOMIC_OPERATIONS: (usize, usize) = (0x090, 16);
     pub const ATOMIC_SIZE_QP: (usize, usize) = (0x0b0, 16);
 }
@@ -303,13 +307,21 @@ pub const MLX5_ATOMIC_OPS_FETCH_ADD: u16 = 1 << 1;
 pub const MLX5_ATOMIC_OPS_EXTENDED_CMP_SWAP: u16 = 1 << 2;
 pub const MLX5_ATOMIC_OPS_EXTENDED_FETCH_ADD: u16 = 1 << 3;
 
-/// The `atomic_caps` fields (cap type 3) the QP's atomic mode comes from.
+/// `MLX5_ATOMIC_REQ_MODE_HOST_ENDIANNESS` (Linux `core/main.c`): 8-byte atomic responses in host byte order;
+/// 0 (`MLX5_ATOMIC_REQ_MODE_BE`) is big-endian.
+pub const MLX5_ATOMIC_REQ_MODE_HOST_ENDIANNESS: u8 = 1;
+
+/// The `atomic_caps` fields (cap type 3) the QP's atomic mode and bring-up's ATOMIC SET_HCA_CAP come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AtomicCaps {
     /// `MLX5_ATOMIC_OPS_*` bits.
     pub atomic_operations: u16,
     /// Bit mask of the operand sizes a QP supports (bit n: 2^n bytes; `MLX5_ATOMIC_CAPS_ATOMIC_SIZE_QP_*`).
     pub atomic_size_qp: u16,
+    /// `supported_atomic_req_8B_endianness_mode_1`: host-endian 8-byte atomic responses can be asked for.
+    pub supported_req_8b_host_endianness: bool,
+    /// `atomic_req_8B_endianness_mode` in force (`MLX5_ATOMIC_REQ_MODE_*`).
+    pub req_8b_endianness_mode: u8,
 }
 
 impl AtomicCaps {
@@ -318,8 +330,24 @@ impl AtomicCaps {
         AtomicCaps {
             atomic_operations: cap(block, atomic_caps::ATOMIC_OPERATIONS) as u16,
             atomic_size_qp: cap(block, atomic_caps::ATOMIC_SIZE_QP) as u16,
+            supported_req_8b_host_endianness: cap(block, atomic_caps::SUPPORTED_ATOMIC_REQ_8B_ENDIANNESS_MODE_1) != 0,
+            req_8b_endianness_mode: cap(block, atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE) as u8,
         }
     }
+}
+
+/// The ATOMIC block bring-up sets, as Linux `handle_hca_cap_atomic` builds it: only when the general caps
+/// say `atomic` and the HCA offers host-endian 8-byte atomic responses
+/// (`supported_atomic_req_8B_endianness_mode_1`); a zeroed `atomic_caps` with `atomic_req_8B_endianness_mode`
+/// = [`MLX5_ATOMIC_REQ_MODE_HOST_ENDIANNESS`] (Linux clears the input between its SET_HCA_CAP calls).
+pub fn atomic_caps_to_set(general_atomic: bool, cur: &AtomicCaps) -> Option<Vec<u8>> {
+    if !general_atomic || !cur.supported_req_8b_host_endianness {
+        return None;
+    }
+    let mut b = vec![0u8; CAP_STRUCT_LEN];
+    let (bit, width) = atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE;
+    field::set(&mut b, bit, width, MLX5_ATOMIC_REQ_MODE_HOST_ENDIANNESS.into());
+    Some(b)
 }
 
 fn cap(block: &[u8], f: (usize, usize)) -> u32 {
@@ -708,5 +736,24 @@ mod tests {
         assert_eq!(s[0x13], 5);
         assert!(roce_caps_to_set(&s, &max).is_none());
         assert!(roce_caps_to_set(&b, &r).is_none());
+    }
+
+    #[test]
+    fn atomic_endianness_is_set_only_where_offered() {
+        // supported_atomic_req_8B_endianness_mode_1 is bit 0x46 (byte 8, bit 1 of that byte from the LSB).
+        let mut blk = vec![0u8; CAP_STRUCT_LEN];
+        blk[8] = 0x02;
+        blk[0x12..0x14].copy_from_slice(&0x000fu16.to_be_bytes());
+        let a = AtomicCaps::parse(&blk);
+        assert!(a.supported_req_8b_host_endianness);
+        assert_eq!((a.req_8b_endianness_mode, a.atomic_operations), (0, 0xf));
+        let set = atomic_caps_to_set(true, &a).unwrap();
+        assert_eq!(set.len(), CAP_STRUCT_LEN);
+        // atomic_req_8B_endianness_mode: bits 0x40..0x42 = the top two bits of byte 8, value 1.
+        assert_eq!(set[8], 0x40);
+        assert!(set.iter().enumerate().all(|(i, &b)| i == 8 || b == 0), "everything else zero, as Linux");
+        assert_eq!(AtomicCaps::parse(&set).req_8b_endianness_mode, MLX5_ATOMIC_REQ_MODE_HOST_ENDIANNESS);
+        assert!(atomic_caps_to_set(false, &a).is_none(), "no atomics in the general caps");
+        assert!(atomic_caps_to_set(true, &AtomicCaps::default()).is_none(), "not offered");
     }
 }

@@ -686,7 +686,7 @@ mod tests {
         };
         let roce = RoceCaps { qp_ts_format: 2, ..RoceCaps::default() };
         // The ConnectX-4 trace's ATOMIC caps: all four ops, sizes 4..32 bytes (0x3c) → the 32-byte mode (5).
-        let ext = AtomicCaps { atomic_operations: 0xf, atomic_size_qp: 0x3c };
+        let ext = AtomicCaps { atomic_operations: 0xf, atomic_size_qp: 0x3c, ..Default::default() };
         let q = QpCaps::from_caps(&general, Some(&roce), Some(&ext));
         assert_eq!(
             q,
@@ -705,11 +705,17 @@ mod tests {
         assert_eq!((q.ts_format, q.user_index), (TS_FORMAT_FREE_RUNNING, None));
         // Extended atomics up to 8 bytes → 8B mode; plain CAS + FA → IB-compatible; neither → none.
         assert_eq!(
-            atomic_mode(true, &AtomicCaps { atomic_operations: 0x4, atomic_size_qp: 0x8 }),
+            atomic_mode(true, &AtomicCaps { atomic_operations: 0x4, atomic_size_qp: 0x8, ..Default::default() }),
             Some(ATOMIC_MODE_8B)
         );
-        assert_eq!(atomic_mode(true, &AtomicCaps { atomic_operations: 0x3, atomic_size_qp: 0x8 }), Some(1));
-        assert_eq!(atomic_mode(true, &AtomicCaps { atomic_operations: 0x1, atomic_size_qp: 0x8 }), None);
+        assert_eq!(
+            atomic_mode(true, &AtomicCaps { atomic_operations: 0x3, atomic_size_qp: 0x8, ..Default::default() }),
+            Some(1)
+        );
+        assert_eq!(
+            atomic_mode(true, &AtomicCaps { atomic_operations: 0x1, atomic_size_qp: 0x8, ..Default::default() }),
+            None
+        );
         assert_eq!(atomic_mode(false, &ext), None);
         // The general `atomic` bit off, or no ATOMIC caps: refused with a reason.
         let q = QpCaps::from_caps(&GeneralCaps { atomic: false, ..general }, Some(&roce), Some(&ext));

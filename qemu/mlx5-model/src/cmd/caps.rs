@@ -50,6 +50,7 @@ pub fn set_hca_cap(hca: &mut Hca, c: &Ctx) -> CmdResult {
     hca.caps.set(c.op_mod >> 1, &c.input[CAPABILITY..SIZE]).map_err(|e| match e {
         SetCapError::NotSettable => c.err(status::BAD_PARAM, reason::UNKNOWN_CAP_TYPE),
         SetCapError::AboveMax(_) => c.err(status::BAD_PARAM, reason::CAP_ABOVE_MAX),
+        SetCapError::ReadOnly(_) => c.err(status::BAD_PARAM, reason::CAP_READ_ONLY),
     })?;
     Ok(out)
 }

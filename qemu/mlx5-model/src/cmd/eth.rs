@@ -88,9 +88,11 @@ const SPECIAL_CONTEXTS_OUT_SIZE: usize = 0x20;
 
 /// Largest WQ page (`log_wq_pg_sz`), as for EQ/CQ PAS pages.
 const MAX_LOG_WQ_PG_SZ: u32 = 18;
-/// `ts_format` values accepted: FREE_RUNNING (0) and DEFAULT (1); the reported `sq_ts_format` /
-/// `rq_ts_format` caps (0: free running only) exclude REAL_TIME (2).
-const MAX_TS_FORMAT: u32 = 1;
+/// `ts_format` values accepted: those the current `sq_ts_format` / `rq_ts_format` cap offers
+/// (`caps::ts_format_offered`; both profiles say free running only, so REAL_TIME is refused).
+fn ts_ok(hca: &Hca, cap: Field, ts: u32) -> bool {
+    crate::caps::ts_format_offered(hca.caps.general(cap), ts)
+}
 
 fn bad(c: &Ctx, why: u16) -> CmdError {
     c.err(status::BAD_PARAM, why)
@@ -214,7 +216,7 @@ pub fn create_sq(hca: &mut Hca, c: &Ctx) -> CmdResult {
         return Err(bad(c, reason::QP_WRONG_STATE));
     }
     if q(sqc::MIN_WQE_INLINE_MODE) > u32::from(crate::eth::frame::inline_mode::TCP_UDP)
-        || q(sqc::TS_FORMAT) > MAX_TS_FORMAT
+        || !ts_ok(hca, crate::caps::cmd_hca_cap::SQ_TS_FORMAT, q(sqc::TS_FORMAT))
     {
         return Err(bad(c, reason::UNSUPPORTED_FEATURE));
     }
@@ -349,7 +351,7 @@ pub fn create_rq(hca: &mut Hca, c: &Ctx) -> CmdResult {
         return Err(bad(c, reason::QP_WRONG_STATE));
     }
     // MEMORY_RQ_INLINE (0) only: no RMPs.
-    if q(rqc::MEM_RQ_TYPE) != 0 || q(rqc::TS_FORMAT) > MAX_TS_FORMAT {
+    if q(rqc::MEM_RQ_TYPE) != 0 || !ts_ok(hca, crate::caps::cmd_hca_cap::RQ_TS_FORMAT, q(rqc::TS_FORMAT)) {
         return Err(bad(c, reason::UNSUPPORTED_FEATURE));
     }
     let cqn = q(rqc::CQN);

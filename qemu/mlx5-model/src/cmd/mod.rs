@@ -143,6 +143,9 @@ pub mod reason {
     pub const OBJECTS_IN_USE: u16 = 0x1d;
     /// A command held for runtime pages failed: the driver answered MANAGE_PAGES ALLOCATION_FAIL.
     pub const ALLOCATION_FAILED: u16 = 0x1e;
+    /// SET_HCA_CAP changed a field the current caps make read-only (`roce` without `roce_rw_supported`, the
+    /// atomic endianness mode without `supported_atomic_req_8B_endianness_mode_1`).
+    pub const CAP_READ_ONLY: u16 = 0x1f;
     // EQ, CQ, registers, vport (0x30..=0x3f).
     pub const NO_SUCH_EQ: u16 = 0x30;
     pub const BAD_DOORBELL_RECORD: u16 = 0x31;
@@ -161,6 +164,10 @@ pub mod reason {
     pub const QP_BAD_DBR: u16 = 0x45;
     pub const QP_BAD_PATH: u16 = 0x46;
     pub const QP_BAD_CQ: u16 = 0x47;
+    /// `qpc.ts_format` names a clock the caps do not offer (`caps::ts_format_offered`).
+    pub const QP_BAD_TS_FORMAT: u16 = 0x48;
+    /// `qpc.user_index` is not the one the CQE version calls for (`Caps::qp_user_index`).
+    pub const QP_BAD_USER_INDEX: u16 = 0x49;
     pub const FT_BAD_TABLE_TYPE: u16 = 0x50;
     pub const FT_BAD_INDEX: u16 = 0x51;
     pub const FT_INDEX_OCCUPIED: u16 = 0x52;

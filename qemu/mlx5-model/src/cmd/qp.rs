@@ -104,6 +104,16 @@ pub fn create_qp(hca: &mut Hca, c: &Ctx) -> CmdResult {
             return Err(bad(c, reason::QP_BAD_CQ));
         }
     }
+    // The clock the QP stamps with must be one the caps offer (Linux `get_qp_ts_format`; firmware refuses
+    // others with BAD_PARAM).
+    if !crate::caps::ts_format_offered(hca.caps.qp_ts_format_cap(), qpc_get(c, qpc::TS_FORMAT)) {
+        return Err(bad(c, reason::QP_BAD_TS_FORMAT));
+    }
+    // CQE version 1 carries `user_index` in every CQE: it must be the kernel consumer's (Linux gives
+    // MLX5_IB_DEFAULT_UIDX); with version 0 the field is unused and must stay 0 (stricter than known).
+    if qpc_get(c, qpc::USER_INDEX) != hca.caps.qp_user_index() {
+        return Err(bad(c, reason::QP_BAD_USER_INDEX));
+    }
     let max_sz = hca.caps.general(LOG_MAX_QP_SZ);
     let log_max_msg = hca.caps.general(LOG_MAX_MSG);
     if qpc_get(c, qpc::LOG_MSG_MAX) > log_max_msg {

@@ -40,6 +40,8 @@ pub mod bit {
     pub const MTU: usize = 0x100;
     pub const LOG_SQ_SIZE: usize = 0x111;
     pub const UAR_PAGE: usize = 0x128;
+    pub const TS_FORMAT: usize = 0x118;
+    pub const USER_INDEX: usize = 0x148;
     pub const REMOTE_QPN: usize = 0x168;
     pub const PKEY_INDEX: usize = 0x190;
     pub const ACK_TIMEOUT: usize = 0x1c0;
@@ -141,6 +143,8 @@ pub fn create_qp_in(r: Res) -> Vec<u8> {
     setf(&mut c, bit::RQ_TYPE, 3, 3);
     setf(&mut c, bit::CQN_SND, 24, r.cqn);
     setf(&mut c, bit::CQN_RCV, 24, r.cqn);
+    // Both profiles report CQE version 1: a kernel QP's user_index (MLX5_IB_DEFAULT_UIDX).
+    setf(&mut c, bit::USER_INDEX, 24, 0xff_ffff);
     c[bit::DBR_ADDR_BYTE..bit::DBR_ADDR_BYTE + 8].copy_from_slice(&DBR.to_be_bytes());
     c[0x110..0x118].copy_from_slice(&WQ_PAGE.to_be_bytes());
     c
