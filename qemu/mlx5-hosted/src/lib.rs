@@ -130,9 +130,11 @@ pub enum ModelMode {
 
 impl HostedPlatform {
     /// A fresh model over a BAR and `ram_bytes` of RAM; DMA memory is taken from the RAM above 1 MiB.
-    /// In-process, both are plain buffers (the model steps only from `relax`, so nothing contends); with a
-    /// model thread they are anonymous shared mappings (files in /dev/shm, unlinked once mapped), accessed
-    /// without locks on either side, as in QEMU runs.
+    /// In-process, both are plain buffers (the model steps only from `relax`, so nothing contends) and the
+    /// BAR's command doorbell is a write-1-to-set register as on a ConnectX-5 (`VecMemory::with_doorbell`), so
+    /// the model runs exactly the slots rung (`Doorbells::PerSlot` under `Doorbells::Auto`); with a model
+    /// thread they are anonymous shared mappings (files in /dev/shm, unlinked once mapped), accessed without
+    /// locks on either side, as in QEMU runs, and the doorbell is a plain word (`Doorbells::Coalesce`).
     pub fn with_model(cfg: ModelConfig, ram_bytes: usize, mode: ModelMode) -> HostedPlatform {
         Self::with_model_udp(cfg, ram_bytes, mode, None)
     }
@@ -146,7 +148,10 @@ impl HostedPlatform {
         udp: Option<mlx5_model::roce::udp::UdpResponder>,
     ) -> HostedPlatform {
         let (bar, ram): (Arc<dyn Memory>, Arc<dyn Memory>) = match mode {
-            ModelMode::InProcess => (Arc::new(VecMemory::new(HOSTED_BAR_BYTES)), Arc::new(VecMemory::new(ram_bytes))),
+            ModelMode::InProcess => (
+                Arc::new(VecMemory::with_doorbell(HOSTED_BAR_BYTES, mlx5_model::ifc::initial_seg::BYTE_CMD_DBELL)),
+                Arc::new(VecMemory::new(ram_bytes)),
+            ),
             ModelMode::Thread => (
                 Arc::new(scratch_mapping("bar", HOSTED_BAR_BYTES as u64)),
                 Arc::new(scratch_mapping("ram", ram_bytes as u64)),
@@ -407,7 +412,7 @@ mod tests {
         let mut b = Arena::new(0x1000, 0x10000, false);
         assert_eq!(addr_used(b.alloc_live(0x2000, 0x1000)), Some((0x1000, 0x2000)));
         // Through a platform over fresh RAM: a reused allocation reads as zeros.
-        let p = HostedPlatform::with_model(ModelConfig::default(), 4 << 20, ModelMode::InProcess);
+        let p = HostedPlatform::with_model(ModelConfig::instant(), 4 << 20, ModelMode::InProcess);
         let x = p.dma_alloc(64, 64).unwrap();
         p.dma_write(x, 0, &[7; 64]);
         p.dma_free(x);

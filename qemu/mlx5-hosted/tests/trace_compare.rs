@@ -18,8 +18,6 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use std::time::Duration;
-
 use leasebox_mlx5::Platform;
 use leasebox_mlx5::cmdq::CmdQueue;
 use leasebox_mlx5::driver::{Config, EQ_EVENTS};
@@ -632,11 +630,7 @@ fn frame_rules(side: &str, get: &dyn Fn(usize) -> Option<u8>, in_len: usize, out
 /// the block signatures (below).
 #[test]
 fn framing_as_the_queue_writes_it() {
-    let p = HostedPlatform::with_model(
-        ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() },
-        128 << 20,
-        ModelMode::InProcess,
-    );
+    let p = HostedPlatform::with_model(ModelConfig::instant(), 128 << 20, ModelMode::InProcess);
     let geometry = p.bar_read32(initseg::CMDQ_ADDR_L_SZ) & 0xff;
     let mut blocks = 0;
     for s in trace() {

@@ -35,6 +35,10 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
                         (the peer of QEMU `-netdev socket,udp=LOCAL,localaddr=PEER`); RoCEv2 frames for the
                         port's MAC on it go to the responder too (default: no Ethernet wire)
   --link-up-delay MS    the link comes up MS milliseconds after the port is administratively up (default 0)
+  --timing T            firmware time per command: `firmware` (default: per-opcode latencies from a real
+                        ConnectX-4 trace, INIT_HCA ~185 ms, MANAGE_PAGES ~1.2 us a page, others 30-110 us,
+                        with a deterministic jitter), `zero` (complete in the pass that sees the doorbell),
+                        or a fixed latency such as `20us` or `3ms` (see docs/hca-model.md, \"Command timing\")
   --control PATH        a control file for fault injection, created empty and polled every 100 ms: append one
                         command per line (`fail <opcode> <count> <status> <syndrome>`, `delay <opcode> <ms>`,
                         `hang <opcode>`, `health stop|run`, `health fatal <synd>`, `drop-doorbell`, `clear`;
@@ -48,8 +52,11 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
 Sizes accept a binary unit: K, M, G, T (or KiB, MiB, GiB, TiB), and 0x hex. On success, prints one line `mlx5-model: ready ...` on stdout once
 the signature is in place; everything else goes to stderr.";
 
-/// The longest idle sleep: the worst-case added latency for a command after a quiet period.
+/// The longest idle sleep: the worst-case added latency for a command after a quiet period. A command held
+/// for firmware time wakes the loop when it comes due ([`Idle::until`]).
 const MAX_IDLE_SLEEP: Duration = Duration::from_millis(1);
+/// A sleep shorter than this is not taken (the OS rounds short sleeps up by tens of µs): the loop yields.
+const MIN_SLEEP: Duration = Duration::from_micros(50);
 /// How often the loop checks that the shared files still exist.
 const PRESENCE_CHECK: Duration = Duration::from_millis(250);
 /// The responder's default UDP address (`docs/architecture.md`).
@@ -66,6 +73,7 @@ struct Opts {
     udp: SocketAddr,
     eth_udp: Option<(SocketAddr, SocketAddr)>,
     link_up_delay: Duration,
+    timing: mlx5_model::Timing,
     wait: Duration,
     exit_on_stdin_eof: bool,
     vf: bool,
@@ -92,6 +100,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     let mut control = None;
     let mut eth_udp = None;
     let mut link_up_delay = Duration::ZERO;
+    let mut timing = mlx5_model::Timing::firmware();
     while let Some(arg) = it.next() {
         let (flag, inline) = match arg.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
@@ -133,6 +142,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
                     .ok_or_else(|| format!("--link-up-delay needs milliseconds from 0 to 600000, got `{v}`"))?;
                 link_up_delay = Duration::from_millis(ms);
             }
+            "--timing" => timing = mlx5_model::Timing::parse(&value()?).map_err(|e| format!("--timing: {e}"))?,
             "--wait" => {
                 let v = value()?;
                 let secs: u64 = v
@@ -177,6 +187,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
         udp,
         eth_udp,
         link_up_delay,
+        timing,
         wait,
         exit_on_stdin_eof,
         vf,
@@ -214,11 +225,29 @@ impl Backoff {
         }
     }
 
-    fn idle(&mut self) {
-        match self.next() {
+    /// Idles once; `due`: how long until the earliest held command comes due, if any.
+    fn idle(&mut self, due: Option<Duration>) {
+        match self.next().until(due) {
             Idle::Spin => std::hint::spin_loop(),
             Idle::Yield => std::thread::yield_now(),
             Idle::Sleep(d) => std::thread::sleep(d),
+        }
+    }
+}
+
+impl Idle {
+    /// The back-off's step, cut short so the loop is awake when a held command comes due in `due`: a sleep
+    /// never runs past it, and one that would be shorter than [`MIN_SLEEP`] becomes a yield.
+    fn until(self, due: Option<Duration>) -> Idle {
+        match (self, due) {
+            (Idle::Sleep(d), Some(due)) if due < d => {
+                if due < MIN_SLEEP {
+                    Idle::Yield
+                } else {
+                    Idle::Sleep(due - MIN_SLEEP / 2)
+                }
+            }
+            (i, _) => i,
         }
     }
 }
@@ -301,9 +330,10 @@ fn run(o: &Opts) -> Result<Stop, String> {
 
     {
         let mut out = std::io::stdout().lock();
+        // `eth=` stays last: readers take everything after ` eth=` (tests/src/ctl_mlx5.rs, the tests).
         let _ = writeln!(
             out,
-            "mlx5-model: ready bar={} ({:#x} bytes, signature at +{sig_at:#x}) ram={} ({} MiB) udp={} trace={} function={} eth={}",
+            "mlx5-model: ready bar={} ({:#x} bytes, signature at +{sig_at:#x}) ram={} ({} MiB) udp={} trace={} function={} timing={} doorbells={:?} eth={}",
             o.bar.display(),
             bar.size(),
             o.ram.display(),
@@ -311,6 +341,8 @@ fn run(o: &Opts) -> Result<Stop, String> {
             o.udp,
             o.trace.as_ref().map_or("off".into(), |p| p.display().to_string()),
             if o.vf { "vf" } else { "pf" },
+            o.timing,
+            device.model.doorbells(),
             device.eth_description()
         );
         let _ = out.flush();
@@ -328,7 +360,8 @@ fn run(o: &Opts) -> Result<Stop, String> {
         if device.poll() {
             backoff.reset();
         } else {
-            backoff.idle();
+            let due = device.model.next_due().map(|t| t.saturating_duration_since(Instant::now()));
+            backoff.idle(due);
         }
         if Instant::now() >= next_check {
             next_check = Instant::now() + PRESENCE_CHECK;
@@ -361,6 +394,7 @@ impl Device {
         let cfg = mlx5_model::ModelConfig {
             trace: o.trace.clone(),
             link_up_delay: o.link_up_delay,
+            timing: o.timing,
             vf: o.vf,
             ..mlx5_model::ModelConfig::default()
         };
@@ -444,6 +478,7 @@ mod tests {
         assert_eq!(o.udp.to_string(), DEFAULT_UDP);
         assert!(!o.exit_on_stdin_eof);
         assert!(!o.vf);
+        assert_eq!(o.timing, mlx5_model::Timing::firmware(), "firmware timing by default");
         let o = parse(&[
             "--bar",
             "b",
@@ -466,8 +501,13 @@ mod tests {
             "--link-up-delay",
             "1500",
             "--vf",
+            "--timing",
+            "zero",
         ])
         .unwrap();
+        assert_eq!(o.timing, mlx5_model::Timing::Zero);
+        let fixed = parse(&["--bar", "b", "--ram", "r", "--timing=20us"]).unwrap();
+        assert_eq!(fixed.timing, mlx5_model::Timing::Fixed(Duration::from_micros(20)));
         assert_eq!(o.eth_udp.map(|(a, b)| (a.port(), b.port())), Some((5555, 5556)));
         assert_eq!(o.link_up_delay, Duration::from_millis(1500));
         assert_eq!(o.control, Some(PathBuf::from("c.txt")));
@@ -496,6 +536,8 @@ mod tests {
         assert!(e(&["--bar", "b", "--ram", "r", "--eth-udp", "127.0.0.1:1"]).contains("LOCAL,PEER"));
         assert!(e(&["--bar", "b", "--ram", "r", "--link-up-delay", "soon"]).contains("milliseconds"));
         assert!(e(&["--bar", "b", "--ram", "r", "--fast"]).contains("unknown argument `--fast`"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--timing", "quick"]).contains("--timing: expected `firmware`"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--timing"]).contains("--timing needs a value"));
         assert!(e(&["--bar=", "--ram", "r"]).contains("non-empty"));
     }
 
@@ -510,5 +552,19 @@ mod tests {
         assert_eq!(seq[199], Idle::Sleep(MAX_IDLE_SLEEP));
         b.reset();
         assert_eq!(b.next(), Idle::Spin);
+    }
+
+    #[test]
+    fn an_idle_sleep_ends_by_the_next_due_command() {
+        let ms = Duration::from_millis;
+        let us = Duration::from_micros;
+        assert_eq!(Idle::Sleep(ms(1)).until(None), Idle::Sleep(ms(1)));
+        assert_eq!(Idle::Sleep(ms(1)).until(Some(ms(5))), Idle::Sleep(ms(1)), "due later: the back-off as is");
+        let cut = Idle::Sleep(ms(1)).until(Some(us(400)));
+        assert!(matches!(cut, Idle::Sleep(d) if d < us(400)), "{cut:?}");
+        assert_eq!(Idle::Sleep(ms(1)).until(Some(us(20))), Idle::Yield, "too close to sleep");
+        assert_eq!(Idle::Sleep(ms(1)).until(Some(Duration::ZERO)), Idle::Yield, "already due");
+        assert_eq!(Idle::Spin.until(Some(Duration::ZERO)), Idle::Spin);
+        assert_eq!(Idle::Yield.until(Some(us(1))), Idle::Yield);
     }
 }

@@ -51,6 +51,23 @@ pub trait Memory: Send + Sync {
     fn write_be64(&self, addr: u64, v: u64) -> Result<(), OutOfRange> {
         self.write(addr, &v.to_be_bytes())
     }
+
+    /// The device's side of a register: replaces the big-endian 32-bit word at `addr` with `v` and returns what
+    /// it held. One atomic step where the memory can make it one ([`VecMemory`]); by default a read then a
+    /// write, so a write by the other side between the two is lost (shared files: `docs/hca-model.md`,
+    /// "Doorbells").
+    fn swap_be32(&self, addr: u64, v: u32) -> Result<u32, OutOfRange> {
+        let old = self.read_be32(addr)?;
+        self.write_be32(addr, v)?;
+        Ok(old)
+    }
+
+    /// Whether the 32-bit word at `addr` is a write-1-to-set register: every write by the other side ORs its
+    /// bits in and only [`Memory::swap_be32`] clears them, so no write is lost before the device takes it.
+    fn write_one_to_set(&self, addr: u64) -> bool {
+        let _ = addr;
+        false
+    }
 }
 
 /// Checks `[addr, addr + len)` against `size`.
@@ -62,15 +79,26 @@ pub fn check(addr: u64, len: usize, size: u64) -> Result<usize, OutOfRange> {
     Ok(addr as usize)
 }
 
-/// Memory in a plain buffer (hosted runs without QEMU, unit tests).
+/// Memory in a plain buffer (hosted runs without QEMU, unit tests), optionally with one write-1-to-set word
+/// (the command doorbell, [`VecMemory::with_doorbell`]).
 pub struct VecMemory {
     bytes: Mutex<Vec<u8>>,
     size: u64,
+    /// The address of the write-1-to-set word, if any.
+    w1s: Option<u64>,
 }
 
 impl VecMemory {
     pub fn new(size: usize) -> Self {
-        VecMemory { bytes: Mutex::new(vec![0; size]), size: size as u64 }
+        VecMemory { bytes: Mutex::new(vec![0; size]), size: size as u64, w1s: None }
+    }
+
+    /// A memory whose aligned 32-bit word at `at` is a write-1-to-set register, as a ConnectX-5's command
+    /// doorbell (BAR0 0x18) is: a write ORs its bits into the word (bytes of a wider write that cover the word
+    /// too), and only [`Memory::swap_be32`] — the device taking the bits — clears them. Two doorbell writes
+    /// before the device looks leave both bits set, where a plain word keeps only the second.
+    pub fn with_doorbell(size: usize, at: u64) -> Self {
+        VecMemory { w1s: Some(at & !3), ..VecMemory::new(size) }
     }
 }
 
@@ -87,8 +115,24 @@ impl Memory for VecMemory {
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), OutOfRange> {
         let at = check(addr, data.len(), self.size)?;
         let mut b = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
-        b[at..at + data.len()].copy_from_slice(data);
+        for (i, &v) in data.iter().enumerate() {
+            let a = at + i;
+            let w1s = self.w1s.is_some_and(|w| (w..w + 4).contains(&(a as u64)));
+            b[a] = if w1s { b[a] | v } else { v };
+        }
         Ok(())
+    }
+
+    fn swap_be32(&self, addr: u64, v: u32) -> Result<u32, OutOfRange> {
+        let at = check(addr, 4, self.size)?;
+        let mut b = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
+        let old = u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+        Ok(old)
+    }
+
+    fn write_one_to_set(&self, addr: u64) -> bool {
+        self.w1s == Some(addr)
     }
 }
 
@@ -103,5 +147,27 @@ mod tests {
         assert_eq!(m.read_be32(12).unwrap(), 0x0102_0304);
         assert!(m.write_be32(13, 1).is_err());
         assert!(m.read(u64::MAX - 1, &mut [0; 4]).is_err());
+        assert_eq!(m.swap_be32(12, 7), Ok(0x0102_0304));
+        assert_eq!(m.read_be32(12), Ok(7));
+        assert!(m.swap_be32(13, 1).is_err());
+        assert!(!m.write_one_to_set(12));
+    }
+
+    #[test]
+    fn a_doorbell_word_accumulates_writes_until_taken() {
+        let m = VecMemory::with_doorbell(64, 0x18);
+        assert!(m.write_one_to_set(0x18) && !m.write_one_to_set(0x14));
+        m.write_be32(0x18, 1).unwrap();
+        m.write_be32(0x18, 4).unwrap();
+        assert_eq!(m.read_be32(0x18), Ok(5), "the second write does not replace the first");
+        m.write(0x10, &[0xff; 16]).unwrap();
+        assert_eq!(m.read_be32(0x18), Ok(u32::MAX), "a wide write sets bits too");
+        assert_eq!(m.read_be32(0x14), Ok(u32::MAX), "its other words are plain");
+        m.write(0x10, &[0; 16]).unwrap();
+        assert_eq!((m.read_be32(0x14), m.read_be32(0x18)), (Ok(0), Ok(u32::MAX)), "zeros clear nothing");
+        assert_eq!(m.swap_be32(0x18, 0), Ok(u32::MAX));
+        assert_eq!(m.read_be32(0x18), Ok(0), "the device's take clears");
+        m.write_be32(0x18, 2).unwrap();
+        assert_eq!(m.read_be32(0x18), Ok(2));
     }
 }

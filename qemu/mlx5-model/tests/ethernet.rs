@@ -52,7 +52,7 @@ struct Eth {
 }
 
 fn config() -> ModelConfig {
-    ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() }
+    ModelConfig::instant()
 }
 
 fn create_tis_in(td: u32) -> Vec<u8> {

@@ -4,8 +4,6 @@
 mod common;
 mod support_qp;
 
-use std::time::Duration;
-
 use common::{Drv, be32, cmd, create_cq_in, put32};
 use mlx5_model::ModelConfig;
 use mlx5_model::events::PageRequest;
@@ -42,7 +40,7 @@ fn qps(d: &mut Drv, uar: u32, eqn: u8, n: usize) -> Vec<u32> {
 }
 
 fn cfg() -> ModelConfig {
-    ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() }
+    ModelConfig::instant()
 }
 
 fn eqe(d: &Drv, i: u64) -> [u8; 64] {

@@ -45,7 +45,7 @@ pub const OTHER: Who<'static> = Who { session: 2, tenant: "beta", admin: false }
 pub const ADMIN: Who<'static> = Who { session: 3, tenant: "admin", admin: true };
 
 pub fn model() -> ModelConfig {
-    ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() }
+    ModelConfig::instant()
 }
 
 pub fn config() -> Config {

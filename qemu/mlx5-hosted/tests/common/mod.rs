@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use leasebox_mlx5::driver::{Config, Driver};
 use mlx5_hosted::{HostedPlatform, ModelMode};
@@ -15,7 +14,7 @@ pub type Hosted = Driver<HostedPlatform>;
 pub const RAM_BYTES: usize = 128 << 20;
 
 pub fn model_config() -> ModelConfig {
-    ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() }
+    ModelConfig::instant()
 }
 
 pub fn driver_config() -> Config {

@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use mlx5_model::mem::{Memory, VecMemory};
 use mlx5_model::{Model, ModelConfig};
@@ -61,7 +60,7 @@ fn xor(b: &[u8]) -> u8 {
 
 impl Drv {
     pub fn new() -> Drv {
-        Self::with(ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() }, 64 << 20)
+        Self::with(ModelConfig::instant(), 64 << 20)
     }
 
     pub fn with(cfg: ModelConfig, ram_size: usize) -> Drv {
