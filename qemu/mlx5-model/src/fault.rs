@@ -425,6 +425,25 @@ mod tests {
     }
 
     #[test]
+    fn firmware_latency_holds_and_due_comes_in_time_order() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        let mut f = Faults::default();
+        assert_eq!(f.next_due(), None);
+        assert_eq!(f.on_command(1, 0, 0x00, now, false, ms(3)), Verdict::Delay { due: now + ms(3) });
+        assert_eq!(f.on_command(1, 1, 0x40, now, false, ms(1)), Verdict::Delay { due: now + ms(1) });
+        assert_eq!(f.on_command(1, 2, 0x80, now, false, ms(2)), Verdict::Delay { due: now + ms(2) });
+        assert_eq!(f.counters().delayed, 0, "firmware time is not a fault");
+        assert_eq!(f.next_due(), Some(now + ms(1)));
+        assert_eq!(f.due(now + ms(3)), [(1, 0x40), (2, 0x80), (0, 0x00)], "earliest due first, not slot order");
+        assert_eq!(f.next_due(), None);
+        // A delay rule replaces the firmware time; a released command is not held again.
+        f.add(Fault::Delay { opcode: 1, delay: ms(50) });
+        assert_eq!(f.on_command(1, 0, 0, now, false, ms(3)), Verdict::Delay { due: now + ms(50) });
+        assert_eq!(f.on_command(1, 0, 0, now, true, ms(3)), Verdict::Run);
+    }
+
+    #[test]
     fn control_file_reads_appended_complete_lines() {
         use std::io::Write;
         let path = std::env::temp_dir().join(format!("mlx5-control-{}.txt", std::process::id()));
