@@ -38,7 +38,8 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
   --timing T            firmware time per command: `firmware` (default: per-opcode latencies from a real
                         ConnectX-4 trace, INIT_HCA ~185 ms, MANAGE_PAGES ~1.2 us a page, others 30-110 us,
                         with a deterministic jitter), `zero` (complete in the pass that sees the doorbell),
-                        or a fixed latency such as `20us` or `3ms` (see docs/hca-model.md, \"Command timing\")
+                        or a fixed latency such as `20us` or `3ms` (see docs/hca-model.md, \"Command timing\");
+                        without the flag, MLX5_MODEL_TIMING=T sets it (it reaches a model cargo xtask starts)
   --control PATH        a control file for fault injection, created empty and polled every 100 ms: append one
                         command per line (`fail <opcode> <count> <status> <syndrome>`, `delay <opcode> <ms>`,
                         `hang <opcode>`, `health stop|run`, `health fatal <synd>`, `drop-doorbell`, `clear`;
@@ -100,7 +101,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     let mut control = None;
     let mut eth_udp = None;
     let mut link_up_delay = Duration::ZERO;
-    let mut timing = mlx5_model::Timing::firmware();
+    let mut timing = None;
     while let Some(arg) = it.next() {
         let (flag, inline) = match arg.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
@@ -142,7 +143,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
                     .ok_or_else(|| format!("--link-up-delay needs milliseconds from 0 to 600000, got `{v}`"))?;
                 link_up_delay = Duration::from_millis(ms);
             }
-            "--timing" => timing = mlx5_model::Timing::parse(&value()?).map_err(|e| format!("--timing: {e}"))?,
+            "--timing" => timing = Some(mlx5_model::Timing::parse(&value()?).map_err(|e| format!("--timing: {e}"))?),
             "--wait" => {
                 let v = value()?;
                 let secs: u64 = v
@@ -177,6 +178,13 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     if trace.is_none() {
         trace = std::env::var_os("MLX5_MODEL_TRACE").filter(|v| !v.is_empty()).map(PathBuf::from);
     }
+    let timing = match timing {
+        Some(t) => t,
+        None => match std::env::var("MLX5_MODEL_TIMING") {
+            Ok(v) if !v.is_empty() => mlx5_model::Timing::parse(&v).map_err(|e| format!("MLX5_MODEL_TIMING: {e}"))?,
+            _ => mlx5_model::Timing::firmware(),
+        },
+    };
     Ok(Parsed::Run(Box::new(Opts {
         bar,
         ram,
