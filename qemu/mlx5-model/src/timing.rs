@@ -28,7 +28,7 @@ pub const TEARDOWN_HCA: Duration = Duration::from_millis(100);
 pub const MANAGE_PAGES_BASE: Duration = Duration::from_micros(30);
 pub const MANAGE_PAGES_PER_PAGE: Duration = Duration::from_nanos(1_200);
 /// Commands that build, change or destroy a hardware context (EQ, CQ, QP, SQ, RQ, TIS, TIR, MKEY, flow
-/// steering): CREATE_EQ is the trace's one command timed by interrupt (min 119 µs, median 130 µs doorbell to
+/// steering): CREATE_EQ is the trace's one command timed by interrupt (119–162 µs, median 129 µs, doorbell to
 /// Linux's output dump, which includes the interrupt and Linux's own work), so the firmware part is a little
 /// under that.
 pub const CONTEXT: Duration = Duration::from_micros(110);
