@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OutOfRange {
@@ -79,26 +80,88 @@ pub fn check(addr: u64, len: usize, size: u64) -> Result<usize, OutOfRange> {
     Ok(addr as usize)
 }
 
-/// Memory in a plain buffer (hosted runs without QEMU, unit tests), optionally with one write-1-to-set word
-/// (the command doorbell, [`VecMemory::with_doorbell`]).
+/// Memory in a plain buffer (hosted runs without QEMU, unit tests).
 pub struct VecMemory {
     bytes: Mutex<Vec<u8>>,
     size: u64,
-    /// The address of the write-1-to-set word, if any.
-    w1s: Option<u64>,
 }
 
 impl VecMemory {
     pub fn new(size: usize) -> Self {
-        VecMemory { bytes: Mutex::new(vec![0; size]), size: size as u64, w1s: None }
+        VecMemory { bytes: Mutex::new(vec![0; size]), size: size as u64 }
     }
 
-    /// A memory whose aligned 32-bit word at `at` is a write-1-to-set register, as a ConnectX-5's command
-    /// doorbell (BAR0 0x18) is: a write ORs its bits into the word (bytes of a wider write that cover the word
-    /// too), and only [`Memory::swap_be32`] — the device taking the bits — clears them. Two doorbell writes
-    /// before the device looks leave both bits set, where a plain word keeps only the second.
-    pub fn with_doorbell(size: usize, at: u64) -> Self {
-        VecMemory { w1s: Some(at & !3), ..VecMemory::new(size) }
+    /// A BAR of `size` bytes whose command doorbell at `at` is write-1-to-set ([`WriteOneToSet`]).
+    pub fn with_doorbell(size: usize, at: u64) -> WriteOneToSet<VecMemory> {
+        WriteOneToSet::new(VecMemory::new(size), at)
+    }
+}
+
+/// `inner` with its aligned 32-bit word at `at` made a write-1-to-set register, as a ConnectX-5's command
+/// doorbell (BAR0 0x18) is: every write ORs its bits in (the bytes of a wider write that cover the word too),
+/// reads see the bits set so far, and only [`Memory::swap_be32`] — the device taking them — clears them. Two
+/// doorbell writes before the device looks leave both bits set, where a plain word keeps only the second. The
+/// word lives in an atomic, so both sides may use it from their own threads without a lock (the hosted
+/// platform's in-process BAR and its model thread's shared mapping; never QEMU's, where the guest's store
+/// goes straight to the file).
+pub struct WriteOneToSet<M> {
+    inner: M,
+    at: u64,
+    bits: AtomicU32,
+}
+
+impl<M: Memory> WriteOneToSet<M> {
+    pub fn new(inner: M, at: u64) -> Self {
+        WriteOneToSet { inner, at: at & !3, bits: AtomicU32::new(0) }
+    }
+
+    /// The bytes of `[addr, addr + len)` that fall in the word: (index in the access, index in the word).
+    fn overlap(&self, addr: u64, len: usize) -> impl Iterator<Item = (usize, usize)> {
+        let at = self.at;
+        (0..len).filter_map(move |i| {
+            let a = addr + i as u64;
+            (at..at + 4).contains(&a).then(|| (i, (a - at) as usize))
+        })
+    }
+}
+
+impl<M: Memory> Memory for WriteOneToSet<M> {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn holds(&self, addr: u64, len: u64) -> bool {
+        self.inner.holds(addr, len)
+    }
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), OutOfRange> {
+        self.inner.read(addr, buf)?;
+        let word = self.bits.load(Ordering::Acquire).to_be_bytes();
+        for (i, w) in self.overlap(addr, buf.len()) {
+            buf[i] = word[w];
+        }
+        Ok(())
+    }
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), OutOfRange> {
+        // The inner word is never read back, so the whole write may go through.
+        self.inner.write(addr, data)?;
+        let mut set = [0u8; 4];
+        for (i, w) in self.overlap(addr, data.len()) {
+            set[w] = data[i];
+        }
+        let set = u32::from_be_bytes(set);
+        if set != 0 {
+            self.bits.fetch_or(set, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+    fn swap_be32(&self, addr: u64, v: u32) -> Result<u32, OutOfRange> {
+        if addr != self.at {
+            return self.inner.swap_be32(addr, v);
+        }
+        check(addr, 4, self.size())?;
+        Ok(self.bits.swap(v, Ordering::AcqRel))
+    }
+    fn write_one_to_set(&self, addr: u64) -> bool {
+        addr == self.at
     }
 }
 
@@ -115,11 +178,7 @@ impl Memory for VecMemory {
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), OutOfRange> {
         let at = check(addr, data.len(), self.size)?;
         let mut b = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
-        for (i, &v) in data.iter().enumerate() {
-            let a = at + i;
-            let w1s = self.w1s.is_some_and(|w| (w..w + 4).contains(&(a as u64)));
-            b[a] = if w1s { b[a] | v } else { v };
-        }
+        b[at..at + data.len()].copy_from_slice(data);
         Ok(())
     }
 
@@ -129,10 +188,6 @@ impl Memory for VecMemory {
         let old = u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
         b[at..at + 4].copy_from_slice(&v.to_be_bytes());
         Ok(old)
-    }
-
-    fn write_one_to_set(&self, addr: u64) -> bool {
-        self.w1s == Some(addr)
     }
 }
 
@@ -169,5 +224,13 @@ mod tests {
         assert_eq!(m.read_be32(0x18), Ok(0), "the device's take clears");
         m.write_be32(0x18, 2).unwrap();
         assert_eq!(m.read_be32(0x18), Ok(2));
+        let mut b = [0u8; 2];
+        m.read(0x1a, &mut b).unwrap();
+        assert_eq!(b, [0, 2], "a narrow read sees its bytes of the word");
+        m.write(0x1b, &[0x80]).unwrap();
+        assert_eq!(m.read_be32(0x18), Ok(0x82), "a narrow write sets its bytes' bits");
+        assert_eq!(m.swap_be32(0x14, 9), Ok(0), "other words swap as plain memory");
+        assert_eq!(m.read_be32(0x14), Ok(9));
+        assert!(m.swap_be32(0x40, 0).is_err());
     }
 }

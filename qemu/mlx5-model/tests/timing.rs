@@ -27,7 +27,7 @@ fn firmware() -> ModelConfig {
     ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() }
 }
 
-fn doorbell_bar() -> Arc<VecMemory> {
+fn doorbell_bar() -> Arc<dyn Memory> {
     Arc::new(VecMemory::with_doorbell(BAR_SIZE, DBELL))
 }
 

@@ -17,7 +17,7 @@ pub const MBOX_OUT: u64 = 0x80000;
 pub const PAGES: u64 = 0x100000;
 
 pub struct Drv {
-    pub bar: Arc<VecMemory>,
+    pub bar: Arc<dyn Memory>,
     pub ram: Arc<VecMemory>,
     pub model: Model,
     pub token: u8,
@@ -69,7 +69,7 @@ impl Drv {
     }
 
     /// As [`Drv::with`] over a BAR of the caller's (`VecMemory::with_doorbell` for a write-1-to-set doorbell).
-    pub fn with_bar(cfg: ModelConfig, bar: Arc<VecMemory>, ram_size: usize) -> Drv {
+    pub fn with_bar(cfg: ModelConfig, bar: Arc<dyn Memory>, ram_size: usize) -> Drv {
         let ram = Arc::new(VecMemory::new(ram_size));
         let mut model = Model::new(bar.clone(), ram.clone(), cfg);
         model.poll();
