@@ -298,3 +298,25 @@ fn serve(server: Shared, mut stream: TcpStream, id: ConnId, start: Instant, stop
     let _ = stream.shutdown(std::net::Shutdown::Both);
     server.lock().expect("server lock").closed(id, now_ms(start));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn timing_defaults_to_firmware_and_parses_as_the_model_does() {
+        let cfg = HostedConfig::from_args(&args(&["--hca"])).unwrap();
+        assert_eq!(cfg.timing, mlx5_model::Timing::firmware());
+        let cfg = HostedConfig::from_args(&args(&["--hca", "--timing", "zero"])).unwrap();
+        assert_eq!(cfg.timing, mlx5_model::Timing::Zero);
+        let cfg = HostedConfig::from_args(&args(&["--hca", "--timing", "20us"])).unwrap();
+        assert_eq!(cfg.timing, mlx5_model::Timing::Fixed(Duration::from_micros(20)));
+        let e = |a: &[&str]| HostedConfig::from_args(&args(a)).err().unwrap_or_default();
+        assert!(e(&["--timing", "soon"]).contains("--timing: expected `firmware`"));
+        assert!(e(&["--timing"]).contains("--timing needs"));
+    }
+}
