@@ -245,7 +245,7 @@ fn parse_secs() -> Result<f64, String> {
 }
 
 /// Firmware time per command for the pipelining table (`Timing::Fixed`): one latency for every command, so the
-/// rows compare pipelining alone (the default per-opcode table is docs/hca-model.md, "Command timing").
+/// rows compare pipelining alone (the default per-opcode table is docs/hca-model.md, "Command timing and doorbells").
 const FIRMWARE_US: u64 = 20;
 
 /// Brings a driver up on a fresh model driven as `mode` (each command held `latency` by the model), runs the

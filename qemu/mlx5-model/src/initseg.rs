@@ -150,7 +150,8 @@ impl InitSeg {
 
     /// Takes the command doorbell vector, leaving 0: one atomic swap where the BAR has a write-1-to-set doorbell
     /// (hosted rigs, `Memory::write_one_to_set`), so no ring is lost; over a shared file a read then a write, so
-    /// a second driver write can be lost (`docs/hca-model.md`, "Doorbells"). A zero register is not written.
+    /// a second driver write can be lost (`docs/hca-model.md`, "Command timing and doorbells"). A zero register
+    /// is not written.
     pub fn take_doorbell(bar: &dyn Memory) -> Result<u32, OutOfRange> {
         if bar.read_be32(seg::BYTE_CMD_DBELL)? == 0 {
             return Ok(0);

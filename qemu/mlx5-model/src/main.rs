@@ -38,8 +38,9 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
   --timing T            firmware time per command: `firmware` (default: per-opcode latencies from a real
                         ConnectX-4 trace, INIT_HCA ~185 ms, MANAGE_PAGES ~1.2 us a page, others 30-110 us,
                         with a deterministic jitter), `zero` (complete in the pass that sees the doorbell),
-                        or a fixed latency such as `20us` or `3ms` (see docs/hca-model.md, \"Command timing\");
-                        without the flag, MLX5_MODEL_TIMING=T sets it (it reaches a model cargo xtask starts)
+                        or a fixed latency such as `20us` or `3ms` (docs/hca-model.md, \"Command timing and
+                        doorbells\"); without the flag, MLX5_MODEL_TIMING=T sets it (it reaches a model that
+                        cargo xtask starts)
   --control PATH        a control file for fault injection, created empty and polled every 100 ms: append one
                         command per line (`fail <opcode> <count> <status> <syndrome>`, `delay <opcode> <ms>`,
                         `hang <opcode>`, `health stop|run`, `health fatal <synd>`, `drop-doorbell`, `clear`;

@@ -54,9 +54,9 @@ pub trait Memory: Send + Sync {
     }
 
     /// The device's side of a register: replaces the big-endian 32-bit word at `addr` with `v` and returns what
-    /// it held. One atomic step where the memory can make it one ([`VecMemory`]); by default a read then a
-    /// write, so a write by the other side between the two is lost (shared files: `docs/hca-model.md`,
-    /// "Doorbells").
+    /// it held. One atomic step where the memory can make it one ([`VecMemory`], [`WriteOneToSet`]); by
+    /// default a read then a write, so a write by the other side between the two is lost (shared files:
+    /// `docs/hca-model.md`, "Command timing and doorbells").
     fn swap_be32(&self, addr: u64, v: u32) -> Result<u32, OutOfRange> {
         let old = self.read_be32(addr)?;
         self.write_be32(addr, v)?;

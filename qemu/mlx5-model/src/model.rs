@@ -17,7 +17,8 @@ use crate::mkey::MkeyInfo;
 use crate::timing::Timing;
 use crate::trace::{Record, Trace};
 
-/// Which HW-owned command entries a doorbell runs (`ModelConfig::doorbells`; `docs/hca-model.md`, "Doorbells").
+/// Which HW-owned command entries a doorbell runs (`ModelConfig::doorbells`; `docs/hca-model.md`, "Command
+/// timing and doorbells").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Doorbells {
     /// [`Doorbells::PerSlot`] where the BAR's doorbell keeps every write until the device takes it

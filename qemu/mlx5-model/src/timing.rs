@@ -4,7 +4,7 @@
 //! real ConnectX-4) with a deterministic jitter, so commands in different slots complete out of order as they
 //! do on hardware. Tests that need speed ask for [`Timing::Zero`] explicitly (`ModelConfig::instant`).
 //!
-//! The table and where each number comes from are in `docs/hca-model.md`, "Command timing".
+//! The table and where each number comes from are in `docs/hca-model.md`, "Command timing and doorbells".
 
 use std::fmt;
 use std::time::Duration;

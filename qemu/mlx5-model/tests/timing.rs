@@ -1,4 +1,4 @@
-//! Command timing and doorbells (issue 14 item 2; docs/hca-model.md, "Command timing" and "Doorbells"): the
+//! Command timing and doorbells (issue 14 item 2; docs/hca-model.md, "Command timing and doorbells"): the
 //! firmware timing is the default, holds each command for its opcode's time from the real trace, and lets a
 //! later-rung command complete first; per-slot doorbells run exactly the slots rung, coalescing ones also run
 //! HW-owned entries whose own write was not seen.
@@ -231,7 +231,7 @@ fn trace_latencies() -> Vec<(u16, u32, u64)> {
     out
 }
 
-/// The table's numbers against the trace they come from (docs/hca-model.md, "Command timing").
+/// The table's numbers against the trace they come from (docs/hca-model.md, "Command timing and doorbells").
 #[test]
 fn the_latency_table_matches_the_reference_trace() {
     const POLL_TICK_US: u64 = 10_500;
