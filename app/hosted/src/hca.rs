@@ -76,11 +76,11 @@ impl Drop for HcaThreads {
 const LINK_WAIT_MS: u64 = 5_000;
 
 /// Brings the model and the driver up and builds the lease backend. `udp`: where the model's RoCEv2 responder
-/// listens (`None`: no data path); `cmd_latency`: firmware time per command.
+/// listens (`None`: no data path); `timing`: firmware time per command.
 pub fn start(
     o: &LeaseOptions,
     udp: Option<&str>,
-    cmd_latency: Duration,
+    timing: mlx5_model::Timing,
 ) -> Result<(HostedBackend, HcaThreads), String> {
     let responder = match udp {
         Some(a) => {
@@ -92,7 +92,7 @@ pub fn start(
         None => None,
     };
     let udp_addr = responder.as_ref().and_then(|r| r.local_addr().ok());
-    let model = ModelConfig { init_delay: Duration::ZERO, cmd_latency, ..ModelConfig::default() };
+    let model = ModelConfig { init_delay: Duration::ZERO, timing, ..ModelConfig::default() };
     let ram = (o.pool_mib as usize) * (1 << 20) + RAM_EXTRA;
     let platform = Arc::new(HostedPlatform::with_model_udp(model, ram, ModelMode::Thread, responder));
     // Bring-up waits (bounded) for the model's link training, as the image does (`image/src/hca.rs`).

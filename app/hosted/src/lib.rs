@@ -39,8 +39,9 @@ pub struct HostedConfig {
     pub hca: bool,
     /// `--udp ADDR`: the model's RoCEv2 responder (with `--hca`).
     pub udp: Option<String>,
-    /// `--cmd-latency-us N`: firmware time per command in the model.
-    pub cmd_latency: Duration,
+    /// `--timing T`: firmware time per command in the model (`mlx5_model::Timing::parse`; the trace's
+    /// per-opcode table by default, as the model process).
+    pub timing: mlx5_model::Timing,
     pub lease: LeaseOptions,
 }
 
@@ -49,7 +50,7 @@ impl HostedConfig {
     pub fn from_args(args: &[String]) -> Result<HostedConfig, String> {
         let mut listen: SocketAddr = "127.0.0.1:7470".parse().expect("literal address");
         let mut words = Vec::new();
-        let (mut hca, mut udp, mut cmd_latency) = (false, None, Duration::ZERO);
+        let (mut hca, mut udp, mut timing) = (false, None, mlx5_model::Timing::firmware());
         let mut it = args.iter();
         while let Some(a) = it.next() {
             if a == "--listen" {
@@ -61,10 +62,9 @@ impl HostedConfig {
                 let v = it.next().ok_or("--udp needs ADDR:PORT")?;
                 v.parse::<SocketAddr>().map_err(|_| format!("--udp: '{v}' is not ADDR:PORT"))?;
                 udp = Some(v.clone());
-            } else if a == "--cmd-latency-us" {
-                let v = it.next().ok_or("--cmd-latency-us needs a number")?;
-                let us: u64 = v.parse().map_err(|_| format!("--cmd-latency-us: '{v}' is not a number"))?;
-                cmd_latency = Duration::from_micros(us);
+            } else if a == "--timing" {
+                let v = it.next().ok_or("--timing needs firmware, zero or a latency such as 20us")?;
+                timing = mlx5_model::Timing::parse(v).map_err(|e| format!("--timing: {e}"))?;
             } else if a.starts_with('-') {
                 return Err(format!("unknown flag '{a}'"));
             } else {
@@ -97,7 +97,7 @@ impl HostedConfig {
         if udp.is_some() && !hca {
             return Err("--udp needs --hca".into());
         }
-        Ok(HostedConfig { listen, limits, keys, hca, udp, cmd_latency, lease: lease.get() })
+        Ok(HostedConfig { listen, limits, keys, hca, udp, timing, lease: lease.get() })
     }
 }
 
@@ -186,7 +186,7 @@ impl Hosted {
     pub fn start(cfg: HostedConfig) -> Result<Hosted, String> {
         let start = Instant::now();
         let (backend, hca) = if cfg.hca {
-            let (b, t) = hca::start(&cfg.lease, cfg.udp.as_deref(), cfg.cmd_latency)?;
+            let (b, t) = hca::start(&cfg.lease, cfg.udp.as_deref(), cfg.timing)?;
             (HostedBackend::Lease(Box::new(b)), Some(t))
         } else {
             (HostedBackend::Plain(NoLeases::default()), None)
@@ -297,4 +297,26 @@ fn serve(server: Shared, mut stream: TcpStream, id: ConnId, start: Instant, stop
     }
     let _ = stream.shutdown(std::net::Shutdown::Both);
     server.lock().expect("server lock").closed(id, now_ms(start));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn timing_defaults_to_firmware_and_parses_as_the_model_does() {
+        let cfg = HostedConfig::from_args(&args(&["--hca"])).unwrap();
+        assert_eq!(cfg.timing, mlx5_model::Timing::firmware());
+        let cfg = HostedConfig::from_args(&args(&["--hca", "--timing", "zero"])).unwrap();
+        assert_eq!(cfg.timing, mlx5_model::Timing::Zero);
+        let cfg = HostedConfig::from_args(&args(&["--hca", "--timing", "20us"])).unwrap();
+        assert_eq!(cfg.timing, mlx5_model::Timing::Fixed(Duration::from_micros(20)));
+        let e = |a: &[&str]| HostedConfig::from_args(&args(a)).err().unwrap_or_default();
+        assert!(e(&["--timing", "soon"]).contains("--timing: expected `firmware`"));
+        assert!(e(&["--timing"]).contains("--timing needs"));
+    }
 }

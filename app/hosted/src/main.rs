@@ -1,4 +1,4 @@
-//! `leasebox-hosted [--listen ADDR] [--hca [--udp ADDR] [--cmd-latency-us N]] [OPTION=VALUE ...]` — the
+//! `leasebox-hosted [--listen ADDR] [--hca [--udp ADDR] [--timing firmware|zero|Nus]] [OPTION=VALUE ...]` — the
 //! appliance as a Linux process: the same session core as the image, driven by std TCP instead of smoltcp;
 //! with `--hca`, the device model in-process, the native driver and the lease service. Options are the
 //! kernel's (`tenant=`, `admin=`, `sessions=`, `credits=`, `heartbeat_ms=`, the lease options;
@@ -14,7 +14,7 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("leasebox-hosted: {e}");
             eprintln!(
-                "usage: leasebox-hosted [--listen ADDR] [--hca [--udp ADDR] [--cmd-latency-us N]] \
+                "usage: leasebox-hosted [--listen ADDR] [--hca [--udp ADDR] [--timing firmware|zero|Nus]] \
                  tenant=NAME:HEXKEY|admin=HEXKEY [sessions=N credits=N heartbeat_ms=N lease options...]"
             );
             return ExitCode::from(2);

@@ -125,7 +125,7 @@ impl Core {
     fn start(max_leases: u32, inline: bool) -> Core {
         let pool_mib = (u64::from(max_leases) * EXTENT).div_ceil(1 << 20) as u32;
         let ram = RAM_BASE + (pool_mib as usize) * (1 << 20) + max_leases as usize * RAM_PER_LEASE;
-        let model = ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() };
+        let model = ModelConfig::instant();
         let platform = Arc::new(HostedPlatform::with_model(model, ram, ModelMode::Thread));
         let dcfg = DriverConfig { part: "ConnectX-5", pre_init_timeout_ms: 5_000, ..DriverConfig::default() };
         let mut d = Driver::bring_up(platform.clone(), dcfg).unwrap_or_else(|e| fail(&format!("bring-up: {e}")));

@@ -45,11 +45,7 @@ impl Drop for Appliance {
 /// Brings the model up, creates the appliance side toward `peer` (our requester), starts the UDP pump and
 /// returns the appliance with the endpoint it would answer in ALLOC.
 fn appliance(peer: &QpEndpoint) -> (Appliance, QpEndpoint, std::net::SocketAddr) {
-    let p = Arc::new(HostedPlatform::with_model(
-        ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() },
-        128 << 20,
-        ModelMode::InProcess,
-    ));
+    let p = Arc::new(HostedPlatform::with_model(ModelConfig::instant(), 128 << 20, ModelMode::InProcess));
     let cfg =
         Config { part: "ConnectX-5", pre_init_timeout_ms: 2_000, cmd_timeout_ms: Some(2_000), ..Config::default() };
     let mut d = Driver::bring_up(p.clone(), cfg).unwrap_or_else(|e| panic!("bring-up: {e}"));

@@ -244,14 +244,14 @@ fn parse_secs() -> Result<f64, String> {
     Ok(secs)
 }
 
-/// Firmware time per command for the pipelining table (`ModelConfig::cmd_latency`): an assumption, not a
-/// measurement (docs/hca-model.md, "Command latency").
+/// Firmware time per command for the pipelining table (`Timing::Fixed`): one latency for every command, so the
+/// rows compare pipelining alone (the default per-opcode table is docs/hca-model.md, "Command timing and doorbells").
 const FIRMWARE_US: u64 = 20;
 
 /// Brings a driver up on a fresh model driven as `mode` (each command held `latency` by the model), runs the
 /// four rows, tears the key down.
 fn bench(mode: ModelMode, secs: f64, latency: Duration) -> (Vec<Row>, usize) {
-    let model = ModelConfig { init_delay: Duration::ZERO, cmd_latency: latency, ..Default::default() };
+    let model = ModelConfig { timing: mlx5_model::Timing::Fixed(latency), ..ModelConfig::instant() };
     let platform = Arc::new(HostedPlatform::with_model(model, RAM_BYTES, mode));
     let cfg = Config { part: "ConnectX-5", pre_init_timeout_ms: 2000, ..Config::default() };
     let mut d = match Driver::bring_up(platform, cfg) {

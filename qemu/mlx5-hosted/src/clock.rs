@@ -4,8 +4,10 @@
 //! moves it ([`Clock::advance`]). Every driver deadline is read from this clock, so with virtual time a wait
 //! ends after a fixed number of passes, whatever the machine's load.
 //!
-//! The model keeps its own real-time timers (health counter, firmware delays): a test on virtual time leaves
-//! them out (no `Delay` faults, no `cmd_latency`) or turns the driver's health watch off.
+//! The model keeps its own real-time timers (health counter, firmware time, `delay` faults): a test on virtual
+//! time uses `ModelConfig::instant()` (no command latency: the default firmware timing would hold commands
+//! for real milliseconds while the driver's virtual deadlines race ahead), adds no `Delay` faults, and turns
+//! the driver's health watch off or keeps it within the model's real health period.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -79,7 +81,7 @@ mod tests {
 
     #[test]
     fn virtual_time_moves_only_by_relax_and_advance() {
-        let p = HostedPlatform::with_model(ModelConfig::default(), 4 << 20, crate::ModelMode::InProcess);
+        let p = HostedPlatform::with_model(ModelConfig::instant(), 4 << 20, crate::ModelMode::InProcess);
         assert!(!p.clock().advance(Duration::from_secs(1)), "a real clock cannot be moved");
         p.clock().go_virtual(Duration::from_micros(100));
         let t0 = p.now_ns();

@@ -14,7 +14,7 @@ use std::sync::{Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mlx5_model::mem::{Memory, VecMemory};
+use mlx5_model::mem::{Memory, VecMemory, WriteOneToSet};
 use mlx5_model::{Model, ModelConfig};
 
 use leasebox_mlx5::engine::{CommandEngine, EventEngine};
@@ -22,6 +22,8 @@ use leasebox_mlx5::{DmaBuf, DmaFault, LiveAllocations, Platform};
 
 /// BAR size the hosted model gets (the init segment, UAR pages and the signature page fit easily).
 pub const HOSTED_BAR_BYTES: usize = 1 << 20;
+/// The command doorbell's BAR offset (`initial_seg.cmd_dbell`), write-1-to-set on the hosted BARs.
+const DOORBELL: u64 = mlx5_model::ifc::initial_seg::BYTE_CMD_DBELL;
 
 /// First-fit allocator over `[start, end)` of the RAM; freed ranges merge with their neighbours. It keeps the
 /// live allocations too, so every DMA access and free is checked against them (handle live, range inside it),
@@ -132,7 +134,10 @@ impl HostedPlatform {
     /// A fresh model over a BAR and `ram_bytes` of RAM; DMA memory is taken from the RAM above 1 MiB.
     /// In-process, both are plain buffers (the model steps only from `relax`, so nothing contends); with a
     /// model thread they are anonymous shared mappings (files in /dev/shm, unlinked once mapped), accessed
-    /// without locks on either side, as in QEMU runs.
+    /// without locks on either side, as in QEMU runs. Either way the driver and the model reach the BAR through
+    /// the same object, so its command doorbell is a write-1-to-set register as on a ConnectX-5
+    /// (`mlx5_model::mem::WriteOneToSet`) and the model runs exactly the slots rung (`Doorbells::PerSlot` under
+    /// `Doorbells::Auto`; docs/hca-model.md, "Command timing and doorbells").
     pub fn with_model(cfg: ModelConfig, ram_bytes: usize, mode: ModelMode) -> HostedPlatform {
         Self::with_model_udp(cfg, ram_bytes, mode, None)
     }
@@ -146,9 +151,11 @@ impl HostedPlatform {
         udp: Option<mlx5_model::roce::udp::UdpResponder>,
     ) -> HostedPlatform {
         let (bar, ram): (Arc<dyn Memory>, Arc<dyn Memory>) = match mode {
-            ModelMode::InProcess => (Arc::new(VecMemory::new(HOSTED_BAR_BYTES)), Arc::new(VecMemory::new(ram_bytes))),
+            ModelMode::InProcess => {
+                (Arc::new(VecMemory::with_doorbell(HOSTED_BAR_BYTES, DOORBELL)), Arc::new(VecMemory::new(ram_bytes)))
+            }
             ModelMode::Thread => (
-                Arc::new(scratch_mapping("bar", HOSTED_BAR_BYTES as u64)),
+                Arc::new(WriteOneToSet::new(scratch_mapping("bar", HOSTED_BAR_BYTES as u64), DOORBELL)),
                 Arc::new(scratch_mapping("ram", ram_bytes as u64)),
             ),
         };
@@ -407,7 +414,7 @@ mod tests {
         let mut b = Arena::new(0x1000, 0x10000, false);
         assert_eq!(addr_used(b.alloc_live(0x2000, 0x1000)), Some((0x1000, 0x2000)));
         // Through a platform over fresh RAM: a reused allocation reads as zeros.
-        let p = HostedPlatform::with_model(ModelConfig::default(), 4 << 20, ModelMode::InProcess);
+        let p = HostedPlatform::with_model(ModelConfig::instant(), 4 << 20, ModelMode::InProcess);
         let x = p.dma_alloc(64, 64).unwrap();
         p.dma_write(x, 0, &[7; 64]);
         p.dma_free(x);

@@ -18,8 +18,6 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use std::time::Duration;
-
 use leasebox_mlx5::Platform;
 use leasebox_mlx5::cmdq::CmdQueue;
 use leasebox_mlx5::driver::{Config, EQ_EVENTS};
@@ -634,11 +632,7 @@ fn frame_rules(side: &str, get: &dyn Fn(usize) -> Option<u8>, in_len: usize, out
 fn framing_as_the_queue_writes_it() {
     let p = HostedPlatform::with_model(
         // Linux's commands against the trace's ConnectX-4 profile, the HCA they were sent to.
-        ModelConfig {
-            init_delay: Duration::ZERO,
-            caps: mlx5_model::caps::CapsProfile::ConnectX4Trace,
-            ..ModelConfig::default()
-        },
+        ModelConfig { caps: mlx5_model::caps::CapsProfile::ConnectX4Trace, ..ModelConfig::instant() },
         128 << 20,
         ModelMode::InProcess,
     );

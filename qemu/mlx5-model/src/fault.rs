@@ -87,8 +87,6 @@ pub struct Faults {
     delayed: BTreeMap<u32, (u64, Instant)>,
     hung_slots: BTreeSet<u32>,
     counters: FaultCounters,
-    /// Firmware time per command (not a fault; see `set_latency`).
-    latency: Duration,
 }
 
 impl Faults {
@@ -133,12 +131,6 @@ impl Faults {
         self.counters
     }
 
-    /// Every command is held this long after its doorbell before it executes (`ModelConfig::cmd_latency`):
-    /// firmware time, during which other slots run.
-    pub fn set_latency(&mut self, latency: Duration) {
-        self.latency = latency;
-    }
-
     /// Whether `slot` is held by a delay or a hang, without counting a ring.
     pub fn holds(&self, slot: u32) -> bool {
         self.delayed.contains_key(&slot) || self.hung_slots.contains(&slot)
@@ -164,8 +156,17 @@ impl Faults {
     }
 
     /// The command hook, for `opcode` rung in `slot` (entry at `addr`). `released` is true when a delayed
-    /// command comes due (it is not delayed again).
-    pub fn on_command(&mut self, opcode: u16, slot: u32, addr: u64, now: Instant, released: bool) -> Verdict {
+    /// command comes due (it is not delayed again). `latency`: the command's firmware time (`crate::timing`),
+    /// during which it is held like a delayed one while other slots run; a `Delay` rule replaces it.
+    pub fn on_command(
+        &mut self,
+        opcode: u16,
+        slot: u32,
+        addr: u64,
+        now: Instant,
+        released: bool,
+        latency: Duration,
+    ) -> Verdict {
         if self.fatal.is_some() {
             self.counters.ignored_after_fatal += 1;
             return Verdict::Dead;
@@ -181,8 +182,8 @@ impl Faults {
             self.counters.delayed += 1;
             return Verdict::Delay { due };
         }
-        if !released && !self.latency.is_zero() {
-            let due = now + self.latency;
+        if !released && !latency.is_zero() {
+            let due = now + latency;
             self.delayed.insert(slot, (addr, due));
             return Verdict::Delay { due };
         }
@@ -198,13 +199,21 @@ impl Faults {
         Verdict::Run
     }
 
-    /// Delayed commands whose time has come, as (slot, entry address), removed from the book.
+    /// Delayed commands whose time has come, as (slot, entry address), removed from the book, earliest due
+    /// first (slots that came due in the same pass complete in the order their time ran out).
     pub fn due(&mut self, now: Instant) -> Vec<(u32, u64)> {
         if self.delayed.is_empty() {
             return Vec::new();
         }
-        let ready: Vec<u32> = self.delayed.iter().filter(|(_, (_, due))| *due <= now).map(|(s, _)| *s).collect();
-        ready.into_iter().filter_map(|s| self.delayed.remove(&s).map(|(a, _)| (s, a))).collect()
+        let mut ready: Vec<(Instant, u32)> =
+            self.delayed.iter().filter(|(_, (_, due))| *due <= now).map(|(s, (_, due))| (*due, *s)).collect();
+        ready.sort_unstable();
+        ready.into_iter().filter_map(|(_, s)| self.delayed.remove(&s).map(|(a, _)| (s, a))).collect()
+    }
+
+    /// When the earliest held command comes due (the idle poller wakes by then).
+    pub fn next_due(&self) -> Option<Instant> {
+        self.delayed.values().map(|(_, due)| *due).min()
     }
 }
 
@@ -413,25 +422,44 @@ mod tests {
         let now = Instant::now();
         let mut f = Faults::default();
         f.add(Fault::Fail { opcode: 1, count: 2, status: 3, syndrome: 9 });
-        assert_eq!(f.on_command(1, 0, 0, now, false), Verdict::Fail { status: 3, syndrome: 9 });
-        assert_eq!(f.on_command(2, 0, 0, now, false), Verdict::Run);
-        assert_eq!(f.on_command(1, 0, 0, now, false), Verdict::Fail { status: 3, syndrome: 9 });
-        assert_eq!(f.on_command(1, 0, 0, now, false), Verdict::Run);
+        assert_eq!(f.on_command(1, 0, 0, now, false, Duration::ZERO), Verdict::Fail { status: 3, syndrome: 9 });
+        assert_eq!(f.on_command(2, 0, 0, now, false, Duration::ZERO), Verdict::Run);
+        assert_eq!(f.on_command(1, 0, 0, now, false, Duration::ZERO), Verdict::Fail { status: 3, syndrome: 9 });
+        assert_eq!(f.on_command(1, 0, 0, now, false, Duration::ZERO), Verdict::Run);
         f.add(Fault::Delay { opcode: 1, delay: Duration::from_millis(5) });
-        assert!(matches!(f.on_command(1, 4, 0x40, now, false), Verdict::Delay { .. }));
+        assert!(matches!(f.on_command(1, 4, 0x40, now, false, Duration::ZERO), Verdict::Delay { .. }));
         assert!(f.slot_busy(4));
         assert!(f.due(now).is_empty());
         assert_eq!(f.due(now + Duration::from_millis(5)), [(4, 0x40)]);
         assert!(!f.slot_busy(4));
-        assert_eq!(f.on_command(1, 4, 0x40, now, true), Verdict::Run);
+        assert_eq!(f.on_command(1, 4, 0x40, now, true, Duration::ZERO), Verdict::Run);
         f.add(Fault::DropDoorbell);
         assert!(f.take_doorbell_drop());
         assert!(!f.take_doorbell_drop());
         f.add(Fault::Clear);
-        assert_eq!(f.on_command(1, 0, 0, now, false), Verdict::Run);
+        assert_eq!(f.on_command(1, 0, 0, now, false, Duration::ZERO), Verdict::Run);
         f.add(Fault::HealthFatal { synd: 1, rfr: false });
-        assert_eq!(f.on_command(1, 0, 0, now, false), Verdict::Dead);
+        assert_eq!(f.on_command(1, 0, 0, now, false, Duration::ZERO), Verdict::Dead);
         assert_eq!(f.counters().ignored_after_fatal, 1);
+    }
+
+    #[test]
+    fn firmware_latency_holds_and_due_comes_in_time_order() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        let mut f = Faults::default();
+        assert_eq!(f.next_due(), None);
+        assert_eq!(f.on_command(1, 0, 0x00, now, false, ms(3)), Verdict::Delay { due: now + ms(3) });
+        assert_eq!(f.on_command(1, 1, 0x40, now, false, ms(1)), Verdict::Delay { due: now + ms(1) });
+        assert_eq!(f.on_command(1, 2, 0x80, now, false, ms(2)), Verdict::Delay { due: now + ms(2) });
+        assert_eq!(f.counters().delayed, 0, "firmware time is not a fault");
+        assert_eq!(f.next_due(), Some(now + ms(1)));
+        assert_eq!(f.due(now + ms(3)), [(1, 0x40), (2, 0x80), (0, 0x00)], "earliest due first, not slot order");
+        assert_eq!(f.next_due(), None);
+        // A delay rule replaces the firmware time; a released command is not held again.
+        f.add(Fault::Delay { opcode: 1, delay: ms(50) });
+        assert_eq!(f.on_command(1, 0, 0, now, false, ms(3)), Verdict::Delay { due: now + ms(50) });
+        assert_eq!(f.on_command(1, 0, 0, now, true, ms(3)), Verdict::Run);
     }
 
     #[test]

@@ -38,9 +38,11 @@ pub struct ModelConfig {
     pub mac: [u8; 6],
     /// Runtime PAGE_REQUEST (`crate::events`); `None` = never.
     pub page_request: Option<crate::events::PageRequest>,
-    /// Firmware time: every command stays HW-owned this long after its doorbell, other slots running
-    /// meanwhile (zero by default: commands run at the model's own speed).
-    pub cmd_latency: Duration,
+    /// Firmware time: how long each command stays HW-owned after its doorbell, other slots running meanwhile
+    /// (`crate::timing`; the trace's per-opcode latencies by default, [`ModelConfig::instant`] for none).
+    pub timing: crate::timing::Timing,
+    /// Which HW-owned entries a doorbell runs (`crate::model::Doorbells`; by default what the BAR allows).
+    pub doorbells: crate::model::Doorbells,
     /// The link comes up this long after the port is administratively up (at INIT_HCA, or a PAOS write of
     /// `admin_status` up), announced by a PORT_CHANGE (ACTIVE) event; zero: at once. Real link training takes
     /// seconds; the default, [`DEFAULT_LINK_UP_DELAY`], keeps a QEMU boot short (docs/hca-model.md).
@@ -81,13 +83,28 @@ impl Default for ModelConfig {
             first_uar: 0x10,
             mac: [0x02, 0x4c, 0x42, 0x00, 0x00, 0x01],
             page_request: None,
-            cmd_latency: Duration::ZERO,
+            timing: crate::timing::Timing::firmware(),
+            doorbells: crate::model::Doorbells::Auto,
             link_up_delay: DEFAULT_LINK_UP_DELAY,
             admin_down: false,
             min_wqe_inline_mode: crate::eth::frame::inline_mode::L2,
             left_initialized: false,
             vf: false,
             caps: CapsProfile::ConnectX5,
+        }
+    }
+}
+
+impl ModelConfig {
+    /// The defaults without firmware time: no command latency, `initializing` clear at once, the link up as
+    /// soon as the port is administratively up (no link training). For tests that need speed, and for tests
+    /// on the hosted virtual clock (the model's timers are real time).
+    pub fn instant() -> ModelConfig {
+        ModelConfig {
+            init_delay: Duration::ZERO,
+            timing: crate::timing::Timing::Zero,
+            link_up_delay: Duration::ZERO,
+            ..ModelConfig::default()
         }
     }
 }

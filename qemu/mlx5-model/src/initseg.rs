@@ -149,14 +149,20 @@ impl InitSeg {
         })
     }
 
-    /// Reads and clears the command doorbell vector. Shared memory has no write-to-trigger semantics; see
-    /// `docs/hca-model.md` for the window in which a second driver write can be lost.
+    /// Takes the command doorbell vector, leaving 0: one atomic swap where the BAR has a write-1-to-set doorbell
+    /// (hosted rigs, `Memory::write_one_to_set`), so no ring is lost; over a shared file a read then a write, so
+    /// a second driver write can be lost (`docs/hca-model.md`, "Command timing and doorbells"). A zero register
+    /// is not written.
     pub fn take_doorbell(bar: &dyn Memory) -> Result<u32, OutOfRange> {
-        let v = bar.read_be32(seg::BYTE_CMD_DBELL)?;
-        if v != 0 {
-            bar.write_be32(seg::BYTE_CMD_DBELL, 0)?;
+        if bar.read_be32(seg::BYTE_CMD_DBELL)? == 0 {
+            return Ok(0);
         }
-        Ok(v)
+        bar.swap_be32(seg::BYTE_CMD_DBELL, 0)
+    }
+
+    /// Whether the BAR's command doorbell keeps every write until the device takes it.
+    pub fn doorbell_accumulates(bar: &dyn Memory) -> bool {
+        bar.write_one_to_set(seg::BYTE_CMD_DBELL)
     }
 }
 

@@ -25,8 +25,10 @@ pub mod port;
 pub mod qp;
 pub mod roce;
 pub mod shm;
+pub mod timing;
 pub mod trace;
 
 pub use hca::{FnState, ModelConfig};
 pub use mkey::MkeyInfo;
-pub use model::Model;
+pub use model::{Doorbells, Model};
+pub use timing::Timing;

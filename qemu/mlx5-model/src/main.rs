@@ -38,6 +38,12 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
                         administratively up (default 1000: link training; 0 = at once)
   --admin-down          the port starts administratively down: no link until the driver writes PAOS
                         admin_status up (as Linux does on netdev open)
+  --timing T            firmware time per command: `firmware` (default: per-opcode latencies from a real
+                        ConnectX-4 trace, INIT_HCA ~185 ms, MANAGE_PAGES ~1.2 us a page, others 30-110 us,
+                        with a deterministic jitter), `zero` (complete in the pass that sees the doorbell),
+                        or a fixed latency such as `20us` or `3ms` (docs/hca-model.md, \"Command timing and
+                        doorbells\"); without the flag, MLX5_MODEL_TIMING=T sets it (it reaches a model that
+                        cargo xtask starts)
   --control PATH        a control file for fault injection, created empty and polled every 100 ms: append one
                         command per line (`fail <opcode> <count> <status> <syndrome>`, `delay <opcode> <ms>`,
                         `hang <opcode>`, `health stop|run`, `health fatal <synd> [rfr=0|1]`, `drop-doorbell`, `clear`;
@@ -53,8 +59,11 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
 Sizes accept a binary unit: K, M, G, T (or KiB, MiB, GiB, TiB), and 0x hex. On success, prints one line `mlx5-model: ready ...` on stdout once
 the signature is in place; everything else goes to stderr.";
 
-/// The longest idle sleep: the worst-case added latency for a command after a quiet period.
+/// The longest idle sleep: the worst-case added latency for a command after a quiet period. A command held
+/// for firmware time wakes the loop when it comes due ([`Idle::until`]).
 const MAX_IDLE_SLEEP: Duration = Duration::from_millis(1);
+/// A sleep shorter than this is not taken (the OS rounds short sleeps up by tens of µs): the loop yields.
+const MIN_SLEEP: Duration = Duration::from_micros(50);
 /// How often the loop checks that the shared files still exist.
 const PRESENCE_CHECK: Duration = Duration::from_millis(250);
 /// The responder's default UDP address (`docs/architecture.md`).
@@ -72,6 +81,7 @@ struct Opts {
     eth_udp: Option<(SocketAddr, SocketAddr)>,
     link_up_delay: Duration,
     admin_down: bool,
+    timing: mlx5_model::Timing,
     wait: Duration,
     exit_on_stdin_eof: bool,
     vf: bool,
@@ -101,6 +111,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     let mut eth_udp = None;
     let mut link_up_delay = mlx5_model::hca::DEFAULT_LINK_UP_DELAY;
     let mut admin_down = false;
+    let mut timing = None;
     while let Some(arg) = it.next() {
         let (flag, inline) = match arg.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
@@ -142,6 +153,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
                     .ok_or_else(|| format!("--link-up-delay needs milliseconds from 0 to 600000, got `{v}`"))?;
                 link_up_delay = Duration::from_millis(ms);
             }
+            "--timing" => timing = Some(mlx5_model::Timing::parse(&value()?).map_err(|e| format!("--timing: {e}"))?),
             "--wait" => {
                 let v = value()?;
                 let secs: u64 = v
@@ -187,6 +199,13 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     if trace.is_none() {
         trace = std::env::var_os("MLX5_MODEL_TRACE").filter(|v| !v.is_empty()).map(PathBuf::from);
     }
+    let timing = match timing {
+        Some(t) => t,
+        None => match std::env::var("MLX5_MODEL_TIMING") {
+            Ok(v) if !v.is_empty() => mlx5_model::Timing::parse(&v).map_err(|e| format!("MLX5_MODEL_TIMING: {e}"))?,
+            _ => mlx5_model::Timing::firmware(),
+        },
+    };
     Ok(Parsed::Run(Box::new(Opts {
         bar,
         ram,
@@ -198,6 +217,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
         eth_udp,
         link_up_delay,
         admin_down,
+        timing,
         wait,
         exit_on_stdin_eof,
         vf,
@@ -236,11 +256,29 @@ impl Backoff {
         }
     }
 
-    fn idle(&mut self) {
-        match self.next() {
+    /// Idles once; `due`: how long until the earliest held command comes due, if any.
+    fn idle(&mut self, due: Option<Duration>) {
+        match self.next().until(due) {
             Idle::Spin => std::hint::spin_loop(),
             Idle::Yield => std::thread::yield_now(),
             Idle::Sleep(d) => std::thread::sleep(d),
+        }
+    }
+}
+
+impl Idle {
+    /// The back-off's step, cut short so the loop is awake when a held command comes due in `due`: a sleep
+    /// never runs past it, and one that would be shorter than [`MIN_SLEEP`] becomes a yield.
+    fn until(self, due: Option<Duration>) -> Idle {
+        match (self, due) {
+            (Idle::Sleep(d), Some(due)) if due < d => {
+                if due < MIN_SLEEP {
+                    Idle::Yield
+                } else {
+                    Idle::Sleep(due - MIN_SLEEP / 2)
+                }
+            }
+            (i, _) => i,
         }
     }
 }
@@ -323,9 +361,10 @@ fn run(o: &Opts) -> Result<Stop, String> {
 
     {
         let mut out = std::io::stdout().lock();
+        // `eth=` stays last: readers take everything after ` eth=` (tests/src/ctl_mlx5.rs, the tests).
         let _ = writeln!(
             out,
-            "mlx5-model: ready bar={} ({:#x} bytes, signature at +{sig_at:#x}) ram={} ({} MiB) udp={} trace={} caps={} function={} eth={}",
+            "mlx5-model: ready bar={} ({:#x} bytes, signature at +{sig_at:#x}) ram={} ({} MiB) udp={} trace={} caps={} function={} timing={} doorbells={:?} eth={}",
             o.bar.display(),
             bar.size(),
             o.ram.display(),
@@ -334,6 +373,8 @@ fn run(o: &Opts) -> Result<Stop, String> {
             o.trace.as_ref().map_or("off".into(), |p| p.display().to_string()),
             o.caps.name(),
             if o.vf { "vf" } else { "pf" },
+            o.timing,
+            device.model.doorbells(),
             device.eth_description()
         );
         let _ = out.flush();
@@ -351,7 +392,8 @@ fn run(o: &Opts) -> Result<Stop, String> {
         if device.poll() {
             backoff.reset();
         } else {
-            backoff.idle();
+            let due = device.model.next_due().map(|t| t.saturating_duration_since(Instant::now()));
+            backoff.idle(due);
         }
         if Instant::now() >= next_check {
             next_check = Instant::now() + PRESENCE_CHECK;
@@ -385,6 +427,7 @@ impl Device {
             trace: o.trace.clone(),
             link_up_delay: o.link_up_delay,
             admin_down: o.admin_down,
+            timing: o.timing,
             vf: o.vf,
             caps: o.caps,
             ..mlx5_model::ModelConfig::default()
@@ -470,6 +513,7 @@ mod tests {
         assert!(!o.exit_on_stdin_eof);
         assert!(!o.vf);
         assert_eq!(o.caps, mlx5_model::caps::CapsProfile::ConnectX5, "the CX-5 profile is the default");
+        assert_eq!(o.timing, mlx5_model::Timing::firmware(), "firmware timing by default");
         let o = parse(&[
             "--bar",
             "b",
@@ -495,6 +539,8 @@ mod tests {
             "--admin-down",
             "--caps",
             "cx4-trace",
+            "--timing",
+            "zero",
         ])
         .unwrap();
         assert_eq!(o.caps, mlx5_model::caps::CapsProfile::ConnectX4Trace);
@@ -502,6 +548,9 @@ mod tests {
             parse(&["--bar", "b", "--ram", "r", "--caps=cx5"]).unwrap().caps,
             mlx5_model::caps::CapsProfile::ConnectX5
         );
+        assert_eq!(o.timing, mlx5_model::Timing::Zero);
+        let fixed = parse(&["--bar", "b", "--ram", "r", "--timing=20us"]).unwrap();
+        assert_eq!(fixed.timing, mlx5_model::Timing::Fixed(Duration::from_micros(20)));
         assert_eq!(o.eth_udp.map(|(a, b)| (a.port(), b.port())), Some((5555, 5556)));
         assert_eq!(o.link_up_delay, Duration::from_millis(1500));
         assert_eq!(o.control, Some(PathBuf::from("c.txt")));
@@ -543,6 +592,8 @@ mod tests {
         assert!(e(&["--bar", "b", "--ram", "r", "--fast"]).contains("unknown argument `--fast`"));
         assert!(e(&["--bar", "b", "--ram", "r", "--caps", "cx6"]).contains("--caps needs `cx5` or `cx4-trace`"));
         assert!(e(&["--bar", "b", "--ram", "r", "--caps"]).contains("--caps needs a value"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--timing", "quick"]).contains("--timing: expected `firmware`"));
+        assert!(e(&["--bar", "b", "--ram", "r", "--timing"]).contains("--timing needs a value"));
         assert!(e(&["--bar=", "--ram", "r"]).contains("non-empty"));
     }
 
@@ -557,5 +608,19 @@ mod tests {
         assert_eq!(seq[199], Idle::Sleep(MAX_IDLE_SLEEP));
         b.reset();
         assert_eq!(b.next(), Idle::Spin);
+    }
+
+    #[test]
+    fn an_idle_sleep_ends_by_the_next_due_command() {
+        let ms = Duration::from_millis;
+        let us = Duration::from_micros;
+        assert_eq!(Idle::Sleep(ms(1)).until(None), Idle::Sleep(ms(1)));
+        assert_eq!(Idle::Sleep(ms(1)).until(Some(ms(5))), Idle::Sleep(ms(1)), "due later: the back-off as is");
+        let cut = Idle::Sleep(ms(1)).until(Some(us(400)));
+        assert!(matches!(cut, Idle::Sleep(d) if d < us(400)), "{cut:?}");
+        assert_eq!(Idle::Sleep(ms(1)).until(Some(us(20))), Idle::Yield, "too close to sleep");
+        assert_eq!(Idle::Sleep(ms(1)).until(Some(Duration::ZERO)), Idle::Yield, "already due");
+        assert_eq!(Idle::Spin.until(Some(Duration::ZERO)), Idle::Spin);
+        assert_eq!(Idle::Yield.until(Some(us(1))), Idle::Yield);
     }
 }

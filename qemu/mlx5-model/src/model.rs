@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::caps::cmd_hca_cap;
 use crate::cmdq::{self, Delivery, Entry};
@@ -14,7 +14,25 @@ use crate::ifc::{self, hdr};
 use crate::initseg::InitSeg;
 use crate::mem::Memory;
 use crate::mkey::MkeyInfo;
+use crate::timing::Timing;
 use crate::trace::{Record, Trace};
+
+/// Which HW-owned command entries a doorbell runs (`ModelConfig::doorbells`; `docs/hca-model.md`, "Command
+/// timing and doorbells").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Doorbells {
+    /// [`Doorbells::PerSlot`] where the BAR's doorbell keeps every write until the device takes it
+    /// (`Memory::write_one_to_set`: the hosted rigs), else [`Doorbells::Coalesce`] (QEMU's shared files).
+    #[default]
+    Auto,
+    /// As a ConnectX-5: exactly the slots whose bits were written run; an entry handed to hardware without its
+    /// doorbell never runs.
+    PerSlot,
+    /// Any doorbell also runs every other HW-owned entry not already held, because over shared memory a second
+    /// doorbell write can replace the first before the model reads it (counted in
+    /// `Counters::coalesced_doorbells`).
+    Coalesce,
+}
 
 /// Counters for what the model refused to do (visible to tests and the binary's status output).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,6 +57,11 @@ pub struct Model {
     faults: Faults,
     /// Slots whose doorbell a `DropDoorbell` fault swallowed: they stay HW-owned until rung again.
     dropped: u32,
+    /// Firmware time per command and how many commands it has timed (the jitter's sequence number).
+    timing: Timing,
+    timed: u64,
+    /// Resolved: never `Auto`.
+    doorbells: Doorbells,
 }
 
 impl Model {
@@ -56,20 +79,38 @@ impl Model {
             }
         });
         Model {
-            bar,
             ram,
             start: now,
             seg,
             hca: Hca::new(&cfg),
             trace,
             counters: Counters::default(),
-            faults: {
-                let mut f = Faults::default();
-                f.set_latency(cfg.cmd_latency);
-                f
-            },
+            faults: Faults::default(),
             dropped: 0,
+            timing: cfg.timing,
+            timed: 0,
+            doorbells: match cfg.doorbells {
+                Doorbells::Auto if InitSeg::doorbell_accumulates(bar.as_ref()) => Doorbells::PerSlot,
+                Doorbells::Auto => Doorbells::Coalesce,
+                d => d,
+            },
+            bar,
         }
+    }
+
+    /// The doorbell mode in force (`ModelConfig::doorbells` with `Auto` resolved).
+    pub fn doorbells(&self) -> Doorbells {
+        self.doorbells
+    }
+
+    pub fn timing(&self) -> Timing {
+        self.timing
+    }
+
+    /// When the earliest command held for firmware time (or a `delay` fault) comes due: an idle poller must
+    /// look again by then.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.faults.next_due()
     }
 
     /// One polling pass: timers (initializing, health counter, internal timer), then the command doorbell.
@@ -99,7 +140,10 @@ impl Model {
         }
         self.dropped &= !bell;
         let Ok(q) = InitSeg::cmdq(self.bar.as_ref()) else { return did };
-        let bell = bell | self.coalesce(bell, &q);
+        let bell = match self.doorbells {
+            Doorbells::Coalesce => bell | self.coalesce(bell, &q),
+            _ => bell,
+        };
         for slot in 0..q.entries {
             if bell & (1 << slot) != 0 {
                 self.run_slot(slot, q.base + u64::from(slot) * q.stride, false);
@@ -109,8 +153,9 @@ impl Model {
         did
     }
 
-    /// The doorbell is a plain word in shared memory: when the driver rings slot A and then slot B before
-    /// the model reads the register, the second write replaces the first, and on hardware both would run.
+    /// [`Doorbells::Coalesce`]. The doorbell is a plain word in shared memory: when the driver rings slot A and
+    /// then slot B before the model reads the register, the second write replaces the first, and on hardware
+    /// both would run.
     /// So when any doorbell is seen, every other entry that is HW-owned and not already held (delayed, hung,
     /// waiting for pages, or left behind by a dropped doorbell) counts as rung too. The cost in strictness:
     /// an entry handed to hardware without its own doorbell runs once some other doorbell arrives
@@ -154,8 +199,15 @@ impl Model {
             // Refused pages: the firmware's answer, not subject to injected faults.
             crate::events::Hold::Fail(err) => Verdict::Fail { status: err.status, syndrome: err.syndrome },
             crate::events::Hold::Run => {
-                let opcode = ifc::get(&e.raw[ifc::cmd_queue_entry::COMMAND_INPUT_INLINE_DATA..], hdr::OPCODE) as u16;
-                self.faults.on_command(opcode, slot, addr, Instant::now(), released)
+                let inline = &e.raw[ifc::cmd_queue_entry::COMMAND_INPUT_INLINE_DATA..];
+                let opcode = ifc::get(inline, hdr::OPCODE) as u16;
+                let latency = if released {
+                    Duration::ZERO
+                } else {
+                    self.timed += 1;
+                    self.timing.latency(inline, self.timed - 1)
+                };
+                self.faults.on_command(opcode, slot, addr, Instant::now(), released, latency)
             }
         };
         if !matches!(verdict, Verdict::Run | Verdict::Fail { .. }) {

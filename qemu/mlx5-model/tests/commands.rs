@@ -30,7 +30,7 @@ fn initializing_holds_commands_until_cleared() {
     let ram = Arc::new(mlx5_model::mem::VecMemory::new(1 << 20));
     // Long enough that the first poll comes within it even on a busy machine.
     let init_delay = Duration::from_millis(500);
-    let cfg = ModelConfig { init_delay, ..ModelConfig::default() };
+    let cfg = ModelConfig { init_delay, ..ModelConfig::instant() };
     let mut m = mlx5_model::Model::new(bar.clone(), ram, cfg);
     assert_eq!(bar.read_be32(0x1fc).unwrap() >> 31, 1);
     bar.write_be32(0x18, 1).unwrap();
@@ -45,8 +45,7 @@ fn initializing_holds_commands_until_cleared() {
 fn health_counter_ticks_and_can_stop() {
     use mlx5_model::ModelConfig;
     use std::time::Duration;
-    let cfg =
-        ModelConfig { init_delay: Duration::ZERO, health_period: Duration::from_millis(5), ..ModelConfig::default() };
+    let cfg = ModelConfig { health_period: Duration::from_millis(5), ..ModelConfig::instant() };
     let mut d = Drv::with(cfg, 1 << 20);
     let a = d.bar.read_be32(0x1010).unwrap();
     std::thread::sleep(Duration::from_millis(20));
@@ -86,8 +85,7 @@ fn enable_disable_and_state_errors() {
 /// ENABLE_HCA and DISABLE_HCA are refused until TEARDOWN_HCA, then it behaves as a fresh function.
 #[test]
 fn a_function_left_initialized_needs_teardown_and_disable() {
-    let cfg =
-        mlx5_model::ModelConfig { left_initialized: true, init_delay: std::time::Duration::ZERO, ..Default::default() };
+    let cfg = mlx5_model::ModelConfig { left_initialized: true, ..mlx5_model::ModelConfig::instant() };
     let mut d = Drv::with(cfg, 64 << 20);
     assert_eq!(d.model.state(), mlx5_model::FnState::Initialized);
     assert_eq!(d.exec(&cmd(0x104, 0, 16), 16).status(), BAD_SYS_STATE);
@@ -366,11 +364,7 @@ fn several_slots_in_one_doorbell() {
 #[test]
 fn trace_file_lines() {
     let path = std::env::temp_dir().join(format!("mlx5-model-trace-{}.jsonl", std::process::id()));
-    let cfg = mlx5_model::ModelConfig {
-        init_delay: std::time::Duration::ZERO,
-        trace: Some(path.clone()),
-        ..Default::default()
-    };
+    let cfg = mlx5_model::ModelConfig { trace: Some(path.clone()), ..mlx5_model::ModelConfig::instant() };
     let mut d = Drv::with(cfg, 1 << 20);
     d.ok(&cmd(0x104, 0, 16), 16);
     assert_eq!(d.exec(&cmd(0x7ff, 3, 16), 16).status(), BAD_OP);

@@ -54,7 +54,7 @@ struct Eth {
 /// The link up at once: these tests are about the data path (link training has its own, below and in
 /// `tests/port.rs`).
 fn config() -> ModelConfig {
-    ModelConfig { init_delay: Duration::ZERO, link_up_delay: Duration::ZERO, ..ModelConfig::default() }
+    ModelConfig::instant()
 }
 
 fn create_tis_in(td: u32) -> Vec<u8> {

@@ -4,12 +4,11 @@
 mod common;
 mod support_qp;
 
-use std::time::Duration;
-
 use common::{Drv, be32, cmd, create_cq_in, put32};
 use mlx5_model::ModelConfig;
 use mlx5_model::events::PageRequest;
 use mlx5_model::mem::Memory;
+use std::time::Duration;
 
 const EQ_BUF: u64 = 0x3c0_0000;
 
@@ -43,7 +42,7 @@ fn qps(d: &mut Drv, uar: u32, eqn: u8, n: usize) -> Vec<u32> {
 
 /// The link up at once (PORT_CHANGE here comes from PAOS writes; training is in `tests/port.rs`).
 fn cfg() -> ModelConfig {
-    ModelConfig { init_delay: Duration::ZERO, link_up_delay: Duration::ZERO, ..ModelConfig::default() }
+    ModelConfig::instant()
 }
 
 fn eqe(d: &Drv, i: u64) -> [u8; 64] {

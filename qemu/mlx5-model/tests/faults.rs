@@ -84,8 +84,7 @@ fn hang_never_completes_and_quarantines_the_slot() {
 
 #[test]
 fn health_counter_stops_and_runs_again() {
-    let cfg =
-        ModelConfig { init_delay: Duration::ZERO, health_period: Duration::from_millis(5), ..ModelConfig::default() };
+    let cfg = ModelConfig { health_period: Duration::from_millis(5), ..ModelConfig::instant() };
     let mut d = Drv::with(cfg, 1 << 20);
     d.model.inject(Fault::HealthCounter { stopped: true });
     d.model.poll();

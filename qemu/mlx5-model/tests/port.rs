@@ -151,7 +151,7 @@ fn gid_table_and_roce_addresses() {
 
 /// The `--vf` personality (docs/hca-model.md, "VF personality").
 fn vf() -> Drv {
-    let cfg = mlx5_model::ModelConfig { vf: true, init_delay: std::time::Duration::ZERO, ..Default::default() };
+    let cfg = mlx5_model::ModelConfig { vf: true, ..mlx5_model::ModelConfig::instant() };
     let mut d = Drv::with(cfg, 64 << 20);
     d.bring_up();
     d

@@ -44,8 +44,11 @@ pub const TENANT: Who<'static> = Who { session: 1, tenant: "alpha", admin: false
 pub const OTHER: Who<'static> = Who { session: 2, tenant: "beta", admin: false };
 pub const ADMIN: Who<'static> = Who { session: 3, tenant: "admin", admin: true };
 
+/// No firmware time: the rig runs on the virtual clock, and the model's timers are real time, so a command
+/// held for real milliseconds would meet driver deadlines that virtual time has already passed
+/// (docs/hca-model.md, "Command timing and doorbells").
 pub fn model() -> ModelConfig {
-    ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() }
+    ModelConfig::instant()
 }
 
 pub fn config() -> Config {
@@ -65,6 +68,11 @@ impl Rig {
     /// A driver on a fresh model, a CQ for the lease QPs (watched by the event engine), a pool of
     /// `pool_bytes` and the service.
     pub fn with(model: ModelConfig, mut cfg: Config, pool_bytes: u64) -> Rig {
+        assert_eq!(
+            model.timing,
+            mlx5_model::Timing::Zero,
+            "a rig on the virtual clock needs a model without firmware time"
+        );
         let p = Arc::new(HostedPlatform::with_model(model, RAM, ModelMode::InProcess));
         p.clock().go_virtual(STEP);
         let dcfg = DriverConfig {

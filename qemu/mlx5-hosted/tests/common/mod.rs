@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use leasebox_mlx5::driver::{Config, Driver};
 use mlx5_hosted::{HostedPlatform, ModelMode};
@@ -16,7 +15,7 @@ pub const RAM_BYTES: usize = 128 << 20;
 
 /// The link up at once (no training): tests of link training set `link_up_delay` themselves.
 pub fn model_config() -> ModelConfig {
-    ModelConfig { init_delay: Duration::ZERO, link_up_delay: Duration::ZERO, ..ModelConfig::default() }
+    ModelConfig::instant()
 }
 
 pub fn driver_config() -> Config {

@@ -17,7 +17,7 @@ pub const MBOX_OUT: u64 = 0x80000;
 pub const PAGES: u64 = 0x100000;
 
 pub struct Drv {
-    pub bar: Arc<VecMemory>,
+    pub bar: Arc<dyn Memory>,
     pub ram: Arc<VecMemory>,
     pub model: Model,
     pub token: u8,
@@ -61,11 +61,15 @@ fn xor(b: &[u8]) -> u8 {
 
 impl Drv {
     pub fn new() -> Drv {
-        Self::with(ModelConfig { init_delay: Duration::ZERO, ..ModelConfig::default() }, 64 << 20)
+        Self::with(ModelConfig::instant(), 64 << 20)
     }
 
     pub fn with(cfg: ModelConfig, ram_size: usize) -> Drv {
-        let bar = Arc::new(VecMemory::new(BAR_SIZE));
+        Self::with_bar(cfg, Arc::new(VecMemory::new(BAR_SIZE)), ram_size)
+    }
+
+    /// As [`Drv::with`] over a BAR of the caller's (`VecMemory::with_doorbell` for a write-1-to-set doorbell).
+    pub fn with_bar(cfg: ModelConfig, bar: Arc<dyn Memory>, ram_size: usize) -> Drv {
         let ram = Arc::new(VecMemory::new(ram_size));
         let mut model = Model::new(bar.clone(), ram.clone(), cfg);
         model.poll();
@@ -136,6 +140,25 @@ impl Drv {
         }
         out.truncate(out_len.max(16));
         Done { delivery: e[0x3f] >> 1, out }
+    }
+
+    /// Whether the entry in `slot` is still the device's.
+    pub fn hw_owned(&self, slot: u32) -> bool {
+        let mut b = [0u8; 1];
+        self.ram.read(CMDQ + 64 * u64::from(slot) + 0x3f, &mut b).unwrap();
+        b[0] & 1 == 1
+    }
+
+    /// Polls until the entry in `slot` is software's again (commands held for firmware time); panics after
+    /// `limit`, a generous bound against a model that never completes.
+    pub fn wait(&mut self, slot: u32, limit: Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        while self.hw_owned(slot) {
+            assert!(std::time::Instant::now() < deadline, "slot {slot} did not complete within {limit:?}");
+            if !self.model.poll() {
+                std::thread::yield_now();
+            }
+        }
     }
 
     pub fn ring(&mut self, bits: u32) {
