@@ -5,13 +5,11 @@
 
 mod common;
 
-use std::time::Duration;
-
 use mlx5_model::ModelConfig;
 use mlx5_model::caps::{CapsProfile, atomic_caps, cap_type, cmd_hca_cap};
 
 fn config(caps: CapsProfile) -> ModelConfig {
-    ModelConfig { init_delay: Duration::ZERO, caps, ..ModelConfig::default() }
+    ModelConfig { caps, ..ModelConfig::instant() }
 }
 
 /// Brings the driver up on `caps` after `edit` changed the model's blocks; returns the driver and the model's

@@ -15,7 +15,8 @@ use mlx5_model::{Doorbells, ModelConfig, Timing};
 
 #[test]
 fn the_driver_handles_out_of_order_completions_under_firmware_timing() {
-    let model = ModelConfig::default();
+    // Firmware command timing (the default), without link training: this test is about commands.
+    let model = ModelConfig { link_up_delay: Duration::ZERO, ..ModelConfig::default() };
     assert_eq!(model.timing, Timing::firmware(), "firmware timing is the default");
     let t0 = Instant::now();
     let mut d = common::up_with(model, common::driver_config());

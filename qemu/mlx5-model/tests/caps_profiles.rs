@@ -7,8 +7,6 @@
 mod common;
 mod support_qp;
 
-use std::time::Duration;
-
 use common::{Drv, be32, cmd};
 use mlx5_model::ModelConfig;
 use mlx5_model::caps::{CapsProfile, atomic_caps, cap_type, cmd_hca_cap, roce_cap};
@@ -25,7 +23,7 @@ const QP_BAD_TS_FORMAT: u32 = 0x48;
 const QP_BAD_USER_INDEX: u32 = 0x49;
 
 fn drv(profile: CapsProfile, vf: bool) -> Drv {
-    Drv::with(ModelConfig { init_delay: Duration::ZERO, caps: profile, vf, ..ModelConfig::default() }, 64 << 20)
+    Drv::with(ModelConfig { caps: profile, vf, ..ModelConfig::instant() }, 64 << 20)
 }
 
 /// ENABLE_HCA and SET_ISSI (what SET_HCA_CAP needs), not yet INIT_HCA.

@@ -11,6 +11,14 @@ const BAD_PARAM: u8 = 0x03;
 const BAD_SYS_STATE: u8 = 0x04;
 const BAD_INP_LEN: u8 = 0x50;
 const BAD_OUTP_LEN: u8 = 0x51;
+/// Instant commands, but the default link training (`ModelConfig::instant` skips it).
+fn training() -> mlx5_model::ModelConfig {
+    mlx5_model::ModelConfig {
+        link_up_delay: mlx5_model::hca::DEFAULT_LINK_UP_DELAY,
+        ..mlx5_model::ModelConfig::instant()
+    }
+}
+
 /// The default MAC (`ModelConfig::mac`).
 const MAC: [u8; 6] = [0x02, 0x4c, 0x42, 0x00, 0x00, 0x01];
 /// fe80::EUI-64(MAC): U/L bit flipped, ff:fe inserted.
@@ -27,7 +35,7 @@ fn reg(op_mod: u16, id: u32, dw0: u32, dw1: u32, dw2: u32) -> Vec<u8> {
 
 #[test]
 fn pmtu_paos_and_host_endianness() {
-    let mut d = Drv::new();
+    let mut d = Drv::with(training(), 64 << 20);
     assert_eq!(d.exec(&reg(1, 0x5003, 1 << 16, 0, 0), 0x20).status(), BAD_SYS_STATE, "before ENABLE_HCA");
     d.bring_up();
     let out = d.ok(&reg(1, 0x5003, 1 << 16, 0, 0), 0x20);
@@ -151,7 +159,7 @@ fn gid_table_and_roce_addresses() {
 
 /// The `--vf` personality (docs/hca-model.md, "VF personality").
 fn vf() -> Drv {
-    let cfg = mlx5_model::ModelConfig { vf: true, ..mlx5_model::ModelConfig::instant() };
+    let cfg = mlx5_model::ModelConfig { vf: true, ..training() };
     let mut d = Drv::with(cfg, 64 << 20);
     d.bring_up();
     d
@@ -272,9 +280,10 @@ fn eqe(d: &Drv, i: u64) -> [u8; 64] {
 /// INIT_HCA: the link is down right after bring-up, then up with a PORT_CHANGE (ACTIVE, port 1) EQE.
 #[test]
 fn the_link_trains_by_default_and_port_change_reports_it() {
-    let cfg = mlx5_model::ModelConfig { init_delay: std::time::Duration::ZERO, ..Default::default() };
-    assert!(!cfg.link_up_delay.is_zero(), "a real ConnectX-5 takes seconds to train its link");
-    assert_eq!(cfg.link_up_delay, mlx5_model::hca::DEFAULT_LINK_UP_DELAY);
+    let default = mlx5_model::ModelConfig::default();
+    assert!(!default.link_up_delay.is_zero(), "a real ConnectX-5 takes seconds to train its link");
+    assert_eq!(default.link_up_delay, mlx5_model::hca::DEFAULT_LINK_UP_DELAY);
+    let cfg = training();
     let mut d = with_port_eq(cfg, PORT_EQ);
     assert_eq!(paos_state(&mut d), (1, 2), "admin up, oper down right after INIT_HCA");
     assert_eq!(vport_state(&mut d), (2, 0), "QUERY_VPORT_STATE: admin AUTO, state down");
@@ -294,12 +303,7 @@ fn the_link_trains_by_default_and_port_change_reports_it() {
 #[test]
 fn an_administratively_down_port_trains_only_after_a_paos_write() {
     let delay = std::time::Duration::from_millis(100);
-    let cfg = mlx5_model::ModelConfig {
-        init_delay: std::time::Duration::ZERO,
-        link_up_delay: delay,
-        admin_down: true,
-        ..Default::default()
-    };
+    let cfg = mlx5_model::ModelConfig { link_up_delay: delay, admin_down: true, ..mlx5_model::ModelConfig::instant() };
     let mut d = with_port_eq(cfg, PORT_EQ);
     assert_eq!(paos_state(&mut d), (2, 2), "admin down, oper down");
     // Longer than the training delay: nothing happens.
@@ -326,10 +330,9 @@ fn a_vf_on_an_administratively_down_port_stays_down() {
     let delay = std::time::Duration::from_millis(20);
     let cfg = mlx5_model::ModelConfig {
         vf: true,
-        init_delay: std::time::Duration::ZERO,
         link_up_delay: delay,
         admin_down: true,
-        ..Default::default()
+        ..mlx5_model::ModelConfig::instant()
     };
     let mut d = with_port_eq(cfg, PORT_EQ);
     let r = d.exec(&reg(0, 0x5006, (1 << 16) | (1 << 8), 1 << 31, 0), 0x20);

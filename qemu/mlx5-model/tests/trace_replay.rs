@@ -6,7 +6,6 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 use common::{Drv, be32};
 use mlx5_model::ModelConfig;
@@ -89,11 +88,7 @@ fn replay_connectx4_trace() {
 
     // The replay compares capability blocks byte for byte: it pins the trace's ConnectX-4 profile (the model's
     // default is the ConnectX-5 one).
-    let cfg = ModelConfig {
-        init_delay: Duration::ZERO,
-        caps: mlx5_model::caps::CapsProfile::ConnectX4Trace,
-        ..ModelConfig::default()
-    };
+    let cfg = ModelConfig { caps: mlx5_model::caps::CapsProfile::ConnectX4Trace, ..ModelConfig::instant() };
     let mut d = Drv::with(cfg, 64 << 20);
     let (mut replayed, mut skipped) = (0, Vec::new());
     for pair in dumps.chunks(2) {
