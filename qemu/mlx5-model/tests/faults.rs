@@ -103,18 +103,8 @@ fn fatal_syndrome_sets_the_health_buffer_and_commands_are_not_answered() {
     let mut d = Drv::new();
     d.ok(&cmd(ENABLE_HCA, 0, 16), 16);
     d.model.inject(Fault::HealthFatal { synd: 0x7, rfr: true });
-    let mut hb = [0u8; 0x40];
-    d.bar.read(0x200, &mut hb).unwrap();
-    assert_eq!(hb[0x3d], 0x7, "synd");
-    assert_eq!(hb[0x38] & 0x80, 0x80, "rfr as asked: Linux's fatal sensor needs rfr with synd");
-    assert_eq!(hb[0x38] & 0x0f, 0x8 | 2, "severity valid, LOGLEVEL_CRIT");
-    assert_eq!(d.bar.read_be32(0x1010).unwrap() >> 24, 0x7, "health_syndrome");
-    d.post(0, &cmd(QUERY_PAGES, 1, 16), 16);
-    d.ring(1);
-    for _ in 0..10 {
-        d.model.poll();
-    }
-    assert!(hw_owned(&d, 0), "a firmware in internal error does not complete commands");
+    // rfr as asked: Linux's fatal sensor needs rfr with synd.
+    assert_dead(&mut d, 0x7, true);
     assert_eq!(d.model.fault_counters().ignored_after_fatal, 1);
     // Fatal is for good.
     d.model.inject(Fault::Clear);
@@ -132,18 +122,25 @@ fn fatal_syndrome_with_stock_rfr_leaves_rfr_clear() {
     let f = Fault::parse("health fatal 0x1").unwrap().unwrap();
     assert_eq!(f, Fault::HealthFatal { synd: 0x1, rfr: false }, "the control file's default is stock rfr 0");
     d.model.inject(f);
+    // rfr stays 0, and the command interface is as dead as with rfr 1.
+    assert_dead(&mut d, 0x1, false);
+}
+
+/// The health buffer after a firmware assert (`synd`, `rfr`, severity valid at LOGLEVEL_CRIT, the
+/// `health_syndrome` byte of 0x1010), and a command posted in slot 0 that is never completed.
+fn assert_dead(d: &mut Drv, synd: u8, rfr: bool) {
     let mut hb = [0u8; 0x40];
     d.bar.read(0x200, &mut hb).unwrap();
-    assert_eq!(hb[0x3d], 0x1, "synd");
-    assert_eq!(hb[0x38] & 0x80, 0, "rfr stays 0");
+    assert_eq!(hb[0x3d], synd, "synd");
+    assert_eq!(hb[0x38] & 0x80 != 0, rfr, "rfr");
     assert_eq!(hb[0x38] & 0x0f, 0x8 | 2, "severity valid, LOGLEVEL_CRIT");
-    assert_eq!(d.bar.read_be32(0x1010).unwrap() >> 24, 0x1, "health_syndrome");
+    assert_eq!(d.bar.read_be32(0x1010).unwrap() >> 24, u32::from(synd), "health_syndrome");
     d.post(0, &cmd(QUERY_PAGES, 1, 16), 16);
     d.ring(1);
     for _ in 0..10 {
         d.model.poll();
     }
-    assert!(hw_owned(&d, 0), "a firmware in internal error does not complete commands, whatever rfr says");
+    assert!(hw_owned(d, 0), "a firmware in internal error does not complete commands, whatever rfr says");
 }
 
 #[test]
