@@ -63,6 +63,27 @@ impl Budget {
         }
     }
 
+    /// The budgets the options give (`sessions_per_tenant=`, `admin_sessions=`, `preauth_sessions=`,
+    /// `heap_high_water=`; `None`: the default of [`Budget::for_sessions`]). A tenant cap above the places
+    /// tenants may hold has the effect of the latter.
+    pub fn from_options(
+        sessions: usize,
+        per_tenant: Option<usize>,
+        admin_reserved: Option<usize>,
+        preauth: Option<usize>,
+        heap_high_water_pct: Option<u8>,
+    ) -> Budget {
+        let d = Budget::for_sessions(sessions);
+        let admin_reserved = admin_reserved.unwrap_or(d.admin_reserved).min(sessions.saturating_sub(1));
+        Budget {
+            sessions,
+            per_tenant: per_tenant.unwrap_or(sessions - admin_reserved),
+            admin_reserved,
+            preauth: preauth.unwrap_or(d.preauth),
+            heap_high_water_pct: heap_high_water_pct.unwrap_or(d.heap_high_water_pct),
+        }
+    }
+
     /// Places tenants together may hold.
     pub fn tenant_places(&self) -> usize {
         self.sessions.saturating_sub(self.admin_reserved)
