@@ -38,7 +38,7 @@ pub const SESSIONS_PER_TENANT: RangeInclusive<u32> = 1..=64;
 pub const ADMIN_SESSIONS: RangeInclusive<u32> = 0..=63;
 /// Unauthenticated connections at once (`preauth_sessions=`; default 8, at most `sessions=`).
 pub const PREAUTH_SESSIONS: RangeInclusive<u32> = 1..=64;
-/// The heap high-water mark in percent (`heap_high_water=`; default 75): above it new connections, sessions and
+/// The heap high-water mark in percent (`heap_high_water=`; default 85): above it new connections, sessions and
 /// ALLOCs are refused BUSY.
 pub const HEAP_HIGH_WATER: RangeInclusive<u32> = 10..=95;
 

@@ -21,7 +21,7 @@ pub const DEFAULT_PREAUTH: usize = 8;
 /// The places reserved for the admin when `admin_sessions=` is not given (none when `sessions=1`).
 pub const DEFAULT_ADMIN_RESERVED: usize = 1;
 /// The heap high-water mark in percent of the heap when none is given: above it, new work is refused.
-pub const DEFAULT_HEAP_HIGH_WATER_PCT: u8 = 75;
+pub const DEFAULT_HEAP_HIGH_WATER_PCT: u8 = 85;
 
 /// Heap use as the allocator counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
