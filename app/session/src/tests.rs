@@ -949,3 +949,14 @@ fn above_the_memory_high_water_mark_new_work_is_refused_busy() {
     let a = exchange(&mut s, ConnId(1), &req(alloc, 7), 2);
     assert_eq!(codes(&a), [(7, Some(ErrorCode::NotImplemented))]);
 }
+
+#[test]
+fn budgets_from_the_options_and_their_defaults() {
+    let d = Budget::from_options(16, None, None, None, None);
+    assert_eq!(d, Budget { sessions: 16, per_tenant: 15, admin_reserved: 1, preauth: 8, heap_high_water_pct: 85 });
+    assert_eq!(Budget::from_options(2, None, None, None, None).preauth, 2, "the pool is no larger than the budget");
+    assert_eq!(Budget::from_options(1, None, None, None, None).admin_reserved, 0, "a single place is anyone's");
+    let b = Budget::from_options(8, Some(3), Some(2), Some(4), Some(60));
+    assert_eq!((b.per_tenant, b.admin_reserved, b.preauth, b.heap_high_water_pct, b.tenant_places()), (3, 2, 4, 60, 6));
+    assert_eq!(Budget::from_options(8, None, Some(3), None, None).per_tenant, 5);
+}

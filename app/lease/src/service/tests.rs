@@ -832,11 +832,22 @@ fn from_options(words: &[(&str, &str)]) -> Config {
     for (k, v) in words {
         assert_eq!(o.apply(k, v), Ok(true), "{k}={v}");
     }
-    Config {
-        tenant_bytes: o.tenant_mib.map_or(u64::MAX, |m| u64::from(m) << 20),
-        tenant_allocs_per_s: o.tenant_allocs_per_s,
-        ..cfg()
-    }
+    let parts = crate::setup::LeaseParts {
+        hca: HcaCtx {
+            uar: UarPage(1),
+            cqn: Cqn(2),
+            gid: [7; 16],
+            gid_index: 0,
+            mac: [2, 0, 0, 0, 0, 7],
+            port_mtu: 3,
+            qp: qp_caps(),
+        },
+        pool: Vec::new(),
+        extents: Vec::new(),
+        rdma_ip: crate::options::DEFAULT_RDMA_IP,
+        max_region: u64::MAX,
+    };
+    Config { grace_ms: cfg().grace_ms, ..Config::from_options(&o, &parts) }
 }
 
 #[test]
