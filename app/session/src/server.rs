@@ -392,7 +392,8 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         }
     }
 
-    /// HELLO proved the key of principal `p`, but admission refuses it a session place: BUSY, then close.
+    /// HELLO proved the key of principal `p`: it takes a session place (`true`), or, over a budget, the
+    /// connection is answered BUSY and closed (`false`).
     fn admit(&mut self, i: usize, request_id: u32, p: usize, now_ms: u64) -> bool {
         let (name, role) = {
             let e = self.keys.get(p);
@@ -464,6 +465,9 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             State::Authenticated(p) => p.clone(),
             _ => return,
         };
+        if let Err(e) = self.admit_op(&req) {
+            return self.send_answer(i, op, h.request_id, Err(e));
+        }
         let reply = match &req {
             Request::Hello(_) => Err(ErrorBody::new(ErrorCode::BadState, "already authenticated")),
             Request::Heartbeat { echo } => {
@@ -480,20 +484,17 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 let (next_cursor, slots) = self.backend.fenced(&who, *cursor, *max);
                 Ok(Response::FencedSummary { next_cursor, slots })
             }
-            _ => match self.admit_op(&req) {
-                Err(e) => Err(e),
-                Ok(()) => {
-                    let ticket =
-                        Ticket { conn: self.conns[i].id, session_id: who.session_id, request_id: h.request_id, op };
-                    match self.backend.lease_op(&who, &req, ticket, now_ms) {
-                        Answer::Now(reply) => reply,
-                        Answer::Later => {
-                            self.conns[i].deferred += 1;
-                            return;
-                        }
+            _ => {
+                let ticket =
+                    Ticket { conn: self.conns[i].id, session_id: who.session_id, request_id: h.request_id, op };
+                match self.backend.lease_op(&who, &req, ticket, now_ms) {
+                    Answer::Now(reply) => reply,
+                    Answer::Later => {
+                        self.conns[i].deferred += 1;
+                        return;
                     }
                 }
-            },
+            }
         };
         self.send_answer(i, op, h.request_id, reply);
         if req == Request::Bye {
