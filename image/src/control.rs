@@ -6,11 +6,13 @@
 use crate::service::{ConnId, StreamService};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
+use leasebox_kernel::arch::memory;
 use leasebox_kernel::arch::rng;
 use leasebox_kernel::arch::start::Platform;
 use leasebox_proto::{FencedSlot, Health, Request};
 use leasebox_session::{
-    Answer, Backend, CloseReason, Entropy, EntropyError, Keyring, Limits, NoLeases, Principal, Server, Ticket,
+    Answer, Backend, Budget, CloseReason, Entropy, EntropyError, HeapUse, Keyring, Limits, NoLeases, Principal, Server,
+    Ticket,
 };
 
 /// Nonces from the CPU; no predictable fallback exists.
@@ -54,6 +56,50 @@ impl Backend for ApplianceBackend {
 }
 
 struct Control<B: Backend>(Server<B, CpuEntropy>);
+
+/// The admission budgets the options give (`sessions_per_tenant=`, `admin_sessions=`, `preauth_sessions=`,
+/// `heap_high_water=`): also how many listening sockets the network loop needs ([`sockets`]).
+pub fn budget(p: &Platform) -> Budget {
+    let c = p.config.control();
+    Budget::from_options(
+        c.sessions as usize,
+        c.sessions_per_tenant.map(|n| n as usize),
+        c.admin_sessions.map(|n| n as usize),
+        c.preauth_sessions.map(|n| n as usize),
+        c.heap_high_water.map(|n| n as u8),
+    )
+}
+
+/// Listening sockets for the control port: one per session place and per unauthenticated place, and one more
+/// so a connection past the budget still hears BUSY.
+pub fn sockets(p: &Platform) -> usize {
+    let b = budget(p);
+    b.sessions + b.preauth + 1
+}
+
+/// The kernel heap's use, for the memory budget.
+fn heap() -> HeapUse {
+    let (used, free) = memory::heap_usage();
+    HeapUse { used, size: used + free }
+}
+
+/// The session core with the budgets and the heap gauge.
+fn control<B: Backend + Send + 'static>(mut server: Server<B, CpuEntropy>, budget: Budget) -> Box<Control<B>> {
+    server.set_budget(budget);
+    server.set_memory_gauge(Box::new(heap));
+    let h = heap();
+    log::info!(
+        "control: budgets: {} per tenant, {} for the admin alone, {} unauthenticated; heap {} of {} KiB in use, \
+         new work refused above {} %",
+        budget.per_tenant,
+        budget.admin_reserved,
+        budget.preauth,
+        h.used >> 10,
+        h.size >> 10,
+        budget.heap_high_water_pct
+    );
+    Box::new(Control(server))
+}
 
 impl<B: Backend> StreamService for Control<B> {
     fn open(&mut self, conn: ConnId, now_ms: u64) -> bool {
@@ -125,11 +171,12 @@ pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
             rng::source().unwrap_or("?")
         )
     };
+    let budget = budget(p);
     match crate::lease::backend(&crate::lease::OPTIONS.get()) {
         Ok(backend) => match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
             Ok(server) => {
                 announce("lease service on");
-                Box::new(Control(server))
+                control(server, budget)
             }
             Err(e) => unavailable(&alloc::format!("{e}")),
         },
@@ -138,7 +185,7 @@ pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
             announce("lease service off");
             let backend = ApplianceBackend { inner: NoLeases::off(why) };
             match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
-                Ok(server) => Box::new(Control(server)),
+                Ok(server) => control(server, budget),
                 Err(e) => unavailable(&alloc::format!("{e}")),
             }
         }

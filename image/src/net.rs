@@ -9,9 +9,14 @@
 //!
 //! - Addressing: `ip=`/`gw=` when configured, otherwise DHCPv4. The address is published for the ready line
 //!   ([`status`]); a lost lease is asked for again.
-//! - The control port: a pool of listening sockets, one more than the session budget (`sessions=`), so one
-//!   connection past the budget still reaches the service, which can answer BUSY before it is closed. Further
+//! - The control port: a pool of listening sockets, one per session place (`sessions=`) and per place for
+//!   unauthenticated connections (`preauth_sessions=`), and one more, so one connection past the budgets still
+//!   reaches the service, which can answer BUSY before it is closed (`crate::control::sockets`). Further
 //!   connections find no listener and are reset by smoltcp.
+//! - Half-open connections hold a socket briefly: a handshake still in SYN-RECEIVED after [`SYN_TIMEOUT_MS`]
+//!   is reset and the socket listens again (smoltcp would otherwise retransmit its SYN-ACK until
+//!   [`TCP_TIMEOUT`], 30 s); an accepted connection that never authenticates is closed by the service at its
+//!   HELLO deadline, and reset [`CLOSE_TIMEOUT_MS`] later if it does not finish the close.
 //! - Each accepted connection is handed to a [`StreamService`]; the loop only moves bytes. Input is fed only
 //!   once the service's output for that connection is drained into the socket, in chunks of at most
 //!   [`INPUT_CHUNK`], so a peer that stops reading stops being served rather than growing buffers.
@@ -48,6 +53,9 @@ const INGRESS_BUDGET: usize = 32;
 const EGRESS_BUDGET: usize = 32;
 /// A connection being closed (or refused) that is still there after this is reset.
 const CLOSE_TIMEOUT_MS: u64 = 5_000;
+/// A listening socket whose handshake is still in SYN-RECEIVED after this is reset and listens again: a
+/// client completes the handshake in one round trip, a SYN flood does not hold the pool.
+const SYN_TIMEOUT_MS: u64 = 2_000;
 /// smoltcp resets a connection whose sent data stays unacknowledged this long.
 const TCP_TIMEOUT: smoltcp::time::Duration = smoltcp::time::Duration::from_secs(30);
 
@@ -106,6 +114,8 @@ struct Conn {
 struct Slot {
     handle: SocketHandle,
     conn: Option<Conn>,
+    /// When this slot's socket was first seen in SYN-RECEIVED (a handshake in progress).
+    syn_since: Option<u64>,
 }
 
 /// Which NIC carries the control channel this boot.
@@ -263,7 +273,7 @@ fn build<D: Device>(
         return None;
     };
     let net = p.config.net;
-    let sockets_n = p.config.control().sessions as usize + 1;
+    let sockets_n = crate::control::sockets(p);
     let memory = boot_memory(sockets_n * 2 * SOCKET_BUF)?;
 
     let mut cfg = Config::new(HardwareAddress::Ethernet(EthernetAddress(mac)));
@@ -280,7 +290,7 @@ fn build<D: Device>(
         s.set_nagle_enabled(false);
         s.set_timeout(Some(TCP_TIMEOUT));
         relisten(&mut s, net.port);
-        slots.push(Slot { handle: sockets.add(s), conn: None });
+        slots.push(Slot { handle: sockets.add(s), conn: None, syn_since: None });
     }
 
     let dhcp = match net.ip {
@@ -473,8 +483,20 @@ fn serve(
 ) {
     use tcp::State;
     let Some(conn) = slot.conn.as_mut() else {
+        if sock.state() != State::SynReceived {
+            slot.syn_since = None;
+        }
         match sock.state() {
-            State::Listen | State::SynReceived => {}
+            State::Listen => {}
+            State::SynReceived => {
+                // A half-open connection (the peer's ACK never came): it may not hold the socket for long.
+                let since = *slot.syn_since.get_or_insert(now);
+                if now.saturating_sub(since) >= SYN_TIMEOUT_MS {
+                    log::debug!("net: handshake not completed within {SYN_TIMEOUT_MS} ms; reset");
+                    sock.abort();
+                    slot.syn_since = None;
+                }
+            }
             // Reset during the handshake: listen again.
             State::Closed | State::TimeWait => relisten(sock, port),
             // Accepted (possibly already half-closed by a quick peer): served from the next pass.

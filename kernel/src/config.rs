@@ -269,6 +269,8 @@ pub struct Config<'a> {
     parsers: &'a [&'a dyn OptionParser],
     /// `gw=`'s text, for the error [`Config::check`] may report.
     gw_text: &'a str,
+    /// The session budgets' texts (`key`, value), for the error [`Config::check`] may report.
+    budget_text: [(&'a str, &'a str); 3],
     unknown: [&'a str; MAX_WARNINGS],
     unknown_len: usize,
     unknown_dropped: usize,
@@ -284,6 +286,7 @@ impl Default for Config<'_> {
             control: ControlConfig::default(),
             parsers: &[],
             gw_text: "",
+            budget_text: [("", ""); 3],
             unknown: [""; MAX_WARNINGS],
             unknown_len: 0,
             unknown_dropped: 0,
@@ -356,6 +359,19 @@ impl<'a> Config<'a> {
             "sessions" => self.control.set_sessions(value).map_err(err)?,
             "credits" => self.control.set_credits(value).map_err(err)?,
             "heartbeat_ms" => self.control.set_heartbeat_ms(value).map_err(err)?,
+            "sessions_per_tenant" => {
+                self.control.set_sessions_per_tenant(value).map_err(err)?;
+                self.budget_text[0] = (key, value);
+            }
+            "admin_sessions" => {
+                self.control.set_admin_sessions(value).map_err(err)?;
+                self.budget_text[1] = (key, value);
+            }
+            "preauth_sessions" => {
+                self.control.set_preauth_sessions(value).map_err(err)?;
+                self.budget_text[2] = (key, value);
+            }
+            "heap_high_water" => self.control.set_heap_high_water(value).map_err(err)?,
             _ if self.apply_registered(key, value).map_err(err)? => {}
             _ => {
                 if self.unknown_len < MAX_WARNINGS {
@@ -379,9 +395,14 @@ impl<'a> Config<'a> {
         Ok(false)
     }
 
-    /// Checks between options, once every word is applied: `gw=` needs `ip=` on the same subnet.
+    /// Checks between options, once every word is applied: `gw=` needs `ip=` on the same subnet; the session
+    /// budgets (`admin_sessions=`, `sessions_per_tenant=`, `preauth_sessions=`) fit in `sessions=`.
     pub fn check(&self) -> Result<(), ConfigError<'a>> {
-        self.net.check().map_err(|reason| ConfigError { key: "gw", value: self.gw_text, reason })
+        self.net.check().map_err(|reason| ConfigError { key: "gw", value: self.gw_text, reason })?;
+        self.control.check().map_err(|(key, reason)| {
+            let value = self.budget_text.iter().find(|(k, _)| *k == key).map_or("", |(_, v)| *v);
+            ConfigError { key, value, reason }
+        })
     }
 
     /// The control service's principals and budgets (`tenant=`, `admin=`, `sessions=`, `credits=`,
@@ -550,6 +571,37 @@ mod tests {
         ] {
             let mut c = Config::default();
             assert_eq!(c.apply_cmdline(word).unwrap_err().key, key, "{word}");
+        }
+    }
+
+    #[test]
+    fn session_budgets_parse_and_must_fit_the_session_budget() {
+        let mut c = Config::default();
+        c.apply_cmdline("sessions=8 sessions_per_tenant=3 admin_sessions=2 preauth_sessions=4 heap_high_water=80")
+            .unwrap();
+        assert_eq!(c.check(), Ok(()));
+        let ctl = c.control();
+        assert_eq!(
+            (ctl.sessions_per_tenant, ctl.admin_sessions, ctl.preauth_sessions, ctl.heap_high_water),
+            (Some(3), Some(2), Some(4), Some(80))
+        );
+        for (word, key) in [
+            ("sessions_per_tenant=0", "sessions_per_tenant"),
+            ("admin_sessions=64", "admin_sessions"),
+            ("preauth_sessions=x", "preauth_sessions"),
+            ("heap_high_water=99", "heap_high_water"),
+        ] {
+            assert_eq!(Config::default().apply_cmdline(word).unwrap_err().key, key, "{word}");
+        }
+        for (line, key, value) in [
+            ("sessions=4 admin_sessions=4", "admin_sessions", "4"),
+            ("sessions=4 sessions_per_tenant=5", "sessions_per_tenant", "5"),
+            ("preauth_sessions=17", "preauth_sessions", "17"),
+        ] {
+            let mut c = Config::default();
+            c.apply_cmdline(line).unwrap();
+            let e = c.check().unwrap_err();
+            assert_eq!((e.key, e.value), (key, value), "{line}");
         }
     }
 

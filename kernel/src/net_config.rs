@@ -32,6 +32,15 @@ pub const DEFAULT_CREDITS: u32 = 8;
 /// Session silence timeout in ms (`heartbeat_ms=`).
 pub const HEARTBEAT_MS: RangeInclusive<u32> = 1_000..=600_000;
 pub const DEFAULT_HEARTBEAT_MS: u32 = 10_000;
+/// Sessions one tenant may hold (`sessions_per_tenant=`; default: every place not reserved for the admin).
+pub const SESSIONS_PER_TENANT: RangeInclusive<u32> = 1..=64;
+/// Session places only the admin may take (`admin_sessions=`; default 1, and less than `sessions=`).
+pub const ADMIN_SESSIONS: RangeInclusive<u32> = 0..=63;
+/// Unauthenticated connections at once (`preauth_sessions=`; default 8, at most `sessions=`).
+pub const PREAUTH_SESSIONS: RangeInclusive<u32> = 1..=64;
+/// The heap high-water mark in percent (`heap_high_water=`; default 85): above it new connections, sessions and
+/// ALLOCs are refused BUSY.
+pub const HEAP_HIGH_WATER: RangeInclusive<u32> = 10..=95;
 
 /// An IPv4 interface address with its prefix length, e.g. `10.0.2.15/24`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -226,6 +235,12 @@ pub struct ControlConfig<'a> {
     pub credits: u32,
     /// Session silence timeout, ms (`heartbeat_ms=`).
     pub heartbeat_ms: u32,
+    /// `sessions_per_tenant=`, `admin_sessions=`, `preauth_sessions=`, `heap_high_water=` when given (the
+    /// control service's defaults otherwise).
+    pub sessions_per_tenant: Option<u32>,
+    pub admin_sessions: Option<u32>,
+    pub preauth_sessions: Option<u32>,
+    pub heap_high_water: Option<u32>,
 }
 
 impl Default for ControlConfig<'_> {
@@ -237,6 +252,10 @@ impl Default for ControlConfig<'_> {
             sessions: DEFAULT_SESSIONS,
             credits: DEFAULT_CREDITS,
             heartbeat_ms: DEFAULT_HEARTBEAT_MS,
+            sessions_per_tenant: None,
+            admin_sessions: None,
+            preauth_sessions: None,
+            heap_high_water: None,
         }
     }
 }
@@ -256,6 +275,10 @@ impl fmt::Debug for ControlConfig<'_> {
             .field("sessions", &self.sessions)
             .field("credits", &self.credits)
             .field("heartbeat_ms", &self.heartbeat_ms)
+            .field("sessions_per_tenant", &self.sessions_per_tenant)
+            .field("admin_sessions", &self.admin_sessions)
+            .field("preauth_sessions", &self.preauth_sessions)
+            .field("heap_high_water", &self.heap_high_water)
             .finish()
     }
 }
@@ -308,6 +331,41 @@ impl<'a> ControlConfig<'a> {
 
     pub(crate) fn set_heartbeat_ms(&mut self, v: &str) -> Result<(), &'static str> {
         self.heartbeat_ms = parse_in(v, HEARTBEAT_MS, "expected a timeout of 1000 to 600000 ms")?;
+        Ok(())
+    }
+
+    pub(crate) fn set_sessions_per_tenant(&mut self, v: &str) -> Result<(), &'static str> {
+        self.sessions_per_tenant = Some(parse_in(v, SESSIONS_PER_TENANT, "expected 1 to 64 sessions per tenant")?);
+        Ok(())
+    }
+
+    pub(crate) fn set_admin_sessions(&mut self, v: &str) -> Result<(), &'static str> {
+        self.admin_sessions = Some(parse_in(v, ADMIN_SESSIONS, "expected 0 to 63 places reserved for the admin")?);
+        Ok(())
+    }
+
+    pub(crate) fn set_preauth_sessions(&mut self, v: &str) -> Result<(), &'static str> {
+        self.preauth_sessions =
+            Some(parse_in(v, PREAUTH_SESSIONS, "expected 1 to 64 places for unauthenticated connections")?);
+        Ok(())
+    }
+
+    pub(crate) fn set_heap_high_water(&mut self, v: &str) -> Result<(), &'static str> {
+        self.heap_high_water = Some(parse_in(v, HEAP_HIGH_WATER, "expected a percentage of the heap, 10 to 95")?);
+        Ok(())
+    }
+
+    /// Checks between the budgets once every option is applied: `(key, reason)` of the first conflict.
+    pub(crate) fn check(&self) -> Result<(), (&'static str, &'static str)> {
+        if self.admin_sessions.is_some_and(|a| a >= self.sessions) {
+            return Err(("admin_sessions", "must be less than sessions= (tenants need a place)"));
+        }
+        if self.sessions_per_tenant.is_some_and(|t| t > self.sessions) {
+            return Err(("sessions_per_tenant", "must be at most sessions="));
+        }
+        if self.preauth_sessions.is_some_and(|p| p > self.sessions) {
+            return Err(("preauth_sessions", "must be at most sessions="));
+        }
         Ok(())
     }
 }

@@ -473,7 +473,59 @@ pub fn check(t: &Target, leasectl_bin: &Path) -> Result<String, String> {
 /// [`Artifacts::leasectl_bin`].
 pub fn run(a: &Artifacts) -> Result<String, String> {
     let t = boot_qemu(a, 1, "")?;
-    check(&t, &a.leasectl_bin)
+    let checked = check(&t, &a.leasectl_bin)?;
+    let budgets = check_preauth_pool(&t)?;
+    Ok(format!("{checked}; {budgets}"))
+}
+
+/// The pool for unauthenticated connections (`preauth_sessions=`, 8 by default; docs/operations.md,
+/// "Budgets"), in the image: nine connections that never say a word beside an authenticated session. Eight
+/// hold the pool until their HELLO deadline (TIMEOUT, then closed), the ninth is refused BUSY at once, and
+/// the session is served throughout.
+pub fn check_preauth_pool(t: &Target) -> Result<String, String> {
+    use std::io::Read;
+    const POOL: usize = 8;
+    let mut session = t.session(&t.tenant())?;
+    let mut silent = Vec::new();
+    for i in 0..=POOL {
+        let s = std::net::TcpStream::connect(&t.addr).map_err(|e| format!("silent connection {i}: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
+        silent.push(s);
+    }
+    // Each connection ends with one error frame: BUSY for the one past the pool, TIMEOUT for the others.
+    let (mut busy, mut timeout) = (0, 0);
+    for (i, s) in silent.iter_mut().enumerate() {
+        let mut bytes = Vec::new();
+        let _ = s.read_to_end(&mut bytes);
+        let mut fb = leasebox_proto::FrameBuf::new();
+        fb.push(&bytes);
+        let code = match fb.next_frame() {
+            leasebox_proto::Next::Frame(h, p) if h.kind == Kind::Error => {
+                leasebox_proto::ErrorBody::decode(&p).map(|e| e.code).ok()
+            }
+            _ => None,
+        };
+        match code {
+            Some(ErrorCode::Busy) => busy += 1,
+            Some(ErrorCode::Timeout) => timeout += 1,
+            other => return Err(format!("silent connection {i}: wanted BUSY or TIMEOUT, got {other:?} ({bytes:?})")),
+        }
+        if i == 0 {
+            match session.call(&Request::Heartbeat { echo: 3 }) {
+                Ok(Response::Heartbeat { echo: 3, .. }) => {}
+                other => return Err(format!("heartbeat beside a full pre-authentication pool: {other:?}")),
+            }
+        }
+    }
+    if (busy, timeout) != (1, POOL) {
+        return Err(format!("{} silent connections: {busy} refused BUSY, {timeout} timed out", POOL + 1));
+    }
+    match session.call(&Request::Heartbeat { echo: 4 }) {
+        Ok(Response::Heartbeat { echo: 4, .. }) => {}
+        other => return Err(format!("heartbeat after the silent connections: {other:?}")),
+    }
+    t.session(&t.admin())?;
+    Ok(format!("{} silent connections: {POOL} held the pool until their deadline, 1 refused BUSY", POOL + 1))
 }
 
 /// HEARTBEAT round trips with `sessions` concurrent sessions for `dur`: (round trips per second, p50 µs, p99 µs).

@@ -8,7 +8,8 @@ use leasebox_kernel::config::{Config, OptionParser, Options};
 use leasebox_lease::LeaseOptions;
 use leasebox_proto::{FencedSlot, Health, LeaseStats, Reply, Request};
 use leasebox_session::{
-    Answer, Backend, CloseReason, ConnId, Entropy, EntropyError, Keyring, Limits, NoLeases, Principal, Server, Ticket,
+    Answer, Backend, Budget, CloseReason, ConnId, Entropy, EntropyError, Keyring, Limits, NoLeases, Principal, Server,
+    Ticket,
 };
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -34,6 +35,9 @@ impl Entropy for OsEntropy {
 pub struct HostedConfig {
     pub listen: SocketAddr,
     pub limits: Limits,
+    /// Admission budgets (`sessions_per_tenant=`, `admin_sessions=`, `preauth_sessions=`); the hosted
+    /// appliance has no memory budget (its heap is the process's).
+    pub budget: Budget,
     pub keys: Keyring,
     /// `--hca`: run the device model and the lease service.
     pub hca: bool,
@@ -94,10 +98,17 @@ impl HostedConfig {
             credits: control.credits as u16,
             heartbeat_ms: control.heartbeat_ms,
         };
+        let budget = Budget::from_options(
+            limits.sessions,
+            control.sessions_per_tenant.map(|n| n as usize),
+            control.admin_sessions.map(|n| n as usize),
+            control.preauth_sessions.map(|n| n as usize),
+            control.heap_high_water.map(|n| n as u8),
+        );
         if udp.is_some() && !hca {
             return Err("--udp needs --hca".into());
         }
-        Ok(HostedConfig { listen, limits, keys, hca, udp, timing, lease: lease.get() })
+        Ok(HostedConfig { listen, limits, budget, keys, hca, udp, timing, lease: lease.get() })
     }
 }
 
@@ -138,6 +149,12 @@ impl Backend for HostedBackend {
         match self {
             HostedBackend::Plain(b) => b.lease_stats(),
             HostedBackend::Lease(b) => b.lease_stats(),
+        }
+    }
+    fn tenant_lease_stats(&mut self, who: &Principal) -> LeaseStats {
+        match self {
+            HostedBackend::Plain(b) => b.tenant_lease_stats(who),
+            HostedBackend::Lease(b) => b.tenant_lease_stats(who),
         }
     }
     fn fenced(&mut self, who: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>) {
@@ -191,7 +208,8 @@ impl Hosted {
         } else {
             (HostedBackend::Plain(NoLeases::default()), None)
         };
-        let server = Server::new(cfg.limits, cfg.keys, backend, OsEntropy, 0).map_err(|e| e.to_string())?;
+        let mut server = Server::new(cfg.limits, cfg.keys, backend, OsEntropy, 0).map_err(|e| e.to_string())?;
+        server.set_budget(cfg.budget);
         let server: Shared = Arc::new(Mutex::new(server));
         let listener = TcpListener::bind(cfg.listen).map_err(|e| format!("binding {}: {e}", cfg.listen))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;

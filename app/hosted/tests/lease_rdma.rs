@@ -380,3 +380,38 @@ fn a_4_gib_lease_is_granted_written_at_both_ends_and_revoked() {
     assert_eq!(one(&mut r).status.name(), "IBV_WC_REM_ACCESS_ERR");
     assert_eq!(rig.ram(at(last), tail.len()), tail, "nothing landed after the revoke");
 }
+
+#[test]
+fn a_tenant_is_stopped_at_its_byte_limit_and_its_stats_are_its_own() {
+    // `tenant_mib=4` on the command line: two 2 MiB extents per tenant.
+    let rig = Rig::start(&["tenant_mib=4", "lease_pool_mib=16"]);
+    let mut c = rig.session(&rig.demo);
+    let mut r = rig.requester(RcConfig::default());
+    lease(&mut c, &mut r, 2 << 20);
+    let mut r2 = rig.requester(RcConfig::default());
+    lease(&mut c, &mut r2, 4096);
+    let more = rig.requester(RcConfig::default());
+    match c.call(&alloc(&more.local(), 4096)) {
+        Err(ClientError::Server(e)) => {
+            assert_eq!(e.code, ErrorCode::Limit, "{e:?}");
+            assert!(e.message.contains("the limit is 4194304"), "{}", e.message);
+        }
+        other => panic!("ALLOC past the tenant's bytes answered {other:?}"),
+    }
+    // Another tenant still gets memory.
+    let mut o = rig.session(&rig.other);
+    let mut ro = rig.requester(RcConfig::default());
+    lease(&mut o, &mut ro, 4096);
+    let stats = |c: &mut Client| match c.call(&Request::Stats).unwrap() {
+        Response::Stats(s) => s,
+        other => panic!("STATS answered {other:?}"),
+    };
+    let mine = stats(&mut c);
+    assert_eq!(mine.leases.by_state.iter().sum::<u32>(), 2);
+    assert_eq!((mine.leases.bytes_leased, mine.leases.bytes_free, mine.leases.allocs), (4 << 20, 0, 0));
+    let theirs = stats(&mut o);
+    assert_eq!((theirs.leases.bytes_leased, theirs.leases.bytes_free), (2 << 20, 2 << 20));
+    let all = stats(&mut rig.session(&rig.admin));
+    assert_eq!(all.leases.by_state.iter().sum::<u32>(), 3);
+    assert_eq!((all.leases.bytes_leased, all.leases.bytes_free, all.leases.allocs), (6 << 20, 10 << 20, 3));
+}

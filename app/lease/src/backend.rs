@@ -96,6 +96,11 @@ impl<H: Host, E: Environment> Backend for LeaseBackend<H, E> {
         }
     }
 
+    fn tenant_lease_stats(&mut self, p: &Principal) -> LeaseStats {
+        let (by_state, bytes_leased, bytes_free) = self.svc.tenant_figures(&p.name);
+        LeaseStats { by_state, bytes_leased, bytes_free, ..LeaseStats::default() }
+    }
+
     fn fenced(&mut self, p: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>) {
         self.svc.fenced(who(p), cursor, max)
     }

@@ -31,6 +31,8 @@ pub struct Config {
     /// Per-tenant budgets.
     pub tenant_leases: u32,
     pub tenant_bytes: u64,
+    /// ALLOCs one tenant may start per second, with a burst of as many (0: no limit; the admin has none).
+    pub tenant_allocs_per_s: u32,
     /// TTL when ALLOC asks for 0, and the most a lease may ask for.
     pub default_ttl_ms: u32,
     pub max_ttl_ms: u32,
@@ -68,6 +70,7 @@ impl Default for Config {
             slots: 1024,
             tenant_leases: 256,
             tenant_bytes: u64::MAX,
+            tenant_allocs_per_s: 0,
             default_ttl_ms: 60_000,
             max_ttl_ms: 3_600_000,
             ready_timeout_ms: 10_000,

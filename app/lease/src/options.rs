@@ -14,6 +14,10 @@ pub struct LeaseOptions {
     pub slots: u32,
     /// `tenant_leases=`: leases one tenant may hold.
     pub tenant_leases: u32,
+    /// `tenant_mib=`: bytes one tenant may hold, in MiB (leases count whole extents). `None`: the whole pool.
+    pub tenant_mib: Option<u32>,
+    /// `tenant_allocs_per_s=`: ALLOCs one tenant may start per second (a burst of as many). 0: no limit.
+    pub tenant_allocs_per_s: u32,
     /// `lease_grace_ms=`: revoked slots wait this long before the sweep.
     pub grace_ms: u32,
     /// `ready_ms=`: a Granted lease must see READY within this long.
@@ -50,6 +54,8 @@ impl LeaseOptions {
         pool_mib: 64,
         slots: 1024,
         tenant_leases: 256,
+        tenant_mib: None,
+        tenant_allocs_per_s: 0,
         grace_ms: 5_000,
         ready_ms: 10_000,
         ttl_ms: 60_000,
@@ -95,6 +101,10 @@ impl LeaseOptions {
             }
             "lease_slots" => self.slots = number(value, 1, 1 << 20, "expected 1 to 1048576")?,
             "tenant_leases" => self.tenant_leases = number(value, 1, 1 << 20, "expected 1 to 1048576")?,
+            "tenant_mib" => self.tenant_mib = Some(number(value, 1, 1 << 20, "expected 1 to 1048576 (MiB)")?),
+            "tenant_allocs_per_s" => {
+                self.tenant_allocs_per_s = number(value, 0, 1_000_000, "expected 0 (no limit) to 1000000 per second")?
+            }
             "lease_grace_ms" => self.grace_ms = number(value, 0, 3_600_000, "expected 0 to 3600000")?,
             "ready_ms" => self.ready_ms = number(value, 1, 3_600_000, "expected 1 to 3600000")?,
             "lease_ttl_ms" => self.ttl_ms = number(value, 1, 3_600_000, "expected 1 to 3600000")?,
@@ -152,5 +162,9 @@ mod tests {
         assert_eq!((o.rdma_dscp, o.rdma_prio), (26, 3));
         assert!(o.apply("rdma_dscp", "64").is_err() && o.apply("rdma_prio", "8").is_err());
         assert!(o.apply("rdma_dscp", "-1").is_err());
+        assert_eq!((o.apply("tenant_mib", "64"), o.apply("tenant_allocs_per_s", "100")), (Ok(true), Ok(true)));
+        assert_eq!((o.tenant_mib, o.tenant_allocs_per_s), (Some(64), 100));
+        assert!(o.apply("tenant_mib", "0").is_err() && o.apply("tenant_mib", "64M").is_err());
+        assert!(o.apply("tenant_allocs_per_s", "-1").is_err() && o.apply("tenant_allocs_per_s", "2000000").is_err());
     }
 }

@@ -77,6 +77,12 @@ pub trait Backend {
     fn lease_stats(&mut self) -> LeaseStats {
         LeaseStats::default()
     }
+    /// The lease part of a tenant's STATS: `who`'s leases only (by state, bytes held, bytes it may still
+    /// take); the global counters stay zero. The default shows nothing.
+    fn tenant_lease_stats(&mut self, who: &Principal) -> LeaseStats {
+        let _ = who;
+        LeaseStats::default()
+    }
     /// FENCED_SUMMARY: one page of the fenced slots `who` may see, from slot `cursor` on, at most `max`
     /// (clamped to 1..=`MAX_PAGE`); returns the next page's cursor (0 after the last) and the page.
     fn fenced(&mut self, who: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>);

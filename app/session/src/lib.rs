@@ -9,11 +9,13 @@
 
 extern crate alloc;
 
+pub mod admission;
 mod backend;
 mod keyring;
 mod rng;
 mod server;
 
+pub use admission::{Budget, HeapUse, MemoryGauge, Refusal};
 pub use backend::{Answer, Backend, CloseReason, ConnId, NoLeases, Principal, Ticket};
 pub use keyring::{KeyError, Keyring, parse_hex};
 pub use rng::IdRng;

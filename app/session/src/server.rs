@@ -1,5 +1,6 @@
 //! The session table and the per-connection protocol machine.
 
+use crate::admission::{Admission, Budget, MemoryGauge, Refusal};
 use crate::backend::{Answer, Backend, CloseReason, ConnId, Principal, Ticket};
 use crate::keyring::Keyring;
 use alloc::boxed::Box;
@@ -137,6 +138,8 @@ pub struct Server<B: Backend, E: Entropy> {
     dummy_key: [u8; DUMMY_KEY_LEN],
     /// HELLO step-2 MACs checked (one HMAC each, known names and unknown alike).
     hello_macs: u64,
+    /// Places: the unauthenticated pool, session budgets per principal, the memory budget (`admission`).
+    admission: Admission,
 }
 
 fn error_frame(code: ErrorCode, op: u16, request_id: u32, message: &str, detail: [u32; 3]) -> Vec<u8> {
@@ -169,6 +172,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             answers: Vec::new(),
             dummy_key,
             hello_macs: 0,
+            admission: Admission::new(Budget::for_sessions(limits.sessions)),
         })
     }
 
@@ -180,6 +184,46 @@ impl<B: Backend, E: Entropy> Server<B, E> {
     }
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// The admission budgets (defaults: [`Budget::for_sessions`] of `limits.sessions`).
+    pub fn budget(&self) -> Budget {
+        self.admission.budget()
+    }
+
+    /// Sets the admission budgets (`sessions_per_tenant=`, `admin_sessions=`, `preauth_sessions=`); its
+    /// `sessions` is the session budget STATS reports.
+    pub fn set_budget(&mut self, budget: Budget) {
+        self.stats.session_budget = budget.sessions as u32;
+        self.admission.set_budget(budget);
+    }
+
+    /// Where heap use is read for the memory budget (none: no memory budget).
+    pub fn set_memory_gauge(&mut self, gauge: MemoryGauge) {
+        self.admission.set_gauge(gauge);
+    }
+
+    /// The admission counts (places held, refusals for memory).
+    pub fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    /// STATS as `who` sees it: the admin gets the global figures ([`Server::stats`]); a tenant its own
+    /// sessions (current, total, refused, its cap as the budget) and its own leases, and zeros elsewhere.
+    pub fn stats_for(&mut self, who: &Principal, now_ms: u64) -> Stats {
+        if who.role == leasebox_proto::Role::Admin {
+            return self.stats(now_ms);
+        }
+        let p = self.admission.principal(&who.name);
+        Stats {
+            uptime_ms: now_ms.saturating_sub(self.start_ms),
+            sessions_current: p.current as u32,
+            session_budget: self.admission.budget().per_tenant as u32,
+            sessions_total: p.total,
+            sessions_refused: p.refused,
+            leases: self.backend.tenant_lease_stats(who),
+            ..Stats::default()
+        }
     }
 
     /// A snapshot of the counters (STATS), the lease service's included.
@@ -210,12 +254,12 @@ impl<B: Backend, E: Entropy> Server<B, E> {
 
     /// A new connection; `false` = refused (over budget): it gets a BUSY frame from `output`, then closes.
     pub fn open(&mut self, id: ConnId, now_ms: u64) -> bool {
-        if self.conns.len() >= self.limits.sessions {
+        if let Err(r) = self.admission.connect() {
             self.stats.sessions_refused += 1;
             self.count_error(ErrorCode::Busy);
             if self.refused.len() < MAX_REFUSED {
-                let msg = alloc::format!("all {} sessions are in use", self.limits.sessions);
-                let f = error_frame(ErrorCode::Busy, Op::Hello as u16, 0, &msg, [self.limits.sessions as u32, 0, 0]);
+                let msg = alloc::format!("{r}");
+                let f = error_frame(ErrorCode::Busy, Op::Hello as u16, 0, &msg, r.detail());
                 self.stats.frames_out += 1;
                 self.refused.push((id, f.into()));
             }
@@ -338,10 +382,40 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             return;
         }
         c.close = true;
+        // The place is given back now: a closing connection no longer counts against any budget.
         if let State::Authenticated(p) = &c.state {
             let p = p.clone();
+            self.admission.disconnect(Some(&p.name));
             self.backend.session_lost(&p, reason, now_ms);
+        } else {
+            self.admission.disconnect(None);
         }
+    }
+
+    /// HELLO proved the key of principal `p`: it takes a session place (`true`), or, over a budget, the
+    /// connection is answered BUSY and closed (`false`).
+    fn admit(&mut self, i: usize, request_id: u32, p: usize, now_ms: u64) -> bool {
+        let (name, role) = {
+            let e = self.keys.get(p);
+            (e.name.clone(), e.role)
+        };
+        let Err(r) = self.admission.authenticate(&name, role) else { return true };
+        self.stats.sessions_refused += 1;
+        let msg = alloc::format!("{r}");
+        self.send_error(i, ErrorCode::Busy, Op::Hello as u16, request_id, &msg, r.detail());
+        self.close(i, CloseReason::ProtocolError, now_ms);
+        false
+    }
+
+    /// A lease operation under the memory budget: an ALLOC above the high-water mark is refused BUSY (the
+    /// others free memory or only read, and go on).
+    fn admit_op(&mut self, req: &Request) -> Result<(), ErrorBody> {
+        if !matches!(req, Request::Alloc(_)) {
+            return Ok(());
+        }
+        self.admission.memory().map_err(|r: Refusal| {
+            ErrorBody::new(ErrorCode::Busy, &alloc::format!("ALLOC: {r}")).with_detail(r.detail())
+        })
     }
 
     /// Before authentication every error ends the connection; afterwards the session survives its mistakes.
@@ -391,13 +465,16 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             State::Authenticated(p) => p.clone(),
             _ => return,
         };
+        if let Err(e) = self.admit_op(&req) {
+            return self.send_answer(i, op, h.request_id, Err(e));
+        }
         let reply = match &req {
             Request::Hello(_) => Err(ErrorBody::new(ErrorCode::BadState, "already authenticated")),
             Request::Heartbeat { echo } => {
                 Ok(Response::Heartbeat { echo: *echo, uptime_ms: now_ms.saturating_sub(self.start_ms) })
             }
             Request::Bye => Ok(Response::Bye),
-            Request::Stats => Ok(Response::Stats(Box::new(self.stats(now_ms)))),
+            Request::Stats => Ok(Response::Stats(Box::new(self.stats_for(&who, now_ms)))),
             Request::Health => {
                 let mut hl = self.backend.health(now_ms);
                 hl.uptime_ms = now_ms.saturating_sub(self.start_ms);
@@ -484,6 +561,9 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                     );
                     return self.close(i, CloseReason::ProtocolError, now_ms);
                 };
+                if !self.admit(i, request_id, p, now_ms) {
+                    return;
+                }
                 let entry = self.keys.get(p);
                 let t = hello_transcript(false, version, &name, &client_nonce, &server_nonce);
                 let mut m = <HmacSha256 as Mac>::new_from_slice(&entry.key).expect("HMAC accepts any key length");

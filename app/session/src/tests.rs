@@ -1,4 +1,6 @@
 use super::*;
+use crate::admission::{Budget, HeapUse};
+use alloc::boxed::Box;
 use alloc::string::{String, ToString};
 use alloc::vec;
 use alloc::vec::Vec;
@@ -627,7 +629,8 @@ fn the_backend_hears_of_sessions_heartbeats_and_time() {
 fn stats_carry_the_lease_figures() {
     let mut s = deferring(Limits::default());
     s.open(ConnId(1), 0);
-    login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
+    // The global figures are the admin's (a tenant's STATS are scoped: `tenant_stats_are_scoped`).
+    login(&mut s, ConnId(1), "admin", ADMIN_KEY).unwrap();
     let a = exchange(&mut s, ConnId(1), &req(Request::Stats, 2), 5);
     let Ans::Ok(Response::Stats(st)) = &a[0].1 else { panic!("no STATS") };
     assert_eq!((st.leases.by_state, st.leases.allocs), ([0, 2, 0, 0, 1], 3));
@@ -801,4 +804,159 @@ fn take_one(bytes: &[u8]) -> Option<(Ans, u32)> {
     fb.push(bytes);
     let Next::Frame(h, p) = fb.next_frame() else { return None };
     Some((if h.kind == Kind::Error { Ans::Err(ErrorBody::decode(&p).ok()?) } else { return None }, h.request_id))
+}
+
+// ---- admission (issue 15 item 2): budgets nobody can hog ----
+
+fn budgeted(sessions: usize, per_tenant: usize, admin_reserved: usize, preauth: usize) -> Server<NoLeases, Counter> {
+    let mut k = keys();
+    k.add_tenant("other", DEMO_KEY).unwrap();
+    let mut s = Server::new(Limits { sessions, ..Limits::default() }, k, NoLeases::default(), Counter(1), 0).unwrap();
+    s.set_budget(Budget { sessions, per_tenant, admin_reserved, preauth, heap_high_water_pct: 75 });
+    s
+}
+
+fn busy(r: Result<HelloReply, ErrorBody>) -> ErrorBody {
+    match r {
+        Err(e) if e.code == ErrorCode::Busy => e,
+        other => panic!("expected BUSY, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_tenant_is_capped_below_the_budget_and_the_admin_still_gets_in() {
+    let mut s = budgeted(6, 3, 1, 6);
+    for c in 1..=3 {
+        assert!(s.open(ConnId(c), 0));
+        login(&mut s, ConnId(c), "demo", DEMO_KEY).unwrap();
+    }
+    // The fourth session of the same tenant: the key is right, there is no place for it.
+    assert!(s.open(ConnId(10), 0));
+    let e = busy(login(&mut s, ConnId(10), "demo", DEMO_KEY));
+    assert_eq!(e.detail, [3, 4, 0], "the cap, and which budget refused");
+    assert!(s.wants_close(ConnId(10)));
+    s.closed(ConnId(10), 1);
+    // Another tenant fills what tenants may hold (5 of 6): the last place is the admin's.
+    for c in 4..=5 {
+        assert!(s.open(ConnId(c), 1));
+        login(&mut s, ConnId(c), "other", DEMO_KEY).unwrap_or_else(|e| panic!("session {c}: {e:?}"));
+    }
+    assert!(s.open(ConnId(7), 1));
+    let e = busy(login(&mut s, ConnId(7), "other", DEMO_KEY));
+    assert_eq!(e.detail[1], 3, "refused by the admin's reserve: {e:?}");
+    s.closed(ConnId(7), 1);
+    assert!(s.open(ConnId(8), 1));
+    assert!(matches!(login(&mut s, ConnId(8), "admin", ADMIN_KEY), Ok(HelloReply::Welcome { role: Role::Admin, .. })));
+    assert_eq!(s.admission().sessions(), 6);
+    // A tenant session that ends gives its place back.
+    s.closed(ConnId(1), 2);
+    assert!(s.open(ConnId(9), 2));
+    login(&mut s, ConnId(9), "demo", DEMO_KEY).unwrap();
+}
+
+#[test]
+fn unauthenticated_connections_cannot_crowd_out_sessions() {
+    let mut s = budgeted(4, 3, 1, 2);
+    assert!(s.open(ConnId(1), 0));
+    login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
+    assert!(s.open(ConnId(2), 0));
+    login(&mut s, ConnId(2), "admin", ADMIN_KEY).unwrap();
+    // Two connections that never authenticate fill the pre-authentication pool ...
+    assert!(s.open(ConnId(3), 10));
+    assert!(s.open(ConnId(4), 10));
+    exchange(&mut s, ConnId(3), &hello_init("demo"), 10);
+    // ... so the next is refused BUSY, while the sessions are served as before.
+    assert!(!s.open(ConnId(5), 20));
+    let a = take(&mut s, ConnId(5));
+    assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::Busy && e.detail == [2, 1, 0]));
+    s.closed(ConnId(5), 20);
+    for c in [1, 2] {
+        let a = exchange(&mut s, ConnId(c), &req(Request::Heartbeat { echo: 9 }, 3), 30);
+        assert!(matches!(&a[0].1, Ans::Ok(Response::Heartbeat { echo: 9, .. })), "session {c}");
+        assert!(!s.wants_close(ConnId(c)));
+    }
+    // At the HELLO deadline the pool's places are given back, before the transport has closed them.
+    s.tick(10 + server::HELLO_DEADLINE_MS + 1);
+    assert!(s.wants_close(ConnId(3)) && s.wants_close(ConnId(4)));
+    assert_eq!(s.admission().preauth(), 0);
+    assert!(s.open(ConnId(6), 5_100));
+    login(&mut s, ConnId(6), "demo", DEMO_KEY).unwrap();
+}
+
+#[test]
+fn tenant_stats_are_scoped() {
+    let mut s = budgeted(8, 3, 1, 4);
+    for (c, name, key) in
+        [(1, "demo", DEMO_KEY), (2, "demo", DEMO_KEY), (3, "other", DEMO_KEY), (4, "admin", ADMIN_KEY)]
+    {
+        assert!(s.open(ConnId(c), 0));
+        login(&mut s, ConnId(c), name, key).unwrap();
+    }
+    assert!(s.open(ConnId(5), 0));
+    exchange(&mut s, ConnId(5), &req(Request::Stats, 1), 0); // NOT_AUTHENTICATED: an error the admin sees
+    let stats = |s: &mut Server<NoLeases, Counter>, c: u64| {
+        let a = exchange(s, ConnId(c), &req(Request::Stats, 7), 100);
+        let Ans::Ok(Response::Stats(st)) = &a[0].1 else { panic!("no STATS") };
+        st.clone()
+    };
+    let t = stats(&mut s, 3);
+    assert_eq!((t.sessions_current, t.session_budget, t.sessions_total, t.sessions_refused), (1, 3, 1, 0));
+    assert_eq!((t.frames_in, t.frames_out, t.errors.len(), t.roles.len()), (0, 0, 0, 0));
+    assert_eq!(t.leases, LeaseStats::default());
+    let t = stats(&mut s, 1);
+    assert_eq!((t.sessions_current, t.sessions_total), (2, 2));
+    let a = stats(&mut s, 4);
+    assert_eq!((a.sessions_current, a.session_budget, a.sessions_total), (5, 8, 5));
+    assert!(a.frames_in > 0 && a.errors.iter().any(|(c, _)| *c == ErrorCode::NotAuthenticated as u16));
+}
+
+#[test]
+fn above_the_memory_high_water_mark_new_work_is_refused_busy() {
+    use alloc::sync::Arc;
+    use core::sync::atomic::{AtomicUsize, Ordering};
+    let used = Arc::new(AtomicUsize::new(1 << 20));
+    let mut s = budgeted(4, 3, 1, 4);
+    let gauge = used.clone();
+    s.set_memory_gauge(Box::new(move || HeapUse { used: gauge.load(Ordering::Relaxed), size: 4 << 20 }));
+    assert!(s.open(ConnId(1), 0));
+    login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
+    assert!(s.open(ConnId(2), 0));
+    // 3.5 of 4 MiB: above 75 %.
+    used.store(7 << 19, Ordering::Relaxed);
+    let e = busy(login(&mut s, ConnId(2), "demo", DEMO_KEY));
+    assert_eq!(e.detail, [3584, 5, 4096]);
+    assert!(!s.open(ConnId(3), 0));
+    let a = take(&mut s, ConnId(3));
+    assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::Busy && e.message.contains("memory")));
+    let alloc = Request::Alloc(leasebox_proto::AllocReq {
+        size: 4096,
+        access: 0,
+        mtu: 3,
+        ttl_ms: 0,
+        client_qpn: 0x11,
+        client_psn: 0,
+        client_gid: [0; 16],
+        client_mac: [2, 0, 0, 0, 0, 1],
+    });
+    let a = exchange(&mut s, ConnId(1), &req(alloc.clone(), 5), 1);
+    assert_eq!(codes(&a), [(5, Some(ErrorCode::Busy))]);
+    // What does not take memory goes on: the established session is served.
+    let a = exchange(&mut s, ConnId(1), &req(Request::Heartbeat { echo: 1 }, 6), 1);
+    assert!(matches!(&a[0].1, Ans::Ok(Response::Heartbeat { .. })));
+    assert_eq!(s.admission().memory_refusals, 3);
+    // Below the mark again, ALLOC reaches the backend (here: the lease service is off).
+    used.store(1 << 20, Ordering::Relaxed);
+    let a = exchange(&mut s, ConnId(1), &req(alloc, 7), 2);
+    assert_eq!(codes(&a), [(7, Some(ErrorCode::NotImplemented))]);
+}
+
+#[test]
+fn budgets_from_the_options_and_their_defaults() {
+    let d = Budget::from_options(16, None, None, None, None);
+    assert_eq!(d, Budget { sessions: 16, per_tenant: 15, admin_reserved: 1, preauth: 8, heap_high_water_pct: 85 });
+    assert_eq!(Budget::from_options(2, None, None, None, None).preauth, 2, "the pool is no larger than the budget");
+    assert_eq!(Budget::from_options(1, None, None, None, None).admin_reserved, 0, "a single place is anyone's");
+    let b = Budget::from_options(8, Some(3), Some(2), Some(4), Some(60));
+    assert_eq!((b.per_tenant, b.admin_reserved, b.preauth, b.heap_high_water_pct, b.tenant_places()), (3, 2, 4, 60, 6));
+    assert_eq!(Budget::from_options(8, None, Some(3), None, None).per_tenant, 5);
 }

@@ -26,6 +26,11 @@ impl<T: Copy> LeaseService<T> {
         if let Err(e) = self.check_alloc(a) {
             return Some(Err(e));
         }
+        if !who.admin
+            && let Err(e) = self.take_alloc_token(who.tenant, now_us)
+        {
+            return Some(Err(e));
+        }
         if a.client_mac == [0; 6] {
             return self.resolve(who, a, ticket, now_us, host);
         }
@@ -117,6 +122,29 @@ impl<T: Copy> LeaseService<T> {
         self.counters.allocs_started += 1;
         self.advance(slot, now_us, host);
         None
+    }
+
+    /// The tenant's ALLOC rate (`tenant_allocs_per_s=`): a token bucket of one second's worth, refilled on the
+    /// service's clock. Empty: BUSY, with the rate and the milliseconds until the next token.
+    fn take_alloc_token(&mut self, tenant: &str, now_us: u64) -> Result<(), ErrorBody> {
+        const ONE: u64 = 1_000_000;
+        let rate = u64::from(self.cfg.tenant_allocs_per_s);
+        if rate == 0 {
+            return Ok(());
+        }
+        let full = rate * ONE;
+        let bucket = self.alloc_rate.entry(tenant.to_string()).or_insert((full, now_us));
+        // Tokens in millionths of an ALLOC: `rate` ALLOCs per 10^6 µs is `rate` millionths per µs.
+        let elapsed = now_us.saturating_sub(bucket.1);
+        bucket.0 = bucket.0.saturating_add(elapsed.saturating_mul(rate)).min(full);
+        bucket.1 = now_us;
+        if bucket.0 >= ONE {
+            bucket.0 -= ONE;
+            return Ok(());
+        }
+        let wait_ms = (ONE - bucket.0).div_ceil(rate).div_ceil(1000);
+        Err(err(ErrorCode::Busy, &format!("ALLOC: tenant over its rate of {rate} per second; retry in {wait_ms} ms"))
+            .with_detail([rate as u32, wait_ms as u32, 0]))
     }
 
     fn check_alloc(&self, a: &AllocReq) -> Result<(), ErrorBody> {

@@ -145,6 +145,9 @@ pub struct LeaseService<T: Copy> {
     free: BTreeSet<u32>,
     /// Busy leases and bytes per tenant (budgets).
     usage: BTreeMap<String, (u32, u64)>,
+    /// ALLOC rate per tenant (`Config::tenant_allocs_per_s`): a token bucket each, as (tokens in millionths
+    /// of an ALLOC, when last filled in µs).
+    alloc_rate: BTreeMap<String, (u64, u64)>,
     /// The timer scan runs at most this often.
     next_scan_us: u64,
     /// ALLOCs waiting for the client's MAC (`client_mac` 0).
@@ -177,6 +180,7 @@ impl<T: Copy> LeaseService<T> {
             ids: Ids::new(rng),
             free: (0..cfg_slots).collect(),
             usage: BTreeMap::new(),
+            alloc_rate: BTreeMap::new(),
             next_scan_us: 0,
             resolving: Vec::new(),
             counters: Counters::default(),
@@ -432,6 +436,22 @@ impl<T: Copy> LeaseService<T> {
 
     pub fn fenced_count(&self) -> u32 {
         self.slots.iter().filter(|s| matches!(s, Slot::Fenced(_))).count() as u32
+    }
+
+    /// `tenant`'s part of STATS: its leases by state (fenced slots it held included), the bytes it holds and
+    /// the bytes it may still take (its budget left, no more than the pool has free).
+    pub fn tenant_figures(&self, tenant: &str) -> ([u32; 5], u64, u64) {
+        let mut n = [0u32; 5];
+        for s in &self.slots {
+            match s {
+                Slot::Busy(l) if l.tenant == tenant => n[l.state() as usize] += 1,
+                Slot::Fenced(f) if f.tenant == tenant => n[LeaseState::Fenced as usize] += 1,
+                _ => {}
+            }
+        }
+        let held = self.usage.get(tenant).map_or(0, |u| u.1);
+        let free = self.cfg.tenant_bytes.saturating_sub(held).min(self.pool.free_bytes());
+        (n, held, free)
     }
 
     /// Free slots (neither busy nor fenced).

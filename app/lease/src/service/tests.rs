@@ -823,3 +823,82 @@ fn a_stale_key_made_for_a_lease_already_revoked_is_torn_down_as_usual() {
     assert_eq!(r.svc.fenced_count(), 0);
     assert_eq!(r.svc.free_slots(), r.svc.config().slots as usize);
 }
+
+// ---- per-tenant budgets from the options (issue 15 item 2) ----
+
+/// The config the options give: `tenant_mib=` and `tenant_allocs_per_s=` reach the service.
+fn from_options(words: &[(&str, &str)]) -> Config {
+    let mut o = crate::LeaseOptions::default();
+    for (k, v) in words {
+        assert_eq!(o.apply(k, v), Ok(true), "{k}={v}");
+    }
+    let parts = crate::setup::LeaseParts {
+        hca: HcaCtx {
+            uar: UarPage(1),
+            cqn: Cqn(2),
+            gid: [7; 16],
+            gid_index: 0,
+            mac: [2, 0, 0, 0, 0, 7],
+            port_mtu: 3,
+            qp: qp_caps(),
+        },
+        pool: Vec::new(),
+        extents: Vec::new(),
+        rdma_ip: crate::options::DEFAULT_RDMA_IP,
+        max_region: u64::MAX,
+    };
+    Config { grace_ms: cfg().grace_ms, ..Config::from_options(&o, &parts) }
+}
+
+#[test]
+fn a_tenant_is_stopped_at_its_byte_limit() {
+    let mut r = Rig::new(from_options(&[("tenant_mib", "8")]));
+    // 4 MiB leases: two fit in 8 MiB, the third is refused LIMIT; another principal is not affected.
+    for _ in 0..2 {
+        assert!(matches!(r.call(TENANT, &Request::Alloc(alloc_req())), Ok(Response::Alloc(_))));
+    }
+    let e = r.call(TENANT, &Request::Alloc(alloc_req())).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Limit, "{e:?}");
+    assert!(e.message.contains("limit is 8388608"), "{}", e.message);
+    let other = Who { session: 3, tenant: "beta", admin: false };
+    assert!(matches!(r.call(other, &Request::Alloc(alloc_req())), Ok(Response::Alloc(_))));
+    // Its figures: two leases, 8 MiB held, nothing left to take.
+    let (by_state, held, free) = r.svc.tenant_figures("alpha");
+    assert_eq!((by_state.iter().sum::<u32>(), held, free), (2, 8 << 20, 0));
+    let (by_state, held, free) = r.svc.tenant_figures("beta");
+    assert_eq!((by_state.iter().sum::<u32>(), held, free), (1, 4 << 20, 4 << 20));
+    assert_eq!(r.svc.tenant_figures("nobody"), ([0; 5], 0, 8 << 20));
+}
+
+#[test]
+fn a_tenant_alloc_rate_is_limited_on_the_service_clock() {
+    let mut r = Rig::new(Config {
+        pool: one_run(0x4000_0000, 1 << 30),
+        tenant_leases: 1024,
+        ..from_options(&[("tenant_allocs_per_s", "2")])
+    });
+    let small = AllocReq { size: 4096, ..alloc_req() };
+    // A burst of one second's worth, then BUSY with the rate and the wait for the next token.
+    for _ in 0..2 {
+        assert!(matches!(r.call(TENANT, &Request::Alloc(small.clone())), Ok(Response::Alloc(_))));
+    }
+    let e = r.call(TENANT, &Request::Alloc(small.clone())).unwrap_err();
+    assert_eq!((e.code, e.detail), (ErrorCode::Busy, [2, 500, 0]), "{e:?}");
+    // The admin and other tenants have their own budgets.
+    assert!(matches!(r.call(ADMIN, &Request::Alloc(small.clone())), Ok(Response::Alloc(_))));
+    let other = Who { session: 3, tenant: "beta", admin: false };
+    assert!(matches!(r.call(other, &Request::Alloc(small.clone())), Ok(Response::Alloc(_))));
+    // Half a second on the service's clock gives one token back: one ALLOC, then BUSY again.
+    r.now_us += 250_000;
+    let e = r.call(TENANT, &Request::Alloc(small.clone())).unwrap_err();
+    assert_eq!((e.code, e.detail[1]), (ErrorCode::Busy, 250));
+    r.now_us += 250_000;
+    assert!(matches!(r.call(TENANT, &Request::Alloc(small.clone())), Ok(Response::Alloc(_))));
+    assert_eq!(r.call(TENANT, &Request::Alloc(small.clone())).unwrap_err().code, ErrorCode::Busy);
+    // A long pause refills no more than the burst.
+    r.now_us += 60_000_000;
+    for _ in 0..2 {
+        assert!(matches!(r.call(TENANT, &Request::Alloc(small.clone())), Ok(Response::Alloc(_))));
+    }
+    assert_eq!(r.call(TENANT, &Request::Alloc(small)).unwrap_err().code, ErrorCode::Busy);
+}
