@@ -151,7 +151,8 @@ impl Ready {
                 log::error!("test=pagefault: read {v:#x} from an unmapped address without a fault");
             }
             Some(TestHook::Panic) => panic!("test=panic: deliberate panic"),
-            None => {}
+            // Armed in the lease service's path (`crate::lease::arm_test`): panics on a request, not here.
+            Some(TestHook::PanicAfterLease) | None => {}
         }
     }
 }
@@ -209,6 +210,7 @@ fn leasebox_main(p: Platform) -> ! {
     // control channel, whose service is the lease service on top of it.
     let nic = net::choose(&p);
     let hca = hca::init(&p, nic == net::Choice::Mlx5);
+    crate::lease::arm_test(p.config.test);
     let service = crate::control::service(&p, Instant::now().since_boot().as_millis() as u64);
     *NET.lock() = net::init(&p, nic, service);
 

@@ -195,11 +195,14 @@ impl CoreLayout {
     }
 }
 
-/// Deliberate faults for the boot tests (`test=`), run after the ready line.
+/// Deliberate faults for the boot tests (`test=`): `pagefault` and `panic` run after the ready line;
+/// `panic-after-lease` panics on the first lease request that follows a READY, so a lease is live and in use
+/// when the fatal path runs (the `crash-fail-closed` scenario; docs/revoke-semantics.md, "Fail closed on crash").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TestHook {
     PageFault,
     Panic,
+    PanicAfterLease,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -340,8 +343,9 @@ impl<'a> Config<'a> {
                 self.test = match value {
                     "pagefault" => Some(TestHook::PageFault),
                     "panic" => Some(TestHook::Panic),
+                    "panic-after-lease" => Some(TestHook::PanicAfterLease),
                     "none" => None,
-                    _ => return Err(err("expected pagefault, panic or none")),
+                    _ => return Err(err("expected pagefault, panic, panic-after-lease or none")),
                 }
             }
             "ctl_nic" => self.net.set_nic(value).map_err(err)?,
@@ -438,9 +442,14 @@ mod tests {
         assert!(c.apply_cmdline("test=mlx5-probe").is_err(), "the stand-in probe is gone (native driver)");
         c.apply_cmdline("test=panic").unwrap();
         assert_eq!(c.test, Some(TestHook::Panic));
+        c.apply_cmdline("test=panic-after-lease").unwrap();
+        assert_eq!(c.test, Some(TestHook::PanicAfterLease));
         c.apply_cmdline("test=none").unwrap();
         assert_eq!(c.test, None);
-        assert_eq!(c.apply_cmdline("test=mlx5").unwrap_err().reason, "expected pagefault, panic or none");
+        assert_eq!(
+            c.apply_cmdline("test=mlx5").unwrap_err().reason,
+            "expected pagefault, panic, panic-after-lease or none"
+        );
     }
 
     #[test]

@@ -225,6 +225,13 @@ pub fn all() -> Vec<Entry> {
         run: crate::lease_qemu::run,
     }));
     all.push(Entry::Driven(Driven {
+        name: crate::crash_qemu::NAME,
+        about: "fail closed on crash: test=panic-after-lease with a live lease under QEMU and the model; a WRITE \
+                succeeds, the panic takes the port down and clears bus mastering, the next WRITE gets no answer",
+        needs: &[Build::Model],
+        run: crate::crash_qemu::run,
+    }));
+    all.push(Entry::Driven(Driven {
         name: crate::ctl_mlx5::NAME,
         about: "the control channel on the model's own Ethernet port, no virtio-net (hub of QEMU's user network, \
                 the model's wire, a client port): leasectl ping/alloc/ready/list/revoke, `verify --revoke-test \
@@ -800,11 +807,12 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "fault-panic",
                 "control-qemu",
                 "lease-qemu",
+                "crash-fail-closed",
                 "ctl-mlx5-qemu",
                 "lease-qemu-large"
             ]
         );
-        assert_eq!(select(&[]).unwrap().len(), 13);
+        assert_eq!(select(&[]).unwrap().len(), 14);
         assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name(), "grub-bios");
         // Run order, not the order named; driven and boot scenarios alike.
         let picked = select(&["lease-qemu".into(), "kernel-smp1-pc".into(), "control-qemu".into()]).unwrap();
@@ -820,7 +828,15 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
             |b: Build| -> Vec<&'static str> { all().iter().filter(|s| s.needs(b)).map(Entry::name).collect() };
         assert_eq!(
             needing(Build::Model),
-            ["model-signature", "hca-bringup", "hca-vf", "lease-qemu", "ctl-mlx5-qemu", "lease-qemu-large"]
+            [
+                "model-signature",
+                "hca-bringup",
+                "hca-vf",
+                "lease-qemu",
+                "crash-fail-closed",
+                "ctl-mlx5-qemu",
+                "lease-qemu-large"
+            ]
         );
         assert_eq!(needing(Build::Leasectl), ["control-qemu", "lease-qemu", "ctl-mlx5-qemu"]);
         assert_eq!(needing(Build::FenceTestImage), ["lease-qemu"]);
