@@ -324,6 +324,20 @@ fn boot_scenarios() -> Vec<Scenario> {
             )
         },
         Scenario {
+            model: true,
+            smp: 3,
+            kernel_args: "test=stall watchdog_ms=2000",
+            until: Until::Exit,
+            ..Scenario::new(
+                "fault-watchdog",
+                "three CPUs with the mlx5 model; core 0 stops its role loop (`test=stall`): another core's watchdog \
+                 notices within `watchdog_ms=2000`, panics, and the fatal path takes the port down and clears bus \
+                 mastering before QEMU exits with status 3",
+                BootKind::Kernel,
+                check_fault_watchdog,
+            )
+        },
+        Scenario {
             kernel_args: "test=panic",
             until: Until::Exit,
             ..Scenario::new(
@@ -603,6 +617,23 @@ pub fn check_fault_pagefault(t: &Transcript) -> Result<(), String> {
     expect_debug_exit_failure(t)
 }
 
+/// `fault-watchdog`: the stuck core named in a PANIC from another core, then the fatal path's lines in order.
+pub fn check_fault_watchdog(t: &Transcript) -> Result<(), String> {
+    let panic = t
+        .lines
+        .iter()
+        .position(|l| serial::is_panic(l) && l.contains("watchdog: core 0"))
+        .ok_or_else(|| format!("no watchdog PANIC naming core 0 ({})", t.ending()))?;
+    if t.lines[panic].contains("!!! c0 ") {
+        return Err(format!("the stuck core reported itself: `{}`", t.lines[panic]));
+    }
+    let mut at = panic;
+    for want in ["fail-closed: port 1 down", "bus mastering cleared"] {
+        at += t.lines[at..].iter().position(|l| l.contains(want)).ok_or_else(|| format!("no `{want}` after the PANIC"))?;
+    }
+    expect_debug_exit_failure(t)
+}
+
 /// `fault-panic`.
 pub fn check_fault_panic(t: &Transcript) -> Result<(), String> {
     if !t.lines.iter().any(|l| serial::is_panic(l)) {
@@ -804,6 +835,7 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "grub-bios",
                 "grub-uefi",
                 "fault-pagefault",
+                "fault-watchdog",
                 "fault-panic",
                 "control-qemu",
                 "lease-qemu",
@@ -812,7 +844,7 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "lease-qemu-large"
             ]
         );
-        assert_eq!(select(&[]).unwrap().len(), 14);
+        assert_eq!(select(&[]).unwrap().len(), 15);
         assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name(), "grub-bios");
         // Run order, not the order named; driven and boot scenarios alike.
         let picked = select(&["lease-qemu".into(), "kernel-smp1-pc".into(), "control-qemu".into()]).unwrap();
@@ -832,6 +864,7 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "model-signature",
                 "hca-bringup",
                 "hca-vf",
+                "fault-watchdog",
                 "lease-qemu",
                 "crash-fail-closed",
                 "ctl-mlx5-qemu",
@@ -840,7 +873,7 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
         );
         assert_eq!(needing(Build::Leasectl), ["control-qemu", "lease-qemu", "ctl-mlx5-qemu"]);
         assert_eq!(needing(Build::FenceTestImage), ["lease-qemu"]);
-        assert!(matches!(&all()[9], Entry::Driven(d) if d.about.contains("malformed frames")));
+        assert!(matches!(&all()[10], Entry::Driven(d) if d.about.contains("malformed frames")));
     }
 
     #[test]
