@@ -16,10 +16,10 @@ use leasebox_kernel::arch::mmio::Mmio;
 use leasebox_kernel::arch::start::Platform;
 use leasebox_kernel::pci;
 use leasebox_lease::setup::LeaseParts;
+use leasebox_mlx5::cmdq::{Emergency, EmergencyOutcome};
 use leasebox_mlx5::driver::{Config, Driver, HcaInfo};
 use leasebox_mlx5::engine::{Client, CommandEngine, EventEngine, Shared};
 use leasebox_mlx5::log::CmdLog;
-use leasebox_mlx5::cmdq::{Emergency, EmergencyOutcome};
 use leasebox_mlx5::probe;
 use leasebox_proto::HcaState;
 use mlx5_signature as sig;
@@ -196,11 +196,16 @@ pub fn init(p: &Platform, eth: bool) -> Status {
             }
             match d.prepare_port_down() {
                 Some(e) => {
-                    log::info!("mlx5: fatal path armed: port-down command in slot {}, then bus mastering off", e.slot());
+                    log::info!(
+                        "mlx5: fatal path armed: port-down command in slot {}, then bus mastering off",
+                        e.slot()
+                    );
                     EMERGENCY.call_once(|| (e, platform.clone()));
                     leasebox_kernel::arch::fail_closed::set_quiesce_hook(port_down);
                 }
-                None => log::info!("mlx5: fatal path armed: bus mastering off (no port-down command for this function)"),
+                None => {
+                    log::info!("mlx5: fatal path armed: bus mastering off (no port-down command for this function)")
+                }
             }
             let (cmd, ev, client, info) = d.into_engines();
             log::info!(

@@ -6,13 +6,13 @@ use alloc::vec::Vec;
 use spin::Once;
 
 use crate::hca_platform::KernelHca;
+use core::sync::atomic::{AtomicBool, Ordering};
+use leasebox_kernel::config::TestHook;
 use leasebox_kernel::config::{OptionParser, Options};
 use leasebox_kernel::time::Instant;
 use leasebox_lease::backend::{Environment, LeaseBackend};
 use leasebox_lease::setup::PlatformHost;
 use leasebox_lease::{Config, LeaseOptions, LeaseService};
-use core::sync::atomic::{AtomicBool, Ordering};
-use leasebox_kernel::config::TestHook;
 use leasebox_proto::{HcaState, Request};
 
 /// The lease service's options (`lease_pool_mib=`, ...), filled in by the kernel's configuration parser.

@@ -656,12 +656,7 @@ pub(crate) struct RdmaLease {
 }
 
 /// ALLOC of `size` bytes with `r`'s QP, connect `r` to the server QP, READY.
-pub(crate) fn rdma_lease(
-    app: &Appliance,
-    tenant: &mut Client,
-    rc: RcConfig,
-    size: u64,
-) -> Result<RdmaLease, String> {
+pub(crate) fn rdma_lease(app: &Appliance, tenant: &mut Client, rc: RcConfig, size: u64) -> Result<RdmaLease, String> {
     let cfg = SoftConfig { peer: app.udp, rc, mtu: RDMA_MTU, ..SoftConfig::default() };
     let mut r = SoftRoce::new(cfg).map_err(|e| format!("software requester: {e}"))?;
     let me = r.local();

@@ -13,11 +13,11 @@
 
 pub mod bench;
 pub mod control;
+pub mod crash_qemu;
 pub mod ctl_mlx5;
 pub mod hca_bench;
 pub mod lease_bench;
 pub mod lease_qemu;
-pub mod crash_qemu;
 pub mod revoke_bench;
 pub mod scenario;
 pub mod serial;

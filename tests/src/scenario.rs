@@ -629,7 +629,10 @@ pub fn check_fault_watchdog(t: &Transcript) -> Result<(), String> {
     }
     let mut at = panic;
     for want in ["fail-closed: port 1 down", "bus mastering cleared"] {
-        at += t.lines[at..].iter().position(|l| l.contains(want)).ok_or_else(|| format!("no `{want}` after the PANIC"))?;
+        at += t.lines[at..]
+            .iter()
+            .position(|l| l.contains(want))
+            .ok_or_else(|| format!("no `{want}` after the PANIC"))?;
     }
     expect_debug_exit_failure(t)
 }

@@ -584,7 +584,13 @@ impl CmdQueue {
         e[0x3c] = EMERGENCY_TOKEN;
         e[0x3f] = 1; // ownership: hardware
         e[0x3d] = !xor(&e);
-        Some(Emergency { base: self.base, at: self.entry_offset(slot), slot: slot as u8, opcode: cmd.opcode(), entry: e })
+        Some(Emergency {
+            base: self.base,
+            at: self.entry_offset(slot),
+            slot: slot as u8,
+            opcode: cmd.opcode(),
+            entry: e,
+        })
     }
 
     /// Frees the queue's DMA memory. Only after DISABLE_HCA (or when the device is gone): the firmware

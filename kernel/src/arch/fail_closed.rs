@@ -15,8 +15,8 @@
 //! and the legacy configuration ports' lock is tried a bounded number of times and then ignored (the core that
 //! holds it may be the one that stopped).
 
-use super::percpu::{self, MAX_CPUS};
 use super::pci_access::PciAccess;
+use super::percpu::{self, MAX_CPUS};
 use super::serial;
 use crate::pci::{self, Bdf, ConfigAccess};
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
@@ -52,9 +52,7 @@ pub fn register_bus_master(access: &'static PciAccess, bdf: Bdf) -> bool {
     ACCESS.store(access as *const PciAccess as usize, Ordering::SeqCst);
     let v = pack(bdf);
     for d in &DEVICES {
-        if d.load(Ordering::SeqCst) == v
-            || d.compare_exchange(0, v, Ordering::SeqCst, Ordering::SeqCst).is_ok()
-        {
+        if d.load(Ordering::SeqCst) == v || d.compare_exchange(0, v, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
             return true;
         }
     }

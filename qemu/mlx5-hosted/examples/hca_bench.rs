@@ -355,7 +355,11 @@ fn ratio(rows: &[Row], w: Workload) -> Option<f64> {
 }
 
 fn slots_label(window: usize, regular: usize) -> String {
-    if window == 1 { "1".to_string() } else { format!("{window} of {regular} regular slots (+1 page, +1 fatal-path slot)") }
+    if window == 1 {
+        "1".to_string()
+    } else {
+        format!("{window} of {regular} regular slots (+1 page, +1 fatal-path slot)")
+    }
 }
 
 fn table(rows: &[Row], regular: usize) -> String {

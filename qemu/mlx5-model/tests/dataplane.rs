@@ -234,7 +234,7 @@ fn paos_write(admin_status: u32) -> Vec<u8> {
 /// A port taken down (PAOS `admin_status` down, as the appliance's fatal path does) answers and executes no
 /// RoCE request arriving on the `--udp` cable — the Ethernet wire's MAC already drops everything while the link
 /// is down — and the QP, the MKEY and the PSN are untouched, so the port coming up again serves the lease
-/// as before. docs/hca-model.md, "The port's state and the RoCE responder".
+/// as before. docs/hca-model.md, "RoCE port rules".
 #[test]
 fn a_port_taken_down_answers_and_executes_no_roce_request() {
     let mut r = Rig::new();
