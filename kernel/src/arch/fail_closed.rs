@@ -27,8 +27,13 @@ const MAX_DEVICES: usize = 4;
 static DEVICES: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 static ACCESS: AtomicUsize = AtomicUsize::new(0);
 static QUIESCE: AtomicUsize = AtomicUsize::new(0);
-/// Step 1 runs once for the machine, on the first core that gets here.
+/// Step 1 runs once for the machine, on the first core that gets here ...
 static QUIESCED: AtomicBool = AtomicBool::new(false);
+/// ... and a second core that crashes meanwhile waits for it (bounded) before it clears bus mastering, which
+/// would leave the command no DMA to complete with.
+static QUIESCE_DONE: AtomicBool = AtomicBool::new(false);
+/// How long a second core waits for step 1 on another core (longer than the image's 1 s bound on it).
+const QUIESCE_WAIT: core::time::Duration = core::time::Duration::from_secs(2);
 /// How many times each core entered [`clear_bus_masters`]: a fault inside it gets one more try, no more.
 static CLEARING: [AtomicU8; MAX_CPUS] = [const { AtomicU8::new(0) }; MAX_CPUS];
 
@@ -80,6 +85,12 @@ pub fn fail_closed() {
             // SAFETY: only `set_quiesce_hook` stores here, always a valid `fn()`.
             let f: fn() = unsafe { core::mem::transmute::<usize, fn()>(f) };
             f();
+        }
+        QUIESCE_DONE.store(true, Ordering::SeqCst);
+    } else {
+        let deadline = crate::time::Deadline::after(QUIESCE_WAIT);
+        while !QUIESCE_DONE.load(Ordering::SeqCst) && !deadline.expired() {
+            core::hint::spin_loop();
         }
     }
     clear_bus_masters();
