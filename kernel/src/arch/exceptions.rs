@@ -124,6 +124,7 @@ extern "C" fn exception_dispatch(f: &Frame) -> ! {
         super::fail_closed::clear_bus_masters();
         exit::fail();
     }
+    serial::claim_for_fatal();
     let name = NAMES.get(f.vector as usize).copied().unwrap_or("#??");
     let p = serial::write_unlocked;
     p(format_args!(

@@ -49,6 +49,7 @@ fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
         fail_closed::clear_bus_masters();
         exit::fail();
     }
+    serial::claim_for_fatal();
     let loc = info.location();
     serial::write_unlocked(format_args!(
         "\n!!! c{core} PANIC at {}:{}: {}\n",
