@@ -3,7 +3,7 @@
 use crate::hca;
 use crate::net::{self, NetStack};
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use core::time::Duration;
 use leasebox_kernel::arch::percpu::{self, MAX_CPUS};
 use leasebox_kernel::arch::start::{Platform, boot_error};
@@ -12,6 +12,7 @@ use leasebox_kernel::bootinfo::RegionKind;
 use leasebox_kernel::config::{CoreLayout, Role, RoleSet, TestHook};
 use leasebox_kernel::println;
 use leasebox_kernel::time::{Deadline, Instant, ticks_to_duration, wait_until};
+use leasebox_kernel::watchdog::Watchdog;
 use spin::{Mutex, Once};
 
 /// Each core's roles, fixed before any AP starts.
@@ -24,6 +25,17 @@ const ADDRESS_WAIT: Duration = Duration::from_secs(10);
 static ITERATIONS: [[AtomicU64; Role::ALL.len()]; MAX_CPUS] =
     [const { [const { AtomicU64::new(0) }; Role::ALL.len()] }; MAX_CPUS];
 static REPORTED: AtomicUsize = AtomicUsize::new(0);
+/// Cores running their role loop (the watchdog watches only these).
+static ONLINE: [AtomicBool; MAX_CPUS] = [const { AtomicBool::new(false) }; MAX_CPUS];
+/// The watchdog's patience (`watchdog_ms=`), in nanoseconds; 0: off.
+static WATCHDOG_NS: AtomicU64 = AtomicU64::new(0);
+/// How often a core looks at the others' loop counts.
+const WATCH_PERIOD: Duration = Duration::from_millis(250);
+
+/// Passes of `core`'s role loop so far (the sum over its roles).
+fn passes(core: usize) -> u64 {
+    ITERATIONS[core].iter().map(|c| c.load(Ordering::Relaxed)).sum()
+}
 
 /// (core, role, iterations) for every role a core runs, for STATS.
 pub fn role_counts() -> Vec<(u16, u8, u64)> {
@@ -61,6 +73,11 @@ fn run_roles(core: usize, mut ready: Option<Ready>) -> ! {
     let mut net = if set.contains(Role::Net) { NET.lock().take() } else { None };
     let mut cmd = if set.contains(Role::Cmd) { hca::CMD_ENGINE.lock().take() } else { None };
     let mut event = if set.contains(Role::Event) { hca::EVENT_ENGINE.lock().take() } else { None };
+    // Every core watches the others (docs/architecture.md, "Cores and roles"): a loop that stands still for
+    // `watchdog_ms=` is stuck, and this core panics so the fatal path fails closed.
+    let mut dog = Watchdog::<MAX_CPUS>::new(WATCHDOG_NS.load(Ordering::Relaxed));
+    let mut next_watch = Deadline::after(WATCH_PERIOD);
+    ONLINE[core].store(true, Ordering::SeqCst);
     loop {
         for r in set.iter() {
             match r {
@@ -82,6 +99,19 @@ fn run_roles(core: usize, mut ready: Option<Ready>) -> ! {
                 Role::Idle => {}
             }
             ITERATIONS[core][r as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        if next_watch.expired() {
+            next_watch = Deadline::after(WATCH_PERIOD);
+            let now = Instant::now().since_boot().as_nanos() as u64;
+            let seen = |c: usize| (c != core && ONLINE[c].load(Ordering::SeqCst)).then(|| passes(c));
+            if let Some(s) = dog.check(now, seen) {
+                panic!(
+                    "watchdog: core {} (roles {}) made no progress for {} ms",
+                    s.core,
+                    roles_of(s.core),
+                    s.for_ns / 1_000_000
+                );
+            }
         }
         if ready.as_ref().is_some_and(Ready::due)
             && let Some(r) = ready.take()
@@ -151,7 +181,14 @@ impl Ready {
                 log::error!("test=pagefault: read {v:#x} from an unmapped address without a fault");
             }
             Some(TestHook::Panic) => panic!("test=panic: deliberate panic"),
-            None => {}
+            Some(TestHook::Stall) => {
+                log::warn!("test=stall: core 0 leaves its role loop for good");
+                loop {
+                    cpu::relax();
+                }
+            }
+            // Armed in the lease service's path (`crate::lease::arm_test`): panics on a request, not here.
+            Some(TestHook::PanicAfterLease) | None => {}
         }
     }
 }
@@ -201,6 +238,7 @@ fn leasebox_main(p: Platform) -> ! {
         None => CoreLayout::default_for(cpus),
     };
     LAYOUT.call_once(|| layout);
+    WATCHDOG_NS.store(u64::from(p.config.watchdog_ms) * 1_000_000, Ordering::Relaxed);
     report_in(0);
 
     // The control channel comes up before the other cores start: opening the device maps its BARs, and new
@@ -209,6 +247,7 @@ fn leasebox_main(p: Platform) -> ! {
     // control channel, whose service is the lease service on top of it.
     let nic = net::choose(&p);
     let hca = hca::init(&p, nic == net::Choice::Mlx5);
+    crate::lease::arm_test(p.config.test);
     let service = crate::control::service(&p, Instant::now().since_boot().as_millis() as u64);
     *NET.lock() = net::init(&p, nic, service);
 

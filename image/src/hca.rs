@@ -2,6 +2,11 @@
 //! BAR0 uncached, enable memory decoding and bus mastering (INTx off), bring it up on the BSP before the other
 //! cores start, then hand the command engine and the event engine to the cores that run the `cmd` and
 //! `event` roles (core 0 runs both in the one-CPU layout). The client end stays for the lease service.
+//!
+//! Fail closed on crash (docs/revoke-semantics.md): the function is registered with the kernel's fatal path
+//! (`arch::fail_closed`), which clears its bus mastering before the core halts; before that, the quiesce hook
+//! registered here ([`port_down`]) posts the port-down command prepared at bring-up in the command queue's
+//! emergency slot and waits for it at most [`EMERGENCY_MS`].
 
 use crate::hca_platform::KernelHca;
 use alloc::format;
@@ -11,6 +16,7 @@ use leasebox_kernel::arch::mmio::Mmio;
 use leasebox_kernel::arch::start::Platform;
 use leasebox_kernel::pci;
 use leasebox_lease::setup::LeaseParts;
+use leasebox_mlx5::cmdq::{Emergency, EmergencyOutcome};
 use leasebox_mlx5::driver::{Config, Driver, HcaInfo};
 use leasebox_mlx5::engine::{Client, CommandEngine, EventEngine, Shared};
 use leasebox_mlx5::log::CmdLog;
@@ -40,6 +46,12 @@ pub fn leases() -> Result<&'static (LeaseParts, Arc<KernelHca>), &'static str> {
 static LOG: Once<Arc<Mutex<CmdLog>>> = Once::new();
 static SHARED: Once<Arc<Shared>> = Once::new();
 static SUMMARY: Once<String> = Once::new();
+/// The fatal path's port-down command and the platform it is posted through.
+static EMERGENCY: Once<(Emergency, Arc<KernelHca>)> = Once::new();
+/// How long the fatal path waits for the port-down command before it clears bus mastering all the same. A
+/// PAOS write is one register access for the firmware (milliseconds); the bound only keeps a hung HCA from
+/// holding the halt back.
+const EMERGENCY_MS: u64 = 1_000;
 /// Commands shown by HEALTH and on a fatal exception or panic.
 const DUMP_RECORDS: usize = 16;
 
@@ -157,6 +169,8 @@ pub fn init(p: &Platform, eth: bool) -> Status {
         }
     };
     pci::set_command(p.pci_access, bdf, pci::COMMAND_MEMORY | pci::COMMAND_BUS_MASTER | pci::COMMAND_INTX_DISABLE, 0);
+    // From now on the HCA can reach memory: a crash must take that away again (`arch::fail_closed`).
+    leasebox_kernel::arch::fail_closed::register_bus_master(p.pci_access, bdf);
     log::info!("mlx5: {bdf} {} BAR0 {base:#x}+{size:#x}", part.name);
     let platform = Arc::new(KernelHca::new(bar));
     let cfg = Config {
@@ -179,6 +193,19 @@ pub fn init(p: &Platform, eth: bool) -> Status {
             }
             if eth {
                 crate::eth::build(&mut d);
+            }
+            match d.prepare_port_down() {
+                Some(e) => {
+                    log::info!(
+                        "mlx5: fatal path armed: port-down command in slot {}, then bus mastering off",
+                        e.slot()
+                    );
+                    EMERGENCY.call_once(|| (e, platform.clone()));
+                    leasebox_kernel::arch::fail_closed::set_quiesce_hook(port_down);
+                }
+                None => {
+                    log::info!("mlx5: fatal path armed: bus mastering off (no port-down command for this function)")
+                }
             }
             let (cmd, ev, client, info) = d.into_engines();
             log::info!(
@@ -247,5 +274,28 @@ fn dump_commands() {
     leasebox_kernel::arch::serial::write_unlocked(format_args!("mlx5: last commands ({:?}):\n", l.counters));
     for r in l.last(DUMP_RECORDS) {
         leasebox_kernel::arch::serial::write_unlocked(format_args!("mlx5:   {r}\n"));
+    }
+}
+
+/// The fatal path's first step (`arch::fail_closed`): posts the port-down command (PAOS `admin_status` down)
+/// in the emergency slot and waits for it at most [`EMERGENCY_MS`]. Takes no lock the engines hold and
+/// allocates nothing; whatever it returns, bus mastering is cleared next.
+fn port_down() {
+    let Some((e, platform)) = EMERGENCY.get() else { return };
+    let say = leasebox_kernel::arch::serial::write_unlocked;
+    let core = leasebox_kernel::arch::percpu::core_id();
+    let start = leasebox_kernel::time::Instant::now();
+    let outcome = e.fire(&platform.fatal_view(), EMERGENCY_MS * 1_000_000);
+    let us = start.elapsed().as_micros();
+    match outcome {
+        EmergencyOutcome::Completed { delivery: 0, status: 0 } => {
+            say(format_args!("!!! c{core} fail-closed: port 1 down (PAOS admin_status down) in {us} us\n"))
+        }
+        EmergencyOutcome::Completed { delivery, status } => say(format_args!(
+            "!!! c{core} fail-closed: port-down command failed (delivery {delivery:#x}, status {status:#x}) after {us} us\n"
+        )),
+        EmergencyOutcome::TimedOut => {
+            say(format_args!("!!! c{core} fail-closed: port-down command unanswered after {EMERGENCY_MS} ms\n"))
+        }
     }
 }

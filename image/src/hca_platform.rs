@@ -192,3 +192,69 @@ impl Platform for KernelHca {
         core::hint::spin_loop();
     }
 }
+
+/// Attempts at the DMA table's read lock on the fatal path before an access is refused.
+const FATAL_LOCK_TRIES: u32 = 100_000;
+
+/// The platform as the fatal path uses it ([`KernelHca::fatal_view`]): the same BAR and DMA memory, but an
+/// access never waits for long on the DMA table's lock (a core may have panicked while holding it for writing,
+/// in `dma_alloc` on a full heap say): after a bounded number of tries it is refused, silently — the fatal path
+/// logs nothing through locks. Allocation is refused outright.
+pub struct FatalHca<'a>(&'a KernelHca);
+
+impl KernelHca {
+    /// The view of this platform that the fatal path posts its emergency command through.
+    pub fn fatal_view(&self) -> FatalHca<'_> {
+        FatalHca(self)
+    }
+}
+
+impl FatalHca<'_> {
+    fn access(&self, buf: DmaBuf, offset: usize, len: usize, f: impl FnOnce(&DmaRegion, usize) -> bool) -> bool {
+        for _ in 0..FATAL_LOCK_TRIES {
+            if let Some(dma) = self.0.dma.try_read() {
+                return match dma.find(buf, offset, len) {
+                    Ok((r, off)) => f(r, off),
+                    Err(_) => false,
+                };
+            }
+            core::hint::spin_loop();
+        }
+        false
+    }
+}
+
+impl Platform for FatalHca<'_> {
+    fn bar_read32(&self, offset: usize) -> u32 {
+        self.0.bar_read32(offset)
+    }
+
+    fn bar_write32(&self, offset: usize, value: u32) {
+        self.0.bar_write32(offset, value)
+    }
+
+    fn dma_alloc(&self, _: usize, _: usize) -> Option<DmaBuf> {
+        None
+    }
+
+    fn dma_free(&self, _: DmaBuf) {}
+
+    fn dma_read(&self, buf: DmaBuf, offset: usize, out: &mut [u8]) {
+        let len = out.len();
+        if !self.access(buf, offset, len, |r, off| r.read(off, out)) {
+            out.fill(0xff);
+        }
+    }
+
+    fn dma_write(&self, buf: DmaBuf, offset: usize, data: &[u8]) {
+        self.access(buf, offset, data.len(), |r, off| r.write(off, data));
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.0.now_ns()
+    }
+
+    fn relax(&self) {
+        core::hint::spin_loop();
+    }
+}

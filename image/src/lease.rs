@@ -6,12 +6,14 @@ use alloc::vec::Vec;
 use spin::Once;
 
 use crate::hca_platform::KernelHca;
+use core::sync::atomic::{AtomicBool, Ordering};
+use leasebox_kernel::config::TestHook;
 use leasebox_kernel::config::{OptionParser, Options};
 use leasebox_kernel::time::Instant;
 use leasebox_lease::backend::{Environment, LeaseBackend};
 use leasebox_lease::setup::PlatformHost;
 use leasebox_lease::{Config, LeaseOptions, LeaseService};
-use leasebox_proto::HcaState;
+use leasebox_proto::{HcaState, Request};
 
 /// The lease service's options (`lease_pool_mib=`, ...), filled in by the kernel's configuration parser.
 pub static OPTIONS: Options<LeaseOptions> = Options::new(LeaseOptions::DEFAULT, LeaseOptions::apply);
@@ -28,7 +30,26 @@ pub type KernelHost = PlatformHost<KernelHca>;
 
 pub struct KernelEnv;
 
+/// `test=panic-after-lease`: armed at boot; a READY makes the next lease request panic.
+static PANIC_AFTER_LEASE: AtomicBool = AtomicBool::new(false);
+static LEASE_READY: AtomicBool = AtomicBool::new(false);
+
+/// Arms the `test=` hooks that live in the lease service's path (called before the control service is built).
+pub fn arm_test(hook: Option<TestHook>) {
+    PANIC_AFTER_LEASE.store(hook == Some(TestHook::PanicAfterLease), Ordering::SeqCst);
+}
+
 impl Environment for KernelEnv {
+    fn request_seen(&mut self, req: &Request) {
+        if !PANIC_AFTER_LEASE.load(Ordering::Relaxed) {
+            return;
+        }
+        if matches!(req, Request::Ready { .. }) {
+            LEASE_READY.store(true, Ordering::SeqCst);
+        } else if LEASE_READY.load(Ordering::SeqCst) {
+            panic!("test=panic-after-lease: deliberate panic with a live lease");
+        }
+    }
     fn now_us(&self) -> u64 {
         Instant::now().since_boot().as_micros() as u64
     }

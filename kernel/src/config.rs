@@ -195,11 +195,19 @@ impl CoreLayout {
     }
 }
 
-/// Deliberate faults for the boot tests (`test=`), run after the ready line.
+/// The role watchdog's default patience (`watchdog_ms=`).
+pub const DEFAULT_WATCHDOG_MS: u32 = 5_000;
+
+/// Deliberate faults for the boot tests (`test=`): `pagefault` and `panic` run after the ready line;
+/// `panic-after-lease` panics on the first lease request that follows a READY, so a lease is live and in use
+/// when the fatal path runs (the `crash-fail-closed` scenario; docs/revoke-semantics.md, "Fail closed on crash");
+/// `stall` stops core 0's role loop after the ready line, for another core's watchdog to notice (`fault-watchdog`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TestHook {
     PageFault,
     Panic,
+    PanicAfterLease,
+    Stall,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -262,6 +270,9 @@ pub struct Config<'a> {
     /// `None`: the default layout for the number of CPUs.
     pub cores: Option<CoreLayout>,
     pub test: Option<TestHook>,
+    /// How long a core's role loop may stand still before another core declares it stuck and fails closed
+    /// (`watchdog_ms=`; 0 disables; `crate::watchdog`).
+    pub watchdog_ms: u32,
     /// The control channel's interface (`ip=`, `gw=`, `port=`).
     pub net: NetConfig,
     control: ControlConfig<'a>,
@@ -282,6 +293,7 @@ impl Default for Config<'_> {
             log: log::LevelFilter::Info,
             cores: None,
             test: None,
+            watchdog_ms: DEFAULT_WATCHDOG_MS,
             net: NetConfig::default(),
             control: ControlConfig::default(),
             parsers: &[],
@@ -339,12 +351,17 @@ impl<'a> Config<'a> {
                 }
             }
             "cores" => self.cores = Some(CoreLayout::parse(value).map_err(err)?),
+            "watchdog_ms" => {
+                self.watchdog_ms = value.parse().map_err(|_| err("expected milliseconds (0 disables)"))?;
+            }
             "test" => {
                 self.test = match value {
                     "pagefault" => Some(TestHook::PageFault),
                     "panic" => Some(TestHook::Panic),
+                    "panic-after-lease" => Some(TestHook::PanicAfterLease),
+                    "stall" => Some(TestHook::Stall),
                     "none" => None,
-                    _ => return Err(err("expected pagefault, panic or none")),
+                    _ => return Err(err("expected pagefault, panic, panic-after-lease, stall or none")),
                 }
             }
             "ctl_nic" => self.net.set_nic(value).map_err(err)?,
@@ -459,9 +476,20 @@ mod tests {
         assert!(c.apply_cmdline("test=mlx5-probe").is_err(), "the stand-in probe is gone (native driver)");
         c.apply_cmdline("test=panic").unwrap();
         assert_eq!(c.test, Some(TestHook::Panic));
+        assert_eq!(c.watchdog_ms, DEFAULT_WATCHDOG_MS);
+        c.apply_cmdline("watchdog_ms=0").unwrap();
+        assert_eq!(c.watchdog_ms, 0);
+        assert!(c.apply_cmdline("watchdog_ms=soon").is_err());
+        c.apply_cmdline("test=panic-after-lease").unwrap();
+        assert_eq!(c.test, Some(TestHook::PanicAfterLease));
+        c.apply_cmdline("test=stall").unwrap();
+        assert_eq!(c.test, Some(TestHook::Stall));
         c.apply_cmdline("test=none").unwrap();
         assert_eq!(c.test, None);
-        assert_eq!(c.apply_cmdline("test=mlx5").unwrap_err().reason, "expected pagefault, panic or none");
+        assert_eq!(
+            c.apply_cmdline("test=mlx5").unwrap_err().reason,
+            "expected pagefault, panic, panic-after-lease, stall or none"
+        );
     }
 
     #[test]

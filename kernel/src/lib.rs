@@ -19,6 +19,7 @@ pub mod paging;
 pub mod pci;
 pub mod physmem;
 pub mod time;
+pub mod watchdog;
 
 #[cfg(target_os = "none")]
 #[allow(unsafe_code, reason = "the machine-specific ground floor: boot, descriptors, port and MMIO access")]

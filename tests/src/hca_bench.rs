@@ -146,7 +146,7 @@ pub fn report(samples: &[Sample], failures: &[String]) -> String {
 pub fn goals(hosted: Option<&Hosted>) -> String {
     let Some(h) = hosted else {
         return format!(
-            "goals: 31 slots ≥ {GOAL_SLOT_RATIO:.0}× the 1-slot rate; driver ≤ {GOAL_DRIVER_NS:.0} ns per command — \
+            "goals: 30 slots ≥ {GOAL_SLOT_RATIO:.0}× the 1-slot rate; driver ≤ {GOAL_DRIVER_NS:.0} ns per command — \
              no hosted figures\n"
         );
     };
@@ -155,7 +155,7 @@ pub fn goals(hosted: Option<&Hosted>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "goal: 31 regular slots ≥ {GOAL_SLOT_RATIO:.0}× the 1-slot rate against the model holding each command \
+        "goal: 30 regular slots ≥ {GOAL_SLOT_RATIO:.0}× the 1-slot rate against the model holding each command \
          {:.0} µs: QUERY_MKEY {:.1}×, CREATE+DESTROY pairs {:.1}× — {} (at the model's own speed, where both \
          sides are CPU-bound on this machine: {:.1}× and {:.1}×)",
         h.fw_us,

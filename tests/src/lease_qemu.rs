@@ -231,6 +231,20 @@ impl Appliance {
         let _ = std::fs::write(&self.log, self.lines.join("\n") + "\n");
     }
 
+    /// Collects serial lines until QEMU exits (true) or `deadline` passes (false).
+    pub fn wait_exit(&mut self, deadline: Instant) -> bool {
+        loop {
+            match self.qemu.next_line(deadline) {
+                NextLine::Line(l) => self.lines.push(l.text),
+                NextLine::Closed => {
+                    let _ = std::fs::write(&self.log, self.lines.join("\n") + "\n");
+                    return true;
+                }
+                NextLine::TimedOut => return false,
+            }
+        }
+    }
+
     /// Every serial line so far (collected first).
     pub fn serial_lines(&mut self) -> &[String] {
         self.drain();
@@ -438,7 +452,7 @@ pub const FAILED_DESTROY_MKEY: u32 = 1 << 0;
 
 // ---- the checks ----
 
-fn expect(what: &str, ok: bool, got: &dyn std::fmt::Debug) -> Result<(), String> {
+pub(crate) fn expect(what: &str, ok: bool, got: &dyn std::fmt::Debug) -> Result<(), String> {
     if ok { Ok(()) } else { Err(format!("{what}: got {got:?}")) }
 }
 
@@ -627,22 +641,22 @@ fn completions(r: &mut SoftRoce, n: usize, budget: Duration) -> Result<Vec<Compl
     Ok(all)
 }
 
-fn one(r: &mut SoftRoce, budget: Duration) -> Result<Completion, String> {
+pub(crate) fn one(r: &mut SoftRoce, budget: Duration) -> Result<Completion, String> {
     Ok(completions(r, 1, budget)?[0])
 }
 
-fn pattern(seed: u32) -> Vec<u8> {
+pub(crate) fn pattern(seed: u32) -> Vec<u8> {
     (0..RDMA_LEN as u32).map(|i| (i ^ seed).wrapping_mul(2_654_435_761).to_be_bytes()[0]).collect()
 }
 
 /// A lease with a connected software requester.
-struct RdmaLease {
-    r: SoftRoce,
-    alloc: leasebox_proto::AllocResp,
+pub(crate) struct RdmaLease {
+    pub(crate) r: SoftRoce,
+    pub(crate) alloc: leasebox_proto::AllocResp,
 }
 
 /// ALLOC of `size` bytes with `r`'s QP, connect `r` to the server QP, READY.
-fn rdma_lease(app: &Appliance, tenant: &mut Client, rc: RcConfig, size: u64) -> Result<RdmaLease, String> {
+pub(crate) fn rdma_lease(app: &Appliance, tenant: &mut Client, rc: RcConfig, size: u64) -> Result<RdmaLease, String> {
     let cfg = SoftConfig { peer: app.udp, rc, mtu: RDMA_MTU, ..SoftConfig::default() };
     let mut r = SoftRoce::new(cfg).map_err(|e| format!("software requester: {e}"))?;
     let me = r.local();

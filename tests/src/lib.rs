@@ -5,7 +5,7 @@
 //! - [`transcript`]: the record of one boot and the questions asked of it.
 //! - [`scenario`]: the scenario list ([`scenario::all`]): boot scenarios (runner configuration, stop condition,
 //!   deadline and check) and driven ones (a runner that boots the image and drives clients against it:
-//!   [`control`], [`lease_qemu`], [`ctl_mlx5`]).
+//!   [`control`], [`lease_qemu`], [`crash_qemu`], [`ctl_mlx5`]).
 //! - [`bench`]: boot-time measurements over the same runner.
 //! - [`run`] boots one scenario: it spawns QEMU through `leasebox-qemu`, reads serial lines until the scenario
 //!   has what it needs or its deadline passes, kills and reaps QEMU, and writes the transcript to a log file.
@@ -13,6 +13,7 @@
 
 pub mod bench;
 pub mod control;
+pub mod crash_qemu;
 pub mod ctl_mlx5;
 pub mod hca_bench;
 pub mod lease_bench;

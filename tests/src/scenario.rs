@@ -226,6 +226,13 @@ pub fn all() -> Vec<Entry> {
         run: crate::lease_qemu::run,
     }));
     all.push(Entry::Driven(Driven {
+        name: crate::crash_qemu::NAME,
+        about: "fail closed on crash: test=panic-after-lease with a live lease under QEMU and the model; a WRITE \
+                succeeds, the panic takes the port down and clears bus mastering, the next WRITE gets no answer",
+        needs: &[Build::Model],
+        run: crate::crash_qemu::run,
+    }));
+    all.push(Entry::Driven(Driven {
         name: crate::ctl_mlx5::NAME,
         about: "the control channel on the model's own Ethernet port, no virtio-net (hub of QEMU's user network, \
                 the model's wire, a client port): leasectl ping/alloc/ready/list/revoke, `verify --revoke-test \
@@ -315,6 +322,20 @@ fn boot_scenarios() -> Vec<Scenario> {
                 "a deliberate page fault is dumped and QEMU exits with status 3",
                 BootKind::Kernel,
                 check_fault_pagefault,
+            )
+        },
+        Scenario {
+            model: true,
+            smp: 3,
+            kernel_args: "test=stall watchdog_ms=2000",
+            until: Until::Exit,
+            ..Scenario::new(
+                "fault-watchdog",
+                "three CPUs with the mlx5 model; core 0 stops its role loop (`test=stall`): another core's watchdog \
+                 notices within `watchdog_ms=2000`, panics, and the fatal path takes the port down and clears bus \
+                 mastering before QEMU exits with status 3",
+                BootKind::Kernel,
+                check_fault_watchdog,
             )
         },
         Scenario {
@@ -597,6 +618,26 @@ pub fn check_fault_pagefault(t: &Transcript) -> Result<(), String> {
     expect_debug_exit_failure(t)
 }
 
+/// `fault-watchdog`: the stuck core named in a PANIC from another core, then the fatal path's lines in order.
+pub fn check_fault_watchdog(t: &Transcript) -> Result<(), String> {
+    let panic = t
+        .lines
+        .iter()
+        .position(|l| serial::is_panic(l) && l.contains("watchdog: core 0"))
+        .ok_or_else(|| format!("no watchdog PANIC naming core 0 ({})", t.ending()))?;
+    if t.lines[panic].contains("!!! c0 ") {
+        return Err(format!("the stuck core reported itself: `{}`", t.lines[panic]));
+    }
+    let mut at = panic;
+    for want in ["fail-closed: port 1 down", "bus mastering cleared"] {
+        at += t.lines[at..]
+            .iter()
+            .position(|l| l.contains(want))
+            .ok_or_else(|| format!("no `{want}` after the PANIC"))?;
+    }
+    expect_debug_exit_failure(t)
+}
+
 /// `fault-panic`.
 pub fn check_fault_panic(t: &Transcript) -> Result<(), String> {
     if !t.lines.iter().any(|l| serial::is_panic(l)) {
@@ -798,14 +839,16 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "grub-bios",
                 "grub-uefi",
                 "fault-pagefault",
+                "fault-watchdog",
                 "fault-panic",
                 "control-qemu",
                 "lease-qemu",
+                "crash-fail-closed",
                 "ctl-mlx5-qemu",
                 "lease-qemu-large"
             ]
         );
-        assert_eq!(select(&[]).unwrap().len(), 13);
+        assert_eq!(select(&[]).unwrap().len(), 15);
         assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name(), "grub-bios");
         // Run order, not the order named; driven and boot scenarios alike.
         let picked = select(&["lease-qemu".into(), "kernel-smp1-pc".into(), "control-qemu".into()]).unwrap();
@@ -821,11 +864,20 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
             |b: Build| -> Vec<&'static str> { all().iter().filter(|s| s.needs(b)).map(Entry::name).collect() };
         assert_eq!(
             needing(Build::Model),
-            ["model-signature", "hca-bringup", "hca-vf", "lease-qemu", "ctl-mlx5-qemu", "lease-qemu-large"]
+            [
+                "model-signature",
+                "hca-bringup",
+                "hca-vf",
+                "fault-watchdog",
+                "lease-qemu",
+                "crash-fail-closed",
+                "ctl-mlx5-qemu",
+                "lease-qemu-large"
+            ]
         );
         assert_eq!(needing(Build::Leasectl), ["control-qemu", "lease-qemu", "ctl-mlx5-qemu"]);
         assert_eq!(needing(Build::FenceTestImage), ["lease-qemu"]);
-        assert!(matches!(&all()[9], Entry::Driven(d) if d.about.contains("malformed frames")));
+        assert!(matches!(&all()[10], Entry::Driven(d) if d.about.contains("malformed frames")));
     }
 
     #[test]

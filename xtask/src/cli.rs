@@ -164,8 +164,8 @@ enum BenchSub {
     /// The mlx5 command path, hosted and under QEMU, then the goals
     ///
     /// Hosted (driver + model thread, native, N s per row): QUERY_MKEY and CREATE+DESTROY_MKEY rates with 1
-    /// and 31 slots, p50/p99, driver ns per command; then QEMU (-kernel, 1 CPU, TCG, model; N boots) kernel
-    /// entry → `mlx5: up:` and hca_ms; then the goals (32 slots ≥ 10× 1 slot, driver ≤ 2 µs per command).
+    /// and 30 slots, p50/p99, driver ns per command; then QEMU (-kernel, 1 CPU, TCG, model; N boots) kernel
+    /// entry → `mlx5: up:` and hca_ms; then the goals (30 slots ≥ 10× 1 slot, driver ≤ 2 µs per command).
     Hca {
         /// Seconds per hosted row (default 2)
         #[arg(long, value_name = "N", value_parser = secs)]

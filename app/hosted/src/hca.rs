@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use leasebox_lease::backend::{Environment, LeaseBackend};
 use leasebox_lease::setup::PlatformHost;
 use leasebox_lease::{Config, LeaseOptions, LeaseService};
+use leasebox_mlx5::cmdq::{Emergency, EmergencyOutcome};
 use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
 use leasebox_mlx5::engine::Shared;
 use leasebox_proto::HcaState;
@@ -60,6 +61,36 @@ pub struct HcaThreads {
     engines: Option<JoinHandle<()>>,
     pub platform: Arc<HostedPlatform>,
     pub udp: Option<std::net::SocketAddr>,
+    /// The fatal path's port-down command, prepared at bring-up as the image prepares it.
+    emergency: Option<Emergency>,
+}
+
+/// What [`HcaThreads::fail_closed`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailClosed {
+    /// The port-down command's fate (`None`: none was prepared, a VF).
+    pub port_down: Option<EmergencyOutcome>,
+    /// Bus mastering cleared (false: the model runs in another process).
+    pub bus_master_cleared: bool,
+}
+
+/// How long the fatal path waits for the port-down command (as the image: `image/src/hca.rs`).
+pub const EMERGENCY_MS: u64 = 1_000;
+
+impl HcaThreads {
+    /// The image's fatal path, on the hosted rig (docs/revoke-semantics.md, "Fail closed on crash"): the
+    /// port-down command from the emergency slot, bounded by [`EMERGENCY_MS`], then bus mastering cleared
+    /// whatever it returned. The engines go on running, as the other cores do when one core panics.
+    pub fn fail_closed(&self) -> FailClosed {
+        let port_down = self.port_down();
+        let bus_master_cleared = self.platform.set_bus_master(false);
+        FailClosed { port_down, bus_master_cleared }
+    }
+
+    /// The fatal path's first step alone: posts the port-down command and waits for it (bounded).
+    pub fn port_down(&self) -> Option<EmergencyOutcome> {
+        self.emergency.map(|e| e.fire(self.platform.as_ref(), EMERGENCY_MS * 1_000_000))
+    }
 }
 
 impl Drop for HcaThreads {
@@ -104,6 +135,7 @@ pub fn start(
     };
     let mut d = Driver::bring_up(platform.clone(), dcfg).map_err(|e| format!("HCA bring-up: {e}"))?;
     let parts = leasebox_lease::setup::prepare(&mut d, o, None)?;
+    let emergency = d.prepare_port_down();
     let (cmd, ev, client, info) = d.into_engines();
     let stop = Arc::new(AtomicBool::new(false));
     let engines = mlx5_hosted::spawn_engines(cmd, ev, stop.clone()).map_err(|e| e.to_string())?;
@@ -121,5 +153,5 @@ pub fn start(
         summary: format!("{} fw {} port {} (model in process)", info.part, info.fw, info.port),
     };
     let backend = LeaseBackend::new(svc, client, PlatformHost::new(platform.clone(), parts.extents), env);
-    Ok((backend, HcaThreads { stop, engines: Some(engines), platform, udp: udp_addr }))
+    Ok((backend, HcaThreads { stop, engines: Some(engines), platform, udp: udp_addr, emergency }))
 }

@@ -22,6 +22,9 @@ pub trait Environment {
     fn role_counts(&self) -> Vec<(u16, u8, u64)>;
     /// The HCA's state and a message for HEALTH.
     fn hca_health(&self) -> (HcaState, String);
+    /// Every lease request as it arrives, before the service sees it. The image's `test=panic-after-lease`
+    /// panics here (docs/revoke-semantics.md, "Fail closed on crash"); nothing else looks.
+    fn request_seen(&mut self, _req: &Request) {}
 }
 
 pub struct LeaseBackend<H: Host, E: Environment> {
@@ -50,6 +53,7 @@ impl<H: Host, E: Environment> LeaseBackend<H, E> {
 
 impl<H: Host, E: Environment> Backend for LeaseBackend<H, E> {
     fn lease_op(&mut self, p: &Principal, req: &Request, ticket: Ticket, _now_ms: u64) -> Answer {
+        self.env.request_seen(req);
         let now = self.env.now_us();
         let r = self.svc.request(who(p), req, ticket, now, &mut self.host);
         self.pump();

@@ -8,9 +8,12 @@
 //! blocks): further pieces from the platform's DMA memory, linked by the blocks' `next` pointers, freed
 //! when the slot is free again. The longest command is [`MAX_MSG`] bytes.
 //!
-//! Slots 0 .. n-2 take regular commands, the last slot only MANAGE_PAGES, as Linux reserves it (`core/cmd.c`
+//! Slots 0 .. n-3 take regular commands, the last slot only MANAGE_PAGES, as Linux reserves it (`core/cmd.c`
 //! "pages queue"): firmware may hold a regular command until pages arrive, and the pages must then still
-//! have a slot. A command that misses its deadline is reported as a timeout and its slot is quarantined until
+//! have a slot. The slot before it (n-2) belongs to the fatal path ([`Emergency`]): one command built at
+//! bring-up (the port-down PAOS write) that a core in a panic can post without the engine, without allocating
+//! and without a lock. A queue of fewer than 3 slots has no emergency slot and gives all but the last to
+//! regular commands. A command that misses its deadline is reported as a timeout and its slot is quarantined until
 //! the firmware hands it back (Linux "Avoid using pending command interface slots"); once the health
 //! monitor declares the HCA dead, every in-flight and later command fails at once.
 //!
@@ -47,6 +50,10 @@ pub const MAX_CHAIN_BLOCKS: usize = 8192;
 pub const MAX_MSG: usize = HEADER_LEN + MAX_CHAIN_BLOCKS * BLOCK_DATA;
 
 const ENTRY_LEN: usize = 64;
+/// Queues with at least this many slots keep slot n-2 for the fatal path ([`Emergency`]).
+pub const EMERGENCY_MIN_SLOTS: usize = 3;
+/// The emergency command's token (any non-zero value; it only has to match its mailboxes).
+const EMERGENCY_TOKEN: u8 = 0xfe;
 const CMD_TYPE_PCIE: u8 = 7;
 const MANAGE_PAGES: u16 = 0x108;
 
@@ -284,6 +291,7 @@ impl CmdQueue {
     fn range(&self, class: SlotClass) -> core::ops::Range<usize> {
         let n = self.slots.len();
         match class {
+            SlotClass::Regular if n >= EMERGENCY_MIN_SLOTS => 0..n - 2,
             SlotClass::Regular => 0..n - 1,
             SlotClass::Pages => n - 1..n,
         }
@@ -545,6 +553,46 @@ impl CmdQueue {
         }
     }
 
+    /// Builds the fatal path's one command in the emergency slot (n-2): its mailbox chains written now, its
+    /// entry kept in the returned [`Emergency`] until [`Emergency::fire`] posts it. `None` when the queue has no
+    /// emergency slot or its chains cannot hold `cmd`. Call it once, at bring-up, while nothing else posts.
+    pub fn prepare_emergency<P: Platform + ?Sized>(&mut self, p: &P, cmd: &Command) -> Option<Emergency> {
+        let n = self.slots.len();
+        if n < EMERGENCY_MIN_SLOTS {
+            return None;
+        }
+        let slot = n - 2;
+        let input = cmd.input();
+        let out_len = cmd.out_len();
+        let data = &input[HEADER_LEN.min(input.len())..];
+        let out_blocks = out_len.saturating_sub(HEADER_LEN).div_ceil(BLOCK_DATA);
+        // The slot's own chains, never grown: the fatal path may not allocate.
+        if data.len().div_ceil(BLOCK_DATA) > SLOT_BLOCKS || out_blocks > SLOT_BLOCKS {
+            return None;
+        }
+        let s = &self.slots[slot];
+        let in_chain = Self::write_chain(p, &s.input, data, EMERGENCY_TOKEN);
+        let out_chain = Self::prepare_out_chain(p, &s.output, out_blocks, EMERGENCY_TOKEN);
+        let mut e = [0u8; ENTRY_LEN];
+        e[0x00] = CMD_TYPE_PCIE;
+        e[0x04..0x08].copy_from_slice(&(input.len() as u32).to_be_bytes());
+        e[0x08..0x10].copy_from_slice(&in_chain.to_be_bytes());
+        let inline = input.len().min(HEADER_LEN);
+        e[0x10..0x10 + inline].copy_from_slice(&input[..inline]);
+        e[0x30..0x38].copy_from_slice(&out_chain.to_be_bytes());
+        e[0x38..0x3c].copy_from_slice(&(out_len as u32).to_be_bytes());
+        e[0x3c] = EMERGENCY_TOKEN;
+        e[0x3f] = 1; // ownership: hardware
+        e[0x3d] = !xor(&e);
+        Some(Emergency {
+            base: self.base,
+            at: self.entry_offset(slot),
+            slot: slot as u8,
+            opcode: cmd.opcode(),
+            entry: e,
+        })
+    }
+
     /// Frees the queue's DMA memory. Only after DISABLE_HCA (or when the device is gone): the firmware
     /// must no longer read the entries.
     pub fn release<P: Platform + ?Sized>(self, p: &P) {
@@ -552,6 +600,61 @@ impl CmdQueue {
             s.release(p);
         }
         p.dma_free(self.base);
+    }
+}
+
+/// The fatal path's command, ready to post ([`CmdQueue::prepare_emergency`]): plain data (the queue page's
+/// handle, the entry's offset and bytes), so a core in a panic can post it through any platform without the
+/// command engine, which another core may own.
+#[derive(Clone, Copy, Debug)]
+pub struct Emergency {
+    base: DmaBuf,
+    at: usize,
+    slot: u8,
+    opcode: u16,
+    entry: [u8; ENTRY_LEN],
+}
+
+/// What became of the emergency command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmergencyOutcome {
+    /// The firmware handed the entry back: its delivery status and the output's status (both 0 on success).
+    Completed { delivery: u8, status: u8 },
+    /// Still owned by the firmware when the deadline passed.
+    TimedOut,
+}
+
+impl Emergency {
+    /// The slot it posts to.
+    pub fn slot(&self) -> u8 {
+        self.slot
+    }
+
+    /// The command's opcode.
+    pub fn opcode(&self) -> u16 {
+        self.opcode
+    }
+
+    /// Posts the command and rings its doorbell bit, then polls the ownership bit for at most `timeout_ns`.
+    /// Allocates nothing and takes no lock of the driver's; what the platform's accessors do is the caller's
+    /// choice (the image's fatal path uses accessors that never wait for a lock).
+    pub fn fire<P: Platform + ?Sized>(&self, p: &P, timeout_ns: u64) -> EmergencyOutcome {
+        // Everything but the ownership byte first, as `submit` does.
+        p.dma_write(self.base, self.at, &self.entry[..0x3c]);
+        p.dma_write(self.base, self.at + 0x3c, &self.entry[0x3c..0x40]);
+        p.bar_write32(initseg::CMD_DBELL, 1 << self.slot);
+        let deadline = p.now_ns().saturating_add(timeout_ns);
+        loop {
+            let status_own = p.dma_read8(self.base, self.at + 0x3f);
+            if status_own & 1 == 0 {
+                let status = p.dma_read8(self.base, self.at + 0x20);
+                return EmergencyOutcome::Completed { delivery: status_own >> 1, status };
+            }
+            if p.now_ns() >= deadline {
+                return EmergencyOutcome::TimedOut;
+            }
+            p.relax();
+        }
     }
 }
 
@@ -698,15 +801,15 @@ mod tests {
     fn regular_commands_take_the_first_free_slots_and_manage_pages_its_own() {
         let (p, mut q) = queue();
         assert_eq!(q.slots(), 32);
-        for tag in 0..31 {
+        for tag in 0..30 {
             assert_eq!(q.submit(&p, tag, &cmd(0x800)), Ok(tag as u8));
         }
-        assert_eq!(q.submit(&p, 99, &cmd(0x800)).unwrap_err().kind, ErrorKind::Busy, "31 regular slots");
+        assert_eq!(q.submit(&p, 99, &cmd(0x800)).unwrap_err().kind, ErrorKind::Busy, "30 regular slots");
         assert!(!q.has_free(SlotClass::Regular) && q.has_free(SlotClass::Pages));
         assert_eq!(q.submit(&p, 100, &cmd(MANAGE_PAGES)), Ok(31), "the pages slot stays for MANAGE_PAGES");
         assert_eq!(q.submit(&p, 101, &cmd(MANAGE_PAGES)).unwrap_err().kind, ErrorKind::Busy);
-        assert_eq!(q.in_flight(), 32);
-        let rung: Vec<u32> = (0..32).map(|s| 1 << s).collect();
+        assert_eq!(q.in_flight(), 31, "slot 30 is the fatal path's");
+        let rung: Vec<u32> = (0..30).chain([31]).map(|s| 1 << s).collect();
         assert_eq!(*p.doorbells.lock(), rung, "one doorbell per command, its slot's bit");
         // The entry the firmware reads: type, lengths, token, owned by hardware, XOR 0xff.
         let mut e = [0u8; ENTRY_LEN];
@@ -824,5 +927,78 @@ mod tests {
         let p = Fake::new();
         p.bar.lock().insert(initseg::CMDQ_ADDR_L_SZ, (6 << 4) | LOG_STRIDE);
         assert_eq!(CmdQueue::new(&p, 1).err(), Some(SetupError::Geometry { log_size: 6, log_stride: LOG_STRIDE }));
+    }
+
+    /// The fatal path's platform: the fake, whose firmware hands the emergency entry back after `answer_after`
+    /// polls (never with `None`); each poll moves the clock on by 1 ms.
+    struct Firing<'a> {
+        fake: &'a Fake,
+        answer_after: Option<u64>,
+        polls: AtomicU64,
+    }
+
+    impl Platform for Firing<'_> {
+        fn bar_read32(&self, offset: usize) -> u32 {
+            self.fake.bar_read32(offset)
+        }
+        fn bar_write32(&self, offset: usize, value: u32) {
+            self.fake.bar_write32(offset, value)
+        }
+        fn dma_alloc(&self, _: usize, _: usize) -> Option<DmaBuf> {
+            panic!("the fatal path allocates nothing")
+        }
+        fn dma_free(&self, _: DmaBuf) {
+            panic!("the fatal path frees nothing")
+        }
+        fn dma_read(&self, buf: DmaBuf, offset: usize, out: &mut [u8]) {
+            self.fake.dma_read(buf, offset, out)
+        }
+        fn dma_write(&self, buf: DmaBuf, offset: usize, data: &[u8]) {
+            self.fake.dma_write(buf, offset, data)
+        }
+        fn now_ns(&self) -> u64 {
+            self.fake.now_ns()
+        }
+        fn relax(&self) {
+            let n = self.polls.fetch_add(1, Ordering::Relaxed) + 1;
+            self.fake.now.fetch_add(1_000_000, Ordering::Relaxed);
+            if self.answer_after == Some(n) {
+                self.fake.complete(30, 0, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn the_emergency_command_posts_in_its_own_slot_and_waits_a_bounded_time() {
+        let (p, mut q) = queue();
+        let paos = crate::ifc::vport::paos_set(1, crate::ifc::vport::MLX5_PORT_DOWN);
+        let e = q.prepare_emergency(&p, &paos).expect("32 slots keep one for the fatal path");
+        assert_eq!((e.slot(), e.opcode()), (30, paos.opcode()));
+        // Every regular slot busy does not touch it.
+        for tag in 0..30 {
+            q.submit(&p, tag, &cmd(0x800)).unwrap();
+        }
+        let mut raw = [0u8; ENTRY_LEN];
+        p.mem_read(p.entry(30), &mut raw);
+        assert_eq!(raw, [0; ENTRY_LEN], "nothing is posted before the fatal path fires");
+        // The firmware answers after 3 polls.
+        let f = Firing { fake: &p, answer_after: Some(3), polls: AtomicU64::new(0) };
+        assert_eq!(e.fire(&f, 100_000_000), EmergencyOutcome::Completed { delivery: 0, status: 0 });
+        assert_eq!(p.doorbells.lock().last(), Some(&(1 << 30)), "its own doorbell bit");
+        // What the firmware read: a valid entry (XOR 0xff, owned by hardware when posted) whose mailbox holds
+        // the PAOS data (admin_status down, ase).
+        let mut posted = e.entry;
+        posted[0x3f] = 1;
+        assert_eq!(xor(&posted), 0xff);
+        let in_chain = u64::from_be_bytes(posted[0x08..0x10].try_into().unwrap());
+        let mut reg = [0u8; 16];
+        p.mem_read(in_chain, &mut reg);
+        assert_eq!((reg[2] & 0xf, reg[4] & 0x80), (crate::ifc::vport::MLX5_PORT_DOWN, 0x80));
+        // A firmware that never answers: the deadline ends the wait.
+        let (p, mut q) = queue();
+        let e = q.prepare_emergency(&p, &paos).unwrap();
+        let f = Firing { fake: &p, answer_after: None, polls: AtomicU64::new(0) };
+        assert_eq!(e.fire(&f, 50_000_000), EmergencyOutcome::TimedOut);
+        assert!((50..=51).contains(&f.polls.load(Ordering::Relaxed)), "bounded by the deadline");
     }
 }

@@ -572,6 +572,18 @@ impl<P: Platform> Driver<P> {
     }
 
     /// Splits into the engines for dedicated cores and the client for core 0.
+    /// The fatal path's command (`docs/revoke-semantics.md`, "Fail closed on crash"): a PAOS write of
+    /// `admin_status` down for port 1, built now in the command queue's emergency slot and posted by
+    /// [`crate::cmdq::Emergency::fire`] from a panicking core. `None` for a VF (its firmware refuses PAOS
+    /// writes: the physical port is the PF's) or a queue without an emergency slot.
+    pub fn prepare_port_down(&mut self) -> Option<crate::cmdq::Emergency> {
+        if self.info.vf {
+            return None;
+        }
+        let cmd = ifc::vport::paos_set(1, ifc::vport::MLX5_PORT_DOWN);
+        self.cmd.q.prepare_emergency(&*self.p, &cmd)
+    }
+
     pub fn into_engines(self) -> (CommandEngine<P>, EventEngine<P>, Client, HcaInfo) {
         (self.cmd, self.events, self.client, self.info)
     }

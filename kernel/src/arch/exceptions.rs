@@ -120,9 +120,11 @@ static IN_FATAL: [AtomicBool; percpu::MAX_CPUS] = [const { AtomicBool::new(false
 extern "C" fn exception_dispatch(f: &Frame) -> ! {
     let core = percpu::core_id();
     if IN_FATAL.get(core as usize).is_none_or(|b| b.swap(true, Ordering::SeqCst)) {
-        // A fault while reporting a fault: say nothing more, just stop.
+        // A fault while reporting a fault: say nothing more; bus mastering is still cleared, then stop.
+        super::fail_closed::clear_bus_masters();
         exit::fail();
     }
+    serial::claim_for_fatal();
     let name = NAMES.get(f.vector as usize).copied().unwrap_or("#??");
     let p = serial::write_unlocked;
     p(format_args!(

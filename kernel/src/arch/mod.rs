@@ -5,6 +5,7 @@ pub mod cpu;
 pub mod descriptors;
 pub mod exceptions;
 pub mod exit;
+pub mod fail_closed;
 pub mod lapic;
 pub mod logger;
 pub mod memory;
@@ -21,13 +22,15 @@ use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 static FATAL_HOOK: AtomicUsize = AtomicUsize::new(0);
 
-/// Registers a function that fatal paths (exceptions, panics) call after their dump, e.g. to print event
-/// rings. It must not take locks another core may hold.
+/// Registers a function that fatal paths (exceptions, panics) call after their dump and after
+/// [`fail_closed::fail_closed`], e.g. to print event rings. It must not take locks another core may hold.
 pub fn set_fatal_hook(f: fn()) {
     FATAL_HOOK.store(f as usize, Ordering::SeqCst);
 }
 
 fn fatal_hooks() {
+    // Devices stop serving memory first (docs/revoke-semantics.md, "Fail closed on crash"), then the dumps.
+    fail_closed::fail_closed();
     let f = FATAL_HOOK.load(Ordering::SeqCst);
     if f != 0 {
         // SAFETY: only `set_fatal_hook` stores here, always a valid `fn()`.
@@ -42,8 +45,11 @@ static PANICKING: [AtomicBool; percpu::MAX_CPUS] = [const { AtomicBool::new(fals
 fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
     let core = percpu::core_id();
     if PANICKING.get(core as usize).is_none_or(|p| p.swap(true, Ordering::SeqCst)) {
+        // A panic inside the fatal path (in its port-down step, say): bus mastering is still cleared.
+        fail_closed::clear_bus_masters();
         exit::fail();
     }
+    serial::claim_for_fatal();
     let loc = info.location();
     serial::write_unlocked(format_args!(
         "\n!!! c{core} PANIC at {}:{}: {}\n",

@@ -82,6 +82,23 @@ impl ConfigAccess for LegacyPorts {
     }
 }
 
+/// Attempts at the ports' lock on the fatal path before going ahead without it.
+const FATAL_LOCK_TRIES: u32 = 1_000_000;
+
+impl LegacyPorts {
+    /// As `read32`/`write32`, for the fatal path (`fail_closed`): the lock is tried a bounded number of times,
+    /// then the access goes ahead without it (its holder may be the core that stopped).
+    fn fatal(&self, f: impl FnOnce()) {
+        for _ in 0..FATAL_LOCK_TRIES {
+            if let Some(_g) = PORTS.try_lock() {
+                return f();
+            }
+            core::hint::spin_loop();
+        }
+        f()
+    }
+}
+
 /// The configuration access the kernel enumerated with, kept for drivers (`Platform::pci_access`).
 pub enum PciAccess {
     Ecam(Ecam),
@@ -99,6 +116,44 @@ impl ConfigAccess for PciAccess {
         match self {
             PciAccess::Ecam(e) => e.write32(a, offset, value),
             PciAccess::Ports(p) => p.write32(a, offset, value),
+        }
+    }
+}
+
+impl PciAccess {
+    /// A configuration read for the fatal path (`fail_closed`): never waits for long on a lock.
+    pub fn read32_fatal(&self, a: Bdf, offset: u16) -> u32 {
+        match self {
+            PciAccess::Ecam(e) => e.read32(a, offset),
+            PciAccess::Ports(p) => {
+                if a.segment != 0 || offset >= 256 {
+                    return u32::MAX;
+                }
+                let mut v = u32::MAX;
+                // SAFETY: as in `LegacyPorts::read32`.
+                p.fatal(|| unsafe {
+                    outl(0xCF8, cf8(a, offset));
+                    v = inl(0xCFC);
+                });
+                v
+            }
+        }
+    }
+
+    /// A configuration write for the fatal path (`fail_closed`): never waits for long on a lock.
+    pub fn write32_fatal(&self, a: Bdf, offset: u16, value: u32) {
+        match self {
+            PciAccess::Ecam(e) => e.write32(a, offset, value),
+            PciAccess::Ports(p) => {
+                if a.segment != 0 || offset >= 256 {
+                    return;
+                }
+                // SAFETY: as in `LegacyPorts::write32`.
+                p.fatal(|| unsafe {
+                    outl(0xCF8, cf8(a, offset));
+                    outl(0xCFC, value);
+                });
+            }
         }
     }
 }

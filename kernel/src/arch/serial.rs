@@ -2,10 +2,12 @@
 //!
 //! Every line the kernel prints goes through [`Console`], under one lock so lines from different cores do
 //! not interleave. Fatal paths (exceptions, panics) use [`write_unlocked`]: a core that faulted while holding
-//! the lock must still be able to speak.
+//! the lock must still be able to speak. The first of them claims the console ([`claim_for_fatal`]): from then
+//! on only that core's output reaches it, so the crash report is not interleaved with other cores' log lines.
 
 use super::cpu::{inb, outb};
 use core::fmt;
+use core::sync::atomic::{AtomicU32, Ordering};
 use spin::Mutex;
 
 const COM1: u16 = 0x3F8;
@@ -15,6 +17,30 @@ const LSR_THR_EMPTY: u8 = 0x20;
 const MAX_TX_POLLS: u32 = 100_000;
 
 static LOCK: Mutex<()> = Mutex::new(());
+/// The core whose fatal path owns the console, or [`NO_OWNER`].
+static FATAL_OWNER: AtomicU32 = AtomicU32::new(NO_OWNER);
+const NO_OWNER: u32 = u32::MAX;
+/// Attempts at the lock when claiming the console (its holder may be the claiming core itself).
+const CLAIM_TRIES: u32 = 1_000_000;
+
+/// A fatal path takes the console: only this core's output reaches it from now on (the first core to claim
+/// keeps it). A line another core is printing under the lock is let finish first (bounded).
+pub fn claim_for_fatal() {
+    let me = super::percpu::core_id();
+    let _ = FATAL_OWNER.compare_exchange(NO_OWNER, me, Ordering::SeqCst, Ordering::SeqCst);
+    for _ in 0..CLAIM_TRIES {
+        if LOCK.try_lock().is_some() {
+            break;
+        }
+        core::hint::spin_loop();
+    }
+}
+
+/// Whether this core's output is dropped: another core's fatal path owns the console.
+fn silenced() -> bool {
+    let owner = FATAL_OWNER.load(Ordering::SeqCst);
+    owner != NO_OWNER && owner != super::percpu::core_id()
+}
 
 /// Programs COM1 for 115200 8N1 with FIFOs, interrupts off.
 pub fn init() {
@@ -64,11 +90,17 @@ impl fmt::Write for Raw {
 /// Prints under the console lock.
 pub fn write_locked(args: fmt::Arguments<'_>) {
     let _g = LOCK.lock();
+    if silenced() {
+        return;
+    }
     let _ = fmt::Write::write_fmt(&mut Raw, args);
 }
 
 /// Prints without taking the lock (fatal paths only).
 pub fn write_unlocked(args: fmt::Arguments<'_>) {
+    if silenced() {
+        return;
+    }
     let _ = fmt::Write::write_fmt(&mut Raw, args);
 }
 

@@ -1,7 +1,8 @@
 //! `cargo xtask bench hca`, hosted part: the driver in this process against the device model on its own
 //! thread (`ModelMode::Thread`), native timing. For a cheap command (QUERY_MKEY) and for CREATE_MKEY +
-//! DESTROY_MKEY pairs, with one command outstanding and with every regular slot busy (31; the last of the 32
-//! slots is reserved for MANAGE_PAGES, as in Linux `core/cmd.c`), it prints the rate, the latency and the
+//! DESTROY_MKEY pairs, with one command outstanding and with every regular slot busy (30; the last of the 32
+//! slots is reserved for MANAGE_PAGES, as in Linux `core/cmd.c`, the one before it for the fatal path's
+//! port-down command), it prints the rate, the latency and the
 //! command engine's CPU time per command. Figures only; nothing is asserted.
 //!
 //! `cargo run --release -p mlx5-hosted --example hca_bench -- [--secs N]` (N seconds per row, default 2).
@@ -272,7 +273,8 @@ fn bench(mode: ModelMode, secs: f64, latency: Duration) -> (Vec<Row>, usize) {
     let access = MkeyAccess::LOCAL_READ | MkeyAccess::REMOTE_READ | MkeyAccess::REMOTE_WRITE;
     let key = d.create_mkey(pd, page, 4096, access, 12, &[page]).unwrap_or_else(|e| panic!("CREATE_MKEY: {e}"));
     let mut f = Fixture { pd, page, key, variant: MkeyVariant::new(0x40) };
-    let regular = d.cmd.queue().slots() - 1;
+    // The page slot and the fatal path's emergency slot take no regular command.
+    let regular = d.cmd.queue().slots() - 2;
     let dur = Duration::from_secs_f64(secs);
     let mut rows = Vec::new();
     for w in [Workload::Query, Workload::Pair] {
@@ -353,7 +355,11 @@ fn ratio(rows: &[Row], w: Workload) -> Option<f64> {
 }
 
 fn slots_label(window: usize, regular: usize) -> String {
-    if window == 1 { "1".to_string() } else { format!("{window} of {regular} regular slots (+1 page slot)") }
+    if window == 1 {
+        "1".to_string()
+    } else {
+        format!("{window} of {regular} regular slots (+1 page, +1 fatal-path slot)")
+    }
 }
 
 fn table(rows: &[Row], regular: usize) -> String {

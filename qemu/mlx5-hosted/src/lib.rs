@@ -234,6 +234,20 @@ impl HostedPlatform {
         &self.ram
     }
 
+    /// Sets or clears Bus Master Enable, as a host writing the PCI command register's bit 2 would: cleared,
+    /// the model makes no DMA (`mlx5_model::Model::set_bus_master`: no command, no queue, no frame, no RoCE
+    /// request executed). Returns false when the model runs in another process, which has no configuration
+    /// space on this side (the fatal path's port-down command is then what stops it).
+    pub fn set_bus_master(&self, on: bool) -> bool {
+        match self.model() {
+            Some(mut m) => {
+                m.set_bus_master(on);
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn bar(&self) -> &Arc<dyn Memory> {
         &self.bar
     }

@@ -65,7 +65,7 @@ pub fn mkey_view(m: &MkeyInfo) -> MkeyView {
 
 impl Tables for HcaTables<'_> {
     fn accepts(&self, eth_dst: [u8; 6], ip_dst: [u8; 4]) -> bool {
-        self.hca.port.takes_roce(eth_dst, ip_dst)
+        self.hca.bus_master && self.hca.port.takes_roce(eth_dst, ip_dst)
     }
 
     fn qp(&self, qpn: u32) -> Option<QpView> {

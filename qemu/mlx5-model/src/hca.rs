@@ -138,6 +138,11 @@ pub struct Hca {
     pub eth: crate::eth::Eth,
     /// Plays a VF (`ModelConfig::vf`).
     pub vf: bool,
+    /// The PCI command register's Bus Master Enable as the hosted rigs play it (`Model::set_bus_master`):
+    /// cleared, the device makes no DMA at all — no command, queue or doorbell-record access, no received
+    /// frame written, no RoCE request answered or executed. Over QEMU the model cannot see the ivshmem
+    /// function's configuration space, so it stays set there (docs/hca-model.md).
+    pub bus_master: bool,
 }
 
 impl Hca {
@@ -168,6 +173,7 @@ impl Hca {
             page_waits: crate::events::PageWaits::new(cfg.page_request),
             eth: crate::eth::Eth::default(),
             vf: cfg.vf,
+            bus_master: true,
         }
     }
 

@@ -116,6 +116,10 @@ impl Model {
     /// One polling pass: timers (initializing, health counter, internal timer), then the command doorbell.
     /// Returns true if it did work (the caller backs off when false).
     pub fn poll(&mut self) -> bool {
+        if !self.hca.bus_master {
+            // No DMA: the device can neither fetch a command nor write anything back.
+            return false;
+        }
         // Delayed commands (fault injection) whose time has come complete first.
         let due = self.faults.due(Instant::now());
         let released = !due.is_empty();
@@ -346,6 +350,9 @@ impl Model {
     /// A frame from the Ethernet wire: RoCEv2 for the port goes to the RDMA responder (its replies to `send`,
     /// QP errors raised as events), everything else through NIC_RX steering into an RQ.
     pub fn eth_receive(&mut self, frame: &[u8], send: &mut dyn FnMut(Vec<u8>)) -> crate::eth::rx::RxOutcome {
+        if !self.hca.bus_master {
+            return crate::eth::rx::RxOutcome::NoBusMaster;
+        }
         if let Some(dropped) = crate::eth::rx::mac_filter(&mut self.hca, frame) {
             return dropped;
         }
@@ -360,6 +367,16 @@ impl Model {
             self.raise_qp_event(e.qpn, e.event_type);
         }
         crate::eth::rx::RxOutcome::Roce
+    }
+
+    /// Sets or clears Bus Master Enable as a host clearing the PCI command register's bit 2 would (hosted rigs;
+    /// [`Hca::bus_master`]). Cleared, [`Model::poll`] does nothing and no frame is taken.
+    pub fn set_bus_master(&mut self, on: bool) {
+        self.hca.bus_master = on;
+    }
+
+    pub fn bus_master(&self) -> bool {
+        self.hca.bus_master
     }
 
     pub fn eth_counters(&self) -> crate::eth::EthCounters {

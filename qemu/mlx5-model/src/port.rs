@@ -92,10 +92,17 @@ impl RoceAddr {
 }
 
 impl Port {
-    /// Does the RoCE engine take a frame to `eth_dst` / `ip_dst`? Only with `roce_en` set on the vport, to the
-    /// port's MAC, and to the IPv4 address of a valid RoCEv2 GID entry; anything else is dropped.
+    /// Does the RoCE engine take a frame to `eth_dst` / `ip_dst`? Only while the port is up (PAOS
+    /// `admin_status` and `oper_status` both up: a port taken down answers and executes nothing, on the
+    /// Ethernet wire and on the `--udp` cable alike; docs/hca-model.md, "The port's state and the RoCE
+    /// responder"), with `roce_en` set on the vport, to the port's MAC, and to the IPv4 address of a valid RoCEv2
+    /// GID entry; anything else is dropped.
     pub fn takes_roce(&self, eth_dst: [u8; 6], ip_dst: [u8; 4]) -> bool {
-        self.roce_en && eth_dst == self.mac && self.roce_addrs.iter().any(|e| e.is_v2_ipv4(ip_dst))
+        self.admin_status == PORT_UP
+            && self.oper_status == PORT_UP
+            && self.roce_en
+            && eth_dst == self.mac
+            && self.roce_addrs.iter().any(|e| e.is_v2_ipv4(ip_dst))
     }
 
     /// The port's RoCE path MTU code ([`ib_mtu`] of the operational MTU).

@@ -219,3 +219,55 @@ fn the_port_takes_roce_only_with_roce_en_to_its_mac_and_a_rocev2_gid() {
     assert_eq!(deliver(&mut r.d, &encode(&req(0x100))), (Disposition::Acked, 1));
     assert_eq!(&written(&r.d), b"abcd");
 }
+
+/// ACCESS_REGISTER write of PAOS for port 1 with `ase` and `admin_status` (1 up, 2 down), as
+/// `mlx5_ifc_paos_reg_bits` lays it out behind the 0x10-byte `access_register_in` header.
+fn paos_write(admin_status: u32) -> Vec<u8> {
+    let mut c = common::cmd(0x805, 0, 0x20);
+    setf(&mut c, 0x08 * 8 + 16, 16, 0x5006); // register_id PAOS
+    setf(&mut c, 0x10 * 8 + 8, 8, 1); // local_port
+    setf(&mut c, 0x10 * 8 + 20, 4, admin_status);
+    setf(&mut c, 0x14 * 8, 1, 1); // ase
+    c
+}
+
+/// A port taken down (PAOS `admin_status` down, as the appliance's fatal path does) answers and executes no
+/// RoCE request arriving on the `--udp` cable — the Ethernet wire's MAC already drops everything while the link
+/// is down — and the QP, the MKEY and the PSN are untouched, so the port coming up again serves the lease
+/// as before. docs/hca-model.md, "RoCE port rules".
+#[test]
+fn a_port_taken_down_answers_and_executes_no_roce_request() {
+    let mut r = Rig::new();
+    let key = create_mkey_mtt(&mut r.d, r.r.pd, VA, 0x2000, &PAGES);
+    let q = r.rts_qp();
+    let got = r.send(&write_only(q, 0x100, key, VA, b"live"), WAIT);
+    assert_eq!(got.iter().map(|g| g.syndrome).collect::<Vec<_>>(), [Some(ACK_OK)]);
+    r.d.ok(&paos_write(2), 0x20);
+    assert_eq!(r.d.model.hca().port.oper_status, mlx5_model::port::PORT_DOWN);
+    assert!(r.send(&write_only(q, 0x101, key, VA, b"gone"), Duration::from_millis(200)).is_empty());
+    assert!(r.send(&read_req(q, 0x101, key, VA, 4), Duration::from_millis(200)).is_empty());
+    let mut a = [0u8; 4];
+    r.d.ram.read(PAGES[0], &mut a).unwrap();
+    assert_eq!(&a, b"live", "nothing written while the port is down");
+    assert_eq!(deliver(&mut r.d, &encode(&write_only(q, 0x101, key, VA, b"gone"))), (Disposition::NotForPort, 0));
+    // Up again (the rig's model trains no link): the same QP and MKEY answer, from the PSN they had.
+    r.d.ok(&paos_write(1), 0x20);
+    let got = r.send(&write_only(q, 0x101, key, VA, b"back"), WAIT);
+    assert_eq!(got.iter().map(|g| (g.syndrome, g.psn)).collect::<Vec<_>>(), [(Some(ACK_OK), 0x101)]);
+}
+
+/// Bus Master Enable cleared (hosted rigs play it: `Model::set_bus_master`): no request is answered or
+/// executed, and no command runs.
+#[test]
+fn bus_mastering_cleared_stops_the_responder_and_the_command_queue() {
+    let mut r = Rig::new();
+    let key = create_mkey_mtt(&mut r.d, r.r.pd, VA, 0x2000, &PAGES);
+    let q = r.rts_qp();
+    assert_eq!(r.send(&write_only(q, 0x100, key, VA, b"live"), WAIT).len(), 1);
+    r.d.model.set_bus_master(false);
+    assert_eq!(deliver(&mut r.d, &encode(&write_only(q, 0x101, key, VA, b"gone"))), (Disposition::NotForPort, 0));
+    let mut a = [0u8; 4];
+    r.d.ram.read(PAGES[0], &mut a).unwrap();
+    assert_eq!(&a, b"live");
+    assert!(!r.d.model.poll(), "no command is fetched without bus mastering");
+}

@@ -24,6 +24,8 @@ pub enum RxOutcome {
     Runt,
     Oversize,
     LinkDown,
+    /// Bus Master Enable cleared (hosted rigs, `Model::set_bus_master`): the device writes nothing.
+    NoBusMaster,
     NoRoot,
     SteeringDrop,
     RqNotReady,
