@@ -1,5 +1,5 @@
-//! The control service behind the network loop: the session core (`app/session`) with the CPU's RDSEED/RDRAND
-//! for nonces, the configured principals, and the lease service (`app/lease`, through `crate::lease`) as its
+//! The control service behind the network loop: the session core (`app/session`, protocol v2) with the CPU's
+//! RDSEED/RDRAND for its handshake keys, the configured principals, and the lease service (`app/lease`, through `crate::lease`) as its
 //! backend when the HCA is up. When the lease service cannot start (no HCA, no memory for the pool), lease
 //! operations answer NOT_IMPLEMENTED with the reason and HEALTH says why.
 
@@ -163,7 +163,7 @@ pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
     };
     let announce = |what: &str| {
         log::info!(
-            "control: {} principal(s), {} sessions, {} credits, heartbeat {} ms, nonces from {}, {what}",
+            "control: {} principal(s), {} sessions, {} credits, heartbeat {} ms, protocol v2, keys from {}, {what}",
             c.tenants().len() + usize::from(c.admin_key_hex().is_some()),
             limits.sessions,
             limits.credits,

@@ -2,7 +2,8 @@
 //!
 //! - the interface: `ctl_nic=auto|virtio|mlx5`, which NIC carries it; `ip=A.B.C.D/N` and `gw=A.B.C.D` for a
 //!   static address, DHCPv4 (RFC 2131) when `ip=` is absent; `port=N`, the control service's TCP port;
-//! - the control service: principals (`tenant=NAME:HEXKEY`, repeatable; `admin=HEXKEY`) and budgets
+//! - the control service: principals (`tenant=NAME:KEYS`, repeatable; `admin=KEYS`; KEYS is `HEXKEY` or a
+//!   comma-separated list of `HEXKEY` / `ID/HEXKEY` for key rotation) and budgets
 //!   (`sessions=`, `credits=`, `heartbeat_ms=`).
 //!
 //! Everything is parsed and validated here, at boot, so a bad value stops the boot with a message instead of
@@ -214,6 +215,21 @@ pub fn valid_tenant_name(name: &str) -> bool {
 /// session core's `Keyring` (app/session), which decodes the key; checking here makes a bad key a boot error
 /// like any other bad option.
 pub fn check_key_hex(hex: &str) -> Result<(), &'static str> {
+    // A key list (protocol v2 key ids): `KEY[,KEY…]`, each `HEX` or `ID/HEX` (docs/operations.md).
+    if hex.contains(',') || hex.contains('/') {
+        let mut ids = [false; 256];
+        for (i, item) in hex.split(',').enumerate() {
+            let (id, h) = match item.split_once('/') {
+                Some((id, h)) => (id.parse::<u8>().map_err(|_| "key ids are 0 to 255 (ID/HEX)")?, h),
+                None => (u8::try_from(i).map_err(|_| "more than 256 keys")?, item),
+            };
+            if core::mem::replace(&mut ids[usize::from(id)], true) {
+                return Err("a key id is given twice");
+            }
+            check_key_hex(h)?;
+        }
+        return Ok(());
+    }
     if !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err("the key is not an even number of hex digits");
     }
@@ -469,6 +485,29 @@ mod tests {
             assert!(c.add_tenant(b).is_err(), "{b}");
         }
         assert_eq!(c.tenants().len(), 2, "failed adds change nothing");
+    }
+
+    #[test]
+    fn key_lists_for_rotation() {
+        let (dave, erin, admin) = (
+            std::format!("dave:0/{KEY16},1/{KEY16}"),
+            std::format!("erin:{KEY16},{KEY16}"),
+            std::format!("0/{KEY16},7/{KEY16}"),
+        );
+        let mut c = ControlConfig::default();
+        c.add_tenant(&dave).unwrap();
+        c.add_tenant(&erin).unwrap();
+        let bad = [
+            std::format!("frank:1/{KEY16},1/{KEY16}"),
+            std::format!("frank:256/{KEY16}"),
+            std::format!("frank:x/{KEY16}"),
+            std::format!("frank:0/{KEY16},"),
+            std::format!("frank:0/{KEY16},1/00"),
+        ];
+        for b in &bad {
+            assert!(c.add_tenant(b).is_err(), "{b}");
+        }
+        assert!(c.set_admin(&admin).is_ok());
     }
 
     #[test]

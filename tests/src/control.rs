@@ -451,6 +451,22 @@ pub fn check(t: &Target, leasectl_bin: &Path) -> Result<String, String> {
         return Err("the server kept talking after losing framing".into());
     }
 
+    // Protocol v2: a record altered in transit ends the session (docs/security.md, "Threat model").
+    let mut tampered = t.session(&t.tenant())?;
+    let mut hb = Vec::new();
+    Request::Heartbeat { echo: 1 }.encode(99, &mut hb);
+    let mut rec = tampered.seal(&hb).map_err(|e| e.to_string())?;
+    rec[5] ^= 0x10;
+    tampered.send_wire(&rec).map_err(|e| e.to_string())?;
+    match tampered.receive() {
+        Ok(a) if matches!(&a.body, Err(e) if e.code == ErrorCode::Malformed) => {}
+        Err(_) => {}
+        other => return Err(format!("altered record: wanted MALFORMED and close, got {other:?}")),
+    }
+    if tampered.call(&Request::Heartbeat { echo: 2 }).is_ok() {
+        return Err("the session survived an altered record".into());
+    }
+
     let mut admin = t.session(&t.admin())?;
     let s = match admin.call(&Request::Stats) {
         Ok(Response::Stats(s)) => s,
@@ -462,7 +478,7 @@ pub fn check(t: &Target, leasectl_bin: &Path) -> Result<String, String> {
     }
     Ok(format!(
         "{}: ping/stats/health via leasectl ok; {MALFORMED_FRAMES} malformed frames answered while {} heartbeats succeeded; \
-         garbage closed; {} frames in",
+         garbage closed; an altered record closed its session; {} frames in",
         t.what,
         beats + interleaved_beats,
         s.frames_in
@@ -556,6 +572,70 @@ pub fn heartbeat_load(t: &Target, sessions: usize, dur: Duration) -> Result<(f64
     all.sort_unstable();
     let pct = |p: f64| all.get(((all.len() as f64 - 1.0) * p) as usize).map_or(f64::NAN, |v| f64::from(*v));
     Ok((all.len() as f64 / secs, pct(0.5), pct(0.99)))
+}
+
+/// ALLOC round trips on one tenant session for `dur` (each lease FREEd at once, untimed): (ALLOCs per second,
+/// p50 µs, p99 µs). The target needs the lease service (hosted: `--hca`).
+pub fn alloc_latency(t: &Target, dur: Duration) -> Result<(f64, f64, f64), String> {
+    use leasebox_proto::{AllocReq, access};
+    let mut c = t.session(&t.tenant())?;
+    let req = AllocReq {
+        size: 64 * 1024,
+        access: access::REMOTE_READ | access::REMOTE_WRITE,
+        mtu: 3,
+        ttl_ms: 0,
+        client_qpn: 0x11,
+        client_psn: 0x100,
+        client_gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1],
+        client_mac: [2, 0, 0, 0, 0, 1],
+    };
+    let start = Instant::now();
+    let mut lat = Vec::new();
+    while start.elapsed() < dur {
+        let t0 = Instant::now();
+        let a = match c.call(&Request::Alloc(req.clone())) {
+            Ok(Response::Alloc(a)) => a,
+            other => return Err(format!("ALLOC: {other:?}")),
+        };
+        lat.push(t0.elapsed().as_micros() as u32);
+        match c.call(&Request::Free { lease: a.lease }) {
+            Ok(Response::Free { .. }) => {}
+            other => return Err(format!("FREE: {other:?}")),
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    lat.sort_unstable();
+    let pct = |p: f64| lat.get(((lat.len() as f64 - 1.0) * p) as usize).map_or(f64::NAN, |v| f64::from(*v));
+    Ok((lat.len() as f64 / secs, pct(0.5), pct(0.99)))
+}
+
+/// Protocol v2's own CPU cost on this host, without the network: (µs per handshake, both sides; µs to seal and
+/// open one record holding a 24-byte HEARTBEAT frame). `n` records are timed.
+pub fn v2_crypto_cost(n: u32) -> (f64, f64) {
+    use leasebox_proto::v2::{Initiator, Responder, WELCOME_LEN, prologue, psk_from_key};
+    let p = prologue(2, 2, 0, "demo");
+    let psk = psk_from_key(&[7; 32]);
+    let handshake = || {
+        let (i, m1) = Initiator::start(&p, &psk, [1; 32]);
+        let (m2, server) = Responder::read(&p, &psk, &m1).expect("own message 1").reply([2; 32], &[0; WELCOME_LEN]);
+        (i.finish(&m2).expect("own message 2").1, server)
+    };
+    let t0 = Instant::now();
+    for _ in 0..50 {
+        handshake();
+    }
+    let hs = t0.elapsed().as_secs_f64() * 1e6 / 50.0;
+    let (mut client, mut server) = handshake();
+    let mut frame = Vec::new();
+    Request::Heartbeat { echo: 1 }.encode(1, &mut frame);
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let mut w = Vec::new();
+        client.seal(&frame, &mut w).expect("seal");
+        server.push(&w);
+        let _ = server.open();
+    }
+    (hs, t0.elapsed().as_secs_f64() * 1e6 / f64::from(n.max(1)))
 }
 
 /// One row of `bench control`'s table: what ran, sessions, and [`heartbeat_load`]'s figures (or why none).

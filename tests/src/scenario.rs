@@ -211,8 +211,8 @@ pub fn all() -> Vec<Entry> {
     all.push(Entry::Driven(Driven {
         name: crate::control::NAME,
         about: "the control channel under QEMU: leasectl ping/stats/health, 1,000 malformed frames beside a \
-                heartbeating session, garbage, still answering; 9 silent connections: the pre-authentication pool \
-                holds 8, the 9th is refused BUSY",
+                heartbeating session, garbage, an altered v2 record, still answering; 9 silent connections: the \
+                pre-authentication pool holds 8, the 9th is refused BUSY",
         needs: &[Build::Leasectl],
         run: crate::control::run,
     }));

@@ -527,6 +527,22 @@ fn bench_control(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
          port forwarded by QEMU's user network, to virtio-net or, with no virtio-net, through a hub to the model's \
          Ethernet port)"
     );
+    // ALLOC latency (the lease service's work plus the control channel's), hosted with the model.
+    let alloc = control::start_hosted(&["--hca", "lease_grace_ms=100"]).and_then(|t| control::alloc_latency(&t, dur));
+    outln!();
+    match &alloc {
+        Ok((rate, p50, p99)) => outln!(
+            "ALLOC latency, hosted --hca (std TCP, model attached), 1 session, ALLOC+FREE loop: {rate:.0} ALLOCs/s, \
+             p50 {p50:.0} µs, p99 {p99:.0} µs"
+        ),
+        Err(e) => outln!("ALLOC latency, hosted --hca: no figures: {e}"),
+    }
+    let (hs_us, rec_us) = control::v2_crypto_cost(100_000);
+    outln!(
+        "protocol v2 on this host's CPU (the bench's build): handshake {hs_us:.0} µs (both sides), one record sealed \
+         and opened {rec_us:.2} µs (a HEARTBEAT round trip has two)"
+    );
+    outln!("(protocol v2: Noise NNpsk0 handshake, ChaCha20-Poly1305 records; v1 figures: docs/security.md, \"Cost\")");
     let per = control::hosted_bytes_per_session(32)?;
     outln!();
     outln!("memory per session: appliance TCP socket buffers 128 KiB (64 KiB each way, preallocated per socket);");

@@ -1,13 +1,13 @@
 //! Before authentication, over real TCP against the hosted appliance (docs/wire-protocol.md, "Bad frames" and
-//! "Authentication"): a malformed frame gets its error and the connection is closed, and an unknown name is
-//! refused with exactly the bytes a known name with a wrong MAC gets.
+//! "Protocol v2: handshake"): a malformed frame gets its error and the connection is closed, an unknown name is
+//! refused with exactly the bytes a known name with a wrong key gets, and a v1 HELLO is refused naming v2.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
 use leasebox_hosted::{Hosted, HostedConfig};
-use leasebox_proto::{ErrorBody, ErrorCode, FrameBuf, Hello, HelloInit, Kind, Next, Request};
+use leasebox_proto::{ErrorBody, ErrorCode, FrameBuf, Hello, HelloInit, HelloNoise, Kind, Next, Request, v2};
 
 const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 
@@ -31,7 +31,7 @@ fn until_closed(s: &mut TcpStream) -> Vec<u8> {
 }
 
 /// Reads exactly one frame.
-fn one_frame(s: &mut TcpStream) -> Vec<u8> {
+fn one_frame(s: &mut impl Read) -> Vec<u8> {
     let mut h = [0u8; leasebox_proto::HEADER_LEN];
     s.read_exact(&mut h).unwrap();
     let len = u32::from_be_bytes(h[12..16].try_into().unwrap()) as usize;
@@ -51,11 +51,17 @@ fn errors(bytes: &[u8]) -> Vec<ErrorCode> {
     v
 }
 
-fn init(name: &str) -> Vec<u8> {
+/// A v2 HELLO for `name` made with `key`.
+fn init_with(name: &str, key: &[u8]) -> Vec<u8> {
+    let (_, msg1) = v2::Initiator::start(&v2::prologue(2, 2, 0, name), &v2::psk_from_key(key), [9; 32]);
     let mut b = Vec::new();
-    Request::Hello(Hello::Init(HelloInit { min_version: 1, max_version: 1, name: name.into(), client_nonce: [1; 16] }))
+    Request::Hello(Hello::Noise(HelloNoise { min_version: 2, max_version: 2, key_id: 0, name: name.into(), msg1 }))
         .encode(1, &mut b);
     b
+}
+
+fn init(name: &str) -> Vec<u8> {
+    init_with(name, &[0x77; 32])
 }
 
 #[test]
@@ -75,20 +81,90 @@ fn a_malformed_frame_before_hello_closes_the_connection() {
 }
 
 #[test]
-fn an_unknown_name_is_refused_as_a_wrong_mac_is() {
+fn an_unknown_name_is_refused_as_a_wrong_key_is() {
     let h = start();
     let mut answers = Vec::new();
     for name in ["demo", "nobody"] {
         let mut s = connect(&h);
         s.write_all(&init(name)).unwrap();
-        let challenge = one_frame(&mut s);
-        assert_eq!(challenge.len(), 16 + 35, "{name}: a challenge");
-        let mut proof = Vec::new();
-        Request::Hello(Hello::Proof { mac: [0x77; 32] }).encode(2, &mut proof);
-        s.write_all(&proof).unwrap();
         answers.push(until_closed(&mut s));
     }
     assert_eq!(errors(&answers[0]), [ErrorCode::AuthFailed]);
-    assert_eq!(answers[0], answers[1], "the same bytes for a wrong MAC and an unknown name");
+    assert_eq!(answers[0], answers[1], "the same bytes for a wrong key and an unknown name");
+    h.stop();
+}
+
+#[test]
+fn a_v1_hello_is_refused_naming_v2() {
+    let h = start();
+    let mut s = connect(&h);
+    let mut b = Vec::new();
+    Request::Hello(Hello::Init(HelloInit {
+        min_version: 1,
+        max_version: 1,
+        name: "demo".into(),
+        client_nonce: [1; 16],
+    }))
+    .encode(1, &mut b);
+    s.write_all(&b).unwrap();
+    let answer = until_closed(&mut s);
+    let f = one_frame(&mut &answer[..]);
+    let e = ErrorBody::decode(&f[leasebox_proto::HEADER_LEN..]).unwrap();
+    assert_eq!(e.code, ErrorCode::UnsupportedVersion);
+    assert_eq!(e.message, "protocol v1 is not served: use v2 (docs/wire-protocol.md)");
+    h.stop();
+}
+
+/// Over TCP: after HELLO, an altered record and a replayed record each end the session.
+#[test]
+fn an_altered_or_replayed_record_ends_the_session() {
+    use leasectl::{Client, ClientError, Credentials, Timeouts};
+    let h = start();
+    let who = Credentials { name: "demo".into(), key: leasectl::hex::decode(KEY).unwrap() };
+    let addr = h.addr().to_string();
+    let mut hb = Vec::new();
+    Request::Heartbeat { echo: 5 }.encode(50, &mut hb);
+    // A flipped bit.
+    let (mut c, _) = Client::connect_and_hello(&addr, &who, Timeouts::default()).unwrap();
+    let mut rec = c.seal(&hb).unwrap();
+    rec[10] ^= 0x04;
+    c.send_wire(&rec).unwrap();
+    match c.receive() {
+        Ok(a) => assert!(matches!(&a.body, Err(e) if e.code == ErrorCode::Malformed), "{a:?}"),
+        Err(e) => assert!(matches!(e, ClientError::Io(_)), "{e:?}"),
+    }
+    assert!(c.call(&Request::Heartbeat { echo: 6 }).is_err(), "the session is gone");
+    // A replayed record: served once, then the session ends.
+    let (mut c, _) = Client::connect_and_hello(&addr, &who, Timeouts::default()).unwrap();
+    let rec = c.seal(&hb).unwrap();
+    c.send_wire(&rec).unwrap();
+    assert!(c.receive().unwrap().body.is_ok());
+    c.send_wire(&rec).unwrap();
+    match c.receive() {
+        Ok(a) => assert!(matches!(&a.body, Err(e) if e.code == ErrorCode::Malformed), "{a:?}"),
+        Err(e) => assert!(matches!(e, ClientError::Io(_)), "{e:?}"),
+    }
+    assert!(c.call(&Request::Heartbeat { echo: 7 }).is_err(), "the session is gone");
+    h.stop();
+}
+
+/// Key rotation end to end: the hosted appliance with two keys for `demo`, leasectl naming the key id.
+#[test]
+fn leasectl_names_the_key_id_while_a_key_rotates() {
+    use leasectl::{Client, ClientError, Credentials, Timeouts};
+    const NEW: &str = "f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff";
+    let args: Vec<String> =
+        ["--listen", "127.0.0.1:0", &format!("tenant=demo:0/{KEY},1/{NEW}")].iter().map(|s| s.to_string()).collect();
+    let h = Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap();
+    let addr = h.addr().to_string();
+    let who = |name: &str, hex: &str| Credentials { name: name.into(), key: leasectl::hex::decode(hex).unwrap() };
+    for (name, hex) in [("demo", KEY), ("demo#0", KEY), ("demo#1", NEW)] {
+        let (mut c, _) = Client::connect_and_hello(&addr, &who(name, hex), Timeouts::default()).unwrap();
+        assert!(c.call(&Request::Heartbeat { echo: 1 }).is_ok(), "{name}");
+    }
+    for (name, hex) in [("demo#1", KEY), ("demo", NEW), ("demo#2", NEW)] {
+        let e = Client::connect_and_hello(&addr, &who(name, hex), Timeouts::default()).unwrap_err();
+        assert!(matches!(&e, ClientError::Server(b) if b.code == ErrorCode::AuthFailed), "{name}: {e:?}");
+    }
     h.stop();
 }

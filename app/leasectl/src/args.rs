@@ -60,7 +60,7 @@ Exit codes:
   6  verify: a check failed (a figure over --budget-ms, a completed write missing, a success after the
      outcome, a fresh lease not zero, no failed completion)";
 
-/// Talks to a Leasebox appliance over its control protocol (v1, TCP port 7470).
+/// Talks to a Leasebox appliance over its control protocol (v2, TCP port 7470).
 #[derive(Debug, Parser)]
 #[command(name = "leasectl", version, after_help = AFTER_HELP)]
 pub struct Cli {
@@ -264,9 +264,14 @@ pub fn completions(shell: Shell, out: &mut dyn std::io::Write) {
 }
 
 /// `--tenant`: 1 to [`MAX_NAME`] bytes.
+/// `--tenant NAME` or `NAME#KEYID` (the key id while a key is being rotated; docs/operations.md).
 fn tenant(v: &str) -> Result<String, String> {
-    if v.is_empty() || v.len() > MAX_NAME {
+    let (name, id) = v.split_once('#').map_or((v, None), |(n, id)| (n, Some(id)));
+    if name.is_empty() || name.len() > MAX_NAME {
         return Err(format!("names are 1 to {MAX_NAME} bytes"));
+    }
+    if id.is_some_and(|id| id.parse::<u8>().is_err()) {
+        return Err("the key id after '#' is 0 to 255".into());
     }
     Ok(v.to_string())
 }

@@ -1,28 +1,25 @@
-//! The control client: TCP connection with deadlines, the two-step HELLO (docs/wire-protocol.md,
-//! "Authentication"), and request/answer calls.
+//! The control client: TCP connection with deadlines, the v2 HELLO and records (docs/wire-protocol.md,
+//! "Protocol v2"), and request/answer calls.
 //!
 //! QEMU user networking accepts a forwarded TCP connection before the guest listens, then closes it; so
 //! [`Client::connect_and_hello`] retries the whole connect + HELLO while nothing has come back from the server,
 //! until [`Timeouts::retry_for`] has passed.
 
-use hmac::{Hmac, Mac};
+use leasebox_proto::v2::{self, Announce, Initiator, Transport};
 use leasebox_proto::{
-    CLIENT_NONCE_LEN, DecodeError, ErrorBody, ErrorCode, FrameBuf, Header, Hello, HelloInit, HelloReply, Kind, MAC_LEN,
-    MAX_NAME, Next, Op, Request, Response, Role, SERVER_NONCE_LEN, hello_transcript,
+    DecodeError, ErrorBody, ErrorCode, FrameBuf, Header, Hello, HelloNoise, HelloReply, Kind, MAX_NAME, Next, Op,
+    Request, Response, Role,
 };
-use sha2::Sha256;
 use std::fmt;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-type HmacSha256 = Hmac<Sha256>;
-
 /// The control port the appliance listens on.
 pub const DEFAULT_PORT: u16 = 7470;
 /// Protocol versions this client speaks (offered in HELLO as min/max).
-pub const VERSION_MIN: u16 = 1;
-pub const VERSION_MAX: u16 = 1;
+pub const VERSION_MIN: u16 = 2;
+pub const VERSION_MAX: u16 = 2;
 /// Pause between connection attempts.
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
 
@@ -54,7 +51,8 @@ impl Timeouts {
     }
 }
 
-/// A principal and its key.
+/// A principal and its key. `name` is `NAME` (key id 0) or `NAME#ID` for key id `ID` while a key is being
+/// rotated (docs/operations.md, "Rotating a key").
 #[derive(Clone, PartialEq, Eq)]
 pub struct Credentials {
     pub name: String,
@@ -86,11 +84,12 @@ pub enum ClientError {
     Io(io::Error),
     /// No (whole) answer within the deadline.
     Timeout { what: &'static str, after: Duration },
-    /// The server sent something protocol v1 does not allow (or this client cannot accept).
+    /// The server sent something the protocol does not allow (or this client cannot accept).
     Protocol(String),
     /// The server answered with an error frame.
     Server(ErrorBody),
-    /// The server's HELLO proof is wrong: it does not hold the key (or is not the server we think).
+    /// The server's HELLO answer does not authenticate under the key (it does not hold the key, or the answer
+    /// belongs to another handshake), or a record from the server failed authentication.
     ServerProof,
     /// The caller asked for something the protocol cannot carry (e.g. a name over 32 bytes).
     Usage(String),
@@ -157,7 +156,9 @@ impl fmt::Display for ClientError {
             ClientError::Timeout { what, after } => write!(f, "no {what} within {:.1} s", after.as_secs_f64()),
             ClientError::Protocol(m) => write!(f, "protocol violation: {m}"),
             ClientError::Server(e) => write!(f, "{}: {}", e.code.name(), e.message),
-            ClientError::ServerProof => write!(f, "the server's HELLO proof does not match the key"),
+            ClientError::ServerProof => {
+                write!(f, "the server's HELLO answer or a record does not authenticate under the key")
+            }
             ClientError::Usage(m) => write!(f, "{m}"),
         }
     }
@@ -190,6 +191,8 @@ pub struct Client {
     /// While nothing has been heard, answers are awaited this long instead of `timeouts.receive`.
     first_wait: Option<Duration>,
     welcome: Option<Welcome>,
+    /// The session's record layer, once HELLO has completed.
+    transport: Option<Transport>,
 }
 
 impl fmt::Debug for Client {
@@ -207,10 +210,16 @@ fn random(buf: &mut [u8]) -> io::Result<()> {
     std::fs::File::open("/dev/urandom")?.read_exact(buf)
 }
 
-fn hmac(key: &[u8], data: &[u8]) -> HmacSha256 {
-    let mut m = <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
-    m.update(data);
-    m
+/// Splits `NAME#ID` into the name and key id (`NAME` alone is key id 0).
+pub fn split_key_id(spec: &str) -> Result<(&str, u8), ClientError> {
+    match spec.split_once('#') {
+        None => Ok((spec, 0)),
+        Some((name, id)) => {
+            let id =
+                id.parse::<u8>().map_err(|_| ClientError::Usage(format!("key id in '{spec}' must be 0 to 255")))?;
+            Ok((name, id))
+        }
+    }
 }
 
 fn resolve(addr: &str) -> Result<Vec<SocketAddr>, ClientError> {
@@ -250,6 +259,7 @@ impl Client {
                             heard: false,
                             first_wait: None,
                             welcome: None,
+                            transport: None,
                         });
                     }
                     Err(e) => last = Some(e),
@@ -295,36 +305,57 @@ impl Client {
         unreachable!("the loop returns")
     }
 
-    /// The two-step HELLO on this connection: offers versions 1..=1 with a fresh random nonce, proves the key,
-    /// and checks the server's proof (constant time) before returning its Welcome.
+    /// The v2 HELLO on this connection (docs/wire-protocol.md, "Protocol v2"): Noise NNpsk0 under the key's
+    /// PSK with a fresh ephemeral key; the server's answer must authenticate under the same PSK, and from then on
+    /// every frame travels in records; a first HEARTBEAT confirms the keys and gets the session its place.
+    /// `name` is `NAME` or `NAME#KEYID`.
     pub fn hello(&mut self, name: &str, key: &[u8]) -> Result<Welcome, ClientError> {
+        let mut e = [0u8; 32];
+        random(&mut e)?;
+        self.hello_with(name, key, e)
+    }
+
+    /// [`Client::hello`] with the given ephemeral private key (tests; nothing that ships calls it with anything
+    /// but fresh random bytes).
+    pub fn hello_with(&mut self, name: &str, key: &[u8], e: [u8; 32]) -> Result<Welcome, ClientError> {
+        let (name, key_id) = split_key_id(name)?;
         if name.is_empty() || name.len() > MAX_NAME {
             return Err(ClientError::Usage(format!("principal name '{name}' must be 1 to {MAX_NAME} bytes")));
         }
-        let mut client_nonce = [0u8; CLIENT_NONCE_LEN];
-        random(&mut client_nonce)?;
-        let init =
-            HelloInit { min_version: VERSION_MIN, max_version: VERSION_MAX, name: name.to_string(), client_nonce };
-        let (version, server_nonce): (u16, [u8; SERVER_NONCE_LEN]) =
-            match self.call(&Request::Hello(Hello::Init(init)))? {
-                Response::Hello(HelloReply::Challenge { version, server_nonce }) => (version, server_nonce),
-                other => return Err(ClientError::Protocol(format!("expected a HELLO challenge, got {other:?}"))),
-            };
-        if !(VERSION_MIN..=VERSION_MAX).contains(&version) {
-            return Err(ClientError::Protocol(format!("server chose version {version}, outside the offered range")));
-        }
-        let t = hello_transcript(true, version, name, &client_nonce, &server_nonce);
-        let mac: [u8; MAC_LEN] = hmac(key, &t).finalize().into_bytes().into();
-        let welcome = match self.call(&Request::Hello(Hello::Proof { mac }))? {
-            Response::Hello(HelloReply::Welcome { role, credits, heartbeat_ms, session_id, server_proof }) => {
-                let t = hello_transcript(false, version, name, &client_nonce, &server_nonce);
-                if hmac(key, &t).verify_slice(&server_proof).is_err() {
-                    return Err(ClientError::ServerProof);
-                }
-                Welcome { version, role, credits, heartbeat_ms, session_id }
-            }
-            other => return Err(ClientError::Protocol(format!("expected a HELLO welcome, got {other:?}"))),
+        let prologue = v2::prologue(VERSION_MIN, VERSION_MAX, key_id, name);
+        let (init, msg1) = Initiator::start(&prologue, &v2::psk_from_key(key), e);
+        let h = HelloNoise { min_version: VERSION_MIN, max_version: VERSION_MAX, key_id, name: name.into(), msg1 };
+        let msg2 = match self.call(&Request::Hello(Hello::Noise(h)))? {
+            Response::Hello(HelloReply::Noise { msg2 }) => msg2,
+            other => return Err(ClientError::Protocol(format!("expected a HELLO v2 answer, got {other:?}"))),
         };
+        let (announce, transport) = init.finish(&msg2).map_err(|_| ClientError::ServerProof)?;
+        let a = Announce::decode(&announce);
+        if !(VERSION_MIN..=VERSION_MAX).contains(&a.version) {
+            return Err(ClientError::Protocol(format!(
+                "server chose version {}, outside the offered range",
+                a.version
+            )));
+        }
+        let role = Role::from_raw(a.role).ok_or_else(|| ClientError::Protocol(format!("unknown role {}", a.role)))?;
+        let welcome = Welcome {
+            version: a.version,
+            role,
+            credits: a.credits,
+            heartbeat_ms: a.heartbeat_ms,
+            session_id: a.session_id,
+        };
+        // Whatever the server sent after its answer is already records.
+        let mut transport = transport;
+        transport.push(&self.frames.take_buffered());
+        self.transport = Some(transport);
+        // Key confirmation (docs/wire-protocol.md): the server makes the session on the first record it can
+        // open, and refuses it there (BUSY, request id 0) when a budget is full; so HELLO ends with one answered
+        // HEARTBEAT.
+        match self.call(&Request::Heartbeat { echo: 0 })? {
+            Response::Heartbeat { .. } => {}
+            other => return Err(ClientError::Protocol(format!("expected a HEARTBEAT answer, got {other:?}"))),
+        }
         self.welcome = Some(welcome.clone());
         Ok(welcome)
     }
@@ -363,11 +394,33 @@ impl Client {
         Ok(id)
     }
 
-    /// Writes bytes as they are (tests use it for malformed frames).
+    /// Writes frame bytes as they are (tests use it for malformed frames): sealed in a record once the session
+    /// is established, so the server sees exactly these bytes in its frame stream.
     pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
+        match &mut self.transport {
+            Some(t) => {
+                let mut wire = Vec::with_capacity(bytes.len() + 32);
+                t.seal(bytes, &mut wire).map_err(|e| ClientError::Protocol(e.to_string()))?;
+                self.send_wire(&wire)
+            }
+            None => self.send_wire(bytes),
+        }
+    }
+
+    /// Writes bytes to the connection as they are, past the record layer (tests use it to replay, reorder or
+    /// alter records).
+    pub fn send_wire(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
         self.stream.set_write_timeout(Some(self.timeouts.receive.max(Duration::from_millis(1))))?;
         self.stream.write_all(bytes)?;
         Ok(())
+    }
+
+    /// Seals frame bytes into records without sending them (tests keep them to replay or reorder).
+    pub fn seal(&mut self, bytes: &[u8]) -> Result<Vec<u8>, ClientError> {
+        let t = self.transport.as_mut().ok_or_else(|| ClientError::Usage("no session yet".into()))?;
+        let mut wire = Vec::new();
+        t.seal(bytes, &mut wire).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        Ok(wire)
     }
 
     /// The next frame from the server, decoded, within the receive timeout.
@@ -412,7 +465,16 @@ impl Client {
                 }
                 Ok(n) => {
                     self.heard = true;
-                    self.frames.push(&buf[..n]);
+                    match &mut self.transport {
+                        None => self.frames.push(&buf[..n]),
+                        Some(t) => {
+                            t.push(&buf[..n]);
+                            while let Some(r) = t.open() {
+                                let plain = r.map_err(|_| ClientError::ServerProof)?;
+                                self.frames.push(&plain);
+                            }
+                        }
+                    }
                 }
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
                 Err(e) => return Err(ClientError::Io(e)),

@@ -407,7 +407,7 @@ mod tests {
         );
         assert_eq!(
             error_human(&ClientError::ServerProof),
-            "error: SERVER_PROOF: the server's HELLO proof does not match the key\n"
+            "error: SERVER_PROOF: the server's HELLO answer or a record does not authenticate under the key\n"
         );
     }
 

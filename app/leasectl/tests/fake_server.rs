@@ -1,11 +1,11 @@
-//! The client against a tiny fake server on a std TCP thread: the real HELLO (a correct or a wrong proof),
+//! The client against a tiny fake server on a std TCP thread: the real v2 HELLO (a correct or an altered answer)
+//! and records after it,
 //! HEARTBEAT, NOT_IMPLEMENTED lease ops, FENCED_SUMMARY in pages, a server that accepts and then closes (QEMU's forwarder before the
 //! guest listens), and the CLI's exit codes.
 
-use hmac::{Hmac, Mac};
+use leasebox_proto::v2::{self, Announce, Responder, Transport};
 use leasebox_proto::{
     ErrorBody, ErrorCode, FencedSlot, FrameBuf, Hello, HelloReply, Kind, MAX_PAGE, Next, Op, Request, Response, Role,
-    hello_transcript,
 };
 use leasectl::{Client, ClientError, Credentials, Timeouts};
 use std::io::{Read, Write};
@@ -28,19 +28,13 @@ struct Behaviour {
     always_close: bool,
     /// Accept and never answer.
     silent: bool,
-    /// The Welcome carries a proof made with another key.
+    /// The HELLO answer (Noise message 2) is altered: it does not authenticate.
     wrong_proof: bool,
 }
 
 struct Fake {
     addr: SocketAddr,
     accepted: Arc<AtomicUsize>,
-}
-
-fn mac(key: &[u8], t: &[u8]) -> [u8; 32] {
-    let mut m = <Hmac<sha2::Sha256> as Mac>::new_from_slice(key).unwrap();
-    m.update(t);
-    m.finalize().into_bytes().into()
 }
 
 fn spawn(b: Behaviour) -> Fake {
@@ -73,13 +67,21 @@ fn spawn(b: Behaviour) -> Fake {
 fn serve(mut s: TcpStream, b: Behaviour) {
     let mut fb = FrameBuf::new();
     let mut buf = [0u8; 4096];
-    let mut hello: Option<(String, [u8; 16], [u8; 32])> = None;
+    let mut transport: Option<Transport> = None;
     loop {
         let n = match s.read(&mut buf) {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        fb.push(&buf[..n]);
+        match &mut transport {
+            None => fb.push(&buf[..n]),
+            Some(t) => {
+                t.push(&buf[..n]);
+                while let Some(r) = t.open() {
+                    fb.push(&r.expect("the client's records authenticate"));
+                }
+            }
+        }
         while let Next::Frame(h, p) = fb.next_frame() {
             assert_eq!(h.kind, Kind::Request);
             let op = Op::from_raw(h.op).unwrap();
@@ -87,36 +89,35 @@ fn serve(mut s: TcpStream, b: Behaviour) {
             let mut out = Vec::new();
             let mut close = false;
             match req {
-                Request::Hello(Hello::Init(i)) => {
-                    assert_eq!((i.min_version, i.max_version), (1, 1));
-                    let server_nonce = [0x5a; 32];
-                    hello = Some((i.name, i.client_nonce, server_nonce));
-                    Response::Hello(HelloReply::Challenge { version: 1, server_nonce }).encode(
-                        op,
-                        h.request_id,
-                        &mut out,
-                    );
-                }
-                Request::Hello(Hello::Proof { mac: m }) => {
-                    let (name, cn, sn) = hello.clone().unwrap();
-                    if name != "demo" || m != mac(&KEY, &hello_transcript(true, 1, &name, &cn, &sn)) {
-                        ErrorBody::new(ErrorCode::AuthFailed, "authentication failed").encode(
-                            h.op,
-                            h.request_id,
-                            &mut out,
-                        );
-                        close = true;
-                    } else {
-                        let key: &[u8] = if b.wrong_proof { &[0x43; 32] } else { &KEY };
-                        let server_proof = mac(key, &hello_transcript(false, 1, &name, &cn, &sn));
-                        let w = HelloReply::Welcome {
-                            role: Role::Tenant,
-                            credits: 8,
-                            heartbeat_ms: 10_000,
-                            session_id: 7,
-                            server_proof,
-                        };
-                        Response::Hello(w).encode(op, h.request_id, &mut out);
+                Request::Hello(Hello::Noise(i)) => {
+                    assert_eq!((i.min_version, i.max_version, i.key_id), (2, 2, 0));
+                    let prologue = v2::prologue(2, 2, i.key_id, &i.name);
+                    match Responder::read(&prologue, &v2::psk_from_key(&KEY), &i.msg1) {
+                        Ok(r) if i.name == "demo" => {
+                            let a = Announce {
+                                version: 2,
+                                role: Role::Tenant as u8,
+                                credits: 8,
+                                heartbeat_ms: 10_000,
+                                session_id: 7,
+                            };
+                            let (mut msg2, t) = r.reply([0x77; 32], &a.encode());
+                            if b.wrong_proof {
+                                msg2[40] ^= 1;
+                            }
+                            Response::Hello(HelloReply::Noise { msg2 }).encode(op, h.request_id, &mut out);
+                            s.write_all(&out).unwrap();
+                            out.clear();
+                            transport = Some(t);
+                        }
+                        _ => {
+                            ErrorBody::new(ErrorCode::AuthFailed, "authentication failed").encode(
+                                h.op,
+                                h.request_id,
+                                &mut out,
+                            );
+                            close = true;
+                        }
                     }
                 }
                 Request::Heartbeat { echo } => {
@@ -144,6 +145,11 @@ fn serve(mut s: TcpStream, b: Behaviour) {
                     ErrorBody::new(ErrorCode::NotImplemented, &m).encode(h.op, h.request_id, &mut out);
                 }
             }
+            if let (Some(t), false) = (&mut transport, out.is_empty()) {
+                let mut wire = Vec::new();
+                t.seal(&out, &mut wire).unwrap();
+                out = wire;
+            }
             if s.write_all(&out).is_err() || close {
                 return;
             }
@@ -167,9 +173,9 @@ fn quick(retry_for_ms: u64) -> Timeouts {
 fn hello_heartbeat_and_request_ids() {
     let f = spawn(Behaviour::default());
     let (mut c, w) = Client::connect_and_hello(&f.addr.to_string(), &demo(), quick(5000)).unwrap();
-    assert_eq!((w.version, w.role, w.credits, w.heartbeat_ms, w.session_id), (1, Role::Tenant, 8, 10_000, 7));
+    assert_eq!((w.version, w.role, w.credits, w.heartbeat_ms, w.session_id), (2, Role::Tenant, 8, 10_000, 7));
     assert_eq!(c.welcome(), Some(&w));
-    assert_eq!(c.next_request_id(), 3, "HELLO used ids 1 and 2");
+    assert_eq!(c.next_request_id(), 3, "HELLO used id 1, the confirming HEARTBEAT id 2");
     assert_eq!(c.call(&Request::Heartbeat { echo: 99 }).unwrap(), Response::Heartbeat { echo: 99, uptime_ms: 4242 });
     assert_eq!(c.next_request_id(), 4);
     match c.call(&Request::Free { lease: leasebox_proto::LeaseId { slot: 1, generation: 2 } }) {

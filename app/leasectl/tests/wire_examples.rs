@@ -1,4 +1,5 @@
-//! The worked examples of docs/wire-protocol.md, byte for byte (the MACs were computed independently with
+//! The frame and version 1 HELLO worked examples of docs/wire-protocol.md, byte for byte (v2's handshake and
+//! records: app/session/src/tests/wire_v2.rs) (the MACs were computed independently with
 //! `openssl dgst -sha256 -mac HMAC`).
 
 use hmac::{Hmac, Mac};

@@ -137,6 +137,12 @@ impl FrameBuf {
         self.buf.len()
     }
 
+    /// Takes every byte buffered and not yet returned as a frame (a v2 session's first records, which came in
+    /// the same read as its HELLO, move to the record layer this way).
+    pub fn take_buffered(&mut self) -> Vec<u8> {
+        core::mem::take(&mut self.buf)
+    }
+
     /// Whether a framing error has made the stream unusable.
     pub fn framing_lost(&self) -> bool {
         self.lost

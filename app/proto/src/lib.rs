@@ -1,4 +1,4 @@
-//! Leasebox control protocol, version 1 — the normative description is `docs/wire-protocol.md`; this crate
+//! Leasebox control protocol (version 2; [`v2`] holds its Noise handshake and record layer) — the normative description is `docs/wire-protocol.md`; this crate
 //! is its executable form, shared by the appliance and its clients.
 //!
 //! Every frame is a 16-byte big-endian header followed by a payload of at most [`MAX_PAYLOAD`] bytes.
@@ -13,6 +13,7 @@ extern crate alloc;
 mod codec;
 mod frame;
 mod msg;
+pub mod v2;
 
 pub use codec::{DecodeError, Reader, Writer};
 pub use frame::{FrameBuf, FrameError, HEADER_LEN, Header, Kind, MAGIC, MAX_PAYLOAD, Next, VERSION, frame};

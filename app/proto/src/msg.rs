@@ -1,4 +1,4 @@
-//! Every message of protocol v1: opcodes, error codes, request and response bodies, and their encodings.
+//! Every message of the control protocol (the frames inside v2's records): opcodes, error codes, request and response bodies, and their encodings.
 //! Field layouts are listed in `docs/wire-protocol.md`; each `encode`/`decode` pair below follows them in
 //! order, big-endian.
 
@@ -178,6 +178,18 @@ pub enum Hello {
     Proof {
         mac: [u8; MAC_LEN],
     },
+    /// Protocol v2 (step 3): the clear identity and Noise message 1 (see [`crate::v2`]).
+    Noise(HelloNoise),
+}
+
+/// HELLO step 3 (protocol v2): versions, key id and name in clear (the Noise prologue), then `e ‖ tag`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HelloNoise {
+    pub min_version: u16,
+    pub max_version: u16,
+    pub key_id: u8,
+    pub name: String,
+    pub msg1: [u8; crate::v2::MSG1_LEN],
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -186,6 +198,8 @@ pub enum HelloReply {
     Challenge { version: u16, server_nonce: [u8; SERVER_NONCE_LEN] },
     /// Answer to step 2: the session is authenticated.
     Welcome { role: Role, credits: u16, heartbeat_ms: u32, session_id: u64, server_proof: [u8; MAC_LEN] },
+    /// Answer to step 3 (protocol v2): Noise message 2, `e ‖ AEAD(announcement)`.
+    Noise { msg2: [u8; crate::v2::MSG2_LEN] },
 }
 
 /// What each side MACs in HELLO: `label ‖ version ‖ len(name) ‖ name ‖ first nonce ‖ second nonce`. The client
@@ -549,6 +563,10 @@ impl Request {
             Request::Hello(Hello::Proof { mac }) => {
                 w.u8(2).bytes(mac);
             }
+            Request::Hello(Hello::Noise(h)) => {
+                w.u8(3).u16(h.min_version).u16(h.max_version).u8(h.key_id).u8(h.name.len() as u8);
+                w.bytes(h.name.as_bytes()).bytes(&h.msg1);
+            }
             Request::Heartbeat { echo } => {
                 w.u64(*echo);
             }
@@ -600,6 +618,18 @@ impl Request {
                     Request::Hello(Hello::Init(HelloInit { min_version, max_version, name, client_nonce }))
                 }
                 2 => Request::Hello(Hello::Proof { mac: r.array("hello.mac")? }),
+                3 => {
+                    let min_version = r.u16("hello.min_version")?;
+                    let max_version = r.u16("hello.max_version")?;
+                    let key_id = r.u8("hello.key_id")?;
+                    let len = r.u8("hello.name_len")? as usize;
+                    if len == 0 || len > MAX_NAME {
+                        return Err(DecodeError::Invalid { field: "hello.name_len" });
+                    }
+                    let name = r.str(len, "hello.name")?;
+                    let msg1 = r.array("hello.noise")?;
+                    Request::Hello(Hello::Noise(HelloNoise { min_version, max_version, key_id, name, msg1 }))
+                }
                 _ => return Err(DecodeError::Invalid { field: "hello.step" }),
             },
             Op::Heartbeat => Request::Heartbeat { echo: r.u64("heartbeat.echo")? },
@@ -702,6 +732,9 @@ impl Response {
             Response::Hello(HelloReply::Welcome { role, credits, heartbeat_ms, session_id, server_proof }) => {
                 w.u8(2).u8(*role as u8).u16(*credits).u32(*heartbeat_ms).u64(*session_id).bytes(server_proof);
             }
+            Response::Hello(HelloReply::Noise { msg2 }) => {
+                w.u8(3).bytes(msg2);
+            }
             Response::Heartbeat { echo, uptime_ms } => {
                 w.u64(*echo).u64(*uptime_ms);
             }
@@ -778,6 +811,7 @@ impl Response {
                         server_proof: r.array("hello.server_proof")?,
                     })
                 }
+                3 => Response::Hello(HelloReply::Noise { msg2: r.array("hello.noise")? }),
                 _ => return Err(DecodeError::Invalid { field: "hello.step" }),
             },
             Op::Heartbeat => {

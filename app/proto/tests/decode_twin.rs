@@ -9,8 +9,8 @@ mod decode_check;
 use decode_check::{Counts, check};
 use leasebox_proto::{
     AllocReq, AllocResp, ErrorBody, ErrorCode, FencedSlot, HcaState, Health, HealthStatus, Hello, HelloInit,
-    HelloReply, Histogram, Kind, LeaseId, LeaseInfo, LeaseState, LeaseStats, MAX_MESSAGE, MAX_NAME, MAX_PAYLOAD, Op,
-    Outcome, Request, Response, Role, Stats, frame,
+    HelloNoise, HelloReply, Histogram, Kind, LeaseId, LeaseInfo, LeaseState, LeaseStats, MAX_MESSAGE, MAX_NAME,
+    MAX_PAYLOAD, Op, Outcome, Request, Response, Role, Stats, frame,
 };
 
 const INPUTS: usize = 120_000;
@@ -91,6 +91,13 @@ fn request(r: &mut Rng) -> Request {
             name: r.text(1, MAX_NAME),
             client_nonce: r.bytes(),
         })),
+        1 if r.chance(2) => Request::Hello(Hello::Noise(HelloNoise {
+            min_version: r.u16(),
+            max_version: r.u16(),
+            key_id: r.u8(),
+            name: r.text(1, MAX_NAME),
+            msg1: r.bytes(),
+        })),
         1 => Request::Hello(Hello::Proof { mac: r.bytes() }),
         2 => Request::Heartbeat { echo: r.u64() },
         3 => Request::Bye,
@@ -134,6 +141,7 @@ fn info(r: &mut Rng) -> LeaseInfo {
 fn response(r: &mut Rng) -> (Op, Response) {
     let op = r.pick(Op::ALL);
     let resp = match op {
+        Op::Hello if r.chance(3) => Response::Hello(HelloReply::Noise { msg2: r.bytes() }),
         Op::Hello if r.chance(2) => {
             Response::Hello(HelloReply::Challenge { version: r.u16(), server_nonce: r.bytes() })
         }

@@ -1,5 +1,10 @@
-//! Principals and their keys: tenants (`tenant=NAME:HEXKEY`) and the admin (`admin=HEXKEY`). No key is built
+//! Principals and their keys: tenants (`tenant=NAME:KEYS`) and the admin (`admin=KEYS`). No key is built
 //! into any image; they all come from the configuration.
+//!
+//! `KEYS` is one key or several separated by commas, each `HEX` or `ID/HEX`: a key without an explicit id has
+//! its position in the list as id (so a lone `HEX` is key id 0, the syntax before key ids). A principal has
+//! two valid keys while rotating (`tenant=demo:0/OLDHEX,1/NEWHEX`); the client names the key id in HELLO
+//! (docs/operations.md, "Rotating a key").
 
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -18,6 +23,7 @@ pub enum KeyError {
     BadName,
     Duplicate,
     ReservedName,
+    BadKeyId,
 }
 
 impl core::fmt::Display for KeyError {
@@ -28,6 +34,7 @@ impl core::fmt::Display for KeyError {
             KeyError::BadName => write!(f, "tenant names are 1 to {MAX_NAME} characters of A-Z a-z 0-9 _ . -"),
             KeyError::Duplicate => write!(f, "principal configured twice"),
             KeyError::ReservedName => write!(f, "'admin' is reserved for the admin key (admin=HEXKEY)"),
+            KeyError::BadKeyId => write!(f, "key ids are 0 to 255, each at most once per principal (ID/HEX)"),
         }
     }
 }
@@ -47,7 +54,9 @@ pub fn parse_hex(s: &str) -> Result<Vec<u8>, KeyError> {
 
 pub(crate) struct Entry {
     pub name: String,
-    pub key: Vec<u8>,
+    pub key_id: u8,
+    /// The v2 Noise PSK derived from the key ([`leasebox_proto::v2::psk_from_key`]).
+    pub psk: [u8; 32],
     pub role: Role,
 }
 
@@ -77,15 +86,27 @@ impl Keyring {
         Self::default()
     }
 
-    fn add(&mut self, name: &str, key_hex: &str, role: Role) -> Result<(), KeyError> {
-        let key = parse_hex(key_hex)?;
-        if !(MIN_KEY..=MAX_KEY).contains(&key.len()) {
-            return Err(KeyError::KeyLength { len: key.len() });
-        }
+    fn add(&mut self, name: &str, keys: &str, role: Role) -> Result<(), KeyError> {
         if self.entries.iter().any(|e| e.name == name) {
             return Err(KeyError::Duplicate);
         }
-        self.entries.push(Entry { name: String::from(name), key, role });
+        let mut added = Vec::new();
+        for (i, item) in keys.split(',').enumerate() {
+            let (key_id, hex) = match item.split_once('/') {
+                Some((id, hex)) => (id.parse::<u8>().map_err(|_| KeyError::BadKeyId)?, hex),
+                None => (u8::try_from(i).map_err(|_| KeyError::BadKeyId)?, item),
+            };
+            let key = parse_hex(hex)?;
+            if !(MIN_KEY..=MAX_KEY).contains(&key.len()) {
+                return Err(KeyError::KeyLength { len: key.len() });
+            }
+            if added.iter().any(|e: &Entry| e.key_id == key_id) {
+                return Err(KeyError::BadKeyId);
+            }
+            let psk = leasebox_proto::v2::psk_from_key(&key);
+            added.push(Entry { name: String::from(name), key_id, psk, role });
+        }
+        self.entries.extend(added);
         Ok(())
     }
 
@@ -105,6 +126,7 @@ impl Keyring {
         self.add(ADMIN_NAME, key_hex, Role::Admin)
     }
 
+    /// Keys configured (a principal with two key ids counts twice).
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -112,12 +134,12 @@ impl Keyring {
         self.entries.is_empty()
     }
 
-    /// The principal named `name`. Every entry is compared, each over the same `MAX_NAME` bytes, so the time
-    /// taken does not depend on where (or whether) the name is found.
-    pub(crate) fn find(&self, name: &str) -> Option<usize> {
+    /// The key `key_id` of the principal named `name`. Every entry is compared, each over the same `MAX_NAME`
+    /// bytes, so the time taken does not depend on where (or whether) the name is found.
+    pub(crate) fn find(&self, name: &str, key_id: u8) -> Option<usize> {
         let mut found = None;
         for (i, e) in self.entries.iter().enumerate() {
-            if same_name(&e.name, name) {
+            if same_name(&e.name, name) & (e.key_id == key_id) {
                 found = Some(i);
             }
         }

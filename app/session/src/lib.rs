@@ -1,7 +1,8 @@
 //! Control sessions, sans-I/O: bytes in, bytes out. The appliance drives a [`Server`] from its smoltcp loop;
 //! the hosted appliance drives the same code from std TCP; tests drive it directly.
 //!
-//! A connection goes AwaitHello → Challenged → Authenticated (docs/wire-protocol.md, "Sessions"). Lease
+//! A connection goes AwaitHello → Authenticated through protocol v2's Noise handshake, after which every byte
+//! travels in authenticated records (docs/wire-protocol.md, "Sessions"). Lease
 //! operations and diagnostics are handed to a [`Backend`]: the lease service, or [`NoLeases`] when it is off
 //! (lease operations answer `NOT_IMPLEMENTED` with the reason).
 #![no_std]

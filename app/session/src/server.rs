@@ -5,28 +5,22 @@ use crate::backend::{Answer, Backend, CloseReason, ConnId, Principal, Ticket};
 use crate::keyring::Keyring;
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
-use alloc::string::String;
 use alloc::vec::Vec;
-use hmac::{Hmac, Mac};
+use leasebox_proto::v2::{Announce, Responder, Transport};
 use leasebox_proto::{
-    CLIENT_NONCE_LEN, DecodeError, ErrorBody, ErrorCode, FrameBuf, Header, Hello, HelloReply, Kind, Next, Op, Reply,
-    Request, Response, SERVER_NONCE_LEN, Stats, hello_transcript,
+    DecodeError, ErrorBody, ErrorCode, FrameBuf, Header, Hello, HelloNoise, HelloReply, Kind, Next, Op, Reply, Request,
+    Response, Stats, v2,
 };
-use sha2::Sha256;
 
-type HmacSha256 = Hmac<Sha256>;
-
-/// Protocol versions this server speaks.
-const VERSION_MIN: u16 = 1;
-const VERSION_MAX: u16 = 1;
+/// Protocol versions this server speaks: v2 only (docs/security.md, "Protocol v1").
+const VERSION_MIN: u16 = 2;
+const VERSION_MAX: u16 = 2;
+/// What a v1 HELLO (step 1) is told before the connection closes.
+pub const V1_REFUSED: &str = "protocol v1 is not served: use v2 (docs/wire-protocol.md)";
 /// Output a client may leave unread before its session is closed (it is not reading its answers).
 const MAX_PENDING_OUTPUT: usize = 256 * 1024;
 /// Refused connections that still get their BUSY frame; beyond this they are just closed.
 const MAX_REFUSED: usize = 4;
-/// The length of the stand-in key HELLO step 2 checks an unknown name's MAC with. HMAC-SHA256 pads every key of
-/// up to 64 bytes (every configured key: `keyring::MAX_KEY`) to one 64-byte block, so the check costs the same
-/// whatever the real key's length.
-const DUMMY_KEY_LEN: usize = 32;
 /// A connection must finish HELLO within this time of opening, whatever it sends meanwhile: otherwise a
 /// client that never authenticates could hold a session place forever.
 pub const HELLO_DEADLINE_MS: u64 = 5_000;
@@ -76,15 +70,19 @@ impl core::fmt::Display for StartError {
 
 enum State {
     AwaitHello,
-    /// `principal` is `None` for an unknown name: the challenge is sent anyway so names cannot be probed.
-    Challenged {
-        principal: Option<usize>,
-        name: String,
-        version: u16,
-        client_nonce: [u8; CLIENT_NONCE_LEN],
-        server_nonce: [u8; SERVER_NONCE_LEN],
-    },
-    Authenticated(Principal),
+    /// Noise message 1 verified and message 2 sent, but the client has not yet shown that it holds the session
+    /// keys: message 1 alone can be replayed by anyone who once saw it. Until the client's first record opens
+    /// this is still an unauthenticated connection (the pre-authentication pool, the HELLO deadline, no session
+    /// place); that record confirms it (docs/wire-protocol.md, "Key confirmation").
+    Confirming(Pending, Box<Transport>),
+    /// After key confirmation: every byte either way goes through the session's record layer.
+    Authenticated(Principal, Box<Transport>),
+}
+
+/// Who a confirming connection will be, and the key it used.
+struct Pending {
+    who: Principal,
+    key: usize,
 }
 
 struct Conn {
@@ -113,7 +111,7 @@ impl Conn {
     fn awaits(&self, t: &Ticket) -> bool {
         !self.close
             && self.deferred > 0
-            && matches!(&self.state, State::Authenticated(p) if p.session_id == t.session_id)
+            && matches!(&self.state, State::Authenticated(p, _) if p.session_id == t.session_id)
     }
 }
 
@@ -133,13 +131,15 @@ pub struct Server<B: Backend, E: Entropy> {
     answers_dropped: u64,
     /// Scratch for [`Backend::take_answers`], kept to avoid an allocation per call.
     answers: Vec<(Ticket, Reply)>,
-    /// A random key nobody knows: HELLO step 2 checks an unknown name's MAC against it, so an unknown name
-    /// costs the same work as a known name with a wrong MAC and gets the same answer.
-    dummy_key: [u8; DUMMY_KEY_LEN],
-    /// HELLO step-2 MACs checked (one HMAC each, known names and unknown alike).
+    /// A random PSK nobody knows: an unknown name's (or key id's) Noise message 1 is checked against it, so it
+    /// costs the same work as a known name with a wrong key and gets the same answer.
+    dummy_psk: [u8; 32],
+    /// Noise messages 1 checked (one AEAD tag each, known names and unknown alike).
     hello_macs: u64,
     /// Places: the unauthenticated pool, session budgets per principal, the memory budget (`admission`).
     admission: Admission,
+    /// Records that failed authentication (each closed its session).
+    records_rejected: u64,
 }
 
 fn error_frame(code: ErrorCode, op: u16, request_id: u32, message: &str, detail: [u32; 3]) -> Vec<u8> {
@@ -151,8 +151,8 @@ fn error_frame(code: ErrorCode, op: u16, request_id: u32, message: &str, detail:
 impl<B: Backend, E: Entropy> Server<B, E> {
     /// Starts the service; refuses without a working entropy source or without any principal.
     pub fn new(limits: Limits, keys: Keyring, backend: B, mut entropy: E, now_ms: u64) -> Result<Self, StartError> {
-        let mut dummy_key = [0u8; DUMMY_KEY_LEN];
-        entropy.fill(&mut dummy_key).map_err(|_| StartError::NoEntropy)?;
+        let mut dummy_psk = [0u8; 32];
+        entropy.fill(&mut dummy_psk).map_err(|_| StartError::NoEntropy)?;
         if keys.is_empty() {
             return Err(StartError::NoPrincipals);
         }
@@ -170,9 +170,10 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             errors: [0; 32],
             answers_dropped: 0,
             answers: Vec::new(),
-            dummy_key,
+            dummy_psk,
             hello_macs: 0,
             admission: Admission::new(Budget::for_sessions(limits.sessions)),
+            records_rejected: 0,
         })
     }
 
@@ -237,10 +238,17 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         s
     }
 
-    /// HELLO step-2 MACs checked so far: every proof is checked with one HMAC, for a name no key is configured
-    /// for too (against a random stand-in key), so the answer's timing does not tell which names exist.
+    /// HELLO messages 1 checked so far: every one is checked with the same key derivation and one AEAD tag, for a
+    /// name (or key id) no key is configured for too (against a random stand-in PSK), so the answer's timing does
+    /// not tell which names exist.
     pub fn hello_macs(&self) -> u64 {
         self.hello_macs
+    }
+
+    /// Records that failed authentication (altered, replayed, reordered, truncated, misplaced); each closed its
+    /// session.
+    pub fn records_rejected(&self) -> u64 {
+        self.records_rejected
     }
 
     /// Deferred answers dropped because their session had ended before they came.
@@ -288,14 +296,32 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         }
     }
 
+    /// Queues frame bytes on connection `i`: sealed into records once the session is established, in clear
+    /// before (HELLO and its errors).
+    fn queue(&mut self, i: usize, f: Vec<u8>) {
+        let c = &mut self.conns[i];
+        let wire = match &mut c.state {
+            State::Confirming(_, t) | State::Authenticated(_, t) => {
+                let mut w = Vec::with_capacity(f.len() + v2::RECORD_HEADER_LEN + v2::TAG_LEN);
+                if t.seal(&f, &mut w).is_err() {
+                    // 2^64 - 1 records sent: the session cannot go on.
+                    let now_ms = c.last_rx_ms;
+                    return self.close(i, CloseReason::ProtocolError, now_ms);
+                }
+                w
+            }
+            State::AwaitHello => f,
+        };
+        c.queued += wire.len() as u64;
+        c.out.extend(wire);
+    }
+
     /// Queues an error frame on connection `i` (not an answer that holds a credit).
     fn send_error(&mut self, i: usize, code: ErrorCode, op: u16, request_id: u32, message: &str, detail: [u32; 3]) {
         self.count_error(code);
         self.stats.frames_out += 1;
         let f = error_frame(code, op, request_id, message, detail);
-        let c = &mut self.conns[i];
-        c.queued += f.len() as u64;
-        c.out.extend(f);
+        self.queue(i, f);
     }
 
     /// Queues the answer to an accepted request: it holds a credit until fully taken by the transport.
@@ -309,9 +335,8 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             }
         }
         self.stats.frames_out += 1;
+        self.queue(i, f);
         let c = &mut self.conns[i];
-        c.queued += f.len() as u64;
-        c.out.extend(f);
         c.answer_ends.push_back(c.queued);
     }
 
@@ -327,7 +352,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             return;
         }
         self.conns[i].last_rx_ms = now_ms;
-        self.conns[i].frames.push(data);
+        self.ingest(i, data, now_ms);
         loop {
             if self.conns[i].close {
                 break;
@@ -339,14 +364,20 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                     self.send_error(i, e.code, e.op, e.request_id, e.reason, [0; 3]);
                     // Lost framing always closes; a framed bad header (unknown kind, reserved bytes set) only
                     // before authentication, where every malformed frame ends the connection.
-                    let authenticated = matches!(self.conns[i].state, State::Authenticated(_));
+                    let authenticated = matches!(self.conns[i].state, State::Authenticated(..));
                     if e.framing_lost || !authenticated {
                         self.close(i, CloseReason::ProtocolError, now_ms);
                     }
                 }
                 Next::Frame(h, payload) => {
                     self.stats.frames_in += 1;
+                    let awaited_hello = matches!(self.conns[i].state, State::AwaitHello);
                     self.frame(i, h, &payload, now_ms);
+                    if awaited_hello && !matches!(self.conns[i].state, State::AwaitHello) {
+                        // Bytes after HELLO in the same read are records: they go through the record layer.
+                        let rest = self.conns[i].frames.take_buffered();
+                        self.ingest(i, &rest, now_ms);
+                    }
                 }
             }
             if self.conns[i].out.len() > MAX_PENDING_OUTPUT {
@@ -354,6 +385,55 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 self.close(i, CloseReason::ProtocolError, now_ms);
             }
         }
+    }
+
+    /// Received bytes into the frame reassembler: as they are before authentication; after it, through the
+    /// record layer, where a record that fails authentication (altered, replayed, reordered, cut short, or
+    /// from another session) ends the connection.
+    fn ingest(&mut self, i: usize, data: &[u8], now_ms: u64) {
+        let c = &mut self.conns[i];
+        match &mut c.state {
+            State::AwaitHello => return c.frames.push(data),
+            State::Confirming(_, t) | State::Authenticated(_, t) => t.push(data),
+        }
+        loop {
+            let c = &mut self.conns[i];
+            let opened = match &mut c.state {
+                State::Confirming(_, t) | State::Authenticated(_, t) => t.open(),
+                State::AwaitHello => return,
+            };
+            match opened {
+                None => return,
+                Some(Ok(plain)) => {
+                    if matches!(self.conns[i].state, State::Confirming(..)) && !self.confirm(i, now_ms) {
+                        return;
+                    }
+                    self.conns[i].frames.push(&plain);
+                }
+                Some(Err(e)) => {
+                    self.records_rejected += 1;
+                    let msg = alloc::format!("{e}: closing the session");
+                    self.send_error(i, ErrorCode::Malformed, 0, 0, &msg, [0; 3]);
+                    return self.close(i, CloseReason::ProtocolError, now_ms);
+                }
+            }
+        }
+    }
+
+    /// The client's first record opened: it holds the session keys, so the handshake was its own (not a
+    /// replayed message 1). The session takes its place in the budgets now, or is refused BUSY (request id 0:
+    /// news for the session, not an answer to the record's request) and closed.
+    fn confirm(&mut self, i: usize, now_ms: u64) -> bool {
+        let State::Confirming(p, _) = &self.conns[i].state else { return true };
+        if !self.admit(i, 0, p.key, now_ms) {
+            return false;
+        }
+        let State::Confirming(p, t) = core::mem::replace(&mut self.conns[i].state, State::AwaitHello) else {
+            unreachable!("checked above")
+        };
+        self.backend.session_started(&p.who, now_ms);
+        self.conns[i].state = State::Authenticated(p.who, t);
+        true
     }
 
     /// Queues the answers the backend has finished ([`Backend::take_answers`]) on their connections. An answer
@@ -383,7 +463,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         }
         c.close = true;
         // The place is given back now: a closing connection no longer counts against any budget.
-        if let State::Authenticated(p) = &c.state {
+        if let State::Authenticated(p, _) = &c.state {
             let p = p.clone();
             self.admission.disconnect(Some(&p.name));
             self.backend.session_lost(&p, reason, now_ms);
@@ -392,8 +472,8 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         }
     }
 
-    /// HELLO proved the key of principal `p`: it takes a session place (`true`), or, over a budget, the
-    /// connection is answered BUSY and closed (`false`).
+    /// The handshake under the key of principal `p` is confirmed: it takes a session place (`true`), or, over a
+    /// budget, the connection is answered BUSY and closed (`false`).
     fn admit(&mut self, i: usize, request_id: u32, p: usize, now_ms: u64) -> bool {
         let (name, role) = {
             let e = self.keys.get(p);
@@ -426,7 +506,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
     }
 
     fn frame(&mut self, i: usize, h: Header, payload: &[u8], now_ms: u64) {
-        let authenticated = matches!(self.conns[i].state, State::Authenticated(_));
+        let authenticated = matches!(self.conns[i].state, State::Authenticated(..));
         if h.kind != Kind::Request {
             self.send_error(i, ErrorCode::Malformed, h.op, h.request_id, "clients send requests only", [0; 3]);
             return self.close_unless(authenticated, i, now_ms);
@@ -436,7 +516,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             self.send_error(i, ErrorCode::UnknownOp, h.op, h.request_id, &msg, [u32::from(h.op), 0, 0]);
             return self.close_unless(authenticated, i, now_ms);
         };
-        if let (Op::Heartbeat, State::Authenticated(who)) = (op, &self.conns[i].state) {
+        if let (Op::Heartbeat, State::Authenticated(who, _)) = (op, &self.conns[i].state) {
             // Even a HEARTBEAT refused for credits shows the tenant is alive: its leases must not expire while
             // its credits are held by answers the HCA is slow to give.
             self.backend.session_alive(who, now_ms);
@@ -462,7 +542,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             return self.hello(i, h.request_id, req, now_ms);
         }
         let who = match &self.conns[i].state {
-            State::Authenticated(p) => p.clone(),
+            State::Authenticated(p, _) => p.clone(),
             _ => return,
         };
         if let Err(e) = self.admit_op(&req) {
@@ -502,94 +582,17 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         }
     }
 
-    /// HELLO before authentication: challenge, then proof.
+    /// HELLO before authentication: v2's Noise handshake (step 3); v1's step 1 is refused naming v2.
     fn hello(&mut self, i: usize, request_id: u32, req: Request, now_ms: u64) {
-        let state = core::mem::replace(&mut self.conns[i].state, State::AwaitHello);
-        match (state, req) {
-            (State::AwaitHello, Request::Hello(Hello::Init(init))) => {
-                let version = init.max_version.min(VERSION_MAX);
-                if init.min_version > init.max_version || version < init.min_version.max(VERSION_MIN) {
-                    let msg = alloc::format!("this server speaks versions {VERSION_MIN}..={VERSION_MAX}");
-                    let d = [u32::from(VERSION_MIN), u32::from(VERSION_MAX), 0];
-                    self.send_error(i, ErrorCode::UnsupportedVersion, Op::Hello as u16, request_id, &msg, d);
-                    return self.close(i, CloseReason::ProtocolError, now_ms);
-                }
-                let mut server_nonce = [0u8; SERVER_NONCE_LEN];
-                if self.entropy.fill(&mut server_nonce).is_err() {
-                    self.send_error(i, ErrorCode::Internal, Op::Hello as u16, request_id, "no random source", [0; 3]);
-                    return self.close(i, CloseReason::ProtocolError, now_ms);
-                }
-                let principal = self.keys.find(&init.name);
-                self.conns[i].state = State::Challenged {
-                    principal,
-                    name: init.name,
-                    version,
-                    client_nonce: init.client_nonce,
-                    server_nonce,
-                };
-                self.stats.frames_out += 1;
-                let mut f = Vec::new();
-                Response::Hello(HelloReply::Challenge { version, server_nonce }).encode(Op::Hello, request_id, &mut f);
-                let c = &mut self.conns[i];
-                c.queued += f.len() as u64;
-                c.out.extend(f);
+        let hello = Op::Hello as u16;
+        match req {
+            Request::Hello(Hello::Noise(h)) => self.hello_v2(i, request_id, h, now_ms),
+            Request::Hello(Hello::Init(_)) => {
+                let d = [u32::from(VERSION_MIN), u32::from(VERSION_MAX), 0];
+                self.send_error(i, ErrorCode::UnsupportedVersion, hello, request_id, V1_REFUSED, d);
+                self.close(i, CloseReason::ProtocolError, now_ms);
             }
-            (
-                State::Challenged { principal, name, version, client_nonce, server_nonce },
-                Request::Hello(Hello::Proof { mac }),
-            ) => {
-                // One HMAC whatever the name: an unknown name's MAC is checked against the random stand-in key
-                // and refused exactly as a wrong MAC is, so neither the answer nor the work tells names apart.
-                let key = match principal {
-                    Some(p) => &self.keys.get(p).key[..],
-                    None => &self.dummy_key[..],
-                };
-                let t = hello_transcript(true, version, &name, &client_nonce, &server_nonce);
-                let mut m = <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC accepts any key length");
-                m.update(&t);
-                let mac_ok = m.verify_slice(&mac).is_ok();
-                self.hello_macs += 1;
-                let verified = principal.filter(|_| mac_ok);
-                let Some(p) = verified else {
-                    self.send_error(
-                        i,
-                        ErrorCode::AuthFailed,
-                        Op::Hello as u16,
-                        request_id,
-                        "authentication failed",
-                        [0; 3],
-                    );
-                    return self.close(i, CloseReason::ProtocolError, now_ms);
-                };
-                if !self.admit(i, request_id, p, now_ms) {
-                    return;
-                }
-                let entry = self.keys.get(p);
-                let t = hello_transcript(false, version, &name, &client_nonce, &server_nonce);
-                let mut m = <HmacSha256 as Mac>::new_from_slice(&entry.key).expect("HMAC accepts any key length");
-                m.update(&t);
-                let server_proof: [u8; 32] = m.finalize().into_bytes().into();
-                let session_id = self.next_session;
-                self.next_session += 1;
-                let role = entry.role;
-                let who = Principal { name, role, session_id };
-                self.conns[i].state = State::Authenticated(who.clone());
-                let welcome = HelloReply::Welcome {
-                    role,
-                    credits: self.limits.credits,
-                    heartbeat_ms: self.limits.heartbeat_ms,
-                    session_id,
-                    server_proof,
-                };
-                self.stats.frames_out += 1;
-                let mut f = Vec::new();
-                Response::Hello(welcome).encode(Op::Hello, request_id, &mut f);
-                let c = &mut self.conns[i];
-                c.queued += f.len() as u64;
-                c.out.extend(f);
-                self.backend.session_started(&who, now_ms);
-            }
-            (_, req) => {
+            req => {
                 let (code, msg) = match req {
                     Request::Hello(_) => (ErrorCode::BadState, "HELLO steps out of order"),
                     _ => (ErrorCode::NotAuthenticated, "authenticate with HELLO first"),
@@ -598,6 +601,54 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 self.close(i, CloseReason::ProtocolError, now_ms);
             }
         }
+    }
+
+    /// HELLO step 3: reads Noise message 1 under the named key's PSK (a random stand-in for an unknown name or
+    /// key id: the same work and the same answer), then answers with message 2, whose encrypted payload carries
+    /// everything the server announces; from then on every frame travels in records.
+    fn hello_v2(&mut self, i: usize, request_id: u32, h: HelloNoise, now_ms: u64) {
+        let op = Op::Hello as u16;
+        let version = h.max_version.min(VERSION_MAX);
+        if h.min_version > h.max_version || version < h.min_version.max(VERSION_MIN) {
+            let msg = alloc::format!("this server speaks versions {VERSION_MIN}..={VERSION_MAX}");
+            let d = [u32::from(VERSION_MIN), u32::from(VERSION_MAX), 0];
+            self.send_error(i, ErrorCode::UnsupportedVersion, op, request_id, &msg, d);
+            return self.close(i, CloseReason::ProtocolError, now_ms);
+        }
+        let principal = self.keys.find(&h.name, h.key_id);
+        let psk = match principal {
+            Some(p) => self.keys.get(p).psk,
+            None => self.dummy_psk,
+        };
+        let prologue = v2::prologue(h.min_version, h.max_version, h.key_id, &h.name);
+        let read = Responder::read(&prologue, &psk, &h.msg1);
+        self.hello_macs += 1;
+        let (Some(p), Ok(responder)) = (principal, read) else {
+            self.send_error(i, ErrorCode::AuthFailed, op, request_id, "authentication failed", [0; 3]);
+            return self.close(i, CloseReason::ProtocolError, now_ms);
+        };
+        let mut e = [0u8; 32];
+        if self.entropy.fill(&mut e).is_err() {
+            self.send_error(i, ErrorCode::Internal, op, request_id, "no random source", [0; 3]);
+            return self.close(i, CloseReason::ProtocolError, now_ms);
+        }
+        let session_id = self.next_session;
+        self.next_session += 1;
+        let role = self.keys.get(p).role;
+        let announce = Announce {
+            version,
+            role: role as u8,
+            credits: self.limits.credits,
+            heartbeat_ms: self.limits.heartbeat_ms,
+            session_id,
+        };
+        let (msg2, transport) = responder.reply(e, &announce.encode());
+        self.stats.frames_out += 1;
+        let mut f = Vec::new();
+        Response::Hello(HelloReply::Noise { msg2 }).encode(Op::Hello, request_id, &mut f);
+        self.queue(i, f);
+        let who = Principal { name: h.name, role, session_id };
+        self.conns[i].state = State::Confirming(Pending { who, key: p }, Box::new(transport));
     }
 
     /// Copies pending output for `id` into `buf`.
@@ -651,7 +702,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             }
             let (silent, unauthenticated) = (
                 now_ms.saturating_sub(c.last_rx_ms) > limit,
-                !matches!(c.state, State::Authenticated(_)) && now_ms.saturating_sub(c.opened_ms) > HELLO_DEADLINE_MS,
+                !matches!(c.state, State::Authenticated(..)) && now_ms.saturating_sub(c.opened_ms) > HELLO_DEADLINE_MS,
             );
             if silent {
                 let msg = alloc::format!("no frame for {limit} ms");

@@ -4,11 +4,21 @@ use alloc::boxed::Box;
 use alloc::string::{String, ToString};
 use alloc::vec;
 use alloc::vec::Vec;
-use hmac::{Hmac, Mac};
+use leasebox_proto::v2::{Announce, Initiator, Transport};
 use leasebox_proto::{
-    ErrorBody, ErrorCode, FrameBuf, Hello, HelloInit, HelloReply, Histogram, Kind, LeaseId, LeaseStats, Next, Op,
-    Outcome, Reply, Request, Response, Role, hello_transcript,
+    ErrorBody, ErrorCode, FrameBuf, Hello, HelloInit, HelloNoise, HelloReply, Histogram, Kind, LeaseId, LeaseStats,
+    Next, Op, Outcome, Reply, Request, Response, Role, v2,
 };
+
+extern crate std;
+use core::cell::RefCell;
+use std::collections::BTreeMap;
+
+std::thread_local! {
+    /// The client end of each test connection's record layer, once its HELLO has completed (each test runs on
+    /// its own thread, so connection ids do not clash across tests).
+    static CLIENTS: RefCell<BTreeMap<u64, Transport>> = const { RefCell::new(BTreeMap::new()) };
+}
 
 const DEMO_KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 const ADMIN_KEY: &str = "a0a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3b4b5b6b7b8b9babbbcbdbebf";
@@ -47,18 +57,30 @@ enum Ans {
     Err(ErrorBody),
 }
 
-/// Runs bytes through the server and decodes every frame it answers.
+/// Runs frame bytes through the server (sealed in a record once `c` is authenticated) and decodes every frame
+/// it answers.
 fn exchange<B: Backend>(s: &mut Server<B, Counter>, c: ConnId, bytes: &[u8], now: u64) -> Vec<(u32, Ans)> {
-    s.input(c, bytes, now);
+    let wire = seal(c, bytes);
+    s.input(c, &wire, now);
     take(s, c)
 }
 
-/// Decodes every frame the server has queued for `c`.
+/// `bytes` as the client end of `c` sends them: in records once authenticated.
+fn seal(c: ConnId, bytes: &[u8]) -> Vec<u8> {
+    CLIENTS.with(|m| match m.borrow_mut().get_mut(&c.0) {
+        Some(t) if !bytes.is_empty() => {
+            let mut w = Vec::new();
+            t.seal(bytes, &mut w).unwrap();
+            w
+        }
+        _ => bytes.to_vec(),
+    })
+}
+
+/// Decodes every frame the server has queued for `c` (opening records once authenticated).
 fn take<B: Backend>(s: &mut Server<B, Counter>, c: ConnId) -> Vec<(u32, Ans)> {
-    let mut out = vec![0u8; 1 << 20];
-    let n = s.output(c, &mut out);
     let mut fb = FrameBuf::new();
-    fb.push(&out[..n]);
+    fb.push(&take_plain(s, c));
     let mut v = Vec::new();
     while let Next::Frame(h, p) = fb.next_frame() {
         let op = Op::from_raw(h.op);
@@ -71,43 +93,72 @@ fn take<B: Backend>(s: &mut Server<B, Counter>, c: ConnId) -> Vec<(u32, Ans)> {
     v
 }
 
+/// The frame bytes the server has queued for `c`, out of their records once authenticated.
+fn take_plain<B: Backend>(s: &mut Server<B, Counter>, c: ConnId) -> Vec<u8> {
+    let mut out = vec![0u8; 1 << 20];
+    let n = s.output(c, &mut out);
+    CLIENTS.with(|m| match m.borrow_mut().get_mut(&c.0) {
+        Some(t) => {
+            t.push(&out[..n]);
+            let mut plain = Vec::new();
+            while let Some(r) = t.open() {
+                plain.extend(r.expect("the server's records authenticate"));
+            }
+            plain
+        }
+        None => out[..n].to_vec(),
+    })
+}
+
+/// HELLO step 3 for `name` (`NAME` or `NAME#ID`) under `key`, with a fixed ephemeral key: the frame and the
+/// client's handshake state.
+fn hello_v2(name: &str, key: &str, e: u8) -> (Vec<u8>, Initiator) {
+    let (name, key_id) = match name.split_once('#') {
+        Some((n, id)) => (n, id.parse().unwrap()),
+        None => (name, 0),
+    };
+    let p = v2::prologue(2, 2, key_id, name);
+    let (init, msg1) = Initiator::start(&p, &v2::psk_from_key(&parse_hex(key).unwrap()), [e; 32]);
+    let h = HelloNoise { min_version: 2, max_version: 2, key_id, name: name.to_string(), msg1 };
+    (req(Request::Hello(Hello::Noise(h)), 1), init)
+}
+
 fn req(r: Request, id: u32) -> Vec<u8> {
     let mut b = Vec::new();
     r.encode(id, &mut b);
     b
 }
 
-fn mac(key_hex: &str, t: &[u8]) -> [u8; 32] {
-    let mut m = <Hmac<sha2::Sha256> as Mac>::new_from_slice(&parse_hex(key_hex).unwrap()).unwrap();
-    m.update(t);
-    m.finalize().into_bytes().into()
-}
+/// The request id of the HEARTBEAT [`login`] confirms the session with.
+const CONFIRM_ID: u32 = 0x7fff_0000;
 
-/// Full HELLO; returns the server nonce it used and the welcome.
+/// Full v2 HELLO and key confirmation (a first HEARTBEAT); the server's announcement as a
+/// `HelloReply::Welcome` (its `server_proof` unused: the announcement authenticated as part of Noise message 2).
+/// Afterwards [`exchange`] speaks records on `c`.
 fn login<B: Backend>(s: &mut Server<B, Counter>, c: ConnId, name: &str, key: &str) -> Result<HelloReply, ErrorBody> {
-    let cn = [0x33; 16];
-    let init = Request::Hello(Hello::Init(HelloInit {
-        min_version: 1,
-        max_version: 3,
-        name: name.to_string(),
-        client_nonce: cn,
-    }));
-    let a = exchange(s, c, &req(init, 1), 0);
-    let Ans::Ok(Response::Hello(HelloReply::Challenge { version, server_nonce })) = &a[0].1 else {
-        panic!("no challenge")
-    };
-    assert_eq!(*version, 1, "highest common version");
-    let proof = mac(key, &hello_transcript(true, 1, name, &cn, server_nonce));
-    let a = exchange(s, c, &req(Request::Hello(Hello::Proof { mac: proof }), 2), 0);
+    CLIENTS.with(|m| m.borrow_mut().remove(&c.0));
+    let (hello, init) = hello_v2(name, key, 0x42);
+    let a = exchange(s, c, &hello, 0);
     match a.into_iter().next().unwrap().1 {
-        Ans::Ok(Response::Hello(w @ HelloReply::Welcome { .. })) => {
-            let HelloReply::Welcome { server_proof, .. } = &w else { unreachable!() };
-            assert_eq!(
-                *server_proof,
-                mac(key, &hello_transcript(false, 1, name, &cn, server_nonce)),
-                "server proves the key too"
-            );
-            Ok(w)
+        Ans::Ok(Response::Hello(HelloReply::Noise { msg2 })) => {
+            let (w, t) = init.finish(&msg2).expect("the server holds the key");
+            let a = Announce::decode(&w);
+            assert_eq!(a.version, 2);
+            CLIENTS.with(|m| m.borrow_mut().insert(c.0, t));
+            // Key confirmation: the first record makes the session (or is refused BUSY over a budget).
+            let confirmed = exchange(s, c, &req(Request::Heartbeat { echo: 0 }, CONFIRM_ID), 0);
+            match confirmed.into_iter().next().expect("an answer to the first record").1 {
+                Ans::Ok(Response::Heartbeat { .. }) => {}
+                Ans::Err(e) => return Err(e),
+                Ans::Ok(r) => panic!("unexpected {r:?}"),
+            }
+            Ok(HelloReply::Welcome {
+                role: Role::from_raw(a.role).unwrap(),
+                credits: a.credits,
+                heartbeat_ms: a.heartbeat_ms,
+                session_id: a.session_id,
+                server_proof: [0; 32],
+            })
         }
         Ans::Err(e) => Err(e),
         Ans::Ok(r) => panic!("unexpected {r:?}"),
@@ -132,42 +183,6 @@ fn tenant_and_admin_authenticate() {
 }
 
 #[test]
-fn wrong_key_unknown_name_and_replayed_proof_fail() {
-    let mut s = server(Limits::default());
-    s.open(ConnId(1), 0);
-    assert_eq!(login(&mut s, ConnId(1), "demo", ADMIN_KEY).unwrap_err().code, ErrorCode::AuthFailed);
-    assert!(s.wants_close(ConnId(1)));
-    s.open(ConnId(2), 0);
-    assert_eq!(login(&mut s, ConnId(2), "nobody", DEMO_KEY).unwrap_err().code, ErrorCode::AuthFailed);
-
-    // Capture a valid proof, then replay it on a new connection: the server nonce differs, so it fails.
-    s.open(ConnId(3), 0);
-    let cn = [0x44; 16];
-    let init = req(
-        Request::Hello(Hello::Init(HelloInit {
-            min_version: 1,
-            max_version: 1,
-            name: "demo".into(),
-            client_nonce: cn,
-        })),
-        1,
-    );
-    let a = exchange(&mut s, ConnId(3), &init, 0);
-    let Ans::Ok(Response::Hello(HelloReply::Challenge { server_nonce, .. })) = &a[0].1 else { panic!() };
-    let proof = req(
-        Request::Hello(Hello::Proof { mac: mac(DEMO_KEY, &hello_transcript(true, 1, "demo", &cn, server_nonce)) }),
-        2,
-    );
-    assert!(matches!(exchange(&mut s, ConnId(3), &proof, 0)[0].1, Ans::Ok(_)));
-    s.open(ConnId(4), 0);
-    let a = exchange(&mut s, ConnId(4), &init, 0);
-    let Ans::Ok(Response::Hello(HelloReply::Challenge { server_nonce: n2, .. })) = &a[0].1 else { panic!() };
-    assert_ne!(n2, server_nonce, "fresh nonce per challenge");
-    let a = exchange(&mut s, ConnId(4), &proof, 0);
-    assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::AuthFailed));
-}
-
-#[test]
 fn nothing_but_hello_before_authentication() {
     let mut s = server(Limits::default());
     s.open(ConnId(1), 0);
@@ -177,21 +192,6 @@ fn nothing_but_hello_before_authentication() {
     s.open(ConnId(2), 0);
     let a = exchange(&mut s, ConnId(2), &req(Request::Hello(Hello::Proof { mac: [0; 32] }), 1), 0);
     assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::BadState));
-}
-
-#[test]
-fn unsupported_version_is_refused() {
-    let mut s = server(Limits::default());
-    s.open(ConnId(1), 0);
-    let init = Request::Hello(Hello::Init(HelloInit {
-        min_version: 2,
-        max_version: 5,
-        name: "demo".into(),
-        client_nonce: [0; 16],
-    }));
-    let a = exchange(&mut s, ConnId(1), &req(init, 1), 0);
-    assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::UnsupportedVersion && e.detail[..2] == [1, 1]));
-    assert!(s.wants_close(ConnId(1)));
 }
 
 #[test]
@@ -252,13 +252,8 @@ fn unauthenticated_connections_cannot_hold_a_place() {
     assert!(s.wants_close(ConnId(1)), "any error before HELLO completes ends the connection");
     // A connection that keeps talking but never authenticates is closed at the HELLO deadline.
     s.open(ConnId(2), 0);
-    let init = Request::Hello(Hello::Init(HelloInit {
-        min_version: 1,
-        max_version: 1,
-        name: "demo".into(),
-        client_nonce: [0; 16],
-    }));
-    exchange(&mut s, ConnId(2), &req(init, 1), 4_000);
+    let (hello, _) = hello_v2("demo", DEMO_KEY, 1);
+    exchange(&mut s, ConnId(2), &hello[..hello.len() - 1], 4_000);
     s.tick(server::HELLO_DEADLINE_MS);
     assert!(!s.wants_close(ConnId(2)));
     s.tick(server::HELLO_DEADLINE_MS + 1);
@@ -385,7 +380,6 @@ fn random_and_mutated_frames_never_panic() {
     }
     let mut s = server(Limits { sessions: 4, credits: 64, heartbeat_ms: 600_000 });
     let mut conn = 0u64;
-    let mut out = vec![0u8; 1 << 20];
     let mut frames_checked = 0u64;
     for i in 0..100_000u64 {
         if i % 500 == 0 {
@@ -417,10 +411,9 @@ fn random_and_mutated_frames_never_panic() {
             input = Vec::new();
             leasebox_proto::frame(Kind::Request, (next() % 0x400) as u16, 1, &[], &mut input);
         }
-        s.input(ConnId(conn), &input, i);
-        let n = s.output(ConnId(conn), &mut out);
+        s.input(ConnId(conn), &seal(ConnId(conn), &input), i);
         let mut fb = FrameBuf::new();
-        fb.push(&out[..n]);
+        fb.push(&take_plain(&mut s, ConnId(conn)));
         loop {
             match fb.next_frame() {
                 Next::Frame(h, p) => {
@@ -545,7 +538,7 @@ fn a_deferred_answer_holds_its_credit_until_taken() {
     s.deliver(3);
     assert!(s.has_output(ConnId(1)));
     // Queued but not yet taken by the transport: the credit is still held.
-    s.input(ConnId(1), &req(Request::Heartbeat { echo: 2 }, 13), 3);
+    s.input(ConnId(1), &seal(ConnId(1), &req(Request::Heartbeat { echo: 2 }, 13)), 3);
     let a = take(&mut s, ConnId(1));
     assert_eq!(codes(&a), [(11, None), (13, Some(ErrorCode::CreditExceeded))]);
     assert!(matches!(a[0].1, Ans::Ok(Response::Revoke { outcome: Outcome::TornDown, elapsed_us: 11 })));
@@ -611,15 +604,16 @@ fn the_backend_hears_of_sessions_heartbeats_and_time() {
         unreachable!()
     };
     assert_eq!(s.backend().started, [("demo".to_string(), 1), ("demo".to_string(), session_id)]);
-    assert!(s.backend().alive.is_empty());
+    // The HEARTBEATs that confirmed the two sessions are their first signs of life.
+    assert_eq!(s.backend().alive, [(1, 0), (session_id, 0)]);
     exchange(&mut s, ConnId(1), &req(Request::Heartbeat { echo: 1 }, 5), 40);
     exchange(&mut s, ConnId(1), &req(Request::Stats, 6), 41);
-    assert_eq!(s.backend().alive, [(1, 40)], "heartbeats only");
+    assert_eq!(s.backend().alive[2..], [(1, 40)], "heartbeats only");
     // With every credit held by a deferred REVOKE, a heartbeat is refused but still counts as a sign of life.
     exchange(&mut s, ConnId(1), &revoke(1, 7), 50);
     let a = exchange(&mut s, ConnId(1), &req(Request::Heartbeat { echo: 2 }, 8), 60);
     assert_eq!(codes(&a), [(8, Some(ErrorCode::CreditExceeded))]);
-    assert_eq!(s.backend().alive, [(1, 40), (1, 60)]);
+    assert_eq!(s.backend().alive[2..], [(1, 40), (1, 60)]);
     s.tick(70);
     s.tick(80);
     assert_eq!(s.backend().ticks, [70, 80]);
@@ -638,19 +632,6 @@ fn stats_carry_the_lease_figures() {
     assert_eq!(s.stats(6).leases, s.backend_mut().lease_stats());
 }
 
-/// HELLO step 1 for `name`, request id 1.
-fn hello_init(name: &str) -> Vec<u8> {
-    req(
-        Request::Hello(Hello::Init(HelloInit {
-            min_version: 1,
-            max_version: 1,
-            name: name.to_string(),
-            client_nonce: [0x55; 16],
-        })),
-        1,
-    )
-}
-
 /// A frame of `kind` (raw) with `reserved` header bytes.
 fn raw_frame(kind: u8, reserved: u16, op: u16, request_id: u32, payload: &[u8]) -> Vec<u8> {
     let mut f = Vec::new();
@@ -658,81 +639,6 @@ fn raw_frame(kind: u8, reserved: u16, op: u16, request_id: u32, payload: &[u8]) 
     f[3] = kind;
     f[6..8].copy_from_slice(&reserved.to_be_bytes());
     f
-}
-
-#[test]
-fn before_authentication_every_malformed_frame_closes() {
-    let hello = Op::Hello as u16;
-    let mut init_payload = hello_init("demo");
-    let init_payload = init_payload.split_off(leasebox_proto::HEADER_LEN);
-    let proof_payload = {
-        let mut p = req(Request::Hello(Hello::Proof { mac: [0; 32] }), 2);
-        p.split_off(leasebox_proto::HEADER_LEN)
-    };
-    let with_trailing = |p: &[u8]| [p, &[0u8][..]].concat();
-    // (what, bytes, the error code that answers it).
-    let cases: Vec<(&str, Vec<u8>, ErrorCode)> = vec![
-        ("unknown frame kind", raw_frame(7, 0, hello, 3, &init_payload), ErrorCode::Malformed),
-        ("reserved header bytes set", raw_frame(0, 1, hello, 3, &init_payload), ErrorCode::Malformed),
-        ("a response frame", raw_frame(1, 0, hello, 3, &init_payload), ErrorCode::Malformed),
-        ("an error frame", raw_frame(2, 0, hello, 3, &init_payload), ErrorCode::Malformed),
-        ("HELLO step 1 cut short", raw_frame(0, 0, hello, 3, &init_payload[..10]), ErrorCode::Malformed),
-        (
-            "HELLO step 1 with a byte too many",
-            raw_frame(0, 0, hello, 3, &with_trailing(&init_payload)),
-            ErrorCode::Malformed,
-        ),
-        ("HELLO step 2 cut short", raw_frame(0, 0, hello, 3, &proof_payload[..20]), ErrorCode::Malformed),
-        (
-            "HELLO step 2 with a byte too many",
-            raw_frame(0, 0, hello, 3, &with_trailing(&proof_payload)),
-            ErrorCode::Malformed,
-        ),
-        ("HELLO step 3", raw_frame(0, 0, hello, 3, &[3]), ErrorCode::BadParam),
-        ("HELLO with an empty payload", raw_frame(0, 0, hello, 3, &[]), ErrorCode::Malformed),
-        ("an unknown op", raw_frame(0, 0, 0x0999, 3, &[]), ErrorCode::UnknownOp),
-        ("an op other than HELLO", req(Request::Stats, 3), ErrorCode::NotAuthenticated),
-        ("bad magic", b"GET / HTTP/1.1\r\n\r\n".to_vec(), ErrorCode::BadMagic),
-    ];
-    // Each case, both before HELLO step 1 and between the steps (after the challenge).
-    let mut conn = 0;
-    for challenged in [false, true] {
-        for (what, bytes, code) in &cases {
-            let mut s = server(Limits::default());
-            conn += 1;
-            let c = ConnId(conn);
-            s.open(c, 0);
-            if challenged {
-                let a = exchange(&mut s, c, &hello_init("demo"), 0);
-                assert!(matches!(&a[0].1, Ans::Ok(Response::Hello(HelloReply::Challenge { .. }))));
-            }
-            // The malformed frame, then a frame that would be fine: nothing after the bad one is served.
-            let follow = if challenged { proof_payload.clone() } else { init_payload.clone() };
-            let bytes = [&bytes[..], &raw_frame(0, 0, hello, 9, &follow)].concat();
-            let a = exchange(&mut s, c, &bytes, 0);
-            assert_eq!(a.len(), 1, "{what} (challenged: {challenged}): one answer, got {}", a.len());
-            assert!(
-                matches!(&a[0].1, Ans::Err(e) if e.code == *code),
-                "{what} (challenged: {challenged}): {:?}",
-                match &a[0].1 {
-                    Ans::Err(e) => Some(e.code),
-                    Ans::Ok(_) => None,
-                }
-            );
-            assert!(s.wants_close(c), "{what} (challenged: {challenged}) closes the connection");
-        }
-    }
-    // HELLO steps out of order: step 2 first, and step 1 twice.
-    let mut s = server(Limits::default());
-    s.open(ConnId(1), 0);
-    let a = exchange(&mut s, ConnId(1), &raw_frame(0, 0, hello, 3, &proof_payload), 0);
-    assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::BadState));
-    assert!(s.wants_close(ConnId(1)));
-    s.open(ConnId(2), 0);
-    exchange(&mut s, ConnId(2), &hello_init("demo"), 0);
-    let a = exchange(&mut s, ConnId(2), &hello_init("demo"), 0);
-    assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::BadState));
-    assert!(s.wants_close(ConnId(2)));
 }
 
 #[test]
@@ -747,56 +653,6 @@ fn after_authentication_a_framed_bad_header_does_not_close() {
     }
     let a = exchange(&mut s, ConnId(1), &req(Request::Heartbeat { echo: 1 }, 6), 0);
     assert!(matches!(a[0], (6, Ans::Ok(Response::Heartbeat { echo: 1, .. }))));
-}
-
-/// HELLO on a fresh connection of `s` as `name` with a proof made with `key`: (the challenge frame, the
-/// bytes answering the proof).
-fn hello_bytes(s: &mut Server<NoLeases, Counter>, c: ConnId, name: &str, key: &str) -> (Vec<u8>, Vec<u8>) {
-    s.open(c, 0);
-    s.input(c, &hello_init(name), 0);
-    let mut out = vec![0u8; 4096];
-    let n = s.output(c, &mut out);
-    let challenge = out[..n].to_vec();
-    let mut fb = FrameBuf::new();
-    fb.push(&challenge);
-    let Next::Frame(_, p) = fb.next_frame() else { panic!("no challenge") };
-    let Ok(Response::Hello(HelloReply::Challenge { server_nonce, .. })) = Response::decode(Op::Hello, &p) else {
-        panic!("no challenge")
-    };
-    let proof = mac(key, &hello_transcript(true, 1, name, &[0x55; 16], &server_nonce));
-    s.input(c, &req(Request::Hello(Hello::Proof { mac: proof }), 2), 0);
-    let n = s.output(c, &mut out);
-    (challenge, out[..n].to_vec())
-}
-
-#[test]
-fn an_unknown_name_costs_and_answers_as_a_wrong_mac() {
-    let mut s = server(Limits::default());
-    // A known name with a wrong key (a MAC that does not verify), and two names no key is configured for.
-    let (c_known, a_known) = hello_bytes(&mut s, ConnId(1), "demo", ADMIN_KEY);
-    assert_eq!(s.hello_macs(), 1);
-    let (c_unknown, a_unknown) = hello_bytes(&mut s, ConnId(2), "dem0", DEMO_KEY);
-    assert_eq!(s.hello_macs(), 2, "the unknown name's MAC is checked too");
-    let (c_long, a_long) = hello_bytes(&mut s, ConnId(3), "a-name-of-the-longest-length-32b", DEMO_KEY);
-    assert_eq!(s.hello_macs(), 3);
-    // Byte-identical refusals, and challenges that differ only in the nonce (bytes 19..51: header 16, step,
-    // version).
-    assert_eq!(a_known, a_unknown);
-    assert_eq!(a_known, a_long);
-    let Some((Ans::Err(e), _)) = take_one(&a_known) else { panic!("not an error") };
-    assert_eq!((e.code, e.message.as_str()), (ErrorCode::AuthFailed, "authentication failed"));
-    for c in [&c_unknown, &c_long] {
-        assert_eq!(c.len(), c_known.len());
-        assert_eq!(c[..19], c_known[..19]);
-        assert_eq!(c[51..], c_known[51..]);
-    }
-    for c in 1..=3 {
-        assert!(s.wants_close(ConnId(c)));
-    }
-    // A good proof is one MAC check too.
-    s.open(ConnId(4), 0);
-    login(&mut s, ConnId(4), "demo", DEMO_KEY).unwrap();
-    assert_eq!(s.hello_macs(), 4);
 }
 
 fn take_one(bytes: &[u8]) -> Option<(Ans, u32)> {
@@ -864,7 +720,8 @@ fn unauthenticated_connections_cannot_crowd_out_sessions() {
     // Two connections that never authenticate fill the pre-authentication pool ...
     assert!(s.open(ConnId(3), 10));
     assert!(s.open(ConnId(4), 10));
-    exchange(&mut s, ConnId(3), &hello_init("demo"), 10);
+    let (hello, _) = hello_v2("demo", DEMO_KEY, 3);
+    exchange(&mut s, ConnId(3), &hello[..hello.len() - 1], 10);
     // ... so the next is refused BUSY, while the sessions are served as before.
     assert!(!s.open(ConnId(5), 20));
     let a = take(&mut s, ConnId(5));
@@ -960,3 +817,5 @@ fn budgets_from_the_options_and_their_defaults() {
     assert_eq!((b.per_tenant, b.admin_reserved, b.preauth, b.heap_high_water_pct, b.tenant_places()), (3, 2, 4, 60, 6));
     assert_eq!(Budget::from_options(8, None, Some(3), None, None).per_tenant, 5);
 }
+mod v2_tests;
+mod wire_v2;

@@ -272,7 +272,8 @@ fn error_messages_are_bounded_on_a_char_boundary() {
 
 #[test]
 fn invalid_fields_are_named() {
-    assert_eq!(Request::decode(Op::Hello, &[3]), Err(DecodeError::Invalid { field: "hello.step" }));
+    assert_eq!(Request::decode(Op::Hello, &[4]), Err(DecodeError::Invalid { field: "hello.step" }));
+    assert_eq!(Request::decode(Op::Hello, &[3]), Err(DecodeError::Truncated { field: "hello.min_version" }));
     assert_eq!(Request::decode(Op::Hello, &[1, 0, 1, 0, 1, 0]), Err(DecodeError::Invalid { field: "hello.name_len" }));
     let mut p = Vec::new();
     Request::Revoke { lease: lease(), qp_first: false }.encode_payload(&mut p);
