@@ -287,6 +287,7 @@ pub fn opcode_name(opcode: u16) -> &'static str {
         0x200 => "CREATE_MKEY",
         0x201 => "QUERY_MKEY",
         0x202 => "DESTROY_MKEY",
+        0x203 => "QUERY_SPECIAL_CONTEXTS",
         0x301 => "CREATE_EQ",
         0x302 => "DESTROY_EQ",
         0x303 => "QUERY_EQ",
@@ -309,6 +310,9 @@ pub fn opcode_name(opcode: u16) -> &'static str {
         0x761 => "SET_ROCE_ADDRESS",
         0x762 => "QUERY_HCA_VPORT_CONTEXT",
         0x764 => "QUERY_HCA_VPORT_GID",
+        0x771 => "ALLOC_Q_COUNTER",
+        0x772 => "DEALLOC_Q_COUNTER",
+        0x773 => "QUERY_Q_COUNTER",
         0x800 => "ALLOC_PD",
         0x801 => "DEALLOC_PD",
         0x802 => "ALLOC_UAR",
@@ -316,6 +320,18 @@ pub fn opcode_name(opcode: u16) -> &'static str {
         0x805 => "ACCESS_REG",
         0x816 => "ALLOC_TRANSPORT_DOMAIN",
         0x817 => "DEALLOC_TRANSPORT_DOMAIN",
+        0x900 => "CREATE_TIR",
+        0x902 => "DESTROY_TIR",
+        0x904 => "CREATE_SQ",
+        0x905 => "MODIFY_SQ",
+        0x906 => "DESTROY_SQ",
+        0x907 => "QUERY_SQ",
+        0x908 => "CREATE_RQ",
+        0x909 => "MODIFY_RQ",
+        0x90a => "DESTROY_RQ",
+        0x90b => "QUERY_RQ",
+        0x912 => "CREATE_TIS",
+        0x914 => "DESTROY_TIS",
         0x92f => "SET_FLOW_TABLE_ROOT",
         0x930 => "CREATE_FLOW_TABLE",
         0x931 => "DESTROY_FLOW_TABLE",
@@ -416,6 +432,32 @@ impl fmt::Display for CmdError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every command the Ethernet port sends has its name in the command log (they read UNKNOWN_OPCODE once).
+    #[test]
+    fn the_ethernet_ports_opcodes_are_named() {
+        use crate::ifc::eth::*;
+        for (op, name) in [
+            (MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS, "QUERY_SPECIAL_CONTEXTS"),
+            (MLX5_CMD_OP_ALLOC_Q_COUNTER, "ALLOC_Q_COUNTER"),
+            (MLX5_CMD_OP_DEALLOC_Q_COUNTER, "DEALLOC_Q_COUNTER"),
+            (MLX5_CMD_OP_QUERY_Q_COUNTER, "QUERY_Q_COUNTER"),
+            (MLX5_CMD_OP_CREATE_TIR, "CREATE_TIR"),
+            (MLX5_CMD_OP_DESTROY_TIR, "DESTROY_TIR"),
+            (MLX5_CMD_OP_CREATE_SQ, "CREATE_SQ"),
+            (MLX5_CMD_OP_MODIFY_SQ, "MODIFY_SQ"),
+            (MLX5_CMD_OP_DESTROY_SQ, "DESTROY_SQ"),
+            (MLX5_CMD_OP_QUERY_SQ, "QUERY_SQ"),
+            (MLX5_CMD_OP_CREATE_RQ, "CREATE_RQ"),
+            (MLX5_CMD_OP_MODIFY_RQ, "MODIFY_RQ"),
+            (MLX5_CMD_OP_DESTROY_RQ, "DESTROY_RQ"),
+            (MLX5_CMD_OP_QUERY_RQ, "QUERY_RQ"),
+            (MLX5_CMD_OP_CREATE_TIS, "CREATE_TIS"),
+            (MLX5_CMD_OP_DESTROY_TIS, "DESTROY_TIS"),
+        ] {
+            assert_eq!(opcode_name(op), name, "{op:#x}");
+        }
+    }
 
     #[test]
     fn header_fields_and_error_text() {

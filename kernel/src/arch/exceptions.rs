@@ -140,5 +140,5 @@ extern "C" fn exception_dispatch(f: &Frame) -> ! {
     p(format_args!("!!! c{core} r12={:#018x} r13={:#018x} r14={:#018x} r15={:#018x}\n", f.r12, f.r13, f.r14, f.r15));
     p(format_args!("!!! c{core} cs={:#x} ss={:#x} rflags={:#x} cr3={:#x}\n", f.cs, f.ss, f.rflags, cpu::cr3()));
     super::fatal_hooks();
-    exit::fail()
+    exit::fatal_end()
 }

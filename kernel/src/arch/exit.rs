@@ -14,3 +14,19 @@ pub fn fail() -> ! {
     }
     halt_forever()
 }
+
+/// How long a core whose fatal report is silenced waits for the console's owner to end the run itself.
+const OWNER_WAIT: core::time::Duration = core::time::Duration::from_secs(5);
+
+/// Ends a fatal path. The core that owns the console ([`super::serial::fatal_console_is_mine`]) ends the run at
+/// once; another core that crashed meanwhile waits (bounded) for it, so the run does not end in the middle of
+/// the owner's report, and then ends it in the owner's stead.
+pub fn fatal_end() -> ! {
+    if !super::serial::fatal_console_is_mine() {
+        let deadline = crate::time::Deadline::after(OWNER_WAIT);
+        while !deadline.expired() {
+            core::hint::spin_loop();
+        }
+    }
+    fail()
+}

@@ -27,7 +27,7 @@ const MAX_DEVICES: usize = 4;
 static DEVICES: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 static ACCESS: AtomicUsize = AtomicUsize::new(0);
 static QUIESCE: AtomicUsize = AtomicUsize::new(0);
-/// Step 1 runs once for the machine, on the first core that gets here ...
+/// Step 1 runs once for the machine, on the core that owns the console (the first fatal path) ...
 static QUIESCED: AtomicBool = AtomicBool::new(false);
 /// ... and a second core that crashes meanwhile waits for it (bounded) before it clears bus mastering, which
 /// would leave the command no DMA to complete with.
@@ -79,7 +79,10 @@ fn access() -> Option<&'static PciAccess> {
 
 /// The fatal path's step 1 (once for the machine) then step 2 (module docs).
 pub fn fail_closed() {
-    if !QUIESCED.swap(true, Ordering::SeqCst) {
+    // Step 1 runs on the core whose report reaches the console (the first fatal path), so what it did is
+    // printed; a core that crashed meanwhile waits for it. Every core in a fatal path has claimed the console
+    // before it gets here, so that core exists and comes here too.
+    if serial::fatal_console_is_mine() && !QUIESCED.swap(true, Ordering::SeqCst) {
         let f = QUIESCE.load(Ordering::SeqCst);
         if f != 0 {
             // SAFETY: only `set_quiesce_hook` stores here, always a valid `fn()`.

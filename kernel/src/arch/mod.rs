@@ -58,5 +58,5 @@ fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
         info.message()
     ));
     fatal_hooks();
-    exit::fail()
+    exit::fatal_end()
 }

@@ -36,6 +36,13 @@ pub fn claim_for_fatal() {
     }
 }
 
+/// Whether this core's fatal path owns the console (or no fatal path has claimed it): the core whose report
+/// is the one printed. When several cores crash at once (two watchdogs that notice the same stuck core), this
+/// one runs the fatal path's port-down step, so its outcome is printed, and ends the run.
+pub fn fatal_console_is_mine() -> bool {
+    !silenced()
+}
+
 /// Whether this core's output is dropped: another core's fatal path owns the console.
 fn silenced() -> bool {
     let owner = FATAL_OWNER.load(Ordering::SeqCst);
