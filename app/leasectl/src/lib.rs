@@ -14,17 +14,18 @@
 //! c.bye()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-// No unsafe code, except the verbs backend's FFI to libibverbs (`rdma::verbs`, feature `verbs`).
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 pub mod args;
 pub mod cli;
-pub mod client;
 pub mod config;
-pub mod hex;
-pub mod rdma;
 pub mod render;
 pub mod verify;
+
+// The connection, hex keys and the RDMA requester live in the client library (`app/client`); leasectl is one
+// of its users and keeps their old paths.
+pub use leasebox_client::connection as client;
+pub use leasebox_client::{hex, rdma};
 
 pub use client::{Answer, Client, ClientError, Credentials, DEFAULT_PORT, Timeouts, Welcome};
 pub use config::FileConfig;

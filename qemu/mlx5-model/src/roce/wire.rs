@@ -5,7 +5,7 @@
 //! annex (A17.4 ICRC); names follow Linux `drivers/infiniband/sw/rxe/rxe_hdr.h` and `include/rdma/ib_pack.h`.
 //! Every decode is bounds-checked and returns a [`WireError`]; nothing here panics on untrusted input.
 //!
-//! The revoke verifier has its own RoCEv2 codec (`app/leasectl/src/rdma/wire.rs`, `icrc.rs`) and must keep it:
+//! The revoke verifier has its own RoCEv2 codec (`app/client/src/rdma/wire.rs`, `icrc.rs`) and must keep it:
 //! an oracle shares no code with what it checks, so neither side is ever refactored into the other.
 
 use std::fmt;
