@@ -413,3 +413,31 @@ fn a_wrong_key_is_refused_at_connect() {
     let e = Client::connect(config(vec![app])).unwrap_err();
     assert!(matches!(e, Error::Server { .. } | Error::Connection { .. }), "{e}");
 }
+
+#[test]
+fn the_client_renews_a_short_ttl_and_finds_a_revoke_by_its_renewal() {
+    let _one = serial();
+    // Heartbeats do not renew here: only the client's RENEWs keep a lease past its TTL.
+    let a = start_hosted(&["heartbeat_renews=off"]);
+    let client = Client::connect(config(vec![a.appliance()])).unwrap();
+    let opts = AllocOptions { ttl_ms: 600, ..AllocOptions::default() };
+    let mut kept = client.alloc(2 * MIB, opts).unwrap();
+    let mut revoked = client.alloc(2 * MIB, opts).unwrap();
+    std::thread::sleep(Duration::from_millis(1800));
+    kept.write(0, &[5; 32]).unwrap();
+
+    // Revoked with no RDMA traffic: the next RENEW (within 300 ms) finds it gone and says so.
+    let mut admin = a.admin();
+    assert!(matches!(
+        admin.call(&Request::Revoke { lease: revoked.id(), qp_first: false }),
+        Ok(Response::Revoke { .. })
+    ));
+    let id = revoked.id();
+    let ev = wait_event(&client, Duration::from_secs(3), |e| matches!(e, Event::Revoked { .. }));
+    assert!(matches!(ev, Some(Event::Revoked { lease, .. }) if lease == id), "{ev:?}");
+    // Known before any RDMA: the write fails at once.
+    assert!(revoked.revoked().is_some());
+    assert!(matches!(revoked.write(0, &[1]), Err(Error::Revoked { .. })));
+    assert_eq!(kept.free().unwrap(), Outcome::TornDown);
+    let _ = admin.bye();
+}
