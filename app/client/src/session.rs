@@ -289,11 +289,15 @@ impl Worker {
         self.take_notices();
     }
 
-    /// NOTICES: the one place where the appliance's notices (issue 16, item 2: `Connection::take_notices`)
-    /// become [`Event`]s: `Revoked` → `shared.mark_revoked(outcome)` on the tracked lease and the event;
-    /// `Expiring` → renew that lease now and pass the event on; `Fenced` → mark revoked (Outcome::Fenced);
-    /// `Draining` → pass it on. Until the protocol has notices, a revoke is found by the renewals below and by
-    /// the lease's failed RDMA completions.
+    /// NOTICES: the one place where the appliance's notices (issue 16, item 2) become [`Event`]s. With them,
+    /// this takes `conn.take_notices()` (those that came in with answers) and, with no request outstanding,
+    /// `conn.wait_notices(d)` for a short `d` (and `run` bounds its channel wait by the same `d`, so the thread
+    /// alternates between callers and the socket); then per notice: `Revoked { lease, outcome }` → the tracked
+    /// lease's `shared.mark_revoked(outcome)`, stop tracking it, `Event::Revoked`; `Fenced { lease }` → the same
+    /// with `Outcome::Fenced` and `Event::Fenced`; `Expiring { lease, in_ms }` → renew that lease now and pass
+    /// `Event::Expiring` on; `Draining { in_ms }` → `Event::Draining`. An error from `wait_notices` that breaks
+    /// the connection goes to `self.lost`. Until the protocol has notices, a revoke is found by the renewals
+    /// below and by the lease's failed RDMA completions.
     fn take_notices(&mut self) {}
 
     fn renew_due(&mut self) {
@@ -377,11 +381,13 @@ impl Worker {
 
     /// One connect + HELLO attempt (bounded by [`RECONNECT_ATTEMPT`]); on failure the next waits longer.
     ///
-    /// RESUME: with protocol resume (issue 16, item 3), this is where the new connection calls
-    /// `Connection::resume(old_session_id, resume_token)` (the token from the last Welcome) before anything
-    /// else, so the old session's leases move over at once. Until then the appliance hands a lost session's
-    /// leases to the tenant's next session (`session_grace_ms=`, docs/operations.md), and the RENEW of every
-    /// tracked lease below finds out which survived.
+    /// RESUME: with protocol resume (issue 16, item 3), the first thing on the new connection is
+    /// `c.resume(old_session_id, old_resume_token)` (both from the last Welcome, kept in the worker), so the old
+    /// session's leases move over at once; and a Welcome whose `boot_id` differs from the last one means the
+    /// appliance rebooted: every tracked lease is gone (`vanished(lease, Outcome::NotFound)` each). Until then
+    /// the appliance hands a lost session's leases to the tenant's next session (`session_grace_ms=`,
+    /// docs/operations.md), and the RENEW of every tracked lease, due at once after a reconnect, finds out which
+    /// survived.
     fn reconnect(&mut self) {
         let t = Timeouts {
             connect: self.timeouts.connect.min(RECONNECT_ATTEMPT),
