@@ -18,7 +18,7 @@ use crate::client::Inner;
 use crate::error::Error;
 use crate::event::Event;
 use crate::rdma::{Requester, WcStatus};
-use crate::session::{Cmd, LeaseShared, outcome_of};
+use crate::session::{Cmd, LeaseShared, settle};
 use crate::setup::{self, SetupError};
 
 /// Work requests one lease keeps outstanding in a batch (the software requester's default `max_wr` is 16).
@@ -260,13 +260,12 @@ impl Lease {
     /// A failed completion: revoked (QUERY says the lease is gone or going) or a broken QP.
     fn failed(&mut self, status: WcStatus) -> Error {
         let s = &self.inner.sessions[self.appliance];
-        let q = s.call(Request::Query { lease: self.id }, self.inner.call_wait());
-        let q = match q {
+        let query = || match s.call(Request::Query { lease: self.id }, self.inner.call_wait()) {
             Ok(r) => Ok(r),
             Err(Error::Server { error, .. }) => Err(crate::ClientError::Server(error)),
             Err(e) => Err(crate::ClientError::Usage(e.to_string())),
         };
-        match outcome_of(&q) {
+        match settle(query) {
             Some(outcome) => {
                 let _ = s.send(Cmd::Forget { lease: self.id });
                 if self.shared.mark_revoked(outcome) {

@@ -197,19 +197,48 @@ fn idempotent(req: &Request) -> bool {
     )
 }
 
-/// The outcome a vanished lease is reported with: what QUERY says of it (PendingDestroy: torn down, waiting
-/// out its grace period; Fenced), else NotFound (the appliance no longer knows it).
-pub(crate) fn outcome_of(answer: &Result<Response, ClientError>) -> Option<Outcome> {
+/// What one QUERY says of a lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Seen {
+    /// Granted or Active, or the QUERY failed: nothing says it is gone.
+    Alive,
+    /// Fencing: a revoke is in its immediate phase; its outcome is not decided yet.
+    Going,
+    /// PendingDestroy (torn down, waiting out its grace period): TornDown; Fenced: Fenced; NOT_FOUND or STALE
+    /// (the appliance no longer knows it): NotFound.
+    Gone(Outcome),
+}
+
+pub(crate) fn seen(answer: &Result<Response, ClientError>) -> Seen {
     match answer {
         Ok(Response::Query(info)) => match info.state {
-            LeaseState::Active | LeaseState::Granted => None,
-            LeaseState::Fencing | LeaseState::Fenced => Some(Outcome::Fenced),
-            LeaseState::PendingDestroy => Some(Outcome::TornDown),
+            LeaseState::Active | LeaseState::Granted => Seen::Alive,
+            LeaseState::Fencing => Seen::Going,
+            LeaseState::PendingDestroy => Seen::Gone(Outcome::TornDown),
+            LeaseState::Fenced => Seen::Gone(Outcome::Fenced),
         },
         Err(ClientError::Server(e)) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale) => {
-            Some(Outcome::NotFound)
+            Seen::Gone(Outcome::NotFound)
         }
-        _ => None,
+        _ => Seen::Alive,
+    }
+}
+
+/// How long a revoke in its immediate phase is waited for: the appliance's revoke deadline is 1 s, past which
+/// the slot is fenced (docs/revoke-semantics.md).
+const SETTLE: Duration = Duration::from_millis(1500);
+
+/// Whether the lease is gone and with which outcome, asking `query` again while a revoke is still in its
+/// immediate phase (Fenced when it is still undecided after [`SETTLE`]).
+pub(crate) fn settle(mut query: impl FnMut() -> Result<Response, ClientError>) -> Option<Outcome> {
+    let end = Instant::now() + SETTLE;
+    loop {
+        match seen(&query()) {
+            Seen::Alive => return None,
+            Seen::Gone(o) => return Some(o),
+            Seen::Going if Instant::now() >= end => return Some(Outcome::Fenced),
+            Seen::Going => std::thread::sleep(Duration::from_millis(10)),
+        }
     }
 }
 
@@ -316,9 +345,15 @@ impl Worker {
                 Err(ClientError::Server(e))
                     if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale | ErrorCode::BadState) =>
                 {
-                    let q = self.call(&Request::Query { lease });
-                    let outcome = outcome_of(&q).unwrap_or(Outcome::NotFound);
-                    self.vanished(lease, outcome);
+                    match settle(|| self.call(&Request::Query { lease })) {
+                        Some(outcome) => self.vanished(lease, outcome),
+                        // QUERY says it lives (or could not say): try again shortly.
+                        None => {
+                            if let Some(t) = self.leases.get_mut(&lease) {
+                                t.renew_at = Instant::now() + Duration::from_secs(1);
+                            }
+                        }
+                    }
                 }
                 // A broken connection: the reconnect renews everything at once.
                 _ => {
@@ -446,27 +481,40 @@ mod tests {
         Err(ClientError::Server(ErrorBody { code, detail: [0; 3], message: String::new() }))
     }
 
+    fn info(state: LeaseState) -> Result<Response, ClientError> {
+        Ok(Response::Query(LeaseInfo {
+            lease: LeaseId { slot: 1, generation: 1 },
+            state,
+            access: 3,
+            mtu: 5,
+            size: 4096,
+            rkey: 1,
+            server_qpn: 2,
+            client_qpn: 3,
+            ttl_left_ms: 0,
+            tenant: "demo".into(),
+        }))
+    }
+
     #[test]
     fn a_vanished_lease_is_reported_with_what_query_says() {
-        let info = |state| {
-            Ok(Response::Query(LeaseInfo {
-                lease: LeaseId { slot: 1, generation: 1 },
-                state,
-                access: 3,
-                mtu: 5,
-                size: 4096,
-                rkey: 1,
-                server_qpn: 2,
-                client_qpn: 3,
-                ttl_left_ms: 0,
-                tenant: "demo".into(),
-            }))
-        };
-        assert_eq!(outcome_of(&info(LeaseState::Active)), None);
-        assert_eq!(outcome_of(&info(LeaseState::PendingDestroy)), Some(Outcome::TornDown));
-        assert_eq!(outcome_of(&info(LeaseState::Fenced)), Some(Outcome::Fenced));
-        assert_eq!(outcome_of(&err(ErrorCode::NotFound)), Some(Outcome::NotFound));
-        assert_eq!(outcome_of(&err(ErrorCode::BadParam)), None);
+        assert_eq!(seen(&info(LeaseState::Active)), Seen::Alive);
+        assert_eq!(seen(&info(LeaseState::Fencing)), Seen::Going);
+        assert_eq!(seen(&info(LeaseState::PendingDestroy)), Seen::Gone(Outcome::TornDown));
+        assert_eq!(seen(&info(LeaseState::Fenced)), Seen::Gone(Outcome::Fenced));
+        assert_eq!(seen(&err(ErrorCode::NotFound)), Seen::Gone(Outcome::NotFound));
+        assert_eq!(seen(&err(ErrorCode::BadParam)), Seen::Alive);
+    }
+
+    #[test]
+    fn a_revoke_in_its_immediate_phase_is_waited_for() {
+        let mut answers = vec![info(LeaseState::PendingDestroy), info(LeaseState::Fencing), info(LeaseState::Fencing)];
+        assert_eq!(settle(|| answers.pop().unwrap_or_else(|| err(ErrorCode::Internal))), Some(Outcome::TornDown));
+        assert_eq!(settle(|| info(LeaseState::Active)), None);
+        // Never decided: after the revoke deadline the slot is fenced.
+        let t = Instant::now();
+        assert_eq!(settle(|| info(LeaseState::Fencing)), Some(Outcome::Fenced));
+        assert!(t.elapsed() >= SETTLE);
     }
 
     #[test]
