@@ -165,9 +165,16 @@ impl Lease {
         let s = &self.inner.sessions[self.appliance];
         let _ = s.send(Cmd::Forget { lease: self.id });
         self.shared.closed.store(true, Ordering::Release);
-        match s.call(Request::Free { lease: self.id }, self.inner.call_wait())? {
-            Response::Free { outcome, .. } => Ok(outcome),
-            other => Err(Error::Config(format!("FREE answered {other:?}"))),
+        match s.call(Request::Free { lease: self.id }, self.inner.call_wait()) {
+            Ok(Response::Free { outcome, .. }) => Ok(outcome),
+            Ok(other) => Err(Error::Config(format!("FREE answered {other:?}"))),
+            // Not reached: the connection thread sends the FREE again once it has reconnected, so the lease does
+            // not outlive us on the appliance (where a reconnected session would adopt and keep it).
+            Err(e @ (Error::Connection { .. } | Error::Timeout { .. })) => {
+                let _ = s.send(Cmd::FreeLater { lease: self.id });
+                Err(e)
+            }
+            Err(e) => Err(e),
         }
     }
 

@@ -29,6 +29,8 @@ const RECONNECT_MAX: Duration = Duration::from_secs(2);
 const RECONNECT_ATTEMPT: Duration = Duration::from_secs(2);
 /// Leases are renewed when this fraction of their TTL is left… (1/2: one lost RENEW still leaves time).
 const RENEW_AT_DIVISOR: u32 = 2;
+/// FREEs kept for the next connection at most (each is one lease id; past it the lease is left to its TTL).
+const MAX_PENDING_FREES: usize = 4096;
 /// How long the shutdown may spend freeing the leases still held and saying BYE.
 const SHUTDOWN_BUDGET: Duration = Duration::from_secs(3);
 
@@ -115,6 +117,7 @@ impl Session {
             reconnect_at: now,
             backoff: RECONNECT_MIN,
             leases: HashMap::new(),
+            pending_frees: Vec::new(),
             sink,
             up: up.clone(),
         };
@@ -258,6 +261,8 @@ struct Worker {
     reconnect_at: Instant,
     backoff: Duration,
     leases: HashMap<LeaseId, Tracked>,
+    /// FREEs that found the connection down, sent again after the next reconnect.
+    pending_frees: Vec<LeaseId>,
     sink: Arc<Sink>,
     up: Arc<AtomicBool>,
 }
@@ -296,7 +301,7 @@ impl Worker {
                 if let Some(t) = self.leases.remove(&lease) {
                     t.shared.closed.store(true, Ordering::Release);
                 }
-                let _ = self.call(&Request::Free { lease });
+                self.free_or_keep(lease);
             }
             Cmd::Shutdown => {}
         }
@@ -362,6 +367,16 @@ impl Worker {
                     }
                 }
             }
+        }
+    }
+
+    /// FREE; when the connection is down, kept in [`Worker::pending_frees`] for the next connection (a lost
+    /// session's leases go to the tenant's next session, which would otherwise keep them).
+    fn free_or_keep(&mut self, lease: LeaseId) {
+        let r = self.call(&Request::Free { lease });
+        let unsent = matches!(&r, Err(e) if breaks_connection(e) || self.conn.is_none());
+        if unsent && self.pending_frees.len() < MAX_PENDING_FREES && !self.pending_frees.contains(&lease) {
+            self.pending_frees.push(lease);
         }
     }
 
@@ -442,6 +457,9 @@ impl Worker {
                 let now = Instant::now();
                 for t in self.leases.values_mut() {
                     t.renew_at = now;
+                }
+                for lease in std::mem::take(&mut self.pending_frees) {
+                    self.free_or_keep(lease);
                 }
             }
             Err(_) => {
