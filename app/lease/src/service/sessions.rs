@@ -14,12 +14,42 @@ impl<T: Copy> LeaseService<T> {
             {
                 l.session = None;
                 l.orphaned_at = Some(now_us);
+                l.last_session = session;
             }
         }
     }
 
+    /// RESUME: session `to` of `tenant` takes over the leases of its earlier session `from` (the session server
+    /// has checked the token): those `from` holds, those orphaned when `from` was lost (within the session
+    /// grace period; later they are gone), and those `to` already adopted from it when it started. Counts one
+    /// reconnect. Returns how many leases `to` now holds that were `from`'s.
+    pub fn resume(&mut self, from: u64, to: u64, tenant: &str) -> usize {
+        let mut n = 0;
+        for s in &mut self.slots {
+            if let Slot::Busy(l) = s
+                && l.tenant == tenant
+                && matches!(l.phase, Phase::Building | Phase::Granted { .. } | Phase::Active)
+            {
+                let held = l.session == Some(from);
+                let orphaned = l.session.is_none() && l.last_session == from;
+                let adopted = l.session == Some(to) && l.last_session == from;
+                if held || orphaned || adopted {
+                    if !adopted {
+                        l.reconnects += 1;
+                    }
+                    l.session = Some(to);
+                    l.orphaned_at = None;
+                    l.last_session = to;
+                    n += 1;
+                }
+            }
+        }
+        self.counters.reconnects += 1;
+        n
+    }
+
     /// A session of `tenant` started: orphaned leases of that tenant are resumed by it (RTRS's reconnect
-    /// counter: each resume counts). Returns how many.
+    /// counter: each session that resumed leases counts once). Returns how many.
     pub fn session_started(&mut self, session: u64, tenant: &str) -> usize {
         let mut n = 0;
         for s in &mut self.slots {
@@ -33,7 +63,7 @@ impl<T: Copy> LeaseService<T> {
                 n += 1;
             }
         }
-        self.counters.reconnects += n as u64;
+        self.counters.reconnects += u64::from(n > 0);
         n
     }
 
@@ -47,7 +77,12 @@ impl<T: Copy> LeaseService<T> {
                 && l.session == Some(session)
                 && matches!(l.phase, Phase::Granted { .. } | Phase::Active)
             {
-                l.expires_at = l.expires_at.max(now_us + u64::from(l.ttl_ms) * 1000);
+                let renewed = now_us + u64::from(l.ttl_ms) * 1000;
+                if renewed > l.expires_at {
+                    l.expires_at = renewed;
+                    // A later expiry earns a new Expiring notice when it comes near.
+                    l.warned = false;
+                }
             }
         }
     }
