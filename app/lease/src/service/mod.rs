@@ -147,6 +147,8 @@ pub struct LeaseService<T: Copy> {
     notices: Vec<(String, Notice)>,
     /// DRAINs whose deadline has not come (or whose leases were still being built when it came).
     drains: Vec<Drain>,
+    /// Open sessions and their tenants (`session_started` to `session_lost`): where a lost session's leases go.
+    live: BTreeMap<u64, String>,
     hca: HcaCtx,
     slots: Vec<Slot<T>>,
     pool: ExtentPool,
@@ -192,6 +194,7 @@ impl<T: Copy> LeaseService<T> {
             boot_id: [0; BOOT_ID_LEN],
             notices: Vec::new(),
             drains: Vec::new(),
+            live: BTreeMap::new(),
             hca,
             slots,
             pool,

@@ -1,19 +1,28 @@
-//! Control sessions and their leases: a lost session's leases wait for the session grace period, a new
-//! session of the same tenant resumes them, heartbeats may renew them.
+//! Control sessions and their leases: a lost session's leases go to another live session of the same tenant,
+//! or wait for the session grace period; a new session of the same tenant resumes them (at start, or by
+//! RESUME naming the old one); heartbeats may renew them.
+
+use alloc::string::String;
 
 use super::LeaseService;
 use crate::lease::{Phase, Slot};
 
 impl<T: Copy> LeaseService<T> {
-    /// A session ended: its leases stay for the session grace period, then expire.
+    /// A session ended. Its leases belong to its tenant: if another session of that tenant is still open
+    /// (the newest), they are its now (a tenant that renews from a second session must not lose them when the
+    /// first times out, issue 16); otherwise they wait for the session grace period, then expire.
     pub fn session_lost(&mut self, session: u64, now_us: u64) {
         self.drop_parked(session);
+        let heir = self
+            .live
+            .remove(&session)
+            .and_then(|tenant| self.live.iter().filter(|(_, t)| **t == tenant).map(|(s, _)| *s).next_back());
         for s in &mut self.slots {
             if let Slot::Busy(l) = s
                 && l.session == Some(session)
             {
-                l.session = None;
-                l.orphaned_at = Some(now_us);
+                l.session = heir;
+                l.orphaned_at = if heir.is_some() { None } else { Some(now_us) };
                 l.last_session = session;
             }
         }
@@ -51,6 +60,7 @@ impl<T: Copy> LeaseService<T> {
     /// A session of `tenant` started: orphaned leases of that tenant are resumed by it (RTRS's reconnect
     /// counter: each session that resumed leases counts once). Returns how many.
     pub fn session_started(&mut self, session: u64, tenant: &str) -> usize {
+        self.live.insert(session, String::from(tenant));
         let mut n = 0;
         for s in &mut self.slots {
             if let Slot::Busy(l) = s
