@@ -355,10 +355,10 @@ pub fn with_boot(req: &Request, boot: [u8; 16]) -> Request {
         | Request::Renew { lease, .. }
         | Request::Free { lease }
         | Request::Query { lease }
-        | Request::Revoke { lease, .. } => {
-            if lease.boot_id == THIS_BOOT {
-                lease.boot_id = boot;
-            }
+        | Request::Revoke { lease, .. }
+            if lease.boot_id == THIS_BOOT =>
+        {
+            lease.boot_id = boot;
         }
         _ => {}
     }

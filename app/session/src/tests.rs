@@ -934,7 +934,7 @@ fn resume_takes_over_an_open_or_ended_session_of_the_same_principal_only() {
     }
     let (a1, a3) = (announced(ConnId(1)), announced(ConnId(3)));
     let resume = |session_id, token| req(Request::Resume { session_id, token }, 9);
-    let refused = |a: &[(u32, Ans)]| match &a[..] {
+    let refused = |a: &[(u32, Ans)]| match a {
         [(9, Ans::Err(e))] => {
             assert_eq!((e.code, e.message.as_str()), (ErrorCode::NotFound, "RESUME: no such session"));
             true

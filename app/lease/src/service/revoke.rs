@@ -245,7 +245,7 @@ impl<T: Copy> LeaseService<T> {
             let mut building = false;
             for slot in 0..self.slots.len() as u32 {
                 let Some(l) = self.lease(slot) else { continue };
-                if !target.as_deref().is_none_or(|t| t == l.tenant) {
+                if target.as_deref().is_some_and(|t| t != l.tenant) {
                     continue;
                 }
                 match l.phase {
