@@ -7,9 +7,10 @@
 
 use leasebox_proto::v2::{self, Announce, Initiator, Transport};
 use leasebox_proto::{
-    DecodeError, ErrorBody, ErrorCode, FrameBuf, Header, Hello, HelloNoise, HelloReply, Kind, MAX_NAME, Next, Op,
-    Request, Response, Role,
+    BOOT_ID_LEN, DecodeError, ErrorBody, ErrorCode, FrameBuf, Header, Hello, HelloNoise, HelloReply, Kind, MAX_NAME,
+    Next, Notice, Op, RESUME_TOKEN_LEN, Request, Response, Role,
 };
+use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
@@ -75,6 +76,11 @@ pub struct Welcome {
     /// Silence timeout: send something (HEARTBEAT) at least every `heartbeat_ms / 3`.
     pub heartbeat_ms: u32,
     pub session_id: u64,
+    /// The appliance's boot: every lease id this session gets carries it, and a different one after a
+    /// reconnect means the appliance rebooted (every earlier lease is gone).
+    pub boot_id: [u8; BOOT_ID_LEN],
+    /// This session's secret for a later [`Client::resume`] from a new connection of the same principal.
+    pub resume_token: [u8; RESUME_TOKEN_LEN],
 }
 
 /// Why a call failed.
@@ -193,6 +199,8 @@ pub struct Client {
     welcome: Option<Welcome>,
     /// The session's record layer, once HELLO has completed.
     transport: Option<Transport>,
+    /// Notices the server sent while this client waited for answers, oldest first, until taken.
+    notices: VecDeque<Notice>,
 }
 
 impl fmt::Debug for Client {
@@ -260,6 +268,7 @@ impl Client {
                             first_wait: None,
                             welcome: None,
                             transport: None,
+                            notices: VecDeque::new(),
                         });
                     }
                     Err(e) => last = Some(e),
@@ -344,6 +353,8 @@ impl Client {
             credits: a.credits,
             heartbeat_ms: a.heartbeat_ms,
             session_id: a.session_id,
+            boot_id: a.boot_id,
+            resume_token: a.resume_token,
         };
         // Whatever the server sent after its answer is already records.
         let mut transport = transport;
@@ -423,15 +434,36 @@ impl Client {
         Ok(wire)
     }
 
-    /// The next frame from the server, decoded, within the receive timeout.
+    /// The next answer frame from the server, decoded, within the receive timeout. Notices that come first are
+    /// set aside ([`Client::take_notices`]); they are not answers.
     pub fn receive(&mut self) -> Result<Answer, ClientError> {
         let wait = match self.first_wait {
             Some(w) if !self.heard => w,
             _ => self.timeouts.receive,
         };
-        let (header, payload) = self.read_frame(Instant::now() + wait, wait)?;
+        let deadline = Instant::now() + wait;
+        loop {
+            let (header, payload) = self.read_frame(deadline, wait)?;
+            if let Some(a) = self.answer_or_notice(header, payload)? {
+                return Ok(a);
+            }
+        }
+    }
+
+    /// A notice frame goes to the queue (`None`); anything else is decoded as an answer.
+    fn answer_or_notice(&mut self, header: Header, payload: Vec<u8>) -> Result<Option<Answer>, ClientError> {
         let bad = |what: &str, e: DecodeError| ClientError::Protocol(format!("{what}: {e}"));
         let body = match header.kind {
+            Kind::Notice => {
+                if header.op != Op::Notice as u16 || header.request_id != 0 {
+                    return Err(ClientError::Protocol(format!(
+                        "notice frame with op {:#06x} and request id {}",
+                        header.op, header.request_id
+                    )));
+                }
+                self.notices.push_back(Notice::decode(&payload).map_err(|e| bad("NOTICE", e))?);
+                return Ok(None);
+            }
             Kind::Request => return Err(ClientError::Protocol("the server sent a request frame".into())),
             Kind::Error => Err(ErrorBody::decode(&payload).map_err(|e| bad("error frame", e))?),
             Kind::Response => {
@@ -440,7 +472,55 @@ impl Client {
                 Ok(Response::decode(op, &payload).map_err(|e| bad(op.name(), e))?)
             }
         };
-        Ok(Answer { header, body })
+        Ok(Some(Answer { header, body }))
+    }
+
+    /// The notices received so far (while waiting for answers, or in [`Client::wait_notices`]), oldest first.
+    pub fn take_notices(&mut self) -> Vec<Notice> {
+        self.notices.drain(..).collect()
+    }
+
+    /// Notices, waiting up to `wait` for one when none is queued. Call it when no request is outstanding: an
+    /// answer frame arriving meanwhile is a protocol error, and session news from the server (TIMEOUT, BUSY:
+    /// an error frame with request id 0) is returned as [`ClientError::Server`]. An empty vector means nothing
+    /// came within `wait`.
+    pub fn wait_notices(&mut self, wait: Duration) -> Result<Vec<Notice>, ClientError> {
+        let deadline = Instant::now() + wait;
+        while self.notices.is_empty() {
+            let (header, payload) = match self.read_frame(deadline, wait) {
+                Ok(f) => f,
+                Err(ClientError::Timeout { .. }) => break,
+                Err(e) => return Err(e),
+            };
+            match self.answer_or_notice(header, payload)? {
+                None => {}
+                Some(Answer { header, body: Err(e) }) if header.request_id == 0 => return Err(ClientError::Server(e)),
+                Some(a) => {
+                    return Err(ClientError::Protocol(format!(
+                        "an answer (op {:#06x}, request id {}) with no request outstanding",
+                        a.header.op, a.header.request_id
+                    )));
+                }
+            }
+        }
+        // Notices already buffered behind the first come along.
+        while let Next::Frame(h, p) = self.frames.next_frame() {
+            if self.answer_or_notice(h, p)?.is_some() {
+                return Err(ClientError::Protocol("an answer with no request outstanding".into()));
+            }
+        }
+        Ok(self.take_notices())
+    }
+
+    /// RESUME: this session takes over the leases of the earlier session `session_id` of the same principal,
+    /// whose [`Welcome::resume_token`] is `token` (the old session is closed if it is still open). Returns how
+    /// many leases this session now holds that were the old one's. A wrong token, another principal's session
+    /// and an unknown one all answer NOT_FOUND.
+    pub fn resume(&mut self, session_id: u64, token: [u8; RESUME_TOKEN_LEN]) -> Result<u32, ClientError> {
+        match self.call(&Request::Resume { session_id, token })? {
+            Response::Resume { leases } => Ok(leases),
+            other => Err(ClientError::Protocol(format!("expected a RESUME answer, got {other:?}"))),
+        }
     }
 
     fn read_frame(&mut self, deadline: Instant, wait: Duration) -> Result<(Header, Vec<u8>), ClientError> {

@@ -501,7 +501,7 @@ mod tests {
 
     fn info(state: LeaseState) -> Result<Response, ClientError> {
         Ok(Response::Query(LeaseInfo {
-            lease: LeaseId { slot: 1, generation: 1 },
+            lease: LeaseId { boot_id: [0; 16], slot: 1, generation: 1 },
             state,
             access: 3,
             mtu: 5,
@@ -538,8 +538,8 @@ mod tests {
     #[test]
     fn only_harmless_requests_are_repeated_after_a_break() {
         assert!(idempotent(&Request::Heartbeat { echo: 1 }));
-        assert!(idempotent(&Request::Free { lease: LeaseId { slot: 1, generation: 1 } }));
-        assert!(!idempotent(&Request::Revoke { lease: LeaseId { slot: 1, generation: 1 }, qp_first: false }));
+        assert!(idempotent(&Request::Free { lease: LeaseId { boot_id: [0; 16], slot: 1, generation: 1 } }));
+        assert!(!idempotent(&Request::Revoke { lease: LeaseId { boot_id: [0; 16], slot: 1, generation: 1 }, qp_first: false }));
         assert!(idempotent(&Request::Stats));
     }
 

@@ -135,6 +135,22 @@ impl Backend for HostedBackend {
             b.session_started(who, now_ms)
         }
     }
+    fn boot(&mut self, boot_id: [u8; leasebox_proto::BOOT_ID_LEN]) {
+        if let HostedBackend::Lease(b) = self {
+            b.boot(boot_id)
+        }
+    }
+    fn take_notices(&mut self, out: &mut Vec<(String, leasebox_proto::Notice)>) {
+        if let HostedBackend::Lease(b) = self {
+            b.take_notices(out)
+        }
+    }
+    fn resume(&mut self, from: &Principal, to: &Principal, now_ms: u64) -> u32 {
+        match self {
+            HostedBackend::Plain(b) => b.resume(from, to, now_ms),
+            HostedBackend::Lease(b) => b.resume(from, to, now_ms),
+        }
+    }
     fn session_alive(&mut self, who: &Principal, now_ms: u64) {
         if let HostedBackend::Lease(b) = self {
             b.session_alive(who, now_ms)

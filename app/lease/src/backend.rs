@@ -8,7 +8,9 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use leasebox_mlx5::engine::Client;
-use leasebox_proto::{FencedSlot, HcaState, Health, HealthStatus, LeaseState, LeaseStats, Reply, Request, Role};
+use leasebox_proto::{
+    BOOT_ID_LEN, FencedSlot, HcaState, Health, HealthStatus, LeaseState, LeaseStats, Notice, Reply, Request, Role,
+};
 use leasebox_session::{Answer, Backend, CloseReason, Principal, Ticket};
 
 use crate::link::Link;
@@ -66,6 +68,20 @@ impl<H: Host, E: Environment> Backend for LeaseBackend<H, E> {
     /// The session core asks right after `input` and `tick`, both of which have just pumped.
     fn take_answers(&mut self, out: &mut Vec<(Ticket, Reply)>) {
         self.svc.take_answers(out);
+    }
+
+    fn boot(&mut self, boot_id: [u8; BOOT_ID_LEN]) {
+        self.svc.set_boot_id(boot_id);
+    }
+
+    fn take_notices(&mut self, out: &mut Vec<(String, Notice)>) {
+        self.svc.take_notices(out);
+    }
+
+    fn resume(&mut self, from: &Principal, to: &Principal, _now_ms: u64) -> u32 {
+        let n = self.svc.resume(from.session_id, to.session_id, &to.name);
+        log::info!("lease: session {} ({}) resumed session {}: {n} lease(s)", to.session_id, to.name, from.session_id);
+        n as u32
     }
 
     fn session_started(&mut self, p: &Principal, _now_ms: u64) {

@@ -175,6 +175,10 @@ pub struct Lease<T> {
     /// Session that owns it; `None` while orphaned (its session was lost).
     pub session: Option<u64>,
     pub orphaned_at: Option<u64>,
+    /// The session that held it last (stays set while orphaned): RESUME names the old session by this.
+    pub last_session: u64,
+    /// The Expiring notice for the current TTL has gone out (cleared when the TTL moves later).
+    pub warned: bool,
     pub reconnects: u32,
     pub phase: Phase,
     pub size: u64,

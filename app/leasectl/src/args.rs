@@ -32,8 +32,11 @@ pub enum Command {
     List,
     /// FENCED_SUMMARY, every page.
     Fenced,
-    /// One request, one answer.
+    /// One request, one answer. A lease id given without a boot (`SLOT.GENERATION`) gets the boot id the
+    /// appliance announces in the handshake.
     Call(Request),
+    /// DRAIN as the admin (the tenant drained, `None`: every tenant), then LIST until the leases are revoked.
+    Drain { tenant: Option<String>, notice_ms: u32 },
     /// The revoke verifier.
     Verify(Box<VerifyArgs>),
     /// A completion script for `shell` on stdout.
@@ -48,7 +51,8 @@ pub struct Invocation {
 
 /// What `leasectl --help` ends with.
 const AFTER_HELP: &str = "\
-LEASE is SLOT.GENERATION, e.g. 3.17. Numbers may be decimal or 0x hex; sizes take a unit (64K, 2M, 1GiB).
+LEASE is SLOT.GENERATION, e.g. 3.17 (a lease of the appliance's current boot), or SLOT.GENERATION@BOOT with the
+boot id in 32 hex digits. Numbers may be decimal or 0x hex; sizes take a unit (64K, 2M, 1GiB).
 
 Exit codes:
   0  ok
@@ -195,6 +199,19 @@ enum Cmd {
     },
     /// Slots fenced for good (FENCED_SUMMARY)
     Fenced(Timeout),
+    /// Drain the appliance as the admin: notify, wait, revoke
+    ///
+    /// Sends DRAIN as the admin (no --admin needed; the admin key comes from the file or --key): the sessions
+    /// of the tenant named by --tenant (every tenant's without it) are told their leases go in --notice-ms,
+    /// their ALLOCs are refused meanwhile, then every one of their leases is revoked. leasectl then lists the
+    /// leases until none of them is left unrevoked, or gives up --timeout (default 10 s) after the deadline.
+    Drain {
+        /// Milliseconds between the notice and the revocations
+        #[arg(long, value_name = "N", value_parser = ttl)]
+        notice_ms: u32,
+        #[command(flatten)]
+        timeout: Timeout,
+    },
     /// Revoke verifier over RDMA
     ///
     /// The software RoCEv2 requester on UDP (default 127.0.0.1:4791), or --backend verbs on a real RDMA
@@ -214,7 +231,7 @@ enum Cmd {
 /// Parses the arguments after the program name. `Err` carries clap's message and kind (help and version
 /// requests included: [`clap::error::ErrorKind::DisplayHelp`], [`clap::error::ErrorKind::DisplayVersion`]).
 pub fn parse(args: &[String]) -> Result<Invocation, clap::Error> {
-    let cli = Cli::try_parse_from(std::iter::once("leasectl").chain(args.iter().map(String::as_str)))?;
+    let mut cli = Cli::try_parse_from(std::iter::once("leasectl").chain(args.iter().map(String::as_str)))?;
     let lease_call = |a: LeaseArg, call: fn(LeaseId) -> Request| (a.timeout, Command::Call(call(a.lease)));
     let (after, command) = match cli.command {
         Cmd::Ping(t) => (t, Command::Ping),
@@ -242,16 +259,21 @@ pub fn parse(args: &[String]) -> Result<Invocation, clap::Error> {
         Cmd::Free(a) => lease_call(a, |lease| Request::Free { lease }),
         Cmd::Query(a) => lease_call(a, |lease| Request::Query { lease }),
         Cmd::Revoke { lease, qp_first, timeout } => (timeout, Command::Call(Request::Revoke { lease, qp_first })),
+        Cmd::Drain { notice_ms, timeout } => {
+            // `--tenant` names the tenant drained here; the command always speaks as the admin.
+            (timeout, Command::Drain { tenant: cli.global.tenant.take(), notice_ms })
+        }
         Cmd::Verify(v) => (Timeout { timeout: None }, Command::Verify(v)),
         Cmd::Completions { shell } => (Timeout { timeout: None }, Command::Completions(shell)),
     };
     let g = cli.global;
+    let drain = matches!(command, Command::Drain { .. });
     let global = Global {
         addr: g.addr,
         config: g.config,
         tenant: g.tenant,
         key: g.key,
-        admin: g.admin,
+        admin: g.admin || drain,
         json: g.json,
         timeout: after.timeout.or(cli.timeout.timeout),
     };
@@ -300,17 +322,47 @@ fn lease_size(v: &str) -> Result<u64, String> {
     leasebox_units::parse_size_in(v, 1..=u64::MAX).map_err(|e| e.to_string())
 }
 
-/// A lease written `SLOT.GENERATION` (decimal), e.g. `3.17`.
+/// The boot id of a lease written without one: [`with_boot`] puts the appliance's in its place. A real boot id
+/// is 128 random bits, never all zero in practice.
+pub const THIS_BOOT: [u8; 16] = [0; 16];
+
+/// A lease written `SLOT.GENERATION` (decimal), e.g. `3.17` (this boot: [`THIS_BOOT`] until the handshake
+/// says which), or `SLOT.GENERATION@BOOT` with the boot id in 32 hex digits.
 pub fn parse_lease(s: &str) -> Result<LeaseId, String> {
-    let bad = || format!("lease '{s}' is not SLOT.GENERATION (e.g. 3.17)");
-    let (a, b) = s.split_once('.').ok_or_else(bad)?;
+    let bad = || format!("lease '{s}' is not SLOT.GENERATION (e.g. 3.17) or SLOT.GENERATION@BOOT (32 hex digits)");
+    let (id, boot) = match s.split_once('@') {
+        Some((id, b)) => {
+            let b = crate::hex::decode(b).ok().and_then(|v| <[u8; 16]>::try_from(v).ok()).ok_or_else(bad)?;
+            (id, b)
+        }
+        None => (s, THIS_BOOT),
+    };
+    let (a, b) = id.split_once('.').ok_or_else(bad)?;
     let num = |x: &str| {
         if x.is_empty() || !x.bytes().all(|c| c.is_ascii_digit()) {
             return Err(bad());
         }
         x.parse::<u32>().map_err(|_| bad())
     };
-    Ok(LeaseId { slot: num(a)?, generation: num(b)? })
+    Ok(LeaseId { boot_id: boot, slot: num(a)?, generation: num(b)? })
+}
+
+/// `req` with every lease id written without a boot given `boot` (the one the appliance announced).
+pub fn with_boot(req: &Request, boot: [u8; 16]) -> Request {
+    let mut req = req.clone();
+    match &mut req {
+        Request::Ready { lease, .. }
+        | Request::Renew { lease, .. }
+        | Request::Free { lease }
+        | Request::Query { lease }
+        | Request::Revoke { lease, .. }
+            if lease.boot_id == THIS_BOOT =>
+        {
+            lease.boot_id = boot;
+        }
+        _ => {}
+    }
+    req
 }
 
 /// How a lease is written on the command line and in output.
@@ -447,6 +499,18 @@ mod tests {
     }
 
     #[test]
+    fn drain_speaks_as_the_admin_and_takes_the_tenant_drained() {
+        let i = p(&["drain", "--tenant", "demo", "--notice-ms", "5000"]).unwrap();
+        assert_eq!(i.command, Command::Drain { tenant: Some("demo".into()), notice_ms: 5000 });
+        assert!(i.global.admin && i.global.tenant.is_none());
+        let i = p(&["--json", "drain", "--notice-ms=0"]).unwrap();
+        assert_eq!(i.command, Command::Drain { tenant: None, notice_ms: 0 });
+        assert!(i.global.admin && i.global.json);
+        assert!(err(&["drain"]).contains("--notice-ms <N>"));
+        assert!(err(&["drain", "--notice-ms", "-1"]).contains("--notice-ms"));
+    }
+
+    #[test]
     fn completions() {
         assert_eq!(cmd(&["completions", "bash"]), Command::Completions(Shell::Bash));
         assert!(err(&["completions", "cmd.exe"]).contains("possible values"));
@@ -458,7 +522,7 @@ mod tests {
 
     #[test]
     fn lease_commands() {
-        let l = LeaseId { slot: 3, generation: 17 };
+        let l = LeaseId { boot_id: THIS_BOOT, slot: 3, generation: 17 };
         assert_eq!(cmd(&["free", "3.17"]), Command::Call(Request::Free { lease: l }));
         assert_eq!(cmd(&["query", "3.17"]), Command::Call(Request::Query { lease: l }));
         assert_eq!(cmd(&["revoke", "3.17"]), Command::Call(Request::Revoke { lease: l, qp_first: false }));
@@ -539,13 +603,25 @@ mod tests {
 
     #[test]
     fn lease_ids() {
-        assert_eq!(parse_lease("3.17"), Ok(LeaseId { slot: 3, generation: 17 }));
-        assert_eq!(parse_lease("0.0"), Ok(LeaseId { slot: 0, generation: 0 }));
-        assert_eq!(parse_lease("4294967295.4294967295"), Ok(LeaseId { slot: u32::MAX, generation: u32::MAX }));
+        let id = |slot, generation| LeaseId { boot_id: THIS_BOOT, slot, generation };
+        assert_eq!(parse_lease("3.17"), Ok(id(3, 17)));
+        assert_eq!(parse_lease("0.0"), Ok(id(0, 0)));
+        assert_eq!(parse_lease("4294967295.4294967295"), Ok(id(u32::MAX, u32::MAX)));
+        let boot = "b0b1b2b3b4b5b6b7b8b9babbbcbdbebf";
+        let want = LeaseId { boot_id: core::array::from_fn(|i| 0xb0 + i as u8), slot: 3, generation: 17 };
+        assert_eq!(parse_lease(&format!("3.17@{boot}")), Ok(want));
         for bad in ["", "3", "3.", ".17", "3.17.1", "a.b", "-1.2", "+1.2", "3 .17", "4294967296.0", "0x3.1"] {
             assert!(parse_lease(bad).is_err(), "{bad}");
         }
-        assert_eq!(lease_str(LeaseId { slot: 3, generation: 17 }), "3.17");
+        for bad in ["3.17@", "3.17@b0b1", "3.17@zz", &format!("3.17@{boot}00"), &format!("@{boot}")] {
+            assert!(parse_lease(bad).is_err(), "{bad}");
+        }
+        assert_eq!(lease_str(id(3, 17)), "3.17");
+        // The handshake's boot id fills in a lease written without one, and leaves an explicit one alone.
+        let b = [0x42; 16];
+        let filled = with_boot(&Request::Free { lease: id(3, 17) }, b);
+        assert_eq!(filled, Request::Free { lease: LeaseId { boot_id: b, ..id(3, 17) } });
+        assert_eq!(with_boot(&Request::Free { lease: want }, b), Request::Free { lease: want });
     }
 
     #[test]

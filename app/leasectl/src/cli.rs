@@ -1,13 +1,16 @@
 //! `leasectl`: settings from flags over the configuration file, one command, its output and exit code.
 
-use crate::args::{self, Command, Invocation, lease_str};
+use crate::args::{self, Command, Invocation, lease_str, with_boot};
 use crate::client::{Client, ClientError, exit};
 use crate::config::{Settings, settings};
 use crate::render;
 use clap::error::ErrorKind;
-use leasebox_proto::{MAX_PAGE, Request, Response};
+use leasebox_proto::{LeaseInfo, LeaseState, MAX_PAGE, Request, Response};
 use std::io::Write;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How often `drain` lists the leases while it waits for them to go.
+const DRAIN_POLL: Duration = Duration::from_millis(200);
 
 /// Runs `leasectl` with `args` (after the program name); returns the exit code.
 pub fn run(args: &[String], env: &dyn Fn(&str) -> Option<String>, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
@@ -94,6 +97,46 @@ fn every_page<E>(
     }
 }
 
+/// Every lease the principal sees (LIST, all pages).
+fn list_all(c: &mut Client) -> Result<Vec<LeaseInfo>, ClientError> {
+    every_page(
+        c,
+        |cursor, max| Request::List { cursor, max },
+        |r| match r {
+            Response::List { next_cursor, leases } => Ok((next_cursor, leases)),
+            other => Err(other),
+        },
+    )
+}
+
+/// DRAIN, then LIST (as the admin) until no lease of the drained tenant (every tenant's for `None`) is left
+/// unrevoked (Granted, Active or still Fencing), for at most the notice time plus the answer timeout.
+fn drain(c: &mut Client, tenant: Option<&str>, notice_ms: u32, json: bool) -> Result<String, ClientError> {
+    let t0 = Instant::now();
+    let req = Request::Drain { tenant: tenant.unwrap_or_default().to_string(), notice_ms };
+    let (leases, deadline_ms) = match c.call(&req)? {
+        Response::Drain { leases, deadline_ms } => (leases, deadline_ms),
+        other => return Err(ClientError::Protocol(format!("DRAIN answered with {other:?}"))),
+    };
+    let give_up = Duration::from_millis(u64::from(notice_ms)) + c.timeouts().receive;
+    let live = |l: &LeaseInfo| {
+        tenant.is_none_or(|t| l.tenant == t)
+            && matches!(l.state, LeaseState::Granted | LeaseState::Active | LeaseState::Fencing)
+    };
+    loop {
+        let left = list_all(c)?.iter().filter(|l| live(l)).count();
+        let waited = t0.elapsed();
+        if left == 0 {
+            let d = render::Drain { tenant, notice_ms, leases, deadline_ms, waited };
+            return Ok(if json { format!("{}\n", render::drain_json(&d)) } else { render::drain_human(&d) });
+        }
+        if waited >= give_up {
+            return Err(ClientError::Timeout { what: "revocation of the drained leases", after: waited });
+        }
+        std::thread::sleep(DRAIN_POLL);
+    }
+}
+
 /// Connects, runs `command`, says BYE; returns the rendered output.
 fn execute(command: &Command, s: &Settings, json: bool) -> Result<String, ClientError> {
     let t0 = Instant::now();
@@ -118,15 +161,7 @@ fn execute(command: &Command, s: &Settings, json: bool) -> Result<String, Client
         }
         Command::List | Command::Fenced => {
             let r = if *command == Command::List {
-                let leases = every_page(
-                    &mut c,
-                    |cursor, max| Request::List { cursor, max },
-                    |r| match r {
-                        Response::List { next_cursor, leases } => Ok((next_cursor, leases)),
-                        other => Err(other),
-                    },
-                )?;
-                Response::List { next_cursor: 0, leases }
+                Response::List { next_cursor: 0, leases: list_all(&mut c)? }
             } else {
                 let slots = every_page(
                     &mut c,
@@ -140,8 +175,9 @@ fn execute(command: &Command, s: &Settings, json: bool) -> Result<String, Client
             };
             if json { format!("{}\n", render::response_json(&r, None)) } else { render::response_human(&r, None) }
         }
+        Command::Drain { tenant, notice_ms } => drain(&mut c, tenant.as_deref(), *notice_ms, json)?,
         Command::Call(req) => {
-            let r = c.call(req)?;
+            let r = c.call(&with_boot(req, welcome.boot_id))?;
             let lease = match req {
                 Request::Ready { lease, .. }
                 | Request::Renew { lease, .. }

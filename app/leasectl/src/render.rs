@@ -1,5 +1,6 @@
 //! Human and JSON renderings of every answer. JSON objects carry every field of the response, named as in
-//! docs/wire-protocol.md; lease ids are strings `"SLOT.GENERATION"`.
+//! docs/wire-protocol.md; lease ids are strings `"SLOT.GENERATION"` (the boot id, the same for every lease of one
+//! boot, is a field of its own: `boot_id`, 32 hex digits).
 
 use crate::args::lease_str;
 use crate::client::{ClientError, Welcome};
@@ -56,6 +57,40 @@ fn secs(ms: u64) -> String {
     format!("{}.{:03} s", ms / 1000, ms % 1000)
 }
 
+/// A finished `drain`: what DRAIN answered, and how long until its leases were gone.
+pub struct Drain<'a> {
+    /// The tenant drained (`None`: every tenant).
+    pub tenant: Option<&'a str>,
+    pub notice_ms: u32,
+    pub leases: u32,
+    /// When the revocations started, on the server's uptime clock.
+    pub deadline_ms: u64,
+    /// From sending DRAIN to the LIST that showed none of the leases left.
+    pub waited: Duration,
+}
+
+pub fn drain_human(d: &Drain<'_>) -> String {
+    format!(
+        "drained {}: {} lease(s) told {} ms ahead, revoked at server uptime {}; none left after {:.1} s\n",
+        d.tenant.map_or_else(|| "every tenant".to_string(), |t| format!("tenant {t}")),
+        d.leases,
+        d.notice_ms,
+        secs(d.deadline_ms),
+        d.waited.as_secs_f64()
+    )
+}
+
+pub fn drain_json(d: &Drain<'_>) -> Value {
+    json!({
+        "tenant": d.tenant,
+        "notice_ms": d.notice_ms,
+        "leases": d.leases,
+        "deadline_ms": d.deadline_ms,
+        "waited_ms": d.waited.as_millis() as u64,
+        "left": 0,
+    })
+}
+
 /// A successful `ping`.
 pub struct Ping<'a> {
     pub addr: &'a str,
@@ -69,11 +104,12 @@ pub struct Ping<'a> {
 
 pub fn ping_human(p: &Ping<'_>) -> String {
     format!(
-        "pong from {}: rtt {:.3} ms, server uptime {}; session {} as {} (role {}, protocol v{}, {} credits, \
-         heartbeat {} ms), connected in {:.1} ms\n",
+        "pong from {}: rtt {:.3} ms, server uptime {}, boot {}; session {} as {} (role {}, protocol v{}, {} \
+         credits, heartbeat {} ms), connected in {:.1} ms\n",
         p.addr,
         p.rtt.as_secs_f64() * 1e3,
         secs(p.uptime_ms),
+        hex::encode(&p.welcome.boot_id),
         p.welcome.session_id,
         p.principal,
         p.welcome.role.name(),
@@ -93,6 +129,7 @@ pub fn ping_json(p: &Ping<'_>) -> Value {
         "session_id": p.welcome.session_id,
         "credits": p.welcome.credits,
         "heartbeat_ms": p.welcome.heartbeat_ms,
+        "boot_id": hex::encode(&p.welcome.boot_id),
         "connect_us": p.connect.as_micros() as u64,
         "rtt_us": p.rtt.as_micros() as u64,
         "uptime_ms": p.uptime_ms,
@@ -102,6 +139,7 @@ pub fn ping_json(p: &Ping<'_>) -> Value {
 fn info_json(l: &LeaseInfo) -> Value {
     json!({
         "lease": lease_str(l.lease),
+        "boot_id": hex::encode(&l.lease.boot_id),
         "state": l.state.name(),
         "access": access_str(l.access),
         "mtu": mtu_json(l.mtu),
@@ -117,6 +155,7 @@ fn info_json(l: &LeaseInfo) -> Value {
 fn alloc_json(a: &AllocResp) -> Value {
     json!({
         "lease": lease_str(a.lease),
+        "boot_id": hex::encode(&a.lease.boot_id),
         "rkey": a.rkey,
         "remote_addr": a.remote_addr,
         "length": a.length,
@@ -178,6 +217,7 @@ fn stats_json(s: &Stats) -> Value {
         .collect();
     json!({
         "uptime_ms": s.uptime_ms,
+        "boot_id": hex::encode(&s.boot_id),
         "sessions_current": s.sessions_current,
         "session_budget": s.session_budget,
         "sessions_total": s.sessions_total,
@@ -232,6 +272,8 @@ pub fn response_json(r: &Response, lease: Option<String>) -> Value {
         Response::Stats(s) => stats_json(s),
         Response::FencedSummary { slots, .. } => json!({"slots": slots.iter().map(fenced_json).collect::<Vec<_>>()}),
         Response::Health(h) => health_json(h),
+        Response::Resume { leases } => json!({"leases": leases}),
+        Response::Drain { leases, deadline_ms } => json!({"leases": leases, "deadline_ms": deadline_ms}),
     };
     if let (Some(l), Some(o)) = (lease, v.as_object_mut()) {
         o.entry("lease").or_insert(Value::from(l));
@@ -301,8 +343,15 @@ pub fn response_human(r: &Response, lease: Option<String>) -> String {
                 }
             }
         }
+        Response::Resume { leases } => {
+            let _ = writeln!(s, "resumed: {leases} lease(s) taken over");
+        }
+        Response::Drain { leases, deadline_ms } => {
+            let _ = writeln!(s, "draining {leases} lease(s); revoked at server uptime {}", secs(*deadline_ms));
+        }
         Response::Stats(st) => {
             let _ = writeln!(s, "uptime     {}", secs(st.uptime_ms));
+            let _ = writeln!(s, "boot       {}", hex::encode(&st.boot_id));
             let _ = writeln!(
                 s,
                 "sessions   {} current (budget {}), {} total, {} refused",
@@ -415,6 +464,7 @@ mod tests {
     fn json_has_every_field() {
         let mut s = Stats {
             uptime_ms: 1500,
+            boot_id: [0xb0; 16],
             sessions_current: 1,
             session_budget: 16,
             sessions_total: 2,
@@ -442,7 +492,8 @@ mod tests {
         let v = response_json(&Response::Stats(Box::new(s.clone())), None);
         assert_eq!(v["errors"], json!({"MALFORMED": 2, "code99": 1}));
         assert_eq!(v["roles"][1], json!({"core": 1, "role": "role7", "iterations": 3}));
-        assert_eq!(v.as_object().unwrap().len(), 10);
+        assert_eq!(v.as_object().unwrap().len(), 11);
+        assert_eq!(v["boot_id"], "b0".repeat(16));
         let l = &v["leases"];
         assert_eq!(l.as_object().unwrap().len(), 10);
         assert_eq!(l["by_state"], json!({"Granted": 1, "Active": 2, "Fencing": 0, "PendingDestroy": 0, "Fenced": 3}));
@@ -453,6 +504,7 @@ mod tests {
         assert_eq!((&l["revoke_us"]["p50_us"], &l["revoke_us"]["count"]), (&Value::Null, &json!(1)));
         let h = response_human(&Response::Stats(Box::new(s)), None);
         assert!(h.contains("uptime     1.500 s") && h.contains("MALFORMED 2") && h.contains("core 0     net"));
+        assert!(h.contains(&format!("boot       {}", "b0".repeat(16))), "{h}");
         assert!(h.contains("leases     1 Granted, 2 Active, 0 Fencing, 0 PendingDestroy, 3 Fenced"), "{h}");
         assert!(h.contains("memory     4096 bytes leased, 8192 bytes free, 3 fenced slots"), "{h}");
         assert!(h.contains("lifetime   10 allocs, 4 revokes, 2 expiries, 1 reconnects"), "{h}");
@@ -460,7 +512,7 @@ mod tests {
         assert!(h.contains("revoke     p50 >= 32768 us, p99 >= 32768 us (1 timed)"), "{h}");
 
         let l = LeaseInfo {
-            lease: LeaseId { slot: 3, generation: 17 },
+            lease: LeaseId { boot_id: [0xb1; 16], slot: 3, generation: 17 },
             state: LeaseState::Active,
             access: access::REMOTE_READ,
             mtu: 3,
@@ -475,7 +527,8 @@ mod tests {
         assert_eq!(v["lease"], "3.17");
         assert_eq!(v["access"], "r--");
         assert_eq!(v["mtu"], 1024);
-        assert_eq!(v.as_object().unwrap().len(), 10);
+        assert_eq!(v["boot_id"], "b1".repeat(16));
+        assert_eq!(v.as_object().unwrap().len(), 11);
         assert!(response_human(&Response::List { next_cursor: 0, leases: vec![l] }, None).contains("3.17"));
         let v = response_json(&Response::Revoke { outcome: Outcome::Fenced, elapsed_us: 7 }, Some("1.2".into()));
         assert_eq!(v, json!({"outcome": "Fenced", "elapsed_us": 7, "lease": "1.2"}));
@@ -487,5 +540,28 @@ mod tests {
             message: "no HCA".into(),
         };
         assert!(response_human(&Response::Health(h), None).starts_with("status degraded, HCA absent"));
+        let v = response_json(&Response::Drain { leases: 2, deadline_ms: 9000 }, None);
+        assert_eq!(v, json!({"leases": 2, "deadline_ms": 9000}));
+        assert_eq!(response_json(&Response::Resume { leases: 4 }, None), json!({"leases": 4}));
+    }
+
+    #[test]
+    fn a_finished_drain() {
+        let d = Drain {
+            tenant: Some("demo"),
+            notice_ms: 500,
+            leases: 3,
+            deadline_ms: 12_500,
+            waited: Duration::from_millis(700),
+        };
+        assert_eq!(
+            drain_human(&d),
+            "drained tenant demo: 3 lease(s) told 500 ms ahead, revoked at server uptime 12.500 s; none left after 0.7 s\n"
+        );
+        assert_eq!(
+            drain_json(&d),
+            json!({"tenant": "demo", "notice_ms": 500, "leases": 3, "deadline_ms": 12_500, "waited_ms": 700, "left": 0})
+        );
+        assert!(drain_human(&Drain { tenant: None, ..d }).starts_with("drained every tenant: "));
     }
 }

@@ -1,11 +1,12 @@
 //! The client against a tiny fake server on a std TCP thread: the real v2 HELLO (a correct or an altered answer)
 //! and records after it,
-//! HEARTBEAT, NOT_IMPLEMENTED lease ops, FENCED_SUMMARY in pages, a server that accepts and then closes (QEMU's forwarder before the
+//! HEARTBEAT, notices around an answer, RESUME, NOT_IMPLEMENTED lease ops, FENCED_SUMMARY in pages, a server that accepts and then closes (QEMU's forwarder before the
 //! guest listens), and the CLI's exit codes.
 
 use leasebox_proto::v2::{self, Announce, Responder, Transport};
 use leasebox_proto::{
-    ErrorBody, ErrorCode, FencedSlot, FrameBuf, Hello, HelloReply, Kind, MAX_PAGE, Next, Op, Request, Response, Role,
+    ErrorBody, ErrorCode, FencedSlot, FrameBuf, Hello, HelloReply, Kind, LeaseId, MAX_PAGE, Next, Notice, Op, Outcome,
+    Request, Response, Role,
 };
 use leasectl::{Client, ClientError, Credentials, Timeouts};
 use std::io::{Read, Write};
@@ -18,6 +19,11 @@ use std::time::{Duration, Instant};
 const KEY: [u8; 32] = [0x42; 32];
 /// The fake's FENCED_SUMMARY lists every third slot below this.
 const FENCED_SLOTS: u32 = 900;
+/// The fake's boot id and its session's resume token.
+const BOOT: [u8; 16] = [0xb0; 16];
+const TOKEN: [u8; 16] = [0x70; 16];
+/// A HEARTBEAT with this echo is answered between two notices.
+const ECHO_NOTICES: u64 = 0x4e4f;
 const KEY_HEX: &str = "4242424242424242424242424242424242424242424242424242424242424242";
 
 #[derive(Clone, Copy, Default)]
@@ -100,6 +106,8 @@ fn serve(mut s: TcpStream, b: Behaviour) {
                                 credits: 8,
                                 heartbeat_ms: 10_000,
                                 session_id: 7,
+                                boot_id: BOOT,
+                                resume_token: TOKEN,
                             };
                             let (mut msg2, t) = r.reply([0x77; 32], &a.encode());
                             if b.wrong_proof {
@@ -120,8 +128,20 @@ fn serve(mut s: TcpStream, b: Behaviour) {
                         }
                     }
                 }
+                Request::Heartbeat { echo } if echo == ECHO_NOTICES => {
+                    let lease = LeaseId { boot_id: BOOT, slot: 1, generation: 2 };
+                    Notice::Revoked { lease, outcome: Outcome::Fenced }.encode(&mut out);
+                    Response::Heartbeat { echo, uptime_ms: 4242 }.encode(op, h.request_id, &mut out);
+                    Notice::Draining { in_ms: 500 }.encode(&mut out);
+                }
                 Request::Heartbeat { echo } => {
                     Response::Heartbeat { echo, uptime_ms: 4242 }.encode(op, h.request_id, &mut out);
+                }
+                Request::Resume { session_id: 7, token: TOKEN } => {
+                    Response::Resume { leases: 3 }.encode(op, h.request_id, &mut out)
+                }
+                Request::Resume { .. } => {
+                    ErrorBody::new(ErrorCode::NotFound, "RESUME: no such session").encode(h.op, h.request_id, &mut out)
                 }
                 Request::Bye => {
                     Response::Bye.encode(op, h.request_id, &mut out);
@@ -178,7 +198,8 @@ fn hello_heartbeat_and_request_ids() {
     assert_eq!(c.next_request_id(), 3, "HELLO used id 1, the confirming HEARTBEAT id 2");
     assert_eq!(c.call(&Request::Heartbeat { echo: 99 }).unwrap(), Response::Heartbeat { echo: 99, uptime_ms: 4242 });
     assert_eq!(c.next_request_id(), 4);
-    match c.call(&Request::Free { lease: leasebox_proto::LeaseId { slot: 1, generation: 2 } }) {
+    assert_eq!((w.boot_id, w.resume_token), (BOOT, TOKEN));
+    match c.call(&Request::Free { lease: LeaseId { boot_id: BOOT, slot: 1, generation: 2 } }) {
         Err(ClientError::Server(e)) => {
             assert_eq!(e.code, ErrorCode::NotImplemented);
             assert!(e.message.contains("FREE"));
@@ -186,6 +207,40 @@ fn hello_heartbeat_and_request_ids() {
         other => panic!("{other:?}"),
     }
     c.bye().unwrap();
+}
+
+#[test]
+fn notices_are_set_aside_while_waiting_for_an_answer_and_waited_for_in_between() {
+    let f = spawn(Behaviour::default());
+    let (mut c, _) = Client::connect_and_hello(&f.addr.to_string(), &demo(), quick(5000)).unwrap();
+    assert!(c.take_notices().is_empty());
+    // A notice before the answer does not stand in for it, nor is it lost.
+    let r = c.call(&Request::Heartbeat { echo: ECHO_NOTICES }).unwrap();
+    assert_eq!(r, Response::Heartbeat { echo: ECHO_NOTICES, uptime_ms: 4242 });
+    let lease = LeaseId { boot_id: BOOT, slot: 1, generation: 2 };
+    let first = Notice::Revoked { lease, outcome: Outcome::Fenced };
+    // The one after the answer is read by wait_notices (it may have come with the answer's read already).
+    let mut got = c.take_notices();
+    if got.len() < 2 {
+        got.extend(c.wait_notices(Duration::from_secs(2)).unwrap());
+    }
+    assert_eq!(got, [first, Notice::Draining { in_ms: 500 }]);
+    // Nothing more: an empty wait, and the connection still answers.
+    let t = Instant::now();
+    assert!(c.wait_notices(Duration::from_millis(100)).unwrap().is_empty());
+    assert!(t.elapsed() >= Duration::from_millis(100));
+    assert!(c.call(&Request::Heartbeat { echo: 1 }).is_ok());
+}
+
+#[test]
+fn resume_names_the_old_session_and_its_token() {
+    let f = spawn(Behaviour::default());
+    let (mut c, w) = Client::connect_and_hello(&f.addr.to_string(), &demo(), quick(5000)).unwrap();
+    assert_eq!(c.resume(w.session_id, w.resume_token).unwrap(), 3);
+    match c.resume(w.session_id, [0; 16]) {
+        Err(ClientError::Server(e)) => assert_eq!(e.code, ErrorCode::NotFound),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! offset  size  field
 //!  0      2     magic        0x4C42 ("LB")
 //!  2      1     version      1
-//!  3      1     kind         0 request, 1 response, 2 error
+//!  3      1     kind         0 request, 1 response, 2 error, 3 notice (server → client, unasked)
 //!  4      2     op           operation code (Op)
 //!  6      2     reserved     0
 //!  8      4     request_id   chosen by the client, echoed in the answer
@@ -25,6 +25,8 @@ pub enum Kind {
     Request = 0,
     Response = 1,
     Error = 2,
+    /// News from the server that answers no request (request id 0; `msg::Notice`).
+    Notice = 3,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +82,7 @@ impl Header {
             0 => Kind::Request,
             1 => Kind::Response,
             2 => Kind::Error,
+            3 => Kind::Notice,
             _ => return Some(Err(err(ErrorCode::Malformed, false, "unknown frame kind"))),
         };
         if be16(6) != 0 {

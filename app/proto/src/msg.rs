@@ -46,6 +46,9 @@ codes! {
         Hello = 0x0101, "HELLO";
         Heartbeat = 0x0102, "HEARTBEAT";
         Bye = 0x0103, "BYE";
+        /// Server → client only, in frames of kind [`Kind::Notice`] (never a request).
+        Notice = 0x0104, "NOTICE";
+        Resume = 0x0105, "RESUME";
         Alloc = 0x0201, "ALLOC";
         Ready = 0x0202, "READY";
         Renew = 0x0203, "RENEW";
@@ -53,6 +56,7 @@ codes! {
         Query = 0x0205, "QUERY";
         List = 0x0206, "LIST";
         Revoke = 0x020A, "REVOKE";
+        Drain = 0x020B, "DRAIN";
         Stats = 0x0301, "STATS";
         FencedSummary = 0x0302, "FENCED_SUMMARY";
         Health = 0x0303, "HEALTH";
@@ -146,19 +150,39 @@ pub fn mtu_bytes(code: u8) -> Option<u32> {
     (1..=5).contains(&code).then(|| 128u32 << code)
 }
 
-/// A lease's identity: slot index plus generation, never a bare rkey.
+/// Length of a boot id and of a resume token.
+pub const BOOT_ID_LEN: usize = 16;
+pub const RESUME_TOKEN_LEN: usize = 16;
+
+/// A lease's identity: the boot it was granted in, slot index plus generation, never a bare rkey. The boot id
+/// makes an id from an earlier boot name nothing, even though slot generations start again at 1 every boot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LeaseId {
+    pub boot_id: [u8; BOOT_ID_LEN],
     pub slot: u32,
     pub generation: u32,
 }
 
 impl LeaseId {
+    /// Bytes on the wire: boot_id 16, slot 4, generation 4.
+    pub const WIRE_LEN: usize = 24;
+
     fn put(&self, w: &mut Writer<'_>) {
-        w.u32(self.slot).u32(self.generation);
+        w.bytes(&self.boot_id).u32(self.slot).u32(self.generation);
     }
     fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(LeaseId { slot: r.u32("lease.slot")?, generation: r.u32("lease.generation")? })
+        Ok(LeaseId {
+            boot_id: r.array("lease.boot_id")?,
+            slot: r.u32("lease.slot")?,
+            generation: r.u32("lease.generation")?,
+        })
+    }
+}
+
+/// `SLOT.GENERATION` (the boot id is left out: it is the same for every lease of one appliance's boot).
+impl core::fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}.{}", self.slot, self.generation)
     }
 }
 
@@ -271,6 +295,8 @@ pub struct FencedSlot {
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Stats {
     pub uptime_ms: u64,
+    /// This boot's id (the one in the handshake's announcement and in every lease id).
+    pub boot_id: [u8; BOOT_ID_LEN],
     pub sessions_current: u32,
     pub session_budget: u32,
     pub sessions_total: u64,
@@ -455,6 +481,18 @@ pub enum Request {
         lease: LeaseId,
         qp_first: bool,
     },
+    /// Take over the leases of an earlier session of the same principal (its id and resume token from its
+    /// handshake).
+    Resume {
+        session_id: u64,
+        token: [u8; RESUME_TOKEN_LEN],
+    },
+    /// Admin only: tell `tenant`'s sessions (every tenant's when empty) that their leases go in `notice_ms`,
+    /// refuse their ALLOCs meanwhile, then revoke them.
+    Drain {
+        tenant: String,
+        notice_ms: u32,
+    },
     Stats,
     /// One page of fenced slots, from slot `cursor` on, at most `max` (clamped to 1..=[`MAX_PAGE`]).
     FencedSummary {
@@ -492,6 +530,15 @@ pub enum Response {
     Revoke {
         outcome: Outcome,
         elapsed_us: u32,
+    },
+    /// Leases the new session holds now that were the old session's.
+    Resume {
+        leases: u32,
+    },
+    /// Leases the drain will revoke, and when (the HEARTBEAT uptime clock, milliseconds).
+    Drain {
+        leases: u32,
+        deadline_ms: u64,
     },
     /// Boxed: STATS is rare and large; every other answer stays small as it moves through queues.
     Stats(Box<Stats>),
@@ -546,6 +593,8 @@ impl Request {
             Request::Query { .. } => Op::Query,
             Request::List { .. } => Op::List,
             Request::Revoke { .. } => Op::Revoke,
+            Request::Resume { .. } => Op::Resume,
+            Request::Drain { .. } => Op::Drain,
             Request::Stats => Op::Stats,
             Request::FencedSummary { .. } => Op::FencedSummary,
             Request::Health => Op::Health,
@@ -590,6 +639,12 @@ impl Request {
             Request::Revoke { lease, qp_first } => {
                 lease.put(&mut w);
                 w.u8(u8::from(*qp_first)).zeros(3);
+            }
+            Request::Resume { session_id, token } => {
+                w.u64(*session_id).bytes(token);
+            }
+            Request::Drain { tenant, notice_ms } => {
+                w.u32(*notice_ms).u8(tenant.len() as u8).zeros(3).bytes(tenant.as_bytes());
             }
         }
     }
@@ -675,6 +730,18 @@ impl Request {
                 r.reserved(3)?;
                 Request::Revoke { lease, qp_first: flags & 1 != 0 }
             }
+            Op::Resume => Request::Resume { session_id: r.u64("resume.session_id")?, token: r.array("resume.token")? },
+            Op::Drain => {
+                let notice_ms = r.u32("drain.notice_ms")?;
+                let len = r.u8("drain.tenant_len")? as usize;
+                if len > MAX_NAME {
+                    return Err(DecodeError::Invalid { field: "drain.tenant_len" });
+                }
+                r.reserved(3)?;
+                Request::Drain { tenant: r.str(len, "drain.tenant")?, notice_ms }
+            }
+            // Only the server sends NOTICE, and never as a request.
+            Op::Notice => return Err(DecodeError::Invalid { field: "op" }),
             Op::Stats => Request::Stats,
             Op::FencedSummary => {
                 let cursor = r.u32("fenced.cursor")?;
@@ -753,6 +820,12 @@ impl Response {
             Response::Free { outcome, elapsed_us } | Response::Revoke { outcome, elapsed_us } => {
                 w.u8(*outcome as u8).zeros(3).u32(*elapsed_us);
             }
+            Response::Resume { leases } => {
+                w.u32(*leases);
+            }
+            Response::Drain { leases, deadline_ms } => {
+                w.u32(*leases).u64(*deadline_ms);
+            }
             Response::Query(info) => put_info(&mut w, info),
             Response::List { next_cursor, leases } => {
                 w.u32(*next_cursor).u16(leases.len() as u16);
@@ -761,7 +834,11 @@ impl Response {
                 }
             }
             Response::Stats(s) => {
-                w.u64(s.uptime_ms).u32(s.sessions_current).u32(s.session_budget).u64(s.sessions_total);
+                w.u64(s.uptime_ms)
+                    .bytes(&s.boot_id)
+                    .u32(s.sessions_current)
+                    .u32(s.session_budget)
+                    .u64(s.sessions_total);
                 w.u64(s.sessions_refused).u64(s.frames_in).u64(s.frames_out).u16(s.errors.len() as u16);
                 for (code, n) in &s.errors {
                     w.u16(*code).u64(*n);
@@ -861,6 +938,9 @@ impl Response {
                     Response::Revoke { outcome, elapsed_us }
                 }
             }
+            Op::Resume => Response::Resume { leases: r.u32("resume.leases")? },
+            Op::Drain => Response::Drain { leases: r.u32("drain.leases")?, deadline_ms: r.u64("drain.deadline_ms")? },
+            Op::Notice => return Err(DecodeError::Invalid { field: "op" }),
             Op::Query => Response::Query(get_info(&mut r)?),
             Op::List => {
                 let next_cursor = r.u32("list.next_cursor")?;
@@ -874,6 +954,7 @@ impl Response {
             Op::Stats => {
                 let mut s = Stats {
                     uptime_ms: r.u64("stats.uptime_ms")?,
+                    boot_id: r.array("stats.boot_id")?,
                     sessions_current: r.u32("stats.sessions_current")?,
                     session_budget: r.u32("stats.session_budget")?,
                     sessions_total: r.u64("stats.sessions_total")?,
@@ -961,6 +1042,92 @@ impl ErrorBody {
         let message = r.str(len, "error.message")?;
         r.finish()?;
         Ok(ErrorBody { code, detail, message })
+    }
+}
+
+/// News the server sends without being asked (frame kind [`Kind::Notice`], op [`Op::Notice`], request id 0) to
+/// every session of the tenant the news concerns. It answers no request and holds no credit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// The lease is gone (revoked by the admin, a drain, expiry or the tenant's own REVOKE), with the
+    /// authoritative outcome: stop using it now.
+    Revoked { lease: LeaseId, outcome: Outcome },
+    /// The lease's TTL runs out in `in_ms` unless it is renewed.
+    Expiring { lease: LeaseId, in_ms: u32 },
+    /// The lease's slot was fenced: its memory is never handed out again this boot.
+    Fenced { lease: LeaseId },
+    /// The appliance revokes this tenant's leases in `in_ms` (DRAIN) and refuses its ALLOCs meanwhile.
+    Draining { in_ms: u32 },
+}
+
+impl Notice {
+    /// Payload bytes: kind u8, outcome u8, reserved u16, ms u32, lease id (24).
+    pub const WIRE_LEN: usize = 8 + LeaseId::WIRE_LEN;
+    const REVOKED: u8 = 1;
+    const EXPIRING: u8 = 2;
+    const FENCED: u8 = 3;
+    const DRAINING: u8 = 4;
+
+    /// The lease the notice is about (none for Draining).
+    pub fn lease(&self) -> Option<LeaseId> {
+        match self {
+            Notice::Revoked { lease, .. } | Notice::Expiring { lease, .. } | Notice::Fenced { lease } => Some(*lease),
+            Notice::Draining { .. } => None,
+        }
+    }
+
+    pub fn encode_payload(&self, out: &mut Vec<u8>) {
+        let none = LeaseId { boot_id: [0; BOOT_ID_LEN], slot: 0, generation: 0 };
+        let (kind, outcome, ms, lease) = match *self {
+            Notice::Revoked { lease, outcome } => (Self::REVOKED, outcome as u8, 0, lease),
+            Notice::Expiring { lease, in_ms } => (Self::EXPIRING, 0, in_ms, lease),
+            Notice::Fenced { lease } => (Self::FENCED, 0, 0, lease),
+            Notice::Draining { in_ms } => (Self::DRAINING, 0, in_ms, none),
+        };
+        let mut w = Writer::new(out);
+        w.u8(kind).u8(outcome).zeros(2).u32(ms);
+        lease.put(&mut w);
+    }
+
+    /// A whole notice frame (request id 0).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let mut p = Vec::with_capacity(Self::WIRE_LEN);
+        self.encode_payload(&mut p);
+        frame(Kind::Notice, Op::Notice as u16, 0, &p, out);
+    }
+
+    /// Decodes a notice payload. Fields a kind does not use must be zero (a later version may use them).
+    pub fn decode(payload: &[u8]) -> Result<Notice, DecodeError> {
+        let mut r = Reader::new(payload);
+        let kind = r.u8("notice.kind")?;
+        let outcome = r.u8("notice.outcome")?;
+        r.reserved(2)?;
+        let ms = r.u32("notice.ms")?;
+        let lease = LeaseId::get(&mut r)?;
+        r.finish()?;
+        let zero = |v: u32, field| if v == 0 { Ok(()) } else { Err(DecodeError::Invalid { field }) };
+        let n = match kind {
+            Self::REVOKED => {
+                zero(ms, "notice.ms")?;
+                let outcome = Outcome::from_raw(outcome).ok_or(DecodeError::Invalid { field: "notice.outcome" })?;
+                Notice::Revoked { lease, outcome }
+            }
+            Self::EXPIRING => Notice::Expiring { lease, in_ms: ms },
+            Self::FENCED => {
+                zero(ms, "notice.ms")?;
+                Notice::Fenced { lease }
+            }
+            Self::DRAINING => {
+                let empty = lease.boot_id == [0; BOOT_ID_LEN] && lease.slot == 0 && lease.generation == 0;
+                zero(u32::from(!empty), "notice.lease")?;
+                Notice::Draining { in_ms: ms }
+            }
+            _ => return Err(DecodeError::Invalid { field: "notice.kind" }),
+        };
+        if kind != Self::REVOKED {
+            zero(u32::from(outcome), "notice.outcome")?;
+        }
+        Ok(n)
     }
 }
 

@@ -6,7 +6,7 @@
 //! ```text
 //! NNpsk0:
 //!   -> psk, e          HELLO step 3: e.pub ‖ AEAD(empty)                 (48 bytes)
-//!   <- e, ee           HELLO step 3 answer: e.pub ‖ AEAD(welcome, 17 B)  (65 bytes)
+//!   <- e, ee           HELLO step 3 answer: e.pub ‖ AEAD(welcome, 49 B)  (97 bytes)
 //! ```
 //!
 //! The prologue binds what the client sends in clear (versions, key id, name); the responder's encrypted
@@ -36,8 +36,8 @@ pub const TAG_LEN: usize = 16;
 /// Handshake message 1: `e.pub ‖ tag` (the payload is empty).
 pub const MSG1_LEN: usize = DH_LEN + TAG_LEN;
 /// The server's announcement inside message 2: version u16, role u8, credits u16, heartbeat_ms u32,
-/// session_id u64.
-pub const WELCOME_LEN: usize = 17;
+/// session_id u64, boot_id (16), resume_token (16).
+pub const WELCOME_LEN: usize = 49;
 /// Handshake message 2: `e.pub ‖ AEAD(welcome)`.
 pub const MSG2_LEN: usize = DH_LEN + WELCOME_LEN + TAG_LEN;
 /// The record header: the ciphertext length, big-endian.
@@ -366,6 +366,10 @@ pub struct Announce {
     pub credits: u16,
     pub heartbeat_ms: u32,
     pub session_id: u64,
+    /// This boot's random id: part of every lease id (`LeaseId::boot_id`).
+    pub boot_id: [u8; crate::BOOT_ID_LEN],
+    /// The secret that lets a later session of the same principal take this session's leases over (RESUME).
+    pub resume_token: [u8; crate::RESUME_TOKEN_LEN],
 }
 
 impl Announce {
@@ -376,6 +380,8 @@ impl Announce {
         b[3..5].copy_from_slice(&self.credits.to_be_bytes());
         b[5..9].copy_from_slice(&self.heartbeat_ms.to_be_bytes());
         b[9..17].copy_from_slice(&self.session_id.to_be_bytes());
+        b[17..33].copy_from_slice(&self.boot_id);
+        b[33..49].copy_from_slice(&self.resume_token);
         b
     }
 
@@ -386,6 +392,8 @@ impl Announce {
             credits: u16::from_be_bytes([b[3], b[4]]),
             heartbeat_ms: u32::from_be_bytes([b[5], b[6], b[7], b[8]]),
             session_id: u64::from_be_bytes([b[9], b[10], b[11], b[12], b[13], b[14], b[15], b[16]]),
+            boot_id: b[17..33].try_into().unwrap_or_default(),
+            resume_token: b[33..49].try_into().unwrap_or_default(),
         }
     }
 }
@@ -399,7 +407,15 @@ mod tests {
         let psk = psk_from_key(&[7; 16]);
         let (i, m1) = Initiator::start(&p, &psk, [1; 32]);
         let r = Responder::read(&p, &psk, &m1).unwrap();
-        let a = Announce { version: 2, role: 1, credits: 8, heartbeat_ms: 10_000, session_id: 5 };
+        let a = Announce {
+            version: 2,
+            role: 1,
+            credits: 8,
+            heartbeat_ms: 10_000,
+            session_id: 5,
+            boot_id: [0xb0; 16],
+            resume_token: [0x70; 16],
+        };
         let (m2, st) = r.reply([2; 32], &a.encode());
         let (w, ct) = i.finish(&m2).unwrap();
         assert_eq!(Announce::decode(&w), a);

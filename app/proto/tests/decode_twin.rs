@@ -10,7 +10,7 @@ use decode_check::{Counts, check};
 use leasebox_proto::{
     AllocReq, AllocResp, ErrorBody, ErrorCode, FencedSlot, HcaState, Health, HealthStatus, Hello, HelloInit,
     HelloNoise, HelloReply, Histogram, Kind, LeaseId, LeaseInfo, LeaseState, LeaseStats, MAX_MESSAGE, MAX_NAME,
-    MAX_PAYLOAD, Op, Outcome, Request, Response, Role, Stats, frame,
+    MAX_PAYLOAD, Notice, Op, Outcome, Request, Response, Role, Stats, frame,
 };
 
 const INPUTS: usize = 120_000;
@@ -80,11 +80,11 @@ impl Rng {
 }
 
 fn lease(r: &mut Rng) -> LeaseId {
-    LeaseId { slot: r.u32(), generation: r.u32() }
+    LeaseId { boot_id: r.bytes(), slot: r.u32(), generation: r.u32() }
 }
 
 fn request(r: &mut Rng) -> Request {
-    match r.below(14) {
+    match r.below(16) {
         0 => Request::Hello(Hello::Init(HelloInit {
             min_version: r.u16(),
             max_version: r.u16(),
@@ -119,6 +119,8 @@ fn request(r: &mut Rng) -> Request {
         10 => Request::Revoke { lease: lease(r), qp_first: r.chance(2) },
         11 => Request::Stats,
         12 => Request::FencedSummary { cursor: r.u32(), max: r.u16() },
+        13 => Request::Resume { session_id: r.u64(), token: r.bytes() },
+        14 => Request::Drain { tenant: r.text(0, MAX_NAME), notice_ms: r.u32() },
         _ => Request::Health,
     }
 }
@@ -138,8 +140,21 @@ fn info(r: &mut Rng) -> LeaseInfo {
     }
 }
 
+fn notice(r: &mut Rng) -> Notice {
+    match r.below(4) {
+        0 => Notice::Revoked { lease: lease(r), outcome: r.pick(Outcome::ALL) },
+        1 => Notice::Expiring { lease: lease(r), in_ms: r.u32() },
+        2 => Notice::Fenced { lease: lease(r) },
+        _ => Notice::Draining { in_ms: r.u32() },
+    }
+}
+
 fn response(r: &mut Rng) -> (Op, Response) {
-    let op = r.pick(Op::ALL);
+    // NOTICE has no response: it travels in notice frames (`notice`).
+    let op = match r.pick(Op::ALL) {
+        Op::Notice => Op::Heartbeat,
+        op => op,
+    };
     let resp = match op {
         Op::Hello if r.chance(3) => Response::Hello(HelloReply::Noise { msg2: r.bytes() }),
         Op::Hello if r.chance(2) => {
@@ -175,10 +190,14 @@ fn response(r: &mut Rng) -> (Op, Response) {
             Response::List { next_cursor: r.u32(), leases: (0..n).map(|_| info(r)).collect() }
         }
         Op::Revoke => Response::Revoke { outcome: r.pick(Outcome::ALL), elapsed_us: r.u32() },
+        Op::Resume => Response::Resume { leases: r.u32() },
+        Op::Drain => Response::Drain { leases: r.u32(), deadline_ms: r.u64() },
+        Op::Notice => unreachable!("replaced above"),
         Op::Stats => {
             let (e, k) = (r.below(5), r.below(5));
             Response::Stats(Box::new(Stats {
                 uptime_ms: r.u64(),
+                boot_id: r.bytes(),
                 sessions_current: r.u32(),
                 session_budget: r.u32(),
                 sessions_total: r.u64(),
@@ -235,8 +254,9 @@ fn error_body(r: &mut Rng) -> ErrorBody {
 /// One valid frame of any kind, appended to `out`.
 fn valid_frame(r: &mut Rng, out: &mut Vec<u8>) {
     let id = r.u32();
-    match r.below(3) {
+    match r.below(4) {
         0 => request(r).encode(id, out),
+        3 => notice(r).encode(out),
         1 => {
             let (op, resp) = response(r);
             resp.encode(op, id, out);
@@ -248,9 +268,10 @@ fn valid_frame(r: &mut Rng, out: &mut Vec<u8>) {
 /// A plausible header (right magic and version, mostly) over a random payload.
 fn header_and_noise(r: &mut Rng, out: &mut Vec<u8>) {
     let op = if r.chance(4) { r.u16() } else { r.pick(Op::ALL) as u16 };
-    let kind = match r.below(8) {
+    let kind = match r.below(9) {
         0 => Kind::Response,
         1 => Kind::Error,
+        2 => Kind::Notice,
         _ => Kind::Request,
     };
     let len = r.below(96);
@@ -308,6 +329,10 @@ fn unmutated_frames_are_all_accepted() {
         let mut b = vec![(i % 64) as u8];
         error_body(&mut r).encode(0x0102, i, &mut b);
         assert_eq!(check(&b).errors, 1, "error #{i}");
+        let mut b = vec![0x80];
+        let n = notice(&mut r);
+        n.encode(&mut b);
+        assert_eq!(check(&b).notices, 1, "notice #{i}: {n:?}");
     }
 }
 
@@ -356,6 +381,7 @@ fn random_and_mutated_frames_never_panic_and_round_trip() {
     assert!(total.requests > 15_000, "{total:?}");
     assert!(total.responses > 15_000, "{total:?}");
     assert!(total.errors > 10_000, "{total:?}");
+    assert!(total.notices > 5_000, "{total:?}");
     assert!(total.bad_headers > 10_000, "{total:?}");
     assert!(total.framing_lost > 10_000, "{total:?}");
 }

@@ -3,7 +3,8 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 use leasebox_proto::{
-    ErrorBody, ErrorCode, FencedSlot, HcaState, Health, HealthStatus, LeaseStats, Op, Reply, Request, Role,
+    BOOT_ID_LEN, ErrorBody, ErrorCode, FencedSlot, HcaState, Health, HealthStatus, LeaseStats, Notice, Op, Reply,
+    Request, Role,
 };
 
 /// A transport connection, unique within a boot (the transport names it; the server and the backend's
@@ -30,6 +31,8 @@ pub enum CloseReason {
     HeartbeatTimeout,
     /// Framing lost, output overflow or a protocol violation.
     ProtocolError,
+    /// A RESUME on a newer session of the same principal took its leases over (nothing is orphaned).
+    Resumed,
 }
 
 /// Names one accepted lease request so its answer can be delivered later: the connection and session it came
@@ -54,7 +57,27 @@ pub enum Answer {
 
 /// The lease service, as sessions see it.
 pub trait Backend {
-    /// A lease operation (ALLOC, READY, RENEW, FREE, QUERY, LIST, REVOKE) from an authenticated principal. An
+    /// This boot's id, drawn by [`crate::Server::new`] from its entropy before any session exists: the lease
+    /// service makes it part of every lease id and answers an id from another boot as a lease that does not
+    /// exist.
+    fn boot(&mut self, boot_id: [u8; BOOT_ID_LEN]) {
+        let _ = boot_id;
+    }
+    /// Appends the notices raised since the last call, each with the tenant whose sessions get it (the empty
+    /// name: every tenant's sessions). The server drains them where it drains answers ([`Backend::take_answers`]).
+    fn take_notices(&mut self, out: &mut Vec<(String, Notice)>) {
+        let _ = out;
+    }
+    /// RESUME: session `to` takes over the leases of `from`, an earlier session of the same principal (still
+    /// open, or lost within the lease service's grace period). The server has checked the token and the
+    /// principal; it closes `from` afterwards without orphaning anything. Returns the leases `to` now holds that
+    /// were `from`'s.
+    fn resume(&mut self, from: &Principal, to: &Principal, now_ms: u64) -> u32 {
+        let _ = (from, to, now_ms);
+        0
+    }
+    /// A lease operation (ALLOC, READY, RENEW, FREE, QUERY, LIST, REVOKE, and the admin's DRAIN) from an
+    /// authenticated principal. An
     /// operation that waits on the HCA answers [`Answer::Later`] and keeps `ticket` for its answer.
     fn lease_op(&mut self, who: &Principal, req: &Request, ticket: Ticket, now_ms: u64) -> Answer;
     /// Appends the answers finished since the last call (in any order; request ids tell them apart).

@@ -5,11 +5,12 @@ use crate::backend::{Answer, Backend, CloseReason, ConnId, Principal, Ticket};
 use crate::keyring::Keyring;
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
+use alloc::string::String;
 use alloc::vec::Vec;
 use leasebox_proto::v2::{Announce, Responder, Transport};
 use leasebox_proto::{
-    DecodeError, ErrorBody, ErrorCode, FrameBuf, Header, Hello, HelloNoise, HelloReply, Kind, Next, Op, Reply, Request,
-    Response, Stats, v2,
+    BOOT_ID_LEN, DecodeError, ErrorBody, ErrorCode, FrameBuf, Header, Hello, HelloNoise, HelloReply, Kind, Next,
+    Notice, Op, RESUME_TOKEN_LEN, Reply, Request, Response, Role, Stats, v2,
 };
 
 /// Protocol versions this server speaks: v2 only (docs/security.md, "Protocol v1").
@@ -24,6 +25,12 @@ const MAX_REFUSED: usize = 4;
 /// A connection must finish HELLO within this time of opening, whatever it sends meanwhile: otherwise a
 /// client that never authenticates could hold a session place forever.
 pub const HELLO_DEADLINE_MS: u64 = 5_000;
+/// Ended sessions whose resume token is kept for a later RESUME (the oldest is forgotten first). Whether their
+/// leases still wait is the lease service's business (its session grace period); this only bounds memory.
+const MAX_LOST: usize = 64;
+/// The one answer to a RESUME that names no session it may take over: an unknown id, a wrong token and another
+/// principal's session look the same.
+const RESUME_REFUSED: &str = "RESUME: no such session";
 
 /// The random source failed (or does not exist).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +107,21 @@ struct Conn {
     opened_ms: u64,
     last_rx_ms: u64,
     close: bool,
+    /// This session's resume token (announced in the handshake; all zero before it).
+    token: [u8; RESUME_TOKEN_LEN],
+    /// A RESUME elsewhere took this session's leases over: its token is spent and it is not kept in `lost`.
+    resumed: bool,
+}
+
+/// An ended session a RESUME may still name.
+struct Lost {
+    who: Principal,
+    token: [u8; RESUME_TOKEN_LEN],
+}
+
+/// Equal, in time that does not depend on where the inputs differ (a resume token is a secret).
+fn ct_eq(a: &[u8; RESUME_TOKEN_LEN], b: &[u8; RESUME_TOKEN_LEN]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 impl Conn {
@@ -140,6 +162,14 @@ pub struct Server<B: Backend, E: Entropy> {
     admission: Admission,
     /// Records that failed authentication (each closed its session).
     records_rejected: u64,
+    /// This boot's random id (announced in every handshake, in STATS and in every lease id).
+    boot_id: [u8; BOOT_ID_LEN],
+    /// Ended sessions RESUME may name, oldest first.
+    lost: VecDeque<Lost>,
+    /// Scratch for [`Backend::take_notices`].
+    notices: Vec<(String, Notice)>,
+    /// Notice frames queued (one per receiving session).
+    notices_sent: u64,
 }
 
 fn error_frame(code: ErrorCode, op: u16, request_id: u32, message: &str, detail: [u32; 3]) -> Vec<u8> {
@@ -150,12 +180,17 @@ fn error_frame(code: ErrorCode, op: u16, request_id: u32, message: &str, detail:
 
 impl<B: Backend, E: Entropy> Server<B, E> {
     /// Starts the service; refuses without a working entropy source or without any principal.
-    pub fn new(limits: Limits, keys: Keyring, backend: B, mut entropy: E, now_ms: u64) -> Result<Self, StartError> {
+    pub fn new(limits: Limits, keys: Keyring, mut backend: B, mut entropy: E, now_ms: u64) -> Result<Self, StartError> {
         let mut dummy_psk = [0u8; 32];
         entropy.fill(&mut dummy_psk).map_err(|_| StartError::NoEntropy)?;
+        // The boot id: random, so that lease ids of an earlier boot (whose slots and generations start again
+        // the same way) name nothing in this one.
+        let mut boot_id = [0u8; BOOT_ID_LEN];
+        entropy.fill(&mut boot_id).map_err(|_| StartError::NoEntropy)?;
         if keys.is_empty() {
             return Err(StartError::NoPrincipals);
         }
+        backend.boot(boot_id);
         let stats = Stats { session_budget: limits.sessions as u32, ..Stats::default() };
         Ok(Server {
             limits,
@@ -174,7 +209,21 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             hello_macs: 0,
             admission: Admission::new(Budget::for_sessions(limits.sessions)),
             records_rejected: 0,
+            boot_id,
+            lost: VecDeque::new(),
+            notices: Vec::new(),
+            notices_sent: 0,
         })
+    }
+
+    /// This boot's id.
+    pub fn boot_id(&self) -> [u8; BOOT_ID_LEN] {
+        self.boot_id
+    }
+
+    /// Notice frames queued so far (one per session that got one).
+    pub fn notices_sent(&self) -> u64 {
+        self.notices_sent
     }
 
     pub fn backend(&self) -> &B {
@@ -218,6 +267,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         let p = self.admission.principal(&who.name);
         Stats {
             uptime_ms: now_ms.saturating_sub(self.start_ms),
+            boot_id: self.boot_id,
             sessions_current: p.current as u32,
             session_budget: self.admission.budget().per_tenant as u32,
             sessions_total: p.total,
@@ -231,6 +281,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
     pub fn stats(&mut self, now_ms: u64) -> Stats {
         let mut s = self.stats.clone();
         s.uptime_ms = now_ms.saturating_sub(self.start_ms);
+        s.boot_id = self.boot_id;
         s.sessions_current = self.conns.len() as u32;
         s.errors = (0..self.errors.len()).filter(|c| self.errors[*c] > 0).map(|c| (c as u16, self.errors[c])).collect();
         s.roles = self.backend.role_counts();
@@ -286,6 +337,8 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             opened_ms: now_ms,
             last_rx_ms: now_ms,
             close: false,
+            token: [0; RESUME_TOKEN_LEN],
+            resumed: false,
         });
         true
     }
@@ -454,6 +507,78 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             }
         }
         self.answers = answers;
+        self.deliver_notices(now_ms);
+    }
+
+    /// Queues the backend's notices ([`Backend::take_notices`]) on every open session of the tenant each
+    /// concerns (every tenant's for the empty name); the admin's sessions and other tenants' get none. A notice
+    /// answers no request and holds no credit; like everything after the handshake it travels sealed.
+    fn deliver_notices(&mut self, now_ms: u64) {
+        let mut notices = core::mem::take(&mut self.notices);
+        self.backend.take_notices(&mut notices);
+        for (tenant, n) in notices.drain(..) {
+            let mut f = Vec::new();
+            n.encode(&mut f);
+            for i in 0..self.conns.len() {
+                let c = &self.conns[i];
+                let to = !c.close
+                    && matches!(&c.state, State::Authenticated(p, _)
+                        if p.role == Role::Tenant && (tenant.is_empty() || p.name == tenant));
+                if !to {
+                    continue;
+                }
+                self.stats.frames_out += 1;
+                self.notices_sent += 1;
+                self.queue(i, f.clone());
+                if self.conns[i].out.len() > MAX_PENDING_OUTPUT {
+                    self.close(i, CloseReason::ProtocolError, now_ms);
+                }
+            }
+        }
+        self.notices = notices;
+    }
+
+    /// RESUME from `who` (connection `i`): takes over the leases of session `session_id` if it is one of `who`'s
+    /// own (same principal) and `token` is its resume token; an open session is then closed without orphaning
+    /// anything, an ended one is forgotten (a token is good for one RESUME). Every refusal is the same NOT_FOUND.
+    fn resume(
+        &mut self,
+        i: usize,
+        who: &Principal,
+        session_id: u64,
+        token: &[u8; RESUME_TOKEN_LEN],
+        now_ms: u64,
+    ) -> Reply {
+        let refused = || Err(ErrorBody::new(ErrorCode::NotFound, RESUME_REFUSED));
+        let same = |p: &Principal| p.session_id == session_id && p.name == who.name && p.role == who.role;
+        if session_id == who.session_id {
+            return refused();
+        }
+        let open = self.conns.iter().position(|c| {
+            !c.close && !c.resumed && matches!(&c.state, State::Authenticated(p, _) if p.session_id == session_id)
+        });
+        if let Some(j) = open {
+            let State::Authenticated(p, _) = &self.conns[j].state else { return refused() };
+            // The token is compared whatever the principal, so the time taken does not tell them apart.
+            let token_ok = ct_eq(&self.conns[j].token, token);
+            if !(token_ok && same(p)) {
+                return refused();
+            }
+            let from = p.clone();
+            let n = self.backend.resume(&from, who, now_ms);
+            self.conns[j].resumed = true;
+            self.close(j, CloseReason::Resumed, now_ms);
+            debug_assert!(i != j);
+            return Ok(Response::Resume { leases: n });
+        }
+        let Some(k) = self.lost.iter().position(|l| l.who.session_id == session_id) else { return refused() };
+        let token_ok = ct_eq(&self.lost[k].token, token);
+        if !(token_ok && same(&self.lost[k].who)) {
+            return refused();
+        }
+        let Some(l) = self.lost.remove(k) else { return refused() };
+        let n = self.backend.resume(&l.who, who, now_ms);
+        Ok(Response::Resume { leases: n })
     }
 
     fn close(&mut self, i: usize, reason: CloseReason, now_ms: u64) {
@@ -465,6 +590,13 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         // The place is given back now: a closing connection no longer counts against any budget.
         if let State::Authenticated(p, _) = &c.state {
             let p = p.clone();
+            if !c.resumed {
+                // A later session of the same principal may RESUME it while its leases wait.
+                if self.lost.len() == MAX_LOST {
+                    self.lost.pop_front();
+                }
+                self.lost.push_back(Lost { who: p.clone(), token: c.token });
+            }
             self.admission.disconnect(Some(&p.name));
             self.backend.session_lost(&p, reason, now_ms);
         } else {
@@ -564,10 +696,24 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 let (next_cursor, slots) = self.backend.fenced(&who, *cursor, *max);
                 Ok(Response::FencedSummary { next_cursor, slots })
             }
+            Request::Resume { session_id, token } => self.resume(i, &who, *session_id, token, now_ms),
+            Request::Drain { .. } if who.role != Role::Admin => {
+                Err(ErrorBody::new(ErrorCode::Forbidden, "DRAIN: only the admin may drain the appliance"))
+            }
             _ => {
                 let ticket =
                     Ticket { conn: self.conns[i].id, session_id: who.session_id, request_id: h.request_id, op };
                 match self.backend.lease_op(&who, &req, ticket, now_ms) {
+                    // The lease service keeps its own clock; the deadline is told on the uptime clock HEARTBEAT
+                    // reports, which is the one the client sees.
+                    Answer::Now(Ok(Response::Drain { leases, .. })) => {
+                        let notice_ms = match &req {
+                            Request::Drain { notice_ms, .. } => u64::from(*notice_ms),
+                            _ => 0,
+                        };
+                        let deadline_ms = now_ms.saturating_sub(self.start_ms) + notice_ms;
+                        Ok(Response::Drain { leases, deadline_ms })
+                    }
                     Answer::Now(reply) => reply,
                     Answer::Later => {
                         self.conns[i].deferred += 1;
@@ -627,8 +773,8 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             self.send_error(i, ErrorCode::AuthFailed, op, request_id, "authentication failed", [0; 3]);
             return self.close(i, CloseReason::ProtocolError, now_ms);
         };
-        let mut e = [0u8; 32];
-        if self.entropy.fill(&mut e).is_err() {
+        let (mut e, mut token) = ([0u8; 32], [0u8; RESUME_TOKEN_LEN]);
+        if self.entropy.fill(&mut e).is_err() || self.entropy.fill(&mut token).is_err() {
             self.send_error(i, ErrorCode::Internal, op, request_id, "no random source", [0; 3]);
             return self.close(i, CloseReason::ProtocolError, now_ms);
         }
@@ -641,6 +787,8 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             credits: self.limits.credits,
             heartbeat_ms: self.limits.heartbeat_ms,
             session_id,
+            boot_id: self.boot_id,
+            resume_token: token,
         };
         let (msg2, transport) = responder.reply(e, &announce.encode());
         self.stats.frames_out += 1;
@@ -648,6 +796,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         Response::Hello(HelloReply::Noise { msg2 }).encode(Op::Hello, request_id, &mut f);
         self.queue(i, f);
         let who = Principal { name: h.name, role, session_id };
+        self.conns[i].token = token;
         self.conns[i].state = State::Confirming(Pending { who, key: p }, Box::new(transport));
     }
 

@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 use leasebox_proto::v2::{Announce, Initiator, Transport};
 use leasebox_proto::{
     ErrorBody, ErrorCode, FrameBuf, Hello, HelloInit, HelloNoise, HelloReply, Histogram, Kind, LeaseId, LeaseStats,
-    Next, Op, Outcome, Reply, Request, Response, Role, v2,
+    Next, Notice, Op, Outcome, Reply, Request, Response, Role, v2,
 };
 
 extern crate std;
@@ -18,6 +18,13 @@ std::thread_local! {
     /// The client end of each test connection's record layer, once its HELLO has completed (each test runs on
     /// its own thread, so connection ids do not clash across tests).
     static CLIENTS: RefCell<BTreeMap<u64, Transport>> = const { RefCell::new(BTreeMap::new()) };
+    /// The announcement each test connection's handshake decrypted (its boot id and resume token).
+    static ANNOUNCED: RefCell<BTreeMap<u64, Announce>> = const { RefCell::new(BTreeMap::new()) };
+}
+
+/// What the server announced to connection `c` in its handshake.
+fn announced(c: ConnId) -> Announce {
+    ANNOUNCED.with(|m| m.borrow()[&c.0])
 }
 
 const DEMO_KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
@@ -55,6 +62,7 @@ fn server(limits: Limits) -> Server<NoLeases, Counter> {
 enum Ans {
     Ok(Response),
     Err(ErrorBody),
+    Notice(Notice),
 }
 
 /// Runs frame bytes through the server (sealed in a record once `c` is authenticated) and decodes every frame
@@ -86,6 +94,7 @@ fn take<B: Backend>(s: &mut Server<B, Counter>, c: ConnId) -> Vec<(u32, Ans)> {
         let op = Op::from_raw(h.op);
         let a = match h.kind {
             Kind::Error => Ans::Err(ErrorBody::decode(&p).unwrap()),
+            Kind::Notice => Ans::Notice(Notice::decode(&p).unwrap()),
             _ => Ans::Ok(Response::decode(op.unwrap(), &p).unwrap()),
         };
         v.push((h.request_id, a));
@@ -144,6 +153,7 @@ fn login<B: Backend>(s: &mut Server<B, Counter>, c: ConnId, name: &str, key: &st
             let (w, t) = init.finish(&msg2).expect("the server holds the key");
             let a = Announce::decode(&w);
             assert_eq!(a.version, 2);
+            ANNOUNCED.with(|m| m.borrow_mut().insert(c.0, a));
             CLIENTS.with(|m| m.borrow_mut().insert(c.0, t));
             // Key confirmation: the first record makes the session (or is refused BUSY over a budget).
             let confirmed = exchange(s, c, &req(Request::Heartbeat { echo: 0 }, CONFIRM_ID), 0);
@@ -151,6 +161,7 @@ fn login<B: Backend>(s: &mut Server<B, Counter>, c: ConnId, name: &str, key: &st
                 Ans::Ok(Response::Heartbeat { .. }) => {}
                 Ans::Err(e) => return Err(e),
                 Ans::Ok(r) => panic!("unexpected {r:?}"),
+                Ans::Notice(n) => panic!("unexpected {n:?}"),
             }
             Ok(HelloReply::Welcome {
                 role: Role::from_raw(a.role).unwrap(),
@@ -162,6 +173,7 @@ fn login<B: Backend>(s: &mut Server<B, Counter>, c: ConnId, name: &str, key: &st
         }
         Ans::Err(e) => Err(e),
         Ans::Ok(r) => panic!("unexpected {r:?}"),
+        Ans::Notice(n) => panic!("unexpected {n:?}"),
     }
 }
 
@@ -288,7 +300,7 @@ fn lease_ops_without_a_lease_service_name_the_reason_and_bye_closes() {
     let mut s = server(Limits::default());
     s.open(ConnId(1), 0);
     login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
-    let lease = LeaseId { slot: 0, generation: 1 };
+    let lease = LeaseId { boot_id: [0; 16], slot: 0, generation: 1 };
     for (id, r) in
         [Request::Query { lease }, Request::Revoke { lease, qp_first: false }, Request::List { cursor: 0, max: 10 }]
             .into_iter()
@@ -372,7 +384,7 @@ fn random_and_mutated_frames_never_panic() {
         Request::Heartbeat { echo: 1 },
         Request::Stats,
         Request::Health,
-        Request::Revoke { lease: LeaseId { slot: 1, generation: 2 }, qp_first: true },
+        Request::Revoke { lease: LeaseId { boot_id: [0; 16], slot: 1, generation: 2 }, qp_first: true },
         Request::List { cursor: 0, max: 5 },
         Request::Hello(Hello::Proof { mac: [1; 32] }),
     ] {
@@ -426,6 +438,7 @@ fn random_and_mutated_frames_never_panic() {
                             Response::decode(Op::from_raw(h.op).expect("known op"), &p).expect("well-formed response");
                         }
                         Kind::Request => panic!("server sent a request"),
+                        Kind::Notice => panic!("no lease service, no notice"),
                     }
                 }
                 Next::Pending => break,
@@ -452,6 +465,10 @@ struct Deferring {
     alive: Vec<(u64, u64)>,
     ticks: Vec<u64>,
     lost: Vec<(u64, CloseReason)>,
+    boot: Option<[u8; 16]>,
+    notices: Vec<(String, Notice)>,
+    /// RESUMEs as (from, to) session ids.
+    resumed: Vec<(u64, u64)>,
 }
 
 impl Deferring {
@@ -470,6 +487,10 @@ impl Backend for Deferring {
             Request::Revoke { .. } => {
                 self.waiting.push(ticket);
                 Answer::Later
+            }
+            Request::Drain { tenant, notice_ms } => {
+                self.notices.push((tenant.clone(), Notice::Draining { in_ms: *notice_ms }));
+                Answer::Now(Ok(Response::Drain { leases: 4, deadline_ms: 0 }))
             }
             _ => Answer::Now(Err(ErrorBody::new(ErrorCode::NotFound, "no such lease"))),
         }
@@ -503,6 +524,16 @@ impl Backend for Deferring {
     fn session_lost(&mut self, who: &Principal, reason: CloseReason, _now_ms: u64) {
         self.lost.push((who.session_id, reason));
     }
+    fn boot(&mut self, boot_id: [u8; 16]) {
+        self.boot = Some(boot_id);
+    }
+    fn take_notices(&mut self, out: &mut Vec<(String, Notice)>) {
+        out.append(&mut self.notices);
+    }
+    fn resume(&mut self, from: &Principal, to: &Principal, _now_ms: u64) -> u32 {
+        self.resumed.push((from.session_id, to.session_id));
+        2
+    }
 }
 
 fn deferring(limits: Limits) -> Server<Deferring, Counter> {
@@ -510,14 +541,14 @@ fn deferring(limits: Limits) -> Server<Deferring, Counter> {
 }
 
 fn revoke(slot: u32, id: u32) -> Vec<u8> {
-    req(Request::Revoke { lease: LeaseId { slot, generation: 1 }, qp_first: false }, id)
+    req(Request::Revoke { lease: LeaseId { boot_id: [0; 16], slot, generation: 1 }, qp_first: false }, id)
 }
 
 fn codes(a: &[(u32, Ans)]) -> Vec<(u32, Option<ErrorCode>)> {
     a.iter()
         .map(|(id, x)| match x {
             Ans::Err(e) => (*id, Some(e.code)),
-            Ans::Ok(_) => (*id, None),
+            Ans::Ok(_) | Ans::Notice(_) => (*id, None),
         })
         .collect()
 }
@@ -552,7 +583,7 @@ fn a_deferred_answer_holds_its_credit_until_taken() {
     s.tick(5);
     assert_eq!(codes(&take(&mut s, ConnId(1))), [(10, None)]);
     let mut hb = req(Request::Heartbeat { echo: 5 }, 16);
-    hb.extend(req(Request::Query { lease: LeaseId { slot: 1, generation: 1 } }, 17));
+    hb.extend(req(Request::Query { lease: LeaseId { boot_id: [0; 16], slot: 1, generation: 1 } }, 17));
     assert_eq!(codes(&exchange(&mut s, ConnId(1), &hb, 6)), [(16, None), (17, Some(ErrorCode::NotFound))]);
     assert_eq!(s.answers_dropped(), 0);
 }
@@ -819,3 +850,120 @@ fn budgets_from_the_options_and_their_defaults() {
 }
 mod v2_tests;
 mod wire_v2;
+
+#[test]
+fn the_boot_id_is_drawn_once_announced_to_every_session_and_in_stats() {
+    let mut s = deferring(Limits::default());
+    let boot = s.boot_id();
+    assert_eq!(s.backend().boot, Some(boot), "the backend learns the boot id at start");
+    assert_ne!(boot, [0; 16]);
+    for c in 1..=2 {
+        s.open(ConnId(c), 0);
+        login(&mut s, ConnId(c), "demo", DEMO_KEY).unwrap();
+        assert_eq!(announced(ConnId(c)).boot_id, boot);
+    }
+    assert_ne!(announced(ConnId(1)).resume_token, announced(ConnId(2)).resume_token, "one token per session");
+    let a = exchange(&mut s, ConnId(1), &req(Request::Stats, 3), 1);
+    let Ans::Ok(Response::Stats(st)) = &a[0].1 else { panic!("no STATS") };
+    assert_eq!(st.boot_id, boot);
+    // Another start draws another id.
+    let other = Server::new(Limits::default(), keys(), Deferring::default(), Counter(2), 0).unwrap();
+    assert_ne!(other.boot_id(), boot);
+}
+
+#[test]
+fn notices_reach_every_session_of_the_tenant_only_and_hold_no_credit() {
+    let mut k = keys();
+    k.add_tenant("other", DEMO_KEY).unwrap();
+    let mut s =
+        Server::new(Limits { credits: 1, ..Limits::default() }, k, Deferring::default(), Counter(1), 0).unwrap();
+    for (c, name, key) in
+        [(1, "demo", DEMO_KEY), (2, "demo", DEMO_KEY), (3, "other", DEMO_KEY), (4, "admin", ADMIN_KEY)]
+    {
+        s.open(ConnId(c), 0);
+        login(&mut s, ConnId(c), name, key).unwrap();
+    }
+    let lease = LeaseId { boot_id: s.boot_id(), slot: 4, generation: 2 };
+    let n = Notice::Revoked { lease, outcome: Outcome::TornDown };
+    s.backend_mut().notices.push(("demo".to_string(), n));
+    s.tick(5);
+    for c in [1, 2] {
+        let a = take(&mut s, ConnId(c));
+        assert!(matches!(&a[..], [(0, Ans::Notice(got))] if *got == n), "session {c}");
+    }
+    assert!(take(&mut s, ConnId(3)).is_empty(), "another tenant hears nothing");
+    assert!(take(&mut s, ConnId(4)).is_empty(), "nor does the admin");
+    // With its one credit held by a deferred REVOKE, the session still gets notices, and the notice left its
+    // credit alone: a heartbeat is still refused, not answered.
+    exchange(&mut s, ConnId(1), &revoke(1, 7), 6);
+    s.backend_mut().notices.push((String::new(), Notice::Draining { in_ms: 9 }));
+    s.tick(7);
+    let a = take(&mut s, ConnId(1));
+    assert!(matches!(&a[..], [(0, Ans::Notice(Notice::Draining { in_ms: 9 }))]));
+    assert!(matches!(&take(&mut s, ConnId(3))[..], [(0, Ans::Notice(Notice::Draining { .. }))]), "every tenant");
+    let a = exchange(&mut s, ConnId(1), &req(Request::Heartbeat { echo: 1 }, 8), 8);
+    assert_eq!(codes(&a), [(8, Some(ErrorCode::CreditExceeded))]);
+    assert_eq!(s.notices_sent(), 5, "2 + 3 sessions");
+}
+
+#[test]
+fn drain_is_the_admins_and_its_deadline_is_on_the_uptime_clock() {
+    let mut s = deferring(Limits::default());
+    s.open(ConnId(1), 0);
+    s.open(ConnId(2), 0);
+    login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
+    login(&mut s, ConnId(2), "admin", ADMIN_KEY).unwrap();
+    let drain = Request::Drain { tenant: "demo".to_string(), notice_ms: 1500 };
+    let a = exchange(&mut s, ConnId(1), &req(drain.clone(), 3), 10);
+    assert!(matches!(&a[0], (3, Ans::Err(e)) if e.code == ErrorCode::Forbidden));
+    assert!(s.backend().notices.is_empty(), "a tenant's DRAIN never reaches the lease service");
+    let a = exchange(&mut s, ConnId(2), &req(drain, 4), 100);
+    assert!(matches!(a[0], (4, Ans::Ok(Response::Drain { leases: 4, deadline_ms: 1600 }))));
+    // The Draining notice went out with the answer, to the tenant.
+    assert!(matches!(&take(&mut s, ConnId(1))[..], [(0, Ans::Notice(Notice::Draining { in_ms: 1500 }))]));
+}
+
+#[test]
+fn resume_takes_over_an_open_or_ended_session_of_the_same_principal_only() {
+    let mut k = keys();
+    k.add_tenant("other", DEMO_KEY).unwrap();
+    let mut s = Server::new(Limits::default(), k, Deferring::default(), Counter(1), 0).unwrap();
+    for (c, name, key) in [(1, "demo", DEMO_KEY), (2, "demo", DEMO_KEY), (3, "other", DEMO_KEY)] {
+        s.open(ConnId(c), 0);
+        login(&mut s, ConnId(c), name, key).unwrap();
+    }
+    let (a1, a3) = (announced(ConnId(1)), announced(ConnId(3)));
+    let resume = |session_id, token| req(Request::Resume { session_id, token }, 9);
+    let refused = |a: &[(u32, Ans)]| match a {
+        [(9, Ans::Err(e))] => {
+            assert_eq!((e.code, e.message.as_str()), (ErrorCode::NotFound, "RESUME: no such session"));
+            true
+        }
+        _ => false,
+    };
+    // Wrong token, another principal's session (with its right token), an unknown session, itself: all the same.
+    let mut wrong = a1.resume_token;
+    wrong[15] ^= 1;
+    assert!(refused(&exchange(&mut s, ConnId(2), &resume(a1.session_id, wrong), 1)));
+    assert!(refused(&exchange(&mut s, ConnId(2), &resume(a3.session_id, a3.resume_token), 1)));
+    assert!(refused(&exchange(&mut s, ConnId(2), &resume(77, a1.resume_token), 1)));
+    let a2 = announced(ConnId(2));
+    assert!(refused(&exchange(&mut s, ConnId(2), &resume(a2.session_id, a2.resume_token), 1)));
+    assert!(s.backend().resumed.is_empty() && !s.wants_close(ConnId(1)));
+    // The right one: session 2 takes session 1's leases, and session 1 is closed without orphaning them.
+    let a = exchange(&mut s, ConnId(2), &resume(a1.session_id, a1.resume_token), 2);
+    assert!(matches!(a[0], (9, Ans::Ok(Response::Resume { leases: 2 }))));
+    assert_eq!(s.backend().resumed, [(a1.session_id, a2.session_id)]);
+    assert!(s.wants_close(ConnId(1)));
+    assert_eq!(s.backend().lost, [(a1.session_id, CloseReason::Resumed)]);
+    // A token is good once.
+    assert!(refused(&exchange(&mut s, ConnId(2), &resume(a1.session_id, a1.resume_token), 3)));
+    // An ended session (its connection lost) can be resumed by a new one.
+    s.closed(ConnId(2), 4);
+    s.open(ConnId(4), 5);
+    login(&mut s, ConnId(4), "demo", DEMO_KEY).unwrap();
+    let a4 = announced(ConnId(4));
+    let a = exchange(&mut s, ConnId(4), &resume(a2.session_id, a2.resume_token), 6);
+    assert!(matches!(a[0], (9, Ans::Ok(Response::Resume { leases: 2 }))));
+    assert_eq!(s.backend().resumed[1], (a2.session_id, a4.session_id));
+}

@@ -26,6 +26,11 @@ impl<T: Copy> LeaseService<T> {
         if let Err(e) = self.check_alloc(a) {
             return Some(Err(e));
         }
+        if self.draining(who.tenant) {
+            // Its leases are about to be revoked (DRAIN): a new one would only be revoked with them.
+            let msg = format!("ALLOC: draining: tenant {}'s leases are being revoked (DRAIN)", who.tenant);
+            return Some(Err(err(ErrorCode::Busy, &msg)));
+        }
         if !who.admin
             && let Err(e) = self.take_alloc_token(who.tenant, now_us)
         {
@@ -75,7 +80,7 @@ impl<T: Copy> LeaseService<T> {
             return Some(Err(err(ErrorCode::NoMemory, "no DMA memory for the QP's work queue")));
         };
         let Slot::Free { next_generation } = self.slots[slot as usize] else { return None };
-        let id = LeaseId { slot, generation: next_generation };
+        let id = LeaseId { boot_id: self.boot_id, slot, generation: next_generation };
         let mtu = a.mtu.min(self.hca.port_mtu);
         let ttl_ms = if a.ttl_ms == 0 { self.cfg.default_ttl_ms } else { a.ttl_ms };
         let server_psn = self.ids.psn();
@@ -84,6 +89,8 @@ impl<T: Copy> LeaseService<T> {
             tenant: who.tenant.to_string(),
             session: Some(who.session),
             orphaned_at: None,
+            last_session: who.session,
+            warned: false,
             reconnects: 0,
             phase: Phase::Building,
             size: a.size,

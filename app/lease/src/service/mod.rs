@@ -28,7 +28,7 @@ use leasebox_mlx5::command::{CmdError, Command, Output};
 use leasebox_mlx5::handles::{Cqn, UarPage};
 use leasebox_mlx5::ifc;
 use leasebox_mlx5::ifc::qp::QpCaps;
-use leasebox_proto::{AllocReq, ErrorBody, ErrorCode, LeaseState, Reply, Request, mtu_bytes};
+use leasebox_proto::{AllocReq, BOOT_ID_LEN, ErrorBody, ErrorCode, LeaseState, Notice, Reply, Request, mtu_bytes};
 use leasebox_session::IdRng;
 
 use crate::config::{Config, RevokeOrder};
@@ -125,8 +125,30 @@ pub fn port_ib_mtu(oper_mtu: u16) -> u8 {
     (1..=5u8).rev().find(|&c| mtu_bytes(c).is_some_and(|b| b + 96 <= room)).unwrap_or(1)
 }
 
+/// A DRAIN waiting for its deadline.
+struct Drain {
+    /// The tenant drained; `None`: every lease.
+    tenant: Option<String>,
+    at_us: u64,
+}
+
+/// How long before its TTL runs out a lease gets its Expiring notice: a quarter of its TTL, at most 5 s
+/// (docs/wire-protocol.md, "NOTICE").
+pub fn expiring_threshold_ms(ttl_ms: u32) -> u64 {
+    (u64::from(ttl_ms) / 4).min(5_000)
+}
+
 pub struct LeaseService<T: Copy> {
     cfg: Config,
+    /// This boot's id (from the session server, `Backend::boot`): part of every lease id; an id with another
+    /// boot's is a lease that does not exist.
+    boot_id: [u8; BOOT_ID_LEN],
+    /// Notices for the owning tenants' sessions, with the tenant (empty: every tenant), until taken.
+    notices: Vec<(String, Notice)>,
+    /// DRAINs whose deadline has not come (or whose leases were still being built when it came).
+    drains: Vec<Drain>,
+    /// Open sessions and their tenants (`session_started` to `session_lost`): where a lost session's leases go.
+    live: BTreeMap<u64, String>,
     hca: HcaCtx,
     slots: Vec<Slot<T>>,
     pool: ExtentPool,
@@ -169,6 +191,10 @@ impl<T: Copy> LeaseService<T> {
         let pool = ExtentPool::new(&cfg.pool, cfg.extent);
         Ok(LeaseService {
             cfg,
+            boot_id: [0; BOOT_ID_LEN],
+            notices: Vec::new(),
+            drains: Vec::new(),
+            live: BTreeMap::new(),
             hca,
             slots,
             pool,
@@ -189,6 +215,30 @@ impl<T: Copy> LeaseService<T> {
 
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// Sets this boot's id; the session server draws it at start, before any lease exists.
+    pub fn set_boot_id(&mut self, boot_id: [u8; BOOT_ID_LEN]) {
+        self.boot_id = boot_id;
+    }
+
+    pub fn boot_id(&self) -> [u8; BOOT_ID_LEN] {
+        self.boot_id
+    }
+
+    /// Notices raised since the last call, each with the tenant whose sessions get it (empty: every tenant's).
+    pub fn take_notices(&mut self, out: &mut Vec<(String, Notice)>) {
+        out.append(&mut self.notices);
+    }
+
+    /// Tells `tenant`'s sessions `n`.
+    fn notify(&mut self, tenant: &str, n: Notice) {
+        self.notices.push((String::from(tenant), n));
+    }
+
+    /// Whether a DRAIN covers `tenant` (its ALLOCs are refused until its leases are revoked).
+    fn draining(&self, tenant: &str) -> bool {
+        self.drains.iter().any(|d| d.tenant.as_deref().is_none_or(|t| t == tenant))
     }
 
     /// The next HCA command to submit, with its tag.
@@ -258,6 +308,7 @@ impl<T: Copy> LeaseService<T> {
                 self.revoke(who, *lease, Cause::Revoke, order, ticket, now_us, host)
             }
             Request::Query { lease } => Some(self.query(who, *lease, now_us)),
+            Request::Drain { tenant, notice_ms } => Some(self.drain(who, tenant, *notice_ms, now_us)),
             Request::List { cursor, max } => Some(self.list(who, *cursor, *max, now_us)),
             other => Some(Err(err(ErrorCode::UnknownOp, &format!("{} is not a lease operation", other.op().name())))),
         }

@@ -9,9 +9,13 @@ use super::{LIST_MAX, LeaseService, Who, err};
 use crate::lease::{FenceInfo, Lease, Phase, Slot};
 
 impl<T: Copy> LeaseService<T> {
-    /// The lease `id` if `who` may see it: `Err` NOT_FOUND for a free or other tenant's slot, STALE for an
-    /// older generation.
+    /// The lease `id` if `who` may see it: `Err` NOT_FOUND for a free or other tenant's slot or an id from
+    /// another boot, STALE for an older generation.
     fn owned(&self, who: Who<'_>, id: LeaseId) -> Result<&Lease<T>, ErrorBody> {
+        if id.boot_id != self.boot_id {
+            // Slots and generations start again every boot: only the boot id tells an old id from a new lease.
+            return Err(err(ErrorCode::NotFound, &format!("no lease {id} in this boot")));
+        }
         match self.slots.get(id.slot as usize) {
             Some(Slot::Busy(l)) if who.admin || l.tenant == who.tenant => {
                 if l.id.generation == id.generation {
@@ -19,15 +23,29 @@ impl<T: Copy> LeaseService<T> {
                 } else {
                     Err(err(
                         ErrorCode::Stale,
-                        &format!(
-                            "lease {}:{} is stale (slot now at generation {})",
-                            id.slot, id.generation, l.id.generation
-                        ),
+                        &format!("lease {id} is stale (slot now at generation {})", l.id.generation),
                     )
                     .with_detail([l.id.generation, 0, 0]))
                 }
             }
-            _ => Err(err(ErrorCode::NotFound, &format!("no lease {}:{}", id.slot, id.generation))),
+            _ => Err(err(ErrorCode::NotFound, &format!("no lease {id}"))),
+        }
+    }
+
+    /// A live session of the owning tenant that uses an orphaned lease (its session was lost) adopts it: the
+    /// lease is its now, and no longer waits out the session grace period to expire. Without this, a tenant
+    /// that renews a lease from a second session would lose it when the first session times out.
+    fn adopt(&mut self, who: Who<'_>, slot: u32) {
+        if who.admin {
+            return;
+        }
+        if let Some(l) = self.lease_mut(slot)
+            && l.session.is_none()
+            && l.tenant == who.tenant
+        {
+            l.session = Some(who.session);
+            l.orphaned_at = None;
+            l.reconnects += 1;
         }
     }
 
@@ -48,6 +66,7 @@ impl<T: Copy> LeaseService<T> {
                 if let Some(l) = self.lease_mut(id.slot) {
                     l.phase = Phase::Active;
                 }
+                self.adopt(who, id.slot);
                 Ok(Response::Ready { state: LeaseState::Active })
             }
             _ => Err(err(ErrorCode::BadState, &format!("READY: lease is {}", l.state().name()))),
@@ -68,7 +87,9 @@ impl<T: Copy> LeaseService<T> {
         if let Some(l) = self.lease_mut(id.slot) {
             l.ttl_ms = ttl;
             l.expires_at = now_us + u64::from(ttl) * 1000;
+            l.warned = false;
         }
+        self.adopt(who, id.slot);
         Ok(Response::Renew { ttl_ms: ttl })
     }
 
@@ -87,8 +108,12 @@ impl<T: Copy> LeaseService<T> {
         }
     }
 
-    pub(super) fn query(&self, who: Who<'_>, id: LeaseId, now_us: u64) -> Reply {
-        self.owned(who, id).map(|l| Response::Query(Self::info(l, now_us)))
+    pub(super) fn query(&mut self, who: Who<'_>, id: LeaseId, now_us: u64) -> Reply {
+        let info = self.owned(who, id).map(|l| Self::info(l, now_us))?;
+        if matches!(info.state, LeaseState::Granted | LeaseState::Active) {
+            self.adopt(who, id.slot);
+        }
+        Ok(Response::Query(info))
     }
 
     /// One page of what `pick` takes from the slots from `cursor` on, at most `max` (1 to [`LIST_MAX`]):

@@ -5,7 +5,7 @@
 use alloc::format;
 use alloc::string::String;
 
-use leasebox_proto::{ErrorCode, LeaseId, Outcome, Reply, Response};
+use leasebox_proto::{ErrorCode, LeaseId, Notice, Outcome, Reply, Response};
 
 use super::plan::{Stage, Steps};
 use super::{Host, LeaseService, SCAN_INTERVAL_US, Who, err};
@@ -42,6 +42,10 @@ impl<T: Copy> LeaseService<T> {
             }))
         };
         let waiter = Waiter { ticket, free, since_us: now_us };
+        if id.boot_id != self.boot_id {
+            // An id from another boot names nothing here (its slot may hold a new lease).
+            return answer(Outcome::NotFound);
+        }
         match self.slots.get_mut(id.slot as usize) {
             Some(Slot::Busy(l)) if who.admin || l.tenant == who.tenant => {
                 if l.id.generation != id.generation {
@@ -58,10 +62,7 @@ impl<T: Copy> LeaseService<T> {
                         // The build is abandoned: ALLOC's asker hears so now, and the lease goes through the
                         // immediate phase once the command in flight has answered.
                         if let Some((t, since)) = l.alloc_ticket.take() {
-                            let msg = format!(
-                                "ALLOC: lease {}:{} was freed or revoked before it was granted",
-                                id.slot, id.generation
-                            );
+                            let msg = format!("ALLOC: lease {id} was freed or revoked before it was granted");
                             self.answers.push((t, Err(err(ErrorCode::NotFound, &msg))));
                             self.counters.alloc_us.record(now_us.saturating_sub(since));
                         }
@@ -113,12 +114,23 @@ impl<T: Copy> LeaseService<T> {
         }
     }
 
+    /// The owner's sessions hear that a lease ended, with the outcome, unless it was the tenant's own FREE
+    /// (the asker has the answer; a FREE is the client saying it is done). An admin's or the tenant's REVOKE,
+    /// a drain and every expiry (TTL, READY deadline, lost session, the HCA failing) are told.
+    fn notify_ended(&mut self, tenant: &str, lease: LeaseId, cause: Option<Cause>, outcome: Outcome) {
+        if matches!(cause, Some(Cause::Revoke | Cause::Expiry)) {
+            self.notify(tenant, Notice::Revoked { lease, outcome });
+        }
+    }
+
     /// The immediate phase succeeded: the key is gone; the sweep comes after the grace period.
     pub(super) fn torn_down(&mut self, slot: u32, now_us: u64) {
         let at = now_us + self.cfg.grace_ms * 1000;
         let Some(l) = self.lease_mut(slot) else { return };
         l.phase = Phase::PendingDestroy { at };
         let (waiters, cause) = (l.waiters.take(), l.cause);
+        let (tenant, id) = (l.tenant.clone(), l.id);
+        self.notify_ended(&tenant, id, cause, Outcome::TornDown);
         self.count_ended(cause);
         for w in waiters {
             self.reply_outcome(w, Outcome::TornDown, now_us);
@@ -150,6 +162,7 @@ impl<T: Copy> LeaseService<T> {
         }
         self.next_scan_us = now_us + SCAN_INTERVAL_US;
         self.poll_resolving(now_us, host);
+        self.drains_due(now_us, host);
         let session_grace = self.cfg.session_grace_ms * 1000;
         for slot in 0..self.slots.len() as u32 {
             let Some(l) = self.lease_mut(slot) else { continue };
@@ -173,6 +186,16 @@ impl<T: Copy> LeaseService<T> {
                     let abandoned = l.orphaned_at.is_some_and(|t| now_us >= t + session_grace);
                     if expired || abandoned {
                         self.expire(slot, now_us, host);
+                    } else if !l.warned {
+                        // Once per TTL: when what is left of it is within the threshold (a renewal that moves
+                        // the expiry later re-arms it).
+                        let left_ms = (l.expires_at - now_us) / 1000;
+                        if left_ms <= super::expiring_threshold_ms(l.ttl_ms) {
+                            l.warned = true;
+                            let in_ms = left_ms.min(u64::from(u32::MAX)) as u32;
+                            let (tenant, lease) = (l.tenant.clone(), l.id);
+                            self.notify(&tenant, Notice::Expiring { lease, in_ms });
+                        }
                     }
                 }
                 Phase::PendingDestroy { at } if now_us >= at => {
@@ -181,6 +204,63 @@ impl<T: Copy> LeaseService<T> {
                     self.advance(slot, now_us, host);
                 }
                 _ => {}
+            }
+        }
+    }
+
+    /// DRAIN (the admin's; the session server has refused it to tenants): tells the sessions of `tenant` (every
+    /// tenant's when empty) that their leases go in `notice_ms`, refuses their ALLOCs from now on, and revokes
+    /// the leases when the time comes (`drains_due`). Answers how many leases that is; the session server
+    /// adds the deadline on its clock.
+    pub(super) fn drain(&mut self, who: Who<'_>, tenant: &str, notice_ms: u32, now_us: u64) -> Reply {
+        if !who.admin {
+            return Err(err(ErrorCode::Forbidden, "DRAIN: only the admin may drain the appliance"));
+        }
+        let target = (!tenant.is_empty()).then(|| String::from(tenant));
+        let covers = |t: &str| target.as_deref().is_none_or(|d| d == t);
+        let leases = self
+            .slots
+            .iter()
+            .filter(|s| {
+                matches!(s, Slot::Busy(l) if covers(&l.tenant)
+                    && matches!(l.phase, Phase::Building | Phase::Granted { .. } | Phase::Active))
+            })
+            .count() as u32;
+        self.notify(tenant, Notice::Draining { in_ms: notice_ms });
+        self.drains.push(super::Drain { tenant: target, at_us: now_us + u64::from(notice_ms) * 1000 });
+        Ok(Response::Drain { leases, deadline_ms: 0 })
+    }
+
+    /// Drains whose time has come: every lease they cover is revoked (each tells its owner, `notify_ended`). A
+    /// lease still being built then is revoked at a later scan, once granted; the drain ends (and its
+    /// tenant may ALLOC again) when none is left.
+    fn drains_due(&mut self, now_us: u64, host: &mut dyn Host) {
+        let mut i = 0;
+        while i < self.drains.len() {
+            if now_us < self.drains[i].at_us {
+                i += 1;
+                continue;
+            }
+            let target = self.drains[i].tenant.clone();
+            let mut building = false;
+            for slot in 0..self.slots.len() as u32 {
+                let Some(l) = self.lease(slot) else { continue };
+                if target.as_deref().is_some_and(|t| t != l.tenant) {
+                    continue;
+                }
+                match l.phase {
+                    Phase::Building => building = true,
+                    Phase::Granted { .. } | Phase::Active => {
+                        self.start_revoke(slot, Cause::Revoke, None, None, now_us);
+                        self.advance(slot, now_us, host);
+                    }
+                    _ => {}
+                }
+            }
+            if building {
+                i += 1;
+            } else {
+                self.drains.remove(i);
             }
         }
     }
@@ -213,6 +293,7 @@ impl<T: Copy> LeaseService<T> {
         let waiters = l.waiters.take();
         let alloc_ticket = l.alloc_ticket.take();
         let immediate = matches!(l.phase, Phase::Fencing { .. }).then_some(l.cause).flatten();
+        let id = l.id;
         let info = FenceInfo {
             generation: l.id.generation,
             failed_mask: l.failed_mask,
@@ -228,6 +309,12 @@ impl<T: Copy> LeaseService<T> {
         self.slots[slot as usize] = Slot::Fenced(info);
         self.unbook(&tenant, n);
         self.counters.fenced += 1;
+        // The owner hears it: as the outcome of a revoke it was told of (`notify_ended`), else as a fence.
+        if matches!(immediate, Some(Cause::Revoke | Cause::Expiry)) {
+            self.notify_ended(&tenant, id, immediate, Outcome::Fenced);
+        } else {
+            self.notify(&tenant, Notice::Fenced { lease: id });
+        }
         self.count_ended(immediate);
         for w in waiters {
             self.reply_outcome(w, Outcome::Fenced, now_us);

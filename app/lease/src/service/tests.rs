@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, VecDeque};
 use leasebox_mlx5::command::{Command, ErrorKind, Output};
 use leasebox_mlx5::handles::{Cqn, UarPage};
 use leasebox_proto::{
-    AllocReq, ErrorCode, HEADER_LEN, LeaseId, MAX_PAYLOAD, Op, Outcome, Reply, Request, Response, access,
+    AllocReq, ErrorCode, HEADER_LEN, LeaseId, MAX_PAYLOAD, Notice, Op, Outcome, Reply, Request, Response, access,
 };
 
 use super::*;
@@ -82,6 +82,9 @@ impl Host for FakeHost {
     }
 }
 
+/// The boot id the rig's service runs under.
+const BOOT: [u8; 16] = [0xb0; 16];
+
 const TENANT: Who<'static> = Who { session: 1, tenant: "alpha", admin: false };
 const ADMIN: Who<'static> = Who { session: 2, tenant: "root", admin: true };
 
@@ -128,8 +131,10 @@ impl Rig {
             port_mtu: 3,
             qp,
         };
+        let mut svc = LeaseService::new(cfg, hca, leasebox_session::IdRng::from_seed([0x5e; 32])).unwrap();
+        svc.set_boot_id(BOOT);
         Rig {
-            svc: LeaseService::new(cfg, hca, leasebox_session::IdRng::from_seed([0x5e; 32])).unwrap(),
+            svc,
             host: FakeHost::default(),
             now_us: 1_000_000,
             script: BTreeMap::new(),
@@ -224,6 +229,13 @@ impl Rig {
         }
         self.run();
         t
+    }
+
+    /// The notices raised so far, as (tenant, notice).
+    fn notices(&mut self) -> Vec<(String, Notice)> {
+        let mut v = Vec::new();
+        self.svc.take_notices(&mut v);
+        v
     }
 
     fn take(&mut self, t: u64) -> Option<Reply> {
@@ -400,7 +412,7 @@ fn a_revoke_of_a_lease_being_built_abandons_the_build() {
     r.script(CREATE_QP, &[Answer::Hang]);
     let alloc = r.send(TENANT, &Request::Alloc(alloc_req()));
     assert!(r.take(alloc).is_none());
-    let lease = LeaseId { slot: 0, generation: 1 };
+    let lease = LeaseId { boot_id: BOOT, slot: 0, generation: 1 };
     let free = r.send(TENANT, &Request::Free { lease });
     let e = r.take(alloc).expect("ALLOC answered at once").unwrap_err();
     assert_eq!(e.code, ErrorCode::NotFound, "{e:?}");
@@ -420,7 +432,8 @@ fn a_revoke_of_a_lease_being_built_abandons_the_build() {
     // The command in flight hangs: the deadline fences, as for any revoke.
     r.script(CREATE_MKEY, &[Answer::Hang]);
     let alloc = r.send(TENANT, &Request::Alloc(alloc_req()));
-    let t = r.send(ADMIN, &Request::Revoke { lease: LeaseId { slot: 0, generation: 2 }, qp_first: false });
+    let t =
+        r.send(ADMIN, &Request::Revoke { lease: LeaseId { boot_id: BOOT, slot: 0, generation: 2 }, qp_first: false });
     assert!(r.take(alloc).is_some_and(|a| a.is_err()));
     r.advance(r.svc.config().revoke_deadline_ms * 1000);
     assert!(matches!(r.take(t), Some(Ok(Response::Revoke { outcome: Outcome::Fenced, .. }))));
@@ -446,7 +459,7 @@ fn a_failed_build_step_unwinds_and_an_unwind_failure_fences() {
     r.script(INIT2RTR, &[Answer::Fail]);
     r.script(DESTROY_QP, &[Answer::Fail]);
     assert!(r.call(TENANT, &Request::Alloc(alloc_req())).is_err());
-    let lease = LeaseId { slot: 0, generation: 1 };
+    let lease = LeaseId { boot_id: BOOT, slot: 0, generation: 1 };
     assert_eq!(r.fenced(lease), Some((step_bit::DESTROY_QP | step_bit::UNWIND, origin::LEGACY)));
 }
 
@@ -812,7 +825,7 @@ fn a_stale_key_made_for_a_lease_already_revoked_is_torn_down_as_usual() {
     r.mkey_index = Some(|v| 0x1000 + u32::from(v));
     r.script(CREATE_MKEY, &[Answer::Hang]);
     let alloc = r.send(TENANT, &Request::Alloc(alloc_req()));
-    let free = r.send(TENANT, &Request::Free { lease: LeaseId { slot: 0, generation: 1 } });
+    let free = r.send(TENANT, &Request::Free { lease: LeaseId { boot_id: BOOT, slot: 0, generation: 1 } });
     assert!(r.take(alloc).is_some_and(|a| a.is_err()), "the FREE ends the ALLOC");
     r.issued.clear();
     // CREATE_MKEY answers with the stale key: the revoke destroys it; nothing fences.
@@ -901,4 +914,190 @@ fn a_tenant_alloc_rate_is_limited_on_the_service_clock() {
         assert!(matches!(r.call(TENANT, &Request::Alloc(small.clone())), Ok(Response::Alloc(_))));
     }
     assert_eq!(r.call(TENANT, &Request::Alloc(small)).unwrap_err().code, ErrorCode::Busy);
+}
+
+fn code(r: Reply) -> Option<ErrorCode> {
+    r.err().map(|e| e.code)
+}
+
+#[test]
+fn an_id_from_another_boot_names_no_lease() {
+    let mut r = Rig::new(cfg());
+    let lease = r.active();
+    assert_eq!(lease.boot_id, BOOT, "granted under this boot's id");
+    // The same slot and generation from an earlier boot: exactly a lease that does not exist.
+    let old = LeaseId { boot_id: [0xaa; 16], ..lease };
+    assert_eq!(code(r.call(TENANT, &Request::Query { lease: old })), Some(ErrorCode::NotFound));
+    assert_eq!(code(r.call(ADMIN, &Request::Query { lease: old })), Some(ErrorCode::NotFound));
+    assert_eq!(code(r.call(TENANT, &Request::Renew { lease: old, ttl_ms: 0 })), Some(ErrorCode::NotFound));
+    let ready = Request::Ready { lease: old, client_qpn: 0x1234, server_qpn: 0 };
+    assert_eq!(code(r.call(TENANT, &ready)), Some(ErrorCode::NotFound));
+    assert!(matches!(
+        r.call(TENANT, &Request::Free { lease: old }),
+        Ok(Response::Free { outcome: Outcome::NotFound, .. })
+    ));
+    assert_eq!(r.revoke(old, false), Outcome::NotFound);
+    // The lease itself is untouched.
+    assert!(matches!(r.call(TENANT, &Request::Query { lease }), Ok(Response::Query(i)) if i.lease == lease));
+    assert!(r.notices().is_empty());
+}
+
+#[test]
+fn the_owner_hears_of_revokes_and_expiries_but_not_of_its_own_free() {
+    let mut r = Rig::new(cfg());
+    let lease = r.active();
+    assert_eq!(r.revoke(lease, false), Outcome::TornDown);
+    assert_eq!(r.notices(), [("alpha".to_string(), Notice::Revoked { lease, outcome: Outcome::TornDown })]);
+    let mine = r.active();
+    assert!(matches!(r.call(TENANT, &Request::Free { lease: mine }), Ok(Response::Free { .. })));
+    assert!(r.notices().is_empty(), "the tenant's own FREE: the answer says it all");
+    // A TTL that runs out: the Expiring notice first, then the revoke's.
+    let Ok(Response::Alloc(a)) = r.call(TENANT, &Request::Alloc(AllocReq { ttl_ms: 400, ..alloc_req() })) else {
+        panic!("ALLOC")
+    };
+    r.advance(401_000);
+    assert_eq!(
+        r.notices(),
+        [
+            ("alpha".to_string(), Notice::Expiring { lease: a.lease, in_ms: 100 }),
+            ("alpha".to_string(), Notice::Revoked { lease: a.lease, outcome: Outcome::TornDown }),
+        ]
+    );
+}
+
+#[test]
+fn a_revoke_that_fences_says_so_and_a_fenced_sweep_is_told_as_a_fence() {
+    let mut r = Rig::new(cfg());
+    let lease = r.active();
+    r.script(DESTROY_MKEY, &[Answer::Fail]);
+    r.script(QP_2ERR, &[Answer::Fail]);
+    assert_eq!(r.revoke(lease, false), Outcome::Fenced);
+    assert_eq!(r.notices(), [("alpha".to_string(), Notice::Revoked { lease, outcome: Outcome::Fenced })]);
+    // Torn down, then the sweep fails: the lease had ended (told as Revoked); its slot is now fenced too.
+    let lease = r.active();
+    assert_eq!(r.revoke(lease, false), Outcome::TornDown);
+    r.script(DESTROY_QP, &[Answer::Fail]);
+    r.script(QP_2RST, &[Answer::Fail]);
+    r.sweep();
+    assert!(r.svc.fence_info(lease.slot).is_some(), "the sweep fenced the slot");
+    assert_eq!(
+        r.notices(),
+        [
+            ("alpha".to_string(), Notice::Revoked { lease, outcome: Outcome::TornDown }),
+            ("alpha".to_string(), Notice::Fenced { lease }),
+        ]
+    );
+}
+
+#[test]
+fn expiring_is_told_once_per_ttl_within_a_quarter_of_it_at_most_five_seconds() {
+    assert_eq!((expiring_threshold_ms(8_000), expiring_threshold_ms(60_000)), (2_000, 5_000));
+    let mut r = Rig::new(Config { heartbeat_renews: false, ..cfg() });
+    let Ok(Response::Alloc(a)) = r.call(TENANT, &Request::Alloc(AllocReq { ttl_ms: 8_000, ..alloc_req() })) else {
+        panic!("ALLOC")
+    };
+    let ready = Request::Ready { lease: a.lease, client_qpn: 0x1234, server_qpn: a.server_qpn };
+    assert!(r.call(TENANT, &ready).is_ok());
+    r.advance(5_990_000);
+    assert!(r.notices().is_empty(), "8 s TTL, 2.01 s left: not yet");
+    r.advance(20_000);
+    assert_eq!(r.notices(), [("alpha".to_string(), Notice::Expiring { lease: a.lease, in_ms: 2_000 })]);
+    r.advance(1_000_000);
+    assert!(r.notices().is_empty(), "once");
+    // A renewal re-arms it for the new TTL.
+    assert!(r.call(TENANT, &Request::Renew { lease: a.lease, ttl_ms: 8_000 }).is_ok());
+    r.advance(6_000_000);
+    assert_eq!(r.notices(), [("alpha".to_string(), Notice::Expiring { lease: a.lease, in_ms: 2_000 })]);
+}
+
+#[test]
+fn drain_warns_refuses_allocs_waits_then_revokes_the_tenants_leases_only() {
+    let mut r = Rig::new(cfg());
+    const OTHER: Who<'static> = Who { session: 5, tenant: "beta", admin: false };
+    let a = r.active();
+    let Ok(Response::Alloc(b)) = r.call(OTHER, &Request::Alloc(alloc_req())) else { panic!("ALLOC beta") };
+    let drain = Request::Drain { tenant: "alpha".to_string(), notice_ms: 1_000 };
+    assert_eq!(code(r.call(TENANT, &drain)), Some(ErrorCode::Forbidden));
+    assert!(matches!(r.call(ADMIN, &drain), Ok(Response::Drain { leases: 1, .. })));
+    assert_eq!(r.notices(), [("alpha".to_string(), Notice::Draining { in_ms: 1_000 })]);
+    let refused = r.call(TENANT, &Request::Alloc(alloc_req())).unwrap_err();
+    assert_eq!(refused.code, ErrorCode::Busy);
+    assert!(refused.message.contains("draining"), "{}", refused.message);
+    assert!(r.call(OTHER, &Request::Alloc(alloc_req())).is_ok(), "another tenant is not drained");
+    r.advance(990_000);
+    assert!(
+        matches!(r.call(TENANT, &Request::Query { lease: a }), Ok(Response::Query(i)) if i.state == LeaseState::Active)
+    );
+    r.advance(20_000);
+    assert_eq!(r.notices(), [("alpha".to_string(), Notice::Revoked { lease: a, outcome: Outcome::TornDown })]);
+    assert!(
+        matches!(r.call(TENANT, &Request::Query { lease: a }), Ok(Response::Query(i)) if i.state == LeaseState::PendingDestroy)
+    );
+    assert!(
+        matches!(r.call(OTHER, &Request::Query { lease: b.lease }), Ok(Response::Query(i)) if i.state == LeaseState::Granted)
+    );
+    // The drain is over: the tenant may ALLOC again.
+    assert!(r.call(TENANT, &Request::Alloc(alloc_req())).is_ok());
+    // Every tenant at once, with no notice time: revoked at the next scan.
+    assert!(matches!(
+        r.call(ADMIN, &Request::Drain { tenant: String::new(), notice_ms: 0 }),
+        Ok(Response::Drain { leases: 3, .. })
+    ));
+    r.advance(SCAN_INTERVAL_US);
+    let n = r.notices();
+    assert_eq!(n[0], (String::new(), Notice::Draining { in_ms: 0 }));
+    assert_eq!(n.iter().filter(|(_, n)| matches!(n, Notice::Revoked { .. })).count(), 3, "{n:?}");
+}
+
+/// Issue 16's report, on virtual time: session A of the tenant allocates and goes silent; session B of the same
+/// tenant RENEWs and QUERYs the lease every 2 s; at 10 s A's heartbeat timeout ends it. B's renewals must keep
+/// the lease (before the fix, the orphaned lease expired at the end of the session grace period — at once with
+/// a grace of 0 — and B's RENEW answered BAD_STATE). B is open, so A's leases pass to it when A is lost; and
+/// should a lease be orphaned anyway (`known` false: the service never heard B start), B's RENEW adopts it.
+#[test]
+fn a_second_session_that_renews_keeps_the_lease_when_the_first_times_out() {
+    for (grace_ms, known) in [(0, true), (30_000, true), (30_000, false)] {
+        let mut r = Rig::new(Config { session_grace_ms: grace_ms, heartbeat_renews: true, ..cfg() });
+        const A: Who<'static> = Who { session: 1, tenant: "alpha", admin: false };
+        const B: Who<'static> = Who { session: 3, tenant: "alpha", admin: false };
+        r.svc.session_started(A.session, "alpha");
+        let Ok(Response::Alloc(a)) = r.call(A, &Request::Alloc(AllocReq { ttl_ms: 5_000, ..alloc_req() })) else {
+            panic!("ALLOC")
+        };
+        let ready = Request::Ready { lease: a.lease, client_qpn: 0x1234, server_qpn: a.server_qpn };
+        assert!(r.call(A, &ready).is_ok());
+        if known {
+            assert_eq!(r.svc.session_started(B.session, "alpha"), 0, "A still holds it");
+        }
+        for t in 1..=40 {
+            r.advance(2_000_000);
+            let now_s = 2 * t;
+            if now_s == 10 {
+                r.svc.session_lost(A.session, r.now_us);
+            }
+            let renew = r.call(B, &Request::Renew { lease: a.lease, ttl_ms: 5_000 });
+            assert!(matches!(renew, Ok(Response::Renew { ttl_ms: 5_000 })), "{grace_ms} {known} {now_s} s: {renew:?}");
+            let q = r.call(B, &Request::Query { lease: a.lease });
+            assert!(matches!(&q, Ok(Response::Query(i)) if i.state == LeaseState::Active), "{now_s} s: {q:?}");
+        }
+        assert_eq!(r.svc.lease(a.lease.slot).and_then(|l| l.session), Some(B.session), "B holds it");
+    }
+}
+
+#[test]
+fn resume_takes_over_held_orphaned_and_adopted_leases_of_the_old_session() {
+    let mut r = Rig::new(cfg());
+    const NEW: Who<'static> = Who { session: 7, tenant: "alpha", admin: false };
+    let held = r.active();
+    // Held by the open session 1: taken over at once.
+    assert_eq!(r.svc.resume(TENANT.session, NEW.session, "alpha"), 1);
+    assert_eq!(r.svc.lease(held.slot).and_then(|l| l.session), Some(NEW.session));
+    assert_eq!(r.svc.counters.reconnects, 1);
+    // Lost session 7's lease waits orphaned; session 8 resumes it.
+    r.svc.session_lost(NEW.session, r.now_us);
+    assert_eq!(r.svc.resume(NEW.session, 8, "alpha"), 1);
+    assert_eq!(r.svc.lease(held.slot).map(|l| (l.session, l.orphaned_at)), Some((Some(8), None)));
+    // Another tenant's RESUME of the same session id takes nothing.
+    assert_eq!(r.svc.resume(8, 9, "beta"), 0);
+    assert_eq!(r.svc.counters.reconnects, 3);
 }

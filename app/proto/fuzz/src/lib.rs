@@ -3,15 +3,16 @@
 //!
 //! One input is a byte stream as a peer could send it. Its first byte chooses how the stream is cut into
 //! `FrameBuf::push` calls (bit 7 set: all at once; otherwise chunks of 1 to 64 bytes), the rest is the stream.
-//! Every complete frame goes through `Request::decode`, `Response::decode` and `ErrorBody::decode`. Checked:
+//! Every complete frame goes through `Request::decode`, `Response::decode`, `ErrorBody::decode` and
+//! `Notice::decode`. Checked:
 //! - no panic, whatever the bytes;
-//! - every accepted request, response and error body re-encodes to exactly the payload it came from (so
+//! - every accepted request, response, error body and notice re-encodes to exactly the payload it came from (so
 //!   decode is the inverse of encode and nothing is silently normalized), and a request frame re-encodes to
 //!   the same 16-byte header;
 //! - a frame never exceeds `MAX_PAYLOAD` and lost framing stays lost.
 
 use leasebox_proto::{
-    ErrorBody, FrameBuf, HEADER_LEN, Header, Kind, MAX_MESSAGE, MAX_PAYLOAD, Next, Op, Request, Response,
+    ErrorBody, FrameBuf, HEADER_LEN, Header, Kind, MAX_MESSAGE, MAX_PAYLOAD, Next, Notice, Op, Request, Response,
 };
 
 /// What one input exercised (the twin test sums these to show its inputs reach every decoder).
@@ -23,6 +24,7 @@ pub struct Counts {
     pub requests: u64,
     pub responses: u64,
     pub errors: u64,
+    pub notices: u64,
 }
 
 impl core::ops::AddAssign for Counts {
@@ -33,6 +35,7 @@ impl core::ops::AddAssign for Counts {
         self.requests += o.requests;
         self.responses += o.responses;
         self.errors += o.errors;
+        self.notices += o.notices;
     }
 }
 
@@ -90,6 +93,12 @@ fn frame(h: Header, payload: &[u8], n: &mut Counts) {
             resp.encode_payload(&mut p);
             assert_eq!(p, payload, "{op:?} {resp:?}");
         }
+    }
+    if let Ok(notice) = Notice::decode(payload) {
+        n.notices += 1;
+        let mut p = Vec::new();
+        notice.encode_payload(&mut p);
+        assert_eq!(p, payload, "{notice:?}");
     }
     if let Ok(e) = ErrorBody::decode(payload) {
         n.errors += 1;

@@ -4,7 +4,7 @@ use alloc::string::ToString;
 use alloc::vec;
 
 fn lease() -> LeaseId {
-    LeaseId { slot: 3, generation: 0x0102_0304 }
+    LeaseId { boot_id: [0xb0; 16], slot: 3, generation: 0x0102_0304 }
 }
 
 fn info() -> LeaseInfo {
@@ -70,6 +70,9 @@ fn requests() -> Vec<Request> {
         Request::Query { lease: lease() },
         Request::List { cursor: 0, max: 64 },
         Request::Revoke { lease: lease(), qp_first: true },
+        Request::Resume { session_id: 0x0102_0304_0506_0708, token: [0x7e; 16] },
+        Request::Drain { tenant: "demo".to_string(), notice_ms: 2000 },
+        Request::Drain { tenant: String::new(), notice_ms: 0 },
         Request::Stats,
         Request::FencedSummary { cursor: 3, max: 128 },
         Request::Health,
@@ -112,10 +115,13 @@ fn responses() -> Vec<(Op, Response)> {
         (Op::Query, Response::Query(info())),
         (Op::List, Response::List { next_cursor: 9, leases: vec![info(), info()] }),
         (Op::Revoke, Response::Revoke { outcome: Outcome::Fenced, elapsed_us: 1500 }),
+        (Op::Resume, Response::Resume { leases: 3 }),
+        (Op::Drain, Response::Drain { leases: 7, deadline_ms: 0x0102_0304_0506 }),
         (
             Op::Stats,
             Response::Stats(Box::new(Stats {
                 uptime_ms: 5,
+                boot_id: [0xb1; 16],
                 sessions_current: 1,
                 session_budget: 16,
                 sessions_total: 3,
@@ -186,7 +192,8 @@ fn every_response_round_trips() {
 fn every_op_has_a_request_and_a_response() {
     let req_ops: Vec<Op> = requests().iter().map(Request::op).collect();
     let resp_ops: Vec<Op> = responses().iter().map(|(o, _)| *o).collect();
-    for op in Op::ALL {
+    // NOTICE is the server's alone: it is neither a request nor a response (see `notices_round_trip`).
+    for op in Op::ALL.iter().filter(|op| **op != Op::Notice) {
         assert!(req_ops.contains(op), "{op:?}");
         assert!(resp_ops.contains(op), "{op:?}");
     }
@@ -224,8 +231,10 @@ fn golden_hello_init() {
 #[test]
 fn golden_revoke_request_and_response() {
     let mut b = Vec::new();
-    Request::Revoke { lease: LeaseId { slot: 2, generation: 5 }, qp_first: false }.encode(9, &mut b);
-    assert_eq!(&b[16..], [0, 0, 0, 2, 0, 0, 0, 5, 0, 0, 0, 0]);
+    Request::Revoke { lease: LeaseId { boot_id: [0xb0; 16], slot: 2, generation: 5 }, qp_first: false }
+        .encode(9, &mut b);
+    assert_eq!(&b[16..32], [0xb0; 16]);
+    assert_eq!(&b[32..], [0, 0, 0, 2, 0, 0, 0, 5, 0, 0, 0, 0]);
     assert_eq!(&b[4..6], [0x02, 0x0A]);
     let mut b = Vec::new();
     Response::Revoke { outcome: Outcome::NotFound, elapsed_us: 0x0100 }.encode(Op::Revoke, 9, &mut b);
@@ -277,10 +286,10 @@ fn invalid_fields_are_named() {
     assert_eq!(Request::decode(Op::Hello, &[1, 0, 1, 0, 1, 0]), Err(DecodeError::Invalid { field: "hello.name_len" }));
     let mut p = Vec::new();
     Request::Revoke { lease: lease(), qp_first: false }.encode_payload(&mut p);
-    p[8] = 0x80;
+    p[24] = 0x80;
     assert_eq!(Request::decode(Op::Revoke, &p), Err(DecodeError::Invalid { field: "revoke.flags" }));
-    p[8] = 0;
-    p[9] = 1;
+    p[24] = 0;
+    p[25] = 1;
     assert_eq!(Request::decode(Op::Revoke, &p), Err(DecodeError::Invalid { field: "reserved" }));
     assert_eq!(mtu_bytes(3), Some(1024));
     assert_eq!(mtu_bytes(6), None);
@@ -322,9 +331,9 @@ fn golden_stats_lease_tail() {
     let s = Stats { leases: lease_stats(), ..Stats::default() };
     let mut p = Vec::new();
     Response::Stats(Box::new(s.clone())).encode_payload(&mut p);
-    // 48 bytes of counters, error_count 0, role_count 0, then the 200-byte lease tail.
-    assert_eq!(p.len(), 48 + 2 + 2 + LeaseStats::WIRE_LEN);
-    let tail = &p[52..];
+    // 64 bytes of counters and the boot id, error_count 0, role_count 0, then the 200-byte lease tail.
+    assert_eq!(p.len(), 64 + 2 + 2 + LeaseStats::WIRE_LEN);
+    let tail = &p[68..];
     let mut want: Vec<u8> = Vec::new();
     want.extend([0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0, 5]); // by_state
     want.extend([0, 0, 0, 0, 0, 0x60, 0, 0]); // bytes_leased = 6 MiB
@@ -376,4 +385,78 @@ fn histogram_buckets_are_powers_of_two() {
     h.buckets[0] = u32::MAX;
     h.record(0);
     assert_eq!(h.buckets[0], u32::MAX, "a full bucket saturates");
+}
+
+fn notices() -> Vec<Notice> {
+    vec![
+        Notice::Revoked { lease: lease(), outcome: Outcome::TornDown },
+        Notice::Revoked { lease: lease(), outcome: Outcome::Fenced },
+        Notice::Expiring { lease: lease(), in_ms: 4999 },
+        Notice::Fenced { lease: lease() },
+        Notice::Draining { in_ms: 30_000 },
+    ]
+}
+
+#[test]
+fn notices_round_trip_in_frames_of_their_own_kind() {
+    for n in notices() {
+        let mut b = Vec::new();
+        n.encode(&mut b);
+        let h = Header::parse(&b).unwrap().unwrap();
+        assert_eq!((h.kind, h.op, h.request_id, h.length), (Kind::Notice, Op::Notice as u16, 0, 32));
+        assert_eq!(Notice::decode(&b[16..]).unwrap(), n);
+        for cut in 0..b.len() - 16 {
+            assert!(matches!(Notice::decode(&b[16..16 + cut]), Err(DecodeError::Truncated { .. })), "{n:?} {cut}");
+        }
+    }
+    // NOTICE is no request: a client that sends one is refused by name, not served.
+    assert_eq!(Request::decode(Op::Notice, &[]), Err(DecodeError::Invalid { field: "op" }));
+}
+
+#[test]
+fn golden_notice_revoked() {
+    let mut b = Vec::new();
+    Notice::Revoked { lease: LeaseId { boot_id: [0xb0; 16], slot: 2, generation: 5 }, outcome: Outcome::Fenced }
+        .encode(&mut b);
+    let mut want = vec![0x4C, 0x42, 1, 3, 0x01, 0x04, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32];
+    want.extend([1, 1, 0, 0, 0, 0, 0, 0]);
+    want.extend([0xb0; 16]);
+    want.extend([0, 0, 0, 2, 0, 0, 0, 5]);
+    assert_eq!(b, want);
+}
+
+#[test]
+fn notices_with_unused_fields_set_are_refused() {
+    let mut p = Vec::new();
+    Notice::Draining { in_ms: 5 }.encode_payload(&mut p);
+    let field = |p: &[u8]| match Notice::decode(p) {
+        Err(DecodeError::Invalid { field }) => field,
+        other => panic!("{other:?}"),
+    };
+    let mut bad = p.clone();
+    bad[0] = 5;
+    assert_eq!(field(&bad), "notice.kind");
+    let mut bad = p.clone();
+    bad[1] = 1;
+    assert_eq!(field(&bad), "notice.outcome");
+    let mut bad = p.clone();
+    bad[31] = 1;
+    assert_eq!(field(&bad), "notice.lease");
+    let mut bad = p.clone();
+    bad[2] = 1;
+    assert_eq!(field(&bad), "reserved");
+    let mut p = Vec::new();
+    Notice::Revoked { lease: lease(), outcome: Outcome::TornDown }.encode_payload(&mut p);
+    p[1] = 9;
+    assert_eq!(field(&p), "notice.outcome");
+    p[1] = 0;
+    p[7] = 1;
+    assert_eq!(field(&p), "notice.ms");
+}
+
+#[test]
+fn drain_tenant_longer_than_a_name_is_refused() {
+    let mut p = Vec::new();
+    Request::Drain { tenant: "t".repeat(33), notice_ms: 1 }.encode_payload(&mut p);
+    assert_eq!(Request::decode(Op::Drain, &p), Err(DecodeError::Invalid { field: "drain.tenant_len" }));
 }

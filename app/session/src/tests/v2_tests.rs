@@ -10,7 +10,7 @@ fn heartbeat(id: u32) -> Vec<u8> {
 fn first_error(a: &[(u32, Ans)]) -> Option<(ErrorCode, String)> {
     a.iter().find_map(|(_, x)| match x {
         Ans::Err(e) => Some((e.code, e.message.clone())),
-        Ans::Ok(_) => None,
+        Ans::Ok(_) | Ans::Notice(_) => None,
     })
 }
 

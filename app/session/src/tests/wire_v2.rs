@@ -5,7 +5,8 @@
 use super::*;
 use std::string::String as StdString;
 
-/// Entropy that hands out 32-byte values from a script (the server's stand-in PSK, then its ephemeral key).
+/// Entropy that hands out values from a script, up to 32 bytes each (the server's stand-in PSK, the boot id,
+/// then its ephemeral key and the session's resume token).
 struct Script(Vec<[u8; 32]>);
 impl Entropy for Script {
     fn fill(&mut self, buf: &mut [u8]) -> Result<(), EntropyError> {
@@ -51,7 +52,14 @@ fn hex_lines(b: &[u8]) -> StdString {
 fn the_documented_v2_example_is_what_the_code_sends() {
     let mut k = Keyring::new();
     k.add_tenant("demo", "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f").unwrap();
-    let mut s = Server::new(Limits::default(), k, NoLeases::default(), Script(vec![[0xee; 32], seq(0x60)]), 0).unwrap();
+    let mut s = Server::new(
+        Limits::default(),
+        k,
+        NoLeases::default(),
+        Script(vec![[0xee; 32], seq(0xb0), seq(0x60), seq(0xc0)]),
+        0,
+    )
+    .unwrap();
     s.open(ConnId(1), 0);
     let key: Vec<u8> = (0u8..32).collect();
     let prologue = v2::prologue(2, 2, 0, "demo");
