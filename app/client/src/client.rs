@@ -210,13 +210,15 @@ impl Client {
         Err(Error::NoMemory { size, tried })
     }
 
-    /// Each appliance's `stats.bytes_free` for our tenant (`None` where STATS failed or it is not connected).
+    /// Each appliance's `stats.bytes_free` for our tenant (`None` where STATS failed, it is not connected or it
+    /// is draining).
     fn free_bytes_figures(&self) -> Vec<Option<u64>> {
         self.inner
             .sessions
             .iter()
             .enumerate()
-            .map(|(i, s)| if s.is_up() { self.free_bytes(i).ok() } else { None })
+            // Draining (the appliance refuses ALLOCs until its leases are revoked) or down: tried last.
+            .map(|(i, s)| if s.is_up() && !s.is_draining() { self.free_bytes(i).ok() } else { None })
             .collect()
     }
 

@@ -6,8 +6,10 @@
 //! Requests run one at a time on the socket, so every answer is matched to its request id by
 //! [`Connection::call`]; the credits the appliance grants are never in question.
 //!
-//! Protocol v2's notices and resume (issue 16, items 2 and 3) plug in at two places marked `NOTICES` and
-//! `RESUME` below: [`Worker::take_notices`] and [`Worker::reconnect`].
+//! While no request is running, the thread listens on the socket for the appliance's notices
+//! ([`Worker::take_notices`]) in slices of [`NOTICE_SLICE`], looking at its channel between slices: a notice
+//! becomes an [`Event`] at once; a caller's request waits at most one slice. After a reconnect the new session
+//! RESUMEs the old one with its token, so the leases move over at once ([`Worker::reconnect`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,9 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use leasebox_proto::{ErrorCode, LeaseId, LeaseState, Outcome, Request, Response};
+use leasebox_proto::{ErrorCode, LeaseId, LeaseState, Notice, Outcome, Request, Response};
 
-use crate::connection::{Client as Connection, ClientError, Credentials, Timeouts};
+use crate::connection::{Client as Connection, ClientError, Credentials, Timeouts, Welcome};
 use crate::error::{Error, from_client};
 use crate::event::{Event, Sink};
 
@@ -31,6 +33,9 @@ const RECONNECT_ATTEMPT: Duration = Duration::from_secs(2);
 const RENEW_AT_DIVISOR: u32 = 2;
 /// FREEs kept for the next connection at most (each is one lease id; past it the lease is left to its TTL).
 const MAX_PENDING_FREES: usize = 4096;
+/// How long the thread listens for notices before it looks at its channel again: the longest a caller's request
+/// waits for the thread, and the idle thread's wake-up period.
+const NOTICE_SLICE: Duration = Duration::from_millis(2);
 /// How long the shutdown may spend freeing the leases still held and saying BYE.
 const SHUTDOWN_BUDGET: Duration = Duration::from_secs(3);
 
@@ -92,6 +97,8 @@ pub(crate) struct Session {
     ended: Arc<AtomicBool>,
     /// Whether a connection is up right now (placement skips appliances without one).
     up: Arc<AtomicBool>,
+    /// Until when the appliance said it is draining (DRAIN notice): placement tries it last meanwhile.
+    draining_until: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Session {
@@ -106,12 +113,14 @@ impl Session {
         let (tx, rx) = mpsc::channel();
         let ended = Arc::new(AtomicBool::new(false));
         let up = Arc::new(AtomicBool::new(conn.is_some()));
+        let draining_until = Arc::new(Mutex::new(None));
         let now = Instant::now();
         let mut w = Worker {
             appliance: appliance.clone(),
             who,
             timeouts,
             heartbeat_every: conn.as_ref().map_or(Duration::from_secs(1), heartbeat_period),
+            welcome: conn.as_ref().and_then(|c| c.welcome().cloned()),
             conn,
             next_heartbeat: now,
             reconnect_at: now,
@@ -120,6 +129,7 @@ impl Session {
             pending_frees: Vec::new(),
             sink,
             up: up.clone(),
+            draining_until: draining_until.clone(),
         };
         w.next_heartbeat = now + w.heartbeat_every;
         let done = ended.clone();
@@ -130,11 +140,16 @@ impl Session {
                 done.store(true, Ordering::Release);
             })
             .map_err(|e| Error::Config(format!("starting the connection thread: {e}")))?;
-        Ok(Session { appliance, tx, join: Mutex::new(Some(join)), ended, up })
+        Ok(Session { appliance, tx, join: Mutex::new(Some(join)), ended, up, draining_until })
     }
 
     pub(crate) fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
+    }
+
+    /// Whether the appliance announced a drain that has not ended yet.
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining_until.lock().unwrap_or_else(|e| e.into_inner()).is_some_and(|t| Instant::now() < t)
     }
 
     /// Runs `req` on the connection thread; waits at most `wait` for its answer.
@@ -256,6 +271,8 @@ struct Worker {
     who: Credentials,
     timeouts: Timeouts,
     conn: Option<Connection>,
+    /// The last session's Welcome: its id and resume token for RESUME, its boot id to tell a reboot.
+    welcome: Option<Welcome>,
     heartbeat_every: Duration,
     next_heartbeat: Instant,
     reconnect_at: Instant,
@@ -265,6 +282,7 @@ struct Worker {
     pending_frees: Vec<LeaseId>,
     sink: Arc<Sink>,
     up: Arc<AtomicBool>,
+    draining_until: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Worker {
@@ -275,10 +293,16 @@ impl Worker {
                 Some(_) => self.leases.values().map(|t| t.renew_at).fold(self.next_heartbeat, Instant::min),
                 None => self.reconnect_at,
             };
-            match rx.recv_timeout(wake.saturating_duration_since(now)) {
+            // Connected: look at the channel without waiting; the wait is on the socket (take_notices).
+            let wait = if self.conn.is_some() { Duration::ZERO } else { wake.saturating_duration_since(now) };
+            match rx.recv_timeout(wait) {
                 Ok(Cmd::Shutdown) | Err(RecvTimeoutError::Disconnected) => return self.shutdown(),
                 Ok(cmd) => self.handle(cmd),
-                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    if self.conn.is_some() {
+                        self.take_notices(NOTICE_SLICE.min(wake.saturating_duration_since(now)));
+                    }
+                }
             }
             self.tick();
         }
@@ -320,19 +344,54 @@ impl Worker {
             let _ = self.call(&Request::Heartbeat { echo: 0 });
         }
         self.renew_due();
-        self.take_notices();
+        // Notices that came in with answers.
+        self.take_notices(Duration::ZERO);
     }
 
-    /// NOTICES: the one place where the appliance's notices (issue 16, item 2) become [`Event`]s. With them,
-    /// this takes `conn.take_notices()` (those that came in with answers) and, with no request outstanding,
-    /// `conn.wait_notices(d)` for a short `d` (and `run` bounds its channel wait by the same `d`, so the thread
-    /// alternates between callers and the socket); then per notice: `Revoked { lease, outcome }` → the tracked
-    /// lease's `shared.mark_revoked(outcome)`, stop tracking it, `Event::Revoked`; `Fenced { lease }` → the same
-    /// with `Outcome::Fenced` and `Event::Fenced`; `Expiring { lease, in_ms }` → renew that lease now and pass
-    /// `Event::Expiring` on; `Draining { in_ms }` → `Event::Draining`. An error from `wait_notices` that breaks
-    /// the connection goes to `self.lost`. Until the protocol has notices, a revoke is found by the renewals
-    /// below and by the lease's failed RDMA completions.
-    fn take_notices(&mut self) {}
+    /// The appliance's notices (docs/wire-protocol.md): those queued while answers were awaited, and, with
+    /// `wait` > 0, what comes within `wait` while no request is outstanding; each becomes an [`Event`]. Notices go
+    /// to every session of the tenant, so only leases this client tracks count.
+    fn take_notices(&mut self, wait: Duration) {
+        let Some(c) = self.conn.as_mut() else { return };
+        let mut notices = c.take_notices();
+        if notices.is_empty() && !wait.is_zero() {
+            match c.wait_notices(wait) {
+                Ok(n) => notices = n,
+                Err(e) if breaks_connection(&e) => return self.lost(e.to_string()),
+                // Anything else from the server while idle is not ours to answer; the next call will tell.
+                Err(_) => {}
+            }
+        }
+        for n in notices {
+            self.notice(n);
+        }
+    }
+
+    fn notice(&mut self, n: Notice) {
+        let appliance = self.appliance.clone();
+        match n {
+            Notice::Revoked { lease, outcome } => self.vanished(lease, outcome),
+            Notice::Fenced { lease } => {
+                if let Some(t) = self.leases.remove(&lease)
+                    && t.shared.mark_revoked(Outcome::Fenced)
+                {
+                    self.sink.emit(Event::Fenced { appliance, lease });
+                }
+            }
+            Notice::Expiring { lease, in_ms } => {
+                if let Some(t) = self.leases.get_mut(&lease) {
+                    // Renew now: a RENEW lost or refused earlier must not let it run out.
+                    t.renew_at = Instant::now();
+                    self.sink.emit(Event::Expiring { appliance, lease, in_ms });
+                }
+            }
+            Notice::Draining { in_ms } => {
+                let until = Instant::now() + Duration::from_millis(u64::from(in_ms));
+                *self.draining_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
+                self.sink.emit(Event::Draining { appliance, in_ms });
+            }
+        }
+    }
 
     fn renew_due(&mut self) {
         let now = Instant::now();
@@ -431,41 +490,52 @@ impl Worker {
 
     /// One connect + HELLO attempt (bounded by [`RECONNECT_ATTEMPT`]); on failure the next waits longer.
     ///
-    /// RESUME: with protocol resume (issue 16, item 3), the first thing on the new connection is
-    /// `c.resume(old_session_id, old_resume_token)` (both from the last Welcome, kept in the worker), so the old
-    /// session's leases move over at once; and a Welcome whose `boot_id` differs from the last one means the
-    /// appliance rebooted: every tracked lease is gone (`vanished(lease, Outcome::NotFound)` each). Until then
-    /// the appliance hands a lost session's leases to the tenant's next session (`session_grace_ms=`,
-    /// docs/operations.md), and the RENEW of every tracked lease, due at once after a reconnect, finds out which
-    /// survived.
+    /// On the same boot, the new session first RESUMEs the old one with its token (docs/wire-protocol.md), so its
+    /// leases move over at once, before the old session would time out. A new boot id means the appliance
+    /// rebooted: every lease of the old boot is gone. Either way every tracked lease is renewed at once, which
+    /// finds out any that did not survive.
     fn reconnect(&mut self) {
         let t = Timeouts {
             connect: self.timeouts.connect.min(RECONNECT_ATTEMPT),
             receive: self.timeouts.receive.min(RECONNECT_ATTEMPT),
             retry_for: RECONNECT_ATTEMPT,
         };
-        match Connection::connect_and_hello(&self.appliance, &self.who, t) {
-            Ok((mut c, welcome)) => {
-                c.set_timeouts(self.timeouts);
-                self.heartbeat_every = heartbeat_period(&c);
-                self.next_heartbeat = Instant::now() + self.heartbeat_every;
-                self.conn = Some(c);
-                self.up.store(true, Ordering::Release);
-                self.backoff = RECONNECT_MIN;
-                self.sink
-                    .emit(Event::Reconnected { appliance: self.appliance.clone(), session_id: welcome.session_id });
-                let now = Instant::now();
-                for t in self.leases.values_mut() {
-                    t.renew_at = now;
-                }
-                for lease in std::mem::take(&mut self.pending_frees) {
-                    self.free_or_keep(lease);
-                }
-            }
+        let (mut c, welcome) = match Connection::connect_and_hello(&self.appliance, &self.who, t) {
+            Ok(x) => x,
             Err(_) => {
                 self.reconnect_at = Instant::now() + self.backoff;
                 self.backoff = (self.backoff * 2).min(RECONNECT_MAX);
+                return;
             }
+        };
+        let rebooted = self.welcome.as_ref().is_some_and(|w| w.boot_id != welcome.boot_id);
+        if let Some(old) = self.welcome.as_ref().filter(|_| !rebooted) {
+            // NOT_FOUND (the old session's leases already went, or were taken over): the renewals below tell
+            // which leases are left; a broken connection shows at the next call.
+            let _ = c.resume(old.session_id, old.resume_token);
+        }
+        c.set_timeouts(self.timeouts);
+        self.heartbeat_every = heartbeat_period(&c);
+        self.next_heartbeat = Instant::now() + self.heartbeat_every;
+        self.conn = Some(c);
+        self.welcome = Some(welcome.clone());
+        self.up.store(true, Ordering::Release);
+        self.backoff = RECONNECT_MIN;
+        self.sink.emit(Event::Reconnected { appliance: self.appliance.clone(), session_id: welcome.session_id });
+        if rebooted {
+            let gone: Vec<LeaseId> = self.leases.keys().copied().collect();
+            for lease in gone {
+                self.vanished(lease, Outcome::NotFound);
+            }
+            // Leases of the old boot: nothing left to free.
+            self.pending_frees.clear();
+        }
+        let now = Instant::now();
+        for t in self.leases.values_mut() {
+            t.renew_at = now;
+        }
+        for lease in std::mem::take(&mut self.pending_frees) {
+            self.free_or_keep(lease);
         }
     }
 
@@ -539,7 +609,10 @@ mod tests {
     fn only_harmless_requests_are_repeated_after_a_break() {
         assert!(idempotent(&Request::Heartbeat { echo: 1 }));
         assert!(idempotent(&Request::Free { lease: LeaseId { boot_id: [0; 16], slot: 1, generation: 1 } }));
-        assert!(!idempotent(&Request::Revoke { lease: LeaseId { boot_id: [0; 16], slot: 1, generation: 1 }, qp_first: false }));
+        assert!(!idempotent(&Request::Revoke {
+            lease: LeaseId { boot_id: [0; 16], slot: 1, generation: 1 },
+            qp_first: false
+        }));
         assert!(idempotent(&Request::Stats));
     }
 

@@ -1,7 +1,7 @@
 //! `Client` and `Lease` against hosted appliances with the device model (`--hca`: RDMA over the model's UDP
 //! responder): the round trip with data checked, ranges refused before anything is sent, placement by free
-//! bytes and the retry elsewhere on NO_MEMORY, a killed connection the client comes back from, and an
-//! operator's REVOKE that the next write reports.
+//! bytes and the retry elsewhere on NO_MEMORY, a killed connection the client comes back from (RESUME), an
+//! operator's REVOKE that the next write reports, and the appliance's notices as events (revoke, drain).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -419,7 +419,7 @@ fn a_wrong_key_is_refused_at_connect() {
 }
 
 #[test]
-fn the_client_renews_a_short_ttl_and_finds_a_revoke_by_its_renewal() {
+fn the_client_renews_a_short_ttl_and_reports_a_revoke_with_no_rdma() {
     let _one = serial();
     // Heartbeats do not renew here: only the client's RENEWs keep a lease past its TTL.
     let a = start_hosted(&["heartbeat_renews=off"]);
@@ -430,7 +430,7 @@ fn the_client_renews_a_short_ttl_and_finds_a_revoke_by_its_renewal() {
     std::thread::sleep(Duration::from_millis(1800));
     kept.write(0, &[5; 32]).unwrap();
 
-    // Revoked with no RDMA traffic: the next RENEW (within 300 ms) finds it gone and says so.
+    // Revoked with no RDMA traffic: the notice (or else the next RENEW, within 300 ms) says so.
     let mut admin = a.admin();
     assert!(matches!(
         admin.call(&Request::Revoke { lease: revoked.id(), qp_first: false }),
@@ -478,4 +478,48 @@ fn a_lease_freed_while_the_appliance_is_unreachable_is_freed_after_the_reconnect
             }
         }
     }
+}
+
+#[test]
+fn notices_become_events_at_once() {
+    let _one = serial();
+    let (small, large) = (start_hosted(&[]), start_hosted(&[]));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = Mutex::new(tx);
+    let cfg = ClientConfig {
+        on_event: Some(Arc::new(move |e: &Event| {
+            let _ = tx.lock().unwrap().send((Instant::now(), e.clone()));
+        })),
+        ..config(vec![small.appliance(), large.appliance()])
+    };
+    let client = Client::connect(cfg).unwrap();
+    // The default TTL (60 s): a RENEW would come only after 30 s; the notice must be what tells the client.
+    let mut lease = client.alloc(2 * MIB, AllocOptions { prefer: Some(0), ..AllocOptions::default() }).unwrap();
+    assert_eq!(lease.appliance_index(), 0);
+    let mut admin = small.admin();
+    let sent = Instant::now();
+    assert!(matches!(admin.call(&Request::Revoke { lease: lease.id(), qp_first: false }), Ok(Response::Revoke { .. })));
+    let (at, ev) = rx.recv_timeout(Duration::from_secs(2)).expect("no event after the REVOKE");
+    assert!(matches!(&ev, Event::Revoked { lease: l, outcome: Outcome::TornDown, .. } if *l == lease.id()), "{ev:?}");
+    eprintln!("REVOKE → event: {} µs", at.duration_since(sent).as_micros());
+    assert!(at.duration_since(sent) < Duration::from_secs(1));
+    // Known before any RDMA was tried.
+    assert!(matches!(lease.write(0, &[1]), Err(Error::Revoked { outcome: Outcome::TornDown, .. })));
+
+    // A drain of our tenant: the Draining event, then placement avoids that appliance while it lasts, then the
+    // lease held there is revoked.
+    let mut doomed = client.alloc(2 * MIB, AllocOptions { prefer: Some(0), ..AllocOptions::default() }).unwrap();
+    assert_eq!(doomed.appliance_index(), 0);
+    assert!(matches!(
+        admin.call(&Request::Drain { tenant: "demo".into(), notice_ms: 1500 }),
+        Ok(Response::Drain { leases: 1, .. })
+    ));
+    let (_, ev) = rx.recv_timeout(Duration::from_secs(2)).expect("no Draining event");
+    assert!(matches!(ev, Event::Draining { in_ms: 1500, .. }), "{ev:?}");
+    let elsewhere = client.alloc(2 * MIB, AllocOptions::default()).unwrap();
+    assert_eq!(elsewhere.appliance_index(), 1, "placed on the draining appliance");
+    let (_, ev) = rx.recv_timeout(Duration::from_secs(5)).expect("no Revoked event after the drain");
+    assert!(matches!(&ev, Event::Revoked { lease: l, .. } if *l == doomed.id()), "{ev:?}");
+    assert!(matches!(doomed.read(0, &mut [0; 4]), Err(Error::Revoked { .. })));
+    let _ = admin.bye();
 }
