@@ -1,17 +1,21 @@
 //! `cargo xtask bench client`: the client library (`app/client`) against the hosted appliance with the device
 //! model (std TCP, the model's RoCEv2 responder on UDP, the software requester), with 1 and 8 clients at once,
 //! each a [`Client`] of its own: alloc → first write latency, 64 B and 1 MiB writes and reads, and the notice
-//! latency (REVOKE at the appliance → the client's event) once the protocol has notices. Prints; asserts
-//! nothing.
+//! latency (the admin's REVOKE sent → the owning client's `Event::Revoked` callback; the notice goes to every
+//! session of the tenant, so with 8 clients it fans out to 8). Prints; asserts nothing.
 //!
 //! Phases run back to back on a schedule every client follows (phase k starts at `start + k × (secs + gap)`), so
 //! the clients load the appliance together without waiting on one another.
 
-use std::sync::Arc;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use leasebox_client::rdma::SoftConfig;
-use leasebox_client::{AllocOptions, Appliance, Client, ClientConfig, Lease, RequesterConfig, Timeouts};
+use leasebox_client::{
+    AllocOptions, Appliance, Client, ClientConfig, Connection, Event, Lease, LeaseId, RequesterConfig, Timeouts,
+};
+use leasebox_proto::Request;
 
 use crate::control::start_hosted;
 
@@ -19,6 +23,7 @@ use crate::control::start_hosted;
 struct Where {
     addr: String,
     tenant_hex: String,
+    admin_hex: String,
     udp: Option<std::net::SocketAddr>,
 }
 
@@ -94,6 +99,10 @@ fn cell(f: &Figures, bytes: usize, throughput: bool) -> String {
 }
 
 fn client(t: &Where) -> Result<Client, String> {
+    client_with(t, None)
+}
+
+fn client_with(t: &Where, on_event: Option<leasebox_client::Callback>) -> Result<Client, String> {
     let key = leasebox_client::hex::decode(&t.tenant_hex).map_err(|e| e.to_string())?;
     let udp = t.udp.ok_or("the hosted appliance has no RoCEv2 responder (--udp)")?;
     let a = Appliance {
@@ -101,7 +110,7 @@ fn client(t: &Where) -> Result<Client, String> {
         credentials: leasebox_client::Credentials { name: "demo".into(), key },
         requester: RequesterConfig::Soft(SoftConfig { peer: udp, ..SoftConfig::default() }),
     };
-    let cfg = ClientConfig { timeouts: Timeouts::all(Duration::from_secs(10)), ..ClientConfig::new(vec![a]) };
+    let cfg = ClientConfig { timeouts: Timeouts::all(Duration::from_secs(10)), on_event, ..ClientConfig::new(vec![a]) };
     Client::connect(cfg).map_err(|e| e.to_string())
 }
 
@@ -203,11 +212,102 @@ fn run(t: &Arc<Where>, clients: usize, per: Duration) -> Vec<Figures> {
     merged
 }
 
+/// Notice latency with `clients` clients for `per`: rounds of one lease per client, each revoked by the admin
+/// in turn; the latency is REVOKE sent → that lease's `Event::Revoked` in its client's callback. Also the REVOKE
+/// round trip itself (sent → answered), most of which is the teardown's HCA commands.
+fn notices(w: &Where, clients: usize, per: Duration) -> (Figures, Figures) {
+    let mut f = Figures::default();
+    let mut rtt = Figures::default();
+    let (tx, rx) = mpsc::channel::<(LeaseId, Instant)>();
+    let mut cs = Vec::new();
+    for _ in 0..clients {
+        let tx = Mutex::new(tx.clone());
+        let cb: leasebox_client::Callback = Arc::new(move |e: &Event| {
+            if let Event::Revoked { lease, .. } = e {
+                let _ = tx.lock().unwrap_or_else(|p| p.into_inner()).send((*lease, Instant::now()));
+            }
+        });
+        match client_with(w, Some(cb)) {
+            Ok(c) => cs.push(c),
+            Err(e) => {
+                f.errors.push(format!("connect: {e}"));
+                return (f, rtt);
+            }
+        }
+    }
+    let admin_key = match leasebox_client::hex::decode(&w.admin_hex) {
+        Ok(k) => k,
+        Err(e) => {
+            f.errors.push(e.to_string());
+            return (f, rtt);
+        }
+    };
+    let who = leasebox_client::Credentials { name: "admin".into(), key: admin_key };
+    let mut admin = match Connection::connect_and_hello(&w.addr, &who, Timeouts::all(Duration::from_secs(10))) {
+        Ok((c, _)) => c,
+        Err(e) => {
+            f.errors.push(format!("admin: {e}"));
+            return (f, rtt);
+        }
+    };
+    let t0 = Instant::now();
+    'rounds: while t0.elapsed() < per {
+        let mut leases = Vec::new();
+        for c in &cs {
+            match c.alloc(LEASE, AllocOptions::default()) {
+                Ok(l) => leases.push(l),
+                Err(e) => {
+                    f.errors.push(format!("alloc: {e}"));
+                    break 'rounds;
+                }
+            }
+        }
+        for l in &leases {
+            let sent = Instant::now();
+            if let Err(e) = admin.call(&Request::Revoke { lease: l.id(), qp_first: false }) {
+                f.errors.push(format!("REVOKE: {e}"));
+                break 'rounds;
+            }
+            rtt.lat_us.push(sent.elapsed().as_micros() as u32);
+            let deadline = sent + Duration::from_secs(2);
+            loop {
+                match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok((id, at)) if id == l.id() => {
+                        f.lat_us.push(at.duration_since(sent).as_micros() as u32);
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        f.errors.push(format!("no Revoked event for lease {} within 2 s", l.id()));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    f.secs = t0.elapsed().as_secs_f64();
+    rtt.secs = f.secs;
+    f.lat_us.sort_unstable();
+    rtt.lat_us.sort_unstable();
+    let _ = admin.bye();
+    (f, rtt)
+}
+
 /// The whole benchmark, `per` per phase: the table (`mlx5_hosted::table`), or why it could not run.
 pub fn table(per: Duration) -> Result<String, String> {
     let hosted = start_hosted(&["--hca", "--udp", "127.0.0.1:0", "lease_grace_ms=100", "lease_pool_mib=128"])?;
-    let w = Arc::new(Where { addr: hosted.addr.clone(), tenant_hex: hosted.tenant_hex.clone(), udp: hosted.udp });
-    let runs: Vec<Vec<Figures>> = CLIENTS.iter().map(|&n| run(&w, n, per)).collect();
+    let w = Arc::new(Where {
+        addr: hosted.addr.clone(),
+        tenant_hex: hosted.tenant_hex.clone(),
+        admin_hex: hosted.admin_hex.clone(),
+        udp: hosted.udp,
+    });
+    let mut runs: Vec<Vec<Figures>> = CLIENTS.iter().map(|&n| run(&w, n, per)).collect();
+    for (r, &n) in runs.iter_mut().zip(&CLIENTS) {
+        let (f, rtt) = notices(&w, n, per);
+        r.push(f);
+        r.push(rtt);
+    }
     drop(hosted);
     let mut rows = Vec::new();
     for (k, phase) in PHASES.iter().enumerate() {
@@ -218,18 +318,20 @@ pub fn table(per: Duration) -> Result<String, String> {
         }
         rows.push(row);
     }
-    // The protocol has no notices yet (issue 16, item 2): a revoke reaches the client through the next RENEW
-    // (at half the TTL) or the next failed RDMA completion, neither a notice's latency.
-    let mut row = vec!["notice latency (REVOKE at the appliance → client event)".to_string()];
-    row.extend(CLIENTS.iter().map(|_| "n/a until notices".to_string()));
+    let mut row = vec!["notice latency (admin REVOKE sent → client's Revoked event)".to_string()];
+    row.extend(runs.iter().map(|r| cell(&r[PHASES.len()], 0, false)));
+    rows.push(row);
+    let mut row = vec!["  of which the REVOKE (sent → answered, the teardown)".to_string()];
+    row.extend(runs.iter().map(|r| cell(&r[PHASES.len() + 1], 0, false)));
     rows.push(row);
     let headers = ["measurement (hosted --hca, software requester)", "1 client", "8 clients"];
     let mut out = mlx5_hosted::table::render(&headers, &rows, 1);
     // What went wrong where a cell counts errors: the first message of each.
     for (n, r) in CLIENTS.iter().zip(&runs) {
-        for (phase, f) in PHASES.iter().zip(r) {
+        let labels = PHASES.iter().map(|p| p.label()).chain(["notice latency", "REVOKE"]);
+        for (label, f) in labels.zip(r) {
             if let Some(e) = f.errors.first() {
-                out.push_str(&format!("{n} client(s), {}: first error: {e}\n", phase.label()));
+                out.push_str(&format!("{n} client(s), {label}: first error: {e}\n"));
             }
         }
     }

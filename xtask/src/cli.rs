@@ -192,7 +192,7 @@ enum BenchSub {
     ///
     /// Hosted appliance with the device model (std TCP; RDMA through the software RoCEv2 requester over UDP):
     /// alloc → first write latency, 64 B and 1 MiB write/read p50/p99 and rates, and the notice latency (REVOKE
-    /// at the appliance → the client's event; n/a until the protocol has notices). Prints; asserts nothing.
+    /// sent by the admin → the owning client's event). Prints; asserts nothing.
     Client {
         /// Seconds per phase (default 2)
         #[arg(long, value_name = "N", value_parser = secs)]

@@ -18,7 +18,7 @@ use crate::client::Inner;
 use crate::error::Error;
 use crate::event::Event;
 use crate::rdma::{Requester, WcStatus};
-use crate::session::{Cmd, LeaseShared, settle};
+use crate::session::{Cmd, LeaseShared, Track, settle};
 use crate::setup::{self, SetupError};
 
 /// Work requests one lease keeps outstanding in a batch (the software requester's default `max_wr` is 16).
@@ -70,7 +70,17 @@ pub(crate) fn open(inner: &Arc<Inner>, i: usize, size: u64, ttl_ms: u32) -> Resu
         Response::Alloc(a) => a,
         other => return Err(Error::Config(format!("ALLOC answered {other:?}"))),
     };
-    let mut call = |q: &Request| session.call(q.clone(), wait);
+    let shared = Arc::new(LeaseShared::default());
+    // READY's answer starts the tracking on the connection thread itself, so a notice right after it is not
+    // missed.
+    let mut call = |q: &Request| {
+        let track = matches!(q, Request::Ready { .. }).then(|| Track {
+            lease: a.lease,
+            ttl_ms: a.ttl_ms,
+            shared: shared.clone(),
+        });
+        session.call_tracking(q.clone(), track, wait)
+    };
     if let Err(e) = setup::connect_and_ready(&mut call, r.as_mut(), &a) {
         let _ = session.send(Cmd::FreeLater { lease: a.lease });
         return Err(match e {
@@ -79,8 +89,6 @@ pub(crate) fn open(inner: &Arc<Inner>, i: usize, size: u64, ttl_ms: u32) -> Resu
             SetupError::Call(_, e) => e,
         });
     }
-    let shared = Arc::new(LeaseShared::default());
-    session.send(Cmd::Track { lease: a.lease, ttl_ms: a.ttl_ms, shared: shared.clone() })?;
     Ok(Lease {
         inner: inner.clone(),
         appliance: i,
