@@ -228,6 +228,8 @@ struct Proxy {
     accepted: Arc<AtomicUsize>,
     /// While set, connections are closed as soon as they are accepted (the appliance unreachable).
     refuse: Arc<AtomicBool>,
+    /// One flag per connection: set, its bytes are dropped both ways (a silent network, no FIN).
+    frozen: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -240,7 +242,8 @@ impl Proxy {
         let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
         let accepted = Arc::new(AtomicUsize::new(0));
         let refuse = Arc::new(AtomicBool::new(false));
-        let (s, c, n, r) = (stop.clone(), conns.clone(), accepted.clone(), refuse.clone());
+        let frozen: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
+        let (s, c, n, r, z) = (stop.clone(), conns.clone(), accepted.clone(), refuse.clone(), frozen.clone());
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::Acquire) {
                 match l.accept() {
@@ -252,15 +255,24 @@ impl Proxy {
                         let mut g = c.lock().unwrap();
                         g.push(down.try_clone().unwrap());
                         g.push(up.try_clone().unwrap());
-                        pump(down.try_clone().unwrap(), up.try_clone().unwrap());
-                        pump(up, down);
+                        let mute = Arc::new(AtomicBool::new(false));
+                        z.lock().unwrap().push(mute.clone());
+                        pump(down.try_clone().unwrap(), up.try_clone().unwrap(), mute.clone());
+                        pump(up, down, mute);
                     }
                     Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
                     Err(e) => panic!("proxy accept: {e}"),
                 }
             }
         });
-        Proxy { addr, stop, conns, accepted, refuse, thread: Some(thread) }
+        Proxy { addr, stop, conns, accepted, refuse, frozen, thread: Some(thread) }
+    }
+
+    /// Every connection open now goes silent (later ones work).
+    fn freeze(&self) {
+        for f in self.frozen.lock().unwrap().iter() {
+            f.store(true, Ordering::Release);
+        }
     }
 
     /// Cuts every connection (both sides see it closed).
@@ -271,15 +283,21 @@ impl Proxy {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream) {
+fn pump(mut from: TcpStream, mut to: TcpStream, mute: Arc<AtomicBool>) {
     std::thread::spawn(move || {
         let mut buf = [0u8; 16384];
         while let Ok(n) = from.read(&mut buf) {
-            if n == 0 || to.write_all(&buf[..n]).is_err() {
+            if n == 0 {
+                break;
+            }
+            if !mute.load(Ordering::Acquire) && to.write_all(&buf[..n]).is_err() {
                 break;
             }
         }
-        let _ = to.shutdown(std::net::Shutdown::Both);
+        // A frozen connection stays open on the far side: a silent network carries no FIN either.
+        if !mute.load(Ordering::Acquire) {
+            let _ = to.shutdown(std::net::Shutdown::Both);
+        }
     });
 }
 
@@ -521,5 +539,41 @@ fn notices_become_events_at_once() {
     let (_, ev) = rx.recv_timeout(Duration::from_secs(5)).expect("no Revoked event after the drain");
     assert!(matches!(&ev, Event::Revoked { lease: l, .. } if *l == doomed.id()), "{ev:?}");
     assert!(matches!(doomed.read(0, &mut [0; 4]), Err(Error::Revoked { .. })));
+    let _ = admin.bye();
+}
+
+#[test]
+fn a_silent_connection_is_replaced_and_resumed_before_the_old_session_times_out() {
+    let _one = serial();
+    // The appliance keeps a silent session for a minute; the client gives up on an answer after 1 s.
+    let a = start_hosted(&["heartbeat_ms=60000"]);
+    let proxy = Proxy::start(a.addr());
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(1),
+        receive: Duration::from_secs(1),
+        retry_for: Duration::from_secs(5),
+    };
+    let cfg = ClientConfig { timeouts, ..ClientConfig::new(vec![a.appliance_at(proxy.addr.to_string())]) };
+    let client = Client::connect(cfg).unwrap();
+    let mut lease = client.alloc(2 * MIB, AllocOptions::default()).unwrap();
+    lease.write(0, &[3; 64]).unwrap();
+
+    proxy.freeze();
+    // STATS on the silent connection: no answer within 1 s, a new connection, and STATS again there.
+    assert_eq!(client.free_bytes(0).unwrap(), 62 * MIB);
+    let events = client.try_events();
+    assert!(events.iter().any(|e| matches!(e, Event::Disconnected { .. })), "{events:?}");
+    assert!(events.iter().any(|e| matches!(e, Event::Reconnected { .. })), "{events:?}");
+    // The new session RESUMEd the old one at once (the old one would hold the lease for another minute):
+    // the appliance counts it.
+    let mut admin = a.admin();
+    match admin.call(&Request::Stats) {
+        Ok(Response::Stats(s)) => assert_eq!(s.leases.reconnects, 1),
+        other => panic!("STATS answered {other:?}"),
+    }
+    let mut back = [0u8; 64];
+    lease.read(0, &mut back).unwrap();
+    assert_eq!(back, [3; 64]);
+    assert_eq!(lease.free().unwrap(), Outcome::TornDown);
     let _ = admin.bye();
 }
