@@ -201,6 +201,9 @@ pub struct Client {
     transport: Option<Transport>,
     /// Notices the server sent while this client waited for answers, oldest first, until taken.
     notices: VecDeque<Notice>,
+    /// Frames [`Client::take_notices`] read past while looking for notices already received: the next
+    /// [`Client::receive`] starts with them, in order.
+    ahead: VecDeque<(Header, Vec<u8>)>,
 }
 
 impl fmt::Debug for Client {
@@ -269,6 +272,7 @@ impl Client {
                             welcome: None,
                             transport: None,
                             notices: VecDeque::new(),
+                            ahead: VecDeque::new(),
                         });
                     }
                     Err(e) => last = Some(e),
@@ -475,8 +479,20 @@ impl Client {
         Ok(Some(Answer { header, body }))
     }
 
-    /// The notices received so far (while waiting for answers, or in [`Client::wait_notices`]), oldest first.
+    /// The notices received so far (while waiting for answers, or in [`Client::wait_notices`], or read with an
+    /// answer and not yet looked at), oldest first. Does not wait.
     pub fn take_notices(&mut self) -> Vec<Notice> {
+        // Frames that came in the same read as an earlier answer are complete but not yet parsed: the notices
+        // among them count; anything else waits for `receive`.
+        while let Next::Frame(h, p) = self.frames.next_frame() {
+            if h.kind == Kind::Notice
+                && let Ok(n) = Notice::decode(&p)
+            {
+                self.notices.push_back(n);
+                continue;
+            }
+            self.ahead.push_back((h, p));
+        }
         self.notices.drain(..).collect()
     }
 
@@ -504,11 +520,6 @@ impl Client {
             }
         }
         // Notices already buffered behind the first come along.
-        while let Next::Frame(h, p) = self.frames.next_frame() {
-            if self.answer_or_notice(h, p)?.is_some() {
-                return Err(ClientError::Protocol("an answer with no request outstanding".into()));
-            }
-        }
         Ok(self.take_notices())
     }
 
@@ -524,6 +535,9 @@ impl Client {
     }
 
     fn read_frame(&mut self, deadline: Instant, wait: Duration) -> Result<(Header, Vec<u8>), ClientError> {
+        if let Some(f) = self.ahead.pop_front() {
+            return Ok(f);
+        }
         let mut buf = [0u8; 16 * 1024];
         loop {
             match self.frames.next_frame() {

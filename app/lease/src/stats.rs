@@ -16,6 +16,8 @@ pub struct Counters {
     /// ALLOCs with `client_mac` 0 whose MAC the host resolved, and those that waited in vain.
     pub resolved: u64,
     pub resolve_timeouts: u64,
+    /// Notices not queued because nobody took the earlier ones (`service::NOTICES_PER_SLOT`).
+    pub notices_dropped: u64,
     /// ALLOC and FREE/REVOKE, request to answer, in microseconds.
     pub alloc_us: Histogram,
     pub revoke_us: Histogram,

@@ -3,7 +3,10 @@
 //! `openssl dgst -sha256 -mac HMAC`).
 
 use hmac::{Hmac, Mac};
-use leasebox_proto::{ErrorBody, ErrorCode, Hello, HelloInit, HelloReply, Op, Request, Response, hello_transcript};
+use leasebox_proto::{
+    ErrorBody, ErrorCode, Hello, HelloInit, HelloReply, LeaseId, Notice, Op, Outcome, Request, Response,
+    hello_transcript,
+};
 
 fn hex(s: &str) -> Vec<u8> {
     leasectl::hex::decode(&s.split_whitespace().collect::<String>()).unwrap()
@@ -69,5 +72,44 @@ fn heartbeat_and_credit_exceeded() {
     let mut want = hex("4c 42 01 02 01 02 00 00 00 00 00 09 00 00 00 30 00 08 00 20
                         00 00 00 08 00 00 00 00 00 00 00 00");
     want.extend(b"more than 8 requests outstanding");
+    assert_eq!(b, want);
+}
+
+/// The boot id of the v2 worked example: `b0 b1 … bf`.
+fn boot() -> [u8; 16] {
+    core::array::from_fn(|i| 0xb0 + i as u8)
+}
+
+#[test]
+fn a_lease_id_carries_its_boot() {
+    let mut b = Vec::new();
+    Request::Free { lease: LeaseId { boot_id: boot(), slot: 3, generation: 17 } }.encode(4, &mut b);
+    assert_eq!(
+        b,
+        hex("4c 42 01 00 02 04 00 00 00 00 00 04 00 00 00 18
+             b0 b1 b2 b3 b4 b5 b6 b7 b8 b9 ba bb bc bd be bf
+             00 00 00 03 00 00 00 11")
+    );
+}
+
+#[test]
+fn notices_and_drain() {
+    let mut b = Vec::new();
+    let lease = LeaseId { boot_id: boot(), slot: 3, generation: 17 };
+    Notice::Revoked { lease, outcome: Outcome::Fenced }.encode(&mut b);
+    assert_eq!(
+        b,
+        hex("4c 42 01 03 01 04 00 00 00 00 00 00 00 00 00 20
+             01 01 00 00 00 00 00 00
+             b0 b1 b2 b3 b4 b5 b6 b7 b8 b9 ba bb bc bd be bf
+             00 00 00 03 00 00 00 11")
+    );
+    let mut b = Vec::new();
+    Request::Drain { tenant: "demo".into(), notice_ms: 5000 }.encode(5, &mut b);
+    assert_eq!(b, hex("4c 42 01 00 02 0b 00 00 00 00 00 05 00 00 00 0c 00 00 13 88 04 00 00 00 64 65 6d 6f"));
+    let mut b = Vec::new();
+    Notice::Draining { in_ms: 5000 }.encode(&mut b);
+    let mut want = hex("4c 42 01 03 01 04 00 00 00 00 00 00 00 00 00 20 04 00 00 00 00 00 13 88");
+    want.extend([0; 24]);
     assert_eq!(b, want);
 }

@@ -538,17 +538,10 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         self.notices = notices;
     }
 
-    /// RESUME from `who` (connection `i`): takes over the leases of session `session_id` if it is one of `who`'s
+    /// RESUME from `who`: takes over the leases of session `session_id` if it is one of `who`'s
     /// own (same principal) and `token` is its resume token; an open session is then closed without orphaning
     /// anything, an ended one is forgotten (a token is good for one RESUME). Every refusal is the same NOT_FOUND.
-    fn resume(
-        &mut self,
-        i: usize,
-        who: &Principal,
-        session_id: u64,
-        token: &[u8; RESUME_TOKEN_LEN],
-        now_ms: u64,
-    ) -> Reply {
+    fn resume(&mut self, who: &Principal, session_id: u64, token: &[u8; RESUME_TOKEN_LEN], now_ms: u64) -> Reply {
         let refused = || Err(ErrorBody::new(ErrorCode::NotFound, RESUME_REFUSED));
         let same = |p: &Principal| p.session_id == session_id && p.name == who.name && p.role == who.role;
         if session_id == who.session_id {
@@ -568,7 +561,6 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             let n = self.backend.resume(&from, who, now_ms);
             self.conns[j].resumed = true;
             self.close(j, CloseReason::Resumed, now_ms);
-            debug_assert!(i != j);
             return Ok(Response::Resume { leases: n });
         }
         let Some(k) = self.lost.iter().position(|l| l.who.session_id == session_id) else { return refused() };
@@ -696,7 +688,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 let (next_cursor, slots) = self.backend.fenced(&who, *cursor, *max);
                 Ok(Response::FencedSummary { next_cursor, slots })
             }
-            Request::Resume { session_id, token } => self.resume(i, &who, *session_id, token, now_ms),
+            Request::Resume { session_id, token } => self.resume(&who, *session_id, token, now_ms),
             Request::Drain { .. } if who.role != Role::Admin => {
                 Err(ErrorBody::new(ErrorCode::Forbidden, "DRAIN: only the admin may drain the appliance"))
             }

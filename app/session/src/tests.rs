@@ -387,6 +387,8 @@ fn random_and_mutated_frames_never_panic() {
         Request::Revoke { lease: LeaseId { boot_id: [0; 16], slot: 1, generation: 2 }, qp_first: true },
         Request::List { cursor: 0, max: 5 },
         Request::Hello(Hello::Proof { mac: [1; 32] }),
+        Request::Resume { session_id: 1, token: [3; 16] },
+        Request::Drain { tenant: "demo".to_string(), notice_ms: 5 },
     ] {
         seeds.push(req(r, 1));
     }
@@ -966,4 +968,21 @@ fn resume_takes_over_an_open_or_ended_session_of_the_same_principal_only() {
     let a = exchange(&mut s, ConnId(4), &resume(a2.session_id, a2.resume_token), 6);
     assert!(matches!(a[0], (9, Ans::Ok(Response::Resume { leases: 2 }))));
     assert_eq!(s.backend().resumed[1], (a2.session_id, a4.session_id));
+}
+
+#[test]
+fn a_client_cannot_send_notices() {
+    let mut s = server(Limits::default());
+    s.open(ConnId(1), 0);
+    login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
+    // A notice frame from the client: the kind is the server's only.
+    let a = exchange(&mut s, ConnId(1), &raw_frame(3, 0, Op::Notice as u16, 0, &[0; 32]), 1);
+    assert!(matches!(&a[0].1, Ans::Err(e) if e.code == ErrorCode::Malformed), "notice frame");
+    // A request with the NOTICE op: no such request.
+    let a = exchange(&mut s, ConnId(1), &raw_frame(0, 0, Op::Notice as u16, 4, &[0; 32]), 1);
+    assert!(
+        matches!(&a[0], (4, Ans::Err(e)) if e.code == ErrorCode::BadParam && e.message.contains("'op'")),
+        "request"
+    );
+    assert!(!s.wants_close(ConnId(1)));
 }

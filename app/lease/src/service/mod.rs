@@ -125,6 +125,10 @@ pub fn port_ib_mtu(oper_mtu: u16) -> u8 {
     (1..=5u8).rev().find(|&c| mtu_bytes(c).is_some_and(|b| b + 96 <= room)).unwrap_or(1)
 }
 
+/// Notices held for the session server at most, per lease slot (a lease raises at most an Expiring, a Revoked
+/// and a Fenced notice before its slot is free again), plus room for Draining notices.
+pub const NOTICES_PER_SLOT: usize = 4;
+
 /// A DRAIN waiting for its deadline.
 struct Drain {
     /// The tenant drained; `None`: every lease.
@@ -231,8 +235,14 @@ impl<T: Copy> LeaseService<T> {
         out.append(&mut self.notices);
     }
 
-    /// Tells `tenant`'s sessions `n`.
+    /// Tells `tenant`'s sessions `n`. The session server takes notices at every pass of its loop; should
+    /// nobody take them (a rig without one), the queue stops at [`NOTICES_PER_SLOT`] per slot and later ones
+    /// are counted as dropped rather than held without bound.
     fn notify(&mut self, tenant: &str, n: Notice) {
+        if self.notices.len() >= NOTICES_PER_SLOT * self.slots.len() + 64 {
+            self.counters.notices_dropped += 1;
+            return;
+        }
         self.notices.push((String::from(tenant), n));
     }
 

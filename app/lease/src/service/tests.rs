@@ -1101,3 +1101,14 @@ fn resume_takes_over_held_orphaned_and_adopted_leases_of_the_old_session() {
     assert_eq!(r.svc.resume(8, 9, "beta"), 0);
     assert_eq!(r.svc.counters.reconnects, 3);
 }
+
+#[test]
+fn notices_nobody_takes_are_bounded_and_counted() {
+    let mut r = Rig::new(Config { slots: 1, ..cfg() });
+    let bound = NOTICES_PER_SLOT + 64;
+    for _ in 0..bound + 10 {
+        assert!(r.call(ADMIN, &Request::Drain { tenant: "alpha".to_string(), notice_ms: 60_000 }).is_ok());
+    }
+    assert_eq!(r.svc.counters.notices_dropped, 10);
+    assert_eq!(r.notices().len(), bound);
+}
