@@ -182,7 +182,7 @@ impl Client {
     }
 
     /// Allocates a read-write lease of `size` bytes: ALLOC on the appliance with the most free bytes (the next
-    /// one when it answers NO_MEMORY or LIMIT), a requester QP brought to RTS toward the lease's QP, READY;
+    /// one when it answers NO_MEMORY, LIMIT or BUSY), a requester QP brought to RTS toward the lease's QP, READY;
     /// from then on the client renews it until it is freed.
     pub fn alloc(&self, size: u64, options: AllocOptions) -> Result<Lease, Error> {
         if size == 0 {
@@ -197,7 +197,9 @@ impl Client {
         for i in order {
             match lease::open(&self.inner, i, size, options.ttl_ms) {
                 Ok(l) => return Ok(l),
-                Err(e) if matches!(e.server_code(), Some(ErrorCode::NoMemory | ErrorCode::Limit)) => {
+                // No room for us there (NO_MEMORY, LIMIT), or not now (BUSY: draining, over the ALLOC rate, the
+                // heap's high-water mark): the next appliance may lend.
+                Err(e) if matches!(e.server_code(), Some(ErrorCode::NoMemory | ErrorCode::Limit | ErrorCode::Busy)) => {
                     tried.push((self.inner.sessions[i].appliance.clone(), e.to_string()));
                 }
                 // An appliance that cannot be reached now: the next may.

@@ -19,7 +19,8 @@ pub enum Error {
     Connection { appliance: String, source: ClientError },
     /// The appliance refused the request with an error frame (docs/wire-protocol.md, "Errors").
     Server { appliance: String, error: ErrorBody },
-    /// Every appliance refused the ALLOC for want of memory (NO_MEMORY or LIMIT): `(appliance, reason)` each.
+    /// Every appliance refused the ALLOC for want of memory (NO_MEMORY, LIMIT) or for now (BUSY), or could not
+    /// be reached: `(appliance, reason)` each.
     NoMemory { size: u64, tried: Vec<(String, String)> },
     /// The lease was revoked (by the operator, a lost session, its TTL, a dead HCA) or vanished: its memory is
     /// no longer ours. Every later call on the lease fails with this at once; allocate a new lease.

@@ -536,6 +536,9 @@ fn notices_become_events_at_once() {
     assert!(matches!(ev, Event::Draining { in_ms: 1500, .. }), "{ev:?}");
     let elsewhere = client.alloc(2 * MIB, AllocOptions::default()).unwrap();
     assert_eq!(elsewhere.appliance_index(), 1, "placed on the draining appliance");
+    // Even when asked for first, the draining appliance answers BUSY and the other lends.
+    let pushed = client.alloc(2 * MIB, AllocOptions { prefer: Some(0), ..AllocOptions::default() }).unwrap();
+    assert_eq!(pushed.appliance_index(), 1);
     let (_, ev) = rx.recv_timeout(Duration::from_secs(5)).expect("no Revoked event after the drain");
     assert!(matches!(&ev, Event::Revoked { lease: l, .. } if *l == doomed.id()), "{ev:?}");
     assert!(matches!(doomed.read(0, &mut [0; 4]), Err(Error::Revoked { .. })));
