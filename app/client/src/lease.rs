@@ -3,9 +3,11 @@
 //! with a few large leases and its own index of blocks inside them, docs/client.md).
 //!
 //! A read or write is checked against the lease's range before anything is sent, posted, and waited for
-//! (at most [`crate::ClientConfig::rdma_timeout`] without a completion). A failed completion is checked with
-//! QUERY: a lease the appliance revoked or no longer knows fails with [`Error::Revoked`] (now and for every
-//! later call, and the client sends [`crate::Event::Revoked`]); otherwise [`Error::Rdma`].
+//! (at most [`crate::ClientConfig::rdma_timeout`] without a completion). The appliance's REVOKED notice usually
+//! marks a revoked lease first, and then every call fails at once with [`Error::Revoked`]; failing that, a failed
+//! completion is checked with QUERY: a lease the appliance revoked or no longer knows fails with
+//! [`Error::Revoked`] (now and for every later call, and the client sends [`crate::Event::Revoked`]); otherwise
+//! [`Error::Rdma`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
