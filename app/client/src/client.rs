@@ -1,5 +1,5 @@
 //! [`Client`]: the program's handle on one or more appliances (docs/client.md). Each appliance gets a
-//! connection thread ([`crate::session`]) that heartbeats, renews and reconnects; [`Client::alloc`] places a
+//! connection thread (`app/client/src/session.rs`) that heartbeats, renews and reconnects; [`Client::alloc`] places a
 //! lease by free bytes ([`crate::placement`]) and brings it up ([`crate::setup`]).
 
 use std::fmt;
