@@ -502,6 +502,11 @@ impl Client {
         self.timeouts
     }
 
+    /// Changes the deadlines of later calls (a connection made with short ones for a quick reconnect).
+    pub fn set_timeouts(&mut self, timeouts: Timeouts) {
+        self.timeouts = timeouts;
+    }
+
     /// The request id the next request will carry.
     pub fn next_request_id(&self) -> u32 {
         self.next_id

@@ -1,5 +1,9 @@
-//! The Leasebox client library (docs/wire-protocol.md): what a program that borrows remote memory links.
+//! The Leasebox client library (docs/client.md, docs/wire-protocol.md): what a program that borrows remote
+//! memory links.
 //!
+//! - [`Client`] and [`Lease`]: connect to one or more appliances, allocate leases (placed by free bytes),
+//!   read and write them by offset over RDMA, get [`Event`]s (a revoke, a broken connection); a thread per
+//!   appliance heartbeats, renews and reconnects.
 //! - [`connection`]: one control connection — TCP with deadlines, the protocol v2 HELLO and records, and
 //!   request/answer calls ([`Connection`]).
 //! - [`rdma`]: the RDMA requester that reads and writes a lease's memory: RC RDMA WRITE / READ in software over
@@ -7,23 +11,42 @@
 //!   trait.
 //!
 //! ```no_run
-//! use leasebox_client::{Connection, Credentials, Timeouts};
-//! use leasebox_proto::{Request, Response};
+//! use leasebox_client::{AllocOptions, Appliance, Client, ClientConfig, Credentials, RequesterConfig};
+//! use leasebox_client::rdma::SoftConfig;
 //!
 //! let who = Credentials { name: "demo".into(), key: leasebox_client::hex::decode("00112233445566778899aabbccddeeff")? };
-//! let (mut c, welcome) = Connection::connect_and_hello("127.0.0.1:7470", &who, Timeouts::default())?;
-//! println!("session {} with {} credits", welcome.session_id, welcome.credits);
-//! if let Response::Heartbeat { uptime_ms, .. } = c.call(&Request::Heartbeat { echo: 1 })? {
-//!     println!("server up for {uptime_ms} ms");
-//! }
-//! c.bye()?;
+//! let appliance = Appliance {
+//!     addr: "127.0.0.1:7470".into(),
+//!     credentials: who,
+//!     requester: RequesterConfig::Soft(SoftConfig::default()),
+//! };
+//! let client = Client::connect(ClientConfig::new(vec![appliance]))?;
+//! let mut lease = client.alloc(64 << 20, AllocOptions::default())?;
+//! lease.write(4096, b"hello")?;
+//! let mut back = [0u8; 5];
+//! lease.read(4096, &mut back)?;
+//! assert_eq!(&back, b"hello");
+//! lease.free()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 // No unsafe code, except the verbs backend's FFI to libibverbs (`rdma::verbs`, feature `verbs`).
 #![deny(unsafe_code)]
 
+pub mod client;
 pub mod connection;
+pub mod error;
+pub mod event;
 pub mod hex;
+pub mod lease;
+pub mod placement;
 pub mod rdma;
+mod session;
+pub mod setup;
 
-pub use connection::{Answer, Client as Connection, ClientError, Credentials, DEFAULT_PORT, Timeouts, Welcome};
+pub use client::{AllocOptions, Appliance, Client, ClientConfig, RequesterConfig};
+pub use connection::Client as Connection;
+pub use connection::{Answer, ClientError, Credentials, DEFAULT_PORT, Timeouts, Welcome};
+pub use error::Error;
+pub use event::{Callback, Event};
+pub use lease::Lease;
+pub use leasebox_proto::{LeaseId, Outcome};

@@ -21,11 +21,12 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use leasebox_proto::{AllocReq, AllocResp, ErrorCode, LeaseState, Outcome, Request, Response, access, mtu_bytes};
+use leasebox_client::setup::{self, SetupError};
+use leasebox_proto::{AllocResp, ErrorCode, Outcome, Request, Response};
 
 use crate::args::lease_str;
 use crate::client::{Client, ClientError, Credentials, Timeouts};
-use crate::rdma::{Completion, MacSource, QpEndpoint, QpState, RcConfig, Requester, WcOpcode, WcStatus, mtu_enum};
+use crate::rdma::{Completion, MacSource, QpState, RcConfig, Requester, WcOpcode, WcStatus};
 
 /// `leasectl verify`'s exit code when a check fails (a figure over budget, a missing write, a success after
 /// the outcome, a non-zero fresh lease, no failure seen). Codes 1–5 keep their meaning from `leasectl`.
@@ -242,20 +243,10 @@ fn pattern(wr_id: u64, len: usize) -> Vec<u8> {
 /// How long ALLOC keeps retrying NO_MEMORY (the appliance's grace period, 5 s by default, plus its sweep).
 const ALLOC_RETRY: Duration = Duration::from_secs(15);
 
-/// ALLOC with `r`'s QP parameters, `r` to RTS toward the appliance's QP, READY.
+/// ALLOC with `r`'s QP parameters, `r` to RTS toward the appliance's QP, READY (the client library's steps,
+/// `leasebox_client::setup`, with the verifier's own NO_MEMORY patience).
 fn open_lease(c: &mut Client, r: &mut dyn Requester, size: u64) -> Result<AllocResp, VerifyError> {
-    let me: QpEndpoint = r.local();
-    let mtu = mtu_enum(me.mtu).ok_or_else(|| local(format!("requester MTU {} is not an IB MTU", me.mtu)))?;
-    let req = AllocReq {
-        size,
-        access: access::REMOTE_READ | access::REMOTE_WRITE,
-        mtu,
-        ttl_ms: 0,
-        client_qpn: me.qpn,
-        client_psn: me.psn,
-        client_gid: me.gid,
-        client_mac: me.mac,
-    };
+    let req = setup::alloc_request(&r.local(), size, 0).map_err(local)?;
     // Revoked leases come back to the pool only after the appliance's grace period (5 s by default): an ALLOC
     // answered NO_MEMORY is retried for a while rather than failing a long run.
     let give_up = Instant::now() + ALLOC_RETRY;
@@ -269,14 +260,11 @@ fn open_lease(c: &mut Client, r: &mut dyn Requester, size: u64) -> Result<AllocR
             Err(e) => return Err(client_err("ALLOC")(e)),
         }
     };
-    let mtu = mtu_bytes(a.mtu).ok_or_else(|| local(format!("ALLOC answered MTU code {}", a.mtu)))?;
-    let remote = QpEndpoint { qpn: a.server_qpn, psn: a.server_psn, gid: a.server_gid, mac: a.server_mac, mtu };
-    r.connect(&remote).map_err(|e| local(format!("requester to RTS: {e}")))?;
-    let ready = Request::Ready { lease: a.lease, client_qpn: me.qpn, server_qpn: a.server_qpn };
-    match c.call(&ready).map_err(client_err("READY"))? {
-        Response::Ready { state: LeaseState::Active } => Ok(a),
-        other => Err(local(format!("READY answered {other:?}"))),
-    }
+    setup::connect_and_ready(&mut |q| c.call(q), r, &a).map_err(|e| match e {
+        SetupError::Params(m) | SetupError::Requester(m) | SetupError::Answer(m) => local(m),
+        SetupError::Call(what, e) => client_err(what)(e),
+    })?;
+    Ok(a)
 }
 
 #[derive(Clone, Copy)]
