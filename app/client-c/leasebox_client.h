@@ -15,12 +15,13 @@
 #define LBX_OK 0
 
 /**
- * A NULL or invalid argument (handle, string, buffer, offset out of the lease).
+ * A NULL or invalid argument (handle, string, address, key, zero size).
  */
 #define LBX_ERR_INVALID_ARGUMENT 1
 
 /**
- * The control connection could not be made or broke.
+ * An appliance could not be reached or the connection broke during the call (the client reconnects on its
+ * own; calling again later may succeed).
  */
 #define LBX_ERR_CONNECTION 2
 
@@ -40,39 +41,36 @@
 #define LBX_ERR_NO_MEMORY 5
 
 /**
- * The appliance answered with another error (see `lbx_last_error()`).
+ * The appliance refused the request (`lbx_last_error()` names its error code).
  */
 #define LBX_ERR_SERVER 6
 
 /**
- * The lease was revoked (or fenced) at the appliance: stop using it, free the handle.
+ * The lease was revoked (by the operator, its TTL, a lost session) or vanished: its memory is no longer
+ * ours; every later call on it fails the same way. Free the handle and allocate anew.
  */
 #define LBX_ERR_REVOKED 7
 
 /**
- * The lease was freed.
+ * An offset and length outside the lease; nothing was sent.
  */
-#define LBX_ERR_FREED 8
+#define LBX_ERR_OUT_OF_RANGE 8
 
 /**
- * An RDMA operation failed for another reason.
+ * An RDMA operation failed while the lease still exists (its queue pair is in error: free the lease and
+ * allocate anew), or the RDMA requester could not be set up.
  */
 #define LBX_ERR_RDMA 9
 
 /**
- * The appliance broke the protocol.
+ * The lease was freed, or its client closed.
  */
-#define LBX_ERR_PROTOCOL 10
-
-/**
- * The client was closed.
- */
-#define LBX_ERR_CLOSED 11
+#define LBX_ERR_CLOSED 10
 
 /**
  * A bug inside the library (a caught panic); the message says where.
  */
-#define LBX_ERR_PANIC 12
+#define LBX_ERR_PANIC 11
 
 /**
  * No event within the wait.
@@ -80,19 +78,34 @@
 #define LBX_EVENT_NONE 0
 
 /**
- * The control connection broke and a new session replaced it (`session_id`).
+ * A lease (`lease`) is gone: stop using it (`outcome`: 0 torn down, 1 fenced, 2 not found).
  */
-#define LBX_EVENT_RECONNECTED 1
+#define LBX_EVENT_REVOKED 1
 
 /**
- * The control connection broke and could not be made again yet.
+ * A lease (`lease`) ends in `in_ms` unless renewed.
  */
-#define LBX_EVENT_DISCONNECTED 2
+#define LBX_EVENT_EXPIRING 2
 
 /**
- * A lease (`lease`) was found revoked at the appliance.
+ * A lease's (`lease`) memory is fenced: it is gone for this client.
  */
-#define LBX_EVENT_REVOKED 3
+#define LBX_EVENT_FENCED 3
+
+/**
+ * The appliance is draining: its leases will be revoked in `in_ms`.
+ */
+#define LBX_EVENT_DRAINING 4
+
+/**
+ * The connection to `appliance` came back after a break; `session_id` is the new session.
+ */
+#define LBX_EVENT_RECONNECTED 5
+
+/**
+ * The connection to `appliance` broke; the client keeps trying (the reason is `lbx_last_error()`).
+ */
+#define LBX_EVENT_DISCONNECTED 6
 
 /**
  * A client of one or more appliances (opaque).
@@ -105,7 +118,7 @@ typedef struct lbx_client lbx_client;
 typedef struct lbx_lease lbx_lease;
 
 /**
- * What `lbx_client_next_event` reports.
+ * What `lbx_client_next_event` reports; the fields that do not apply to `kind` are 0.
  */
 typedef struct lbx_event {
   /**
@@ -113,13 +126,25 @@ typedef struct lbx_event {
    */
   int32_t kind;
   /**
-   * The lease of `LBX_EVENT_REVOKED`.
+   * The appliance's index in the list given to `lbx_client_connect`.
+   */
+  uint32_t appliance;
+  /**
+   * The lease (`lbx_lease_id`).
    */
   uint64_t lease;
   /**
    * The new session of `LBX_EVENT_RECONNECTED`.
    */
   uint64_t session_id;
+  /**
+   * Milliseconds left, for `LBX_EVENT_EXPIRING` and `LBX_EVENT_DRAINING`.
+   */
+  uint32_t in_ms;
+  /**
+   * The revoke's outcome for `LBX_EVENT_REVOKED`: 0 torn down, 1 fenced, 2 not found.
+   */
+  uint32_t outcome;
 } lbx_event;
 
 /**
@@ -147,39 +172,31 @@ const char *lbx_last_error(void);
 const char *lbx_status_name(int32_t status);
 
 /**
- * Connects and authenticates. `appliances`: one or more control addresses `HOST:PORT`, comma-separated (the
- * first that answers is used; leases go where the connection is). `name`: the tenant (or `admin`); `key_hex`:
- * its key in hex. `rdma_peer`: the appliance's RoCEv2 UDP address, NULL for 127.0.0.1:4791. `timeout_ms`: the
- * deadline of one answer and of connecting (0: 10 s). On success `*out` is a new handle for
- * `lbx_client_close`.
+ * Connects and authenticates to every appliance. `appliances`: control addresses `HOST:PORT`, comma-separated
+ * (leases are placed by free bytes). `name`: the tenant (or `admin`); `key_hex`: its key in hex. `rdma_peers`:
+ * the appliances' RoCEv2 UDP addresses (one for all, or one per appliance, comma-separated), NULL for
+ * 127.0.0.1:4791. `timeout_ms`: the deadline of one answer, of connecting, and of one RDMA operation (0: the
+ * defaults). On success `*out` is a new handle for `lbx_client_close`.
  */
 int32_t lbx_client_connect(const char *appliances,
                            const char *name,
                            const char *key_hex,
-                           const char *rdma_peer,
+                           const char *rdma_peers,
                            uint32_t timeout_ms,
                            struct lbx_client **out);
 
 /**
- * Says BYE, stops the heartbeat thread and destroys the handle (NULL: nothing). Leases allocated through it
- * must be freed first (after this, `lbx_lease_free` only destroys their handles).
+ * Frees the leases the client still tracks, says BYE, ends its threads and destroys the handle (NULL:
+ * nothing). Free lease handles first: afterwards their calls fail with `LBX_ERR_CLOSED`.
  */
 int32_t lbx_client_close(struct lbx_client *client);
 
 /**
- * One HEARTBEAT round trip; `*uptime_ms` (may be NULL) gets the appliance's uptime.
+ * The bytes the tenant may still take on appliance `appliance` (its index in the list) into `*bytes`.
  */
-int32_t lbx_client_ping(const struct lbx_client *client, uint64_t *uptime_ms);
-
-/**
- * The current session id (changes on reconnect) into `*session_id`.
- */
-int32_t lbx_client_session_id(const struct lbx_client *client, uint64_t *session_id);
-
-/**
- * Drops the control connection and opens a new session; `*session_id` (may be NULL) gets its id.
- */
-int32_t lbx_client_reconnect(const struct lbx_client *client, uint64_t *session_id);
+int32_t lbx_client_free_bytes(const struct lbx_client *client,
+                              uint32_t appliance,
+                              uint64_t *bytes);
 
 /**
  * Waits up to `wait_ms` for the next event; `event->kind` is `LBX_EVENT_NONE` when none came.
@@ -189,13 +206,17 @@ int32_t lbx_client_next_event(const struct lbx_client *client,
                               struct lbx_event *event);
 
 /**
- * REVOKE lease `lease_id` (admin clients only).
+ * REVOKE lease `lease_id` on appliance `appliance` (the operator's command: admin clients, or the lease's own
+ * tenant).
  */
-int32_t lbx_client_revoke(const struct lbx_client *client, uint64_t lease_id);
+int32_t lbx_client_revoke(const struct lbx_client *client,
+                          uint32_t appliance,
+                          uint64_t lease_id);
 
 /**
- * Allocates a lease of at least `size` bytes, ready for RDMA. `ttl_ms`: its lifetime (0: the appliance's
- * default). Prefer few large leases (each costs the appliance a queue pair) and place blocks inside them.
+ * Allocates a lease of at least `size` bytes, ready for RDMA, on the appliance with the most free bytes.
+ * `ttl_ms`: its lifetime (0: the appliance's default; the client renews it). Prefer few large leases (each
+ * costs the appliance a queue pair) and place blocks inside them.
  */
 int32_t lbx_alloc(const struct lbx_client *client,
                   uint64_t size,
@@ -238,8 +259,8 @@ int32_t lbx_lease_write_batch(const struct lbx_lease *lease,
 int32_t lbx_lease_read_batch(const struct lbx_lease *lease, const struct lbx_iov *iov, size_t n);
 
 /**
- * FREEs the lease at the appliance (nothing to do when it was revoked) and destroys the handle, whatever the
- * status (NULL: nothing).
+ * FREEs the lease at the appliance and destroys the handle, whatever the status (NULL: nothing). A revoked
+ * lease answers `LBX_ERR_REVOKED` here too: its memory was already taken back.
  */
 int32_t lbx_lease_free(struct lbx_lease *lease);
 

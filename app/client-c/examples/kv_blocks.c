@@ -120,7 +120,7 @@ int main(int argc, char **argv) {
 
     /* Out of bounds is refused, not sent. */
     s = lbx_lease_write(leases[0], lbx_lease_size(leases[0]) - 1, blocks[0], 2);
-    if (s != LBX_ERR_INVALID_ARGUMENT) {
+    if (s != LBX_ERR_OUT_OF_RANGE) {
         fprintf(stderr, "kv_blocks: a write past the lease's end answered %s\n", lbx_status_name(s));
         bad++;
     }

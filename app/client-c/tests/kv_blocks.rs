@@ -1,16 +1,93 @@
 //! The C ABI end to end against a hosted appliance with the device model (`--hca --udp`): the C example
 //! `examples/kv_blocks.c`, compiled with gcc against the committed header and linked with the staticlib, stores
 //! blocks and reads them back (it exits non-zero on any mismatch); and, called from Rust through the same
-//! `extern "C"` functions, a revoke by the admin turns the lease's next call into `LBX_ERR_REVOKED`, then a
-//! reconnect gives a new session that can allocate again.
+//! `extern "C"` functions, a revoke by the admin turns the lease's next call into `LBX_ERR_REVOKED`, and a cut
+//! control connection is made again (`LBX_EVENT_RECONNECTED`) and carries new leases.
 
 use leasebox_client_c::*;
 use leasebox_hosted::{Hosted, HostedConfig};
 use std::ffi::{CStr, CString};
-use std::io::Read;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// A TCP proxy in front of the appliance's control port whose connections the test can cut.
+struct Proxy {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    accepted: Arc<AtomicUsize>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Proxy {
+    fn start(upstream: String) -> Proxy {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (s, c, n) = (stop.clone(), conns.clone(), accepted.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Acquire) {
+                match l.accept() {
+                    Ok((down, _)) => {
+                        down.set_nonblocking(false).unwrap();
+                        let up = TcpStream::connect(&upstream).unwrap();
+                        n.fetch_add(1, Ordering::AcqRel);
+                        let mut g = c.lock().unwrap();
+                        g.push(down.try_clone().unwrap());
+                        g.push(up.try_clone().unwrap());
+                        pump(down.try_clone().unwrap(), up.try_clone().unwrap());
+                        pump(up, down);
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+                    Err(e) => panic!("proxy accept: {e}"),
+                }
+            }
+        });
+        Proxy { addr, stop, conns, accepted, thread: Some(thread) }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::Acquire)
+    }
+
+    /// Cuts every connection (both sides see it closed).
+    fn kill(&self) {
+        for s in self.conns.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream) {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 16384];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 || to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(std::net::Shutdown::Both);
+    });
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.kill();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
 
 fn random_hex() -> String {
     let mut b = [0u8; 32];
@@ -94,11 +171,14 @@ fn c_example_stores_blocks_and_reads_them_back() {
 }
 
 #[test]
-fn revoke_turns_the_next_call_into_lbx_err_revoked_and_reconnect_gives_a_new_session() {
+fn revoke_turns_the_next_call_into_lbx_err_revoked_and_a_cut_connection_is_reconnected() {
     let a = start();
     let (addr, udp) = (c(&a.addr), c(&a.udp));
+    // The tenant's control connection goes through a proxy the test can cut.
+    let proxy = Proxy::start(a.addr.clone());
+    let via = c(&proxy.addr.to_string());
     let mut tenant: *mut lbx_client = std::ptr::null_mut();
-    let r = lbx_client_connect(addr.as_ptr(), c"demo".as_ptr(), c(&a.tenant).as_ptr(), udp.as_ptr(), 0, &mut tenant);
+    let r = lbx_client_connect(via.as_ptr(), c"demo".as_ptr(), c(&a.tenant).as_ptr(), udp.as_ptr(), 0, &mut tenant);
     assert_eq!(r, LBX_OK, "{}", last());
     let mut admin: *mut lbx_client = std::ptr::null_mut();
     let r = lbx_client_connect(addr.as_ptr(), c"admin".as_ptr(), c(&a.admin).as_ptr(), udp.as_ptr(), 0, &mut admin);
@@ -115,26 +195,34 @@ fn revoke_turns_the_next_call_into_lbx_err_revoked_and_reconnect_gives_a_new_ses
 
     // The operator revokes it through a second connection, as the admin.
     let id = lbx_lease_id(lease);
-    assert_eq!(lbx_client_revoke(admin, id), LBX_OK, "{}", last());
+    assert_eq!(lbx_client_revoke(admin, 0, id), LBX_OK, "{}", last());
     let r = lbx_lease_write(lease, 0, data.as_ptr(), 64);
     assert_eq!(r, LBX_ERR_REVOKED, "{}", last());
     assert!(last().contains("revoked"), "{}", last());
     // Later calls fail the same way without the network.
     assert_eq!(lbx_lease_read(lease, 0, back.as_mut_ptr(), 64), LBX_ERR_REVOKED);
-    let mut ev = lbx_event { kind: -1, lease: 0, session_id: 0 };
+    let mut ev = lbx_event { kind: -1, appliance: 9, lease: 0, session_id: 0, in_ms: 0, outcome: 0 };
     let deadline = Instant::now() + Duration::from_secs(5);
     while ev.kind != LBX_EVENT_REVOKED && Instant::now() < deadline {
         assert_eq!(lbx_client_next_event(tenant, 100, &mut ev), LBX_OK);
     }
-    assert_eq!((ev.kind, ev.lease), (LBX_EVENT_REVOKED, id));
-    assert_eq!(lbx_lease_free(lease), LBX_OK, "{}", last());
+    assert_eq!((ev.kind, ev.appliance, ev.lease), (LBX_EVENT_REVOKED, 0, id));
+    // Freeing a revoked lease says so, and destroys the handle all the same.
+    assert_eq!(lbx_lease_free(lease), LBX_ERR_REVOKED);
 
-    let mut before = 0;
-    assert_eq!(lbx_client_session_id(tenant, &mut before), LBX_OK);
-    let mut after = 0;
-    assert_eq!(lbx_client_reconnect(tenant, &mut after), LBX_OK, "{}", last());
-    assert_ne!(before, after);
-    assert_eq!(lbx_client_ping(tenant, std::ptr::null_mut()), LBX_OK, "{}", last());
+    // The control connection breaks: the client reconnects on its own and says so.
+    proxy.kill();
+    let mut ev = lbx_event { kind: -1, appliance: 9, lease: 0, session_id: 0, in_ms: 0, outcome: 0 };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while ev.kind != LBX_EVENT_RECONNECTED && Instant::now() < deadline {
+        assert_eq!(lbx_client_next_event(tenant, 100, &mut ev), LBX_OK);
+    }
+    assert_eq!((ev.kind, ev.appliance), (LBX_EVENT_RECONNECTED, 0));
+    assert_ne!(ev.session_id, 0);
+    assert_eq!(proxy.accepted(), 2);
+    let mut free = 0;
+    assert_eq!(lbx_client_free_bytes(tenant, 0, &mut free), LBX_OK, "{}", last());
+    assert!(free >= 4096, "{free}");
     let mut again: *mut lbx_lease = std::ptr::null_mut();
     assert_eq!(lbx_alloc(tenant, 4096, 0, &mut again), LBX_OK, "{}", last());
     assert_eq!(lbx_lease_write(again, 0, data.as_ptr(), 4096), LBX_OK, "{}", last());
