@@ -163,3 +163,31 @@ def test_config_file_is_read_as_xtask_writes_it(tmp_path, appliance):
         assert lease.read(0, 3) == b"cfg"
     with leasebox.connect_from_config(str(f), admin=True) as a:
         assert a.free_bytes() > 0
+
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "example_kv_spill.py")
+
+
+def run_example(args, env=None):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, EXAMPLE] + args, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_example_spills_and_reloads_blocks_with_flags(appliance):
+    r = run_example(["--addr", appliance.addr, "--key", appliance.tenant_key, "--rdma-peer", appliance.udp])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "into 2 leases" in r.stdout and " 0 different" in r.stdout, r.stdout
+
+
+def test_example_needs_no_flags_with_the_config_file_xtask_run_writes(tmp_path, appliance):
+    f = tmp_path / "leasectl.conf"
+    f.write_text(f"addr = {appliance.addr}\ntenant = demo\nkey = {appliance.tenant_key}\nrdma_peer = {appliance.udp}\n")
+    env = dict(os.environ, LEASECTL_CONFIG=str(f))
+    r = run_example(["--sequences", "3", "--block-size", "4096", "--lease-size", str(MIB)], env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "evicted" in r.stdout and " 0 different" in r.stdout, r.stdout
+    # No configuration at all: a clear message and exit status 2.
+    r = run_example([], env=dict(os.environ, LEASECTL_CONFIG=str(tmp_path / "missing.conf")))
+    assert r.returncode == 2 and "cannot connect" in r.stderr, r.stderr
