@@ -22,13 +22,33 @@ use pyo3::types::PyBytes;
 
 create_exception!(_native, LeaseboxError, PyException, "Any failure of a Leasebox call.");
 create_exception!(_native, ConfigError, LeaseboxError, "A configuration or argument that cannot work.");
-create_exception!(_native, ConnectionLost, LeaseboxError, "An appliance could not be reached or the connection broke (the client reconnects on its own).");
+create_exception!(
+    _native,
+    ConnectionLost,
+    LeaseboxError,
+    "An appliance could not be reached or the connection broke (the client reconnects on its own)."
+);
 create_exception!(_native, AuthError, LeaseboxError, "The appliance refused the credentials.");
-create_exception!(_native, ServerError, LeaseboxError, "The appliance refused the request; `code` names its error code.");
+create_exception!(
+    _native,
+    ServerError,
+    LeaseboxError,
+    "The appliance refused the request; `code` names its error code."
+);
 create_exception!(_native, NoMemory, LeaseboxError, "No appliance had memory for the lease.");
-create_exception!(_native, LeaseRevoked, LeaseboxError, "The lease was revoked or vanished: stop using it, allocate anew.");
+create_exception!(
+    _native,
+    LeaseRevoked,
+    LeaseboxError,
+    "The lease was revoked or vanished: stop using it, allocate anew."
+);
 create_exception!(_native, OutOfRange, LeaseboxError, "An offset and length outside the lease; nothing was sent.");
-create_exception!(_native, RdmaError, LeaseboxError, "An RDMA operation failed while the lease exists: free it and allocate anew.");
+create_exception!(
+    _native,
+    RdmaError,
+    LeaseboxError,
+    "An RDMA operation failed while the lease exists: free it and allocate anew."
+);
 create_exception!(_native, LeaseboxTimeout, LeaseboxError, "No answer or RDMA completion within the deadline.");
 create_exception!(_native, Closed, LeaseboxError, "The lease was freed or its client closed.");
 
@@ -249,7 +269,12 @@ impl Client {
     fn alloc(&self, py: Python<'_>, size: u64, ttl_ms: u32, prefer: Option<usize>) -> PyResult<Lease> {
         let c = self.get()?;
         let l = py.allow_threads(|| c.alloc(size, AllocOptions { ttl_ms, prefer })).map_err(py_err)?;
-        Ok(Lease { id: lease_number(l.id()), size: l.size(), appliance: l.appliance().to_string(), inner: Mutex::new(Some(l)) })
+        Ok(Lease {
+            id: lease_number(l.id()),
+            size: l.size(),
+            appliance: l.appliance().to_string(),
+            inner: Mutex::new(Some(l)),
+        })
     }
 
     /// The bytes this tenant may still take on appliance `appliance` (its index).
