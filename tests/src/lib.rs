@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod client_bench;
 pub mod control;
 pub mod crash_qemu;
 pub mod ctl_mlx5;

@@ -192,6 +192,16 @@ enum BenchSub {
         #[arg(long, value_name = "N", value_parser = |v: &str| number(v, 8, lease_bench::MAX_LEASES))]
         leases: Option<u32>,
     },
+    /// The client library (app/client) against the hosted appliance, with 1 and 8 clients
+    ///
+    /// Hosted appliance with the device model (std TCP; RDMA through the software RoCEv2 requester over UDP):
+    /// alloc → first write latency, 64 B and 1 MiB write/read p50/p99 and rates, and the notice latency (REVOKE
+    /// at the appliance → the client's event; n/a until the protocol has notices). Prints; asserts nothing.
+    Client {
+        /// Seconds per phase (default 2)
+        #[arg(long, value_name = "N", value_parser = secs)]
+        secs: Option<u64>,
+    },
     /// `leasectl verify --revoke-test` per order against the QEMU guest and the hosted appliance
     ///
     /// mkey-first and qp-first against the QEMU guest (image, model, virtio-net) and the hosted appliance:
@@ -206,6 +216,9 @@ enum BenchSub {
 fn runs(v: &str) -> Result<usize, String> {
     number(v, 1, 1000)
 }
+
+/// `bench client`'s seconds per phase by default.
+pub const CLIENT_BENCH_SECS: u64 = 2;
 
 fn secs(v: &str) -> Result<u64, String> {
     number(v, 1, 600)
@@ -318,6 +331,7 @@ pub enum BenchKind {
     Hca,
     Lease,
     Revoke,
+    Client,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -357,6 +371,9 @@ impl BenchOpts {
                 leases: leases.unwrap_or(o.leases),
                 ..o
             },
+            BenchSub::Client { secs } => {
+                BenchOpts { kind: BenchKind::Client, runs: 1, secs: secs.unwrap_or(CLIENT_BENCH_SECS), ..o }
+            }
             BenchSub::Revoke { iterations } => {
                 BenchOpts { kind: BenchKind::Revoke, iterations: iterations.unwrap_or(o.iterations), ..o }
             }
@@ -626,6 +643,11 @@ mod tests {
         assert!(p(&["bench", "revoke", "--secs", "2"]).unwrap_err().contains("--secs"));
         assert!(p(&["bench", "lease", "--iterations", "2"]).unwrap_err().contains("--iterations"));
         assert!(p(&["bench", "net"]).unwrap_err().contains("revoke"));
+        let client =
+            |secs| Cmd::Bench(BenchOpts { kind: BenchKind::Client, runs: 1, secs, leases: 10_000, iterations: 20 });
+        assert_eq!(p(&["bench", "client"]), Ok(client(2)));
+        assert_eq!(p(&["bench", "client", "--secs", "1"]), Ok(client(1)));
+        assert!(p(&["bench", "client", "--runs", "2"]).unwrap_err().contains("--runs"));
     }
 
     #[test]

@@ -473,6 +473,7 @@ fn cmd_bench(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
         BenchKind::Hca => return bench_hca(o, p),
         BenchKind::Lease => return bench_lease(o, p),
         BenchKind::Revoke => return bench_revoke(o, p),
+        BenchKind::Client => return bench_client(o),
         BenchKind::Boot => {}
     }
     prereq::ensure()?;
@@ -589,6 +590,21 @@ fn bench_control(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
         per / 1024.0
     );
     outln!("({} s of load per row; TCG figures: compare ratios, not absolute times)", o.secs);
+    Ok(0)
+}
+
+/// `bench client`: the client library against the hosted appliance in this process (its threads, the model's
+/// and the appliance's), 1 and 8 clients, one table (tests/src/client_bench.rs). Prints; asserts nothing.
+fn bench_client(o: &BenchOpts) -> Result<i32, String> {
+    let per = Duration::from_secs(o.secs);
+    outln!("==> bench client: {} s per phase, 1 then 8 clients, hosted appliance with the model", o.secs);
+    let table = leasebox_scenarios::client_bench::table(per)?;
+    outln!();
+    outln!("{}", table.trim_end());
+    outln!(
+        "(latency per call as the program sees it; rates over all clients; the software requester runs on each \
+         client's thread, the model's responder on one thread, on this machine's shared cores)"
+    );
     Ok(0)
 }
 

@@ -269,3 +269,24 @@ impl Drop for Client {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/client.md promises these: a `Client` shared between threads, a `Lease` moved to one.
+    #[test]
+    fn client_is_shared_and_leases_move_between_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<Client>();
+        send::<Lease>();
+        send::<Event>();
+    }
+
+    #[test]
+    fn an_empty_configuration_is_refused() {
+        let e = Client::connect(ClientConfig::new(Vec::new())).unwrap_err();
+        assert_eq!(e.to_string(), "configuration: no appliance to connect to");
+    }
+}

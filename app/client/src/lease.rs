@@ -18,11 +18,17 @@ use crate::client::Inner;
 use crate::error::Error;
 use crate::event::Event;
 use crate::rdma::{Requester, WcStatus};
-use crate::session::{Cmd, LeaseShared, outcome_of};
+use crate::session::{Cmd, LeaseShared, settle};
 use crate::setup::{self, SetupError};
 
 /// Work requests one lease keeps outstanding in a batch (the software requester's default `max_wr` is 16).
 const WINDOW: usize = 8;
+/// READs are cut into chunks of this many bytes, and at most [`READ_IN_FLIGHT`] bytes are outstanding: a READ's
+/// responses arrive as a burst of MTU-sized packets the requester must take in, and the software requester's UDP
+/// socket drops what its receive buffer cannot hold (a 1 MiB READ is 256 packets of 4 KiB; with several clients
+/// on a busy machine the drops outlast the QP's retries, IBV_WC_RETRY_EXC_ERR).
+const READ_CHUNK: u64 = 64 << 10;
+const READ_IN_FLIGHT: u64 = 128 << 10;
 /// One poll's longest wait: short, so the deadline is checked often.
 const POLL_STEP: Duration = Duration::from_millis(5);
 
@@ -159,9 +165,16 @@ impl Lease {
         let s = &self.inner.sessions[self.appliance];
         let _ = s.send(Cmd::Forget { lease: self.id });
         self.shared.closed.store(true, Ordering::Release);
-        match s.call(Request::Free { lease: self.id }, self.inner.call_wait())? {
-            Response::Free { outcome, .. } => Ok(outcome),
-            other => Err(Error::Config(format!("FREE answered {other:?}"))),
+        match s.call(Request::Free { lease: self.id }, self.inner.call_wait()) {
+            Ok(Response::Free { outcome, .. }) => Ok(outcome),
+            Ok(other) => Err(Error::Config(format!("FREE answered {other:?}"))),
+            // Not reached: the connection thread sends the FREE again once it has reconnected, so the lease does
+            // not outlive us on the appliance (where a reconnected session would adopt and keep it).
+            Err(e @ (Error::Connection { .. } | Error::Timeout { .. })) => {
+                let _ = s.send(Cmd::FreeLater { lease: self.id });
+                Err(e)
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -187,47 +200,64 @@ impl Lease {
                 return Err(Error::OutOfRange { offset, len, size: self.size });
             }
         }
-        let mut posted: HashMap<u64, usize> = HashMap::new();
-        let mut next = 0;
+        // READs in chunks of at most READ_CHUNK bytes, at most READ_IN_FLIGHT bytes outstanding (see READ_CHUNK);
+        // a WRITE goes whole (the requester paces its packets by ACKs).
+        let chunks: Vec<(usize, u64, u64, bool)> = work
+            .iter()
+            .enumerate()
+            .flat_map(|(i, w)| {
+                let len = w.range().1;
+                let chunk = match w {
+                    Work::Read { .. } => READ_CHUNK,
+                    Work::Write { .. } => len.max(1),
+                };
+                let read = matches!(w, Work::Read { .. });
+                (0..len.div_ceil(chunk)).map(move |k| (i, k * chunk, (len - k * chunk).min(chunk), read))
+            })
+            .collect();
+        let mut posted: HashMap<u64, (usize, u64, u64, bool)> = HashMap::new();
+        let (mut next, mut in_flight) = (0, 0u64);
         let mut deadline = Instant::now() + self.inner.rdma_timeout;
-        while next < work.len() || !posted.is_empty() {
-            while next < work.len() && posted.len() < WINDOW {
+        while next < chunks.len() || !posted.is_empty() {
+            while next < chunks.len()
+                && posted.len() < WINDOW
+                && (in_flight == 0 || !chunks[next].3 || in_flight + chunks[next].2 <= READ_IN_FLIGHT)
+            {
+                let (i, at, len, read) = chunks[next];
                 let wr = self.next_wr;
                 self.next_wr += 1;
-                let (offset, len) = work[next].range();
-                if len > 0 {
-                    let addr = self.remote_addr + offset;
-                    let r = match &work[next] {
-                        Work::Write { data, .. } => self.requester.post_write(wr, addr, self.rkey, data),
-                        Work::Read { .. } => self.requester.post_read(wr, addr, self.rkey, len as u32),
-                    };
-                    r.map_err(|e| Error::Requester(format!("posting work request {wr}: {e}")))?;
-                    posted.insert(wr, next);
+                let addr = self.remote_addr + work[i].range().0 + at;
+                let r = match &work[i] {
+                    Work::Write { data, .. } => {
+                        self.requester.post_write(wr, addr, self.rkey, &data[at as usize..(at + len) as usize])
+                    }
+                    Work::Read { .. } => self.requester.post_read(wr, addr, self.rkey, len as u32),
+                };
+                r.map_err(|e| Error::Requester(format!("posting work request {wr}: {e}")))?;
+                posted.insert(wr, chunks[next]);
+                if read {
+                    in_flight += len;
                 }
                 next += 1;
-            }
-            if posted.is_empty() {
-                break;
             }
             if Instant::now() >= deadline {
                 return Err(Error::Timeout { what: "RDMA completion", after: self.inner.rdma_timeout });
             }
             for c in self.requester.poll(POLL_STEP) {
-                let Some(i) = posted.remove(&c.wr_id) else { continue };
+                let Some((i, at, len, read)) = posted.remove(&c.wr_id) else { continue };
+                if read {
+                    in_flight -= len;
+                }
                 deadline = Instant::now() + self.inner.rdma_timeout;
                 if c.status != WcStatus::Success {
                     return Err(self.failed(c.status));
                 }
                 if let Work::Read { buf, .. } = &mut work[i] {
                     let data = self.requester.read_data(c.wr_id).unwrap_or_default();
-                    if data.len() != buf.len() {
-                        return Err(Error::Requester(format!(
-                            "READ of {} bytes returned {} bytes",
-                            buf.len(),
-                            data.len()
-                        )));
+                    if data.len() as u64 != len {
+                        return Err(Error::Requester(format!("READ of {len} bytes returned {} bytes", data.len())));
                     }
-                    buf.copy_from_slice(&data);
+                    buf[at as usize..(at + len) as usize].copy_from_slice(&data);
                 }
             }
         }
@@ -237,13 +267,12 @@ impl Lease {
     /// A failed completion: revoked (QUERY says the lease is gone or going) or a broken QP.
     fn failed(&mut self, status: WcStatus) -> Error {
         let s = &self.inner.sessions[self.appliance];
-        let q = s.call(Request::Query { lease: self.id }, self.inner.call_wait());
-        let q = match q {
+        let query = || match s.call(Request::Query { lease: self.id }, self.inner.call_wait()) {
             Ok(r) => Ok(r),
             Err(Error::Server { error, .. }) => Err(crate::ClientError::Server(error)),
             Err(e) => Err(crate::ClientError::Usage(e.to_string())),
         };
-        match outcome_of(&q) {
+        match settle(query) {
             Some(outcome) => {
                 let _ = s.send(Cmd::Forget { lease: self.id });
                 if self.shared.mark_revoked(outcome) {

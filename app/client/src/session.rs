@@ -29,6 +29,8 @@ const RECONNECT_MAX: Duration = Duration::from_secs(2);
 const RECONNECT_ATTEMPT: Duration = Duration::from_secs(2);
 /// Leases are renewed when this fraction of their TTL is left… (1/2: one lost RENEW still leaves time).
 const RENEW_AT_DIVISOR: u32 = 2;
+/// FREEs kept for the next connection at most (each is one lease id; past it the lease is left to its TTL).
+const MAX_PENDING_FREES: usize = 4096;
 /// How long the shutdown may spend freeing the leases still held and saying BYE.
 const SHUTDOWN_BUDGET: Duration = Duration::from_secs(3);
 
@@ -115,6 +117,7 @@ impl Session {
             reconnect_at: now,
             backoff: RECONNECT_MIN,
             leases: HashMap::new(),
+            pending_frees: Vec::new(),
             sink,
             up: up.clone(),
         };
@@ -197,19 +200,48 @@ fn idempotent(req: &Request) -> bool {
     )
 }
 
-/// The outcome a vanished lease is reported with: what QUERY says of it (PendingDestroy: torn down, waiting
-/// out its grace period; Fenced), else NotFound (the appliance no longer knows it).
-pub(crate) fn outcome_of(answer: &Result<Response, ClientError>) -> Option<Outcome> {
+/// What one QUERY says of a lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Seen {
+    /// Granted or Active, or the QUERY failed: nothing says it is gone.
+    Alive,
+    /// Fencing: a revoke is in its immediate phase; its outcome is not decided yet.
+    Going,
+    /// PendingDestroy (torn down, waiting out its grace period): TornDown; Fenced: Fenced; NOT_FOUND or STALE
+    /// (the appliance no longer knows it): NotFound.
+    Gone(Outcome),
+}
+
+pub(crate) fn seen(answer: &Result<Response, ClientError>) -> Seen {
     match answer {
         Ok(Response::Query(info)) => match info.state {
-            LeaseState::Active | LeaseState::Granted => None,
-            LeaseState::Fencing | LeaseState::Fenced => Some(Outcome::Fenced),
-            LeaseState::PendingDestroy => Some(Outcome::TornDown),
+            LeaseState::Active | LeaseState::Granted => Seen::Alive,
+            LeaseState::Fencing => Seen::Going,
+            LeaseState::PendingDestroy => Seen::Gone(Outcome::TornDown),
+            LeaseState::Fenced => Seen::Gone(Outcome::Fenced),
         },
         Err(ClientError::Server(e)) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale) => {
-            Some(Outcome::NotFound)
+            Seen::Gone(Outcome::NotFound)
         }
-        _ => None,
+        _ => Seen::Alive,
+    }
+}
+
+/// How long a revoke in its immediate phase is waited for: the appliance's revoke deadline is 1 s, past which
+/// the slot is fenced (docs/revoke-semantics.md).
+const SETTLE: Duration = Duration::from_millis(1500);
+
+/// Whether the lease is gone and with which outcome, asking `query` again while a revoke is still in its
+/// immediate phase (Fenced when it is still undecided after [`SETTLE`]).
+pub(crate) fn settle(mut query: impl FnMut() -> Result<Response, ClientError>) -> Option<Outcome> {
+    let end = Instant::now() + SETTLE;
+    loop {
+        match seen(&query()) {
+            Seen::Alive => return None,
+            Seen::Gone(o) => return Some(o),
+            Seen::Going if Instant::now() >= end => return Some(Outcome::Fenced),
+            Seen::Going => std::thread::sleep(Duration::from_millis(10)),
+        }
     }
 }
 
@@ -229,6 +261,8 @@ struct Worker {
     reconnect_at: Instant,
     backoff: Duration,
     leases: HashMap<LeaseId, Tracked>,
+    /// FREEs that found the connection down, sent again after the next reconnect.
+    pending_frees: Vec<LeaseId>,
     sink: Arc<Sink>,
     up: Arc<AtomicBool>,
 }
@@ -267,7 +301,7 @@ impl Worker {
                 if let Some(t) = self.leases.remove(&lease) {
                     t.shared.closed.store(true, Ordering::Release);
                 }
-                let _ = self.call(&Request::Free { lease });
+                self.free_or_keep(lease);
             }
             Cmd::Shutdown => {}
         }
@@ -289,11 +323,15 @@ impl Worker {
         self.take_notices();
     }
 
-    /// NOTICES: the one place where the appliance's notices (issue 16, item 2: `Connection::take_notices`)
-    /// become [`Event`]s: `Revoked` → `shared.mark_revoked(outcome)` on the tracked lease and the event;
-    /// `Expiring` → renew that lease now and pass the event on; `Fenced` → mark revoked (Outcome::Fenced);
-    /// `Draining` → pass it on. Until the protocol has notices, a revoke is found by the renewals below and by
-    /// the lease's failed RDMA completions.
+    /// NOTICES: the one place where the appliance's notices (issue 16, item 2) become [`Event`]s. With them,
+    /// this takes `conn.take_notices()` (those that came in with answers) and, with no request outstanding,
+    /// `conn.wait_notices(d)` for a short `d` (and `run` bounds its channel wait by the same `d`, so the thread
+    /// alternates between callers and the socket); then per notice: `Revoked { lease, outcome }` → the tracked
+    /// lease's `shared.mark_revoked(outcome)`, stop tracking it, `Event::Revoked`; `Fenced { lease }` → the same
+    /// with `Outcome::Fenced` and `Event::Fenced`; `Expiring { lease, in_ms }` → renew that lease now and pass
+    /// `Event::Expiring` on; `Draining { in_ms }` → `Event::Draining`. An error from `wait_notices` that breaks
+    /// the connection goes to `self.lost`. Until the protocol has notices, a revoke is found by the renewals
+    /// below and by the lease's failed RDMA completions.
     fn take_notices(&mut self) {}
 
     fn renew_due(&mut self) {
@@ -312,9 +350,15 @@ impl Worker {
                 Err(ClientError::Server(e))
                     if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale | ErrorCode::BadState) =>
                 {
-                    let q = self.call(&Request::Query { lease });
-                    let outcome = outcome_of(&q).unwrap_or(Outcome::NotFound);
-                    self.vanished(lease, outcome);
+                    match settle(|| self.call(&Request::Query { lease })) {
+                        Some(outcome) => self.vanished(lease, outcome),
+                        // QUERY says it lives (or could not say): try again shortly.
+                        None => {
+                            if let Some(t) = self.leases.get_mut(&lease) {
+                                t.renew_at = Instant::now() + Duration::from_secs(1);
+                            }
+                        }
+                    }
                 }
                 // A broken connection: the reconnect renews everything at once.
                 _ => {
@@ -323,6 +367,16 @@ impl Worker {
                     }
                 }
             }
+        }
+    }
+
+    /// FREE; when the connection is down, kept in [`Worker::pending_frees`] for the next connection (a lost
+    /// session's leases go to the tenant's next session, which would otherwise keep them).
+    fn free_or_keep(&mut self, lease: LeaseId) {
+        let r = self.call(&Request::Free { lease });
+        let unsent = matches!(&r, Err(e) if breaks_connection(e) || self.conn.is_none());
+        if unsent && self.pending_frees.len() < MAX_PENDING_FREES && !self.pending_frees.contains(&lease) {
+            self.pending_frees.push(lease);
         }
     }
 
@@ -377,11 +431,13 @@ impl Worker {
 
     /// One connect + HELLO attempt (bounded by [`RECONNECT_ATTEMPT`]); on failure the next waits longer.
     ///
-    /// RESUME: with protocol resume (issue 16, item 3), this is where the new connection calls
-    /// `Connection::resume(old_session_id, resume_token)` (the token from the last Welcome) before anything
-    /// else, so the old session's leases move over at once. Until then the appliance hands a lost session's
-    /// leases to the tenant's next session (`session_grace_ms=`, docs/operations.md), and the RENEW of every
-    /// tracked lease below finds out which survived.
+    /// RESUME: with protocol resume (issue 16, item 3), the first thing on the new connection is
+    /// `c.resume(old_session_id, old_resume_token)` (both from the last Welcome, kept in the worker), so the old
+    /// session's leases move over at once; and a Welcome whose `boot_id` differs from the last one means the
+    /// appliance rebooted: every tracked lease is gone (`vanished(lease, Outcome::NotFound)` each). Until then
+    /// the appliance hands a lost session's leases to the tenant's next session (`session_grace_ms=`,
+    /// docs/operations.md), and the RENEW of every tracked lease, due at once after a reconnect, finds out which
+    /// survived.
     fn reconnect(&mut self) {
         let t = Timeouts {
             connect: self.timeouts.connect.min(RECONNECT_ATTEMPT),
@@ -401,6 +457,9 @@ impl Worker {
                 let now = Instant::now();
                 for t in self.leases.values_mut() {
                     t.renew_at = now;
+                }
+                for lease in std::mem::take(&mut self.pending_frees) {
+                    self.free_or_keep(lease);
                 }
             }
             Err(_) => {
@@ -440,27 +499,40 @@ mod tests {
         Err(ClientError::Server(ErrorBody { code, detail: [0; 3], message: String::new() }))
     }
 
+    fn info(state: LeaseState) -> Result<Response, ClientError> {
+        Ok(Response::Query(LeaseInfo {
+            lease: LeaseId { slot: 1, generation: 1 },
+            state,
+            access: 3,
+            mtu: 5,
+            size: 4096,
+            rkey: 1,
+            server_qpn: 2,
+            client_qpn: 3,
+            ttl_left_ms: 0,
+            tenant: "demo".into(),
+        }))
+    }
+
     #[test]
     fn a_vanished_lease_is_reported_with_what_query_says() {
-        let info = |state| {
-            Ok(Response::Query(LeaseInfo {
-                lease: LeaseId { slot: 1, generation: 1 },
-                state,
-                access: 3,
-                mtu: 5,
-                size: 4096,
-                rkey: 1,
-                server_qpn: 2,
-                client_qpn: 3,
-                ttl_left_ms: 0,
-                tenant: "demo".into(),
-            }))
-        };
-        assert_eq!(outcome_of(&info(LeaseState::Active)), None);
-        assert_eq!(outcome_of(&info(LeaseState::PendingDestroy)), Some(Outcome::TornDown));
-        assert_eq!(outcome_of(&info(LeaseState::Fenced)), Some(Outcome::Fenced));
-        assert_eq!(outcome_of(&err(ErrorCode::NotFound)), Some(Outcome::NotFound));
-        assert_eq!(outcome_of(&err(ErrorCode::BadParam)), None);
+        assert_eq!(seen(&info(LeaseState::Active)), Seen::Alive);
+        assert_eq!(seen(&info(LeaseState::Fencing)), Seen::Going);
+        assert_eq!(seen(&info(LeaseState::PendingDestroy)), Seen::Gone(Outcome::TornDown));
+        assert_eq!(seen(&info(LeaseState::Fenced)), Seen::Gone(Outcome::Fenced));
+        assert_eq!(seen(&err(ErrorCode::NotFound)), Seen::Gone(Outcome::NotFound));
+        assert_eq!(seen(&err(ErrorCode::BadParam)), Seen::Alive);
+    }
+
+    #[test]
+    fn a_revoke_in_its_immediate_phase_is_waited_for() {
+        let mut answers = vec![info(LeaseState::PendingDestroy), info(LeaseState::Fencing), info(LeaseState::Fencing)];
+        assert_eq!(settle(|| answers.pop().unwrap_or_else(|| err(ErrorCode::Internal))), Some(Outcome::TornDown));
+        assert_eq!(settle(|| info(LeaseState::Active)), None);
+        // Never decided: after the revoke deadline the slot is fenced.
+        let t = Instant::now();
+        assert_eq!(settle(|| info(LeaseState::Fencing)), Some(Outcome::Fenced));
+        assert!(t.elapsed() >= SETTLE);
     }
 
     #[test]

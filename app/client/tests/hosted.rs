@@ -226,6 +226,8 @@ struct Proxy {
     stop: Arc<AtomicBool>,
     conns: Arc<Mutex<Vec<TcpStream>>>,
     accepted: Arc<AtomicUsize>,
+    /// While set, connections are closed as soon as they are accepted (the appliance unreachable).
+    refuse: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -237,10 +239,12 @@ impl Proxy {
         let stop = Arc::new(AtomicBool::new(false));
         let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
         let accepted = Arc::new(AtomicUsize::new(0));
-        let (s, c, n) = (stop.clone(), conns.clone(), accepted.clone());
+        let refuse = Arc::new(AtomicBool::new(false));
+        let (s, c, n, r) = (stop.clone(), conns.clone(), accepted.clone(), refuse.clone());
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::Acquire) {
                 match l.accept() {
+                    Ok((down, _)) if r.load(Ordering::Acquire) => drop(down),
                     Ok((down, _)) => {
                         down.set_nonblocking(false).unwrap();
                         let up = TcpStream::connect(&upstream).unwrap();
@@ -256,7 +260,7 @@ impl Proxy {
                 }
             }
         });
-        Proxy { addr, stop, conns, accepted, thread: Some(thread) }
+        Proxy { addr, stop, conns, accepted, refuse, thread: Some(thread) }
     }
 
     /// Cuts every connection (both sides see it closed).
@@ -440,4 +444,38 @@ fn the_client_renews_a_short_ttl_and_finds_a_revoke_by_its_renewal() {
     assert!(matches!(revoked.write(0, &[1]), Err(Error::Revoked { .. })));
     assert_eq!(kept.free().unwrap(), Outcome::TornDown);
     let _ = admin.bye();
+}
+
+#[test]
+fn a_lease_freed_while_the_appliance_is_unreachable_is_freed_after_the_reconnect() {
+    let _one = serial();
+    let a = start_hosted(&[]);
+    let proxy = Proxy::start(a.addr());
+    let client = Client::connect(config(vec![a.appliance_at(proxy.addr.to_string())])).unwrap();
+    let dropped = client.alloc(2 * MIB, AllocOptions::default()).unwrap();
+    let freed = client.alloc(2 * MIB, AllocOptions::default()).unwrap();
+    let ids = [dropped.id(), freed.id()];
+
+    proxy.refuse.store(true, Ordering::Release);
+    proxy.kill();
+    drop(dropped);
+    let e = freed.free().unwrap_err();
+    assert!(matches!(e, Error::Connection { .. } | Error::Timeout { .. }), "{e}");
+    proxy.refuse.store(false, Ordering::Release);
+    let back = wait_event(&client, Duration::from_secs(10), |e| matches!(e, Event::Reconnected { .. }));
+    assert!(back.is_some(), "no Reconnected event");
+
+    // Both FREEs went out on the new connection: neither lease is active (nor kept by the new session).
+    let end = Instant::now() + Duration::from_secs(5);
+    for id in ids {
+        loop {
+            match client.call(0, Request::Query { lease: id }) {
+                Ok(Response::Query(i)) if i.state == leasebox_proto::LeaseState::Active => {
+                    assert!(Instant::now() < end, "lease {id:?} still active");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                _ => break,
+            }
+        }
+    }
 }
