@@ -47,11 +47,13 @@ enum Sub {
     Run(RunArgs),
     /// Host tests, clippy, image and ISO build, then the QEMU scenarios; PASS/FAIL lines and a summary
     ///
-    /// The host steps: cargo fmt --check, cargo test --workspace, clippy (host, leasectl's verbs feature, the
-    /// kernel target); then the image and ISO build, what the named scenarios need (the mlx5 model,
+    /// The host steps: cargo fmt --check, cargo test --workspace (the C client's header check and gcc-built
+    /// example included), clippy (host, leasectl's verbs feature, the kernel target), python-client (pip install
+    /// app/client-py into target/py-venv, pytest against a hosted appliance); then the image and ISO build, what the named scenarios need (the mlx5 model,
     /// leasectl, the fence-test image), and the scenarios one after another: boot scenarios check the serial
     /// transcript, driven ones (control-qemu, lease-qemu) run clients against the booted image. With
-    /// SCENARIO names, only those run (the summary names the skipped ones).
+    /// SCENARIO names, only those run (the summary names the skipped ones); with --step, only the named host
+    /// steps.
     Test(TestArgs),
     /// Benchmarks: figures only, nothing asserted
     Bench {
