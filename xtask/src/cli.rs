@@ -47,11 +47,13 @@ enum Sub {
     Run(RunArgs),
     /// Host tests, clippy, image and ISO build, then the QEMU scenarios; PASS/FAIL lines and a summary
     ///
-    /// The host steps: cargo fmt --check, cargo test --workspace, clippy (host, leasectl's verbs feature, the
-    /// kernel target); then the image and ISO build, what the named scenarios need (the mlx5 model,
+    /// The host steps: cargo fmt --check, cargo test --workspace (the C client's header check and gcc-built
+    /// example included), clippy (host, leasectl's verbs feature, the kernel target), python-client (pip install
+    /// app/client-py into target/py-venv, pytest against a hosted appliance); then the image and ISO build, what the named scenarios need (the mlx5 model,
     /// leasectl, the fence-test image), and the scenarios one after another: boot scenarios check the serial
     /// transcript, driven ones (control-qemu, lease-qemu) run clients against the booted image. With
-    /// SCENARIO names, only those run (the summary names the skipped ones).
+    /// SCENARIO names, only those run (the summary names the skipped ones); with --step, only the named host
+    /// steps.
     Test(TestArgs),
     /// Benchmarks: figures only, nothing asserted
     Bench {
@@ -134,6 +136,10 @@ struct TestArgs {
     /// Copy each boot scenario's serial output to stdout as it arrives
     #[arg(long, short)]
     verbose: bool,
+    /// Only this host step (repeatable: format, host-tests, clippy-host, verbs-build, clippy-kernel,
+    /// python-client); no image build and no scenarios
+    #[arg(long = "step", value_name = "STEP", conflicts_with_all = ["boot_only", "scenarios"])]
+    steps: Vec<String>,
     /// Scenarios to run (default: all; see --list)
     #[arg(value_name = "SCENARIO")]
     scenarios: Vec<String>,
@@ -316,6 +322,8 @@ pub struct TestOpts {
     pub list: bool,
     pub verbose: bool,
     pub scenarios: Vec<String>,
+    /// `--step`: only these host steps.
+    pub steps: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -391,9 +399,13 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Cmd, clap::Error>
             let run = m.subcommand_matches("run").ok_or_else(|| clap::Error::new(ErrorKind::MissingSubcommand))?;
             Cmd::Run(RunOpts::new(a, run))
         }
-        Some(Sub::Test(t)) => {
-            Cmd::Test(TestOpts { boot_only: t.boot_only, list: t.list, verbose: t.verbose, scenarios: t.scenarios })
-        }
+        Some(Sub::Test(t)) => Cmd::Test(TestOpts {
+            boot_only: t.boot_only,
+            list: t.list,
+            verbose: t.verbose,
+            scenarios: t.scenarios,
+            steps: t.steps,
+        }),
         Some(Sub::Bench { kind }) => Cmd::Bench(BenchOpts::new(kind)),
     })
 }
@@ -579,9 +591,16 @@ mod tests {
                 boot_only: true,
                 list: false,
                 verbose: true,
-                scenarios: vec!["grub-bios".into()]
+                scenarios: vec!["grub-bios".into()],
+                steps: vec![],
             }))
         );
+        assert_eq!(
+            p(&["test", "--step", "python-client", "--step=format"]),
+            Ok(Cmd::Test(TestOpts { steps: vec!["python-client".into(), "format".into()], ..TestOpts::default() }))
+        );
+        assert!(p(&["test", "--step", "format", "grub-bios"]).is_err());
+        assert!(p(&["test", "--step", "format", "--boot-only"]).is_err());
         assert!(p(&["test", "--fast"]).unwrap_err().contains("--fast"));
         let boot =
             |runs| Cmd::Bench(BenchOpts { kind: BenchKind::Boot, runs, secs: 3, leases: 10_000, iterations: 20 });

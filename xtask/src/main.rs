@@ -6,6 +6,7 @@ mod cli;
 mod demo;
 mod image;
 mod prereq;
+mod python;
 
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -263,16 +264,43 @@ fn cmd_test(o: &TestOpts, p: &Paths) -> Result<i32, String> {
         }
         return Ok(0);
     }
+    let steps = host_step_names();
+    if let Some(bad) = o.steps.iter().find(|s| !steps.contains(&s.as_str())) {
+        return Err(format!("no host step `{bad}` (host steps: {})", steps.join(", ")));
+    }
     prereq::ensure()?;
     let mut outcomes = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
     if o.boot_only {
-        skipped.extend(HOST_STEPS.iter().map(|(name, _)| format!("{name} (--boot-only)")));
+        skipped.extend(steps.iter().map(|name| format!("{name} (--boot-only)")));
     } else {
+        let wanted = |name: &str| o.steps.is_empty() || o.steps.iter().any(|s| s == name);
         for (name, args) in HOST_STEPS {
-            let t0 = Instant::now();
-            report(&mut outcomes, name, t0, cargo_step(p, args));
+            if wanted(name) {
+                let t0 = Instant::now();
+                report(&mut outcomes, name, t0, cargo_step(p, args));
+            } else {
+                skipped.push(format!("{name} (not named by --step)"));
+            }
         }
+        if wanted(PYTHON_STEP) {
+            outln!(
+                "==> {PYTHON_STEP}: pip install app/client-py pytest in target/py-venv, pytest -q app/client-py/tests"
+            );
+            let t0 = Instant::now();
+            report(&mut outcomes, PYTHON_STEP, t0, python::step(p));
+        } else {
+            skipped.push(format!("{PYTHON_STEP} (not named by --step)"));
+        }
+    }
+    if !o.steps.is_empty() {
+        // Only host steps were asked for: no image, no scenarios.
+        skipped.push("image and scenarios (--step)".into());
+        let (lines, ok) = closing_lines(&outcomes, &skipped, None);
+        for l in lines {
+            outln!("{l}");
+        }
+        return Ok(if ok { 0 } else { 1 });
     }
     if !o.scenarios.is_empty() {
         let all = scenario::all();
@@ -379,6 +407,16 @@ const HOST_STEPS: [(&str, &[&str]); 5] = [
         ],
     ),
 ];
+
+/// The step after [`HOST_STEPS`]: the Python binding built by pip (maturin) and its pytest suite against a
+/// hosted appliance (xtask/src/python.rs). The C binding's tests (header staleness, the gcc-built example
+/// against a hosted appliance) are `leasebox-client-c`'s, so they run in host-tests.
+const PYTHON_STEP: &str = "python-client";
+
+/// Every host step's name, in order (what `--step` accepts).
+fn host_step_names() -> Vec<&'static str> {
+    HOST_STEPS.iter().map(|(name, _)| *name).chain([PYTHON_STEP]).collect()
+}
 
 /// The closing lines of a test run: what was skipped, what was substituted for the tree's own build, then
 /// `summary: N passed, M failed` (and the failed names). The bool: whether everything that ran passed.
@@ -681,14 +719,14 @@ mod tests {
         let all_ok = [outcome("image", true), outcome("boot-kernel", true)];
         assert_eq!(closing_lines(&all_ok, &[], None), (vec!["summary: 2 passed, 0 failed".to_string()], true));
 
-        let skipped: Vec<String> = HOST_STEPS.iter().map(|(n, _)| format!("{n} (--boot-only)")).collect();
+        let skipped: Vec<String> = host_step_names().iter().map(|n| format!("{n} (--boot-only)")).collect();
         let (lines, ok) = closing_lines(&all_ok, &skipped, Some("image: /x.elf from LEASEBOX_KERNEL_ELF"));
         assert!(ok);
         assert_eq!(
             lines,
             [
                 "skipped: format (--boot-only), host-tests (--boot-only), clippy-host (--boot-only), \
-                 verbs-build (--boot-only), clippy-kernel (--boot-only)",
+                 verbs-build (--boot-only), clippy-kernel (--boot-only), python-client (--boot-only)",
                 "substituted: image: /x.elf from LEASEBOX_KERNEL_ELF",
                 "summary: 2 passed, 0 failed",
             ]

@@ -1,0 +1,234 @@
+//! The C ABI end to end against a hosted appliance with the device model (`--hca --udp`): the C example
+//! `examples/kv_blocks.c`, compiled with gcc against the committed header and linked with the staticlib, stores
+//! blocks and reads them back (it exits non-zero on any mismatch); and, called from Rust through the same
+//! `extern "C"` functions, a revoke by the admin turns the lease's next call into `LBX_ERR_REVOKED`, and a cut
+//! control connection is made again (`LBX_EVENT_RECONNECTED`) and carries new leases.
+
+use leasebox_client_c::*;
+use leasebox_hosted::{Hosted, HostedConfig};
+use std::ffi::{CStr, CString};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A TCP proxy in front of the appliance's control port whose connections the test can cut.
+struct Proxy {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    accepted: Arc<AtomicUsize>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Proxy {
+    fn start(upstream: String) -> Proxy {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (s, c, n) = (stop.clone(), conns.clone(), accepted.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Acquire) {
+                match l.accept() {
+                    Ok((down, _)) => {
+                        down.set_nonblocking(false).unwrap();
+                        let up = TcpStream::connect(&upstream).unwrap();
+                        n.fetch_add(1, Ordering::AcqRel);
+                        let mut g = c.lock().unwrap();
+                        g.push(down.try_clone().unwrap());
+                        g.push(up.try_clone().unwrap());
+                        pump(down.try_clone().unwrap(), up.try_clone().unwrap());
+                        pump(up, down);
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+                    Err(e) => panic!("proxy accept: {e}"),
+                }
+            }
+        });
+        Proxy { addr, stop, conns, accepted, thread: Some(thread) }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::Acquire)
+    }
+
+    /// Cuts every connection (both sides see it closed).
+    fn kill(&self) {
+        for s in self.conns.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream) {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 16384];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 || to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(std::net::Shutdown::Both);
+    });
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.kill();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn random_hex() -> String {
+    let mut b = [0u8; 32];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).expect("/dev/urandom");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A hosted appliance with the RDMA data path; stopped on drop.
+struct Appliance {
+    h: Option<Hosted>,
+    addr: String,
+    udp: String,
+    tenant: String,
+    admin: String,
+}
+
+impl Drop for Appliance {
+    fn drop(&mut self) {
+        if let Some(h) = self.h.take() {
+            h.stop();
+        }
+    }
+}
+
+fn start() -> Appliance {
+    let (tenant, admin) = (random_hex(), random_hex());
+    let args: Vec<String> = ["--listen", "127.0.0.1:0", "--hca", "--udp", "127.0.0.1:0"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([format!("tenant=demo:{tenant}"), format!("admin={admin}")])
+        .collect();
+    let h = Hosted::start(HostedConfig::from_args(&args).expect("options")).expect("the hosted appliance starts");
+    let addr = h.addr().to_string();
+    let udp = h.hca().and_then(|t| t.udp).expect("--udp gives the responder an address").to_string();
+    Appliance { h: Some(h), addr, udp, tenant, admin }
+}
+
+/// Where cargo put this crate's staticlib: next to this test's executable (`target/<profile>/deps/`).
+fn staticlib() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's path");
+    let deps = exe.parent().expect("the deps directory");
+    let lib = deps.join("libleasebox_client_c.a");
+    assert!(lib.exists(), "{} is missing: cargo builds it with this test (crate-type staticlib)", lib.display());
+    lib
+}
+
+fn last() -> String {
+    // SAFETY: `lbx_last_error` returns a NUL-terminated string valid until the next call on this thread.
+    unsafe { CStr::from_ptr(lbx_last_error()) }.to_string_lossy().into_owned()
+}
+
+fn c(s: &str) -> CString {
+    CString::new(s).unwrap()
+}
+
+#[test]
+fn c_example_stores_blocks_and_reads_them_back() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kv_blocks");
+    let gcc = Command::new("gcc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-I"])
+        .arg(dir)
+        .arg(dir.join("examples/kv_blocks.c"))
+        .arg(staticlib())
+        .args(["-lpthread", "-ldl", "-lm", "-o"])
+        .arg(&out)
+        .output()
+        .expect("running gcc");
+    assert!(gcc.status.success(), "gcc failed:\n{}", String::from_utf8_lossy(&gcc.stderr));
+
+    let a = start();
+    let run = Command::new(&out).args([&a.addr, "demo", &a.tenant, &a.udp]).output().expect("running kv_blocks");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "kv_blocks exited {}:\n{stdout}\n{stderr}", run.status);
+    assert!(
+        stdout.contains("stored 96 blocks of 4096 bytes in 2 leases and read them back identical"),
+        "{stdout}\n{stderr}"
+    );
+    assert_eq!(stdout.matches("lease ").count(), 2, "{stdout}");
+}
+
+#[test]
+fn revoke_turns_the_next_call_into_lbx_err_revoked_and_a_cut_connection_is_reconnected() {
+    let a = start();
+    let (addr, udp) = (c(&a.addr), c(&a.udp));
+    // The tenant's control connection goes through a proxy the test can cut.
+    let proxy = Proxy::start(a.addr.clone());
+    let via = c(&proxy.addr.to_string());
+    let mut tenant: *mut lbx_client = std::ptr::null_mut();
+    let r = lbx_client_connect(via.as_ptr(), c"demo".as_ptr(), c(&a.tenant).as_ptr(), udp.as_ptr(), 0, &mut tenant);
+    assert_eq!(r, LBX_OK, "{}", last());
+    let mut admin: *mut lbx_client = std::ptr::null_mut();
+    let r = lbx_client_connect(addr.as_ptr(), c"admin".as_ptr(), c(&a.admin).as_ptr(), udp.as_ptr(), 0, &mut admin);
+    assert_eq!(r, LBX_OK, "{}", last());
+
+    let mut lease: *mut lbx_lease = std::ptr::null_mut();
+    assert_eq!(lbx_alloc(tenant, 1 << 20, 0, &mut lease), LBX_OK, "{}", last());
+    assert!(lbx_lease_size(lease) >= 1 << 20);
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    assert_eq!(lbx_lease_write(lease, 12_345, data.as_ptr(), data.len()), LBX_OK, "{}", last());
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(lbx_lease_read(lease, 12_345, back.as_mut_ptr(), back.len()), LBX_OK, "{}", last());
+    assert_eq!(back, data);
+
+    // The operator revokes it through a second connection, as the admin.
+    let id = lbx_lease_id(lease);
+    assert_eq!(lbx_client_revoke(admin, 0, id), LBX_OK, "{}", last());
+    let r = lbx_lease_write(lease, 0, data.as_ptr(), 64);
+    assert_eq!(r, LBX_ERR_REVOKED, "{}", last());
+    assert!(last().contains("revoked"), "{}", last());
+    // Later calls fail the same way without the network.
+    assert_eq!(lbx_lease_read(lease, 0, back.as_mut_ptr(), 64), LBX_ERR_REVOKED);
+    let mut ev = lbx_event { kind: -1, appliance: 9, lease: 0, session_id: 0, in_ms: 0, outcome: 0 };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ev.kind != LBX_EVENT_REVOKED && Instant::now() < deadline {
+        assert_eq!(lbx_client_next_event(tenant, 100, &mut ev), LBX_OK);
+    }
+    assert_eq!((ev.kind, ev.appliance, ev.lease), (LBX_EVENT_REVOKED, 0, id));
+    // Freeing a revoked lease says so, and destroys the handle all the same.
+    assert_eq!(lbx_lease_free(lease), LBX_ERR_REVOKED);
+
+    // The control connection breaks: the client reconnects on its own and says so.
+    proxy.kill();
+    let mut ev = lbx_event { kind: -1, appliance: 9, lease: 0, session_id: 0, in_ms: 0, outcome: 0 };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while ev.kind != LBX_EVENT_RECONNECTED && Instant::now() < deadline {
+        assert_eq!(lbx_client_next_event(tenant, 100, &mut ev), LBX_OK);
+    }
+    assert_eq!((ev.kind, ev.appliance), (LBX_EVENT_RECONNECTED, 0));
+    assert_ne!(ev.session_id, 0);
+    assert_eq!(proxy.accepted(), 2);
+    let mut free = 0;
+    assert_eq!(lbx_client_free_bytes(tenant, 0, &mut free), LBX_OK, "{}", last());
+    assert!(free >= 4096, "{free}");
+    let mut again: *mut lbx_lease = std::ptr::null_mut();
+    assert_eq!(lbx_alloc(tenant, 4096, 0, &mut again), LBX_OK, "{}", last());
+    assert_eq!(lbx_lease_write(again, 0, data.as_ptr(), 4096), LBX_OK, "{}", last());
+    assert_eq!(lbx_lease_read(again, 0, back.as_mut_ptr(), 4096), LBX_OK, "{}", last());
+    assert_eq!(back[..4096], data[..4096]);
+    assert_eq!(lbx_lease_free(again), LBX_OK, "{}", last());
+    assert_eq!(lbx_client_close(tenant), LBX_OK, "{}", last());
+    assert_eq!(lbx_client_close(admin), LBX_OK, "{}", last());
+}

@@ -1,0 +1,73 @@
+"""Leasebox client: leases of remote DRAM on a Leasebox appliance, read and written by offset over RDMA.
+
+    import leasebox
+    with leasebox.Client("127.0.0.1:7470", "demo", KEY_HEX) as client:
+        lease = client.alloc(64 << 20)          # one large lease; place your blocks inside it
+        lease.write(4096, b"hello")
+        assert lease.read(4096, 5) == b"hello"
+        lease.free()
+
+`Client.from_config()` connects with the settings `cargo xtask run` writes for leasectl (see `leasebox.config`).
+The classes come from the Rust extension `leasebox._native` (app/client-py/src/lib.rs); a call that fails raises a
+subclass of `LeaseboxError`; a revoked lease raises `LeaseRevoked` from then on.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from . import config
+from ._native import (
+    AuthError,
+    Client,
+    Closed,
+    ConfigError,
+    ConnectionLost,
+    Event,
+    Lease,
+    LeaseboxError,
+    LeaseboxTimeout,
+    LeaseRevoked,
+    NoMemory,
+    OutOfRange,
+    RdmaError,
+    ServerError,
+    __version__,
+)
+
+__all__ = [
+    "AuthError",
+    "Client",
+    "Closed",
+    "ConfigError",
+    "ConnectionLost",
+    "Event",
+    "Lease",
+    "LeaseboxError",
+    "LeaseboxTimeout",
+    "LeaseRevoked",
+    "NoMemory",
+    "OutOfRange",
+    "RdmaError",
+    "ServerError",
+    "__version__",
+    "config",
+    "connect_from_config",
+]
+
+
+def connect_from_config(
+    path: Optional[str] = None,
+    *,
+    admin: bool = False,
+    timeout: Optional[float] = None,
+    on_event: Optional[Callable[[Event], None]] = None,
+) -> Client:
+    """A `Client` with the settings of leasectl's configuration file (by default where `cargo xtask run` wrote
+    it): its `addr`, the tenant and `key` (or, with `admin=True`, `admin` and `admin_key`), and `rdma_peer`."""
+    s = config.load(path)
+    name, key = ("admin", s.admin_key) if admin else (s.tenant, s.key)
+    if not key:
+        which = "admin_key" if admin else "key"
+        raise ConfigError(f"{s.path}: no {which}")
+    return Client(s.addr, name, key, rdma_peer=s.rdma_peer, timeout=timeout, on_event=on_event)

@@ -1,0 +1,501 @@
+//! `leasebox._native`: the Python binding of `leasebox-client` (app/client/src/lib.rs). The package
+//! `leasebox` (python/leasebox/__init__.py) re-exports these names; the stubs are python/leasebox/_native.pyi.
+//!
+//! Every call that waits on the network releases the GIL (so the client's connection threads, which run the
+//! `on_event` callback under the GIL, never wait on a caller that holds it). Buffers come in through the buffer
+//! protocol: `bytes`, `bytearray`, `memoryview` and anything else exporting bytes.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use leasebox_client::rdma::SoftConfig;
+use leasebox_client::{
+    AllocOptions, Appliance, Callback, Client as RustClient, ClientConfig, Credentials, Error, Event as RustEvent,
+    Lease as RustLease, LeaseId, RequesterConfig,
+};
+use leasebox_proto::{ErrorCode, Request, Response};
+use pyo3::buffer::PyBuffer;
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+create_exception!(_native, LeaseboxError, PyException, "Any failure of a Leasebox call.");
+create_exception!(_native, ConfigError, LeaseboxError, "A configuration or argument that cannot work.");
+create_exception!(
+    _native,
+    ConnectionLost,
+    LeaseboxError,
+    "An appliance could not be reached or the connection broke (the client reconnects on its own)."
+);
+create_exception!(_native, AuthError, LeaseboxError, "The appliance refused the credentials.");
+create_exception!(
+    _native,
+    ServerError,
+    LeaseboxError,
+    "The appliance refused the request; `code` names its error code."
+);
+create_exception!(_native, NoMemory, LeaseboxError, "No appliance had memory for the lease.");
+create_exception!(
+    _native,
+    LeaseRevoked,
+    LeaseboxError,
+    "The lease was revoked or vanished: stop using it, allocate anew."
+);
+create_exception!(_native, OutOfRange, LeaseboxError, "An offset and length outside the lease; nothing was sent.");
+create_exception!(
+    _native,
+    RdmaError,
+    LeaseboxError,
+    "An RDMA operation failed while the lease exists: free it and allocate anew."
+);
+create_exception!(_native, LeaseboxTimeout, LeaseboxError, "No answer or RDMA completion within the deadline.");
+create_exception!(_native, Closed, LeaseboxError, "The lease was freed or its client closed.");
+
+/// The Python exception for a client library error.
+fn py_err(e: Error) -> PyErr {
+    let msg = e.to_string();
+    if matches!(e.server_code(), Some(ErrorCode::AuthFailed | ErrorCode::NotAuthenticated)) {
+        return AuthError::new_err(msg);
+    }
+    match e {
+        Error::Config(_) => ConfigError::new_err(msg),
+        Error::Connection { source: leasebox_client::ClientError::ServerProof, .. } => AuthError::new_err(msg),
+        Error::Connection { .. } => ConnectionLost::new_err(msg),
+        Error::Server { .. } => ServerError::new_err(msg),
+        Error::NoMemory { .. } => NoMemory::new_err(msg),
+        Error::Revoked { .. } => LeaseRevoked::new_err(msg),
+        Error::OutOfRange { .. } => OutOfRange::new_err(msg),
+        Error::Rdma { .. } | Error::Requester(_) => RdmaError::new_err(msg),
+        Error::Timeout { .. } => LeaseboxTimeout::new_err(msg),
+        Error::Closed(_) => Closed::new_err(msg),
+    }
+}
+
+/// A lease id as one number: slot in the high 32 bits, generation in the low 32.
+fn lease_number(id: LeaseId) -> u64 {
+    (u64::from(id.slot) << 32) | u64::from(id.generation)
+}
+
+fn lease_id_of(n: u64) -> LeaseId {
+    LeaseId { slot: (n >> 32) as u32, generation: n as u32 }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Something that happened to a connection or a lease.
+#[pyclass(module = "leasebox", frozen, get_all)]
+#[derive(Clone)]
+struct Event {
+    /// "revoked", "expiring", "fenced", "draining", "reconnected" or "disconnected".
+    kind: String,
+    /// The appliance's address.
+    appliance: String,
+    /// The lease's id (revoked, expiring, fenced), else None.
+    lease: Option<u64>,
+    /// The new session (reconnected), else None.
+    session_id: Option<u64>,
+    /// Milliseconds left (expiring, draining), else None.
+    in_ms: Option<u32>,
+    /// The revoke's outcome, "TornDown", "Fenced" or "NotFound" (revoked), else None.
+    outcome: Option<String>,
+    /// Why the connection broke (disconnected), else None.
+    reason: Option<String>,
+}
+
+#[pymethods]
+impl Event {
+    fn __repr__(&self) -> String {
+        let mut parts = vec![format!("kind={:?}", self.kind), format!("appliance={:?}", self.appliance)];
+        if let Some(l) = self.lease {
+            parts.push(format!("lease={l:#x}"));
+        }
+        if let Some(s) = self.session_id {
+            parts.push(format!("session_id={s}"));
+        }
+        if let Some(m) = self.in_ms {
+            parts.push(format!("in_ms={m}"));
+        }
+        if let Some(o) = &self.outcome {
+            parts.push(format!("outcome={o:?}"));
+        }
+        if let Some(r) = &self.reason {
+            parts.push(format!("reason={r:?}"));
+        }
+        format!("Event({})", parts.join(", "))
+    }
+}
+
+impl From<RustEvent> for Event {
+    fn from(e: RustEvent) -> Event {
+        let base = |kind: &str, appliance: String| Event {
+            kind: kind.into(),
+            appliance,
+            lease: None,
+            session_id: None,
+            in_ms: None,
+            outcome: None,
+            reason: None,
+        };
+        match e {
+            RustEvent::Revoked { appliance, lease, outcome } => Event {
+                lease: Some(lease_number(lease)),
+                outcome: Some(outcome.name().to_string()),
+                ..base("revoked", appliance)
+            },
+            RustEvent::Expiring { appliance, lease, in_ms } => {
+                Event { lease: Some(lease_number(lease)), in_ms: Some(in_ms), ..base("expiring", appliance) }
+            }
+            RustEvent::Fenced { appliance, lease } => {
+                Event { lease: Some(lease_number(lease)), ..base("fenced", appliance) }
+            }
+            RustEvent::Draining { appliance, in_ms } => Event { in_ms: Some(in_ms), ..base("draining", appliance) },
+            RustEvent::Reconnected { appliance, session_id } => {
+                Event { session_id: Some(session_id), ..base("reconnected", appliance) }
+            }
+            RustEvent::Disconnected { appliance, reason } => {
+                Event { reason: Some(reason), ..base("disconnected", appliance) }
+            }
+        }
+    }
+}
+
+/// A string, or a sequence of strings.
+fn one_or_many(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<String>> {
+    if let Ok(s) = obj.extract::<String>() {
+        return Ok(s.split(',').map(str::trim).filter(|a| !a.is_empty()).map(String::from).collect());
+    }
+    obj.extract::<Vec<String>>()
+        .map_err(|_| ConfigError::new_err(format!("{what} must be a string or a sequence of strings")))
+}
+
+/// A client of one or more appliances: a connection thread per appliance (heartbeats, lease renewals,
+/// reconnect), leases placed by free bytes.
+#[pyclass(module = "leasebox", frozen)]
+struct Client {
+    inner: Mutex<Option<Arc<RustClient>>>,
+}
+
+impl Client {
+    fn get(&self) -> PyResult<Arc<RustClient>> {
+        lock(&self.inner).clone().ok_or_else(|| Closed::new_err("the client is closed"))
+    }
+}
+
+#[pymethods]
+impl Client {
+    #[new]
+    #[pyo3(signature = (appliances, tenant, key, *, rdma_peer=None, timeout=None, on_event=None))]
+    fn new(
+        py: Python<'_>,
+        appliances: &Bound<'_, PyAny>,
+        tenant: String,
+        key: String,
+        rdma_peer: Option<&Bound<'_, PyAny>>,
+        timeout: Option<f64>,
+        on_event: Option<Py<PyAny>>,
+    ) -> PyResult<Client> {
+        let addrs = one_or_many(appliances, "appliances")?;
+        if addrs.is_empty() {
+            return Err(ConfigError::new_err("no appliance address given"));
+        }
+        let key = leasebox_client::hex::decode(&key).map_err(|e| ConfigError::new_err(format!("key: {e}")))?;
+        if key.is_empty() {
+            return Err(ConfigError::new_err("key: empty"));
+        }
+        let peers = match rdma_peer {
+            None => vec![SoftConfig::default().peer],
+            Some(p) => one_or_many(p, "rdma_peer")?
+                .iter()
+                .map(|a| a.parse().map_err(|_| ConfigError::new_err(format!("rdma_peer '{a}' is not ADDR:PORT"))))
+                .collect::<PyResult<_>>()?,
+        };
+        if peers.is_empty() || (peers.len() != 1 && peers.len() != addrs.len()) {
+            return Err(ConfigError::new_err(format!(
+                "{} rdma peers for {} appliances (give one, or one per appliance)",
+                peers.len(),
+                addrs.len()
+            )));
+        }
+        let list = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| Appliance {
+                addr: a.clone(),
+                credentials: Credentials { name: tenant.clone(), key: key.clone() },
+                requester: RequesterConfig::Soft(SoftConfig {
+                    peer: peers[i.min(peers.len() - 1)],
+                    ..SoftConfig::default()
+                }),
+            })
+            .collect();
+        let mut cfg = ClientConfig::new(list);
+        if let Some(t) = timeout {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(ConfigError::new_err("timeout must be a positive number of seconds"));
+            }
+            let t = Duration::from_secs_f64(t);
+            cfg.timeouts.receive = t;
+            cfg.timeouts.retry_for = t;
+            cfg.timeouts.connect = t.min(cfg.timeouts.connect);
+            cfg.rdma_timeout = t;
+        }
+        if let Some(cb) = on_event {
+            let cb: Callback = Arc::new(move |e: &RustEvent| {
+                Python::with_gil(|py| {
+                    if let Err(err) = cb.call1(py, (Event::from(e.clone()),)) {
+                        // A failing callback must not stop the client: Python reports it as unraisable.
+                        err.write_unraisable(py, None);
+                    }
+                });
+            });
+            cfg.on_event = Some(cb);
+        }
+        let c = py.allow_threads(|| RustClient::connect(cfg)).map_err(py_err)?;
+        Ok(Client { inner: Mutex::new(Some(Arc::new(c))) })
+    }
+
+    /// The appliances' addresses, in the order given.
+    #[getter]
+    fn appliances(&self) -> PyResult<Vec<String>> {
+        Ok(self.get()?.appliances())
+    }
+
+    /// Allocates a lease of at least `size` bytes, ready for RDMA. Prefer few large leases (each costs the
+    /// appliance a queue pair) with your own index of blocks inside them.
+    #[pyo3(signature = (size, *, ttl_ms=0, prefer=None))]
+    fn alloc(&self, py: Python<'_>, size: u64, ttl_ms: u32, prefer: Option<usize>) -> PyResult<Lease> {
+        let c = self.get()?;
+        let l = py.allow_threads(|| c.alloc(size, AllocOptions { ttl_ms, prefer })).map_err(py_err)?;
+        Ok(Lease {
+            id: lease_number(l.id()),
+            size: l.size(),
+            appliance: l.appliance().to_string(),
+            inner: Mutex::new(Some(l)),
+        })
+    }
+
+    /// The bytes this tenant may still take on appliance `appliance` (its index).
+    #[pyo3(signature = (appliance=0))]
+    fn free_bytes(&self, py: Python<'_>, appliance: usize) -> PyResult<u64> {
+        let c = self.get()?;
+        py.allow_threads(|| c.free_bytes(appliance)).map_err(py_err)
+    }
+
+    /// REVOKE a lease by id on appliance `appliance` (the operator's command: an admin client, or the lease's
+    /// own tenant). Returns the outcome: "TornDown", "Fenced" or "NotFound".
+    #[pyo3(signature = (lease_id, *, appliance=0))]
+    fn revoke(&self, py: Python<'_>, lease_id: u64, appliance: usize) -> PyResult<String> {
+        let c = self.get()?;
+        let req = Request::Revoke { lease: lease_id_of(lease_id), qp_first: false };
+        match py.allow_threads(|| c.call(appliance, req)).map_err(py_err)? {
+            Response::Revoke { outcome, .. } => Ok(outcome.name().to_string()),
+            other => Err(LeaseboxError::new_err(format!("REVOKE answered {other:?}"))),
+        }
+    }
+
+    /// The next event, waiting at most `timeout` seconds (0: only one already queued); None if none came.
+    #[pyo3(signature = (timeout=0.0))]
+    fn next_event(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Event>> {
+        let c = self.get()?;
+        let wait = Duration::from_secs_f64(timeout.clamp(0.0, 86_400.0));
+        Ok(py.allow_threads(|| c.recv_event(wait)).map(Event::from))
+    }
+
+    /// Every event queued now.
+    fn events(&self) -> PyResult<Vec<Event>> {
+        Ok(self.get()?.try_events().into_iter().map(Event::from).collect())
+    }
+
+    /// Frees the leases the client still tracks, says BYE and ends its threads. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let c = lock(&self.inner).take();
+        py.allow_threads(|| drop(c));
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(&self, py: Python<'_>, _t: PyObject, _v: PyObject, _tb: PyObject) -> bool {
+        self.close(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        match lock(&self.inner).as_ref() {
+            Some(c) => format!("Client(appliances={:?})", c.appliances()),
+            None => "Client(closed)".into(),
+        }
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // Joining the connection threads while holding the GIL could wait on a callback that waits for it.
+        if let Some(c) = lock(&self.inner).take() {
+            Python::with_gil(|py| py.allow_threads(|| drop(c)));
+        }
+    }
+}
+
+/// A lease: `size` bytes of appliance memory, read and written by offset over RDMA.
+#[pyclass(module = "leasebox", frozen)]
+struct Lease {
+    id: u64,
+    size: u64,
+    appliance: String,
+    inner: Mutex<Option<RustLease>>,
+}
+
+impl Lease {
+    /// Runs `f` on the lease without the GIL.
+    fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut RustLease) -> Result<T, Error> + Send) -> PyResult<T> {
+        py.allow_threads(|| {
+            let mut g = lock(&self.inner);
+            match g.as_mut() {
+                Some(l) => f(l),
+                None => Err(Error::Closed("the lease was freed")),
+            }
+        })
+        .map_err(py_err)
+    }
+}
+
+/// The bytes of a buffer-protocol object (bytes, bytearray, memoryview, ...).
+fn bytes_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(b) = obj.downcast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    let buf = PyBuffer::<u8>::get(obj)?;
+    buf.to_vec(obj.py())
+}
+
+#[pymethods]
+impl Lease {
+    /// The lease's id (slot << 32 | generation).
+    #[getter]
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The lease's size in bytes.
+    #[getter]
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The appliance's address.
+    #[getter]
+    fn appliance(&self) -> String {
+        self.appliance.clone()
+    }
+
+    /// The revoke's outcome once the client knows the lease is gone ("TornDown", "Fenced", "NotFound"), else
+    /// None.
+    #[getter]
+    fn revoked(&self) -> Option<String> {
+        lock(&self.inner).as_ref().and_then(|l| l.revoked()).map(|o| o.name().to_string())
+    }
+
+    fn __len__(&self) -> usize {
+        self.size as usize
+    }
+
+    /// Writes `data` (bytes, bytearray, memoryview, ...) at `offset`; returns once it is acknowledged.
+    fn write(&self, py: Python<'_>, offset: u64, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let data = bytes_of(data)?;
+        self.with(py, |l| l.write(offset, &data))
+    }
+
+    /// Reads `length` bytes at `offset`.
+    fn read<'py>(&self, py: Python<'py>, offset: u64, length: usize) -> PyResult<Bound<'py, PyBytes>> {
+        let mut buf = vec![0u8; length];
+        self.with(py, |l| l.read(offset, &mut buf))?;
+        Ok(PyBytes::new(py, &buf))
+    }
+
+    /// Reads `len(buf)` bytes at `offset` into `buf` (a writable buffer: bytearray, memoryview, ...).
+    fn read_into(&self, py: Python<'_>, offset: u64, buf: &Bound<'_, PyAny>) -> PyResult<()> {
+        let target = PyBuffer::<u8>::get(buf)?;
+        if target.readonly() {
+            return Err(pyo3::exceptions::PyTypeError::new_err("read_into needs a writable buffer"));
+        }
+        let mut data = vec![0u8; target.item_count()];
+        self.with(py, |l| l.read(offset, &mut data))?;
+        target.copy_from_slice(py, &data)
+    }
+
+    /// Several writes, `[(offset, data), ...]`, pipelined; returns once all are acknowledged.
+    fn write_many(&self, py: Python<'_>, items: Vec<(u64, Bound<'_, PyAny>)>) -> PyResult<()> {
+        let owned = items.iter().map(|(o, d)| Ok((*o, bytes_of(d)?))).collect::<PyResult<Vec<_>>>()?;
+        self.with(py, |l| {
+            let ops: Vec<(u64, &[u8])> = owned.iter().map(|(o, d)| (*o, d.as_slice())).collect();
+            l.write_many(&ops)
+        })
+    }
+
+    /// Several reads, `[(offset, length), ...]`, pipelined; returns the bytes of each.
+    fn read_many<'py>(&self, py: Python<'py>, items: Vec<(u64, usize)>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let mut bufs: Vec<(u64, Vec<u8>)> = items.iter().map(|&(o, n)| (o, vec![0u8; n])).collect();
+        self.with(py, |l| {
+            let mut ops: Vec<(u64, &mut [u8])> = bufs.iter_mut().map(|(o, b)| (*o, b.as_mut_slice())).collect();
+            l.read_many(&mut ops)
+        })?;
+        Ok(bufs.iter().map(|(_, b)| PyBytes::new(py, b)).collect())
+    }
+
+    /// Gives the memory back (FREE); returns the outcome. Raises LeaseRevoked if the appliance took it back
+    /// already. Later calls raise Closed.
+    fn free(&self, py: Python<'_>) -> PyResult<String> {
+        let l = lock(&self.inner).take().ok_or_else(|| Closed::new_err("the lease was freed"))?;
+        py.allow_threads(|| l.free()).map(|o| o.name().to_string()).map_err(py_err)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Frees the lease unless it is already freed or revoked.
+    fn __exit__(&self, py: Python<'_>, _t: PyObject, _v: PyObject, _tb: PyObject) -> bool {
+        if let Some(l) = lock(&self.inner).take() {
+            let _ = py.allow_threads(|| l.free());
+        }
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Lease(id={:#x}, size={}, appliance={:?})", self.id, self.size, self.appliance)
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(l) = lock(&self.inner).take() {
+            Python::with_gil(|py| py.allow_threads(|| drop(l)));
+        }
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<Client>()?;
+    m.add_class::<Lease>()?;
+    m.add_class::<Event>()?;
+    m.add("LeaseboxError", py.get_type::<LeaseboxError>())?;
+    m.add("ConfigError", py.get_type::<ConfigError>())?;
+    m.add("ConnectionLost", py.get_type::<ConnectionLost>())?;
+    m.add("AuthError", py.get_type::<AuthError>())?;
+    m.add("ServerError", py.get_type::<ServerError>())?;
+    m.add("NoMemory", py.get_type::<NoMemory>())?;
+    m.add("LeaseRevoked", py.get_type::<LeaseRevoked>())?;
+    m.add("OutOfRange", py.get_type::<OutOfRange>())?;
+    m.add("RdmaError", py.get_type::<RdmaError>())?;
+    m.add("LeaseboxTimeout", py.get_type::<LeaseboxTimeout>())?;
+    m.add("Closed", py.get_type::<Closed>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,176 @@
+"""Fixtures: a hosted Leasebox appliance with the device model and its RDMA data path (`leasebox-hosted --hca
+--udp`), started once per test module, and a TCP proxy in front of its control port that a test can cut.
+
+The binary is `$LEASEBOX_HOSTED_BIN`, else `target/debug/leasebox-hosted` of this repository, built with
+`cargo build -p leasebox-hosted` when missing (`cargo xtask test` builds it before running pytest)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+READY_WITHIN = 60.0
+
+
+@dataclass
+class Appliance:
+    addr: str
+    udp: str
+    tenant_key: str
+    admin_key: str
+    proc: subprocess.Popen
+
+    def tenant(self, **kw):
+        import leasebox
+
+        kw.setdefault("rdma_peer", self.udp)
+        return leasebox.Client(kw.pop("addr", self.addr), "demo", self.tenant_key, **kw)
+
+    def admin(self, **kw):
+        import leasebox
+
+        kw.setdefault("rdma_peer", self.udp)
+        return leasebox.Client(self.addr, "admin", self.admin_key, **kw)
+
+
+def hosted_binary() -> Path:
+    env = os.environ.get("LEASEBOX_HOSTED_BIN")
+    if env:
+        return Path(env)
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    binary = target / "debug" / "leasebox-hosted"
+    if not binary.exists():
+        subprocess.run(["cargo", "build", "-q", "-p", "leasebox-hosted"], cwd=REPO, check=True, timeout=900)
+    return binary
+
+
+def start_appliance(extra: Optional[List[str]] = None) -> Appliance:
+    tenant, admin = secrets.token_hex(32), secrets.token_hex(32)
+    args = [str(hosted_binary()), "--listen", "127.0.0.1:0", "--hca", "--udp", "127.0.0.1:0"]
+    args += [f"tenant=demo:{tenant}", f"admin={admin}"] + (extra or [])
+    # stderr (the appliance's log) goes to a file, so a full pipe never stalls it.
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True)
+    # The ready line: `leasebox: ready hosted=1 addr=IP ctl_port=PORT hca=true udp=IP:PORT`.
+    found: dict = {}
+    ready = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # read to the end: the pipe never fills
+            if line.startswith("leasebox: ready") and not ready.is_set():
+                found.update(w.split("=", 1) for w in line.split() if "=" in w)
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not ready.wait(READY_WITHIN):
+        proc.kill()
+        log.seek(0)
+        raise RuntimeError(f"leasebox-hosted printed no ready line within {READY_WITHIN} s: {log.read()[-2000:]}")
+    return Appliance(f"{found['addr']}:{found['ctl_port']}", found["udp"], tenant, admin, proc)
+
+
+@pytest.fixture(scope="module")
+def appliance() -> Iterator[Appliance]:
+    a = start_appliance()
+    yield a
+    a.proc.terminate()
+    try:
+        a.proc.wait(10)
+    except subprocess.TimeoutExpired:
+        a.proc.kill()
+        a.proc.wait(10)
+
+
+class Proxy:
+    """Forwards TCP connections to `upstream`; `kill()` cuts every connection so far."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.addr = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.accepted = 0
+        self.conns: List[socket.socket] = []
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                down, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            up = socket.create_connection(self.upstream, timeout=5)
+            up.settimeout(None)
+            down.settimeout(None)
+            with self.lock:
+                self.accepted += 1
+                self.conns += [down, up]
+            for a, b in ((down, up), (up, down)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        try:
+            dst.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def kill(self) -> None:
+        with self.lock:
+            conns, self.conns = self.conns, []
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.kill()
+        self.listener.close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def proxy(appliance: Appliance) -> Iterator[Proxy]:
+    p = Proxy(appliance.addr)
+    yield p
+    p.close()
+
+
+def wait_event(client, kind: str, within: float = 10.0):
+    """The first event of `kind` within `within` seconds (others are skipped), or None."""
+    deadline = time.monotonic() + within
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        e = client.next_event(min(left, 0.5))
+        if e is not None and e.kind == kind:
+            return e
