@@ -118,6 +118,16 @@ typedef struct lbx_client lbx_client;
 typedef struct lbx_lease lbx_lease;
 
 /**
+ * A lease's id: the appliance's boot id (a lease id from another boot of the appliance names nothing, so
+ * an id kept across an appliance reboot is answered as unknown), the slot, and the slot's generation.
+ */
+typedef struct lbx_lease_ident {
+  uint8_t boot_id[16];
+  uint32_t slot;
+  uint32_t generation;
+} lbx_lease_ident;
+
+/**
  * What `lbx_client_next_event` reports; the fields that do not apply to `kind` are 0.
  */
 typedef struct lbx_event {
@@ -130,9 +140,9 @@ typedef struct lbx_event {
    */
   uint32_t appliance;
   /**
-   * The lease (`lbx_lease_id`).
+   * The lease (as `lbx_lease_id` gives it).
    */
-  uint64_t lease;
+  struct lbx_lease_ident lease;
   /**
    * The new session of `LBX_EVENT_RECONNECTED`.
    */
@@ -206,12 +216,12 @@ int32_t lbx_client_next_event(const struct lbx_client *client,
                               struct lbx_event *event);
 
 /**
- * REVOKE lease `lease_id` on appliance `appliance` (the operator's command: admin clients, or the lease's own
+ * REVOKE lease `*lease_id` on appliance `appliance` (the operator's command: admin clients, or the lease's own
  * tenant).
  */
 int32_t lbx_client_revoke(const struct lbx_client *client,
                           uint32_t appliance,
-                          uint64_t lease_id);
+                          const struct lbx_lease_ident *lease_id);
 
 /**
  * Allocates a lease of at least `size` bytes, ready for RDMA, on the appliance with the most free bytes.
@@ -224,9 +234,9 @@ int32_t lbx_alloc(const struct lbx_client *client,
                   struct lbx_lease **out);
 
 /**
- * The lease's id (slot << 32 | generation), 0 for an invalid handle.
+ * The lease's id; all zero for an invalid handle.
  */
-uint64_t lbx_lease_id(const struct lbx_lease *lease);
+struct lbx_lease_ident lbx_lease_id(const struct lbx_lease *lease);
 
 /**
  * The lease's size in bytes, 0 for an invalid handle.

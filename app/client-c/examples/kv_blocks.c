@@ -59,7 +59,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < LEASES; i++) {
         s = lbx_alloc(client, (uint64_t)BLOCK_SIZE * BLOCKS_PER_LEASE, 0, &leases[i]);
         if (s != LBX_OK) return fail("alloc", s);
-        printf("lease %d: id %#llx, %llu bytes\n", i, (unsigned long long)lbx_lease_id(leases[i]),
+        lbx_lease_ident id = lbx_lease_id(leases[i]);
+        printf("lease %d: id %u.%u, %llu bytes\n", i, id.slot, id.generation,
                (unsigned long long)lbx_lease_size(leases[i]));
     }
 

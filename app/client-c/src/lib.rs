@@ -85,7 +85,7 @@ pub struct lbx_client {
 /// A lease (opaque).
 pub struct lbx_lease {
     tag: u64,
-    id: u64,
+    id: lbx_lease_ident,
     size: u64,
     inner: Mutex<Option<Lease>>,
 }
@@ -98,6 +98,28 @@ pub struct lbx_iov {
     pub len: usize,
 }
 
+/// A lease's id: the appliance's boot id (a lease id from another boot of the appliance names nothing, so
+/// an id kept across an appliance reboot is answered as unknown), the slot, and the slot's generation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct lbx_lease_ident {
+    pub boot_id: [u8; 16],
+    pub slot: u32,
+    pub generation: u32,
+}
+
+impl From<LeaseId> for lbx_lease_ident {
+    fn from(id: LeaseId) -> Self {
+        lbx_lease_ident { boot_id: id.boot_id, slot: id.slot, generation: id.generation }
+    }
+}
+
+impl From<lbx_lease_ident> for LeaseId {
+    fn from(id: lbx_lease_ident) -> Self {
+        LeaseId { boot_id: id.boot_id, slot: id.slot, generation: id.generation }
+    }
+}
+
 /// What `lbx_client_next_event` reports; the fields that do not apply to `kind` are 0.
 #[repr(C)]
 pub struct lbx_event {
@@ -105,8 +127,8 @@ pub struct lbx_event {
     pub kind: i32,
     /// The appliance's index in the list given to `lbx_client_connect`.
     pub appliance: u32,
-    /// The lease (`lbx_lease_id`).
-    pub lease: u64,
+    /// The lease (as `lbx_lease_id` gives it).
+    pub lease: lbx_lease_ident,
     /// The new session of `LBX_EVENT_RECONNECTED`.
     pub session_id: u64,
     /// Milliseconds left, for `LBX_EVENT_EXPIRING` and `LBX_EVENT_DRAINING`.
@@ -235,16 +257,6 @@ fn lease_guard<'a>(l: *const lbx_lease) -> Result<MutexGuard<'a, Option<Lease>>,
 
 fn out<T>(p: *mut T, what: &str) -> Result<*mut T, Fail> {
     if p.is_null() { Err(invalid(format!("{what} is NULL"))) } else { Ok(p) }
-}
-
-/// A lease id as one number: slot in the high 32 bits, generation in the low 32.
-pub fn lease_number(id: LeaseId) -> u64 {
-    (u64::from(id.slot) << 32) | u64::from(id.generation)
-}
-
-/// The [`LeaseId`] of a [`lease_number`].
-pub fn lease_id_of(n: u64) -> LeaseId {
-    LeaseId { slot: (n >> 32) as u32, generation: n as u32 }
 }
 
 /// The message of the last failed call on this thread ("" after a success). Valid until the next call on this
@@ -396,7 +408,14 @@ pub extern "C" fn lbx_client_next_event(client: *const lbx_client, wait_ms: u32,
     entry("lbx_client_next_event", || {
         let c = self::client(client)?;
         let p = out(event, "event")?;
-        let mut e = lbx_event { kind: LBX_EVENT_NONE, appliance: 0, lease: 0, session_id: 0, in_ms: 0, outcome: 0 };
+        let mut e = lbx_event {
+            kind: LBX_EVENT_NONE,
+            appliance: 0,
+            lease: lbx_lease_ident::default(),
+            session_id: 0,
+            in_ms: 0,
+            outcome: 0,
+        };
         let list = c.appliances();
         let index = |a: &str| list.iter().position(|x| x == a).unwrap_or(0) as u32;
         match c.recv_event(Duration::from_millis(u64::from(wait_ms))) {
@@ -405,7 +424,7 @@ pub extern "C" fn lbx_client_next_event(client: *const lbx_client, wait_ms: u32,
                 e = lbx_event {
                     kind: LBX_EVENT_REVOKED,
                     appliance: index(&appliance),
-                    lease: lease_number(lease),
+                    lease: lease.into(),
                     outcome: outcome as u32,
                     ..e
                 }
@@ -414,13 +433,13 @@ pub extern "C" fn lbx_client_next_event(client: *const lbx_client, wait_ms: u32,
                 e = lbx_event {
                     kind: LBX_EVENT_EXPIRING,
                     appliance: index(&appliance),
-                    lease: lease_number(lease),
+                    lease: lease.into(),
                     in_ms,
                     ..e
                 }
             }
             Some(Event::Fenced { appliance, lease }) => {
-                e = lbx_event { kind: LBX_EVENT_FENCED, appliance: index(&appliance), lease: lease_number(lease), ..e }
+                e = lbx_event { kind: LBX_EVENT_FENCED, appliance: index(&appliance), lease: lease.into(), ..e }
             }
             Some(Event::Draining { appliance, in_ms }) => {
                 e = lbx_event { kind: LBX_EVENT_DRAINING, appliance: index(&appliance), in_ms, ..e }
@@ -442,13 +461,22 @@ pub extern "C" fn lbx_client_next_event(client: *const lbx_client, wait_ms: u32,
     })
 }
 
-/// REVOKE lease `lease_id` on appliance `appliance` (the operator's command: admin clients, or the lease's own
+/// REVOKE lease `*lease_id` on appliance `appliance` (the operator's command: admin clients, or the lease's own
 /// tenant).
 #[unsafe(no_mangle)]
-pub extern "C" fn lbx_client_revoke(client: *const lbx_client, appliance: u32, lease_id: u64) -> i32 {
+pub extern "C" fn lbx_client_revoke(
+    client: *const lbx_client,
+    appliance: u32,
+    lease_id: *const lbx_lease_ident,
+) -> i32 {
     entry("lbx_client_revoke", || {
         let c = self::client(client)?;
-        match c.call(appliance as usize, Request::Revoke { lease: lease_id_of(lease_id), qp_first: false })? {
+        if lease_id.is_null() {
+            return Err(invalid("lease_id is NULL"));
+        }
+        // SAFETY: non-NULL, points to an lbx_lease_ident (the caller's contract); read by value.
+        let id = unsafe { lease_id.read() };
+        match c.call(appliance as usize, Request::Revoke { lease: id.into(), qp_first: false })? {
             Response::Revoke { .. } => Ok(()),
             other => Err(invalid(format!("REVOKE answered {other:?}"))),
         }
@@ -465,7 +493,7 @@ pub extern "C" fn lbx_alloc(client: *const lbx_client, size: u64, ttl_ms: u32, o
         // SAFETY: non-NULL, writable (the caller's contract).
         unsafe { out.write(std::ptr::null_mut()) };
         let l = self::client(client)?.alloc(size, AllocOptions { ttl_ms, prefer: None })?;
-        let h = lbx_lease { tag: LEASE_TAG, id: lease_number(l.id()), size: l.size(), inner: Mutex::new(Some(l)) };
+        let h = lbx_lease { tag: LEASE_TAG, id: l.id().into(), size: l.size(), inner: Mutex::new(Some(l)) };
         let h = Box::into_raw(Box::new(h));
         // SAFETY: as above.
         unsafe { out.write(h) };
@@ -473,10 +501,10 @@ pub extern "C" fn lbx_alloc(client: *const lbx_client, size: u64, ttl_ms: u32, o
     })
 }
 
-/// The lease's id (slot << 32 | generation), 0 for an invalid handle.
+/// The lease's id; all zero for an invalid handle.
 #[unsafe(no_mangle)]
-pub extern "C" fn lbx_lease_id(lease: *const lbx_lease) -> u64 {
-    catch_unwind(|| lease_handle(lease).map_or(0, |h| h.id)).unwrap_or(0)
+pub extern "C" fn lbx_lease_id(lease: *const lbx_lease) -> lbx_lease_ident {
+    catch_unwind(|| lease_handle(lease).map_or(lbx_lease_ident::default(), |h| h.id)).unwrap_or_default()
 }
 
 /// The lease's size in bytes, 0 for an invalid handle.
@@ -608,7 +636,7 @@ mod tests {
         assert_eq!(lbx_lease_write(std::ptr::null(), 0, std::ptr::null(), 0), LBX_ERR_INVALID_ARGUMENT);
         assert_eq!(lbx_alloc(std::ptr::null(), 4096, 0, std::ptr::null_mut()), LBX_ERR_INVALID_ARGUMENT);
         assert!(last().contains("out is NULL"), "{}", last());
-        assert_eq!(lbx_lease_id(std::ptr::null()), 0);
+        assert_eq!(lbx_lease_id(std::ptr::null()), lbx_lease_ident::default());
         assert_eq!(lbx_lease_free(std::ptr::null_mut()), LBX_OK);
         assert_eq!(lbx_client_close(std::ptr::null_mut()), LBX_OK);
         assert_eq!(last(), "");
@@ -647,11 +675,11 @@ mod tests {
 
     #[test]
     fn a_handle_of_the_wrong_type_is_refused() {
-        let fake = lbx_lease { tag: DEAD_TAG, id: 0, size: 0, inner: Mutex::new(None) };
+        let fake = lbx_lease { tag: DEAD_TAG, id: lbx_lease_ident::default(), size: 0, inner: Mutex::new(None) };
         assert_eq!(lbx_lease_read(&fake, 0, std::ptr::null_mut(), 0), LBX_ERR_INVALID_ARGUMENT);
         assert!(last().contains("not a live lbx_lease"), "{}", last());
         let fake = lbx_client { tag: LEASE_TAG, inner: None };
-        assert_eq!(lbx_client_revoke(&fake, 0, 1), LBX_ERR_INVALID_ARGUMENT);
+        assert_eq!(lbx_client_revoke(&fake, 0, &lbx_lease_ident::default()), LBX_ERR_INVALID_ARGUMENT);
     }
 
     #[test]

@@ -195,13 +195,16 @@ fn revoke_turns_the_next_call_into_lbx_err_revoked_and_a_cut_connection_is_recon
 
     // The operator revokes it through a second connection, as the admin.
     let id = lbx_lease_id(lease);
-    assert_eq!(lbx_client_revoke(admin, 0, id), LBX_OK, "{}", last());
+    assert_ne!(id, lbx_lease_ident::default(), "a live lease has an id");
+    assert_ne!(id.boot_id, [0; 16], "the appliance's boot id is part of it");
+    assert_eq!(lbx_client_revoke(admin, 0, &id), LBX_OK, "{}", last());
     let r = lbx_lease_write(lease, 0, data.as_ptr(), 64);
     assert_eq!(r, LBX_ERR_REVOKED, "{}", last());
     assert!(last().contains("revoked"), "{}", last());
     // Later calls fail the same way without the network.
     assert_eq!(lbx_lease_read(lease, 0, back.as_mut_ptr(), 64), LBX_ERR_REVOKED);
-    let mut ev = lbx_event { kind: -1, appliance: 9, lease: 0, session_id: 0, in_ms: 0, outcome: 0 };
+    let mut ev =
+        lbx_event { kind: -1, appliance: 9, lease: lbx_lease_ident::default(), session_id: 0, in_ms: 0, outcome: 0 };
     let deadline = Instant::now() + Duration::from_secs(5);
     while ev.kind != LBX_EVENT_REVOKED && Instant::now() < deadline {
         assert_eq!(lbx_client_next_event(tenant, 100, &mut ev), LBX_OK);
@@ -212,7 +215,8 @@ fn revoke_turns_the_next_call_into_lbx_err_revoked_and_a_cut_connection_is_recon
 
     // The control connection breaks: the client reconnects on its own and says so.
     proxy.kill();
-    let mut ev = lbx_event { kind: -1, appliance: 9, lease: 0, session_id: 0, in_ms: 0, outcome: 0 };
+    let mut ev =
+        lbx_event { kind: -1, appliance: 9, lease: lbx_lease_ident::default(), session_id: 0, in_ms: 0, outcome: 0 };
     let deadline = Instant::now() + Duration::from_secs(15);
     while ev.kind != LBX_EVENT_RECONNECTED && Instant::now() < deadline {
         assert_eq!(lbx_client_next_event(tenant, 100, &mut ev), LBX_OK);

@@ -72,13 +72,29 @@ fn py_err(e: Error) -> PyErr {
     }
 }
 
-/// A lease id as one number: slot in the high 32 bits, generation in the low 32.
-fn lease_number(id: LeaseId) -> u64 {
-    (u64::from(id.slot) << 32) | u64::from(id.generation)
+/// A lease id as text, `SLOT.GENERATION@BOOT` with the appliance's boot id in 32 hex digits (leasectl's
+/// notation): a lease id kept across an appliance reboot names nothing (the appliance answers NOT_FOUND).
+fn lease_text(id: LeaseId) -> String {
+    let boot: String = id.boot_id.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}.{}@{boot}", id.slot, id.generation)
 }
 
-fn lease_id_of(n: u64) -> LeaseId {
-    LeaseId { slot: (n >> 32) as u32, generation: n as u32 }
+/// The [`LeaseId`] of a [`lease_text`].
+fn lease_id_of(s: &str) -> PyResult<LeaseId> {
+    let bad = || {
+        pyo3::exceptions::PyValueError::new_err(format!("lease id '{s}' is not SLOT.GENERATION@BOOT (32 hex digits)"))
+    };
+    let (ids, boot) = s.split_once('@').ok_or_else(bad)?;
+    let (slot, generation) = ids.split_once('.').ok_or_else(bad)?;
+    let (slot, generation) = (slot.parse().map_err(|_| bad())?, generation.parse().map_err(|_| bad())?);
+    if boot.len() != 32 || !boot.is_ascii() {
+        return Err(bad());
+    }
+    let mut boot_id = [0u8; 16];
+    for (i, b) in boot_id.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&boot[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(LeaseId { boot_id, slot, generation })
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -94,7 +110,7 @@ struct Event {
     /// The appliance's address.
     appliance: String,
     /// The lease's id (revoked, expiring, fenced), else None.
-    lease: Option<u64>,
+    lease: Option<String>,
     /// The new session (reconnected), else None.
     session_id: Option<u64>,
     /// Milliseconds left (expiring, draining), else None.
@@ -109,8 +125,8 @@ struct Event {
 impl Event {
     fn __repr__(&self) -> String {
         let mut parts = vec![format!("kind={:?}", self.kind), format!("appliance={:?}", self.appliance)];
-        if let Some(l) = self.lease {
-            parts.push(format!("lease={l:#x}"));
+        if let Some(l) = &self.lease {
+            parts.push(format!("lease={l}"));
         }
         if let Some(s) = self.session_id {
             parts.push(format!("session_id={s}"));
@@ -141,15 +157,15 @@ impl From<RustEvent> for Event {
         };
         match e {
             RustEvent::Revoked { appliance, lease, outcome } => Event {
-                lease: Some(lease_number(lease)),
+                lease: Some(lease_text(lease)),
                 outcome: Some(outcome.name().to_string()),
                 ..base("revoked", appliance)
             },
             RustEvent::Expiring { appliance, lease, in_ms } => {
-                Event { lease: Some(lease_number(lease)), in_ms: Some(in_ms), ..base("expiring", appliance) }
+                Event { lease: Some(lease_text(lease)), in_ms: Some(in_ms), ..base("expiring", appliance) }
             }
             RustEvent::Fenced { appliance, lease } => {
-                Event { lease: Some(lease_number(lease)), ..base("fenced", appliance) }
+                Event { lease: Some(lease_text(lease)), ..base("fenced", appliance) }
             }
             RustEvent::Draining { appliance, in_ms } => Event { in_ms: Some(in_ms), ..base("draining", appliance) },
             RustEvent::Reconnected { appliance, session_id } => {
@@ -270,7 +286,7 @@ impl Client {
         let c = self.get()?;
         let l = py.allow_threads(|| c.alloc(size, AllocOptions { ttl_ms, prefer })).map_err(py_err)?;
         Ok(Lease {
-            id: lease_number(l.id()),
+            id: lease_text(l.id()),
             size: l.size(),
             appliance: l.appliance().to_string(),
             inner: Mutex::new(Some(l)),
@@ -287,9 +303,9 @@ impl Client {
     /// REVOKE a lease by id on appliance `appliance` (the operator's command: an admin client, or the lease's
     /// own tenant). Returns the outcome: "TornDown", "Fenced" or "NotFound".
     #[pyo3(signature = (lease_id, *, appliance=0))]
-    fn revoke(&self, py: Python<'_>, lease_id: u64, appliance: usize) -> PyResult<String> {
+    fn revoke(&self, py: Python<'_>, lease_id: &str, appliance: usize) -> PyResult<String> {
         let c = self.get()?;
-        let req = Request::Revoke { lease: lease_id_of(lease_id), qp_first: false };
+        let req = Request::Revoke { lease: lease_id_of(lease_id)?, qp_first: false };
         match py.allow_threads(|| c.call(appliance, req)).map_err(py_err)? {
             Response::Revoke { outcome, .. } => Ok(outcome.name().to_string()),
             other => Err(LeaseboxError::new_err(format!("REVOKE answered {other:?}"))),
@@ -344,7 +360,7 @@ impl Drop for Client {
 /// A lease: `size` bytes of appliance memory, read and written by offset over RDMA.
 #[pyclass(module = "leasebox", frozen)]
 struct Lease {
-    id: u64,
+    id: String,
     size: u64,
     appliance: String,
     inner: Mutex<Option<RustLease>>,
@@ -375,10 +391,10 @@ fn bytes_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
 
 #[pymethods]
 impl Lease {
-    /// The lease's id (slot << 32 | generation).
+    /// The lease's id, `SLOT.GENERATION@BOOT`.
     #[getter]
-    fn id(&self) -> u64 {
-        self.id
+    fn id(&self) -> String {
+        self.id.clone()
     }
 
     /// The lease's size in bytes.
@@ -467,7 +483,7 @@ impl Lease {
     }
 
     fn __repr__(&self) -> String {
-        format!("Lease(id={:#x}, size={}, appliance={:?})", self.id, self.size, self.appliance)
+        format!("Lease(id={}, size={}, appliance={:?})", self.id, self.size, self.appliance)
     }
 }
 

@@ -25,7 +25,9 @@ def test_connect_alloc_write_read_bytes(appliance):
         free = c.free_bytes()
         lease = c.alloc(2 * MIB)
         assert lease.size >= 2 * MIB and len(lease) == lease.size
-        assert lease.id != 0 and lease.appliance == appliance.addr
+        slot_gen, boot = lease.id.split("@")
+        assert len(boot) == 32 and boot != "0" * 32 and slot_gen.count(".") == 1
+        assert lease.appliance == appliance.addr
         assert c.free_bytes() <= free - 2 * MIB
         data = pattern(1, 10_000)
         lease.write(12_345, data)
@@ -75,6 +77,8 @@ def test_admin_revoke_makes_the_next_call_raise_lease_revoked(appliance):
     with appliance.tenant(on_event=seen.append) as c, appliance.admin() as admin:
         lease = c.alloc(MIB)
         lease.write(0, b"x" * 64)
+        with pytest.raises(ValueError):
+            admin.revoke("1.2")  # no boot id: not a lease id
         assert admin.revoke(lease.id) == "TornDown"
         with pytest.raises(leasebox.LeaseRevoked) as e:
             lease.write(0, b"y" * 64)
