@@ -364,7 +364,11 @@ fn malformed(i: u32) -> (Vec<u8>, ErrorCode) {
             (f, ErrorCode::Malformed)
         }
         _ => {
-            frame(Kind::Request, Op::Revoke as u16, i, &[0, 0, 0, 1, 0, 0, 0, 1, 0x80, 0, 0, 0], &mut f);
+            // REVOKE: lease id (boot id, slot 1, generation 1), then flags with a reserved bit set.
+            let mut p = [0u8; 28];
+            p[16..24].copy_from_slice(&[0, 0, 0, 1, 0, 0, 0, 1]);
+            p[24] = 0x80;
+            frame(Kind::Request, Op::Revoke as u16, i, &p, &mut f);
             (f, ErrorCode::BadParam)
         }
     }
