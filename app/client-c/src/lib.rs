@@ -16,14 +16,10 @@
 // header states. Marking them `unsafe fn` would change nothing for C and only move the same contract.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
-use leasebox_client::rdma::SoftConfig;
-use leasebox_client::{
-    AllocOptions, Appliance, Client, ClientConfig, Credentials, Error, Event, Lease, LeaseId, RequesterConfig,
-};
+use leasebox_client::{AllocOptions, Client, ClientConfig, Error, Event, Lease, LeaseId};
 use leasebox_proto::{ErrorCode, Request, Response};
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char};
-use std::net::SocketAddr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -295,50 +291,10 @@ pub fn config(
     rdma_peers: Option<&str>,
     timeout_ms: u32,
 ) -> Result<ClientConfig, String> {
-    let key = leasebox_client::hex::decode(key_hex).map_err(|e| format!("key_hex: {e}"))?;
-    if key.is_empty() {
-        return Err("key_hex is empty".into());
-    }
-    let addrs: Vec<&str> = appliances.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
-    if addrs.is_empty() {
-        return Err("appliances names no address".into());
-    }
-    let peers: Vec<SocketAddr> = match rdma_peers {
-        None => vec![SoftConfig::default().peer],
-        Some(p) => p
-            .split(',')
-            .map(str::trim)
-            .map(|a| a.parse().map_err(|_| format!("rdma_peer '{a}' is not ADDR:PORT")))
-            .collect::<Result<_, _>>()?,
-    };
-    if peers.len() != 1 && peers.len() != addrs.len() {
-        return Err(format!(
-            "{} rdma peers for {} appliances (give one, or one per appliance)",
-            peers.len(),
-            addrs.len()
-        ));
-    }
-    let list = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| Appliance {
-            addr: a.to_string(),
-            credentials: Credentials { name: name.to_string(), key: key.clone() },
-            requester: RequesterConfig::Soft(SoftConfig {
-                peer: peers[i.min(peers.len() - 1)],
-                ..SoftConfig::default()
-            }),
-        })
-        .collect();
-    let mut cfg = ClientConfig::new(list);
-    if timeout_ms != 0 {
-        let t = Duration::from_millis(u64::from(timeout_ms));
-        cfg.timeouts.receive = t;
-        cfg.timeouts.retry_for = t;
-        cfg.timeouts.connect = t.min(cfg.timeouts.connect);
-        cfg.rdma_timeout = t;
-    }
-    Ok(cfg)
+    let addrs: Vec<String> = appliances.split(',').map(str::trim).filter(|a| !a.is_empty()).map(String::from).collect();
+    let peers: Vec<String> = rdma_peers.map_or(Vec::new(), |p| p.split(',').map(String::from).collect());
+    let timeout = (timeout_ms != 0).then(|| Duration::from_millis(u64::from(timeout_ms)));
+    ClientConfig::software(&addrs, name, key_hex, &peers, timeout)
 }
 
 /// Connects and authenticates to every appliance. `appliances`: control addresses `HOST:PORT`, comma-separated

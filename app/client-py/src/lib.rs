@@ -8,10 +8,8 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use leasebox_client::rdma::SoftConfig;
 use leasebox_client::{
-    AllocOptions, Appliance, Callback, Client as RustClient, ClientConfig, Credentials, Error, Event as RustEvent,
-    Lease as RustLease, LeaseId, RequesterConfig,
+    AllocOptions, Callback, Client as RustClient, ClientConfig, Error, Event as RustEvent, Lease as RustLease, LeaseId,
 };
 use leasebox_proto::{ErrorCode, Request, Response};
 use pyo3::buffer::PyBuffer;
@@ -214,50 +212,17 @@ impl Client {
         on_event: Option<Py<PyAny>>,
     ) -> PyResult<Client> {
         let addrs = one_or_many(appliances, "appliances")?;
-        if addrs.is_empty() {
-            return Err(ConfigError::new_err("no appliance address given"));
-        }
-        let key = leasebox_client::hex::decode(&key).map_err(|e| ConfigError::new_err(format!("key: {e}")))?;
-        if key.is_empty() {
-            return Err(ConfigError::new_err("key: empty"));
-        }
         let peers = match rdma_peer {
-            None => vec![SoftConfig::default().peer],
-            Some(p) => one_or_many(p, "rdma_peer")?
-                .iter()
-                .map(|a| a.parse().map_err(|_| ConfigError::new_err(format!("rdma_peer '{a}' is not ADDR:PORT"))))
-                .collect::<PyResult<_>>()?,
+            None => Vec::new(),
+            Some(p) => one_or_many(p, "rdma_peer")?,
         };
-        if peers.is_empty() || (peers.len() != 1 && peers.len() != addrs.len()) {
-            return Err(ConfigError::new_err(format!(
-                "{} rdma peers for {} appliances (give one, or one per appliance)",
-                peers.len(),
-                addrs.len()
-            )));
-        }
-        let list = addrs
-            .iter()
-            .enumerate()
-            .map(|(i, a)| Appliance {
-                addr: a.clone(),
-                credentials: Credentials { name: tenant.clone(), key: key.clone() },
-                requester: RequesterConfig::Soft(SoftConfig {
-                    peer: peers[i.min(peers.len() - 1)],
-                    ..SoftConfig::default()
-                }),
-            })
-            .collect();
-        let mut cfg = ClientConfig::new(list);
-        if let Some(t) = timeout {
-            if !(t.is_finite() && t > 0.0) {
+        let timeout = match timeout {
+            Some(t) if !(t.is_finite() && t > 0.0) => {
                 return Err(ConfigError::new_err("timeout must be a positive number of seconds"));
             }
-            let t = Duration::from_secs_f64(t);
-            cfg.timeouts.receive = t;
-            cfg.timeouts.retry_for = t;
-            cfg.timeouts.connect = t.min(cfg.timeouts.connect);
-            cfg.rdma_timeout = t;
-        }
+            t => t.map(Duration::from_secs_f64),
+        };
+        let mut cfg = ClientConfig::software(&addrs, &tenant, &key, &peers, timeout).map_err(ConfigError::new_err)?;
         if let Some(cb) = on_event {
             let cb: Callback = Arc::new(move |e: &RustEvent| {
                 Python::with_gil(|py| {

@@ -3,6 +3,7 @@
 //! lease by free bytes ([`crate::placement`]) and brings it up ([`crate::setup`]).
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -80,6 +81,64 @@ impl ClientConfig {
     /// gives up after 8 × 67 ms), no callback.
     pub fn new(appliances: Vec<Appliance>) -> ClientConfig {
         ClientConfig { appliances, timeouts: Timeouts::default(), rdma_timeout: Duration::from_secs(5), on_event: None }
+    }
+
+    /// The configuration the C and Python bindings build from plain values: the appliances' control addresses,
+    /// one principal (`name`, `key_hex`), the software requester toward `rdma_peers` (`ADDR:PORT` each: one
+    /// for every appliance, or one per appliance; none: [`SoftConfig::default`]'s peer), and `timeout` (if
+    /// given) for every network wait. The error names the argument that is wrong.
+    pub fn software(
+        addrs: &[String],
+        name: &str,
+        key_hex: &str,
+        rdma_peers: &[String],
+        timeout: Option<Duration>,
+    ) -> Result<ClientConfig, String> {
+        if addrs.is_empty() {
+            return Err("no appliance address given".into());
+        }
+        let key = crate::hex::decode(key_hex).map_err(|e| format!("key: {e}"))?;
+        if key.is_empty() {
+            return Err("key: empty".into());
+        }
+        let peers: Vec<SocketAddr> = if rdma_peers.is_empty() {
+            vec![SoftConfig::default().peer]
+        } else {
+            rdma_peers
+                .iter()
+                .map(|a| a.trim().parse().map_err(|_| format!("rdma_peer '{a}' is not ADDR:PORT")))
+                .collect::<Result<_, _>>()?
+        };
+        if peers.len() != 1 && peers.len() != addrs.len() {
+            return Err(format!(
+                "{} rdma peers for {} appliances (give one, or one per appliance)",
+                peers.len(),
+                addrs.len()
+            ));
+        }
+        let list = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| Appliance {
+                addr: a.trim().to_string(),
+                credentials: Credentials { name: name.to_string(), key: key.clone() },
+                requester: RequesterConfig::Soft(SoftConfig {
+                    peer: peers[i.min(peers.len() - 1)],
+                    ..SoftConfig::default()
+                }),
+            })
+            .collect();
+        let mut cfg = ClientConfig::new(list);
+        if let Some(t) = timeout {
+            if t.is_zero() {
+                return Err("timeout must be positive".into());
+            }
+            cfg.timeouts.receive = t;
+            cfg.timeouts.retry_for = t;
+            cfg.timeouts.connect = t.min(cfg.timeouts.connect);
+            cfg.rdma_timeout = t;
+        }
+        Ok(cfg)
     }
 }
 
@@ -277,6 +336,38 @@ impl Drop for Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bindings_configuration_names_what_is_wrong() {
+        let addrs = vec!["10.0.0.1:7470".to_string(), " 10.0.0.2:7470".to_string()];
+        let key = "000102030405060708090a0b0c0d0e0f";
+        let peers = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let c = ClientConfig::software(&addrs, "demo", key, &[], None).unwrap();
+        assert_eq!(c.appliances.len(), 2);
+        assert_eq!(c.appliances[1].addr, "10.0.0.2:7470", "addresses are trimmed");
+        assert_eq!(c.appliances[0].credentials.key.len(), 16);
+        let c = ClientConfig::software(&addrs, "demo", key, &peers(&["1.2.3.4:4791", "5.6.7.8:4791"]), None).unwrap();
+        let peer = |i: usize| match &c.appliances[i].requester {
+            RequesterConfig::Soft(s) => s.peer.to_string(),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!(),
+        };
+        assert_eq!((peer(0), peer(1)), ("1.2.3.4:4791".to_string(), "5.6.7.8:4791".to_string()));
+        let t = Duration::from_millis(700);
+        let c = ClientConfig::software(&addrs, "demo", key, &[], Some(t)).unwrap();
+        assert_eq!((c.timeouts.receive, c.rdma_timeout), (t, t));
+        let err = |r: Result<ClientConfig, String>| match r {
+            Err(e) => e,
+            Ok(_) => panic!("accepted"),
+        };
+        assert!(err(ClientConfig::software(&[], "demo", key, &[], None)).contains("no appliance"));
+        assert!(err(ClientConfig::software(&addrs, "demo", "xyz", &[], None)).starts_with("key:"));
+        assert!(err(ClientConfig::software(&addrs, "demo", "", &[], None)).starts_with("key:"));
+        assert!(err(ClientConfig::software(&addrs, "demo", key, &peers(&["nope"]), None)).contains("'nope'"));
+        let three = peers(&["1.2.3.4:1", "1.2.3.4:2", "1.2.3.4:3"]);
+        assert!(err(ClientConfig::software(&addrs, "demo", key, &three, None)).contains("3 rdma peers for 2"));
+        assert!(err(ClientConfig::software(&addrs, "demo", key, &[], Some(Duration::ZERO))).contains("positive"));
+    }
 
     /// docs/client.md promises these: a `Client` shared between threads, a `Lease` moved to one.
     #[test]
