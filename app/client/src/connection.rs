@@ -596,6 +596,19 @@ impl Client {
         self.timeouts
     }
 
+    /// Another handle on this connection's socket, for a thread that waits for it to become readable
+    /// (`TcpStream::peek`) while this one is idle: std cannot wait on a socket and a channel at once.
+    /// [`Connection::park`] makes that wait block until bytes (or the end) arrive.
+    pub fn watch_handle(&self) -> io::Result<TcpStream> {
+        self.stream.try_clone()
+    }
+
+    /// Clears the socket's read timeout (each call sets its own), so that a peek on a
+    /// [`Connection::watch_handle`] waits until something arrives instead of timing out over and over.
+    pub fn park(&self) -> io::Result<()> {
+        self.stream.set_read_timeout(None)
+    }
+
     /// Changes the deadlines of later calls (a connection made with short ones for a quick reconnect).
     pub fn set_timeouts(&mut self, timeouts: Timeouts) {
         self.timeouts = timeouts;

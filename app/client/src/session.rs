@@ -6,14 +6,19 @@
 //! Requests run one at a time on the socket, so every answer is matched to its request id by
 //! [`Connection::call`]; the credits the appliance grants are never in question.
 //!
-//! While no request is running, the thread listens on the socket for the appliance's notices
-//! ([`Worker::take_notices`]) in slices of [`NOTICE_SLICE`], looking at its channel between slices: a notice
-//! becomes an [`Event`] at once; a caller's request waits at most one slice. After a reconnect the new session
-//! RESUMEs the old one with its token, so the leases move over at once ([`Worker::reconnect`]).
+//! While no request is running, the thread waits on its channel alone, until its next timer. The appliance's
+//! notices reach it through that channel too: a watcher thread per connection ([`watch`]) waits for the socket to
+//! become readable (std cannot wait on a socket and a channel at once) and says so ([`Cmd::Readable`]); the
+//! connection thread then reads what came ([`Worker::take_notices`]) and lets the watcher wait again. So a
+//! notice becomes an [`Event`] at once, a caller's request starts at once, and an idle connection makes no system
+//! call between its timers. After a reconnect the new session RESUMEs the old one with its token, so the leases
+//! move over at once ([`Worker::reconnect`]).
 
 use std::collections::HashMap;
+use std::io::ErrorKind;
+use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -33,11 +38,9 @@ const RECONNECT_ATTEMPT: Duration = Duration::from_secs(2);
 const RENEW_AT_DIVISOR: u32 = 2;
 /// FREEs kept for the next connection at most (each is one lease id; past it the lease is left to its TTL).
 const MAX_PENDING_FREES: usize = 4096;
-/// How long the thread listens for notices before it looks at its channel again: the longest a caller's request
-/// waits for the thread, and the idle thread's wake-up period. std cannot wait on a channel and a socket at once;
-/// 500 µs costs a request 250 µs on average (ALLOC → READY → FREE: under 1 ms of `bench client`'s ~10 ms) and an
-/// idle connection 2,000 timed-out reads a second.
-const NOTICE_SLICE: Duration = Duration::from_micros(500);
+/// How long the connection thread reads when the watcher says bytes came: they are there, so this bounds only a
+/// word about bytes a call has already taken (the connection's reads time out after at least 1 ms anyway).
+const READ_WHAT_CAME: Duration = Duration::from_millis(1);
 /// How long the shutdown may spend freeing the leases still held and saying BYE.
 const SHUTDOWN_BUDGET: Duration = Duration::from_secs(3);
 
@@ -91,7 +94,50 @@ pub(crate) enum Cmd {
     FreeLater {
         lease: LeaseId,
     },
+    /// The watcher of connection number `conn` saw bytes (or the end) on its socket.
+    Readable {
+        conn: u64,
+    },
     Shutdown,
+}
+
+/// The connection thread's side of a connection's watcher thread.
+struct Watch {
+    /// Which connection it watches ([`Cmd::Readable`]'s `conn`): a late word about an earlier one is ignored.
+    conn: u64,
+    /// Lets the watcher wait again once what it saw has been read.
+    rearm: SyncSender<()>,
+    /// The watcher's socket handle: shut down when the connection is left, which ends its wait.
+    stream: TcpStream,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// The watcher thread of connection number `conn`: waits until its socket has bytes or has ended, tells the
+/// connection thread, and waits to be let go again. Ends when its connection is left (the socket shut down, the
+/// [`Watch`] dropped) or the connection thread is gone.
+fn watch(stream: TcpStream, conn: u64, tx: Sender<Cmd>, rearm: Receiver<()>) {
+    let mut b = [0u8; 1];
+    loop {
+        match stream.peek(&mut b) {
+            // Bytes, or the end of the stream (0): the connection thread reads them and finds out which.
+            Ok(n) => {
+                if tx.send(Cmd::Readable { conn }).is_err() || n == 0 || rearm.recv().is_err() {
+                    return;
+                }
+            }
+            // A read timeout the connection thread set for a call of its own (it parks the socket again after).
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+            Err(_) => {
+                let _ = tx.send(Cmd::Readable { conn });
+                return;
+            }
+        }
+    }
 }
 
 /// The callers' end of one connection thread.
@@ -136,8 +182,12 @@ impl Session {
             sink,
             up: up.clone(),
             draining_until: draining_until.clone(),
+            tx: tx.clone(),
+            watch: None,
+            conns: 0,
         };
         w.next_heartbeat = now + w.heartbeat_every;
+        w.start_watch();
         let done = ended.clone();
         let join = std::thread::Builder::new()
             .name(format!("leasebox {appliance}"))
@@ -294,6 +344,12 @@ struct Worker {
     sink: Arc<Sink>,
     up: Arc<AtomicBool>,
     draining_until: Arc<Mutex<Option<Instant>>>,
+    /// The thread's own channel, for the watchers to write to.
+    tx: Sender<Cmd>,
+    /// The current connection's watcher.
+    watch: Option<Watch>,
+    /// Connections made so far (numbers the watchers).
+    conns: u64,
 }
 
 impl Worker {
@@ -304,18 +360,37 @@ impl Worker {
                 Some(_) => self.leases.values().map(|t| t.renew_at).fold(self.next_heartbeat, Instant::min),
                 None => self.reconnect_at,
             };
-            // Connected: look at the channel without waiting; the wait is on the socket (take_notices).
-            let wait = if self.conn.is_some() { Duration::ZERO } else { wake.saturating_duration_since(now) };
-            match rx.recv_timeout(wait) {
+            // Callers, the watcher and the timers all come through the channel: nothing else to poll.
+            match rx.recv_timeout(wake.saturating_duration_since(now)) {
                 Ok(Cmd::Shutdown) | Err(RecvTimeoutError::Disconnected) => return self.shutdown(),
                 Ok(cmd) => self.handle(cmd),
-                Err(RecvTimeoutError::Timeout) => {
-                    if self.conn.is_some() {
-                        self.take_notices(NOTICE_SLICE.min(wake.saturating_duration_since(now)));
-                    }
-                }
+                Err(RecvTimeoutError::Timeout) => {}
             }
             self.tick();
+            // The calls above set read timeouts of their own; the watcher's peek must block again.
+            if let Some(c) = self.conn.as_ref()
+                && c.park().is_err()
+            {
+                self.lost("the socket failed".into());
+            }
+        }
+    }
+
+    /// Starts the watcher of the current connection (none without one, or if the socket cannot be shared:
+    /// then notices are read only along with answers and the heartbeats, as a fallback).
+    fn start_watch(&mut self) {
+        self.watch = None;
+        let Some(c) = self.conn.as_ref() else { return };
+        let (Ok(theirs), Ok(mine)) = (c.watch_handle(), c.watch_handle()) else { return };
+        self.conns += 1;
+        let conn = self.conns;
+        let (rearm, rearmed) = mpsc::sync_channel(1);
+        let tx = self.tx.clone();
+        let started = std::thread::Builder::new()
+            .name(format!("leasebox watch {}", self.appliance))
+            .spawn(move || watch(theirs, conn, tx, rearmed));
+        if started.is_ok() {
+            self.watch = Some(Watch { conn, rearm, stream: mine });
         }
     }
 
@@ -337,6 +412,15 @@ impl Worker {
                     t.shared.closed.store(true, Ordering::Release);
                 }
                 self.free_or_keep(lease);
+            }
+            Cmd::Readable { conn } => {
+                if self.watch.as_ref().is_some_and(|w| w.conn == conn) {
+                    // What came: notices, or the end of the connection (which `take_notices` finds).
+                    self.take_notices(READ_WHAT_CAME);
+                    if let Some(w) = self.watch.as_ref() {
+                        let _ = w.rearm.try_send(());
+                    }
+                }
             }
             Cmd::Shutdown => {}
         }
@@ -491,6 +575,7 @@ impl Worker {
     }
 
     fn lost(&mut self, reason: String) {
+        self.watch = None;
         if self.conn.take().is_some() {
             self.up.store(false, Ordering::Release);
             self.reconnect_at = Instant::now();
@@ -529,6 +614,7 @@ impl Worker {
         self.heartbeat_every = heartbeat_period(&c);
         self.next_heartbeat = Instant::now() + self.heartbeat_every;
         self.conn = Some(c);
+        self.start_watch();
         self.welcome = Some(welcome.clone());
         self.up.store(true, Ordering::Release);
         self.backoff = RECONNECT_MIN;
@@ -563,6 +649,8 @@ impl Worker {
         if let Some(c) = self.conn.take() {
             let _ = c.bye();
         }
+        // After BYE: dropping the watch shuts the socket down.
+        self.watch = None;
         self.up.store(false, Ordering::Release);
     }
 }
