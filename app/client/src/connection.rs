@@ -557,23 +557,57 @@ impl Client {
                         "the server closed the connection",
                     )));
                 }
-                Ok(n) => {
-                    self.heard = true;
-                    match &mut self.transport {
-                        None => self.frames.push(&buf[..n]),
-                        Some(t) => {
-                            t.push(&buf[..n]);
-                            while let Some(r) = t.open() {
-                                let plain = r.map_err(|_| ClientError::ServerProof)?;
-                                self.frames.push(&plain);
-                            }
-                        }
-                    }
-                }
+                Ok(n) => self.absorb(&buf[..n])?,
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
                 Err(e) => return Err(ClientError::Io(e)),
             }
         }
+    }
+
+    /// Bytes read from the socket into the frame reassembler, through the record layer once there is one.
+    fn absorb(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
+        self.heard = true;
+        match &mut self.transport {
+            None => self.frames.push(bytes),
+            Some(t) => {
+                t.push(bytes);
+                while let Some(r) = t.open() {
+                    let plain = r.map_err(|_| ClientError::ServerProof)?;
+                    self.frames.push(&plain);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What the socket holds right now, read without waiting (the socket is non-blocking meanwhile, so nothing
+    /// else may read it concurrently), then [`Client::take_notices`]. For a thread told by a watcher
+    /// ([`Client::watch_handle`]) that bytes came: if a call of its own took them first, this returns at once.
+    /// The end of the connection is an error.
+    pub fn drain_notices(&mut self) -> Result<Vec<Notice>, ClientError> {
+        self.stream.set_nonblocking(true)?;
+        let mut buf = [0u8; 16 * 1024];
+        let read = loop {
+            match self.stream.read(&mut buf) {
+                Ok(0) => {
+                    break Err(ClientError::Io(io::Error::new(
+                        ErrorKind::UnexpectedEof,
+                        "the server closed the connection",
+                    )));
+                }
+                Ok(n) => {
+                    if let Err(e) = self.absorb(&buf[..n]) {
+                        break Err(e);
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break Ok(()),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => break Err(ClientError::Io(e)),
+            }
+        };
+        self.stream.set_nonblocking(false)?;
+        read?;
+        Ok(self.take_notices())
     }
 
     /// Says BYE (waits for its answer) and closes.

@@ -38,9 +38,6 @@ const RECONNECT_ATTEMPT: Duration = Duration::from_secs(2);
 const RENEW_AT_DIVISOR: u32 = 2;
 /// FREEs kept for the next connection at most (each is one lease id; past it the lease is left to its TTL).
 const MAX_PENDING_FREES: usize = 4096;
-/// How long the connection thread reads when the watcher says bytes came: they are there, so this bounds only a
-/// word about bytes a call has already taken (the connection's reads time out after at least 1 ms anyway).
-const READ_WHAT_CAME: Duration = Duration::from_millis(1);
 /// How long the shutdown may spend freeing the leases still held and saying BYE.
 const SHUTDOWN_BUDGET: Duration = Duration::from_secs(3);
 
@@ -415,8 +412,8 @@ impl Worker {
             }
             Cmd::Readable { conn } => {
                 if self.watch.as_ref().is_some_and(|w| w.conn == conn) {
-                    // What came: notices, or the end of the connection (which `take_notices` finds).
-                    self.take_notices(READ_WHAT_CAME);
+                    // What came: notices, or the end of the connection.
+                    self.drain_notices();
                     if let Some(w) = self.watch.as_ref() {
                         let _ = w.rearm.try_send(());
                     }
@@ -459,6 +456,20 @@ impl Worker {
         }
         for n in notices {
             self.notice(n);
+        }
+    }
+
+    /// The watcher saw bytes: read what is there without waiting (a call may have taken them already) and turn
+    /// the notices among them into events; the end of the connection is found here.
+    fn drain_notices(&mut self) {
+        let Some(c) = self.conn.as_mut() else { return };
+        match c.drain_notices() {
+            Ok(notices) => {
+                for n in notices {
+                    self.notice(n);
+                }
+            }
+            Err(e) => self.lost(e.to_string()),
         }
     }
 
