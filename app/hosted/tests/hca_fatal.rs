@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use leasebox_hosted::{Hosted, HostedConfig};
 use leasebox_proto::{AllocReq, ErrorCode, FencedSlot, HcaState, LeaseId, Outcome, Request, Response, access};
-use leasectl::{Client, ClientError, Credentials, Timeouts};
+use leasectl::{Client, ClientError, Timeouts};
 use mlx5_model::fault::Fault;
 
 /// Long enough for the health watch (2 s) and the revoke deadline (1 s) on a loaded machine.
@@ -21,13 +21,8 @@ const HANG: Duration = Duration::from_secs(30);
 const ORIGIN_REVOKE: u8 = 1;
 const ORIGIN_EXPIRY: u8 = 3;
 
-fn random_hex() -> String {
-    leasectl::hex::random_key(32).expect("a random key")
-}
-
-fn creds(name: &str, hex: &str) -> Credentials {
-    Credentials { name: name.into(), key: leasectl::hex::decode(hex).unwrap() }
-}
+mod common;
+use common::{creds, random_hex};
 
 fn alloc(qpn: u32) -> Request {
     let mut gid = [0u8; 16];

@@ -13,7 +13,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_hosted::Hosted;
 use leasebox_proto::{
     AllocReq, AllocResp, ErrorCode, LeaseId, LeaseState, Outcome, Request, Response, access, mtu_bytes,
 };
@@ -32,13 +32,8 @@ const GRACE: Duration = Duration::from_secs(3600);
 /// How long a completion or the sweep may take before the test counts as hung.
 const HANG: Duration = Duration::from_secs(30);
 
-fn random_hex() -> String {
-    leasectl::hex::random_key(32).expect("a random key")
-}
-
-fn creds(name: &str, hex: &str) -> Credentials {
-    Credentials { name: name.into(), key: leasectl::hex::decode(hex).unwrap() }
-}
+mod common;
+use common::{creds, start_with_model};
 
 /// A hosted appliance with the model's responder on UDP, tenants `demo` and `other`, and the admin.
 struct Rig {
@@ -60,21 +55,15 @@ impl Drop for Rig {
 impl Rig {
     /// `extra`: kernel-style lease options (`revoke_order=qp-first`, `lease_pool_mib=2`, …).
     fn start(extra: &[&str]) -> Rig {
-        let (demo, other, admin) = (random_hex(), random_hex(), random_hex());
-        let mut args: Vec<String> =
-            ["--listen", "127.0.0.1:0", "--hca", "--udp", "127.0.0.1:0"].iter().map(|s| s.to_string()).collect();
-        args.push(format!("tenant=demo:{demo}"));
-        args.push(format!("tenant=other:{other}"));
-        args.push(format!("admin={admin}"));
-        args.push(format!("lease_grace_ms={}", GRACE.as_millis()));
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let h = Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap();
+        let mut opts = vec![format!("lease_grace_ms={}", GRACE.as_millis())];
+        opts.extend(extra.iter().map(|s| s.to_string()));
+        let (h, k) = start_with_model(&opts);
         let udp = h.hca().unwrap().udp.expect("--udp gives the responder an address");
         Rig {
             h: Some(h),
-            demo: creds("demo", &demo),
-            other: creds("other", &other),
-            admin: creds("admin", &admin),
+            demo: creds("demo", &k.demo),
+            other: creds("other", &k.other),
+            admin: creds("admin", &k.admin),
             udp,
         }
     }

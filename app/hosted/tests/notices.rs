@@ -5,13 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_hosted::Hosted;
 use leasebox_proto::{AllocReq, ErrorCode, LeaseId, LeaseState, Notice, Outcome, Request, Response, access};
 use leasectl::{Client, ClientError, Credentials, Timeouts};
 
-fn random_hex() -> String {
-    leasectl::hex::random_key(32).expect("a random key")
-}
+mod common;
+use common::{creds, start_with_model};
 
 struct Rig {
     h: Option<Hosted>,
@@ -28,25 +27,15 @@ impl Drop for Rig {
     }
 }
 
-fn creds(name: &str, hex: &str) -> Credentials {
-    Credentials { name: name.into(), key: leasectl::hex::decode(hex).unwrap() }
-}
-
 impl Rig {
     fn start(extra: &[&str]) -> Rig {
-        let (demo, other, admin) = (random_hex(), random_hex(), random_hex());
-        let mut args: Vec<String> =
-            ["--listen", "127.0.0.1:0", "--hca", "--udp", "127.0.0.1:0"].iter().map(|s| s.to_string()).collect();
-        args.push(format!("tenant=demo:{demo}"));
-        args.push(format!("tenant=other:{other}"));
-        args.push(format!("admin={admin}"));
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let h = Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap();
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let (h, k) = start_with_model(&extra);
         Rig {
             h: Some(h),
-            demo: (demo.clone(), creds("demo", &demo)),
-            other: creds("other", &other),
-            admin: (admin.clone(), creds("admin", &admin)),
+            demo: (k.demo.clone(), creds("demo", &k.demo)),
+            other: creds("other", &k.other),
+            admin: (k.admin.clone(), creds("admin", &k.admin)),
         }
     }
 
