@@ -426,6 +426,10 @@ fn owner_package(lib: &str) -> Result<String, String> {
 pub fn boot(p: &Paths, g: &Guest, cmd: Option<&str>) -> Result<String, String> {
     let mut append = String::from("console=ttyS0 panic=-1 loglevel=4");
     if let Some(c) = cmd {
+        // The kernel's command-line parser knows double quotes but no escapes.
+        if c.contains('"') || c.contains('\n') {
+            return Err("--cmd cannot hold a double quote or a newline (it travels in rxe.cmd=\"...\")".into());
+        }
         append.push_str(&format!(" rxe.cmd=\"{c}\""));
     }
     let mut q = Command::new("qemu-system-x86_64");
