@@ -65,6 +65,19 @@ enum Sub {
     /// QEMU, GRUB (BIOS and EFI), xorriso, mtools, OVMF, and for leasectl's verbs backend libibverbs-dev,
     /// librdmacm-dev, pkg-config and libclang-dev; each is probed where its user looks for it.
     Prereqs,
+    /// Build a Linux guest with Soft-RoCE (rdma_rxe) from Debian packages; with --boot, boot it under QEMU/TCG
+    ///
+    /// Issue 17, item 1 (a spike, not part of `cargo xtask test`): kernel, modules, busybox, rdma-core and the
+    /// rxe provider, `rdma`, and leasectl (--features verbs) with its libraries, under
+    /// target/leasebox/rxe-guest/. The guest adds rxe0 on eth0, prints the evidence, runs --cmd and powers off.
+    RxeGuest {
+        /// Boot it and check the transcript for rdma_rxe, rxe0 on eth0 and leasectl running
+        #[arg(long)]
+        boot: bool,
+        /// A shell command the guest runs after the evidence (default: none; power off at once)
+        #[arg(long, value_name = "CMD", requires = "boot")]
+        cmd: Option<String>,
+    },
 }
 
 /// Given twice, a flag's later value counts (`--device`, `--object` and `--qemu-arg` add up).
@@ -252,6 +265,10 @@ pub enum Cmd {
     Help(String),
     Image,
     Prereqs,
+    RxeGuest {
+        boot: bool,
+        cmd: Option<String>,
+    },
     Run(RunOpts),
     Test(TestOpts),
     Bench(BenchOpts),
@@ -395,6 +412,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Cmd, clap::Error>
         None => Cmd::Help(help()),
         Some(Sub::Image) => Cmd::Image,
         Some(Sub::Prereqs) => Cmd::Prereqs,
+        Some(Sub::RxeGuest { boot, cmd }) => Cmd::RxeGuest { boot, cmd },
         Some(Sub::Run(a)) => {
             let run = m.subcommand_matches("run").ok_or_else(|| clap::Error::new(ErrorKind::MissingSubcommand))?;
             Cmd::Run(RunOpts::new(a, run))
@@ -490,6 +508,12 @@ mod tests {
         assert_eq!(kind(&["--version"]), ErrorKind::DisplayVersion);
         assert_eq!(p(&["image"]), Ok(Cmd::Image));
         assert_eq!(p(&["prereqs"]), Ok(Cmd::Prereqs));
+        assert_eq!(p(&["rxe-guest"]), Ok(Cmd::RxeGuest { boot: false, cmd: None }));
+        assert_eq!(
+            p(&["rxe-guest", "--boot", "--cmd", "rdma dev"]),
+            Ok(Cmd::RxeGuest { boot: true, cmd: Some("rdma dev".into()) })
+        );
+        assert!(p(&["rxe-guest", "--cmd", "x"]).is_err(), "--cmd needs --boot");
         assert!(p(&["image", "x"]).unwrap_err().contains("unexpected argument 'x'"));
         let e = p(&["frobnicate"]).unwrap_err();
         assert!(e.contains("frobnicate") && e.contains("available: image, run, test, bench, prereqs"), "{e}");

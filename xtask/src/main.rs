@@ -7,6 +7,7 @@ mod demo;
 mod image;
 mod prereq;
 mod python;
+mod rxe_guest;
 
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -58,6 +59,7 @@ fn main() -> ExitCode {
             outln!("prerequisites present");
             0
         }),
+        Cmd::RxeGuest { boot, cmd } => rxe_guest::cmd(&paths, boot, cmd.as_deref()).map(|_| 0),
         Cmd::Image => cmd_image(&paths),
         Cmd::Run(o) => cmd_run(&o, &paths),
         Cmd::Test(o) => cmd_test(&o, &paths),
