@@ -5,94 +5,20 @@
 //! control connection is made again (`LBX_EVENT_RECONNECTED`) and carries new leases.
 
 use leasebox_client_c::*;
+
+// The client library's test proxy (cut connections), not a copy of it.
+#[path = "../../client/tests/support/proxy.rs"]
+mod proxy;
 use leasebox_hosted::{Hosted, HostedConfig};
+use proxy::Proxy;
 use std::ffi::{CStr, CString};
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// A TCP proxy in front of the appliance's control port whose connections the test can cut.
-struct Proxy {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<TcpStream>>>,
-    accepted: Arc<AtomicUsize>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Proxy {
-    fn start(upstream: String) -> Proxy {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.set_nonblocking(true).unwrap();
-        let addr = l.local_addr().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let (s, c, n) = (stop.clone(), conns.clone(), accepted.clone());
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Acquire) {
-                match l.accept() {
-                    Ok((down, _)) => {
-                        down.set_nonblocking(false).unwrap();
-                        let up = TcpStream::connect(&upstream).unwrap();
-                        n.fetch_add(1, Ordering::AcqRel);
-                        let mut g = c.lock().unwrap();
-                        g.push(down.try_clone().unwrap());
-                        g.push(up.try_clone().unwrap());
-                        pump(down.try_clone().unwrap(), up.try_clone().unwrap());
-                        pump(up, down);
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
-                    Err(e) => panic!("proxy accept: {e}"),
-                }
-            }
-        });
-        Proxy { addr, stop, conns, accepted, thread: Some(thread) }
-    }
-
-    fn accepted(&self) -> usize {
-        self.accepted.load(Ordering::Acquire)
-    }
-
-    /// Cuts every connection (both sides see it closed).
-    fn kill(&self) {
-        for s in self.conns.lock().unwrap().drain(..) {
-            let _ = s.shutdown(std::net::Shutdown::Both);
-        }
-    }
-}
-
-fn pump(mut from: TcpStream, mut to: TcpStream) {
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 16384];
-        while let Ok(n) = from.read(&mut buf) {
-            if n == 0 || to.write_all(&buf[..n]).is_err() {
-                break;
-            }
-        }
-        let _ = to.shutdown(std::net::Shutdown::Both);
-    });
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        self.kill();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 fn random_hex() -> String {
-    let mut b = [0u8; 32];
-    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).expect("/dev/urandom");
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    leasebox_client::hex::random_key(32).expect("a random key")
 }
 
 /// A hosted appliance with the RDMA data path; stopped on drop.
@@ -223,7 +149,7 @@ fn revoke_turns_the_next_call_into_lbx_err_revoked_and_a_cut_connection_is_recon
     }
     assert_eq!((ev.kind, ev.appliance), (LBX_EVENT_RECONNECTED, 0));
     assert_ne!(ev.session_id, 0);
-    assert_eq!(proxy.accepted(), 2);
+    assert_eq!(proxy.accepted.load(Ordering::Acquire), 2);
     let mut free = 0;
     assert_eq!(lbx_client_free_bytes(tenant, 0, &mut free), LBX_OK, "{}", last());
     assert!(free >= 4096, "{free}");

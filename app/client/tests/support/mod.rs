@@ -1,0 +1,2 @@
+//! What the hosted tests share.
+pub mod proxy;
