@@ -121,7 +121,7 @@ struct Lost {
 
 /// Equal, in time that does not depend on where the inputs differ (a resume token is a secret).
 fn ct_eq(a: &[u8; RESUME_TOKEN_LEN], b: &[u8; RESUME_TOKEN_LEN]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    bool::from(subtle::ConstantTimeEq::ct_eq(&a[..], &b[..]))
 }
 
 impl Conn {
