@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 /// The scenario's name in `cargo xtask test`.
 pub const NAME: &str = "control-qemu";
 /// Guest control port.
-const GUEST_PORT: u16 = 7470;
+pub const GUEST_PORT: u16 = 7470;
 /// Boot to the ready line (with DHCP) under TCG on a busy 2-core host.
 const BOOT_DEADLINE: Duration = Duration::from_secs(90);
 /// The same with the HCA's bring-up as well (the appliance as shipped).

@@ -54,7 +54,7 @@ const VERIFY_DEPTH: u32 = 4;
 /// QP `timeout` 12: 16.8 ms per attempt, 134 ms for all 8 — short for qp-first, and long enough that a model
 /// process descheduled on this 2-core machine does not turn mkey-first's NAK into a retry timeout.
 const VERIFY_QP_TIMEOUT: u8 = 12;
-const VERIFY_RETRY_CNT: u8 = 7;
+pub const VERIFY_RETRY_CNT: u8 = 7;
 /// mkey-first: outcome → REM_ACCESS_ERR. The NAK is one round trip through the model (native), and the
 /// outcome itself may come after it (negative figures). The status tells the NAK from the retries, and
 /// `verify` fails any success after the outcome; this bound only says the refusal follows the outcome at once,
@@ -67,6 +67,8 @@ const VERIFY_RETRY_SLACK: Duration = Duration::from_millis(1500);
 /// The appliance's RDMA address on QEMU's user subnet when the control NIC is the model's port (the port
 /// answers ARP for it beside its DHCP address), as `cargo xtask run --ctl-nic mlx5` gives it.
 pub const HUB_RDMA_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 2, 16);
+/// The appliance's static control address on a segment without QEMU's user network ([`Appliance::boot_segment`]).
+pub const SEGMENT_CTL_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 2, 15);
 /// Serial lines shown with a failure.
 const SERIAL_TAIL: usize = 25;
 /// The CLI lease's requester parameters (a QP that never sends: the lease is only driven through the CLI).
@@ -142,7 +144,18 @@ impl Appliance {
     pub fn boot_hub(a: &Artifacts, elf: &Path, name: &str, extra_args: &str) -> Result<Appliance, String> {
         let hub = ModelHub::pick().map_err(|e| format!("free UDP ports for the hub: {e}"))?;
         let args = format!("ctl_nic=mlx5 rdma_ip={HUB_RDMA_IP} {extra_args}");
-        Self::boot_with(a, elf, name, &args, leasebox_qemu::config::DEFAULT_MEM_MIB, Some(hub))
+        Self::boot_with(a, elf, name, &args, leasebox_qemu::config::DEFAULT_MEM_MIB, Some((hub, true)))
+    }
+
+    /// As [`Appliance::boot_hub`], but the hub holds only the model's wire and the client port: no QEMU user
+    /// network, so nothing on the host reaches the control port ([`Appliance::addr`] answers nothing) and the
+    /// appliance has the static address [`SEGMENT_CTL_IP`]. For a client that is a full station on the
+    /// segment (the rxe guest): QEMU's user network reads every frame on a hub whatever its destination MAC
+    /// and resets TCP connections between other stations (docs/reference/platform.md, "A hub of UDP ports").
+    pub fn boot_segment(a: &Artifacts, elf: &Path, name: &str, extra_args: &str) -> Result<Appliance, String> {
+        let hub = ModelHub::pick().map_err(|e| format!("free UDP ports for the hub: {e}"))?;
+        let args = format!("ctl_nic=mlx5 ip={SEGMENT_CTL_IP}/24 rdma_ip={HUB_RDMA_IP} {extra_args}");
+        Self::boot_with(a, elf, name, &args, leasebox_qemu::config::DEFAULT_MEM_MIB, Some((hub, false)))
     }
 
     fn boot_with(
@@ -151,7 +164,7 @@ impl Appliance {
         name: &str,
         extra_args: &str,
         mem_mib: u32,
-        hub: Option<ModelHub>,
+        hub: Option<(ModelHub, bool)>,
     ) -> Result<Appliance, String> {
         let (tenant_hex, admin_hex) = (crate::control::random_hex()?, crate::control::random_hex()?);
         let port = crate::control::free_port()?;
@@ -170,12 +183,16 @@ impl Appliance {
         cmd.log = Some(model_log.clone());
         cmd.trace = Some(crate::model_trace_path(a, name));
         cmd.udp = Some(udp.to_string());
-        if let Some(h) = &hub {
+        if let Some((h, user_net)) = &hub {
             // No virtio-net: the guest reaches QEMU's user network only through the model's Ethernet port.
             c.virtio_net = false;
             c.hub = h.ports();
             cmd.eth_udp = Some(h.model_wire());
+            if !user_net {
+                c.net = None;
+            }
         }
+        let hub = hub.map(|(h, _)| h);
         let model = ModelProcess::spawn(&cmd, shm.files(), c.mem_mib, model::READY_TIMEOUT)
             .map_err(|e| format!("{e} (binary {})", a.model_bin.display()))?;
         c.model = Some(shm.files().clone());
@@ -570,6 +587,18 @@ fn verify_cli(app: &Appliance, bin: &Path) -> Result<(VerifyFigures, PathBuf), S
     Ok((f, plot))
 }
 
+/// verify's iterations, sizes and QP timers in every scenario that runs `leasectl verify --revoke-test`, with
+/// the QP's transport retry count `retry_cnt` (normally [`VERIFY_RETRY_CNT`]).
+pub fn verify_args(retry_cnt: u8) -> Vec<String> {
+    #[rustfmt::skip]
+    let a = [
+        "--iterations", &VERIFY_ITERATIONS.to_string(), "--size", &VERIFY_SIZE.to_string(),
+        "--depth", &VERIFY_DEPTH.to_string(), "--timeout", &VERIFY_QP_TIMEOUT.to_string(),
+        "--retry-cnt", &retry_cnt.to_string(),
+    ].map(str::to_string);
+    a.to_vec()
+}
+
 /// `leasectl --json verify --revoke-test --order both` with this scenario's iterations, sizes and QP timers,
 /// plus `cable` (where the RDMA frames go and how; a plot); its runs must pass [`check_verify_runs`].
 pub fn verify_revoke_test(
@@ -577,14 +606,9 @@ pub fn verify_revoke_test(
     bin: &Path,
     cable: &[&str],
 ) -> Result<(VerifyFigures, Vec<VerifyRun>), String> {
-    let it = VERIFY_ITERATIONS.to_string();
-    let (size, depth) = (VERIFY_SIZE.to_string(), VERIFY_DEPTH.to_string());
-    let (qt, rc) = (VERIFY_QP_TIMEOUT.to_string(), VERIFY_RETRY_CNT.to_string());
-    #[rustfmt::skip]
-    let mut args = vec![
-        "--json", "verify", "--revoke-test", "--order", "both", "--admin-key", &app.admin_hex,
-        "--iterations", &it, "--size", &size, "--depth", &depth, "--timeout", &qt, "--retry-cnt", &rc,
-    ];
+    let v = verify_args(VERIFY_RETRY_CNT);
+    let mut args = vec!["--json", "verify", "--revoke-test", "--order", "both", "--admin-key", &app.admin_hex];
+    args.extend(v.iter().map(String::as_str));
     args.extend_from_slice(cable);
     // `leasectl` exits 6 when a check fails: its JSON says which, so parse it before judging the exit status.
     let out = match app.leasectl(bin, false, &args) {

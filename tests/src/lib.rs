@@ -20,6 +20,7 @@ pub mod hca_bench;
 pub mod lease_bench;
 pub mod lease_qemu;
 pub mod revoke_bench;
+pub mod rxe;
 pub mod scenario;
 pub mod serial;
 pub mod transcript;
@@ -65,6 +66,8 @@ pub struct Artifacts {
     pub fence_test_elf: PathBuf,
     /// Where the model's shared files go (`/dev/shm`).
     pub shm_dir: PathBuf,
+    /// The Soft-RoCE guest (`cargo xtask rxe-guest`) for the `rxe` scenarios.
+    pub rxe_guest: rxe::Guest,
 }
 
 impl Artifacts {
@@ -84,6 +87,7 @@ impl Artifacts {
             leasectl_bin: target.join("debug").join("leasectl"),
             fence_test_elf: dir.join("leasebox-fence-test.elf"),
             shm_dir: leasebox_qemu::model::shm_dir(),
+            rxe_guest: rxe::Guest::in_target_dir(target),
         }
     }
 

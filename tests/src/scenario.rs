@@ -143,11 +143,13 @@ pub enum Build {
     Leasectl,
     /// The kernel built with the `fence-test` feature ([`Artifacts::fence_test_elf`]).
     FenceTestImage,
+    /// The Soft-RoCE Linux guest ([`Artifacts::rxe_guest`]; `cargo xtask rxe-guest`).
+    RxeGuest,
 }
 
 impl Build {
     /// Every build, in the order a test run does them.
-    pub const ALL: [Build; 3] = [Build::Model, Build::Leasectl, Build::FenceTestImage];
+    pub const ALL: [Build; 4] = [Build::Model, Build::Leasectl, Build::FenceTestImage, Build::RxeGuest];
 
     /// The step's name in the test report.
     pub fn step(self) -> &'static str {
@@ -155,6 +157,7 @@ impl Build {
             Build::Model => "model-build",
             Build::Leasectl => "leasectl-build",
             Build::FenceTestImage => "fence-test-image",
+            Build::RxeGuest => "rxe-guest",
         }
     }
 }
@@ -240,6 +243,15 @@ pub fn all() -> Vec<Entry> {
                 and an ARP storm counted and dropped, still serving",
         needs: &[Build::Model, Build::Leasectl],
         run: crate::ctl_mlx5::run,
+    }));
+    all.push(Entry::Driven(Driven {
+        name: crate::rxe::NAME,
+        about: "Linux's Soft-RoCE as the client: a Debian guest with rdma_rxe on the appliance's segment (the hub's \
+                client port) runs `leasectl verify --backend verbs --device rxe0 --revoke-test --order both` \
+                through real libibverbs: data reads back, REM_ACCESS_ERR after an MKEY-first revoke, \
+                RETRY_EXC_ERR after a QP-first one",
+        needs: &[Build::Model, Build::RxeGuest],
+        run: crate::rxe::run,
     }));
     all.push(Entry::Driven(Driven {
         name: crate::lease_qemu::LARGE_NAME,

@@ -6,6 +6,7 @@ use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand,
 use leasebox_qemu::Machine;
 use leasebox_qemu::config::{DEFAULT_CPU, DEFAULT_MEM_MIB, MAX_SMP};
 use leasebox_scenarios::{bench, hca_bench, lease_bench, revoke_bench};
+use std::net::SocketAddrV4;
 
 /// The host port `run` forwards to the guest's control port.
 pub const DEFAULT_CONTROL_PORT: u16 = 7470;
@@ -77,7 +78,21 @@ enum Sub {
         /// A shell command the guest runs after the evidence (default: none; power off at once)
         #[arg(long, value_name = "CMD", requires = "boot")]
         cmd: Option<String>,
+        /// The guest's NIC on a UDP socket instead of QEMU's user network: it binds LOCAL and sends to PEER,
+        /// e.g. the leasectl port pair `cargo xtask run --ctl-nic mlx5` prints (a station on the appliance's
+        /// segment)
+        #[arg(long, value_name = "LOCAL,PEER", requires = "boot", value_parser = parse_wire)]
+        wire: Option<(SocketAddrV4, SocketAddrV4)>,
+        /// The guest's address (default 10.0.2.15/24 on the user network, 10.0.2.30/24 with --wire)
+        #[arg(long, value_name = "A.B.C.D/N", requires = "boot")]
+        ip: Option<String>,
     },
+}
+
+fn parse_wire(v: &str) -> Result<(SocketAddrV4, SocketAddrV4), String> {
+    let (l, p) = v.split_once(',').ok_or("expected LOCAL,PEER (two ADDR:PORT)")?;
+    let a = |x: &str| x.trim().parse::<SocketAddrV4>().map_err(|_| format!("'{x}' is not IPv4 ADDR:PORT"));
+    Ok((a(l)?, a(p)?))
 }
 
 /// Given twice, a flag's later value counts (`--device`, `--object` and `--qemu-arg` add up).
@@ -268,6 +283,8 @@ pub enum Cmd {
     RxeGuest {
         boot: bool,
         cmd: Option<String>,
+        wire: Option<(SocketAddrV4, SocketAddrV4)>,
+        ip: Option<String>,
     },
     Run(RunOpts),
     Test(TestOpts),
@@ -412,7 +429,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Cmd, clap::Error>
         None => Cmd::Help(help()),
         Some(Sub::Image) => Cmd::Image,
         Some(Sub::Prereqs) => Cmd::Prereqs,
-        Some(Sub::RxeGuest { boot, cmd }) => Cmd::RxeGuest { boot, cmd },
+        Some(Sub::RxeGuest { boot, cmd, wire, ip }) => Cmd::RxeGuest { boot, cmd, wire, ip },
         Some(Sub::Run(a)) => {
             let run = m.subcommand_matches("run").ok_or_else(|| clap::Error::new(ErrorKind::MissingSubcommand))?;
             Cmd::Run(RunOpts::new(a, run))
@@ -508,11 +525,17 @@ mod tests {
         assert_eq!(kind(&["--version"]), ErrorKind::DisplayVersion);
         assert_eq!(p(&["image"]), Ok(Cmd::Image));
         assert_eq!(p(&["prereqs"]), Ok(Cmd::Prereqs));
-        assert_eq!(p(&["rxe-guest"]), Ok(Cmd::RxeGuest { boot: false, cmd: None }));
+        assert_eq!(p(&["rxe-guest"]), Ok(Cmd::RxeGuest { boot: false, cmd: None, wire: None, ip: None }));
         assert_eq!(
             p(&["rxe-guest", "--boot", "--cmd", "rdma dev"]),
-            Ok(Cmd::RxeGuest { boot: true, cmd: Some("rdma dev".into()) })
+            Ok(Cmd::RxeGuest { boot: true, cmd: Some("rdma dev".into()), wire: None, ip: None })
         );
+        let (l, r) = ("127.0.0.1:5001".parse().unwrap(), "127.0.0.1:5002".parse().unwrap());
+        assert_eq!(
+            p(&["rxe-guest", "--boot", "--wire", "127.0.0.1:5001,127.0.0.1:5002", "--ip", "10.0.2.31/24"]),
+            Ok(Cmd::RxeGuest { boot: true, cmd: None, wire: Some((l, r)), ip: Some("10.0.2.31/24".into()) })
+        );
+        assert!(p(&["rxe-guest", "--boot", "--wire", "127.0.0.1:5001"]).is_err());
         assert!(p(&["rxe-guest", "--cmd", "x"]).is_err(), "--cmd needs --boot");
         assert!(p(&["image", "x"]).unwrap_err().contains("unexpected argument 'x'"));
         let e = p(&["frobnicate"]).unwrap_err();

@@ -59,7 +59,7 @@ fn main() -> ExitCode {
             outln!("prerequisites present");
             0
         }),
-        Cmd::RxeGuest { boot, cmd } => rxe_guest::cmd(&paths, boot, cmd.as_deref()).map(|_| 0),
+        Cmd::RxeGuest { boot, cmd, wire, ip } => rxe_guest::cmd(&paths, boot, cmd.as_deref(), wire, ip).map(|_| 0),
         Cmd::Image => cmd_image(&paths),
         Cmd::Run(o) => cmd_run(&o, &paths),
         Cmd::Test(o) => cmd_test(&o, &paths),
@@ -462,6 +462,10 @@ fn build(p: &Paths, b: Build) -> Result<(), String> {
     match b {
         Build::Model => cargo_step(p, &["build", "-p", "mlx5-model"]),
         Build::Leasectl => cargo_step(p, &["build", "-p", "leasectl"]),
+        Build::RxeGuest => {
+            outln!("==> rxe guest: {}", p.out.join("rxe-guest").display());
+            rxe_guest::build(p).map(drop)
+        }
         Build::FenceTestImage => {
             outln!("==> fence-test image: {}", p.fence_test_elf().display());
             image::build_fence_test_kernel(p).map(drop)

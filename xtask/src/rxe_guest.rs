@@ -12,11 +12,12 @@
 //! without compression), so no host `cpio` or `gzip` is needed.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddrV4;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use leasebox_qemu::process::run_captured;
+use leasebox_scenarios::rxe::{self, Guest};
 
 use crate::image::{self, Paths};
 
@@ -32,8 +33,6 @@ const MODULES: &[&str] = &["virtio_pci", "virtio_net", "crc32_generic", "rdma_rx
 const LIBDIR: &str = "usr/lib/x86_64-linux-gnu";
 /// The guest's static address on QEMU's user network.
 const GUEST_ADDR: &str = "10.0.2.15/24";
-/// The boot's deadline: TCG boots a distribution kernel in tens of seconds; leave room for slow CI.
-const BOOT_DEADLINE: Duration = Duration::from_secs(240);
 
 fn run(cmd: &mut Command) -> Result<String, String> {
     let out = cmd.output().map_err(|e| format!("{:?}: {e}", cmd.get_program()))?;
@@ -197,8 +196,9 @@ impl Cpio {
     }
 }
 
-/// The guest's `/init`: modules, eth0, rxe0, the evidence, then `rxe.cmd=` from the kernel command line when
-/// given, then power off.
+/// The guest's `/init`: modules, eth0 (address `rxe.ip=`, gateway `rxe.gw=`, static neighbours `rxe.neigh=IP@MAC,...`
+/// from the kernel command line; QEMU's user network by default), rxe0, the evidence, then `rxe.cmd=` when given
+/// (its output between `rxe-guest: running:` and `rxe-guest: command exit N`), then power off.
 pub fn init_script(modules: &[String]) -> String {
     let insmods: String =
         modules.iter().map(|m| format!("insmod /modules/{m}.ko || echo \"rxe-guest: insmod {m} failed\"\n")).collect();
@@ -210,12 +210,20 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 export PATH=/usr/local/bin:/usr/bin:/usr/sbin:/bin:/sbin
+export LEASECTL_CONFIG=/nonexistent/leasectl.conf
 echo "rxe-guest: kernel $(uname -r)"
 {insmods}echo "rxe-guest: modules: $(cut -d' ' -f1 /proc/modules | tr '\n' ' ')"
+arg() {{ sed -n "s/.*$1=\([^ ]*\).*/\1/p" /proc/cmdline; }}
+IP=$(arg rxe.ip); IP=${{IP:-{GUEST_ADDR}}}
+GW=$(arg rxe.gw)
 ip link set lo up
 ip link set eth0 up
-ip addr add {GUEST_ADDR} dev eth0
-ip route add default via 10.0.2.2
+ip addr add "$IP" dev eth0
+[ -n "$GW" ] && ip route add default via "$GW"
+for n in $(arg rxe.neigh | tr ',' ' '); do
+  ip neigh replace "${{n%@*}}" lladdr "${{n#*@}}" dev eth0 nud permanent && echo "rxe-guest: neighbour $n"
+done
+echo "rxe-guest: eth0 $IP mac $(cat /sys/class/net/eth0/address)"
 rdma link add rxe0 type rxe netdev eth0 && echo "rxe-guest: rdma link add rxe0: ok"
 echo "rxe-guest: rdma link show:"
 rdma link show
@@ -223,8 +231,11 @@ echo "rxe-guest: ibv_devices:"
 ibv_devices
 echo "rxe-guest: ibv_devinfo -d rxe0:"
 ibv_devinfo -d rxe0
+for g in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+  echo "rxe-guest: gid ${{g##*/}} $(cat $g 2>/dev/null) $(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/${{g##*/}} 2>/dev/null)"
+done 2>/dev/null | grep -v ' 0000:0000:0000:0000:0000:0000:0000:0000'
 echo "rxe-guest: leasectl verify --help:"
-leasectl verify --help && echo "rxe-guest: leasectl runs"
+leasectl verify --help >/dev/null && echo "rxe-guest: leasectl runs"
 CMD=$(sed -n 's/.*rxe\.cmd="\([^"]*\)".*/\1/p' /proc/cmdline)
 if [ -n "$CMD" ]; then
   echo "rxe-guest: running: $CMD"
@@ -235,12 +246,6 @@ echo "rxe-guest: done"
 poweroff -f
 "#
     )
-}
-
-/// The built guest.
-pub struct Guest {
-    pub kernel: PathBuf,
-    pub initramfs: PathBuf,
 }
 
 /// Builds (or reuses) the kernel and initramfs under `target/leasebox/rxe-guest/`.
@@ -395,9 +400,19 @@ pub fn build(p: &Paths) -> Result<Guest, String> {
     std::fs::write(&initramfs, cpio.finish()).map_err(|e| e.to_string())?;
     println!("rxe-guest: modules (load order): {}", modules.join(" "));
     println!("rxe-guest: libraries: {}", libs.iter().cloned().collect::<Vec<_>>().join(" "));
-    println!("rxe-guest: kernel {}", kernel.display());
+    let stable = Guest::in_target_dir(&p.target);
+    if stable.initramfs != initramfs {
+        return Err(format!(
+            "the initramfs is at {}, the scenarios look at {}",
+            initramfs.display(),
+            stable.initramfs.display()
+        ));
+    }
+    std::fs::copy(&kernel, &stable.kernel)
+        .map_err(|e| format!("{} -> {}: {e}", kernel.display(), stable.kernel.display()))?;
+    println!("rxe-guest: kernel {} (from {})", stable.kernel.display(), kernel.display());
     println!("rxe-guest: initramfs {}", initramfs.display());
-    Ok(Guest { kernel, initramfs })
+    Ok(stable)
 }
 
 fn rel(p: &Path, root: &Path) -> Result<String, String> {
@@ -422,59 +437,33 @@ fn owner_package(lib: &str) -> Result<String, String> {
     Err(format!("dpkg -S {lib}: no package owns it"))
 }
 
-/// Boots the guest under QEMU/TCG with a virtio-net NIC on user networking; returns the serial transcript.
-pub fn boot(p: &Paths, g: &Guest, cmd: Option<&str>) -> Result<String, String> {
-    let mut append = String::from("console=ttyS0 panic=-1 loglevel=4");
-    if let Some(c) = cmd {
-        // The kernel's command-line parser knows double quotes but no escapes.
-        if c.contains('"') || c.contains('\n') {
-            return Err("--cmd cannot hold a double quote or a newline (it travels in rxe.cmd=\"...\")".into());
-        }
-        append.push_str(&format!(" rxe.cmd=\"{c}\""));
-    }
-    let mut q = Command::new("qemu-system-x86_64");
-    q.args(["-accel", "tcg", "-m", "512", "-nographic", "-no-reboot", "-kernel"])
-        .arg(&g.kernel)
-        .arg("-initrd")
-        .arg(&g.initramfs)
-        .args(["-append", &append])
-        .args(["-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0"]);
-    println!("rxe-guest: {q:?}");
-    let t = Instant::now();
-    let out = run_captured(&mut q, BOOT_DEADLINE).map_err(|e| e.to_string())?;
-    let log = p.out.join("rxe-guest").join("boot.log");
-    let _ = std::fs::write(&log, &out.stdout);
-    println!("{}", out.stdout);
-    println!("rxe-guest: boot took {:.1} s; transcript {}", t.elapsed().as_secs_f64(), log.display());
-    if out.status.is_none() {
-        return Err(format!("the guest did not power off within {} s", BOOT_DEADLINE.as_secs()));
-    }
-    Ok(out.stdout)
-}
-
-/// What the transcript must show: rdma_rxe loaded, rxe0 on eth0, leasectl (verbs build) running.
-pub fn check(transcript: &str) -> Result<(), String> {
-    let mut missing = Vec::new();
-    if !transcript.lines().any(|l| l.contains("rxe-guest: modules:") && l.contains("rdma_rxe")) {
-        missing.push("rdma_rxe in /proc/modules");
-    }
-    if !transcript.lines().any(|l| l.contains("link rxe0/1") && l.contains("netdev eth0")) {
-        missing.push("`rdma link show` listing rxe0 on eth0");
-    }
-    if !transcript.contains("rxe-guest: leasectl runs") {
-        missing.push("leasectl verify --help exiting 0");
-    }
-    if missing.is_empty() { Ok(()) } else { Err(format!("the guest's transcript lacks: {}", missing.join(", "))) }
-}
-
 /// `cargo xtask rxe-guest [--boot] [--cmd CMD]`.
-pub fn cmd(p: &Paths, boot_it: bool, guest_cmd: Option<&str>) -> Result<(), String> {
+pub fn cmd(
+    p: &Paths,
+    boot_it: bool,
+    guest_cmd: Option<&str>,
+    wire: Option<(SocketAddrV4, SocketAddrV4)>,
+    ip: Option<String>,
+) -> Result<(), String> {
     let t = Instant::now();
     let g = build(p)?;
     println!("rxe-guest: build took {:.1} s", t.elapsed().as_secs_f64());
     if boot_it {
-        let transcript = boot(p, &g, guest_cmd)?;
-        check(&transcript)?;
+        let mut run = rxe::GuestRun::user(p.out.join("rxe-guest").join("boot.log"), guest_cmd.map(str::to_string));
+        if let Some((local, peer)) = wire {
+            run.nic = rxe::Nic::Socket { local, peer };
+            run.ip = format!("{}/24", rxe::GUEST_IP);
+            run.gw = None;
+        }
+        if let Some(ip) = ip {
+            run.ip = ip;
+        }
+        let out = rxe::boot(Path::new("qemu-system-x86_64"), &g, &run)?;
+        println!("rxe-guest: boot took {:.1} s; transcript {}", out.took.as_secs_f64(), run.log.display());
+        if !out.powered_off {
+            return Err(format!("the guest did not power off within {} s", run.deadline.as_secs()));
+        }
+        rxe::check_guest(&out.transcript)?;
         println!("rxe-guest: PASS: rdma_rxe loaded, rxe0 on eth0, leasectl (verbs) runs in the guest");
     }
     Ok(())
@@ -526,13 +515,5 @@ mod tests {
         assert_eq!(b.len() % 4, 0);
         assert_eq!(&b[110..115], b"init\0");
         assert!(b.windows(10).any(|w| w == b"TRAILER!!!"));
-    }
-
-    #[test]
-    fn transcript_check() {
-        let good = "rxe-guest: modules: rdma_rxe ib_uverbs\nlink rxe0/1 state ACTIVE physical_state LINK_UP netdev eth0\n\
-                    rxe-guest: leasectl runs\n";
-        assert!(check(good).is_ok());
-        assert!(check("rxe-guest: modules: virtio_net\n").is_err());
     }
 }

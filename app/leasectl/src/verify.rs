@@ -226,6 +226,9 @@ pub fn run_detailed(
     Ok(Report { options: opts.clone(), iterations })
 }
 
+/// The most of a fresh lease read back to check that it holds zeros (a requester's buffers must take it).
+pub const FRESH_READ_MAX: u64 = 64 << 10;
+
 /// The bytes WRITE `wr_id` carries (never all zero, so a scrubbed region cannot pass for written data).
 fn pattern(wr_id: u64, len: usize) -> Vec<u8> {
     let mut x = wr_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -575,7 +578,7 @@ fn iteration(
     // A fresh lease must read as zeros.
     let mut r2 = requesters().map_err(|e| local(format!("requester: {e}")))?;
     let b = open_lease(&mut tenant, r2.as_mut(), lease_len)?;
-    let len = lease_len.min(64 << 10) as u32;
+    let len = lease_len.min(FRESH_READ_MAX) as u32;
     r2.post_read(1, b.remote_addr, b.rkey, len).map_err(|e| local(format!("posting READ: {e}")))?;
     let end = Instant::now() + slack;
     let mut done = None;

@@ -383,9 +383,11 @@ fn verbs_requester(
         port,
         gid_index,
         mac,
-        // Room for the WRITE loop, its READ checks and the read-back of every region.
+        // Room for the WRITE loop, its READ checks and the read-back of every region; a slot takes a region or
+        // the fresh lease's read-back, whichever is larger (the first run on a real stack found the slot too
+        // small for the latter).
         depth: depth + 2,
-        slot_len: size,
+        slot_len: size.max(crate::verify::FRESH_READ_MAX as usize),
         timeout: rc.timeout,
         retry_cnt: rc.retry_cnt,
         rnr_retry: rc.rnr_retry,

@@ -1,0 +1,526 @@
+//! Linux's Soft-RoCE (`rdma_rxe`) as a client nobody here wrote (issue 17). The guest itself, a Debian kernel
+//! and initramfs, is built by `cargo xtask rxe-guest` (xtask/src/rxe_guest.rs; docs/rxe-guest.md); this module
+//! boots it under QEMU/TCG on a chosen network and reads what its command printed.
+//!
+//! The `rxe-qemu` scenario ([`run`]):
+//! 1. the appliance boots with its control channel on the model's own Ethernet port (QEMU's user network, the
+//!    model's wire and a client port on hub 0, as in `ctl-mlx5-qemu`);
+//! 2. the rxe guest's virtio-net NIC is that client port (a `-netdev socket` pointed at the hub's socket), so
+//!    the guest is one more station on 10.0.2.0/24: it reaches the appliance's control port directly and
+//!    resolves the appliance's RDMA address by ARP, like any Linux host on the segment;
+//! 3. inside the guest, `leasectl verify --backend verbs --device rxe0 --revoke-test --order both --json`
+//!    runs against the appliance and must pass the checks the software requester's runs pass
+//!    ([`crate::lease_qemu::check_verify_runs`]): data written through real verbs reads back, mkey-first gives
+//!    `IBV_WC_REM_ACCESS_ERR`, qp-first `IBV_WC_RETRY_EXC_ERR` after about the QP's retry time.
+
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use leasebox_client::rdma::pcap::PcapWriter;
+use leasebox_qemu::HubSocket;
+use leasebox_qemu::process::run_captured;
+
+use crate::Artifacts;
+use crate::lease_qemu::{self, Appliance, VerifyRun};
+
+/// The scenario's name in `cargo xtask test`.
+pub const NAME: &str = "rxe-qemu";
+/// The guest's address and MAC on the appliance's segment (10.0.2.0/24: QEMU's user network is 10.0.2.2, the
+/// appliance's DHCP address 10.0.2.15 and its RDMA address 10.0.2.16).
+pub const GUEST_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 30);
+pub const GUEST_MAC: [u8; 6] = [0x02, 0x4c, 0x42, 0x00, 0x00, 0x1e];
+/// From QEMU start to power-off: the guest boots in about 6 s under TCG; the verifier's two orders with their
+/// retry timers take tens of seconds more on a loaded 2-core host.
+const GUEST_DEADLINE: Duration = Duration::from_secs(420);
+/// The control channel's answer timeout inside the guest (leasectl `--timeout`).
+const ANSWER_TIMEOUT_S: u32 = 30;
+
+/// The built guest (`cargo xtask rxe-guest`).
+#[derive(Clone, Debug)]
+pub struct Guest {
+    pub kernel: PathBuf,
+    pub initramfs: PathBuf,
+}
+
+impl Guest {
+    /// Where `cargo xtask rxe-guest` leaves it, under `<target>/leasebox/rxe-guest/`.
+    pub fn in_target_dir(target: &Path) -> Guest {
+        let dir = target.join("leasebox").join("rxe-guest");
+        Guest { kernel: dir.join("vmlinuz"), initramfs: dir.join("initramfs.cpio") }
+    }
+}
+
+/// The guest's one NIC (virtio-net).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Nic {
+    /// QEMU's user network alone (10.0.2.0/24 behind 10.0.2.2).
+    User,
+    /// A UDP socket carrying one Ethernet frame per datagram: QEMU binds `local` and sends to `peer` (another
+    /// QEMU's hub socket port, or a process that is a station on the wire).
+    Socket { local: SocketAddrV4, peer: SocketAddrV4 },
+    /// Both on one hub: QEMU's user network (the host's loopback is 10.0.2.2) and the socket.
+    UserAndSocket { local: SocketAddrV4, peer: SocketAddrV4 },
+}
+
+/// One boot of the guest.
+#[derive(Clone, Debug)]
+pub struct GuestRun {
+    pub nic: Nic,
+    /// `a.b.c.d/len`.
+    pub ip: String,
+    pub gw: Option<Ipv4Addr>,
+    pub mac: [u8; 6],
+    /// Static neighbour entries (for a station that answers no ARP).
+    pub neigh: Vec<(Ipv4Addr, [u8; 6])>,
+    /// Run after the checks (busybox sh); no double quote or newline.
+    pub cmd: Option<String>,
+    pub deadline: Duration,
+    /// The serial transcript goes here.
+    pub log: PathBuf,
+    pub echo: bool,
+}
+
+impl GuestRun {
+    /// QEMU's user network, the guest at 10.0.2.15 (the spike of `cargo xtask rxe-guest --boot`).
+    pub fn user(log: PathBuf, cmd: Option<String>) -> GuestRun {
+        GuestRun {
+            nic: Nic::User,
+            ip: "10.0.2.15/24".into(),
+            gw: Some(Ipv4Addr::new(10, 0, 2, 2)),
+            mac: GUEST_MAC,
+            neigh: vec![],
+            cmd,
+            deadline: Duration::from_secs(240),
+            log,
+            echo: true,
+        }
+    }
+
+    /// The kernel command line.
+    pub fn append(&self) -> Result<String, String> {
+        let mut a = format!("console=ttyS0 panic=-1 loglevel=4 rxe.ip={}", self.ip);
+        if let Some(gw) = self.gw {
+            a.push_str(&format!(" rxe.gw={gw}"));
+        }
+        if !self.neigh.is_empty() {
+            let n: Vec<String> = self.neigh.iter().map(|(ip, mac)| format!("{ip}@{}", mac_string(mac))).collect();
+            a.push_str(&format!(" rxe.neigh={}", n.join(",")));
+        }
+        if let Some(c) = &self.cmd {
+            // The kernel's command-line parser knows double quotes but no escapes.
+            if c.contains('"') || c.contains('\n') {
+                return Err("the guest's command cannot hold a double quote or a newline (rxe.cmd=\"...\")".into());
+            }
+            a.push_str(&format!(" rxe.cmd=\"{c}\""));
+        }
+        Ok(a)
+    }
+
+    /// QEMU's arguments after the binary.
+    pub fn qemu_args(&self, g: &Guest) -> Result<Vec<String>, String> {
+        let mut q: Vec<String> = ["-accel", "tcg", "-m", "512", "-nographic", "-no-reboot", "-kernel"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        q.push(g.kernel.display().to_string());
+        q.push("-initrd".into());
+        q.push(g.initramfs.display().to_string());
+        q.push("-append".into());
+        q.push(self.append()?);
+        let dev = format!("virtio-net-pci,netdev=g0,mac={}", mac_string(&self.mac));
+        let pairs: Vec<String> = match self.nic {
+            Nic::User => vec!["-netdev".into(), "user,id=g0".into()],
+            Nic::Socket { local, peer } => vec!["-netdev".into(), format!("socket,id=g0,udp={peer},localaddr={local}")],
+            Nic::UserAndSocket { local, peer } => vec![
+                "-netdev".into(),
+                "user,id=u0".into(),
+                "-netdev".into(),
+                "hubport,id=hu0,hubid=0,netdev=u0".into(),
+                "-netdev".into(),
+                format!("socket,id=s0,udp={peer},localaddr={local}"),
+                "-netdev".into(),
+                "hubport,id=hs0,hubid=0,netdev=s0".into(),
+                "-netdev".into(),
+                "hubport,id=g0,hubid=0".into(),
+            ],
+        };
+        q.extend(pairs);
+        q.push("-device".into());
+        q.push(dev);
+        Ok(q)
+    }
+}
+
+pub fn mac_string(m: &[u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+/// What one boot printed.
+#[derive(Clone, Debug)]
+pub struct GuestOutput {
+    pub transcript: String,
+    pub powered_off: bool,
+    pub took: Duration,
+}
+
+impl GuestOutput {
+    /// The lines the guest's command printed (between `rxe-guest: running:` and `rxe-guest: command exit`),
+    /// and its exit status.
+    pub fn command_output(&self) -> Option<(Vec<&str>, i32)> {
+        command_output(&self.transcript)
+    }
+}
+
+/// See [`GuestOutput::command_output`].
+pub fn command_output(transcript: &str) -> Option<(Vec<&str>, i32)> {
+    let mut lines = transcript.lines().map(|l| l.trim_end_matches('\r'));
+    lines.by_ref().find(|l| l.starts_with("rxe-guest: running:"))?;
+    let mut out = Vec::new();
+    for l in lines {
+        if let Some(code) = l.strip_prefix("rxe-guest: command exit ") {
+            return Some((out, code.trim().parse().ok()?));
+        }
+        out.push(l);
+    }
+    None
+}
+
+/// Boots the guest and waits for it to power off (or the deadline); the transcript is written to `r.log`.
+pub fn boot(qemu: &Path, g: &Guest, r: &GuestRun) -> Result<GuestOutput, String> {
+    for f in [&g.kernel, &g.initramfs] {
+        if !f.exists() {
+            return Err(format!("{} is missing: build the guest with `cargo xtask rxe-guest`", f.display()));
+        }
+    }
+    let mut q = Command::new(qemu);
+    q.args(r.qemu_args(g)?);
+    if r.echo {
+        println!("rxe-guest: {q:?}");
+    }
+    let t = Instant::now();
+    let out = run_captured(&mut q, r.deadline).map_err(|e| e.to_string())?;
+    let took = t.elapsed();
+    if let Some(d) = r.log.parent() {
+        let _ = std::fs::create_dir_all(d);
+    }
+    let _ = std::fs::write(&r.log, format!("{}\n--- qemu stderr ---\n{}", out.stdout, out.stderr));
+    if r.echo {
+        println!("{}", out.stdout);
+    }
+    Ok(GuestOutput { transcript: out.stdout, powered_off: out.status.is_some(), took })
+}
+
+/// What every transcript must show: rdma_rxe loaded, rxe0 on eth0, leasectl (verbs build) running.
+pub fn check_guest(transcript: &str) -> Result<(), String> {
+    let mut missing = Vec::new();
+    if !transcript.lines().any(|l| l.contains("rxe-guest: modules:") && l.contains("rdma_rxe")) {
+        missing.push("rdma_rxe in /proc/modules");
+    }
+    if !transcript.lines().any(|l| l.contains("link rxe0/1") && l.contains("netdev eth0")) {
+        missing.push("`rdma link show` listing rxe0 on eth0");
+    }
+    if !transcript.contains("rxe-guest: leasectl runs") {
+        missing.push("leasectl verify --help exiting 0");
+    }
+    if missing.is_empty() { Ok(()) } else { Err(format!("the guest's transcript lacks: {}", missing.join(", "))) }
+}
+
+/// The GID index of rxe0's IPv4-mapped GID for `ip` (`rxe-guest: gid N ...` lines), if the guest listed it.
+pub fn gid_index_of(transcript: &str, ip: Ipv4Addr) -> Option<u8> {
+    let o = ip.octets();
+    let want = format!("0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}", o[0], o[1], o[2], o[3]);
+    transcript.lines().find_map(|l| {
+        let rest = l.trim_end_matches('\r').strip_prefix("rxe-guest: gid ")?;
+        let mut w = rest.split_whitespace();
+        let idx = w.next()?.parse().ok()?;
+        (w.next()? == want).then_some(idx)
+    })
+}
+
+// ---- the wire between the guest and the appliance ----
+
+/// The shortest Ethernet frame without its FCS. A physical MAC pads a shorter frame to it before sending; QEMU's
+/// virtual NICs do not (virtio-net hands the guest's 42-byte ARP request over as it is), and the mlx5 model, like
+/// a real port, drops what arrives shorter as a runt (docs/hca-model.md, "Frames from QEMU's virtual NICs").
+pub const ETH_MIN_FRAME: usize = 60;
+
+/// What crossed the wire.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WireCounts {
+    /// Frames from the guest, and how many of them were shorter than [`ETH_MIN_FRAME`] and padded.
+    pub from_guest: u64,
+    pub padded: u64,
+    /// Frames to the guest.
+    pub to_guest: u64,
+}
+
+/// The guest's frame as a physical MAC would put it on the wire: padded with zeros to [`ETH_MIN_FRAME`].
+pub fn pad_frame(frame: &mut Vec<u8>) -> bool {
+    if frame.len() < ETH_MIN_FRAME {
+        frame.resize(ETH_MIN_FRAME, 0);
+        true
+    } else {
+        false
+    }
+}
+
+/// A relay standing for the cable between the guest's NIC and the appliance's hub: two UDP sockets, frames
+/// forwarded both ways, the guest's short frames padded as its MAC would have (see [`ETH_MIN_FRAME`]), every
+/// frame recorded in a pcap file.
+pub struct Wire {
+    /// Where the guest's QEMU sends its frames (its `udp=` peer).
+    pub guest_peer: SocketAddrV4,
+    /// What the guest's QEMU binds (its `localaddr=`).
+    pub guest_local: SocketAddrV4,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    counts: Arc<Mutex<WireCounts>>,
+}
+
+impl Wire {
+    /// Joins the hub socket `hub` (the wire binds `hub.peer`, sends to `hub.local`); `pcap`: where the frames go.
+    pub fn start(hub: HubSocket, pcap: &Path) -> Result<Wire, String> {
+        let to_hub = UdpSocket::bind(hub.peer).map_err(|e| format!("binding {}: {e}", hub.peer))?;
+        let to_guest =
+            UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| format!("binding a UDP socket for the wire: {e}"))?;
+        let guest_local = free_udp_port()?;
+        let guest_peer = match to_guest.local_addr().map_err(|e| e.to_string())? {
+            std::net::SocketAddr::V4(a) => a,
+            other => return Err(format!("the wire bound {other}, not IPv4")),
+        };
+        let file = std::fs::File::create(pcap).map_err(|e| format!("{}: {e}", pcap.display()))?;
+        let pcap = Arc::new(Mutex::new(PcapWriter::new(std::io::BufWriter::new(file)).map_err(|e| e.to_string())?));
+        let (stop, counts) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(WireCounts::default())));
+        let mut threads = Vec::new();
+        for from_guest in [true, false] {
+            let (rx, tx) = if from_guest { (&to_guest, &to_hub) } else { (&to_hub, &to_guest) };
+            let (rx, tx) = (rx.try_clone().map_err(|e| e.to_string())?, tx.try_clone().map_err(|e| e.to_string())?);
+            rx.set_read_timeout(Some(Duration::from_millis(100))).map_err(|e| e.to_string())?;
+            let dest = if from_guest { hub.local } else { guest_local };
+            let (stop, counts, pcap) = (Arc::clone(&stop), Arc::clone(&counts), Arc::clone(&pcap));
+            threads.push(std::thread::spawn(move || {
+                let mut buf = vec![0u8; 65536];
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(n) = rx.recv(&mut buf) else { continue };
+                    if n == 0 {
+                        continue;
+                    }
+                    let mut f = buf[..n].to_vec();
+                    {
+                        let mut c = counts.lock().unwrap_or_else(|p| p.into_inner());
+                        if from_guest {
+                            c.from_guest += 1;
+                            c.padded += u64::from(pad_frame(&mut f));
+                        } else {
+                            c.to_guest += 1;
+                        }
+                    }
+                    let _ = pcap.lock().unwrap_or_else(|p| p.into_inner()).frame(&f);
+                    let _ = tx.send_to(&f, dest);
+                }
+                let _ = pcap.lock().unwrap_or_else(|p| p.into_inner()).flush();
+            }));
+        }
+        Ok(Wire { guest_peer, guest_local, stop, threads, counts })
+    }
+
+    /// The guest's NIC on this wire.
+    pub fn nic(&self) -> Nic {
+        Nic::Socket { local: self.guest_local, peer: self.guest_peer }
+    }
+
+    pub fn counts(&self) -> WireCounts {
+        *self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for Wire {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A UDP port on 127.0.0.1 that was free when asked.
+fn free_udp_port() -> Result<SocketAddrV4, String> {
+    let s = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| e.to_string())?;
+    match s.local_addr().map_err(|e| e.to_string())? {
+        std::net::SocketAddr::V4(a) => Ok(a),
+        other => Err(format!("bound {other}, not IPv4")),
+    }
+}
+
+// ---- the scenario ----
+
+/// The QP's transport retry count in the guest. rxe takes `retry_cnt` 7 as "retry forever", as IBTA defines
+/// only for `rnr_retry` (rxe_comp.c: `if (qp->comp.retry_cnt != 7) qp->comp.retry_cnt--;`), so the other
+/// scenarios' 7 would never end in `IBV_WC_RETRY_EXC_ERR` here (docs/hca-model.md, "Soft-RoCE against the
+/// model"). 6 is the largest count that ends on every stack.
+pub const RXE_RETRY_CNT: u8 = 6;
+
+/// The verifier's command inside the guest: tenant `demo`, the admin key for the revokes, rxe0's GID `gid`.
+fn verify_cmd(ctl: &str, tenant_hex: &str, admin_hex: &str, gid: u8) -> String {
+    let v = lease_qemu::verify_args(RXE_RETRY_CNT);
+    format!(
+        "leasectl --addr {ctl} --timeout {ANSWER_TIMEOUT_S} --tenant demo --key {tenant_hex} --json verify \
+         --backend verbs --device rxe0 --gid-index {gid} --revoke-test --order both --admin-key {admin_hex} {}",
+        v.join(" ")
+    )
+}
+
+/// The `rxe-qemu` scenario: the appliance and one rxe guest on its segment.
+pub fn run(a: &Artifacts) -> Result<String, String> {
+    let g = a.rxe_guest.clone();
+    let mut app = Appliance::boot_segment(a, &a.elf, NAME, "")?;
+    let r = guest_verify(a, &g, &mut app);
+    app.drain();
+    match r {
+        Ok(s) => Ok(s),
+        Err(e) => Err(app.fail(e)),
+    }
+}
+
+fn guest_verify(a: &Artifacts, g: &Guest, app: &mut Appliance) -> Result<String, String> {
+    let hub = app.hub.ok_or("booted without the hub")?;
+    let ctl_ip = app.ready.get("ip").ok_or("the ready line has no ip")?.to_string();
+    let ctl = format!("{ctl_ip}:{}", crate::control::GUEST_PORT);
+    // rxe0's GIDs: index 0 is the link-local one, index 1 the IPv4-mapped one of eth0's address.
+    let cmd = verify_cmd(&ctl, &app.tenant_hex, &app.admin_hex, 1);
+    let wire = Wire::start(hub.client, &a.log_dir.join(format!("{NAME}.pcap")))?;
+    let run = GuestRun {
+        nic: wire.nic(),
+        ip: format!("{GUEST_IP}/24"),
+        gw: None,
+        mac: GUEST_MAC,
+        neigh: vec![],
+        cmd: Some(cmd),
+        deadline: GUEST_DEADLINE,
+        log: a.log_dir.join(format!("{NAME}.guest.log")),
+        echo: a.echo,
+    };
+    let out = boot(&a.qemu, g, &run)?;
+    let counts = wire.counts();
+    drop(wire);
+    let where_ =
+        format!("guest transcript {}, frames {}", run.log.display(), a.log_dir.join(format!("{NAME}.pcap")).display());
+    check_guest(&out.transcript).map_err(|e| format!("{e} ({where_})"))?;
+    if gid_index_of(&out.transcript, GUEST_IP) != Some(1) {
+        return Err(format!("rxe0's GID 1 is not ::ffff:{GUEST_IP} ({where_})"));
+    }
+    let (lines, code) = out
+        .command_output()
+        .ok_or_else(|| format!("the guest's command did not finish (powered off: {}; {where_})", out.powered_off))?;
+    let json = lines
+        .iter()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .ok_or_else(|| format!("leasectl printed no JSON (exit {code}): {} ({where_})", lines.join("\n    | ")))?;
+    let runs: Vec<VerifyRun> = lease_qemu::parse_verify_json(json).map_err(|e| format!("{e} ({where_})"))?;
+    let f = lease_qemu::check_verify_runs(&runs).map_err(|e| format!("{e} (exit {code}; {where_})"))?;
+    if code != 0 {
+        return Err(format!("leasectl verify exited {code} though its runs pass ({where_})"));
+    }
+    let orders: Vec<String> = f
+        .orders
+        .iter()
+        .map(|(o, recall, dp, status)| format!("{o} {status} (recall {recall} us, first fail {dp} us)"))
+        .collect();
+    Ok(format!(
+        "rxe guest {GUEST_IP} (Linux rdma_rxe, libibverbs) on the appliance's segment, verify --backend verbs: {}; \
+         retry time {} us; guest took {:.1} s; wire: {} frames from the guest ({} padded to 60 bytes), {} to it",
+        orders.join(", "),
+        f.retry_time_us,
+        out.took.as_secs_f64(),
+        counts.from_guest,
+        counts.padded,
+        counts.to_guest
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_output_between_markers() {
+        let t = "boot\nrxe-guest: running: x\r\n{\"a\":1}\r\nrxe-guest: command exit 6\r\nrxe-guest: done\n";
+        assert_eq!(command_output(t), Some((vec!["{\"a\":1}"], 6)));
+        assert_eq!(command_output("rxe-guest: running: x\nhalf"), None);
+        assert_eq!(command_output("nothing"), None);
+    }
+
+    #[test]
+    fn short_frames_padded_like_a_mac_would() {
+        let mut f = vec![0xff; 42];
+        assert!(pad_frame(&mut f));
+        assert_eq!(f.len(), ETH_MIN_FRAME);
+        assert_eq!(&f[42..], &[0u8; 18]);
+        let mut g = vec![1u8; 61];
+        assert!(!pad_frame(&mut g));
+        assert_eq!(g, vec![1u8; 61]);
+    }
+
+    #[test]
+    fn the_wire_relays_both_ways_and_pads() {
+        // The "hub": a socket standing for QEMU's hub port; the "guest": a socket at the wire's guest_local.
+        let hub_local = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let hub_peer = free_udp_port().unwrap();
+        let v4 = |s: &UdpSocket| match s.local_addr().unwrap() {
+            std::net::SocketAddr::V4(a) => a,
+            _ => unreachable!(),
+        };
+        let pcap = std::env::temp_dir().join(format!("rxe-wire-{}.pcap", std::process::id()));
+        let w = Wire::start(HubSocket { local: v4(&hub_local), peer: hub_peer }, &pcap).unwrap();
+        let guest = UdpSocket::bind(w.guest_local).unwrap();
+        guest.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        hub_local.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        guest.send_to(&[7u8; 42], w.guest_peer).unwrap();
+        let mut b = [0u8; 2048];
+        let (n, from) = hub_local.recv_from(&mut b).unwrap();
+        assert_eq!((n, &b[..3], from), (60, &[7u8, 7, 7][..], std::net::SocketAddr::V4(hub_peer)));
+        hub_local.send_to(&[9u8; 50], hub_peer).unwrap();
+        let n = guest.recv(&mut b).unwrap();
+        assert_eq!(n, 50, "frames to the guest pass as they are");
+        assert_eq!(w.counts(), WireCounts { from_guest: 1, padded: 1, to_guest: 1 });
+        drop(w);
+        let written = std::fs::read(&pcap).unwrap();
+        assert_eq!(written.len(), 24 + 16 + 60 + 16 + 50, "the pcap header and both frames");
+        let _ = std::fs::remove_file(&pcap);
+    }
+
+    #[test]
+    fn gid_lines() {
+        let t = "rxe-guest: gid 0 fe80:0000:0000:0000:004c:42ff:fe00:001e RoCE v2\n\
+                 rxe-guest: gid 1 0000:0000:0000:0000:0000:ffff:0a00:021e RoCE v2\n";
+        assert_eq!(gid_index_of(t, GUEST_IP), Some(1));
+        assert_eq!(gid_index_of(t, Ipv4Addr::new(10, 0, 2, 31)), None);
+    }
+
+    #[test]
+    fn command_lines_of_each_nic() {
+        let g = Guest { kernel: "/k".into(), initramfs: "/i".into() };
+        let mut r = GuestRun::user(PathBuf::from("/tmp/x.log"), Some("rdma dev".into()));
+        r.neigh = vec![(Ipv4Addr::new(10, 0, 2, 16), [2, 0, 0, 0, 0, 1])];
+        let a = r.qemu_args(&g).unwrap();
+        let append = &a[a.iter().position(|x| x == "-append").unwrap() + 1];
+        assert!(append.contains("rxe.ip=10.0.2.15/24 rxe.gw=10.0.2.2 rxe.neigh=10.0.2.16@02:00:00:00:00:01"));
+        assert!(append.ends_with("rxe.cmd=\"rdma dev\""));
+        assert!(a.contains(&"user,id=g0".to_string()));
+        let (l, p) = ("127.0.0.1:5003".parse().unwrap(), "127.0.0.1:5004".parse().unwrap());
+        r.nic = Nic::Socket { local: l, peer: p };
+        assert!(r.qemu_args(&g).unwrap().contains(&"socket,id=g0,udp=127.0.0.1:5004,localaddr=127.0.0.1:5003".into()));
+        r.nic = Nic::UserAndSocket { local: l, peer: p };
+        let a = r.qemu_args(&g).unwrap();
+        assert!(a.contains(&"hubport,id=g0,hubid=0".into()) && a.contains(&"hubport,id=hs0,hubid=0,netdev=s0".into()));
+        assert!(a.contains(&"virtio-net-pci,netdev=g0,mac=02:4c:42:00:00:1e".into()));
+        r.cmd = Some("echo \"x\"".into());
+        assert!(r.qemu_args(&g).is_err());
+    }
+}
