@@ -56,10 +56,17 @@ pub mod opcode {
     pub const RDMA_READ_RESPONSE_LAST: u8 = 0x0F;
     pub const RDMA_READ_RESPONSE_ONLY: u8 = 0x10;
     pub const ACKNOWLEDGE: u8 = 0x11;
+    /// Congestion Notification Packet (RoCEv2 annex A17.9.3), outside the RC opcodes: a receiver that saw ECN
+    /// CE marks sends it to the flow's sender (BECN set in the BTH byte the ICRC masks). [`super::decode`]
+    /// accepts it; the requester ignores it.
+    pub const CNP: u8 = 0x81;
 }
 
-/// Which extension headers follow the BTH (IBTA Table 38); `None` for opcodes this cable does not carry
-/// (atomics, other transports).
+/// A CNP's reserved bytes between its BTH and its ICRC (RoCEv2 annex A17.9.3).
+pub const CNP_LEN: usize = 16;
+
+/// Which extension headers follow the BTH (IBTA Table 38; a CNP has none, its 16 reserved bytes decode as the
+/// payload); `None` for opcodes this cable does not carry (atomics, other transports).
 fn layout(op: u8) -> Option<(bool, bool, bool)> {
     use opcode::*;
     // (RETH, AETH, ImmDt)
@@ -71,7 +78,7 @@ fn layout(op: u8) -> Option<(bool, bool, bool)> {
         RDMA_READ_RESPONSE_FIRST | RDMA_READ_RESPONSE_LAST | RDMA_READ_RESPONSE_ONLY | ACKNOWLEDGE => {
             (false, true, false)
         }
-        RDMA_READ_RESPONSE_MIDDLE => (false, false, false),
+        RDMA_READ_RESPONSE_MIDDLE | CNP => (false, false, false),
         _ => return None,
     })
 }
@@ -248,7 +255,7 @@ impl fmt::Display for WireError {
             WireError::NotRoce => f.write_str("UDP destination port is not 4791"),
             WireError::Tver => f.write_str("BTH TVer is not 0"),
             WireError::Opcode(o) => write!(f, "opcode {o:#04x} not carried"),
-            WireError::Layout => f.write_str("packet shorter than its opcode's headers"),
+            WireError::Layout => f.write_str("packet does not fit its opcode's headers (or a CNP's 16 bytes)"),
             WireError::Pad => f.write_str("PadCnt larger than the payload"),
             WireError::Icrc => f.write_str("bad ICRC"),
             WireError::TooLong => f.write_str("packet longer than an IPv4 datagram"),
@@ -431,6 +438,9 @@ pub fn decode(frame: &[u8]) -> Result<Packet<'_>, WireError> {
     let body = &t[at..];
     if (bth.pad as usize) > body.len() {
         return Err(WireError::Pad);
+    }
+    if bth.opcode == opcode::CNP && (body.len() != CNP_LEN || bth.pad != 0) {
+        return Err(WireError::Layout);
     }
     let addr = Addr {
         dst_mac: frame[0..6].try_into().unwrap_or_default(),

@@ -52,10 +52,17 @@ pub mod opcode {
     pub const RC_ATOMIC_ACKNOWLEDGE: u8 = 0x12;
     pub const RC_COMPARE_SWAP: u8 = 0x13;
     pub const RC_FETCH_ADD: u8 = 0x14;
+    /// Congestion Notification Packet (RoCEv2 annex A17.9.3): sent by a receiver that saw ECN CE marks to the
+    /// sender of the marked flow, BECN set in the BTH byte the ICRC masks. Not an RC packet: the responder
+    /// answers none.
+    pub const CNP: u8 = 0x81;
 }
 
-/// Which extension headers follow the BTH for an RC opcode, in wire order (IBTA Vol. 1 table 38); `None` for
-/// opcodes outside the RC transport or not defined.
+/// The reserved bytes between a CNP's BTH and its ICRC (RoCEv2 annex A17.9.3).
+pub const CNP_RESERVED_BYTES: usize = 16;
+
+/// Which extension headers follow the BTH for an RC opcode, in wire order (IBTA Vol. 1 table 38), or for a CNP
+/// (none: 16 reserved bytes, which [`parse`] returns as the payload); `None` for other opcodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpcodeLayout {
     pub reth: bool,
@@ -83,6 +90,7 @@ pub fn layout(op: u8) -> Option<OpcodeLayout> {
         }
         RC_ATOMIC_ACKNOWLEDGE => OpcodeLayout { aeth: true, atmack: true, ..none },
         RC_COMPARE_SWAP | RC_FETCH_ADD => OpcodeLayout { atmeth: true, ..none },
+        CNP => none,
         _ => return None,
     })
 }
@@ -142,6 +150,10 @@ pub enum WireError {
         got: u32,
         want: u32,
     },
+    /// A CNP whose body after the BTH is not the 16 reserved bytes (pad and ICRC aside).
+    BadCnp {
+        len: usize,
+    },
 }
 
 impl fmt::Display for WireError {
@@ -161,6 +173,7 @@ impl fmt::Display for WireError {
             WireError::UnknownOpcode(op) => write!(f, "opcode {op:#04x} is not an RC opcode"),
             WireError::BadPad { pad, rest } => write!(f, "PadCnt {pad} with {rest} bytes left"),
             WireError::BadIcrc { got, want } => write!(f, "ICRC {got:#010x}, want {want:#010x}"),
+            WireError::BadCnp { len } => write!(f, "CNP with {len} bytes after the BTH, want 16 reserved"),
         }
     }
 }
@@ -322,6 +335,13 @@ pub fn crc32_update(mut crc: u32, data: &[u8]) -> u32 {
 /// this value (`rxe_icrc_hdr`).
 pub const ICRC_SEED_AFTER_LRH: u32 = 0xDEBB_20E3;
 
+/// The ICRC that belongs in the last 4 bytes of `ip_to_end` (a packet from its IPv4 header, IHL 5, up to and
+/// including the ICRC, whatever those 4 bytes hold now), as a number stored least significant byte first;
+/// `None` when shorter than IPv4 + UDP + BTH + ICRC. [`parse`] checks with it; tests recompute with it.
+pub fn icrc(ip_to_end: &[u8]) -> Option<u32> {
+    (ip_to_end.len() >= IPV4_HLEN + UDP_HLEN + BTH_BYTES + ICRC_BYTES).then(|| icrc_of(ip_to_end))
+}
+
 /// ICRC of a frame whose IPv4 header starts at `ETH_HLEN` and whose ICRC occupies the last 4 bytes of `roce`
 /// (`roce` = the frame from the IPv4 header up to and including the ICRC). RoCEv2 annex A17.4: the IPv4 TOS,
 /// TTL and header checksum, the UDP checksum and the BTH resv8a are replaced by ones.
@@ -404,7 +424,8 @@ pub struct Packet<'a> {
 }
 
 /// Decodes and verifies one frame: IPv4 header checksum, UDP length and (when not 0) checksum, BTH TVer, the
-/// opcode's header layout, PadCnt and ICRC. Ethernet padding after the IPv4 total length is ignored.
+/// opcode's header layout (a CNP's 16 reserved bytes come back as the payload), PadCnt and ICRC. Ethernet
+/// padding after the IPv4 total length is ignored.
 pub fn parse(frame: &[u8]) -> Result<Packet<'_>, WireError> {
     need("Ethernet header", frame, ETH_HLEN)?;
     let ethertype = be16(frame, 12);
@@ -494,6 +515,9 @@ pub fn parse(frame: &[u8]) -> Result<Packet<'_>, WireError> {
     let rest = roce.len() - at - ICRC_BYTES;
     if usize::from(bth.pad_cnt) > rest {
         return Err(WireError::BadPad { pad: bth.pad_cnt, rest });
+    }
+    if bth.opcode == opcode::CNP && (rest != CNP_RESERVED_BYTES || bth.pad_cnt != 0) {
+        return Err(WireError::BadCnp { len: rest });
     }
     let payload = &roce[at..at + rest - usize::from(bth.pad_cnt)];
     let icrc_at = roce.len() - ICRC_BYTES;
