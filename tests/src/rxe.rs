@@ -34,6 +34,10 @@ pub const NAME: &str = "rxe-qemu";
 /// appliance's DHCP address 10.0.2.15 and its RDMA address 10.0.2.16).
 pub const GUEST_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 30);
 pub const GUEST_MAC: [u8; 6] = [0x02, 0x4c, 0x42, 0x00, 0x00, 0x1e];
+/// Beside the hosted appliance, the RDMA wire is a subnet of its own (the user network is 10.0.2.0/24 on the
+/// guest's second NIC): the guest's address there and the hosted appliance's RDMA address (`rdma_ip=`).
+pub const HOSTED_GUEST_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 3, 30);
+pub const HOSTED_RDMA_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 3, 16);
 /// From QEMU start to power-off: the guest boots in about 6 s under TCG; the verifier's two orders with their
 /// retry timers take tens of seconds more on a loaded 2-core host.
 const GUEST_DEADLINE: Duration = Duration::from_secs(420);
@@ -63,9 +67,16 @@ pub enum Nic {
     /// A UDP socket carrying one Ethernet frame per datagram: QEMU binds `local` and sends to `peer` (another
     /// QEMU's hub socket port, or a process that is a station on the wire).
     Socket { local: SocketAddrV4, peer: SocketAddrV4 },
-    /// Both on one hub: QEMU's user network (the host's loopback is 10.0.2.2) and the socket.
-    UserAndSocket { local: SocketAddrV4, peer: SocketAddrV4 },
+    /// The socket (eth0, rxe0's) and a second NIC on QEMU's user network (eth1, address `rxe.ctlip=`
+    /// [`CTL_NIC_IP`]), where the host's loopback is 10.0.2.2. Two NICs, not one hub: QEMU's user network reads
+    /// every frame on a hub whatever its destination MAC and would take the RDMA frames too.
+    SocketAndUser { local: SocketAddrV4, peer: SocketAddrV4 },
 }
+
+/// The guest's address on QEMU's user network with [`Nic::SocketAndUser`].
+pub const CTL_NIC_IP: &str = "10.0.2.15/24";
+/// The host's loopback as the guest on QEMU's user network sees it.
+pub const USER_NET_HOST: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
 
 /// One boot of the guest.
 #[derive(Clone, Debug)]
@@ -104,6 +115,9 @@ impl GuestRun {
     /// The kernel command line.
     pub fn append(&self) -> Result<String, String> {
         let mut a = format!("console=ttyS0 panic=-1 loglevel=4 rxe.ip={}", self.ip);
+        if matches!(self.nic, Nic::SocketAndUser { .. }) {
+            a.push_str(&format!(" rxe.ctlip={CTL_NIC_IP}"));
+        }
         if let Some(gw) = self.gw {
             a.push_str(&format!(" rxe.gw={gw}"));
         }
@@ -136,22 +150,22 @@ impl GuestRun {
         let pairs: Vec<String> = match self.nic {
             Nic::User => vec!["-netdev".into(), "user,id=g0".into()],
             Nic::Socket { local, peer } => vec!["-netdev".into(), format!("socket,id=g0,udp={peer},localaddr={local}")],
-            Nic::UserAndSocket { local, peer } => vec![
+            Nic::SocketAndUser { local, peer } => vec![
+                "-netdev".into(),
+                format!("socket,id=g0,udp={peer},localaddr={local}"),
                 "-netdev".into(),
                 "user,id=u0".into(),
-                "-netdev".into(),
-                "hubport,id=hu0,hubid=0,netdev=u0".into(),
-                "-netdev".into(),
-                format!("socket,id=s0,udp={peer},localaddr={local}"),
-                "-netdev".into(),
-                "hubport,id=hs0,hubid=0,netdev=s0".into(),
-                "-netdev".into(),
-                "hubport,id=g0,hubid=0".into(),
             ],
         };
         q.extend(pairs);
         q.push("-device".into());
         q.push(dev);
+        if matches!(self.nic, Nic::SocketAndUser { .. }) {
+            let mut mac = self.mac;
+            mac[5] ^= 0x80;
+            q.push("-device".into());
+            q.push(format!("virtio-net-pci,netdev=u0,mac={}", mac_string(&mac)));
+        }
         Ok(q)
     }
 }
@@ -375,44 +389,106 @@ fn verify_cmd(ctl: &str, tenant_hex: &str, admin_hex: &str, gid: u8) -> String {
     )
 }
 
-/// The `rxe-qemu` scenario: the appliance and one rxe guest on its segment.
+/// The `rxe-qemu` scenario: the QEMU appliance and one rxe guest on its segment, then the hosted appliance (the
+/// model in-process, its RoCEv2 responder on UDP) and the guest again.
 pub fn run(a: &Artifacts) -> Result<String, String> {
     let g = a.rxe_guest.clone();
     let mut app = Appliance::boot_segment(a, &a.elf, NAME, "")?;
-    let r = guest_verify(a, &g, &mut app);
+    let r = qemu_verify(a, &g, &mut app);
     app.drain();
-    match r {
-        Ok(s) => Ok(s),
-        Err(e) => Err(app.fail(e)),
-    }
+    let qemu = match r {
+        Ok(s) => s,
+        Err(e) => return Err(app.fail(e)),
+    };
+    drop(app);
+    let hosted = hosted_verify(a, &g).map_err(|e| format!("against the hosted appliance: {e}"))?;
+    Ok(format!("QEMU appliance: {qemu}; hosted appliance: {hosted}"))
 }
 
-fn guest_verify(a: &Artifacts, g: &Guest, app: &mut Appliance) -> Result<String, String> {
+/// The guest on the QEMU appliance's segment: control and RDMA both through the model's Ethernet port.
+fn qemu_verify(a: &Artifacts, g: &Guest, app: &mut Appliance) -> Result<String, String> {
     let hub = app.hub.ok_or("booted without the hub")?;
     let ctl_ip = app.ready.get("ip").ok_or("the ready line has no ip")?.to_string();
     let ctl = format!("{ctl_ip}:{}", crate::control::GUEST_PORT);
-    // rxe0's GIDs: index 0 is the link-local one, index 1 the IPv4-mapped one of eth0's address.
-    let cmd = verify_cmd(&ctl, &app.tenant_hex, &app.admin_hex, 1);
     let wire = Wire::start(hub.client, &a.log_dir.join(format!("{NAME}.pcap")))?;
+    let nic = wire.nic();
+    guest_verify(a, g, &wire, nic, GUEST_IP, vec![], &ctl, (&app.tenant_hex, &app.admin_hex), "guest")
+}
+
+/// The guest beside the hosted appliance: the control channel through QEMU's user network (forwarded to the
+/// hosted appliance's TCP port), RDMA through the wire to the model's UDP responder. That responder is a cable
+/// end, not a station: it answers no ARP, so the guest gets a static neighbour entry for the RDMA address with
+/// the port's MAC (read from an ALLOC's answer).
+fn hosted_verify(a: &Artifacts, g: &Guest) -> Result<String, String> {
+    let rdma_ip = format!("rdma_ip={HOSTED_RDMA_IP}");
+    let t = crate::control::start_hosted(&["--hca", "--udp", "127.0.0.1:0", &rdma_ip])?;
+    let udp = match t.udp.ok_or("the hosted appliance has no RoCEv2 responder")? {
+        std::net::SocketAddr::V4(u) => u,
+        other => return Err(format!("the responder is at {other}, not IPv4")),
+    };
+    let port = t.addr.rsplit(':').next().unwrap_or_default();
+    let mac = server_mac(a, &t)?;
+    let peer = free_udp_port()?;
+    let wire = Wire::start(HubSocket { local: udp, peer }, &a.log_dir.join(format!("{NAME}-hosted.pcap")))?;
+    let nic = Nic::SocketAndUser { local: wire.guest_local, peer: wire.guest_peer };
+    let neigh = vec![(HOSTED_RDMA_IP, mac)];
+    let ctl = format!("{USER_NET_HOST}:{port}");
+    let ip = HOSTED_GUEST_IP;
+    guest_verify(a, g, &wire, nic, ip, neigh, &ctl, (&t.tenant_hex, &t.admin_hex), "hosted-guest")
+}
+
+/// The hosted appliance's RDMA MAC, from the answer to one ALLOC (freed at once).
+fn server_mac(a: &Artifacts, t: &crate::control::Target) -> Result<[u8; 6], String> {
+    use crate::control::{Who, run_leasectl};
+    let who = Who::Tenant(&t.tenant_hex);
+    let gid = "00000000000000000000ffff0a00031e";
+    #[rustfmt::skip]
+    let args = ["--json", "alloc", "--size", "4096", "--qpn", "0x1234", "--psn", "5", "--gid", gid, "--mac", "02:00:00:00:00:02"];
+    let out = run_leasectl(&a.leasectl_bin, &t.addr, Duration::from_secs(30), who, &args)?;
+    let v: serde_json::Value =
+        serde_json::from_str(out.trim()).map_err(|e| format!("leasectl alloc --json: {e}: {out}"))?;
+    let mac = v["server_mac"].as_str().and_then(crate::ctl_mlx5::parse_mac);
+    let lease = v["lease"].as_str().unwrap_or_default().to_string();
+    run_leasectl(&a.leasectl_bin, &t.addr, Duration::from_secs(30), who, &["free", &lease])?;
+    mac.ok_or_else(|| format!("no server_mac in leasectl alloc --json: {out}"))
+}
+
+/// Boots the guest on `nic` (through `wire`), runs the verifier against `ctl` as (tenant, admin) and checks
+/// its runs; `tag` names the transcript.
+#[allow(clippy::too_many_arguments)]
+fn guest_verify(
+    a: &Artifacts,
+    g: &Guest,
+    wire: &Wire,
+    nic: Nic,
+    ip: Ipv4Addr,
+    neigh: Vec<(Ipv4Addr, [u8; 6])>,
+    ctl: &str,
+    keys: (&str, &str),
+    tag: &str,
+) -> Result<String, String> {
+    // rxe0's GIDs: index 0 is the link-local one, index 1 the IPv4-mapped one of eth0's address.
+    let cmd = verify_cmd(ctl, keys.0, keys.1, 1);
     let run = GuestRun {
-        nic: wire.nic(),
-        ip: format!("{GUEST_IP}/24"),
+        nic,
+        ip: format!("{ip}/24"),
         gw: None,
         mac: GUEST_MAC,
-        neigh: vec![],
+        neigh,
         cmd: Some(cmd),
         deadline: GUEST_DEADLINE,
-        log: a.log_dir.join(format!("{NAME}.guest.log")),
+        log: a.log_dir.join(format!("{NAME}.{tag}.log")),
         echo: a.echo,
     };
     let out = boot(&a.qemu, g, &run)?;
     let counts = wire.counts();
-    drop(wire);
-    let where_ =
-        format!("guest transcript {}, frames {}", run.log.display(), a.log_dir.join(format!("{NAME}.pcap")).display());
+    let where_ = format!("guest transcript {}", run.log.display());
     check_guest(&out.transcript).map_err(|e| format!("{e} ({where_})"))?;
-    if gid_index_of(&out.transcript, GUEST_IP) != Some(1) {
-        return Err(format!("rxe0's GID 1 is not ::ffff:{GUEST_IP} ({where_})"));
+    if !run.neigh.is_empty() && !out.transcript.contains("rxe-guest: neighbour ") {
+        return Err(format!("the guest did not take its static neighbour entries {:?} ({where_})", run.neigh));
+    }
+    if gid_index_of(&out.transcript, ip) != Some(1) {
+        return Err(format!("rxe0's GID 1 is not ::ffff:{ip} ({where_})"));
     }
     let (lines, code) = out
         .command_output()
@@ -433,8 +509,8 @@ fn guest_verify(a: &Artifacts, g: &Guest, app: &mut Appliance) -> Result<String,
         .map(|(o, recall, dp, status)| format!("{o} {status} (recall {recall} us, first fail {dp} us)"))
         .collect();
     Ok(format!(
-        "rxe guest {GUEST_IP} (Linux rdma_rxe, libibverbs) on the appliance's segment, verify --backend verbs: {}; \
-         retry time {} us; guest took {:.1} s; wire: {} frames from the guest ({} padded to 60 bytes), {} to it",
+        "rxe guest {ip} (Linux rdma_rxe, libibverbs), verify --backend verbs: {}; retry time {} us; guest \
+         took {:.1} s; wire: {} frames from the guest ({} padded to 60 bytes), {} to it",
         orders.join(", "),
         f.retry_time_us,
         out.took.as_secs_f64(),
@@ -516,10 +592,13 @@ mod tests {
         let (l, p) = ("127.0.0.1:5003".parse().unwrap(), "127.0.0.1:5004".parse().unwrap());
         r.nic = Nic::Socket { local: l, peer: p };
         assert!(r.qemu_args(&g).unwrap().contains(&"socket,id=g0,udp=127.0.0.1:5004,localaddr=127.0.0.1:5003".into()));
-        r.nic = Nic::UserAndSocket { local: l, peer: p };
+        r.nic = Nic::SocketAndUser { local: l, peer: p };
         let a = r.qemu_args(&g).unwrap();
-        assert!(a.contains(&"hubport,id=g0,hubid=0".into()) && a.contains(&"hubport,id=hs0,hubid=0,netdev=s0".into()));
+        assert!(a.contains(&"socket,id=g0,udp=127.0.0.1:5004,localaddr=127.0.0.1:5003".into()));
+        assert!(a.contains(&"user,id=u0".into()));
         assert!(a.contains(&"virtio-net-pci,netdev=g0,mac=02:4c:42:00:00:1e".into()));
+        assert!(a.contains(&"virtio-net-pci,netdev=u0,mac=02:4c:42:00:00:9e".into()));
+        assert!(a[a.iter().position(|x| x == "-append").unwrap() + 1].contains(" rxe.ctlip=10.0.2.15/24"));
         r.cmd = Some("echo \"x\"".into());
         assert!(r.qemu_args(&g).is_err());
     }

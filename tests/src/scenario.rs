@@ -250,7 +250,7 @@ pub fn all() -> Vec<Entry> {
                 client port) runs `leasectl verify --backend verbs --device rxe0 --revoke-test --order both` \
                 through real libibverbs: data reads back, REM_ACCESS_ERR after an MKEY-first revoke, \
                 RETRY_EXC_ERR after a QP-first one",
-        needs: &[Build::Model, Build::RxeGuest],
+        needs: &[Build::Model, Build::Leasectl, Build::RxeGuest],
         run: crate::rxe::run,
     }));
     all.push(Entry::Driven(Driven {

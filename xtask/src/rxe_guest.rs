@@ -197,7 +197,8 @@ impl Cpio {
 }
 
 /// The guest's `/init`: modules, eth0 (address `rxe.ip=`, gateway `rxe.gw=`, static neighbours `rxe.neigh=IP@MAC,...`
-/// from the kernel command line; QEMU's user network by default), rxe0, the evidence, then `rxe.cmd=` when given
+/// from the kernel command line; QEMU's user network by default), eth1 when `rxe.ctlip=` names its address, rxe0
+/// on eth0, the evidence, then `rxe.cmd=` when given
 /// (its output between `rxe-guest: running:` and `rxe-guest: command exit N`), then power off.
 pub fn init_script(modules: &[String]) -> String {
     let insmods: String =
@@ -221,9 +222,13 @@ ip link set eth0 up
 ip addr add "$IP" dev eth0
 [ -n "$GW" ] && ip route add default via "$GW"
 for n in $(arg rxe.neigh | tr ',' ' '); do
-  ip neigh replace "${{n%@*}}" lladdr "${{n#*@}}" dev eth0 nud permanent && echo "rxe-guest: neighbour $n"
+  arp -i eth0 -s "${{n%@*}}" "${{n#*@}}" && echo "rxe-guest: neighbour $n"
 done
 echo "rxe-guest: eth0 $IP mac $(cat /sys/class/net/eth0/address)"
+CTLIP=$(arg rxe.ctlip)
+if [ -n "$CTLIP" ]; then
+  ip link set eth1 up && ip addr add "$CTLIP" dev eth1 && echo "rxe-guest: eth1 $CTLIP (control)"
+fi
 rdma link add rxe0 type rxe netdev eth0 && echo "rxe-guest: rdma link add rxe0: ok"
 echo "rxe-guest: rdma link show:"
 rdma link show
