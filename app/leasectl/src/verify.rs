@@ -14,6 +14,7 @@
 //! RoCEv2 requester here; a verbs backend later) and talks to the appliance through [`Control`].
 
 pub mod command;
+pub mod perf;
 pub mod plot;
 pub mod report;
 

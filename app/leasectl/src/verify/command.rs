@@ -22,7 +22,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use super::{Control, EXIT_VERIFY_FAILED, Mode, Options, Order, plot, report, run_detailed};
+use super::{Control, EXIT_VERIFY_FAILED, Mode, Options, Order, perf, plot, report, run_detailed};
 use crate::args::{Global, number, parse_mac};
 use crate::client::{Credentials, exit};
 use crate::config::{self, ResolveKind};
@@ -106,6 +106,14 @@ pub struct VerifyArgs {
     /// Our MAC, aa:bb:cc:dd:ee:ff (--backend soft: default rdma_local_mac, else 02:4c:42:00:00:01)
     #[arg(long, value_name = "MAC", value_parser = parse_mac)]
     mac: Option<[u8; 6]>,
+    /// Measure instead of revoking: WRITE and READ latency (one outstanding) and bandwidth (--depth
+    /// outstanding) on one lease for each size, e.g. 64,4K,1M
+    #[arg(long, value_name = "SIZES", value_delimiter = ',', value_parser = write_size,
+          conflicts_with_all = ["revoke_test", "cooperating", "plot"])]
+    perf: Vec<u64>,
+    /// --perf: time per figure (default 1000)
+    #[arg(long, value_name = "MS", value_parser = |v: &str| number(v, 1, 600_000), requires = "perf")]
+    perf_ms: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -326,7 +334,9 @@ pub fn main(
     };
     let soft = p.cable.soft_config(&file, p.opts.rc);
     let rc = p.opts.rc;
-    let (depth, size) = (p.opts.depth as usize, p.opts.size as usize);
+    // A requester's buffers take the largest request: --size, or the largest --perf size.
+    let largest = v.perf.iter().copied().max().unwrap_or(0).max(u64::from(p.opts.size));
+    let (depth, size) = (p.opts.depth as usize, largest as usize);
     let backend = p.backend.clone();
     let mut factory = || -> Result<Box<dyn Requester>, String> {
         match &backend {
@@ -338,6 +348,26 @@ pub fn main(
             }
         }
     };
+    if !v.perf.is_empty() {
+        let o = perf::PerfOptions {
+            sizes: v.perf.iter().map(|&n| n as u32).collect(),
+            phase: Duration::from_millis(v.perf_ms.unwrap_or(1000)),
+            depth,
+        };
+        return match perf::run(&o, &c, &mut factory) {
+            Ok(rows) if json => {
+                let _ = writeln!(out, "{}", json!({"perf": rows.iter().map(perf::PerfRow::json).collect::<Vec<_>>()}));
+                exit::OK
+            }
+            Ok(rows) => {
+                for r in &rows {
+                    let _ = writeln!(out, "{}", r.human());
+                }
+                exit::OK
+            }
+            Err(e) => fail(out, err, "PERF", e.exit, &e.message),
+        };
+    }
     let mut reports = Vec::new();
     for &order in &p.orders {
         let o = Options { order, ..p.opts.clone() };
