@@ -483,7 +483,7 @@ pub struct VerifyRun {
     pub failures: Vec<String>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct VerifyIteration {
     pub recall_us: Option<i64>,
     pub dataplane_us: Option<i64>,

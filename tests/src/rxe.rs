@@ -401,25 +401,44 @@ pub fn run(a: &Artifacts) -> Result<String, String> {
         Err(e) => return Err(app.fail(e)),
     };
     drop(app);
-    let hosted = hosted_verify(a, &g).map_err(|e| format!("against the hosted appliance: {e}"))?;
-    Ok(format!("QEMU appliance: {qemu}; hosted appliance: {hosted}"))
+    let (hosted, _) = hosted_verify(a, &g).map_err(|e| format!("against the hosted appliance: {e}"))?;
+    let (reference, ref_runs) =
+        reference_verify(a, &g).map_err(|e| format!("against the rxe reference responder: {e}"))?;
+    // The statuses are the same by the checks above (each run passed check_verify_runs); the qp-first delays
+    // are compared as a ratio.
+    let (m, r) = (after_revoke_median(&qemu.1, "qp-first"), after_revoke_median(&ref_runs, "qp-first"));
+    let q = m.zip(r).and_then(|(m, r)| ratio(m, r)).ok_or("no qp-first first-fail delays to compare")?;
+    if !(RATIO_MIN..=RATIO_MAX).contains(&q) {
+        return Err(format!(
+            "qp-first: REVOKE sent -> RETRY_EXC_ERR took {m:?} us against the model and {r:?} us against rxe \
+             (ratio {q:.2}, allowed {RATIO_MIN}..{RATIO_MAX})"
+        ));
+    }
+    Ok(format!(
+        "QEMU appliance: {}; hosted appliance: {hosted}; rxe reference responder: {reference}; qp-first \
+         status-12 delay model/reference {q:.2} ({} / {} us)",
+        qemu.0,
+        m.unwrap_or(0),
+        r.unwrap_or(0)
+    ))
 }
 
 /// The guest on the QEMU appliance's segment: control and RDMA both through the model's Ethernet port.
-fn qemu_verify(a: &Artifacts, g: &Guest, app: &mut Appliance) -> Result<String, String> {
+fn qemu_verify(a: &Artifacts, g: &Guest, app: &mut Appliance) -> Result<(String, Vec<VerifyRun>), String> {
     let hub = app.hub.ok_or("booted without the hub")?;
     let ctl_ip = app.ready.get("ip").ok_or("the ready line has no ip")?.to_string();
     let ctl = format!("{ctl_ip}:{}", crate::control::GUEST_PORT);
     let wire = Wire::start(hub.client, &a.log_dir.join(format!("{NAME}.pcap")))?;
     let nic = wire.nic();
-    guest_verify(a, g, &wire, nic, GUEST_IP, vec![], &ctl, (&app.tenant_hex, &app.admin_hex), "guest")
+    let cmd = verify_cmd(&ctl, &app.tenant_hex, &app.admin_hex, 1);
+    guest_verify(a, g, &wire, Client { nic, ip: GUEST_IP, neigh: vec![], cmd, tag: "guest" })
 }
 
 /// The guest beside the hosted appliance: the control channel through QEMU's user network (forwarded to the
 /// hosted appliance's TCP port), RDMA through the wire to the model's UDP responder. That responder is a cable
 /// end, not a station: it answers no ARP, so the guest gets a static neighbour entry for the RDMA address with
 /// the port's MAC (read from an ALLOC's answer).
-fn hosted_verify(a: &Artifacts, g: &Guest) -> Result<String, String> {
+fn hosted_verify(a: &Artifacts, g: &Guest) -> Result<(String, Vec<VerifyRun>), String> {
     let rdma_ip = format!("rdma_ip={HOSTED_RDMA_IP}");
     let t = crate::control::start_hosted(&["--hca", "--udp", "127.0.0.1:0", &rdma_ip])?;
     let udp = match t.udp.ok_or("the hosted appliance has no RoCEv2 responder")? {
@@ -433,8 +452,8 @@ fn hosted_verify(a: &Artifacts, g: &Guest) -> Result<String, String> {
     let nic = Nic::SocketAndUser { local: wire.guest_local, peer: wire.guest_peer };
     let neigh = vec![(HOSTED_RDMA_IP, mac)];
     let ctl = format!("{USER_NET_HOST}:{port}");
-    let ip = HOSTED_GUEST_IP;
-    guest_verify(a, g, &wire, nic, ip, neigh, &ctl, (&t.tenant_hex, &t.admin_hex), "hosted-guest")
+    let cmd = verify_cmd(&ctl, &t.tenant_hex, &t.admin_hex, 1);
+    guest_verify(a, g, &wire, Client { nic, ip: HOSTED_GUEST_IP, neigh, cmd, tag: "hosted-guest" })
 }
 
 /// The hosted appliance's RDMA MAC, from the answer to one ALLOC (freed at once).
@@ -453,71 +472,332 @@ fn server_mac(a: &Artifacts, t: &crate::control::Target) -> Result<[u8; 6], Stri
     mac.ok_or_else(|| format!("no server_mac in leasectl alloc --json: {out}"))
 }
 
-/// Boots the guest on `nic` (through `wire`), runs the verifier against `ctl` as (tenant, admin) and checks
-/// its runs; `tag` names the transcript.
-#[allow(clippy::too_many_arguments)]
-fn guest_verify(
-    a: &Artifacts,
-    g: &Guest,
-    wire: &Wire,
+/// A client guest: its NIC and address, static neighbours, the command it runs and the name of its transcript.
+struct Client {
     nic: Nic,
     ip: Ipv4Addr,
     neigh: Vec<(Ipv4Addr, [u8; 6])>,
-    ctl: &str,
-    keys: (&str, &str),
-    tag: &str,
-) -> Result<String, String> {
-    // rxe0's GIDs: index 0 is the link-local one, index 1 the IPv4-mapped one of eth0's address.
-    let cmd = verify_cmd(ctl, keys.0, keys.1, 1);
+    cmd: String,
+    tag: &'static str,
+}
+
+/// What a client guest's command printed.
+struct ClientOut {
+    out: GuestOutput,
+    lines: Vec<String>,
+    code: i32,
+    /// Where to look (the transcript), for errors.
+    at: String,
+}
+
+/// Boots the client guest and waits for it; checks the guest came up as it should (rxe0, the GID, the
+/// neighbours) and that its command finished.
+fn client_guest(a: &Artifacts, g: &Guest, c: Client) -> Result<ClientOut, String> {
     let run = GuestRun {
-        nic,
-        ip: format!("{ip}/24"),
+        nic: c.nic,
+        ip: format!("{}/24", c.ip),
         gw: None,
         mac: GUEST_MAC,
-        neigh,
-        cmd: Some(cmd),
+        neigh: c.neigh,
+        cmd: Some(c.cmd),
         deadline: GUEST_DEADLINE,
-        log: a.log_dir.join(format!("{NAME}.{tag}.log")),
+        log: a.log_dir.join(format!("{NAME}.{}.log", c.tag)),
         echo: a.echo,
     };
     let out = boot(&a.qemu, g, &run)?;
-    let counts = wire.counts();
-    let where_ = format!("guest transcript {}", run.log.display());
-    check_guest(&out.transcript).map_err(|e| format!("{e} ({where_})"))?;
+    let at = format!("guest transcript {}", run.log.display());
+    check_guest(&out.transcript).map_err(|e| format!("{e} ({at})"))?;
     if !run.neigh.is_empty() && !out.transcript.contains("rxe-guest: neighbour ") {
-        return Err(format!("the guest did not take its static neighbour entries {:?} ({where_})", run.neigh));
+        return Err(format!("the guest did not take its static neighbour entries {:?} ({at})", run.neigh));
     }
-    if gid_index_of(&out.transcript, ip) != Some(1) {
-        return Err(format!("rxe0's GID 1 is not ::ffff:{ip} ({where_})"));
+    // rxe0's GIDs: index 0 is the link-local one, index 1 the IPv4-mapped one of eth0's address.
+    if gid_index_of(&out.transcript, c.ip) != Some(1) {
+        return Err(format!("rxe0's GID 1 is not ::ffff:{} ({at})", c.ip));
     }
     let (lines, code) = out
         .command_output()
-        .ok_or_else(|| format!("the guest's command did not finish (powered off: {}; {where_})", out.powered_off))?;
-    let json = lines
-        .iter()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .ok_or_else(|| format!("leasectl printed no JSON (exit {code}): {} ({where_})", lines.join("\n    | ")))?;
-    let runs: Vec<VerifyRun> = lease_qemu::parse_verify_json(json).map_err(|e| format!("{e} ({where_})"))?;
-    let f = lease_qemu::check_verify_runs(&runs).map_err(|e| format!("{e} (exit {code}; {where_})"))?;
-    if code != 0 {
-        return Err(format!("leasectl verify exited {code} though its runs pass ({where_})"));
+        .map(|(l, c)| (l.iter().map(|x| x.to_string()).collect::<Vec<_>>(), c))
+        .ok_or_else(|| format!("the guest's command did not finish (powered off: {}; {at})", out.powered_off))?;
+    Ok(ClientOut { out, lines, code, at })
+}
+
+/// The verifier's JSON among `c`'s lines (the last JSON line that is not `--perf`'s), checked as the other
+/// scenarios check theirs.
+fn checked_verify(c: &ClientOut) -> Result<(lease_qemu::VerifyFigures, Vec<VerifyRun>), String> {
+    let at = &c.at;
+    let json =
+        c.lines.iter().rev().find(|l| l.trim_start().starts_with('{') && !l.contains("\"perf\"")).ok_or_else(|| {
+            format!("leasectl printed no JSON (exit {}): {} ({at})", c.code, c.lines.join("\n    | "))
+        })?;
+    let runs: Vec<VerifyRun> = lease_qemu::parse_verify_json(json).map_err(|e| format!("{e} ({at})"))?;
+    let f = lease_qemu::check_verify_runs(&runs).map_err(|e| format!("{e} (exit {}; {at})", c.code))?;
+    if c.code != 0 {
+        return Err(format!("leasectl exited {} though its verify runs pass ({at})", c.code));
     }
+    Ok((f, runs))
+}
+
+fn orders_summary(f: &lease_qemu::VerifyFigures) -> String {
     let orders: Vec<String> = f
         .orders
         .iter()
         .map(|(o, recall, dp, status)| format!("{o} {status} (recall {recall} us, first fail {dp} us)"))
         .collect();
-    Ok(format!(
-        "rxe guest {ip} (Linux rdma_rxe, libibverbs), verify --backend verbs: {}; retry time {} us; guest \
-         took {:.1} s; wire: {} frames from the guest ({} padded to 60 bytes), {} to it",
-        orders.join(", "),
-        f.retry_time_us,
-        out.took.as_secs_f64(),
-        counts.from_guest,
-        counts.padded,
-        counts.to_guest
-    ))
+    format!("{}; retry time {} us", orders.join(", "), f.retry_time_us)
+}
+
+/// The median delay from REVOKE sent to the first failed completion over `order`'s iterations.
+pub fn after_revoke_median(runs: &[VerifyRun], order: &str) -> Option<i64> {
+    let mut v: Vec<i64> = runs
+        .iter()
+        .filter(|r| r.order == order)
+        .flat_map(|r| r.iterations.iter().filter_map(|i| i.after_revoke_us))
+        .collect();
+    v.sort_unstable();
+    v.get(v.len() / 2).copied()
+}
+
+/// Boots the client guest on `wire`, runs its verify command and checks the runs.
+fn guest_verify(a: &Artifacts, g: &Guest, wire: &Wire, c: Client) -> Result<(String, Vec<VerifyRun>), String> {
+    let ip = c.ip;
+    let out = client_guest(a, g, c)?;
+    let (f, runs) = checked_verify(&out)?;
+    let n = wire.counts();
+    let text = format!(
+        "rxe guest {ip} (Linux rdma_rxe, libibverbs), verify --backend verbs: {}; guest took {:.1} s; wire: {} \
+         frames from the guest ({} padded to 60 bytes), {} to it",
+        orders_summary(&f),
+        out.out.took.as_secs_f64(),
+        n.from_guest,
+        n.padded,
+        n.to_guest
+    );
+    Ok((text, runs))
+}
+
+// ---- the reference responder: Linux rxe on both ends ----
+
+/// The reference responder guest's address and MAC (on the client guest's segment, 10.0.2.0/24).
+pub const REF_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 40);
+pub const REF_MAC: [u8; 6] = [0x02, 0x4c, 0x42, 0x00, 0x00, 0x28];
+
+/// A guest running in the background, its console written to a file; killed when dropped.
+pub struct Background {
+    child: std::process::Child,
+    pub log: PathBuf,
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the guest without waiting for it (its console goes to `r.log`).
+pub fn spawn(qemu: &Path, g: &Guest, r: &GuestRun) -> Result<Background, String> {
+    for f in [&g.kernel, &g.initramfs] {
+        if !f.exists() {
+            return Err(format!("{} is missing: build the guest with `cargo xtask rxe-guest`", f.display()));
+        }
+    }
+    let file = std::fs::File::create(&r.log).map_err(|e| format!("{}: {e}", r.log.display()))?;
+    let err = file.try_clone().map_err(|e| e.to_string())?;
+    let child = Command::new(qemu)
+        .args(r.qemu_args(g)?)
+        .stdin(std::process::Stdio::null())
+        .stdout(file)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", qemu.display()))?;
+    Ok(Background { child, log: r.log.clone() })
+}
+
+/// The reference responder: a second rxe guest at [`REF_IP`] running `leasebox-hosted --verbs rxe0:1` (the
+/// control protocol in front of real verbs: ALLOC registers an MR and makes an RC QP, REVOKE deregisters the MR
+/// or moves the QP to ERR first), at the far end of a wire whose near end is for the client guest.
+fn reference(a: &Artifacts, g: &Guest, keys: (&str, &str), tag: &str) -> Result<(Background, Wire), String> {
+    let (ref_local, wire_bind) = (free_udp_port()?, free_udp_port()?);
+    let wire = Wire::start(HubSocket { local: ref_local, peer: wire_bind }, &a.log_dir.join(format!("{tag}.pcap")))?;
+    let cmd = format!(
+        "leasebox-hosted --listen 0.0.0.0:{} --verbs rxe0:1 tenant=demo:{} admin={}",
+        crate::control::GUEST_PORT,
+        keys.0,
+        keys.1
+    );
+    let run = GuestRun {
+        nic: Nic::Socket { local: ref_local, peer: wire_bind },
+        ip: format!("{REF_IP}/24"),
+        gw: None,
+        mac: REF_MAC,
+        neigh: vec![],
+        cmd: Some(cmd),
+        deadline: GUEST_DEADLINE,
+        log: a.log_dir.join(format!("{tag}.log")),
+        echo: false,
+    };
+    Ok((spawn(&a.qemu, g, &run)?, wire))
+}
+
+/// A client command that first waits (up to about 150 s) for the control port at `ctl` to answer.
+fn after_ping(ctl: &str, tenant_hex: &str, then: &str) -> String {
+    format!(
+        "i=0; until leasectl --addr {ctl} --timeout 5 --tenant demo --key {tenant_hex} ping >/dev/null 2>&1; do \
+         i=$((i+1)); [ $i -gt 150 ] && break; sleep 1; done; {then}"
+    )
+}
+
+/// The revoke test against the reference responder: the same command and checks as against the appliance.
+fn reference_verify(a: &Artifacts, g: &Guest) -> Result<(String, Vec<VerifyRun>), String> {
+    let (t, ad) = (crate::control::random_hex()?, crate::control::random_hex()?);
+    let (refg, wire) = reference(a, g, (&t, &ad), &format!("{NAME}.reference"))?;
+    let ctl = format!("{REF_IP}:{}", crate::control::GUEST_PORT);
+    let cmd = after_ping(&ctl, &t, &verify_cmd(&ctl, &t, &ad, 1));
+    let c = client_guest(a, g, Client { nic: wire.nic(), ip: GUEST_IP, neigh: vec![], cmd, tag: "reference-client" })
+        .map_err(|e| format!("{e}; responder console {}", refg.log.display()))?;
+    let (f, runs) = checked_verify(&c).map_err(|e| format!("{e}; responder console {}", refg.log.display()))?;
+    Ok((format!("{}; client took {:.1} s", orders_summary(&f), c.out.took.as_secs_f64()), runs))
+}
+
+/// Model ÷ reference of the first failed completion's delay after REVOKE was sent, qp-first: the same
+/// retry timer on the client decides both, so the ratio must be near 1 (allowed: [`RATIO_MIN`], [`RATIO_MAX`]).
+pub const RATIO_MIN: f64 = 0.5;
+pub const RATIO_MAX: f64 = 2.0;
+
+pub fn ratio(model_us: i64, reference_us: i64) -> Option<f64> {
+    (reference_us > 0 && model_us > 0).then(|| model_us as f64 / reference_us as f64)
+}
+
+// ---- the benchmark (`cargo xtask bench rxe`) ----
+
+/// The sizes `cargo xtask bench rxe` measures.
+pub const BENCH_SIZES: &str = "64,4K,1M";
+
+fn perf_cmd(ctl: &str, tenant_hex: &str, perf_ms: u64) -> String {
+    format!(
+        "leasectl --addr {ctl} --timeout {ANSWER_TIMEOUT_S} --tenant demo --key {tenant_hex} --json verify \
+         --backend verbs --device rxe0 --gid-index 1 --perf {BENCH_SIZES} --perf-ms {perf_ms} --depth 4"
+    )
+}
+
+/// One `--perf` row: (op, size, p50 µs, p99 µs, MiB/s).
+pub type PerfFigure = (String, u64, f64, f64, f64);
+
+/// `leasectl --json verify --perf`'s rows among `lines`.
+pub fn parse_perf(lines: &[String]) -> Result<Vec<PerfFigure>, String> {
+    let line = lines.iter().find(|l| l.trim_start().starts_with("{\"perf\"")).ok_or("no --perf JSON")?;
+    let v: serde_json::Value = serde_json::from_str(line.trim()).map_err(|e| format!("--perf JSON: {e}"))?;
+    let rows = v["perf"].as_array().ok_or("--perf JSON without rows")?;
+    rows.iter()
+        .map(|r| {
+            let f = |k: &str| r[k].as_f64().ok_or_else(|| format!("--perf row without {k}: {r}"));
+            Ok((
+                r["op"].as_str().unwrap_or("?").to_string(),
+                r["size"].as_u64().unwrap_or(0),
+                f("p50_us")?,
+                f("p99_us")?,
+                f("mib_per_s")?,
+            ))
+        })
+        .collect()
+}
+
+/// What one side of the benchmark measured.
+struct Side {
+    perf: Vec<PerfFigure>,
+    runs: Vec<VerifyRun>,
+}
+
+fn side(c: &ClientOut) -> Result<Side, String> {
+    let perf = parse_perf(&c.lines).map_err(|e| format!("{e} ({})", c.at))?;
+    let (_, runs) = checked_verify(c)?;
+    Ok(Side { perf, runs })
+}
+
+fn size_name(n: u64) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
+}
+
+/// The side-by-side table.
+fn table(model: &Side, reference: &Side, perf_ms: u64) -> String {
+    let mut t = format!(
+        "RDMA from Linux rxe (a guest under QEMU/TCG, leasectl verify --backend verbs --perf, --depth 4, {perf_ms} ms \
+         per figure)\n{:<6} {:>8} | {:>28} | {:>28} | {:>9}\n",
+        "op", "size", "Leasebox (model): p50/p99 us, MiB/s", "rxe reference: p50/p99 us, MiB/s", "p50 ratio"
+    );
+    for (m, r) in model.perf.iter().zip(&reference.perf) {
+        let ratio = if r.2 > 0.0 { format!("{:.2}", m.2 / r.2) } else { "-".into() };
+        t.push_str(&format!(
+            "{:<6} {:>8} | {:>9.1} / {:>8.1} {:>9.1} | {:>9.1} / {:>8.1} {:>9.1} | {:>9}\n",
+            m.0,
+            size_name(m.1),
+            m.2,
+            m.3,
+            m.4,
+            r.2,
+            r.3,
+            r.4,
+            ratio
+        ));
+    }
+    t.push_str("revoke: first failed completion after REVOKE sent (median over iterations), and its status\n");
+    for order in ["mkey-first", "qp-first"] {
+        let status = |s: &Side| {
+            s.runs
+                .iter()
+                .find(|r| r.order == order)
+                .and_then(|r| r.iterations.first())
+                .and_then(|i| i.status.clone())
+                .unwrap_or_else(|| "-".into())
+        };
+        let (m, r) = (after_revoke_median(&model.runs, order), after_revoke_median(&reference.runs, order));
+        let q = m.zip(r).and_then(|(m, r)| ratio(m, r)).map_or("-".into(), |q| format!("{q:.2}"));
+        t.push_str(&format!(
+            "{order:<10} Leasebox (model) {:<22} {:>8} us | rxe reference {:<22} {:>8} us | ratio {q}\n",
+            status(model),
+            m.map_or("-".into(), |v| v.to_string()),
+            status(reference),
+            r.map_or("-".into(), |v| v.to_string()),
+        ));
+    }
+    t
+}
+
+/// `cargo xtask bench rxe`: the same client guest against the QEMU appliance and against the rxe reference
+/// responder, one after the other; returns the table.
+pub fn bench(a: &Artifacts, perf_ms: u64) -> Result<String, String> {
+    let g = a.rxe_guest.clone();
+    let model = {
+        let mut app = Appliance::boot_segment(a, &a.elf, "rxe-bench", "")?;
+        let hub = app.hub.ok_or("booted without the hub")?;
+        let ctl = format!("{}:{}", lease_qemu::SEGMENT_CTL_IP, crate::control::GUEST_PORT);
+        let wire = Wire::start(hub.client, &a.log_dir.join("rxe-bench.pcap"))?;
+        let cmd = format!(
+            "{}; {}",
+            perf_cmd(&ctl, &app.tenant_hex, perf_ms),
+            verify_cmd(&ctl, &app.tenant_hex, &app.admin_hex, 1)
+        );
+        let r = client_guest(a, &g, Client { nic: wire.nic(), ip: GUEST_IP, neigh: vec![], cmd, tag: "bench-model" })
+            .and_then(|c| side(&c));
+        match r {
+            Ok(s) => s,
+            Err(e) => return Err(app.fail(format!("against the QEMU appliance: {e}"))),
+        }
+    };
+    let reference = {
+        let (t, ad) = (crate::control::random_hex()?, crate::control::random_hex()?);
+        let (refg, wire) = reference(a, &g, (&t, &ad), "rxe-bench.reference")?;
+        let ctl = format!("{REF_IP}:{}", crate::control::GUEST_PORT);
+        let cmd = after_ping(&ctl, &t, &format!("{}; {}", perf_cmd(&ctl, &t, perf_ms), verify_cmd(&ctl, &t, &ad, 1)));
+        client_guest(a, &g, Client { nic: wire.nic(), ip: GUEST_IP, neigh: vec![], cmd, tag: "bench-reference" })
+            .and_then(|c| side(&c))
+            .map_err(|e| format!("against the rxe reference responder: {e}; its console {}", refg.log.display()))?
+    };
+    Ok(table(&model, &reference, perf_ms))
 }
 
 #[cfg(test)]
@@ -569,6 +849,36 @@ mod tests {
         let written = std::fs::read(&pcap).unwrap();
         assert_eq!(written.len(), 24 + 16 + 60 + 16 + 50, "the pcap header and both frames");
         let _ = std::fs::remove_file(&pcap);
+    }
+
+    #[test]
+    fn medians_and_ratios() {
+        let it = |us| lease_qemu::VerifyIteration { after_revoke_us: Some(us), ..Default::default() };
+        let run = |order: &str, v: Vec<i64>| VerifyRun {
+            order: order.into(),
+            passed: true,
+            retry_time_us: 0,
+            iterations: v.into_iter().map(it).collect(),
+            failures: vec![],
+        };
+        let runs = vec![run("mkey-first", vec![5]), run("qp-first", vec![300, 100, 200])];
+        assert_eq!(after_revoke_median(&runs, "qp-first"), Some(200));
+        assert_eq!(after_revoke_median(&runs, "none"), None);
+        assert_eq!(ratio(150, 100), Some(1.5));
+        assert_eq!(ratio(150, 0), None);
+    }
+
+    #[test]
+    fn perf_rows_and_the_table() {
+        let line = r#"{"perf":[{"op":"write","size":64,"p50_us":12.5,"p99_us":30.0,"mib_per_s":1.5,"ops_per_s":9.0}]}"#;
+        let rows = parse_perf(&["x".to_string(), line.to_string()]).unwrap();
+        assert_eq!(rows, vec![("write".to_string(), 64, 12.5, 30.0, 1.5)]);
+        assert!(parse_perf(&["{}".to_string()]).is_err());
+        let s = |p50: f64| Side { perf: vec![("write".into(), 1 << 20, p50, 2.0 * p50, 10.0)], runs: vec![] };
+        let t = table(&s(20.0), &s(10.0), 500);
+        assert!(t.contains("1 MiB") && t.contains("2.00"), "{t}");
+        assert_eq!(size_name(4096), "4 KiB");
+        assert_eq!(size_name(64), "64 B");
     }
 
     #[test]

@@ -232,6 +232,17 @@ enum BenchSub {
         #[arg(long, value_name = "N", value_parser = secs)]
         secs: Option<u64>,
     },
+    /// Linux's Soft-RoCE as the client: RDMA WRITE/READ latency and bandwidth for 64 B, 4 KiB and 1 MiB, and
+    /// the revoke figures, against the QEMU appliance (the model) and against an rxe reference responder
+    ///
+    /// The rxe guest (`cargo xtask rxe-guest`) runs `leasectl verify --backend verbs --perf` and `--revoke-test
+    /// --order both` first on the QEMU appliance's segment, then against a second rxe guest serving memory
+    /// through real verbs (`leasebox-hosted --verbs`); one table side by side. Prints; asserts nothing.
+    Rxe {
+        /// Milliseconds per figure (default 1000)
+        #[arg(long, value_name = "MS", value_parser = |v: &str| number(v, 50, 60_000))]
+        perf_ms: Option<u64>,
+    },
     /// `leasectl verify --revoke-test` per order against the QEMU guest and the hosted appliance
     ///
     /// mkey-first and qp-first against the QEMU guest (image, model, virtio-net) and the hosted appliance:
@@ -368,6 +379,7 @@ pub enum BenchKind {
     Lease,
     Revoke,
     Client,
+    Rxe,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -409,6 +421,9 @@ impl BenchOpts {
             },
             BenchSub::Client { secs } => {
                 BenchOpts { kind: BenchKind::Client, runs: 1, secs: secs.unwrap_or(CLIENT_BENCH_SECS), ..o }
+            }
+            BenchSub::Rxe { perf_ms } => {
+                BenchOpts { kind: BenchKind::Rxe, runs: 1, secs: perf_ms.unwrap_or(1000), ..o }
             }
             BenchSub::Revoke { iterations } => {
                 BenchOpts { kind: BenchKind::Revoke, iterations: iterations.unwrap_or(o.iterations), ..o }

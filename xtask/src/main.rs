@@ -480,6 +480,7 @@ fn cmd_bench(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
         BenchKind::Lease => return bench_lease(o, p),
         BenchKind::Revoke => return bench_revoke(o, p),
         BenchKind::Client => return bench_client(o),
+        BenchKind::Rxe => return bench_rxe(o, p),
         BenchKind::Boot => {}
     }
     prereq::ensure()?;
@@ -661,6 +662,24 @@ fn bench_lease(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
 
 /// `bench revoke`: `leasectl verify --revoke-test` in process, `--iterations` per order, against the QEMU guest
 /// (image, model, virtio-net) and the hosted appliance. Prints the table; asserts nothing.
+/// `bench rxe`: builds what the rxe scenario needs, then the side-by-side table (`secs` holds --perf-ms).
+fn bench_rxe(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
+    prereq::ensure()?;
+    image::build_kernel(p)?;
+    cargo_step(p, &["build", "-p", "mlx5-model"])?;
+    rxe_guest::build(p)?;
+    let a = artifacts(p, false);
+    outln!("==> bench rxe: {} ms per figure; the QEMU appliance, then the rxe reference responder", o.secs);
+    let t = leasebox_scenarios::rxe::bench(&a, o.secs)?;
+    outln!();
+    outln!("{}", t.trim_end());
+    outln!(
+        "(one client guest under TCG on this machine's 2 shared cores; the model runs in its own process beside \
+         QEMU, the reference responder in a second guest: compare ratios, not absolute figures)"
+    );
+    Ok(0)
+}
+
 fn bench_revoke(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
     prereq::ensure()?;
     image::build_kernel(p)?;
