@@ -259,8 +259,18 @@ pub fn build(p: &Paths) -> Result<Guest, String> {
     for d in ["debs", "root", "unpacked"] {
         std::fs::create_dir_all(dir.join(d)).map_err(|e| e.to_string())?;
     }
-    let kpkg = kernel_package(&run(Command::new("apt-cache").args(["depends", "linux-image-amd64"]))?)
-        .ok_or("apt-cache depends linux-image-amd64 names no linux-image-*-amd64")?;
+    let depends =
+        || run(Command::new("apt-cache").args(["depends", "linux-image-amd64"])).ok().and_then(|o| kernel_package(&o));
+    let kpkg = match depends() {
+        Some(k) => k,
+        None => {
+            // A machine whose package lists were never fetched knows no linux-image-amd64: fetch them once.
+            println!("rxe-guest: apt-cache knows no linux-image-amd64; apt-get update");
+            run(Command::new("apt-get").arg("update"))?;
+            depends()
+                .ok_or("apt-cache depends linux-image-amd64 names no linux-image-*-amd64, even after apt-get update")?
+        }
+    };
     fetch(&dir, &kpkg)?;
     for pkg in PACKAGES {
         fetch(&dir, pkg)?;
