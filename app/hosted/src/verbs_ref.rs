@@ -11,13 +11,13 @@
 //! only then is the buffer freed. What happens on the wire is the device's business (rxe, or a real RoCE NIC):
 //! this module only drives verbs.
 //!
-//! This is a checker's reference, so it shares no code with what it checks (docs/STYLE, "Oracles stay
-//! independent"): not the lease service's state machine (`app/lease/src/service`), not the model. It takes the
+//! This is a checker's reference, so it shares no code with what it checks (oracles stay independent): not the
+//! lease service's state machine (`app/lease/src/service`), not the model. It takes the
 //! lease service's option values (`lease_pool_mib=`, `lease_slots=`, timers, `revoke_order=`) so one command
 //! line configures either, and the session core and the wire codec, which it must speak.
 //!
 //! The bookkeeping here is safe and runs in host tests over a fake [`Device`]; the libibverbs calls are in
-//! [`ibv`] (feature `verbs`).
+//! `verbs_ref/ibv.rs` (feature `verbs`).
 
 #[cfg(feature = "verbs")]
 pub mod ibv;
