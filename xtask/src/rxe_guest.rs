@@ -7,9 +7,10 @@
 //! `depends=` modinfo field since the deb carries no modules.dep), busybox-static, rdma-core's libraries and
 //! its rxe provider, `rdma` (iproute2), `ibv_devices` (ibverbs-utils). The shared libraries of every ELF we
 //! ship are found with `ldd` (run against the unpacked tree first), their packages with `dpkg -S`, and those
-//! packages are downloaded and unpacked too, so no library is copied from the host. leasectl is built with
-//! `--features verbs`. The initramfs is an uncompressed newc cpio written here (the kernel accepts one
-//! without compression), so no host `cpio` or `gzip` is needed.
+//! packages are downloaded and unpacked too, so no library is copied from the host. leasectl and
+//! leasebox-hosted (the reference responder, `--verbs`) are built with `--features verbs`. The initramfs is an
+//! uncompressed newc cpio written here (the kernel accepts one without compression), so no host `cpio` or
+//! `gzip` is needed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddrV4;
@@ -288,16 +289,19 @@ pub fn build(p: &Paths) -> Result<Guest, String> {
     };
     let modules = module_order(MODULES, &depends)?;
 
-    // leasectl with the verbs backend.
-    println!("rxe-guest: cargo build -p leasectl --features verbs --release");
-    let status = Command::new(image::cargo())
-        .args(["build", "-p", "leasectl", "--features", "verbs", "--release"])
-        .status()
-        .map_err(|e| e.to_string())?;
-    if !status.success() {
-        return Err("building leasectl --features verbs failed".into());
+    // leasectl with the verbs backend, and the hosted appliance with the verbs reference responder.
+    for pkg in ["leasectl", "leasebox-hosted"] {
+        println!("rxe-guest: cargo build -p {pkg} --features verbs --release");
+        let status = Command::new(image::cargo())
+            .args(["build", "-p", pkg, "--features", "verbs", "--release"])
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("building {pkg} --features verbs failed"));
+        }
     }
     let leasectl = p.target.join("release/leasectl");
+    let hosted = p.target.join("release/leasebox-hosted");
 
     // The ELFs we ship, and where they go in the guest.
     let rxe_provider = glob::glob(&format!("{}/{LIBDIR}/libibverbs/librxe-rdmav*.so", root.display()))
@@ -311,6 +315,7 @@ pub fn build(p: &Paths) -> Result<Guest, String> {
         ("usr/bin/ibv_devices".into(), root.join("usr/bin/ibv_devices"), 0o755),
         ("usr/bin/ibv_devinfo".into(), root.join("usr/bin/ibv_devinfo"), 0o755),
         ("usr/local/bin/leasectl".into(), leasectl.clone(), 0o755),
+        ("usr/local/bin/leasebox-hosted".into(), hosted.clone(), 0o755),
         (rel(&rxe_provider, &root)?, rxe_provider.clone(), 0o644),
         ("etc/libibverbs.d/rxe.driver".into(), root.join("etc/libibverbs.d/rxe.driver"), 0o644),
     ];

@@ -1,8 +1,10 @@
 //! The hosted appliance as a library, so tests and benchmarks can start one in-process: the session core over
-//! std TCP, with the lease service on the device model (`--hca`) or without an HCA (lease operations answer
+//! std TCP, with the lease service on the device model (`--hca`), the verbs reference responder on a real RDMA
+//! device (`--verbs`, feature `verbs`; [`verbs_ref`]), or without an HCA (lease operations answer
 //! NOT_IMPLEMENTED).
 
 pub mod hca;
+pub mod verbs_ref;
 
 use leasebox_kernel::config::{Config, OptionParser, Options};
 use leasebox_lease::LeaseOptions;
@@ -47,7 +49,14 @@ pub struct HostedConfig {
     /// per-opcode table by default, as the model process).
     pub timing: mlx5_model::Timing,
     pub lease: LeaseOptions,
+    /// `--verbs DEVICE[:GID_INDEX]` (with `--verbs-qp-teardown`): the reference responder on a real RDMA device
+    /// instead of the model (feature `verbs`).
+    pub verbs: Option<verbs_ref::VerbsSpec>,
 }
+
+/// What `--verbs` says in a binary built without the feature.
+pub const NO_VERBS: &str = "--verbs: this leasebox-hosted was built without the `verbs` feature \
+                            (cargo build -p leasebox-hosted --features verbs)";
 
 impl HostedConfig {
     /// `--listen ADDR` and the kernel's option words.
@@ -55,6 +64,7 @@ impl HostedConfig {
         let mut listen: SocketAddr = "127.0.0.1:7470".parse().expect("literal address");
         let mut words = Vec::new();
         let (mut hca, mut udp, mut timing) = (false, None, mlx5_model::Timing::firmware());
+        let (mut verbs, mut qp_teardown) = (None, None);
         let mut it = args.iter();
         while let Some(a) = it.next() {
             if a == "--listen" {
@@ -69,6 +79,12 @@ impl HostedConfig {
             } else if a == "--timing" {
                 let v = it.next().ok_or("--timing needs firmware, zero or a latency such as 20us")?;
                 timing = mlx5_model::Timing::parse(v).map_err(|e| format!("--timing: {e}"))?;
+            } else if a == "--verbs" {
+                let v = it.next().ok_or("--verbs needs DEVICE[:GID_INDEX], e.g. rxe0:1")?;
+                verbs = Some(verbs_ref::VerbsSpec::parse(v)?);
+            } else if a == "--verbs-qp-teardown" {
+                let v = it.next().ok_or("--verbs-qp-teardown needs err or destroy")?;
+                qp_teardown = Some(verbs_ref::QpTeardown::parse(v)?);
             } else if a.starts_with('-') {
                 return Err(format!("unknown flag '{a}'"));
             } else {
@@ -108,7 +124,18 @@ impl HostedConfig {
         if udp.is_some() && !hca {
             return Err("--udp needs --hca".into());
         }
-        Ok(HostedConfig { listen, limits, budget, keys, hca, udp, timing, lease: lease.get() })
+        if verbs.is_some() && hca {
+            return Err("--verbs and --hca are two different lease backends: give one".into());
+        }
+        match (&mut verbs, qp_teardown) {
+            (Some(v), Some(t)) => v.qp_teardown = t,
+            (None, Some(_)) => return Err("--verbs-qp-teardown needs --verbs".into()),
+            _ => {}
+        }
+        if verbs.is_some() && !cfg!(feature = "verbs") {
+            return Err(NO_VERBS.into());
+        }
+        Ok(HostedConfig { listen, limits, budget, keys, hca, udp, timing, lease: lease.get(), verbs })
     }
 }
 
@@ -116,86 +143,66 @@ impl HostedConfig {
 pub enum HostedBackend {
     Plain(NoLeases),
     Lease(Box<hca::HostedBackend>),
+    /// The reference responder on a real RDMA device (`--verbs`).
+    Verbs(Box<verbs_ref::VerbsLeases>),
+}
+
+impl HostedBackend {
+    fn inner(&mut self) -> &mut dyn Backend {
+        match self {
+            HostedBackend::Plain(b) => b,
+            HostedBackend::Lease(b) => b.as_mut(),
+            HostedBackend::Verbs(b) => b.as_mut(),
+        }
+    }
 }
 
 impl Backend for HostedBackend {
     fn lease_op(&mut self, who: &Principal, req: &Request, ticket: Ticket, now_ms: u64) -> Answer {
-        match self {
-            HostedBackend::Plain(b) => b.lease_op(who, req, ticket, now_ms),
-            HostedBackend::Lease(b) => b.lease_op(who, req, ticket, now_ms),
-        }
+        self.inner().lease_op(who, req, ticket, now_ms)
     }
     fn take_answers(&mut self, out: &mut Vec<(Ticket, Reply)>) {
-        if let HostedBackend::Lease(b) = self {
-            b.take_answers(out)
-        }
+        self.inner().take_answers(out)
     }
     fn session_started(&mut self, who: &Principal, now_ms: u64) {
-        if let HostedBackend::Lease(b) = self {
-            b.session_started(who, now_ms)
-        }
+        self.inner().session_started(who, now_ms)
     }
     fn boot(&mut self, boot_id: [u8; leasebox_proto::BOOT_ID_LEN]) {
-        if let HostedBackend::Lease(b) = self {
-            b.boot(boot_id)
-        }
+        self.inner().boot(boot_id)
     }
     fn take_notices(&mut self, out: &mut Vec<(String, leasebox_proto::Notice)>) {
-        if let HostedBackend::Lease(b) = self {
-            b.take_notices(out)
-        }
+        self.inner().take_notices(out)
     }
     fn resume(&mut self, from: &Principal, to: &Principal, now_ms: u64) -> u32 {
-        match self {
-            HostedBackend::Plain(b) => b.resume(from, to, now_ms),
-            HostedBackend::Lease(b) => b.resume(from, to, now_ms),
-        }
+        self.inner().resume(from, to, now_ms)
     }
     fn session_alive(&mut self, who: &Principal, now_ms: u64) {
-        if let HostedBackend::Lease(b) = self {
-            b.session_alive(who, now_ms)
-        }
+        self.inner().session_alive(who, now_ms)
     }
     fn tick(&mut self, now_ms: u64) {
-        if let HostedBackend::Lease(b) = self {
-            b.tick(now_ms)
-        }
+        self.inner().tick(now_ms)
     }
     fn lease_stats(&mut self) -> LeaseStats {
-        match self {
-            HostedBackend::Plain(b) => b.lease_stats(),
-            HostedBackend::Lease(b) => b.lease_stats(),
-        }
+        self.inner().lease_stats()
     }
     fn tenant_lease_stats(&mut self, who: &Principal) -> LeaseStats {
-        match self {
-            HostedBackend::Plain(b) => b.tenant_lease_stats(who),
-            HostedBackend::Lease(b) => b.tenant_lease_stats(who),
-        }
+        self.inner().tenant_lease_stats(who)
     }
     fn fenced(&mut self, who: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>) {
-        match self {
-            HostedBackend::Plain(b) => b.fenced(who, cursor, max),
-            HostedBackend::Lease(b) => b.fenced(who, cursor, max),
-        }
+        self.inner().fenced(who, cursor, max)
     }
     fn health(&mut self, now_ms: u64) -> Health {
-        match self {
-            HostedBackend::Plain(b) => b.health(now_ms),
-            HostedBackend::Lease(b) => b.health(now_ms),
-        }
+        self.inner().health(now_ms)
     }
     fn role_counts(&self) -> Vec<(u16, u8, u64)> {
         match self {
             HostedBackend::Plain(b) => b.role_counts(),
             HostedBackend::Lease(b) => b.role_counts(),
+            HostedBackend::Verbs(b) => b.role_counts(),
         }
     }
     fn session_lost(&mut self, who: &Principal, reason: CloseReason, now_ms: u64) {
-        match self {
-            HostedBackend::Plain(b) => b.session_lost(who, reason, now_ms),
-            HostedBackend::Lease(b) => b.session_lost(who, reason, now_ms),
-        }
+        self.inner().session_lost(who, reason, now_ms)
     }
 }
 
@@ -218,7 +225,9 @@ impl Hosted {
     /// Binds and starts serving (accept thread + timer thread + one thread per connection).
     pub fn start(cfg: HostedConfig) -> Result<Hosted, String> {
         let start = Instant::now();
-        let (backend, hca) = if cfg.hca {
+        let (backend, hca) = if let Some(spec) = &cfg.verbs {
+            (HostedBackend::Verbs(Box::new(start_verbs(spec, &cfg.lease)?)), None)
+        } else if cfg.hca {
             let (b, t) = hca::start(&cfg.lease, cfg.udp.as_deref(), cfg.timing)?;
             (HostedBackend::Lease(Box::new(b)), Some(t))
         } else {
@@ -275,7 +284,7 @@ impl Hosted {
         let mut s = self.server.lock().expect("server lock");
         match s.backend_mut() {
             HostedBackend::Lease(b) => Some(f(b)),
-            HostedBackend::Plain(_) => None,
+            HostedBackend::Plain(_) | HostedBackend::Verbs(_) => None,
         }
     }
 
@@ -291,6 +300,27 @@ impl Hosted {
         self.stop.store(true, Ordering::Relaxed);
         self.join();
     }
+}
+
+/// The reference responder's backend on `spec`'s device (`--verbs`).
+#[cfg(feature = "verbs")]
+fn start_verbs(spec: &verbs_ref::VerbsSpec, o: &LeaseOptions) -> Result<verbs_ref::VerbsLeases, String> {
+    let dev = verbs_ref::ibv::Ibv::open(&spec.device, spec.port, spec.gid_index)?;
+    let rng = leasebox_session::IdRng::from_entropy(&mut OsEntropy).map_err(|_| "no random source for PSNs")?;
+    let summary = format!(
+        "{} port {} GID index {} (QP teardown: {})",
+        spec.device,
+        spec.port,
+        spec.gid_index,
+        spec.qp_teardown.name()
+    );
+    Ok(verbs_ref::VerbsLeases::new(Box::new(dev), *o, spec.qp_teardown, summary, rng))
+}
+
+/// Without the feature `--verbs` is refused when parsed; a config built by hand gets the same answer.
+#[cfg(not(feature = "verbs"))]
+fn start_verbs(_spec: &verbs_ref::VerbsSpec, _o: &LeaseOptions) -> Result<verbs_ref::VerbsLeases, String> {
+    Err(NO_VERBS.into())
 }
 
 /// One connection: bytes from the socket into the core, the core's output back out.
@@ -352,5 +382,33 @@ mod tests {
         let e = |a: &[&str]| HostedConfig::from_args(&args(a)).err().unwrap_or_default();
         assert!(e(&["--timing", "soon"]).contains("--timing: expected `firmware`"));
         assert!(e(&["--timing"]).contains("--timing needs"));
+    }
+
+    #[test]
+    fn verbs_flags_parse_and_conflict() {
+        let e = |a: &[&str]| HostedConfig::from_args(&args(a)).err().unwrap_or_default();
+        assert!(e(&["--verbs"]).contains("--verbs needs DEVICE"));
+        assert!(e(&["--verbs", "rxe0:x"]).contains("GID index"));
+        assert!(e(&["--verbs", "rxe0", "--hca"]).contains("two different lease backends"));
+        assert!(e(&["--verbs-qp-teardown", "destroy"]).contains("needs --verbs"));
+        assert!(e(&["--verbs", "rxe0", "--verbs-qp-teardown", "rst"]).contains("not err or destroy"));
+        assert!(HostedConfig::from_args(&args(&[])).unwrap().verbs.is_none());
+    }
+
+    #[cfg(feature = "verbs")]
+    #[test]
+    fn verbs_spec_with_the_feature() {
+        let cfg = HostedConfig::from_args(&args(&["--verbs", "rxe0:1", "--verbs-qp-teardown", "destroy"])).unwrap();
+        let v = cfg.verbs.unwrap();
+        assert_eq!((v.device.as_str(), v.gid_index, v.qp_teardown), ("rxe0", 1, verbs_ref::QpTeardown::Destroy));
+        assert!(!cfg.hca);
+    }
+
+    #[cfg(not(feature = "verbs"))]
+    #[test]
+    fn verbs_refused_without_the_feature() {
+        let e = HostedConfig::from_args(&args(&["--verbs", "rxe0:1"])).err().unwrap_or_default();
+        assert_eq!(e, NO_VERBS);
+        assert!(e.contains("--features verbs"));
     }
 }
