@@ -240,7 +240,7 @@ enum BenchSub {
     /// through real verbs (`leasebox-hosted --verbs`); one table side by side. Prints; asserts nothing.
     Rxe {
         /// Milliseconds per figure (default 1000)
-        #[arg(long, value_name = "MS", value_parser = |v: &str| number(v, 50, 60_000))]
+        #[arg(long, value_name = "MS", value_parser = |v: &str| number(v, 50u64, 60_000))]
         perf_ms: Option<u64>,
     },
     /// `leasectl verify --revoke-test` per order against the QEMU guest and the hosted appliance
@@ -712,6 +712,10 @@ mod tests {
         assert_eq!(p(&["bench", "client"]), Ok(client(2)));
         assert_eq!(p(&["bench", "client", "--secs", "1"]), Ok(client(1)));
         assert!(p(&["bench", "client", "--runs", "2"]).unwrap_err().contains("--runs"));
+        let rxe = |secs| Cmd::Bench(BenchOpts { kind: BenchKind::Rxe, runs: 1, secs, leases: 10_000, iterations: 20 });
+        assert_eq!(p(&["bench", "rxe"]), Ok(rxe(1000)));
+        assert_eq!(p(&["bench", "rxe", "--perf-ms", "500"]), Ok(rxe(500)));
+        assert!(p(&["bench", "rxe", "--perf-ms", "10"]).unwrap_err().contains("--perf-ms"));
     }
 
     #[test]
