@@ -389,8 +389,24 @@ const HOST_STEPS: [(&str, &[&str]); 5] = [
     ("format", &["fmt", "--all", "--check"]),
     ("host-tests", &["test", "--workspace"]),
     ("clippy-host", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
-    // leasectl's verbs backend: built (no RDMA device here to run it) and its unit tests run.
-    ("verbs-build", &["clippy", "-p", "leasectl", "--features", "verbs", "--all-targets", "--", "-D", "warnings"]),
+    // The verbs code (leasectl's backend, the hosted reference responder) linted with its feature on; it runs
+    // in the rxe-qemu scenario (a Linux guest with Soft-RoCE).
+    (
+        "verbs-build",
+        &[
+            "clippy",
+            "-p",
+            "leasectl",
+            "-p",
+            "leasebox-hosted",
+            "--features",
+            "leasectl/verbs,leasebox-hosted/verbs",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    ),
     (
         "clippy-kernel",
         &[
