@@ -439,6 +439,23 @@ fn qemu_verify(a: &Artifacts, g: &Guest, app: &mut Appliance) -> Result<(String,
 /// end, not a station: it answers no ARP, so the guest gets a static neighbour entry for the RDMA address with
 /// the port's MAC (read from an ALLOC's answer).
 fn hosted_verify(a: &Artifacts, g: &Guest) -> Result<(String, Vec<VerifyRun>), String> {
+    let h = hosted_setup(a, &format!("{NAME}-hosted"))?;
+    let cmd = verify_cmd(&h.ctl, &h.t.tenant_hex, &h.t.admin_hex, 1);
+    guest_verify(a, g, &h.wire, Client { nic: h.nic, ip: HOSTED_GUEST_IP, neigh: h.neigh, cmd, tag: "hosted-guest" })
+}
+
+/// The hosted appliance and the wire from a guest to its responder (see [`hosted_verify`]).
+struct HostedSetup {
+    /// Declared first: the wire's threads end before the appliance stops.
+    wire: Wire,
+    t: crate::control::Target,
+    nic: Nic,
+    neigh: Vec<(Ipv4Addr, [u8; 6])>,
+    /// The control port as the guest reaches it.
+    ctl: String,
+}
+
+fn hosted_setup(a: &Artifacts, pcap: &str) -> Result<HostedSetup, String> {
     let rdma_ip = format!("rdma_ip={HOSTED_RDMA_IP}");
     let t = crate::control::start_hosted(&["--hca", "--udp", "127.0.0.1:0", &rdma_ip])?;
     let udp = match t.udp.ok_or("the hosted appliance has no RoCEv2 responder")? {
@@ -448,12 +465,11 @@ fn hosted_verify(a: &Artifacts, g: &Guest) -> Result<(String, Vec<VerifyRun>), S
     let port = t.addr.rsplit(':').next().unwrap_or_default();
     let mac = server_mac(a, &t)?;
     let peer = free_udp_port()?;
-    let wire = Wire::start(HubSocket { local: udp, peer }, &a.log_dir.join(format!("{NAME}-hosted.pcap")))?;
+    let wire = Wire::start(HubSocket { local: udp, peer }, &a.log_dir.join(format!("{pcap}.pcap")))?;
     let nic = Nic::SocketAndUser { local: wire.guest_local, peer: wire.guest_peer };
     let neigh = vec![(HOSTED_RDMA_IP, mac)];
     let ctl = format!("{USER_NET_HOST}:{port}");
-    let cmd = verify_cmd(&ctl, &t.tenant_hex, &t.admin_hex, 1);
-    guest_verify(a, g, &wire, Client { nic, ip: HOSTED_GUEST_IP, neigh, cmd, tag: "hosted-guest" })
+    Ok(HostedSetup { wire, t, nic, neigh, ctl })
 }
 
 /// The hosted appliance's RDMA MAC, from the answer to one ALLOC (freed at once).
@@ -722,27 +738,30 @@ fn size_name(n: u64) -> String {
     }
 }
 
-/// The side-by-side table.
-fn table(model: &Side, reference: &Side, perf_ms: u64) -> String {
+/// The side-by-side table: each of `sides` (name, figures) against the last one, the reference.
+fn table(sides: &[(&str, &Side)], perf_ms: u64) -> String {
+    let Some(&(_, reference)) = sides.last() else { return String::new() };
     let mut t = format!(
         "RDMA from Linux rxe (a guest under QEMU/TCG, leasectl verify --backend verbs --perf, --depth 4, {perf_ms} ms \
-         per figure)\n{:<6} {:>8} | {:>28} | {:>28} | {:>9}\n",
-        "op", "size", "Leasebox (model): p50/p99 us, MiB/s", "rxe reference: p50/p99 us, MiB/s", "p50 ratio"
+         per figure); latency p50 / p99 us, bandwidth MiB/s; ratio: p50 against the last column\n{:<6} {:>8}",
+        "op", "size"
     );
-    for (m, r) in model.perf.iter().zip(&reference.perf) {
-        let ratio = if r.2 > 0.0 { format!("{:.2}", m.2 / r.2) } else { "-".into() };
-        t.push_str(&format!(
-            "{:<6} {:>8} | {:>9.1} / {:>8.1} {:>9.1} | {:>9.1} / {:>8.1} {:>9.1} | {:>9}\n",
-            m.0,
-            size_name(m.1),
-            m.2,
-            m.3,
-            m.4,
-            r.2,
-            r.3,
-            r.4,
-            ratio
-        ));
+    for (name, _) in sides {
+        t.push_str(&format!(" | {name:>37}"));
+    }
+    t.push('\n');
+    for (i, r) in reference.perf.iter().enumerate() {
+        t.push_str(&format!("{:<6} {:>8}", r.0, size_name(r.1)));
+        for (_, s) in sides {
+            match s.perf.get(i) {
+                Some(m) => {
+                    let ratio = if r.2 > 0.0 { format!("x{:.2}", m.2 / r.2) } else { "-".into() };
+                    t.push_str(&format!(" | {:>9.1} / {:>9.1} {:>7.1} {:>6}", m.2, m.3, m.4, ratio));
+                }
+                None => t.push_str(&format!(" | {:>37}", "-")),
+            }
+        }
+        t.push('\n');
     }
     t.push_str("revoke: first failed completion after REVOKE sent (median over iterations), and its status\n");
     for order in ["mkey-first", "qp-first"] {
@@ -754,15 +773,14 @@ fn table(model: &Side, reference: &Side, perf_ms: u64) -> String {
                 .and_then(|i| i.status.clone())
                 .unwrap_or_else(|| "-".into())
         };
-        let (m, r) = (after_revoke_median(&model.runs, order), after_revoke_median(&reference.runs, order));
-        let q = m.zip(r).and_then(|(m, r)| ratio(m, r)).map_or("-".into(), |q| format!("{q:.2}"));
-        t.push_str(&format!(
-            "{order:<10} Leasebox (model) {:<22} {:>8} us | rxe reference {:<22} {:>8} us | ratio {q}\n",
-            status(model),
-            m.map_or("-".into(), |v| v.to_string()),
-            status(reference),
-            r.map_or("-".into(), |v| v.to_string()),
-        ));
+        let r = after_revoke_median(&reference.runs, order);
+        t.push_str(&format!("{order:<10}"));
+        for (name, s) in sides {
+            let m = after_revoke_median(&s.runs, order);
+            let q = m.zip(r).and_then(|(m, r)| ratio(m, r)).map_or("-".into(), |q| format!("x{q:.2}"));
+            t.push_str(&format!(" | {name}: {} {} us {q}", status(s), m.map_or("-".into(), |v| v.to_string())));
+        }
+        t.push('\n');
     }
     t
 }
@@ -788,6 +806,14 @@ pub fn bench(a: &Artifacts, perf_ms: u64) -> Result<String, String> {
             Err(e) => return Err(app.fail(format!("against the QEMU appliance: {e}"))),
         }
     };
+    let hosted = {
+        let h = hosted_setup(a, "rxe-bench-hosted")?;
+        let (t, ad) = (&h.t.tenant_hex, &h.t.admin_hex);
+        let cmd = format!("{}; {}", perf_cmd(&h.ctl, t, perf_ms), verify_cmd(&h.ctl, t, ad, 1));
+        client_guest(a, &g, Client { nic: h.nic, ip: HOSTED_GUEST_IP, neigh: h.neigh, cmd, tag: "bench-hosted" })
+            .and_then(|c| side(&c))
+            .map_err(|e| format!("against the hosted appliance: {e}"))?
+    };
     let reference = {
         let (t, ad) = (crate::control::random_hex()?, crate::control::random_hex()?);
         let (refg, wire) = reference(a, &g, (&t, &ad), "rxe-bench.reference")?;
@@ -797,7 +823,10 @@ pub fn bench(a: &Artifacts, perf_ms: u64) -> Result<String, String> {
             .and_then(|c| side(&c))
             .map_err(|e| format!("against the rxe reference responder: {e}; its console {}", refg.log.display()))?
     };
-    Ok(table(&model, &reference, perf_ms))
+    Ok(table(
+        &[("Leasebox, QEMU (model)", &model), ("Leasebox, hosted (model)", &hosted), ("rxe reference", &reference)],
+        perf_ms,
+    ))
 }
 
 #[cfg(test)]
@@ -875,8 +904,9 @@ mod tests {
         assert_eq!(rows, vec![("write".to_string(), 64, 12.5, 30.0, 1.5)]);
         assert!(parse_perf(&["{}".to_string()]).is_err());
         let s = |p50: f64| Side { perf: vec![("write".into(), 1 << 20, p50, 2.0 * p50, 10.0)], runs: vec![] };
-        let t = table(&s(20.0), &s(10.0), 500);
-        assert!(t.contains("1 MiB") && t.contains("2.00"), "{t}");
+        let (m, r) = (s(20.0), s(10.0));
+        let t = table(&[("model", &m), ("reference", &r)], 500);
+        assert!(t.contains("1 MiB") && t.contains("x2.00") && t.contains("x1.00"), "{t}");
         assert_eq!(size_name(4096), "4 KiB");
         assert_eq!(size_name(64), "64 B");
     }

@@ -236,8 +236,9 @@ enum BenchSub {
     /// the revoke figures, against the QEMU appliance (the model) and against an rxe reference responder
     ///
     /// The rxe guest (`cargo xtask rxe-guest`) runs `leasectl verify --backend verbs --perf` and `--revoke-test
-    /// --order both` first on the QEMU appliance's segment, then against a second rxe guest serving memory
-    /// through real verbs (`leasebox-hosted --verbs`); one table side by side. Prints; asserts nothing.
+    /// --order both` on the QEMU appliance's segment, against the hosted appliance's responder, then against a
+    /// second rxe guest serving memory through real verbs (`leasebox-hosted --verbs`); one table side by side.
+    /// Prints; asserts nothing.
     Rxe {
         /// Milliseconds per figure (default 1000)
         #[arg(long, value_name = "MS", value_parser = |v: &str| number(v, 50u64, 60_000))]

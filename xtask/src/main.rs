@@ -685,13 +685,17 @@ fn bench_rxe(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
     cargo_step(p, &["build", "-p", "mlx5-model"])?;
     rxe_guest::build(p)?;
     let a = artifacts(p, false);
-    outln!("==> bench rxe: {} ms per figure; the QEMU appliance, then the rxe reference responder", o.secs);
+    outln!(
+        "==> bench rxe: {} ms per figure; the QEMU appliance, the hosted appliance, then the rxe reference responder",
+        o.secs
+    );
     let t = leasebox_scenarios::rxe::bench(&a, o.secs)?;
     outln!();
     outln!("{}", t.trim_end());
     outln!(
-        "(one client guest under TCG on this machine's 2 shared cores; the model runs in its own process beside \
-         QEMU, the reference responder in a second guest: compare ratios, not absolute figures)"
+        "(one client guest under TCG on this machine's 2 shared cores. QEMU: the model in its own process beside \
+         the appliance's guest, whose polling core keeps one host core busy; hosted: the model's responder in the \
+         test process; reference: a second guest. Compare ratios, not absolute figures)"
     );
     Ok(0)
 }
