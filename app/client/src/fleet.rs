@@ -138,7 +138,8 @@ impl View {
             .filter(|e| e.present && e.advert.placeable())
             .map(|e| Candidate {
                 index: e.index,
-                weight: e.advert.free_bytes as f64 * e.rebooted_at.map_or(1.0, |t| placement::warmup(now - t, self.warmup)),
+                weight: e.advert.free_bytes as f64
+                    * e.rebooted_at.map_or(1.0, |t| placement::warmup(now - t, self.warmup)),
                 placed: e.placed,
             })
             .collect();
@@ -347,7 +348,8 @@ impl Client {
     /// vanished ones get no new leases. Fails when etcd cannot be read, or when no appliance is advertised
     /// within `config.wait`.
     pub fn connect_fleet(config: FleetConfig) -> Result<Client, Error> {
-        let etcd = Etcd::new(&config.etcd, config.timeouts.connect.max(Duration::from_secs(1))).map_err(Error::Config)?;
+        let etcd =
+            Etcd::new(&config.etcd, config.timeouts.connect.max(Duration::from_secs(1))).map_err(Error::Config)?;
         let (sink, rx) = Sink::new(config.on_event.clone());
         let view = Arc::new(View {
             state: Mutex::new(State::default()),
@@ -366,8 +368,11 @@ impl Client {
             },
             rx,
         );
-        let joiner =
-            Joiner { credentials: config.credentials.clone(), requester: config.requester.clone(), timeouts: config.timeouts };
+        let joiner = Joiner {
+            credentials: config.credentials.clone(),
+            requester: config.requester.clone(),
+            timeouts: config.timeouts,
+        };
         let deadline = Instant::now() + config.wait;
         let revision = loop {
             let (rev, kvs) = etcd.get_prefix(PREFIX).map_err(|e| Error::Config(format!("etcd: {e}")))?;
@@ -376,7 +381,10 @@ impl Client {
                 break rev;
             }
             if Instant::now() >= deadline {
-                return Err(Error::NoMemory { size: 0, tried: vec![("etcd".into(), format!("no appliance under {PREFIX}"))] });
+                return Err(Error::NoMemory {
+                    size: 0,
+                    tried: vec![("etcd".into(), format!("no appliance under {PREFIX}"))],
+                });
             }
             std::thread::sleep(Duration::from_millis(100));
         };

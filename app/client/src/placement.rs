@@ -103,7 +103,9 @@ impl Rng {
         let mut b = [0u8; 8];
         let seed = match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)) {
             Ok(()) => u64::from_le_bytes(b),
-            Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64),
+            Err(_) => {
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+            }
         };
         Rng::new(seed)
     }
