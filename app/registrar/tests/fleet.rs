@@ -146,6 +146,23 @@ fn appliances_register_spread_leases_by_free_bytes_and_expire_when_stopped() {
     }
     assert!(reg.is_leader());
 
+    // `leasectl fleet list` shows the same fleet and the leader.
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    assert_eq!(
+        leasectl::fleet::list(&[e.endpoint()], true, &mut out, &mut err),
+        0,
+        "{}",
+        String::from_utf8_lossy(&err)
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(listed["leader"], "r1");
+    let mut controls: Vec<&str> =
+        listed["appliances"].as_array().unwrap().iter().map(|a| a["control"].as_str().unwrap()).collect();
+    controls.sort();
+    let mut want: Vec<&str> = specs.iter().map(|s| s.control.as_str()).collect();
+    want.sort();
+    assert_eq!(controls, want);
+
     // /metrics: valid exposition (promtool), every appliance in it.
     let (status, page) = http_get(reg.metrics_addr().unwrap(), "/metrics");
     assert_eq!(status, "HTTP/1.1 200 OK");
