@@ -305,7 +305,7 @@ fn watch_loop(view: Weak<View>, inner: Weak<Inner>, joiner: Joiner, etcd: Etcd, 
         drop((v, inn));
         loop {
             let (Some(v), Some(inn)) = (alive(), inner.upgrade()) else { return };
-            match w.next() {
+            match w.next_events() {
                 Ok(Some(events)) => {
                     for e in events {
                         match e {

@@ -323,7 +323,7 @@ pub struct Watch {
 impl Watch {
     /// The events of the next message, `Ok(None)` when nothing came within the poll time; an error when the
     /// stream broke or etcd canceled the watch (start again from a fresh range).
-    pub fn next(&mut self) -> Result<Option<Vec<WatchEvent>>, EtcdError> {
+    pub fn next_events(&mut self) -> Result<Option<Vec<WatchEvent>>, EtcdError> {
         loop {
             if let Some(nl) = self.buf.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = self.buf.drain(..=nl).collect();
@@ -335,7 +335,7 @@ impl Watch {
                     serde_json::from_str(text.trim()).map_err(|e| EtcdError::Answer(format!("watch: {e}")))?;
                 return parse_watch_message(&msg).map(Some);
             }
-            match self.stream.next() {
+            match self.stream.next_piece() {
                 Ok(Some(bytes)) => self.buf.extend_from_slice(&bytes),
                 Ok(None) => return Err(EtcdError::Unreachable("the watch stream ended".into())),
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {

@@ -126,7 +126,7 @@ impl Stream {
 
     /// The next piece of the body (`Ok(None)` at its end); a read timeout is `ErrorKind::WouldBlock` or
     /// `TimedOut`, after which the stream may be read again only if the timeout hit between chunks.
-    pub fn next(&mut self) -> io::Result<Option<Vec<u8>>> {
+    pub fn next_piece(&mut self) -> io::Result<Option<Vec<u8>>> {
         if self.done {
             return Ok(None);
         }

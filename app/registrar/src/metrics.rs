@@ -83,13 +83,13 @@ pub(crate) fn render(sh: &Shared) -> String {
     let answered: Vec<usize> = (0..seen.len()).filter(|&i| seen[i].last.is_some()).collect();
 
     p.family("leasebox_up", "gauge", "1 if the appliance answered the last poll (STATS and HEALTH), else 0.");
-    for i in 0..seen.len() {
-        p.sample("leasebox_up", &who(i), u8::from(seen[i].ok));
+    for (i, s) in seen.iter().enumerate() {
+        p.sample("leasebox_up", &who(i), u8::from(s.ok));
     }
     p.family("leasebox_polls_total", "counter", "Polls of the appliance by this registrar, by result.");
-    for i in 0..seen.len() {
-        p.sample("leasebox_polls_total", &format!("{},result=\"ok\"", who(i)), seen[i].polls_ok);
-        p.sample("leasebox_polls_total", &format!("{},result=\"failed\"", who(i)), seen[i].polls_failed);
+    for (i, s) in seen.iter().enumerate() {
+        p.sample("leasebox_polls_total", &format!("{},result=\"ok\"", who(i)), s.polls_ok);
+        p.sample("leasebox_polls_total", &format!("{},result=\"failed\"", who(i)), s.polls_failed);
     }
     type Get = fn(&crate::poll::Sample) -> u64;
     let gauges: [(&str, &str, &str, Get); 7] = [
