@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use leasebox_client::{
-    AllocOptions, Callback, Client as RustClient, ClientConfig, Error, FleetConfig, Event as RustEvent, Lease as RustLease, LeaseId,
+    AllocOptions, Callback, Client as RustClient, ClientConfig, Error, Event as RustEvent, FleetConfig,
+    Lease as RustLease, LeaseId,
 };
 use leasebox_proto::{ErrorCode, Request, Response};
 use pyo3::buffer::PyBuffer;

@@ -88,10 +88,11 @@ impl Drop for Poller {
 
 fn run(spec: ApplianceSpec, every: Duration, seen: Arc<Mutex<Seen>>, stop: Arc<AtomicBool>) {
     let who = Credentials { name: "admin".into(), key: spec.admin_key.clone() };
-    // A poll answers within the period or counts as failed: an appliance that does not answer in time is not
-    // advertised as alive.
-    let t = every.max(Duration::from_millis(500));
-    let timeouts = Timeouts { connect: t, receive: t, retry_for: t };
+    // A poll that gets no answer within 2 s (or the period, if longer) counts as failed: the key of an appliance
+    // that does not answer is not kept alive. Not shorter: a loaded host (or appliance) that answers a little
+    // late must not lose its key.
+    let t = every.max(Duration::from_secs(2));
+    let timeouts = Timeouts { connect: Duration::from_secs(1), receive: t, retry_for: t };
     let mut conn: Option<Connection> = None;
     while !stop.load(Ordering::Acquire) {
         let started = Instant::now();
