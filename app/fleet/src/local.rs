@@ -1,6 +1,6 @@
 //! A single-member etcd on loopback for tests and benchmarks: Debian's `etcd-server` (etcd 3.4), free ports, a
-//! temporary data directory removed afterwards. `cargo xtask prereqs` installs it; without it [`LocalEtcd::start`]
-//! fails with a message that says so (the fleet tests fail rather than skip).
+//! temporary data directory (on /dev/shm when there is one) removed afterwards. `cargo xtask prereqs` installs
+//! it; without it [`LocalEtcd::start`] fails with a message that says so (the fleet tests fail, not skip).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -48,11 +48,11 @@ impl LocalEtcd {
     /// Starts etcd and waits (at most 20 s) until it answers.
     pub fn start() -> Result<LocalEtcd, String> {
         let bin = etcd_binary()?;
-        let dir = std::env::temp_dir().join(format!(
-            "leasebox-etcd-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
+        // On tmpfs when there is one: etcd fsyncs its log on every write, and a test machine's disk under a
+        // parallel build can stall an fsync for seconds, longer than the tests' lease TTLs.
+        let shm = std::path::Path::new("/dev/shm");
+        let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+        let dir = base.join(format!("leasebox-etcd-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
         let mut e = LocalEtcd { bin, dir, client_port: free_port()?, peer_port: free_port()?, child: None };
         e.launch()?;
         Ok(e)

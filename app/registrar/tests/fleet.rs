@@ -3,7 +3,7 @@
 //! registered by registrars, the client placing leases from etcd, an appliance stopped, a leading registrar
 //! killed, etcd restarted without its data (docs/fleet.md, "Failure behaviour").
 //!
-//! TTLs are shortened (4 s keys, 2 s election) to keep the run short; the bounds asserted are "within the TTL"
+//! TTLs are shortened (6 s keys, 3 s election) to keep the run short; the bounds asserted are "within the TTL"
 //! plus generous slack for a loaded 2-core CI machine.
 
 use std::collections::HashMap;
@@ -21,8 +21,8 @@ use leasebox_hosted::{Hosted, HostedConfig};
 use leasebox_registrar::{ApplianceSpec, Config, Registrar};
 
 const MIB: u64 = 1 << 20;
-const TTL_S: i64 = 4;
-const ELECTION_TTL_S: i64 = 2;
+const TTL_S: i64 = 6;
+const ELECTION_TTL_S: i64 = 3;
 /// What "within the TTL" is given on top of the TTL: a poll period, a tick, a slow machine.
 const SLACK: Duration = Duration::from_secs(4);
 
