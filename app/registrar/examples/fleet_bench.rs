@@ -26,8 +26,12 @@ fn adverts(etcd: &Etcd) -> HashMap<String, Advertisement> {
     kvs.iter().filter_map(|kv| Advertisement::from_json(&kv.value).ok()).map(|a| (a.control.clone(), a)).collect()
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// `n` free ports below the kernel's ephemeral range (32768 and up by default): the registrar's pollers connect to
+/// them before the appliances listen, and an ephemeral port may not be handed to one of those connections (a
+/// TCP connection to itself would take the port).
+fn free_ports(n: usize) -> Vec<u16> {
+    let start = 20_000 + (std::process::id() % 4_000) as u16;
+    (start..32_000).filter(|&p| TcpListener::bind(("127.0.0.1", p)).is_ok()).take(n).collect()
 }
 
 fn pct(v: &mut [Duration], p: f64) -> Duration {
@@ -51,7 +55,7 @@ struct Row {
 fn run(n: usize, with_hca: bool, tenant: &str, admin: &str) -> Result<Row, String> {
     let e = LocalEtcd::start()?;
     let etcd = e.client();
-    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+    let ports = free_ports(n);
     let specs: Vec<ApplianceSpec> = ports
         .iter()
         .map(|p| ApplianceSpec::parse(&format!("127.0.0.1:{p} key={admin} zone=bench")))
