@@ -196,6 +196,20 @@ int32_t lbx_client_connect(const char *appliances,
                            struct lbx_client **out);
 
 /**
+ * Connects to the appliances etcd advertises (docs/fleet.md) and keeps following them: `etcd_endpoints`, etcd's
+ * client endpoints `HOST:PORT`, comma-separated (plain HTTP). Leases are placed by two random choices weighted
+ * by advertised free bytes; an appliance whose key vanishes gets no new leases; RDMA goes to each
+ * advertisement's `rdma` address. `name`, `key_hex`, `timeout_ms` and `out` as for `lbx_client_connect`
+ * (`timeout_ms` also bounds the wait for a first appliance in etcd). `LBX_ERR_NO_MEMORY` when etcd advertises
+ * none in time.
+ */
+int32_t lbx_client_connect_etcd(const char *etcd_endpoints,
+                                const char *name,
+                                const char *key_hex,
+                                uint32_t timeout_ms,
+                                struct lbx_client **out);
+
+/**
  * Frees the leases the client still tracks, says BYE, ends its threads and destroys the handle (NULL:
  * nothing). Free lease handles first: afterwards their calls fail with `LBX_ERR_CLOSED`.
  */

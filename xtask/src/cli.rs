@@ -244,6 +244,12 @@ enum BenchSub {
         #[arg(long, value_name = "MS", value_parser = |v: &str| number(v, 50u64, 60_000))]
         perf_ms: Option<u64>,
     },
+    /// The fleet (docs/fleet.md): registrar, etcd and client placement with 4 and 64 hosted appliances
+    ///
+    /// A real etcd on loopback, one registrar (1 s polls, 10 s key TTL): registration latency (appliance up →
+    /// key visible), failure detection (appliance down → key gone), the client's placement decisions per
+    /// second, and etcd writes per appliance per second. Prints; asserts nothing.
+    Fleet,
     /// `leasectl verify --revoke-test` per order against the QEMU guest and the hosted appliance
     ///
     /// mkey-first and qp-first against the QEMU guest (image, model, virtio-net) and the hosted appliance:
@@ -381,6 +387,7 @@ pub enum BenchKind {
     Revoke,
     Client,
     Rxe,
+    Fleet,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -420,6 +427,7 @@ impl BenchOpts {
                 leases: leases.unwrap_or(o.leases),
                 ..o
             },
+            BenchSub::Fleet => BenchOpts { kind: BenchKind::Fleet, runs: 1, ..o },
             BenchSub::Client { secs } => {
                 BenchOpts { kind: BenchKind::Client, runs: 1, secs: secs.unwrap_or(CLIENT_BENCH_SECS), ..o }
             }
@@ -717,6 +725,9 @@ mod tests {
         assert_eq!(p(&["bench", "rxe"]), Ok(rxe(1000)));
         assert_eq!(p(&["bench", "rxe", "--perf-ms", "500"]), Ok(rxe(500)));
         assert!(p(&["bench", "rxe", "--perf-ms", "10"]).unwrap_err().contains("--perf-ms"));
+        let fleet = Cmd::Bench(BenchOpts { kind: BenchKind::Fleet, runs: 1, secs: 3, leases: 10_000, iterations: 20 });
+        assert_eq!(p(&["bench", "fleet"]), Ok(fleet));
+        assert!(p(&["bench", "fleet", "--secs", "2"]).is_err());
     }
 
     #[test]

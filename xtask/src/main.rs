@@ -497,6 +497,7 @@ fn cmd_bench(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
         BenchKind::Revoke => return bench_revoke(o, p),
         BenchKind::Client => return bench_client(o),
         BenchKind::Rxe => return bench_rxe(o, p),
+        BenchKind::Fleet => return bench_fleet(p),
         BenchKind::Boot => {}
     }
     prereq::ensure()?;
@@ -628,6 +629,16 @@ fn bench_client(o: &BenchOpts) -> Result<i32, String> {
         "(latency per call as the program sees it; rates over all clients; the software requester runs on each \
          client's thread, the model's responder on one thread, on this machine's shared cores)"
     );
+    Ok(0)
+}
+
+/// `bench fleet`: the registrar's `fleet_bench` example (a real etcd, hosted appliances, native timing;
+/// docs/fleet.md, "What scales how"). Prints; asserts nothing.
+fn bench_fleet(p: &Paths) -> Result<i32, String> {
+    // etcd (etcd-server) is one of the prerequisites.
+    prereq::ensure()?;
+    let table = run_example(p, "leasebox-registrar", "fleet_bench", &[])?;
+    outln!("{}", table.trim_end());
     Ok(0)
 }
 

@@ -1,6 +1,7 @@
 //! Host prerequisites: QEMU, GRUB (both platforms), xorriso, mtools, OVMF, and what leasectl's verbs backend
-//! needs to build (rdma-core headers and pkg-config modules, pkg-config, libclang). Missing ones are installed
-//! with apt-get when running as root on a Debian-like host; otherwise the exact command is printed.
+//! needs to build (rdma-core headers and pkg-config modules, pkg-config, libclang), and the fleet tests' etcd and
+//! promtool. Missing ones are installed with apt-get when running as root on a Debian-like host; otherwise the
+//! exact command is printed.
 //!
 //! Each probe asks the question its consumer asks, in the consumer's environment: libclang is looked for where
 //! bindgen's clang-sys looks, the rdma-core modules are asked of the pkg-config program rdma-sys's build script
@@ -94,6 +95,10 @@ pub const REQUIREMENTS: &[Requirement] = &[
     },
     Requirement { what: "pkg-config", probe: Probe::PkgConfig, package: "pkg-config" },
     Requirement { what: "libclang", probe: Probe::Libclang, package: "libclang-dev" },
+    // The fleet tests and `bench fleet` (docs/fleet.md): a real etcd, started by the tests on loopback, and
+    // Prometheus's `promtool`, which checks the registrar's /metrics.
+    Requirement { what: "etcd", probe: Probe::Exe("etcd"), package: "etcd-server" },
+    Requirement { what: "promtool", probe: Probe::Exe("promtool"), package: "prometheus" },
 ];
 
 /// The host as the consumers of the prerequisites see it: a filesystem root (`/` but in tests) and the
@@ -506,7 +511,7 @@ mod tests {
 
         /// Everything a complete host has, libclang where Debian's libclang1-14 and libclang-14-dev put it.
         fn complete(&self) {
-            for exe in ["qemu-system-x86_64", "grub-mkrescue", "xorriso", "mformat"] {
+            for exe in ["qemu-system-x86_64", "grub-mkrescue", "xorriso", "mformat", "etcd", "promtool"] {
                 self.exe(exe, 0o755);
             }
             self.fake_pkg_config("pkg-config");
@@ -564,7 +569,9 @@ mod tests {
                 "libibverbs-dev",
                 "librdmacm-dev",
                 "pkg-config",
-                "libclang-dev"
+                "libclang-dev",
+                "etcd-server",
+                "prometheus"
             ]
         );
     }
@@ -592,7 +599,7 @@ mod tests {
         let h = r.host_with(&[("LEASEBOX_OVMF_CODE", code.as_os_str()), ("LEASEBOX_OVMF_VARS", vars.as_os_str())]);
         assert!(!packages(&missing(&h)).contains(&"ovmf"));
 
-        // An empty PATH finds no executables: qemu, grub-mkrescue, xorriso, mformat, pkg-config, and with
+        // An empty PATH finds no executables: qemu, grub-mkrescue, xorriso, mformat, pkg-config, etcd, promtool, and with
         // pkg-config gone, neither rdma-core module can be confirmed.
         let none = Host::new(&r.0, [("PATH", "")]);
         assert_eq!(
@@ -605,7 +612,9 @@ mod tests {
                 "ovmf",
                 "libibverbs-dev",
                 "librdmacm-dev",
-                "pkg-config"
+                "pkg-config",
+                "etcd-server",
+                "prometheus"
             ]
         );
     }

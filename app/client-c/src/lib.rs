@@ -16,7 +16,7 @@
 // header states. Marking them `unsafe fn` would change nothing for C and only move the same contract.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
-use leasebox_client::{AllocOptions, Client, ClientConfig, Error, Event, Lease, LeaseId};
+use leasebox_client::{AllocOptions, Client, ClientConfig, Error, Event, FleetConfig, Lease, LeaseId};
 use leasebox_proto::{ErrorCode, Request, Response};
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char};
@@ -320,6 +320,36 @@ pub extern "C" fn lbx_client_connect(
         let peers = if rdma_peers.is_null() { None } else { Some(string(rdma_peers, "rdma_peers")?) };
         let cfg = config(list, name, key, peers, timeout_ms).map_err(Fail::Invalid)?;
         let c = Client::connect(cfg)?;
+        let h = Box::into_raw(Box::new(lbx_client { tag: CLIENT_TAG, inner: Some(c) }));
+        // SAFETY: as above.
+        unsafe { out.write(h) };
+        Ok(())
+    })
+}
+
+/// Connects to the appliances etcd advertises (docs/fleet.md) and keeps following them: `etcd_endpoints`, etcd's
+/// client endpoints `HOST:PORT`, comma-separated (plain HTTP). Leases are placed by two random choices weighted
+/// by advertised free bytes; an appliance whose key vanishes gets no new leases; RDMA goes to each
+/// advertisement's `rdma` address. `name`, `key_hex`, `timeout_ms` and `out` as for `lbx_client_connect`
+/// (`timeout_ms` also bounds the wait for a first appliance in etcd). `LBX_ERR_NO_MEMORY` when etcd advertises
+/// none in time.
+#[unsafe(no_mangle)]
+pub extern "C" fn lbx_client_connect_etcd(
+    etcd_endpoints: *const c_char,
+    name: *const c_char,
+    key_hex: *const c_char,
+    timeout_ms: u32,
+    out: *mut *mut lbx_client,
+) -> i32 {
+    entry("lbx_client_connect_etcd", || {
+        let out = self::out(out, "out")?;
+        // SAFETY: `out` is non-NULL and points to writable storage for a pointer (the caller's contract).
+        unsafe { out.write(std::ptr::null_mut()) };
+        let etcd = string(etcd_endpoints, "etcd_endpoints")?;
+        let (name, key) = (string(name, "name")?, string(key_hex, "key_hex")?);
+        let timeout = (timeout_ms != 0).then(|| Duration::from_millis(u64::from(timeout_ms)));
+        let cfg = FleetConfig::software(&[etcd.to_string()], name, key, timeout).map_err(Fail::Invalid)?;
+        let c = Client::connect_fleet(cfg)?;
         let h = Box::into_raw(Box::new(lbx_client { tag: CLIENT_TAG, inner: Some(c) }));
         // SAFETY: as above.
         unsafe { out.write(h) };

@@ -162,3 +162,44 @@ fn revoke_turns_the_next_call_into_lbx_err_revoked_and_a_cut_connection_is_recon
     assert_eq!(lbx_client_close(tenant), LBX_OK, "{}", last());
     assert_eq!(lbx_client_close(admin), LBX_OK, "{}", last());
 }
+
+/// `lbx_client_connect_etcd`: the appliance comes from an advertisement in a real etcd (as the registrar
+/// writes it, docs/fleet.md), and a lease placed there carries data; an etcd without advertisements is
+/// `LBX_ERR_NO_MEMORY` once the timeout has passed.
+#[test]
+fn a_client_started_from_etcd_places_on_the_advertised_appliance() {
+    use leasebox_fleet::advert::Advertisement;
+    let a = start();
+    let e = leasebox_fleet::local::LocalEtcd::start().unwrap_or_else(|m| panic!("{m}"));
+    let endpoint = c(&e.endpoint());
+
+    let mut none: *mut lbx_client = std::ptr::null_mut();
+    let r = lbx_client_connect_etcd(endpoint.as_ptr(), c"demo".as_ptr(), c(&a.tenant).as_ptr(), 500, &mut none);
+    assert_eq!(r, LBX_ERR_NO_MEMORY, "{}", last());
+    assert!(none.is_null());
+
+    let ad = Advertisement {
+        boot_id: "0123456789abcdef0123456789abcdef".into(),
+        control: a.addr.clone(),
+        rdma: a.udp.clone(),
+        free_bytes: 64 << 20,
+        health: "ok".into(),
+        hca: "ok".into(),
+        ..Advertisement::default()
+    };
+    e.client().put(&ad.key(), ad.to_json().as_bytes(), 0).unwrap();
+    let mut client: *mut lbx_client = std::ptr::null_mut();
+    let r = lbx_client_connect_etcd(endpoint.as_ptr(), c"demo".as_ptr(), c(&a.tenant).as_ptr(), 5000, &mut client);
+    assert_eq!(r, LBX_OK, "{}", last());
+    let mut lease: *mut lbx_lease = std::ptr::null_mut();
+    assert_eq!(lbx_alloc(client, 1 << 20, 0, &mut lease), LBX_OK, "{}", last());
+    let data = b"placed through etcd";
+    assert_eq!(lbx_lease_write(lease, 7, data.as_ptr(), data.len()), LBX_OK, "{}", last());
+    let mut back = [0u8; 19];
+    assert_eq!(lbx_lease_read(lease, 7, back.as_mut_ptr(), back.len()), LBX_OK, "{}", last());
+    assert_eq!(&back, data);
+    assert_eq!(lbx_lease_free(lease), LBX_OK, "{}", last());
+    assert_eq!(lbx_client_close(client), LBX_OK, "{}", last());
+    let r = lbx_client_connect_etcd(std::ptr::null(), c"demo".as_ptr(), c(&a.tenant).as_ptr(), 0, &mut client);
+    assert_eq!(r, LBX_ERR_INVALID_ARGUMENT);
+}

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use leasebox_client::{
-    AllocOptions, Callback, Client as RustClient, ClientConfig, Error, Event as RustEvent, Lease as RustLease, LeaseId,
+    AllocOptions, Callback, Client as RustClient, ClientConfig, Error, Event as RustEvent, FleetConfig,
+    Lease as RustLease, LeaseId,
 };
 use leasebox_proto::{ErrorCode, Request, Response};
 use pyo3::buffer::PyBuffer;
@@ -185,6 +186,18 @@ fn one_or_many(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<String>> {
         .map_err(|_| ConfigError::new_err(format!("{what} must be a string or a sequence of strings")))
 }
 
+/// A Python callable as the client's event callback (called on a connection thread, under the GIL).
+fn callback(cb: Py<PyAny>) -> Callback {
+    Arc::new(move |e: &RustEvent| {
+        Python::with_gil(|py| {
+            if let Err(err) = cb.call1(py, (Event::from(e.clone()),)) {
+                // A failing callback must not stop the client: Python reports it as unraisable.
+                err.write_unraisable(py, None);
+            }
+        });
+    })
+}
+
 /// A client of one or more appliances: a connection thread per appliance (heartbeats, lease renewals,
 /// reconnect), leases placed by free bytes.
 #[pyclass(module = "leasebox", frozen)]
@@ -223,18 +236,35 @@ impl Client {
             t => t.map(Duration::from_secs_f64),
         };
         let mut cfg = ClientConfig::software(&addrs, &tenant, &key, &peers, timeout).map_err(ConfigError::new_err)?;
-        if let Some(cb) = on_event {
-            let cb: Callback = Arc::new(move |e: &RustEvent| {
-                Python::with_gil(|py| {
-                    if let Err(err) = cb.call1(py, (Event::from(e.clone()),)) {
-                        // A failing callback must not stop the client: Python reports it as unraisable.
-                        err.write_unraisable(py, None);
-                    }
-                });
-            });
-            cfg.on_event = Some(cb);
-        }
+        cfg.on_event = on_event.map(callback);
         let c = py.allow_threads(|| RustClient::connect(cfg)).map_err(py_err)?;
+        Ok(Client { inner: Mutex::new(Some(Arc::new(c))) })
+    }
+
+    /// A client of the appliances etcd advertises (docs/fleet.md): `etcd` is one `HOST:PORT` (comma-separated
+    /// allowed) or a list of them. Leases are placed by two random choices weighted by advertised free bytes;
+    /// appliances join and leave as their keys do; RDMA goes to each advertisement's `rdma` address. Raises
+    /// `NoMemory` when etcd advertises no appliance within `timeout` (default 10 s).
+    #[staticmethod]
+    #[pyo3(signature = (etcd, tenant, key, *, timeout=None, on_event=None))]
+    fn from_etcd(
+        py: Python<'_>,
+        etcd: &Bound<'_, PyAny>,
+        tenant: String,
+        key: String,
+        timeout: Option<f64>,
+        on_event: Option<Py<PyAny>>,
+    ) -> PyResult<Client> {
+        let endpoints = one_or_many(etcd, "etcd")?;
+        let timeout = match timeout {
+            Some(t) if !(t.is_finite() && t > 0.0) => {
+                return Err(ConfigError::new_err("timeout must be a positive number of seconds"));
+            }
+            t => t.map(Duration::from_secs_f64),
+        };
+        let mut cfg = FleetConfig::software(&endpoints, &tenant, &key, timeout).map_err(ConfigError::new_err)?;
+        cfg.on_event = on_event.map(callback);
+        let c = py.allow_threads(|| RustClient::connect_fleet(cfg)).map_err(py_err)?;
         Ok(Client { inner: Mutex::new(Some(Arc::new(c))) })
     }
 

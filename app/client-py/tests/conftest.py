@@ -6,13 +6,17 @@ The binary is `$LEASEBOX_HOSTED_BIN`, else `target/debug/leasebox-hosted` of thi
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Optional
@@ -174,3 +178,71 @@ def wait_event(client, kind: str, within: float = 10.0):
         e = client.next_event(min(left, 0.5))
         if e is not None and e.kind == kind:
             return e
+
+
+class Etcd:
+    """A real etcd (Debian's etcd-server) on loopback with a temporary data directory, for the fleet test."""
+
+    def __init__(self) -> None:
+        binary = os.environ.get("LEASEBOX_ETCD") or shutil.which("etcd")
+        if not binary:
+            pytest.fail("etcd not found in PATH (Debian package etcd-server): run `cargo xtask prereqs`")
+        self.dir = tempfile.TemporaryDirectory(prefix="leasebox-etcd-")
+        client, peer = free_port(), free_port()
+        self.endpoint = f"127.0.0.1:{client}"
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--name=pytest",
+                f"--data-dir={self.dir.name}/data",
+                f"--listen-client-urls=http://{self.endpoint}",
+                f"--advertise-client-urls=http://{self.endpoint}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=pytest=http://127.0.0.1:{peer}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self.call("kv/range", {"key": b64("/")})
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.proc.kill()
+                    raise RuntimeError("etcd did not come up")
+                time.sleep(0.05)
+
+    def call(self, path: str, body: dict) -> dict:
+        req = urllib.request.Request(
+            f"http://{self.endpoint}/v3/{path}", data=json.dumps(body).encode(), method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=3) as r:
+            return json.loads(r.read())
+
+    def put(self, key: str, value: str) -> None:
+        self.call("kv/put", {"key": b64(key), "value": b64(value)})
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+        self.dir.cleanup()
+
+
+def b64(s: str) -> str:
+    return base64.b64encode(s.encode()).decode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def etcd() -> Iterator[Etcd]:
+    e = Etcd()
+    yield e
+    e.close()

@@ -4,6 +4,7 @@ LeaseRevoked), a cut control connection (the client reconnects and the lease goe
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
@@ -195,3 +196,23 @@ def test_example_needs_no_flags_with_the_config_file_xtask_run_writes(tmp_path, 
     # No configuration at all: a clear message and exit status 2.
     r = run_example([], env=dict(os.environ, LEASECTL_CONFIG=str(tmp_path / "missing.conf")))
     assert r.returncode == 2 and "cannot connect" in r.stderr, r.stderr
+
+
+def test_from_etcd_places_on_the_advertised_appliance(appliance, etcd):
+    # No appliance advertised yet: NoMemory once the timeout has passed.
+    with pytest.raises(leasebox.NoMemory):
+        leasebox.Client.from_etcd(etcd.endpoint, "demo", appliance.tenant_key, timeout=0.5)
+    # The advertisement as the registrar writes it (docs/fleet.md, "The key").
+    boot = "ab" * 16
+    ad = {"boot_id": boot, "control": appliance.addr, "rdma": appliance.udp, "free_bytes": 64 * MIB,
+          "leased_bytes": 0, "health": "ok", "hca": "ok", "labels": {}, "registrar": "pytest"}
+    etcd.put(f"/leasebox/v1/appliances/{boot}", json.dumps(ad))
+    with leasebox.Client.from_etcd([etcd.endpoint], "demo", appliance.tenant_key, timeout=5) as c:
+        assert c.appliances == [appliance.addr]
+        lease = c.alloc(MIB)
+        assert lease.appliance == appliance.addr
+        lease.write(0, b"via etcd")
+        assert lease.read(0, 8) == b"via etcd"
+        assert lease.free() == "TornDown"
+    with pytest.raises(leasebox.ConfigError):
+        leasebox.Client.from_etcd("no-port", "demo", appliance.tenant_key)

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use leasebox_proto::{ErrorCode, Request, Response};
@@ -151,18 +151,54 @@ pub struct AllocOptions {
     pub prefer: Option<usize>,
 }
 
+/// One appliance the client knows: its connection thread and how RDMA reaches it. Appliances are only ever
+/// added (a fleet client adds those etcd announces), so an index stays valid.
+#[derive(Clone)]
+pub(crate) struct Member {
+    pub(crate) session: Arc<Session>,
+    pub(crate) requester: RequesterConfig,
+}
+
 pub(crate) struct Inner {
-    pub(crate) sessions: Vec<Session>,
-    pub(crate) requesters: Vec<RequesterConfig>,
+    pub(crate) members: RwLock<Vec<Member>>,
     pub(crate) timeouts: Timeouts,
     pub(crate) rdma_timeout: Duration,
     pub(crate) sink: Arc<Sink>,
+    /// Set when the appliances come from etcd (`Client::connect_fleet`).
+    pub(crate) fleet: Option<Arc<crate::fleet::View>>,
 }
 
 impl Inner {
     /// How long a caller waits for the connection thread: a reconnect attempt, a retry and the answer.
     pub(crate) fn call_wait(&self) -> Duration {
         self.timeouts.receive * 2 + Duration::from_secs(3)
+    }
+
+    pub(crate) fn members(&self) -> std::sync::RwLockReadGuard<'_, Vec<Member>> {
+        self.members.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appliance `i`'s connection thread and requester configuration.
+    pub(crate) fn member(&self, i: usize) -> Result<(Arc<Session>, RequesterConfig), Error> {
+        let m = self.members();
+        let n = m.len();
+        m.get(i)
+            .map(|m| (m.session.clone(), m.requester.clone()))
+            .ok_or_else(|| Error::Config(format!("no appliance {i} (there are {n})")))
+    }
+
+    /// Adds an appliance; its index.
+    pub(crate) fn add(&self, session: Session, requester: RequesterConfig) -> usize {
+        let mut m = self.members.write().unwrap_or_else(|e| e.into_inner());
+        m.push(Member { session: Arc::new(session), requester });
+        m.len() - 1
+    }
+
+    pub(crate) fn shutdown(&self) {
+        let all: Vec<Arc<Session>> = self.members().iter().map(|m| m.session.clone()).collect();
+        for s in all {
+            s.shutdown();
+        }
     }
 }
 
@@ -189,6 +225,18 @@ fn fatal(e: &ClientError) -> bool {
 }
 
 impl Client {
+    pub(crate) fn from_parts(inner: Inner, events: Receiver<Event>) -> Client {
+        Client { inner: Arc::new(inner), events: Mutex::new(Some(events)) }
+    }
+
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
+    pub(crate) fn inner_arc(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
     /// Connects and authenticates to every appliance. An appliance that cannot be reached now is retried in
     /// the background; it fails only when none can be reached, or when one refuses the credentials.
     pub fn connect(config: ClientConfig) -> Result<Client, Error> {
@@ -225,19 +273,24 @@ impl Client {
             stop(&sessions);
             return Err(e);
         }
+        let members = sessions
+            .into_iter()
+            .zip(&config.appliances)
+            .map(|(s, a)| Member { session: Arc::new(s), requester: a.requester.clone() })
+            .collect();
         let inner = Inner {
-            sessions,
-            requesters: config.appliances.iter().map(|a| a.requester.clone()).collect(),
+            members: RwLock::new(members),
             timeouts: config.timeouts,
             rdma_timeout: config.rdma_timeout,
             sink,
+            fleet: None,
         };
         Ok(Client { inner: Arc::new(inner), events: Mutex::new(Some(rx)) })
     }
 
     /// The appliances' addresses, in the configuration's order (the indexes [`AllocOptions::prefer`] takes).
     pub fn appliances(&self) -> Vec<String> {
-        self.inner.sessions.iter().map(|s| s.appliance.clone()).collect()
+        self.inner.members().iter().map(|m| m.session.appliance.clone()).collect()
     }
 
     /// Allocates a read-write lease of `size` bytes: ALLOC on the appliance with the most free bytes (the next
@@ -247,23 +300,32 @@ impl Client {
         if size == 0 {
             return Err(Error::Config("a lease of 0 bytes".into()));
         }
-        let order = if self.inner.sessions.len() == 1 {
+        let order = if let Some(f) = &self.inner.fleet {
+            f.order(options.prefer)
+        } else if self.inner.members().len() == 1 {
             vec![0]
         } else {
             placement::order(&self.free_bytes_figures(), options.prefer)
         };
+        let several = order.len() > 1;
         let mut tried = Vec::new();
         for i in order {
+            let name = || self.inner.member(i).map(|(s, _)| s.appliance.clone()).unwrap_or_default();
             match lease::open(&self.inner, i, size, options.ttl_ms) {
-                Ok(l) => return Ok(l),
+                Ok(l) => {
+                    if let Some(f) = &self.inner.fleet {
+                        f.placed(i, l.size());
+                    }
+                    return Ok(l);
+                }
                 // No room for us there (NO_MEMORY, LIMIT), or not now (BUSY: draining, over the ALLOC rate, the
                 // heap's high-water mark): the next appliance may lend.
                 Err(e) if matches!(e.server_code(), Some(ErrorCode::NoMemory | ErrorCode::Limit | ErrorCode::Busy)) => {
-                    tried.push((self.inner.sessions[i].appliance.clone(), e.to_string()));
+                    tried.push((name(), e.to_string()));
                 }
                 // An appliance that cannot be reached now: the next may.
-                Err(e @ (Error::Connection { .. } | Error::Timeout { .. })) if self.inner.sessions.len() > 1 => {
-                    tried.push((self.inner.sessions[i].appliance.clone(), e.to_string()));
+                Err(e @ (Error::Connection { .. } | Error::Timeout { .. })) if several => {
+                    tried.push((name(), e.to_string()));
                 }
                 Err(e) => return Err(e),
             }
@@ -274,8 +336,8 @@ impl Client {
     /// Each appliance's `stats.bytes_free` for our tenant (`None` where STATS failed, it is not connected or it
     /// is draining).
     fn free_bytes_figures(&self) -> Vec<Option<u64>> {
-        self.inner
-            .sessions
+        let sessions: Vec<Arc<Session>> = self.inner.members().iter().map(|m| m.session.clone()).collect();
+        sessions
             .iter()
             .enumerate()
             // Draining (the appliance refuses ALLOCs until its leases are revoked) or down: tried last.
@@ -294,9 +356,7 @@ impl Client {
     /// Any request on appliance `i`'s connection (QUERY, LIST, STATS, HEALTH …), answered in order with the
     /// connection thread's own traffic.
     pub fn call(&self, appliance: usize, req: Request) -> Result<Response, Error> {
-        let s = self.inner.sessions.get(appliance).ok_or_else(|| {
-            Error::Config(format!("no appliance {appliance} (there are {})", self.inner.sessions.len()))
-        })?;
+        let (s, _) = self.inner.member(appliance)?;
         s.call(req, self.inner.call_wait())
     }
 
@@ -327,9 +387,10 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        for s in &self.inner.sessions {
-            s.shutdown();
+        if let Some(f) = &self.inner.fleet {
+            f.stop();
         }
+        self.inner.shutdown();
     }
 }
 

@@ -20,7 +20,7 @@ use crate::client::Inner;
 use crate::error::Error;
 use crate::event::Event;
 use crate::rdma::{Requester, WcStatus};
-use crate::session::{Cmd, LeaseShared, Track, settle};
+use crate::session::{Cmd, LeaseShared, Session, Track, settle};
 use crate::setup::{self, SetupError};
 
 /// Work requests one lease keeps outstanding in a batch (the software requester's default `max_wr` is 16).
@@ -39,6 +39,8 @@ const POLL_STEP: Duration = Duration::from_millis(5);
 pub struct Lease {
     inner: Arc<Inner>,
     appliance: usize,
+    /// The appliance's connection thread (the client's list may grow meanwhile: a fleet client's does).
+    session: Arc<Session>,
     id: LeaseId,
     size: u64,
     remote_addr: u64,
@@ -64,9 +66,9 @@ impl std::fmt::Debug for Lease {
 /// ALLOC on appliance `i`, the requester to RTS, READY, tracking (renewals). A lease granted but not brought
 /// up is freed again.
 pub(crate) fn open(inner: &Arc<Inner>, i: usize, size: u64, ttl_ms: u32) -> Result<Lease, Error> {
-    let session = &inner.sessions[i];
+    let (session, requester) = inner.member(i)?;
     let wait = inner.call_wait();
-    let mut r = inner.requesters[i].make().map_err(Error::Requester)?;
+    let mut r = requester.make().map_err(Error::Requester)?;
     let req = setup::alloc_request(&r.local(), size, ttl_ms).map_err(Error::Config)?;
     let a = match session.call(Request::Alloc(req), wait)? {
         Response::Alloc(a) => a,
@@ -94,6 +96,7 @@ pub(crate) fn open(inner: &Arc<Inner>, i: usize, size: u64, ttl_ms: u32) -> Resu
     Ok(Lease {
         inner: inner.clone(),
         appliance: i,
+        session: session.clone(),
         id: a.lease,
         size: a.length,
         remote_addr: a.remote_addr,
@@ -138,7 +141,7 @@ impl Lease {
 
     /// The appliance's address.
     pub fn appliance(&self) -> &str {
-        &self.inner.sessions[self.appliance].appliance
+        &self.session.appliance
     }
 
     /// The revoke's outcome, once the client knows the lease is gone.
@@ -172,7 +175,7 @@ impl Lease {
     pub fn free(mut self) -> Result<Outcome, Error> {
         self.usable()?;
         self.freed = true;
-        let s = &self.inner.sessions[self.appliance];
+        let s = &self.session;
         let _ = s.send(Cmd::Forget { lease: self.id });
         self.shared.closed.store(true, Ordering::Release);
         match s.call(Request::Free { lease: self.id }, self.inner.call_wait()) {
@@ -276,7 +279,7 @@ impl Lease {
 
     /// A failed completion: revoked (QUERY says the lease is gone or going) or a broken QP.
     fn failed(&mut self, status: WcStatus) -> Error {
-        let s = &self.inner.sessions[self.appliance];
+        let s = &self.session;
         let query = || match s.call(Request::Query { lease: self.id }, self.inner.call_wait()) {
             Ok(r) => Ok(r),
             Err(Error::Server { error, .. }) => Err(crate::ClientError::Server(error)),
@@ -304,7 +307,7 @@ impl Drop for Lease {
         // Best effort and without waiting: the connection thread sends the FREE; a revoked or already freed
         // lease needs none.
         if !self.freed && self.shared.revoked().is_none() && !self.shared.closed.load(Ordering::Acquire) {
-            let _ = self.inner.sessions[self.appliance].send(Cmd::FreeLater { lease: self.id });
+            let _ = self.session.send(Cmd::FreeLater { lease: self.id });
         }
     }
 }

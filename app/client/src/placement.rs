@@ -2,6 +2,14 @@
 //! (STATS as the tenant sees them: `stats.bytes_free`, the bytes it may still take there,
 //! docs/wire-protocol.md "STATS"), then the others in that order, so an ALLOC refused for want of memory is
 //! retried on the next. A program may name an appliance to try first (data that belongs together).
+//!
+//! A fleet client (appliances from etcd, docs/fleet.md) places by two random choices instead ([`two_choices`]):
+//! two candidates drawn with probability proportional to their weight (advertised free bytes, eased after a
+//! reboot by [`warmup`]), and of the two the one this client has loaded least relative to its weight. The
+//! draw spreads leases in proportion to free bytes without any STATS round trip; the second choice evens out
+//! the draw's luck and keeps many clients that act on the same advertisement from piling onto one appliance.
+
+use std::time::Duration;
 
 /// The order in which to try appliances: `prefer` first, then those with free-byte figures from the most to
 /// the fewest (ties: list order), then those without a figure (STATS failed; likely down).
@@ -14,9 +22,105 @@ pub fn order(free: &[Option<u64>], prefer: Option<usize>) -> Vec<usize> {
     prefer.filter(|&p| p < free.len()).into_iter().chain(known.into_iter().map(|(i, _)| i)).chain(unknown).collect()
 }
 
+/// An appliance placement may choose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    /// Its index in the client's list.
+    pub index: usize,
+    /// Its share of new leases: advertised free bytes times the warm-up factor.
+    pub weight: f64,
+    /// Bytes this client placed there since its advertisement last changed.
+    pub placed: u64,
+}
+
+/// A weight a fresh reboot starts from: an appliance that just came back takes a tenth of its share at first.
+pub const WARMUP_FLOOR: f64 = 0.1;
+
+/// The factor on a rebooted appliance's weight `since` its new boot was seen: from [`WARMUP_FLOOR`] up to 1
+/// over `over` (so every client's leases do not land on the empty appliance at once).
+pub fn warmup(since: Duration, over: Duration) -> f64 {
+    if over.is_zero() {
+        return 1.0;
+    }
+    (since.as_secs_f64() / over.as_secs_f64()).clamp(WARMUP_FLOOR, 1.0)
+}
+
+/// One draw in `[0, 1)` from `rng`'s 64 bits.
+fn unit(rng: &mut dyn FnMut() -> u64) -> f64 {
+    (rng() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// An index drawn with probability proportional to `weights` (none when every weight is 0).
+fn draw(weights: &[f64], rng: &mut dyn FnMut() -> u64) -> Option<usize> {
+    let total: f64 = weights.iter().sum();
+    if total <= 0.0 {
+        return None;
+    }
+    let mut x = unit(rng) * total;
+    for (i, &w) in weights.iter().enumerate() {
+        if x < w {
+            return Some(i);
+        }
+        x -= w;
+    }
+    weights.iter().rposition(|&w| w > 0.0)
+}
+
+/// The order in which to try `candidates` (their indexes): the better of two weighted draws, the other, then
+/// the rest from the heaviest to the lightest (the retries after NO_MEMORY or an unreachable appliance).
+pub fn two_choices(candidates: &[Candidate], rng: &mut dyn FnMut() -> u64) -> Vec<usize> {
+    let mut weights: Vec<f64> = candidates.iter().map(|c| c.weight.max(0.0)).collect();
+    let mut picked = Vec::new();
+    if let Some(a) = draw(&weights, rng) {
+        picked.push(a);
+        weights[a] = 0.0;
+        if let Some(b) = draw(&weights, rng) {
+            let load = |c: &Candidate| c.placed as f64 / c.weight;
+            if load(&candidates[b]) < load(&candidates[a]) {
+                picked.insert(0, b);
+            } else {
+                picked.push(b);
+            }
+        }
+    }
+    let mut rest: Vec<usize> = (0..candidates.len()).filter(|i| !picked.contains(i)).collect();
+    rest.sort_by(|&x, &y| candidates[y].weight.total_cmp(&candidates[x].weight));
+    picked.into_iter().chain(rest).map(|i| candidates[i].index).collect()
+}
+
+/// A small fast generator for the draws (xorshift64*; placement needs spread, not secrecy).
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed | 1)
+    }
+
+    /// Seeded from the OS (`/dev/urandom`), else from the clock.
+    pub fn from_os() -> Rng {
+        use std::io::Read;
+        let mut b = [0u8; 8];
+        let seed = match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)) {
+            Ok(()) => u64::from_le_bytes(b),
+            Err(_) => {
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+            }
+        };
+        Rng::new(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::order;
+    use super::*;
 
     #[test]
     fn most_free_bytes_first_then_the_rest() {
@@ -32,5 +136,60 @@ mod tests {
         assert_eq!(order(&[None, Some(32)], Some(0)), vec![0, 1]);
         // A preference outside the list is ignored.
         assert_eq!(order(&[Some(1), Some(2)], Some(9)), vec![1, 0]);
+    }
+
+    fn c(index: usize, weight: f64, placed: u64) -> Candidate {
+        Candidate { index, weight, placed }
+    }
+
+    #[test]
+    fn draws_follow_the_weights() {
+        let mut rng = Rng::new(7);
+        let mut next = || rng.next_u64();
+        let mut hits = [0u32; 3];
+        for _ in 0..30_000 {
+            hits[draw(&[1.0, 2.0, 4.0], &mut next).unwrap()] += 1;
+        }
+        // 1 : 2 : 4 of 30,000, within 5 %.
+        for (h, want) in hits.iter().zip([30_000.0 / 7.0, 60_000.0 / 7.0, 120_000.0 / 7.0]) {
+            assert!((f64::from(*h) - want).abs() < want * 0.05, "{hits:?}");
+        }
+        assert_eq!(draw(&[0.0, 0.0], &mut next), None);
+        assert_eq!(draw(&[0.0, 3.0], &mut next), Some(1));
+    }
+
+    /// Placing with each choice counted as placed: the spread follows the weights closely (the second choice
+    /// takes the draw's luck out), and every candidate is in the order exactly once.
+    #[test]
+    fn two_choices_spread_in_proportion_and_list_everyone() {
+        let mut rng = Rng::new(42);
+        let mut next = || rng.next_u64();
+        let mut cands = vec![c(10, 1.0, 0), c(11, 2.0, 0), c(12, 5.0, 0)];
+        for _ in 0..800 {
+            let order = two_choices(&cands, &mut next);
+            let mut sorted = order.clone();
+            sorted.sort();
+            assert_eq!(sorted, vec![10, 11, 12]);
+            let first = cands.iter_mut().find(|x| x.index == order[0]).unwrap();
+            first.placed += 1;
+        }
+        assert_eq!(cands.iter().map(|x| x.placed).sum::<u64>(), 800);
+        for x in &cands {
+            let want = 800.0 * x.weight / 8.0;
+            assert!((x.placed as f64 - want).abs() <= want * 0.1, "{cands:?}");
+        }
+        // Nothing to weigh: no draw, the rest by weight.
+        assert_eq!(two_choices(&[c(1, 0.0, 0), c(2, 0.0, 0)], &mut next), vec![1, 2]);
+        assert_eq!(two_choices(&[], &mut next), Vec::<usize>::new());
+        assert_eq!(two_choices(&[c(5, 3.0, 9)], &mut next), vec![5]);
+    }
+
+    #[test]
+    fn a_reboot_is_eased_in() {
+        let over = Duration::from_secs(30);
+        assert_eq!(warmup(Duration::ZERO, over), WARMUP_FLOOR);
+        assert_eq!(warmup(Duration::from_secs(15), over), 0.5);
+        assert_eq!(warmup(Duration::from_secs(60), over), 1.0);
+        assert_eq!(warmup(Duration::ZERO, Duration::ZERO), 1.0);
     }
 }

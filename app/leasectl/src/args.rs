@@ -41,6 +41,8 @@ pub enum Command {
     Verify(Box<VerifyArgs>),
     /// A completion script for `shell` on stdout.
     Completions(Shell),
+    /// `fleet list`: the appliances etcd advertises (docs/fleet.md).
+    FleetList { etcd: Vec<String> },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -221,10 +223,25 @@ enum Cmd {
     /// after the outcome and a new lease reads as zeros. After `verify`, --timeout and --retry-cnt are the
     /// requester QP's; qp-first sends REVOKE qp_first as the admin (admin_key in the file, or --admin-key).
     Verify(Box<VerifyArgs>),
+    /// The fleet in etcd (docs/fleet.md)
+    Fleet {
+        #[command(subcommand)]
+        sub: FleetCmd,
+    },
     /// Print a shell completion script (e.g. `leasectl completions bash > /etc/bash_completion.d/leasectl`)
     Completions {
         #[arg(value_name = "SHELL")]
         shell: Shell,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum FleetCmd {
+    /// The appliances the registrar advertises in etcd, and the leading registrar
+    List {
+        /// etcd client endpoints, HOST:PORT (plain HTTP; repeat or comma-separate)
+        #[arg(long, value_name = "HOST:PORT", required = true)]
+        etcd: Vec<String>,
     },
 }
 
@@ -265,6 +282,7 @@ pub fn parse(args: &[String]) -> Result<Invocation, clap::Error> {
         }
         Cmd::Verify(v) => (Timeout { timeout: None }, Command::Verify(v)),
         Cmd::Completions { shell } => (Timeout { timeout: None }, Command::Completions(shell)),
+        Cmd::Fleet { sub: FleetCmd::List { etcd } } => (Timeout { timeout: None }, Command::FleetList { etcd }),
     };
     let g = cli.global;
     let drain = matches!(command, Command::Drain { .. });

@@ -42,6 +42,7 @@ pub fn run(args: &[String], env: &dyn Fn(&str) -> Option<String>, out: &mut dyn 
             args::completions(*shell, out);
             return exit::OK;
         }
+        Command::FleetList { etcd } => return crate::fleet::list(etcd, inv.global.json, out, err),
         _ => {}
     }
     let s = match settings(&inv.global, env) {
@@ -143,7 +144,9 @@ fn execute(command: &Command, s: &Settings, json: bool) -> Result<String, Client
     let (mut c, welcome) = Client::connect_and_hello(&s.addr, &s.who, s.timeouts)?;
     let connect = t0.elapsed();
     let text = match command {
-        Command::Verify(_) | Command::Completions(_) => unreachable!("run before connecting"),
+        Command::Verify(_) | Command::Completions(_) | Command::FleetList { .. } => {
+            unreachable!("run before connecting")
+        }
         Command::Ping => {
             let echo = u64::from(std::process::id()) << 32 | u64::from(c.next_request_id());
             let t1 = Instant::now();

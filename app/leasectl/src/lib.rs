@@ -19,6 +19,7 @@
 pub mod args;
 pub mod cli;
 pub mod config;
+pub mod fleet;
 pub mod render;
 pub mod verify;
 

@@ -98,6 +98,15 @@ class Client:
         timeout: Optional[float] = None,
         on_event: Optional[Callable[[Event], None]] = None,
     ) -> None: ...
+    @staticmethod
+    def from_etcd(
+        etcd: Union[str, Sequence[str]],
+        tenant: str,
+        key: str,
+        *,
+        timeout: Optional[float] = None,
+        on_event: Optional[Callable[[Event], None]] = None,
+    ) -> Client: ...
     @property
     def appliances(self) -> list[str]: ...
     def alloc(self, size: int, *, ttl_ms: int = 0, prefer: Optional[int] = None) -> Lease: ...

@@ -1,0 +1,390 @@
+//! A blocking client for etcd v3's JSON gateway (etcd 3.4 serves it on every client URL under `/v3/`, and under
+//! `/v3beta/` for older clients). Requests are the gRPC messages in protobuf's JSON mapping: `bytes` fields
+//! (keys, values, election names) in base64, 64-bit integers as strings (accepted as numbers too).
+//!
+//! Each call tries the endpoints in turn, starting with the one that answered last; only when none answers is it
+//! [`EtcdError::Unreachable`]. What etcd refuses is [`EtcdError::Refused`] (its status and message).
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::base64;
+use crate::http;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EtcdError {
+    /// No endpoint could be reached or answered in time (each endpoint's reason).
+    Unreachable(String),
+    /// etcd answered with an error.
+    Refused { status: u16, message: String },
+    /// The answer was not what the gateway sends.
+    Answer(String),
+}
+
+impl fmt::Display for EtcdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EtcdError::Unreachable(why) => write!(f, "etcd unreachable: {why}"),
+            EtcdError::Refused { status, message } => write!(f, "etcd refused (HTTP {status}): {message}"),
+            EtcdError::Answer(why) => write!(f, "etcd answered something unexpected: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for EtcdError {}
+
+/// A key and its value as a range or a watch returns them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kv {
+    pub key: String,
+    pub value: Vec<u8>,
+    pub mod_revision: i64,
+    pub lease: i64,
+}
+
+/// One change under a watched prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchEvent {
+    Put(Kv),
+    Delete { key: String, mod_revision: i64 },
+}
+
+/// The key an election campaign holds (what proclaim and resign name).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderKey {
+    name: String,
+    key: String,
+    rev: i64,
+    lease: i64,
+}
+
+/// The end of the range that holds every key starting with `prefix` (etcd's `range_end` for a prefix).
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn bytes(v: &Value) -> Vec<u8> {
+    v.as_str().and_then(|s| base64::decode(s).ok()).unwrap_or_default()
+}
+
+fn kv(v: &Value) -> Kv {
+    Kv {
+        key: String::from_utf8_lossy(&bytes(&v["key"])).into_owned(),
+        value: bytes(&v["value"]),
+        mod_revision: int(&v["mod_revision"]),
+        lease: int(&v["lease"]),
+    }
+}
+
+/// The events of one watch message (`{"result": {"events": [...]}}`).
+pub fn parse_watch_message(msg: &Value) -> Result<Vec<WatchEvent>, EtcdError> {
+    if let Some(e) = msg.get("error") {
+        return Err(EtcdError::Refused { status: int(&e["http_code"]) as u16, message: e["message"].to_string() });
+    }
+    let r = &msg["result"];
+    if r.get("canceled").and_then(Value::as_bool) == Some(true) {
+        return Err(EtcdError::Refused {
+            status: 0,
+            message: format!("watch canceled: {}", r["cancel_reason"].as_str().unwrap_or("")),
+        });
+    }
+    let events = r["events"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    Ok(events
+        .iter()
+        .map(|e| {
+            let k = kv(&e["kv"]);
+            if e["type"].as_str() == Some("DELETE") {
+                WatchEvent::Delete { key: k.key, mod_revision: k.mod_revision }
+            } else {
+                WatchEvent::Put(k)
+            }
+        })
+        .collect())
+}
+
+/// Connection settings for one etcd cluster.
+#[derive(Debug)]
+pub struct Etcd {
+    endpoints: Vec<String>,
+    timeout: Duration,
+    good: AtomicUsize,
+}
+
+impl Clone for Etcd {
+    fn clone(&self) -> Etcd {
+        Etcd { endpoints: self.endpoints.clone(), timeout: self.timeout, good: AtomicUsize::new(self.current()) }
+    }
+}
+
+impl Etcd {
+    /// `endpoints`: `HOST:PORT` (an `http://` prefix is accepted and dropped). Each request waits at most
+    /// `timeout` per endpoint.
+    pub fn new(endpoints: &[String], timeout: Duration) -> Result<Etcd, String> {
+        let endpoints: Vec<String> = endpoints
+            .iter()
+            .flat_map(|e| e.split(','))
+            .map(|e| e.trim().trim_start_matches("http://").trim_end_matches('/').to_string())
+            .filter(|e| !e.is_empty())
+            .collect();
+        if endpoints.is_empty() {
+            return Err("no etcd endpoint given".into());
+        }
+        if let Some(bad) = endpoints.iter().find(|e| e.starts_with("https://") || !e.contains(':')) {
+            return Err(format!("etcd endpoint '{bad}' is not HOST:PORT (plain http only)"));
+        }
+        Ok(Etcd { endpoints, timeout, good: AtomicUsize::new(0) })
+    }
+
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    fn current(&self) -> usize {
+        self.good.load(Ordering::Relaxed) % self.endpoints.len()
+    }
+
+    /// POSTs `body` to `/v3/<path>`, trying every endpoint once.
+    fn call(&self, path: &str, body: Value, timeout: Duration) -> Result<Value, EtcdError> {
+        let body = body.to_string();
+        let start = self.current();
+        let mut why = Vec::new();
+        for i in 0..self.endpoints.len() {
+            let at = (start + i) % self.endpoints.len();
+            let ep = &self.endpoints[at];
+            match http::post(ep, &format!("/v3/{path}"), &body, timeout) {
+                Ok((status, text)) => {
+                    self.good.store(at, Ordering::Relaxed);
+                    let v: Value = serde_json::from_str(text.lines().next().unwrap_or(""))
+                        .map_err(|e| EtcdError::Answer(format!("{path}: {e}: {text:.200}")))?;
+                    if status != 200 {
+                        let message = v["message"].as_str().or(v["error"].as_str()).unwrap_or(&text).to_string();
+                        return Err(EtcdError::Refused { status, message });
+                    }
+                    // Streamed calls (lease keepalive) wrap their first message in "result".
+                    if let Some(e) = v.get("error") {
+                        return Err(EtcdError::Refused { status: int(&e["http_code"]) as u16, message: e.to_string() });
+                    }
+                    return Ok(v);
+                }
+                Err(e) => why.push(format!("{ep}: {e}")),
+            }
+        }
+        Err(EtcdError::Unreachable(why.join("; ")))
+    }
+
+    /// Puts `key` = `value`, attached to `lease` (0: none). The store's revision after the put.
+    pub fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<i64, EtcdError> {
+        let mut body = json!({"key": base64::encode(key.as_bytes()), "value": base64::encode(value)});
+        if lease != 0 {
+            body["lease"] = json!(lease.to_string());
+        }
+        let v = self.call("kv/put", body, self.timeout)?;
+        Ok(int(&v["header"]["revision"]))
+    }
+
+    /// Every key under `prefix` and the store's revision they were read at.
+    pub fn get_prefix(&self, prefix: &str) -> Result<(i64, Vec<Kv>), EtcdError> {
+        let body = json!({
+            "key": base64::encode(prefix.as_bytes()),
+            "range_end": base64::encode(&prefix_end(prefix.as_bytes())),
+        });
+        let v = self.call("kv/range", body, self.timeout)?;
+        let kvs = v["kvs"].as_array().map(|a| a.iter().map(kv).collect()).unwrap_or_default();
+        Ok((int(&v["header"]["revision"]), kvs))
+    }
+
+    /// One key, if it exists.
+    pub fn get(&self, key: &str) -> Result<Option<Kv>, EtcdError> {
+        let v = self.call("kv/range", json!({"key": base64::encode(key.as_bytes())}), self.timeout)?;
+        Ok(v["kvs"].as_array().and_then(|a| a.first()).map(kv))
+    }
+
+    /// Deletes `key`; how many keys went.
+    pub fn delete(&self, key: &str) -> Result<i64, EtcdError> {
+        let v = self.call("kv/deleterange", json!({"key": base64::encode(key.as_bytes())}), self.timeout)?;
+        Ok(int(&v["deleted"]))
+    }
+
+    /// A new lease of `ttl_s` seconds; its id.
+    pub fn grant(&self, ttl_s: i64) -> Result<i64, EtcdError> {
+        let v = self.call("lease/grant", json!({"TTL": ttl_s.to_string()}), self.timeout)?;
+        match int(&v["ID"]) {
+            0 => Err(EtcdError::Answer(format!("lease/grant gave no ID: {v}"))),
+            id => Ok(id),
+        }
+    }
+
+    /// Keeps `lease` alive once: its TTL from now, or 0 when etcd no longer knows it (expired, revoked, or the
+    /// cluster's data is gone).
+    pub fn keepalive(&self, lease: i64) -> Result<i64, EtcdError> {
+        let v = self.call("lease/keepalive", json!({"ID": lease.to_string()}), self.timeout)?;
+        let r = v.get("result").unwrap_or(&v);
+        Ok(int(&r["TTL"]))
+    }
+
+    /// Ends `lease` and deletes its keys at once.
+    pub fn revoke(&self, lease: i64) -> Result<(), EtcdError> {
+        self.call("lease/revoke", json!({"ID": lease.to_string()}), self.timeout).map(|_| ())
+    }
+
+    /// Campaigns in election `name` with `lease` (the campaign ends when the lease does), announcing `value`;
+    /// returns once this campaigner leads, or fails after `wait`.
+    pub fn campaign(&self, name: &str, lease: i64, value: &[u8], wait: Duration) -> Result<LeaderKey, EtcdError> {
+        let body = json!({
+            "name": base64::encode(name.as_bytes()),
+            "lease": lease.to_string(),
+            "value": base64::encode(value),
+        });
+        let v = self.call("election/campaign", body, wait)?;
+        let l = &v["leader"];
+        Ok(LeaderKey {
+            name: l["name"].as_str().unwrap_or_default().to_string(),
+            key: l["key"].as_str().unwrap_or_default().to_string(),
+            rev: int(&l["rev"]),
+            lease: int(&l["lease"]),
+        })
+    }
+
+    fn leader_json(l: &LeaderKey) -> Value {
+        json!({"name": l.name, "key": l.key, "rev": l.rev.to_string(), "lease": l.lease.to_string()})
+    }
+
+    /// The leader announces a new value without a new election.
+    pub fn proclaim(&self, leader: &LeaderKey, value: &[u8]) -> Result<(), EtcdError> {
+        let body = json!({"leader": Etcd::leader_json(leader), "value": base64::encode(value)});
+        self.call("election/proclaim", body, self.timeout).map(|_| ())
+    }
+
+    /// The current leader's announced value, if election `name` has a leader.
+    pub fn leader(&self, name: &str) -> Result<Option<Kv>, EtcdError> {
+        match self.call("election/leader", json!({"name": base64::encode(name.as_bytes())}), self.timeout) {
+            Ok(v) => Ok(v.get("kv").map(kv)),
+            // etcd answers "election: no leader" as an error.
+            Err(EtcdError::Refused { message, .. }) if message.contains("no leader") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Gives up leadership (the next campaigner leads).
+    pub fn resign(&self, leader: &LeaderKey) -> Result<(), EtcdError> {
+        self.call("election/resign", json!({"leader": Etcd::leader_json(leader)}), self.timeout).map(|_| ())
+    }
+
+    /// Watches every key under `prefix` from `start_revision` on (0: from now). Each [`Watch::next`] waits at
+    /// most `poll` for news.
+    pub fn watch(&self, prefix: &str, start_revision: i64, poll: Duration) -> Result<Watch, EtcdError> {
+        let body = json!({"create_request": {
+            "key": base64::encode(prefix.as_bytes()),
+            "range_end": base64::encode(&prefix_end(prefix.as_bytes())),
+            "start_revision": start_revision.to_string(),
+        }})
+        .to_string();
+        let mut why = Vec::new();
+        let start = self.current();
+        for i in 0..self.endpoints.len() {
+            let at = (start + i) % self.endpoints.len();
+            let ep = &self.endpoints[at];
+            match http::Stream::open(ep, "/v3/watch", &body, self.timeout, poll) {
+                Ok(s) => {
+                    self.good.store(at, Ordering::Relaxed);
+                    return Ok(Watch { stream: s, buf: Vec::new() });
+                }
+                Err(e) => why.push(format!("{ep}: {e}")),
+            }
+        }
+        Err(EtcdError::Unreachable(why.join("; ")))
+    }
+}
+
+/// A watch stream (the gateway sends one JSON message per line).
+pub struct Watch {
+    stream: http::Stream,
+    buf: Vec<u8>,
+}
+
+impl Watch {
+    /// The events of the next message, `Ok(None)` when nothing came within the poll time; an error when the
+    /// stream broke or etcd canceled the watch (start again from a fresh range).
+    pub fn next_events(&mut self) -> Result<Option<Vec<WatchEvent>>, EtcdError> {
+        loop {
+            if let Some(nl) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=nl).collect();
+                let text = String::from_utf8_lossy(&line);
+                if text.trim().is_empty() {
+                    continue;
+                }
+                let msg: Value =
+                    serde_json::from_str(text.trim()).map_err(|e| EtcdError::Answer(format!("watch: {e}")))?;
+                return parse_watch_message(&msg).map(Some);
+            }
+            match self.stream.next_piece() {
+                Ok(Some(bytes)) => self.buf.extend_from_slice(&bytes),
+                Ok(None) => return Err(EtcdError::Unreachable("the watch stream ended".into())),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    return Ok(None);
+                }
+                Err(e) => return Err(EtcdError::Unreachable(format!("watch: {e}"))),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_range_ends_past_every_key_under_it() {
+        assert_eq!(prefix_end(b"/a/"), b"/a0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), b"\0");
+    }
+
+    #[test]
+    fn endpoints_are_host_port_over_plain_http() {
+        let e = Etcd::new(&["http://127.0.0.1:2379/, 10.0.0.1:2379".into()], Duration::from_secs(1)).unwrap();
+        assert_eq!(e.endpoints(), ["127.0.0.1:2379", "10.0.0.1:2379"]);
+        assert!(Etcd::new(&[], Duration::from_secs(1)).is_err());
+        assert!(Etcd::new(&["https://x:1".into()], Duration::from_secs(1)).unwrap_err().contains("plain http"));
+        assert!(Etcd::new(&["localhost".into()], Duration::from_secs(1)).is_err());
+    }
+
+    /// Messages as etcd 3.4's gateway writes them (`etcdctl`-independent: typed from the proto's JSON mapping).
+    #[test]
+    fn watch_messages_give_puts_and_deletes() {
+        let created: Value = serde_json::from_str(r#"{"result":{"header":{"revision":"5"},"created":true}}"#).unwrap();
+        assert_eq!(parse_watch_message(&created).unwrap(), vec![]);
+        let put = r#"{"result":{"header":{"revision":"6"},"events":[
+            {"kv":{"key":"L2EvYg==","create_revision":"6","mod_revision":"6","version":"1","value":"eA==","lease":"77"}},
+            {"type":"DELETE","kv":{"key":"L2EvYw==","mod_revision":"7"}}]}}"#;
+        let ev = parse_watch_message(&serde_json::from_str(put).unwrap()).unwrap();
+        assert_eq!(
+            ev,
+            vec![
+                WatchEvent::Put(Kv { key: "/a/b".into(), value: b"x".to_vec(), mod_revision: 6, lease: 77 }),
+                WatchEvent::Delete { key: "/a/c".into(), mod_revision: 7 }
+            ]
+        );
+        let canceled: Value =
+            serde_json::from_str(r#"{"result":{"canceled":true,"cancel_reason":"compacted"}}"#).unwrap();
+        assert!(parse_watch_message(&canceled).is_err());
+    }
+}

@@ -1,0 +1,132 @@
+//! A single-member etcd on loopback for tests and benchmarks: Debian's `etcd-server` (etcd 3.4), free ports, a
+//! temporary data directory (on /dev/shm when there is one) removed afterwards. `cargo xtask prereqs` installs
+//! it; without it [`LocalEtcd::start`] fails with a message that says so (the fleet tests fail, not skip).
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::etcd::Etcd;
+
+/// Where etcd is looked for: `$LEASEBOX_ETCD`, else `etcd` in `PATH`.
+pub fn etcd_binary() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("LEASEBOX_ETCD").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    find_in_path("etcd").ok_or_else(|| {
+        "etcd not found in PATH: the fleet tests need a real etcd server (Debian package etcd-server); \
+         run `cargo xtask prereqs` (or `cargo xtask test`, which installs it)"
+            .to_string()
+    })
+}
+
+/// An executable named `name` in `PATH`.
+pub fn find_in_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("finding a free port: {e}"))?;
+    l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
+}
+
+/// A running etcd; stopped and its data removed when dropped.
+pub struct LocalEtcd {
+    bin: PathBuf,
+    dir: PathBuf,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+impl LocalEtcd {
+    /// Starts etcd and waits (at most 20 s) until it answers.
+    pub fn start() -> Result<LocalEtcd, String> {
+        let bin = etcd_binary()?;
+        // On tmpfs when there is one: etcd fsyncs its log on every write, and a test machine's disk under a
+        // parallel build can stall an fsync for seconds, longer than the tests' lease TTLs.
+        let shm = std::path::Path::new("/dev/shm");
+        let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+        let dir = base.join(format!("leasebox-etcd-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+        let mut e = LocalEtcd { bin, dir, client_port: free_port()?, peer_port: free_port()?, child: None };
+        e.launch()?;
+        Ok(e)
+    }
+
+    /// The client endpoint, `127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// A client for this server.
+    pub fn client(&self) -> Etcd {
+        Etcd::new(&[self.endpoint()], Duration::from_secs(3)).expect("a loopback endpoint")
+    }
+
+    fn launch(&mut self) -> Result<(), String> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::File::create(self.dir.join("etcd.log")).map_err(|e| e.to_string())?;
+        let child = Command::new(&self.bin)
+            .arg("--name=leasebox-test")
+            .arg(format!("--data-dir={}", self.dir.join("data").display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=leasebox-test={peer}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("starting {}: {e} (run `cargo xtask prereqs`)", self.bin.display()))?;
+        self.child = Some(child);
+        let c = self.client();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if c.get("/leasebox/ping").is_ok() {
+                return Ok(());
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                let log = std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                return Err(format!("etcd exited ({status}): {}", tail.join(" | ")));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("etcd on {} did not answer within 20 s", self.endpoint()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills etcd (SIGKILL: a crash, not a shutdown).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same ports; with `wipe`, from an empty data directory (a cluster that lost its
+    /// data: every lease and key gone).
+    pub fn restart(&mut self, wipe: bool) -> Result<(), String> {
+        self.kill();
+        if wipe {
+            let _ = std::fs::remove_dir_all(self.dir.join("data"));
+        }
+        self.launch()
+    }
+}
+
+impl Drop for LocalEtcd {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

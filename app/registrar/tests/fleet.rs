@@ -1,0 +1,320 @@
+//! The fleet end to end against a real etcd (Debian's etcd-server, started here on loopback with a temporary
+//! data directory; `cargo xtask prereqs` installs it) and Prometheus's `promtool`: hosted appliances
+//! registered by registrars, the client placing leases from etcd, an appliance stopped, a leading registrar
+//! killed, etcd restarted without its data (docs/fleet.md, "Failure behaviour").
+//!
+//! TTLs are shortened (6 s keys, 3 s election) to keep the run short; the bounds asserted are "within the TTL"
+//! plus generous slack for a loaded 2-core CI machine.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use leasebox_client::{AllocOptions, Client, Credentials, FleetConfig, Timeouts};
+use leasebox_fleet::advert::{Advertisement, ELECTION, PREFIX};
+use leasebox_fleet::etcd::Etcd;
+use leasebox_fleet::local::{LocalEtcd, find_in_path};
+use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_registrar::{ApplianceSpec, Config, Registrar};
+
+const MIB: u64 = 1 << 20;
+const TTL_S: i64 = 6;
+const ELECTION_TTL_S: i64 = 3;
+/// What "within the TTL" is given on top of the TTL: a poll period, a tick, a slow machine.
+const SLACK: Duration = Duration::from_secs(4);
+
+/// Each test runs several appliances with spinning model threads: one test at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn etcd() -> LocalEtcd {
+    LocalEtcd::start().unwrap_or_else(|e| panic!("{e}"))
+}
+
+struct Keys {
+    tenant_hex: String,
+    admin_hex: String,
+}
+
+impl Keys {
+    fn new() -> Keys {
+        let k = || leasebox_client::hex::random_key(32).expect("a random key");
+        Keys { tenant_hex: k(), admin_hex: k() }
+    }
+    fn tenant(&self) -> Credentials {
+        Credentials { name: "demo".into(), key: leasebox_client::hex::decode(&self.tenant_hex).unwrap() }
+    }
+}
+
+/// A hosted appliance: with the model (`pool_mib` of lease pool) or, with `None`, without an HCA.
+fn appliance(keys: &Keys, pool_mib: Option<u64>) -> Hosted {
+    let mut args: Vec<String> = vec!["--listen".into(), "127.0.0.1:0".into()];
+    if let Some(mib) = pool_mib {
+        args.extend(["--hca", "--udp", "127.0.0.1:0", "lease_grace_ms=50"].map(String::from));
+        args.push(format!("lease_pool_mib={mib}"));
+        args.push(format!("lease_slots={}", 4 * mib));
+    }
+    args.push(format!("tenant=demo:{}", keys.tenant_hex));
+    args.push(format!("admin={}", keys.admin_hex));
+    Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap()
+}
+
+fn spec(keys: &Keys, h: &Hosted, zone: &str) -> ApplianceSpec {
+    let rdma = h.hca().and_then(|t| t.udp).map_or(String::new(), |u| format!(" rdma={u}"));
+    ApplianceSpec::parse(&format!("{} key={}{rdma} zone={zone}", h.addr(), keys.admin_hex)).unwrap()
+}
+
+fn config(name: &str, e: &LocalEtcd, appliances: Vec<ApplianceSpec>) -> Config {
+    Config {
+        poll: Duration::from_millis(500),
+        ttl_s: TTL_S,
+        election_ttl_s: ELECTION_TTL_S,
+        metrics: Some("127.0.0.1:0".into()),
+        ..Config::new(name, vec![e.endpoint()], appliances)
+    }
+}
+
+/// Every advertisement in etcd, by control address.
+fn adverts(etcd: &Etcd) -> HashMap<String, Advertisement> {
+    let (_, kvs) = etcd.get_prefix(PREFIX).unwrap_or_default();
+    kvs.iter().filter_map(|kv| Advertisement::from_json(&kv.value).ok()).map(|a| (a.control.clone(), a)).collect()
+}
+
+/// Waits until `ok` holds, at most `within`; how long it took.
+fn wait_for(within: Duration, what: &str, mut ok: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    t0.elapsed()
+}
+
+fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// `promtool check metrics` over `page`; its verdict.
+fn promtool(page: &str) -> Result<(), String> {
+    let bin = find_in_path("promtool")
+        .unwrap_or_else(|| panic!("promtool not found in PATH (Debian package prometheus): run `cargo xtask prereqs`"));
+    let mut c = Command::new(bin)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(page.as_bytes()).unwrap();
+    let out = c.wait_with_output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if out.status.success() { Ok(()) } else { Err(said) }
+}
+
+#[test]
+fn appliances_register_spread_leases_by_free_bytes_and_expire_when_stopped() {
+    let _one = serial();
+    let e = etcd();
+    let keys = Keys::new();
+    let pools = [32u64, 64, 128];
+    let mut hosts: Vec<Option<Hosted>> = pools.iter().map(|&p| Some(appliance(&keys, Some(p)))).collect();
+    let specs: Vec<ApplianceSpec> = hosts.iter().map(|h| spec(&keys, h.as_ref().unwrap(), "a")).collect();
+    let reg = Registrar::start(config("r1", &e, specs.clone())).unwrap();
+    let etcd = e.client();
+
+    wait_for(Duration::from_secs(15), "three appliances advertised", || adverts(&etcd).len() == 3);
+    let ads = adverts(&etcd);
+    for (s, pool) in specs.iter().zip(pools) {
+        let a = &ads[&s.control];
+        assert_eq!(a.free_bytes, pool * MIB, "{a:?}");
+        assert_eq!((a.health.as_str(), a.hca.as_str(), a.registrar.as_str()), ("ok", "ok", "r1"));
+        assert_eq!(a.rdma, s.rdma);
+        assert_eq!(a.labels.get("zone").map(String::as_str), Some("a"));
+        assert_eq!(a.key(), format!("{PREFIX}{}", a.boot_id));
+    }
+    assert!(reg.is_leader());
+
+    // `leasectl fleet list` shows the same fleet and the leader.
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    assert_eq!(
+        leasectl::fleet::list(&[e.endpoint()], true, &mut out, &mut err),
+        0,
+        "{}",
+        String::from_utf8_lossy(&err)
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(listed["leader"], "r1");
+    let mut controls: Vec<&str> =
+        listed["appliances"].as_array().unwrap().iter().map(|a| a["control"].as_str().unwrap()).collect();
+    controls.sort();
+    let mut want: Vec<&str> = specs.iter().map(|s| s.control.as_str()).collect();
+    want.sort();
+    assert_eq!(controls, want);
+
+    // /metrics: valid exposition (promtool), every appliance in it.
+    let (status, page) = http_get(reg.metrics_addr().unwrap(), "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    promtool(&page).unwrap_or_else(|e| panic!("promtool check metrics: {e}\n{page}"));
+    for s in &specs {
+        assert!(page.contains(&format!("leasebox_up{{appliance=\"{}\"", s.control)), "{page}");
+    }
+    assert!(page.contains("leasebox_registrar_leader{registrar=\"r1\"} 1"));
+    assert_eq!(http_get(reg.metrics_addr().unwrap(), "/other").0, "HTTP/1.1 404 Not Found");
+
+    // 100 leases from a client that knows only etcd: spread in proportion to free bytes (1 : 2 : 4).
+    let mut fc = FleetConfig::new(vec![e.endpoint()], keys.tenant());
+    fc.timeouts = Timeouts::all(Duration::from_secs(5));
+    let client = Client::connect_fleet(fc).unwrap();
+    wait_for(Duration::from_secs(10), "the client sees the three", || {
+        client.fleet().unwrap().iter().filter(|m| m.present).count() == 3
+    });
+    let mut per: HashMap<String, u32> = HashMap::new();
+    for _ in 0..100 {
+        let l = client.alloc(2 * MIB, AllocOptions::default()).unwrap();
+        *per.entry(l.appliance().to_string()).or_default() += 1;
+        l.free().unwrap();
+    }
+    let total: u64 = pools.iter().sum();
+    for (s, pool) in specs.iter().zip(pools) {
+        let want = 100.0 * pool as f64 / total as f64;
+        let got = f64::from(*per.get(&s.control).unwrap_or(&0));
+        assert!((got - want).abs() <= (want * 0.3).max(8.0), "{per:?}: {} got {got}, want about {want:.0}", s.control);
+    }
+    // The metrics count them.
+    wait_for(Duration::from_secs(5), "allocs in /metrics", || {
+        let page = reg.render_metrics();
+        specs.iter().all(|s| {
+            let n = per.get(&s.control).copied().unwrap_or(0);
+            page.lines().any(|l| {
+                l.starts_with("leasebox_allocs_total{") && l.contains(&s.control) && l.ends_with(&format!(" {n}"))
+            })
+        })
+    });
+
+    // The middle one stops: its key is gone within the TTL, and the client places nothing more there.
+    let gone = specs[1].control.clone();
+    hosts[1].take().unwrap().stop();
+    let took = wait_for(Duration::from_secs(TTL_S as u64) + SLACK, "the stopped appliance's key gone", || {
+        !adverts(&etcd).contains_key(&gone)
+    });
+    eprintln!("key gone {took:?} after the appliance stopped");
+    wait_for(Duration::from_secs(5), "the client takes it out", || {
+        client.fleet().unwrap().iter().any(|m| m.advert.control == gone && !m.present)
+    });
+    for _ in 0..20 {
+        let l = client.alloc(2 * MIB, AllocOptions::default()).unwrap();
+        assert_ne!(l.appliance(), gone);
+        l.free().unwrap();
+    }
+    assert!(reg.render_metrics().contains(&format!("leasebox_up{{appliance=\"{gone}\"")));
+    drop(client);
+    reg.stop();
+    for h in hosts.into_iter().flatten() {
+        h.stop();
+    }
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn registrar_process(name: &str, e: &LocalEtcd, spec_line: &str) -> Proc {
+    let c = Command::new(env!("CARGO_BIN_EXE_leasebox-registrar"))
+        .args(["--name", name, "--etcd", &e.endpoint(), "--appliance", spec_line, "--poll-ms", "500"])
+        .args(["--ttl-s", &TTL_S.to_string(), "--election-ttl-s", &ELECTION_TTL_S.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Proc(c)
+}
+
+#[test]
+fn when_the_leading_registrar_is_killed_the_other_leads_and_publishes_within_the_ttl() {
+    let _one = serial();
+    let e = etcd();
+    let keys = Keys::new();
+    // No HCA: registration needs only the control protocol.
+    let h = appliance(&keys, None);
+    let line = format!("{} key={}", h.addr(), keys.admin_hex);
+    let mut procs =
+        HashMap::from([("ra", registrar_process("ra", &e, &line)), ("rb", registrar_process("rb", &e, &line))]);
+    let etcd = e.client();
+    let leader = || etcd.leader(ELECTION).ok().flatten().map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    wait_for(Duration::from_secs(15), "a leader", || leader().is_some());
+    let first = leader().unwrap();
+    wait_for(Duration::from_secs(10), "the appliance advertised by the leader", || {
+        adverts(&etcd).values().any(|a| a.registrar == first)
+    });
+    let other = if first == "ra" { "rb" } else { "ra" };
+
+    let killed = procs.remove(first.as_str()).unwrap();
+    let t0 = Instant::now();
+    drop(killed); // SIGKILL: no resign, no revoke
+    wait_for(Duration::from_secs(TTL_S as u64) + SLACK, "the standby leads and publishes", || {
+        leader().as_deref() == Some(other) && adverts(&etcd).values().any(|a| a.registrar == other)
+    });
+    eprintln!("{other} leads and publishes {:?} after {first} was killed", t0.elapsed());
+    // And the appliance never dropped out meanwhile long enough to lose its key.
+    assert_eq!(adverts(&etcd).len(), 1);
+    drop(procs);
+    h.stop();
+}
+
+#[test]
+fn etcd_restarted_without_its_data_gets_the_registrations_back() {
+    let _one = serial();
+    let mut e = etcd();
+    let keys = Keys::new();
+    let h = appliance(&keys, Some(16));
+    let reg = Registrar::start(config("r1", &e, vec![spec(&keys, &h, "b")])).unwrap();
+    let etcd = e.client();
+    wait_for(Duration::from_secs(15), "advertised", || adverts(&etcd).len() == 1);
+
+    // etcd dies: the registrar says it cannot reach it and keeps retrying; the appliance serves on regardless.
+    e.kill();
+    wait_for(Duration::from_secs(10), "the registrar notices", || {
+        let s = reg.status();
+        !s.etcd_up && s.etcd_error.as_deref().is_some_and(|m| m.contains("unreachable"))
+    });
+    assert!(reg.render_metrics().contains("leasebox_registrar_etcd_up{registrar=\"r1\"} 0"));
+    let direct = leasebox_client::ClientConfig::software(
+        &[h.addr().to_string()],
+        "demo",
+        &keys.tenant_hex,
+        &[h.hca().unwrap().udp.unwrap().to_string()],
+        Some(Duration::from_secs(5)),
+    )
+    .unwrap();
+    let c = Client::connect(direct).unwrap();
+    let mut l = c.alloc(2 * MIB, AllocOptions::default()).unwrap();
+    l.write(0, b"no etcd needed").unwrap();
+    l.free().unwrap();
+    drop(c);
+
+    // Back, empty: every lease and key lost. The registrar grants, campaigns and publishes again.
+    e.restart(true).unwrap();
+    assert!(adverts(&etcd).is_empty(), "a wiped etcd starts empty");
+    let took = wait_for(Duration::from_secs(30), "registration back", || adverts(&etcd).len() == 1);
+    eprintln!("registration back {took:?} after etcd restarted");
+    wait_for(Duration::from_secs(5), "leading again", || reg.is_leader() && reg.status().etcd_up);
+    reg.stop();
+    h.stop();
+}
