@@ -245,6 +245,14 @@ pub fn all() -> Vec<Entry> {
         run: crate::ctl_mlx5::run,
     }));
     all.push(Entry::Driven(Driven {
+        name: crate::fleet_qemu::NAME,
+        about: "the QEMU appliance in a fleet: a registrar publishes it in a real etcd (loopback, temporary data \
+                directory) with its free bytes and health, its /metrics pass `promtool check metrics`, and its key \
+                is gone within the TTL once it stops",
+        needs: &[Build::Model],
+        run: crate::fleet_qemu::run,
+    }));
+    all.push(Entry::Driven(Driven {
         name: crate::rxe::NAME,
         about: "Linux's Soft-RoCE as the client: a Debian guest with rdma_rxe on the appliance's segment (the hub's \
                 client port) runs `leasectl verify --backend verbs --device rxe0 --revoke-test --order both` \
@@ -857,10 +865,12 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "lease-qemu",
                 "crash-fail-closed",
                 "ctl-mlx5-qemu",
+                "fleet-qemu",
+                "rxe-qemu",
                 "lease-qemu-large"
             ]
         );
-        assert_eq!(select(&[]).unwrap().len(), 15);
+        assert_eq!(select(&[]).unwrap().len(), 17);
         assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name(), "grub-bios");
         // Run order, not the order named; driven and boot scenarios alike.
         let picked = select(&["lease-qemu".into(), "kernel-smp1-pc".into(), "control-qemu".into()]).unwrap();
@@ -884,11 +894,14 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "lease-qemu",
                 "crash-fail-closed",
                 "ctl-mlx5-qemu",
+                "fleet-qemu",
+                "rxe-qemu",
                 "lease-qemu-large"
             ]
         );
-        assert_eq!(needing(Build::Leasectl), ["control-qemu", "lease-qemu", "ctl-mlx5-qemu"]);
+        assert_eq!(needing(Build::Leasectl), ["control-qemu", "lease-qemu", "ctl-mlx5-qemu", "rxe-qemu"]);
         assert_eq!(needing(Build::FenceTestImage), ["lease-qemu"]);
+        assert_eq!(needing(Build::RxeGuest), ["rxe-qemu"]);
         assert!(matches!(&all()[10], Entry::Driven(d) if d.about.contains("malformed frames")));
     }
 
