@@ -267,12 +267,8 @@ impl QemuConfig {
                 push("-nic");
                 push("none");
                 if let Some(fwd) = net {
-                    // On a hub with other stations, QEMU's user network must not act as their router: it reads
-                    // every frame on the hub whatever its destination MAC, and without `restrict=on` it would
-                    // answer a station's TCP SYN to the appliance's address itself and relay the connection to
-                    // the host's network (docs/reference/platform.md, "A hub of UDP ports").
                     push("-netdev");
-                    push(&if self.hub.is_empty() { fwd.netdev() } else { format!("{},restrict=on", fwd.netdev()) });
+                    push(&fwd.netdev());
                     push("-netdev");
                     push("hubport,id=hn0,hubid=0,netdev=n0");
                     if self.virtio_net {
@@ -462,7 +458,7 @@ mod tests {
         let a = strings(&c);
         assert!(has_pair(&a, "-nic", "none"), "no NIC at all: {a:?}");
         assert!(!a.iter().any(|x| x.contains("virtio-net")));
-        assert!(has_pair(&a, "-netdev", "user,id=n0,hostfwd=tcp:127.0.0.1:7471-:7470,restrict=on"));
+        assert!(has_pair(&a, "-netdev", "user,id=n0,hostfwd=tcp:127.0.0.1:7471-:7470"));
         assert!(has_pair(&a, "-netdev", "hubport,id=hn0,hubid=0,netdev=n0"));
         assert!(has_pair(&a, "-netdev", "socket,id=s0,udp=127.0.0.1:5002,localaddr=127.0.0.1:5001"));
         assert!(has_pair(&a, "-netdev", "hubport,id=hs0,hubid=0,netdev=s0"));
