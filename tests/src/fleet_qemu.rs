@@ -4,13 +4,11 @@
 //! The hosted appliances' fleet tests are app/registrar/tests/fleet.rs; this adds the image, whose HEALTH also
 //! carries the HCA's command counters.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use leasebox_fleet::advert::{Advertisement, PREFIX};
 use leasebox_fleet::etcd::Etcd;
-use leasebox_fleet::local::{LocalEtcd, find_in_path};
+use leasebox_fleet::local::{LocalEtcd, promtool_check};
 use leasebox_registrar::{ApplianceSpec, Config, Registrar};
 
 use crate::Artifacts;
@@ -28,23 +26,6 @@ const REGISTER_WITHIN: Duration = Duration::from_secs(60);
 fn advert_of(etcd: &Etcd, control: &str) -> Option<Advertisement> {
     let (_, kvs) = etcd.get_prefix(PREFIX).ok()?;
     kvs.iter().filter_map(|kv| Advertisement::from_json(&kv.value).ok()).find(|a| a.control == control)
-}
-
-/// `promtool check metrics` over `page`.
-fn promtool(page: &str) -> Result<(), String> {
-    let bin = find_in_path("promtool")
-        .ok_or("promtool not found in PATH (Debian package prometheus): run `cargo xtask prereqs`")?;
-    let mut c = Command::new(&bin)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{}: {e}", bin.display()))?;
-    c.stdin.take().ok_or("no stdin")?.write_all(page.as_bytes()).map_err(|e| e.to_string())?;
-    let out = c.wait_with_output().map_err(|e| e.to_string())?;
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    if out.status.success() { Ok(()) } else { Err(format!("promtool check metrics: {said}")) }
 }
 
 /// The `fleet-qemu` scenario.
@@ -121,9 +102,9 @@ fn checks(e: &LocalEtcd, app: &mut Appliance) -> Result<(Registrar, String, Stri
         reg.stop();
         return Err(format!("/metrics has no {missing} for the QEMU appliance:\n{page}"));
     }
-    if let Err(m) = promtool(&page) {
+    if let Err(m) = promtool_check(&page) {
         reg.stop();
-        return Err(m);
+        return Err(format!("promtool check metrics: {m}"));
     }
     let summary = format!(
         "QEMU appliance registered in etcd after {:.1} s as {} (free {} MiB, health {}, hca {}); /metrics {} lines, \

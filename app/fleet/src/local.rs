@@ -28,6 +28,25 @@ pub fn find_in_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
+/// Prometheus's `promtool check metrics` over an exposition `page` (Debian package prometheus, installed by
+/// `cargo xtask prereqs`): `Err` with what promtool said, or why it could not run.
+pub fn promtool_check(page: &str) -> Result<(), String> {
+    use std::io::Write;
+    let bin = find_in_path("promtool")
+        .ok_or("promtool not found in PATH (Debian package prometheus): run `cargo xtask prereqs`")?;
+    let mut c = Command::new(&bin)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{}: {e}", bin.display()))?;
+    c.stdin.take().ok_or("promtool has no stdin")?.write_all(page.as_bytes()).map_err(|e| e.to_string())?;
+    let out = c.wait_with_output().map_err(|e| e.to_string())?;
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if out.status.success() { Ok(()) } else { Err(said) }
+}
+
 fn free_port() -> Result<u16, String> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("finding a free port: {e}"))?;
     l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())

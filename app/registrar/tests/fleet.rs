@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use leasebox_client::{AllocOptions, Client, Credentials, FleetConfig, Timeouts};
 use leasebox_fleet::advert::{Advertisement, ELECTION, PREFIX};
 use leasebox_fleet::etcd::Etcd;
-use leasebox_fleet::local::{LocalEtcd, find_in_path};
+use leasebox_fleet::local::{LocalEtcd, promtool_check};
 use leasebox_hosted::{Hosted, HostedConfig};
 use leasebox_registrar::{ApplianceSpec, Config, Registrar};
 
@@ -108,23 +108,6 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
     (head.lines().next().unwrap().to_string(), body.to_string())
 }
 
-/// `promtool check metrics` over `page`; its verdict.
-fn promtool(page: &str) -> Result<(), String> {
-    let bin = find_in_path("promtool")
-        .unwrap_or_else(|| panic!("promtool not found in PATH (Debian package prometheus): run `cargo xtask prereqs`"));
-    let mut c = Command::new(bin)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin.take().unwrap().write_all(page.as_bytes()).unwrap();
-    let out = c.wait_with_output().unwrap();
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    if out.status.success() { Ok(()) } else { Err(said) }
-}
-
 #[test]
 fn appliances_register_spread_leases_by_free_bytes_and_expire_when_stopped() {
     let _one = serial();
@@ -168,7 +151,7 @@ fn appliances_register_spread_leases_by_free_bytes_and_expire_when_stopped() {
     // /metrics: valid exposition (promtool), every appliance in it.
     let (status, page) = http_get(reg.metrics_addr().unwrap(), "/metrics");
     assert_eq!(status, "HTTP/1.1 200 OK");
-    promtool(&page).unwrap_or_else(|e| panic!("promtool check metrics: {e}\n{page}"));
+    promtool_check(&page).unwrap_or_else(|e| panic!("promtool check metrics: {e}\n{page}"));
     for s in &specs {
         assert!(page.contains(&format!("leasebox_up{{appliance=\"{}\"", s.control)), "{page}");
     }
