@@ -1,6 +1,7 @@
 //! Host prerequisites: QEMU, GRUB (both platforms), xorriso, mtools, OVMF, and what leasectl's verbs backend
-//! needs to build (rdma-core headers and pkg-config modules, pkg-config, libclang), and the fleet tests' etcd and
-//! promtool. Missing ones are installed with apt-get when running as root on a Debian-like host; otherwise the
+//! needs to build (rdma-core headers and pkg-config modules, pkg-config, libclang), the fleet tests' etcd and
+//! promtool, and the Debian tools the Soft-RoCE guest is built with (apt-get, apt-cache, dpkg, dpkg-deb, ldd).
+//! Missing ones are installed with apt-get when running as root on a Debian-like host; otherwise the
 //! exact command is printed.
 //!
 //! Each probe asks the question its consumer asks, in the consumer's environment: libclang is looked for where
@@ -99,6 +100,13 @@ pub const REQUIREMENTS: &[Requirement] = &[
     // Prometheus's `promtool`, which checks the registrar's /metrics.
     Requirement { what: "etcd", probe: Probe::Exe("etcd"), package: "etcd-server" },
     Requirement { what: "promtool", probe: Probe::Exe("promtool"), package: "prometheus" },
+    // The Soft-RoCE guest of the rxe-qemu scenario (docs/rxe-guest.md) is built from Debian's packages with these
+    // (every Debian system has them; a host without them is told so here rather than midway through a build).
+    Requirement { what: "apt-get", probe: Probe::Exe("apt-get"), package: "apt" },
+    Requirement { what: "apt-cache", probe: Probe::Exe("apt-cache"), package: "apt" },
+    Requirement { what: "dpkg", probe: Probe::Exe("dpkg"), package: "dpkg" },
+    Requirement { what: "dpkg-deb", probe: Probe::Exe("dpkg-deb"), package: "dpkg" },
+    Requirement { what: "ldd", probe: Probe::Exe("ldd"), package: "libc-bin" },
 ];
 
 /// The host as the consumers of the prerequisites see it: a filesystem root (`/` but in tests) and the
@@ -511,7 +519,19 @@ mod tests {
 
         /// Everything a complete host has, libclang where Debian's libclang1-14 and libclang-14-dev put it.
         fn complete(&self) {
-            for exe in ["qemu-system-x86_64", "grub-mkrescue", "xorriso", "mformat", "etcd", "promtool"] {
+            for exe in [
+                "qemu-system-x86_64",
+                "grub-mkrescue",
+                "xorriso",
+                "mformat",
+                "etcd",
+                "promtool",
+                "apt-get",
+                "apt-cache",
+                "dpkg",
+                "dpkg-deb",
+                "ldd",
+            ] {
                 self.exe(exe, 0o755);
             }
             self.fake_pkg_config("pkg-config");
@@ -571,7 +591,10 @@ mod tests {
                 "pkg-config",
                 "libclang-dev",
                 "etcd-server",
-                "prometheus"
+                "prometheus",
+                "apt",
+                "dpkg",
+                "libc-bin"
             ]
         );
     }
@@ -614,7 +637,10 @@ mod tests {
                 "librdmacm-dev",
                 "pkg-config",
                 "etcd-server",
-                "prometheus"
+                "prometheus",
+                "apt",
+                "dpkg",
+                "libc-bin"
             ]
         );
     }
