@@ -24,7 +24,7 @@ use leasebox_qemu::{Boot, HostFwd, ModelHub, NextLine, QemuConfig, QemuProcess, 
 use leasectl::client::{Client, Credentials, Timeouts};
 use leasectl::rdma::{Completion, QpEndpoint, RcConfig, Requester, SoftConfig, SoftRoce, WcStatus};
 use serde_json::Value;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -77,8 +77,7 @@ const CLI_GID: &str = "00000000000000000000ffff7f000002";
 const CLI_MAC: &str = "02:00:00:00:00:02";
 
 fn free_udp_addr() -> Result<SocketAddr, String> {
-    let s = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    s.local_addr().map_err(|e| e.to_string())
+    crate::rxe::free_udp_port().map(SocketAddr::V4)
 }
 
 /// Where guest physical `[addr, addr + len)` sits in a q35 guest's RAM file of `ram` bytes: QEMU 7.2's q35

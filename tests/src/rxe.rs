@@ -26,6 +26,7 @@ use leasebox_qemu::HubSocket;
 use leasebox_qemu::process::run_captured;
 
 use crate::Artifacts;
+use crate::ctl_mlx5::mac_string;
 use crate::lease_qemu::{self, Appliance, VerifyRun};
 
 /// The scenario's name in `cargo xtask test`.
@@ -52,6 +53,14 @@ pub struct Guest {
 }
 
 impl Guest {
+    /// Both files are there (else: how to build them).
+    fn check_built(&self) -> Result<(), String> {
+        match [&self.kernel, &self.initramfs].into_iter().find(|f| !f.exists()) {
+            Some(f) => Err(format!("{} is missing: build the guest with `cargo xtask rxe-guest`", f.display())),
+            None => Ok(()),
+        }
+    }
+
     /// Where `cargo xtask rxe-guest` leaves it, under `<target>/leasebox/rxe-guest/`.
     pub fn in_target_dir(target: &Path) -> Guest {
         let dir = target.join("leasebox").join("rxe-guest");
@@ -170,10 +179,6 @@ impl GuestRun {
     }
 }
 
-pub fn mac_string(m: &[u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
-}
-
 /// What one boot printed.
 #[derive(Clone, Debug)]
 pub struct GuestOutput {
@@ -206,11 +211,7 @@ pub fn command_output(transcript: &str) -> Option<(Vec<&str>, i32)> {
 
 /// Boots the guest and waits for it to power off (or the deadline); the transcript is written to `r.log`.
 pub fn boot(qemu: &Path, g: &Guest, r: &GuestRun) -> Result<GuestOutput, String> {
-    for f in [&g.kernel, &g.initramfs] {
-        if !f.exists() {
-            return Err(format!("{} is missing: build the guest with `cargo xtask rxe-guest`", f.display()));
-        }
-    }
+    g.check_built()?;
     let mut q = Command::new(qemu);
     q.args(r.qemu_args(g)?);
     if r.echo {
@@ -363,7 +364,7 @@ impl Drop for Wire {
 }
 
 /// A UDP port on 127.0.0.1 that was free when asked.
-fn free_udp_port() -> Result<SocketAddrV4, String> {
+pub fn free_udp_port() -> Result<SocketAddrV4, String> {
     let s = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| e.to_string())?;
     match s.local_addr().map_err(|e| e.to_string())? {
         std::net::SocketAddr::V4(a) => Ok(a),
@@ -612,11 +613,7 @@ impl Drop for Background {
 
 /// Starts the guest without waiting for it (its console goes to `r.log`).
 pub fn spawn(qemu: &Path, g: &Guest, r: &GuestRun) -> Result<Background, String> {
-    for f in [&g.kernel, &g.initramfs] {
-        if !f.exists() {
-            return Err(format!("{} is missing: build the guest with `cargo xtask rxe-guest`", f.display()));
-        }
-    }
+    g.check_built()?;
     let file = std::fs::File::create(&r.log).map_err(|e| format!("{}: {e}", r.log.display()))?;
     let err = file.try_clone().map_err(|e| e.to_string())?;
     let child = Command::new(qemu)
