@@ -103,7 +103,7 @@ struct Entry {
     advert: Advertisement,
     present: bool,
     rebooted_at: Option<Instant>,
-    placed: u64,
+    placed: placement::Placed,
 }
 
 #[derive(Default)]
@@ -140,7 +140,7 @@ impl View {
                 index: e.index,
                 weight: e.advert.free_bytes as f64
                     * e.rebooted_at.map_or(1.0, |t| placement::warmup(now - t, self.warmup)),
-                placed: e.placed,
+                placed: e.placed.now(now),
             })
             .collect();
         let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
@@ -155,7 +155,7 @@ impl View {
     /// A lease of `bytes` went to appliance `index`.
     pub(crate) fn placed(&self, index: usize, bytes: u64) {
         if let Some(e) = self.state().entries.values_mut().find(|e| e.index == index) {
-            e.placed += bytes;
+            e.placed.add(Instant::now(), bytes);
         }
     }
 
@@ -222,10 +222,8 @@ fn apply(view: &View, inner: &Inner, joiner: &Joiner, key: &str, ad: Advertiseme
             Some(e) => {
                 if e.advert.boot_id != ad.boot_id {
                     e.rebooted_at = Some(Instant::now());
-                }
-                if e.advert != ad {
-                    // The advertisement now counts what we placed since the last one.
-                    e.placed = 0;
+                    // What we placed there went with the old boot.
+                    e.placed = placement::Placed::default();
                 }
                 e.advert = ad.clone();
                 e.present = true;
@@ -241,7 +239,10 @@ fn apply(view: &View, inner: &Inner, joiner: &Joiner, key: &str, ad: Advertiseme
     let Ok(session) = joiner.session(&ad, inner.sink.clone()) else { return };
     let index = inner.add(session, joiner.requester(&ad));
     let mut st = view.state();
-    st.entries.insert(ad.control.clone(), Entry { index, advert: ad, present: true, rebooted_at: None, placed: 0 });
+    st.entries.insert(
+        ad.control.clone(),
+        Entry { index, advert: ad, present: true, rebooted_at: None, placed: placement::Placed::default() },
+    );
 }
 
 fn remove(view: &View, key: &str) {

@@ -5,9 +5,10 @@
 //!
 //! A fleet client (appliances from etcd, docs/fleet.md) places by two random choices instead ([`two_choices`]):
 //! two candidates drawn with probability proportional to their weight (advertised free bytes, eased after a
-//! reboot by [`warmup`]), and of the two the one this client has loaded least relative to its weight. The
-//! draw spreads leases in proportion to free bytes without any STATS round trip; the second choice evens out
-//! the draw's luck and keeps many clients that act on the same advertisement from piling onto one appliance.
+//! reboot by [`warmup`]), and of the two the one this client has loaded least relative to its weight (its
+//! recent placements, [`Placed`]). The draw spreads leases in proportion to free bytes without any STATS round
+//! trip; the second choice evens out the draw's luck and keeps many clients that act on the same advertisement
+//! from piling onto one appliance.
 
 use std::time::Duration;
 
@@ -29,8 +30,42 @@ pub struct Candidate {
     pub index: usize,
     /// Its share of new leases: advertised free bytes times the warm-up factor.
     pub weight: f64,
-    /// Bytes this client placed there since its advertisement last changed.
-    pub placed: u64,
+    /// Bytes this client placed there recently ([`Placed::now`]).
+    pub placed: f64,
+}
+
+/// How long a placement keeps half its say in the second choice ([`Placed`]).
+pub const PLACED_HALF_LIFE: Duration = Duration::from_secs(10);
+
+/// The bytes a client placed on one appliance, each placement's say halving every [`PLACED_HALF_LIFE`].
+///
+/// Every appliance's count decays at the same rate and none is ever reset on its own (only a reboot starts one
+/// afresh: its leases are gone), so the second choice compares like with like. An earlier count that was reset
+/// whenever an appliance's advertisement changed made appliances whose figures moved look idle next to one
+/// whose figures did not, and starved the steady one.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Placed {
+    bytes: f64,
+    at: Option<std::time::Instant>,
+}
+
+impl Placed {
+    /// The decayed count at `now`.
+    pub fn now(&self, now: std::time::Instant) -> f64 {
+        match self.at {
+            Some(at) => {
+                let halves = now.saturating_duration_since(at).as_secs_f64() / PLACED_HALF_LIFE.as_secs_f64();
+                self.bytes * 0.5f64.powf(halves)
+            }
+            None => 0.0,
+        }
+    }
+
+    /// `bytes` more placed at `now`.
+    pub fn add(&mut self, now: std::time::Instant, bytes: u64) {
+        self.bytes = self.now(now) + bytes as f64;
+        self.at = Some(now);
+    }
 }
 
 /// A weight a fresh reboot starts from: an appliance that just came back takes a tenth of its share at first.
@@ -75,7 +110,7 @@ pub fn two_choices(candidates: &[Candidate], rng: &mut dyn FnMut() -> u64) -> Ve
         picked.push(a);
         weights[a] = 0.0;
         if let Some(b) = draw(&weights, rng) {
-            let load = |c: &Candidate| c.placed as f64 / c.weight;
+            let load = |c: &Candidate| c.placed / c.weight;
             if load(&candidates[b]) < load(&candidates[a]) {
                 picked.insert(0, b);
             } else {
@@ -138,7 +173,7 @@ mod tests {
         assert_eq!(order(&[Some(1), Some(2)], Some(9)), vec![1, 0]);
     }
 
-    fn c(index: usize, weight: f64, placed: u64) -> Candidate {
+    fn c(index: usize, weight: f64, placed: f64) -> Candidate {
         Candidate { index, weight, placed }
     }
 
@@ -164,24 +199,69 @@ mod tests {
     fn two_choices_spread_in_proportion_and_list_everyone() {
         let mut rng = Rng::new(42);
         let mut next = || rng.next_u64();
-        let mut cands = vec![c(10, 1.0, 0), c(11, 2.0, 0), c(12, 5.0, 0)];
+        let mut cands = vec![c(10, 1.0, 0.0), c(11, 2.0, 0.0), c(12, 5.0, 0.0)];
         for _ in 0..800 {
             let order = two_choices(&cands, &mut next);
             let mut sorted = order.clone();
             sorted.sort();
             assert_eq!(sorted, vec![10, 11, 12]);
             let first = cands.iter_mut().find(|x| x.index == order[0]).unwrap();
-            first.placed += 1;
+            first.placed += 1.0;
         }
-        assert_eq!(cands.iter().map(|x| x.placed).sum::<u64>(), 800);
+        assert_eq!(cands.iter().map(|x| x.placed).sum::<f64>(), 800.0);
         for x in &cands {
             let want = 800.0 * x.weight / 8.0;
-            assert!((x.placed as f64 - want).abs() <= want * 0.1, "{cands:?}");
+            assert!((x.placed - want).abs() <= want * 0.1, "{cands:?}");
         }
         // Nothing to weigh: no draw, the rest by weight.
-        assert_eq!(two_choices(&[c(1, 0.0, 0), c(2, 0.0, 0)], &mut next), vec![1, 2]);
+        assert_eq!(two_choices(&[c(1, 0.0, 0.0), c(2, 0.0, 0.0)], &mut next), vec![1, 2]);
         assert_eq!(two_choices(&[], &mut next), Vec::<usize>::new());
-        assert_eq!(two_choices(&[c(5, 3.0, 9)], &mut next), vec![5]);
+        assert_eq!(two_choices(&[c(5, 3.0, 9.0)], &mut next), vec![5]);
+    }
+
+    #[test]
+    fn placements_fade_at_one_rate() {
+        let t0 = std::time::Instant::now();
+        let mut p = Placed::default();
+        assert_eq!(p.now(t0), 0.0);
+        p.add(t0, 1000);
+        assert_eq!(p.now(t0), 1000.0);
+        assert!((p.now(t0 + PLACED_HALF_LIFE) - 500.0).abs() < 1e-9);
+        p.add(t0 + PLACED_HALF_LIFE, 500);
+        assert!((p.now(t0 + PLACED_HALF_LIFE) - 1000.0).abs() < 1e-9);
+        assert!((p.now(t0 + 3 * PLACED_HALF_LIFE) - 250.0).abs() < 1e-9);
+        // A clock read before the last placement counts it whole.
+        assert!((p.now(t0) - 1000.0).abs() < 1e-9);
+    }
+
+    /// The fleet test's case: leases allocated and freed one after another on appliances of 1 : 2 : 4 free
+    /// bytes, while the advertised figures of two of them wobble (a poll catches a lease in flight). Each
+    /// lease goes to the first of the order and is counted in its `Placed`; the spread stays 1 : 2 : 4.
+    #[test]
+    fn wobbling_advertisements_do_not_starve_a_steady_appliance() {
+        let mut rng = Rng::new(5);
+        let t0 = std::time::Instant::now();
+        let free = [32.0, 64.0, 128.0];
+        let mut placed = [Placed::default(); 3];
+        let mut hits = [0u32; 3];
+        for n in 0..700u32 {
+            let now = t0 + Duration::from_millis(u64::from(n) * 20);
+            let wobble = if n % 3 == 0 { 4.0 } else { 0.0 };
+            let cands: Vec<Candidate> = (0..3)
+                .map(|i| Candidate {
+                    index: i,
+                    weight: free[i] - if i > 0 { wobble } else { 0.0 },
+                    placed: placed[i].now(now),
+                })
+                .collect();
+            let first = two_choices(&cands, &mut || rng.next_u64())[0];
+            placed[first].add(now, 2 << 20);
+            hits[first] += 1;
+        }
+        for (h, f) in hits.iter().zip(free) {
+            let want = 700.0 * f / 224.0;
+            assert!((f64::from(*h) - want).abs() <= want * 0.15, "{hits:?}");
+        }
     }
 
     #[test]

@@ -112,7 +112,7 @@ fn run(n: usize, with_hca: bool, tenant: &str, admin: &str) -> Result<Row, Strin
     let cands: Vec<Candidate> = ads
         .values()
         .enumerate()
-        .map(|(i, a)| Candidate { index: i, weight: a.free_bytes.max(16 << 20) as f64, placed: (i % 7) as u64 })
+        .map(|(i, a)| Candidate { index: i, weight: a.free_bytes.max(16 << 20) as f64, placed: (i % 7) as f64 })
         .collect();
     let mut rng = Rng::from_os();
     let mut next = || rng.next_u64();

@@ -172,6 +172,7 @@ fn appliances_register_spread_leases_by_free_bytes_and_expire_when_stopped() {
         l.free().unwrap();
     }
     let total: u64 = pools.iter().sum();
+    println!("100 leases over pools of {pools:?} MiB: {per:?}");
     for (s, pool) in specs.iter().zip(pools) {
         let want = 100.0 * pool as f64 / total as f64;
         let got = f64::from(*per.get(&s.control).unwrap_or(&0));
