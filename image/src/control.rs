@@ -46,6 +46,9 @@ impl Backend for ApplianceBackend {
         h.message = message;
         h
     }
+    fn hca_stats(&mut self) -> Option<leasebox_proto::HcaStats> {
+        crate::hca::stats()
+    }
     fn role_counts(&self) -> Vec<(u16, u8, u64)> {
         crate::appliance::role_counts()
     }

@@ -264,6 +264,13 @@ pub fn health() -> (HcaState, String) {
     (state, m)
 }
 
+/// HCA_STATS: the command log's totals, once the HCA is up.
+pub fn stats() -> Option<leasebox_proto::HcaStats> {
+    let (shared, log) = (SHARED.get()?, LOG.get()?);
+    let state = if shared.fatal().is_some() { HcaState::Fatal } else { HcaState::Ok };
+    Some(leasebox_lease::backend::hca_stats(state, &log.lock().counters))
+}
+
 /// The fatal-path dump: the last commands, if the ring is not locked by another core at that moment.
 fn dump_commands() {
     let Some(log) = LOG.get() else { return };

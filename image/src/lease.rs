@@ -13,7 +13,7 @@ use leasebox_kernel::time::Instant;
 use leasebox_lease::backend::{Environment, LeaseBackend};
 use leasebox_lease::setup::PlatformHost;
 use leasebox_lease::{Config, LeaseOptions, LeaseService};
-use leasebox_proto::{HcaState, Request};
+use leasebox_proto::{HcaState, HcaStats, Request};
 
 /// The lease service's options (`lease_pool_mib=`, ...), filled in by the kernel's configuration parser.
 pub static OPTIONS: Options<LeaseOptions> = Options::new(LeaseOptions::DEFAULT, LeaseOptions::apply);
@@ -58,6 +58,9 @@ impl Environment for KernelEnv {
     }
     fn hca_health(&self) -> (HcaState, String) {
         crate::hca::health()
+    }
+    fn hca_stats(&self) -> Option<HcaStats> {
+        crate::hca::stats()
     }
 }
 

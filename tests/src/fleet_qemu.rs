@@ -1,14 +1,14 @@
 //! The QEMU appliance in a fleet (issue 18): the appliance as shipped (image, model, virtio-net) registered in
 //! a real etcd (Debian's etcd-server, started on loopback with a temporary data directory) by a registrar, its
 //! metrics valid under Prometheus's `promtool check metrics`, and its key gone within the TTL once it stops.
-//! The hosted appliances' fleet tests are app/registrar/tests/fleet.rs; this adds the image, whose HEALTH also
-//! carries the HCA's command counters.
+//! The hosted appliances' fleet tests are app/registrar/tests/fleet.rs; this adds the image, whose HCA_STATS
+//! counts the commands of the native driver under QEMU.
 
 use std::time::{Duration, Instant};
 
 use leasebox_fleet::advert::{Advertisement, PREFIX};
 use leasebox_fleet::etcd::Etcd;
-use leasebox_fleet::local::{LocalEtcd, promtool_check};
+use leasebox_fleet::local::{LocalEtcd, promtool_check, sample_value};
 use leasebox_registrar::{ApplianceSpec, Config, Registrar};
 
 use crate::Artifacts;
@@ -97,10 +97,22 @@ fn checks(e: &LocalEtcd, app: &mut Appliance) -> Result<(Registrar, String, Stri
     // Metrics: one full poll after the key, so the page has the appliance's series.
     std::thread::sleep(Duration::from_secs(1));
     let page = reg.render_metrics();
-    let want = ["leasebox_up", "leasebox_free_bytes", "leasebox_hca_commands_total"];
-    if let Some(missing) = want.iter().find(|m| !page.contains(*m)) {
+    let me = format!("appliance=\"{control}\"");
+    let value = |metric: &str, extra: &[&str]| {
+        let labels: Vec<&str> = std::iter::once(me.as_str()).chain(extra.iter().copied()).collect();
+        sample_value(&page, metric, &labels)
+    };
+    let cmds = |result: &str| value("leasebox_hca_commands_total", &[&format!("result=\"{result}\"")]);
+    // Bring-up alone is dozens of commands, every one completed.
+    let (submitted, ok) = (cmds("submitted").unwrap_or(0.0), cmds("ok").unwrap_or(0.0));
+    if value("leasebox_up", &[]) != Some(1.0)
+        || value("leasebox_free_bytes", &[]) != Some(ad.free_bytes as f64)
+        || submitted < 10.0
+        || ok < 10.0
+        || ok > submitted
+    {
         reg.stop();
-        return Err(format!("/metrics has no {missing} for the QEMU appliance:\n{page}"));
+        return Err(format!("/metrics for the QEMU appliance: up, free bytes or HCA command counts wrong:\n{page}"));
     }
     if let Err(m) = promtool_check(&page) {
         reg.stop();
@@ -108,7 +120,7 @@ fn checks(e: &LocalEtcd, app: &mut Appliance) -> Result<(Registrar, String, Stri
     }
     let summary = format!(
         "QEMU appliance registered in etcd after {:.1} s as {} (free {} MiB, health {}, hca {}); /metrics {} lines, \
-         promtool check metrics: ok",
+         HCA commands {submitted} submitted, {ok} ok; promtool check metrics: ok",
         registered.as_secs_f64(),
         ad.key(),
         ad.free_bytes >> 20,

@@ -269,6 +269,7 @@ fn idempotent(req: &Request) -> bool {
             | Request::Free { .. }
             | Request::List { .. }
             | Request::Health
+            | Request::HcaStats
             | Request::FencedSummary { .. }
     )
 }

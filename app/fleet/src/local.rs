@@ -47,6 +47,16 @@ pub fn promtool_check(page: &str) -> Result<(), String> {
     if out.status.success() { Ok(()) } else { Err(said) }
 }
 
+/// The value of the first sample of `metric` in an exposition `page` whose labels contain every one of
+/// `labels` (each written `name="value"`): tests read a figure back without trusting the HELP and TYPE lines.
+pub fn sample_value(page: &str, metric: &str, labels: &[&str]) -> Option<f64> {
+    page.lines().find_map(|l| {
+        let rest = l.strip_prefix(metric)?.strip_prefix('{')?;
+        let (set, value) = rest.rsplit_once("} ")?;
+        labels.iter().all(|want| set.split(',').any(|have| have == *want)).then(|| value.trim().parse().ok())?
+    })
+}
+
 fn free_port() -> Result<u16, String> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("finding a free port: {e}"))?;
     l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
@@ -147,5 +157,21 @@ impl Drop for LocalEtcd {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sample_value;
+
+    #[test]
+    fn samples_are_found_by_name_and_labels() {
+        let page = "# HELP m_total x\n# TYPE m_total counter\nm_total{a=\"1\",result=\"ok\"} 5\n\
+                    m_total{a=\"2\",result=\"ok\"} 7\nm_total_x{a=\"2\",result=\"ok\"} 9\n";
+        assert_eq!(sample_value(page, "m_total", &["a=\"2\"", "result=\"ok\""]), Some(7.0));
+        assert_eq!(sample_value(page, "m_total", &["result=\"ok\""]), Some(5.0));
+        assert_eq!(sample_value(page, "m_total", &["a=\"3\""]), None);
+        // The HELP and TYPE lines are not samples.
+        assert_eq!(sample_value("# HELP m_total x\n# TYPE m_total counter\n", "m_total", &[]), None);
     }
 }

@@ -13,7 +13,8 @@ use leasebox_lease::{Config, LeaseOptions, LeaseService};
 use leasebox_mlx5::cmdq::{Emergency, EmergencyOutcome};
 use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
 use leasebox_mlx5::engine::Shared;
-use leasebox_proto::HcaState;
+use leasebox_mlx5::log::SharedLog;
+use leasebox_proto::{HcaState, HcaStats};
 use mlx5_hosted::{HostedPlatform, ModelMode};
 use mlx5_model::ModelConfig;
 
@@ -28,6 +29,7 @@ pub struct HostedEnv {
     /// How far the lease service's clock runs ahead of real time ([`HostedEnv::skip`]).
     ahead: Duration,
     shared: Arc<Shared>,
+    log: SharedLog,
     summary: String,
 }
 
@@ -39,12 +41,18 @@ impl Environment for HostedEnv {
         Vec::new()
     }
     fn hca_health(&self) -> (HcaState, String) {
-        let state = if self.shared.fatal().is_some() { HcaState::Fatal } else { HcaState::Ok };
-        (state, self.summary.clone())
+        (self.state(), self.summary.clone())
+    }
+    fn hca_stats(&self) -> Option<HcaStats> {
+        Some(leasebox_lease::backend::hca_stats(self.state(), &self.log.lock().counters))
     }
 }
 
 impl HostedEnv {
+    fn state(&self) -> HcaState {
+        if self.shared.fatal().is_some() { HcaState::Fatal } else { HcaState::Ok }
+    }
+
     /// Moves the lease service's clock on by `d` at once (tests: a grace period or a TTL passes without
     /// waiting for it). The service's next pass runs every timer now due; the driver's clock is not moved.
     pub fn skip(&mut self, d: Duration) {
@@ -137,6 +145,7 @@ pub fn start(
     let parts = leasebox_lease::setup::prepare(&mut d, o, None)?;
     let emergency = d.prepare_port_down();
     let (cmd, ev, client, info) = d.into_engines();
+    let log = cmd.queue().log_handle();
     let stop = Arc::new(AtomicBool::new(false));
     let engines = mlx5_hosted::spawn_engines(cmd, ev, stop.clone()).map_err(|e| e.to_string())?;
     // Initial PSNs and MKEY variants from a CSPRNG seeded by the OS, as the nonces are; none without it.
@@ -150,6 +159,7 @@ pub fn start(
         start: Instant::now(),
         ahead: Duration::ZERO,
         shared: client.shared_handle(),
+        log,
         summary: format!("{} fw {} port {} (model in process)", info.part, info.fw, info.port),
     };
     let backend = LeaseBackend::new(svc, client, PlatformHost::new(platform.clone(), parts.extents), env);

@@ -8,7 +8,7 @@ pub mod verbs_ref;
 
 use leasebox_kernel::config::{Config, OptionParser, Options};
 use leasebox_lease::LeaseOptions;
-use leasebox_proto::{FencedSlot, Health, LeaseStats, Reply, Request};
+use leasebox_proto::{FencedSlot, HcaStats, Health, LeaseStats, Reply, Request};
 use leasebox_session::{
     Answer, Backend, Budget, CloseReason, ConnId, Entropy, EntropyError, Keyring, Limits, NoLeases, Principal, Server,
     Ticket,
@@ -193,6 +193,9 @@ impl Backend for HostedBackend {
     }
     fn health(&mut self, now_ms: u64) -> Health {
         self.inner().health(now_ms)
+    }
+    fn hca_stats(&mut self) -> Option<HcaStats> {
+        self.inner().hca_stats()
     }
     fn role_counts(&self) -> Vec<(u16, u8, u64)> {
         match self {

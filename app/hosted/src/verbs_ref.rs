@@ -840,6 +840,11 @@ impl Backend for VerbsLeases {
         }
     }
 
+    /// Verbs hide the device's command interface: nothing to count (HCA_STATS answers NOT_IMPLEMENTED).
+    fn hca_stats(&mut self) -> Option<leasebox_proto::HcaStats> {
+        None
+    }
+
     fn role_counts(&self) -> Vec<(u16, u8, u64)> {
         Vec::new()
     }

@@ -8,13 +8,28 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use leasebox_mlx5::engine::Client;
+use leasebox_mlx5::log::Counters;
 use leasebox_proto::{
-    BOOT_ID_LEN, FencedSlot, HcaState, Health, HealthStatus, LeaseState, LeaseStats, Notice, Reply, Request, Role,
+    BOOT_ID_LEN, FencedSlot, HcaState, HcaStats, Health, HealthStatus, LeaseState, LeaseStats, Notice, Reply, Request,
+    Role,
 };
 use leasebox_session::{Answer, Backend, CloseReason, Principal, Ticket};
 
 use crate::link::Link;
 use crate::service::{Host, LeaseService, Who};
+
+/// HCA_STATS from the command log's totals (docs/wire-protocol.md, "HCA_STATS").
+pub fn hca_stats(hca: HcaState, c: &Counters) -> HcaStats {
+    HcaStats {
+        hca,
+        submitted: c.submitted,
+        ok: c.ok,
+        failed: c.failed,
+        timeout: c.timeouts,
+        late: c.late,
+        aborted: c.aborted,
+    }
+}
 
 /// What the host tells the backend about itself.
 pub trait Environment {
@@ -24,6 +39,8 @@ pub trait Environment {
     fn role_counts(&self) -> Vec<(u16, u8, u64)>;
     /// The HCA's state and a message for HEALTH.
     fn hca_health(&self) -> (HcaState, String);
+    /// The command queue's counters for HCA_STATS ([`hca_stats`] builds the answer).
+    fn hca_stats(&self) -> Option<HcaStats>;
     /// Every lease request as it arrives, before the service sees it. The image's `test=panic-after-lease`
     /// panics here (docs/revoke-semantics.md, "Fail closed on crash"); nothing else looks.
     fn request_seen(&mut self, _req: &Request) {}
@@ -144,6 +161,10 @@ impl<H: Host, E: Environment> Backend for LeaseBackend<H, E> {
             hca_msg
         );
         Health { status, hca, fenced_slots: fenced, uptime_ms: 0, message }
+    }
+
+    fn hca_stats(&mut self) -> Option<HcaStats> {
+        self.env.hca_stats()
     }
 
     fn role_counts(&self) -> Vec<(u16, u8, u64)> {

@@ -132,6 +132,8 @@ enum Cmd {
     Stats(Timeout),
     /// Overall and HCA health
     Health(Timeout),
+    /// The HCA's command counters since boot: submitted, ok, failed, timed out, late, aborted (HCA_STATS)
+    HcaStats(Timeout),
     /// Ask for a lease
     Alloc {
         /// Lease size in bytes (units: 64K, 2M, 1G, 1TiB, ...)
@@ -255,6 +257,7 @@ pub fn parse(args: &[String]) -> Result<Invocation, clap::Error> {
         Cmd::List(t) => (t, Command::List),
         Cmd::Stats(t) => (t, Command::Call(Request::Stats)),
         Cmd::Health(t) => (t, Command::Call(Request::Health)),
+        Cmd::HcaStats(t) => (t, Command::Call(Request::HcaStats)),
         Cmd::Fenced(t) => (t, Command::Fenced),
         Cmd::Alloc { size, qpn, psn, gid, access, mtu, ttl_ms, mac, timeout } => (
             timeout,
@@ -558,6 +561,7 @@ mod tests {
         assert_eq!(cmd(&["list"]), Command::List);
         assert_eq!(cmd(&["fenced"]), Command::Fenced);
         assert_eq!(cmd(&["health"]), Command::Call(Request::Health));
+        assert_eq!(cmd(&["hca-stats"]), Command::Call(Request::HcaStats));
     }
 
     #[test]

@@ -272,6 +272,15 @@ pub fn response_json(r: &Response, lease: Option<String>) -> Value {
         Response::Stats(s) => stats_json(s),
         Response::FencedSummary { slots, .. } => json!({"slots": slots.iter().map(fenced_json).collect::<Vec<_>>()}),
         Response::Health(h) => health_json(h),
+        Response::HcaStats(h) => json!({
+            "hca": h.hca.name(),
+            "submitted": h.submitted,
+            "ok": h.ok,
+            "failed": h.failed,
+            "timeout": h.timeout,
+            "late": h.late,
+            "aborted": h.aborted,
+        }),
         Response::Resume { leases } => json!({"leases": leases}),
         Response::Drain { leases, deadline_ms } => json!({"leases": leases, "deadline_ms": deadline_ms}),
     };
@@ -416,6 +425,19 @@ pub fn response_human(r: &Response, lease: Option<String>) -> String {
                 h.message
             );
         }
+        Response::HcaStats(h) => {
+            let _ = writeln!(
+                s,
+                "HCA {}: commands submitted {}, ok {}, failed {}, timed out {}, late {}, aborted {}",
+                h.hca.name(),
+                h.submitted,
+                h.ok,
+                h.failed,
+                h.timeout,
+                h.late,
+                h.aborted
+            );
+        }
     }
     s
 }
@@ -444,7 +466,7 @@ pub fn usage_json(message: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use leasebox_proto::{ErrorBody, HcaState, HealthStatus, LeaseId, LeaseState};
+    use leasebox_proto::{ErrorBody, HcaState, HcaStats, HealthStatus, LeaseId, LeaseState};
 
     #[test]
     fn errors_render_code_and_message() {
@@ -540,6 +562,13 @@ mod tests {
             message: "no HCA".into(),
         };
         assert!(response_human(&Response::Health(h), None).starts_with("status degraded, HCA absent"));
+        let c = HcaStats { hca: HcaState::Ok, submitted: 7, ok: 6, failed: 1, timeout: 0, late: 0, aborted: 0 };
+        assert_eq!(
+            response_human(&Response::HcaStats(c), None),
+            "HCA ok: commands submitted 7, ok 6, failed 1, timed out 0, late 0, aborted 0\n"
+        );
+        let v = response_json(&Response::HcaStats(c), None);
+        assert_eq!((v["submitted"].as_u64(), v["failed"].as_u64(), v["hca"].as_str()), (Some(7), Some(1), Some("ok")));
         let v = response_json(&Response::Drain { leases: 2, deadline_ms: 9000 }, None);
         assert_eq!(v, json!({"leases": 2, "deadline_ms": 9000}));
         assert_eq!(response_json(&Response::Resume { leases: 4 }, None), json!({"leases": 4}));

@@ -60,6 +60,7 @@ codes! {
         Stats = 0x0301, "STATS";
         FencedSummary = 0x0302, "FENCED_SUMMARY";
         Health = 0x0303, "HEALTH";
+        HcaStats = 0x0304, "HCA_STATS";
     }
 }
 
@@ -440,6 +441,24 @@ impl Histogram {
     }
 }
 
+/// HCA_STATS: the mlx5 command queue's counters since boot (docs/wire-protocol.md, "HCA_STATS").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HcaStats {
+    pub hca: HcaState,
+    /// Commands handed to the HCA.
+    pub submitted: u64,
+    /// Completed with status 0.
+    pub ok: u64,
+    /// Completed with a bad status or syndrome.
+    pub failed: u64,
+    /// Given up on at their deadline.
+    pub timeout: u64,
+    /// Completed after their deadline had been given up on.
+    pub late: u64,
+    /// Never completed: the queue was torn down or the HCA went fatal first.
+    pub aborted: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Health {
     pub status: HealthStatus,
@@ -500,6 +519,7 @@ pub enum Request {
         max: u16,
     },
     Health,
+    HcaStats,
 }
 
 /// A decoded response (the success answer to a request).
@@ -548,6 +568,7 @@ pub enum Response {
         slots: Vec<FencedSlot>,
     },
     Health(Health),
+    HcaStats(HcaStats),
 }
 
 /// An error answer: a code, up to three code-specific details and a human message.
@@ -598,6 +619,7 @@ impl Request {
             Request::Stats => Op::Stats,
             Request::FencedSummary { .. } => Op::FencedSummary,
             Request::Health => Op::Health,
+            Request::HcaStats => Op::HcaStats,
         }
     }
 
@@ -619,7 +641,7 @@ impl Request {
             Request::Heartbeat { echo } => {
                 w.u64(*echo);
             }
-            Request::Bye | Request::Stats | Request::Health => {}
+            Request::Bye | Request::Stats | Request::Health | Request::HcaStats => {}
             Request::Alloc(a) => {
                 w.u64(a.size).u8(a.access).u8(a.mtu).zeros(2).u32(a.ttl_ms).u32(a.client_qpn).u32(a.client_psn);
                 w.bytes(&a.client_gid).bytes(&a.client_mac).zeros(2);
@@ -750,6 +772,7 @@ impl Request {
                 Request::FencedSummary { cursor, max }
             }
             Op::Health => Request::Health,
+            Op::HcaStats => Request::HcaStats,
         };
         r.finish()?;
         Ok(req)
@@ -859,6 +882,10 @@ impl Response {
                 w.u8(h.status as u8).u8(h.hca as u8).zeros(2).u32(h.fenced_slots).u64(h.uptime_ms);
                 let msg = truncate(&h.message, MAX_MESSAGE);
                 w.u16(msg.len() as u16).bytes(msg.as_bytes());
+            }
+            Response::HcaStats(h) => {
+                w.u8(h.hca as u8).zeros(7);
+                w.u64(h.submitted).u64(h.ok).u64(h.failed).u64(h.timeout).u64(h.late).u64(h.aborted);
             }
         }
     }
@@ -1006,6 +1033,20 @@ impl Response {
                 }
                 let message = r.str(len, "health.message")?;
                 Response::Health(Health { status, hca, fenced_slots, uptime_ms, message })
+            }
+            Op::HcaStats => {
+                let hca = HcaState::from_raw(r.u8("hca_stats.hca")?)
+                    .ok_or(DecodeError::Invalid { field: "hca_stats.hca" })?;
+                r.reserved(7)?;
+                Response::HcaStats(HcaStats {
+                    hca,
+                    submitted: r.u64("hca_stats.submitted")?,
+                    ok: r.u64("hca_stats.ok")?,
+                    failed: r.u64("hca_stats.failed")?,
+                    timeout: r.u64("hca_stats.timeout")?,
+                    late: r.u64("hca_stats.late")?,
+                    aborted: r.u64("hca_stats.aborted")?,
+                })
             }
         };
         r.finish()?;

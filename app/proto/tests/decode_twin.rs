@@ -8,7 +8,7 @@ mod decode_check;
 
 use decode_check::{Counts, check};
 use leasebox_proto::{
-    AllocReq, AllocResp, ErrorBody, ErrorCode, FencedSlot, HcaState, Health, HealthStatus, Hello, HelloInit,
+    AllocReq, AllocResp, ErrorBody, ErrorCode, FencedSlot, HcaState, HcaStats, Health, HealthStatus, Hello, HelloInit,
     HelloNoise, HelloReply, Histogram, Kind, LeaseId, LeaseInfo, LeaseState, LeaseStats, MAX_MESSAGE, MAX_NAME,
     MAX_PAYLOAD, Notice, Op, Outcome, Request, Response, Role, Stats, frame,
 };
@@ -84,7 +84,7 @@ fn lease(r: &mut Rng) -> LeaseId {
 }
 
 fn request(r: &mut Rng) -> Request {
-    match r.below(16) {
+    match r.below(17) {
         0 => Request::Hello(Hello::Init(HelloInit {
             min_version: r.u16(),
             max_version: r.u16(),
@@ -121,6 +121,7 @@ fn request(r: &mut Rng) -> Request {
         12 => Request::FencedSummary { cursor: r.u32(), max: r.u16() },
         13 => Request::Resume { session_id: r.u64(), token: r.bytes() },
         14 => Request::Drain { tenant: r.text(0, MAX_NAME), notice_ms: r.u32() },
+        15 => Request::HcaStats,
         _ => Request::Health,
     }
 }
@@ -241,6 +242,15 @@ fn response(r: &mut Rng) -> (Op, Response) {
             fenced_slots: r.u32(),
             uptime_ms: r.u64(),
             message: r.text(0, MAX_MESSAGE),
+        }),
+        Op::HcaStats => Response::HcaStats(HcaStats {
+            hca: r.pick(HcaState::ALL),
+            submitted: r.u64(),
+            ok: r.u64(),
+            failed: r.u64(),
+            timeout: r.u64(),
+            late: r.u64(),
+            aborted: r.u64(),
         }),
     };
     (op, resp)

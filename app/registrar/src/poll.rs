@@ -1,13 +1,13 @@
-//! One thread per appliance: every poll period, STATS and HEALTH as the admin over one control connection
-//! (protocol v2; made again after any failure). The last result is kept for the publisher and the metrics.
+//! One thread per appliance: every poll period, STATS, HEALTH and HCA_STATS as the admin over one control
+//! connection (protocol v2; made again after any failure). The last result is kept for the publisher and the metrics.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use leasebox_client::{Connection, Credentials, Timeouts};
-use leasebox_proto::{Health, Request, Response, Stats};
+use leasebox_client::{ClientError, Connection, Credentials, Timeouts};
+use leasebox_proto::{ErrorCode, HcaStats, Health, Request, Response, Stats};
 
 use crate::config::ApplianceSpec;
 
@@ -16,6 +16,9 @@ use crate::config::ApplianceSpec;
 pub struct Sample {
     pub stats: Stats,
     pub health: Health,
+    /// The command queue's counters (none from an appliance that drives no mlx5 command queue, or that
+    /// predates HCA_STATS).
+    pub hca: Option<HcaStats>,
     /// The boot id in hex.
     pub boot_id: String,
 }
@@ -34,7 +37,7 @@ pub struct Seen {
     pub polls_failed: u64,
 }
 
-/// Asks STATS and HEALTH on `conn`.
+/// Asks STATS, HEALTH and HCA_STATS on `conn`.
 pub fn ask(conn: &mut Connection) -> Result<Sample, String> {
     let stats = match conn.call(&Request::Stats).map_err(|e| format!("STATS: {e}"))? {
         Response::Stats(s) => s,
@@ -44,8 +47,14 @@ pub fn ask(conn: &mut Connection) -> Result<Sample, String> {
         Response::Health(h) => h,
         other => return Err(format!("HEALTH answered {other:?}")),
     };
+    let hca = match conn.call(&Request::HcaStats) {
+        Ok(Response::HcaStats(c)) => Some(c),
+        Ok(other) => return Err(format!("HCA_STATS answered {other:?}")),
+        Err(ClientError::Server(e)) if matches!(e.code, ErrorCode::NotImplemented | ErrorCode::UnknownOp) => None,
+        Err(e) => return Err(format!("HCA_STATS: {e}")),
+    };
     let boot_id = leasebox_client::hex::encode(&stats.boot_id);
-    Ok(Sample { stats: *stats, health, boot_id })
+    Ok(Sample { stats: *stats, health, hca, boot_id })
 }
 
 /// A polling thread.

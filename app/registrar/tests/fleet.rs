@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use leasebox_client::{AllocOptions, Client, Credentials, FleetConfig, Timeouts};
 use leasebox_fleet::advert::{Advertisement, ELECTION, PREFIX};
 use leasebox_fleet::etcd::Etcd;
-use leasebox_fleet::local::{LocalEtcd, promtool_check};
+use leasebox_fleet::local::{LocalEtcd, promtool_check, sample_value};
 use leasebox_hosted::{Hosted, HostedConfig};
 use leasebox_registrar::{ApplianceSpec, Config, Registrar};
 
@@ -153,7 +153,12 @@ fn appliances_register_spread_leases_by_free_bytes_and_expire_when_stopped() {
     assert_eq!(status, "HTTP/1.1 200 OK");
     promtool_check(&page).unwrap_or_else(|e| panic!("promtool check metrics: {e}\n{page}"));
     for s in &specs {
-        assert!(page.contains(&format!("leasebox_up{{appliance=\"{}\"", s.control)), "{page}");
+        let me = format!("appliance=\"{}\"", s.control);
+        assert_eq!(sample_value(&page, "leasebox_up", &[&me]), Some(1.0), "{page}");
+        // HCA_STATS: the driver's bring-up on the model is dozens of commands, every one completed.
+        let cmds = |r: &str| sample_value(&page, "leasebox_hca_commands_total", &[&me, &format!("result=\"{r}\"")]);
+        let (submitted, ok, failed) = (cmds("submitted"), cmds("ok"), cmds("failed"));
+        assert!(submitted >= Some(10.0) && ok == submitted && failed == Some(0.0), "{page}");
     }
     assert!(page.contains("leasebox_registrar_leader{registrar=\"r1\"} 1"));
     assert_eq!(http_get(reg.metrics_addr().unwrap(), "/other").0, "HTTP/1.1 404 Not Found");
@@ -188,9 +193,8 @@ fn appliances_register_spread_leases_by_free_bytes_and_expire_when_stopped() {
         let page = reg.render_metrics();
         specs.iter().all(|s| {
             let n = per.get(&s.control).copied().unwrap_or(0);
-            page.lines().any(|l| {
-                l.starts_with("leasebox_allocs_total{") && l.contains(&s.control) && l.ends_with(&format!(" {n}"))
-            })
+            sample_value(&page, "leasebox_allocs_total", &[&format!("appliance=\"{}\"", s.control)])
+                == Some(f64::from(n))
         })
     });
 

@@ -3,8 +3,8 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 use leasebox_proto::{
-    BOOT_ID_LEN, ErrorBody, ErrorCode, FencedSlot, HcaState, Health, HealthStatus, LeaseStats, Notice, Op, Reply,
-    Request, Role,
+    BOOT_ID_LEN, ErrorBody, ErrorCode, FencedSlot, HcaState, HcaStats, Health, HealthStatus, LeaseStats, Notice, Op,
+    Reply, Request, Role,
 };
 
 /// A transport connection, unique within a boot (the transport names it; the server and the backend's
@@ -111,6 +111,9 @@ pub trait Backend {
     fn fenced(&mut self, who: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>);
     /// HEALTH (uptime is filled in by the server).
     fn health(&mut self, now_ms: u64) -> Health;
+    /// HCA_STATS: the mlx5 command queue's counters, if this appliance drives one (none: the server answers
+    /// NOT_IMPLEMENTED). No default, so a backend that wraps another cannot lose them.
+    fn hca_stats(&mut self) -> Option<HcaStats>;
     /// Per-core role loop counts for STATS: (core, role, iterations).
     fn role_counts(&self) -> Vec<(u16, u8, u64)>;
     /// An authenticated session ended: the lease service decides what happens to its leases (kept for a
@@ -161,6 +164,9 @@ impl Backend for NoLeases {
             uptime_ms: 0,
             message: alloc::format!("control channel up; lease service off: {}", self.reason),
         }
+    }
+    fn hca_stats(&mut self) -> Option<HcaStats> {
+        None
     }
     fn role_counts(&self) -> Vec<(u16, u8, u64)> {
         self.roles.clone()

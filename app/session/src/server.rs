@@ -684,6 +684,9 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 hl.uptime_ms = now_ms.saturating_sub(self.start_ms);
                 Ok(Response::Health(hl))
             }
+            Request::HcaStats => self.backend.hca_stats().map(Response::HcaStats).ok_or_else(|| {
+                ErrorBody::new(ErrorCode::NotImplemented, "HCA_STATS: this appliance drives no mlx5 command queue")
+            }),
             Request::FencedSummary { cursor, max } => {
                 let (next_cursor, slots) = self.backend.fenced(&who, *cursor, *max);
                 Ok(Response::FencedSummary { next_cursor, slots })

@@ -384,6 +384,7 @@ fn random_and_mutated_frames_never_panic() {
         Request::Heartbeat { echo: 1 },
         Request::Stats,
         Request::Health,
+        Request::HcaStats,
         Request::Revoke { lease: LeaseId { boot_id: [0; 16], slot: 1, generation: 2 }, qp_first: true },
         Request::List { cursor: 0, max: 5 },
         Request::Hello(Hello::Proof { mac: [1; 32] }),
@@ -520,6 +521,9 @@ impl Backend for Deferring {
     fn health(&mut self, now_ms: u64) -> leasebox_proto::Health {
         NoLeases::default().health(now_ms)
     }
+    fn hca_stats(&mut self) -> Option<leasebox_proto::HcaStats> {
+        Some(DEFERRING_HCA)
+    }
     fn role_counts(&self) -> Vec<(u16, u8, u64)> {
         Vec::new()
     }
@@ -650,6 +654,32 @@ fn the_backend_hears_of_sessions_heartbeats_and_time() {
     s.tick(70);
     s.tick(80);
     assert_eq!(s.backend().ticks, [70, 80]);
+}
+
+const DEFERRING_HCA: leasebox_proto::HcaStats = leasebox_proto::HcaStats {
+    hca: leasebox_proto::HcaState::Ok,
+    submitted: 12,
+    ok: 10,
+    failed: 1,
+    timeout: 1,
+    late: 0,
+    aborted: 0,
+};
+
+#[test]
+fn hca_stats_come_from_the_backend_or_are_not_implemented() {
+    let mut s = deferring(Limits::default());
+    s.open(ConnId(1), 0);
+    login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
+    let a = exchange(&mut s, ConnId(1), &req(Request::HcaStats, 2), 5);
+    assert!(matches!(&a[0], (2, Ans::Ok(Response::HcaStats(h))) if *h == DEFERRING_HCA));
+    // Without a command queue: NOT_IMPLEMENTED, and the session goes on.
+    let mut s = server(Limits::default());
+    s.open(ConnId(1), 0);
+    login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
+    let a = exchange(&mut s, ConnId(1), &req(Request::HcaStats, 3), 5);
+    assert!(matches!(&a[0], (3, Ans::Err(e)) if e.code == ErrorCode::NotImplemented));
+    assert!(!s.wants_close(ConnId(1)));
 }
 
 #[test]

@@ -271,7 +271,7 @@ impl CmdQueue {
     }
 
     /// A handle on the command ring for readers on other cores (HEALTH, the panic dump).
-    pub fn log_handle(&self) -> Arc<Mutex<CmdLog>> {
+    pub fn log_handle(&self) -> crate::log::SharedLog {
         self.log.clone()
     }
 

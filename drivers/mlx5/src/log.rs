@@ -74,6 +74,9 @@ pub struct Counters {
     pub aborted: u64,
 }
 
+/// The log as the command engine and its readers (HEALTH, HCA_STATS, the fatal-path dump) share it.
+pub type SharedLog = alloc::sync::Arc<spin::Mutex<CmdLog>>;
+
 pub struct CmdLog {
     ring: [Option<Record>; CAPACITY],
     next: u64,

@@ -76,6 +76,7 @@ fn requests() -> Vec<Request> {
         Request::Stats,
         Request::FencedSummary { cursor: 3, max: 128 },
         Request::Health,
+        Request::HcaStats,
     ]
 }
 
@@ -148,6 +149,18 @@ fn responses() -> Vec<(Op, Response)> {
                 fenced_slots: 0,
                 uptime_ms: 7,
                 message: "no HCA".to_string(),
+            }),
+        ),
+        (
+            Op::HcaStats,
+            Response::HcaStats(HcaStats {
+                hca: HcaState::Ok,
+                submitted: 40,
+                ok: 37,
+                failed: 1,
+                timeout: 1,
+                late: 1,
+                aborted: u64::MAX,
             }),
         ),
     ]
@@ -253,6 +266,24 @@ fn golden_alloc_request_layout() {
     assert_eq!(&p[16..20], 0x11u32.to_be_bytes());
     assert_eq!(&p[24..40], [0xfe; 16]);
     assert_eq!(&p[40..46], [2, 0, 0, 0, 0, 1]);
+}
+
+#[test]
+fn golden_hca_stats_layout() {
+    let h = HcaStats { hca: HcaState::Fatal, submitted: 9, ok: 5, failed: 1, timeout: 1, late: 1, aborted: 1 };
+    let mut p = Vec::new();
+    Response::HcaStats(h).encode_payload(&mut p);
+    assert_eq!(p.len(), 56);
+    assert_eq!(&p[0..8], [3, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(&p[8..16], 9u64.to_be_bytes());
+    assert_eq!(&p[16..24], 5u64.to_be_bytes());
+    assert_eq!(&p[48..56], 1u64.to_be_bytes());
+    // The reserved bytes are checked.
+    p[5] = 1;
+    assert!(Response::decode(Op::HcaStats, &p).is_err());
+    p[5] = 0;
+    p[0] = 9;
+    assert_eq!(Response::decode(Op::HcaStats, &p), Err(DecodeError::Invalid { field: "hca_stats.hca" }));
 }
 
 #[test]
