@@ -210,6 +210,21 @@ int32_t lbx_client_connect_etcd(const char *etcd_endpoints,
                                 struct lbx_client **out);
 
 /**
+ * `lbx_client_connect_etcd` over TLS: `ca_file` is the etcd cluster's CA (PEM); `cert_file` and `key_file`
+ * (PEM; both or neither, NULL for neither) are this client's certificate and key for a cluster that verifies
+ * clients. Endpoints are `HOST:PORT` or `https://HOST:PORT`. `LBX_ERR_INVALID_ARGUMENT` when a file cannot be
+ * read or used; the last error names it.
+ */
+int32_t lbx_client_connect_etcd_tls(const char *etcd_endpoints,
+                                    const char *ca_file,
+                                    const char *cert_file,
+                                    const char *key_file,
+                                    const char *name,
+                                    const char *key_hex,
+                                    uint32_t timeout_ms,
+                                    struct lbx_client **out);
+
+/**
  * Frees the leases the client still tracks, says BYE, ends its threads and destroys the handle (NULL:
  * nothing). Free lease handles first: afterwards their calls fail with `LBX_ERR_CLOSED`.
  */

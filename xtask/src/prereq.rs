@@ -1,6 +1,6 @@
 //! Host prerequisites: QEMU, GRUB (both platforms), xorriso, mtools, OVMF, and what leasectl's verbs backend
-//! needs to build (rdma-core headers and pkg-config modules, pkg-config, libclang), the fleet tests' etcd and
-//! promtool, and the Debian tools the Soft-RoCE guest is built with (apt-get, apt-cache, dpkg, dpkg-deb, ldd).
+//! needs to build (rdma-core headers and pkg-config modules, pkg-config, libclang), the fleet tests' etcd,
+//! promtool and openssl, and the Debian tools the Soft-RoCE guest is built with (apt-get, apt-cache, dpkg, dpkg-deb, ldd).
 //! Missing ones are installed with apt-get when running as root on a Debian-like host; otherwise the
 //! exact command is printed.
 //!
@@ -100,6 +100,8 @@ pub const REQUIREMENTS: &[Requirement] = &[
     // Prometheus's `promtool`, which checks the registrar's /metrics.
     Requirement { what: "etcd", probe: Probe::Exe("etcd"), package: "etcd-server" },
     Requirement { what: "promtool", probe: Probe::Exe("promtool"), package: "prometheus" },
+    // The TLS fleet tests make a throwaway CA and certificates for their etcd with it.
+    Requirement { what: "openssl", probe: Probe::Exe("openssl"), package: "openssl" },
     // The Soft-RoCE guest of the rxe-qemu scenario (docs/rxe-guest.md) is built from Debian's packages with these
     // (every Debian system has them; a host without them is told so here rather than midway through a build).
     Requirement { what: "apt-get", probe: Probe::Exe("apt-get"), package: "apt" },
@@ -526,6 +528,7 @@ mod tests {
                 "mformat",
                 "etcd",
                 "promtool",
+                "openssl",
                 "apt-get",
                 "apt-cache",
                 "dpkg",
@@ -592,6 +595,7 @@ mod tests {
                 "libclang-dev",
                 "etcd-server",
                 "prometheus",
+                "openssl",
                 "apt",
                 "dpkg",
                 "libc-bin"
@@ -622,7 +626,7 @@ mod tests {
         let h = r.host_with(&[("LEASEBOX_OVMF_CODE", code.as_os_str()), ("LEASEBOX_OVMF_VARS", vars.as_os_str())]);
         assert!(!packages(&missing(&h)).contains(&"ovmf"));
 
-        // An empty PATH finds no executables: qemu, grub-mkrescue, xorriso, mformat, pkg-config, etcd, promtool, and with
+        // An empty PATH finds no executables: qemu, grub-mkrescue, xorriso, mformat, pkg-config, etcd, promtool, openssl, and with
         // pkg-config gone, neither rdma-core module can be confirmed.
         let none = Host::new(&r.0, [("PATH", "")]);
         assert_eq!(
@@ -638,6 +642,7 @@ mod tests {
                 "pkg-config",
                 "etcd-server",
                 "prometheus",
+                "openssl",
                 "apt",
                 "dpkg",
                 "libc-bin"

@@ -341,14 +341,55 @@ pub extern "C" fn lbx_client_connect_etcd(
     timeout_ms: u32,
     out: *mut *mut lbx_client,
 ) -> i32 {
-    entry("lbx_client_connect_etcd", || {
+    let none = std::ptr::null();
+    connect_etcd("lbx_client_connect_etcd", [etcd_endpoints, none, none, none], name, key_hex, timeout_ms, out)
+}
+
+/// `lbx_client_connect_etcd` over TLS: `ca_file` is the etcd cluster's CA (PEM); `cert_file` and `key_file`
+/// (PEM; both or neither, NULL for neither) are this client's certificate and key for a cluster that verifies
+/// clients. Endpoints are `HOST:PORT` or `https://HOST:PORT`. `LBX_ERR_INVALID_ARGUMENT` when a file cannot be
+/// read or used; the last error names it.
+#[unsafe(no_mangle)]
+pub extern "C" fn lbx_client_connect_etcd_tls(
+    etcd_endpoints: *const c_char,
+    ca_file: *const c_char,
+    cert_file: *const c_char,
+    key_file: *const c_char,
+    name: *const c_char,
+    key_hex: *const c_char,
+    timeout_ms: u32,
+    out: *mut *mut lbx_client,
+) -> i32 {
+    if ca_file.is_null() {
+        return entry("lbx_client_connect_etcd_tls", || Err(Fail::Invalid("ca_file is NULL".into())));
+    }
+    let files = [etcd_endpoints, ca_file, cert_file, key_file];
+    connect_etcd("lbx_client_connect_etcd_tls", files, name, key_hex, timeout_ms, out)
+}
+
+/// Both etcd starts: `files` = endpoints, then the CA, certificate and key files (NULL: none).
+fn connect_etcd(
+    what: &'static str,
+    files: [*const c_char; 4],
+    name: *const c_char,
+    key_hex: *const c_char,
+    timeout_ms: u32,
+    out: *mut *mut lbx_client,
+) -> i32 {
+    entry(what, || {
         let out = self::out(out, "out")?;
         // SAFETY: `out` is non-NULL and points to writable storage for a pointer (the caller's contract).
         unsafe { out.write(std::ptr::null_mut()) };
-        let etcd = string(etcd_endpoints, "etcd_endpoints")?;
+        let etcd = string(files[0], "etcd_endpoints")?;
+        let path = |p: *const c_char, what: &str| -> Result<Option<std::path::PathBuf>, Fail> {
+            if p.is_null() { Ok(None) } else { string(p, what).map(|s| Some(s.into())) }
+        };
+        let (ca, cert, key_file) =
+            (path(files[1], "ca_file")?, path(files[2], "cert_file")?, path(files[3], "key_file")?);
+        let tls = leasebox_client::TlsFiles::from_options(ca, cert, key_file).map_err(Fail::Invalid)?;
         let (name, key) = (string(name, "name")?, string(key_hex, "key_hex")?);
         let timeout = (timeout_ms != 0).then(|| Duration::from_millis(u64::from(timeout_ms)));
-        let cfg = FleetConfig::software(&[etcd.to_string()], name, key, timeout).map_err(Fail::Invalid)?;
+        let cfg = FleetConfig::software(&[etcd.to_string()], tls, name, key, timeout).map_err(Fail::Invalid)?;
         let c = Client::connect_fleet(cfg)?;
         let h = Box::into_raw(Box::new(lbx_client { tag: CLIENT_TAG, inner: Some(c) }));
         // SAFETY: as above.

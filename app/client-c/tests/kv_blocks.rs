@@ -202,4 +202,73 @@ fn a_client_started_from_etcd_places_on_the_advertised_appliance() {
     assert_eq!(lbx_client_close(client), LBX_OK, "{}", last());
     let r = lbx_client_connect_etcd(std::ptr::null(), c"demo".as_ptr(), c(&a.tenant).as_ptr(), 0, &mut client);
     assert_eq!(r, LBX_ERR_INVALID_ARGUMENT);
+    // An https endpoint needs the TLS start.
+    let https = c(&format!("https://{}", e.endpoint()));
+    let r = lbx_client_connect_etcd(https.as_ptr(), c"demo".as_ptr(), c(&a.tenant).as_ptr(), 500, &mut client);
+    assert_eq!(r, LBX_ERR_INVALID_ARGUMENT, "{}", last());
+    assert!(last().contains("--etcd-cacert"), "{}", last());
+}
+
+/// `lbx_client_connect_etcd_tls`: the same through an etcd that serves TLS only and verifies clients; without
+/// the client certificate, or with a CA file that does not exist, it fails and says why.
+#[test]
+fn a_client_started_from_etcd_over_tls_places_on_the_advertised_appliance() {
+    use leasebox_fleet::advert::Advertisement;
+    let a = start();
+    let e = leasebox_fleet::local::LocalEtcd::start_tls().unwrap_or_else(|m| panic!("{m}"));
+    let files = e.client_tls().unwrap().clone();
+    let ad = Advertisement {
+        boot_id: "00112233445566778899aabbccddeeff".into(),
+        control: a.addr.clone(),
+        rdma: a.udp.clone(),
+        free_bytes: 64 << 20,
+        health: "ok".into(),
+        hca: "ok".into(),
+        ..Advertisement::default()
+    };
+    e.client().put(&ad.key(), ad.to_json().as_bytes(), 0).unwrap();
+    let endpoint = c(&e.endpoint());
+    let path = |p: &std::path::Path| c(p.to_str().unwrap());
+    let (ca, cert, key) = (path(&files.ca), path(files.cert.as_ref().unwrap()), path(files.key.as_ref().unwrap()));
+    let tenant = c(&a.tenant);
+    let connect = |ca: *const std::ffi::c_char, cert: *const std::ffi::c_char, key: *const std::ffi::c_char| {
+        let mut client: *mut lbx_client = std::ptr::null_mut();
+        let r = lbx_client_connect_etcd_tls(
+            endpoint.as_ptr(),
+            ca,
+            cert,
+            key,
+            c"demo".as_ptr(),
+            tenant.as_ptr(),
+            3000,
+            &mut client,
+        );
+        (r, client)
+    };
+    let (r, client) = connect(ca.as_ptr(), cert.as_ptr(), key.as_ptr());
+    assert_eq!(r, LBX_OK, "{}", last());
+    let mut lease: *mut lbx_lease = std::ptr::null_mut();
+    assert_eq!(lbx_alloc(client, 1 << 20, 0, &mut lease), LBX_OK, "{}", last());
+    let data = b"placed through etcd over TLS";
+    assert_eq!(lbx_lease_write(lease, 0, data.as_ptr(), data.len()), LBX_OK, "{}", last());
+    let mut back = [0u8; 28];
+    assert_eq!(lbx_lease_read(lease, 0, back.as_mut_ptr(), back.len()), LBX_OK, "{}", last());
+    assert_eq!(&back, data);
+    assert_eq!(lbx_lease_free(lease), LBX_OK, "{}", last());
+    assert_eq!(lbx_client_close(client), LBX_OK, "{}", last());
+
+    // No client certificate: etcd refuses the handshake; the error says what to give.
+    let (r, client) = connect(ca.as_ptr(), std::ptr::null(), std::ptr::null());
+    assert_ne!(r, LBX_OK);
+    assert!(client.is_null());
+    assert!(last().contains("--etcd-cert"), "{}", last());
+    // A certificate without its key, a missing CA file, no CA at all: refused before any connection.
+    let (r, _) = connect(ca.as_ptr(), cert.as_ptr(), std::ptr::null());
+    assert_eq!(r, LBX_ERR_INVALID_ARGUMENT, "{}", last());
+    let missing = c("/nonexistent/ca.pem");
+    let (r, _) = connect(missing.as_ptr(), cert.as_ptr(), key.as_ptr());
+    assert_eq!(r, LBX_ERR_INVALID_ARGUMENT, "{}", last());
+    assert!(last().contains("/nonexistent/ca.pem"), "{}", last());
+    let (r, _) = connect(std::ptr::null(), std::ptr::null(), std::ptr::null());
+    assert_eq!(r, LBX_ERR_INVALID_ARGUMENT, "{}", last());
 }

@@ -244,9 +244,12 @@ impl Client {
     /// A client of the appliances etcd advertises (docs/fleet.md): `etcd` is one `HOST:PORT` (comma-separated
     /// allowed) or a list of them. Leases are placed by two random choices weighted by advertised free bytes;
     /// appliances join and leave as their keys do; RDMA goes to each advertisement's `rdma` address. Raises
-    /// `NoMemory` when etcd advertises no appliance within `timeout` (default 10 s).
+    /// `NoMemory` when etcd advertises no appliance within `timeout` (default 10 s). TLS to etcd: `etcd_cacert`
+    /// (the cluster's CA, PEM), with `etcd_cert` and `etcd_key` when the cluster verifies clients; endpoints may
+    /// then be written `https://HOST:PORT`.
     #[staticmethod]
-    #[pyo3(signature = (etcd, tenant, key, *, timeout=None, on_event=None))]
+    #[pyo3(signature = (etcd, tenant, key, *, timeout=None, on_event=None, etcd_cacert=None, etcd_cert=None, etcd_key=None))]
+    #[allow(clippy::too_many_arguments)]
     fn from_etcd(
         py: Python<'_>,
         etcd: &Bound<'_, PyAny>,
@@ -254,15 +257,22 @@ impl Client {
         key: String,
         timeout: Option<f64>,
         on_event: Option<Py<PyAny>>,
+        etcd_cacert: Option<std::path::PathBuf>,
+        etcd_cert: Option<std::path::PathBuf>,
+        etcd_key: Option<std::path::PathBuf>,
     ) -> PyResult<Client> {
         let endpoints = one_or_many(etcd, "etcd")?;
+        let tls = leasebox_client::TlsFiles::from_options(etcd_cacert, etcd_cert, etcd_key);
+        let tls = tls.map_err(|e| ConfigError::new_err(e.replace("--etcd-", "etcd_")))?;
         let timeout = match timeout {
             Some(t) if !(t.is_finite() && t > 0.0) => {
                 return Err(ConfigError::new_err("timeout must be a positive number of seconds"));
             }
             t => t.map(Duration::from_secs_f64),
         };
-        let mut cfg = FleetConfig::software(&endpoints, &tenant, &key, timeout).map_err(ConfigError::new_err)?;
+        // The options' names as Python spells them.
+        let cfg = FleetConfig::software(&endpoints, tls, &tenant, &key, timeout);
+        let mut cfg = cfg.map_err(|e| ConfigError::new_err(e.replace("--etcd-", "etcd_")))?;
         cfg.on_event = on_event.map(callback);
         let c = py.allow_threads(|| RustClient::connect_fleet(cfg)).map_err(py_err)?;
         Ok(Client { inner: Mutex::new(Some(Arc::new(c))) })

@@ -216,3 +216,11 @@ def test_from_etcd_places_on_the_advertised_appliance(appliance, etcd):
         assert lease.free() == "TornDown"
     with pytest.raises(leasebox.ConfigError):
         leasebox.Client.from_etcd("no-port", "demo", appliance.tenant_key)
+    # TLS options are checked before anything connects (the TLS path itself is tested through the C binding
+    # and the registrar against an etcd that verifies clients).
+    with pytest.raises(leasebox.ConfigError, match="etcd_cacert"):
+        leasebox.Client.from_etcd(f"https://{etcd.endpoint}", "demo", appliance.tenant_key)
+    with pytest.raises(leasebox.ConfigError, match="etcd_cacert"):
+        leasebox.Client.from_etcd(etcd.endpoint, "demo", appliance.tenant_key, etcd_cert="c.pem", etcd_key="k.pem")
+    with pytest.raises(leasebox.ConfigError, match="/nonexistent/ca.pem"):
+        leasebox.Client.from_etcd(etcd.endpoint, "demo", appliance.tenant_key, etcd_cacert="/nonexistent/ca.pem")

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use leasebox_fleet::advert::{Advertisement, PREFIX};
 use leasebox_fleet::etcd::{Etcd, Kv, WatchEvent};
+use leasebox_fleet::tls::TlsFiles;
 
 use crate::client::{Client, Inner, RequesterConfig};
 use crate::connection::{Client as Connection, Credentials, Timeouts};
@@ -27,8 +28,11 @@ use crate::session::Session;
 /// What [`Client::connect_fleet`] needs.
 #[derive(Clone)]
 pub struct FleetConfig {
-    /// etcd's client endpoints, `HOST:PORT` (plain HTTP, the JSON gateway).
+    /// etcd's client endpoints, `HOST:PORT` (the JSON gateway; `https://HOST:PORT` with `etcd_tls`).
     pub etcd: Vec<String>,
+    /// TLS to etcd: the cluster's CA, and a client certificate and key if it verifies clients. `None`: plain
+    /// HTTP.
+    pub etcd_tls: Option<TlsFiles>,
     /// Who we are on every appliance.
     pub credentials: Credentials,
     /// The requester for every appliance; `None`: the software requester toward each advertisement's `rdma`
@@ -47,6 +51,7 @@ impl FleetConfig {
     pub fn new(etcd: Vec<String>, credentials: Credentials) -> FleetConfig {
         FleetConfig {
             etcd,
+            etcd_tls: None,
             credentials,
             requester: None,
             timeouts: Timeouts::default(),
@@ -57,22 +62,24 @@ impl FleetConfig {
         }
     }
 
-    /// What the C and Python bindings build from plain values: etcd endpoints (comma-separated allowed), one
-    /// principal, an optional timeout for every network wait.
+    /// What the C and Python bindings build from plain values: etcd endpoints (comma-separated allowed) and
+    /// TLS to them if given, one principal, an optional timeout for every network wait.
     pub fn software(
         etcd: &[String],
+        etcd_tls: Option<TlsFiles>,
         name: &str,
         key_hex: &str,
         timeout: Option<Duration>,
     ) -> Result<FleetConfig, String> {
         let endpoints: Vec<String> =
             etcd.iter().flat_map(|e| e.split(',')).map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect();
-        Etcd::new(&endpoints, Duration::from_secs(1))?;
+        Etcd::with_tls(&endpoints, Duration::from_secs(1), etcd_tls.as_ref())?;
         let key = crate::hex::decode(key_hex).map_err(|e| format!("key: {e}"))?;
         if key.is_empty() {
             return Err("key: empty".into());
         }
         let mut c = FleetConfig::new(endpoints, Credentials { name: name.to_string(), key });
+        c.etcd_tls = etcd_tls;
         if let Some(t) = timeout {
             if t.is_zero() {
                 return Err("timeout must be positive".into());
@@ -349,8 +356,8 @@ impl Client {
     /// vanished ones get no new leases. Fails when etcd cannot be read, or when no appliance is advertised
     /// within `config.wait`.
     pub fn connect_fleet(config: FleetConfig) -> Result<Client, Error> {
-        let etcd =
-            Etcd::new(&config.etcd, config.timeouts.connect.max(Duration::from_secs(1))).map_err(Error::Config)?;
+        let wait = config.timeouts.connect.max(Duration::from_secs(1));
+        let etcd = Etcd::with_tls(&config.etcd, wait, config.etcd_tls.as_ref()).map_err(Error::Config)?;
         let (sink, rx) = Sink::new(config.on_event.clone());
         let view = Arc::new(View {
             state: Mutex::new(State::default()),

@@ -2,17 +2,24 @@
 //! `/v3beta/` for older clients). Requests are the gRPC messages in protobuf's JSON mapping: `bytes` fields
 //! (keys, values, election names) in base64, 64-bit integers as strings (accepted as numbers too).
 //!
+//! Endpoints are `HOST:PORT`, plain HTTP, or over TLS when the client is made with [`TlsFiles`]
+//! ([`Etcd::with_tls`]; `https://` endpoints need them, and with them an `http://` endpoint is refused rather
+//! than spoken to in the clear).
+//!
 //! Each call tries the endpoints in turn, starting with the one that answered last; only when none answers is it
 //! [`EtcdError::Unreachable`]. What etcd refuses is [`EtcdError::Refused`] (its status and message).
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use rustls::ClientConfig;
 use serde_json::{Value, json};
 
 use crate::base64;
 use crate::http;
+use crate::tls::TlsFiles;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EtcdError {
@@ -126,31 +133,54 @@ pub struct Etcd {
     endpoints: Vec<String>,
     timeout: Duration,
     good: AtomicUsize,
+    tls: Option<Arc<ClientConfig>>,
 }
 
 impl Clone for Etcd {
     fn clone(&self) -> Etcd {
-        Etcd { endpoints: self.endpoints.clone(), timeout: self.timeout, good: AtomicUsize::new(self.current()) }
+        Etcd {
+            endpoints: self.endpoints.clone(),
+            timeout: self.timeout,
+            good: AtomicUsize::new(self.current()),
+            tls: self.tls.clone(),
+        }
     }
 }
 
 impl Etcd {
-    /// `endpoints`: `HOST:PORT` (an `http://` prefix is accepted and dropped). Each request waits at most
-    /// `timeout` per endpoint.
+    /// Plain HTTP: `endpoints` are `HOST:PORT` (an `http://` prefix is accepted and dropped; several may be
+    /// given in one string, comma-separated). Each request waits at most `timeout` per endpoint.
     pub fn new(endpoints: &[String], timeout: Duration) -> Result<Etcd, String> {
-        let endpoints: Vec<String> = endpoints
-            .iter()
-            .flat_map(|e| e.split(','))
-            .map(|e| e.trim().trim_start_matches("http://").trim_end_matches('/').to_string())
-            .filter(|e| !e.is_empty())
-            .collect();
-        if endpoints.is_empty() {
+        Etcd::with_tls(endpoints, timeout, None)
+    }
+
+    /// As [`Etcd::new`], over TLS when `tls` is given (then endpoints are `HOST:PORT` or `https://HOST:PORT`).
+    pub fn with_tls(endpoints: &[String], timeout: Duration, tls: Option<&TlsFiles>) -> Result<Etcd, String> {
+        let scheme = if tls.is_some() { "https://" } else { "http://" };
+        let mut list = Vec::new();
+        for e in endpoints.iter().flat_map(|e| e.split(',')).map(str::trim).filter(|e| !e.is_empty()) {
+            let bare = e.strip_prefix(scheme).unwrap_or(e).trim_end_matches('/');
+            if bare.contains("://") {
+                return Err(match tls {
+                    Some(_) => format!("etcd endpoint '{e}': with TLS options every endpoint is https (or HOST:PORT)"),
+                    None => format!("etcd endpoint '{e}': https needs the cluster's CA (--etcd-cacert)"),
+                });
+            }
+            if !bare.contains(':') {
+                return Err(format!("etcd endpoint '{e}' is not HOST:PORT"));
+            }
+            list.push(bare.to_string());
+        }
+        if list.is_empty() {
             return Err("no etcd endpoint given".into());
         }
-        if let Some(bad) = endpoints.iter().find(|e| e.starts_with("https://") || !e.contains(':')) {
-            return Err(format!("etcd endpoint '{bad}' is not HOST:PORT (plain http only)"));
-        }
-        Ok(Etcd { endpoints, timeout, good: AtomicUsize::new(0) })
+        let tls = tls.map(TlsFiles::client_config).transpose()?;
+        Ok(Etcd { endpoints: list, timeout, good: AtomicUsize::new(0), tls })
+    }
+
+    /// Whether requests go over TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     pub fn endpoints(&self) -> &[String] {
@@ -169,7 +199,7 @@ impl Etcd {
         for i in 0..self.endpoints.len() {
             let at = (start + i) % self.endpoints.len();
             let ep = &self.endpoints[at];
-            match http::post(ep, &format!("/v3/{path}"), &body, timeout) {
+            match http::post(ep, self.tls.as_ref(), &format!("/v3/{path}"), &body, timeout) {
                 Ok((status, text)) => {
                     self.good.store(at, Ordering::Relaxed);
                     let v: Value = serde_json::from_str(text.lines().next().unwrap_or(""))
@@ -302,7 +332,7 @@ impl Etcd {
         for i in 0..self.endpoints.len() {
             let at = (start + i) % self.endpoints.len();
             let ep = &self.endpoints[at];
-            match http::Stream::open(ep, "/v3/watch", &body, self.timeout, poll) {
+            match http::Stream::open(ep, self.tls.as_ref(), "/v3/watch", &body, self.timeout, poll) {
                 Ok(s) => {
                     self.good.store(at, Ordering::Relaxed);
                     return Ok(Watch { stream: s, buf: Vec::new() });
@@ -359,12 +389,21 @@ mod tests {
     }
 
     #[test]
-    fn endpoints_are_host_port_over_plain_http() {
-        let e = Etcd::new(&["http://127.0.0.1:2379/, 10.0.0.1:2379".into()], Duration::from_secs(1)).unwrap();
+    fn endpoints_are_host_port_with_the_scheme_the_options_give() {
+        let s = Duration::from_secs(1);
+        let e = Etcd::new(&["http://127.0.0.1:2379/, 10.0.0.1:2379".into()], s).unwrap();
         assert_eq!(e.endpoints(), ["127.0.0.1:2379", "10.0.0.1:2379"]);
-        assert!(Etcd::new(&[], Duration::from_secs(1)).is_err());
-        assert!(Etcd::new(&["https://x:1".into()], Duration::from_secs(1)).unwrap_err().contains("plain http"));
-        assert!(Etcd::new(&["localhost".into()], Duration::from_secs(1)).is_err());
+        assert!(!e.is_tls());
+        assert!(Etcd::new(&[], s).is_err());
+        assert!(Etcd::new(&["https://x:1".into()], s).unwrap_err().contains("--etcd-cacert"));
+        assert!(Etcd::new(&["localhost".into()], s).is_err());
+        // With TLS options a plain endpoint is refused, not spoken to in the clear (the CA file is not read
+        // before the endpoints are checked).
+        let tls = TlsFiles { ca: "/nonexistent/ca.pem".into(), cert: None, key: None };
+        let err = Etcd::with_tls(&["http://127.0.0.1:2379".into()], s, Some(&tls)).unwrap_err();
+        assert!(err.contains("every endpoint is https"), "{err}");
+        let err = Etcd::with_tls(&["https://127.0.0.1:2379".into()], s, Some(&tls)).unwrap_err();
+        assert!(err.contains("/nonexistent/ca.pem"), "{err}");
     }
 
     /// Messages as etcd 3.4's gateway writes them (`etcdctl`-independent: typed from the proto's JSON mapping).

@@ -1,12 +1,90 @@
 //! Just enough HTTP/1.1 (RFC 9112) for etcd's JSON gateway: one POST per connection (`Connection: close`), the
 //! answer read to its end, chunked bodies decoded; and a streamed POST (`/v3/watch`) whose chunks are read as
-//! they come. Every wait has a deadline.
+//! they come. Plain TCP or TLS (rustls). Every wait has a deadline.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Duration;
 
-fn connect(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
+
+/// One connection to an endpoint.
+pub enum Conn {
+    Plain(TcpStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+}
+
+impl Conn {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Conn::Plain(s) => s,
+            Conn::Tls(t) => &t.sock,
+        }
+    }
+}
+
+/// A TLS error said plainly: which side refused, and for a refused client certificate what to give.
+fn tls_error(e: io::Error) -> io::Error {
+    let Some(inner) = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) else { return e };
+    let hint = match inner {
+        rustls::Error::AlertReceived(
+            rustls::AlertDescription::BadCertificate | rustls::AlertDescription::CertificateRequired,
+        ) => " (the server refused this client's certificate or wanted one: --etcd-cert, --etcd-key)",
+        rustls::Error::InvalidCertificate(_) => " (the server's certificate does not verify under --etcd-cacert)",
+        _ => "",
+    };
+    io::Error::new(e.kind(), format!("TLS: {inner}{hint}"))
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(t) => t.read(buf).map_err(tls_error),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(t) => t.write(buf).map_err(tls_error),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(t) => t.flush(),
+        }
+    }
+}
+
+/// The host part of `HOST:PORT` (`[v6]:PORT` too), as TLS names the server.
+fn host(addr: &str) -> &str {
+    let h = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    h.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// Connects to `addr`, with TLS when `tls` is given (the handshake runs within the deadline too).
+fn connect(addr: &str, tls: Option<&Arc<ClientConfig>>, timeout: Duration) -> io::Result<Conn> {
+    let s = tcp(addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let Some(config) = tls else { return Ok(Conn::Plain(s)) };
+    let name = ServerName::try_from(host(addr).to_string())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{addr}: not a TLS server name: {e}")))?;
+    let c = ClientConnection::new(config.clone(), name).map_err(|e| io::Error::other(format!("TLS: {e}")))?;
+    let mut t = StreamOwned::new(c, s);
+    while t.conn.is_handshaking() {
+        t.conn.complete_io(&mut t.sock).map_err(tls_error)?;
+    }
+    Ok(Conn::Tls(Box::new(t)))
+}
+
+fn tcp(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
     let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{addr}: no address"));
     for a in addr.to_socket_addrs()? {
         match TcpStream::connect_timeout(&a, timeout) {
@@ -20,16 +98,21 @@ fn connect(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
     Err(last)
 }
 
-fn send(addr: &str, path: &str, body: &str, timeout: Duration) -> io::Result<BufReader<TcpStream>> {
-    let mut s = connect(addr, timeout)?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
+fn send(
+    addr: &str,
+    tls: Option<&Arc<ClientConfig>>,
+    path: &str,
+    body: &str,
+    timeout: Duration,
+) -> io::Result<BufReader<Conn>> {
+    let mut s = connect(addr, tls, timeout)?;
     let req = format!(
         "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
          Connection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes())?;
+    s.flush()?;
     Ok(BufReader::new(s))
 }
 
@@ -88,8 +171,14 @@ fn chunk(r: &mut impl BufRead) -> io::Result<Option<Vec<u8>>> {
 }
 
 /// POSTs `body` (JSON) to `path`; the status and the whole answer body.
-pub fn post(addr: &str, path: &str, body: &str, timeout: Duration) -> io::Result<(u16, String)> {
-    let mut r = send(addr, path, body, timeout)?;
+pub fn post(
+    addr: &str,
+    tls: Option<&Arc<ClientConfig>>,
+    path: &str,
+    body: &str,
+    timeout: Duration,
+) -> io::Result<(u16, String)> {
+    let mut r = send(addr, tls, path, body, timeout)?;
     let (status, chunked, length) = head(&mut r)?;
     let mut out = Vec::new();
     if chunked {
@@ -107,20 +196,27 @@ pub fn post(addr: &str, path: &str, body: &str, timeout: Duration) -> io::Result
 
 /// A streamed answer: the body's bytes as they arrive.
 pub struct Stream {
-    r: BufReader<TcpStream>,
+    r: BufReader<Conn>,
     chunked: bool,
     done: bool,
 }
 
 impl Stream {
     /// POSTs `body` and reads the head; each later read waits at most `read_timeout`.
-    pub fn open(addr: &str, path: &str, body: &str, timeout: Duration, read_timeout: Duration) -> io::Result<Stream> {
-        let mut r = send(addr, path, body, timeout)?;
+    pub fn open(
+        addr: &str,
+        tls: Option<&Arc<ClientConfig>>,
+        path: &str,
+        body: &str,
+        timeout: Duration,
+        read_timeout: Duration,
+    ) -> io::Result<Stream> {
+        let mut r = send(addr, tls, path, body, timeout)?;
         let (status, chunked, _) = head(&mut r)?;
         if status != 200 {
             return Err(bad(format!("{path} answered HTTP {status}")));
         }
-        r.get_ref().set_read_timeout(Some(read_timeout))?;
+        r.get_ref().tcp().set_read_timeout(Some(read_timeout))?;
         Ok(Stream { r, chunked, done: false })
     }
 

@@ -2,7 +2,8 @@
 //! read from it, and how they all speak to etcd.
 //!
 //! - [`etcd`]: a small blocking client for etcd's JSON gateway (`/v3/kv/*`, `/v3/lease/*`, `/v3/watch`,
-//!   `/v3/election/*`) over plain HTTP/1.1: no gRPC, no protoc, no TLS stack.
+//!   `/v3/election/*`) over HTTP/1.1, plain or TLS ([`tls`]: rustls, with client certificates): no gRPC, no
+//!   protoc.
 //! - [`advert`]: the advertisement `/leasebox/v1/appliances/<boot id>` and its JSON.
 //! - [`local`]: an etcd server on loopback with a temporary data directory, for tests and benchmarks.
 //!
@@ -15,6 +16,8 @@ pub mod base64;
 pub mod etcd;
 mod http;
 pub mod local;
+pub mod tls;
 
 pub use advert::{Advertisement, PREFIX};
 pub use etcd::{Etcd, EtcdError, WatchEvent};
+pub use tls::TlsFiles;

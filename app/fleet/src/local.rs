@@ -1,6 +1,8 @@
 //! A single-member etcd on loopback for tests and benchmarks: Debian's `etcd-server` (etcd 3.4), free ports, a
 //! temporary data directory (on /dev/shm when there is one) removed afterwards. `cargo xtask prereqs` installs
 //! it; without it [`LocalEtcd::start`] fails with a message that says so (the fleet tests fail, not skip).
+//! [`LocalEtcd::start_tls`] serves TLS only and asks every client for a certificate, from a throwaway CA made
+//! with the `openssl` command (Debian package openssl).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -9,6 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::etcd::Etcd;
+use crate::tls::TlsFiles;
 
 /// Where etcd is looked for: `$LEASEBOX_ETCD`, else `etcd` in `PATH`.
 pub fn etcd_binary() -> Result<PathBuf, String> {
@@ -69,6 +72,8 @@ pub struct LocalEtcd {
     client_port: u16,
     peer_port: u16,
     child: Option<Child>,
+    /// With TLS: the server's certificate and key, and a client's files.
+    tls: Option<(PathBuf, PathBuf, TlsFiles)>,
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -76,33 +81,61 @@ static SEQ: AtomicU32 = AtomicU32::new(0);
 impl LocalEtcd {
     /// Starts etcd and waits (at most 20 s) until it answers.
     pub fn start() -> Result<LocalEtcd, String> {
+        LocalEtcd::start_with(false)
+    }
+
+    /// As [`LocalEtcd::start`], serving HTTPS only with client certificates required (`--client-cert-auth`):
+    /// a CA, a server certificate for 127.0.0.1 and a client certificate are made in its directory first.
+    pub fn start_tls() -> Result<LocalEtcd, String> {
+        LocalEtcd::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> Result<LocalEtcd, String> {
         let bin = etcd_binary()?;
         // On tmpfs when there is one: etcd fsyncs its log on every write, and a test machine's disk under a
         // parallel build can stall an fsync for seconds, longer than the tests' lease TTLs.
         let shm = std::path::Path::new("/dev/shm");
         let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
         let dir = base.join(format!("leasebox-etcd-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
-        let mut e = LocalEtcd { bin, dir, client_port: free_port()?, peer_port: free_port()?, child: None };
+        let mut e = LocalEtcd { bin, dir, client_port: free_port()?, peer_port: free_port()?, child: None, tls: None };
+        if tls {
+            std::fs::create_dir_all(&e.dir).map_err(|err| format!("{}: {err}", e.dir.display()))?;
+            e.tls = Some(make_certificates(&e.dir.join("pki"))?);
+        }
         e.launch()?;
         Ok(e)
     }
 
-    /// The client endpoint, `127.0.0.1:PORT`.
+    /// The client endpoint, `127.0.0.1:PORT` (`https://127.0.0.1:PORT` with TLS).
     pub fn endpoint(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https://" } else { "" };
+        format!("{scheme}127.0.0.1:{}", self.client_port)
+    }
+
+    /// With TLS: the CA and a client certificate and key that this server accepts.
+    pub fn client_tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref().map(|t| &t.2)
     }
 
     /// A client for this server.
     pub fn client(&self) -> Etcd {
-        Etcd::new(&[self.endpoint()], Duration::from_secs(3)).expect("a loopback endpoint")
+        Etcd::with_tls(&[self.endpoint()], Duration::from_secs(3), self.client_tls()).expect("a loopback endpoint")
     }
 
     fn launch(&mut self) -> Result<(), String> {
         std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
-        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::File::create(self.dir.join("etcd.log")).map_err(|e| e.to_string())?;
-        let child = Command::new(&self.bin)
+        let mut cmd = Command::new(&self.bin);
+        if let Some((cert, key, files)) = &self.tls {
+            cmd.arg(format!("--cert-file={}", cert.display()))
+                .arg(format!("--key-file={}", key.display()))
+                .arg(format!("--trusted-ca-file={}", files.ca.display()))
+                .arg("--client-cert-auth");
+        }
+        let child = cmd
             .arg("--name=leasebox-test")
             .arg(format!("--data-dir={}", self.dir.join("data").display()))
             .arg(format!("--listen-client-urls={client}"))
@@ -151,6 +184,64 @@ impl LocalEtcd {
         }
         self.launch()
     }
+}
+
+/// Runs `openssl` with `args` in `dir`.
+fn openssl(dir: &std::path::Path, args: &[&str]) -> Result<(), String> {
+    let bin = find_in_path("openssl")
+        .ok_or("openssl not found in PATH (Debian package openssl): the TLS fleet test makes its CA with it")?;
+    let out = Command::new(bin)
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("openssl: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("openssl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// A throwaway CA (P-256), a server certificate for 127.0.0.1 (server and client use: etcd's gateway dials its
+/// own gRPC port with it) and a client certificate: (server cert, server key, the client's files).
+fn make_certificates(dir: &std::path::Path) -> Result<(PathBuf, PathBuf, TlsFiles), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let ca = [&["req", "-x509"][..], &ec, &["-keyout", "ca.key", "-out", "ca.pem", "-days", "2"]].concat();
+    let ca_ext = ["-subj", "/CN=leasebox test CA", "-addext", "basicConstraints=critical,CA:TRUE"];
+    openssl(dir, &[&ca[..], &ca_ext, &["-addext", "keyUsage=critical,keyCertSign,cRLSign"]].concat())?;
+    for (name, eku, san) in [
+        (
+            "server",
+            "serverAuth,clientAuth",
+            "subjectAltName=IP:127.0.0.1
+",
+        ),
+        ("client", "clientAuth", ""),
+    ] {
+        let (key, csr, pem, ext) =
+            (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"), format!("{name}.ext"));
+        let text = format!(
+            "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature
+extendedKeyUsage={eku}
+{san}"
+        );
+        std::fs::write(dir.join(&ext), text).map_err(|e| e.to_string())?;
+        let subj = format!("/CN=leasebox test {name}");
+        openssl(dir, &[&["req"][..], &ec, &["-keyout", &key, "-out", &csr, "-subj", &subj]].concat())?;
+        openssl(
+            dir,
+            &["x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", &pem]
+                .into_iter()
+                .chain(["-days", "2", "-extfile", &ext])
+                .collect::<Vec<_>>(),
+        )?;
+    }
+    let client =
+        TlsFiles { ca: dir.join("ca.pem"), cert: Some(dir.join("client.pem")), key: Some(dir.join("client.key")) };
+    Ok((dir.join("server.pem"), dir.join("server.key"), client))
 }
 
 impl Drop for LocalEtcd {

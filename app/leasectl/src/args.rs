@@ -42,7 +42,7 @@ pub enum Command {
     /// A completion script for `shell` on stdout.
     Completions(Shell),
     /// `fleet list`: the appliances etcd advertises (docs/fleet.md).
-    FleetList { etcd: Vec<String> },
+    FleetList { etcd: Vec<String>, tls: Option<leasebox_client::TlsFiles> },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -241,9 +241,18 @@ enum Cmd {
 enum FleetCmd {
     /// The appliances the registrar advertises in etcd, and the leading registrar
     List {
-        /// etcd client endpoints, HOST:PORT (plain HTTP; repeat or comma-separate)
+        /// etcd client endpoints, HOST:PORT or https://HOST:PORT (repeat or comma-separate)
         #[arg(long, value_name = "HOST:PORT", required = true)]
         etcd: Vec<String>,
+        /// TLS to etcd: the cluster's CA (PEM)
+        #[arg(long, value_name = "FILE")]
+        etcd_cacert: Option<std::path::PathBuf>,
+        /// TLS to etcd: this client's certificate (PEM), for a cluster that verifies clients
+        #[arg(long, value_name = "FILE", requires = "etcd_key", requires = "etcd_cacert")]
+        etcd_cert: Option<std::path::PathBuf>,
+        /// TLS to etcd: the key of --etcd-cert (PEM)
+        #[arg(long, value_name = "FILE", requires = "etcd_cert", requires = "etcd_cacert")]
+        etcd_key: Option<std::path::PathBuf>,
     },
 }
 
@@ -285,7 +294,10 @@ pub fn parse(args: &[String]) -> Result<Invocation, clap::Error> {
         }
         Cmd::Verify(v) => (Timeout { timeout: None }, Command::Verify(v)),
         Cmd::Completions { shell } => (Timeout { timeout: None }, Command::Completions(shell)),
-        Cmd::Fleet { sub: FleetCmd::List { etcd } } => (Timeout { timeout: None }, Command::FleetList { etcd }),
+        Cmd::Fleet { sub: FleetCmd::List { etcd, etcd_cacert, etcd_cert, etcd_key } } => {
+            let tls = etcd_cacert.map(|ca| leasebox_client::TlsFiles { ca, cert: etcd_cert, key: etcd_key });
+            (Timeout { timeout: None }, Command::FleetList { etcd, tls })
+        }
     };
     let g = cli.global;
     let drain = matches!(command, Command::Drain { .. });
@@ -470,6 +482,25 @@ mod tests {
     }
     fn kind(args: &[&str]) -> ErrorKind {
         p(args).unwrap_err().kind()
+    }
+
+    #[test]
+    fn fleet_list_takes_etcd_tls_files_that_go_together() {
+        let e = || vec!["127.0.0.1:2379".to_string()];
+        assert_eq!(cmd(&["fleet", "list", "--etcd", "127.0.0.1:2379"]), Command::FleetList { etcd: e(), tls: None });
+        let all = ["fleet", "list", "--etcd", "127.0.0.1:2379", "--etcd-cacert", "ca.pem"];
+        let tls = |cert: Option<&str>, key: Option<&str>| leasebox_client::TlsFiles {
+            ca: "ca.pem".into(),
+            cert: cert.map(Into::into),
+            key: key.map(Into::into),
+        };
+        assert_eq!(cmd(&all), Command::FleetList { etcd: e(), tls: Some(tls(None, None)) });
+        let with_cert = [&all[..], &["--etcd-cert", "c.pem", "--etcd-key", "k.pem"]].concat();
+        assert_eq!(cmd(&with_cert), Command::FleetList { etcd: e(), tls: Some(tls(Some("c.pem"), Some("k.pem"))) });
+        assert!(err(&[&all[..], &["--etcd-cert", "c.pem"]].concat()).contains("--etcd-key"));
+        assert!(
+            err(&["fleet", "list", "--etcd", "h:1", "--etcd-cert", "c", "--etcd-key", "k"]).contains("--etcd-cacert")
+        );
     }
 
     #[test]

@@ -42,7 +42,9 @@ pub fn run(args: &[String], env: &dyn Fn(&str) -> Option<String>, out: &mut dyn 
             args::completions(*shell, out);
             return exit::OK;
         }
-        Command::FleetList { etcd } => return crate::fleet::list(etcd, inv.global.json, out, err),
+        Command::FleetList { etcd, tls } => {
+            return crate::fleet::list(etcd, tls.as_ref(), inv.global.json, out, err);
+        }
         _ => {}
     }
     let s = match settings(&inv.global, env) {

@@ -40,7 +40,13 @@ pub fn table(ads: &[Advertisement], leader: Option<&str>) -> String {
     t
 }
 
-pub fn list(etcd: &[String], json_out: bool, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+pub fn list(
+    etcd: &[String],
+    tls: Option<&leasebox_client::TlsFiles>,
+    json_out: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
     let fail = |err: &mut dyn Write, out: &mut dyn Write, m: String, code: u8| {
         if json_out {
             let _ = writeln!(out, "{}", json!({"error": {"code": "ETCD", "message": m}}));
@@ -49,7 +55,7 @@ pub fn list(etcd: &[String], json_out: bool, out: &mut dyn Write, err: &mut dyn 
         }
         code
     };
-    let e = match Etcd::new(etcd, Duration::from_secs(3)) {
+    let e = match Etcd::with_tls(etcd, Duration::from_secs(3), tls) {
         Ok(e) => e,
         Err(m) => return fail(err, out, m, exit::USAGE),
     };
@@ -96,7 +102,7 @@ mod tests {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         // A port nothing listens on (bound, then closed).
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let code = list(&[format!("127.0.0.1:{port}")], false, &mut out, &mut err);
+        let code = list(&[format!("127.0.0.1:{port}")], None, false, &mut out, &mut err);
         assert_eq!(code, exit::CONNECTION);
         assert!(String::from_utf8_lossy(&err).contains("etcd unreachable"));
     }

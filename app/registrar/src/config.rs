@@ -7,6 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use leasebox_fleet::TlsFiles;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApplianceSpec {
     pub control: String,
@@ -62,6 +64,8 @@ pub struct Config {
     /// This registrar's name (the election's value; `registrar` in each advertisement).
     pub name: String,
     pub etcd: Vec<String>,
+    /// TLS to etcd (`--etcd-cacert`, `--etcd-cert`, `--etcd-key`); `None`: plain HTTP.
+    pub etcd_tls: Option<TlsFiles>,
     pub appliances: Vec<ApplianceSpec>,
     /// How often each appliance is asked (1–2 s in production).
     pub poll: Duration,
@@ -79,6 +83,7 @@ impl Config {
         Config {
             name: name.to_string(),
             etcd,
+            etcd_tls: None,
             appliances,
             poll: Duration::from_millis(1000),
             ttl_s: 10,
@@ -87,12 +92,13 @@ impl Config {
         }
     }
 
-    pub const USAGE: &'static str = "usage: leasebox-registrar --etcd HOST:PORT[,HOST:PORT...] \
-        (--appliance 'HOST:PORT key=HEX [rdma=ADDR] [label=value ...]' ... | --appliances FILE) \
+    pub const USAGE: &'static str = "usage: leasebox-registrar --etcd [https://]HOST:PORT[,HOST:PORT...] \
+        [--etcd-cacert CA.pem [--etcd-cert CERT.pem --etcd-key KEY.pem]] (--appliance 'HOST:PORT key=HEX [rdma=ADDR] [label=value ...]' ... | --appliances FILE) \
         [--name NAME] [--metrics ADDR] [--poll-ms 1000] [--ttl-s 10] [--election-ttl-s 5]";
 
     pub fn from_args(args: &[String]) -> Result<Config, String> {
         let mut c = Config::new("", Vec::new(), Vec::new());
+        let (mut ca, mut cert, mut key) = (None, None, None);
         let mut it = args.iter();
         while let Some(a) = it.next() {
             let mut val = || it.next().cloned().ok_or_else(|| format!("{a} needs a value"));
@@ -104,6 +110,9 @@ impl Config {
                     let text = std::fs::read_to_string(&p).map_err(|e| format!("{p}: {e}"))?;
                     c.appliances.extend(ApplianceSpec::parse_file(&text).map_err(|e| format!("{p}: {e}"))?);
                 }
+                "--etcd-cacert" => ca = Some(val()?.into()),
+                "--etcd-cert" => cert = Some(val()?.into()),
+                "--etcd-key" => key = Some(val()?.into()),
                 "--name" => c.name = val()?,
                 "--metrics" => c.metrics = Some(val()?),
                 "--poll-ms" => c.poll = Duration::from_millis(number(&val()?, 100, 60_000)?),
@@ -115,6 +124,7 @@ impl Config {
         if c.etcd.is_empty() {
             return Err("no --etcd endpoint".into());
         }
+        c.etcd_tls = TlsFiles::from_options(ca, cert, key)?;
         if c.appliances.is_empty() {
             return Err("no appliance (--appliance or --appliances)".into());
         }
@@ -165,6 +175,15 @@ mod tests {
         assert_eq!((c.poll, c.ttl_s, c.name.as_str()), (Duration::from_millis(1500), 10, "r1"));
         assert!(Config::from_args(&args[2..]).unwrap_err().contains("--etcd"));
         assert!(Config::from_args(&args[..2]).unwrap_err().contains("no appliance"));
+        assert_eq!(c.etcd_tls, None);
+        let with = |extra: &[&str]| {
+            let mut a = args.clone();
+            a.extend(extra.iter().map(|s| s.to_string()));
+            Config::from_args(&a)
+        };
+        let tls = with(&["--etcd-cacert", "ca.pem", "--etcd-cert", "c.pem", "--etcd-key", "k.pem"]).unwrap().etcd_tls;
+        assert_eq!(tls, Some(TlsFiles { ca: "ca.pem".into(), cert: Some("c.pem".into()), key: Some("k.pem".into()) }));
+        assert!(with(&["--etcd-cert", "c.pem"]).unwrap_err().contains("--etcd-cacert"));
         assert!(Config::from_args(&["--poll-ms".to_string(), "5".to_string()]).unwrap_err().contains("100"));
     }
 }

@@ -91,7 +91,7 @@ pub struct Registrar {
 
 impl Registrar {
     pub fn start(cfg: Config) -> Result<Registrar, String> {
-        let etcd = Etcd::new(&cfg.etcd, Duration::from_secs(2))?;
+        let etcd = Etcd::with_tls(&cfg.etcd, Duration::from_secs(2), cfg.etcd_tls.as_ref())?;
         let listener = match &cfg.metrics {
             Some(a) => Some(TcpListener::bind(a).map_err(|e| format!("metrics on {a}: {e}"))?),
             None => None,

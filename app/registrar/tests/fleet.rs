@@ -139,7 +139,7 @@ fn appliances_register_spread_leases_by_free_bytes_and_expire_when_stopped() {
     // `leasectl fleet list` shows the same fleet and the leader.
     let (mut out, mut err) = (Vec::new(), Vec::new());
     assert_eq!(
-        leasectl::fleet::list(&[e.endpoint()], true, &mut out, &mut err),
+        leasectl::fleet::list(&[e.endpoint()], None, true, &mut out, &mut err),
         0,
         "{}",
         String::from_utf8_lossy(&err)
@@ -268,14 +268,20 @@ impl Drop for Proc {
     }
 }
 
+/// The registrar as a process, with `--etcd-cacert/--etcd-cert/--etcd-key` when `e` serves TLS.
 fn registrar_process(name: &str, e: &LocalEtcd, spec_line: &str) -> Proc {
-    let c = Command::new(env!("CARGO_BIN_EXE_leasebox-registrar"))
-        .args(["--name", name, "--etcd", &e.endpoint(), "--appliance", spec_line, "--poll-ms", "500"])
-        .args(["--ttl-s", &TTL_S.to_string(), "--election-ttl-s", &ELECTION_TTL_S.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_leasebox-registrar"));
+    c.args(["--name", name, "--etcd", &e.endpoint(), "--appliance", spec_line, "--poll-ms", "500"]).args([
+        "--ttl-s",
+        &TTL_S.to_string(),
+        "--election-ttl-s",
+        &ELECTION_TTL_S.to_string(),
+    ]);
+    if let Some(t) = e.client_tls() {
+        c.arg("--etcd-cacert").arg(&t.ca);
+        c.arg("--etcd-cert").arg(t.cert.as_ref().unwrap()).arg("--etcd-key").arg(t.key.as_ref().unwrap());
+    }
+    let c = c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     Proc(c)
 }
 
@@ -308,6 +314,51 @@ fn when_the_leading_registrar_is_killed_the_other_leads_and_publishes_within_the
     // And the appliance never dropped out meanwhile long enough to lose its key.
     assert_eq!(adverts(&etcd).len(), 1);
     drop(procs);
+    h.stop();
+}
+
+/// An etcd that serves TLS only and verifies clients (`--client-cert-auth`), as production clusters run: the
+/// registrar (a process, with `--etcd-cacert/--etcd-cert/--etcd-key`) registers an appliance, `leasectl fleet
+/// list` and a fleet client see it through TLS, and the client places a lease there. A registrar without the
+/// TLS options is refused at start for an https endpoint.
+#[test]
+fn over_tls_with_client_certificates_the_fleet_works_end_to_end() {
+    let _one = serial();
+    let e = LocalEtcd::start_tls().unwrap_or_else(|m| panic!("{m}"));
+    let tls = e.client_tls().unwrap().clone();
+    let keys = Keys::new();
+    let h = appliance(&keys, Some(16));
+    let s = spec(&keys, &h, "tls");
+    let line = format!("{} key={} rdma={} zone=tls", s.control, keys.admin_hex, s.rdma);
+    let _reg = registrar_process("r-tls", &e, &line);
+    let etcd = e.client();
+    wait_for(Duration::from_secs(15), "the appliance advertised over TLS", || adverts(&etcd).contains_key(&s.control));
+
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    assert_eq!(leasectl::fleet::list(&[e.endpoint()], Some(&tls), true, &mut out, &mut err), 0);
+    let listed: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(listed["appliances"][0]["control"], s.control.as_str(), "{listed}");
+    // Without the TLS files, leasectl is told the endpoint needs them.
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    assert_ne!(leasectl::fleet::list(&[e.endpoint()], None, false, &mut out, &mut err), 0);
+    assert!(String::from_utf8_lossy(&err).contains("--etcd-cacert"), "{}", String::from_utf8_lossy(&err));
+
+    let mut fc = FleetConfig::new(vec![e.endpoint()], keys.tenant());
+    fc.etcd_tls = Some(tls.clone());
+    fc.timeouts = Timeouts::all(Duration::from_secs(5));
+    let client = Client::connect_fleet(fc).unwrap();
+    let mut l = client.alloc(MIB, AllocOptions::default()).unwrap();
+    assert_eq!(l.appliance(), s.control);
+    l.write(0, b"over TLS").unwrap();
+    let mut back = [0u8; 8];
+    l.read(0, &mut back).unwrap();
+    assert_eq!(&back, b"over TLS");
+    l.free().unwrap();
+    drop(client);
+
+    let plain = Config { etcd_tls: None, ..config("r-plain", &e, vec![s.clone()]) };
+    let refused = Registrar::start(plain).err().expect("an https endpoint without TLS options is refused");
+    assert!(refused.contains("--etcd-cacert"), "{refused}");
     h.stop();
 }
 

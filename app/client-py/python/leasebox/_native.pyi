@@ -106,6 +106,9 @@ class Client:
         *,
         timeout: Optional[float] = None,
         on_event: Optional[Callable[[Event], None]] = None,
+        etcd_cacert: Optional[str] = None,
+        etcd_cert: Optional[str] = None,
+        etcd_key: Optional[str] = None,
     ) -> Client: ...
     @property
     def appliances(self) -> list[str]: ...
