@@ -163,6 +163,19 @@ fn revoke_turns_the_next_call_into_lbx_err_revoked_and_a_cut_connection_is_recon
     assert_eq!(lbx_client_close(admin), LBX_OK, "{}", last());
 }
 
+/// A 1 MiB lease from `client` carries `data` (written at offset 7, read back), is freed; then the client is
+/// closed.
+fn one_lease_carries(client: *mut lbx_client, data: &[u8]) {
+    let mut lease: *mut lbx_lease = std::ptr::null_mut();
+    assert_eq!(lbx_alloc(client, 1 << 20, 0, &mut lease), LBX_OK, "{}", last());
+    assert_eq!(lbx_lease_write(lease, 7, data.as_ptr(), data.len()), LBX_OK, "{}", last());
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(lbx_lease_read(lease, 7, back.as_mut_ptr(), back.len()), LBX_OK, "{}", last());
+    assert_eq!(back, data);
+    assert_eq!(lbx_lease_free(lease), LBX_OK, "{}", last());
+    assert_eq!(lbx_client_close(client), LBX_OK, "{}", last());
+}
+
 /// `lbx_client_connect_etcd`: the appliance comes from an advertisement in a real etcd (as the registrar
 /// writes it, docs/fleet.md), and a lease placed there carries data; an etcd without advertisements is
 /// `LBX_ERR_NO_MEMORY` once the timeout has passed.
@@ -191,15 +204,7 @@ fn a_client_started_from_etcd_places_on_the_advertised_appliance() {
     let mut client: *mut lbx_client = std::ptr::null_mut();
     let r = lbx_client_connect_etcd(endpoint.as_ptr(), c"demo".as_ptr(), c(&a.tenant).as_ptr(), 5000, &mut client);
     assert_eq!(r, LBX_OK, "{}", last());
-    let mut lease: *mut lbx_lease = std::ptr::null_mut();
-    assert_eq!(lbx_alloc(client, 1 << 20, 0, &mut lease), LBX_OK, "{}", last());
-    let data = b"placed through etcd";
-    assert_eq!(lbx_lease_write(lease, 7, data.as_ptr(), data.len()), LBX_OK, "{}", last());
-    let mut back = [0u8; 19];
-    assert_eq!(lbx_lease_read(lease, 7, back.as_mut_ptr(), back.len()), LBX_OK, "{}", last());
-    assert_eq!(&back, data);
-    assert_eq!(lbx_lease_free(lease), LBX_OK, "{}", last());
-    assert_eq!(lbx_client_close(client), LBX_OK, "{}", last());
+    one_lease_carries(client, b"placed through etcd");
     let r = lbx_client_connect_etcd(std::ptr::null(), c"demo".as_ptr(), c(&a.tenant).as_ptr(), 0, &mut client);
     assert_eq!(r, LBX_ERR_INVALID_ARGUMENT);
     // An https endpoint needs the TLS start.
@@ -247,15 +252,7 @@ fn a_client_started_from_etcd_over_tls_places_on_the_advertised_appliance() {
     };
     let (r, client) = connect(ca.as_ptr(), cert.as_ptr(), key.as_ptr());
     assert_eq!(r, LBX_OK, "{}", last());
-    let mut lease: *mut lbx_lease = std::ptr::null_mut();
-    assert_eq!(lbx_alloc(client, 1 << 20, 0, &mut lease), LBX_OK, "{}", last());
-    let data = b"placed through etcd over TLS";
-    assert_eq!(lbx_lease_write(lease, 0, data.as_ptr(), data.len()), LBX_OK, "{}", last());
-    let mut back = [0u8; 28];
-    assert_eq!(lbx_lease_read(lease, 0, back.as_mut_ptr(), back.len()), LBX_OK, "{}", last());
-    assert_eq!(&back, data);
-    assert_eq!(lbx_lease_free(lease), LBX_OK, "{}", last());
-    assert_eq!(lbx_client_close(client), LBX_OK, "{}", last());
+    one_lease_carries(client, b"placed through etcd over TLS");
 
     // No client certificate: etcd refuses the handshake; the error says what to give.
     let (r, client) = connect(ca.as_ptr(), std::ptr::null(), std::ptr::null());
