@@ -118,6 +118,27 @@ typedef struct lbx_client lbx_client;
 typedef struct lbx_lease lbx_lease;
 
 /**
+ * How to reach etcd beyond its endpoints, for `lbx_client_connect_etcd_with`. Every field may be NULL.
+ */
+typedef struct lbx_etcd_options {
+  /**
+   * TLS: the etcd cluster's CA (a PEM file). Endpoints are then `HOST:PORT` or `https://HOST:PORT`.
+   */
+  const char *ca_file;
+  /**
+   * TLS: this client's certificate and key (PEM files; both or neither, and only with `ca_file`), for a
+   * cluster that verifies clients.
+   */
+  const char *cert_file;
+  const char *key_file;
+  /**
+   * etcd authentication: the user (its role must read `/leasebox/v1/`) and its password (both or neither).
+   */
+  const char *user;
+  const char *password;
+} lbx_etcd_options;
+
+/**
  * A lease's id: the appliance's boot id (a lease id from another boot of the appliance names nothing, so
  * an id kept across an appliance reboot is answered as unknown), the slot, and the slot's generation.
  */
@@ -210,19 +231,16 @@ int32_t lbx_client_connect_etcd(const char *etcd_endpoints,
                                 struct lbx_client **out);
 
 /**
- * `lbx_client_connect_etcd` over TLS: `ca_file` is the etcd cluster's CA (PEM); `cert_file` and `key_file`
- * (PEM; both or neither, NULL for neither) are this client's certificate and key for a cluster that verifies
- * clients. Endpoints are `HOST:PORT` or `https://HOST:PORT`. `LBX_ERR_INVALID_ARGUMENT` when a file cannot be
- * read or used; the last error names it.
+ * `lbx_client_connect_etcd` with TLS and/or an etcd user (`options`; NULL: as `lbx_client_connect_etcd`).
+ * `LBX_ERR_INVALID_ARGUMENT` when the options do not go together or a file cannot be read or used; the last
+ * error names it.
  */
-int32_t lbx_client_connect_etcd_tls(const char *etcd_endpoints,
-                                    const char *ca_file,
-                                    const char *cert_file,
-                                    const char *key_file,
-                                    const char *name,
-                                    const char *key_hex,
-                                    uint32_t timeout_ms,
-                                    struct lbx_client **out);
+int32_t lbx_client_connect_etcd_with(const char *etcd_endpoints,
+                                     const struct lbx_etcd_options *options,
+                                     const char *name,
+                                     const char *key_hex,
+                                     uint32_t timeout_ms,
+                                     struct lbx_client **out);
 
 /**
  * Frees the leases the client still tracks, says BYE, ends its threads and destroys the handle (NULL:

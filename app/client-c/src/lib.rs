@@ -341,36 +341,51 @@ pub extern "C" fn lbx_client_connect_etcd(
     timeout_ms: u32,
     out: *mut *mut lbx_client,
 ) -> i32 {
-    let none = std::ptr::null();
-    connect_etcd("lbx_client_connect_etcd", [etcd_endpoints, none, none, none], name, key_hex, timeout_ms, out)
+    connect_etcd("lbx_client_connect_etcd", etcd_endpoints, std::ptr::null(), name, key_hex, timeout_ms, out)
 }
 
-/// `lbx_client_connect_etcd` over TLS: `ca_file` is the etcd cluster's CA (PEM); `cert_file` and `key_file`
-/// (PEM; both or neither, NULL for neither) are this client's certificate and key for a cluster that verifies
-/// clients. Endpoints are `HOST:PORT` or `https://HOST:PORT`. `LBX_ERR_INVALID_ARGUMENT` when a file cannot be
-/// read or used; the last error names it.
+/// How to reach etcd beyond its endpoints, for `lbx_client_connect_etcd_with`. Every field may be NULL.
+#[repr(C)]
+pub struct lbx_etcd_options {
+    /// TLS: the etcd cluster's CA (a PEM file). Endpoints are then `HOST:PORT` or `https://HOST:PORT`.
+    pub ca_file: *const c_char,
+    /// TLS: this client's certificate and key (PEM files; both or neither, and only with `ca_file`), for a
+    /// cluster that verifies clients.
+    pub cert_file: *const c_char,
+    pub key_file: *const c_char,
+    /// etcd authentication: the user (its role must read `/leasebox/v1/`) and its password (both or neither).
+    pub user: *const c_char,
+    pub password: *const c_char,
+}
+
+/// `lbx_client_connect_etcd` with TLS and/or an etcd user (`options`; NULL: as `lbx_client_connect_etcd`).
+/// `LBX_ERR_INVALID_ARGUMENT` when the options do not go together or a file cannot be read or used; the last
+/// error names it.
 #[unsafe(no_mangle)]
-pub extern "C" fn lbx_client_connect_etcd_tls(
+pub extern "C" fn lbx_client_connect_etcd_with(
     etcd_endpoints: *const c_char,
-    ca_file: *const c_char,
-    cert_file: *const c_char,
-    key_file: *const c_char,
+    options: *const lbx_etcd_options,
     name: *const c_char,
     key_hex: *const c_char,
     timeout_ms: u32,
     out: *mut *mut lbx_client,
 ) -> i32 {
-    if ca_file.is_null() {
-        return entry("lbx_client_connect_etcd_tls", || Err(Fail::Invalid("ca_file is NULL".into())));
-    }
-    let files = [etcd_endpoints, ca_file, cert_file, key_file];
-    connect_etcd("lbx_client_connect_etcd_tls", files, name, key_hex, timeout_ms, out)
+    connect_etcd("lbx_client_connect_etcd_with", etcd_endpoints, options, name, key_hex, timeout_ms, out)
 }
 
-/// Both etcd starts: `files` = endpoints, then the CA, certificate and key files (NULL: none).
+/// A configuration message with the options named as the C structure names them.
+fn c_names(message: &str) -> String {
+    message
+        .replace("--etcd-cacert", "options.ca_file")
+        .replace("--etcd-cert", "options.cert_file")
+        .replace("--etcd-key", "options.key_file")
+}
+
+/// Both etcd starts.
 fn connect_etcd(
     what: &'static str,
-    files: [*const c_char; 4],
+    etcd_endpoints: *const c_char,
+    options: *const lbx_etcd_options,
     name: *const c_char,
     key_hex: *const c_char,
     timeout_ms: u32,
@@ -380,16 +395,31 @@ fn connect_etcd(
         let out = self::out(out, "out")?;
         // SAFETY: `out` is non-NULL and points to writable storage for a pointer (the caller's contract).
         unsafe { out.write(std::ptr::null_mut()) };
-        let etcd = string(files[0], "etcd_endpoints")?;
-        let path = |p: *const c_char, what: &str| -> Result<Option<std::path::PathBuf>, Fail> {
-            if p.is_null() { Ok(None) } else { string(p, what).map(|s| Some(s.into())) }
+        let etcd = string(etcd_endpoints, "etcd_endpoints")?;
+        let opt = |p: *const c_char, what: &str| -> Result<Option<&str>, Fail> {
+            if p.is_null() { Ok(None) } else { string(p, what).map(Some) }
         };
-        let (ca, cert, key_file) =
-            (path(files[1], "ca_file")?, path(files[2], "cert_file")?, path(files[3], "key_file")?);
-        let tls = leasebox_client::TlsFiles::from_options(ca, cert, key_file).map_err(Fail::Invalid)?;
+        let (mut tls, mut user) = (None, None);
+        if !options.is_null() {
+            // SAFETY: non-NULL; the caller passes a valid `lbx_etcd_options` for the call (the header says so).
+            let o = unsafe { &*options };
+            let path = |p, what| opt(p, what).map(|s| s.map(std::path::PathBuf::from));
+            let (ca, cert) = (path(o.ca_file, "options.ca_file")?, path(o.cert_file, "options.cert_file")?);
+            let files = leasebox_client::TlsFiles::from_options(ca, cert, path(o.key_file, "options.key_file")?);
+            tls = files.map_err(|e| invalid(c_names(&e)))?;
+            user = match (opt(o.user, "options.user")?, opt(o.password, "options.password")?) {
+                (None, None) => None,
+                (Some(name), Some(password)) if !name.is_empty() && !password.is_empty() => {
+                    Some(leasebox_client::EtcdUser { name: name.into(), password: password.into() })
+                }
+                _ => return Err(invalid("options.user and options.password go together, neither empty")),
+            };
+        }
         let (name, key) = (string(name, "name")?, string(key_hex, "key_hex")?);
         let timeout = (timeout_ms != 0).then(|| Duration::from_millis(u64::from(timeout_ms)));
-        let cfg = FleetConfig::software(&[etcd.to_string()], tls, name, key, timeout).map_err(Fail::Invalid)?;
+        let cfg = FleetConfig::software(&[etcd.to_string()], tls, name, key, timeout);
+        let mut cfg = cfg.map_err(|e| invalid(c_names(&e)))?;
+        cfg.etcd_user = user;
         let c = Client::connect_fleet(cfg)?;
         let h = Box::into_raw(Box::new(lbx_client { tag: CLIENT_TAG, inner: Some(c) }));
         // SAFETY: as above.

@@ -211,61 +211,92 @@ fn a_client_started_from_etcd_places_on_the_advertised_appliance() {
     let https = c(&format!("https://{}", e.endpoint()));
     let r = lbx_client_connect_etcd(https.as_ptr(), c"demo".as_ptr(), c(&a.tenant).as_ptr(), 500, &mut client);
     assert_eq!(r, LBX_ERR_INVALID_ARGUMENT, "{}", last());
-    assert!(last().contains("--etcd-cacert"), "{}", last());
+    assert!(last().contains("options.ca_file"), "{}", last());
 }
 
-/// `lbx_client_connect_etcd_tls`: the same through an etcd that serves TLS only and verifies clients; without
-/// the client certificate, or with a CA file that does not exist, it fails and says why.
-#[test]
-fn a_client_started_from_etcd_over_tls_places_on_the_advertised_appliance() {
-    use leasebox_fleet::advert::Advertisement;
-    let a = start();
-    let e = leasebox_fleet::local::LocalEtcd::start_tls().unwrap_or_else(|m| panic!("{m}"));
-    let files = e.client_tls().unwrap().clone();
-    let ad = Advertisement {
-        boot_id: "00112233445566778899aabbccddeeff".into(),
+/// An advertisement for appliance `a` in `e`, as the registrar writes it.
+fn advertise(e: &leasebox_fleet::local::LocalEtcd, a: &Appliance, boot_id: &str, as_user: Option<(&str, &str)>) {
+    let ad = leasebox_fleet::advert::Advertisement {
+        boot_id: boot_id.into(),
         control: a.addr.clone(),
         rdma: a.udp.clone(),
         free_bytes: 64 << 20,
         health: "ok".into(),
         hca: "ok".into(),
-        ..Advertisement::default()
+        ..Default::default()
     };
-    e.client().put(&ad.key(), ad.to_json().as_bytes(), 0).unwrap();
-    let endpoint = c(&e.endpoint());
+    let user =
+        as_user.map(|(name, password)| leasebox_fleet::EtcdUser { name: name.into(), password: password.into() });
+    e.client().with_user(user).put(&ad.key(), ad.to_json().as_bytes(), 0).unwrap();
+}
+
+/// `lbx_client_connect_etcd_with` and these options: the status and the client (NULL unless it succeeded).
+fn connect_with(endpoint: &str, tenant: &str, o: &lbx_etcd_options) -> (i32, *mut lbx_client) {
+    let mut client: *mut lbx_client = std::ptr::null_mut();
+    let (endpoint, tenant) = (c(endpoint), c(tenant));
+    let r = lbx_client_connect_etcd_with(endpoint.as_ptr(), o, c"demo".as_ptr(), tenant.as_ptr(), 3000, &mut client);
+    (r, client)
+}
+
+fn no_options() -> lbx_etcd_options {
+    let none = std::ptr::null();
+    lbx_etcd_options { ca_file: none, cert_file: none, key_file: none, user: none, password: none }
+}
+
+/// `lbx_client_connect_etcd_with` over TLS: the same through an etcd that serves TLS only and verifies
+/// clients; without the client certificate, or with options that do not go together, it fails and says why.
+#[test]
+fn a_client_started_from_etcd_over_tls_places_on_the_advertised_appliance() {
+    let a = start();
+    let e = leasebox_fleet::local::LocalEtcd::start_tls().unwrap_or_else(|m| panic!("{m}"));
+    let files = e.client_tls().unwrap().clone();
+    advertise(&e, &a, "00112233445566778899aabbccddeeff", None);
     let path = |p: &std::path::Path| c(p.to_str().unwrap());
     let (ca, cert, key) = (path(&files.ca), path(files.cert.as_ref().unwrap()), path(files.key.as_ref().unwrap()));
-    let tenant = c(&a.tenant);
-    let connect = |ca: *const std::ffi::c_char, cert: *const std::ffi::c_char, key: *const std::ffi::c_char| {
-        let mut client: *mut lbx_client = std::ptr::null_mut();
-        let r = lbx_client_connect_etcd_tls(
-            endpoint.as_ptr(),
-            ca,
-            cert,
-            key,
-            c"demo".as_ptr(),
-            tenant.as_ptr(),
-            3000,
-            &mut client,
-        );
-        (r, client)
-    };
-    let (r, client) = connect(ca.as_ptr(), cert.as_ptr(), key.as_ptr());
+    let tls =
+        lbx_etcd_options { ca_file: ca.as_ptr(), cert_file: cert.as_ptr(), key_file: key.as_ptr(), ..no_options() };
+    let (r, client) = connect_with(&e.endpoint(), &a.tenant, &tls);
     assert_eq!(r, LBX_OK, "{}", last());
     one_lease_carries(client, b"placed through etcd over TLS");
 
     // No client certificate: etcd refuses the handshake; the error says what to give.
-    let (r, client) = connect(ca.as_ptr(), std::ptr::null(), std::ptr::null());
+    let ca_only = lbx_etcd_options { ca_file: ca.as_ptr(), ..no_options() };
+    let (r, client) = connect_with(&e.endpoint(), &a.tenant, &ca_only);
     assert_ne!(r, LBX_OK);
     assert!(client.is_null());
     assert!(last().contains("--etcd-cert"), "{}", last());
-    // A certificate without its key, a missing CA file, no CA at all: refused before any connection.
-    let (r, _) = connect(ca.as_ptr(), cert.as_ptr(), std::ptr::null());
-    assert_eq!(r, LBX_ERR_INVALID_ARGUMENT, "{}", last());
+    // A certificate without its key, a missing CA file, an https endpoint without a CA: refused before any
+    // connection, the options named as the structure names them.
+    let no_key = lbx_etcd_options { key_file: std::ptr::null(), ..tls };
+    assert_eq!(connect_with(&e.endpoint(), &a.tenant, &no_key).0, LBX_ERR_INVALID_ARGUMENT, "{}", last());
+    assert!(last().contains("options.cert_file"), "{}", last());
     let missing = c("/nonexistent/ca.pem");
-    let (r, _) = connect(missing.as_ptr(), cert.as_ptr(), key.as_ptr());
-    assert_eq!(r, LBX_ERR_INVALID_ARGUMENT, "{}", last());
+    let bad_ca = lbx_etcd_options { ca_file: missing.as_ptr(), ..tls };
+    assert_eq!(connect_with(&e.endpoint(), &a.tenant, &bad_ca).0, LBX_ERR_INVALID_ARGUMENT, "{}", last());
     assert!(last().contains("/nonexistent/ca.pem"), "{}", last());
-    let (r, _) = connect(std::ptr::null(), std::ptr::null(), std::ptr::null());
-    assert_eq!(r, LBX_ERR_INVALID_ARGUMENT, "{}", last());
+    assert_eq!(connect_with(&e.endpoint(), &a.tenant, &no_options()).0, LBX_ERR_INVALID_ARGUMENT, "{}", last());
+    assert!(last().contains("options.ca_file"), "{}", last());
+}
+
+/// `lbx_client_connect_etcd_with` as an etcd user whose role may only read the advertisements: it places a
+/// lease; a wrong password or a user without a password is refused.
+#[test]
+fn a_client_started_from_etcd_as_a_user_places_on_the_advertised_appliance() {
+    let a = start();
+    let e = leasebox_fleet::local::LocalEtcd::start().unwrap_or_else(|m| panic!("{m}"));
+    e.enable_auth("root-pw", &[("reader", "reader-pw", &[], &["/leasebox/v1/"])]).unwrap();
+    advertise(&e, &a, "ffeeddccbbaa99887766554433221100", Some(("root", "root-pw")));
+    let (user, good, bad) = (c("reader"), c("reader-pw"), c("wrong"));
+    let o = lbx_etcd_options { user: user.as_ptr(), password: good.as_ptr(), ..no_options() };
+    let (r, client) = connect_with(&e.endpoint(), &a.tenant, &o);
+    assert_eq!(r, LBX_OK, "{}", last());
+    one_lease_carries(client, b"placed as an etcd user");
+
+    let wrong = lbx_etcd_options { password: bad.as_ptr(), ..o };
+    assert_ne!(connect_with(&e.endpoint(), &a.tenant, &wrong).0, LBX_OK);
+    assert!(last().contains("authenticating as etcd user 'reader'"), "{}", last());
+    let no_password = lbx_etcd_options { password: std::ptr::null(), ..o };
+    assert_eq!(connect_with(&e.endpoint(), &a.tenant, &no_password).0, LBX_ERR_INVALID_ARGUMENT, "{}", last());
+    // Without a user, etcd refuses to say anything.
+    assert_ne!(connect_with(&e.endpoint(), &a.tenant, &no_options()).0, LBX_OK);
 }

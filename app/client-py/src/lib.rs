@@ -246,9 +246,13 @@ impl Client {
     /// appliances join and leave as their keys do; RDMA goes to each advertisement's `rdma` address. Raises
     /// `NoMemory` when etcd advertises no appliance within `timeout` (default 10 s). TLS to etcd: `etcd_cacert`
     /// (the cluster's CA, PEM), with `etcd_cert` and `etcd_key` when the cluster verifies clients; endpoints may
-    /// then be written `https://HOST:PORT`.
+    /// then be written `https://HOST:PORT`. etcd authentication: `etcd_user` and `etcd_password` (a user whose
+    /// role may read `/leasebox/v1/`).
     #[staticmethod]
-    #[pyo3(signature = (etcd, tenant, key, *, timeout=None, on_event=None, etcd_cacert=None, etcd_cert=None, etcd_key=None))]
+    #[pyo3(signature = (
+        etcd, tenant, key, *, timeout=None, on_event=None, etcd_cacert=None, etcd_cert=None, etcd_key=None,
+        etcd_user=None, etcd_password=None
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn from_etcd(
         py: Python<'_>,
@@ -260,6 +264,8 @@ impl Client {
         etcd_cacert: Option<std::path::PathBuf>,
         etcd_cert: Option<std::path::PathBuf>,
         etcd_key: Option<std::path::PathBuf>,
+        etcd_user: Option<String>,
+        etcd_password: Option<String>,
     ) -> PyResult<Client> {
         let endpoints = one_or_many(etcd, "etcd")?;
         let tls = leasebox_client::TlsFiles::from_options(etcd_cacert, etcd_cert, etcd_key);
@@ -273,6 +279,13 @@ impl Client {
         // The options' names as Python spells them.
         let cfg = FleetConfig::software(&endpoints, tls, &tenant, &key, timeout);
         let mut cfg = cfg.map_err(|e| ConfigError::new_err(e.replace("--etcd-", "etcd_")))?;
+        cfg.etcd_user = match (etcd_user, etcd_password) {
+            (None, None) => None,
+            (Some(name), Some(password)) if !name.is_empty() && !password.is_empty() => {
+                Some(leasebox_client::EtcdUser { name, password })
+            }
+            _ => return Err(ConfigError::new_err("etcd_user and etcd_password go together, neither empty")),
+        };
         cfg.on_event = on_event.map(callback);
         let c = py.allow_threads(|| RustClient::connect_fleet(cfg)).map_err(py_err)?;
         Ok(Client { inner: Mutex::new(Some(Arc::new(c))) })

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 import leasebox
-from conftest import wait_event
+from conftest import b64, wait_event
 
 MIB = 1 << 20
 
@@ -224,3 +224,30 @@ def test_from_etcd_places_on_the_advertised_appliance(appliance, etcd):
         leasebox.Client.from_etcd(etcd.endpoint, "demo", appliance.tenant_key, etcd_cert="c.pem", etcd_key="k.pem")
     with pytest.raises(leasebox.ConfigError, match="/nonexistent/ca.pem"):
         leasebox.Client.from_etcd(etcd.endpoint, "demo", appliance.tenant_key, etcd_cacert="/nonexistent/ca.pem")
+
+
+def test_from_etcd_as_an_etcd_user(appliance, etcd):
+    boot = "cd" * 16
+    ad = {"boot_id": boot, "control": appliance.addr, "rdma": appliance.udp, "free_bytes": 64 * MIB,
+          "leased_bytes": 0, "health": "ok", "hca": "ok", "labels": {}, "registrar": "pytest"}
+    etcd.put(f"/leasebox/v1/appliances/{boot}", json.dumps(ad))
+    # etcd's authentication on: root, and a user whose role may only read the advertisements.
+    etcd.call("auth/user/add", {"name": "root", "password": "root-pw"})
+    etcd.call("auth/user/grant", {"user": "root", "role": "root"})
+    etcd.call("auth/role/add", {"name": "reader"})
+    perm = {"permType": "READ", "key": b64("/leasebox/v1/"), "range_end": b64("/leasebox/v10")}
+    etcd.call("auth/role/grant", {"name": "reader", "perm": perm})
+    etcd.call("auth/user/add", {"name": "reader", "password": "reader-pw"})
+    etcd.call("auth/user/grant", {"user": "reader", "role": "reader"})
+    etcd.call("auth/enable", {})
+    with leasebox.Client.from_etcd(etcd.endpoint, "demo", appliance.tenant_key, timeout=5,
+                                   etcd_user="reader", etcd_password="reader-pw") as c:
+        lease = c.alloc(MIB)
+        lease.write(0, b"as a user")
+        assert lease.read(0, 9) == b"as a user"
+        assert lease.free() == "TornDown"
+    with pytest.raises(leasebox.LeaseboxError, match="authenticating as etcd user 'reader'"):
+        leasebox.Client.from_etcd(etcd.endpoint, "demo", appliance.tenant_key, timeout=2,
+                                  etcd_user="reader", etcd_password="wrong")
+    with pytest.raises(leasebox.ConfigError, match="go together"):
+        leasebox.Client.from_etcd(etcd.endpoint, "demo", appliance.tenant_key, etcd_user="reader")

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use leasebox_fleet::advert::{Advertisement, PREFIX};
-use leasebox_fleet::etcd::{Etcd, Kv, WatchEvent};
+use leasebox_fleet::etcd::{Etcd, EtcdUser, Kv, WatchEvent};
 use leasebox_fleet::tls::TlsFiles;
 
 use crate::client::{Client, Inner, RequesterConfig};
@@ -33,6 +33,8 @@ pub struct FleetConfig {
     /// TLS to etcd: the cluster's CA, and a client certificate and key if it verifies clients. `None`: plain
     /// HTTP.
     pub etcd_tls: Option<TlsFiles>,
+    /// etcd authentication (a user whose role may read the advertisements' prefix). `None`: no user.
+    pub etcd_user: Option<EtcdUser>,
     /// Who we are on every appliance.
     pub credentials: Credentials,
     /// The requester for every appliance; `None`: the software requester toward each advertisement's `rdma`
@@ -52,6 +54,7 @@ impl FleetConfig {
         FleetConfig {
             etcd,
             etcd_tls: None,
+            etcd_user: None,
             credentials,
             requester: None,
             timeouts: Timeouts::default(),
@@ -357,7 +360,9 @@ impl Client {
     /// within `config.wait`.
     pub fn connect_fleet(config: FleetConfig) -> Result<Client, Error> {
         let wait = config.timeouts.connect.max(Duration::from_secs(1));
-        let etcd = Etcd::with_tls(&config.etcd, wait, config.etcd_tls.as_ref()).map_err(Error::Config)?;
+        let etcd = Etcd::with_tls(&config.etcd, wait, config.etcd_tls.as_ref())
+            .map_err(Error::Config)?
+            .with_user(config.etcd_user.clone());
         let (sink, rx) = Sink::new(config.on_event.clone());
         let view = Arc::new(View {
             state: Mutex::new(State::default()),

@@ -51,6 +51,6 @@ pub use error::Error;
 pub use event::{Callback, Event};
 pub use fleet::{FleetConfig, FleetMember};
 pub use lease::Lease;
-/// TLS to etcd for [`FleetConfig::etcd_tls`].
-pub use leasebox_fleet::TlsFiles;
+/// TLS and authentication to etcd ([`FleetConfig::etcd_tls`], [`FleetConfig::etcd_user`]).
+pub use leasebox_fleet::{EtcdUser, TlsFiles};
 pub use leasebox_proto::{LeaseId, Outcome};

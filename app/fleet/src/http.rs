@@ -10,6 +10,15 @@ use std::time::Duration;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, StreamOwned};
 
+/// Where a request goes: an endpoint `HOST:PORT`, TLS to it or not, and etcd's auth token if there is one
+/// (sent as the `Authorization` header, which etcd's gateway passes on as the token).
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    pub addr: &'a str,
+    pub tls: Option<&'a Arc<ClientConfig>>,
+    pub token: Option<&'a str>,
+}
+
 /// One connection to an endpoint.
 pub enum Conn {
     Plain(TcpStream),
@@ -98,17 +107,13 @@ fn tcp(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
     Err(last)
 }
 
-fn send(
-    addr: &str,
-    tls: Option<&Arc<ClientConfig>>,
-    path: &str,
-    body: &str,
-    timeout: Duration,
-) -> io::Result<BufReader<Conn>> {
-    let mut s = connect(addr, tls, timeout)?;
+fn send(to: Target<'_>, path: &str, body: &str, timeout: Duration) -> io::Result<BufReader<Conn>> {
+    let mut s = connect(to.addr, to.tls, timeout)?;
+    let auth = to.token.map_or(String::new(), |t| format!("Authorization: {t}\r\n"));
     let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{auth}\
          Connection: close\r\n\r\n{body}",
+        to.addr,
         body.len()
     );
     s.write_all(req.as_bytes())?;
@@ -171,14 +176,8 @@ fn chunk(r: &mut impl BufRead) -> io::Result<Option<Vec<u8>>> {
 }
 
 /// POSTs `body` (JSON) to `path`; the status and the whole answer body.
-pub fn post(
-    addr: &str,
-    tls: Option<&Arc<ClientConfig>>,
-    path: &str,
-    body: &str,
-    timeout: Duration,
-) -> io::Result<(u16, String)> {
-    let mut r = send(addr, tls, path, body, timeout)?;
+pub fn post(to: Target<'_>, path: &str, body: &str, timeout: Duration) -> io::Result<(u16, String)> {
+    let mut r = send(to, path, body, timeout)?;
     let (status, chunked, length) = head(&mut r)?;
     let mut out = Vec::new();
     if chunked {
@@ -204,14 +203,13 @@ pub struct Stream {
 impl Stream {
     /// POSTs `body` and reads the head; each later read waits at most `read_timeout`.
     pub fn open(
-        addr: &str,
-        tls: Option<&Arc<ClientConfig>>,
+        to: Target<'_>,
         path: &str,
         body: &str,
         timeout: Duration,
         read_timeout: Duration,
     ) -> io::Result<Stream> {
-        let mut r = send(addr, tls, path, body, timeout)?;
+        let mut r = send(to, path, body, timeout)?;
         let (status, chunked, _) = head(&mut r)?;
         if status != 200 {
             return Err(bad(format!("{path} answered HTTP {status}")));

@@ -19,5 +19,5 @@ pub mod local;
 pub mod tls;
 
 pub use advert::{Advertisement, PREFIX};
-pub use etcd::{Etcd, EtcdError, WatchEvent};
+pub use etcd::{Etcd, EtcdError, EtcdUser, WatchEvent};
 pub use tls::TlsFiles;

@@ -167,6 +167,33 @@ impl LocalEtcd {
         }
     }
 
+    /// Turns etcd's authentication on: user `root` (password `root_password`, role root) and, for each of
+    /// `users` (name, password, key prefixes it may read and write, prefixes it may only read), a role that
+    /// grants exactly those ranges. Afterwards [`LocalEtcd::client`] (no user) is refused.
+    pub fn enable_auth(&self, root_password: &str, users: &[(&str, &str, &[&str], &[&str])]) -> Result<(), String> {
+        let c = self.client();
+        let call =
+            |path: &str, body: serde_json::Value| c.raw(path, body).map(|_| ()).map_err(|e| format!("{path}: {e}"));
+        call("auth/user/add", serde_json::json!({"name": "root", "password": root_password}))?;
+        call("auth/user/grant", serde_json::json!({"user": "root", "role": "root"}))?;
+        for (name, password, write, read) in users {
+            let role = format!("{name}-role");
+            call("auth/role/add", serde_json::json!({"name": role}))?;
+            let ranges = write.iter().map(|p| (p, "READWRITE")).chain(read.iter().map(|p| (p, "READ")));
+            for (prefix, perm) in ranges {
+                let perm = serde_json::json!({
+                    "permType": perm,
+                    "key": crate::base64::encode(prefix.as_bytes()),
+                    "range_end": crate::base64::encode(&crate::etcd::prefix_end(prefix.as_bytes())),
+                });
+                call("auth/role/grant", serde_json::json!({"name": role, "perm": perm}))?;
+            }
+            call("auth/user/add", serde_json::json!({"name": name, "password": password}))?;
+            call("auth/user/grant", serde_json::json!({"user": name, "role": role}))?;
+        }
+        call("auth/enable", serde_json::json!({}))
+    }
+
     /// Kills etcd (SIGKILL: a crash, not a shutdown).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -42,7 +42,12 @@ pub enum Command {
     /// A completion script for `shell` on stdout.
     Completions(Shell),
     /// `fleet list`: the appliances etcd advertises (docs/fleet.md).
-    FleetList { etcd: Vec<String>, tls: Option<leasebox_client::TlsFiles> },
+    FleetList {
+        etcd: Vec<String>,
+        tls: Option<leasebox_client::TlsFiles>,
+        /// `--etcd-user` and `--etcd-password-file` (the file is read when the command runs).
+        user: Option<(String, std::path::PathBuf)>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -253,6 +258,12 @@ enum FleetCmd {
         /// TLS to etcd: the key of --etcd-cert (PEM)
         #[arg(long, value_name = "FILE", requires = "etcd_cert", requires = "etcd_cacert")]
         etcd_key: Option<std::path::PathBuf>,
+        /// etcd authentication: the user (its role must read /leasebox/v1/)
+        #[arg(long, value_name = "NAME", requires = "etcd_password_file")]
+        etcd_user: Option<String>,
+        /// etcd authentication: a file whose first line is the user's password
+        #[arg(long, value_name = "FILE", requires = "etcd_user")]
+        etcd_password_file: Option<std::path::PathBuf>,
     },
 }
 
@@ -294,9 +305,12 @@ pub fn parse(args: &[String]) -> Result<Invocation, clap::Error> {
         }
         Cmd::Verify(v) => (Timeout { timeout: None }, Command::Verify(v)),
         Cmd::Completions { shell } => (Timeout { timeout: None }, Command::Completions(shell)),
-        Cmd::Fleet { sub: FleetCmd::List { etcd, etcd_cacert, etcd_cert, etcd_key } } => {
+        Cmd::Fleet {
+            sub: FleetCmd::List { etcd, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password_file },
+        } => {
             let tls = etcd_cacert.map(|ca| leasebox_client::TlsFiles { ca, cert: etcd_cert, key: etcd_key });
-            (Timeout { timeout: None }, Command::FleetList { etcd, tls })
+            let user = etcd_user.zip(etcd_password_file);
+            (Timeout { timeout: None }, Command::FleetList { etcd, tls, user })
         }
     };
     let g = cli.global;
@@ -487,16 +501,27 @@ mod tests {
     #[test]
     fn fleet_list_takes_etcd_tls_files_that_go_together() {
         let e = || vec!["127.0.0.1:2379".to_string()];
-        assert_eq!(cmd(&["fleet", "list", "--etcd", "127.0.0.1:2379"]), Command::FleetList { etcd: e(), tls: None });
+        let plain = Command::FleetList { etcd: e(), tls: None, user: None };
+        assert_eq!(cmd(&["fleet", "list", "--etcd", "127.0.0.1:2379"]), plain);
+        let with_user =
+            ["fleet", "list", "--etcd", "127.0.0.1:2379", "--etcd-user", "ro", "--etcd-password-file", "pw"];
+        assert_eq!(
+            cmd(&with_user),
+            Command::FleetList { etcd: e(), tls: None, user: Some(("ro".into(), "pw".into())) }
+        );
+        assert!(err(&with_user[..6]).contains("--etcd-password-file"));
         let all = ["fleet", "list", "--etcd", "127.0.0.1:2379", "--etcd-cacert", "ca.pem"];
         let tls = |cert: Option<&str>, key: Option<&str>| leasebox_client::TlsFiles {
             ca: "ca.pem".into(),
             cert: cert.map(Into::into),
             key: key.map(Into::into),
         };
-        assert_eq!(cmd(&all), Command::FleetList { etcd: e(), tls: Some(tls(None, None)) });
+        assert_eq!(cmd(&all), Command::FleetList { etcd: e(), tls: Some(tls(None, None)), user: None });
         let with_cert = [&all[..], &["--etcd-cert", "c.pem", "--etcd-key", "k.pem"]].concat();
-        assert_eq!(cmd(&with_cert), Command::FleetList { etcd: e(), tls: Some(tls(Some("c.pem"), Some("k.pem"))) });
+        assert_eq!(
+            cmd(&with_cert),
+            Command::FleetList { etcd: e(), tls: Some(tls(Some("c.pem"), Some("k.pem"))), user: None }
+        );
         assert!(err(&[&all[..], &["--etcd-cert", "c.pem"]].concat()).contains("--etcd-key"));
         assert!(
             err(&["fleet", "list", "--etcd", "h:1", "--etcd-cert", "c", "--etcd-key", "k"]).contains("--etcd-cacert")

@@ -42,8 +42,9 @@ pub fn run(args: &[String], env: &dyn Fn(&str) -> Option<String>, out: &mut dyn 
             args::completions(*shell, out);
             return exit::OK;
         }
-        Command::FleetList { etcd, tls } => {
-            return crate::fleet::list(etcd, tls.as_ref(), inv.global.json, out, err);
+        Command::FleetList { etcd, tls, user } => {
+            let user = user.as_ref().map(|(name, file)| (name.clone(), file.as_path()));
+            return crate::fleet::list(etcd, tls.as_ref(), user, inv.global.json, out, err);
         }
         _ => {}
     }

@@ -40,9 +40,11 @@ pub fn table(ads: &[Advertisement], leader: Option<&str>) -> String {
     t
 }
 
+/// `leasectl fleet list`: `tls` and `user` (name, password file) as given on the command line.
 pub fn list(
     etcd: &[String],
     tls: Option<&leasebox_client::TlsFiles>,
+    user: Option<(String, &std::path::Path)>,
     json_out: bool,
     out: &mut dyn Write,
     err: &mut dyn Write,
@@ -55,9 +57,13 @@ pub fn list(
         }
         code
     };
-    let e = match Etcd::with_tls(etcd, Duration::from_secs(3), tls) {
-        Ok(e) => e,
-        Err(m) => return fail(err, out, m, exit::USAGE),
+    let (name, file) = user.map_or((None, None), |(n, f)| (Some(n), Some(f)));
+    let e = match (
+        Etcd::with_tls(etcd, Duration::from_secs(3), tls),
+        leasebox_client::EtcdUser::from_options(name, file),
+    ) {
+        (Ok(e), Ok(user)) => e.with_user(user),
+        (Err(m), _) | (_, Err(m)) => return fail(err, out, m, exit::USAGE),
     };
     let (_, kvs) = match e.get_prefix(PREFIX) {
         Ok(r) => r,
@@ -102,7 +108,7 @@ mod tests {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         // A port nothing listens on (bound, then closed).
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let code = list(&[format!("127.0.0.1:{port}")], None, false, &mut out, &mut err);
+        let code = list(&[format!("127.0.0.1:{port}")], None, None, false, &mut out, &mut err);
         assert_eq!(code, exit::CONNECTION);
         assert!(String::from_utf8_lossy(&err).contains("etcd unreachable"));
     }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use leasebox_fleet::TlsFiles;
+use leasebox_fleet::{EtcdUser, TlsFiles};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApplianceSpec {
@@ -66,6 +66,8 @@ pub struct Config {
     pub etcd: Vec<String>,
     /// TLS to etcd (`--etcd-cacert`, `--etcd-cert`, `--etcd-key`); `None`: plain HTTP.
     pub etcd_tls: Option<TlsFiles>,
+    /// etcd authentication (`--etcd-user`, `--etcd-password-file`); `None`: no user.
+    pub etcd_user: Option<EtcdUser>,
     pub appliances: Vec<ApplianceSpec>,
     /// How often each appliance is asked (1–2 s in production).
     pub poll: Duration,
@@ -84,6 +86,7 @@ impl Config {
             name: name.to_string(),
             etcd,
             etcd_tls: None,
+            etcd_user: None,
             appliances,
             poll: Duration::from_millis(1000),
             ttl_s: 10,
@@ -93,12 +96,14 @@ impl Config {
     }
 
     pub const USAGE: &'static str = "usage: leasebox-registrar --etcd [https://]HOST:PORT[,HOST:PORT...] \
-        [--etcd-cacert CA.pem [--etcd-cert CERT.pem --etcd-key KEY.pem]] (--appliance 'HOST:PORT key=HEX [rdma=ADDR] [label=value ...]' ... | --appliances FILE) \
+        [--etcd-cacert CA.pem [--etcd-cert CERT.pem --etcd-key KEY.pem]] [--etcd-user NAME --etcd-password-file F] \
+        (--appliance 'HOST:PORT key=HEX [rdma=ADDR] [label=value ...]' ... | --appliances FILE) \
         [--name NAME] [--metrics ADDR] [--poll-ms 1000] [--ttl-s 10] [--election-ttl-s 5]";
 
     pub fn from_args(args: &[String]) -> Result<Config, String> {
         let mut c = Config::new("", Vec::new(), Vec::new());
         let (mut ca, mut cert, mut key) = (None, None, None);
+        let (mut user, mut password_file) = (None, None::<String>);
         let mut it = args.iter();
         while let Some(a) = it.next() {
             let mut val = || it.next().cloned().ok_or_else(|| format!("{a} needs a value"));
@@ -113,6 +118,8 @@ impl Config {
                 "--etcd-cacert" => ca = Some(val()?.into()),
                 "--etcd-cert" => cert = Some(val()?.into()),
                 "--etcd-key" => key = Some(val()?.into()),
+                "--etcd-user" => user = Some(val()?),
+                "--etcd-password-file" => password_file = Some(val()?),
                 "--name" => c.name = val()?,
                 "--metrics" => c.metrics = Some(val()?),
                 "--poll-ms" => c.poll = Duration::from_millis(number(&val()?, 100, 60_000)?),
@@ -125,6 +132,7 @@ impl Config {
             return Err("no --etcd endpoint".into());
         }
         c.etcd_tls = TlsFiles::from_options(ca, cert, key)?;
+        c.etcd_user = EtcdUser::from_options(user, password_file.as_deref().map(std::path::Path::new))?;
         if c.appliances.is_empty() {
             return Err("no appliance (--appliance or --appliances)".into());
         }
@@ -184,6 +192,12 @@ mod tests {
         let tls = with(&["--etcd-cacert", "ca.pem", "--etcd-cert", "c.pem", "--etcd-key", "k.pem"]).unwrap().etcd_tls;
         assert_eq!(tls, Some(TlsFiles { ca: "ca.pem".into(), cert: Some("c.pem".into()), key: Some("k.pem".into()) }));
         assert!(with(&["--etcd-cert", "c.pem"]).unwrap_err().contains("--etcd-cacert"));
+        assert!(with(&["--etcd-user", "reg"]).unwrap_err().contains("--etcd-password-file"));
+        assert!(
+            with(&["--etcd-user", "reg", "--etcd-password-file", "/nonexistent/pw"])
+                .unwrap_err()
+                .contains("/nonexistent/pw")
+        );
         assert!(Config::from_args(&["--poll-ms".to_string(), "5".to_string()]).unwrap_err().contains("100"));
     }
 }

@@ -91,7 +91,8 @@ pub struct Registrar {
 
 impl Registrar {
     pub fn start(cfg: Config) -> Result<Registrar, String> {
-        let etcd = Etcd::with_tls(&cfg.etcd, Duration::from_secs(2), cfg.etcd_tls.as_ref())?;
+        let etcd =
+            Etcd::with_tls(&cfg.etcd, Duration::from_secs(2), cfg.etcd_tls.as_ref())?.with_user(cfg.etcd_user.clone());
         let listener = match &cfg.metrics {
             Some(a) => Some(TcpListener::bind(a).map_err(|e| format!("metrics on {a}: {e}"))?),
             None => None,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use leasebox_client::{AllocOptions, Client, Credentials, FleetConfig, Timeouts};
 use leasebox_fleet::advert::{Advertisement, ELECTION, PREFIX};
-use leasebox_fleet::etcd::Etcd;
+use leasebox_fleet::etcd::{Etcd, EtcdUser};
 use leasebox_fleet::local::{LocalEtcd, promtool_check, sample_value};
 use leasebox_hosted::{Hosted, HostedConfig};
 use leasebox_registrar::{ApplianceSpec, Config, Registrar};
@@ -139,7 +139,7 @@ fn appliances_register_spread_leases_by_free_bytes_and_expire_when_stopped() {
     // `leasectl fleet list` shows the same fleet and the leader.
     let (mut out, mut err) = (Vec::new(), Vec::new());
     assert_eq!(
-        leasectl::fleet::list(&[e.endpoint()], None, true, &mut out, &mut err),
+        leasectl::fleet::list(&[e.endpoint()], None, None, true, &mut out, &mut err),
         0,
         "{}",
         String::from_utf8_lossy(&err)
@@ -270,8 +270,13 @@ impl Drop for Proc {
 
 /// The registrar as a process, with `--etcd-cacert/--etcd-cert/--etcd-key` when `e` serves TLS.
 fn registrar_process(name: &str, e: &LocalEtcd, spec_line: &str) -> Proc {
+    registrar_process_with(name, e, spec_line, &[])
+}
+
+/// [`registrar_process`] with more arguments.
+fn registrar_process_with(name: &str, e: &LocalEtcd, spec_line: &str, extra: &[&str]) -> Proc {
     let mut c = Command::new(env!("CARGO_BIN_EXE_leasebox-registrar"));
-    c.args(["--name", name, "--etcd", &e.endpoint(), "--appliance", spec_line, "--poll-ms", "500"]).args([
+    c.args(["--name", name, "--etcd", &e.endpoint(), "--appliance", spec_line, "--poll-ms", "500"]).args(extra).args([
         "--ttl-s",
         &TTL_S.to_string(),
         "--election-ttl-s",
@@ -335,12 +340,12 @@ fn over_tls_with_client_certificates_the_fleet_works_end_to_end() {
     wait_for(Duration::from_secs(15), "the appliance advertised over TLS", || adverts(&etcd).contains_key(&s.control));
 
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    assert_eq!(leasectl::fleet::list(&[e.endpoint()], Some(&tls), true, &mut out, &mut err), 0);
+    assert_eq!(leasectl::fleet::list(&[e.endpoint()], Some(&tls), None, true, &mut out, &mut err), 0);
     let listed: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(listed["appliances"][0]["control"], s.control.as_str(), "{listed}");
     // Without the TLS files, leasectl is told the endpoint needs them.
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    assert_ne!(leasectl::fleet::list(&[e.endpoint()], None, false, &mut out, &mut err), 0);
+    assert_ne!(leasectl::fleet::list(&[e.endpoint()], None, None, false, &mut out, &mut err), 0);
     assert!(String::from_utf8_lossy(&err).contains("--etcd-cacert"), "{}", String::from_utf8_lossy(&err));
 
     let mut fc = FleetConfig::new(vec![e.endpoint()], keys.tenant());
@@ -359,6 +364,69 @@ fn over_tls_with_client_certificates_the_fleet_works_end_to_end() {
     let plain = Config { etcd_tls: None, ..config("r-plain", &e, vec![s.clone()]) };
     let refused = Registrar::start(plain).err().expect("an https endpoint without TLS options is refused");
     assert!(refused.contains("--etcd-cacert"), "{refused}");
+    h.stop();
+}
+
+/// etcd with authentication and roles, as a shared cluster has them: the registrar (a process, with
+/// `--etcd-user` and `--etcd-password-file`) may write only under /leasebox/v1/, clients may only read there.
+/// It registers, leads, keeps the key alive; a reader's `leasectl fleet list` and fleet client see the appliance
+/// and place a lease; a wrong password is refused and said so.
+#[test]
+fn with_etcd_users_and_roles_the_registrar_writes_and_clients_read_only_their_prefix() {
+    let _one = serial();
+    let e = etcd();
+    // (name, password, prefixes it may read and write, prefixes it may only read)
+    let (v1, nothing): (&[&str], &[&str]) = (&["/leasebox/v1/"], &[]);
+    let users = [("registrar", "reg-pw", v1, nothing), ("reader", "read-pw", nothing, v1)];
+    e.enable_auth("root-pw", &users).unwrap();
+    let dir = std::env::temp_dir().join(format!("leasebox-fleet-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (reg_pw, read_pw, bad_pw) = (dir.join("reg-pw"), dir.join("read-pw"), dir.join("bad-pw"));
+    std::fs::write(&reg_pw, "reg-pw\n").unwrap();
+    std::fs::write(&read_pw, "read-pw\n").unwrap();
+    std::fs::write(&bad_pw, "nope\n").unwrap();
+
+    let keys = Keys::new();
+    let h = appliance(&keys, Some(16));
+    let s = spec(&keys, &h, "auth");
+    let line = format!("{} key={} rdma={}", s.control, keys.admin_hex, s.rdma);
+    let _reg = registrar_process_with(
+        "r-auth",
+        &e,
+        &line,
+        &["--etcd-user", "registrar", "--etcd-password-file", reg_pw.to_str().unwrap()],
+    );
+    let as_user =
+        |name: &str, pw: &str| e.client().with_user(Some(EtcdUser { name: name.into(), password: pw.into() }));
+    let reader = as_user("reader", "read-pw");
+    wait_for(Duration::from_secs(15), "the appliance advertised by the registrar user", || {
+        adverts(&reader).contains_key(&s.control)
+    });
+    assert_eq!(reader.leader(ELECTION).unwrap().map(|kv| kv.value), Some(b"r-auth".to_vec()));
+    // The reader may not write there.
+    let refused = reader.put(&format!("{PREFIX}forged"), b"{}", 0).unwrap_err();
+    assert!(refused.to_string().contains("permission denied"), "{refused}");
+
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let user = Some(("reader".to_string(), read_pw.as_path()));
+    assert_eq!(leasectl::fleet::list(&[e.endpoint()], None, user, true, &mut out, &mut err), 0);
+    let listed: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(listed["appliances"][0]["control"], s.control.as_str(), "{listed}");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let bad = Some(("reader".to_string(), bad_pw.as_path()));
+    assert_ne!(leasectl::fleet::list(&[e.endpoint()], None, bad, false, &mut out, &mut err), 0);
+    let said = String::from_utf8_lossy(&err);
+    assert!(said.contains("authenticating as etcd user 'reader'"), "{said}");
+
+    let mut fc = FleetConfig::new(vec![e.endpoint()], keys.tenant());
+    fc.etcd_user = Some(EtcdUser { name: "reader".into(), password: "read-pw".into() });
+    fc.timeouts = Timeouts::all(Duration::from_secs(5));
+    let client = Client::connect_fleet(fc).unwrap();
+    let l = client.alloc(MIB, AllocOptions::default()).unwrap();
+    assert_eq!(l.appliance(), s.control);
+    l.free().unwrap();
+    drop(client);
+    let _ = std::fs::remove_dir_all(&dir);
     h.stop();
 }
 

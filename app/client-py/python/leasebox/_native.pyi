@@ -109,6 +109,8 @@ class Client:
         etcd_cacert: Optional[str] = None,
         etcd_cert: Optional[str] = None,
         etcd_key: Optional[str] = None,
+        etcd_user: Optional[str] = None,
+        etcd_password: Optional[str] = None,
     ) -> Client: ...
     @property
     def appliances(self) -> list[str]: ...
