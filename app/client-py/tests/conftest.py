@@ -12,6 +12,7 @@ import os
 import secrets
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -181,25 +182,40 @@ def wait_event(client, kind: str, within: float = 10.0):
 
 
 class Etcd:
-    """A real etcd (Debian's etcd-server) on loopback with a temporary data directory, for the fleet test."""
+    """A real etcd (Debian's etcd-server) on loopback with a temporary data directory, for the fleet tests.
 
-    def __init__(self) -> None:
+    With `tls`, it serves HTTPS only and wants a client certificate (`--client-cert-auth`); `ca`, `cert` and
+    `key` are then the CA and a client's certificate and key, made with the `openssl` command."""
+
+    def __init__(self, tls: bool = False) -> None:
         binary = os.environ.get("LEASEBOX_ETCD") or shutil.which("etcd")
         if not binary:
             pytest.fail("etcd not found in PATH (Debian package etcd-server): run `cargo xtask prereqs`")
         self.dir = tempfile.TemporaryDirectory(prefix="leasebox-etcd-")
         client, peer = free_port(), free_port()
         self.endpoint = f"127.0.0.1:{client}"
+        self.scheme = "https" if tls else "http"
+        self.ssl = None
+        flags = []
+        if tls:
+            pki = Path(self.dir.name) / "pki"
+            make_certificates(pki)
+            self.ca, self.cert, self.key = str(pki / "ca.pem"), str(pki / "client.pem"), str(pki / "client.key")
+            flags = [f"--cert-file={pki / 'server.pem'}", f"--key-file={pki / 'server.key'}",
+                     f"--trusted-ca-file={self.ca}", "--client-cert-auth"]
+            self.ssl = ssl.create_default_context(cafile=self.ca)
+            self.ssl.load_cert_chain(self.cert, self.key)
         self.proc = subprocess.Popen(
             [
                 binary,
                 "--name=pytest",
                 f"--data-dir={self.dir.name}/data",
-                f"--listen-client-urls=http://{self.endpoint}",
-                f"--advertise-client-urls=http://{self.endpoint}",
+                f"--listen-client-urls={self.scheme}://{self.endpoint}",
+                f"--advertise-client-urls={self.scheme}://{self.endpoint}",
                 f"--listen-peer-urls=http://127.0.0.1:{peer}",
                 f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
                 f"--initial-cluster=pytest=http://127.0.0.1:{peer}",
+                *flags,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -217,9 +233,9 @@ class Etcd:
 
     def call(self, path: str, body: dict) -> dict:
         req = urllib.request.Request(
-            f"http://{self.endpoint}/v3/{path}", data=json.dumps(body).encode(), method="POST"
+            f"{self.scheme}://{self.endpoint}/v3/{path}", data=json.dumps(body).encode(), method="POST"
         )
-        with urllib.request.urlopen(req, timeout=3) as r:
+        with urllib.request.urlopen(req, timeout=3, context=self.ssl) as r:
             return json.loads(r.read())
 
     def put(self, key: str, value: str) -> None:
@@ -229,6 +245,29 @@ class Etcd:
         self.proc.kill()
         self.proc.wait(10)
         self.dir.cleanup()
+
+
+def make_certificates(pki: Path) -> None:
+    """A throwaway P-256 CA, a server certificate for 127.0.0.1 (server and client use: etcd's gateway dials
+    its own gRPC port with it) and a client certificate, with the `openssl` command (Debian package openssl)."""
+    openssl = shutil.which("openssl")
+    if not openssl:
+        pytest.fail("openssl not found in PATH (Debian package openssl): run `cargo xtask prereqs`")
+    pki.mkdir(parents=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=pki, check=True, capture_output=True)
+
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=pytest CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    for name, eku, san in [("server", "serverAuth,clientAuth", "subjectAltName=IP:127.0.0.1\n"),
+                           ("client", "clientAuth", "")]:
+        (pki / f"{name}.ext").write_text(
+            f"basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage={eku}\n{san}")
+        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=pytest {name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext")
 
 
 def b64(s: str) -> str:
@@ -244,5 +283,12 @@ def free_port() -> int:
 @pytest.fixture
 def etcd() -> Iterator[Etcd]:
     e = Etcd()
+    yield e
+    e.close()
+
+
+@pytest.fixture
+def etcd_tls() -> Iterator[Etcd]:
+    e = Etcd(tls=True)
     yield e
     e.close()

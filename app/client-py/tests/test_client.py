@@ -216,8 +216,7 @@ def test_from_etcd_places_on_the_advertised_appliance(appliance, etcd):
         assert lease.free() == "TornDown"
     with pytest.raises(leasebox.ConfigError):
         leasebox.Client.from_etcd("no-port", "demo", appliance.tenant_key)
-    # TLS options are checked before anything connects (the TLS path itself is tested through the C binding
-    # and the registrar against an etcd that verifies clients).
+    # TLS options are checked before anything connects.
     with pytest.raises(leasebox.ConfigError, match="etcd_cacert"):
         leasebox.Client.from_etcd(f"https://{etcd.endpoint}", "demo", appliance.tenant_key)
     with pytest.raises(leasebox.ConfigError, match="etcd_cacert"):
@@ -251,3 +250,20 @@ def test_from_etcd_as_an_etcd_user(appliance, etcd):
                                   etcd_user="reader", etcd_password="wrong")
     with pytest.raises(leasebox.ConfigError, match="go together"):
         leasebox.Client.from_etcd(etcd.endpoint, "demo", appliance.tenant_key, etcd_user="reader")
+
+
+def test_from_etcd_over_tls_with_a_client_certificate(appliance, etcd_tls):
+    boot = "ef" * 16
+    ad = {"boot_id": boot, "control": appliance.addr, "rdma": appliance.udp, "free_bytes": 64 * MIB,
+          "leased_bytes": 0, "health": "ok", "hca": "ok", "labels": {}, "registrar": "pytest"}
+    etcd_tls.put(f"/leasebox/v1/appliances/{boot}", json.dumps(ad))
+    https = f"https://{etcd_tls.endpoint}"
+    with leasebox.Client.from_etcd(https, "demo", appliance.tenant_key, timeout=5, etcd_cacert=etcd_tls.ca,
+                                   etcd_cert=etcd_tls.cert, etcd_key=etcd_tls.key) as c:
+        lease = c.alloc(MIB)
+        lease.write(0, b"over TLS")
+        assert lease.read(0, 8) == b"over TLS"
+        assert lease.free() == "TornDown"
+    # The CA alone: etcd wants a client certificate, and the error says so.
+    with pytest.raises(leasebox.LeaseboxError, match="wants a client certificate"):
+        leasebox.Client.from_etcd(https, "demo", appliance.tenant_key, timeout=2, etcd_cacert=etcd_tls.ca)

@@ -40,8 +40,8 @@ fn tls_error(e: io::Error) -> io::Error {
     let hint = match inner {
         rustls::Error::AlertReceived(
             rustls::AlertDescription::BadCertificate | rustls::AlertDescription::CertificateRequired,
-        ) => " (the server refused this client's certificate or wanted one: --etcd-cert, --etcd-key)",
-        rustls::Error::InvalidCertificate(_) => " (the server's certificate does not verify under --etcd-cacert)",
+        ) => " (the server wants a client certificate and key that its CA signed)",
+        rustls::Error::InvalidCertificate(_) => " (the server's certificate does not verify under the CA given)",
         _ => "",
     };
     io::Error::new(e.kind(), format!("TLS: {inner}{hint}"))
