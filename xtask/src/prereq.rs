@@ -626,8 +626,8 @@ mod tests {
         let h = r.host_with(&[("LEASEBOX_OVMF_CODE", code.as_os_str()), ("LEASEBOX_OVMF_VARS", vars.as_os_str())]);
         assert!(!packages(&missing(&h)).contains(&"ovmf"));
 
-        // An empty PATH finds no executables: qemu, grub-mkrescue, xorriso, mformat, pkg-config, etcd, promtool, openssl, and with
-        // pkg-config gone, neither rdma-core module can be confirmed.
+        // An empty PATH finds no executables: qemu, grub-mkrescue, xorriso, mformat, pkg-config, etcd, promtool,
+        // openssl, and with pkg-config gone, neither rdma-core module can be confirmed.
         let none = Host::new(&r.0, [("PATH", "")]);
         assert_eq!(
             packages(&missing(&none)),

@@ -198,15 +198,18 @@ def test_example_needs_no_flags_with_the_config_file_xtask_run_writes(tmp_path, 
     assert r.returncode == 2 and "cannot connect" in r.stderr, r.stderr
 
 
+def advertise(etcd, appliance, boot: str) -> None:
+    """The appliance's advertisement as the registrar writes it (docs/fleet.md, "The key")."""
+    ad = {"boot_id": boot, "control": appliance.addr, "rdma": appliance.udp, "free_bytes": 64 * MIB,
+          "leased_bytes": 0, "health": "ok", "hca": "ok", "labels": {}, "registrar": "pytest"}
+    etcd.put(f"/leasebox/v1/appliances/{boot}", json.dumps(ad))
+
+
 def test_from_etcd_places_on_the_advertised_appliance(appliance, etcd):
     # No appliance advertised yet: NoMemory once the timeout has passed.
     with pytest.raises(leasebox.NoMemory):
         leasebox.Client.from_etcd(etcd.endpoint, "demo", appliance.tenant_key, timeout=0.5)
-    # The advertisement as the registrar writes it (docs/fleet.md, "The key").
-    boot = "ab" * 16
-    ad = {"boot_id": boot, "control": appliance.addr, "rdma": appliance.udp, "free_bytes": 64 * MIB,
-          "leased_bytes": 0, "health": "ok", "hca": "ok", "labels": {}, "registrar": "pytest"}
-    etcd.put(f"/leasebox/v1/appliances/{boot}", json.dumps(ad))
+    advertise(etcd, appliance, "ab" * 16)
     with leasebox.Client.from_etcd([etcd.endpoint], "demo", appliance.tenant_key, timeout=5) as c:
         assert c.appliances == [appliance.addr]
         lease = c.alloc(MIB)
@@ -226,10 +229,7 @@ def test_from_etcd_places_on_the_advertised_appliance(appliance, etcd):
 
 
 def test_from_etcd_as_an_etcd_user(appliance, etcd):
-    boot = "cd" * 16
-    ad = {"boot_id": boot, "control": appliance.addr, "rdma": appliance.udp, "free_bytes": 64 * MIB,
-          "leased_bytes": 0, "health": "ok", "hca": "ok", "labels": {}, "registrar": "pytest"}
-    etcd.put(f"/leasebox/v1/appliances/{boot}", json.dumps(ad))
+    advertise(etcd, appliance, "cd" * 16)
     # etcd's authentication on: root, and a user whose role may only read the advertisements.
     etcd.call("auth/user/add", {"name": "root", "password": "root-pw"})
     etcd.call("auth/user/grant", {"user": "root", "role": "root"})
@@ -253,10 +253,7 @@ def test_from_etcd_as_an_etcd_user(appliance, etcd):
 
 
 def test_from_etcd_over_tls_with_a_client_certificate(appliance, etcd_tls):
-    boot = "ef" * 16
-    ad = {"boot_id": boot, "control": appliance.addr, "rdma": appliance.udp, "free_bytes": 64 * MIB,
-          "leased_bytes": 0, "health": "ok", "hca": "ok", "labels": {}, "registrar": "pytest"}
-    etcd_tls.put(f"/leasebox/v1/appliances/{boot}", json.dumps(ad))
+    advertise(etcd_tls, appliance, "ef" * 16)
     https = f"https://{etcd_tls.endpoint}"
     with leasebox.Client.from_etcd(https, "demo", appliance.tenant_key, timeout=5, etcd_cacert=etcd_tls.ca,
                                    etcd_cert=etcd_tls.cert, etcd_key=etcd_tls.key) as c:

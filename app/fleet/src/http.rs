@@ -66,7 +66,7 @@ impl Write for Conn {
     fn flush(&mut self) -> io::Result<()> {
         match self {
             Conn::Plain(s) => s.flush(),
-            Conn::Tls(t) => t.flush(),
+            Conn::Tls(t) => t.flush().map_err(tls_error),
         }
     }
 }

@@ -99,7 +99,6 @@ impl LocalEtcd {
         let dir = base.join(format!("leasebox-etcd-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
         let mut e = LocalEtcd { bin, dir, client_port: free_port()?, peer_port: free_port()?, child: None, tls: None };
         if tls {
-            std::fs::create_dir_all(&e.dir).map_err(|err| format!("{}: {err}", e.dir.display()))?;
             e.tls = Some(make_certificates(&e.dir.join("pki"))?);
         }
         e.launch()?;
