@@ -49,7 +49,8 @@ enum Sub {
     /// Host tests, clippy, image and ISO build, then the QEMU scenarios; PASS/FAIL lines and a summary
     ///
     /// The host steps: cargo fmt --check, cargo test --workspace (the C client's header check and gcc-built
-    /// example included), clippy (host, leasectl's verbs feature, the kernel target), python-client (pip install
+    /// example included), the tag-limit tests again in a release build, clippy (host, leasectl's verbs feature,
+    /// the kernel target), python-client (pip install
     /// app/client-py into target/py-venv, pytest against a hosted appliance); then the image and ISO build, what the named scenarios need (the mlx5 model,
     /// leasectl, the fence-test image), and the scenarios one after another: boot scenarios check the serial
     /// transcript, driven ones (control-qemu, lease-qemu) run clients against the booted image. With
@@ -164,8 +165,8 @@ struct TestArgs {
     /// Copy each boot scenario's serial output to stdout as it arrives
     #[arg(long, short)]
     verbose: bool,
-    /// Only this host step (repeatable: format, host-tests, clippy-host, verbs-build, clippy-kernel,
-    /// python-client); no image build and no scenarios
+    /// Only this host step (repeatable: format, host-tests, release-limits, clippy-host, verbs-build,
+    /// clippy-kernel, python-client); no image build and no scenarios
     #[arg(long = "step", value_name = "STEP", conflicts_with_all = ["boot_only", "scenarios"])]
     steps: Vec<String>,
     /// Scenarios to run (default: all; see --list)

@@ -33,7 +33,7 @@ use leasebox_lease::setup::{self, LeaseParts};
 use leasebox_lease::{Config, LeaseService, Who};
 use leasebox_mlx5::command::{Command, Output, opcode_name};
 use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
-use leasebox_mlx5::engine::{Client, CommandEngine, Event, EventEngine};
+use leasebox_mlx5::engine::{Client, CommandEngine, Event, EventEngine, Refused};
 use leasebox_mlx5::handles::{Mkey, Pdn, Qpn};
 use leasebox_mlx5::ifc;
 use leasebox_mlx5::ifc::mkey::{MkeyAccess, MkeyParams};
@@ -224,10 +224,11 @@ impl Core {
                     self.tags.insert(svc_tag, Sent { slot });
                     *self.submitted.entry(opcode).or_default() += 1;
                 }
-                Err(cmd) => {
+                Err(Refused::Full(cmd)) => {
                     self.svc.unsend(svc_tag, cmd);
                     break;
                 }
+                Err(Refused::ReservedTag(e)) => fail(&format!("{e}")),
             }
         }
         self.svc.take_answers(&mut self.answers);

@@ -3,7 +3,7 @@
 //! fatal HCA makes every live lease fail closed. The image's core 0, the hosted appliance and the tests all
 //! drive the service through this one loop step.
 
-use leasebox_mlx5::engine::{Client, Event};
+use leasebox_mlx5::engine::{Client, Event, Refused};
 
 use crate::service::{Host, LeaseService};
 
@@ -56,9 +56,16 @@ impl Link {
                     self.outstanding += 1;
                     did = true;
                 }
-                Err(cmd) => {
+                Err(Refused::Full(cmd)) => {
                     svc.unsend(tag, cmd);
                     break;
+                }
+                Err(Refused::ReservedTag(e)) => {
+                    // Never with the service's own tags (its layout is derived from the engine's); if it
+                    // happened, the step fails as a refused command would, and the plan fails closed.
+                    log::error!("lease: {e}");
+                    svc.hca_done(tag, Err(e), now_us, host);
+                    did = true;
                 }
             }
         }

@@ -402,3 +402,34 @@ fn ten_thousand_leases_allocated_then_revoked_leak_nothing() {
     drop(m);
     let _ = RevokeOrder::MkeyFirst;
 }
+
+/// The tag sequence started just below each of its limits (bit 61 turning on; the top and the wrap to 1), on
+/// the native driver and the model: ALLOC across it, REVOKE with DESTROY_MKEY failing (the 2ERR fallback runs,
+/// the slot fences), and a second lease built, revoked and swept. Every result comes back to its lease through
+/// the real command engine (which refuses a tag outside its client bits). `cargo test --release` runs it too.
+#[test]
+fn the_command_tag_sequence_crosses_its_limits_on_the_model() {
+    use leasebox_lease::LeaseService;
+    let max = LeaseService::<u64>::SEQUENCE_MAX;
+    for start in [(1 << 29) - 3, (1 << 30) - 3, max - 3, max] {
+        let mut r = Rig::configured(common::config());
+        r.svc.start_sequence_at(start);
+        let a0 = r.svc.pool().free_extents();
+        fail(&r, DESTROY_MKEY);
+        let (mut r, lease, outcome) = fenced_after(r, false);
+        assert_eq!(outcome, Outcome::Fenced, "start {start}");
+        let f = r.svc.fence_info(lease.slot).expect("fenced");
+        assert_eq!(f.failed_mask, step_bit::DESTROY_MKEY, "start {start}: the fallback 2ERR_QP ran and succeeded");
+        let b = r.alloc(TENANT, 4096);
+        r.ready(TENANT, &b);
+        assert_eq!(r.revoke(TENANT, b.lease), Outcome::TornDown, "start {start}");
+        assert!(r.platform().model().unwrap().mkey(b.rkey).is_none(), "start {start}: the key is gone");
+        r.settle();
+        assert_eq!(r.svc.pool().free_extents(), a0 - 1, "start {start}: only the fenced slot's memory kept");
+        let next = r.svc.next_sequence();
+        assert!(next < start || next > start + 10, "start {start}: the sequence moved on to {next}");
+        if start >= max - 3 {
+            assert!(next < 100, "start {start}: wrapped to {next}");
+        }
+    }
+}

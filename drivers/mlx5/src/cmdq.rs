@@ -55,7 +55,7 @@ pub const EMERGENCY_MIN_SLOTS: usize = 3;
 /// The emergency command's token (any non-zero value; it only has to match its mailboxes).
 const EMERGENCY_TOKEN: u8 = 0xfe;
 const CMD_TYPE_PCIE: u8 = 7;
-const MANAGE_PAGES: u16 = 0x108;
+const MANAGE_PAGES: u16 = crate::ifc::init::MLX5_CMD_OP_MANAGE_PAGES;
 
 /// Which slots a command may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

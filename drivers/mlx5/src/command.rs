@@ -366,6 +366,9 @@ pub enum ErrorKind {
     NoDma,
     /// The driver was shut down before the command completed.
     Shutdown,
+    /// The caller's tag used a bit the command engine reserves for its own marks: refused, never posted
+    /// (`engine::CLIENT_TAG_BITS`).
+    ReservedTag { tag: u64 },
 }
 
 /// A failed command: opcode, op_mod, what went wrong, and the attributes it was attempted with.
@@ -421,6 +424,9 @@ impl fmt::Display for CmdError {
             ErrorKind::TooLarge { len } => write!(f, "{len} bytes do not fit the mailbox chain")?,
             ErrorKind::NoDma => write!(f, "no DMA memory")?,
             ErrorKind::Shutdown => write!(f, "driver shut down")?,
+            ErrorKind::ReservedTag { tag } => {
+                write!(f, "not posted: tag {tag:#x} uses a bit the command engine reserves (a caller's bug)")?
+            }
         }
         if self.attrs.iter().next().is_some() {
             write!(f, " [{}]", self.attrs)?;

@@ -33,8 +33,31 @@ const INTERNAL_TAG: u64 = 1 << 63;
 /// Tags with this bit (and not [`INTERNAL_TAG`]) came from the [`SideClient`]: the engine sets it on the way in
 /// and clears it on the way back, so each side sees its own tags; the main client's tags never have it.
 const SIDE_TAG: u64 = 1 << 62;
-/// The bits a client's own tag may use.
-const CLIENT_TAG_BITS: u64 = SIDE_TAG - 1;
+/// The bits a client's own tag may use (the engine owns the rest for its marks). This is the one statement of
+/// the layout: a client that packs fields into its tags derives their widths from it, and
+/// [`Client::submit_as`] refuses a tag outside it rather than masking it (a masked tag would come back as
+/// another tag, and its result would be lost).
+pub const CLIENT_TAG_BITS: u64 = SIDE_TAG - 1;
+const _: () = assert!(CLIENT_TAG_BITS & (INTERNAL_TAG | SIDE_TAG) == 0 && CLIENT_TAG_BITS.count_ones() == 62);
+
+/// Why [`Client::submit_as`] (or [`SideClient::submit_as`]) did not queue a command.
+#[derive(Debug)]
+pub enum Refused {
+    /// The request ring is full: the command comes back, to be queued after the next poll.
+    Full(Command),
+    /// The tag uses a bit outside [`CLIENT_TAG_BITS`]: nothing was queued, in release builds as in debug ones.
+    /// This is the caller's bug; the error (kind [`ErrorKind::ReservedTag`]) is what its completion would
+    /// have been, so the caller can fail the step it belongs to.
+    ReservedTag(crate::command::CmdError),
+}
+
+/// Checks a caller's tag against [`CLIENT_TAG_BITS`].
+fn client_tag(tag: u64, cmd: Command) -> Result<Request, Refused> {
+    if tag & !CLIENT_TAG_BITS != 0 {
+        return Err(Refused::ReservedTag(cmd.error(ErrorKind::ReservedTag { tag })));
+    }
+    Ok(Request { tag, cmd })
+}
 /// Ring capacities of the side client (a port's maintenance keeps a few commands in flight at most).
 pub const SIDE_REQUEST_RING: usize = 8;
 pub const SIDE_COMPLETION_RING: usize = 8;
@@ -542,7 +565,7 @@ impl Client {
         let tag = self.next_tag;
         match self.requests.push(Request { tag, cmd }) {
             Ok(()) => {
-                self.next_tag = (self.next_tag + 1) & CLIENT_TAG_BITS;
+                self.next_tag = self.next_tag % CLIENT_TAG_BITS + 1;
                 Ok(tag)
             }
             Err(r) => Err(r.cmd),
@@ -551,11 +574,11 @@ impl Client {
 
     /// Queues `cmd` under the caller's `tag` (its completion carries it back, so the caller needs no map of its
     /// own); gives the command back when the ring is full. The caller keeps its tags unique among those
-    /// outstanding, apart from [`Client::submit`]'s (which count up from 1), and clear of bits 62 and 63 (the
-    /// side client's mark and the command engine's own).
-    pub fn submit_as(&mut self, tag: u64, cmd: Command) -> Result<(), Command> {
-        debug_assert_eq!(tag & !CLIENT_TAG_BITS, 0, "bits 62 and 63 mark the side client's and the engine's tags");
-        self.requests.push(Request { tag: tag & CLIENT_TAG_BITS, cmd }).map_err(|r| r.cmd)
+    /// outstanding, apart from [`Client::submit`]'s (which count up from 1), and within [`CLIENT_TAG_BITS`]; a
+    /// tag outside them is refused ([`Refused::ReservedTag`]).
+    pub fn submit_as(&mut self, tag: u64, cmd: Command) -> Result<(), Refused> {
+        let r = client_tag(tag, cmd)?;
+        self.requests.push(r).map_err(|r| Refused::Full(r.cmd))
     }
 
     pub fn poll(&mut self) -> Option<Completion> {
@@ -591,15 +614,15 @@ impl SideClient {
     pub fn submit(&mut self, cmd: Command) -> Result<u64, Command> {
         let tag = self.next_tag;
         self.requests.push(Request { tag, cmd }).map_err(|r| r.cmd)?;
-        self.next_tag = (self.next_tag + 1) & CLIENT_TAG_BITS;
+        self.next_tag = self.next_tag % CLIENT_TAG_BITS + 1;
         Ok(tag)
     }
 
-    /// Queues `cmd` under the caller's `tag` (bits 0..62; the caller keeps it unique among those outstanding,
-    /// apart from [`SideClient::submit`]'s); gives the command back when the ring is full.
-    pub fn submit_as(&mut self, tag: u64, cmd: Command) -> Result<(), Command> {
-        debug_assert_eq!(tag & !CLIENT_TAG_BITS, 0, "bits 62 and 63 are the engine's");
-        self.requests.push(Request { tag: tag & CLIENT_TAG_BITS, cmd }).map_err(|r| r.cmd)
+    /// Queues `cmd` under the caller's `tag` (within [`CLIENT_TAG_BITS`]; the caller keeps it unique among
+    /// those outstanding, apart from [`SideClient::submit`]'s); refused as [`Client::submit_as`] refuses.
+    pub fn submit_as(&mut self, tag: u64, cmd: Command) -> Result<(), Refused> {
+        let r = client_tag(tag, cmd)?;
+        self.requests.push(r).map_err(|r| Refused::Full(r.cmd))
     }
 
     /// The next completion of a command this side queued.

@@ -829,6 +829,8 @@ enum Purpose {
     Sq = 2,
     Rq = 3,
 }
+// The largest maintenance tag is one the command engine takes (`engine::CLIENT_TAG_BITS` owns the layout).
+const _: () = assert!((((Purpose::Rq as u64) << 32) | 0xffff_ffff) & !crate::engine::CLIENT_TAG_BITS == 0);
 
 /// Where a queue's recovery stands: the next command to send (Linux `mlx5e_tx_reporter_err_cqe_recover` and
 /// `mlx5e_flush_rq`: read the state, ERR → RST, the ring reset, RST → RDY, the buffers posted again).
@@ -866,6 +868,8 @@ struct Maintenance {
 }
 
 impl Maintenance {
+    /// A side-client tag: the purpose above bit 32, a sequence number below; always within the engine's
+    /// client bits (checked at build time below).
     fn tag(&mut self, purpose: Purpose) -> u64 {
         self.seq = (self.seq + 1) & 0xffff_ffff;
         ((purpose as u64) << 32) | self.seq

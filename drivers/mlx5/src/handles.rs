@@ -95,8 +95,10 @@ impl Mkey {
 }
 
 /// The 8-bit MKEY variant (`mkey_7_0`), rotated on every create so a re-used index yields a different key
-/// (Linux mlx5_ib keeps such a counter per device). The one counter: the driver's objects and the lease
-/// service both take from one.
+/// (Linux mlx5_ib keeps such a counter per device). The driver's own MKEYs (the Ethernet port's, made at
+/// bring-up) take from this counter; lease MKEYs take unpredictable variants from the lease service's CSPRNG
+/// instead (`leasebox-lease` `service::ids`), which also refuses a variant equal to the one the index had
+/// before.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MkeyVariant(u8);
 

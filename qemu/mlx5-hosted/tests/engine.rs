@@ -393,3 +393,35 @@ fn fatal_health_fails_the_side_clients_in_flight_and_later_commands() {
     let c = c.unwrap();
     assert_eq!((c.tag, c.result.unwrap_err().kind), (t, ErrorKind::Fatal { health_syndrome: 0x8 }));
 }
+
+/// A tag with a bit outside `CLIENT_TAG_BITS` is refused on either side, in release builds too (this test runs
+/// under `--release` as well): nothing reaches the HCA, and the error names the tag. Masking it instead would
+/// hand the completion back under another tag, where its caller would never find it.
+#[test]
+fn a_tag_with_a_reserved_bit_is_refused_not_masked() {
+    use leasebox_mlx5::engine::{CLIENT_TAG_BITS, Refused};
+    let mut d = common::up();
+    let mut side = d.cmd.side_client().expect("the first side client");
+    let submitted = d.cmd.queue().log().counters.submitted;
+    for bit in [62u32, 63] {
+        let tag = (1u64 << bit) | 7;
+        for r in [d.client.submit_as(tag, ifc::vport::paos_query(1)), side.submit_as(tag, ifc::vport::paos_query(1))] {
+            let Err(Refused::ReservedTag(e)) = r else { panic!("bit {bit}: {r:?}") };
+            assert_eq!(e.kind, ErrorKind::ReservedTag { tag });
+            assert_eq!(e.opcode, ACCESS_REG);
+            let msg = e.to_string();
+            assert!(msg.contains(&format!("{tag:#x}")) && msg.contains("reserves"), "{msg}");
+        }
+    }
+    // The highest tag a client may use goes through and comes back as it was.
+    d.client.submit_as(CLIENT_TAG_BITS, ifc::vport::paos_query(1)).map_err(|_| "ring full").unwrap();
+    side.submit_as(CLIENT_TAG_BITS, ifc::vport::paos_query(1)).map_err(|_| "ring full").unwrap();
+    let (mut main_tag, mut side_tag) = (None, None);
+    pump_until(&mut d, "both completions", |d| {
+        main_tag = main_tag.or_else(|| d.client.poll().map(|c| c.tag));
+        side_tag = side_tag.or_else(|| side.poll().map(|c| c.tag));
+        main_tag.is_some() && side_tag.is_some()
+    });
+    assert_eq!((main_tag, side_tag), (Some(CLIENT_TAG_BITS), Some(CLIENT_TAG_BITS)));
+    assert_eq!(d.cmd.queue().log().counters.submitted, submitted + 2, "the refused ones never reached the queue");
+}

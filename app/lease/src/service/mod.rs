@@ -156,8 +156,8 @@ pub struct LeaseService<T: Copy> {
     hca: HcaCtx,
     slots: Vec<Slot<T>>,
     pool: ExtentPool,
-    /// Commands issued and not yet completed. A command's tag is its slot (low 32 bits) and a sequence number
-    /// (bits 32..63), so a result finds its lease with no map.
+    /// Commands issued and not yet completed. A command's tag is its slot and a sequence number
+    /// ([`tag_of`]), so a result finds its lease with no map.
     in_flight: usize,
     next_seq: u64,
     outbox: VecDeque<(u64, Command)>,
@@ -277,6 +277,21 @@ impl<T: Copy> LeaseService<T> {
         self.in_flight
     }
 
+    /// The sequence number the next command's tag carries (1..=[`LeaseService::SEQUENCE_MAX`]).
+    pub fn next_sequence(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The largest sequence number a tag carries; the one after it is 1.
+    pub const SEQUENCE_MAX: u64 = SEQ_MAX;
+
+    /// Starts the tag sequence at `seq` (1..=[`LeaseService::SEQUENCE_MAX`]): for tests that drive the
+    /// service across the sequence's limits without issuing a billion commands first.
+    pub fn start_sequence_at(&mut self, seq: u64) {
+        assert!((1..=SEQ_MAX).contains(&seq), "sequence numbers run 1..={SEQ_MAX}");
+        self.next_seq = seq;
+    }
+
     pub fn pool(&self) -> &ExtentPool {
         &self.pool
     }
@@ -370,8 +385,8 @@ impl<T: Copy> LeaseService<T> {
                 l.variant = ctx.variant;
             }
             let Some(cmd) = plan::command(step, stage, l, slot, &ctx) else { continue };
-            let tag = (self.next_seq << 32) | u64::from(slot);
-            self.next_seq = self.next_seq % SEQ_MASK + 1;
+            let tag = tag_of(self.next_seq, slot);
+            self.next_seq = self.next_seq % SEQ_MAX + 1;
             l.in_flight = Some((tag, step));
             self.in_flight += 1;
             if matches!(stage, Stage::Revoke(_)) {
@@ -521,9 +536,21 @@ impl<T: Copy> LeaseService<T> {
     }
 }
 
-/// Sequence numbers run 1..=SEQ_MASK: within bits 32..63 of a tag (bit 63 is the command engine's), and never
-/// 0, so a tag never looks like one of `Client::submit`'s own.
-const SEQ_MASK: u64 = (1 << 31) - 1;
+/// A command's tag: the slot in the low [`SLOT_BITS`], a sequence number above it, in as many bits as the
+/// command engine leaves its clients (`engine::CLIENT_TAG_BITS`, its one owner). Sequence numbers run
+/// 1..=[`SEQ_MAX`] and then wrap to 1: never 0, so a tag never looks like one of `Client::submit`'s own.
+/// At the wrap a sequence number comes back after 2^30 - 1 commands; a tag only has to differ from its slot's
+/// one command in flight, which it does.
+const SLOT_BITS: u32 = 32;
+const SEQ_BITS: u32 = leasebox_mlx5::engine::CLIENT_TAG_BITS.count_ones() - SLOT_BITS;
+const SEQ_MAX: u64 = (1 << SEQ_BITS) - 1;
+// Every tag the service can make is one the engine takes; this fails the build if the layouts ever overlap.
+const _: () = assert!(((SEQ_MAX << SLOT_BITS) | u32::MAX as u64) & !leasebox_mlx5::engine::CLIENT_TAG_BITS == 0);
+const _: () = assert!(leasebox_mlx5::engine::CLIENT_TAG_BITS == (1u64 << (SLOT_BITS + SEQ_BITS)) - 1);
+
+fn tag_of(seq: u64, slot: u32) -> u64 {
+    (seq << SLOT_BITS) | u64::from(slot)
+}
 
 /// The slot a command's tag names.
 fn tag_slot(tag: u64) -> u32 {

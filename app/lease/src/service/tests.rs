@@ -107,6 +107,10 @@ struct Rig {
     mkey_index: Option<fn(u8) -> u32>,
     next_ticket: u64,
     answers: BTreeMap<u64, Reply>,
+    /// Every tag the service issued, in order.
+    tags: Vec<u64>,
+    /// Commands refused for a tag outside the engine's client bits (as the command engine refuses them).
+    refused: usize,
 }
 
 /// A pool of one run of `bytes` at `base`.
@@ -146,6 +150,8 @@ impl Rig {
             mkey_index: None,
             next_ticket: 1,
             answers: BTreeMap::new(),
+            tags: Vec::new(),
+            refused: 0,
         }
     }
 
@@ -180,6 +186,14 @@ impl Rig {
     fn run(&mut self) {
         loop {
             while let Some((tag, cmd)) = self.svc.next_command() {
+                self.tags.push(tag);
+                if tag & !leasebox_mlx5::engine::CLIENT_TAG_BITS != 0 {
+                    // The command engine refuses such a tag (`Refused::ReservedTag`); the link fails the step.
+                    self.refused += 1;
+                    let e = cmd.error(ErrorKind::ReservedTag { tag });
+                    self.svc.hca_done(tag, Err(e), self.now_us, &mut self.host);
+                    continue;
+                }
                 self.issued.push(cmd.opcode());
                 if cmd.opcode() == ifc::qp::MLX5_CMD_OP_INIT2RTR_QP {
                     self.last_init2rtr = cmd.input().to_vec();
@@ -340,6 +354,41 @@ fn each_teardown_step_failing_in_turn_fences_with_its_mask_and_origin() {
         assert_eq!(r.revoke(lease, false), Outcome::Fenced, "{what}: idempotent");
         assert!(r.host.zeroed.is_empty(), "{what}");
     }
+}
+
+/// The tag sequence started just below each of its limits (bit 61 turning on; the top, 2^30 - 1, and the wrap
+/// to 1): a lease built across it, revoked with DESTROY_MKEY failing (the 2ERR fallback must run and the slot
+/// fence), and another built, revoked and swept. Every tag is one the command engine takes, and every result
+/// finds its lease. With the sequence in bits 32..63 (as it once was) bit 62 turned on at 2^30 and the engine
+/// took the tag for its side client's.
+#[test]
+fn the_command_tag_sequence_crosses_its_limits_and_every_result_finds_its_lease() {
+    let max = LeaseService::<u64>::SEQUENCE_MAX;
+    for start in [(1 << 29) - 3, (1 << 30) - 3, max - 3, max] {
+        let mut r = Rig::new(cfg());
+        r.svc.start_sequence_at(start);
+        let extents = r.svc.pool().free_extents();
+        let a = r.active();
+        r.script(DESTROY_MKEY, &[Answer::Fail]);
+        assert_eq!(r.revoke(a, false), Outcome::Fenced, "start {start}");
+        assert_eq!(r.issued, [DESTROY_MKEY, QP_2ERR], "start {start}: the fallback ran");
+        assert_eq!(r.fenced(a), Some((step_bit::DESTROY_MKEY, origin::REVOKE)), "start {start}");
+        let b = r.active();
+        assert_eq!(r.revoke(b, false), Outcome::TornDown, "start {start}");
+        r.issued.clear();
+        r.sweep();
+        assert_eq!(r.issued, [QP_2ERR, QP_2RST, DESTROY_QP, DEALLOC_PD], "start {start}");
+        assert_eq!(r.svc.pool().free_extents(), extents - 2, "start {start}: only the fenced lease's memory kept");
+        assert_eq!(r.svc.in_flight(), 0, "start {start}: every result came back to its lease");
+        assert_eq!(r.refused, 0, "start {start}: every tag within the engine's client bits");
+        let n = r.tags.len() as u64;
+        assert!(n >= 12, "start {start}: {n} commands");
+        assert_eq!(r.svc.next_sequence(), (start - 1 + n) % max + 1, "start {start}: one number per command");
+        let seqs: Vec<u64> = r.tags.iter().map(|t| t >> 32).collect();
+        assert_eq!(seqs[0], start);
+        assert!(seqs.iter().all(|&s| (1..=max).contains(&s)), "start {start}: {seqs:x?}");
+    }
+    assert_eq!(max, (1 << 30) - 1, "62 client bits: 32 for the slot, 30 for the sequence");
 }
 
 #[test]
