@@ -151,6 +151,18 @@ impl Platform for KernelHca {
         Some(buf)
     }
 
+    /// Large regions straight from the frame allocator, without the clearing `dma_alloc` does (RAM may hold
+    /// what the previous boot left there: the caller clears it before anyone reads it).
+    fn dma_alloc_uncleared(&self, len: usize, align: usize) -> Option<(DmaBuf, bool)> {
+        if len == 0 || class_of(len, align).is_some() {
+            return self.dma_alloc(len, align).map(|b| (b, true));
+        }
+        let r = memory::dma_alloc_uncleared(len, align.max(FRAME)).ok()?;
+        let mut dma = self.dma.write();
+        let (buf, _) = dma.live.insert(r.device_addr(), len, Backing::Region(r));
+        Some((buf, false))
+    }
+
     fn dma_free(&self, buf: DmaBuf) {
         let mut dma = self.dma.write();
         let backing = match dma.live.remove(buf) {
@@ -181,6 +193,13 @@ impl Platform for KernelHca {
     fn dma_write(&self, buf: DmaBuf, offset: usize, data: &[u8]) {
         if let Err(why) = self.access(buf, offset, data.len(), |r, off| r.write(off, data)) {
             self.fault("write of", buf, offset, data.len(), why);
+        }
+    }
+
+    /// One lookup and one `write_bytes` for the whole range (the lease scrub's path).
+    fn dma_zero(&self, buf: DmaBuf, offset: usize, len: usize) {
+        if let Err(why) = self.access(buf, offset, len, |r, off| r.zero(off, len)) {
+            self.fault("zeroing of", buf, offset, len, why);
         }
     }
 

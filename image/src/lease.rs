@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 use spin::Once;
 
 use crate::hca_platform::KernelHca;
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use leasebox_kernel::config::TestHook;
 use leasebox_kernel::config::{OptionParser, Options};
 use leasebox_kernel::time::Instant;
@@ -62,7 +62,15 @@ impl Environment for KernelEnv {
     fn hca_stats(&self) -> Option<HcaStats> {
         crate::hca::stats()
     }
+    fn pool_progress(&mut self, total_bytes: u64, unprepared_bytes: u64) {
+        POOL_BYTES.store(total_bytes, Ordering::Relaxed);
+        POOL_UNPREPARED.store(unprepared_bytes, Ordering::Relaxed);
+    }
 }
+
+/// The pool's size and the part still being prepared, as of the service's last tick (for the ready line).
+static POOL_BYTES: AtomicU64 = AtomicU64::new(0);
+static POOL_UNPREPARED: AtomicU64 = AtomicU64::new(0);
 
 pub type ImageBackend = LeaseBackend<KernelHost, KernelEnv>;
 
@@ -88,6 +96,7 @@ fn make_backend(o: &LeaseOptions) -> Result<ImageBackend, String> {
         log::warn!("lease: {w}");
     }
     let svc = LeaseService::new(cfg, parts.hca, rng).map_err(|e| alloc::format!("lease configuration: {e}"))?;
+    KernelEnv.pool_progress(svc.pool().total_bytes(), svc.pool().unprepared_bytes());
     Ok(LeaseBackend::new(
         svc,
         client,
@@ -96,13 +105,24 @@ fn make_backend(o: &LeaseOptions) -> Result<ImageBackend, String> {
     ))
 }
 
-/// The ready line's lease field: `lease=on`, or `lease=off lease_error="<why>"`.
+/// The ready line's lease field: `lease=on pool_mib=T pool_ready_mib=R` (R: the part of the pool prepared so
+/// far; the rest is prepared in the background and `lease: pool ready` is logged when it is whole), or
+/// `lease=off lease_error="<why>"`.
 pub fn ready_field() -> impl core::fmt::Display {
     struct Field(Option<&'static str>);
     impl core::fmt::Display for Field {
         fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
             match self.0 {
-                None => f.write_str("lease=on"),
+                None => {
+                    let (total, unprepared) =
+                        (POOL_BYTES.load(Ordering::Relaxed), POOL_UNPREPARED.load(Ordering::Relaxed));
+                    write!(
+                        f,
+                        "lease=on pool_mib={} pool_ready_mib={}",
+                        total >> 20,
+                        total.saturating_sub(unprepared) >> 20
+                    )
+                }
                 Some(why) => write!(f, "lease=off lease_error=\"{}\"", why.replace('"', "'")),
             }
         }

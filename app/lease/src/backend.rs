@@ -44,6 +44,9 @@ pub trait Environment {
     /// Every lease request as it arrives, before the service sees it. The image's `test=panic-after-lease`
     /// panics here (docs/revoke-semantics.md, "Fail closed on crash"); nothing else looks.
     fn request_seen(&mut self, _req: &Request) {}
+    /// After every tick: the pool's size and how much of it is still being prepared after boot (the image
+    /// shows them on its ready line).
+    fn pool_progress(&mut self, _total_bytes: u64, _unprepared_bytes: u64) {}
 }
 
 pub struct LeaseBackend<H: Host, E: Environment> {
@@ -115,6 +118,8 @@ impl<H: Host, E: Environment> Backend for LeaseBackend<H, E> {
 
     fn tick(&mut self, _now_ms: u64) {
         self.pump();
+        let pool = self.svc.pool();
+        self.env.pool_progress(pool.total_bytes(), pool.unprepared_bytes());
     }
 
     fn lease_stats(&mut self) -> LeaseStats {
@@ -130,6 +135,8 @@ impl<H: Host, E: Environment> Backend for LeaseBackend<H, E> {
             reconnects: c.reconnects,
             alloc_us: c.alloc_us.clone(),
             revoke_us: c.revoke_us.clone(),
+            pool_bytes: self.svc.pool().total_bytes(),
+            bytes_scrubbing: self.svc.pool().scrubbing_bytes(),
         }
     }
 

@@ -59,7 +59,19 @@ pub struct Config {
     /// The lease QPs' traffic class byte (DSCP << 2) and 802.1p priority (`rdma_dscp=`, `rdma_prio=`).
     pub tclass: u8,
     pub eth_prio: u8,
+    /// Extents of `pool` the platform gave uncleared (they may hold the previous boot's data): scrubbed in the
+    /// background before they are first handed out.
+    pub uncleared: Vec<u64>,
+    /// The scrub's share of each service tick: it zeroes slices of [`SCRUB_SLICE`] until this much time has
+    /// passed (or [`SCRUB_TICK_MAX`] bytes), so the control plane keeps answering while memory is cleared.
+    pub scrub_budget_us: u64,
 }
+
+/// The scrub zeroes this much at a time (then looks at the clock).
+pub const SCRUB_SLICE: u64 = 256 << 10;
+/// At most this much per tick whatever the clock says (a clock that does not move, as a test's virtual one
+/// between steps, must not let one tick scrub a whole pool).
+pub const SCRUB_TICK_MAX: u64 = 64 << 20;
 
 impl Default for Config {
     fn default() -> Self {
@@ -78,6 +90,8 @@ impl Default for Config {
             session_grace_ms: 30_000,
             heartbeat_renews: true,
             order: RevokeOrder::MkeyFirst,
+            uncleared: Vec::new(),
+            scrub_budget_us: 500,
             allow_order_override: true,
             revoke_deadline_ms: 1_000,
             fence_test: false,

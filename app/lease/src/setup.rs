@@ -86,15 +86,12 @@ impl<P: Platform> Host for PlatformHost<P> {
             log::error!("lease: scrub of {addr:#x}+{len:#x} refused: not inside the pool");
             return;
         };
-        let z = [0u8; 4096];
         for (buf, offset, n) in pieces {
-            let mut at = 0;
-            while at < n {
-                let k = (n - at).min(z.len());
-                self.0.dma_write(buf, offset + at, &z[..k]);
-                at += k;
-            }
+            self.0.dma_zero(buf, offset, n);
         }
+    }
+    fn now_us(&self) -> u64 {
+        self.0.now_ns() / 1000
     }
     fn neighbour(&mut self, ip: core::net::Ipv4Addr) -> Neighbour {
         match self.1.resolver {
@@ -121,6 +118,8 @@ pub struct LeaseParts {
     pub pool: Vec<Range<u64>>,
     /// The pool's extents as DMA handles, for the host's scrubbing ([`PlatformHost::new`]).
     pub extents: Vec<DmaBuf>,
+    /// Those of them that may hold data ([`uncleared`]): `Config::uncleared`.
+    pub uncleared: Vec<u64>,
     pub rdma_ip: core::net::Ipv4Addr,
     /// The HCA's largest memory region in bytes (`2^log_max_mrw_sz`; [`Config::max_region`]).
     pub max_region: u64,
@@ -128,16 +127,18 @@ pub struct LeaseParts {
 
 /// `mib` MiB of DMA memory in [`POOL_EXTENT`]s wherever the platform has them, as handles in allocation order
 /// ([`pool_runs`] merges them into runs of device addresses); nothing (every extent returned) when there are
-/// fewer. The extents stay allocated until reboot.
-pub fn allocate_pool<P: Platform>(p: &P, mib: u32) -> Result<Vec<DmaBuf>, String> {
+/// fewer. The extents stay allocated until reboot. They are taken uncleared ([`Platform::dma_alloc_uncleared`]):
+/// [`uncleared`] lists those the lease service must scrub before it first hands them out, which it does in
+/// the background, so a large pool costs the boot nothing.
+pub fn allocate_pool<P: Platform>(p: &P, mib: u32) -> Result<Vec<(DmaBuf, bool)>, String> {
     let want = (u64::from(mib) << 20) / POOL_EXTENT;
-    let mut taken: Vec<DmaBuf> = Vec::new();
+    let mut taken: Vec<(DmaBuf, bool)> = Vec::new();
     while (taken.len() as u64) < want {
-        match p.dma_alloc(POOL_EXTENT as usize, POOL_EXTENT as usize) {
+        match p.dma_alloc_uncleared(POOL_EXTENT as usize, POOL_EXTENT as usize) {
             Some(b) => taken.push(b),
             None => {
                 let have = taken.len() as u64 * (POOL_EXTENT >> 20);
-                for b in taken {
+                for (b, _) in taken {
                     p.dma_free(b);
                 }
                 return Err(format!("only {have} of {mib} MiB free for the lease pool (in 2 MiB extents)"));
@@ -145,6 +146,16 @@ pub fn allocate_pool<P: Platform>(p: &P, mib: u32) -> Result<Vec<DmaBuf>, String
         }
     }
     Ok(taken)
+}
+
+/// The extents of [`allocate_pool`]'s answer that may hold data.
+pub fn uncleared(extents: &[(DmaBuf, bool)]) -> Vec<u64> {
+    extents.iter().filter(|e| !e.1).map(|e| e.0.addr()).collect()
+}
+
+/// The handles of [`allocate_pool`]'s answer.
+pub fn handles(extents: &[(DmaBuf, bool)]) -> Vec<DmaBuf> {
+    extents.iter().map(|e| e.0).collect()
 }
 
 /// The device-address runs of `extents`, adjacent ones (in the order given) merged.
@@ -176,7 +187,8 @@ pub fn prepare<P: Platform>(
     // The lease QPs' `src_addr_index` is the entry written here and read back; nothing else is used.
     let gid_index = LEASE_GID_INDEX;
     let gid = d.roce_gid(gid_index.into(), ip.octets()).map_err(|e| format!("RoCE set-up for {ip}: {e}"))?;
-    let extents = allocate_pool(d.platform().as_ref(), o.pool_mib)?;
+    let taken = allocate_pool(d.platform().as_ref(), o.pool_mib)?;
+    let extents = handles(&taken);
     let pool = pool_runs(&extents);
     let port_mtu = port_ib_mtu(d.info.mtu);
     let max_region = 1u64.checked_shl(d.info.caps.log_max_mrw_sz.into()).unwrap_or(u64::MAX);
@@ -194,6 +206,7 @@ pub fn prepare<P: Platform>(
         hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, mac: d.info.mac, port_mtu, qp: d.info.qp },
         pool,
         extents,
+        uncleared: uncleared(&taken),
         rdma_ip: ip,
         max_region,
     })
@@ -220,6 +233,7 @@ impl Config {
             fence_test: o.fence_test,
             tclass: o.rdma_dscp << 2,
             eth_prio: o.rdma_prio,
+            uncleared: parts.uncleared.clone(),
             ..Config::default()
         }
     }
@@ -309,7 +323,7 @@ mod tests {
     #[test]
     fn the_pool_is_built_from_extents_wherever_they_are() {
         let p = Extents::new(&[64 * M, 66 * M, 70 * M, 4096 * M, 4098 * M, 100 * M]);
-        let extents = allocate_pool(&p, 10).unwrap();
+        let extents = handles(&allocate_pool(&p, 10).unwrap());
         let addrs: Vec<u64> = extents.iter().map(|b| b.addr()).collect();
         assert_eq!(addrs, [64 * M, 66 * M, 70 * M, 4096 * M, 4098 * M]);
         assert_eq!(pool_runs(&extents), [64 * M..68 * M, 70 * M..72 * M, 4096 * M..4100 * M]);
@@ -330,7 +344,7 @@ mod tests {
     /// (handed out in another order); `None` when the host refused it.
     fn scrub(addr: u64, len: u64) -> Option<Vec<(u64, usize, usize)>> {
         let p = Arc::new(Extents::new(&[70 * M, 66 * M, 64 * M]));
-        let extents = allocate_pool(p.as_ref(), 6).unwrap();
+        let extents = handles(&allocate_pool(p.as_ref(), 6).unwrap());
         let mut host = PlatformHost::new(p.clone(), extents);
         host.zero(addr, len);
         let writes: Vec<(u64, usize, usize)> =

@@ -18,6 +18,8 @@ pub struct Counters {
     pub resolve_timeouts: u64,
     /// Notices not queued because nobody took the earlier ones (`service::NOTICES_PER_SLOT`).
     pub notices_dropped: u64,
+    /// Pool bytes zeroed by the scrub (freed leases' memory, and the pool's own at boot).
+    pub scrubbed_bytes: u64,
     /// ALLOC and FREE/REVOKE, request to answer, in microseconds.
     pub alloc_us: Histogram,
     pub revoke_us: Histogram,

@@ -77,6 +77,11 @@ impl<'a> Reader<'a> {
         core::str::from_utf8(b).map(String::from).map_err(|_| DecodeError::Invalid { field })
     }
 
+    /// Bytes not read yet.
+    pub fn remaining(&self) -> usize {
+        self.buf.len()
+    }
+
     /// The payload must be fully consumed.
     pub fn finish(self) -> Result<(), DecodeError> {
         match self.buf.len() {

@@ -332,11 +332,18 @@ pub struct LeaseStats {
     pub alloc_us: Histogram,
     /// REVOKE latency, request to answer, in microseconds.
     pub revoke_us: Histogram,
+    /// The whole lease pool in bytes (0 from an appliance older than the field).
+    pub pool_bytes: u64,
+    /// Pool bytes waiting to be zeroed before they are lent again: freed leases' memory, and after boot the part
+    /// of the pool not prepared yet (0 from an appliance older than the field). `bytes_free` is what is ready.
+    pub bytes_scrubbing: u64,
 }
 
 impl LeaseStats {
-    /// Bytes on the wire: 5×4 + 8 + 8 + 4 + 4×8 + 2 × 16×4.
-    pub const WIRE_LEN: usize = 200;
+    /// Bytes on the wire: 5×4 + 8 + 8 + 4 + 4×8 + 2 × 16×4 + 8 + 8.
+    pub const WIRE_LEN: usize = 216;
+    /// What an appliance older than `pool_bytes` and `bytes_scrubbing` sends (decoded with both 0).
+    pub const WIRE_LEN_BEFORE_POOL: usize = 200;
 
     fn put(&self, w: &mut Writer<'_>) {
         for n in self.by_state {
@@ -346,6 +353,7 @@ impl LeaseStats {
         w.u64(self.allocs).u64(self.revokes).u64(self.expiries).u64(self.reconnects);
         self.alloc_us.put(w);
         self.revoke_us.put(w);
+        w.u64(self.pool_bytes).u64(self.bytes_scrubbing);
     }
 
     fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -353,7 +361,7 @@ impl LeaseStats {
         for n in &mut by_state {
             *n = r.u32("stats.leases_by_state")?;
         }
-        Ok(LeaseStats {
+        let mut s = LeaseStats {
             by_state,
             bytes_leased: r.u64("stats.bytes_leased")?,
             bytes_free: r.u64("stats.bytes_free")?,
@@ -364,7 +372,14 @@ impl LeaseStats {
             reconnects: r.u64("stats.reconnects")?,
             alloc_us: Histogram::get(r, "stats.alloc_us")?,
             revoke_us: Histogram::get(r, "stats.revoke_us")?,
-        })
+            ..LeaseStats::default()
+        };
+        // An older appliance's STATS end here.
+        if r.remaining() > 0 {
+            s.pool_bytes = r.u64("stats.pool_bytes")?;
+            s.bytes_scrubbing = r.u64("stats.bytes_scrubbing")?;
+        }
+        Ok(s)
     }
 }
 

@@ -218,6 +218,8 @@ fn response(r: &mut Rng) -> (Op, Response) {
                     reconnects: r.u64(),
                     alloc_us: Histogram { buckets: core::array::from_fn(|_| r.u32()) },
                     revoke_us: Histogram { buckets: core::array::from_fn(|_| r.u32()) },
+                    pool_bytes: r.u64(),
+                    bytes_scrubbing: r.u64(),
                 },
             }))
         }

@@ -165,6 +165,14 @@ pub trait Platform: Sync {
     /// Zeroed DMA memory of `len` (> 0) bytes aligned to `align` (a power of two), or `None` when exhausted.
     fn dma_alloc(&self, len: usize, align: usize) -> Option<DmaBuf>;
 
+    /// DMA memory as [`Platform::dma_alloc`] gives it, but not necessarily cleared: the bool says whether it is
+    /// known to be all zeros. For memory the caller clears later, on its own schedule (the lease pool, which
+    /// would otherwise be written whole before the first answer: docs/operations.md "The lease pool"). By
+    /// default the memory is cleared here, and says so.
+    fn dma_alloc_uncleared(&self, len: usize, align: usize) -> Option<(DmaBuf, bool)> {
+        self.dma_alloc(len, align).map(|b| (b, true))
+    }
+
     /// Returns memory from [`Platform::dma_alloc`]. A handle that is not live frees nothing (a fault).
     fn dma_free(&self, buf: DmaBuf);
 
@@ -175,6 +183,18 @@ pub trait Platform: Sync {
     /// Writes `data` at `offset` into `buf`, which must be live with the range inside it; otherwise nothing is
     /// written and the fault is reported. Aligned 4- and 8-byte pieces are single accesses.
     fn dma_write(&self, buf: DmaBuf, offset: usize, data: &[u8]);
+
+    /// Writes `len` zeros at `offset` into `buf`, refused like [`Platform::dma_write`]. By default in 4 KiB
+    /// writes; a platform with direct access does it in one.
+    fn dma_zero(&self, buf: DmaBuf, offset: usize, len: usize) {
+        const Z: [u8; 4096] = [0; 4096];
+        let mut at = 0;
+        while at < len {
+            let k = (len - at).min(Z.len());
+            self.dma_write(buf, offset + at, &Z[..k]);
+            at += k;
+        }
+    }
 
     /// Monotonic nanoseconds.
     fn now_ns(&self) -> u64;

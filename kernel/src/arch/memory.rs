@@ -244,6 +244,15 @@ impl core::fmt::Display for DmaError {
 /// Allocates `len` bytes (rounded up to pages) of zeroed, physically contiguous memory aligned to `align`
 /// (at least a page).
 pub fn dma_alloc(len: usize, align: usize) -> Result<DmaRegion, DmaError> {
+    let r = dma_alloc_uncleared(len, align)?;
+    // SAFETY: fresh frames, identity-mapped (checked), owned by the new region.
+    unsafe { core::ptr::write_bytes(r.virt.as_ptr(), 0, r.len) };
+    Ok(r)
+}
+
+/// As [`dma_alloc`], without clearing: the memory holds whatever it held (after a warm reboot, the previous
+/// boot's data), so the caller must clear it before anything reads it.
+pub fn dma_alloc_uncleared(len: usize, align: usize) -> Result<DmaRegion, DmaError> {
     if len == 0 {
         return Err(DmaError::Empty);
     }
@@ -257,8 +266,6 @@ pub fn dma_alloc(len: usize, align: usize) -> Result<DmaRegion, DmaError> {
         let _ = FRAMES.lock().free(phys, frames);
         return Err(DmaError::OutOfMemory { len });
     }
-    // SAFETY: fresh frames, identity-mapped (checked), owned by the new region.
-    unsafe { core::ptr::write_bytes(phys as *mut u8, 0, bytes) };
     let virt = NonNull::new(phys as *mut u8).ok_or(DmaError::OutOfMemory { len })?;
     Ok(DmaRegion { virt, device_addr: phys, len: bytes })
 }

@@ -359,6 +359,13 @@ impl Platform for HostedPlatform {
         Some(buf)
     }
 
+    /// Memory never handed out before is still zero (a fresh mapping) and is not touched; the rest may hold
+    /// old data, and is left for the caller to clear.
+    fn dma_alloc_uncleared(&self, len: usize, align: usize) -> Option<(DmaBuf, bool)> {
+        let (buf, used) = self.arena.write().unwrap_or_else(|e| e.into_inner()).alloc_live(len, align.max(1) as u64)?;
+        Some((buf, used == 0))
+    }
+
     fn dma_free(&self, buf: DmaBuf) {
         let freed = self.arena.write().unwrap_or_else(|e| e.into_inner()).free_live(buf);
         if let Err(why) = freed {
@@ -381,6 +388,20 @@ impl Platform for HostedPlatform {
             return self.fault("write of", buf, offset, data.len(), why);
         }
         let _ = self.ram.write(buf.at(offset as u64), data);
+    }
+
+    /// One check, then 64 KiB writes.
+    fn dma_zero(&self, buf: DmaBuf, offset: usize, len: usize) {
+        if let Err(why) = self.check(buf, offset, len) {
+            return self.fault("zeroing of", buf, offset, len, why);
+        }
+        static Z: [u8; 64 << 10] = [0; 64 << 10];
+        let mut at = 0;
+        while at < len {
+            let k = (len - at).min(Z.len());
+            let _ = self.ram.write(buf.at((offset + at) as u64), &Z[..k]);
+            at += k;
+        }
     }
 
     fn now_ns(&self) -> u64 {

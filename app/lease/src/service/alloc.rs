@@ -64,7 +64,12 @@ impl<T: Copy> LeaseService<T> {
         let Some(extents) = self.pool.take(extents_needed as usize) else {
             return Some(Err(err(
                 ErrorCode::NoMemory,
-                &format!("{} bytes asked, {} free in the pool", a.size, self.pool.free_bytes()),
+                &format!(
+                    "{} bytes asked, {} free in the pool ({} more being cleared)",
+                    a.size,
+                    self.pool.free_bytes(),
+                    self.pool.scrubbing_bytes()
+                ),
             )));
         };
         let qp_buf = host.dma_alloc(QP_BUF, 4096);

@@ -70,10 +70,13 @@ pub const RESOLVE_TIMEOUT_MS: u64 = 3_000;
 pub trait Host {
     fn dma_alloc(&mut self, len: usize, align: usize) -> Option<DmaBuf>;
     fn dma_free(&mut self, buf: DmaBuf);
-    /// Writes zeros over `[addr, addr + len)` of the pool (a lease's memory before it returns to the pool). The
-    /// host writes only through the pool's DMA handles and refuses, and reports, a range not inside the pool
+    /// Writes zeros over `[addr, addr + len)` of the pool (a slice of the scrub: [`crate::pool`]). The host
+    /// writes only through the pool's DMA handles and refuses, and reports, a range not inside the pool
     /// (`setup::PlatformHost`).
     fn zero(&mut self, addr: u64, len: u64);
+    /// Monotonic microseconds, read between scrub slices to keep each tick's share of the scrub within
+    /// `Config::scrub_budget_us`.
+    fn now_us(&self) -> u64;
     /// The MAC of `ip` on the RDMA port's segment (the client's next hop), as ARP finds it. Asked again on
     /// every timer scan while the answer is [`Neighbour::Asking`].
     fn neighbour(&mut self, _ip: core::net::Ipv4Addr) -> Neighbour {
@@ -178,6 +181,9 @@ pub struct LeaseService<T: Copy> {
     next_scan_us: u64,
     /// ALLOCs waiting for the client's MAC (`client_mac` 0).
     resolving: Vec<Parked<T>>,
+    /// When the service first ran, until the pool's boot-time preparation is done and logged.
+    preparing_since_us: Option<u64>,
+    pool_ready: bool,
     pub counters: Counters,
 }
 
@@ -192,7 +198,7 @@ impl<T: Copy> LeaseService<T> {
         cfg.check()?;
         let cfg_slots = cfg.slots;
         let slots = (0..cfg.slots).map(|_| Slot::Free { next_generation: 1 }).collect();
-        let pool = ExtentPool::new(&cfg.pool, cfg.extent);
+        let pool = ExtentPool::new(&cfg.pool, cfg.extent, &cfg.uncleared);
         Ok(LeaseService {
             cfg,
             boot_id: [0; BOOT_ID_LEN],
@@ -213,6 +219,8 @@ impl<T: Copy> LeaseService<T> {
             alloc_rate: BTreeMap::new(),
             next_scan_us: 0,
             resolving: Vec::new(),
+            preparing_since_us: None,
+            pool_ready: false,
             counters: Counters::default(),
         })
     }

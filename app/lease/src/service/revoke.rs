@@ -9,7 +9,7 @@ use leasebox_proto::{ErrorCode, LeaseId, Notice, Outcome, Reply, Response};
 
 use super::plan::{Stage, Steps};
 use super::{Host, LeaseService, SCAN_INTERVAL_US, Who, err};
-use crate::config::RevokeOrder;
+use crate::config::{RevokeOrder, SCRUB_SLICE, SCRUB_TICK_MAX};
 use crate::lease::{Cause, FenceInfo, Lease, Phase, Slot, Waiter, origin, step_bit};
 
 /// The FENCED_SUMMARY origin of a fence in `stage`.
@@ -157,6 +157,7 @@ impl<T: Copy> LeaseService<T> {
     /// Timers: the revoke deadline, READY deadlines, TTLs, lost sessions, and the deferred sweep. Also issues
     /// the commands that revokes started since the last call.
     pub fn tick(&mut self, now_us: u64, host: &mut dyn Host) {
+        self.scrub(now_us, host);
         if now_us < self.next_scan_us {
             return;
         }
@@ -326,12 +327,11 @@ impl<T: Copy> LeaseService<T> {
     }
 
     /// The sweep or an unwind finished: scrub, free the memory, free the slot.
+    /// The slot is free at once; its memory joins the scrub queue and returns to the pool as it is zeroed
+    /// ([`LeaseService::scrub`]).
     pub(super) fn release(&mut self, slot: u32, host: &mut dyn Host) {
         let Some(Slot::Busy(l)) = self.slots.get_mut(slot as usize) else { return };
-        for &e in &l.extents {
-            host.zero(e, self.cfg.extent);
-        }
-        self.pool.give_back(&l.extents);
+        self.pool.retire(&l.extents);
         host.dma_free(l.qp_buf);
         host.dma_free(l.qp_dbr);
         let next_generation = l.id.generation.wrapping_add(1).max(1);
@@ -340,5 +340,29 @@ impl<T: Copy> LeaseService<T> {
         self.free.insert(slot);
         self.unbook(&tenant, n);
         self.counters.swept += 1;
+    }
+
+    /// This tick's share of the scrub: slices of [`SCRUB_SLICE`] until `Config::scrub_budget_us` has passed on
+    /// the host's clock or [`SCRUB_TICK_MAX`] bytes are done. Logs once when the pool's boot-time preparation
+    /// is complete.
+    fn scrub(&mut self, now_us: u64, host: &mut dyn Host) {
+        let since = *self.preparing_since_us.get_or_insert(now_us);
+        let start = host.now_us();
+        let mut done = 0;
+        while let Some(n) = self.pool.scrub_slice(SCRUB_SLICE, |a, n| host.zero(a, n)) {
+            done += n;
+            self.counters.scrubbed_bytes += n;
+            if done >= SCRUB_TICK_MAX || host.now_us().saturating_sub(start) >= self.cfg.scrub_budget_us {
+                break;
+            }
+        }
+        if self.pool.unprepared_bytes() == 0 && !self.pool_ready {
+            self.pool_ready = true;
+            log::info!(
+                "lease: pool ready: {} MiB in {} ms",
+                self.pool.total_bytes() >> 20,
+                now_us.saturating_sub(since) / 1000
+            );
+        }
     }
 }

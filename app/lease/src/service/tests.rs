@@ -54,6 +54,8 @@ struct FakeHost {
     next: u64,
     live: BTreeMap<u64, usize>,
     zeroed: Vec<(u64, u64)>,
+    /// The host's clock as the scrub reads it: moved only by [`Host::zero`].
+    clock_us: u64,
     /// Neighbour resolution: off (`Unsupported`) unless set; then the MACs "ARP" has found so far.
     resolves: bool,
     arp: BTreeMap<core::net::Ipv4Addr, [u8; 6]>,
@@ -70,8 +72,17 @@ impl Host for FakeHost {
     fn dma_free(&mut self, buf: DmaBuf) {
         assert_eq!(self.live.remove(&buf.addr()), Some(buf.len()), "freed what was allocated, once");
     }
+    /// Each scrub slice takes 1 µs per KiB on the host's clock (1 GiB/s).
     fn zero(&mut self, addr: u64, len: u64) {
-        self.zeroed.push((addr, len));
+        self.clock_us += len >> 10;
+        // Adjacent slices of one scrub read as one range.
+        match self.zeroed.last_mut() {
+            Some((a, n)) if *a + *n == addr && (addr & ((2 << 20) - 1)) != 0 => *n += len,
+            _ => self.zeroed.push((addr, len)),
+        }
+    }
+    fn now_us(&self) -> u64 {
+        self.clock_us
     }
     fn neighbour(&mut self, ip: core::net::Ipv4Addr) -> Neighbour {
         if !self.resolves {
@@ -277,10 +288,22 @@ impl Rig {
         }
     }
 
-    /// Past the grace period: the sweep runs.
+    /// Past the grace period: the sweep runs, and the scrub of what it freed ends.
     fn sweep(&mut self) {
         let grace = self.svc.config().grace_ms * 1000;
         self.advance(grace + SCAN_INTERVAL_US);
+        self.scrubbed();
+    }
+
+    /// Ticks until the scrub queue is empty.
+    fn scrubbed(&mut self) {
+        for _ in 0..100_000 {
+            if self.svc.pool().scrubbing_bytes() == 0 {
+                return;
+            }
+            self.advance(SCAN_INTERVAL_US);
+        }
+        panic!("the scrub never ended: {} bytes left", self.svc.pool().scrubbing_bytes());
     }
 
     fn fenced(&self, lease: LeaseId) -> Option<(u32, u8)> {
@@ -389,6 +412,87 @@ fn the_command_tag_sequence_crosses_its_limits_and_every_result_finds_its_lease(
         assert!(seqs.iter().all(|&s| (1..=max).contains(&s)), "start {start}: {seqs:x?}");
     }
     assert_eq!(max, (1 << 30) - 1, "62 client bits: 32 for the slot, 30 for the sequence");
+}
+
+/// A large lease's scrub runs in slices on the service's ticks: each tick zeroes at most its budget's worth
+/// (plus the slice that crossed it) on the host's clock, a REVOKE of another lease and an ALLOC that fits are
+/// served while it runs, an extent is free only once all of it is zero, and an ALLOC larger than what is
+/// ready is refused naming what is still being cleared.
+#[test]
+fn a_large_scrub_runs_in_slices_and_the_service_answers_meanwhile() {
+    const E: u64 = 2 << 20;
+    let mut r = Rig::new(cfg());
+    let total = r.svc.pool().free_extents() as u64 * E;
+    let big = AllocReq { size: 48 << 20, ..alloc_req() };
+    let Ok(Response::Alloc(a)) = r.call(TENANT, &Request::Alloc(big)) else { panic!("ALLOC 48 MiB") };
+    let b = r.active();
+    assert_eq!(r.revoke(a.lease, false), Outcome::TornDown);
+    // Past the grace: the sweep frees the slot; its memory waits to be cleared.
+    let grace = r.svc.config().grace_ms * 1000;
+    r.advance(grace + SCAN_INTERVAL_US);
+    let waiting = r.svc.pool().scrubbing_bytes();
+    assert!(waiting > 40 << 20, "most of the 48 MiB still waits: {waiting}");
+    // Free: what was never leased, and of the big lease only the extents already wholly zeroed.
+    assert_eq!(r.svc.pool().free_bytes(), total - (52 << 20) + ((48 << 20) - waiting) / E * E);
+    let mut ticks = 0;
+    let mut served = false;
+    while r.svc.pool().scrubbing_bytes() > 0 {
+        let (before_us, before, issued) = (r.host.clock_us, r.svc.counters.scrubbed_bytes, r.issued.len());
+        r.advance(SCAN_INTERVAL_US);
+        ticks += 1;
+        let (spent, did) = (r.host.clock_us - before_us, r.svc.counters.scrubbed_bytes - before);
+        assert!(did > 0, "each tick moves the scrub on");
+        if r.issued.len() == issued {
+            // One tick (the rig ticks again after issuing commands): its budget and the slice that crossed it.
+            assert!(spent <= r.svc.config().scrub_budget_us + 256, "tick {ticks}: {spent} µs of scrub, {did} bytes");
+        }
+        // Free means wholly zeroed: each free extent of the big lease has one zeroed range over all of it.
+        for e in r.svc.pool().free_list() {
+            if (a.remote_addr..a.remote_addr + (48 << 20)).contains(&e) {
+                assert!(r.host.zeroed.contains(&(e, E)), "tick {ticks}: extent {e:#x} free before it was zeroed");
+            }
+        }
+        if ticks == 10 {
+            // Mid-scrub: a revoke of another lease is answered, an ALLOC larger than what is ready is refused
+            // naming what is being cleared, and one that fits is granted.
+            assert_eq!(r.revoke(b, false), Outcome::TornDown);
+            let ready = r.svc.pool().free_bytes();
+            let too_big = AllocReq { size: ready + E, ..alloc_req() };
+            let Err(e) = r.call(TENANT, &Request::Alloc(too_big)) else { panic!("granted more than is ready") };
+            assert_eq!(e.code, ErrorCode::NoMemory);
+            assert!(e.message.contains("being cleared"), "{}", e.message);
+            let Ok(Response::Alloc(c)) = r.call(TENANT, &Request::Alloc(small_alloc())) else { panic!("ALLOC") };
+            assert!(r.host.zeroed.contains(&(c.remote_addr, E)) || c.remote_addr >= a.remote_addr + (48 << 20));
+            served = true;
+        }
+        assert!(ticks < 1_000, "the scrub never ended");
+    }
+    assert!(served && ticks > 50, "{ticks} ticks: the scrub was sliced");
+    let zeroed: u64 =
+        r.host.zeroed.iter().filter(|z| (a.remote_addr..a.remote_addr + (48 << 20)).contains(&z.0)).map(|z| z.1).sum();
+    assert_eq!(zeroed, 48 << 20, "every byte of the big lease zeroed once");
+    assert_eq!(r.svc.counters.scrubbed_bytes, (48 << 20) + (4 << 20), "the big lease and the one revoked meanwhile");
+}
+
+/// Boot's uncleared extents are scrubbed before they are handed out: an ALLOC at first gets only the cleared
+/// part, and the pool is whole once the background preparation is done.
+#[test]
+fn uncleared_pool_memory_is_prepared_in_the_background_before_it_is_lent() {
+    const E: u64 = 2 << 20;
+    let base = 0x4000_0000u64;
+    let uncleared: Vec<u64> = (4..32).map(|i| base + i * E).collect();
+    let mut r = Rig::new(Config { uncleared: uncleared.clone(), ..cfg() });
+    assert_eq!(r.svc.pool().free_bytes(), 4 * E, "the cleared part is ready at once");
+    let big = AllocReq { size: 8 * E, ..alloc_req() };
+    let Err(e) = r.call(TENANT, &Request::Alloc(big.clone())) else { panic!("granted uncleared memory") };
+    assert_eq!(e.code, ErrorCode::NoMemory);
+    r.scrubbed();
+    assert_eq!(r.svc.pool().unprepared_bytes(), 0);
+    for e in &uncleared {
+        assert!(r.host.zeroed.contains(&(*e, E)), "extent {e:#x} prepared");
+    }
+    let Ok(Response::Alloc(a)) = r.call(TENANT, &Request::Alloc(big)) else { panic!("ALLOC after preparation") };
+    assert_eq!(a.length, 8 * E);
 }
 
 #[test]
@@ -861,6 +965,8 @@ fn a_key_equal_to_a_stale_one_is_never_granted() {
     assert_eq!(e.code, ErrorCode::Internal);
     assert!(e.message.contains("previous variant"), "{}", e.message);
     assert_eq!(r.issued, [ALLOC_PD, CREATE_MKEY, DESTROY_MKEY, DEALLOC_PD], "the key is destroyed at once");
+    // The unwound lease's memory is scrubbed like any other before it is free again.
+    r.scrubbed();
     assert_eq!(r.svc.pool().free_extents(), extents);
     assert!(r.host.live.is_empty());
 }
@@ -906,6 +1012,7 @@ fn from_options(words: &[(&str, &str)]) -> Config {
         },
         pool: Vec::new(),
         extents: Vec::new(),
+        uncleared: Vec::new(),
         rdma_ip: crate::options::DEFAULT_RDMA_IP,
         max_region: u64::MAX,
     };

@@ -218,12 +218,12 @@ impl Rig {
         }
     }
 
-    /// Pumps until the sweep has run for every revoked lease (no lease left pending).
+    /// Pumps until the sweep has run for every revoked lease (no lease left pending) and its memory is cleared.
     pub fn settle(&mut self) {
         assert!(
             self.pump_until(Duration::from_secs(20), |r| {
                 let s = r.svc.by_state();
-                s[0] + s[1] + s[2] + s[3] == 0 && r.svc.in_flight() == 0
+                s[0] + s[1] + s[2] + s[3] == 0 && r.svc.in_flight() == 0 && r.svc.pool().scrubbing_bytes() == 0
             }),
             "leases still live: {:?}",
             self.svc.by_state()

@@ -40,6 +40,8 @@ fn lease_stats() -> LeaseStats {
         reconnects: 10,
         alloc_us,
         revoke_us,
+        pool_bytes: 64 << 20,
+        bytes_scrubbing: 0x1122_3344_5566_7788,
     }
 }
 
@@ -346,7 +348,13 @@ fn every_prefix_of_a_stats_response_is_refused() {
     let mut p = Vec::new();
     resp.encode_payload(&mut p);
     assert_eq!(Response::decode(op, &p).unwrap(), resp);
-    for cut in 0..p.len() {
+    // An older appliance's STATS end before `pool_bytes` and `bytes_scrubbing`: read with both 0.
+    let before_pool = p.len() - (LeaseStats::WIRE_LEN - LeaseStats::WIRE_LEN_BEFORE_POOL);
+    let Ok(Response::Stats(older)) = Response::decode(op, &p[..before_pool]) else { panic!("older STATS refused") };
+    let Response::Stats(full) = &resp else { unreachable!() };
+    let want = LeaseStats { pool_bytes: 0, bytes_scrubbing: 0, ..full.leases.clone() };
+    assert_eq!(older.leases, want);
+    for cut in (0..p.len()).filter(|&c| c != before_pool) {
         assert!(matches!(Response::decode(op, &p[..cut]), Err(DecodeError::Truncated { .. })), "cut {cut}");
     }
     let mut long = p.clone();
@@ -362,7 +370,7 @@ fn golden_stats_lease_tail() {
     let s = Stats { leases: lease_stats(), ..Stats::default() };
     let mut p = Vec::new();
     Response::Stats(Box::new(s.clone())).encode_payload(&mut p);
-    // 64 bytes of counters and the boot id, error_count 0, role_count 0, then the 200-byte lease tail.
+    // 64 bytes of counters and the boot id, error_count 0, role_count 0, then the 216-byte lease tail.
     assert_eq!(p.len(), 64 + 2 + 2 + LeaseStats::WIRE_LEN);
     let tail = &p[68..];
     let mut want: Vec<u8> = Vec::new();
@@ -381,6 +389,8 @@ fn golden_stats_lease_tail() {
     // revoke_us: only bucket 15.
     want.extend([0; 4 * 15]);
     want.extend([1, 2, 3, 4]);
+    want.extend([0, 0, 0, 0, 0x04, 0, 0, 0]); // pool_bytes = 64 MiB
+    want.extend([0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]); // bytes_scrubbing
     assert_eq!(tail, &want[..]);
     assert_eq!(Response::decode(Op::Stats, &p).unwrap(), Response::Stats(Box::new(s)));
 }
