@@ -18,7 +18,7 @@
 //! [`check_normal`] and [`check_fence_test`], called by [`run`] (the scenario `cargo xtask test lease-qemu`).
 
 use crate::{Artifacts, serial};
-use leasebox_proto::{AllocReq, LeaseId, LeaseState, Outcome, Request, Response, access, mtu_bytes};
+use leasebox_proto::{AllocReq, LeaseId, LeaseState, LeaseStats, Outcome, Request, Response, access, mtu_bytes};
 use leasebox_qemu::model::{self, ModelCommand, ModelProcess, ModelShm};
 use leasebox_qemu::{Boot, HostFwd, ModelHub, NextLine, QemuConfig, QemuProcess, Stdio};
 use leasectl::client::{Client, Credentials, Timeouts};
@@ -27,6 +27,8 @@ use serde_json::Value;
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// The scenario's name in `cargo xtask test`.
@@ -115,7 +117,11 @@ pub struct Appliance {
     pub command: String,
     /// Where the model's stderr goes (it logs its Ethernet counters there when it stops).
     pub model_log: PathBuf,
+    /// When the host read the ready line ([`Appliance::wait_ready`]).
+    pub ready_at: Option<Instant>,
     lines: Vec<String>,
+    /// When the host read each of `lines`.
+    arrived: Vec<Instant>,
     log: PathBuf,
 }
 
@@ -135,6 +141,18 @@ impl Appliance {
         mem_mib: u32,
     ) -> Result<Appliance, String> {
         Self::boot_with(a, elf, name, extra_args, mem_mib, None)
+    }
+
+    /// As [`Appliance::boot_mem`], but returns as soon as the model and QEMU run, without waiting for the ready
+    /// line ([`Appliance::wait_ready`]): for a caller that times the boot.
+    pub fn spawn_mem(
+        a: &Artifacts,
+        elf: &Path,
+        name: &str,
+        extra_args: &str,
+        mem_mib: u32,
+    ) -> Result<Appliance, String> {
+        Self::spawn_with(a, elf, name, extra_args, mem_mib, None)
     }
 
     /// As [`Appliance::boot`], with the control channel on the model's own Ethernet port and no virtio-net
@@ -158,6 +176,19 @@ impl Appliance {
     }
 
     fn boot_with(
+        a: &Artifacts,
+        elf: &Path,
+        name: &str,
+        extra_args: &str,
+        mem_mib: u32,
+        hub: Option<(ModelHub, bool)>,
+    ) -> Result<Appliance, String> {
+        let mut app = Self::spawn_with(a, elf, name, extra_args, mem_mib, hub)?;
+        app.wait_ready()?;
+        Ok(app)
+    }
+
+    fn spawn_with(
         a: &Artifacts,
         elf: &Path,
         name: &str,
@@ -208,33 +239,80 @@ impl Appliance {
             hub,
             command: String::new(),
             model_log,
+            ready_at: None,
             lines: Vec::new(),
+            arrived: Vec::new(),
             log: a.log_dir.join(format!("{name}.log")),
         };
         app.command = app.qemu.command().to_string();
-        let deadline = app.qemu.started() + BOOT_DEADLINE;
+        Ok(app)
+    }
+
+    /// Reads serial lines until the ready line (within [`BOOT_DEADLINE`] of QEMU's start), which must report an
+    /// address and a ConnectX-5; keeps it in [`Appliance::ready`] and when it came in [`Appliance::ready_at`].
+    pub fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = self.qemu.started() + BOOT_DEADLINE;
         loop {
-            match app.qemu.next_line(deadline) {
+            match self.qemu.next_line(deadline) {
                 NextLine::Line(l) => {
-                    app.lines.push(l.text.clone());
+                    self.push_line(l.text.clone(), l.at);
                     if let Some(r) = serial::parse_ready(&l.text) {
                         if r.get("ip").is_none_or(|ip| ip == "none") {
-                            return Err(app.fail(format!("the ready line has no address: {}", l.text)));
+                            return Err(self.fail(format!("the ready line has no address: {}", l.text)));
                         }
                         if r.get("hca") != Some("ConnectX-5") {
-                            return Err(app.fail(format!("the ready line has no ConnectX-5: {}", l.text)));
+                            return Err(self.fail(format!("the ready line has no ConnectX-5: {}", l.text)));
                         }
-                        app.ready = r;
-                        return Ok(app);
+                        self.ready = r;
+                        self.ready_at = Some(l.at);
+                        return Ok(());
                     }
                     if l.text.contains("!!!") || l.text.contains("PANIC") {
-                        return Err(app.fail(format!("guest failed: {}", l.text)));
+                        return Err(self.fail(format!("guest failed: {}", l.text)));
                     }
                 }
-                NextLine::Closed => return Err(app.fail("QEMU exited before the ready line".into())),
+                NextLine::Closed => return Err(self.fail("QEMU exited before the ready line".into())),
                 NextLine::TimedOut => {
-                    return Err(app.fail(format!("no ready line within {} s", BOOT_DEADLINE.as_secs())));
+                    return Err(self.fail(format!("no ready line within {} s", BOOT_DEADLINE.as_secs())));
                 }
+            }
+        }
+    }
+
+    /// When QEMU was spawned.
+    pub fn started(&self) -> Instant {
+        self.qemu.started()
+    }
+
+    fn push_line(&mut self, text: String, at: Instant) {
+        self.lines.push(text);
+        self.arrived.push(at);
+    }
+
+    /// The first serial line that `pred` accepts, among those collected so far or arriving before `deadline`,
+    /// with when the host read it. `Ok(None)` when `deadline` passes first; `Err` when QEMU exits or the guest
+    /// reports a failure first.
+    pub fn wait_line(
+        &mut self,
+        pred: impl Fn(&str) -> bool,
+        deadline: Instant,
+    ) -> Result<Option<(String, Instant)>, String> {
+        if let Some(i) = self.lines.iter().position(|l| pred(l)) {
+            return Ok(Some((self.lines[i].clone(), self.arrived[i])));
+        }
+        loop {
+            match self.qemu.next_line(deadline) {
+                NextLine::Line(l) => {
+                    self.push_line(l.text.clone(), l.at);
+                    if pred(&l.text) {
+                        return Ok(Some((l.text, l.at)));
+                    }
+                    if l.text.contains("!!!") || l.text.contains("PANIC") {
+                        return Err(format!("guest failed: {}", l.text));
+                    }
+                }
+                NextLine::Closed => return Err("QEMU exited".into()),
+                NextLine::TimedOut => return Ok(None),
             }
         }
     }
@@ -242,7 +320,7 @@ impl Appliance {
     /// Collects the serial lines that arrived so far and writes them to the log.
     pub fn drain(&mut self) {
         while let NextLine::Line(l) = self.qemu.next_line(Instant::now()) {
-            self.lines.push(l.text);
+            self.push_line(l.text, l.at);
         }
         let _ = std::fs::write(&self.log, self.lines.join("\n") + "\n");
     }
@@ -251,7 +329,7 @@ impl Appliance {
     pub fn wait_exit(&mut self, deadline: Instant) -> bool {
         loop {
             match self.qemu.next_line(deadline) {
-                NextLine::Line(l) => self.lines.push(l.text),
+                NextLine::Line(l) => self.push_line(l.text, l.at),
                 NextLine::Closed => {
                     let _ = std::fs::write(&self.log, self.lines.join("\n") + "\n");
                     return true;
@@ -680,7 +758,17 @@ pub(crate) struct RdmaLease {
 
 /// ALLOC of `size` bytes with `r`'s QP, connect `r` to the server QP, READY.
 pub(crate) fn rdma_lease(app: &Appliance, tenant: &mut Client, rc: RcConfig, size: u64) -> Result<RdmaLease, String> {
-    let cfg = SoftConfig { peer: app.udp, rc, mtu: RDMA_MTU, ..SoftConfig::default() };
+    rdma_lease_at(app.udp, tenant, rc, size)
+}
+
+/// [`rdma_lease`] with the requester toward `peer`, the RoCEv2 responder of any appliance.
+pub(crate) fn rdma_lease_at(
+    peer: SocketAddr,
+    tenant: &mut Client,
+    rc: RcConfig,
+    size: u64,
+) -> Result<RdmaLease, String> {
+    let cfg = SoftConfig { peer, rc, mtu: RDMA_MTU, ..SoftConfig::default() };
     let mut r = SoftRoce::new(cfg).map_err(|e| format!("software requester: {e}"))?;
     let me = r.local();
     let req = AllocReq {
@@ -708,7 +796,7 @@ pub(crate) fn rdma_lease(app: &Appliance, tenant: &mut Client, rc: RcConfig, siz
     Ok(RdmaLease { r, alloc })
 }
 
-fn revoke(c: &mut Client, lease: LeaseId, qp_first: bool) -> Result<(Outcome, u32), String> {
+pub(crate) fn revoke(c: &mut Client, lease: LeaseId, qp_first: bool) -> Result<(Outcome, u32), String> {
     match c.call(&Request::Revoke { lease, qp_first }) {
         Ok(Response::Revoke { outcome, elapsed_us }) => Ok((outcome, elapsed_us)),
         other => Err(format!("REVOKE (qp_first {qp_first}): {other:?}")),
@@ -901,24 +989,197 @@ fn fence_checks(app: &Appliance, bin: &Path) -> Result<String, String> {
 /// The `lease-qemu-large` scenario's name.
 pub const LARGE_NAME: &str = "lease-qemu-large";
 /// Its guest: 6 GiB of RAM, so q35 puts 2 GiB below the PCI hole and 4 GiB at guest physical 4 GiB.
-const LARGE_MEM_MIB: u32 = 6144;
-const LARGE_POOL_MIB: u32 = 3000;
+pub const LARGE_MEM_MIB: u32 = 6144;
+pub const LARGE_POOL_MIB: u32 = 3000;
 /// Larger than all the RAM below the hole: the lease must take memory above 4 GiB. 1280 extents make an MTT list
 /// of 10,240 bytes, a mailbox chain of 21 blocks.
-const LARGE_LEASE: u64 = 2560 << 20;
+pub const LARGE_LEASE: u64 = 2560 << 20;
+/// The revoke grace it boots with (`lease_grace_ms=`): the sweep that tears a revoked lease down and scrubs its
+/// memory comes this long after the REVOKE.
+pub const LARGE_GRACE: Duration = Duration::from_secs(1);
+/// The lease allocated before the large one is revoked, and revoked while the large one is scrubbed.
+pub const SMALL_LEASE: u64 = 2 << 20;
+/// While a scrub runs, a control round trip and a REVOKE's outcome come back within this.
+pub const SCRUB_ANSWER_BOUND: Duration = Duration::from_secs(1);
+/// Control round trips are sampled this often while a scrub runs.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+/// The boot-time preparation of the 3000 MiB pool under TCG (the old code zeroed 2560 MiB in 31 s with nothing
+/// else running; in slices between control work it may take longer).
+const POOL_READY_DEADLINE: Duration = Duration::from_secs(600);
+/// The scrub of [`LARGE_LEASE`] under TCG.
+const SCRUB_DEADLINE: Duration = Duration::from_secs(600);
+/// How long after the grace the sweep may take to start scrubbing (its HCA commands come first).
+const SCRUB_START_DEADLINE: Duration = Duration::from_secs(60);
+/// A session that only waits sends a HEARTBEAT this often (the silence timeout is 10 s).
+const KEEPALIVE: Duration = Duration::from_secs(2);
+/// What the lease service logs once the boot-time preparation of the pool is complete:
+/// `lease: pool ready: T MiB in N ms`.
+pub const POOL_READY: &str = "lease: pool ready: ";
 
-/// The `lease-qemu-large` scenario: a guest with RAM above 4 GiB lends a lease larger than 2 GiB.
+/// `lease: pool ready: T MiB in N ms` anywhere in `line` (the console puts a time stamp and a level first):
+/// (T, N).
+pub fn parse_pool_ready(line: &str) -> Option<(u64, u64)> {
+    let rest = &line[line.find(POOL_READY)? + POOL_READY.len()..];
+    match rest.split_whitespace().collect::<Vec<_>>().as_slice() {
+        [t, "MiB", "in", n, "ms", ..] => Some((t.parse().ok()?, n.parse().ok()?)),
+        _ => None,
+    }
+}
+
+/// STATS' lease figures (the whole pool's when `c` is the admin's session).
+pub(crate) fn lease_stats(c: &mut Client) -> Result<LeaseStats, String> {
+    match c.call(&Request::Stats) {
+        Ok(Response::Stats(s)) => Ok(s.leases),
+        other => Err(format!("STATS: {other:?}")),
+    }
+}
+
+/// The pool's figures of `s` for a message.
+pub(crate) fn pool_figures(s: &LeaseStats) -> String {
+    format!(
+        "pool_bytes {} bytes_free {} bytes_scrubbing {} bytes_leased {}",
+        s.pool_bytes, s.bytes_free, s.bytes_scrubbing, s.bytes_leased
+    )
+}
+
+/// One HEARTBEAT round trip.
+pub(crate) fn ping(c: &mut Client, echo: u64) -> Result<Duration, String> {
+    let t0 = Instant::now();
+    match c.call(&Request::Heartbeat { echo }) {
+        Ok(Response::Heartbeat { echo: e, .. }) if e == echo => Ok(t0.elapsed()),
+        other => Err(format!("HEARTBEAT {echo}: {other:?}")),
+    }
+}
+
+/// A session that only heartbeats, on a thread of its own, once every third of the silence timeout its Welcome
+/// announced (as a client must); [`Heartbeater::finish`] says whether it stayed alive.
+pub(crate) struct Heartbeater {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<(Client, Result<Beats, String>)>>,
+}
+
+/// What a [`Heartbeater`] saw.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Beats {
+    pub n: u32,
+    pub max: Duration,
+    pub every: Duration,
+}
+
+impl Heartbeater {
+    pub(crate) fn start(mut c: Client) -> Heartbeater {
+        let every = Duration::from_millis(u64::from(c.welcome().map_or(10_000, |w| w.heartbeat_ms)) / 3);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut b = Beats { every, ..Beats::default() };
+            let r = loop {
+                let at = Instant::now();
+                match ping(&mut c, u64::from(b.n) + 1) {
+                    Ok(d) => {
+                        b.n += 1;
+                        b.max = b.max.max(d);
+                    }
+                    Err(e) => break Err(format!("heartbeat {} (one every {every:?}): {e}", b.n + 1)),
+                }
+                while at.elapsed() < every && !stopped.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                if stopped.load(Ordering::Relaxed) {
+                    break Ok(b);
+                }
+            };
+            (c, r)
+        });
+        Heartbeater { stop, thread: Some(thread) }
+    }
+
+    /// Stops the heartbeats, then sends one more: every heartbeat must have been answered and the session must
+    /// still be there.
+    pub(crate) fn finish(mut self) -> Result<Beats, String> {
+        self.stop.store(true, Ordering::Relaxed);
+        let t = self.thread.take().ok_or("the heartbeat thread is gone")?;
+        let (mut c, r) = t.join().map_err(|_| "the heartbeat thread panicked".to_string())?;
+        let b = r?;
+        ping(&mut c, u64::MAX).map_err(|e| format!("the last heartbeat, after {} answered: {e}", b.n))?;
+        let _ = c.bye();
+        Ok(b)
+    }
+}
+
+impl Drop for Heartbeater {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The `lease-qemu-large` scenario: a guest with RAM above 4 GiB lends a lease larger than 2 GiB, and stays
+/// responsive while its memory is scrubbed after the revoke.
 pub fn run_large(a: &Artifacts) -> Result<String, String> {
-    let args = format!("lease_pool_mib={LARGE_POOL_MIB}");
+    let args = format!("lease_pool_mib={LARGE_POOL_MIB} lease_grace_ms={}", LARGE_GRACE.as_millis());
     let mut app = Appliance::boot_mem(a, &a.elf, LARGE_NAME, &args, LARGE_MEM_MIB)?;
-    let r = large_checks(&app);
+    let r = large_checks(&mut app);
     app.drain();
     r.map_err(|e| app.fail(e))
 }
 
-/// ALLOC of [`LARGE_LEASE`], WRITE at both ends through the model's port, READ both back, the first bytes in
-/// guest RAM, REVOKE → TornDown, and the next WRITE refused.
-fn large_checks(app: &Appliance) -> Result<String, String> {
+/// What the image said of its pool at boot.
+#[derive(Clone, Copy, Debug)]
+struct PoolBoot {
+    /// The ready line's `pool_ready_mib=`.
+    ready_mib: u64,
+    /// `lease: pool ready: T MiB in N ms`: N.
+    prepared_ms: u64,
+}
+
+/// The ready line's `pool_mib=` and `pool_ready_mib=`; then the `lease: pool ready` line (within
+/// [`POOL_READY_DEADLINE`]) and STATS agreeing with it: the whole pool free, nothing left to scrub.
+fn large_pool_ready(app: &mut Appliance) -> Result<PoolBoot, String> {
+    let pool = u64::from(LARGE_POOL_MIB);
+    let field = |k: &str| -> Result<u64, String> {
+        app.ready.get(k).and_then(|v| v.parse().ok()).ok_or_else(|| {
+            format!("the ready line has no number {k}= (`lease=on pool_mib=T pool_ready_mib=R`): {:?}", app.ready)
+        })
+    };
+    let (total, ready_mib) = (field("pool_mib")?, field("pool_ready_mib")?);
+    expect(&format!("the ready line's pool_mib= with lease_pool_mib={pool}"), total == pool, &total)?;
+    expect("the ready line's pool_ready_mib= (at most pool_mib=)", ready_mib <= total, &ready_mib)?;
+    // The admin's STATS while the pool is prepared also keep its session alive.
+    let mut admin = app.session(&app.admin())?;
+    let deadline = Instant::now() + POOL_READY_DEADLINE;
+    let line = loop {
+        if let Some((l, _)) = app.wait_line(|l| l.contains(POOL_READY), Instant::now() + KEEPALIVE)? {
+            break l;
+        }
+        let s = lease_stats(&mut admin)?;
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "no `{POOL_READY}T MiB in N ms` line within {} s of the ready line; STATS: {}",
+                POOL_READY_DEADLINE.as_secs(),
+                pool_figures(&s)
+            ));
+        }
+    };
+    let (mib, ms) = parse_pool_ready(&line).ok_or_else(|| format!("not `{POOL_READY}T MiB in N ms`: {line:?}"))?;
+    expect("the MiB of the `lease: pool ready` line", mib == pool, &line)?;
+    let s = lease_stats(&mut admin)?;
+    let bytes = pool << 20;
+    expect(
+        "STATS once the pool is ready: pool_bytes and bytes_free the whole pool, bytes_scrubbing 0",
+        (s.pool_bytes, s.bytes_free, s.bytes_scrubbing) == (bytes, bytes, 0),
+        &pool_figures(&s),
+    )?;
+    let _ = admin.bye();
+    Ok(PoolBoot { ready_mib, prepared_ms: ms })
+}
+
+/// Waits for the pool ([`large_pool_ready`]); ALLOC of [`LARGE_LEASE`], WRITE at both ends through the model's
+/// port, READ both back, the first bytes in guest RAM; a [`SMALL_LEASE`]; REVOKE of the large one → TornDown and
+/// the next WRITE refused; then [`scrub_checks`] while its memory is scrubbed, a session that only heartbeats
+/// alive through it, and a fresh large lease reading zero.
+fn large_checks(app: &mut Appliance) -> Result<String, String> {
+    let boot = large_pool_ready(app)?;
+    let app: &Appliance = app;
     let mut tenant = app.session(&app.tenant())?;
     let patient = RcConfig { timeout: PATIENT_QP_TIMEOUT, ..RcConfig::default() };
     let t0 = Instant::now();
@@ -939,21 +1200,206 @@ fn large_checks(app: &Appliance) -> Result<String, String> {
     if app.ram(a.remote_addr, RDMA_LEN)? != head {
         return Err(format!("guest RAM at remote_addr {:#x} does not hold the written bytes", a.remote_addr));
     }
+    // Before the revoke: the small lease to revoke during the scrub, a session to time round trips on, one that
+    // only heartbeats, and the admin's for STATS.
+    let small = rdma_lease(app, &mut tenant, RcConfig::default(), SMALL_LEASE)?;
+    let mut pinger = app.session(&app.tenant())?;
+    let heartbeats = Heartbeater::start(app.session(&app.tenant())?);
+    let mut admin = app.session(&app.admin())?;
     let (outcome, us) = revoke(&mut tenant, a.lease, false)?;
+    let revoked = Instant::now();
     expect("REVOKE of the large lease", outcome == Outcome::TornDown, &outcome)?;
     r.post_write(5, last, a.rkey, &head[..64])?;
     let c = one(&mut r, Duration::from_secs(5))?;
     expect("WRITE after REVOKE", c.status.name() == "IBV_WC_REM_ACCESS_ERR", &c)?;
-    let _ = tenant.bye();
+
+    let f = scrub_checks(&mut admin, &mut pinger, &mut tenant, small.alloc.lease, revoked)?;
+    let beats = heartbeats
+        .finish()
+        .map_err(|e| format!("(c) the session that only heartbeats did not stay alive through the scrub: {e}"))?;
+
+    // (d) The old lease's first bytes are zero in guest RAM, and a fresh large lease reads zero at both ends.
+    if app.ram(a.remote_addr, RDMA_LEN)?.iter().any(|&b| b != 0) {
+        return Err(format!(
+            "(d) guest RAM at the revoked lease's remote_addr {:#x} is not zero after the scrub",
+            a.remote_addr
+        ));
+    }
+    let RdmaLease { r: mut fresh, alloc: b } = rdma_lease(app, &mut tenant, patient, LARGE_LEASE)
+        .map_err(|e| format!("(d) ALLOC of {} MiB after the scrub: {e}", LARGE_LEASE >> 20))?;
+    let b_last = b.remote_addr + LARGE_LEASE - RDMA_LEN as u64;
+    fresh.post_read(1, b.remote_addr, b.rkey, RDMA_LEN as u32)?;
+    fresh.post_read(2, b_last, b.rkey, RDMA_LEN as u32)?;
+    let cs = completions(&mut fresh, 2, Duration::from_secs(10))?;
+    expect("(d) READ at both ends of the fresh lease", cs.iter().all(|c| c.status == WcStatus::Success), &cs)?;
+    let zero = vec![0u8; RDMA_LEN];
+    if fresh.read_data(1).as_deref() != Some(zero.as_slice()) || fresh.read_data(2).as_deref() != Some(zero.as_slice())
+    {
+        return Err(format!(
+            "(d) the fresh {} MiB lease at {:#x} does not read zero at its ends",
+            LARGE_LEASE >> 20,
+            b.remote_addr
+        ));
+    }
+    if app.ram(b.remote_addr, RDMA_LEN)? != zero {
+        return Err(format!("(d) guest RAM at the fresh lease's remote_addr {:#x} is not zero", b.remote_addr));
+    }
+    let _ = (tenant.bye(), pinger.bye(), admin.bye());
+
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let pings: Vec<i64> = f.pings.iter().map(|d| d.as_micros() as i64).collect();
+    let p = crate::revoke_bench::stats(&pings).ok_or("no round trips sampled")?;
+    let secs = f.back_after.as_secs_f64();
     Ok(format!(
-        "{} MiB guest (ready line mem_mib={}): {} MiB lease granted in {:.1} s at {:#x}, WRITE+READ at both ends ok, \
-         REVOKE TornDown in {us} us, then REM_ACCESS_ERR",
+        "{} MiB guest (ready line mem_mib={}, pool_mib={LARGE_POOL_MIB} pool_ready_mib={}; `lease: pool ready` after \
+         {} ms): {} MiB lease granted in {:.1} s at {:#x}, WRITE+READ at both ends ok, REVOKE TornDown in {us} us, \
+         then REM_ACCESS_ERR; scrub (grace {} ms): seen {:.0} ms after the grace, memory back {secs:.1} s after it \
+         ({:.2} GiB/s, at most {} MiB waiting); meanwhile HEARTBEAT {:.1} ms, then p50 {:.1} / max {:.1} ms over {} \
+         samples, REVOKE of a {} MiB lease {:.1} ms, a heartbeat-only session (every {:.1} s) alive after {} beats \
+         (max {:.1} ms); a fresh {} MiB lease at {:#x}{} reads zero",
         LARGE_MEM_MIB,
         app.ready.get("mem_mib").unwrap_or("?"),
+        boot.ready_mib,
+        boot.prepared_ms,
         LARGE_LEASE >> 20,
         granted.as_secs_f64(),
-        a.remote_addr
+        a.remote_addr,
+        LARGE_GRACE.as_millis(),
+        ms(f.seen_after),
+        LARGE_LEASE as f64 / f64::from(1 << 30) / secs,
+        f.max_scrubbing >> 20,
+        ms(f.first_ping),
+        p.p50 as f64 / 1e3,
+        p.max as f64 / 1e3,
+        p.n,
+        SMALL_LEASE >> 20,
+        ms(f.small_revoke),
+        beats.every.as_secs_f64(),
+        beats.n,
+        ms(beats.max),
+        LARGE_LEASE >> 20,
+        b.remote_addr,
+        if b.remote_addr == a.remote_addr { " (the revoked lease's address)" } else { "" },
     ))
+}
+
+/// What [`scrub_checks`] measured.
+struct ScrubFigures {
+    /// The grace's end → the first STATS with `bytes_scrubbing > 0`.
+    seen_after: Duration,
+    /// The grace's end → the first STATS with nothing left to scrub and every byte not leased free.
+    back_after: Duration,
+    /// The most `bytes_scrubbing` seen.
+    max_scrubbing: u64,
+    /// (a): the first HEARTBEAT round trip once the scrub was seen; then every sample.
+    first_ping: Duration,
+    pings: Vec<Duration>,
+    /// (b): REVOKE of the small lease → outcome.
+    small_revoke: Duration,
+}
+
+/// The large lease was revoked at `revoked`. After the grace, once STATS shows its memory being scrubbed: (a) a
+/// HEARTBEAT from `pinger` and (b) `tenant`'s REVOKE of `small` answer within [`SCRUB_ANSWER_BOUND`], and STATS
+/// after each answer shows the scrub still running (more than the small lease waiting); round trips sampled every
+/// [`SAMPLE_EVERY`] stay within the bound until (d, first half) STATS shows the memory back: nothing waiting to
+/// be scrubbed, `bytes_free` the pool minus what is still leased.
+fn scrub_checks(
+    admin: &mut Client,
+    pinger: &mut Client,
+    tenant: &mut Client,
+    small: LeaseId,
+    revoked: Instant,
+) -> Result<ScrubFigures, String> {
+    let grace_end = revoked + LARGE_GRACE;
+    std::thread::sleep(grace_end.saturating_duration_since(Instant::now()));
+    let deadline = Instant::now() + SCRUB_START_DEADLINE;
+    let seen = loop {
+        let s = lease_stats(admin)?;
+        if s.bytes_scrubbing > 0 {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "no STATS with bytes_scrubbing > 0 within {} s after the grace (or the scrub was over before STATS \
+                 looked): {}",
+                SCRUB_START_DEADLINE.as_secs(),
+                pool_figures(&s)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let seen_after = grace_end.elapsed();
+    let bound = SCRUB_ANSWER_BOUND;
+
+    // (a)
+    let first_ping = ping(pinger, 1)?;
+    let after_ping = lease_stats(admin)?;
+    expect(&format!("(a) a HEARTBEAT round trip during the scrub within {bound:?}"), first_ping < bound, &first_ping)?;
+    expect(
+        "(a) STATS after the HEARTBEAT's answer: the scrub still running (bytes_scrubbing > 0)",
+        after_ping.bytes_scrubbing > 0,
+        &pool_figures(&after_ping),
+    )?;
+
+    // (b)
+    let t0 = Instant::now();
+    let (outcome, _) = revoke(tenant, small, false)?;
+    let small_revoke = t0.elapsed();
+    let after_revoke = lease_stats(admin)?;
+    expect(
+        &format!("(b) REVOKE of the {} MiB lease during the scrub", SMALL_LEASE >> 20),
+        outcome == Outcome::TornDown,
+        &outcome,
+    )?;
+    expect(
+        &format!("(b) the REVOKE's outcome during the scrub within {bound:?}"),
+        small_revoke < bound,
+        &small_revoke,
+    )?;
+    expect(
+        "(b) STATS after the REVOKE's outcome: the large lease still being scrubbed (bytes_scrubbing > the small lease)",
+        after_revoke.bytes_scrubbing > SMALL_LEASE,
+        &pool_figures(&after_revoke),
+    )?;
+
+    let mut pings = vec![first_ping];
+    let mut max_scrubbing = seen.bytes_scrubbing.max(after_ping.bytes_scrubbing).max(after_revoke.bytes_scrubbing);
+    let mut kept = Instant::now();
+    let deadline = Instant::now() + SCRUB_DEADLINE;
+    let back = loop {
+        std::thread::sleep(SAMPLE_EVERY);
+        let d = ping(pinger, pings.len() as u64 + 1)?;
+        pings.push(d);
+        if d >= bound {
+            return Err(format!(
+                "a HEARTBEAT round trip during the scrub took {d:?} ({} s after the grace; bound {bound:?})",
+                grace_end.elapsed().as_secs()
+            ));
+        }
+        if kept.elapsed() >= KEEPALIVE {
+            ping(tenant, u64::MAX)?;
+            kept = Instant::now();
+        }
+        let s = lease_stats(admin)?;
+        max_scrubbing = max_scrubbing.max(s.bytes_scrubbing);
+        if s.bytes_scrubbing == 0 && s.bytes_free == s.pool_bytes.saturating_sub(s.bytes_leased) {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "(d) the memory not back within {} s of the grace: {}",
+                SCRUB_DEADLINE.as_secs(),
+                pool_figures(&s)
+            ));
+        }
+    };
+    let back_after = grace_end.elapsed();
+    expect(
+        &format!("(d) the pool once the scrub is over (lease_pool_mib={LARGE_POOL_MIB})"),
+        back.pool_bytes == u64::from(LARGE_POOL_MIB) << 20,
+        &pool_figures(&back),
+    )?;
+    Ok(ScrubFigures { seen_after, back_after, max_scrubbing, first_ping, pings, small_revoke })
 }
 
 #[cfg(test)]
@@ -978,6 +1424,18 @@ mod tests {
         // Less: all of it below, guest physical = file offset.
         assert_eq!(q35_file_offset(256 << 20, 0x100_0000, 8), Some(0x100_0000));
         assert_eq!(q35_file_offset(256 << 20, 4 * G, 8), None);
+    }
+
+    #[test]
+    fn pool_ready_lines() {
+        assert_eq!(
+            parse_pool_ready("[   41.250000] c0 INFO  lease: pool ready: 3000 MiB in 38211 ms"),
+            Some((3000, 38211))
+        );
+        assert_eq!(parse_pool_ready("lease: pool ready: 64 MiB in 0 ms"), Some((64, 0)));
+        assert_eq!(parse_pool_ready("lease: pool ready: 64 MiB"), None);
+        assert_eq!(parse_pool_ready("lease: pool ready: many MiB in 3 ms"), None);
+        assert_eq!(parse_pool_ready("leasebox: ready cores=1 lease=on pool_mib=64 pool_ready_mib=64"), None);
     }
 
     #[test]

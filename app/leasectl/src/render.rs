@@ -198,6 +198,8 @@ fn lease_stats_json(l: &LeaseStats) -> Value {
         "by_state": by_state,
         "bytes_leased": l.bytes_leased,
         "bytes_free": l.bytes_free,
+        "pool_bytes": l.pool_bytes,
+        "bytes_scrubbing": l.bytes_scrubbing,
         "fenced_slots": l.fenced_slots,
         "allocs": l.allocs,
         "revokes": l.revokes,
@@ -381,6 +383,9 @@ pub fn response_human(r: &Response, lease: Option<String>) -> String {
                 "memory     {} bytes leased, {} bytes free, {} fenced slots",
                 l.bytes_leased, l.bytes_free, l.fenced_slots
             );
+            if l.pool_bytes > 0 {
+                let _ = writeln!(s, "pool       {} bytes, {} being cleared", l.pool_bytes, l.bytes_scrubbing);
+            }
             let _ = writeln!(
                 s,
                 "lifetime   {} allocs, {} revokes, {} expiries, {} reconnects",
@@ -504,6 +509,8 @@ mod tests {
                 revokes: 4,
                 expiries: 2,
                 reconnects: 1,
+                pool_bytes: 1 << 20,
+                bytes_scrubbing: 4096,
                 ..LeaseStats::default()
             },
         };
@@ -517,7 +524,8 @@ mod tests {
         assert_eq!(v.as_object().unwrap().len(), 11);
         assert_eq!(v["boot_id"], "b0".repeat(16));
         let l = &v["leases"];
-        assert_eq!(l.as_object().unwrap().len(), 10);
+        assert_eq!(l.as_object().unwrap().len(), 12);
+        assert_eq!((&l["pool_bytes"], &l["bytes_scrubbing"]), (&json!(1 << 20), &json!(4096)));
         assert_eq!(l["by_state"], json!({"Granted": 1, "Active": 2, "Fencing": 0, "PendingDestroy": 0, "Fenced": 3}));
         assert_eq!((&l["bytes_free"], &l["reconnects"]), (&json!(8192), &json!(1)));
         assert_eq!(l["alloc_us"]["count"], 4);
@@ -528,6 +536,7 @@ mod tests {
         assert!(h.contains("uptime     1.500 s") && h.contains("MALFORMED 2") && h.contains("core 0     net"));
         assert!(h.contains(&format!("boot       {}", "b0".repeat(16))), "{h}");
         assert!(h.contains("leases     1 Granted, 2 Active, 0 Fencing, 0 PendingDestroy, 3 Fenced"), "{h}");
+        assert!(h.contains("pool       1048576 bytes, 4096 being cleared"), "{h}");
         assert!(h.contains("memory     4096 bytes leased, 8192 bytes free, 3 fenced slots"), "{h}");
         assert!(h.contains("lifetime   10 allocs, 4 revokes, 2 expiries, 1 reconnects"), "{h}");
         assert!(h.contains("alloc      p50 < 8 us, p99 < 1024 us (4 timed)"), "{h}");

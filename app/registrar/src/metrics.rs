@@ -76,11 +76,14 @@ pub(crate) fn render(sh: &Shared) -> String {
         p.sample("leasebox_polls_total", &format!("{},result=\"failed\"", who(i)), s.polls_failed);
     }
     type Get = fn(&crate::poll::Sample) -> u64;
-    let gauges: [(&str, &str, &str, Get); 7] = [
+    let gauges: [(&str, &str, &str, Get); 8] = [
         ("leasebox_uptime_seconds", "gauge", "Appliance uptime (STATS uptime_ms).", |s| s.stats.uptime_ms),
         ("leasebox_leased_bytes", "gauge", "Bytes lent out (STATS bytes_leased).", |s| s.stats.leases.bytes_leased),
         ("leasebox_free_bytes", "gauge", "Bytes of the lease pool free (STATS bytes_free).", |s| {
             s.stats.leases.bytes_free
+        }),
+        ("leasebox_scrubbing_bytes", "gauge", "Pool bytes being cleared before reuse (STATS bytes_scrubbing).", |s| {
+            s.stats.leases.bytes_scrubbing
         }),
         ("leasebox_fenced_slots", "gauge", "Lease slots fenced this boot, never reused (HEALTH fenced_slots).", |s| {
             u64::from(s.health.fenced_slots)
