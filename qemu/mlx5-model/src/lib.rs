@@ -15,6 +15,7 @@ pub mod events;
 pub mod fault;
 pub mod flow;
 pub mod hca;
+pub mod idle;
 pub mod ifc;
 pub mod initseg;
 pub mod mem;

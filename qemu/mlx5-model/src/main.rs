@@ -4,7 +4,7 @@
 //! It stops on SIGTERM or SIGINT, when either shared file disappears (the runner deletes them after QEMU
 //! exits), and, with `--exit-on-stdin-eof`, when its standard input reaches end of file (the runner holds
 //! the other end of a pipe, so the model also ends when the runner dies without cleaning up). Idle polling
-//! backs off (spin, yield, then sleeps growing to [`MAX_IDLE_SLEEP`]) so a 2-core host stays usable.
+//! backs off (spin, yield, then sleeps growing to 1 ms; `mlx5_model::idle`) so a 2-core host stays usable.
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use mlx5_model::idle::Backoff;
 use mlx5_model::mem::Memory;
 use mlx5_model::shm::{self, SharedFile};
 
@@ -59,11 +60,6 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
 Sizes accept a binary unit: K, M, G, T (or KiB, MiB, GiB, TiB), and 0x hex. On success, prints one line `mlx5-model: ready ...` on stdout once
 the signature is in place; everything else goes to stderr.";
 
-/// The longest idle sleep: the worst-case added latency for a command after a quiet period. A command held
-/// for firmware time wakes the loop when it comes due ([`Idle::until`]).
-const MAX_IDLE_SLEEP: Duration = Duration::from_millis(1);
-/// A sleep shorter than this is not taken (the OS rounds short sleeps up by tens of µs): the loop yields.
-const MIN_SLEEP: Duration = Duration::from_micros(50);
 /// How often the loop checks that the shared files still exist.
 const PRESENCE_CHECK: Duration = Duration::from_millis(250);
 /// The responder's default UDP address (`docs/architecture.md`).
@@ -225,71 +221,6 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     })))
 }
 
-/// Idle back-off: spin briefly, then yield, then sleep with exponential growth up to [`MAX_IDLE_SLEEP`];
-/// any work resets it.
-#[derive(Debug, Default)]
-struct Backoff {
-    idle_rounds: u32,
-    sleep: Duration,
-}
-
-impl Backoff {
-    const SPINS: u32 = 64;
-    const YIELDS: u32 = 16;
-    const FIRST_SLEEP: Duration = Duration::from_micros(10);
-
-    fn reset(&mut self) {
-        self.idle_rounds = 0;
-        self.sleep = Duration::ZERO;
-    }
-
-    /// What to do after an idle round.
-    fn next(&mut self) -> Idle {
-        self.idle_rounds = self.idle_rounds.saturating_add(1);
-        if self.idle_rounds <= Self::SPINS {
-            Idle::Spin
-        } else if self.idle_rounds <= Self::SPINS + Self::YIELDS {
-            Idle::Yield
-        } else {
-            self.sleep = if self.sleep.is_zero() { Self::FIRST_SLEEP } else { (self.sleep * 2).min(MAX_IDLE_SLEEP) };
-            Idle::Sleep(self.sleep)
-        }
-    }
-
-    /// Idles once; `due`: how long until the earliest held command comes due, if any.
-    fn idle(&mut self, due: Option<Duration>) {
-        match self.next().until(due) {
-            Idle::Spin => std::hint::spin_loop(),
-            Idle::Yield => std::thread::yield_now(),
-            Idle::Sleep(d) => std::thread::sleep(d),
-        }
-    }
-}
-
-impl Idle {
-    /// The back-off's step, cut short so the loop is awake when a held command comes due in `due`: a sleep
-    /// never runs past it, and one that would be shorter than [`MIN_SLEEP`] becomes a yield.
-    fn until(self, due: Option<Duration>) -> Idle {
-        match (self, due) {
-            (Idle::Sleep(d), Some(due)) if due < d => {
-                if due < MIN_SLEEP {
-                    Idle::Yield
-                } else {
-                    Idle::Sleep(due - MIN_SLEEP / 2)
-                }
-            }
-            (i, _) => i,
-        }
-    }
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum Idle {
-    Spin,
-    Yield,
-    Sleep(Duration),
-}
-
 /// Why the loop ended.
 #[derive(Debug)]
 enum Stop {
@@ -393,7 +324,7 @@ fn run(o: &Opts) -> Result<Stop, String> {
             backoff.reset();
         } else {
             let due = device.model.next_due().map(|t| t.saturating_duration_since(Instant::now()));
-            backoff.idle(due);
+            backoff.step().until(due).take();
         }
         if Instant::now() >= next_check {
             next_check = Instant::now() + PRESENCE_CHECK;
@@ -595,32 +526,5 @@ mod tests {
         assert!(e(&["--bar", "b", "--ram", "r", "--timing", "quick"]).contains("--timing: expected `firmware`"));
         assert!(e(&["--bar", "b", "--ram", "r", "--timing"]).contains("--timing needs a value"));
         assert!(e(&["--bar=", "--ram", "r"]).contains("non-empty"));
-    }
-
-    #[test]
-    fn backoff_spins_yields_then_sleeps_up_to_the_cap() {
-        let mut b = Backoff::default();
-        let seq: Vec<Idle> = (0..200).map(|_| b.next()).collect();
-        assert_eq!(seq[0], Idle::Spin);
-        assert_eq!(seq[Backoff::SPINS as usize], Idle::Yield);
-        assert_eq!(seq[(Backoff::SPINS + Backoff::YIELDS) as usize], Idle::Sleep(Backoff::FIRST_SLEEP));
-        assert_eq!(seq[(Backoff::SPINS + Backoff::YIELDS) as usize + 1], Idle::Sleep(Backoff::FIRST_SLEEP * 2));
-        assert_eq!(seq[199], Idle::Sleep(MAX_IDLE_SLEEP));
-        b.reset();
-        assert_eq!(b.next(), Idle::Spin);
-    }
-
-    #[test]
-    fn an_idle_sleep_ends_by_the_next_due_command() {
-        let ms = Duration::from_millis;
-        let us = Duration::from_micros;
-        assert_eq!(Idle::Sleep(ms(1)).until(None), Idle::Sleep(ms(1)));
-        assert_eq!(Idle::Sleep(ms(1)).until(Some(ms(5))), Idle::Sleep(ms(1)), "due later: the back-off as is");
-        let cut = Idle::Sleep(ms(1)).until(Some(us(400)));
-        assert!(matches!(cut, Idle::Sleep(d) if d < us(400)), "{cut:?}");
-        assert_eq!(Idle::Sleep(ms(1)).until(Some(us(20))), Idle::Yield, "too close to sleep");
-        assert_eq!(Idle::Sleep(ms(1)).until(Some(Duration::ZERO)), Idle::Yield, "already due");
-        assert_eq!(Idle::Spin.until(Some(Duration::ZERO)), Idle::Spin);
-        assert_eq!(Idle::Yield.until(Some(us(1))), Idle::Yield);
     }
 }

@@ -47,6 +47,12 @@ impl UdpResponder {
         self.socket.local_addr()
     }
 
+    /// The socket itself, for a loop that waits on it between passes (the hosted model thread's idle sleep
+    /// ends when a datagram arrives).
+    pub fn socket(&self) -> &UdpSocket {
+        &self.socket
+    }
+
     /// Waits up to the receive timeout for one datagram and handles it. `Ok(None)` when nothing arrived.
     pub fn poll(&mut self, tables: &mut dyn Tables) -> io::Result<Option<Disposition>> {
         let (n, from) = match self.socket.recv_from(&mut self.buf) {
