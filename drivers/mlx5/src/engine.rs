@@ -2,12 +2,15 @@
 //! the pages given to the firmware; the [`EventEngine`] owns the EQ, the watched CQs and the health monitor.
 //! Everyone else holds a [`Client`] and talks to them through fixed-capacity SPSC rings. With three or more
 //! CPUs each engine runs alone on its core; with one CPU the same `poll` methods run round-robin on core 0.
-//! Nothing here waits: each `poll` does what is ready and returns whether it did anything.
+//! Nothing here waits: each `poll` does what is ready and returns whether it did anything. A host whose engine
+//! thread sleeps when idle (the hosted rigs) gives the clients a [`Waker`] for it ([`Client::set_waker`]): each
+//! queued command wakes it. The image's engine cores poll without pause and set none.
 
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use core::task::Waker;
 
 use crate::cmdq::{CmdQueue, Completion, SlotClass};
 use crate::command::{Command, ErrorKind};
@@ -286,6 +289,8 @@ pub struct Client {
     events: Consumer<Event>,
     shared: Arc<Shared>,
     next_tag: u64,
+    /// Woken after each command queued (the engine's thread, where it sleeps when idle).
+    waker: Option<Waker>,
 }
 
 /// A second submitting side for the command engine (docs/mlx5-driver.md "The side client"): its own request
@@ -297,6 +302,8 @@ pub struct SideClient {
     completions: Consumer<Completion>,
     shared: Arc<Shared>,
     next_tag: u64,
+    /// As [`Client`]'s.
+    waker: Option<Waker>,
 }
 
 /// Creates the three parts around an already set-up command queue.
@@ -332,7 +339,7 @@ pub fn assemble<P: Platform>(p: Arc<P>, q: CmdQueue, health: Health) -> (Command
         undelivered: VecDeque::new(),
         pending_pages: VecDeque::new(),
     };
-    let client = Client { requests: req_tx, completions: done_rx, events: ev_rx, shared, next_tag: 1 };
+    let client = Client { requests: req_tx, completions: done_rx, events: ev_rx, shared, next_tag: 1, waker: None };
     (cmd, ev, client)
 }
 
@@ -350,6 +357,11 @@ impl<P: Platform> CommandEngine<P> {
         self.pages.push(r);
     }
 
+    /// The platform the engine drives (a host that runs the engine on a thread of its own finds its device here).
+    pub fn platform(&self) -> &Arc<P> {
+        &self.p
+    }
+
     /// The second submitting side, the first time it is asked for (`None` after that: it has one owner). Its
     /// rings exist from then on; the engine serves both sides alternately.
     pub fn side_client(&mut self) -> Option<SideClient> {
@@ -359,7 +371,13 @@ impl<P: Platform> CommandEngine<P> {
         let (req_tx, req_rx) = ring(SIDE_REQUEST_RING);
         let (done_tx, done_rx) = ring(SIDE_COMPLETION_RING);
         self.side = Some(SideRings { requests: req_rx, completions: done_tx, undelivered: VecDeque::new() });
-        Some(SideClient { requests: req_tx, completions: done_rx, shared: self.shared.clone(), next_tag: 1 })
+        Some(SideClient {
+            requests: req_tx,
+            completions: done_rx,
+            shared: self.shared.clone(),
+            next_tag: 1,
+            waker: None,
+        })
     }
 
     /// The next request from either side, alternating which side is asked first; a side request's tag gets
@@ -559,13 +577,27 @@ impl<P: Platform> EventEngine<P> {
     }
 }
 
+/// Wakes the engine's thread, if it has one that sleeps.
+fn wake(waker: &Option<Waker>) {
+    if let Some(w) = waker {
+        w.wake_by_ref();
+    }
+}
+
 impl Client {
+    /// From now on every command queued wakes `waker` (the thread that polls the command engine, where it
+    /// sleeps when idle), so a command never waits for the end of the engine's idle sleep.
+    pub fn set_waker(&mut self, waker: Waker) {
+        self.waker = Some(waker);
+    }
+
     /// Queues `cmd`; returns its tag, or the command back when the ring is full.
     pub fn submit(&mut self, cmd: Command) -> Result<u64, Command> {
         let tag = self.next_tag;
         match self.requests.push(Request { tag, cmd }) {
             Ok(()) => {
                 self.next_tag = self.next_tag % CLIENT_TAG_BITS + 1;
+                wake(&self.waker);
                 Ok(tag)
             }
             Err(r) => Err(r.cmd),
@@ -578,7 +610,9 @@ impl Client {
     /// tag outside them is refused ([`Refused::ReservedTag`]).
     pub fn submit_as(&mut self, tag: u64, cmd: Command) -> Result<(), Refused> {
         let r = client_tag(tag, cmd)?;
-        self.requests.push(r).map_err(|r| Refused::Full(r.cmd))
+        self.requests.push(r).map_err(|r| Refused::Full(r.cmd))?;
+        wake(&self.waker);
+        Ok(())
     }
 
     pub fn poll(&mut self) -> Option<Completion> {
@@ -610,11 +644,17 @@ impl Client {
 }
 
 impl SideClient {
+    /// As [`Client::set_waker`].
+    pub fn set_waker(&mut self, waker: Waker) {
+        self.waker = Some(waker);
+    }
+
     /// Queues `cmd`; returns its tag (counting up from 1), or the command back when the ring is full.
     pub fn submit(&mut self, cmd: Command) -> Result<u64, Command> {
         let tag = self.next_tag;
         self.requests.push(Request { tag, cmd }).map_err(|r| r.cmd)?;
         self.next_tag = self.next_tag % CLIENT_TAG_BITS + 1;
+        wake(&self.waker);
         Ok(tag)
     }
 
@@ -622,7 +662,9 @@ impl SideClient {
     /// those outstanding, apart from [`SideClient::submit`]'s); refused as [`Client::submit_as`] refuses.
     pub fn submit_as(&mut self, tag: u64, cmd: Command) -> Result<(), Refused> {
         let r = client_tag(tag, cmd)?;
-        self.requests.push(r).map_err(|r| Refused::Full(r.cmd))
+        self.requests.push(r).map_err(|r| Refused::Full(r.cmd))?;
+        wake(&self.waker);
+        Ok(())
     }
 
     /// The next completion of a command this side queued.

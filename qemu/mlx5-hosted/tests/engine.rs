@@ -425,3 +425,42 @@ fn a_tag_with_a_reserved_bit_is_refused_not_masked() {
     assert_eq!((main_tag, side_tag), (Some(CLIENT_TAG_BITS), Some(CLIENT_TAG_BITS)));
     assert_eq!(d.cmd.queue().log().counters.submitted, submitted + 2, "the refused ones never reached the queue");
 }
+
+/// A client with a waker (the engines' thread, where it sleeps when idle: `mlx5_hosted::spawn_engines`) wakes
+/// it for every command it queues, on either side, and for none it refuses.
+#[test]
+fn every_queued_command_wakes_the_engine_and_a_refused_one_does_not() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::task::{Wake, Waker};
+    #[derive(Default)]
+    struct Count(AtomicU32);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let mut d = common::up();
+    let mut side = d.cmd.side_client().expect("the first side client");
+    let (main_wakes, side_wakes) = (Arc::new(Count::default()), Arc::new(Count::default()));
+    d.client.set_waker(Waker::from(main_wakes.clone()));
+    side.set_waker(Waker::from(side_wakes.clone()));
+    let n = |c: &Arc<Count>| c.0.load(Ordering::SeqCst);
+    d.client.submit(ifc::vport::paos_query(1)).map_err(|_| "ring full").unwrap();
+    d.client.submit_as(5, ifc::vport::paos_query(1)).map_err(|_| "ring full").unwrap();
+    side.submit(ifc::vport::paos_query(1)).map_err(|_| "ring full").unwrap();
+    assert_eq!((n(&main_wakes), n(&side_wakes)), (2, 1));
+    assert!(d.client.submit_as(1 << 63, ifc::vport::paos_query(1)).is_err());
+    assert!(side.submit_as(1 << 62, ifc::vport::paos_query(1)).is_err());
+    assert_eq!((n(&main_wakes), n(&side_wakes)), (2, 1), "a refused command wakes nobody");
+    let mut done = 0;
+    pump_until(&mut d, "the three completions", |d| {
+        while d.client.poll().is_some() {
+            done += 1;
+        }
+        while side.poll().is_some() {
+            done += 1;
+        }
+        done == 3
+    });
+}
