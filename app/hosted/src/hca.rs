@@ -105,6 +105,8 @@ impl Drop for HcaThreads {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.engines.take() {
+            // It may be parked in an idle sleep.
+            t.thread().unpark();
             let _ = t.join();
         }
     }
@@ -144,10 +146,10 @@ pub fn start(
     let mut d = Driver::bring_up(platform.clone(), dcfg).map_err(|e| format!("HCA bring-up: {e}"))?;
     let parts = leasebox_lease::setup::prepare(&mut d, o, None)?;
     let emergency = d.prepare_port_down();
-    let (cmd, ev, client, info) = d.into_engines();
+    let (cmd, ev, mut client, info) = d.into_engines();
     let log = cmd.queue().log_handle();
     let stop = Arc::new(AtomicBool::new(false));
-    let engines = mlx5_hosted::spawn_engines(cmd, ev, stop.clone()).map_err(|e| e.to_string())?;
+    let engines = mlx5_hosted::spawn_engines(cmd, ev, &mut client, stop.clone()).map_err(|e| e.to_string())?;
     // Initial PSNs and MKEY variants from a CSPRNG seeded by the OS, as the nonces are; none without it.
     let rng = leasebox_lease::setup::identifiers(&mut crate::OsEntropy)?;
     let cfg = Config::from_options(o, &parts);

@@ -110,6 +110,7 @@ impl Drop for Core {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.engines.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }
@@ -131,7 +132,7 @@ impl Core {
         let mut d = Driver::bring_up(platform.clone(), dcfg).unwrap_or_else(|e| fail(&format!("bring-up: {e}")));
         let o = LeaseOptions { pool_mib, slots: max_leases.max(LATENCY_SLOTS), ..LeaseOptions::default() };
         let parts = setup::prepare(&mut d, &o, None).unwrap_or_else(|e| fail(&format!("lease set-up: {e}")));
-        let (cmd, ev, client, info) = d.into_engines();
+        let (cmd, ev, mut client, info) = d.into_engines();
         eprintln!(
             "lease_bench: HCA up ({} fw {}), pool {pool_mib} MiB, RAM {} MiB, {} CPUs",
             info.part,
@@ -141,7 +142,8 @@ impl Core {
         );
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
-        let (engines, inline) = if inline { (None, Some((cmd, ev))) } else { (Some(spawn_engines(cmd, ev, s)), None) };
+        let (engines, inline) =
+            if inline { (None, Some((cmd, ev))) } else { (Some(spawn_engines(cmd, ev, &mut client, s)), None) };
         let svc = service(&parts, LATENCY_SLOTS, None);
         Core {
             host: PlatformHost::new(platform.clone(), parts.extents.clone()),
@@ -255,9 +257,10 @@ impl Core {
 fn spawn_engines(
     cmd: CommandEngine<HostedPlatform>,
     ev: EventEngine<HostedPlatform>,
+    client: &mut Client,
     stop: Arc<AtomicBool>,
 ) -> JoinHandle<()> {
-    mlx5_hosted::spawn_engines(cmd, ev, stop).expect("spawn the engines thread")
+    mlx5_hosted::spawn_engines(cmd, ev, client, stop).expect("spawn the engines thread")
 }
 
 fn fail(msg: &str) -> ! {

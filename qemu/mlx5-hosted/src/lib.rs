@@ -2,23 +2,28 @@
 //! process over the device model's two memories — BAR and RAM, where a device address is an offset in the RAM.
 //! The model runs in-process and is stepped from [`Platform::relax`] (deterministic tests), on its own thread
 //! (native-speed benchmarks), or as its own process behind the shared files QEMU would use. The hosted
-//! appliance, the hosted tests and the benchmarks use it; the driver itself knows nothing of the model.
+//! appliance, the hosted tests and the benchmarks use it; the driver itself knows nothing of the model. The
+//! model thread and the engines' thread ([`spawn_engines`]) sleep when idle and are woken by work ([`idle`]).
 
 pub mod clock;
+pub mod idle;
 pub mod table;
 
 use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Mutex, OnceLock, RwLock};
+use std::task::Waker;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mlx5_model::mem::{Memory, VecMemory, WriteOneToSet};
 use mlx5_model::{Model, ModelConfig};
 
-use leasebox_mlx5::engine::{CommandEngine, EventEngine};
+use leasebox_mlx5::engine::{Client, CommandEngine, EventEngine};
 use leasebox_mlx5::{DmaBuf, DmaFault, LiveAllocations, Platform};
+use mlx5_model::idle::{Backoff, Idle};
 
 /// BAR size the hosted model gets (the init segment, UAR pages and the signature page fit easily).
 pub const HOSTED_BAR_BYTES: usize = 1 << 20;
@@ -105,8 +110,15 @@ impl Arena {
 enum Stepper {
     /// `relax` runs one model pass.
     InProcess(Arc<Mutex<Model>>),
-    /// A model thread polls until stopped.
-    Thread { stop: Arc<AtomicBool>, handle: Option<JoinHandle<()>>, model: Arc<Mutex<Model>> },
+    /// A model thread polls until stopped, sleeping when idle: `wake` ends its sleep (every BAR write does);
+    /// it wakes `engines`, once set, after every pass that did work.
+    Thread {
+        stop: Arc<AtomicBool>,
+        handle: Option<JoinHandle<()>>,
+        model: Arc<Mutex<Model>>,
+        wake: Arc<idle::ModelWake>,
+        engines: Arc<OnceLock<Waker>>,
+    },
     /// Someone else runs the model (its own process).
     External,
 }
@@ -164,23 +176,14 @@ impl HostedPlatform {
             ModelMode::InProcess => Stepper::InProcess(model),
             ModelMode::Thread => {
                 let stop = Arc::new(AtomicBool::new(false));
-                let (m, s) = (model.clone(), stop.clone());
-                let mut udp = udp;
+                let wake = Arc::new(idle::ModelWake::new());
+                let engines = Arc::new(OnceLock::new());
+                let (m, s, w, e) = (model.clone(), stop.clone(), wake.clone(), engines.clone());
                 let handle = std::thread::Builder::new()
                     .name("mlx5-model".into())
-                    .spawn(move || {
-                        // Commands held for firmware time complete on a later pass, so the thread never
-                        // sleeps: it spins, then yields.
-                        poll_until(&s, 256, || {
-                            let mut model = m.lock().unwrap_or_else(|e| e.into_inner());
-                            let did = model.poll();
-                            let sent =
-                                udp.as_mut().map_or(0, |u| mlx5_model::dataplane::poll_udp(&mut model, u).unwrap_or(0));
-                            did | (sent > 0)
-                        })
-                    })
+                    .spawn(move || model_thread(&s, &m, udp, &w, &e))
                     .expect("spawn the model thread");
-                Stepper::Thread { stop, handle: Some(handle), model }
+                Stepper::Thread { stop, handle: Some(handle), model, wake, engines }
             }
         };
         Self::assemble(bar, ram, stepper, true)
@@ -234,6 +237,21 @@ impl HostedPlatform {
         &self.ram
     }
 
+    /// The model thread wakes `w` after every pass that did work (the engines' thread, which sleeps when idle:
+    /// [`spawn_engines`] sets it). The first one set stays; without a model thread, nothing to do.
+    pub fn wake_after_work(&self, w: Waker) {
+        if let Stepper::Thread { engines, .. } = &self.stepper {
+            let _ = engines.set(w);
+        }
+    }
+
+    /// Ends the model thread's idle sleep (after a write it must see).
+    fn wake_model(&self) {
+        if let Stepper::Thread { wake, .. } = &self.stepper {
+            wake.wake();
+        }
+    }
+
     /// Sets or clears Bus Master Enable, as a host writing the PCI command register's bit 2 would: cleared,
     /// the model makes no DMA (`mlx5_model::Model::set_bus_master`: no command, no queue, no frame, no RoCE
     /// request executed). Returns false when the model runs in another process, which has no configuration
@@ -279,33 +297,75 @@ impl HostedPlatform {
     }
 }
 
-/// The engines on a thread of their own (a core of the hosted layout), spinning, then yielding when idle,
-/// until `stop` is set.
+/// The model thread: a pass of the model (and of its RoCEv2 responder on `udp`) after another while there is
+/// work, each one that did some waking the engines; idle, it backs off (`mlx5_model::idle::Backoff`), its
+/// sleeps cut short by a held command coming due and ended by `wake` (a BAR write) or a datagram ([`idle`]).
+fn model_thread(
+    stop: &AtomicBool,
+    model: &Mutex<Model>,
+    mut udp: Option<mlx5_model::roce::udp::UdpResponder>,
+    wake: &idle::ModelWake,
+    engines: &OnceLock<Waker>,
+) {
+    idle::tight_timer_slack();
+    let pass = |udp: &mut Option<mlx5_model::roce::udp::UdpResponder>| {
+        let mut m = model.lock().unwrap_or_else(|e| e.into_inner());
+        let did = m.poll();
+        let sent = udp.as_mut().map_or(0, |u| mlx5_model::dataplane::poll_udp(&mut m, u).unwrap_or(0));
+        let did = did | (sent > 0);
+        if did && let Some(w) = engines.get() {
+            w.wake_by_ref();
+        }
+        did
+    };
+    // The socket outlives the loop (`udp` is this thread's).
+    let socket = udp.as_ref().map(|u| u.socket().as_raw_fd());
+    let mut backoff = Backoff::capped(idle::MAX_SLEEP);
+    while !stop.load(Ordering::Relaxed) {
+        if pass(&mut udp) {
+            backoff.reset();
+            continue;
+        }
+        let due = model.lock().unwrap_or_else(|e| e.into_inner()).next_due();
+        match backoff.step().until(due.map(|t| t.saturating_duration_since(Instant::now()))) {
+            Idle::Sleep(d) => {
+                // One more pass once the sleep is announced: a doorbell rung before that is seen by it.
+                if wake.sleep(d, socket, || pass(&mut udp)) {
+                    backoff.reset();
+                }
+            }
+            step => step.take(),
+        }
+    }
+}
+
+/// The engines on a thread of their own (a core of the hosted layout) until `stop` is set. Idle, the thread
+/// backs off (spin, yield, then parks up to [`idle::MAX_SLEEP`] at a time); a command `client` queues and
+/// every model pass that did work (a completion, an event) unpark it at once.
 pub fn spawn_engines(
     mut cmd: CommandEngine<HostedPlatform>,
     mut ev: EventEngine<HostedPlatform>,
+    client: &mut Client,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("mlx5-engines".into())
-        .spawn(move || poll_until(&stop, 1024, || cmd.poll() | ev.poll()))
-}
-
-/// Runs `pass` until `stop` is set: spinning while it does work, yielding after `spins` idle passes in a row.
-fn poll_until(stop: &AtomicBool, spins: u32, mut pass: impl FnMut() -> bool) {
-    let mut idle = 0u32;
-    while !stop.load(Ordering::Relaxed) {
-        if pass() {
-            idle = 0;
-        } else {
-            idle = idle.saturating_add(1);
-            if idle > spins {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
+    let platform = cmd.platform().clone();
+    let handle = std::thread::Builder::new().name("mlx5-engines".into()).spawn(move || {
+        let mut backoff = Backoff::capped(idle::MAX_SLEEP);
+        while !stop.load(Ordering::Relaxed) {
+            if cmd.poll() | ev.poll() {
+                backoff.reset();
+                continue;
+            }
+            match backoff.step() {
+                Idle::Sleep(d) => std::thread::park_timeout(d),
+                step => step.take(),
             }
         }
-    }
+    })?;
+    let waker = Waker::from(Arc::new(idle::Unpark(handle.thread().clone())));
+    client.set_waker(waker.clone());
+    platform.wake_after_work(waker);
+    Ok(handle)
 }
 
 /// A zeroed shared mapping of `len` bytes: a file in /dev/shm (or the temporary directory), mapped, then
@@ -329,8 +389,9 @@ fn scratch_mapping(what: &str, len: u64) -> mlx5_model::shm::SharedFile {
 
 impl Drop for HostedPlatform {
     fn drop(&mut self) {
-        if let Stepper::Thread { stop, handle, .. } = &mut self.stepper {
+        if let Stepper::Thread { stop, handle, wake, .. } = &mut self.stepper {
             stop.store(true, Ordering::Relaxed);
+            wake.wake();
             if let Some(h) = handle.take() {
                 let _ = h.join();
             }
@@ -343,8 +404,11 @@ impl Platform for HostedPlatform {
         self.bar.read_be32(offset as u64).unwrap_or(u32::MAX)
     }
 
+    /// Every BAR write the driver makes is one the model must act on (a doorbell, an initialization-segment
+    /// field), so it ends the model thread's idle sleep.
     fn bar_write32(&self, offset: usize, value: u32) {
         let _ = self.bar.write_be32(offset as u64, value);
+        self.wake_model();
     }
 
     fn dma_alloc(&self, len: usize, align: usize) -> Option<DmaBuf> {
