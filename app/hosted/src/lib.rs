@@ -14,16 +14,22 @@ use leasebox_session::{
     Ticket,
 };
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 /// How often a connection thread looks for output queued by timers (TIMEOUT frames) and deferred answers.
 const POLL: Duration = Duration::from_millis(2);
-/// How often the timer thread runs the session core's timers and the lease service.
+/// How often the timer thread runs the session core's timers and the lease service while the service has work
+/// under way (commands at the HCA or queued for it, memory being scrubbed): results reach it within this.
 const TICK: Duration = Duration::from_micros(200);
+/// The longest pause between ticks when nothing is under way: the interval doubles from [`TICK`] up to this.
+/// Input on any connection wakes the thread at once ([`Hosted::start`]), so this bounds only how late a timer
+/// with nothing under way fires (a TTL, a READY deadline, a session's grace or heartbeat timeout, the sweep
+/// after the grace period: all of them tens of milliseconds or more). 1 ms ticks cost ~5 % of a core here.
+const IDLE_TICK: Duration = Duration::from_millis(10);
 
 /// Nonces from the OS.
 pub(crate) struct OsEntropy;
@@ -148,6 +154,23 @@ pub enum HostedBackend {
 }
 
 impl HostedBackend {
+    /// Whether work is under way that the timer's next tick moves on (so it ticks at [`TICK`]): commands at
+    /// the HCA or waiting for room in its ring, memory being scrubbed or prepared. The verbs backend is always
+    /// taken as busy (its completions are polled on the tick).
+    fn busy(&self) -> bool {
+        match self {
+            HostedBackend::Plain(_) => false,
+            HostedBackend::Lease(b) => {
+                let pool = b.svc.pool();
+                b.svc.in_flight() > 0
+                    || b.svc.has_commands()
+                    || pool.scrubbing_bytes() > 0
+                    || pool.unprepared_bytes() > 0
+            }
+            HostedBackend::Verbs(_) => true,
+        }
+    }
+
     fn inner(&mut self) -> &mut dyn Backend {
         match self {
             HostedBackend::Plain(b) => b,
@@ -241,30 +264,40 @@ impl Hosted {
         let server: Shared = Arc::new(Mutex::new(server));
         let listener = TcpListener::bind(cfg.listen).map_err(|e| format!("binding {}: {e}", cfg.listen))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
         let stop = Arc::new(AtomicBool::new(false));
         let next_conn = Arc::new(AtomicU64::new(1));
 
+        // Ticks every TICK while the backend has work under way, backing off to IDLE_TICK when it has none;
+        // input on a connection unparks it (the request may have started work).
         let timer = {
             let (server, stop) = (server.clone(), stop.clone());
             thread::spawn(move || {
+                let mut pause = TICK;
                 while !stop.load(Ordering::Relaxed) {
-                    server.lock().expect("server lock").tick(now_ms(start));
-                    thread::sleep(TICK);
+                    let busy = {
+                        let mut s = server.lock().expect("server lock");
+                        s.tick(now_ms(start));
+                        s.backend_mut().busy()
+                    };
+                    pause = if busy { TICK } else { (pause * 2).min(IDLE_TICK) };
+                    thread::park_timeout(pause);
                 }
             })
         };
+        let ticker = timer.thread().clone();
+        // Blocks in accept; `stop` ends it with a connection of its own.
         let acceptor = {
             let (server, stop) = (server.clone(), stop.clone());
             thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     match listener.accept() {
+                        Ok(_) if stop.load(Ordering::Relaxed) => break,
                         Ok((stream, _)) => {
                             let id = ConnId(next_conn.fetch_add(1, Ordering::Relaxed));
-                            let (server, stop) = (server.clone(), stop.clone());
-                            thread::spawn(move || serve(server, stream, id, start, stop));
+                            let (server, stop, ticker) = (server.clone(), stop.clone(), ticker.clone());
+                            thread::spawn(move || serve(server, stream, id, start, stop, ticker));
                         }
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(5)),
+                        // Out of descriptors and the like: try again shortly.
                         Err(_) => thread::sleep(Duration::from_millis(50)),
                     }
                 }
@@ -301,6 +334,16 @@ impl Hosted {
     /// Stops accepting and ends every connection thread (they notice within `POLL`).
     pub fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
+        // The acceptor blocks in accept: a connection of our own ends it (an unspecified listen address is
+        // reached on loopback).
+        let mut to = self.addr;
+        if to.ip().is_unspecified() {
+            to.set_ip(if to.is_ipv4() { Ipv4Addr::LOCALHOST.into() } else { Ipv6Addr::LOCALHOST.into() });
+        }
+        let _ = TcpStream::connect_timeout(&to, Duration::from_secs(1));
+        for t in &self.threads {
+            t.thread().unpark();
+        }
         self.join();
     }
 }
@@ -326,8 +369,9 @@ fn start_verbs(_spec: &verbs_ref::VerbsSpec, _o: &LeaseOptions) -> Result<verbs_
     Err(NO_VERBS.into())
 }
 
-/// One connection: bytes from the socket into the core, the core's output back out.
-fn serve(server: Shared, mut stream: TcpStream, id: ConnId, start: Instant, stop: Arc<AtomicBool>) {
+/// One connection: bytes from the socket into the core, the core's output back out; input wakes `ticker`
+/// (the timer thread), since the request may have started work its ticks move on.
+fn serve(server: Shared, mut stream: TcpStream, id: ConnId, start: Instant, stop: Arc<AtomicBool>, ticker: Thread) {
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(POLL));
     let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
@@ -357,7 +401,10 @@ fn serve(server: Shared, mut stream: TcpStream, id: ConnId, start: Instant, stop
         }
         match stream.read(&mut inbuf) {
             Ok(0) => break,
-            Ok(n) => server.lock().expect("server lock").input(id, &inbuf[..n], now_ms(start)),
+            Ok(n) => {
+                server.lock().expect("server lock").input(id, &inbuf[..n], now_ms(start));
+                ticker.unpark();
+            }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
             Err(_) => break,
         }
