@@ -184,10 +184,14 @@ fn next(r: &mut SoftRoce, n: usize) -> Vec<Completion> {
     all
 }
 
+/// What a [`Heartbeats`] thread hands back: its session, and the beats sent with the longest round trip (or
+/// why it stopped).
+type Beaten = (Client, Result<(u32, Duration), String>);
+
 /// A session that only heartbeats, once every third of its silence timeout, on a thread of its own.
 struct Heartbeats {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<(Client, Result<(u32, Duration), String>)>,
+    thread: JoinHandle<Beaten>,
 }
 
 impl Heartbeats {
