@@ -34,8 +34,10 @@ enum Sub {
     Image,
     /// Build what is needed and boot under QEMU (TCG), serial console on this terminal
     ///
-    /// Runs until the guest exits or Ctrl-C. Exits with QEMU's status (3 = the guest reported a failure
-    /// through isa-debug-exit; 128+N = killed by signal N; 124 = stopped by --timeout).
+    /// Runs until the guest exits, Ctrl-C or a stop signal (SIGTERM, SIGINT, SIGHUP: passed on to QEMU; QEMU
+    /// and the model stop, their shared files are deleted; both also die if this process is killed). Exits
+    /// with QEMU's status (3 = the guest reported a failure through isa-debug-exit; 128+N = QEMU, or the run,
+    /// ended by signal N; 124 = stopped by --timeout).
     ///
     /// The control port is forwarded to 127.0.0.1:7470 (virtio-net, QEMU user networking); fresh keys for
     /// the tenant `demo` and the admin are passed to the kernel and written to leasectl's configuration file

@@ -16,7 +16,7 @@ use clap::error::ErrorKind;
 use cli::{BenchKind, BenchOpts, Cmd, CtlNic, RunOpts, TestOpts};
 use image::Paths;
 use leasebox_qemu::model::{self, ModelCommand, ModelFiles, ModelProcess, ModelShm};
-use leasebox_qemu::{Boot, HostFwd, Ovmf, QemuConfig, QemuProcess, Stdio};
+use leasebox_qemu::{Boot, HostFwd, Ovmf, QemuConfig, QemuProcess, Stdio, StopSignals, Waited};
 use leasebox_scenarios::{Artifacts, Build, Entry, bench, control, hca_bench, lease_bench, revoke_bench, scenario};
 
 /// `println!` that ignores a closed stdout (e.g. `cargo xtask help | head`) instead of panicking.
@@ -82,9 +82,22 @@ fn cmd_image(p: &Paths) -> Result<i32, String> {
     Ok(0)
 }
 
+/// `run`. SIGTERM, SIGINT and SIGHUP are caught from the start (`leasebox_qemu::lifetime`): one that arrives
+/// while something is built ends the run once that step is done, before anything is started; one that arrives
+/// while QEMU runs is passed on to it. Either way the run returns 128 + the signal after every guard has dropped
+/// (QEMU reaped, the model stopped, the shared files deleted). QEMU and the model also get SIGKILL from the
+/// kernel if this process dies without that (SIGKILL, a crash).
 fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
+    let signals = StopSignals::install().map_err(|e| format!("installing the stop-signal handlers: {e}"))?;
+    let stopped = |signal: i32| {
+        eprintln!("xtask: stopped by signal {signal}");
+        Ok(StopSignals::exit_status(signal))
+    };
     prereq::ensure()?;
     image::build_kernel(p)?;
+    if let Some(s) = signals.caught() {
+        return stopped(s);
+    }
     leasebox_qemu::firmware::remove_stale(&p.out, "ovmf-vars", "fd");
     // The zero-config demo: fresh keys on every run, unless the kernel arguments bring their own principals.
     let keys = if demo::has_principals(&o.kernel_args) { None } else { Some(demo::DemoKeys::generate()?) };
@@ -183,20 +196,27 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
             None
         }
     };
+    if let Some(s) = signals.caught() {
+        return stopped(s);
+    }
     eprintln!("xtask: serial console follows; Ctrl-C stops QEMU");
     let mut q = QemuProcess::spawn(&config, Stdio::Inherit, scratch).map_err(|e| e.to_string())?;
     let deadline = o.timeout_secs.map(|s| Instant::now() + Duration::from_secs(s));
     loop {
-        // Without --timeout the run lasts until the guest exits or Ctrl-C: wait in one-hour slices.
+        // Without --timeout the run lasts until the guest exits or a stop signal: wait in one-hour slices.
         let until = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-        if let Some(exit) = q.wait_until(until).map_err(|e| e.to_string())? {
-            eprintln!("xtask: {exit}");
-            return Ok(exit.wrapper_status());
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            q.kill().map_err(|e| e.to_string())?;
-            eprintln!("xtask: stopped QEMU after the {} s timeout", o.timeout_secs.unwrap_or(0));
-            return Ok(RUN_TIMED_OUT);
+        match q.wait_or_stop(until, &signals).map_err(|e| e.to_string())? {
+            Waited::Exited(exit) => {
+                eprintln!("xtask: {exit}");
+                return Ok(exit.wrapper_status());
+            }
+            Waited::Signal(s) => return stopped(s),
+            Waited::Deadline if deadline.is_some() => {
+                q.kill().map_err(|e| e.to_string())?;
+                eprintln!("xtask: stopped QEMU after the {} s timeout", o.timeout_secs.unwrap_or(0));
+                return Ok(RUN_TIMED_OUT);
+            }
+            Waited::Deadline => {}
         }
     }
 }

@@ -8,18 +8,22 @@
 //!   through a channel so every wait has a deadline.
 //! - [`model`]: the mlx5 model's fresh shared files (guest RAM and BAR) and its process, stopped with QEMU.
 //! - [`exit`]: what QEMU's exit status means (`isa-debug-exit` encodes the guest's value as `(v << 1) | 1`).
-#![forbid(unsafe_code)]
+//! - [`lifetime`]: children that never outlive the runner (stop signals caught and passed on, a death signal
+//!   for the children when the runner is killed); the crate's only `unsafe` (system calls) is there.
+#![deny(unsafe_code)]
 
 pub mod config;
 pub mod exit;
 pub mod fake;
 pub mod firmware;
 pub mod iso;
+pub mod lifetime;
 pub mod model;
 pub mod process;
 
 pub use config::{Boot, HostFwd, HubSocket, Machine, ModelHub, QemuConfig};
 pub use exit::QemuExit;
 pub use firmware::{Ovmf, ScratchFile};
+pub use lifetime::StopSignals;
 pub use model::{ModelCommand, ModelFiles, ModelProcess, ModelShm};
-pub use process::{NextLine, QemuProcess, SerialLine, Stdio};
+pub use process::{NextLine, QemuProcess, SerialLine, Stdio, Waited};

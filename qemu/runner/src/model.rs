@@ -12,7 +12,8 @@
 //!
 //! [`ModelProcess`] starts the model, waits (bounded) for its `mlx5-model: ready` line — the signature is then
 //! in place — and stops it on drop: it closes the model's standard input (`--exit-on-stdin-eof`), waits a
-//! moment for a clean exit, then kills and reaps it.
+//! moment for a clean exit, then kills and reaps it. A runner killed outright takes the model with it
+//! (`crate::lifetime::die_with_parent`).
 
 use std::ffi::OsString;
 use std::fs::{self, OpenOptions};
@@ -217,6 +218,7 @@ impl ModelProcess {
     pub fn spawn(cmd: &ModelCommand, files: &ModelFiles, mem_mib: u32, timeout: Duration) -> io::Result<Self> {
         let mut c = Command::new(&cmd.binary);
         c.args(cmd.args(files, mem_mib)).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+        crate::lifetime::die_with_parent(&mut c);
         match &cmd.log {
             Some(p) => {
                 let f = fs::File::create(p)

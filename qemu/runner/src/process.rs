@@ -4,7 +4,9 @@
 //! kernel ends lines with `\r\n` or `\n`; both are accepted) stamped with the host time they arrived, and sends
 //! them through a channel, so every wait is a `recv_timeout` with a deadline. Another thread drains stderr so
 //! QEMU can never block on a full pipe. The [`QemuProcess`] guard kills and reaps QEMU when dropped, on every
-//! path (early return, `?`, panic unwinding).
+//! path (early return, `?`, panic unwinding); a runner killed outright takes QEMU with it (a death signal,
+//! `crate::lifetime::die_with_parent`), and one that catches stop signals passes them on to QEMU
+//! ([`QemuProcess::wait_or_stop`]).
 
 use std::ffi::OsStr;
 use std::io::{self, Read, Write};
@@ -24,6 +26,8 @@ pub const MAX_LINE: usize = 64 * 1024;
 pub const MAX_STDERR: usize = 256 * 1024;
 /// How often exit polling looks at the child.
 const POLL: Duration = Duration::from_millis(5);
+/// How long QEMU gets to exit after a stop signal is passed on to it, before it is killed.
+pub const STOP_GRACE: Duration = Duration::from_secs(3);
 
 /// Where QEMU's standard streams go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +38,17 @@ pub enum Stdio {
     /// All three streams inherited: the serial console is the terminal (interactive `run`). Ctrl-C reaches QEMU
     /// directly because it stays in the terminal's foreground process group.
     Inherit,
+}
+
+/// How [`QemuProcess::wait_or_stop`] ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Waited {
+    /// QEMU exited by itself.
+    Exited(QemuExit),
+    /// The deadline passed; QEMU still runs.
+    Deadline,
+    /// A stop signal was caught, passed on to QEMU, and QEMU is gone.
+    Signal(i32),
 }
 
 /// One serial line, without its line terminator.
@@ -96,6 +111,14 @@ impl ChildGuard {
         }
     }
 
+    /// Sends `signal` to the child, unless it has exited (then nothing is sent: its id may be reaped and reused).
+    pub fn signal(&mut self, signal: i32) -> io::Result<()> {
+        if self.try_status()?.is_some() {
+            return Ok(());
+        }
+        crate::lifetime::send_signal(self.child.id(), signal)
+    }
+
     /// Kills (SIGKILL) and reaps the child; returns its status. Harmless if it already exited.
     pub fn kill(&mut self) -> io::Result<ExitStatus> {
         if let Some(s) = self.try_status()? {
@@ -145,6 +168,7 @@ impl QemuProcess {
                     .stderr(std::process::Stdio::inherit());
             }
         }
+        crate::lifetime::die_with_parent(&mut cmd);
         let started = Instant::now();
         let child = cmd.spawn().map_err(|e| spawn_error(&config.qemu, e))?;
         let mut child = ChildGuard::new(child);
@@ -194,6 +218,29 @@ impl QemuProcess {
     /// Waits for QEMU to exit until `deadline`; `None` if it is still running then.
     pub fn wait_until(&mut self, deadline: Instant) -> io::Result<Option<QemuExit>> {
         Ok(self.child.wait_until(deadline)?.map(QemuExit::from_status))
+    }
+
+    /// Waits for QEMU to exit until `deadline`, looking every few milliseconds for a stop signal `signals` caught:
+    /// then passes the signal on to QEMU (which ends on SIGTERM, SIGINT and SIGHUP; a Ctrl-C has reached it
+    /// already), gives it [`STOP_GRACE`] to exit, kills it after that, and reaps it.
+    pub fn wait_or_stop(&mut self, deadline: Instant, signals: &crate::StopSignals) -> io::Result<Waited> {
+        loop {
+            if let Some(signal) = signals.caught() {
+                self.child.signal(signal)?;
+                if self.child.wait_until(Instant::now() + STOP_GRACE)?.is_none() {
+                    self.child.kill()?;
+                }
+                self.join_readers();
+                return Ok(Waited::Signal(signal));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(Waited::Deadline);
+            }
+            if let Some(exit) = self.wait_until((now + Duration::from_millis(50)).min(deadline))? {
+                return Ok(Waited::Exited(exit));
+            }
+        }
     }
 
     /// Whether QEMU has exited, without waiting.
@@ -340,6 +387,7 @@ impl Captured {
 pub fn run_captured(cmd: &mut Command, timeout: Duration) -> io::Result<Captured> {
     let program = cmd.get_program().to_owned();
     cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    crate::lifetime::die_with_parent(cmd);
     let child = cmd.spawn().map_err(|e| tool_error(&program, e))?;
     let mut guard = ChildGuard::new(child);
     let out = guard.child_mut().stdout.take().ok_or_else(|| io::Error::other("no stdout pipe"))?;
@@ -458,6 +506,94 @@ mod tests {
         let c = fake_qemu("exec sleep 30");
         let mut q = spawn(&c);
         assert_eq!(q.kill().unwrap(), QemuExit::Signal { signal: 9 });
+    }
+
+    /// Set in the environment of the stand-in runner [`children_stop_with_a_runner_that_is_stopped_or_killed`]
+    /// starts (this test binary again, running [`stand_in_runner`] alone): a directory for its scripts.
+    const STAND_IN: &str = "LEASEBOX_STAND_IN_RUNNER";
+
+    /// What `cargo xtask run` does, with stand-ins: the stop signals caught, a model (here a script that prints
+    /// the ready line and sleeps, deaf to its stdin closing) and QEMU (a sleep) started by the same helpers,
+    /// their ids printed, then the same wait. A caught signal ends it as `run` ends: 128 + the signal, after
+    /// the guards dropped. Does nothing unless [`STAND_IN`] is set.
+    #[test]
+    fn stand_in_runner() {
+        let Some(dir) = std::env::var_os(STAND_IN).map(std::path::PathBuf::from) else { return };
+        let signals = crate::StopSignals::install().unwrap();
+        let script = dir.join("model.sh");
+        std::fs::write(&script, "#!/bin/sh\necho 'mlx5-model: ready'\nexec sleep 60\n").unwrap();
+        let mut perms = std::fs::metadata(&script).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&script, perms).unwrap();
+        let files = crate::ModelFiles { bar: dir.join("bar"), bar_bytes: 1 << 20, ram: dir.join("ram") };
+        let model =
+            crate::ModelProcess::spawn(&crate::ModelCommand::new(script), &files, 16, Duration::from_secs(10)).unwrap();
+        let mut q = spawn(&fake_qemu("exec sleep 60"));
+        println!("children {} {}", model.id(), q.id());
+        let status = match q.wait_or_stop(Instant::now() + Duration::from_secs(60), &signals).unwrap() {
+            Waited::Signal(s) => crate::StopSignals::exit_status(s),
+            // The signal went to the whole process group (timeout(1) does that) and QEMU ended first.
+            Waited::Exited(e) => e.wrapper_status(),
+            Waited::Deadline => panic!("no stop signal within 60 s"),
+        };
+        drop(q);
+        drop(model);
+        std::process::exit(status);
+    }
+
+    /// Whether process `pid` is gone (no entry, or a zombie nobody has reaped yet: it runs no more).
+    fn gone(pid: u32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => true,
+            Ok(stat) => stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z')),
+        }
+    }
+
+    #[test]
+    fn children_stop_with_a_runner_that_is_stopped_or_killed() {
+        use std::io::BufRead;
+        use std::os::unix::process::ExitStatusExt;
+        for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGKILL] {
+            let dir = crate::firmware::unique_path(&std::env::temp_dir(), "leasebox-stand-in", "d");
+            std::fs::create_dir_all(&dir).unwrap();
+            let runner = Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "process::tests::stand_in_runner", "--nocapture", "--test-threads=1"])
+                .env(STAND_IN, &dir)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut runner = ChildGuard::new(runner);
+            let out = runner.child_mut().stdout.take().unwrap();
+            let (tx, rx) = mpsc::channel();
+            thread::spawn(move || {
+                for line in io::BufReader::new(out).lines().map_while(Result::ok) {
+                    // The harness prints its `test ... ` prefix on the same line.
+                    if let Some((_, ids)) = line.split_once("children ") {
+                        let ids: Vec<u32> = ids.split(' ').filter_map(|i| i.parse().ok()).collect();
+                        let _ = tx.send(ids);
+                    }
+                }
+            });
+            let children = rx.recv_timeout(Duration::from_secs(60)).expect("the stand-in runner started its children");
+            assert_eq!(children.len(), 2, "{children:?}");
+            assert!(children.iter().all(|&c| !gone(c)), "both children run before the signal");
+            crate::lifetime::send_signal(runner.id(), signal).unwrap();
+            let status = runner.wait_until(Instant::now() + Duration::from_secs(30)).unwrap();
+            let status = status.unwrap_or_else(|| panic!("the runner did not end within 30 s of signal {signal}"));
+            if signal == libc::SIGKILL {
+                assert_eq!(status.signal(), Some(libc::SIGKILL));
+            } else {
+                assert_eq!(status.code(), Some(128 + signal), "a caught signal {signal} ends the runner as run ends");
+            }
+            let t = Instant::now();
+            while !children.iter().all(|&c| gone(c)) && t.elapsed() < Duration::from_secs(10) {
+                thread::sleep(Duration::from_millis(20));
+            }
+            let left: Vec<u32> = children.iter().copied().filter(|&c| !gone(c)).collect();
+            assert!(left.is_empty(), "after signal {signal} to the runner, its children {left:?} still run");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 
     #[test]
