@@ -26,7 +26,7 @@ const POLL: Duration = Duration::from_millis(2);
 /// under way (commands at the HCA or queued for it, memory being scrubbed): results reach it within this.
 const TICK: Duration = Duration::from_micros(200);
 /// The longest pause between ticks when nothing is under way: the interval doubles from [`TICK`] up to this.
-/// Input on any connection wakes the thread at once ([`Hosted::start`]), so this bounds only how late a timer
+/// Input that starts work wakes the thread at once ([`Hosted::start`]), so this bounds only how late a timer
 /// with nothing under way fires (a TTL, a READY deadline, a session's grace or heartbeat timeout, the sweep
 /// after the grace period: all of them tens of milliseconds or more). 1 ms ticks cost ~5 % of a core here.
 const IDLE_TICK: Duration = Duration::from_millis(10);
@@ -268,7 +268,7 @@ impl Hosted {
         let next_conn = Arc::new(AtomicU64::new(1));
 
         // Ticks every TICK while the backend has work under way, backing off to IDLE_TICK when it has none;
-        // input on a connection unparks it (the request may have started work).
+        // input that leaves work under way unparks it.
         let timer = {
             let (server, stop) = (server.clone(), stop.clone());
             thread::spawn(move || {
@@ -369,8 +369,8 @@ fn start_verbs(_spec: &verbs_ref::VerbsSpec, _o: &LeaseOptions) -> Result<verbs_
     Err(NO_VERBS.into())
 }
 
-/// One connection: bytes from the socket into the core, the core's output back out; input wakes `ticker`
-/// (the timer thread), since the request may have started work its ticks move on.
+/// One connection: bytes from the socket into the core, the core's output back out; input that leaves the
+/// backend with work under way wakes `ticker` (the timer thread), whose ticks move that work on.
 fn serve(server: Shared, mut stream: TcpStream, id: ConnId, start: Instant, stop: Arc<AtomicBool>, ticker: Thread) {
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(POLL));
@@ -402,8 +402,15 @@ fn serve(server: Shared, mut stream: TcpStream, id: ConnId, start: Instant, stop
         match stream.read(&mut inbuf) {
             Ok(0) => break,
             Ok(n) => {
-                server.lock().expect("server lock").input(id, &inbuf[..n], now_ms(start));
-                ticker.unpark();
+                let busy = {
+                    let mut s = server.lock().expect("server lock");
+                    s.input(id, &inbuf[..n], now_ms(start));
+                    s.backend_mut().busy()
+                };
+                // Only a request that started work needs the timer's quick ticks (a HEARTBEAT does not).
+                if busy {
+                    ticker.unpark();
+                }
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
             Err(_) => break,
