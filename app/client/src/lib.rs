@@ -32,8 +32,10 @@
 // No unsafe code, except the verbs backend's FFI to libibverbs (`rdma::verbs`, feature `verbs`).
 #![deny(unsafe_code)]
 
+pub mod batch;
 pub mod client;
 pub mod connection;
+mod engine;
 pub mod error;
 pub mod event;
 pub mod fleet;
@@ -41,12 +43,15 @@ pub mod hex;
 pub mod lease;
 pub mod placement;
 pub mod rdma;
+pub mod region;
 mod session;
 pub mod setup;
 
+pub use batch::{Completed, Op, Ticket, Wait};
 pub use client::{AllocOptions, Appliance, Client, ClientConfig, RequesterConfig};
 pub use connection::Client as Connection;
 pub use connection::{Answer, ClientError, Credentials, DEFAULT_PORT, Timeouts, Welcome};
+pub use engine::{DEFAULT_QUEUE_DEPTH, MAX_QUEUE_DEPTH};
 pub use error::Error;
 pub use event::{Callback, Event};
 pub use fleet::{FleetConfig, FleetMember};
@@ -54,3 +59,4 @@ pub use lease::Lease;
 /// TLS and authentication to etcd ([`FleetConfig::etcd_tls`], [`FleetConfig::etcd_user`]).
 pub use leasebox_fleet::{EtcdUser, TlsFiles};
 pub use leasebox_proto::{LeaseId, Outcome};
+pub use region::Region;
