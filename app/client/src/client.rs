@@ -113,7 +113,7 @@ pub struct ClientConfig {
     /// How long one RDMA read or write (or batch) may go without a completion before it fails (and the lease's
     /// QP with it: it is destroyed, so nothing still touches the memory it was given).
     pub rdma_timeout: Duration,
-    /// Work requests each lease keeps posted at most ([`crate::engine::DEFAULT_QUEUE_DEPTH`]; more wait in the
+    /// Work requests each lease keeps posted at most ([`crate::DEFAULT_QUEUE_DEPTH`]; more wait in the
     /// lease's queue; [`Lease::set_queue_depth`] changes one lease's).
     pub queue_depth: usize,
     /// Called with every event, on a connection thread (see [`Callback`]); events also queue for

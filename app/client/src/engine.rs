@@ -61,6 +61,8 @@ const POLL_STEP: Duration = Duration::from_millis(5);
 const PROGRESS_STEP: Duration = Duration::from_millis(1);
 /// A pause when nothing moved and nothing can be waited on (the software requester's own fine step).
 const IDLE_STEP: Duration = Duration::from_micros(50);
+/// The progress thread's pause when its leases have nothing posted, only verdicts under way (QUERY round trips).
+const VERDICT_STEP: Duration = Duration::from_millis(1);
 
 /// Scatter/gather pieces into memory a [`RegionHold`] (or a bounce buffer) keeps valid.
 #[derive(Clone)]
@@ -1065,22 +1067,27 @@ impl Engine {
                 }
             };
             let wait = if leases.len() == 1 { PROGRESS_STEP } else { Duration::ZERO };
-            let mut moved = false;
+            let (mut moved, mut posted) = (false, false);
             for l in &leases {
                 let mut io = match l.io.try_lock() {
                     Ok(g) => g,
                     Err(TryLockError::Poisoned(e)) => e.into_inner(),
                     // A caller of the lease is polling it itself.
-                    Err(TryLockError::WouldBlock) => continue,
+                    Err(TryLockError::WouldBlock) => {
+                        posted = true;
+                        continue;
+                    }
                 };
                 moved |= l.progress(&mut io, wait);
+                posted |= !io.inflight.is_empty();
                 if io.idle() {
                     let mut st = self.state();
                     st.active.retain(|c| !Arc::ptr_eq(c, l));
                 }
             }
             if !moved {
-                std::thread::sleep(IDLE_STEP);
+                // Nothing posted anywhere (every active lease waits for a verdict): no answer can come sooner.
+                std::thread::sleep(if posted { IDLE_STEP } else { VERDICT_STEP });
             }
         }
     }

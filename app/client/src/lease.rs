@@ -136,7 +136,7 @@ impl Lease {
         self.core.depth()
     }
 
-    /// Sets [`Lease::queue_depth`] (1 to [`crate::engine::MAX_QUEUE_DEPTH`]; a verbs QP also stops at its send
+    /// Sets [`Lease::queue_depth`] (1 to [`crate::MAX_QUEUE_DEPTH`]; a verbs QP also stops at its send
     /// queue's size, made at allocation from [`crate::ClientConfig::queue_depth`]).
     pub fn set_queue_depth(&self, depth: usize) {
         self.core.set_depth(depth);

@@ -4,6 +4,10 @@
 //! - [`Client`] and [`Lease`]: connect to one or more appliances, allocate leases (placed by free bytes),
 //!   read and write them by offset over RDMA, get [`Event`]s (a revoke, a broken connection); a thread per
 //!   appliance heartbeats, renews and reconnects.
+//! - [`region`] and [`batch`]: memory registered once ([`Client::register`], [`Region`]) and moved without a
+//!   copy ([`Lease::write_from`], [`Lease::read_into`], scatter/gather), and asynchronous batches across leases
+//!   with one result per operation ([`Client::submit`], [`Op`], [`Client::poll`], [`Client::wait`],
+//!   [`Client::completion_fd`]); docs/client.md, "Zero copy and batches".
 //! - [`connection`]: one control connection — TCP with deadlines, the protocol v2 HELLO and records, and
 //!   request/answer calls ([`Connection`]).
 //! - [`rdma`]: the RDMA requester that reads and writes a lease's memory: RC RDMA WRITE / READ in software over
