@@ -627,23 +627,30 @@ impl LeaseCore {
                 Err(e) => Err(crate::ClientError::Usage(e.to_string())),
             };
             let outcome = settle(query);
-            let mut io = core.lock_io();
-            core.apply_verdict(&mut io, outcome);
+            let event = core.apply_verdict(&mut core.lock_io(), outcome);
+            // Sent with the lease unlocked: the program's callback may use the lease.
+            if let Some(e) = event {
+                core.inner.sink.emit(e);
+            }
         });
         if started.is_err() {
-            self.apply_verdict(io, None);
+            // No thread, no QUERY: the QP is broken, and nothing to tell.
+            let _ = self.apply_verdict(io, None);
         }
     }
 
-    fn apply_verdict(&self, io: &mut LeaseIo, outcome: Option<Outcome>) {
+    /// Fails the lease's held and queued work with the verdict; the event to send (the first time the client
+    /// learns the lease is gone).
+    fn apply_verdict(&self, io: &mut LeaseIo, outcome: Option<Outcome>) -> Option<Event> {
         io.settling = false;
         let status = io.first_failure.unwrap_or(WcStatus::GeneralErr);
+        let mut event = None;
         let e = match outcome {
             Some(outcome) => {
                 let _ = self.session.send(Cmd::Forget { lease: self.id });
                 if self.shared.mark_revoked(outcome) {
                     let appliance = self.session.appliance.clone();
-                    self.inner.sink.emit(Event::Revoked { appliance, lease: self.id, outcome });
+                    event = Some(Event::Revoked { appliance, lease: self.id, outcome });
                 }
                 Error::Revoked { lease: self.id, outcome: self.shared.revoked().unwrap_or(outcome) }
             }
@@ -658,6 +665,7 @@ impl LeaseCore {
         }
         self.fail_queue(io, &e);
         engine.wake();
+        event
     }
 
     /// A copying call's bounce buffer of `len` bytes (holding `data` for a WRITE); `None` while every slot of

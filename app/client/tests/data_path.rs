@@ -1,7 +1,7 @@
 //! The data path a program runs, against hosted appliances with the device model: registered memory and zero
 //! copy (`write_from`/`read_into`, scatter/gather, no byte through a bounce buffer), asynchronous batches with
 //! per-item results across leases and appliances (a lease revoked mid-batch fails only its own operations),
-//! the completion fd, and a region dropped while a transfer uses it.
+//! the completion fd, a region dropped while a transfer uses it, and a stuck lease that lets go of the memory.
 
 use std::os::unix::io::RawFd;
 use std::sync::{Arc, Mutex};
@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 mod support;
 use support::appliance::{MIB, config, pattern, serial, start_hosted};
 
-use leasebox_client::{AllocOptions, Client, ClientConfig, Error, Event, Op, Outcome, Ticket, Wait};
+use leasebox_client::rdma::{RcConfig, SoftConfig, WcStatus};
+use leasebox_client::{AllocOptions, Client, ClientConfig, Error, Event, Op, Outcome, RequesterConfig, Ticket, Wait};
 use leasebox_proto::{Request, Response};
 
 /// Whether `fd` polls readable within `ms` milliseconds (poll(2)).
@@ -256,4 +257,32 @@ fn dropping_a_region_in_use_waits_for_its_transfers() {
     let r = client.poll(8);
     assert!(matches!(r.as_slice(), [(x, Ok(n))] if *x == t[0] && *n == buf.len()), "{r:?}");
     assert!(buf == data);
+}
+
+/// A lease whose requester never hears back (its RDMA peer is a socket nobody reads, its transport timer
+/// infinite) is stuck: after `rdma_timeout` without progress its QP is destroyed, its operations fail with
+/// `Timeout`, the memory they named is let go at once, and later calls fail with `Rdma`.
+#[test]
+fn a_stuck_lease_times_out_and_lets_go_of_the_memory() {
+    let _one = serial();
+    let a = start_hosted(&[]);
+    let mute = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let rc = RcConfig { timeout: 0, ..RcConfig::default() };
+    let mut appliance = a.appliance();
+    appliance.requester =
+        RequesterConfig::Soft(SoftConfig { peer: mute.local_addr().unwrap(), rc, ..SoftConfig::default() });
+    let cfg = ClientConfig { rdma_timeout: Duration::from_millis(300), ..config(vec![appliance]) };
+    let client = Client::connect(cfg).unwrap();
+    let mut lease = client.alloc(2 * MIB, AllocOptions::default()).unwrap();
+
+    let region = client.register_owned(vec![0; 4096]).unwrap();
+    let t0 = Instant::now();
+    let t = client.submit([Op::read_into(&lease, &region, 0, 0, 4096)]);
+    let r = client.wait(t[0], Duration::from_secs(10)).unwrap();
+    let took = t0.elapsed();
+    assert!(matches!(r[0].1, Err(Error::Timeout { .. })), "{:?}", r[0].1);
+    assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(5), "{took:?}");
+    assert!(region.wait_idle(Duration::from_secs(1)), "the stuck READ still holds the region");
+    let e = lease.write(0, &[1]).unwrap_err();
+    assert!(matches!(e, Error::Rdma { status: WcStatus::RetryExcErr, .. }), "{e}");
 }
