@@ -520,8 +520,8 @@ impl Client {
                     op.lease.queue(t, op.read, op.lease_offset, &op.pieces)
                 };
                 match r {
-                    Ok(Some(())) => {}
-                    Ok(None) => engine.push(t, Ok(0)),
+                    Ok(true) => {}
+                    Ok(false) => engine.push(t, Ok(0)),
                     Err(e) => engine.push(t, Err(e)),
                 }
                 t

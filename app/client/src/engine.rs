@@ -867,21 +867,22 @@ impl LeaseCore {
         }
     }
 
-    /// A batch's operation: checked, held and queued (the progress thread posts it), or failed at once.
+    /// A batch's operation: checked, held and queued (the progress thread posts it; true), nothing to move
+    /// (false: zero bytes), or failed at once.
     pub(crate) fn queue(
         self: &Arc<Self>,
         ticket: Ticket,
         read: bool,
         offset: u64,
         pieces: &[(Arc<RegionInner>, usize, usize)],
-    ) -> Result<Option<()>, Error> {
+    ) -> Result<bool, Error> {
         self.gate(&self.lock_io())?;
         if pieces.is_empty() {
             return Err(Error::Config("an operation with no pieces".into()));
         }
         let (holds, cuts) = self.prepare(read, offset, pieces)?;
         if cuts.is_empty() {
-            return Ok(None);
+            return Ok(false);
         }
         let len: u64 = cuts.iter().map(|c| c.1).sum();
         let job = Arc::new(Job::new(Some(ticket), len as usize, holds, cuts.len()));
@@ -898,7 +899,7 @@ impl LeaseCore {
             });
         }
         self.inner.engine.activate(self);
-        Ok(Some(()))
+        Ok(true)
     }
 }
 
