@@ -59,6 +59,13 @@ pub fn run(a: &Artifacts) -> Result<String, String> {
 }
 
 fn checks(e: &LocalEtcd, app: &mut Appliance) -> Result<(Registrar, String, String), String> {
+    // The pool is prepared in the background after the ready line (docs/operations.md, "The lease pool"): its
+    // free bytes grow until `lease: pool ready`. The advertisement and the metrics are compared below, so both
+    // must see the pool whole.
+    let pool_wait = Instant::now() + Duration::from_secs(60);
+    if app.wait_line(|l| l.contains(crate::lease_qemu::POOL_READY), pool_wait)?.is_none() {
+        return Err("no `lease: pool ready` line within 60 s of the ready line".into());
+    }
     let spec = ApplianceSpec::parse(&format!("{} key={} rdma={} site=qemu", app.addr, app.admin_hex, app.udp))?;
     let control = spec.control.clone();
     let cfg = Config {

@@ -1218,15 +1218,26 @@ fn large_checks(app: &mut Appliance) -> Result<String, String> {
         .finish()
         .map_err(|e| format!("(c) the session that only heartbeats did not stay alive through the scrub: {e}"))?;
 
-    // (d) The old lease's first bytes are zero in guest RAM, and a fresh large lease reads zero at both ends.
+    // (d) The old lease's first bytes are zero in guest RAM. The pool hands out the extents it got back last
+    // (first in, first out: app/lease/src/pool.rs), so a filler lease takes the extents never lent, and a fresh
+    // large lease gets the revoked one's memory in its order: its ends are where the patterns were written.
     if app.ram(a.remote_addr, RDMA_LEN)?.iter().any(|&b| b != 0) {
         return Err(format!(
             "(d) guest RAM at the revoked lease's remote_addr {:#x} is not zero after the scrub",
             a.remote_addr
         ));
     }
+    let filler = (u64::from(LARGE_POOL_MIB) << 20) - LARGE_LEASE - SMALL_LEASE;
+    let _filler = rdma_lease(app, &mut tenant, RcConfig::default(), filler)
+        .map_err(|e| format!("(d) ALLOC of the {} MiB never lent after the scrub: {e}", filler >> 20))?;
     let RdmaLease { r: mut fresh, alloc: b } = rdma_lease(app, &mut tenant, patient, LARGE_LEASE)
         .map_err(|e| format!("(d) ALLOC of {} MiB after the scrub: {e}", LARGE_LEASE >> 20))?;
+    expect(
+        "(d) the fresh large lease on the revoked one's memory (the pool lends what came back last after what was \
+         never lent)",
+        b.remote_addr == a.remote_addr,
+        &format!("at {:#x}, the revoked lease was at {:#x}", b.remote_addr, a.remote_addr),
+    )?;
     let b_last = b.remote_addr + LARGE_LEASE - RDMA_LEN as u64;
     fresh.post_read(1, b.remote_addr, b.rkey, RDMA_LEN as u32)?;
     fresh.post_read(2, b_last, b.rkey, RDMA_LEN as u32)?;
@@ -1256,7 +1267,7 @@ fn large_checks(app: &mut Appliance) -> Result<String, String> {
          then REM_ACCESS_ERR; scrub (grace {} ms): seen {:.0} ms after the grace, memory back {secs:.1} s after it \
          ({:.2} GiB/s, at most {} MiB waiting); meanwhile HEARTBEAT {:.1} ms, then p50 {:.1} / max {:.1} ms over {} \
          samples, REVOKE of a {} MiB lease {:.1} ms, a heartbeat-only session (every {:.1} s) alive after {} beats \
-         (max {:.1} ms); a fresh {} MiB lease at {:#x}{} reads zero",
+         (max {:.1} ms); a fresh {} MiB lease on its memory (at {:#x}) reads zero at both ends",
         LARGE_MEM_MIB,
         app.ready.get("mem_mib").unwrap_or("?"),
         boot.ready_mib,
@@ -1279,7 +1290,6 @@ fn large_checks(app: &mut Appliance) -> Result<String, String> {
         ms(beats.max),
         LARGE_LEASE >> 20,
         b.remote_addr,
-        if b.remote_addr == a.remote_addr { " (the revoked lease's address)" } else { "" },
     ))
 }
 
@@ -1313,10 +1323,16 @@ fn scrub_checks(
     let grace_end = revoked + LARGE_GRACE;
     std::thread::sleep(grace_end.saturating_duration_since(Instant::now()));
     let deadline = Instant::now() + SCRUB_START_DEADLINE;
+    let mut kept = Instant::now();
     let seen = loop {
         let s = lease_stats(admin)?;
         if s.bytes_scrubbing > 0 {
             break s;
+        }
+        if kept.elapsed() >= KEEPALIVE {
+            ping(pinger, u64::MAX)?;
+            ping(tenant, u64::MAX)?;
+            kept = Instant::now();
         }
         if Instant::now() >= deadline {
             return Err(format!(
@@ -1364,7 +1380,7 @@ fn scrub_checks(
 
     let mut pings = vec![first_ping];
     let mut max_scrubbing = seen.bytes_scrubbing.max(after_ping.bytes_scrubbing).max(after_revoke.bytes_scrubbing);
-    let mut kept = Instant::now();
+    kept = Instant::now();
     let deadline = Instant::now() + SCRUB_DEADLINE;
     let back = loop {
         std::thread::sleep(SAMPLE_EVERY);

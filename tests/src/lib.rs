@@ -23,6 +23,7 @@ pub mod lease_qemu;
 pub mod revoke_bench;
 pub mod rxe;
 pub mod scenario;
+pub mod scrub_bench;
 pub mod serial;
 pub mod transcript;
 

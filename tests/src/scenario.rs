@@ -264,7 +264,9 @@ pub fn all() -> Vec<Entry> {
     all.push(Entry::Driven(Driven {
         name: crate::lease_qemu::LARGE_NAME,
         about: "a 6 GiB guest (q35: RAM above 4 GiB) lends a 2.5 GiB lease through the model: WRITE+READ at both \
-                ends over RoCEv2, REVOKE TornDown, REM_ACCESS_ERR after it",
+                ends over RoCEv2, REVOKE TornDown, REM_ACCESS_ERR after it; while its memory is scrubbed a \
+                HEARTBEAT and a 2 MiB lease's REVOKE answer within 1 s and a heartbeat-only session stays alive, \
+                then the memory is back and a fresh large lease reads zero",
         needs: &[Build::Model],
         run: crate::lease_qemu::run_large,
     }));

@@ -17,7 +17,9 @@ use cli::{BenchKind, BenchOpts, Cmd, CtlNic, RunOpts, TestOpts};
 use image::Paths;
 use leasebox_qemu::model::{self, ModelCommand, ModelFiles, ModelProcess, ModelShm};
 use leasebox_qemu::{Boot, HostFwd, Ovmf, QemuConfig, QemuProcess, Stdio, StopSignals, Waited};
-use leasebox_scenarios::{Artifacts, Build, Entry, bench, control, hca_bench, lease_bench, revoke_bench, scenario};
+use leasebox_scenarios::{
+    Artifacts, Build, Entry, bench, control, hca_bench, lease_bench, revoke_bench, scenario, scrub_bench,
+};
 
 /// `println!` that ignores a closed stdout (e.g. `cargo xtask help | head`) instead of panicking.
 macro_rules! outln {
@@ -521,6 +523,7 @@ fn cmd_bench(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
         BenchKind::Client => return bench_client(o),
         BenchKind::Rxe => return bench_rxe(o, p),
         BenchKind::Fleet => return bench_fleet(p),
+        BenchKind::Scrub => return bench_scrub(p),
         BenchKind::Boot => {}
     }
     prereq::ensure()?;
@@ -750,6 +753,46 @@ fn bench_revoke(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
     rows.extend(revoke_bench::hosted(o.iterations)?);
     outln!();
     outln!("{}", revoke_bench::table(&rows, o.iterations).trim_end());
+    Ok(0)
+}
+
+/// `bench scrub`: the pool's preparation at boot and the appliance's answers while a large revoked lease is
+/// scrubbed, under QEMU (the kernel built here or `LEASEBOX_KERNEL_ELF`) and hosted (the release build of
+/// `leasebox-hosted` or `LEASEBOX_HOSTED_BIN`) (tests/src/scrub_bench.rs). Prints the tables; asserts nothing.
+fn bench_scrub(p: &Paths) -> Result<i32, String> {
+    prereq::ensure()?;
+    image::build_kernel(p)?;
+    cargo_step(p, &["build", "-p", "mlx5-model"])?;
+    let kernel = match image::prebuilt_kernel() {
+        Some(elf) => format!("{} (from {})", elf.display(), image::PREBUILT_ENV),
+        None => format!("{} (built from this tree)", p.elf().display()),
+    };
+    let (hosted_bin, hosted) = match std::env::var_os(scrub_bench::HOSTED_BIN_ENV).filter(|v| !v.is_empty()) {
+        Some(bin) => {
+            let bin = std::path::PathBuf::from(bin);
+            let what = format!("{} (from {})", bin.display(), scrub_bench::HOSTED_BIN_ENV);
+            eprintln!("xtask: using {what} instead of building leasebox-hosted");
+            (bin, what)
+        }
+        None => {
+            cargo_step(p, &["build", "--release", "-p", "leasebox-hosted"])?;
+            let bin = p.target.join("release").join("leasebox-hosted");
+            let what = format!("{} (built from this tree)", bin.display());
+            (bin, what)
+        }
+    };
+    let a = artifacts(p, false);
+    outln!(
+        "==> bench scrub: QEMU boots with {:?} MiB pools (the last one scrubs a {} MiB lease), then the hosted \
+         appliance with {} MiB (a {} GiB lease)",
+        scrub_bench::QEMU_POOLS_MIB,
+        scrub_bench::QEMU_LEASE >> 20,
+        scrub_bench::HOSTED_POOL_MIB,
+        scrub_bench::HOSTED_LEASE >> 30
+    );
+    let out = scrub_bench::run(&a, &p.elf(), &kernel, &hosted_bin, &hosted);
+    outln!();
+    outln!("{}", out.trim_end());
     Ok(0)
 }
 

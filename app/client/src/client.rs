@@ -4,18 +4,22 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::os::unix::io::RawFd;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use leasebox_proto::{ErrorCode, Request, Response};
 
+use crate::batch::{Completed, Op, Ticket, Wait};
 use crate::connection::{Client as Connection, ClientError, Credentials, Timeouts};
+use crate::engine::{DEFAULT_QUEUE_DEPTH, Engine};
 use crate::error::{Error, from_client};
 use crate::event::{Callback, Event, Sink};
 use crate::lease::{self, Lease};
 use crate::placement;
-use crate::rdma::{Requester, SoftConfig, SoftRoce};
+use crate::rdma::{MemoryDomain, Requester, SoftConfig, SoftRoce};
+use crate::region::{Region, RegionInner};
 use crate::session::Session;
 
 /// Which RDMA requester a lease on an appliance uses (each lease gets its own: one QP per lease).
@@ -29,17 +33,65 @@ pub enum RequesterConfig {
 }
 
 impl RequesterConfig {
-    /// A fresh requester (a new QP in RESET).
-    pub(crate) fn make(&self) -> Result<Box<dyn Requester + Send>, String> {
+    /// A fresh requester (a new QP in RESET) taking `depth` work requests at once; a verbs QP goes on the
+    /// client's device context for its device (opened at first use, shared by every lease there).
+    pub(crate) fn make(&self, inner: &Inner, depth: usize) -> Result<Box<dyn Requester + Send>, String> {
+        // Only the verbs QP uses them (the software requester queues any number and has no device).
+        let _ = (inner, depth);
         match self {
             RequesterConfig::Soft(c) => SoftRoce::new(c.clone())
                 .map(|r| Box::new(r) as Box<dyn Requester + Send>)
                 .map_err(|e| format!("UDP {} → {}: {e}", c.bind, c.peer)),
             #[cfg(feature = "verbs")]
             RequesterConfig::Verbs(c) => {
-                crate::rdma::verbs::Verbs::open(c.clone()).map(|v| Box::new(v) as Box<dyn Requester + Send>)
+                let dev = inner.devices.open(&c.device)?;
+                crate::rdma::verbs::Verbs::on(dev, c.clone(), depth).map(|v| Box::new(v) as Box<dyn Requester + Send>)
             }
         }
+    }
+
+    /// The copying calls' bounce buffers: a registered pool of (count, length) slots per lease (verbs, from
+    /// `depth` and `slot_len`), or `None`: a buffer of their own per work request (software: nothing to
+    /// register).
+    pub(crate) fn bounce_slots(&self) -> Option<(usize, usize)> {
+        match self {
+            RequesterConfig::Soft(_) => None,
+            #[cfg(feature = "verbs")]
+            RequesterConfig::Verbs(c) => Some((c.depth.max(1), c.slot_len.max(1))),
+        }
+    }
+}
+
+/// The device contexts a client has open (verbs: one per device, shared by every lease there), where regions are
+/// registered.
+#[derive(Default)]
+pub(crate) struct Devices {
+    #[cfg(feature = "verbs")]
+    open: Mutex<Vec<Arc<crate::rdma::verbs::Device>>>,
+}
+
+impl Devices {
+    /// The device context for `name`, opened at its first use.
+    #[cfg(feature = "verbs")]
+    fn open(&self, name: &str) -> Result<Arc<crate::rdma::verbs::Device>, String> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = open.iter().find(|d| d.name() == name) {
+            return Ok(d.clone());
+        }
+        let d = crate::rdma::verbs::Device::open(name)?;
+        open.push(d.clone());
+        Ok(d)
+    }
+
+    /// Every open device context, as a place to register memory.
+    pub(crate) fn domains(&self) -> Vec<Arc<dyn MemoryDomain>> {
+        #[cfg(feature = "verbs")]
+        {
+            let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+            open.iter().map(|d| d.clone() as Arc<dyn MemoryDomain>).collect()
+        }
+        #[cfg(not(feature = "verbs"))]
+        Vec::new()
     }
 }
 
@@ -58,8 +110,12 @@ pub struct ClientConfig {
     pub appliances: Vec<Appliance>,
     /// The control connection's deadlines (connect, one answer, connect + HELLO retries).
     pub timeouts: Timeouts,
-    /// How long one RDMA read or write (or batch) may go without a completion before it fails.
+    /// How long one RDMA read or write (or batch) may go without a completion before it fails (and the lease's
+    /// QP with it: it is destroyed, so nothing still touches the memory it was given).
     pub rdma_timeout: Duration,
+    /// Work requests each lease keeps posted at most ([`crate::DEFAULT_QUEUE_DEPTH`]; more wait in the
+    /// lease's queue; [`Lease::set_queue_depth`] changes one lease's).
+    pub queue_depth: usize,
     /// Called with every event, on a connection thread (see [`Callback`]); events also queue for
     /// [`Client::recv_event`].
     pub on_event: Option<Callback>,
@@ -71,6 +127,7 @@ impl fmt::Debug for ClientConfig {
             .field("appliances", &self.appliances)
             .field("timeouts", &self.timeouts)
             .field("rdma_timeout", &self.rdma_timeout)
+            .field("queue_depth", &self.queue_depth)
             .field("on_event", &self.on_event.as_ref().map(|_| "callback"))
             .finish()
     }
@@ -78,9 +135,15 @@ impl fmt::Debug for ClientConfig {
 
 impl ClientConfig {
     /// The defaults: [`Timeouts::default`], 5 s per RDMA operation (the software requester's default QP
-    /// gives up after 8 × 67 ms), no callback.
+    /// gives up after 8 × 67 ms), 64 work requests posted per lease, no callback.
     pub fn new(appliances: Vec<Appliance>) -> ClientConfig {
-        ClientConfig { appliances, timeouts: Timeouts::default(), rdma_timeout: Duration::from_secs(5), on_event: None }
+        ClientConfig {
+            appliances,
+            timeouts: Timeouts::default(),
+            rdma_timeout: Duration::from_secs(5),
+            queue_depth: DEFAULT_QUEUE_DEPTH,
+            on_event: None,
+        }
     }
 
     /// The configuration the C and Python bindings build from plain values: the appliances' control addresses,
@@ -166,6 +229,9 @@ pub(crate) struct Inner {
     pub(crate) sink: Arc<Sink>,
     /// Set when the appliances come from etcd (`Client::connect_fleet`).
     pub(crate) fleet: Option<Arc<crate::fleet::View>>,
+    /// Batches, completions, the progress thread.
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) devices: Devices,
 }
 
 impl Inner {
@@ -273,17 +339,26 @@ impl Client {
             stop(&sessions);
             return Err(e);
         }
-        let members = sessions
+        let members: Vec<Member> = sessions
             .into_iter()
             .zip(&config.appliances)
             .map(|(s, a)| Member { session: Arc::new(s), requester: a.requester.clone() })
             .collect();
+        let engine = match Engine::new(config.queue_depth) {
+            Ok(e) => e,
+            Err(e) => {
+                members.iter().for_each(|m: &Member| m.session.shutdown());
+                return Err(e);
+            }
+        };
         let inner = Inner {
             members: RwLock::new(members),
             timeouts: config.timeouts,
             rdma_timeout: config.rdma_timeout,
             sink,
             fleet: None,
+            engine,
+            devices: Devices::default(),
         };
         Ok(Client { inner: Arc::new(inner), events: Mutex::new(Some(rx)) })
     }
@@ -383,6 +458,103 @@ impl Client {
     pub fn events_dropped(&self) -> u64 {
         self.inner.sink.dropped()
     }
+
+    /// Registers `memory` for zero-copy transfers ([`Lease::write_from`], [`Lease::read_into`]) for as long as
+    /// the returned region lives (it borrows the memory). Verbs: registered now on every device context the
+    /// client has open, and on others at its first use there (`crate::region`). Dropping the region waits until
+    /// no transfer uses it.
+    pub fn register<'a>(&self, memory: &'a mut [u8]) -> Result<Region<'a>, Error> {
+        if memory.is_empty() {
+            return Err(Error::Config("a region of 0 bytes".into()));
+        }
+        let r = Region::borrowed(memory.as_mut_ptr(), memory.len());
+        r.register_in(&self.inner.devices.domains())?;
+        Ok(r)
+    }
+
+    /// Registers memory the region owns from now on (for batches: [`Client::submit`] takes regions of `'static`
+    /// memory); [`Region::bytes`] and [`Region::bytes_mut`] reach it. Dropping the region does not wait: the
+    /// memory goes when the last transfer using it is done.
+    pub fn register_owned(&self, memory: Vec<u8>) -> Result<Region<'static>, Error> {
+        if memory.is_empty() {
+            return Err(Error::Config("a region of 0 bytes".into()));
+        }
+        let r = Region::from_inner(RegionInner::owned(memory));
+        r.register_in(&self.inner.devices.domains())?;
+        Ok(r)
+    }
+
+    /// Registers `len` bytes at `addr` that belong to someone else (a tensor's data, a buffer from a C caller),
+    /// as [`Client::register`] does.
+    ///
+    /// # Safety
+    ///
+    /// Until the returned region is dropped (or forever, if it is leaked), the memory stays allocated, readable
+    /// and writable, and nothing else reads or writes it while a transfer that names it is in flight (a
+    /// zero-copy call on a lease runs until its transfer is done; a batch's, from [`Client::submit`] until its
+    /// result is given). Dropping the region waits until no transfer uses it; after that the memory is its
+    /// owner's again.
+    #[allow(unsafe_code)]
+    pub unsafe fn register_raw(&self, addr: *mut u8, len: usize) -> Result<Region<'static>, Error> {
+        if addr.is_null() || len == 0 {
+            return Err(Error::Config("a region needs an address and at least one byte".into()));
+        }
+        let r = Region::borrowed(addr, len);
+        r.register_in(&self.inner.devices.domains())?;
+        Ok(r)
+    }
+
+    /// Starts `ops` (against any leases of this client, on any of its appliances) and returns one ticket per
+    /// operation, in order. The client's progress thread runs them, each lease's in order up to its queue depth;
+    /// each comes back on its own through [`Client::poll`] or [`Client::wait`] with the bytes moved or its own
+    /// error: a range refused, a lease revoked ([`Error::Revoked`]: only that lease's operations fail), an
+    /// operation on another client's lease ([`Error::Config`]).
+    pub fn submit<'r>(&self, ops: impl IntoIterator<Item = Op<'r>>) -> Vec<Ticket> {
+        let engine = &self.inner.engine;
+        ops.into_iter()
+            .map(|op| {
+                let t = engine.ticket();
+                let r = if !Arc::ptr_eq(&op.lease.inner, &self.inner) {
+                    Err(Error::Config("the operation's lease belongs to another client".into()))
+                } else {
+                    op.lease.queue(t, op.read, op.lease_offset, &op.pieces)
+                };
+                match r {
+                    Ok(true) => {}
+                    Ok(false) => engine.push(t, Ok(0)),
+                    Err(e) => engine.push(t, Err(e)),
+                }
+                t
+            })
+            .collect()
+    }
+
+    /// Up to `max` results of submitted operations that have finished, in the order they finished, without
+    /// waiting.
+    pub fn poll(&self, max: usize) -> Vec<Completed> {
+        self.inner.engine.poll(max)
+    }
+
+    /// Waits up to `timeout` for one operation ([`Wait::Ticket`]: its result alone is taken) or for every
+    /// operation submitted so far ([`Wait::All`]: every result not taken yet, in the order they finished).
+    /// [`Error::Timeout`] when the time ran out (nothing is taken then), [`Error::Config`] for a ticket whose
+    /// result was already taken.
+    pub fn wait(&self, what: impl Into<Wait>, timeout: Duration) -> Result<Vec<Completed>, Error> {
+        self.inner.engine.wait(what.into(), timeout)
+    }
+
+    /// A file descriptor that polls readable exactly while results wait to be taken by [`Client::poll`] or
+    /// [`Client::wait`] (for an event loop: `poll(2)`, `epoll`; Linux and other Unixes). Do not read or close it:
+    /// the client does.
+    pub fn completion_fd(&self) -> RawFd {
+        self.inner.engine.completion_fd()
+    }
+
+    /// Bytes the copying calls ([`Lease::write`], [`Lease::read`] and their batches) have copied between the
+    /// caller's buffers and the library's bounce buffers; zero-copy transfers add nothing.
+    pub fn bytes_copied(&self) -> u64 {
+        self.inner.engine.bytes_copied()
+    }
 }
 
 impl Drop for Client {
@@ -391,6 +563,7 @@ impl Drop for Client {
             f.stop();
         }
         self.inner.shutdown();
+        self.inner.engine.stop();
     }
 }
 

@@ -52,6 +52,33 @@ impl Error {
     pub fn lease_gone(&self) -> bool {
         matches!(self, Error::Revoked { .. } | Error::Closed(_))
     }
+
+    /// The same error again, for another of the operations one cause failed (a connection error's source keeps
+    /// its kind and message).
+    pub(crate) fn again(&self) -> Error {
+        match self {
+            Error::Config(m) => Error::Config(m.clone()),
+            Error::Connection { appliance, source } => {
+                let source = match source {
+                    ClientError::Io(e) => ClientError::Io(std::io::Error::new(e.kind(), e.to_string())),
+                    ClientError::Timeout { what, after } => ClientError::Timeout { what, after: *after },
+                    ClientError::Protocol(m) => ClientError::Protocol(m.clone()),
+                    ClientError::Server(b) => ClientError::Server(b.clone()),
+                    ClientError::ServerProof => ClientError::ServerProof,
+                    ClientError::Usage(m) => ClientError::Usage(m.clone()),
+                };
+                Error::Connection { appliance: appliance.clone(), source }
+            }
+            Error::Server { appliance, error } => Error::Server { appliance: appliance.clone(), error: error.clone() },
+            Error::NoMemory { size, tried } => Error::NoMemory { size: *size, tried: tried.clone() },
+            Error::Revoked { lease, outcome } => Error::Revoked { lease: *lease, outcome: *outcome },
+            Error::OutOfRange { offset, len, size } => Error::OutOfRange { offset: *offset, len: *len, size: *size },
+            Error::Rdma { status, lease } => Error::Rdma { status: *status, lease: *lease },
+            Error::Requester(m) => Error::Requester(m.clone()),
+            Error::Timeout { what, after } => Error::Timeout { what, after: *after },
+            Error::Closed(m) => Error::Closed(m),
+        }
+    }
 }
 
 impl fmt::Display for Error {

@@ -42,6 +42,8 @@ pub struct FleetConfig {
     pub requester: Option<RequesterConfig>,
     pub timeouts: Timeouts,
     pub rdma_timeout: Duration,
+    /// Work requests each lease keeps posted at most (as [`crate::ClientConfig::queue_depth`]).
+    pub queue_depth: usize,
     pub on_event: Option<Callback>,
     /// How long a rebooted appliance's share of new leases takes to grow back to its full weight.
     pub warmup: Duration,
@@ -59,6 +61,7 @@ impl FleetConfig {
             requester: None,
             timeouts: Timeouts::default(),
             rdma_timeout: Duration::from_secs(5),
+            queue_depth: crate::engine::DEFAULT_QUEUE_DEPTH,
             on_event: None,
             warmup: Duration::from_secs(30),
             wait: Duration::from_secs(10),
@@ -363,6 +366,7 @@ impl Client {
         let etcd = Etcd::with_tls(&config.etcd, wait, config.etcd_tls.as_ref())
             .map_err(Error::Config)?
             .with_user(config.etcd_user.clone());
+        let engine = crate::engine::Engine::new(config.queue_depth)?;
         let (sink, rx) = Sink::new(config.on_event.clone());
         let view = Arc::new(View {
             state: Mutex::new(State::default()),
@@ -378,6 +382,8 @@ impl Client {
                 rdma_timeout: config.rdma_timeout,
                 sink,
                 fleet: Some(view.clone()),
+                engine,
+                devices: Default::default(),
             },
             rx,
         );

@@ -8,48 +8,29 @@
 //! completion is checked with QUERY: a lease the appliance revoked or no longer knows fails with
 //! [`Error::Revoked`] (now and for every later call, and the client sends [`crate::Event::Revoked`]); otherwise
 //! [`Error::Rdma`].
+//!
+//! Two ways to move bytes: the copying calls ([`Lease::write`], [`Lease::read`] and their batches) copy through
+//! the library's own bounce buffers (counted by [`crate::Client::bytes_copied`]); the zero-copy calls
+//! ([`Lease::write_from`], [`Lease::read_into`] and their scatter/gather forms) name a registered [`Region`],
+//! whose memory the requester reads and writes itself. Both wait for their work on the calling thread (the data
+//! path is `crate::engine`'s); [`crate::Client::submit`] runs zero-copy operations asynchronously.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
 use leasebox_proto::{LeaseId, Outcome, Request, Response};
 
 use crate::client::Inner;
+use crate::engine::{Item, LeaseCore, LeaseParts};
 use crate::error::Error;
-use crate::event::Event;
-use crate::rdma::{Requester, WcStatus};
-use crate::session::{Cmd, LeaseShared, Session, Track, settle};
+use crate::region::{Region, RegionInner};
+use crate::session::{Cmd, LeaseShared, Track};
 use crate::setup::{self, SetupError};
 
-/// Work requests one lease keeps outstanding in a batch (the software requester's default `max_wr` is 16).
-const WINDOW: usize = 8;
-/// READs are cut into chunks of this many bytes, and at most [`READ_IN_FLIGHT`] bytes are outstanding: a READ's
-/// responses arrive as a burst of MTU-sized packets the requester must take in, and the software requester's UDP
-/// socket drops what its receive buffer cannot hold (a 1 MiB READ is 256 packets of 4 KiB; with several clients
-/// on a busy machine the drops outlast the QP's retries, IBV_WC_RETRY_EXC_ERR).
-const READ_CHUNK: u64 = 64 << 10;
-const READ_IN_FLIGHT: u64 = 128 << 10;
-/// One poll's longest wait: short, so the deadline is checked often.
-const POLL_STEP: Duration = Duration::from_millis(5);
-
 /// A lease on an appliance; see the module documentation. Freed by [`Lease::free`], or (best effort, without
-/// waiting) when dropped.
+/// waiting) when dropped: operations of a batch still in flight on it then fail.
 pub struct Lease {
-    inner: Arc<Inner>,
-    appliance: usize,
-    /// The appliance's connection thread (the client's list may grow meanwhile: a fleet client's does).
-    session: Arc<Session>,
-    id: LeaseId,
-    size: u64,
-    remote_addr: u64,
-    rkey: u32,
-    requester: Box<dyn Requester + Send>,
-    shared: Arc<LeaseShared>,
-    next_wr: u64,
-    /// The completion status that put the requester's QP in error (the lease itself still existed).
-    broken: Option<WcStatus>,
+    core: Arc<LeaseCore>,
     freed: bool,
 }
 
@@ -57,8 +38,8 @@ impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lease")
             .field("appliance", &self.appliance())
-            .field("id", &self.id)
-            .field("size", &self.size)
+            .field("id", &self.core.id)
+            .field("size", &self.core.size)
             .finish_non_exhaustive()
     }
 }
@@ -68,7 +49,7 @@ impl std::fmt::Debug for Lease {
 pub(crate) fn open(inner: &Arc<Inner>, i: usize, size: u64, ttl_ms: u32) -> Result<Lease, Error> {
     let (session, requester) = inner.member(i)?;
     let wait = inner.call_wait();
-    let mut r = requester.make().map_err(Error::Requester)?;
+    let mut r = requester.make(inner, inner.engine.depth).map_err(Error::Requester)?;
     let req = setup::alloc_request(&r.local(), size, ttl_ms).map_err(Error::Config)?;
     let a = match session.call(Request::Alloc(req), wait)? {
         Response::Alloc(a) => a,
@@ -93,7 +74,7 @@ pub(crate) fn open(inner: &Arc<Inner>, i: usize, size: u64, ttl_ms: u32) -> Resu
             SetupError::Call(_, e) => e,
         });
     }
-    Ok(Lease {
+    let core = LeaseCore::new(LeaseParts {
         inner: inner.clone(),
         appliance: i,
         session: session.clone(),
@@ -101,73 +82,120 @@ pub(crate) fn open(inner: &Arc<Inner>, i: usize, size: u64, ttl_ms: u32) -> Resu
         size: a.length,
         remote_addr: a.remote_addr,
         rkey: a.rkey,
-        requester: r,
         shared,
-        next_wr: 1,
-        broken: None,
-        freed: false,
-    })
+        requester: r,
+        slots: requester.bounce_slots(),
+        depth: inner.engine.depth,
+    });
+    Ok(Lease { core: Arc::new(core), freed: false })
 }
 
-/// Where a batch's completed READs go.
-enum Work<'a> {
-    Write { offset: u64, data: &'a [u8] },
-    Read { offset: u64, buf: &'a mut [u8] },
-}
-
-impl Work<'_> {
-    fn range(&self) -> (u64, u64) {
-        match self {
-            Work::Write { offset, data } => (*offset, data.len() as u64),
-            Work::Read { offset, buf } => (*offset, buf.len() as u64),
-        }
-    }
+/// The pieces of a zero-copy call.
+fn pieces(list: &[(&Region<'_>, usize, usize)]) -> Vec<(Arc<RegionInner>, usize, usize)> {
+    list.iter().map(|(r, at, n)| (r.inner.clone(), *at, *n)).collect()
 }
 
 impl Lease {
+    pub(crate) fn core(&self) -> &Arc<LeaseCore> {
+        &self.core
+    }
+
     pub fn id(&self) -> LeaseId {
-        self.id
+        self.core.id
     }
 
     /// The lease's length in bytes (offsets run from 0 to this).
     pub fn size(&self) -> u64 {
-        self.size
+        self.core.size
     }
 
     /// The appliance's index in the client's list.
     pub fn appliance_index(&self) -> usize {
-        self.appliance
+        self.core.appliance
     }
 
     /// The appliance's address.
     pub fn appliance(&self) -> &str {
-        &self.session.appliance
+        &self.core.session.appliance
     }
 
     /// The revoke's outcome, once the client knows the lease is gone.
     pub fn revoked(&self) -> Option<Outcome> {
-        self.shared.revoked()
+        self.core.shared.revoked()
     }
 
-    /// Writes `data` at `offset`.
+    /// The most pieces one scatter/gather call (or [`crate::Op`]) may have on this lease: the verbs device's
+    /// (`max_sge` and `max_sge_rd`, whichever is smaller, at most 30), or the software requester's
+    /// [`crate::rdma::soft::SOFT_MAX_SGE`].
+    pub fn max_sge(&self) -> usize {
+        self.core.max_sge()
+    }
+
+    /// Work requests this lease keeps posted at most (more wait in its queue).
+    pub fn queue_depth(&self) -> usize {
+        self.core.depth()
+    }
+
+    /// Sets [`Lease::queue_depth`] (1 to [`crate::MAX_QUEUE_DEPTH`]; a verbs QP also stops at its send
+    /// queue's size, made at allocation from [`crate::ClientConfig::queue_depth`]).
+    pub fn set_queue_depth(&self, depth: usize) {
+        self.core.set_depth(depth);
+    }
+
+    /// Writes `data` at `offset` (copied through the library's buffers).
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), Error> {
-        self.run(vec![Work::Write { offset, data }])
+        self.run(vec![Item::Write { offset, data }])
     }
 
-    /// Reads `buf.len()` bytes at `offset` into `buf`.
+    /// Reads `buf.len()` bytes at `offset` into `buf` (copied through the library's buffers).
     pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
-        self.run(vec![Work::Read { offset, buf }])
+        self.run(vec![Item::Read { offset, buf }])
     }
 
     /// Several writes, kept in flight together; all ranges are checked before any is sent. On error some may
     /// have landed.
     pub fn write_many(&mut self, writes: &[(u64, &[u8])]) -> Result<(), Error> {
-        self.run(writes.iter().map(|&(offset, data)| Work::Write { offset, data }).collect())
+        self.run(writes.iter().map(|&(offset, data)| Item::Write { offset, data }).collect())
     }
 
     /// Several reads, kept in flight together; all ranges are checked before any is sent.
     pub fn read_many(&mut self, reads: &mut [(u64, &mut [u8])]) -> Result<(), Error> {
-        self.run(reads.iter_mut().map(|(offset, buf)| Work::Read { offset: *offset, buf }).collect())
+        self.run(reads.iter_mut().map(|(offset, buf)| Item::Read { offset: *offset, buf }).collect())
+    }
+
+    /// Zero copy: writes `len` bytes at `offset` in `region` to `lease_offset`, the requester reading them
+    /// straight from the region (no bounce buffer). Returns once the write completed or failed.
+    pub fn write_from(
+        &mut self,
+        region: &Region<'_>,
+        offset: usize,
+        lease_offset: u64,
+        len: usize,
+    ) -> Result<(), Error> {
+        self.write_from_sg(&[(region, offset, len)], lease_offset)
+    }
+
+    /// Zero copy: reads `len` bytes at `lease_offset` straight into `region` at `offset`.
+    pub fn read_into(
+        &mut self,
+        region: &Region<'_>,
+        offset: usize,
+        lease_offset: u64,
+        len: usize,
+    ) -> Result<(), Error> {
+        self.read_into_sg(&[(region, offset, len)], lease_offset)
+    }
+
+    /// Zero copy, gathered: one write of the pieces `(region, offset, len)`, in order, to `lease_offset`; at
+    /// most [`Lease::max_sge`] pieces (a write of more than 1 GiB goes as several work requests).
+    pub fn write_from_sg(&mut self, pieces: &[(&Region<'_>, usize, usize)], lease_offset: u64) -> Result<(), Error> {
+        self.run(vec![Item::Zero { read: false, offset: lease_offset, pieces: self::pieces(pieces) }])
+    }
+
+    /// Zero copy, scattered: one read from `lease_offset` into the pieces `(region, offset, len)`, in order (cut
+    /// into READs of 64 KiB, as every read is).
+    pub fn read_into_sg(&mut self, pieces: &[(&Region<'_>, usize, usize)], lease_offset: u64) -> Result<(), Error> {
+        self.run(vec![Item::Zero { read: true, offset: lease_offset, pieces: self::pieces(pieces) }])
     }
 
     /// FREE: the appliance tears the lease down; its outcome (TornDown, or Fenced when the teardown failed and
@@ -175,16 +203,16 @@ impl Lease {
     pub fn free(mut self) -> Result<Outcome, Error> {
         self.usable()?;
         self.freed = true;
-        let s = &self.session;
-        let _ = s.send(Cmd::Forget { lease: self.id });
-        self.shared.closed.store(true, Ordering::Release);
-        match s.call(Request::Free { lease: self.id }, self.inner.call_wait()) {
+        let (s, id) = (&self.core.session, self.core.id);
+        let _ = s.send(Cmd::Forget { lease: id });
+        self.core.shared.closed.store(true, Ordering::Release);
+        match s.call(Request::Free { lease: id }, self.core.inner.call_wait()) {
             Ok(Response::Free { outcome, .. }) => Ok(outcome),
             Ok(other) => Err(Error::Config(format!("FREE answered {other:?}"))),
             // Not reached: the connection thread sends the FREE again once it has reconnected, so the lease does
             // not outlive us on the appliance (where a reconnected session would adopt and keep it).
             Err(e @ (Error::Connection { .. } | Error::Timeout { .. })) => {
-                let _ = s.send(Cmd::FreeLater { lease: self.id });
+                let _ = s.send(Cmd::FreeLater { lease: id });
                 Err(e)
             }
             Err(e) => Err(e),
@@ -193,112 +221,15 @@ impl Lease {
 
     /// Fails at once when the lease is known to be gone or its QP broken.
     fn usable(&self) -> Result<(), Error> {
-        if let Some(outcome) = self.shared.revoked() {
-            return Err(Error::Revoked { lease: self.id, outcome });
-        }
-        if self.freed || self.shared.closed.load(Ordering::Acquire) {
+        if self.freed {
             return Err(Error::Closed("the lease was freed (or its client dropped)"));
         }
-        if let Some(status) = self.broken {
-            return Err(Error::Rdma { status, lease: self.id });
-        }
-        Ok(())
+        self.core.gate(&self.core.lock_io())
     }
 
-    fn run(&mut self, mut work: Vec<Work<'_>>) -> Result<(), Error> {
+    fn run(&mut self, items: Vec<Item<'_>>) -> Result<(), Error> {
         self.usable()?;
-        for w in &work {
-            let (offset, len) = w.range();
-            if offset.checked_add(len).is_none_or(|end| end > self.size) {
-                return Err(Error::OutOfRange { offset, len, size: self.size });
-            }
-        }
-        // READs in chunks of at most READ_CHUNK bytes, at most READ_IN_FLIGHT bytes outstanding (see READ_CHUNK);
-        // a WRITE goes whole (the requester paces its packets by ACKs).
-        let chunks: Vec<(usize, u64, u64, bool)> = work
-            .iter()
-            .enumerate()
-            .flat_map(|(i, w)| {
-                let len = w.range().1;
-                let chunk = match w {
-                    Work::Read { .. } => READ_CHUNK,
-                    Work::Write { .. } => len.max(1),
-                };
-                let read = matches!(w, Work::Read { .. });
-                (0..len.div_ceil(chunk)).map(move |k| (i, k * chunk, (len - k * chunk).min(chunk), read))
-            })
-            .collect();
-        let mut posted: HashMap<u64, (usize, u64, u64, bool)> = HashMap::new();
-        let (mut next, mut in_flight) = (0, 0u64);
-        let mut deadline = Instant::now() + self.inner.rdma_timeout;
-        while next < chunks.len() || !posted.is_empty() {
-            while next < chunks.len()
-                && posted.len() < WINDOW
-                && (in_flight == 0 || !chunks[next].3 || in_flight + chunks[next].2 <= READ_IN_FLIGHT)
-            {
-                let (i, at, len, read) = chunks[next];
-                let wr = self.next_wr;
-                self.next_wr += 1;
-                let addr = self.remote_addr + work[i].range().0 + at;
-                let r = match &work[i] {
-                    Work::Write { data, .. } => {
-                        self.requester.post_write(wr, addr, self.rkey, &data[at as usize..(at + len) as usize])
-                    }
-                    Work::Read { .. } => self.requester.post_read(wr, addr, self.rkey, len as u32),
-                };
-                r.map_err(|e| Error::Requester(format!("posting work request {wr}: {e}")))?;
-                posted.insert(wr, chunks[next]);
-                if read {
-                    in_flight += len;
-                }
-                next += 1;
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout { what: "RDMA completion", after: self.inner.rdma_timeout });
-            }
-            for c in self.requester.poll(POLL_STEP) {
-                let Some((i, at, len, read)) = posted.remove(&c.wr_id) else { continue };
-                if read {
-                    in_flight -= len;
-                }
-                deadline = Instant::now() + self.inner.rdma_timeout;
-                if c.status != WcStatus::Success {
-                    return Err(self.failed(c.status));
-                }
-                if let Work::Read { buf, .. } = &mut work[i] {
-                    let data = self.requester.read_data(c.wr_id).unwrap_or_default();
-                    if data.len() as u64 != len {
-                        return Err(Error::Requester(format!("READ of {len} bytes returned {} bytes", data.len())));
-                    }
-                    buf[at as usize..(at + len) as usize].copy_from_slice(&data);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// A failed completion: revoked (QUERY says the lease is gone or going) or a broken QP.
-    fn failed(&mut self, status: WcStatus) -> Error {
-        let s = &self.session;
-        let query = || match s.call(Request::Query { lease: self.id }, self.inner.call_wait()) {
-            Ok(r) => Ok(r),
-            Err(Error::Server { error, .. }) => Err(crate::ClientError::Server(error)),
-            Err(e) => Err(crate::ClientError::Usage(e.to_string())),
-        };
-        match settle(query) {
-            Some(outcome) => {
-                let _ = s.send(Cmd::Forget { lease: self.id });
-                if self.shared.mark_revoked(outcome) {
-                    let appliance = self.appliance().to_string();
-                    self.inner.sink.emit(Event::Revoked { appliance, lease: self.id, outcome });
-                }
-                Error::Revoked { lease: self.id, outcome: self.shared.revoked().unwrap_or(outcome) }
-            }
-            None => {
-                self.broken = Some(status);
-                Error::Rdma { status, lease: self.id }
-            }
-        }
+        self.core.run(items)
     }
 }
 
@@ -306,8 +237,9 @@ impl Drop for Lease {
     fn drop(&mut self) {
         // Best effort and without waiting: the connection thread sends the FREE; a revoked or already freed
         // lease needs none.
-        if !self.freed && self.shared.revoked().is_none() && !self.shared.closed.load(Ordering::Acquire) {
-            let _ = self.session.send(Cmd::FreeLater { lease: self.id });
+        let shared = &self.core.shared;
+        if !self.freed && shared.revoked().is_none() && !shared.closed.load(Ordering::Acquire) {
+            let _ = self.core.session.send(Cmd::FreeLater { lease: self.core.id });
         }
     }
 }

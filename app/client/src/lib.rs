@@ -4,6 +4,10 @@
 //! - [`Client`] and [`Lease`]: connect to one or more appliances, allocate leases (placed by free bytes),
 //!   read and write them by offset over RDMA, get [`Event`]s (a revoke, a broken connection); a thread per
 //!   appliance heartbeats, renews and reconnects.
+//! - [`region`] and [`batch`]: memory registered once ([`Client::register`], [`Region`]) and moved without a
+//!   copy ([`Lease::write_from`], [`Lease::read_into`], scatter/gather), and asynchronous batches across leases
+//!   with one result per operation ([`Client::submit`], [`Op`], [`Client::poll`], [`Client::wait`],
+//!   [`Client::completion_fd`]); docs/client.md, "Zero copy and batches".
 //! - [`connection`]: one control connection — TCP with deadlines, the protocol v2 HELLO and records, and
 //!   request/answer calls ([`Connection`]).
 //! - [`rdma`]: the RDMA requester that reads and writes a lease's memory: RC RDMA WRITE / READ in software over
@@ -32,8 +36,10 @@
 // No unsafe code, except the verbs backend's FFI to libibverbs (`rdma::verbs`, feature `verbs`).
 #![deny(unsafe_code)]
 
+pub mod batch;
 pub mod client;
 pub mod connection;
+mod engine;
 pub mod error;
 pub mod event;
 pub mod fleet;
@@ -41,12 +47,15 @@ pub mod hex;
 pub mod lease;
 pub mod placement;
 pub mod rdma;
+pub mod region;
 mod session;
 pub mod setup;
 
+pub use batch::{Completed, Op, Ticket, Wait};
 pub use client::{AllocOptions, Appliance, Client, ClientConfig, RequesterConfig};
 pub use connection::Client as Connection;
 pub use connection::{Answer, ClientError, Credentials, DEFAULT_PORT, Timeouts, Welcome};
+pub use engine::{DEFAULT_QUEUE_DEPTH, MAX_QUEUE_DEPTH};
 pub use error::Error;
 pub use event::{Callback, Event};
 pub use fleet::{FleetConfig, FleetMember};
@@ -54,3 +63,4 @@ pub use lease::Lease;
 /// TLS and authentication to etcd ([`FleetConfig::etcd_tls`], [`FleetConfig::etcd_user`]).
 pub use leasebox_fleet::{EtcdUser, TlsFiles};
 pub use leasebox_proto::{LeaseId, Outcome};
+pub use region::Region;

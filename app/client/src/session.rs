@@ -29,9 +29,11 @@ use crate::connection::{Client as Connection, ClientError, Credentials, Timeouts
 use crate::error::{Error, from_client};
 use crate::event::{Event, Sink};
 
-/// First pause before a reconnect attempt; it doubles after each failure up to [`RECONNECT_MAX`].
-const RECONNECT_MIN: Duration = Duration::from_millis(100);
-const RECONNECT_MAX: Duration = Duration::from_secs(2);
+/// First pause before a reconnect attempt; it doubles after each failure up to [`RECONNECT_MAX`], which is
+/// the connection's own retry pause: an appliance coming (back) up is reached within about that of listening,
+/// however long it was down, and a down appliance costs an attempt every 50 ms, not a spin.
+const RECONNECT_MIN: Duration = Duration::from_millis(20);
+const RECONNECT_MAX: Duration = crate::connection::RETRY_PAUSE;
 /// How long one reconnect attempt may take (connect + HELLO), so the thread comes back to its queue.
 const RECONNECT_ATTEMPT: Duration = Duration::from_secs(2);
 /// Leases are renewed when this fraction of their TTL is left… (1/2: one lost RENEW still leaves time).

@@ -1,119 +1,24 @@
 //! `Client` and `Lease` against hosted appliances with the device model (`--hca`: RDMA over the model's UDP
 //! responder): the round trip with data checked, ranges refused before anything is sent, placement by free
 //! bytes and the retry elsewhere on NO_MEMORY, a killed connection the client comes back from (RESUME), an
-//! operator's REVOKE that the next write reports, and the appliance's notices as events (revoke, drain).
+//! operator's REVOKE that the next write reports, the appliance's notices as events (revoke, drain), and a client
+//! started before its appliance that connects soon after the appliance listens.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod support;
+use support::appliance::{MIB, config, key, pattern, serial, start_hosted, wait_event};
 use support::proxy::Proxy;
 
 use leasebox_client::rdma::SoftConfig;
 use leasebox_client::{
-    AllocOptions, Appliance, Client, ClientConfig, Connection, Credentials, Error, Event, Outcome, RequesterConfig,
-    Timeouts,
+    AllocOptions, Appliance, Client, ClientConfig, Credentials, Error, Event, Outcome, RequesterConfig, Timeouts,
 };
 use leasebox_hosted::{Hosted, HostedConfig};
 use leasebox_proto::{Request, Response};
-
-const MIB: u64 = 1 << 20;
-
-/// The tests here each run whole appliances with spinning model threads: one at a time.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-struct Hosted1 {
-    h: Option<Hosted>,
-    tenant: Credentials,
-    admin: Credentials,
-    udp: SocketAddr,
-}
-
-impl Drop for Hosted1 {
-    fn drop(&mut self) {
-        if let Some(h) = self.h.take() {
-            h.stop();
-        }
-    }
-}
-
-fn key() -> (String, Vec<u8>) {
-    let hex = leasebox_client::hex::random_key(32).expect("a random key");
-    let bytes = leasebox_client::hex::decode(&hex).expect("hex");
-    (hex, bytes)
-}
-
-/// A hosted appliance with the model, a 1 s heartbeat timeout (so a broken connection shows within a
-/// heartbeat period of 333 ms) and `extra` options.
-fn start_hosted(extra: &[&str]) -> Hosted1 {
-    let ((tenant_hex, tenant_key), (admin_hex, admin_key)) = (key(), key());
-    let mut args: Vec<String> =
-        ["--listen", "127.0.0.1:0", "--hca", "--udp", "127.0.0.1:0", "lease_grace_ms=100", "heartbeat_ms=1000"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-    args.push(format!("tenant=demo:{tenant_hex}"));
-    args.push(format!("admin={admin_hex}"));
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let h = Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap();
-    let udp = h.hca().unwrap().udp.unwrap();
-    Hosted1 {
-        h: Some(h),
-        tenant: Credentials { name: "demo".into(), key: tenant_key },
-        admin: Credentials { name: "admin".into(), key: admin_key },
-        udp,
-    }
-}
-
-impl Hosted1 {
-    fn addr(&self) -> String {
-        self.h.as_ref().unwrap().addr().to_string()
-    }
-
-    fn appliance_at(&self, addr: String) -> Appliance {
-        Appliance {
-            addr,
-            credentials: self.tenant.clone(),
-            requester: RequesterConfig::Soft(SoftConfig { peer: self.udp, ..SoftConfig::default() }),
-        }
-    }
-
-    fn appliance(&self) -> Appliance {
-        self.appliance_at(self.addr())
-    }
-
-    fn admin(&self) -> Connection {
-        Connection::connect_and_hello(&self.addr(), &self.admin, Timeouts::all(Duration::from_secs(5))).unwrap().0
-    }
-}
-
-fn config(appliances: Vec<Appliance>) -> ClientConfig {
-    ClientConfig { timeouts: Timeouts::all(Duration::from_secs(5)), ..ClientConfig::new(appliances) }
-}
-
-/// Bytes that differ from block to block and are never all zero.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|i| ((i as u64).wrapping_mul(31).wrapping_add(seed * 7) % 251 + 1) as u8).collect()
-}
-
-/// Waits for the first event `want` accepts, up to `within`.
-fn wait_event(c: &Client, within: Duration, want: impl Fn(&Event) -> bool) -> Option<Event> {
-    let end = Instant::now() + within;
-    while Instant::now() < end {
-        if let Some(e) = c.recv_event(Duration::from_millis(50))
-            && want(&e)
-        {
-            return Some(e);
-        }
-    }
-    None
-}
 
 #[test]
 fn alloc_write_read_free_round_trip() {
@@ -489,4 +394,97 @@ fn a_silent_connection_is_replaced_and_resumed_before_the_old_session_times_out(
     assert_eq!(back, [3; 64]);
     assert_eq!(lease.free().unwrap(), Outcome::TornDown);
     let _ = admin.bye();
+}
+
+/// A free port on loopback (bound and let go: nothing listens there until the test starts the appliance).
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// A hosted appliance without the model (the control channel is all this needs) at `addr`.
+fn start_control_only(addr: SocketAddr, tenant_hex: &str) -> Hosted {
+    let args: Vec<String> = vec!["--listen".into(), addr.to_string(), format!("tenant=demo:{tenant_hex}")];
+    Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap()
+}
+
+/// A client started before its appliance connects within about 100 ms of the appliance starting to listen:
+/// blocked in `Client::connect` (one appliance), and in the background (a second appliance, down at connect,
+/// whose connection thread has been retrying for seconds: no backoff grew meanwhile).
+#[test]
+fn a_client_started_first_connects_soon_after_the_appliance_listens() {
+    let _one = serial();
+    let (hex, key) = key();
+    let who = Credentials { name: "demo".into(), key };
+    let appliance = |addr: SocketAddr| Appliance {
+        addr: addr.to_string(),
+        credentials: who.clone(),
+        requester: RequesterConfig::Soft(SoftConfig::default()),
+    };
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(1),
+        receive: Duration::from_secs(5),
+        retry_for: Duration::from_secs(30),
+    };
+
+    // Blocked in connect.
+    let first = free_port();
+    let cfg = ClientConfig { timeouts, ..ClientConfig::new(vec![appliance(first)]) };
+    let waiter = std::thread::spawn(move || Client::connect(cfg).map(|c| (Instant::now(), c)));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!waiter.is_finished(), "connected with nothing listening");
+    let before = Instant::now();
+    let h1 = start_control_only(first, &hex);
+    let listening = Instant::now();
+    let (connected, c1) = waiter.join().unwrap().unwrap();
+    let late = connected.saturating_duration_since(listening);
+    eprintln!("listening (start took {:?}) → connected: {late:?}", listening - before);
+    assert!(connected > before);
+    assert!(late < Duration::from_millis(100 + 300), "connected {late:?} after the appliance listened");
+
+    // In the background: the second appliance is down at connect; then, for 4 s, something answers there that
+    // is not an appliance (each attempt fails at once, as fast as a reconnect can: a backoff would grow to its
+    // largest meanwhile); then the appliance comes up.
+    let second = free_port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = Mutex::new(tx);
+    let cfg = ClientConfig {
+        timeouts: Timeouts { retry_for: Duration::from_millis(200), ..timeouts },
+        on_event: Some(Arc::new(move |e: &Event| {
+            if matches!(e, Event::Reconnected { .. }) {
+                let _ = tx.lock().unwrap().send(Instant::now());
+            }
+        })),
+        ..ClientConfig::new(vec![appliance(h1.addr()), appliance(second)])
+    };
+    let c2 = Client::connect(cfg).unwrap();
+    let impostor = TcpListener::bind(second).unwrap();
+    impostor.set_nonblocking(true).unwrap();
+    let (mut refused, end) = (0, Instant::now() + Duration::from_secs(4));
+    while Instant::now() < end {
+        match impostor.accept() {
+            Ok((mut s, _)) => {
+                let _ = std::io::Write::write_all(&mut s, &[0xEE; 64]);
+                refused += 1;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    drop(impostor);
+    assert!(rx.try_recv().is_err(), "connected to something that is not an appliance");
+    // One attempt per pause: not a spin (nor a pause grown to seconds).
+    eprintln!("{refused} attempts at the impostor in 4 s");
+    assert!((20..=400).contains(&refused), "{refused} attempts in 4 s");
+    let before = Instant::now();
+    let h2 = start_control_only(second, &hex);
+    let listening = Instant::now();
+    let up = rx.recv_timeout(Duration::from_secs(10)).expect("never connected to the late appliance");
+    let late = up.saturating_duration_since(listening);
+    eprintln!("listening (start took {:?}) → connected in the background: {late:?}", listening - before);
+    assert!(up > before);
+    assert!(late < Duration::from_millis(100 + 300), "connected {late:?} after the appliance listened");
+    let reached = c2.call(1, Request::Health);
+    assert!(!matches!(reached, Err(Error::Connection { .. } | Error::Timeout { .. })), "{reached:?}");
+    drop((c1, c2));
+    h1.stop();
+    h2.stop();
 }

@@ -184,14 +184,14 @@ fn next(r: &mut SoftRoce, n: usize) -> Vec<Completion> {
     all
 }
 
-/// What a [`Heartbeats`] thread hands back: its session, and the beats sent with the longest round trip (or
-/// why it stopped).
-type Beaten = (Client, Result<(u32, Duration), String>);
+/// What the heartbeat thread returns: its session, and (heartbeats answered, slowest round trip) or why one
+/// was not answered.
+type Beats = (Client, Result<(u32, Duration), String>);
 
 /// A session that only heartbeats, once every third of its silence timeout, on a thread of its own.
 struct Heartbeats {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<Beaten>,
+    thread: JoinHandle<Beats>,
 }
 
 impl Heartbeats {
@@ -350,10 +350,14 @@ fn a_3_gib_scrub_leaves_the_appliance_answering_and_the_memory_zero() {
             "the model's RAM at {dev:#x} (offset {off:#x}) after the scrub"
         );
     }
+    // The pool lends the extents it got back last after those never lent (first in, first out): a filler lease
+    // takes the latter, and a fresh lease the size of the revoked one gets its memory, in its order.
+    let mut rfill = rig.requester();
+    lease(&mut tenant, &mut rfill, POOL - LEASE - SMALL);
     let mut rf = rig.requester();
     let b = lease(&mut tenant, &mut rf, LEASE);
     let fresh: Vec<u64> = offsets().iter().map(|&off| rig.device_addr(b.rkey, b.remote_addr + off)).collect();
-    let overlap = fresh.iter().filter(|d| at.contains(d)).count();
+    assert_eq!(fresh, at, "the fresh lease is not on the revoked lease's memory (the pool's order changed?)");
     for (i, off) in offsets().into_iter().enumerate() {
         rf.post_read(i as u64, b.remote_addr + off, b.rkey, CHUNK as u32).unwrap();
     }
@@ -369,7 +373,7 @@ fn a_3_gib_scrub_leaves_the_appliance_answering_and_the_memory_zero() {
         "scrub of {} GiB: seen {:.0} ms after the REVOKE (grace {GRACE_MS} ms), memory back {:.0} ms after the \
          grace ({:.2} GiB/s, at most {} MiB waiting); during it: HEARTBEAT {:.2} ms, then p50 {:.2} / max {:.2} ms \
          over {} round trips; REVOKE of a 2 MiB lease {:.2} ms; {beats} heartbeats (max {:.2} ms) on a session with \
-         a {HEARTBEAT_MS} ms silence timeout; the fresh lease reads zero ({overlap} of {} offsets on the same memory)",
+         a {HEARTBEAT_MS} ms silence timeout; a fresh lease on the same memory reads zero",
         LEASE >> 30,
         seen_at.as_secs_f64() * 1e3,
         scrubbed.as_secs_f64() * 1e3,
@@ -381,6 +385,5 @@ fn a_3_gib_scrub_leaves_the_appliance_answering_and_the_memory_zero() {
         ms.len(),
         revoke_took.as_secs_f64() * 1e3,
         slowest_beat.as_secs_f64() * 1e3,
-        offsets().len()
     );
 }

@@ -118,6 +118,8 @@ impl<H: Host, E: Environment> Backend for LeaseBackend<H, E> {
 
     fn tick(&mut self, _now_ms: u64) {
         self.pump();
+        let now = self.env.now_us();
+        self.svc.scrub(now, &mut self.host);
         let pool = self.svc.pool();
         self.env.pool_progress(pool.total_bytes(), pool.unprepared_bytes());
     }

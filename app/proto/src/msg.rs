@@ -166,7 +166,7 @@ pub struct LeaseId {
 
 impl LeaseId {
     /// Bytes on the wire: boot_id 16, slot 4, generation 4.
-    pub const WIRE_LEN: usize = 24;
+    pub const WIRE_LEN: usize = BOOT_ID_LEN + 4 + 4;
 
     fn put(&self, w: &mut Writer<'_>) {
         w.bytes(&self.boot_id).u32(self.slot).u32(self.generation);

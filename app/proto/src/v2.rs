@@ -38,6 +38,10 @@ pub const MSG1_LEN: usize = DH_LEN + TAG_LEN;
 /// The server's announcement inside message 2: version u16, role u8, credits u16, heartbeat_ms u32,
 /// session_id u64, boot_id (16), resume_token (16).
 pub const WELCOME_LEN: usize = 49;
+/// Where the announcement's boot id and resume token lie (their lengths are the message layer's).
+const BOOT_AT: usize = 17;
+const TOKEN_AT: usize = BOOT_AT + crate::BOOT_ID_LEN;
+const _: () = assert!(TOKEN_AT + crate::RESUME_TOKEN_LEN == WELCOME_LEN);
 /// Handshake message 2: `e.pub ‖ AEAD(welcome)`.
 pub const MSG2_LEN: usize = DH_LEN + WELCOME_LEN + TAG_LEN;
 /// The record header: the ciphertext length, big-endian.
@@ -380,8 +384,8 @@ impl Announce {
         b[3..5].copy_from_slice(&self.credits.to_be_bytes());
         b[5..9].copy_from_slice(&self.heartbeat_ms.to_be_bytes());
         b[9..17].copy_from_slice(&self.session_id.to_be_bytes());
-        b[17..33].copy_from_slice(&self.boot_id);
-        b[33..49].copy_from_slice(&self.resume_token);
+        b[BOOT_AT..TOKEN_AT].copy_from_slice(&self.boot_id);
+        b[TOKEN_AT..].copy_from_slice(&self.resume_token);
         b
     }
 
@@ -392,8 +396,8 @@ impl Announce {
             credits: u16::from_be_bytes([b[3], b[4]]),
             heartbeat_ms: u32::from_be_bytes([b[5], b[6], b[7], b[8]]),
             session_id: u64::from_be_bytes([b[9], b[10], b[11], b[12], b[13], b[14], b[15], b[16]]),
-            boot_id: b[17..33].try_into().unwrap_or_default(),
-            resume_token: b[33..49].try_into().unwrap_or_default(),
+            boot_id: b[BOOT_AT..TOKEN_AT].try_into().unwrap_or_default(),
+            resume_token: b[TOKEN_AT..].try_into().unwrap_or_default(),
         }
     }
 }

@@ -1,6 +1,12 @@
-//! RDMA requester for the verifier and end-to-end tests: RC RDMA WRITE / READ toward an appliance QP, with
-//! completions in rdma-core's terms ([`WcStatus`]). [`Requester`] is backend-neutral; [`SoftRoce`] implements it
-//! in software over UDP (one datagram per RoCEv2 frame, the model's cable), a verbs backend can follow.
+//! RDMA requester for the client library, the verifier and end-to-end tests: RC RDMA WRITE / READ toward an
+//! appliance QP, with completions in rdma-core's terms ([`WcStatus`]). [`Requester`] is backend-neutral;
+//! [`SoftRoce`] implements it in software over UDP (one datagram per RoCEv2 frame, the model's cable), and
+//! `verbs::Verbs` (feature `verbs`) through libibverbs.
+//!
+//! Two ways to post: from a byte slice (`post_write`, and `post_read` + `read_data`: the requester keeps its
+//! own copy, which is what `leasectl verify` uses), or zero copy from scatter/gather pieces of the caller's
+//! memory (`post_write_sg` / `post_read_sg`, [`Sge`]), registered where the backend needs it
+//! ([`MemoryDomain`]).
 //!
 //! Layers (sans-I/O): [`wire`] and [`icrc`] encode and check frames, [`rc`] is the sans-I/O requester state
 //! machine (IBTA Vol. 1 ch. 9.7 reliable service: PSNs, ACK/NAK, transport timer, retries), [`soft`] moves
@@ -12,6 +18,7 @@ use std::time::{Duration, Instant};
 pub mod icrc;
 pub mod pcap;
 pub mod rc;
+mod sg;
 pub mod soft;
 pub mod status;
 #[cfg(feature = "verbs")]
@@ -20,6 +27,7 @@ pub mod verbs;
 pub mod wire;
 
 pub use rc::{RcConfig, RcRequester};
+pub use sg::Sge;
 pub use soft::{Resolve, SoftConfig, SoftCounters, SoftRoce};
 pub use status::{WcOpcode, WcStatus};
 
@@ -85,17 +93,74 @@ pub enum QpState {
     Err,
 }
 
+/// Where memory must be registered before a requester's scatter/gather work requests may name it: the
+/// verbs backend's device context (its protection domain). The software requester has none: it reads and
+/// writes the memory itself.
+pub trait MemoryDomain: Send + Sync {
+    /// Registers `len` bytes at `addr` for local access (LOCAL_WRITE: a READ's data lands there); deregistered
+    /// when the returned registration is dropped.
+    ///
+    /// # Safety
+    ///
+    /// The memory stays valid (allocated, not unmapped) until the registration is dropped.
+    #[allow(unsafe_code)]
+    unsafe fn register(&self, addr: *mut u8, len: usize) -> Result<Box<dyn Registration>, String>;
+    /// A short name for messages (the device).
+    fn name(&self) -> String;
+}
+
+/// A registration made by [`MemoryDomain::register`]; dropping it deregisters the memory.
+pub trait Registration: Send + Sync {
+    /// The local key work requests name the memory with.
+    fn lkey(&self) -> u32;
+}
+
 /// An RC requester: posts RDMA WRITE / READ and reports completions in order.
 pub trait Requester {
     /// Our QP parameters, to send in ALLOC.
     fn local(&self) -> QpEndpoint;
     /// Moves our QP to RTS toward the appliance's QP.
     fn connect(&mut self, remote: &QpEndpoint) -> Result<(), String>;
+    /// An RDMA WRITE of `data`, copied into the requester's own buffers before this returns.
     fn post_write(&mut self, wr_id: u64, remote_addr: u64, rkey: u32, data: &[u8]) -> Result<(), String>;
+    /// An RDMA READ of `len` bytes into the requester's own buffers ([`Requester::read_data`] hands them out).
     fn post_read(&mut self, wr_id: u64, remote_addr: u64, rkey: u32, len: u32) -> Result<(), String>;
+    /// The most pieces one scatter/gather work request may have (verbs: what the device takes, `max_sge`
+    /// for WRITEs and `max_sge_rd` for READs, whichever is smaller; the software requester:
+    /// [`soft::SOFT_MAX_SGE`]).
+    fn max_sge(&self) -> usize;
+    /// Where memory named by scatter/gather work requests must be registered (`None`: nowhere, lkeys are
+    /// ignored).
+    fn domain(&self) -> Option<std::sync::Arc<dyn MemoryDomain>> {
+        None
+    }
+    /// Work requests that may still be posted now (verbs: the send queue's and the shared completion queue's
+    /// room); the software requester queues any number.
+    fn room(&self) -> usize {
+        usize::MAX
+    }
+    /// An RDMA WRITE of the bytes in `sg`, in order, straight from the caller's memory (zero copy: no bounce
+    /// buffer; the software requester builds each frame from the pieces, a NIC reads them by DMA).
+    ///
+    /// # Safety
+    ///
+    /// Every piece's memory stays valid for reads, registered under its `lkey` in [`Requester::domain`] (where
+    /// there is one), and unwritten by anyone else until this request's completion has been returned by
+    /// [`Requester::poll`] or the requester has been dropped.
+    #[allow(unsafe_code)]
+    unsafe fn post_write_sg(&mut self, wr_id: u64, remote_addr: u64, rkey: u32, sg: &[Sge]) -> Result<(), String>;
+    /// An RDMA READ of `sg`'s total length, its bytes landing straight in the pieces, in order.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Requester::post_write_sg`], with the memory valid for writes and neither read nor written by
+    /// anyone else meanwhile.
+    #[allow(unsafe_code)]
+    unsafe fn post_read_sg(&mut self, wr_id: u64, remote_addr: u64, rkey: u32, sg: &[Sge]) -> Result<(), String>;
     /// Waits up to `max_wait` for at least one completion and returns every completion ready (possibly none).
     fn poll(&mut self, max_wait: Duration) -> Vec<Completion>;
-    /// The bytes a successful RDMA READ returned (taken: a second call gives `None`).
+    /// The bytes a successful RDMA READ posted with [`Requester::post_read`] returned (taken: a second call gives
+    /// `None`).
     fn read_data(&mut self, wr_id: u64) -> Option<Vec<u8>>;
     fn qp_state(&self) -> QpState;
     /// The MAC our frames go to and how it was learned, once connected; `None` where the backend does not

@@ -11,6 +11,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use super::sg::{SgList, Sge};
 use super::status::{WcOpcode, WcStatus};
 use super::wire::{AethKind, Bth, NakCode, PSN_MASK, Packet, Reth, opcode};
 use super::{Completion, QpState, mtu_enum};
@@ -89,14 +90,23 @@ pub struct RcStats {
     pub ignored: u64,
 }
 
+/// Where a work request's bytes are.
+enum Data {
+    /// Our own copy: a WRITE's payload, or the bytes a READ received so far (handed out by
+    /// [`RcRequester::take_read`]).
+    Owned(Vec<u8>),
+    /// The caller's memory (zero copy): a WRITE's packets are gathered from it, a READ's responses written
+    /// straight into it.
+    Sg(SgList),
+}
+
 struct Wqe {
     wr_id: u64,
     op: WcOpcode,
     va: u64,
     rkey: u32,
     len: u32,
-    /// WRITE: the payload. READ: the bytes received so far.
-    data: Vec<u8>,
+    data: Data,
     first_psn: u32,
     npkts: u32,
     /// WRITE: packets acknowledged. READ: responses received in order.
@@ -196,11 +206,56 @@ impl RcRequester {
     }
 
     pub fn post_write(&mut self, now: Instant, wr_id: u64, va: u64, rkey: u32, data: &[u8]) -> Result<(), String> {
-        self.post(now, wr_id, WcOpcode::RdmaWrite, va, rkey, data.len(), data.to_vec())
+        self.post(now, wr_id, WcOpcode::RdmaWrite, va, rkey, data.len(), Data::Owned(data.to_vec()))
     }
 
     pub fn post_read(&mut self, now: Instant, wr_id: u64, va: u64, rkey: u32, len: u32) -> Result<(), String> {
-        self.post(now, wr_id, WcOpcode::RdmaRead, va, rkey, len as usize, Vec::new())
+        let data = Data::Owned(Vec::with_capacity(len.min(1 << 20) as usize));
+        self.post(now, wr_id, WcOpcode::RdmaRead, va, rkey, len as usize, data)
+    }
+
+    /// An RDMA WRITE of the bytes in `sg`, in order, read from the caller's memory as each packet is sent (and
+    /// sent again).
+    ///
+    /// # Safety
+    ///
+    /// Every piece stays valid for reads, and unwritten by anyone else, until this request's completion has been
+    /// taken ([`RcRequester::take_completions`]) or the requester is dropped.
+    #[allow(unsafe_code)]
+    pub unsafe fn post_write_sg(
+        &mut self,
+        now: Instant,
+        wr_id: u64,
+        va: u64,
+        rkey: u32,
+        sg: &[Sge],
+    ) -> Result<(), String> {
+        // SAFETY: the caller's promise is the list's contract; the list lives in the work request, which is
+        // dropped when it completes (or with the requester).
+        let list = unsafe { SgList::new(sg) };
+        let len = usize::try_from(list.len()).unwrap_or(usize::MAX);
+        self.post(now, wr_id, WcOpcode::RdmaWrite, va, rkey, len, Data::Sg(list))
+    }
+
+    /// An RDMA READ filling the pieces of `sg` in order, each response written straight into them.
+    ///
+    /// # Safety
+    ///
+    /// Every piece stays valid for writes, and untouched by anyone else, until this request's completion has
+    /// been taken ([`RcRequester::take_completions`]) or the requester is dropped.
+    #[allow(unsafe_code)]
+    pub unsafe fn post_read_sg(
+        &mut self,
+        now: Instant,
+        wr_id: u64,
+        va: u64,
+        rkey: u32,
+        sg: &[Sge],
+    ) -> Result<(), String> {
+        // SAFETY: as in `post_write_sg`.
+        let list = unsafe { SgList::new(sg) };
+        let len = usize::try_from(list.len()).unwrap_or(usize::MAX);
+        self.post(now, wr_id, WcOpcode::RdmaRead, va, rkey, len, Data::Sg(list))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -212,7 +267,7 @@ impl RcRequester {
         va: u64,
         rkey: u32,
         len: usize,
-        data: Vec<u8>,
+        data: Data,
     ) -> Result<(), String> {
         if self.state == QpState::Reset {
             return Err("QP not connected".into());
@@ -232,7 +287,6 @@ impl RcRequester {
             return Ok(());
         }
         let npkts = len.div_ceil(self.mtu).max(1);
-        let data = if op == WcOpcode::RdmaRead { Vec::with_capacity(len.min(1 << 20) as usize) } else { data };
         self.sq.push_back(Wqe { wr_id, op, va, rkey, len, data, first_psn: self.next_psn, npkts, done: 0 });
         self.next_psn = psn_add(self.next_psn, npkts);
         Ok(())
@@ -258,8 +312,9 @@ impl RcRequester {
         }
     }
 
-    /// Sends what the window allows: `out(bth, reth, payload)` per packet.
-    pub fn transmit<F: FnMut(&Bth, Option<&Reth>, &[u8])>(&mut self, now: Instant, mut out: F) {
+    /// Sends what the window allows: `out(bth, reth, payload)` per packet, the payload in one or more pieces (a
+    /// zero-copy WRITE's packet may span pieces of its scatter/gather list).
+    pub fn transmit<F: FnMut(&Bth, Option<&Reth>, &[&[u8]])>(&mut self, now: Instant, mut out: F) {
         if self.state != QpState::Rts {
             return;
         }
@@ -272,6 +327,7 @@ impl RcRequester {
         let una = self.una();
         let ack_every = (self.cfg.max_pkts / 4).max(1);
         let mut sent = false;
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(4);
         while self.send_psn != self.next_psn {
             let sp = self.send_psn;
             let Some(idx) = self.sq.iter().position(|w| {
@@ -294,7 +350,8 @@ impl RcRequester {
             if psn != una && psn_diff(end, una) as u32 > self.cfg.max_pkts {
                 break;
             }
-            let (bth, reth, payload) = match w.op {
+            parts.clear();
+            let (bth, reth) = match w.op {
                 WcOpcode::RdmaWrite => {
                     let last = k + 1 == w.npkts;
                     let op = match (k == 0, last) {
@@ -308,15 +365,19 @@ impl RcRequester {
                     let reth = (k == 0).then_some(Reth { va: w.va, rkey: w.rkey, len: w.len });
                     let from = (k * mtu) as usize;
                     let to = (w.len as usize).min(from + mtu as usize);
-                    (bth, reth, &w.data[from..to])
+                    match &w.data {
+                        Data::Owned(d) => parts.push(&d[from..to]),
+                        Data::Sg(l) => l.gather(from as u64, (to - from) as u64, &mut parts),
+                    }
+                    (bth, reth)
                 }
                 WcOpcode::RdmaRead => {
                     let off = k * mtu;
                     let reth = Reth { va: w.va.wrapping_add(off as u64), rkey: w.rkey, len: w.len - off };
-                    (Bth::new(opcode::RDMA_READ_REQUEST, self.remote_qpn, psn), Some(reth), &[][..])
+                    (Bth::new(opcode::RDMA_READ_REQUEST, self.remote_qpn, psn), Some(reth))
                 }
             };
-            out(&bth, reth.as_ref(), payload);
+            out(&bth, reth.as_ref(), &parts);
             self.stats.packets_sent += 1;
             if psn_diff(psn, self.sent_hi) < 0 {
                 self.stats.packets_resent += 1;
@@ -381,8 +442,11 @@ impl RcRequester {
     fn complete_front(&mut self, status: WcStatus, at: Instant) {
         let Some(w) = self.sq.pop_front() else { return };
         let byte_len = if status.is_success() { w.len } else { 0 };
-        if status.is_success() && w.op == WcOpcode::RdmaRead {
-            self.read_results.insert(w.wr_id, w.data);
+        if status.is_success()
+            && w.op == WcOpcode::RdmaRead
+            && let Data::Owned(d) = w.data
+        {
+            self.read_results.insert(w.wr_id, d);
         }
         self.completions.push_back(Completion { wr_id: w.wr_id, status, opcode: w.op, byte_len, at });
     }
@@ -520,7 +584,10 @@ impl RcRequester {
             return;
         }
         if let Some(w) = self.sq.front_mut() {
-            w.data.extend_from_slice(p.payload);
+            match &mut w.data {
+                Data::Owned(d) => d.extend_from_slice(p.payload),
+                Data::Sg(l) => l.scatter(u64::from(k) * u64::from(mtu), p.payload),
+            }
             w.done += 1;
         }
         if last {

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use super::pcap::PcapWriter;
 use super::rc::{RcConfig, RcRequester, RcStats};
 use super::wire::{self, Addr, Arp, ArpOp, ROCEV2_PORT};
-use super::{Completion, MacSource, QpEndpoint, QpState, Requester, gid_from_ipv4, ipv4_from_gid, mtu_enum};
+use super::{Completion, MacSource, QpEndpoint, QpState, Requester, Sge, gid_from_ipv4, ipv4_from_gid, mtu_enum};
 
 /// Our default MAC (locally administered).
 pub const DEFAULT_LOCAL_MAC: [u8; 6] = [0x02, 0x4C, 0x42, 0x00, 0x00, 0x01];
@@ -62,6 +62,12 @@ const MAX_FRAME: usize = 9216;
 const COARSE_SLACK: Duration = Duration::from_millis(25);
 /// Sleep between two non-blocking receives: the error on a timer's or a frame's time.
 const FINE_STEP: Duration = Duration::from_micros(50);
+/// Frames one [`Requester::poll`] takes in without waiting before it looks at its completions.
+const DRAIN_FRAMES: usize = 256;
+/// Pieces one scatter/gather work request may have ([`Requester::max_sge`]): the software requester gathers
+/// a packet's payload from any number of pieces, so this is only a bound on what it keeps per request, set to
+/// the order of a real NIC's (a ConnectX-5 takes 30).
+pub const SOFT_MAX_SGE: usize = 32;
 
 #[derive(Clone, Debug)]
 pub struct SoftConfig {
@@ -206,9 +212,9 @@ impl SoftRoce {
     fn send(&mut self, now: Instant) {
         let Some(addr) = self.addr else { return };
         let SoftRoce { sock, core, pcap, tx, counters, .. } = self;
-        core.transmit(now, |bth, reth, payload| {
-            let p = wire::Packet { addr, bth: *bth, reth: reth.copied(), aeth: None, imm: None, payload };
-            if wire::encode(&p, tx).is_err() {
+        core.transmit(now, |bth, reth, parts| {
+            let p = wire::Packet { addr, bth: *bth, reth: reth.copied(), aeth: None, imm: None, payload: &[] };
+            if wire::encode_gather(&p, parts, tx).is_err() {
                 return; // the core only builds layouts encode accepts
             }
             if let Some(w) = pcap.as_mut() {
@@ -423,12 +429,51 @@ impl Requester for SoftRoce {
         Ok(())
     }
 
+    fn max_sge(&self) -> usize {
+        SOFT_MAX_SGE
+    }
+
+    #[allow(unsafe_code)]
+    unsafe fn post_write_sg(&mut self, wr_id: u64, remote_addr: u64, rkey: u32, sg: &[Sge]) -> Result<(), String> {
+        if sg.len() > SOFT_MAX_SGE {
+            return Err(format!("{} pieces exceed the {SOFT_MAX_SGE} a work request takes", sg.len()));
+        }
+        let now = Instant::now();
+        // SAFETY: the trait's contract is the core's: the pieces stay valid until this request's completion is
+        // returned by `poll` (which takes it from the core) or the requester is dropped.
+        unsafe { self.core.post_write_sg(now, wr_id, remote_addr, rkey, sg) }?;
+        self.send(now);
+        Ok(())
+    }
+
+    #[allow(unsafe_code)]
+    unsafe fn post_read_sg(&mut self, wr_id: u64, remote_addr: u64, rkey: u32, sg: &[Sge]) -> Result<(), String> {
+        if sg.len() > SOFT_MAX_SGE {
+            return Err(format!("{} pieces exceed the {SOFT_MAX_SGE} a work request takes", sg.len()));
+        }
+        let now = Instant::now();
+        // SAFETY: as in `post_write_sg`.
+        unsafe { self.core.post_read_sg(now, wr_id, remote_addr, rkey, sg) }?;
+        self.send(now);
+        Ok(())
+    }
+
     fn poll(&mut self, max_wait: Duration) -> Vec<Completion> {
         let end = Instant::now() + max_wait;
         loop {
             let now = Instant::now();
             self.core.on_timer(now);
             self.send(now);
+            // What has arrived already is taken in without waiting, so a poll with no time to wait (the
+            // progress thread's, across many leases) still sees its answers.
+            let mut taken = 0;
+            while taken < DRAIN_FRAMES && self.receive(now) {
+                taken += 1;
+            }
+            if taken > 0 {
+                self.core.on_timer(now);
+                self.send(now);
+            }
             if self.core.has_completions() || now >= end {
                 if let Some(w) = self.pcap.as_mut() {
                     let _ = w.flush();
@@ -756,6 +801,33 @@ mod tests {
         assert_eq!(r.read_data(2).unwrap(), &mem[40..240]);
         assert_eq!(r.read_data(3).unwrap(), Vec::<u8>::new());
         assert_eq!(r.read_data(1), None);
+    }
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn scatter_gather_requests_move_the_callers_bytes_directly() {
+        let fake = Fake::start(Mode::Normal, 256, 300);
+        let mut r = requester(&fake, 256, 300, patient());
+        assert_eq!(r.max_sge(), SOFT_MAX_SGE);
+        // Pieces that do not line up with the 256-byte packets, both ways.
+        let (mut a, mut b) = (pattern(700, 5), pattern(300, 6));
+        let out = [Sge { addr: a.as_mut_ptr(), len: 700, lkey: 0 }, Sge { addr: b.as_mut_ptr(), len: 300, lkey: 0 }];
+        let (mut x, mut y) = (vec![0u8; 400], vec![0u8; 600]);
+        let back = [Sge { addr: x.as_mut_ptr(), len: 400, lkey: 0 }, Sge { addr: y.as_mut_ptr(), len: 600, lkey: 0 }];
+        // SAFETY: the four buffers outlive both requests' completions (waited for below) and nothing else touches
+        // them meanwhile.
+        unsafe {
+            r.post_write_sg(1, BASE + 10, RKEY, &out).unwrap();
+            r.post_read_sg(2, BASE + 10, RKEY, &back).unwrap();
+        }
+        let c = wait_all(&mut r, 2, Duration::from_secs(2));
+        let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.status, c.byte_len)).collect();
+        assert_eq!(got, [(1, WcStatus::Success, 1000), (2, WcStatus::Success, 1000)]);
+        assert_eq!(r.read_data(2), None, "a scattered READ's bytes are in the caller's memory only");
+        let want = [a, b].concat();
+        assert_eq!([x, y].concat(), want);
+        let mem = fake.finish();
+        assert_eq!(&mem[10..1010], &want[..]);
     }
 
     #[test]

@@ -1,2 +1,3 @@
 //! What the hosted tests share.
+pub mod appliance;
 pub mod proxy;

@@ -157,7 +157,6 @@ impl<T: Copy> LeaseService<T> {
     /// Timers: the revoke deadline, READY deadlines, TTLs, lost sessions, and the deferred sweep. Also issues
     /// the commands that revokes started since the last call.
     pub fn tick(&mut self, now_us: u64, host: &mut dyn Host) {
-        self.scrub(now_us, host);
         if now_us < self.next_scan_us {
             return;
         }
@@ -342,10 +341,11 @@ impl<T: Copy> LeaseService<T> {
         self.counters.swept += 1;
     }
 
-    /// This tick's share of the scrub: slices of [`SCRUB_SLICE`] until `Config::scrub_budget_us` has passed on
-    /// the host's clock or [`SCRUB_TICK_MAX`] bytes are done. Logs once when the pool's boot-time preparation
-    /// is complete.
-    fn scrub(&mut self, now_us: u64, host: &mut dyn Host) {
+    /// One share of the scrub: slices of [`SCRUB_SLICE`] until `Config::scrub_budget_us` has passed on the
+    /// host's clock or [`SCRUB_TICK_MAX`] bytes are done; returns whether it zeroed anything. Logs once when
+    /// the pool's boot-time preparation is complete. The loop's timer calls it (`LeaseBackend::tick`), not
+    /// the request path, so no request waits behind a share.
+    pub fn scrub(&mut self, now_us: u64, host: &mut dyn Host) -> bool {
         let since = *self.preparing_since_us.get_or_insert(now_us);
         let start = host.now_us();
         let mut done = 0;
@@ -364,5 +364,6 @@ impl<T: Copy> LeaseService<T> {
                 now_us.saturating_sub(since) / 1000
             );
         }
+        done > 0
     }
 }

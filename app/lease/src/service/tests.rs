@@ -218,6 +218,7 @@ impl Rig {
                 }
             }
             self.svc.tick(self.now_us, &mut self.host);
+            self.svc.scrub(self.now_us, &mut self.host);
             if !self.svc.has_commands() {
                 break;
             }

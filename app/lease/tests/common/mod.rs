@@ -132,6 +132,7 @@ impl Rig {
     pub fn pump(&mut self) {
         let now = self.now_us();
         self.link.step(&mut self.svc, &mut self.d.client, now, &mut self.host);
+        self.svc.scrub(now, &mut self.host);
         self.d.pump();
         self.host.0.relax();
         let mut out = Vec::new();
