@@ -83,12 +83,14 @@ impl Rig {
 
     /// Lets the revoke grace pass on the lease service's clock, then waits for the sweep: QUERY answers
     /// NOT_FOUND or STALE once the slot is free again.
+    /// Skips the grace, then waits until the lease is swept and its memory scrubbed (the scrub follows the
+    /// sweep on the service's timer: docs/operations.md, "The lease pool").
     fn sweep(&self, c: &mut Client, lease: LeaseId) {
         self.hosted().with_leases(|b| b.env.skip(GRACE)).expect("the lease backend");
         let end = Instant::now() + HANG;
         loop {
             match c.call(&Request::Query { lease }) {
-                Err(ClientError::Server(e)) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale) => return,
+                Err(ClientError::Server(e)) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale) => break,
                 Ok(Response::Query(info)) => assert!(
                     matches!(info.state, LeaseState::Fencing | LeaseState::PendingDestroy),
                     "revoked lease is {:?}",
@@ -97,6 +99,10 @@ impl Rig {
                 other => panic!("QUERY of a revoked lease answered {other:?}"),
             }
             assert!(Instant::now() < end, "lease {lease:?} not swept within {HANG:?} of its grace");
+        }
+        while self.hosted().with_leases(|b| b.svc.pool().scrubbing_bytes()).expect("the lease backend") > 0 {
+            assert!(Instant::now() < end, "lease {lease:?}'s memory not scrubbed within {HANG:?} of its grace");
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
