@@ -60,6 +60,10 @@ fn staticlib() -> PathBuf {
     lib
 }
 
+/// What the staticlib needs beside it (`cargo rustc -p leasebox-client-c --crate-type staticlib -- --print
+/// native-static-libs`): the verbs backend's libibverbs and librdmacm, and the C runtime's.
+const LINK: &[&str] = &["-libverbs", "-lrdmacm", "-lpthread", "-ldl", "-lm"];
+
 fn last() -> String {
     // SAFETY: `lbx_last_error` returns a NUL-terminated string valid until the next call on this thread.
     unsafe { CStr::from_ptr(lbx_last_error()) }.to_string_lossy().into_owned()
@@ -78,7 +82,8 @@ fn c_example_stores_blocks_and_reads_them_back() {
         .arg(dir)
         .arg(dir.join("examples/kv_blocks.c"))
         .arg(staticlib())
-        .args(["-lpthread", "-ldl", "-lm", "-o"])
+        .args(LINK)
+        .arg("-o")
         .arg(&out)
         .output()
         .expect("running gcc");
