@@ -63,4 +63,7 @@ pub use lease::Lease;
 /// TLS and authentication to etcd ([`FleetConfig::etcd_tls`], [`FleetConfig::etcd_user`]).
 pub use leasebox_fleet::{EtcdUser, TlsFiles};
 pub use leasebox_proto::{LeaseId, Outcome};
+/// A verbs device's configuration ([`RequesterConfig::Verbs`]).
+#[cfg(feature = "verbs")]
+pub use rdma::verbs::VerbsConfig;
 pub use region::Region;
