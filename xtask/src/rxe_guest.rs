@@ -47,8 +47,7 @@ const PY_PACKAGES: &[&str] = &[
 const PY_VERSION: &str = "python3.11";
 /// Parts of the standard library no test imports, left out of the initramfs (it is unpacked into the guest's
 /// RAM).
-const PY_SKIP: &[&str] =
-    &["idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "test", "__pycache__"];
+const PY_SKIP: &[&str] = &["idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "test"];
 /// The modules loaded at boot, with their dependencies found by [`module_order`]. `crc32_generic` is not in
 /// rdma_rxe's `depends=`: rxe computes the ICRC with `crypto_alloc_shash("crc32")`, which the kernel satisfies
 /// by `request_module("crypto-crc32")` through modprobe, and there is no modprobe here (without it rxe logs
@@ -511,9 +510,11 @@ fn python_tree(
     }
     files.push((format!("usr/bin/{PY_VERSION}"), bin, 0o755));
     symlinks.push(("usr/bin/python3".into(), PY_VERSION.into()));
+    let trees = [format!("usr/lib/{PY_VERSION}"), "usr/lib/python3/dist-packages".to_string()];
+    precompile(root, &trees);
     let before = files.len();
     let mut bytes = 0u64;
-    for tree in [format!("usr/lib/{PY_VERSION}"), "usr/lib/python3/dist-packages".to_string()] {
+    for tree in trees {
         let mut stack = vec![root.join(&tree)];
         while let Some(d) = stack.pop() {
             let rd = std::fs::read_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?;
@@ -537,6 +538,32 @@ fn python_tree(
         }
     }
     Ok(format!("python: {PY_VERSION}, {} files, {:.1} MiB", files.len() - before, bytes as f64 / 1048576.0))
+}
+
+/// Byte-compiles `trees` (under `root`) with the host's CPython when it is the guest's version, so the guest,
+/// which runs under TCG, does not compile pytest and the standard library at every boot. The `.pyc` files are
+/// `unchecked-hash` ones: the initramfs gives every file mtime 0, so timestamp-checked ones would be stale.
+/// With another host version nothing is compiled (the guest compiles at import, slower but the same).
+fn precompile(root: &Path, trees: &[String]) {
+    let host = run(Command::new("python3").arg("--version")).unwrap_or_default();
+    let guest = PY_VERSION.trim_start_matches("python");
+    if !host.trim().strip_prefix("Python ").is_some_and(|v| v.starts_with(&format!("{guest}."))) {
+        println!("rxe-guest: the host's python3 is not {guest} ({}): the guest compiles at import", host.trim());
+        return;
+    }
+    let marker = root.join(".leasebox-precompiled");
+    if marker.exists() {
+        return;
+    }
+    let mut cmd = Command::new("python3");
+    cmd.args(["-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash"]);
+    for t in trees {
+        cmd.arg(root.join(t));
+    }
+    // compileall exits 1 when a file does not compile (bookworm's stdlib has a few deliberately broken test
+    // files): the rest is compiled all the same.
+    let _ = cmd.output();
+    let _ = std::fs::write(&marker, "");
 }
 
 fn rel(p: &Path, root: &Path) -> Result<String, String> {
