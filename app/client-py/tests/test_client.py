@@ -1,6 +1,7 @@
 """The Python binding against a hosted appliance with the device model (conftest.py starts it): connect, alloc,
 write/read bytes, bytearray and memoryview, batches, range checks, a revoke by the admin (the next call raises
-LeaseRevoked), a cut control connection (the client reconnects and the lease goes on), bad credentials."""
+LeaseRevoked), a cut control connection (the client reconnects and the lease goes on), bad credentials. The data
+path (registered memory, zero copy, batches, asyncio) is test_data_path.py."""
 
 from __future__ import annotations
 
@@ -154,6 +155,7 @@ def test_bad_credentials_and_arguments(appliance):
         c.alloc(4096)
 
 
+@pytest.mark.hosted
 def test_config_file_is_read_as_xtask_writes_it(tmp_path, appliance):
     f = tmp_path / "leasectl.conf"
     f.write_text(
@@ -180,12 +182,14 @@ def run_example(args, env=None):
     return subprocess.run([sys.executable, EXAMPLE] + args, capture_output=True, text=True, timeout=120, env=env)
 
 
+@pytest.mark.hosted
 def test_example_spills_and_reloads_blocks_with_flags(appliance):
     r = run_example(["--addr", appliance.addr, "--key", appliance.tenant_key, "--rdma-peer", appliance.udp])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "into 2 leases" in r.stdout and " 0 different" in r.stdout, r.stdout
 
 
+@pytest.mark.hosted
 def test_example_needs_no_flags_with_the_config_file_xtask_run_writes(tmp_path, appliance):
     f = tmp_path / "leasectl.conf"
     f.write_text(f"addr = {appliance.addr}\ntenant = demo\nkey = {appliance.tenant_key}\nrdma_peer = {appliance.udp}\n")
@@ -205,6 +209,7 @@ def advertise(etcd, appliance, boot: str) -> None:
     etcd.put(f"/leasebox/v1/appliances/{boot}", json.dumps(ad))
 
 
+@pytest.mark.hosted
 def test_from_etcd_places_on_the_advertised_appliance(appliance, etcd):
     # No appliance advertised yet: NoMemory once the timeout has passed.
     with pytest.raises(leasebox.NoMemory):
@@ -228,6 +233,7 @@ def test_from_etcd_places_on_the_advertised_appliance(appliance, etcd):
         leasebox.Client.from_etcd(etcd.endpoint, "demo", appliance.tenant_key, etcd_cacert="/nonexistent/ca.pem")
 
 
+@pytest.mark.hosted
 def test_from_etcd_as_an_etcd_user(appliance, etcd):
     advertise(etcd, appliance, "cd" * 16)
     # etcd's authentication on: root, and a user whose role may only read the advertisements.
@@ -252,6 +258,7 @@ def test_from_etcd_as_an_etcd_user(appliance, etcd):
         leasebox.Client.from_etcd(etcd.endpoint, "demo", appliance.tenant_key, etcd_user="reader")
 
 
+@pytest.mark.hosted
 def test_from_etcd_over_tls_with_a_client_certificate(appliance, etcd_tls):
     advertise(etcd_tls, appliance, "ef" * 16)
     https = f"https://{etcd_tls.endpoint}"
