@@ -457,7 +457,7 @@ int32_t lbx_lease_free(struct lbx_lease *lease);
  * (`ibv_reg_mr`) once per device context the client uses, shared by every lease there.
  */
 int32_t lbx_register(const struct lbx_client *client,
-                     uint8_t *addr,
+                     void *addr,
                      size_t len,
                      struct lbx_region **out);
 

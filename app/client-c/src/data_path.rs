@@ -14,7 +14,7 @@
 //! (`lbx_pending`); `lbx_wait` waits on the completion fd (poll(2)) until its array is full or nothing is
 //! pending, so a caller that gives room for every operation it submitted waits for all of them.
 
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::time::{Duration, Instant};
 
 use leasebox_client::{Completed, Error, Op, Outcome, Region, Wait};
@@ -116,7 +116,12 @@ fn region<'a>(r: *const lbx_region, what: &str) -> Result<&'a Region<'static>, F
 /// for a write, change it) while a transfer that names it runs. On verbs it is registered with the NIC
 /// (`ibv_reg_mr`) once per device context the client uses, shared by every lease there.
 #[unsafe(no_mangle)]
-pub extern "C" fn lbx_register(client: *const lbx_client, addr: *mut u8, len: usize, out: *mut *mut lbx_region) -> i32 {
+pub extern "C" fn lbx_register(
+    client: *const lbx_client,
+    addr: *mut c_void,
+    len: usize,
+    out: *mut *mut lbx_region,
+) -> i32 {
     entry("lbx_register", || {
         let out = self::out(out, "out")?;
         // SAFETY: non-NULL, writable (the caller's contract).
@@ -128,7 +133,7 @@ pub extern "C" fn lbx_register(client: *const lbx_client, addr: *mut u8, len: us
         // SAFETY: the header's contract for `lbx_register` is `register_raw`'s: the memory stays valid until the
         // region is freed, and is not touched by others while a transfer naming it runs.
         #[allow(unsafe_code)]
-        let r = unsafe { c.register_raw(addr, len) }?;
+        let r = unsafe { c.register_raw(addr.cast::<u8>(), len) }?;
         let h = Box::into_raw(Box::new(lbx_region { tag: REGION_TAG, region: r }));
         // SAFETY: as above.
         unsafe { out.write(h) };
@@ -247,17 +252,13 @@ pub extern "C" fn lbx_read_into_sg(lease: *const lbx_lease, sge: *const lbx_sge,
 /// on the software requester); 0 for an invalid handle.
 #[unsafe(no_mangle)]
 pub extern "C" fn lbx_lease_max_sge(lease: *const lbx_lease) -> usize {
-    caught(|| lease_guard(lease).ok().and_then(|g| g.as_ref().map(|l| l.max_sge())).unwrap_or(0))
-        .unwrap_or(0)
+    caught(|| lease_guard(lease).ok().and_then(|g| g.as_ref().map(|l| l.max_sge())).unwrap_or(0)).unwrap_or(0)
 }
 
 /// The work requests this lease keeps posted at most (more wait in its queue); 0 for an invalid handle.
 #[unsafe(no_mangle)]
 pub extern "C" fn lbx_lease_queue_depth(lease: *const lbx_lease) -> usize {
-    caught(|| {
-        lease_guard(lease).ok().and_then(|g| g.as_ref().map(|l| l.queue_depth())).unwrap_or(0)
-    })
-    .unwrap_or(0)
+    caught(|| lease_guard(lease).ok().and_then(|g| g.as_ref().map(|l| l.queue_depth())).unwrap_or(0)).unwrap_or(0)
 }
 
 /// Sets the lease's queue depth: 1 to 4096 (a verbs QP also stops at its send queue, sized at allocation from

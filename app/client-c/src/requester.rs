@@ -15,15 +15,11 @@
 use std::ffi::c_char;
 use std::net::SocketAddr;
 
+use leasebox_client::rdma::SoftConfig;
 use leasebox_client::rdma::verbs::VerbsConfig;
-use leasebox_client::rdma::{RcConfig, SoftConfig};
 use leasebox_client::{Client, ClientConfig, MAX_QUEUE_DEPTH, RequesterConfig};
 
 use crate::{Fail, entry, lbx_client, out, string};
-
-/// The copying calls' slots on a verbs lease: `queue_depth` slots of this many bytes, registered once per lease
-/// (a longer copying call goes as several work requests; zero-copy calls use none).
-const VERBS_SLOT_LEN: usize = 64 << 10;
 
 /// How `lbx_client_connect_with` connects, beyond the appliances and credentials. Every field may be 0/NULL.
 #[repr(C)]
@@ -47,7 +43,8 @@ pub fn parse_requester(spec: &str, depth: usize) -> Result<RequesterConfig, Stri
     match kind {
         "soft" if rest.is_empty() => Ok(RequesterConfig::Soft(SoftConfig::default())),
         "soft" => {
-            let peer: SocketAddr = rest.parse().map_err(|_| format!("requester '{spec}': '{rest}' is not ADDR:PORT"))?;
+            let peer: SocketAddr =
+                rest.parse().map_err(|_| format!("requester '{spec}': '{rest}' is not ADDR:PORT"))?;
             Ok(RequesterConfig::Soft(SoftConfig { peer, ..SoftConfig::default() }))
         }
         "verbs" => {
@@ -59,18 +56,7 @@ pub fn parse_requester(spec: &str, depth: usize) -> Result<RequesterConfig, Stri
             let port: u8 = port.parse().map_err(|_| format!("requester '{spec}': port '{port}' is not 0..255"))?;
             let gid_index: u8 =
                 gid.parse().map_err(|_| format!("requester '{spec}': GID index '{gid}' is not 0..255"))?;
-            let rc = RcConfig::default();
-            Ok(RequesterConfig::Verbs(VerbsConfig {
-                device: device.to_string(),
-                port,
-                gid_index,
-                mac: None,
-                depth,
-                slot_len: VERBS_SLOT_LEN,
-                timeout: rc.timeout,
-                retry_cnt: rc.retry_cnt,
-                rnr_retry: rc.rnr_retry,
-            }))
+            Ok(RequesterConfig::Verbs(VerbsConfig { depth, ..VerbsConfig::new(device, port, gid_index) }))
         }
         _ => Err(bad()),
     }
@@ -173,7 +159,9 @@ mod tests {
         let c = config_with("a:1,b:2", "demo", key, Some("soft:1.2.3.4:5,verbs:mlx5_0:1:0"), 0, 8).unwrap();
         assert_eq!(c.queue_depth, 8);
         assert!(matches!(&c.appliances[0].requester, RequesterConfig::Soft(s) if s.peer.to_string() == "1.2.3.4:5"));
-        assert!(matches!(&c.appliances[1].requester, RequesterConfig::Verbs(v) if v.device == "mlx5_0" && v.depth == 8));
+        assert!(
+            matches!(&c.appliances[1].requester, RequesterConfig::Verbs(v) if v.device == "mlx5_0" && v.depth == 8)
+        );
         let c = config_with("a:1,b:2", "demo", key, None, 0, 0).unwrap();
         assert_eq!(c.queue_depth, leasebox_client::DEFAULT_QUEUE_DEPTH);
         assert!(c.appliances.iter().all(|a| matches!(a.requester, RequesterConfig::Soft(_))));
