@@ -285,24 +285,36 @@ def test_closing_a_region_in_use_waits_for_its_transfer(appliance):
         buf.append(0)
 
 
+def alloc_when_free(client, size: int, within: float = 20.0):
+    """A lease of `size` bytes, waiting for the memory of leases revoked by earlier tests to come back (an
+    appliance's pool is small and a revoked lease's memory is cleared before it is lent again)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return client.alloc(size)
+        except leasebox.NoMemory:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def revoke_mid_batch(client, admin, qp_first: bool) -> None:
     """A batch over two leases; the first is revoked by the admin (teardown order `qp_first`) while its writes
     are in flight: they fail with a revoke error carrying the outcome, each on its own; the other lease's all
     complete and its data is there."""
-    # 16 writes of 512 KiB: the hosted appliance's pool is small, and a revoked lease's memory comes back late.
-    doomed, kept = client.alloc(16 * MIB), client.alloc(2 * MIB)
+    doomed, kept = alloc_when_free(client, 8 * MIB), alloc_when_free(client, MIB)
     # One write at a time on the doomed lease, so most of its batch is still to come when the revoke lands.
     doomed.queue_depth = 1
-    half = MIB // 2
-    src = bytearray(pattern(51, half))
+    piece = MIB // 4
+    src = bytearray(pattern(51, piece))
     rs = client.register(src)
     ops = []
     for i in range(32):
-        ops.append(Op.write_from(doomed, rs, 0, i * half, half))
+        ops.append(Op.write_from(doomed, rs, 0, i * piece, piece))
         ops.append(Op.write_from(kept, rs, i * 4096, i * 4096, 4096))
     tickets = client.submit(ops)
     first = client.wait(tickets[0], timeout=20)
-    assert first[0].ok and first[0].length == half
+    assert first[0].ok and first[0].length == piece
     assert admin.revoke(doomed.id, qp_first=qp_first) == "TornDown"
     done = {d.ticket: d for d in client.wait(timeout=60)}
     assert len(done) == 63
@@ -320,8 +332,9 @@ def revoke_mid_batch(client, admin, qp_first: bool) -> None:
                 d.result()
             revoked += 1
         else:
-            assert d.length == half
-    assert revoked >= 16, f"only {revoked} of the doomed lease's 31 later writes were revoked"
+            assert d.length == piece
+    print(f"{revoked} of the doomed lease's 31 later writes failed revoked, the rest had landed")
+    assert revoked >= 8, f"only {revoked} of the doomed lease's 31 later writes were revoked"
     assert doomed.revoked in ("TornDown", "NotFound")
     assert kept.read(0, 32 * 4096) == bytes(src[:32 * 4096])
     # After the batch: the doomed lease refuses at once, the kept one works on.
