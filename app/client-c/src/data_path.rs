@@ -503,3 +503,62 @@ pub extern "C" fn lbx_wait_ticket(
         Ok(note)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{LBX_ERR_INVALID_ARGUMENT, lbx_last_error};
+
+    fn last() -> String {
+        // SAFETY: a NUL-terminated string valid until the next call on this thread.
+        unsafe { std::ffi::CStr::from_ptr(lbx_last_error()) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn null_and_foreign_handles_are_refused() {
+        let mut r: *mut lbx_region = std::ptr::null_mut();
+        let mut byte = 0u8;
+        let addr = (&mut byte as *mut u8).cast::<c_void>();
+        assert_eq!(lbx_register(std::ptr::null(), addr, 1, &mut r), LBX_ERR_INVALID_ARGUMENT);
+        assert!(last().contains("client handle is NULL"), "{}", last());
+        assert!(r.is_null());
+        assert_eq!(lbx_region_free(std::ptr::null_mut(), 0), LBX_OK);
+        assert_eq!((lbx_region_len(std::ptr::null()), lbx_region_in_use(std::ptr::null())), (0, 0));
+        assert_eq!(lbx_completion_fd(std::ptr::null()), -1);
+        assert_eq!((lbx_bytes_copied(std::ptr::null()), lbx_pending(std::ptr::null())), (0, 0));
+        assert_eq!(lbx_lease_max_sge(std::ptr::null()), 0);
+        let mut n = 7usize;
+        assert_eq!(lbx_poll(std::ptr::null(), std::ptr::null_mut(), 0, &mut n), LBX_ERR_INVALID_ARGUMENT);
+        assert_eq!(lbx_submit(std::ptr::null(), std::ptr::null(), 0, std::ptr::null_mut()), LBX_ERR_INVALID_ARGUMENT);
+        // Memory that is no live region (whatever the field order, every word of it is a dead tag) is refused.
+        let sge = lbx_sge { region: std::ptr::dangling(), offset: 0, len: 1 };
+        let junk = [DEAD_TAG; 8];
+        const _: () = assert!(std::mem::size_of::<lbx_region>() <= std::mem::size_of::<[u64; 8]>());
+        let r = junk.as_ptr().cast::<lbx_region>();
+        assert_eq!(lbx_write_from(std::ptr::null(), r, 0, 0, 1), LBX_ERR_INVALID_ARGUMENT);
+        assert!(last().contains("region is not a live lbx_region"), "{}", last());
+        assert_eq!(lbx_write_from_sg(std::ptr::null(), &sge, 0, 0), LBX_ERR_INVALID_ARGUMENT);
+        assert!(last().contains("0 pieces"), "{}", last());
+        assert_eq!(lbx_lease_set_queue_depth(std::ptr::null(), 0), LBX_ERR_INVALID_ARGUMENT);
+        assert!(last().contains("queue depth 0"), "{}", last());
+    }
+
+    #[test]
+    fn an_op_names_its_memory_one_way() {
+        let both = lbx_op {
+            kind: LBX_OP_WRITE,
+            lease: std::ptr::null(),
+            lease_offset: 0,
+            region: std::ptr::dangling(),
+            region_offset: 0,
+            len: 1,
+            sge: std::ptr::dangling(),
+            n_sge: 1,
+        };
+        assert!(matches!(op(&both, 3), Err(Fail::Invalid(m)) if m.contains("ops[3] names both")));
+        let none = lbx_op { region: std::ptr::null(), sge: std::ptr::null(), ..both };
+        assert!(matches!(op(&none, 0), Err(Fail::Invalid(m)) if m.contains("names no memory")));
+        let kind = lbx_op { kind: 7, ..none };
+        assert!(matches!(op(&kind, 1), Err(Fail::Invalid(m)) if m.contains("ops[1].kind is 7")));
+    }
+}
