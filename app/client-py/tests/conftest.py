@@ -25,7 +25,6 @@ import os
 import secrets
 import shutil
 import socket
-import ssl
 import subprocess
 import tempfile
 import threading
@@ -267,6 +266,8 @@ class Etcd:
             self.ca, self.cert, self.key = str(pki / "ca.pem"), str(pki / "client.pem"), str(pki / "client.key")
             flags = [f"--cert-file={pki / 'server.pem'}", f"--key-file={pki / 'server.key'}",
                      f"--trusted-ca-file={self.ca}", "--client-cert-auth"]
+            import ssl  # here: a minimal Python (the Soft-RoCE guest's) may lack it, and only TLS needs it
+
             self.ssl = ssl.create_default_context(cafile=self.ca)
             self.ssl.load_cert_chain(self.cert, self.key)
         self.proc = subprocess.Popen(
