@@ -10,8 +10,8 @@
 //! until its last work request is done or its QP destroyed, which may be a moment after its completion was
 //! polled: a `wait_ms` of a few milliseconds covers that.
 //!
-//! **Completions.** The client handle counts the operations submitted whose result has not been taken
-//! (`lbx_pending`); `lbx_wait` waits on the completion fd (poll(2)) until its array is full or nothing is
+//! **Completions.** The client handle keeps the tickets of the operations submitted whose result has not been
+//! taken (`lbx_pending`), recorded under a lock that every take also holds, so none is taken before it is known; `lbx_wait` waits on the completion fd (poll(2)) until its array is full or nothing is
 //! pending, so a caller that gives room for every operation it submitted waits for all of them.
 
 use std::ffi::{c_int, c_void};

@@ -1,16 +1,21 @@
 //! The Leasebox client's C ABI (`leasebox_client.h`, generated from this file by cbindgen).
 //!
-//! - Opaque handles: `lbx_client` (a client of one or more appliances, with its heartbeat thread) and
-//!   `lbx_lease` (one lease and its RDMA queue pair). Both may be used from several threads at once; a lease's
-//!   calls are serialized on it.
+//! - Opaque handles: `lbx_client` (a client of one or more appliances, with its heartbeat thread),
+//!   `lbx_lease` (one lease and its RDMA queue pair) and `lbx_region` (registered memory). All may be used from
+//!   several threads at once; a lease's calls are serialized on it.
 //! - Every call that can fail returns an `int32_t` status: `LBX_OK` (0) or one of the `LBX_ERR_*` codes. The
 //!   message of the last failure on the calling thread is `lbx_last_error()`.
 //! - No panic crosses the boundary: each entry point runs under `catch_unwind` and a panic becomes
 //!   `LBX_ERR_PANIC`. NULL or foreign pointers, and handles already destroyed, are refused with
 //!   `LBX_ERR_INVALID_ARGUMENT` as far as the handle's tag can tell (a freed handle's memory may be reused, so
 //!   using one stays a bug).
+//! - The data path ([`data_path`]): `lbx_region` (memory the caller registers), zero-copy transfers, and
+//!   asynchronous batches across leases with one `lbx_completion` per operation and a completion fd.
+//! - The RDMA requester of each appliance is chosen at run time ([`requester`], `lbx_client_connect_with`):
+//!   software over UDP, or verbs (libibverbs, loaded when the first verbs lease is allocated).
 //!
-//! Handles wrap `leasebox_client::{Client, Lease}` (app/client/src/client.rs, app/client/src/lease.rs).
+//! Handles wrap `leasebox_client::{Client, Lease, Region}` (app/client/src/client.rs, app/client/src/lease.rs,
+//! app/client/src/region.rs).
 #![allow(non_camel_case_types)]
 // These functions are the C ABI: a C caller sees no `unsafe`, and what every pointer must be is the contract the
 // header states. Marking them `unsafe fn` would change nothing for C and only move the same contract.
