@@ -655,6 +655,21 @@ fn bench_client(o: &BenchOpts) -> Result<i32, String> {
         "(latency per call as the program sees it; rates over all clients; the software requester runs on each \
          client's thread, the model's responder on one thread, on this machine's shared cores)"
     );
+    // The data path (issue 26 item 7): one client, one lease, half the phase time per cell.
+    let cell = (per / 2).max(Duration::from_millis(500));
+    outln!();
+    outln!("==> bench client: data path, {} ms per cell, hosted appliance with the model", cell.as_millis());
+    let rows = leasebox_scenarios::client_bench::data_path_rows(cell)?;
+    // The rxe columns (verbs in the Soft-RoCE guest against the QEMU appliance) are filled where a run in the
+    // guest hands its rows to `data_path_table`; here they read "not measured".
+    let table = leasebox_scenarios::client_bench::data_path_table(&rows, None);
+    outln!();
+    outln!("{}", table.trim_end());
+    outln!(
+        "(zero copy: Op::write_from / Op::read_into batches from a registered region, depth operations in flight on \
+         one lease; copying: Lease::write / Lease::read, which block, so depth 1; READs go in 64 KiB pieces with \
+         at most 128 KiB outstanding per lease)"
+    );
     Ok(0)
 }
 
