@@ -5,7 +5,7 @@
 //! `on_event` callback under the GIL, never wait on a caller that holds it). Buffers come in through the buffer
 //! protocol: `bytes`, `bytearray`, `memoryview` and anything else exporting bytes.
 //!
-//! The data path (docs/client.md, "Python"): [`Region`]s of the caller's memory (a writable buffer, whose
+//! The data path (docs/client.md, "The Python data path"): [`Region`]s of the caller's memory (a writable buffer, whose
 //! export is held while registered, or a raw address), zero-copy calls on a [`Lease`], and asynchronous
 //! batches of [`Op`]s ([`Client::submit`] → [`Ticket`]s, [`Client::poll`] / [`Client::wait`] → [`Completion`]s,
 //! [`Client::fileno`] for an event loop; python/leasebox/_aio.py awaits it).

@@ -1,4 +1,4 @@
-"""The data path from Python (docs/client.md, "Python"): registered memory (bytearray, memoryview, mmap, an array
+"""The data path from Python (docs/client.md, "The Python data path"): registered memory (bytearray, memoryview, mmap, an array
 of another item type, numpy when it is installed, foreign memory by address), zero copy both ways with nothing
 copied, scatter/gather, a 64-deep asynchronous batch across two leases with the completion fd, asyncio, a region
 in use that cannot be closed under the NIC, a lease revoked mid-batch failing only its own operations (both

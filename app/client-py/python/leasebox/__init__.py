@@ -7,7 +7,7 @@
         assert lease.read(4096, 5) == b"hello"
         lease.free()
 
-Zero copy and batches (docs/client.md, "Python"): `client.register(buffer)` → `Region`; `lease.write_from(region,
+Zero copy and batches (docs/client.md, "The Python data path"): `client.register(buffer)` → `Region`; `lease.write_from(region,
 offset, lease_offset, length)` / `lease.read_into(region, ...)`; `client.submit([Op.write_from(...), ...])` →
 tickets, `client.poll()` / `client.wait()` / `await client.completions()` → one `Completion` per operation.
 The requester is chosen per appliance at run time: `Client(..., requester=config.verbs("mlx5_0", 1, 3))`.
