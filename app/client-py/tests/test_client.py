@@ -108,7 +108,10 @@ def test_a_cut_connection_is_reconnected_and_the_lease_goes_on(appliance, proxy)
         assert wait_event(c, "disconnected", 15) is not None
         ev = wait_event(c, "reconnected", 15)
         assert ev is not None and ev.session_id and ev.appliance == proxy.addr
-        assert proxy.accepted == 2
+        # The reconnect went through the proxy. Not exactly one more connection: while a connection is not
+        # answered the client opens a fresh one beside it every 50 ms (docs/client.md, "Concepts"), so an
+        # appliance slow to answer (the QEMU one under TCG, or any on a loaded host) sees several.
+        assert proxy.accepted >= 2
         assert lease.read(0, 16) == b"before the break"
         with c.alloc(MIB) as l2:
             l2.write(0, b"new session")
