@@ -80,6 +80,8 @@ impl Row {
             until: Until::Ready,
             model: false,
             model_vf: false,
+            model_slot: leasebox_qemu::ModelSlot::RootBus,
+            com2: false,
             check: |t| t.ready().map(|_| ()),
         }
     }
