@@ -268,18 +268,23 @@ pub fn init(p: &Platform, eth: bool) -> Status {
     }
 }
 
-/// The HCA's state and a message for HEALTH: the summary, the command counters, then the newest commands
-/// while they fit the protocol's 256-byte message (the panic dump shows more).
+/// The HCA's state and a message for HEALTH: the summary (part, PCI address, firmware, port, MTU), the command
+/// counters (`failed`, `timeout`, `late`, `aborted` only when not zero), the Ethernet port's line, then the newest
+/// commands while they fit the protocol's 256-byte message (the panic dump shows more).
 pub fn health() -> (HcaState, String) {
     let Some(summary) = SUMMARY.get() else { return (HcaState::Absent, String::from("no HCA")) };
     let (Some(shared), Some(log)) = (SHARED.get(), LOG.get()) else { return (HcaState::Fatal, summary.clone()) };
     let state = if shared.fatal().is_some() { HcaState::Fatal } else { HcaState::Ok };
     let l = log.lock();
     let c = l.counters;
-    let mut m = format!(
-        "{summary}; cmds {} ok {} failed {} timeout {} late {} aborted {}",
-        c.submitted, c.ok, c.failed, c.timeouts, c.late, c.aborted
-    );
+    // The counters that count trouble only when there is some: the message shares the protocol's 256 bytes with
+    // the lease service's summary and the control port's line, and HCA_STATS carries every counter as a number.
+    let mut m = format!("{summary}; cmds {} ok {}", c.submitted, c.ok);
+    for (name, n) in [("failed", c.failed), ("timeout", c.timeouts), ("late", c.late), ("aborted", c.aborted)] {
+        if n != 0 {
+            m.push_str(&format!(" {name} {n}"));
+        }
+    }
     if let Some(eth) = crate::eth::summary() {
         m.push_str("; ");
         m.push_str(&eth);

@@ -82,6 +82,7 @@ impl Row {
             model_vf: false,
             model_slot: leasebox_qemu::ModelSlot::RootBus,
             com2: false,
+            spcr_port: None,
             check: |t| t.ready().map(|_| ()),
         }
     }

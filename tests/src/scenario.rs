@@ -85,6 +85,9 @@ pub struct Scenario {
     /// Two serial ports: COM1 to `<log_dir>/<name>.com1.log` (read into [`Transcript::com1`]) and COM2 on the
     /// runner's stdio, so the transcript is COM2's output.
     pub com2: bool,
+    /// An ACPI SPCR naming a 16550 at this I/O port, added with `-acpitable` (its body written to
+    /// `<log_dir>/<name>.spcr.bin` by the runner: [`spcr_body`]).
+    pub spcr_port: Option<u16>,
     pub check: fn(&Transcript) -> Result<(), String>,
 }
 
@@ -110,8 +113,14 @@ impl Scenario {
             model_vf: false,
             model_slot: ModelSlot::RootBus,
             com2: false,
+            spcr_port: None,
             check,
         }
+    }
+
+    /// Where the SPCR's body goes when [`Scenario::spcr_port`] is set.
+    pub fn spcr_path(&self, a: &Artifacts) -> std::path::PathBuf {
+        a.log_dir.join(format!("{}.spcr.bin", self.name))
     }
 
     /// Where COM1's output goes when [`Scenario::com2`] is set.
@@ -147,8 +156,25 @@ impl Scenario {
         if self.com2 {
             c.com1_file = Some(self.com1_path(a));
         }
+        if self.spcr_port.is_some() {
+            c.extra.push("-acpitable".into());
+            c.extra.push(format!("sig=SPCR,rev=2,data={}", self.spcr_path(a).display()).into());
+        }
         Ok((c, scratch))
     }
+}
+
+/// The body (everything after the 36-byte header, which QEMU's `-acpitable sig=SPCR,rev=2,data=` builds) of a
+/// revision 2 SPCR for a full 16550 at I/O port `port`, 115200 baud (docs/reference/acpi-tables.md, "SPCR").
+pub fn spcr_body(port: u16) -> Vec<u8> {
+    let mut b = vec![0u8; 80 - 36];
+    b[0] = 0x00; // interface type: 16550
+    b[4] = 1; // base address GAS: system I/O space
+    b[5] = 8; // register bit width
+    b[7] = 1; // access size: byte
+    b[8..16].copy_from_slice(&u64::from(port).to_le_bytes());
+    b[58 - 36] = 7; // 115200 baud
+    b
 }
 
 /// What a test run builds, once, before the scenarios that need it (besides the image, which all need).
@@ -400,6 +426,18 @@ fn boot_scenarios() -> Vec<Scenario> {
                 check_console_com2,
             )
         },
+        Scenario {
+            com2: true,
+            spcr_port: Some(0x2f8),
+            ..Scenario::new(
+                "console-spcr",
+                "two serial ports and an ACPI SPCR naming COM2 (QEMU -acpitable), no console=: the kernel moves \
+                 the console to COM2 once it has read the tables and replays the lines printed before on COM1 \
+                 there; the ready line is on COM2 only",
+                BootKind::Kernel,
+                check_console_spcr,
+            )
+        },
         Scenario::new("grub-bios", "the GRUB ISO on SeaBIOS (multiboot1)", BootKind::GrubBios, check_grub),
         Scenario::new("grub-uefi", "the GRUB ISO on OVMF (multiboot2)", BootKind::GrubUefi, check_grub),
         Scenario {
@@ -635,16 +673,33 @@ pub fn check_kernel_smp72_q35(t: &Transcript) -> Result<(), String> {
 /// `console-com2`: the transcript (COM2) has the boot from its first log line to the ready line; COM1 has the
 /// move's announcement and no ready line.
 pub fn check_console_com2(t: &Transcript) -> Result<(), String> {
+    check_console_moved(t, "console=")
+}
+
+/// `console-spcr`: as `console-com2`, the move made for the SPCR after the ACPI tables were read, so the first
+/// log lines on COM2 are the ones replayed from before the move.
+pub fn check_console_spcr(t: &Transcript) -> Result<(), String> {
+    check_console_moved(t, "ACPI SPCR")?;
+    let first = t.messages().next().unwrap_or_default();
+    if !first.starts_with("leasebox ") {
+        return Err(format!("COM2's first log line is `{first}`, expected the replayed `leasebox ... booting via`"));
+    }
+    Ok(())
+}
+
+/// The console moved from COM1 to COM2 for `why` (`console=` or `ACPI SPCR`).
+fn check_console_moved(t: &Transcript, why: &str) -> Result<(), String> {
     t.ready()?;
     t.no_fatal()?;
     if !t.messages().any(|m| m.starts_with("leasebox ") && m.contains(" booting via ")) {
         return Err("COM2 lacks the first log line, `leasebox ... booting via`".into());
     }
-    if !t.messages().any(|m| m == "console: COM2 (0x2f8) 115200 baud (console=)") {
-        return Err("no `console: COM2 (0x2f8) 115200 baud (console=)` line on COM2".into());
+    let here = format!("console: COM2 (0x2f8) 115200 baud ({why})");
+    if !t.messages().any(|m| m == here) {
+        return Err(format!("no `{here}` line on COM2"));
     }
     let com1 = t.com1.as_deref().ok_or("COM1's file was not read")?;
-    if !com1.contains("console: moving to COM2 (0x2f8) 115200 baud (console=)") {
+    if !com1.contains(&format!("console: moving to COM2 (0x2f8) 115200 baud ({why})")) {
         return Err(format!("COM1 does not say where the console went: {:?}", com1.lines().last()));
     }
     if com1.contains(crate::serial::READY_MARKER) {
@@ -961,6 +1016,34 @@ leasebox: ready cores=1 mem_mib=255 pci=5 boot_ms=50.132 ap_ms=0.117 entry_ms=17
         );
         assert!(with(&COM2.replace("COM2 (0x2f8)", "COM1 (0x3f8)"), Some(moved)).unwrap_err().contains("on COM2"));
         assert!(with(&COM2.replace("leasebox: ready", "x"), Some(moved)).is_err());
+
+        // The SPCR variant: the reason differs, and the replayed lines come first.
+        let spcr = String::from(
+            "[    0.006994] c0 INFO  leasebox 0.1.0 booting via Multiboot1; cmdline \"k\"\n\
+             [    0.027345] c0 INFO  console: COM2 (0x2f8) 115200 baud (ACPI SPCR)\n\
+             leasebox: ready cores=1 hca=none\n",
+        );
+        let mut t = Transcript::from_text(&spcr);
+        t.com1 = Some("[    0.006994] c0 INFO  leasebox 0.1.0 booting via ...\nconsole: moving to COM2 (0x2f8) 115200 baud (ACPI SPCR)\n".into());
+        assert_eq!(check_console_spcr(&t), Ok(()));
+        assert!(check_console_com2(&t).unwrap_err().contains("(console=)"));
+        t.lines.swap(0, 1);
+        assert!(check_console_spcr(&t).unwrap_err().contains("replayed"));
+    }
+
+    #[test]
+    fn spcr_body_layout() {
+        let b = spcr_body(0x2f8);
+        assert_eq!(b.len(), 44);
+        assert_eq!((b[0], b[4], b[22]), (0, 1, 7));
+        assert_eq!(u64::from_le_bytes(b[8..16].try_into().unwrap()), 0x2f8);
+        let a = Artifacts::for_tests();
+        let s = boot_scenario("console-spcr").unwrap();
+        let (c, _) = s.qemu_config(&a).unwrap();
+        let args: Vec<String> = c.args().into_iter().map(|s| s.into_string().unwrap()).collect();
+        let want = std::format!("sig=SPCR,rev=2,data={}", s.spcr_path(&a).display());
+        assert!(args.windows(2).any(|w| w[0] == "-acpitable" && w[1] == want), "{args:?}");
+        assert!(args.windows(2).any(|w| w[0] == "-serial" && w[1].starts_with("file:")), "{args:?}");
     }
 
     #[test]
@@ -1108,6 +1191,7 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "hca-expander-pc",
                 "kernel-smp72-q35",
                 "console-com2",
+                "console-spcr",
                 "grub-bios",
                 "grub-uefi",
                 "fault-pagefault",
@@ -1122,7 +1206,7 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "lease-qemu-large"
             ]
         );
-        assert_eq!(select(&[]).unwrap().len(), 21);
+        assert_eq!(select(&[]).unwrap().len(), 22);
         assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name(), "grub-bios");
         // Run order, not the order named; driven and boot scenarios alike.
         let picked = select(&["lease-qemu".into(), "kernel-smp1-pc".into(), "control-qemu".into()]).unwrap();
@@ -1156,7 +1240,7 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
         assert_eq!(needing(Build::Leasectl), ["control-qemu", "lease-qemu", "ctl-mlx5-qemu", "rxe-qemu"]);
         assert_eq!(needing(Build::FenceTestImage), ["lease-qemu"]);
         assert_eq!(needing(Build::RxeGuest), ["rxe-qemu"]);
-        assert!(matches!(&all()[14], Entry::Driven(d) if d.about.contains("malformed frames")));
+        assert!(matches!(&all()[15], Entry::Driven(d) if d.about.contains("malformed frames")));
     }
 
     #[test]

@@ -157,11 +157,11 @@ fn settle_console(acpi: Option<&AcpiInfo>) {
             serial::select(Some(u), "ACPI SPCR");
             log::info!("console: {u} (ACPI SPCR)");
         }
+        Some(SpcrConsole::Disabled) | None => serial::select(Some(Uart::COM1), "default"),
         Some(other) => {
             serial::select(Some(Uart::COM1), "default");
             log::warn!("console: the ACPI SPCR names a UART the kernel cannot drive: {other}; staying on COM1");
         }
-        None => serial::select(Some(Uart::COM1), "default"),
     }
 }
 
