@@ -127,7 +127,8 @@ pub struct CoreLayout {
 
 impl CoreLayout {
     /// docs/architecture.md's defaults: one CPU runs everything; two split net from the HCA engines; three or
-    /// more give net, cmd and event a core each and leave the rest idle.
+    /// more give net, cmd and event a core each and leave the rest idle (the image asks for at most three, so
+    /// that CPUs without a role are never started).
     pub fn default_for(cpus: usize) -> CoreLayout {
         let cpus = cpus.clamp(1, MAX_CORES);
         let mut l = CoreLayout { sets: [RoleSet::default(); MAX_CORES], len: cpus };
