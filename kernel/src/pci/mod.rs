@@ -10,6 +10,7 @@
 //! legacy 0xCF8/0xCFC ports, and host tests over a fake configuration space. Everything here is therefore safe
 //! code with fixed-size results.
 
+use alloc::vec::Vec;
 use core::fmt;
 
 /// Access to configuration space. Offsets are dword-aligned and below 4096 (256 without ECAM).
@@ -129,8 +130,10 @@ const CAP_MIN_OFFSET: u8 = 0x40;
 /// At most (256 - 64) / 4 distinct capabilities fit, so more steps mean a loop.
 const CAP_MAX_STEPS: u8 = 48;
 
-/// Functions kept by [`enumerate`].
-pub const MAX_FUNCTIONS: usize = 64;
+/// Functions kept by [`enumerate`]. A two-socket server lists a few hundred (each IIO stack's root ports and
+/// uncore functions, the uncore buses at the top of each socket's range with a hundred or more); the list is
+/// in bus order, so the uncore buses are the ones cut. Kept on the heap (about 170 bytes a function).
+pub const MAX_FUNCTIONS: usize = 256;
 /// Root buses listed by [`PciBus::roots`].
 pub const MAX_ROOTS: usize = 16;
 
@@ -151,18 +154,6 @@ pub struct Function {
 }
 
 impl Function {
-    const EMPTY: Function = Function {
-        bdf: Bdf::new(0, 0, 0, 0),
-        vendor: 0,
-        device: 0,
-        class: 0,
-        subclass: 0,
-        prog_if: 0,
-        revision: 0,
-        header_type: 0,
-        bars: [Bar::None; 6],
-    };
-
     /// Whether this is a PCI-to-PCI bridge (type 1 header).
     pub fn is_bridge(&self) -> bool {
         self.header_type & HEADER_TYPE_MASK == HEADER_TYPE_BRIDGE
@@ -172,8 +163,7 @@ impl Function {
 /// The functions found on the machine's segments.
 #[derive(Clone)]
 pub struct PciBus {
-    functions: [Function; MAX_FUNCTIONS],
-    len: usize,
+    functions: Vec<Function>,
     truncated: bool,
     roots: [Bdf; MAX_ROOTS],
     roots_len: usize,
@@ -183,7 +173,7 @@ pub struct PciBus {
 impl PciBus {
     /// Functions in discovery order (per root bus, depth-first: a bridge's subtree right after the bridge).
     pub fn functions(&self) -> &[Function] {
-        &self.functions[..self.len]
+        &self.functions
     }
 
     /// Functions with the given vendor and device ID.
@@ -203,16 +193,12 @@ impl PciBus {
 
     /// Records `f`; `false` (and the truncated mark) when full.
     fn push(&mut self, f: Function) -> bool {
-        match self.functions.get_mut(self.len) {
-            Some(slot) => {
-                *slot = f;
-                self.len += 1;
-                true
-            }
-            None => {
-                self.truncated = true;
-                false
-            }
+        if self.functions.len() < MAX_FUNCTIONS {
+            self.functions.push(f);
+            true
+        } else {
+            self.truncated = true;
+            false
         }
     }
 }
@@ -235,8 +221,7 @@ impl PciBus {
     /// An empty list, to be filled by [`PciBus::scan_segment`] (once per ECAM segment).
     pub const fn new() -> Self {
         PciBus {
-            functions: [Function::EMPTY; MAX_FUNCTIONS],
-            len: 0,
+            functions: Vec::new(),
             truncated: false,
             roots: [Bdf::new(0, 0, 0, 0); MAX_ROOTS],
             roots_len: 0,
@@ -813,14 +798,15 @@ mod tests {
     #[test]
     fn too_many_functions_truncates() {
         let mut cfg = FakeCfg::default();
-        for bus in 0..3u8 {
+        let buses = (MAX_FUNCTIONS / 32 + 1) as u8;
+        for bus in 0..buses {
             for dev in 0..32u8 {
                 cfg.add(bdf(bus, dev, 0), 0x1234, u16::from(bus) << 8 | u16::from(dev), 0, 0);
             }
         }
-        for (bus, secondary) in [(0u8, 1u32), (1, 2)] {
+        for bus in 0..buses - 1 {
             cfg.set(bdf(bus, 31, 0), HEADER_TYPE & !3, u32::from(HEADER_TYPE_BRIDGE) << 16);
-            cfg.set(bdf(bus, 31, 0), 0x18, secondary << 8);
+            cfg.set(bdf(bus, 31, 0), 0x18, u32::from(bus + 1) << 8);
         }
         let bus = enumerate(&cfg, 0, 0, 255);
         assert_eq!(bus.functions().len(), MAX_FUNCTIONS);
