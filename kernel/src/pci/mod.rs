@@ -6,6 +6,9 @@
 //! traversal, the Command register, and the capability list. The PCI Express Base Specification keeps the same
 //! layout in the first 256 bytes, which is all this module reads.
 //!
+//! Root buses that no bridge leads to (a server's peer host bridges) are found by probing every bus the bridge
+//! walk did not reach (docs/reference/pci-peer-host-bridges.md).
+//!
 //! The bus is reached through [`ConfigAccess`]: the kernel implements it over ECAM (from the ACPI MCFG) or the
 //! legacy 0xCF8/0xCFC ports, and host tests over a fake configuration space. Everything here is therefore safe
 //! code with fixed-size results.
