@@ -153,6 +153,9 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
             ram: leasebox_qemu::firmware::unique_path(&shm_dir, model::RAM_STEM, "shm"),
         });
     }
+    if o.expander {
+        config.model_slot = leasebox_qemu::ModelSlot::Expander;
+    }
     config.validate()?;
     // Declared before QEMU's guard so they are dropped after it: QEMU reaped, model stopped, files deleted.
     let mut shm = None;
