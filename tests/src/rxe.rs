@@ -483,7 +483,7 @@ fn bindings_cmd(ctl: &str, tenant_hex: &str, admin_hex: &str) -> String {
     format!(
         "echo {PART_MARK}verify $?; kv_blocks {ctl} demo {tenant_hex} {requester}; echo {PART_MARK}c-example $?; \
          cd /opt/leasebox/app/client-py && LEASEBOX_TEST_APPLIANCE={ctl} LEASEBOX_TEST_KEY={tenant_hex} \
-         LEASEBOX_TEST_ADMIN_KEY={admin_hex} LEASEBOX_TEST_REQUESTER={requester} python3 -m pytest -q -rs \
+         LEASEBOX_TEST_ADMIN_KEY={admin_hex} LEASEBOX_TEST_REQUESTER={requester} python3 -m pytest -q -rs --color=no \
          -p no:cacheprovider tests; echo {PART_MARK}pytest $?"
     )
 }

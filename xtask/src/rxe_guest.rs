@@ -348,11 +348,14 @@ pub fn build(p: &Paths) -> Result<Guest, String> {
     let mut files = files;
     let mut symlinks: Vec<(String, String)> = Vec::new();
     let python = python_tree(&root, &mut files, &mut symlinks)?;
+    files.extend(bindings(p, &dir)?);
+    // Every dynamically linked ELF we ship (busybox is static; the interpreter's extension modules are
+    // handled below).
     let mut elfs: Vec<PathBuf> = files
         .iter()
-        .filter(|(n, _, _)| !n.ends_with(".driver") && *n != "bin/busybox" && !n.contains("/lib-dynload/"))
+        .filter(|(n, _, _)| *n != "bin/busybox" && !n.contains("/lib-dynload/"))
         .map(|f| f.1.clone())
-        .filter(|src| !src.starts_with(&root) || !src.to_string_lossy().contains("/python3"))
+        .filter(|src| is_elf(src))
         .collect();
     // libibverbs itself: the verbs backend opens it with dlopen, so ldd of leasectl does not name it.
     let libibverbs = root.join(LIBDIR).join("libibverbs.so.1");
@@ -538,6 +541,68 @@ fn python_tree(
         }
     }
     Ok(format!("python: {PY_VERSION}, {} files, {:.1} MiB", files.len() - before, bytes as f64 / 1048576.0))
+}
+
+fn is_elf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && magic == *b"\x7fELF"
+}
+
+/// The client bindings as a program in the guest uses them (docs/rxe-guest.md, "The bindings in the guest"):
+/// the C example `kv_blocks` linked with the C library's static archive, and the Python package (its extension
+/// module built by the `python-client` step's `pip install`) with the binding's test suite under
+/// `/opt/leasebox/app/client-py/tests`.
+fn bindings(p: &Paths, dir: &Path) -> Result<Vec<(String, PathBuf, u32)>, String> {
+    let mut out = Vec::new();
+    println!("rxe-guest: cargo build -p leasebox-client-c --release");
+    let status = Command::new(image::cargo())
+        .args(["build", "-p", "leasebox-client-c", "--release"])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err("building leasebox-client-c failed".into());
+    }
+    let example = dir.join("kv_blocks");
+    let c = p.root.join("app/client-c");
+    run(Command::new("gcc")
+        .args(["-std=c11", "-D_POSIX_C_SOURCE=200809L", "-O2", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(&c)
+        .arg(c.join("examples/kv_blocks.c"))
+        .arg(p.target.join("release/libleasebox_client_c.a"))
+        .args(["-lpthread", "-ldl", "-lm", "-o"])
+        .arg(&example))?;
+    out.push(("usr/local/bin/kv_blocks".to_string(), example, 0o755));
+    let package = crate::python::install(p)?;
+    for (src, name) in tree_files(&package)? {
+        out.push((format!("usr/lib/python3/dist-packages/leasebox/{name}"), src, 0o644));
+    }
+    let tests = p.root.join("app/client-py/tests");
+    for (src, name) in tree_files(&tests)? {
+        if name.ends_with(".py") {
+            out.push((format!("opt/leasebox/app/client-py/tests/{name}"), src, 0o644));
+        }
+    }
+    Ok(out)
+}
+
+/// The regular files under `dir` (no `__pycache__`), with their paths relative to it.
+fn tree_files(dir: &Path) -> Result<Vec<(PathBuf, String)>, String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?.filter_map(Result::ok) {
+            let path = e.path();
+            if path.is_dir() {
+                if e.file_name() != "__pycache__" {
+                    stack.push(path);
+                }
+            } else {
+                out.push((path.clone(), rel(&path, dir)?));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Byte-compiles `trees` (under `root`) with the host's CPython when it is the guest's version, so the guest,
