@@ -558,7 +558,13 @@ impl LeaseCore {
             moved = true;
             self.complete(io, c);
         }
-        if !io.inflight.is_empty() && io.last_progress.elapsed() > self.inner.rdma_timeout {
+        if !io.inflight.is_empty() && self.shared.revoked().is_some() {
+            // Known revoked (its notice came, or a verdict said so): what is still posted cannot succeed, and
+            // its failures would come at the transport's pace (after a QP-first revoke, the retry timer's: on
+            // Soft-RoCE under TCG more than `rdma_timeout`). Give up on them now, with the revoke.
+            self.give_up(io, None);
+            moved = true;
+        } else if !io.inflight.is_empty() && io.last_progress.elapsed() > self.inner.rdma_timeout {
             self.stuck(io);
             moved = true;
         }
@@ -601,10 +607,21 @@ impl LeaseCore {
     /// No completion for `rdma_timeout`: the requester is dropped (nothing touches the memory of its work
     /// requests after that), its work fails with [`Error::Timeout`], the lease's QP counts as broken.
     fn stuck(&self, io: &mut LeaseIo) {
-        let e = Error::Timeout { what: "RDMA completion", after: self.inner.rdma_timeout };
+        self.give_up(io, Some(Error::Timeout { what: "RDMA completion", after: self.inner.rdma_timeout }));
+    }
+
+    /// Drops the requester (its QP destroyed: the NIC no longer reads or writes the memory of its work requests)
+    /// and fails the lease's posted and queued work: with the revoke when the lease is known revoked, else with
+    /// `e` (a stuck lease's timeout), and the QP counts as broken.
+    fn give_up(&self, io: &mut LeaseIo, e: Option<Error>) {
         drop(io.requester.take());
         io.broken.get_or_insert(WcStatus::RetryExcErr);
         io.read_bytes = 0;
+        let e = match (self.shared.revoked(), e) {
+            (Some(outcome), _) => Error::Revoked { lease: self.id, outcome },
+            (None, Some(e)) => e,
+            (None, None) => Error::Rdma { status: WcStatus::RetryExcErr, lease: self.id },
+        };
         let engine = self.engine();
         for (_, c) in io.inflight.drain() {
             c.job.chunk_done(engine, Some(e.again()));
