@@ -2,7 +2,8 @@
 //! requester over UDP, or a real RDMA device through libibverbs (leasebox-client's `verbs` backend, which this
 //! library is built with).
 //!
-//! A requester is named by a short spec, the same a program can take from its command line or environment:
+//! A requester is named by a short spec, the same a program can take from its command line or environment
+//! (leasebox-client's `RequesterConfig::parse` owns the grammar):
 //!
 //! - `soft`: the software requester toward 127.0.0.1:4791 (the hosted appliance's model, a QEMU hub port);
 //! - `soft:ADDR:PORT`: the software requester toward that UDP address;
@@ -13,10 +14,7 @@
 //! without libibverbs, shows in `lbx_alloc`'s `LBX_ERR_RDMA` and its message.
 
 use std::ffi::c_char;
-use std::net::SocketAddr;
 
-use leasebox_client::rdma::SoftConfig;
-use leasebox_client::rdma::verbs::VerbsConfig;
 use leasebox_client::{Client, ClientConfig, MAX_QUEUE_DEPTH, RequesterConfig};
 
 use crate::{Fail, entry, lbx_client, out, string};
@@ -32,34 +30,6 @@ pub struct lbx_connect_options {
     /// Work requests each lease keeps posted at most (0: 64; at most 4096); `lbx_lease_set_queue_depth` changes
     /// one lease's.
     pub queue_depth: u32,
-}
-
-/// The requester a spec names (see the module documentation); `depth`: the lease's queue depth (a verbs QP's
-/// send queue and bounce slots).
-pub fn parse_requester(spec: &str, depth: usize) -> Result<RequesterConfig, String> {
-    let spec = spec.trim();
-    let bad = || format!("requester '{spec}' is not soft, soft:ADDR:PORT or verbs:DEVICE:PORT:GID_INDEX");
-    let (kind, rest) = spec.split_once(':').unwrap_or((spec, ""));
-    match kind {
-        "soft" if rest.is_empty() => Ok(RequesterConfig::Soft(SoftConfig::default())),
-        "soft" => {
-            let peer: SocketAddr =
-                rest.parse().map_err(|_| format!("requester '{spec}': '{rest}' is not ADDR:PORT"))?;
-            Ok(RequesterConfig::Soft(SoftConfig { peer, ..SoftConfig::default() }))
-        }
-        "verbs" => {
-            let parts: Vec<&str> = rest.split(':').collect();
-            let [device, port, gid] = parts[..] else { return Err(bad()) };
-            if device.is_empty() {
-                return Err(bad());
-            }
-            let port: u8 = port.parse().map_err(|_| format!("requester '{spec}': port '{port}' is not 0..255"))?;
-            let gid_index: u8 =
-                gid.parse().map_err(|_| format!("requester '{spec}': GID index '{gid}' is not 0..255"))?;
-            Ok(RequesterConfig::Verbs(VerbsConfig { depth, ..VerbsConfig::new(device, port, gid_index) }))
-        }
-        _ => Err(bad()),
-    }
 }
 
 /// Builds the configuration of `lbx_client_connect_with`'s arguments: `requesters` as
@@ -86,7 +56,7 @@ pub fn config_with(
         return Err(format!("{} requesters for {n} appliances (give one, or one per appliance)", specs.len()));
     }
     for (i, a) in cfg.appliances.iter_mut().enumerate() {
-        a.requester = parse_requester(specs[i.min(specs.len() - 1)], cfg.queue_depth)?;
+        a.requester = RequesterConfig::parse(specs[i.min(specs.len() - 1)], cfg.queue_depth)?;
     }
     Ok(cfg)
 }
@@ -129,29 +99,6 @@ pub extern "C" fn lbx_client_connect_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn requester_specs_name_what_is_wrong() {
-        let soft = |s: &str| match parse_requester(s, 64) {
-            Ok(RequesterConfig::Soft(c)) => c.peer.to_string(),
-            other => panic!("{s}: {other:?}"),
-        };
-        assert_eq!(soft("soft"), "127.0.0.1:4791");
-        assert_eq!(soft(" soft:10.0.0.2:4792 "), "10.0.0.2:4792");
-        match parse_requester("verbs:rxe0:1:3", 16) {
-            Ok(RequesterConfig::Verbs(v)) => {
-                assert_eq!((v.device.as_str(), v.port, v.gid_index, v.depth), ("rxe0", 1, 3, 16));
-            }
-            other => panic!("{other:?}"),
-        }
-        let err = |s: &str| parse_requester(s, 64).unwrap_err();
-        assert!(err("verbs:rxe0").contains("verbs:DEVICE:PORT:GID_INDEX"), "{}", err("verbs:rxe0"));
-        assert!(err("verbs::1:1").contains("verbs:DEVICE:PORT:GID_INDEX"));
-        assert!(err("verbs:rxe0:x:1").contains("port 'x'"));
-        assert!(err("verbs:rxe0:1:300").contains("GID index '300'"));
-        assert!(err("soft:nowhere").contains("'nowhere' is not ADDR:PORT"));
-        assert!(err("ucx").contains("requester 'ucx'"));
-    }
 
     #[test]
     fn one_requester_for_all_or_one_each() {

@@ -16,8 +16,6 @@
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 use std::time::{Duration, Instant};
 
-use leasebox_client::rdma::SoftConfig;
-use leasebox_client::rdma::verbs::VerbsConfig;
 use leasebox_client::{
     AllocOptions, Callback, Client as RustClient, ClientConfig, Error, Event as RustEvent, FleetConfig,
     Lease as RustLease, LeaseId, MAX_QUEUE_DEPTH, Op as RustOp, Region as RustRegion, RequesterConfig,
@@ -140,35 +138,11 @@ fn seconds(t: f64, what: &str) -> PyResult<Duration> {
 /// software RoCEv2 requester toward `rdma_peer`), `soft:HOST:PORT` (toward that UDP address), or
 /// `verbs:DEVICE:PORT:GID_INDEX` (a real RDMA NIC through libibverbs). `None`: `soft`, as configured.
 fn requester_of(spec: &str, queue_depth: usize) -> Result<Option<RequesterConfig>, String> {
-    let spec = spec.trim();
-    let bad = |why: &str| {
-        format!("requester '{spec}': {why} (give 'soft', 'soft:HOST:PORT' or 'verbs:DEVICE:PORT:GID_INDEX')")
-    };
-    let (kind, rest) = spec.split_once(':').unwrap_or((spec, ""));
-    match kind {
-        "soft" if rest.is_empty() => Ok(None),
-        "soft" => {
-            let peer = rest.parse().map_err(|_| bad("not HOST:PORT after soft:"))?;
-            Ok(Some(RequesterConfig::Soft(SoftConfig { peer, ..SoftConfig::default() })))
-        }
-        "verbs" => {
-            let parts: Vec<&str> = rest.split(':').collect();
-            let [device, port, gid] = parts.as_slice() else {
-                return Err(bad("verbs takes DEVICE:PORT:GID_INDEX"));
-            };
-            if device.is_empty() {
-                return Err(bad("no device"));
-            }
-            let port: u8 = port.parse().ok().filter(|p| *p >= 1).ok_or_else(|| bad("the port is 1 to 255"))?;
-            let gid_index: u8 = gid.parse().map_err(|_| bad("the GID index is 0 to 255"))?;
-            // The library's defaults (MAC from sysfs, 64 KiB copy slots, Linux's QP timers), our queue depth.
-            Ok(Some(RequesterConfig::Verbs(VerbsConfig {
-                depth: queue_depth,
-                ..VerbsConfig::new(device, port, gid_index)
-            })))
-        }
-        _ => Err(bad("unknown kind")),
+    // leasebox-client owns the grammar; a bare `soft` keeps the configured `rdma_peer`.
+    if spec.trim() == "soft" {
+        return Ok(None);
     }
+    RequesterConfig::parse(spec, queue_depth).map(Some)
 }
 
 /// The requester argument: one spec (string or an object whose `str()` is one) for every appliance, or a
