@@ -340,133 +340,9 @@ pub fn table(per: Duration) -> Result<String, String> {
 
 // ---- The data path (issue 26 item 7): sizes × depths, copying vs zero copy ----
 
-/// Transfer sizes of the data-path table.
-pub const DATA_SIZES: [usize; 3] = [4 << 10, 64 << 10, 1 << 20];
-/// Operations kept in flight on one lease (zero copy: [`Client::submit`] batches).
-pub const DATA_DEPTHS: [usize; 3] = [1, 16, 64];
-
-/// One measured cell: operations completed in `secs`, of `bytes` each.
-#[derive(Clone, Debug, Default)]
-pub struct Rate {
-    pub ops: u64,
-    pub bytes: usize,
-    pub secs: f64,
-    pub error: Option<String>,
-}
-
-impl Rate {
-    pub fn ops_per_s(&self) -> f64 {
-        self.ops as f64 / self.secs.max(1e-9)
-    }
-
-    pub fn mib_per_s(&self) -> f64 {
-        self.ops_per_s() * self.bytes as f64 / (1 << 20) as f64
-    }
-
-    fn cell(&self) -> String {
-        match &self.error {
-            Some(e) if self.ops == 0 => format!("error: {e}"),
-            Some(_) => format!("{:.0} ops/s, {:.1} MiB/s (then an error)", self.ops_per_s(), self.mib_per_s()),
-            None => format!("{:.0} ops/s, {:.1} MiB/s", self.ops_per_s(), self.mib_per_s()),
-        }
-    }
-}
-
-/// One row: a size and a direction; the copying calls (`Lease::write` / `Lease::read`, which block: one at a
-/// time per lease, depth 1) and zero copy (`Op::write_from` / `Op::read_into` from a registered region) at each
-/// of [`DATA_DEPTHS`].
-#[derive(Clone, Debug)]
-pub struct DataRow {
-    pub bytes: usize,
-    pub read: bool,
-    pub copying: Rate,
-    pub zero_copy: [Rate; 3],
-}
-
-fn size_name(bytes: usize) -> String {
-    if bytes >= 1 << 20 { format!("{} MiB", bytes >> 20) } else { format!("{} KiB", bytes >> 10) }
-}
-
-/// Zero copy at `depth`: `depth` operations in flight on `lease` (each to its own `bytes` slot of the lease and
-/// of `region`), each one finished replaced by the next, for `per`.
-fn zero_copy(
-    c: &Client,
-    lease: &Lease,
-    region: &leasebox_client::Region<'static>,
-    bytes: usize,
-    depth: usize,
-    read: bool,
-    per: Duration,
-) -> Rate {
-    use leasebox_client::{Op, Ticket};
-    use std::collections::{HashSet, VecDeque};
-    let mut r = Rate { bytes, ..Rate::default() };
-    let op = |i: u64| {
-        let slot = (i % depth as u64) as usize * bytes;
-        if read {
-            Op::read_into(lease, region, slot, slot as u64, bytes)
-        } else {
-            Op::write_from(lease, region, slot, slot as u64, bytes)
-        }
-    };
-    let (mut next, mut queue, mut done) = (0u64, VecDeque::<Ticket>::new(), HashSet::<u64>::new());
-    let t0 = Instant::now();
-    let end = t0 + per;
-    let submit = |n: usize, next: &mut u64, queue: &mut VecDeque<Ticket>| {
-        let ops: Vec<_> = (0..n).map(|k| op(*next + k as u64)).collect();
-        *next += n as u64;
-        queue.extend(c.submit(ops));
-    };
-    submit(depth, &mut next, &mut queue);
-    while let Some(&first) = queue.front() {
-        if !done.remove(&first.id()) {
-            let mut got = match c.wait(first, Duration::from_secs(10)) {
-                Ok(g) => g,
-                Err(e) => {
-                    r.error = Some(e.to_string());
-                    break;
-                }
-            };
-            got.extend(c.poll(usize::MAX));
-            let mut failed = None;
-            for (t, res) in got {
-                match res {
-                    Ok(_) => {
-                        done.insert(t.id());
-                    }
-                    Err(e) => failed = Some(e.to_string()),
-                }
-            }
-            if let Some(e) = failed {
-                r.error = Some(e);
-                break;
-            }
-            if !done.remove(&first.id()) {
-                continue;
-            }
-        }
-        queue.pop_front();
-        r.ops += 1;
-        let mut refill = 1;
-        while let Some(&t) = queue.front() {
-            if !done.remove(&t.id()) {
-                break;
-            }
-            queue.pop_front();
-            r.ops += 1;
-            refill += 1;
-        }
-        if Instant::now() < end {
-            submit(refill, &mut next, &mut queue);
-        }
-    }
-    r.secs = t0.elapsed().as_secs_f64();
-    if r.error.is_some() {
-        // Take what is still in flight so the next cell starts clean.
-        let _ = c.wait(leasebox_client::Wait::All, Duration::from_secs(10));
-    }
-    r
-}
+/// The cells and their measurement are `leasectl bench-data`'s (one owner: the guest runs the same code over
+/// verbs); here the software requester's side runs in-process.
+pub use leasectl::bench_data::{DEPTHS as DATA_DEPTHS, DataRow, Rate, SIZES as DATA_SIZES};
 
 /// Waits (up to 60 s) until the appliance has zeroed its whole pool (STATS `bytes_scrubbing` 0): the scrub
 /// that follows start would otherwise share the cores with the first cells.
@@ -488,26 +364,9 @@ fn pool_prepared(w: &Where) -> Result<(), String> {
     Ok(())
 }
 
-/// The copying calls, one at a time, for `per`.
-fn copying(lease: &mut Lease, buf: &mut [u8], read: bool, per: Duration) -> Rate {
-    let mut r = Rate { bytes: buf.len(), ..Rate::default() };
-    let t0 = Instant::now();
-    while t0.elapsed() < per {
-        let res = if read { lease.read(0, buf) } else { lease.write(0, buf) };
-        if let Err(e) = res {
-            r.error = Some(e.to_string());
-            break;
-        }
-        r.ops += 1;
-    }
-    r.secs = t0.elapsed().as_secs_f64();
-    r
-}
-
 /// Every row of the data-path table against the hosted appliance with the model and the software requester:
-/// one client, one lease, `per` per cell.
+/// one client, one lease ([`leasectl::bench_data::DEFAULT_SPAN`]), `per` per cell.
 pub fn data_path_rows(per: Duration) -> Result<Vec<DataRow>, String> {
-    let largest = DATA_SIZES[DATA_SIZES.len() - 1] * DATA_DEPTHS[DATA_DEPTHS.len() - 1];
     let hosted = start_hosted(&["--hca", "--udp", "127.0.0.1:0", "lease_grace_ms=100", "lease_pool_mib=128"])?;
     let w = Where {
         addr: hosted.addr.clone(),
@@ -517,49 +376,115 @@ pub fn data_path_rows(per: Duration) -> Result<Vec<DataRow>, String> {
     };
     pool_prepared(&w)?;
     let c = client(&w)?;
-    let mut lease = c.alloc(largest as u64, AllocOptions::default()).map_err(|e| format!("alloc: {e}"))?;
-    lease.set_queue_depth(DATA_DEPTHS[DATA_DEPTHS.len() - 1]);
-    let region = c.register_owned(vec![0x5a; largest]).map_err(|e| format!("register: {e}"))?;
-    let mut buf = vec![0xa5u8; DATA_SIZES[DATA_SIZES.len() - 1]];
-    let mut rows = Vec::new();
-    for &bytes in &DATA_SIZES {
-        for read in [false, true] {
-            let copying = copying(&mut lease, &mut buf[..bytes], read, per);
-            let zero_copy = DATA_DEPTHS.map(|d| zero_copy(&c, &lease, &region, bytes, d, read, per));
-            rows.push(DataRow { bytes, read, copying, zero_copy });
-        }
-    }
-    drop(region);
-    let _ = lease.free();
+    let rows = leasectl::bench_data::rows(&c, per, leasectl::bench_data::DEFAULT_SPAN);
     drop(c);
     drop(hosted);
-    Ok(rows)
+    rows
 }
 
-/// The data-path table: `soft` (this host: [`data_path_rows`]) and, where given, the same rows measured with the
-/// verbs backend in the rxe guest (`rxe`; its columns read "not measured" otherwise), then the zero-copy/copying
-/// ratio at depth 1.
-pub fn data_path_table(soft: &[DataRow], rxe: Option<&[DataRow]>) -> String {
-    let mut headers: Vec<String> = vec!["size, direction".into(), "soft: copying (depth 1)".into()];
-    headers.extend(DATA_DEPTHS.iter().map(|d| format!("soft: zero copy, depth {d}")));
-    headers.push("soft: zero copy / copying (depth 1)".into());
-    headers.push("rxe verbs: copying (depth 1)".into());
-    headers.extend(DATA_DEPTHS.iter().map(|d| format!("rxe verbs: zero copy, depth {d}")));
+fn size_name(bytes: usize) -> String {
+    if bytes >= 1 << 20 { format!("{} MiB", bytes >> 20) } else { format!("{} KiB", bytes >> 10) }
+}
+
+/// `a / b` of operations/s, as `1.23×` (`-` where either is missing or nothing completed).
+fn ratio_cell(a: Option<&Rate>, b: Option<&Rate>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if a.ops > 0 && b.ops > 0 => format!("{:.2}×", a.ops_per_s() / b.ops_per_s()),
+        _ => "-".into(),
+    }
+}
+
+/// The data-path table. Columns: `soft` (this host, the software requester against the hosted appliance:
+/// [`data_path_rows`]), `rxe` (verbs on rxe0 in the Soft-RoCE guest against the QEMU appliance), `reference`
+/// (the same guest against the rxe reference responder), then Leasebox ÷ reference (ops/s) per cell. Per size
+/// and direction: the copying calls at depth 1, zero copy at each depth, then zero copy ÷ copying at depth 1.
+/// A side that could not be measured reads "missing" and its reason follows the table.
+pub fn data_path_table(
+    soft: &[DataRow],
+    rxe: &Result<Vec<DataRow>, String>,
+    reference: &Result<Vec<DataRow>, String>,
+) -> String {
+    let headers = [
+        "size, direction, call",
+        "soft requester → hosted appliance",
+        "rxe verbs → QEMU appliance",
+        "rxe verbs → rxe reference",
+        "QEMU appliance / reference (ops/s)",
+    ];
+    let side = |s: &Result<Vec<DataRow>, String>, i: usize| s.as_ref().ok().and_then(|x| x.get(i).cloned());
     let mut rows = Vec::new();
     for (i, r) in soft.iter().enumerate() {
-        let mut row =
-            vec![format!("{} {}", size_name(r.bytes), if r.read { "read" } else { "write" }), r.copying.cell()];
-        row.extend(r.zero_copy.iter().map(Rate::cell));
-        row.push(format!("{:.2}×", r.zero_copy[0].ops_per_s() / r.copying.ops_per_s().max(1e-9)));
-        match rxe.and_then(|x| x.get(i)) {
-            Some(x) => {
-                row.push(x.copying.cell());
-                row.extend(x.zero_copy.iter().map(Rate::cell));
-            }
-            None => row.extend(std::iter::repeat_n("not measured".to_string(), 1 + DATA_DEPTHS.len())),
+        let (x, y) = (side(rxe, i), side(reference, i));
+        let name = format!("{} {}", size_name(r.bytes), if r.read { "read" } else { "write" });
+        let cell =
+            |d: &Option<DataRow>, f: &dyn Fn(&DataRow) -> Rate| d.as_ref().map_or("missing".into(), |d| f(d).cell());
+        let calls: [(String, &dyn Fn(&DataRow) -> Rate); 4] = [
+            (format!("{name}, copying (depth 1)"), &|d: &DataRow| d.copying.clone()),
+            (format!("{name}, zero copy, depth {}", DATA_DEPTHS[0]), &|d: &DataRow| d.zero_copy[0].clone()),
+            (format!("{name}, zero copy, depth {}", DATA_DEPTHS[1]), &|d: &DataRow| d.zero_copy[1].clone()),
+            (format!("{name}, zero copy, depth {}", DATA_DEPTHS[2]), &|d: &DataRow| d.zero_copy[2].clone()),
+        ];
+        for (label, f) in calls {
+            let own = Some(r.clone());
+            let q = ratio_cell(x.as_ref().map(f).as_ref(), y.as_ref().map(f).as_ref());
+            rows.push(vec![label, cell(&own, f), cell(&x, f), cell(&y, f), q]);
         }
-        rows.push(row);
+        let zc = |d: &Option<DataRow>| {
+            d.as_ref().map_or("-".into(), |d| ratio_cell(Some(&d.zero_copy[0]), Some(&d.copying)))
+        };
+        rows.push(vec![
+            format!("{name}, zero copy / copying (depth 1)"),
+            zc(&Some(r.clone())),
+            zc(&x),
+            zc(&y),
+            String::new(),
+        ]);
     }
-    let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
-    mlx5_hosted::table::render(&headers, &rows, 1)
+    let mut out = mlx5_hosted::table::render(&headers, &rows, 1);
+    for (what, s) in [("rxe verbs → QEMU appliance", rxe), ("rxe verbs → rxe reference", reference)] {
+        if let Err(e) = s {
+            out.push_str(&format!("{what}: missing: {e}\n"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(bytes: usize, read: bool, ops: u64) -> DataRow {
+        let r = |ops| Rate { ops, bytes, secs: 1.0, error: None };
+        DataRow { bytes, read, copying: r(ops), zero_copy: [r(2 * ops), r(4 * ops), r(8 * ops)] }
+    }
+
+    #[test]
+    fn data_path_table_has_every_side_and_the_ratios() {
+        let soft = vec![row(4096, false, 100), row(4096, true, 50)];
+        let rxe = Ok(vec![row(4096, false, 30), row(4096, true, 20)]);
+        let reference = Ok(vec![row(4096, false, 60), row(4096, true, 10)]);
+        let t = data_path_table(&soft, &rxe, &reference);
+        let line = |label: &str| t.lines().find(|l| l.contains(label)).unwrap_or_else(|| panic!("{label}: {t}"));
+        // Per cell: the QEMU appliance ÷ the reference.
+        let w = line("4 KiB write, copying (depth 1)");
+        assert!(
+            w.contains("100 ops/s") && w.contains("30 ops/s") && w.contains("60 ops/s") && w.contains("0.50×"),
+            "{w}"
+        );
+        assert!(line("4 KiB read, zero copy, depth 64").contains("2.00×"));
+        // Zero copy ÷ copying at depth 1, per side.
+        assert!(line("4 KiB read, zero copy / copying (depth 1)").contains("2.00×"));
+        assert!(!t.contains("missing"));
+    }
+
+    #[test]
+    fn a_missing_side_says_why() {
+        let soft = vec![row(1 << 20, false, 5)];
+        let t = data_path_table(&soft, &Err("the guest did not boot".into()), &Ok(vec![row(1 << 20, false, 5)]));
+        assert!(t.contains("1 MiB write, copying (depth 1)"), "{t}");
+        assert!(t.contains("rxe verbs → QEMU appliance: missing: the guest did not boot"), "{t}");
+        assert!(!t.contains("rxe reference: missing"), "{t}");
+        let copying = t.lines().find(|l| l.contains("1 MiB write, copying")).unwrap();
+        assert!(copying.contains("missing") && copying.trim_end().ends_with('-'), "{copying}");
+    }
 }

@@ -22,6 +22,7 @@ pub mod lease_bench;
 pub mod lease_qemu;
 pub mod revoke_bench;
 pub mod rxe;
+pub mod rxe_bench;
 pub mod scenario;
 pub mod scrub_bench;
 pub mod serial;

@@ -44,7 +44,7 @@ pub const HOSTED_RDMA_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 3, 16);
 /// (against the QEMU appliance) a few minutes more.
 const GUEST_DEADLINE: Duration = Duration::from_secs(900);
 /// The control channel's answer timeout inside the guest (leasectl `--timeout`).
-const ANSWER_TIMEOUT_S: u32 = 30;
+pub(crate) const ANSWER_TIMEOUT_S: u32 = 30;
 
 /// The built guest (`cargo xtask rxe-guest`).
 #[derive(Clone, Debug)]
@@ -614,27 +614,27 @@ fn server_mac(a: &Artifacts, t: &crate::control::Target) -> Result<[u8; 6], Stri
 }
 
 /// A client guest: its NIC and address, static neighbours, the command it runs and the name of its transcript.
-struct Client {
-    nic: Nic,
-    ip: Ipv4Addr,
-    neigh: Vec<(Ipv4Addr, [u8; 6])>,
-    cmd: String,
-    tag: &'static str,
+pub(crate) struct Client {
+    pub(crate) nic: Nic,
+    pub(crate) ip: Ipv4Addr,
+    pub(crate) neigh: Vec<(Ipv4Addr, [u8; 6])>,
+    pub(crate) cmd: String,
+    pub(crate) tag: &'static str,
 }
 
 /// What a client guest's command printed.
 #[derive(Clone)]
-struct ClientOut {
+pub(crate) struct ClientOut {
     out: GuestOutput,
-    lines: Vec<String>,
-    code: i32,
+    pub(crate) lines: Vec<String>,
+    pub(crate) code: i32,
     /// Where to look (the transcript), for errors.
-    at: String,
+    pub(crate) at: String,
 }
 
 /// Boots the client guest and waits for it; checks the guest came up as it should (rxe0, the GID, the
 /// neighbours) and that its command finished.
-fn client_guest(a: &Artifacts, g: &Guest, c: Client) -> Result<ClientOut, String> {
+pub(crate) fn client_guest(a: &Artifacts, g: &Guest, c: Client) -> Result<ClientOut, String> {
     let run = GuestRun {
         nic: c.nic,
         ip: format!("{}/24", c.ip),
@@ -754,7 +754,7 @@ pub fn spawn(qemu: &Path, g: &Guest, r: &GuestRun) -> Result<Background, String>
 /// The reference responder: a second rxe guest at [`REF_IP`] running `leasebox-hosted --verbs rxe0:1` (the
 /// control protocol in front of real verbs: ALLOC registers an MR and makes an RC QP, REVOKE deregisters the MR
 /// or moves the QP to ERR first), at the far end of a wire whose near end is for the client guest.
-fn reference(a: &Artifacts, g: &Guest, keys: (&str, &str), tag: &str) -> Result<(Background, Wire), String> {
+pub(crate) fn reference(a: &Artifacts, g: &Guest, keys: (&str, &str), tag: &str) -> Result<(Background, Wire), String> {
     let (ref_local, wire_bind) = (free_udp_port()?, free_udp_port()?);
     let wire = Wire::start(HubSocket { local: ref_local, peer: wire_bind }, &a.log_dir.join(format!("{tag}.pcap")))?;
     let cmd = format!(
@@ -778,7 +778,7 @@ fn reference(a: &Artifacts, g: &Guest, keys: (&str, &str), tag: &str) -> Result<
 }
 
 /// A client command that first waits (up to about 150 s) for the control port at `ctl` to answer.
-fn after_ping(ctl: &str, tenant_hex: &str, then: &str) -> String {
+pub(crate) fn after_ping(ctl: &str, tenant_hex: &str, then: &str) -> String {
     format!(
         "i=0; until leasectl --addr {ctl} --timeout 5 --tenant demo --key {tenant_hex} ping >/dev/null 2>&1; do \
          i=$((i+1)); [ $i -gt 150 ] && break; sleep 1; done; {then}"
