@@ -386,6 +386,16 @@ fn size_name(bytes: usize) -> String {
     if bytes >= 1 << 20 { format!("{} MiB", bytes >> 20) } else { format!("{} KiB", bytes >> 10) }
 }
 
+/// A table cell: [`Rate::cell`], an error cut short (the table lists the errors in full).
+fn short(r: &Rate) -> String {
+    match &r.error {
+        Some(e) if r.ops == 0 && e.chars().count() > 40 => {
+            format!("error: {}…", e.chars().take(33).collect::<String>())
+        }
+        _ => r.cell(),
+    }
+}
+
 /// `a / b` of operations/s, as `1.23×` (`-` where either is missing or nothing completed).
 fn ratio_cell(a: Option<&Rate>, b: Option<&Rate>) -> String {
     match (a, b) {
@@ -417,7 +427,7 @@ pub fn data_path_table(
         let (x, y) = (side(rxe, i), side(reference, i));
         let name = format!("{} {}", size_name(r.bytes), if r.read { "read" } else { "write" });
         let cell =
-            |d: &Option<DataRow>, f: &dyn Fn(&DataRow) -> Rate| d.as_ref().map_or("missing".into(), |d| f(d).cell());
+            |d: &Option<DataRow>, f: &dyn Fn(&DataRow) -> Rate| d.as_ref().map_or("missing".into(), |d| short(&f(d)));
         let calls: [(String, &dyn Fn(&DataRow) -> Rate); 4] = [
             (format!("{name}, copying (depth 1)"), &|d: &DataRow| d.copying.clone()),
             (format!("{name}, zero copy, depth {}", DATA_DEPTHS[0]), &|d: &DataRow| d.zero_copy[0].clone()),
@@ -441,6 +451,22 @@ pub fn data_path_table(
         ]);
     }
     let mut out = mlx5_hosted::table::render(&headers, &rows, 1);
+    // The errors in full, once per side and message.
+    for (what, s) in [
+        ("soft requester → hosted appliance", Ok(soft)),
+        ("rxe verbs → QEMU appliance", rxe.as_deref()),
+        ("rxe verbs → rxe reference", reference.as_deref()),
+    ] {
+        let mut seen = Vec::new();
+        for r in s.unwrap_or_default() {
+            for e in std::iter::once(&r.copying).chain(&r.zero_copy).filter_map(|c| c.error.as_ref()) {
+                if !seen.contains(&e) {
+                    out.push_str(&format!("{what}: error: {e}\n"));
+                    seen.push(e);
+                }
+            }
+        }
+    }
     for (what, s) in [("rxe verbs → QEMU appliance", rxe), ("rxe verbs → rxe reference", reference)] {
         if let Err(e) = s {
             out.push_str(&format!("{what}: missing: {e}\n"));
@@ -486,5 +512,20 @@ mod tests {
         assert!(!t.contains("rxe reference: missing"), "{t}");
         let copying = t.lines().find(|l| l.contains("1 MiB write, copying")).unwrap();
         assert!(copying.contains("missing") && copying.trim_end().ends_with('-'), "{copying}");
+    }
+
+    #[test]
+    fn errors_are_short_in_cells_and_whole_below() {
+        let mut soft = vec![row(4096, true, 7)];
+        let long = "configuration: bytes 0..4096 of the region overlap bytes 0..4096 being written";
+        soft[0].zero_copy[2] = Rate { ops: 0, bytes: 4096, secs: 0.1, error: Some(long.into()) };
+        let t = data_path_table(&soft, &Ok(soft.clone()), &Err("no guest".into()));
+        let cell = t.lines().find(|l| l.contains("4 KiB read, zero copy, depth 64")).unwrap();
+        assert!(
+            cell.contains("error: configuration: bytes 0..4096 of t…") && !cell.contains("being written"),
+            "{cell}"
+        );
+        assert!(t.contains(&format!("soft requester → hosted appliance: error: {long}")), "{t}");
+        assert!(t.contains(&format!("rxe verbs → QEMU appliance: error: {long}")), "{t}");
     }
 }

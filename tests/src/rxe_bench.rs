@@ -9,8 +9,8 @@ use crate::client_bench::DataRow;
 use crate::lease_qemu::{self, Appliance};
 use crate::rxe::{self, ANSWER_TIMEOUT_S, Client, ClientOut, GUEST_IP, REF_IP, Wire};
 
-/// The lease and region in the guest (`--span`): 1 MiB at depth 64 reuses 16 slots. The guest has 512 MiB; the
-/// reference responder registers the lease's memory too.
+/// The lease in the guest (`--span`): 1 MiB at depth 64 reuses 16 of its slots. The guests have 512 MiB; the
+/// client's registered region takes 64 MiB, and the reference responder registers the lease's memory.
 pub const GUEST_SPAN: &str = "16M";
 
 /// The command the client guest runs: `bench-data` over rxe0 (GID 1, eth0's IPv4-mapped address).

@@ -695,8 +695,8 @@ fn bench_client(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
     outln!(
         "(zero copy: Op::write_from / Op::read_into batches from a registered region, depth operations in flight on \
          one lease; copying: Lease::write / Lease::read, which block, so depth 1; soft: the software requester on \
-         this host against the hosted appliance, 64 MiB lease; rxe: `leasectl bench-data --backend verbs` on rxe0 \
-         in a guest under TCG, 16 MiB lease (1 MiB at depth 64 reuses 16 slots), against the QEMU appliance (the \
+         this host against the hosted appliance; rxe: `leasectl bench-data --backend verbs` on rxe0 in a guest \
+         under TCG; a 16 MiB lease (1 MiB at depth 64 reuses 16 of its slots), a 64 MiB region; against the QEMU appliance (the \
          model) and against a second guest serving memory with leasebox-hosted --verbs; compare ratios, not \
          absolute figures)"
     );

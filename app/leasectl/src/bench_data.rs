@@ -24,9 +24,12 @@ use crate::client::exit;
 pub const SIZES: [usize; 3] = [4 << 10, 64 << 10, 1 << 20];
 /// Zero-copy operations kept in flight on the lease.
 pub const DEPTHS: [usize; 3] = [1, 16, 64];
-/// The lease and the registered region (default): the operations in flight go to slots of one size each,
-/// `span / size` of them at most (1 MiB at depth 64 reuses 16 slots).
+/// The lease (default): the operations in flight go to slots of one size each, `span / size` of them at most
+/// (1 MiB at depth 64 reuses 16 slots of the lease). The registered region has a slot of its own for each
+/// operation in flight ([`REGION`]): the library refuses a READ into bytes another transfer in flight holds.
 pub const DEFAULT_SPAN: usize = 16 << 20;
+/// The registered region: the largest size at the largest depth.
+pub const REGION: usize = SIZES[SIZES.len() - 1] * DEPTHS[DEPTHS.len() - 1];
 /// Time per cell by default.
 pub const DEFAULT_PER: Duration = Duration::from_millis(1000);
 
@@ -117,27 +120,28 @@ pub fn rows_from_json(v: &Value) -> Result<Vec<DataRow>, String> {
         .collect()
 }
 
-/// Zero copy at `depth`: `depth` operations in flight on `lease`, each to a `bytes` slot of the lease and of
-/// `region` (slot `i mod slots`), each one finished replaced by the next, for `per`.
+/// Zero copy at `depth`: `depth` operations in flight on `lease`, operation `i` on the `bytes` slot `i mod depth`
+/// of `region` and `i mod lease_slots` of the lease, each one finished replaced by the next, for `per`.
 #[allow(clippy::too_many_arguments)]
 fn zero_copy(
     c: &Client,
     lease: &Lease,
     region: &Region<'static>,
-    slots: usize,
+    lease_slots: usize,
     bytes: usize,
     depth: usize,
     read: bool,
     per: Duration,
 ) -> Rate {
     let mut r = Rate { bytes, ..Rate::default() };
-    let slots = slots.clamp(1, depth) as u64;
+    let lease_slots = lease_slots.clamp(1, depth) as u64;
     let op = |i: u64| {
-        let slot = (i % slots) as usize * bytes;
+        let at = (i % depth as u64) as usize * bytes;
+        let lease_at = (i % lease_slots) * bytes as u64;
         if read {
-            Op::read_into(lease, region, slot, slot as u64, bytes)
+            Op::read_into(lease, region, at, lease_at, bytes)
         } else {
-            Op::write_from(lease, region, slot, slot as u64, bytes)
+            Op::write_from(lease, region, at, lease_at, bytes)
         }
     };
     let (mut next, mut queue, mut done) = (0u64, VecDeque::<Ticket>::new(), HashSet::<u64>::new());
@@ -215,14 +219,14 @@ fn copying(lease: &mut Lease, buf: &mut [u8], read: bool, per: Duration) -> Rate
     r
 }
 
-/// Every row on client `c`: one lease of `span` bytes (at least the largest size), a registered region of the
-/// same size, `per` per cell. The lease is freed at the end.
+/// Every row on client `c`: one lease of `span` bytes (at least the largest size), a registered region of
+/// [`REGION`] bytes, `per` per cell. The lease is freed at the end.
 pub fn rows(c: &Client, per: Duration, span: usize) -> Result<Vec<DataRow>, String> {
     let largest = SIZES[SIZES.len() - 1];
     let span = span.max(largest);
     let mut lease = c.alloc(span as u64, AllocOptions::default()).map_err(|e| format!("alloc: {e}"))?;
     lease.set_queue_depth(DEPTHS[DEPTHS.len() - 1]);
-    let region = c.register_owned(vec![0x5a; span]).map_err(|e| format!("register: {e}"))?;
+    let region = c.register_owned(vec![0x5a; REGION]).map_err(|e| format!("register: {e}"))?;
     let mut buf = vec![0xa5u8; largest];
     let mut rows = Vec::new();
     for &bytes in &SIZES {
@@ -244,7 +248,7 @@ pub struct BenchDataArgs {
     /// Time per cell (default 1000)
     #[arg(long, value_name = "MS", value_parser = |v: &str| number(v, 10, 600_000))]
     per_ms: Option<u64>,
-    /// The lease and the registered region, at least 1 MiB (default 16M; units: 64K, 1M)
+    /// The lease, at least 1 MiB (default 16M; units: 64K, 1M); the registered region is 64 MiB
     #[arg(long, value_name = "BYTES", value_parser = span)]
     span: Option<u64>,
     /// Which requester carries the RDMA traffic
