@@ -20,6 +20,7 @@ pub mod fleet_qemu;
 pub mod hca_bench;
 pub mod lease_bench;
 pub mod lease_qemu;
+pub mod pytest;
 pub mod revoke_bench;
 pub mod rxe;
 pub mod rxe_bench;

@@ -457,17 +457,28 @@ fn qemu_verify(a: &Artifacts, g: &Guest, app: &mut Appliance) -> Result<(String,
     let verify_out = ClientOut { lines: verify.lines.clone(), code: verify.code, ..out.clone() };
     let (f, runs) = checked_verify(&verify_out)?;
     let bindings = check_bindings(part("c-example")?, part("pytest")?).map_err(|e| format!("{e} ({})", out.at))?;
+    Ok((guest_summary(GUEST_IP, &f, Some(&bindings), &out, &wire), runs))
+}
+
+/// One client guest's line in the scenario's summary: the verifier's figures, what else it ran, the wire.
+fn guest_summary(
+    ip: Ipv4Addr,
+    f: &lease_qemu::VerifyFigures,
+    also: Option<&str>,
+    out: &ClientOut,
+    wire: &Wire,
+) -> String {
     let n = wire.counts();
-    let text = format!(
-        "rxe guest {GUEST_IP} (Linux rdma_rxe, libibverbs), verify --backend verbs: {}; {bindings}; guest took \
-         {:.1} s; wire: {} frames from the guest ({} padded to 60 bytes), {} to it",
-        orders_summary(&f),
+    format!(
+        "rxe guest {ip} (Linux rdma_rxe, libibverbs), verify --backend verbs: {}; {}guest took {:.1} s; wire: {} \
+         frames from the guest ({} padded to 60 bytes), {} to it",
+        orders_summary(f),
+        also.map(|a| format!("{a}; ")).unwrap_or_default(),
         out.out.took.as_secs_f64(),
         n.from_guest,
         n.padded,
         n.to_guest
-    );
-    Ok((text, runs))
+    )
 }
 
 /// What ends each part of a chained guest command: `rxe-guest: part NAME EXIT`.
@@ -514,24 +525,6 @@ pub fn split_parts(lines: &[String]) -> Vec<Part> {
     parts
 }
 
-/// pytest's closing line (`N passed, M skipped in S s`, `N failed …`, `no tests ran …`): the last line that
-/// names passed, failed or error counts.
-pub fn pytest_closing_line(lines: &[String]) -> Option<String> {
-    lines
-        .iter()
-        .rev()
-        .map(|l| l.trim().trim_matches('=').trim())
-        .find(|l| {
-            l.contains(" passed") || l.contains(" failed") || l.contains(" error") || l.starts_with("no tests ran")
-        })
-        .map(str::to_string)
-}
-
-/// Whether a pytest closing line says at least one test passed and none failed or errored.
-pub fn pytest_passed(line: &str) -> bool {
-    line.contains(" passed") && !line.contains(" failed") && !line.contains(" error")
-}
-
 /// The C example's and pytest's parts checked: the example printed PASS steps and no FAIL and exited 0; pytest
 /// passed at least one test and failed none. Returns the summary with pytest's closing line.
 fn check_bindings(c: &Part, py: &Part) -> Result<String, String> {
@@ -545,9 +538,9 @@ fn check_bindings(c: &Part, py: &Part) -> Result<String, String> {
             c.lines.join("\n    | ")
         ));
     }
-    let closing = pytest_closing_line(&py.lines);
+    let closing = crate::pytest::closing_line(&py.lines.join("\n"));
     match &closing {
-        Some(line) if py.code == 0 && pytest_passed(line) => {
+        Some(line) if py.code == 0 && crate::pytest::passed(line) => {
             Ok(format!("C example kv_blocks over rxe0: {passes} steps PASS; pytest in the guest over rxe0: {line}"))
         }
         _ => Err(format!(
@@ -704,17 +697,7 @@ fn guest_verify(a: &Artifacts, g: &Guest, wire: &Wire, c: Client) -> Result<(Str
     let ip = c.ip;
     let out = client_guest(a, g, c)?;
     let (f, runs) = checked_verify(&out)?;
-    let n = wire.counts();
-    let text = format!(
-        "rxe guest {ip} (Linux rdma_rxe, libibverbs), verify --backend verbs: {}; guest took {:.1} s; wire: {} \
-         frames from the guest ({} padded to 60 bytes), {} to it",
-        orders_summary(&f),
-        out.out.took.as_secs_f64(),
-        n.from_guest,
-        n.padded,
-        n.to_guest
-    );
-    Ok((text, runs))
+    Ok((guest_summary(ip, &f, None, &out, wire), runs))
 }
 
 // ---- the reference responder: Linux rxe on both ends ----

@@ -9,6 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use leasebox_scenarios::pytest::{closing_line, passed as closing_line_passed};
+
 use crate::image::{self, Paths};
 
 /// The interpreter that makes the virtualenv: `$LEASEBOX_PYTHON`, else `python3` from `PATH`.
@@ -49,24 +51,6 @@ fn venv(p: &Paths) -> Result<PathBuf, String> {
         })?;
     }
     Ok(py)
-}
-
-/// pytest's closing line (`N passed in S s`, `N failed, M passed …`, `no tests ran …`): its last line that
-/// starts and ends with `=` or that names passed/failed/error counts.
-pub fn closing_line(output: &str) -> Option<String> {
-    output
-        .lines()
-        .rev()
-        .map(|l| l.trim().trim_matches('=').trim())
-        .find(|l| {
-            l.contains(" passed") || l.contains(" failed") || l.contains(" error") || l.starts_with("no tests ran")
-        })
-        .map(str::to_string)
-}
-
-/// Whether pytest's closing line says at least one test passed and none failed or errored.
-pub fn closing_line_passed(line: &str) -> bool {
-    line.contains(" passed") && !line.contains(" failed") && !line.contains(" error")
 }
 
 /// The step: virtualenv, `pip install app/client-py pytest`, rustfmt and clippy on the crate, the hosted
@@ -145,26 +129,5 @@ fn pytest(p: &Paths, py: &Path, tests: &Path) -> Result<(), String> {
                 None => format!("pytest exited with {code} and printed no closing line"),
             })
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pytest_closing_lines() {
-        let ok =
-            "..........                                                               [100%]\n10 passed in 6.70s\n";
-        assert_eq!(closing_line(ok).as_deref(), Some("10 passed in 6.70s"));
-        assert!(closing_line_passed("10 passed in 6.70s"));
-        let bad = "F.\n=== FAILURES ===\n___ test_x ___\nassert 1 == 2\n=========== 1 failed, 1 passed in 0.12s ===========\n";
-        assert_eq!(closing_line(bad).as_deref(), Some("1 failed, 1 passed in 0.12s"));
-        assert!(!closing_line_passed("1 failed, 1 passed in 0.12s"));
-        let none = "\nno tests ran in 0.01s\n";
-        assert_eq!(closing_line(none).as_deref(), Some("no tests ran in 0.01s"));
-        assert!(!closing_line_passed("no tests ran in 0.01s"));
-        assert!(!closing_line_passed("3 passed, 1 error in 1.00s"));
-        assert_eq!(closing_line("ImportError: no module named leasebox\n"), None);
     }
 }
