@@ -105,8 +105,11 @@ fn control<B: Backend + Send + 'static>(mut server: Server<B, CpuEntropy>, budge
 }
 
 impl<B: Backend> StreamService for Control<B> {
-    fn open(&mut self, conn: ConnId, now_ms: u64) -> bool {
-        self.0.open(conn, now_ms)
+    fn open(&mut self, conn: ConnId, peer: Option<core::net::IpAddr>, now_ms: u64) -> bool {
+        match peer {
+            Some(ip) => self.0.open_from(conn, leasebox_session::Source::ip(ip), now_ms),
+            None => self.0.open(conn, now_ms),
+        }
     }
     fn input(&mut self, conn: ConnId, data: &[u8], now_ms: u64) {
         self.0.input(conn, data, now_ms)
@@ -129,7 +132,7 @@ impl<B: Backend> StreamService for Control<B> {
 struct Unavailable;
 
 impl StreamService for Unavailable {
-    fn open(&mut self, _: ConnId, _: u64) -> bool {
+    fn open(&mut self, _: ConnId, _: Option<core::net::IpAddr>, _: u64) -> bool {
         false
     }
     fn input(&mut self, _: ConnId, _: &[u8], _: u64) {}

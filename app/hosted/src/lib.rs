@@ -11,7 +11,7 @@ use leasebox_lease::LeaseOptions;
 use leasebox_proto::{FencedSlot, HcaStats, Health, LeaseStats, Reply, Request};
 use leasebox_session::{
     Answer, Backend, Budget, CloseReason, ConnId, Entropy, EntropyError, Keyring, Limits, NoLeases, Principal, Server,
-    Ticket,
+    Source, Ticket,
 };
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -377,7 +377,15 @@ fn serve(server: Shared, mut stream: TcpStream, id: ConnId, start: Instant, stop
     let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
     let mut inbuf = vec![0u8; 64 * 1024];
     let mut outbuf = vec![0u8; 64 * 1024];
-    server.lock().expect("server lock").open(id, now_ms(start));
+    // Per-source limits key on the peer's address (docs/security.md, "Pre-authentication").
+    // A refused connection still gets its BUSY frame from `output` below, then the core wants it closed.
+    {
+        let mut s = server.lock().expect("server lock");
+        match stream.peer_addr() {
+            Ok(peer) => s.open_from(id, Source::ip(peer.ip()), now_ms(start)),
+            Err(_) => s.open(id, now_ms(start)),
+        };
+    }
     loop {
         // Flush whatever the core has for this connection, then see whether it wants the connection closed.
         let done = loop {

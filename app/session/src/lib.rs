@@ -16,7 +16,7 @@ mod keyring;
 mod rng;
 mod server;
 
-pub use admission::{Budget, HeapUse, MemoryGauge, Refusal};
+pub use admission::{Budget, HeapUse, MemoryGauge, Rate, Refusal, Source};
 pub use backend::{Answer, Backend, CloseReason, ConnId, NoLeases, Principal, Ticket};
 pub use keyring::{KeyError, Keyring, parse_hex};
 pub use rng::IdRng;

@@ -1,6 +1,6 @@
 //! The session table and the per-connection protocol machine.
 
-use crate::admission::{Admission, Budget, MemoryGauge, Refusal};
+use crate::admission::{Admission, Budget, EVICT_MIN_AGE_MS, MemoryGauge, Refusal, Source};
 use crate::backend::{Answer, Backend, CloseReason, ConnId, Principal, Ticket};
 use crate::keyring::Keyring;
 use alloc::boxed::Box;
@@ -94,6 +94,10 @@ struct Pending {
 
 struct Conn {
     id: ConnId,
+    /// Where it comes from (the per-source limits).
+    source: Source,
+    /// Since when its place in the unauthenticated pool counts as held, for eviction ([`Server::make_room`]).
+    standing_ms: u64,
     state: State,
     frames: FrameBuf,
     out: VecDeque<u8>,
@@ -311,22 +315,30 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         self.conns.iter().position(|c| c.id == id)
     }
 
-    /// A new connection; `false` = refused (over budget): it gets a BUSY frame from `output`, then closes.
+    /// A new connection whose source address the transport does not know: a source of its own (the
+    /// per-source limits cannot apply). Transports that know the peer use [`Server::open_from`].
     pub fn open(&mut self, id: ConnId, now_ms: u64) -> bool {
-        if let Err(r) = self.admission.connect() {
-            self.stats.sessions_refused += 1;
-            self.count_error(ErrorCode::Busy);
-            if self.refused.len() < MAX_REFUSED {
-                let msg = alloc::format!("{r}");
-                let f = error_frame(ErrorCode::Busy, Op::Hello as u16, 0, &msg, r.detail());
-                self.stats.frames_out += 1;
-                self.refused.push((id, f.into()));
+        self.open_from(id, Source::unique(id.0), now_ms)
+    }
+
+    /// A new connection from `source`; `false` = refused: it gets a BUSY frame from `output`, then closes.
+    /// When the unauthenticated pool (or the source's share of it) is full, the oldest idle unauthenticated
+    /// connection is evicted for this one ([`Server::evictable`]); only when none may be evicted, or the source
+    /// is over its connection rate or the heap over its budget, is the new one refused.
+    pub fn open_from(&mut self, id: ConnId, source: Source, now_ms: u64) -> bool {
+        let standing_ms = match self.make_room(source, now_ms) {
+            Ok(t) => t,
+            Err(r) => {
+                self.refuse(id, r);
+                return false;
             }
-            return false;
-        }
+        };
+        self.admission.enter();
         self.stats.sessions_total += 1;
         self.conns.push(Conn {
             id,
+            source,
+            standing_ms,
             state: State::AwaitHello,
             frames: FrameBuf::new(),
             out: VecDeque::new(),
@@ -341,6 +353,79 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             resumed: false,
         });
         true
+    }
+
+    /// A refused connection gets its BUSY frame (the first [`MAX_REFUSED`] at once; beyond them it is just closed).
+    fn refuse(&mut self, id: ConnId, r: Refusal) {
+        self.stats.sessions_refused += 1;
+        self.count_error(ErrorCode::Busy);
+        if self.refused.len() < MAX_REFUSED {
+            let msg = alloc::format!("{r}");
+            let f = error_frame(ErrorCode::Busy, Op::Hello as u16, 0, &msg, r.detail());
+            self.stats.frames_out += 1;
+            self.refused.push((id, f.into()));
+        }
+    }
+
+    /// Whether connection `c` holds a place in the unauthenticated pool.
+    fn preauth(c: &Conn) -> bool {
+        !c.close && !matches!(c.state, State::Authenticated(..))
+    }
+
+    /// Room in the unauthenticated pool for a connection from `source`: within the rates and the memory budget,
+    /// and, when the source holds its share or the pool is full, by evicting one connection. Returns the new
+    /// connection's standing for later evictions: a source replacing its own connection hands the new one the
+    /// old one's (so churning its own places does not make them younger), otherwise `now_ms`.
+    fn make_room(&mut self, source: Source, now_ms: u64) -> Result<u64, Refusal> {
+        self.admission.connect(source, now_ms)?;
+        let b = self.admission.budget();
+        let mine = self.held(source);
+        // A proven source's share is the whole pool: it competes for places only once the pool is full.
+        let victim = if mine >= b.preauth_per_source && !self.admission.proven(source) {
+            Some(self.evictable(source, true, 0, now_ms).ok_or(Refusal::SourceShare(b.preauth_per_source))?)
+        } else if self.admission.preauth_full() {
+            Some(self.evictable(source, false, mine + 1, now_ms).ok_or(Refusal::PreauthFull(b.preauth))?)
+        } else {
+            None
+        };
+        let Some(v) = victim else { return Ok(now_ms) };
+        let standing = if self.conns[v].source == source { self.conns[v].standing_ms } else { now_ms };
+        self.admission.evicted += 1;
+        let msg = "evicted: a newer connection took this unauthenticated place (finish HELLO sooner)";
+        let d = [b.preauth as u32, 1, 0];
+        self.send_error(v, ErrorCode::Busy, Op::Hello as u16, 0, msg, d);
+        self.close(v, CloseReason::ProtocolError, now_ms);
+        Ok(standing)
+    }
+
+    /// Places of the unauthenticated pool that connections from `source` hold.
+    fn held(&self, source: Source) -> usize {
+        self.conns.iter().filter(|c| Self::preauth(c) && c.source == source).count()
+    }
+
+    /// The unauthenticated connection to evict for a new one from `newcomer`: of that source only, when
+    /// `own`, otherwise of a source holding at least `min_held` places (so no source is pushed below what the
+    /// newcomer's would hold). A connection from a proven source (one a session authenticated from,
+    /// [`Admission::prove`]) is evicted only for another from a proven source; a newcomer from a proven source
+    /// may evict one from an unproven source at any age, everything else only after [`EVICT_MIN_AGE_MS`]. Of
+    /// the candidates: unproven before proven, one whose message 1 has not verified before one whose has, then
+    /// one from the source holding the most places, then the longest standing.
+    fn evictable(&self, newcomer: Source, own: bool, min_held: usize, now_ms: u64) -> Option<usize> {
+        let a = &self.admission;
+        let vip = a.proven(newcomer);
+        self.conns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| Self::preauth(c) && (!own || c.source == newcomer))
+            .map(|(i, c)| (i, c, a.proven(c.source), self.held(c.source)))
+            .filter(|(_, c, proven, held)| {
+                let aged = now_ms.saturating_sub(c.standing_ms) >= EVICT_MIN_AGE_MS;
+                (aged || (vip && !proven)) && (vip || !proven) && (own || (vip && !proven) || *held >= min_held)
+            })
+            .min_by_key(|(_, c, proven, held)| {
+                (*proven, matches!(c.state, State::Confirming(..)), core::cmp::Reverse(*held), c.standing_ms)
+            })
+            .map(|(i, _, _, _)| i)
     }
 
     fn count_error(&mut self, code: ErrorCode) {
@@ -484,6 +569,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         let State::Confirming(p, t) = core::mem::replace(&mut self.conns[i].state, State::AwaitHello) else {
             unreachable!("checked above")
         };
+        self.admission.prove(self.conns[i].source, now_ms);
         self.backend.session_started(&p.who, now_ms);
         self.conns[i].state = State::Authenticated(p.who, t);
         true
@@ -756,6 +842,12 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             self.send_error(i, ErrorCode::UnsupportedVersion, op, request_id, &msg, d);
             return self.close(i, CloseReason::ProtocolError, now_ms);
         }
+        // Reading message 1 costs a key derivation and an AEAD tag: at most the source's HELLO rate of them.
+        if let Err(r) = self.admission.hello(self.conns[i].source, now_ms) {
+            self.stats.sessions_refused += 1;
+            self.send_error(i, ErrorCode::Busy, op, request_id, &alloc::format!("{r}"), r.detail());
+            return self.close(i, CloseReason::ProtocolError, now_ms);
+        }
         let principal = self.keys.find(&h.name, h.key_id);
         let psk = match principal {
             Some(p) => self.keys.get(p).psk,
@@ -768,6 +860,12 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             self.send_error(i, ErrorCode::AuthFailed, op, request_id, "authentication failed", [0; 3]);
             return self.close(i, CloseReason::ProtocolError, now_ms);
         };
+        // Answering costs two entropy draws, an X25519 key and a DH: at most so many a second in total.
+        if let Err(r) = self.admission.hello_work(now_ms) {
+            self.stats.sessions_refused += 1;
+            self.send_error(i, ErrorCode::Busy, op, request_id, &alloc::format!("{r}"), r.detail());
+            return self.close(i, CloseReason::ProtocolError, now_ms);
+        }
         let (mut e, mut token) = ([0u8; 32], [0u8; RESUME_TOKEN_LEN]);
         if self.entropy.fill(&mut e).is_err() || self.entropy.fill(&mut token).is_err() {
             self.send_error(i, ErrorCode::Internal, op, request_id, "no random source", [0; 3]);

@@ -145,9 +145,20 @@ const CONFIRM_ID: u32 = 0x7fff_0000;
 /// `HelloReply::Welcome` (its `server_proof` unused: the announcement authenticated as part of Noise message 2).
 /// Afterwards [`exchange`] speaks records on `c`.
 fn login<B: Backend>(s: &mut Server<B, Counter>, c: ConnId, name: &str, key: &str) -> Result<HelloReply, ErrorBody> {
+    login_at(s, c, name, key, 0)
+}
+
+/// [`login`] at `now` (virtual ms).
+fn login_at<B: Backend>(
+    s: &mut Server<B, Counter>,
+    c: ConnId,
+    name: &str,
+    key: &str,
+    now: u64,
+) -> Result<HelloReply, ErrorBody> {
     CLIENTS.with(|m| m.borrow_mut().remove(&c.0));
     let (hello, init) = hello_v2(name, key, 0x42);
-    let a = exchange(s, c, &hello, 0);
+    let a = exchange(s, c, &hello, now);
     match a.into_iter().next().unwrap().1 {
         Ans::Ok(Response::Hello(HelloReply::Noise { msg2 })) => {
             let (w, t) = init.finish(&msg2).expect("the server holds the key");
@@ -156,7 +167,7 @@ fn login<B: Backend>(s: &mut Server<B, Counter>, c: ConnId, name: &str, key: &st
             ANNOUNCED.with(|m| m.borrow_mut().insert(c.0, a));
             CLIENTS.with(|m| m.borrow_mut().insert(c.0, t));
             // Key confirmation: the first record makes the session (or is refused BUSY over a budget).
-            let confirmed = exchange(s, c, &req(Request::Heartbeat { echo: 0 }, CONFIRM_ID), 0);
+            let confirmed = exchange(s, c, &req(Request::Heartbeat { echo: 0 }, CONFIRM_ID), now);
             match confirmed.into_iter().next().expect("an answer to the first record").1 {
                 Ans::Ok(Response::Heartbeat { .. }) => {}
                 Ans::Err(e) => return Err(e),
@@ -731,7 +742,14 @@ fn budgeted(sessions: usize, per_tenant: usize, admin_reserved: usize, preauth: 
     let mut k = keys();
     k.add_tenant("other", DEMO_KEY).unwrap();
     let mut s = Server::new(Limits { sessions, ..Limits::default() }, k, NoLeases::default(), Counter(1), 0).unwrap();
-    s.set_budget(Budget { sessions, per_tenant, admin_reserved, preauth, heap_high_water_pct: 75 });
+    s.set_budget(Budget {
+        sessions,
+        per_tenant,
+        admin_reserved,
+        preauth,
+        heap_high_water_pct: 75,
+        ..Budget::for_sessions(sessions)
+    });
     s
 }
 
@@ -873,13 +891,17 @@ fn above_the_memory_high_water_mark_new_work_is_refused_busy() {
 #[test]
 fn budgets_from_the_options_and_their_defaults() {
     let d = Budget::from_options(16, None, None, None, None);
-    assert_eq!(d, Budget { sessions: 16, per_tenant: 15, admin_reserved: 1, preauth: 8, heap_high_water_pct: 85 });
+    assert_eq!(
+        (d.sessions, d.per_tenant, d.admin_reserved, d.preauth, d.heap_high_water_pct, d.preauth_per_source),
+        (16, 15, 1, 8, 85, 2)
+    );
     assert_eq!(Budget::from_options(2, None, None, None, None).preauth, 2, "the pool is no larger than the budget");
     assert_eq!(Budget::from_options(1, None, None, None, None).admin_reserved, 0, "a single place is anyone's");
     let b = Budget::from_options(8, Some(3), Some(2), Some(4), Some(60));
     assert_eq!((b.per_tenant, b.admin_reserved, b.preauth, b.heap_high_water_pct, b.tenant_places()), (3, 2, 4, 60, 6));
     assert_eq!(Budget::from_options(8, None, Some(3), None, None).per_tenant, 5);
 }
+mod lockout;
 mod v2_tests;
 mod wire_v2;
 
