@@ -321,6 +321,20 @@ impl Transport {
         Ok(())
     }
 
+    /// Seals `plain` (at most [`MAX_RECORD_PLAIN`] bytes, possibly none) into exactly one record: tests and
+    /// tools use it for records [`Transport::seal`] never makes (an empty one, one frame split across two).
+    pub fn seal_one(&mut self, plain: &[u8], out: &mut Vec<u8>) -> Result<(), CryptoError> {
+        if plain.len() > MAX_RECORD_PLAIN {
+            return Err(CryptoError::Length);
+        }
+        let len = ((plain.len() + TAG_LEN) as u16).to_be_bytes();
+        let mut buf = plain.to_vec();
+        self.send.encrypt(&[], &mut buf)?;
+        out.extend_from_slice(&len);
+        out.extend_from_slice(&buf);
+        Ok(())
+    }
+
     /// Appends received bytes.
     pub fn push(&mut self, data: &[u8]) {
         if !self.failed {
@@ -331,6 +345,12 @@ impl Transport {
     /// Bytes received and not yet opened.
     pub fn buffered(&self) -> usize {
         self.rx.len()
+    }
+
+    /// The size on the wire (header included) of the record being received, once its length has arrived.
+    pub fn pending_record(&self) -> Option<usize> {
+        let len_bytes: [u8; 2] = self.rx.get(..RECORD_HEADER_LEN)?.try_into().ok()?;
+        Some(RECORD_HEADER_LEN + usize::from(u16::from_be_bytes(len_bytes)))
     }
 
     /// The next record's plaintext: `None` while incomplete; an error (for good: every later call fails too)

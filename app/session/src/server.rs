@@ -25,6 +25,15 @@ const MAX_REFUSED: usize = 4;
 /// A connection must finish HELLO within this time of opening, whatever it sends meanwhile: otherwise a
 /// client that never authenticates could hold a session place forever.
 pub const HELLO_DEADLINE_MS: u64 = 5_000;
+/// A record must arrive at no less than this rate once its first byte is in (bytes per second), with
+/// [`RECORD_GRACE_MS`] besides: a record of `n` bytes has `RECORD_GRACE_MS + n * 1000 / MIN_RECORD_RATE` ms.
+/// A peer that trickles a record in more slowly is closed: a byte every few seconds holds nothing.
+pub const MIN_RECORD_RATE: u64 = 4096;
+pub const RECORD_GRACE_MS: u64 = 1_000;
+/// Records in a row that complete no frame (empty records, or pieces of one frame) a session may send; the
+/// next one closes it. Every frame fits in one record, so a client never needs any: this bounds the work
+/// records that carry nothing cost (each is an AEAD tag to check) the way credits bound frames.
+pub const MAX_RECORDS_WITHOUT_FRAME: u32 = 8;
 /// Ended sessions whose resume token is kept for a later RESUME (the oldest is forgotten first). Whether their
 /// leases still wait is the lease service's business (its session grace period); this only bounds memory.
 const MAX_LOST: usize = 64;
@@ -109,7 +118,12 @@ struct Conn {
     queued: u64,
     taken: u64,
     opened_ms: u64,
+    /// When the last complete, authenticated record came (or the connection opened): the silence timer.
     last_rx_ms: u64,
+    /// When the first byte of the record now arriving came (none while no record is partly in).
+    record_since_ms: Option<u64>,
+    /// Records in a row that completed no frame.
+    records_without_frame: u32,
     close: bool,
     /// This session's resume token (announced in the handshake; all zero before it).
     token: [u8; RESUME_TOKEN_LEN],
@@ -166,6 +180,9 @@ pub struct Server<B: Backend, E: Entropy> {
     admission: Admission,
     /// Records that failed authentication (each closed its session).
     records_rejected: u64,
+    /// Records that opened, and how many of them were empty.
+    records_in: u64,
+    records_empty: u64,
     /// This boot's random id (announced in every handshake, in STATS and in every lease id).
     boot_id: [u8; BOOT_ID_LEN],
     /// Ended sessions RESUME may name, oldest first.
@@ -213,6 +230,8 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             hello_macs: 0,
             admission: Admission::new(Budget::for_sessions(limits.sessions)),
             records_rejected: 0,
+            records_in: 0,
+            records_empty: 0,
             boot_id,
             lost: VecDeque::new(),
             notices: Vec::new(),
@@ -306,6 +325,12 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         self.records_rejected
     }
 
+    /// Records received that opened, and of them the empty ones (each counted against the session's
+    /// [`MAX_RECORDS_WITHOUT_FRAME`]).
+    pub fn records_in(&self) -> (u64, u64) {
+        (self.records_in, self.records_empty)
+    }
+
     /// Deferred answers dropped because their session had ended before they came.
     pub fn answers_dropped(&self) -> u64 {
         self.answers_dropped
@@ -348,6 +373,8 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             taken: 0,
             opened_ms: now_ms,
             last_rx_ms: now_ms,
+            record_since_ms: None,
+            records_without_frame: 0,
             close: false,
             token: [0; RESUME_TOKEN_LEN],
             resumed: false,
@@ -489,7 +516,6 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         if self.conns[i].close {
             return;
         }
-        self.conns[i].last_rx_ms = now_ms;
         self.ingest(i, data, now_ms);
         loop {
             if self.conns[i].close {
@@ -541,12 +567,40 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 State::AwaitHello => return,
             };
             match opened {
-                None => return,
+                None => {
+                    // A record partly in starts its clock; none partly in stops it.
+                    let c = &mut self.conns[i];
+                    let partial = matches!(&c.state, State::Confirming(_, t) | State::Authenticated(_, t)
+                        if t.buffered() > 0);
+                    c.record_since_ms = if partial { Some(c.record_since_ms.unwrap_or(now_ms)) } else { None };
+                    return;
+                }
                 Some(Ok(plain)) => {
                     if matches!(self.conns[i].state, State::Confirming(..)) && !self.confirm(i, now_ms) {
                         return;
                     }
-                    self.conns[i].frames.push(&plain);
+                    // Only a complete, authenticated record keeps the session alive.
+                    let c = &mut self.conns[i];
+                    c.last_rx_ms = now_ms;
+                    c.record_since_ms = None;
+                    self.records_in += 1;
+                    if plain.is_empty() {
+                        self.records_empty += 1;
+                    }
+                    c.frames.push(&plain);
+                    // A record that is empty, or leaves part of a frame behind, carried no frame.
+                    if plain.is_empty() || !c.frames.whole_frames() {
+                        c.records_without_frame += 1;
+                        if c.records_without_frame > MAX_RECORDS_WITHOUT_FRAME {
+                            let msg = alloc::format!(
+                                "more than {MAX_RECORDS_WITHOUT_FRAME} records in a row carried no frame: closing the session"
+                            );
+                            self.send_error(i, ErrorCode::Malformed, 0, 0, &msg, [MAX_RECORDS_WITHOUT_FRAME, 0, 0]);
+                            return self.close(i, CloseReason::ProtocolError, now_ms);
+                        }
+                    } else {
+                        c.records_without_frame = 0;
+                    }
                 }
                 Some(Err(e)) => {
                     self.records_rejected += 1;
@@ -942,12 +996,27 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             if c.close {
                 continue;
             }
+            // A record partly in for longer than its size allows at MIN_RECORD_RATE.
+            let trickle = match (&c.state, c.record_since_ms) {
+                (State::Confirming(_, t) | State::Authenticated(_, t), Some(since)) => {
+                    let n = t.pending_record().unwrap_or(v2::RECORD_HEADER_LEN) as u64;
+                    now_ms.saturating_sub(since) > RECORD_GRACE_MS + n * 1000 / MIN_RECORD_RATE
+                }
+                _ => false,
+            };
+            if trickle {
+                let msg = alloc::format!("a record arrived slower than {MIN_RECORD_RATE} bytes/s");
+                let d = [MIN_RECORD_RATE as u32, RECORD_GRACE_MS as u32, 0];
+                self.send_error(i, ErrorCode::Timeout, 0, 0, &msg, d);
+                self.close(i, CloseReason::HeartbeatTimeout, now_ms);
+                continue;
+            }
             let (silent, unauthenticated) = (
                 now_ms.saturating_sub(c.last_rx_ms) > limit,
                 !matches!(c.state, State::Authenticated(..)) && now_ms.saturating_sub(c.opened_ms) > HELLO_DEADLINE_MS,
             );
             if silent {
-                let msg = alloc::format!("no frame for {limit} ms");
+                let msg = alloc::format!("no complete record for {limit} ms");
                 self.send_error(i, ErrorCode::Timeout, Op::Heartbeat as u16, 0, &msg, [self.limits.heartbeat_ms, 0, 0]);
                 self.close(i, CloseReason::HeartbeatTimeout, now_ms);
             } else if unauthenticated {

@@ -901,6 +901,7 @@ fn budgets_from_the_options_and_their_defaults() {
     assert_eq!((b.per_tenant, b.admin_reserved, b.preauth, b.heap_high_water_pct, b.tenant_places()), (3, 2, 4, 60, 6));
     assert_eq!(Budget::from_options(8, None, Some(3), None, None).per_tenant, 5);
 }
+mod liveness;
 mod lockout;
 mod v2_tests;
 mod wire_v2;
