@@ -147,6 +147,11 @@ pub struct Budget {
     pub hello_rate: Rate,
     /// Messages 1 that verified and are answered (the costly part of a handshake), all sources together.
     pub hello_work: Rate,
+    /// Fair shares of the session places (docs/security.md, "Fair shares"): each configured tenant is
+    /// guaranteed `tenant_places / tenants` places (at least 1); a tenant takes more only while the places left
+    /// still cover every other tenant's unused guarantee. On by default; off when `sessions_per_tenant=` is
+    /// given (the operator's cap is the policy).
+    pub shares: bool,
 }
 
 /// The per-source share of a pre-authentication pool of `preauth` places.
@@ -170,6 +175,7 @@ impl Budget {
             conn_rate: DEFAULT_CONN_RATE,
             hello_rate: DEFAULT_HELLO_RATE,
             hello_work: DEFAULT_HELLO_WORK,
+            shares: true,
         }
     }
 
@@ -193,6 +199,7 @@ impl Budget {
             preauth,
             heap_high_water_pct: heap_high_water_pct.unwrap_or(d.heap_high_water_pct),
             preauth_per_source: default_preauth_per_source(preauth),
+            shares: per_tenant.is_none(),
             ..d
         }
     }
@@ -214,6 +221,8 @@ pub enum Refusal {
     AdminReserve(usize),
     /// This tenant holds its cap.
     TenantCap(usize),
+    /// This tenant holds its fair share, and the places left are other tenants' unused shares.
+    TenantShare(usize),
     /// The heap is above its high-water mark.
     Memory(HeapUse),
     /// This source opens connections faster than its rate.
@@ -235,6 +244,7 @@ impl Refusal {
             Refusal::SessionsFull(n) => [w(n), 2, 0],
             Refusal::AdminReserve(n) => [w(n), 3, 0],
             Refusal::TenantCap(n) => [w(n), 4, 0],
+            Refusal::TenantShare(n) => [w(n), 10, 0],
             Refusal::Memory(h) => [w(h.used >> 10), 5, w(h.size >> 10)],
             Refusal::SourceRate(r) => [r.per_s, 6, r.burst],
             Refusal::SourceShare(n) => [w(n), 7, 0],
@@ -251,6 +261,10 @@ impl core::fmt::Display for Refusal {
             Refusal::SessionsFull(n) => write!(f, "all {n} sessions are in use"),
             Refusal::AdminReserve(n) => write!(f, "tenants hold all {n} places not reserved for the admin"),
             Refusal::TenantCap(n) => write!(f, "this tenant holds its {n} sessions"),
+            Refusal::TenantShare(n) => write!(
+                f,
+                "this tenant holds its fair share of {n} sessions and the places left are other tenants' shares"
+            ),
             Refusal::Memory(h) => {
                 write!(f, "out of memory budget (heap {} of {} KiB in use)", h.used >> 10, h.size >> 10)
             }
@@ -301,6 +315,8 @@ pub struct Admission {
     /// Sources from which a session authenticated, and when it last did: their new connections come before
     /// those of addresses never seen to hold a key.
     proven: BTreeMap<Source, u64>,
+    /// Tenants configured (for the fair shares).
+    tenants: usize,
     /// Unauthenticated connections evicted for newer ones.
     pub evicted: u64,
     /// Connections and HELLOs refused for a per-source or the total rate.
@@ -319,6 +335,7 @@ impl Admission {
             sources: BTreeMap::new(),
             hello_work: Bucket::full(budget.hello_work, 0),
             proven: BTreeMap::new(),
+            tenants: 0,
             evicted: 0,
             rate_refusals: 0,
         }
@@ -345,6 +362,29 @@ impl Admission {
     /// Authenticated sessions now.
     pub fn sessions(&self) -> usize {
         self.sessions
+    }
+
+    /// The number of tenants configured (the fair shares divide the tenants' places among them).
+    pub fn set_tenants(&mut self, tenants: usize) {
+        self.tenants = tenants;
+    }
+
+    /// A tenant's guaranteed places, when fair shares apply (on, and at least two tenants).
+    pub fn share(&self) -> Option<usize> {
+        (self.budget.shares && self.tenants >= 2).then(|| (self.budget.tenant_places() / self.tenants).max(1))
+    }
+
+    /// Whether `name` taking one more place would leave fewer places than the other tenants' unused shares.
+    fn over_share(&self, name: &str) -> Option<usize> {
+        let share = self.share()?;
+        if self.principal(name).current < share {
+            return None;
+        }
+        let others =
+            self.by_name.iter().filter(|(n, _)| n.as_str() != name && n.as_str() != crate::keyring::ADMIN_NAME);
+        let (seen, unused) = others.fold((0, 0), |(k, u), (_, p)| (k + 1, u + share.saturating_sub(p.current)));
+        let unused = unused + self.tenants.saturating_sub(1 + seen) * share;
+        (self.tenant_sessions() + 1 + unused > self.budget.tenant_places()).then_some(share)
     }
 
     /// `name`'s figures.
@@ -455,6 +495,8 @@ impl Admission {
             Some(Refusal::AdminReserve(b.tenant_places()))
         } else if role != Role::Admin && mine >= b.per_tenant {
             Some(Refusal::TenantCap(b.per_tenant))
+        } else if role != Role::Admin {
+            self.over_share(name).map(Refusal::TenantShare)
         } else {
             None
         };

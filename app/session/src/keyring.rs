@@ -126,6 +126,15 @@ impl Keyring {
         self.add(ADMIN_NAME, key_hex, Role::Admin)
     }
 
+    /// Tenants configured (each once, whatever its key ids).
+    pub fn tenants(&self) -> usize {
+        let mut names: Vec<&str> =
+            self.entries.iter().filter(|e| e.role == Role::Tenant).map(|e| e.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        names.len()
+    }
+
     /// Keys configured (a principal with two key ids counts twice).
     pub fn len(&self) -> usize {
         self.entries.len()

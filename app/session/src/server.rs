@@ -213,6 +213,8 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         }
         backend.boot(boot_id);
         let stats = Stats { session_budget: limits.sessions as u32, ..Stats::default() };
+        let mut admission = Admission::new(Budget::for_sessions(limits.sessions));
+        admission.set_tenants(keys.tenants());
         Ok(Server {
             limits,
             keys,
@@ -228,7 +230,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             answers: Vec::new(),
             dummy_psk,
             hello_macs: 0,
-            admission: Admission::new(Budget::for_sessions(limits.sessions)),
+            admission,
             records_rejected: 0,
             records_in: 0,
             records_empty: 0,

@@ -1039,3 +1039,39 @@ fn a_client_cannot_send_notices() {
     );
     assert!(!s.wants_close(ConnId(1)));
 }
+
+// ---- fair shares (issue 29 item 2) ----
+
+/// With no `sessions_per_tenant=`, two tenants among 15 tenant places: each is guaranteed 7, the place left
+/// over goes to whoever asks first, and no tenant takes another's guarantee; an explicit cap replaces the rule.
+#[test]
+fn tenants_get_fair_shares_of_session_places_by_default() {
+    let fair = |per_tenant: Option<usize>| {
+        let mut s = budgeted(16, 15, 1, 8);
+        s.set_budget(Budget::from_options(16, per_tenant, None, None, None));
+        s
+    };
+    let mut s = fair(None);
+    let mut c = 0;
+    let mut open = |s: &mut Server<NoLeases, Counter>, name: &str| {
+        c += 1;
+        assert!(s.open(ConnId(c), 0));
+        login(s, ConnId(c), name, if name == "admin" { ADMIN_KEY } else { DEMO_KEY })
+    };
+    for i in 0..8 {
+        open(&mut s, "demo").unwrap_or_else(|e| panic!("demo's session {i}: {e:?}"));
+    }
+    let e = busy(open(&mut s, "demo"));
+    assert_eq!(e.detail, [7, 10, 0], "refused by the fair share: {}", e.message);
+    assert!(e.message.contains("fair share"), "{}", e.message);
+    for i in 0..7 {
+        open(&mut s, "other").unwrap_or_else(|e| panic!("other's session {i}: {e:?}"));
+    }
+    assert_eq!(busy(open(&mut s, "other")).detail[1], 3, "the admin's place is left");
+    assert!(matches!(open(&mut s, "admin"), Ok(HelloReply::Welcome { role: Role::Admin, .. })));
+    // The operator's cap is the policy: one tenant may then take every tenant place.
+    let mut s = fair(Some(15));
+    for i in 0..15 {
+        open(&mut s, "demo").unwrap_or_else(|e| panic!("demo's session {i} under a cap of 15: {e:?}"));
+    }
+}
