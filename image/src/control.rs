@@ -178,7 +178,9 @@ pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
         )
     };
     let budget = budget(p);
-    match crate::lease::backend(&crate::lease::OPTIONS.get()) {
+    // The pool's fair shares divide it among the configured tenants (docs/security.md, "Fair shares").
+    let lease = leasebox_lease::LeaseOptions { tenants: c.tenants().len() as u32, ..crate::lease::OPTIONS.get() };
+    match crate::lease::backend(&lease) {
         Ok(backend) => match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
             Ok(server) => {
                 announce("lease service on");

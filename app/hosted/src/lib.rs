@@ -141,7 +141,9 @@ impl HostedConfig {
         if verbs.is_some() && !cfg!(feature = "verbs") {
             return Err(NO_VERBS.into());
         }
-        Ok(HostedConfig { listen, limits, budget, keys, hca, udp, timing, lease: lease.get(), verbs })
+        // The pool's fair shares divide it among the configured tenants (docs/security.md, "Fair shares").
+        let lease = LeaseOptions { tenants: control.tenants().len() as u32, ..lease.get() };
+        Ok(HostedConfig { listen, limits, budget, keys, hca, udp, timing, lease, verbs })
     }
 }
 
