@@ -62,6 +62,9 @@ pub enum CryptoError {
     Length,
     /// 2^64 - 1 records in one direction: the session must end.
     Exhausted,
+    /// The peer's ephemeral key is a low-order point: the DH result would be all zeros, the same whatever our
+    /// key, so the handshake would not be contributory (RFC 7748 §6.1).
+    LowOrder,
 }
 
 impl core::fmt::Display for CryptoError {
@@ -70,6 +73,7 @@ impl core::fmt::Display for CryptoError {
             CryptoError::Auth => "record or handshake message failed authentication",
             CryptoError::Length => "record length outside 16..=16416 bytes",
             CryptoError::Exhausted => "record counter exhausted",
+            CryptoError::LowOrder => "the peer's ephemeral key is a low-order point",
         })
     }
 }
@@ -239,6 +243,9 @@ impl Initiator {
         self.s.mix_hash(&re);
         self.s.mix_key(&re);
         let dh = self.e.diffie_hellman(&PublicKey::from(re));
+        if !dh.was_contributory() {
+            return Err(CryptoError::LowOrder);
+        }
         self.s.mix_key(dh.as_bytes());
         let plain = self.s.decrypt_and_hash(&msg2[DH_LEN..])?;
         let mut w = [0u8; WELCOME_LEN];
@@ -271,13 +278,21 @@ impl Responder {
         Ok(Responder { s, re })
     }
 
-    /// Writes message 2 with ephemeral private key `e` and the server's announcement.
-    pub fn reply(mut self, e: [u8; 32], welcome: &[u8; WELCOME_LEN]) -> ([u8; MSG2_LEN], Transport) {
+    /// Writes message 2 with ephemeral private key `e` and the server's announcement; refuses a client
+    /// ephemeral of low order ([`CryptoError::LowOrder`]).
+    pub fn reply(
+        mut self,
+        e: [u8; 32],
+        welcome: &[u8; WELCOME_LEN],
+    ) -> Result<([u8; MSG2_LEN], Transport), CryptoError> {
         let e = StaticSecret::from(e);
         let epub = PublicKey::from(&e);
         self.s.mix_hash(epub.as_bytes());
         self.s.mix_key(epub.as_bytes());
         let dh = e.diffie_hellman(&PublicKey::from(self.re));
+        if !dh.was_contributory() {
+            return Err(CryptoError::LowOrder);
+        }
         self.s.mix_key(dh.as_bytes());
         let mut msg = Vec::with_capacity(MSG2_LEN);
         msg.extend_from_slice(epub.as_bytes());
@@ -286,7 +301,7 @@ impl Responder {
         out.copy_from_slice(&msg);
         let (c1, c2) = self.s.split();
         // The responder sends with the second key and receives with the first.
-        (out, Transport::new(c2, c1, self.s.h))
+        Ok((out, Transport::new(c2, c1, self.s.h)))
     }
 }
 
@@ -426,6 +441,40 @@ impl Announce {
 mod tests {
     use super::*;
 
+    /// Message 1 as a key holder would write it with ephemeral public key `epub` (any bytes, a low-order
+    /// point included).
+    fn msg1_with(p: &[u8], psk: &[u8; 32], epub: [u8; 32]) -> [u8; MSG1_LEN] {
+        let mut s = Symmetric::new(p);
+        s.mix_key_and_hash(psk);
+        s.mix_hash(&epub);
+        s.mix_key(&epub);
+        let mut msg = epub.to_vec();
+        s.encrypt_and_hash(&[], &mut msg).unwrap();
+        msg.try_into().unwrap()
+    }
+
+    #[test]
+    fn a_low_order_ephemeral_is_refused() {
+        let p = prologue(2, 2, 0, "demo");
+        let psk = psk_from_key(&[7; 16]);
+        let mut order8 = [0u8; 32];
+        for (i, b) in order8.iter_mut().enumerate() {
+            let hex = "e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800";
+            *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+        }
+        let mut one = [0u8; 32];
+        one[0] = 1;
+        for epub in [[0u8; 32], one, order8] {
+            // The tag verifies (the sender holds the PSK); the DH is what gives it away.
+            let r = Responder::read(&p, &psk, &msg1_with(&p, &psk, epub)).expect("a key holder's message 1");
+            assert_eq!(r.reply([2; 32], &[0; WELCOME_LEN]).err(), Some(CryptoError::LowOrder), "{epub:02x?}");
+        }
+        // A proper ephemeral, written the same way, goes through.
+        let good = *PublicKey::from(&StaticSecret::from([1u8; 32])).as_bytes();
+        let r = Responder::read(&p, &psk, &msg1_with(&p, &psk, good)).unwrap();
+        assert!(r.reply([2; 32], &[0; WELCOME_LEN]).is_ok());
+    }
+
     fn pair() -> (Transport, Transport, [u8; WELCOME_LEN]) {
         let p = prologue(2, 2, 0, "demo");
         let psk = psk_from_key(&[7; 16]);
@@ -440,7 +489,7 @@ mod tests {
             boot_id: [0xb0; 16],
             resume_token: [0x70; 16],
         };
-        let (m2, st) = r.reply([2; 32], &a.encode());
+        let (m2, st) = r.reply([2; 32], &a.encode()).unwrap();
         let (w, ct) = i.finish(&m2).unwrap();
         assert_eq!(Announce::decode(&w), a);
         assert_eq!(ct.handshake_hash(), st.handshake_hash());

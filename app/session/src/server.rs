@@ -34,9 +34,10 @@ pub const RECORD_GRACE_MS: u64 = 1_000;
 /// next one closes it. Every frame fits in one record, so a client never needs any: this bounds the work
 /// records that carry nothing cost (each is an AEAD tag to check) the way credits bound frames.
 pub const MAX_RECORDS_WITHOUT_FRAME: u32 = 8;
-/// Ended sessions whose resume token is kept for a later RESUME (the oldest is forgotten first). Whether their
-/// leases still wait is the lease service's business (its session grace period); this only bounds memory.
-const MAX_LOST: usize = 64;
+/// Ended sessions whose resume token is kept for a later RESUME, per principal (its oldest is forgotten first,
+/// so no principal can push out another's). Whether their leases still wait is the lease service's business
+/// (its session grace period); this only bounds memory: at most this many per configured principal.
+pub const MAX_LOST_PER_PRINCIPAL: usize = 8;
 /// The one answer to a RESUME that names no session it may take over: an unknown id, a wrong token and another
 /// principal's session look the same.
 const RESUME_REFUSED: &str = "RESUME: no such session";
@@ -725,9 +726,13 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         if let State::Authenticated(p, _) = &c.state {
             let p = p.clone();
             if !c.resumed {
-                // A later session of the same principal may RESUME it while its leases wait.
-                if self.lost.len() == MAX_LOST {
-                    self.lost.pop_front();
+                // A later session of the same principal may RESUME it while its leases wait; the principal's
+                // oldest is forgotten beyond its bound.
+                let mine = self.lost.iter().filter(|l| l.who.name == p.name).count();
+                if mine >= MAX_LOST_PER_PRINCIPAL
+                    && let Some(k) = self.lost.iter().position(|l| l.who.name == p.name)
+                {
+                    self.lost.remove(k);
                 }
                 self.lost.push_back(Lost { who: p.clone(), token: c.token });
             }
@@ -939,7 +944,12 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             boot_id: self.boot_id,
             resume_token: token,
         };
-        let (msg2, transport) = responder.reply(e, &announce.encode());
+        // A low-order client ephemeral would make the session keys depend on the PSK alone: refused as any
+        // other failed handshake is.
+        let Ok((msg2, transport)) = responder.reply(e, &announce.encode()) else {
+            self.send_error(i, ErrorCode::AuthFailed, op, request_id, "authentication failed", [0; 3]);
+            return self.close(i, CloseReason::ProtocolError, now_ms);
+        };
         self.stats.frames_out += 1;
         let mut f = Vec::new();
         Response::Hello(HelloReply::Noise { msg2 }).encode(Op::Hello, request_id, &mut f);

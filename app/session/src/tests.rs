@@ -1075,3 +1075,57 @@ fn tenants_get_fair_shares_of_session_places_by_default() {
         open(&mut s, "demo").unwrap_or_else(|e| panic!("demo's session {i} under a cap of 15: {e:?}"));
     }
 }
+
+// ---- keys that resist guessing; resume memory per principal (issue 29 item 6) ----
+
+#[test]
+fn plainly_non_random_keys_are_refused_with_the_reason() {
+    let weak = |hex: &str| match Keyring::new().add_tenant("t", hex) {
+        Err(KeyError::WeakKey(why)) => why,
+        other => panic!("{hex}: {other:?}"),
+    };
+    assert_eq!(weak(&"00".repeat(16)), "is one byte repeated");
+    assert_eq!(weak(&"ab".repeat(32)), "is one byte repeated");
+    assert_eq!(weak(&"deadbeef".repeat(4)), "is a short pattern repeated");
+    assert_eq!(weak(&"0102".repeat(16)), "is a short pattern repeated");
+    assert_eq!(weak("00000000000000000000000000010203"), "has fewer than 5 distinct byte values");
+    let msg = KeyError::WeakKey("is one byte repeated").to_string();
+    assert!(msg.contains("must be random") && msg.contains("/dev/urandom"), "{msg}");
+    // The admin's key and every key of a list are held to the same rule; a 16-byte random key passes.
+    assert!(matches!(Keyring::new().set_admin(&"11".repeat(16)), Err(KeyError::WeakKey(_))));
+    assert!(matches!(
+        Keyring::new().add_tenant("t", &alloc::format!("0/{DEMO_KEY},1/{}", "22".repeat(16))),
+        Err(KeyError::WeakKey(_))
+    ));
+    Keyring::new().add_tenant("t", "e7ddcabfe5d9e62e7e024c50798449bd").unwrap();
+    // Too short is still refused for its length first.
+    assert!(matches!(Keyring::new().add_tenant("t", &"00".repeat(15)), Err(KeyError::KeyLength { len: 15 })));
+}
+
+#[test]
+fn one_principal_cannot_flush_anothers_resume_memory() {
+    let mut k = keys();
+    k.add_tenant("other", "f0e1d2c3b4a5968778695a4b3c2d1e0f0f1e2d3c4b5a69788796a5b4c3d2e1f0").unwrap();
+    let mut s = Server::new(Limits::default(), k, NoLeases::default(), Counter(3), 0).unwrap();
+    // "other" ends one session; "demo" then ends many more than its bound.
+    assert!(s.open(ConnId(1), 0));
+    login(&mut s, ConnId(1), "other", "f0e1d2c3b4a5968778695a4b3c2d1e0f0f1e2d3c4b5a69788796a5b4c3d2e1f0").unwrap();
+    let others = announced(ConnId(1));
+    s.closed(ConnId(1), 1);
+    let mut demos = Vec::new();
+    for c in 2..2 + 3 * server::MAX_LOST_PER_PRINCIPAL as u64 {
+        assert!(s.open(ConnId(c), 1));
+        login(&mut s, ConnId(c), "demo", DEMO_KEY).unwrap();
+        demos.push(announced(ConnId(c)));
+        s.closed(ConnId(c), 1);
+    }
+    let resume = |s: &mut Server<NoLeases, Counter>, c: u64, name: &str, key: &str, a: &Announce| {
+        assert!(s.open(ConnId(c), 2));
+        login(s, ConnId(c), name, key).unwrap();
+        let r = Request::Resume { session_id: a.session_id, token: a.resume_token };
+        matches!(&exchange(s, ConnId(c), &req(r, 3), 2)[0].1, Ans::Ok(Response::Resume { .. }))
+    };
+    assert!(resume(&mut s, 100, "other", "f0e1d2c3b4a5968778695a4b3c2d1e0f0f1e2d3c4b5a69788796a5b4c3d2e1f0", &others));
+    assert!(!resume(&mut s, 101, "demo", DEMO_KEY, &demos[0]), "demo's oldest is forgotten");
+    assert!(resume(&mut s, 102, "demo", DEMO_KEY, demos.last().unwrap()), "demo's newest is kept");
+}
