@@ -348,6 +348,7 @@ impl Admission {
     /// New budgets; places already held are kept (the counts go on).
     pub fn set_budget(&mut self, budget: Budget) {
         self.budget = budget;
+        self.hello_work = Bucket::full(budget.hello_work, self.hello_work.at_ms);
     }
 
     pub fn set_gauge(&mut self, gauge: MemoryGauge) {

@@ -38,6 +38,9 @@ pub const MAX_RECORDS_WITHOUT_FRAME: u32 = 8;
 /// so no principal can push out another's). Whether their leases still wait is the lease service's business
 /// (its session grace period); this only bounds memory: at most this many per configured principal.
 pub const MAX_LOST_PER_PRINCIPAL: usize = 8;
+/// Messages 1 remembered (by the first half of their ephemeral key) so that a replayed one is refused before
+/// the server answers it: answering costs an X25519 key and a DH, reading only a tag. 16 KiB of keys.
+pub const MAX_SEEN_HELLOS: usize = 1024;
 /// The one answer to a RESUME that names no session it may take over: an unknown id, a wrong token and another
 /// principal's session look the same.
 const RESUME_REFUSED: &str = "RESUME: no such session";
@@ -190,6 +193,11 @@ pub struct Server<B: Backend, E: Entropy> {
     lost: VecDeque<Lost>,
     /// Scratch for [`Backend::take_notices`].
     notices: Vec<(String, Notice)>,
+    /// Messages 1 that verified recently (their ephemeral keys' first halves), oldest first, and as a set.
+    seen_hellos: VecDeque<[u8; 16]>,
+    seen_set: alloc::collections::BTreeSet<[u8; 16]>,
+    /// Messages 1 refused as replays of one seen.
+    hellos_replayed: u64,
     /// Notice frames queued (one per receiving session).
     notices_sent: u64,
 }
@@ -239,6 +247,9 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             lost: VecDeque::new(),
             notices: Vec::new(),
             notices_sent: 0,
+            seen_hellos: VecDeque::new(),
+            seen_set: alloc::collections::BTreeSet::new(),
+            hellos_replayed: 0,
         })
     }
 
@@ -320,6 +331,11 @@ impl<B: Backend, E: Entropy> Server<B, E> {
     /// not tell which names exist.
     pub fn hello_macs(&self) -> u64 {
         self.hello_macs
+    }
+
+    /// Messages 1 refused because one with the same ephemeral key verified recently (a replay).
+    pub fn hellos_replayed(&self) -> u64 {
+        self.hellos_replayed
     }
 
     /// Records that failed authentication (altered, replayed, reordered, truncated, misplaced); each closed its
@@ -921,6 +937,21 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             self.send_error(i, ErrorCode::AuthFailed, op, request_id, "authentication failed", [0; 3]);
             return self.close(i, CloseReason::ProtocolError, now_ms);
         };
+        // A replayed message 1 (its ephemeral key seen in one that verified) gets the answer a wrong key gets,
+        // before any costly work: only its sender's own message 1 can be answered usefully anyway.
+        let mut seen = [0u8; 16];
+        seen.copy_from_slice(&h.msg1[..16]);
+        if !self.seen_set.insert(seen) {
+            self.hellos_replayed += 1;
+            self.send_error(i, ErrorCode::AuthFailed, op, request_id, "authentication failed", [0; 3]);
+            return self.close(i, CloseReason::ProtocolError, now_ms);
+        }
+        self.seen_hellos.push_back(seen);
+        if self.seen_hellos.len() > MAX_SEEN_HELLOS
+            && let Some(old) = self.seen_hellos.pop_front()
+        {
+            self.seen_set.remove(&old);
+        }
         // Answering costs two entropy draws, an X25519 key and a DH: at most so many a second in total.
         if let Err(r) = self.admission.hello_work(now_ms) {
             self.stats.sessions_refused += 1;

@@ -20,6 +20,8 @@ std::thread_local! {
     static CLIENTS: RefCell<BTreeMap<u64, Transport>> = const { RefCell::new(BTreeMap::new()) };
     /// The announcement each test connection's handshake decrypted (its boot id and resume token).
     static ANNOUNCED: RefCell<BTreeMap<u64, Announce>> = const { RefCell::new(BTreeMap::new()) };
+    /// Logins so far on this thread (each draws its own ephemeral key from it).
+    static LOGINS: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
 }
 
 /// What the server announced to connection `c` in its handshake.
@@ -122,12 +124,17 @@ fn take_plain<B: Backend>(s: &mut Server<B, Counter>, c: ConnId) -> Vec<u8> {
 /// HELLO step 3 for `name` (`NAME` or `NAME#ID`) under `key`, with a fixed ephemeral key: the frame and the
 /// client's handshake state.
 fn hello_v2(name: &str, key: &str, e: u8) -> (Vec<u8>, Initiator) {
+    hello_v2_with(name, key, [e; 32])
+}
+
+/// [`hello_v2`] with ephemeral private key `e`.
+fn hello_v2_with(name: &str, key: &str, e: [u8; 32]) -> (Vec<u8>, Initiator) {
     let (name, key_id) = match name.split_once('#') {
         Some((n, id)) => (n, id.parse().unwrap()),
         None => (name, 0),
     };
     let p = v2::prologue(2, 2, key_id, name);
-    let (init, msg1) = Initiator::start(&p, &v2::psk_from_key(&parse_hex(key).unwrap()), [e; 32]);
+    let (init, msg1) = Initiator::start(&p, &v2::psk_from_key(&parse_hex(key).unwrap()), e);
     let h = HelloNoise { min_version: 2, max_version: 2, key_id, name: name.to_string(), msg1 };
     (req(Request::Hello(Hello::Noise(h)), 1), init)
 }
@@ -157,7 +164,16 @@ fn login_at<B: Backend>(
     now: u64,
 ) -> Result<HelloReply, ErrorBody> {
     CLIENTS.with(|m| m.borrow_mut().remove(&c.0));
-    let (hello, init) = hello_v2(name, key, 0x42);
+    // A fresh ephemeral key for every login, as a client draws one (the server refuses a message 1 it has
+    // seen).
+    let e = LOGINS.with(|n| {
+        let k = n.get() + 1;
+        n.set(k);
+        let mut e = [0x42u8; 32];
+        e[8..16].copy_from_slice(&k.to_le_bytes());
+        e
+    });
+    let (hello, init) = hello_v2_with(name, key, e);
     let a = exchange(s, c, &hello, now);
     match a.into_iter().next().unwrap().1 {
         Ans::Ok(Response::Hello(HelloReply::Noise { msg2 })) => {
@@ -901,6 +917,7 @@ fn budgets_from_the_options_and_their_defaults() {
     assert_eq!((b.per_tenant, b.admin_reserved, b.preauth, b.heap_high_water_pct, b.tenant_places()), (3, 2, 4, 60, 6));
     assert_eq!(Budget::from_options(8, None, Some(3), None, None).per_tenant, 5);
 }
+mod cost;
 mod liveness;
 mod lockout;
 mod v2_tests;
