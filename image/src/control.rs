@@ -87,8 +87,16 @@ fn heap() -> HeapUse {
 }
 
 /// The session core with the budgets and the heap gauge.
-fn control<B: Backend + Send + 'static>(mut server: Server<B, CpuEntropy>, budget: Budget) -> Box<Control<B>> {
+fn control<B: Backend + Send + 'static>(
+    mut server: Server<B, CpuEntropy>,
+    budget: Budget,
+    appliance: Option<&str>,
+) -> Box<Control<B>> {
     server.set_budget(budget);
+    if let Some(name) = appliance {
+        log::info!("control: appliance name '{name}' (clients name it: TENANT@{name})");
+        server.set_appliance_name(name);
+    }
     server.set_memory_gauge(Box::new(heap));
     let h = heap();
     log::info!(
@@ -184,7 +192,7 @@ pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
         Ok(backend) => match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
             Ok(server) => {
                 announce("lease service on");
-                control(server, budget)
+                control(server, budget, c.appliance)
             }
             Err(e) => unavailable(&alloc::format!("{e}")),
         },
@@ -193,7 +201,7 @@ pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
             announce("lease service off");
             let backend = ApplianceBackend { inner: NoLeases::off(why) };
             match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
-                Ok(server) => control(server, budget),
+                Ok(server) => control(server, budget, c.appliance),
                 Err(e) => unavailable(&alloc::format!("{e}")),
             }
         }

@@ -47,6 +47,8 @@ pub struct HostedConfig {
     /// appliance has no memory budget (its heap is the process's).
     pub budget: Budget,
     pub keys: Keyring,
+    /// `appliance=NAME`: the name bound into every handshake (none: no name).
+    pub appliance: Option<String>,
     /// `--hca`: run the device model and the lease service.
     pub hca: bool,
     /// `--udp ADDR`: the model's RoCEv2 responder (with `--hca`).
@@ -143,7 +145,8 @@ impl HostedConfig {
         }
         // The pool's fair shares divide it among the configured tenants (docs/security.md, "Fair shares").
         let lease = LeaseOptions { tenants: control.tenants().len() as u32, ..lease.get() };
-        Ok(HostedConfig { listen, limits, budget, keys, hca, udp, timing, lease, verbs })
+        let appliance = control.appliance.map(String::from);
+        Ok(HostedConfig { listen, limits, budget, keys, appliance, hca, udp, timing, lease, verbs })
     }
 }
 
@@ -263,6 +266,9 @@ impl Hosted {
         };
         let mut server = Server::new(cfg.limits, cfg.keys, backend, OsEntropy, 0).map_err(|e| e.to_string())?;
         server.set_budget(cfg.budget);
+        if let Some(name) = &cfg.appliance {
+            server.set_appliance_name(name);
+        }
         let server: Shared = Arc::new(Mutex::new(server));
         let listener = TcpListener::bind(cfg.listen).map_err(|e| format!("binding {}: {e}", cfg.listen))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;

@@ -86,8 +86,17 @@ pub fn psk_from_key(key: &[u8]) -> [u8; 32] {
 }
 
 /// The prologue: `"leasebox control v2" ‖ min_version ‖ max_version ‖ key_id ‖ len(name) ‖ name` (integers
-/// big-endian), i.e. everything HELLO step 3 carries in clear before the Noise message.
+/// big-endian), i.e. everything HELLO step 3 carries in clear before the Noise message. For an appliance
+/// that has a name, [`prologue_for`].
 pub fn prologue(min_version: u16, max_version: u16, key_id: u8, name: &str) -> Vec<u8> {
+    prologue_for(min_version, max_version, key_id, name, "")
+}
+
+/// The prologue of a HELLO meant for the appliance named `appliance` (`appliance=`): [`prologue`] followed by
+/// `len(appliance) ‖ appliance` when the name is not empty (an appliance without a name has the prologue of
+/// [`prologue`], byte for byte). Both ends must agree on the name, so a HELLO for one appliance fails on
+/// another that holds the same key.
+pub fn prologue_for(min_version: u16, max_version: u16, key_id: u8, name: &str, appliance: &str) -> Vec<u8> {
     let mut p = Vec::with_capacity(PROLOGUE_LABEL.len() + 6 + name.len());
     p.extend_from_slice(PROLOGUE_LABEL);
     p.extend_from_slice(&min_version.to_be_bytes());
@@ -95,6 +104,10 @@ pub fn prologue(min_version: u16, max_version: u16, key_id: u8, name: &str) -> V
     p.push(key_id);
     p.push(name.len() as u8);
     p.extend_from_slice(name.as_bytes());
+    if !appliance.is_empty() {
+        p.push(appliance.len().min(255) as u8);
+        p.extend_from_slice(&appliance.as_bytes()[..appliance.len().min(255)]);
+    }
     p
 }
 

@@ -198,6 +198,8 @@ pub struct Server<B: Backend, E: Entropy> {
     seen_set: alloc::collections::BTreeSet<[u8; 16]>,
     /// Messages 1 refused as replays of one seen.
     hellos_replayed: u64,
+    /// This appliance's name (`appliance=`), bound into every handshake's prologue; empty: none.
+    appliance: String,
     /// Notice frames queued (one per receiving session).
     notices_sent: u64,
 }
@@ -250,7 +252,14 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             seen_hellos: VecDeque::new(),
             seen_set: alloc::collections::BTreeSet::new(),
             hellos_replayed: 0,
+            appliance: String::new(),
         })
+    }
+
+    /// Names this appliance (`appliance=`): from now on a HELLO completes only if its client named the same
+    /// appliance ([`v2::prologue_for`]); empty: no name, the prologue of clients that name none.
+    pub fn set_appliance_name(&mut self, name: &str) {
+        self.appliance = String::from(name);
     }
 
     /// This boot's id.
@@ -930,7 +939,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             Some(p) => self.keys.get(p).psk,
             None => self.dummy_psk,
         };
-        let prologue = v2::prologue(h.min_version, h.max_version, h.key_id, &h.name);
+        let prologue = v2::prologue_for(h.min_version, h.max_version, h.key_id, &h.name, &self.appliance);
         let read = Responder::read(&prologue, &psk, &h.msg1);
         self.hello_macs += 1;
         let (Some(p), Ok(responder)) = (principal, read) else {

@@ -1146,3 +1146,39 @@ fn one_principal_cannot_flush_anothers_resume_memory() {
     assert!(!resume(&mut s, 101, "demo", DEMO_KEY, &demos[0]), "demo's oldest is forgotten");
     assert!(resume(&mut s, 102, "demo", DEMO_KEY, demos.last().unwrap()), "demo's newest is kept");
 }
+
+// ---- appliance identity (issue 29 item 5) ----
+
+/// A HELLO for appliance `appliance` ("" for none): its frame and the client's state.
+fn hello_for(appliance: &str, e: u8) -> (Vec<u8>, Initiator) {
+    let p = v2::prologue_for(2, 2, 0, "demo", appliance);
+    let (init, msg1) = Initiator::start(&p, &v2::psk_from_key(&parse_hex(DEMO_KEY).unwrap()), [e; 32]);
+    let h = HelloNoise { min_version: 2, max_version: 2, key_id: 0, name: "demo".to_string(), msg1 };
+    (req(Request::Hello(Hello::Noise(h)), 1), init)
+}
+
+#[test]
+fn a_hello_for_one_appliance_fails_on_another() {
+    let mut a = server(Limits::default());
+    a.set_appliance_name("lb-a");
+    let mut b = server(Limits::default());
+    b.set_appliance_name("lb-b");
+    let mut unnamed = server(Limits::default());
+    let answer = |s: &mut Server<NoLeases, Counter>, c: u64, hello: &[u8]| {
+        assert!(s.open(ConnId(c), 0));
+        exchange(s, ConnId(c), hello, 0).into_iter().next().unwrap().1
+    };
+    let ok = |a: &Ans| matches!(a, Ans::Ok(Response::Hello(HelloReply::Noise { .. })));
+    let refused = |a: &Ans| matches!(a, Ans::Err(e) if e.code == ErrorCode::AuthFailed);
+    // Meant for lb-a: served there, refused on lb-b (the same key), and on an appliance with no name.
+    let (for_a, init) = hello_for("lb-a", 1);
+    let Ans::Ok(Response::Hello(HelloReply::Noise { msg2 })) = answer(&mut a, 1, &for_a) else { panic!("lb-a") };
+    assert!(init.finish(&msg2).is_ok());
+    assert!(refused(&answer(&mut b, 1, &for_a)), "lb-b must not complete lb-a's HELLO");
+    assert!(refused(&answer(&mut unnamed, 1, &hello_for("lb-a", 2).0)));
+    // A HELLO that names no appliance: refused by a named one, served by an unnamed one (configurations
+    // without a name keep working, with the prologue they always had).
+    assert!(refused(&answer(&mut a, 2, &hello_for("", 3).0)));
+    assert!(ok(&answer(&mut unnamed, 2, &hello_for("", 4).0)));
+    assert_eq!(v2::prologue_for(2, 2, 0, "demo", ""), v2::prologue(2, 2, 0, "demo"));
+}
