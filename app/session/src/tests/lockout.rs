@@ -65,7 +65,7 @@ fn run(a: &Attack) -> Vec<(&'static str, Option<u64>, u32)> {
     assert!(s.open_from(ConnId(2), ip(10, 9, 0, 3), 0));
     login_at(&mut s, ConnId(2), "admin", ADMIN_KEY, 0).unwrap();
     s.closed(ConnId(2), 0);
-    let mut clients = vec![
+    let mut clients = [
         Client {
             name: "demo",
             key: DEMO_KEY,
