@@ -439,7 +439,10 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         let victim = if mine >= b.preauth_per_source && !self.admission.proven(source) {
             Some(self.evictable(source, true, 0, now_ms).ok_or(Refusal::SourceShare(b.preauth_per_source))?)
         } else if self.admission.preauth_full() {
-            Some(self.evictable(source, false, mine + 1, now_ms).ok_or(Refusal::PreauthFull(b.preauth))?)
+            // Another source's place first; a proven source, which has no share, may also replace its own.
+            let other = self.evictable(source, false, mine + 1, now_ms);
+            let own = || self.admission.proven(source).then(|| self.evictable(source, true, 0, now_ms)).flatten();
+            Some(other.or_else(own).ok_or(Refusal::PreauthFull(b.preauth))?)
         } else {
             None
         };

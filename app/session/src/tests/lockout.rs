@@ -208,3 +208,25 @@ fn nobody_is_locked_out_by_unauthenticated_connections() {
     std::println!("{report}");
     assert!(failures.is_empty(), "{failures:?}\n{report}");
 }
+
+/// An attacker at an address a session once came from (a proven source: no share) fills the whole pool; a
+/// client at the same address still gets in once the attacker's places are a second old (a source's newcomer
+/// may replace its own oldest), and one at another proven address at once.
+#[test]
+fn a_flood_from_a_proven_address_does_not_keep_that_address_out() {
+    let mut s = Server::new(Limits::default(), keys(), NoLeases::default(), Counter(9), 0).unwrap();
+    let (shared, elsewhere) = (ip(10, 1, 1, 1), ip(10, 1, 1, 2));
+    for (c, src) in [(1, shared), (2, elsewhere)] {
+        assert!(s.open_from(ConnId(c), src, 0));
+        login_at(&mut s, ConnId(c), "demo", DEMO_KEY, 0).unwrap();
+    }
+    for c in 10..18 {
+        assert!(s.open_from(ConnId(c), shared, 10), "the pool is a proven source's to fill");
+    }
+    assert!(!s.open_from(ConnId(20), shared, 500), "its places are younger than a second");
+    s.closed(ConnId(20), 500);
+    assert!(s.open_from(ConnId(21), shared, 1_010), "a second on, the address's oldest place is replaced");
+    login_at(&mut s, ConnId(21), "demo", DEMO_KEY, 1_010).unwrap();
+    assert!(s.open_from(ConnId(22), elsewhere, 1_020));
+    login_at(&mut s, ConnId(22), "admin", ADMIN_KEY, 1_020).unwrap();
+}
