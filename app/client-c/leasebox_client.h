@@ -78,7 +78,7 @@
 #define LBX_EVENT_NONE 0
 
 /**
- * A lease (`lease`) is gone: stop using it (`outcome`: 0 torn down, 1 fenced, 2 not found).
+ * A lease (`lease`) is gone: stop using it (`outcome`: `LBX_OUTCOME_*`).
  */
 #define LBX_EVENT_REVOKED 1
 
@@ -108,6 +108,49 @@
 #define LBX_EVENT_DISCONNECTED 6
 
 /**
+ * `lbx_client_revoke_with`'s order: the memory key first (the appliance's default: the lease's next RDMA
+ * request is refused at once).
+ */
+#define LBX_REVOKE_MKEY_FIRST 0
+
+/**
+ * `lbx_client_revoke_with`'s order: the lease's QP to the error state first (the admin's alone; a tenant
+ * asking for it gets `LBX_ERR_SERVER`, FORBIDDEN).
+ */
+#define LBX_REVOKE_QP_FIRST 1
+
+/**
+ * A region is in use by a transfer (`lbx_region_free`): wait for its completions and try again.
+ */
+#define LBX_ERR_BUSY 12
+
+/**
+ * The outcome of a revoke (`lbx_completion.outcome`, `lbx_event.outcome`, `lbx_client_revoke_with`): the
+ * lease's memory key is gone and its teardown under way.
+ */
+#define LBX_OUTCOME_TORN_DOWN 0
+
+/**
+ * A teardown step failed or the HCA did not answer in time: the memory is fenced for good (never reused).
+ */
+#define LBX_OUTCOME_FENCED 1
+
+/**
+ * The appliance does not know the lease (already gone: revoked earlier, expired, another boot).
+ */
+#define LBX_OUTCOME_NOT_FOUND 2
+
+/**
+ * `lbx_op.kind`: an RDMA WRITE from the region(s) to the lease.
+ */
+#define LBX_OP_WRITE 0
+
+/**
+ * `lbx_op.kind`: an RDMA READ from the lease into the region(s).
+ */
+#define LBX_OP_READ 1
+
+/**
  * A client of one or more appliances (opaque).
  */
 typedef struct lbx_client lbx_client;
@@ -116,6 +159,11 @@ typedef struct lbx_client lbx_client;
  * A lease (opaque).
  */
 typedef struct lbx_lease lbx_lease;
+
+/**
+ * Memory registered for zero-copy transfers (opaque): the caller's bytes, used in place.
+ */
+typedef struct lbx_region lbx_region;
 
 /**
  * How to reach etcd beyond its endpoints, for `lbx_client_connect_etcd_with`. Every field may be NULL.
@@ -173,7 +221,8 @@ typedef struct lbx_event {
    */
   uint32_t in_ms;
   /**
-   * The revoke's outcome for `LBX_EVENT_REVOKED`: 0 torn down, 1 fenced, 2 not found.
+   * The revoke's outcome for `LBX_EVENT_REVOKED`: `LBX_OUTCOME_TORN_DOWN`, `LBX_OUTCOME_FENCED` or
+   * `LBX_OUTCOME_NOT_FOUND`.
    */
   uint32_t outcome;
 } lbx_event;
@@ -186,6 +235,75 @@ typedef struct lbx_iov {
   uint8_t *buf;
   size_t len;
 } lbx_iov;
+
+/**
+ * One piece of a scatter/gather list: `len` bytes at `offset` in `region`.
+ */
+typedef struct lbx_sge {
+  const struct lbx_region *region;
+  size_t offset;
+  size_t len;
+} lbx_sge;
+
+/**
+ * One operation of a batch (`lbx_submit`): `kind` (`LBX_OP_WRITE` or `LBX_OP_READ`) on `lease` at
+ * `lease_offset`, from or into either one piece (`region`, `region_offset`, `len`; `sge` NULL) or a
+ * scatter/gather list (`sge`, `n_sge` pieces in order, up to `lbx_lease_max_sge`; `region` NULL).
+ */
+typedef struct lbx_op {
+  int32_t kind;
+  const struct lbx_lease *lease;
+  uint64_t lease_offset;
+  const struct lbx_region *region;
+  size_t region_offset;
+  size_t len;
+  const struct lbx_sge *sge;
+  size_t n_sge;
+} lbx_op;
+
+/**
+ * One finished operation of a batch.
+ */
+typedef struct lbx_completion {
+  /**
+   * The ticket `lbx_submit` gave the operation.
+   */
+  uint64_t ticket;
+  /**
+   * `LBX_OK`, or the operation's own error (`LBX_ERR_REVOKED`: its lease is gone; `LBX_ERR_OUT_OF_RANGE`,
+   * `LBX_ERR_INVALID_ARGUMENT`: a range outside the lease or region, too many pieces, an overlap with a
+   * transfer that writes the same bytes; `LBX_ERR_RDMA`, `LBX_ERR_TIMEOUT`: the lease's QP failed).
+   */
+  int32_t status;
+  /**
+   * `LBX_OUTCOME_*` when `status` is `LBX_ERR_REVOKED` (0 otherwise).
+   */
+  uint32_t outcome;
+  /**
+   * The bytes moved, when `status` is `LBX_OK` (0 otherwise).
+   */
+  uint64_t bytes;
+} lbx_completion;
+
+/**
+ * How `lbx_client_connect_with` connects, beyond the appliances and credentials. Every field may be 0/NULL.
+ */
+typedef struct lbx_connect_options {
+  /**
+   * Each appliance's RDMA requester, comma-separated: one for every appliance, or one per appliance in the
+   * same order. Each is `soft`, `soft:ADDR:PORT` or `verbs:DEVICE:PORT:GID_INDEX`. NULL: `soft`.
+   */
+  const char *requesters;
+  /**
+   * The deadline of one answer, of connecting, and of one RDMA operation (0: the defaults).
+   */
+  uint32_t timeout_ms;
+  /**
+   * Work requests each lease keeps posted at most (0: 64; at most 4096); `lbx_lease_set_queue_depth` changes
+   * one lease's.
+   */
+  uint32_t queue_depth;
+} lbx_connect_options;
 
 #ifdef __cplusplus
 extern "C" {
@@ -264,11 +382,22 @@ int32_t lbx_client_next_event(const struct lbx_client *client,
 
 /**
  * REVOKE lease `*lease_id` on appliance `appliance` (the operator's command: admin clients, or the lease's own
- * tenant).
+ * tenant), memory key first; as `lbx_client_revoke_with(client, appliance, lease_id, LBX_REVOKE_MKEY_FIRST,
+ * NULL)`.
  */
 int32_t lbx_client_revoke(const struct lbx_client *client,
                           uint32_t appliance,
                           const struct lbx_lease_ident *lease_id);
+
+/**
+ * REVOKE lease `*lease_id` on appliance `appliance` in teardown order `order` (`LBX_REVOKE_MKEY_FIRST` or
+ * `LBX_REVOKE_QP_FIRST`); the appliance's answer goes to `*outcome` (`LBX_OUTCOME_*`; `outcome` may be NULL).
+ */
+int32_t lbx_client_revoke_with(const struct lbx_client *client,
+                               uint32_t appliance,
+                               const struct lbx_lease_ident *lease_id,
+                               int32_t order,
+                               uint32_t *outcome);
 
 /**
  * Allocates a lease of at least `size` bytes, ready for RDMA, on the appliance with the most free bytes.
@@ -320,6 +449,165 @@ int32_t lbx_lease_read_batch(const struct lbx_lease *lease, const struct lbx_iov
  * lease answers `LBX_ERR_REVOKED` here too: its memory was already taken back.
  */
 int32_t lbx_lease_free(struct lbx_lease *lease);
+
+/**
+ * Registers `len` bytes at `addr` for zero-copy transfers; `*out` is the new region. The memory stays the
+ * caller's: it must stay allocated until `lbx_region_free` has succeeded, and nothing else may write it (or,
+ * for a write, change it) while a transfer that names it runs. On verbs it is registered with the NIC
+ * (`ibv_reg_mr`) once per device context the client uses, shared by every lease there.
+ */
+int32_t lbx_register(const struct lbx_client *client,
+                     void *addr,
+                     size_t len,
+                     struct lbx_region **out);
+
+/**
+ * The region's length in bytes; 0 for an invalid handle.
+ */
+size_t lbx_region_len(const struct lbx_region *region);
+
+/**
+ * 1 while a transfer holds any of the region's bytes, 0 when none does (or for an invalid handle).
+ */
+int32_t lbx_region_in_use(const struct lbx_region *region);
+
+/**
+ * Deregisters the region and destroys the handle once no transfer holds it, waiting up to `wait_ms` for that
+ * (NULL: nothing). While a transfer still holds it after `wait_ms`, answers `LBX_ERR_BUSY` and changes
+ * nothing: the handle stays valid and the memory registered (take the transfers' completions, then free
+ * again). After `LBX_OK` the memory is the caller's again.
+ */
+int32_t lbx_region_free(struct lbx_region *region,
+                        uint32_t wait_ms);
+
+/**
+ * Zero copy: writes `len` bytes at `region_offset` in `region` to `lease_offset` in the lease, the requester
+ * reading them straight from the region (no copy); returns once the write completed.
+ */
+int32_t lbx_write_from(const struct lbx_lease *lease,
+                       const struct lbx_region *region,
+                       size_t region_offset,
+                       uint64_t lease_offset,
+                       size_t len);
+
+/**
+ * Zero copy: reads `len` bytes at `lease_offset` in the lease straight into `region` at `region_offset`.
+ */
+int32_t lbx_read_into(const struct lbx_lease *lease,
+                      const struct lbx_region *region,
+                      size_t region_offset,
+                      uint64_t lease_offset,
+                      size_t len);
+
+/**
+ * Zero copy, gathered: one write of the `n` pieces `sge[]`, in order, to `lease_offset` (at most
+ * `lbx_lease_max_sge(lease)` pieces).
+ */
+int32_t lbx_write_from_sg(const struct lbx_lease *lease,
+                          const struct lbx_sge *sge,
+                          size_t n,
+                          uint64_t lease_offset);
+
+/**
+ * Zero copy, scattered: one read from `lease_offset` into the `n` pieces `sge[]`, in order.
+ */
+int32_t lbx_read_into_sg(const struct lbx_lease *lease,
+                         const struct lbx_sge *sge,
+                         size_t n,
+                         uint64_t lease_offset);
+
+/**
+ * The most pieces one scatter/gather call or `lbx_op` may have on this lease (the verbs device's limit, or 32
+ * on the software requester); 0 for an invalid handle.
+ */
+size_t lbx_lease_max_sge(const struct lbx_lease *lease);
+
+/**
+ * The work requests this lease keeps posted at most (more wait in its queue); 0 for an invalid handle.
+ */
+size_t lbx_lease_queue_depth(const struct lbx_lease *lease);
+
+/**
+ * Sets the lease's queue depth: 1 to 4096 (a verbs QP also stops at its send queue, sized at allocation from
+ * the client's `queue_depth`).
+ */
+int32_t lbx_lease_set_queue_depth(const struct lbx_lease *lease,
+                                  size_t depth);
+
+/**
+ * Bytes the copying calls (`lbx_lease_write`, `lbx_lease_read` and their batches) copied between the
+ * caller's buffers and the library's; zero-copy transfers add nothing. 0 for an invalid handle.
+ */
+uint64_t lbx_bytes_copied(const struct lbx_client *client);
+
+/**
+ * A file descriptor that polls readable (poll(2), epoll) exactly while completions wait to be taken by
+ * `lbx_poll` or `lbx_wait`. Do not read or close it: the client does. -1 for an invalid handle.
+ */
+int lbx_completion_fd(const struct lbx_client *client);
+
+/**
+ * Operations submitted on this client whose completion has not been taken yet.
+ */
+uint64_t lbx_pending(const struct lbx_client *client);
+
+/**
+ * Starts the `n` operations `ops[]` (on any leases of this client, on any of its appliances) and writes one
+ * ticket per operation to `tickets[]`, in order. The client's progress thread runs them, each lease's in order
+ * up to its queue depth; each completes on its own (`lbx_poll`, `lbx_wait`, `lbx_wait_ticket`): a lease revoked
+ * meanwhile fails only its own operations, with `LBX_ERR_REVOKED` and the outcome. A NULL or invalid handle or
+ * kind fails the whole call with `LBX_ERR_INVALID_ARGUMENT` before anything is submitted; the rest (ranges,
+ * pieces, overlaps) is each operation's own result. A lease busy in a blocking call on another thread delays
+ * the submission until that call returns.
+ */
+int32_t lbx_submit(const struct lbx_client *client,
+                   const struct lbx_op *ops,
+                   size_t n,
+                   uint64_t *tickets);
+
+/**
+ * Takes up to `max` completions that are there now, in the order they finished, into `out[]`, without
+ * waiting; `*count` says how many. `lbx_last_error()` names the first failed one's error ("" when all
+ * succeeded).
+ */
+int32_t lbx_poll(const struct lbx_client *client,
+                 struct lbx_completion *out,
+                 size_t max,
+                 size_t *count);
+
+/**
+ * Takes completions into `out[]` as operations finish, until `max` are there or no operation is pending
+ * (every result submitted so far taken), waiting at most `timeout_ms`; `*count` says how many. Give room for
+ * every operation submitted to wait for all of them. `LBX_ERR_TIMEOUT` when the time ran out first: the
+ * `*count` completions taken until then are in `out[]` all the same. `lbx_last_error()` names the first
+ * failed one's error.
+ */
+int32_t lbx_wait(const struct lbx_client *client,
+                 uint32_t timeout_ms,
+                 struct lbx_completion *out,
+                 size_t max,
+                 size_t *count);
+
+/**
+ * Waits up to `timeout_ms` for the operation of `ticket` and takes its completion alone into `*out`.
+ * `LBX_ERR_TIMEOUT` when it did not finish in time; `LBX_ERR_INVALID_ARGUMENT` for a ticket whose completion
+ * was already taken (or never given). The completion's own status is in `out->status`.
+ */
+int32_t lbx_wait_ticket(const struct lbx_client *client,
+                        uint64_t ticket,
+                        uint32_t timeout_ms,
+                        struct lbx_completion *out);
+
+/**
+ * Connects and authenticates to every appliance, as `lbx_client_connect`, with each appliance's RDMA
+ * requester chosen by `options->requesters` (software or verbs) and the queue depth and timeout of `options`
+ * (NULL: all defaults, the software requester toward 127.0.0.1:4791).
+ */
+int32_t lbx_client_connect_with(const char *appliances,
+                                const char *name,
+                                const char *key_hex,
+                                const struct lbx_connect_options *options,
+                                struct lbx_client **out);
 
 #ifdef __cplusplus
 }  // extern "C"

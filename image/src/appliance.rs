@@ -214,9 +214,15 @@ fn ms(d: Duration) -> impl core::fmt::Display {
     Ms(d.as_micros())
 }
 
+/// Cores the default layout gives a role: `net`, `cmd`, `event` (docs/operations.md, "Roles").
+const ROLE_CORES: usize = 3;
+
 #[unsafe(no_mangle)]
 fn leasebox_main(p: Platform) -> ! {
-    // CPUs: the BSP first, then every enabled MADT entry, capped at the per-CPU table's size.
+    // CPUs: the BSP first, then the enabled MADT entries (the kernel keeps the first `acpi::MAX_CPUS`), capped
+    // at the per-CPU table's size. Only the cores the layout gives a role are started: by default the role
+    // cores (`CoreLayout::default_for`, at most three), with `cores=` as many as it names. The others are never
+    // sent INIT/SIPI and stay parked in the firmware's wait-for-SIPI state, costing nothing.
     let mut aps = [(0usize, 0u32); MAX_CPUS];
     let mut n_aps = 0;
     if let (Some(acpi), Some(_)) = (p.acpi, p.lapic) {
@@ -229,14 +235,22 @@ fn leasebox_main(p: Platform) -> ! {
             aps[n_aps - 1] = (n_aps, c.apic_id);
         }
     }
-    let cpus = n_aps + 1;
+    let available = n_aps + 1;
     let layout = match p.config.cores {
-        Some(l) if l.cores().len() > cpus => {
-            boot_error(format_args!("cores= names {} cores but this machine has {cpus} CPU(s)", l.cores().len()))
+        Some(l) if l.cores().len() > available => {
+            boot_error(format_args!("cores= names {} cores but this machine has {available} CPU(s)", l.cores().len()))
         }
-        Some(l) => l.padded_to(cpus),
-        None => CoreLayout::default_for(cpus),
+        Some(l) => l,
+        None => CoreLayout::default_for(available.min(ROLE_CORES)),
     };
+    let cpus = layout.cores().len();
+    n_aps = cpus.saturating_sub(1);
+    if available > cpus {
+        log::info!(
+            "smp: {cpus} of {available} CPUs started; {} without a role stay parked (cores= names more)",
+            available - cpus
+        );
+    }
     LAYOUT.call_once(|| layout);
     WATCHDOG_NS.store(u64::from(p.config.watchdog_ms) * 1_000_000, Ordering::Relaxed);
     report_in(0);

@@ -77,14 +77,41 @@ impl core::fmt::Display for Status {
             Status::Absent => f.write_str("hca=none"),
             Status::Up(i) => write!(
                 f,
-                "hca={} fw={} port={} hca_ms={}.{:03}",
+                "hca={} fw={} port={} hca_ms={}.{:03}{}",
                 i.part.replace(' ', "-"),
                 i.fw,
                 i.port,
                 i.bring_up_ns / 1_000_000,
-                (i.bring_up_ns / 1000) % 1000
+                (i.bring_up_ns / 1000) % 1000,
+                At
             ),
-            Status::Failed(e) => write!(f, "hca=failed error=\"{e}\""),
+            Status::Failed(e) => write!(f, "hca=failed{At} error=\"{e}\""),
+        }
+    }
+}
+
+/// Where the HCA was found, once `init` found it.
+static HCA_AT: Once<pci::Bdf> = Once::new();
+
+/// The HCA's PCI address as `segment:bus:device.function`, always with the segment (the ready line's
+/// `hca_at=`, HEALTH's "at"): the address an operator compares with `lspci -D` on the host.
+pub struct Location(pub pci::Bdf);
+
+impl core::fmt::Display for Location {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let b = self.0;
+        write!(f, "{:04x}:{:02x}:{:02x}.{:x}", b.segment, b.bus, b.device, b.function)
+    }
+}
+
+/// ` hca_at=SSSS:BB:DD.F` when the HCA was found, else nothing.
+struct At;
+
+impl core::fmt::Display for At {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match HCA_AT.get() {
+            Some(&b) => write!(f, " hca_at={}", Location(b)),
+            None => Ok(()),
         }
     }
 }
@@ -159,6 +186,7 @@ pub fn init(p: &Platform, eth: bool) -> Status {
         LEASES.call_once(|| Err(String::from("no HCA")));
         return Status::Absent;
     };
+    HCA_AT.call_once(|| bdf);
     // SAFETY: `[base, base + size)` is the function's memory BAR as enumerated (not RAM), and this platform
     // is the only user of its registers.
     let bar = match unsafe { Mmio::map(base, size) } {
@@ -222,7 +250,9 @@ pub fn init(p: &Platform, eth: bool) -> Status {
             );
             LOG.call_once(|| cmd.queue().log_handle());
             SHARED.call_once(|| client.shared_handle());
-            SUMMARY.call_once(|| format!("{} fw {} port {} mtu {}", info.part, info.fw, info.port, info.mtu));
+            SUMMARY.call_once(|| {
+                format!("{} at {} fw {} port {} mtu {}", info.part, Location(bdf), info.fw, info.port, info.mtu)
+            });
             leasebox_kernel::arch::set_fatal_hook(dump_commands);
             *CMD_ENGINE.lock() = Some(cmd);
             *EVENT_ENGINE.lock() = Some(ev);
@@ -232,24 +262,29 @@ pub fn init(p: &Platform, eth: bool) -> Status {
         Err(e) => {
             log::error!("mlx5: bring-up failed: {e}");
             LEASES.call_once(|| Err(String::from("the HCA did not come up")));
-            SUMMARY.call_once(|| format!("bring-up failed: {e}"));
+            SUMMARY.call_once(|| format!("at {}: bring-up failed: {e}", Location(bdf)));
             Status::Failed(format!("{e}"))
         }
     }
 }
 
-/// The HCA's state and a message for HEALTH: the summary, the command counters, then the newest commands
-/// while they fit the protocol's 256-byte message (the panic dump shows more).
+/// The HCA's state and a message for HEALTH: the summary (part, PCI address, firmware, port, MTU), the command
+/// counters (`failed`, `timeout`, `late`, `aborted` only when not zero), the Ethernet port's line, then the newest
+/// commands while they fit the protocol's 256-byte message (the panic dump shows more).
 pub fn health() -> (HcaState, String) {
     let Some(summary) = SUMMARY.get() else { return (HcaState::Absent, String::from("no HCA")) };
     let (Some(shared), Some(log)) = (SHARED.get(), LOG.get()) else { return (HcaState::Fatal, summary.clone()) };
     let state = if shared.fatal().is_some() { HcaState::Fatal } else { HcaState::Ok };
     let l = log.lock();
     let c = l.counters;
-    let mut m = format!(
-        "{summary}; cmds {} ok {} failed {} timeout {} late {} aborted {}",
-        c.submitted, c.ok, c.failed, c.timeouts, c.late, c.aborted
-    );
+    // The counters that count trouble only when there is some: the message shares the protocol's 256 bytes with
+    // the lease service's summary and the control port's line, and HCA_STATS carries every counter as a number.
+    let mut m = format!("{summary}; cmds {} ok {}", c.submitted, c.ok);
+    for (name, n) in [("failed", c.failed), ("timeout", c.timeouts), ("late", c.late), ("aborted", c.aborted)] {
+        if n != 0 {
+            m.push_str(&format!(" {name} {n}"));
+        }
+    }
     if let Some(eth) = crate::eth::summary() {
         m.push_str("; ");
         m.push_str(&eth);

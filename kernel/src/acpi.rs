@@ -4,16 +4,19 @@
 //! its legacy BIOS search (§5.2.5.1), the System Description Table Header (§5.2.6), the RSDT (§5.2.7) and XSDT
 //! (§5.2.8), and the Multiple APIC Description Table (MADT, signature "APIC", §5.2.12) with its Processor Local
 //! APIC (type 0), Local APIC Address Override (type 5) and Processor Local x2APIC (type 9) structures. The PCI
-//! Express memory-mapped configuration table (MCFG) comes from the PCI Firmware Specification 3.x, §4.1.2.
+//! Express memory-mapped configuration table (MCFG) comes from the PCI Firmware Specification 3.x, §4.1.2; the
+//! Serial Port Console Redirection table (SPCR) from Microsoft's SPCR specification (docs/reference/acpi-tables.md, "SPCR").
 //!
 //! All reads go through [`PhysMem`]; every table header is checked for length and checksum before any field in
 //! it is believed.
 
 use core::fmt;
 
+use crate::console::{SpcrConsole, spcr_console};
 use crate::physmem::PhysMem;
 
-/// Processors kept in an [`AcpiInfo`].
+/// Processors kept in an [`AcpiInfo`]: the first this many usable ones in MADT order; the rest are counted
+/// ([`AcpiInfo::skipped_cpus`]) and never started.
 pub const MAX_CPUS: usize = 64;
 /// ECAM windows kept in an [`AcpiInfo`].
 pub const MAX_ECAM: usize = 8;
@@ -42,6 +45,11 @@ const MADT_PCAT_COMPAT: u32 = 1 << 0;
 /// MCFG: header and 8 reserved bytes, then 16-byte allocation entries.
 const MCFG_ENTRIES_OFFSET: usize = 44;
 const MCFG_ENTRY_LEN: usize = 16;
+/// SPCR: interface type at 36, base address GAS at 40 (space id at 40, 64-bit address at 44), baud code at 58.
+const SPCR_INTERFACE_TYPE: usize = 36;
+const SPCR_BASE_SPACE: usize = 40;
+const SPCR_BASE_ADDRESS: usize = 44;
+const SPCR_BAUD: usize = 58;
 
 const MADT_LOCAL_APIC: u8 = 0;
 const MADT_LOCAL_APIC_OVERRIDE: u8 = 5;
@@ -63,6 +71,7 @@ impl Signature {
     pub const XSDT: Signature = Signature(*b"XSDT");
     pub const MADT: Signature = Signature(*b"APIC");
     pub const MCFG: Signature = Signature(*b"MCFG");
+    pub const SPCR: Signature = Signature(*b"SPCR");
 }
 
 impl fmt::Display for Signature {
@@ -134,8 +143,11 @@ pub struct AcpiInfo {
     pub lapic_addr: u64,
     /// MADT PCAT_COMPAT: legacy 8259 PICs are present and must be masked.
     pub pcat_compat: bool,
+    /// The SPCR's console port, when the firmware has an SPCR long enough to hold it.
+    pub spcr: Option<SpcrConsole>,
     cpus: [Cpu; MAX_CPUS],
     cpus_len: usize,
+    skipped_cpus: usize,
     ecam: [EcamRegion; MAX_ECAM],
     ecam_len: usize,
 }
@@ -144,6 +156,12 @@ impl AcpiInfo {
     /// Processors in MADT order, usable ones first, then as many unusable ones as fit (for diagnostics).
     pub fn cpus(&self) -> &[Cpu] {
         &self.cpus[..self.cpus_len]
+    }
+
+    /// Usable processors the MADT lists beyond the [`MAX_CPUS`] kept (a two-socket server with hyper-threading
+    /// has more): they are left parked in the firmware's wait-for-SIPI state.
+    pub fn skipped_cpus(&self) -> usize {
+        self.skipped_cpus
     }
 
     /// Processors we may start: enabled or online capable.
@@ -204,8 +222,6 @@ pub enum AcpiError {
     MadtEntryTruncated { offset: usize, entry_type: u8, length: u8, table_length: u32 },
     /// A MADT structure too short for the fields its type defines.
     MadtEntryTooShort { offset: usize, entry_type: u8, length: u8, min: u8 },
-    /// More usable processors than we keep.
-    TooManyCpus { limit: usize },
     /// An MCFG whose allocation area is not a whole number of 16-byte entries.
     McfgLength { length: u32 },
     /// An MCFG entry whose end bus is below its start bus.
@@ -253,7 +269,6 @@ impl fmt::Display for AcpiError {
                 "MADT entry at offset {offset:#x} (type {entry_type}) is too short: length {length}, its fields \
                  need {min}"
             ),
-            AcpiError::TooManyCpus { limit } => write!(f, "MADT lists more than {limit} usable processors"),
             AcpiError::McfgLength { length } => {
                 write!(f, "MCFG length {length} does not hold a whole number of 16-byte allocation entries")
             }
@@ -371,6 +386,7 @@ pub fn parse(mem: &impl PhysMem, rsdp_addr: u64) -> Result<AcpiInfo, AcpiError> 
 
     let mut madt = None;
     let mut mcfg = None;
+    let mut spcr = None;
     for p in pointers.chunks_exact(pointer_len) {
         let addr = if pointer_len == 8 { le64(p, 0) } else { u64::from(le32(p, 0)) };
         // Some firmware leaves null slots in the root table; they point at nothing.
@@ -381,6 +397,7 @@ pub fn parse(mem: &impl PhysMem, rsdp_addr: u64) -> Result<AcpiInfo, AcpiError> 
         match table.signature {
             Signature::MADT if madt.is_none() => madt = Some(table),
             Signature::MCFG if mcfg.is_none() => mcfg = Some(table),
+            Signature::SPCR if spcr.is_none() => spcr = Some(table),
             _ => {}
         }
     }
@@ -391,8 +408,18 @@ pub fn parse(mem: &impl PhysMem, rsdp_addr: u64) -> Result<AcpiInfo, AcpiError> 
         root_table: root.signature,
         lapic_addr: 0,
         pcat_compat: false,
+        // A table too short for the fields is ignored rather than failing the boot: the console stays on COM1.
+        spcr: spcr.filter(|t| t.bytes.len() > SPCR_BAUD).map(|t| {
+            spcr_console(
+                t.bytes[SPCR_INTERFACE_TYPE],
+                t.bytes[SPCR_BASE_SPACE],
+                le64(t.bytes, SPCR_BASE_ADDRESS),
+                t.bytes[SPCR_BAUD],
+            )
+        }),
         cpus: [Cpu::EMPTY; MAX_CPUS],
         cpus_len: 0,
+        skipped_cpus: 0,
         ecam: [EcamRegion::EMPTY; MAX_ECAM],
         ecam_len: 0,
     };
@@ -470,16 +497,21 @@ fn parse_madt(madt: &Table<'_>, info: &mut AcpiInfo) -> Result<(), AcpiError> {
     info.pcat_compat = le32(madt.bytes, 40) & MADT_PCAT_COMPAT != 0;
 
     // Usable processors first, so that servers listing many disabled placeholder entries (one per possible
-    // hot-plug socket) do not crowd out the processors we can actually run on.
+    // hot-plug socket) do not crowd out the processors we can actually run on. Beyond `MAX_CPUS` usable ones
+    // the rest are counted, not kept: the kernel runs on the first ones, the rest stay parked. Every entry is
+    // still checked, so a malformed table fails the same way whatever the processor count.
     for_each_madt_entry(madt, |e| {
         if e.entry_type == MADT_LOCAL_APIC_OVERRIDE {
             e.require(LOCAL_APIC_OVERRIDE_LEN)?;
             info.lapic_addr = le64(e.bytes, 4);
         }
-        match madt_cpu(&e)? {
-            Some(cpu) if cpu.is_usable() && !info.push_cpu(cpu) => Err(AcpiError::TooManyCpus { limit: MAX_CPUS }),
-            _ => Ok(()),
+        if let Some(cpu) = madt_cpu(&e)?
+            && cpu.is_usable()
+            && !info.push_cpu(cpu)
+        {
+            info.skipped_cpus += 1;
         }
+        Ok(())
     })?;
     for_each_madt_entry(madt, |e| {
         if let Some(cpu) = madt_cpu(&e)?
@@ -818,10 +850,103 @@ mod tests {
         let info = parse(&with_madt(&madt(0xfee0_0000, 0, &entries)), RSDP_ADDR).unwrap();
         assert_eq!(info.cpus().len(), MAX_CPUS);
         assert_eq!(info.usable_cpus().count(), MAX_CPUS);
+        assert_eq!(info.skipped_cpus(), 0);
 
         entries.push(x2apic(MAX_CPUS as u32, 1, 99));
-        let err = parse(&with_madt(&madt(0xfee0_0000, 0, &entries)), RSDP_ADDR).unwrap_err();
-        assert_eq!(err, AcpiError::TooManyCpus { limit: MAX_CPUS });
+        let info = parse(&with_madt(&madt(0xfee0_0000, 0, &entries)), RSDP_ADDR).unwrap();
+        assert_eq!(info.usable_cpus().count(), MAX_CPUS);
+        assert_eq!(info.skipped_cpus(), 1);
+        assert!(info.cpus().iter().all(|c| c.apic_id != MAX_CPUS as u32), "the one past the limit is skipped");
+    }
+
+    /// A server-like MADT of `n` processor entries: the first half xAPIC (type 0, IDs below 255), the rest
+    /// x2APIC (type 9, IDs from 256 up, as firmware describes processors a type 0 entry cannot hold); every
+    /// fifth processor disabled (an unpopulated or hot-plug position), plus QEMU's other entries.
+    fn many_cpus(n: u32) -> (FakeMem, Vec<(u32, bool)>) {
+        let mut entries = qemu_other_entries();
+        let mut listed = Vec::new();
+        for i in 0..n {
+            let enabled = i % 5 != 4;
+            let flags = u32::from(enabled);
+            if i < n / 2 && i < 255 {
+                entries.push(lapic(i as u8, i as u8, flags));
+                listed.push((i, enabled));
+            } else {
+                entries.push(x2apic(256 + i, flags, i));
+                listed.push((256 + i, enabled));
+            }
+        }
+        (with_madt(&madt(0xfee0_0000, 1, &entries)), listed)
+    }
+
+    #[test]
+    fn many_processors_keep_the_first_usable_ones() {
+        for n in [8u32, 64, 65, 256, 512] {
+            let (mem, listed) = many_cpus(n);
+            let info = parse(&mem, RSDP_ADDR).unwrap_or_else(|e| panic!("{n} entries: {e}"));
+            let usable: Vec<u32> = listed.iter().filter(|l| l.1).map(|l| l.0).collect();
+            let kept = usable.len().min(MAX_CPUS);
+            // The first usable ones in MADT order, xAPIC and x2APIC alike; the rest counted.
+            let got: Vec<u32> = info.usable_cpus().map(|c| c.apic_id).collect();
+            assert_eq!(got, usable[..kept], "{n} entries");
+            assert_eq!(info.skipped_cpus(), usable.len() - kept, "{n} entries");
+            for c in info.usable_cpus() {
+                assert_eq!(c.is_x2apic, c.apic_id >= 256, "{n} entries: {c:?}");
+                assert!(c.enabled);
+            }
+            // Disabled entries fill only what usable ones left free, for diagnostics.
+            assert!(info.cpus().len() <= MAX_CPUS);
+            assert_eq!(info.cpus().len(), listed.len().min(MAX_CPUS), "{n} entries");
+            // The rest of the tables are unaffected: the MCFG-less machine, the local APIC address.
+            assert_eq!(info.lapic_addr, 0xfee0_0000);
+        }
+        // With 65 entries, 52 are usable: all kept. With 512, 410 usable: 64 kept, 346 skipped.
+        assert_eq!(parse(&many_cpus(65).0, RSDP_ADDR).unwrap().skipped_cpus(), 0);
+        assert_eq!(parse(&many_cpus(512).0, RSDP_ADDR).unwrap().skipped_cpus(), 410 - 64);
+        // 80 enabled xAPIC entries, as `-smp 80` on q35 gives: 64 kept, 16 skipped.
+        let entries: Vec<Vec<u8>> = (0..80u8).map(|i| lapic(i, i, 1)).collect();
+        let info = parse(&with_madt(&madt(0xfee0_0000, 1, &entries)), RSDP_ADDR).unwrap();
+        assert_eq!((info.usable_cpus().count(), info.skipped_cpus()), (64, 16));
+        assert_eq!(info.cpus().last().map(|c| c.apic_id), Some(63));
+    }
+
+    /// An SPCR (revision 2, 80 bytes) for a UART at `address` in `space`.
+    fn spcr(interface_type: u8, space: u8, address: u64, baud: u8) -> Vec<u8> {
+        let mut body = std::vec![0u8; 80 - HEADER_LEN];
+        body[0] = interface_type;
+        body[4] = space;
+        body[5] = 8; // register bit width
+        body[7] = 1; // byte access
+        body[8..16].copy_from_slice(&address.to_le_bytes());
+        body[SPCR_BAUD - HEADER_LEN] = baud;
+        table(b"SPCR", &body)
+    }
+
+    #[test]
+    fn spcr_is_read_when_present() {
+        const SPCR_ADDR: u32 = 0x7ffe_2600;
+        let with = |t: Vec<u8>| {
+            let mut mem = FakeMem::new();
+            mem.place(RSDP_ADDR, &rsdp(0, RSDT_ADDR, 0))
+                .place(RSDT_ADDR.into(), &rsdt(&[APIC_ADDR, SPCR_ADDR]))
+                .place(APIC_ADDR.into(), &madt(0xfee0_0000, 1, &three_cpus()))
+                .place(SPCR_ADDR.into(), &t);
+            parse(&mem, RSDP_ADDR).unwrap().spcr
+        };
+        use crate::console::Uart;
+        assert_eq!(with(spcr(0, 1, 0x2f8, 7)), Some(SpcrConsole::Uart(Uart { port: 0x2f8, baud: 115_200 })));
+        assert!(matches!(with(spcr(0x12, 0, 0xfedc_9000, 7)), Some(SpcrConsole::Unsupported { .. })));
+        // Too short for the baud byte: ignored.
+        assert_eq!(with(table(b"SPCR", &[0; 10])), None);
+        assert_eq!(parse(&q35(), RSDP_ADDR).unwrap().spcr, None);
+    }
+
+    #[test]
+    fn a_malformed_entry_past_the_limit_is_still_an_error() {
+        let mut entries: Vec<Vec<u8>> = (0..70u8).map(|i| lapic(i, i, 1)).collect();
+        entries.push(std::vec![MADT_LOCAL_X2APIC, 8, 0, 0, 0, 0, 0, 0]);
+        let err = parse(&with_madt(&madt(0xfee0_0000, 1, &entries)), RSDP_ADDR).unwrap_err();
+        assert!(matches!(err, AcpiError::MadtEntryTooShort { entry_type: MADT_LOCAL_X2APIC, .. }), "{err:?}");
     }
 
     #[test]

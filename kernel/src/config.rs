@@ -13,6 +13,7 @@
 //! the kernel registers an [`OptionParser`] for them ([`Config::with_parsers`]), and every key the kernel does
 //! not know goes to the registered parsers in order. A key none of them claims is unknown, as above.
 
+use crate::console::ConsoleChoice;
 use crate::net_config::{ControlConfig, NetConfig};
 use core::fmt;
 use spin::Mutex;
@@ -126,7 +127,8 @@ pub struct CoreLayout {
 
 impl CoreLayout {
     /// docs/architecture.md's defaults: one CPU runs everything; two split net from the HCA engines; three or
-    /// more give net, cmd and event a core each and leave the rest idle.
+    /// more give net, cmd and event a core each and leave the rest idle (the image asks for at most three, so
+    /// that CPUs without a role are never started).
     pub fn default_for(cpus: usize) -> CoreLayout {
         let cpus = cpus.clamp(1, MAX_CORES);
         let mut l = CoreLayout { sets: [RoleSet::default(); MAX_CORES], len: cpus };
@@ -269,6 +271,8 @@ pub struct Config<'a> {
     pub log: log::LevelFilter,
     /// `None`: the default layout for the number of CPUs.
     pub cores: Option<CoreLayout>,
+    /// `console=`; `None`: the ACPI SPCR's port when it names a usable one, else COM1 (`crate::console`).
+    pub console: Option<ConsoleChoice>,
     pub test: Option<TestHook>,
     /// How long a core's role loop may stand still before another core declares it stuck and fails closed
     /// (`watchdog_ms=`; 0 disables; `crate::watchdog`).
@@ -292,6 +296,7 @@ impl Default for Config<'_> {
         Config {
             log: log::LevelFilter::Info,
             cores: None,
+            console: None,
             test: None,
             watchdog_ms: DEFAULT_WATCHDOG_MS,
             net: NetConfig::default(),
@@ -351,6 +356,7 @@ impl<'a> Config<'a> {
                 }
             }
             "cores" => self.cores = Some(CoreLayout::parse(value).map_err(err)?),
+            "console" => self.console = Some(ConsoleChoice::parse(value).map_err(err)?),
             "watchdog_ms" => {
                 self.watchdog_ms = value.parse().map_err(|_| err("expected milliseconds (0 disables)"))?;
             }
@@ -449,6 +455,24 @@ mod tests {
         let four = CoreLayout::default_for(4);
         let names: std::vec::Vec<_> = four.cores().iter().map(|s| std::format!("{s}")).collect();
         assert_eq!(names, ["net", "cmd", "event", "idle"]);
+    }
+
+    #[test]
+    fn console_option() {
+        use crate::console::Uart;
+        let mut c = Config::default();
+        assert_eq!(c.console, None);
+        c.apply_cmdline("/boot/leasebox.elf console=ttyS1 log=info").unwrap();
+        assert_eq!(c.console, Some(ConsoleChoice::Uart(Uart { port: 0x2f8, baud: 115_200 })));
+        // A later word overrides an earlier one (the configuration module, then the command line).
+        c.apply("console=0x3e8,9600").unwrap();
+        assert_eq!(c.console, Some(ConsoleChoice::Uart(Uart { port: 0x3e8, baud: 9_600 })));
+        c.apply("console=none").unwrap();
+        assert_eq!(c.console, Some(ConsoleChoice::None));
+        let e = Config::default().apply_cmdline("console=ttyS9").unwrap_err();
+        assert_eq!((e.key, e.value), ("console", "ttyS9"));
+        assert!(std::format!("{e}").contains("ttyS0 to ttyS3"), "{e}");
+        assert_eq!(Config::default().apply_cmdline("console=").unwrap_err().key, "console");
     }
 
     #[test]

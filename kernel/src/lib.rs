@@ -13,6 +13,7 @@ extern crate alloc;
 pub mod acpi;
 pub mod bootinfo;
 pub mod config;
+pub mod console;
 pub mod frames;
 pub mod net_config;
 pub mod paging;

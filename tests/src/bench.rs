@@ -80,6 +80,9 @@ impl Row {
             until: Until::Ready,
             model: false,
             model_vf: false,
+            model_slot: leasebox_qemu::ModelSlot::RootBus,
+            com2: false,
+            spcr_port: None,
             check: |t| t.ready().map(|_| ()),
         }
     }

@@ -337,3 +337,154 @@ pub fn table(per: Duration) -> Result<String, String> {
     }
     Ok(out)
 }
+
+// ---- The data path (issue 26 item 7): sizes × depths, copying vs zero copy ----
+
+/// The cells and their measurement are `leasectl bench-data`'s (one owner: the guest runs the same code over
+/// verbs); here the software requester's side runs in-process.
+pub use leasectl::bench_data::{DEPTHS as DATA_DEPTHS, DataRow, Rate, SIZES as DATA_SIZES};
+
+/// Waits (up to 60 s) until the appliance has zeroed its whole pool (STATS `bytes_scrubbing` 0): the scrub
+/// that follows start would otherwise share the cores with the first cells.
+fn pool_prepared(w: &Where) -> Result<(), String> {
+    let key = leasebox_client::hex::decode(&w.admin_hex).map_err(|e| e.to_string())?;
+    let who = leasebox_client::Credentials { name: "admin".into(), key };
+    let (mut admin, _) = Connection::connect_and_hello(&w.addr, &who, Timeouts::all(Duration::from_secs(10)))
+        .map_err(|e| format!("admin: {e}"))?;
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        match admin.call(&Request::Stats) {
+            Ok(leasebox_proto::Response::Stats(s)) if s.leases.bytes_scrubbing == 0 => break,
+            Ok(_) if Instant::now() < end => std::thread::sleep(Duration::from_millis(50)),
+            Ok(_) => return Err("the appliance's pool was still being zeroed after 60 s".into()),
+            Err(e) => return Err(format!("STATS: {e}")),
+        }
+    }
+    let _ = admin.bye();
+    Ok(())
+}
+
+/// Every row of the data-path table against the hosted appliance with the model and the software requester:
+/// one client, one lease ([`leasectl::bench_data::DEFAULT_SPAN`]), `per` per cell.
+pub fn data_path_rows(per: Duration) -> Result<Vec<DataRow>, String> {
+    let hosted = start_hosted(&["--hca", "--udp", "127.0.0.1:0", "lease_grace_ms=100", "lease_pool_mib=128"])?;
+    let w = Where {
+        addr: hosted.addr.clone(),
+        tenant_hex: hosted.tenant_hex.clone(),
+        admin_hex: hosted.admin_hex.clone(),
+        udp: hosted.udp,
+    };
+    pool_prepared(&w)?;
+    let c = client(&w)?;
+    let rows = leasectl::bench_data::rows(&c, per, leasectl::bench_data::DEFAULT_SPAN);
+    drop(c);
+    drop(hosted);
+    rows
+}
+
+fn size_name(bytes: usize) -> String {
+    if bytes >= 1 << 20 { format!("{} MiB", bytes >> 20) } else { format!("{} KiB", bytes >> 10) }
+}
+
+/// `a / b` of operations/s, as `1.23×` (`-` where either is missing or nothing completed).
+fn ratio_cell(a: Option<&Rate>, b: Option<&Rate>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if a.ops > 0 && b.ops > 0 => format!("{:.2}×", a.ops_per_s() / b.ops_per_s()),
+        _ => "-".into(),
+    }
+}
+
+/// The data-path table. Columns: `soft` (this host, the software requester against the hosted appliance:
+/// [`data_path_rows`]), `rxe` (verbs on rxe0 in the Soft-RoCE guest against the QEMU appliance), `reference`
+/// (the same guest against the rxe reference responder), then Leasebox ÷ reference (ops/s) per cell. Per size
+/// and direction: the copying calls at depth 1, zero copy at each depth, then zero copy ÷ copying at depth 1.
+/// A side that could not be measured reads "missing" and its reason follows the table.
+pub fn data_path_table(
+    soft: &[DataRow],
+    rxe: &Result<Vec<DataRow>, String>,
+    reference: &Result<Vec<DataRow>, String>,
+) -> String {
+    let headers = [
+        "size, direction, call",
+        "soft requester → hosted appliance",
+        "rxe verbs → QEMU appliance",
+        "rxe verbs → rxe reference",
+        "QEMU appliance / reference (ops/s)",
+    ];
+    let side = |s: &Result<Vec<DataRow>, String>, i: usize| s.as_ref().ok().and_then(|x| x.get(i).cloned());
+    let mut rows = Vec::new();
+    for (i, r) in soft.iter().enumerate() {
+        let (x, y) = (side(rxe, i), side(reference, i));
+        let name = format!("{} {}", size_name(r.bytes), if r.read { "read" } else { "write" });
+        let cell =
+            |d: &Option<DataRow>, f: &dyn Fn(&DataRow) -> Rate| d.as_ref().map_or("missing".into(), |d| f(d).cell());
+        let calls: [(String, &dyn Fn(&DataRow) -> Rate); 4] = [
+            (format!("{name}, copying (depth 1)"), &|d: &DataRow| d.copying.clone()),
+            (format!("{name}, zero copy, depth {}", DATA_DEPTHS[0]), &|d: &DataRow| d.zero_copy[0].clone()),
+            (format!("{name}, zero copy, depth {}", DATA_DEPTHS[1]), &|d: &DataRow| d.zero_copy[1].clone()),
+            (format!("{name}, zero copy, depth {}", DATA_DEPTHS[2]), &|d: &DataRow| d.zero_copy[2].clone()),
+        ];
+        for (label, f) in calls {
+            let own = Some(r.clone());
+            let q = ratio_cell(x.as_ref().map(f).as_ref(), y.as_ref().map(f).as_ref());
+            rows.push(vec![label, cell(&own, f), cell(&x, f), cell(&y, f), q]);
+        }
+        let zc = |d: &Option<DataRow>| {
+            d.as_ref().map_or("-".into(), |d| ratio_cell(Some(&d.zero_copy[0]), Some(&d.copying)))
+        };
+        rows.push(vec![
+            format!("{name}, zero copy / copying (depth 1)"),
+            zc(&Some(r.clone())),
+            zc(&x),
+            zc(&y),
+            String::new(),
+        ]);
+    }
+    let mut out = mlx5_hosted::table::render(&headers, &rows, 1);
+    for (what, s) in [("rxe verbs → QEMU appliance", rxe), ("rxe verbs → rxe reference", reference)] {
+        if let Err(e) = s {
+            out.push_str(&format!("{what}: missing: {e}\n"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(bytes: usize, read: bool, ops: u64) -> DataRow {
+        let r = |ops| Rate { ops, bytes, secs: 1.0, error: None };
+        DataRow { bytes, read, copying: r(ops), zero_copy: [r(2 * ops), r(4 * ops), r(8 * ops)] }
+    }
+
+    #[test]
+    fn data_path_table_has_every_side_and_the_ratios() {
+        let soft = vec![row(4096, false, 100), row(4096, true, 50)];
+        let rxe = Ok(vec![row(4096, false, 30), row(4096, true, 20)]);
+        let reference = Ok(vec![row(4096, false, 60), row(4096, true, 10)]);
+        let t = data_path_table(&soft, &rxe, &reference);
+        let line = |label: &str| t.lines().find(|l| l.contains(label)).unwrap_or_else(|| panic!("{label}: {t}"));
+        // Per cell: the QEMU appliance ÷ the reference.
+        let w = line("4 KiB write, copying (depth 1)");
+        assert!(
+            w.contains("100 ops/s") && w.contains("30 ops/s") && w.contains("60 ops/s") && w.contains("0.50×"),
+            "{w}"
+        );
+        assert!(line("4 KiB read, zero copy, depth 64").contains("2.00×"));
+        // Zero copy ÷ copying at depth 1, per side.
+        assert!(line("4 KiB read, zero copy / copying (depth 1)").contains("2.00×"));
+        assert!(!t.contains("missing"));
+    }
+
+    #[test]
+    fn a_missing_side_says_why() {
+        let soft = vec![row(1 << 20, false, 5)];
+        let t = data_path_table(&soft, &Err("the guest did not boot".into()), &Ok(vec![row(1 << 20, false, 5)]));
+        assert!(t.contains("1 MiB write, copying (depth 1)"), "{t}");
+        assert!(t.contains("rxe verbs → QEMU appliance: missing: the guest did not boot"), "{t}");
+        assert!(!t.contains("rxe reference: missing"), "{t}");
+        let copying = t.lines().find(|l| l.contains("1 MiB write, copying")).unwrap();
+        assert!(copying.contains("missing") && copying.trim_end().ends_with('-'), "{copying}");
+    }
+}

@@ -22,6 +22,7 @@ pub mod lease_bench;
 pub mod lease_qemu;
 pub mod revoke_bench;
 pub mod rxe;
+pub mod rxe_bench;
 pub mod scenario;
 pub mod scrub_bench;
 pub mod serial;
@@ -108,6 +109,16 @@ pub fn run(s: &Scenario, a: &Artifacts) -> Result<Transcript, String> {
     // With the model: fresh shared files, and the model started (signature written) before QEMU. Declared
     // before QEMU, so they are dropped after it: QEMU is reaped, then the model stopped, then the files deleted.
     let (_shm, _model) = if s.model { start_model(s, a, &mut config)? } else { (None, None) };
+    if s.com2 || s.spcr_port.is_some() {
+        std::fs::create_dir_all(&a.log_dir).map_err(|e| format!("creating {}: {e}", a.log_dir.display()))?;
+    }
+    if s.com2 {
+        let _ = std::fs::remove_file(s.com1_path(a));
+    }
+    if let Some(port) = s.spcr_port {
+        let path = s.spcr_path(a);
+        std::fs::write(&path, scenario::spcr_body(port)).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
     let mut q = QemuProcess::spawn(&config, Stdio::Capture { echo: a.echo }, scratch).map_err(|e| e.to_string())?;
     let started = q.started();
     let deadline = started + s.deadline;
@@ -150,6 +161,9 @@ pub fn run(s: &Scenario, a: &Artifacts) -> Result<Transcript, String> {
     drop(q);
     if s.model {
         t.model_trace = std::fs::read_to_string(model_trace_path(a, s.name)).ok();
+    }
+    if s.com2 {
+        t.com1 = std::fs::read_to_string(s.com1_path(a)).ok();
     }
     write_log(a, s.name, &t);
     Ok(t)

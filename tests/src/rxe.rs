@@ -40,10 +40,11 @@ pub const GUEST_MAC: [u8; 6] = [0x02, 0x4c, 0x42, 0x00, 0x00, 0x1e];
 pub const HOSTED_GUEST_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 3, 30);
 pub const HOSTED_RDMA_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 3, 16);
 /// From QEMU start to power-off: the guest boots in about 6 s under TCG; the verifier's two orders with their
-/// retry timers take tens of seconds more on a loaded 2-core host.
-const GUEST_DEADLINE: Duration = Duration::from_secs(420);
+/// retry timers take tens of seconds more on a loaded 2-core host, and the bindings' C example and pytest suite
+/// (against the QEMU appliance) a few minutes more.
+const GUEST_DEADLINE: Duration = Duration::from_secs(900);
 /// The control channel's answer timeout inside the guest (leasectl `--timeout`).
-const ANSWER_TIMEOUT_S: u32 = 30;
+pub(crate) const ANSWER_TIMEOUT_S: u32 = 30;
 
 /// The built guest (`cargo xtask rxe-guest`).
 #[derive(Clone, Debug)]
@@ -140,6 +141,10 @@ impl GuestRun {
                 return Err("the guest's command cannot hold a double quote or a newline (rxe.cmd=\"...\")".into());
             }
             a.push_str(&format!(" rxe.cmd=\"{c}\""));
+        }
+        // x86's COMMAND_LINE_SIZE: the kernel cuts a longer line (and the command with it) silently.
+        if a.len() >= 2048 {
+            return Err(format!("the guest's kernel command line is {} bytes, over x86's 2047", a.len()));
         }
         Ok(a)
     }
@@ -424,15 +429,134 @@ pub fn run(a: &Artifacts) -> Result<String, String> {
     ))
 }
 
-/// The guest on the QEMU appliance's segment: control and RDMA both through the model's Ethernet port.
+/// The guest on the QEMU appliance's segment: control and RDMA both through the model's Ethernet port. After
+/// the verifier, in the same boot, the client bindings run through libibverbs on rxe0 ([`bindings_cmd`]).
 fn qemu_verify(a: &Artifacts, g: &Guest, app: &mut Appliance) -> Result<(String, Vec<VerifyRun>), String> {
     let hub = app.hub.ok_or("booted without the hub")?;
     let ctl_ip = app.ready.get("ip").ok_or("the ready line has no ip")?.to_string();
     let ctl = format!("{ctl_ip}:{}", crate::control::GUEST_PORT);
     let wire = Wire::start(hub.client, &a.log_dir.join(format!("{NAME}.pcap")))?;
     let nic = wire.nic();
-    let cmd = verify_cmd(&ctl, &app.tenant_hex, &app.admin_hex, 1);
-    guest_verify(a, g, &wire, Client { nic, ip: GUEST_IP, neigh: vec![], cmd, tag: "guest" })
+    let cmd = format!(
+        "{}; {}",
+        verify_cmd(&ctl, &app.tenant_hex, &app.admin_hex, 1),
+        bindings_cmd(&ctl, &app.tenant_hex, &app.admin_hex)
+    );
+    let out = client_guest(a, g, Client { nic, ip: GUEST_IP, neigh: vec![], cmd, tag: "guest" })?;
+    let parts = split_parts(&out.lines);
+    let part = |name: &str| {
+        parts.iter().find(|p| p.name == name).ok_or_else(|| {
+            format!(
+                "the guest's command printed no `{PART_MARK}{name} N` line ({}): {}",
+                out.at,
+                out.lines.join("\n    | ")
+            )
+        })
+    };
+    let verify = part("verify")?;
+    let verify_out = ClientOut { lines: verify.lines.clone(), code: verify.code, ..out.clone() };
+    let (f, runs) = checked_verify(&verify_out)?;
+    let bindings = check_bindings(part("c-example")?, part("pytest")?).map_err(|e| format!("{e} ({})", out.at))?;
+    let n = wire.counts();
+    let text = format!(
+        "rxe guest {GUEST_IP} (Linux rdma_rxe, libibverbs), verify --backend verbs: {}; {bindings}; guest took \
+         {:.1} s; wire: {} frames from the guest ({} padded to 60 bytes), {} to it",
+        orders_summary(&f),
+        out.out.took.as_secs_f64(),
+        n.from_guest,
+        n.padded,
+        n.to_guest
+    );
+    Ok((text, runs))
+}
+
+/// What ends each part of a chained guest command: `rxe-guest: part NAME EXIT`.
+const PART_MARK: &str = "rxe-guest: part ";
+
+/// The client bindings inside the guest, after the verifier (each part ends with its [`PART_MARK`] line):
+/// the C example `kv_blocks` (registered blocks, zero copy, an asynchronous batch across two leases, a revoke
+/// that fails only its lease's reads) and the Python binding's pytest suite, both through libibverbs on rxe0
+/// (`verbs:rxe0:1:1`: port 1, GID 1, the IPv4-mapped one). Tests that need a hosted appliance started by the
+/// suite itself skip themselves when `LEASEBOX_TEST_APPLIANCE` names one (app/client-py/tests/conftest.py).
+fn bindings_cmd(ctl: &str, tenant_hex: &str, admin_hex: &str) -> String {
+    let requester = "verbs:rxe0:1:1";
+    format!(
+        "echo {PART_MARK}verify $?; kv_blocks {ctl} demo {tenant_hex} {requester}; echo {PART_MARK}c-example $?; \
+         cd /opt/leasebox/app/client-py && LEASEBOX_TEST_APPLIANCE={ctl} LEASEBOX_TEST_KEY={tenant_hex} \
+         LEASEBOX_TEST_ADMIN_KEY={admin_hex} LEASEBOX_TEST_REQUESTER={requester} python3 -m pytest -q -rs --color=no \
+         -p no:cacheprovider tests; echo {PART_MARK}pytest $?"
+    )
+}
+
+/// One part of a chained guest command: its lines and exit status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Part {
+    pub name: String,
+    pub lines: Vec<String>,
+    pub code: i32,
+}
+
+/// The parts of `lines` (a command's output), each ended by its [`PART_MARK`] line; lines after the last mark
+/// belong to no part.
+pub fn split_parts(lines: &[String]) -> Vec<Part> {
+    let mut parts = Vec::new();
+    let mut acc = Vec::new();
+    for l in lines {
+        let done = l.strip_prefix(PART_MARK).and_then(|rest| {
+            let (name, code) = rest.trim().rsplit_once(' ')?;
+            Some((name.to_string(), code.parse::<i32>().ok()?))
+        });
+        match done {
+            Some((name, code)) => parts.push(Part { name, lines: std::mem::take(&mut acc), code }),
+            None => acc.push(l.clone()),
+        }
+    }
+    parts
+}
+
+/// pytest's closing line (`N passed, M skipped in S s`, `N failed …`, `no tests ran …`): the last line that
+/// names passed, failed or error counts.
+pub fn pytest_closing_line(lines: &[String]) -> Option<String> {
+    lines
+        .iter()
+        .rev()
+        .map(|l| l.trim().trim_matches('=').trim())
+        .find(|l| {
+            l.contains(" passed") || l.contains(" failed") || l.contains(" error") || l.starts_with("no tests ran")
+        })
+        .map(str::to_string)
+}
+
+/// Whether a pytest closing line says at least one test passed and none failed or errored.
+pub fn pytest_passed(line: &str) -> bool {
+    line.contains(" passed") && !line.contains(" failed") && !line.contains(" error")
+}
+
+/// The C example's and pytest's parts checked: the example printed PASS steps and no FAIL and exited 0; pytest
+/// passed at least one test and failed none. Returns the summary with pytest's closing line.
+fn check_bindings(c: &Part, py: &Part) -> Result<String, String> {
+    let passes = c.lines.iter().filter(|l| l.starts_with("PASS ")).count();
+    let fails: Vec<&String> = c.lines.iter().filter(|l| l.starts_with("FAIL ")).collect();
+    if c.code != 0 || passes == 0 || !fails.is_empty() {
+        return Err(format!(
+            "the C example kv_blocks over rxe0 exited {} with {passes} PASS and {} FAIL lines:\n    | {}",
+            c.code,
+            fails.len(),
+            c.lines.join("\n    | ")
+        ));
+    }
+    let closing = pytest_closing_line(&py.lines);
+    match &closing {
+        Some(line) if py.code == 0 && pytest_passed(line) => {
+            Ok(format!("C example kv_blocks over rxe0: {passes} steps PASS; pytest in the guest over rxe0: {line}"))
+        }
+        _ => Err(format!(
+            "pytest in the guest exited {}: {}\n    | {}",
+            py.code,
+            closing.as_deref().unwrap_or("no closing line"),
+            py.lines.join("\n    | ")
+        )),
+    }
 }
 
 /// The guest beside the hosted appliance: the control channel through QEMU's user network (forwarded to the
@@ -490,26 +614,27 @@ fn server_mac(a: &Artifacts, t: &crate::control::Target) -> Result<[u8; 6], Stri
 }
 
 /// A client guest: its NIC and address, static neighbours, the command it runs and the name of its transcript.
-struct Client {
-    nic: Nic,
-    ip: Ipv4Addr,
-    neigh: Vec<(Ipv4Addr, [u8; 6])>,
-    cmd: String,
-    tag: &'static str,
+pub(crate) struct Client {
+    pub(crate) nic: Nic,
+    pub(crate) ip: Ipv4Addr,
+    pub(crate) neigh: Vec<(Ipv4Addr, [u8; 6])>,
+    pub(crate) cmd: String,
+    pub(crate) tag: &'static str,
 }
 
 /// What a client guest's command printed.
-struct ClientOut {
+#[derive(Clone)]
+pub(crate) struct ClientOut {
     out: GuestOutput,
-    lines: Vec<String>,
-    code: i32,
+    pub(crate) lines: Vec<String>,
+    pub(crate) code: i32,
     /// Where to look (the transcript), for errors.
-    at: String,
+    pub(crate) at: String,
 }
 
 /// Boots the client guest and waits for it; checks the guest came up as it should (rxe0, the GID, the
 /// neighbours) and that its command finished.
-fn client_guest(a: &Artifacts, g: &Guest, c: Client) -> Result<ClientOut, String> {
+pub(crate) fn client_guest(a: &Artifacts, g: &Guest, c: Client) -> Result<ClientOut, String> {
     let run = GuestRun {
         nic: c.nic,
         ip: format!("{}/24", c.ip),
@@ -629,7 +754,7 @@ pub fn spawn(qemu: &Path, g: &Guest, r: &GuestRun) -> Result<Background, String>
 /// The reference responder: a second rxe guest at [`REF_IP`] running `leasebox-hosted --verbs rxe0:1` (the
 /// control protocol in front of real verbs: ALLOC registers an MR and makes an RC QP, REVOKE deregisters the MR
 /// or moves the QP to ERR first), at the far end of a wire whose near end is for the client guest.
-fn reference(a: &Artifacts, g: &Guest, keys: (&str, &str), tag: &str) -> Result<(Background, Wire), String> {
+pub(crate) fn reference(a: &Artifacts, g: &Guest, keys: (&str, &str), tag: &str) -> Result<(Background, Wire), String> {
     let (ref_local, wire_bind) = (free_udp_port()?, free_udp_port()?);
     let wire = Wire::start(HubSocket { local: ref_local, peer: wire_bind }, &a.log_dir.join(format!("{tag}.pcap")))?;
     let cmd = format!(
@@ -653,7 +778,7 @@ fn reference(a: &Artifacts, g: &Guest, keys: (&str, &str), tag: &str) -> Result<
 }
 
 /// A client command that first waits (up to about 150 s) for the control port at `ctl` to answer.
-fn after_ping(ctl: &str, tenant_hex: &str, then: &str) -> String {
+pub(crate) fn after_ping(ctl: &str, tenant_hex: &str, then: &str) -> String {
     format!(
         "i=0; until leasectl --addr {ctl} --timeout 5 --tenant demo --key {tenant_hex} ping >/dev/null 2>&1; do \
          i=$((i+1)); [ $i -gt 150 ] && break; sleep 1; done; {then}"
@@ -829,6 +954,41 @@ pub fn bench(a: &Artifacts, perf_ms: u64) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parts_of_a_chained_command() {
+        let lines: Vec<String> =
+            ["{\"runs\":1}", "rxe-guest: part verify 0", "PASS a", "FAIL b", "rxe-guest: part c-example 1", "tail"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        let p = split_parts(&lines);
+        assert_eq!(p.len(), 2);
+        assert_eq!((p[0].name.as_str(), p[0].code, p[0].lines.len()), ("verify", 0, 1));
+        assert_eq!((p[1].name.as_str(), p[1].code), ("c-example", 1));
+        assert_eq!(p[1].lines, ["PASS a", "FAIL b"]);
+        assert!(check_bindings(&p[1], &p[0]).unwrap_err().contains("1 FAIL"));
+        let ok_c = Part { name: "c-example".into(), lines: vec!["PASS x".into()], code: 0 };
+        let py = |l: &str, code| Part { name: "pytest".into(), lines: vec!["..s".into(), l.into()], code };
+        assert!(
+            check_bindings(&ok_c, &py("== 12 passed, 3 skipped in 80.1s ==", 0))
+                .unwrap()
+                .contains("12 passed, 3 skipped")
+        );
+        assert!(check_bindings(&ok_c, &py("1 failed, 11 passed in 80.1s", 1)).is_err());
+        assert!(check_bindings(&ok_c, &py("no tests ran in 0.1s", 5)).is_err());
+        assert!(check_bindings(&ok_c, &py("12 passed in 80.1s", 2)).is_err(), "an exit status that is not 0 fails");
+        let silent = Part { name: "c-example".into(), lines: vec![], code: 0 };
+        assert!(check_bindings(&silent, &py("12 passed in 1s", 0)).is_err(), "an example that printed no PASS");
+    }
+
+    #[test]
+    fn a_command_line_too_long_for_the_kernel_is_refused() {
+        let mut r = GuestRun::user(PathBuf::from("/tmp/x.log"), Some("x".repeat(1900)));
+        assert!(r.append().is_ok());
+        r.cmd = Some("x".repeat(2100));
+        assert!(r.append().unwrap_err().contains("2047"));
+    }
 
     #[test]
     fn command_output_between_markers() {

@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use leasebox_qemu::config::DEFAULT_MEM_MIB;
-use leasebox_qemu::{Boot, Machine, QemuConfig, ScratchFile};
+use leasebox_qemu::config::EXPANDER_BUS;
+use leasebox_qemu::{Boot, Machine, ModelSlot, QemuConfig, ScratchFile};
 
 use crate::Artifacts;
 use crate::serial::{self, BarKind, PciFunction};
@@ -79,6 +80,14 @@ pub struct Scenario {
     pub model: bool,
     /// The model plays a VF (`--vf`; needs `model`).
     pub model_vf: bool,
+    /// Where the model's function sits: the first root bus, or behind a PCI expander bridge.
+    pub model_slot: ModelSlot,
+    /// Two serial ports: COM1 to `<log_dir>/<name>.com1.log` (read into [`Transcript::com1`]) and COM2 on the
+    /// runner's stdio, so the transcript is COM2's output.
+    pub com2: bool,
+    /// An ACPI SPCR naming a 16550 at this I/O port, added with `-acpitable` (its body written to
+    /// `<log_dir>/<name>.spcr.bin` by the runner: [`spcr_body`]).
+    pub spcr_port: Option<u16>,
     pub check: fn(&Transcript) -> Result<(), String>,
 }
 
@@ -102,8 +111,21 @@ impl Scenario {
             until: Until::Ready,
             model: false,
             model_vf: false,
+            model_slot: ModelSlot::RootBus,
+            com2: false,
+            spcr_port: None,
             check,
         }
+    }
+
+    /// Where the SPCR's body goes when [`Scenario::spcr_port`] is set.
+    pub fn spcr_path(&self, a: &Artifacts) -> std::path::PathBuf {
+        a.log_dir.join(format!("{}.spcr.bin", self.name))
+    }
+
+    /// Where COM1's output goes when [`Scenario::com2`] is set.
+    pub fn com1_path(&self, a: &Artifacts) -> std::path::PathBuf {
+        a.log_dir.join(format!("{}.com1.log", self.name))
     }
 
     /// The QEMU configuration, plus scratch files that must live as long as QEMU (the OVMF vars copy).
@@ -130,8 +152,29 @@ impl Scenario {
         c.smp = self.smp;
         c.mem_mib = self.mem_mib;
         c.extra = self.extra.iter().map(Into::into).collect();
+        c.model_slot = self.model_slot;
+        if self.com2 {
+            c.com1_file = Some(self.com1_path(a));
+        }
+        if self.spcr_port.is_some() {
+            c.extra.push("-acpitable".into());
+            c.extra.push(format!("sig=SPCR,rev=2,data={}", self.spcr_path(a).display()).into());
+        }
         Ok((c, scratch))
     }
+}
+
+/// The body (everything after the 36-byte header, which QEMU's `-acpitable sig=SPCR,rev=2,data=` builds) of a
+/// revision 2 SPCR for a full 16550 at I/O port `port`, 115200 baud (docs/reference/acpi-tables.md, "SPCR").
+pub fn spcr_body(port: u16) -> Vec<u8> {
+    let mut b = vec![0u8; 80 - 36];
+    b[0] = 0x00; // interface type: 16550
+    b[4] = 1; // base address GAS: system I/O space
+    b[5] = 8; // register bit width
+    b[7] = 1; // access size: byte
+    b[8..16].copy_from_slice(&u64::from(port).to_le_bytes());
+    b[58 - 36] = 7; // 115200 baud
+    b
 }
 
 /// What a test run builds, once, before the scenarios that need it (besides the image, which all need).
@@ -334,6 +377,67 @@ fn boot_scenarios() -> Vec<Scenario> {
                 check_hca_vf,
             )
         },
+        Scenario {
+            model: true,
+            model_slot: ModelSlot::Expander,
+            // A static address: the ready line does not wait for DHCP on the model's port.
+            kernel_args: "ip=192.0.2.9/24",
+            ..Scenario::new(
+                "hca-expander-q35",
+                "-kernel on Q35 with the mlx5 model behind a pxb-pcie expander (a second PCIe root bus 0x40 with a \
+                 root port, as a server's peer host bridge): the kernel finds root bus 0x40 by probing, the HCA \
+                 comes up there (ready line `hca=ConnectX-5 ... hca_at=0000:4x:00.0 lease=on`)",
+                BootKind::Kernel,
+                check_hca_expander_q35,
+            )
+        },
+        Scenario {
+            model: true,
+            model_slot: ModelSlot::Expander,
+            // A static address: the ready line does not wait for DHCP on the model's port.
+            kernel_args: "ip=192.0.2.9/24",
+            machine: Machine::Pc,
+            ..Scenario::new(
+                "hca-expander-pc",
+                "-kernel on i440FX (0xCF8 ports) with the mlx5 model on a pxb expander (root bus 0x40): found by \
+                 probing every bus, the HCA comes up there (ready line `hca_at=0000:4x:00.0`, `lease=on`)",
+                BootKind::Kernel,
+                check_hca_expander_pc,
+            )
+        },
+        Scenario {
+            smp: 72,
+            ..Scenario::new(
+                "kernel-smp72-q35",
+                "-kernel on Q35 with 72 CPUs: the kernel keeps the first 64 of the MADT and says it skipped 8, \
+                 starts only the three role cores (ready line `cores=3`), and the other CPUs stay parked",
+                BootKind::Kernel,
+                check_kernel_smp72_q35,
+            )
+        },
+        Scenario {
+            kernel_args: "console=ttyS1",
+            com2: true,
+            ..Scenario::new(
+                "console-com2",
+                "two serial ports and `console=ttyS1`: the ready line and the whole boot log, from its first line, \
+                 are on COM2; COM1 only says where the console went",
+                BootKind::Kernel,
+                check_console_com2,
+            )
+        },
+        Scenario {
+            com2: true,
+            spcr_port: Some(0x2f8),
+            ..Scenario::new(
+                "console-spcr",
+                "two serial ports and an ACPI SPCR naming COM2 (QEMU -acpitable), no console=: the kernel moves \
+                 the console to COM2 once it has read the tables and replays the lines printed before on COM1 \
+                 there; the ready line is on COM2 only",
+                BootKind::Kernel,
+                check_console_spcr,
+            )
+        },
         Scenario::new("grub-bios", "the GRUB ISO on SeaBIOS (multiboot1)", BootKind::GrubBios, check_grub),
         Scenario::new("grub-uefi", "the GRUB ISO on OVMF (multiboot2)", BootKind::GrubUefi, check_grub),
         Scenario {
@@ -481,6 +585,127 @@ pub fn check_model_signature(t: &Transcript) -> Result<(), String> {
         other => return Err(format!("model signature reported for {other:?}, expected exactly [{bdf}]")),
     }
     check_pci_count(t, &pci)
+}
+
+/// The ready line's `hca_at=` as (segment, bus), after checking the HCA is up with the lease service on.
+fn hca_found(t: &Transcript) -> Result<(u16, u8), String> {
+    let ready = t.ready()?;
+    t.no_fatal()?;
+    if ready.get("hca") != Some("ConnectX-5") {
+        return Err(format!("ready line reports hca={:?}, expected ConnectX-5", ready.get("hca")));
+    }
+    if ready.get("lease") != Some("on") {
+        return Err(format!(
+            "lease={:?}, expected on (lease_error={:?})",
+            ready.get("lease"),
+            ready.get("lease_error")
+        ));
+    }
+    let at = ready.get("hca_at").ok_or("no hca_at= on the ready line")?;
+    let parts: Vec<&str> = at.split([':', '.']).collect();
+    let ok = parts.len() == 4 && [4, 2, 2, 1].iter().zip(&parts).all(|(n, p)| p.len() == *n);
+    let (Some(seg), Some(bus)) = (
+        parts.first().and_then(|p| u16::from_str_radix(p, 16).ok()),
+        parts.get(1).and_then(|p| u8::from_str_radix(p, 16).ok()),
+    ) else {
+        return Err(format!("hca_at={at} is not SSSS:BB:DD.F"));
+    };
+    if !ok {
+        return Err(format!("hca_at={at} is not SSSS:BB:DD.F"));
+    }
+    Ok((seg, bus))
+}
+
+/// The `pci: root buses ...` line lists the expander's root bus as found by probing.
+fn expect_peer_root(t: &Transcript) -> Result<(), String> {
+    let want = format!("0000:{EXPANDER_BUS:02x}");
+    let line = t.messages().find(|m| m.starts_with("pci: root buses ")).ok_or("no `pci: root buses` line")?;
+    if !line.split_whitespace().any(|w| w == want) || !line.contains("(1 found by probing") {
+        return Err(format!("expected root bus {want} found by probing: `{line}`"));
+    }
+    Ok(())
+}
+
+/// `hca-expander-q35`: the HCA behind the expander's root port (a bus above 0x40), found by probing.
+pub fn check_hca_expander_q35(t: &Transcript) -> Result<(), String> {
+    let (seg, bus) = hca_found(t)?;
+    if seg != 0 || bus <= EXPANDER_BUS {
+        return Err(format!(
+            "hca_at is segment {seg} bus {bus:#x}, expected behind the root port on bus {EXPANDER_BUS:#x}"
+        ));
+    }
+    expect_peer_root(t)
+}
+
+/// `hca-expander-pc`: the HCA under the expander's root bus (QEMU's `pxb` puts its devices behind a PCI
+/// bridge on that bus), found by probing through the 0xCF8 ports.
+pub fn check_hca_expander_pc(t: &Transcript) -> Result<(), String> {
+    let (seg, bus) = hca_found(t)?;
+    if seg != 0 || bus < EXPANDER_BUS {
+        return Err(format!("hca_at is segment {seg} bus {bus:#x}, expected under root bus {EXPANDER_BUS:#x}"));
+    }
+    if !t.messages().any(|m| m.starts_with("pci: no MCFG")) {
+        return Err("no `pci: no MCFG` line: not the 0xCF8 path".into());
+    }
+    expect_peer_root(t)
+}
+
+/// `kernel-smp72-q35`: 64 of 72 processors kept, 8 reported skipped, three cores started, the rest parked.
+pub fn check_kernel_smp72_q35(t: &Transcript) -> Result<(), String> {
+    let ready = t.ready()?;
+    t.no_fatal()?;
+    if !t.messages().any(|m| m.starts_with("acpi: ") && m.contains(" cpus 64 ")) {
+        return Err("no `acpi: ... cpus 64` line: the MADT's first 64 processors were not kept".into());
+    }
+    if !t.messages().any(|m| m.starts_with("acpi: 8 more usable processors than the 64")) {
+        return Err("no `acpi: 8 more usable processors than the 64 ...` line".into());
+    }
+    if !t.messages().any(|m| m.starts_with("smp: 3 of 64 CPUs started; 61 without a role stay parked")) {
+        return Err("no `smp: 3 of 64 CPUs started; 61 without a role stay parked` line".into());
+    }
+    expect_eq("ready line's cores=", ready.u64("cores")?, 3)?;
+    for cpu in 0..3 {
+        expect_online_once(t, cpu)?;
+    }
+    expect_no_extra_cpus(t, 3)
+}
+
+/// `console-com2`: the transcript (COM2) has the boot from its first log line to the ready line; COM1 has the
+/// move's announcement and no ready line.
+pub fn check_console_com2(t: &Transcript) -> Result<(), String> {
+    check_console_moved(t, "console=")
+}
+
+/// `console-spcr`: as `console-com2`, the move made for the SPCR after the ACPI tables were read, so the first
+/// log lines on COM2 are the ones replayed from before the move.
+pub fn check_console_spcr(t: &Transcript) -> Result<(), String> {
+    check_console_moved(t, "ACPI SPCR")?;
+    let first = t.messages().next().unwrap_or_default();
+    if !first.starts_with("leasebox ") {
+        return Err(format!("COM2's first log line is `{first}`, expected the replayed `leasebox ... booting via`"));
+    }
+    Ok(())
+}
+
+/// The console moved from COM1 to COM2 for `why` (`console=` or `ACPI SPCR`).
+fn check_console_moved(t: &Transcript, why: &str) -> Result<(), String> {
+    t.ready()?;
+    t.no_fatal()?;
+    if !t.messages().any(|m| m.starts_with("leasebox ") && m.contains(" booting via ")) {
+        return Err("COM2 lacks the first log line, `leasebox ... booting via`".into());
+    }
+    let here = format!("console: COM2 (0x2f8) 115200 baud ({why})");
+    if !t.messages().any(|m| m == here) {
+        return Err(format!("no `{here}` line on COM2"));
+    }
+    let com1 = t.com1.as_deref().ok_or("COM1's file was not read")?;
+    if !com1.contains(&format!("console: moving to COM2 (0x2f8) 115200 baud ({why})")) {
+        return Err(format!("COM1 does not say where the console went: {:?}", com1.lines().last()));
+    }
+    if com1.contains(crate::serial::READY_MARKER) {
+        return Err("the ready line is on COM1 too".into());
+    }
+    Ok(())
 }
 
 /// Linux mlx5_core's bring-up order (docs/reference/mlx5.md §b.2) as (opcode, op_mod) pairs the model's trace must
@@ -717,6 +942,110 @@ leasebox: ready cores=3 mem_mib=256 pci=3 boot_ms=22.000 ap_ms=20.000 entry_ms=1
         assert!(bad("class=02.00.00", "class=2.0.0").unwrap_err().contains("bad PCI line"));
     }
 
+    const EXPANDER_Q35: &str = "\
+[    0.069959] c0 INFO  pci: root buses 0000:00 0000:40 (1 found by probing for peer host bridges)
+[    0.074179] c0 INFO  pci: 41:00.0 1af4:1110 class=05.00.00 bar0=mem32:0xfe800000+0x100 bar2=mem64pf:0xfa000000+0x2000000
+leasebox: ready cores=1 mem_mib=255 pci=8 boot_ms=1521.492 ap_ms=0.096 entry_ms=192.086 ip=192.0.2.9 ctl_port=7470 \
+ctl_nic=mlx5 link=up hca=ConnectX-5 fw=16.35.4030 port=Active hca_ms=514.850 hca_at=0000:41:00.0 lease=on pool_mib=64
+";
+
+    #[test]
+    fn expander_checks_pass_and_catch_faults() {
+        assert_eq!(check_hca_expander_q35(&Transcript::from_text(EXPANDER_Q35)), Ok(()));
+        let bad =
+            |from: &str, to: &str| check_hca_expander_q35(&Transcript::from_text(&EXPANDER_Q35.replace(from, to)));
+        assert!(bad("hca_at=0000:41:00.0", "hca_at=0000:00:03.0").unwrap_err().contains("behind the root port"));
+        assert!(bad("hca_at=0000:41:00.0", "hca_at=41:00.0").unwrap_err().contains("SSSS:BB:DD.F"));
+        assert!(bad(" hca_at=0000:41:00.0", "").unwrap_err().contains("no hca_at="));
+        assert!(bad("hca=ConnectX-5", "hca=none").unwrap_err().contains("hca="));
+        assert!(bad("lease=on", "lease=off").unwrap_err().contains("lease="));
+        assert!(bad("(1 found", "(0 found").unwrap_err().contains("found by probing"));
+        assert!(bad("0000:00 0000:40", "0000:00").unwrap_err().contains("0000:40"));
+        // On pc the device may sit on the root bus itself or behind pxb's bridge, but only with the 0xCF8 path.
+        let pc =
+            std::format!("[    0.02] c0 INFO  pci: no MCFG, using configuration ports 0xCF8/0xCFC\n{EXPANDER_Q35}");
+        assert_eq!(check_hca_expander_pc(&Transcript::from_text(&pc)), Ok(()));
+        assert!(check_hca_expander_pc(&Transcript::from_text(EXPANDER_Q35)).unwrap_err().contains("0xCF8"));
+        let low = pc.replace("hca_at=0000:41:00.0", "hca_at=0000:3f:00.0");
+        assert!(check_hca_expander_pc(&Transcript::from_text(&low)).unwrap_err().contains("under root bus"));
+    }
+
+    const SMP72: &str = "\
+[    0.032520] c0 INFO  acpi: rsdp 0xf59e0 (LegacySearch) revision 0 oem BOCHS  cpus 64 ecam 1 lapic 0xfee00000
+[    0.033927] c0 WARN  acpi: 8 more usable processors than the 64 the kernel drives; they stay parked
+[    0.134081] c0 INFO  smp: 3 of 64 CPUs started; 61 without a role stay parked (cores= names more)
+[    0.140038] c0 INFO  smp: cpu 0 online apic=0 role=net
+[    0.186313] c1 INFO  smp: cpu 1 online apic=1 role=cmd
+[    0.196943] c2 INFO  smp: cpu 2 online apic=2 role=event
+leasebox: ready cores=3 mem_mib=255 pci=5 boot_ms=226.487 ap_ms=40.815 entry_ms=920.628 ip=none hca=none
+";
+
+    #[test]
+    fn smp72_passes_and_catches_faults() {
+        assert_eq!(check_kernel_smp72_q35(&Transcript::from_text(SMP72)), Ok(()));
+        let bad = |from: &str, to: &str| check_kernel_smp72_q35(&Transcript::from_text(&SMP72.replace(from, to)));
+        assert!(bad("cpus 64 ", "cpus 1 ").unwrap_err().contains("first 64"));
+        assert!(bad("acpi: 8 more", "acpi: 0 more").unwrap_err().contains("8 more"));
+        assert!(bad("3 of 64 CPUs", "64 of 64 CPUs").unwrap_err().contains("stay parked"));
+        assert!(bad("cores=3", "cores=64").unwrap_err().contains("cores="));
+        let extra = std::format!("{SMP72}[    0.2] c3 INFO  smp: cpu 3 online apic=3 role=idle\n");
+        assert!(check_kernel_smp72_q35(&Transcript::from_text(&extra)).unwrap_err().contains("cpu 3"));
+    }
+
+    const COM2: &str = "\
+[    0.010025] c0 INFO  console: COM2 (0x2f8) 115200 baud (console=)
+[    0.011255] c0 INFO  leasebox 0.1.0 booting via Multiboot1; cmdline \"k console=ttyS1\"
+leasebox: ready cores=1 mem_mib=255 pci=5 boot_ms=50.132 ap_ms=0.117 entry_ms=176.845 ip=none hca=none
+";
+
+    #[test]
+    fn console_com2_passes_and_catches_faults() {
+        let with = |text: &str, com1: Option<&str>| {
+            let mut t = Transcript::from_text(text);
+            t.com1 = com1.map(str::to_string);
+            check_console_com2(&t)
+        };
+        let moved = "console: moving to COM2 (0x2f8) 115200 baud (console=)\n";
+        assert_eq!(with(COM2, Some(moved)), Ok(()));
+        assert!(with(COM2, None).unwrap_err().contains("COM1's file"));
+        assert!(with(COM2, Some("")).unwrap_err().contains("where the console went"));
+        let both = std::format!("{moved}leasebox: ready cores=1\n");
+        assert!(with(COM2, Some(&both)).unwrap_err().contains("on COM1 too"));
+        assert!(
+            with(&COM2.replace("leasebox 0.1.0 booting", "x"), Some(moved)).unwrap_err().contains("first log line")
+        );
+        assert!(with(&COM2.replace("COM2 (0x2f8)", "COM1 (0x3f8)"), Some(moved)).unwrap_err().contains("on COM2"));
+        assert!(with(&COM2.replace("leasebox: ready", "x"), Some(moved)).is_err());
+
+        // The SPCR variant: the reason differs, and the replayed lines come first.
+        let spcr = String::from(
+            "[    0.006994] c0 INFO  leasebox 0.1.0 booting via Multiboot1; cmdline \"k\"\n\
+             [    0.027345] c0 INFO  console: COM2 (0x2f8) 115200 baud (ACPI SPCR)\n\
+             leasebox: ready cores=1 hca=none\n",
+        );
+        let mut t = Transcript::from_text(&spcr);
+        t.com1 = Some("[    0.006994] c0 INFO  leasebox 0.1.0 booting via ...\nconsole: moving to COM2 (0x2f8) 115200 baud (ACPI SPCR)\n".into());
+        assert_eq!(check_console_spcr(&t), Ok(()));
+        assert!(check_console_com2(&t).unwrap_err().contains("(console=)"));
+        t.lines.swap(0, 1);
+        assert!(check_console_spcr(&t).unwrap_err().contains("replayed"));
+    }
+
+    #[test]
+    fn spcr_body_layout() {
+        let b = spcr_body(0x2f8);
+        assert_eq!(b.len(), 44);
+        assert_eq!((b[0], b[4], b[22]), (0, 1, 7));
+        assert_eq!(u64::from_le_bytes(b[8..16].try_into().unwrap()), 0x2f8);
+        let a = Artifacts::for_tests();
+        let s = boot_scenario("console-spcr").unwrap();
+        let (c, _) = s.qemu_config(&a).unwrap();
+        let args: Vec<String> = c.args().into_iter().map(|s| s.into_string().unwrap()).collect();
+        let want = std::format!("sig=SPCR,rev=2,data={}", s.spcr_path(&a).display());
+        assert!(args.windows(2).any(|w| w[0] == "-acpitable" && w[1] == want), "{args:?}");
+        assert!(args.windows(2).any(|w| w[0] == "-serial" && w[1].starts_with("file:")), "{args:?}");
+    }
+
     #[test]
     fn smp3_q35_passes_and_catches_faults() {
         assert_eq!(check_kernel_smp3_q35(&Transcript::from_text(SMP3_Q35)), Ok(()));
@@ -858,6 +1187,11 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "model-signature",
                 "hca-bringup",
                 "hca-vf",
+                "hca-expander-q35",
+                "hca-expander-pc",
+                "kernel-smp72-q35",
+                "console-com2",
+                "console-spcr",
                 "grub-bios",
                 "grub-uefi",
                 "fault-pagefault",
@@ -872,7 +1206,7 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "lease-qemu-large"
             ]
         );
-        assert_eq!(select(&[]).unwrap().len(), 17);
+        assert_eq!(select(&[]).unwrap().len(), 22);
         assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name(), "grub-bios");
         // Run order, not the order named; driven and boot scenarios alike.
         let picked = select(&["lease-qemu".into(), "kernel-smp1-pc".into(), "control-qemu".into()]).unwrap();
@@ -892,6 +1226,8 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "model-signature",
                 "hca-bringup",
                 "hca-vf",
+                "hca-expander-q35",
+                "hca-expander-pc",
                 "fault-watchdog",
                 "lease-qemu",
                 "crash-fail-closed",
@@ -904,7 +1240,7 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
         assert_eq!(needing(Build::Leasectl), ["control-qemu", "lease-qemu", "ctl-mlx5-qemu", "rxe-qemu"]);
         assert_eq!(needing(Build::FenceTestImage), ["lease-qemu"]);
         assert_eq!(needing(Build::RxeGuest), ["rxe-qemu"]);
-        assert!(matches!(&all()[10], Entry::Driven(d) if d.about.contains("malformed frames")));
+        assert!(matches!(&all()[15], Entry::Driven(d) if d.about.contains("malformed frames")));
     }
 
     #[test]

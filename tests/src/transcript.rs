@@ -29,6 +29,8 @@ pub struct Transcript {
     pub stderr: String,
     /// With the mlx5 model: its command trace (one JSON object per line), read after QEMU stopped.
     pub model_trace: Option<String>,
+    /// With two serial ports (`Scenario::com2`): what COM1 received, read after QEMU stopped (`lines` is COM2).
+    pub com1: Option<String>,
 }
 
 impl Transcript {

@@ -108,6 +108,10 @@ struct RunArgs {
     /// Boot without the mlx5 model (no shared files, no ivshmem, no model process)
     #[arg(long, conflicts_with = "ctl_nic")]
     no_model: bool,
+    /// Put the model's device behind a PCI expander bridge (a second root bus 0x40: pxb-pcie with a root port
+    /// on q35, pxb on pc), as a server's peer host bridge
+    #[arg(long, conflicts_with = "no_model")]
+    expander: bool,
     /// The control channel's NIC: virtio-net on QEMU's user network, or mlx5, the model's own Ethernet port
     /// on a hub with QEMU's user network and no virtio-net at all (leasectl's configuration then names the
     /// hub port its RDMA frames use, and the verifier finds the appliance's MAC by ARP)
@@ -341,6 +345,8 @@ pub struct RunOpts {
     pub port: u16,
     /// Run the mlx5 model beside QEMU (`--no-model` turns it off).
     pub model: bool,
+    /// `--expander`: the model's device behind a PCI expander bridge.
+    pub expander: bool,
     /// The model's trace file (`None`: `target/leasebox/mlx5-trace.jsonl`).
     pub trace: Option<String>,
     pub ctl_nic: CtlNic,
@@ -369,6 +375,7 @@ impl RunOpts {
             dry_run: a.dry_run,
             port: a.port,
             model: !a.no_model,
+            expander: a.expander,
             trace: a.trace,
             ctl_nic: a.ctl_nic,
             kernel_args: a.kernel_args,
@@ -551,10 +558,18 @@ mod tests {
             dry_run: false,
             port: DEFAULT_CONTROL_PORT,
             model: true,
+            expander: false,
             trace: None,
             ctl_nic: CtlNic::Virtio,
             kernel_args: Vec::new(),
         }
+    }
+
+    #[test]
+    fn expander_needs_the_model() {
+        assert!(run(&["--expander"]).expander);
+        assert!(!run(&[]).expander);
+        assert_eq!(kind(&["run", "--expander", "--no-model"]), ErrorKind::ArgumentConflict);
     }
 
     #[test]

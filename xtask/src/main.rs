@@ -153,6 +153,9 @@ fn cmd_run(o: &RunOpts, p: &Paths) -> Result<i32, String> {
             ram: leasebox_qemu::firmware::unique_path(&shm_dir, model::RAM_STEM, "shm"),
         });
     }
+    if o.expander {
+        config.model_slot = leasebox_qemu::ModelSlot::Expander;
+    }
     config.validate()?;
     // Declared before QEMU's guard so they are dropped after it: QEMU reaped, model stopped, files deleted.
     let mut shm = None;
@@ -520,7 +523,7 @@ fn cmd_bench(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
         BenchKind::Hca => return bench_hca(o, p),
         BenchKind::Lease => return bench_lease(o, p),
         BenchKind::Revoke => return bench_revoke(o, p),
-        BenchKind::Client => return bench_client(o),
+        BenchKind::Client => return bench_client(o, p),
         BenchKind::Rxe => return bench_rxe(o, p),
         BenchKind::Fleet => return bench_fleet(p),
         BenchKind::Scrub => return bench_scrub(p),
@@ -645,7 +648,7 @@ fn bench_control(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
 
 /// `bench client`: the client library against the hosted appliance in this process (its threads, the model's
 /// and the appliance's), 1 and 8 clients, one table (tests/src/client_bench.rs). Prints; asserts nothing.
-fn bench_client(o: &BenchOpts) -> Result<i32, String> {
+fn bench_client(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
     let per = Duration::from_secs(o.secs);
     outln!("==> bench client: {} s per phase, 1 then 8 clients, hosted appliance with the model", o.secs);
     let table = leasebox_scenarios::client_bench::table(per)?;
@@ -655,7 +658,59 @@ fn bench_client(o: &BenchOpts) -> Result<i32, String> {
         "(latency per call as the program sees it; rates over all clients; the software requester runs on each \
          client's thread, the model's responder on one thread, on this machine's shared cores)"
     );
+    // The data path (issue 26 item 7): one client, one lease, half the phase time per cell.
+    let cell = (per / 2).max(Duration::from_millis(500));
+    outln!();
+    outln!("==> bench client: data path, {} ms per cell, hosted appliance with the model", cell.as_millis());
+    let rows = leasebox_scenarios::client_bench::data_path_rows(cell)?;
+    // The same cells with verbs on rxe0 in the Soft-RoCE guest: against the QEMU appliance, then against the
+    // rxe reference responder (a second guest). Each guest boots in 1–2 minutes under TCG; the cells take
+    // 24 × the cell time per side. A side that fails reads "missing" with its reason under the table.
+    outln!();
+    outln!(
+        "==> bench client: data path with verbs in the rxe guest, {} ms per cell: the QEMU appliance, then the rxe \
+         reference responder",
+        cell.as_millis()
+    );
+    let per_ms = cell.as_millis() as u64;
+    let (rxe, reference) = match rxe_setup(p) {
+        Ok(a) => {
+            let rxe = leasebox_scenarios::rxe_bench::qemu(&a, per_ms);
+            let reference = leasebox_scenarios::rxe_bench::reference(&a, per_ms);
+            (rxe, reference)
+        }
+        Err(e) => {
+            let e = format!("the rxe guest could not be set up: {e}");
+            (Err(e.clone()), Err(e))
+        }
+    };
+    let table = leasebox_scenarios::client_bench::data_path_table(&rows, &rxe, &reference);
+    outln!();
+    outln!(
+        "Data path: one client, one lease, {} ms per cell; operations/s and MiB/s; the last column is ops/s of the \
+         QEMU appliance ÷ the rxe reference",
+        cell.as_millis()
+    );
+    outln!("{}", table.trim_end());
+    outln!(
+        "(zero copy: Op::write_from / Op::read_into batches from a registered region, depth operations in flight on \
+         one lease; copying: Lease::write / Lease::read, which block, so depth 1; soft: the software requester on \
+         this host against the hosted appliance, 64 MiB lease; rxe: `leasectl bench-data --backend verbs` on rxe0 \
+         in a guest under TCG, 16 MiB lease (1 MiB at depth 64 reuses 16 slots), against the QEMU appliance (the \
+         model) and against a second guest serving memory with leasebox-hosted --verbs; compare ratios, not \
+         absolute figures)"
+    );
     Ok(0)
+}
+
+/// What the rxe columns of `bench client` need: the kernel, the model and the guest (with a leasectl that has
+/// `bench-data`), as `bench rxe` builds them.
+fn rxe_setup(p: &Paths) -> Result<leasebox_scenarios::Artifacts, String> {
+    prereq::ensure()?;
+    image::build_kernel(p)?;
+    cargo_step(p, &["build", "-p", "mlx5-model"])?;
+    rxe_guest::build(p)?;
+    Ok(artifacts(p, false))
 }
 
 /// `bench fleet`: the registrar's `fleet_bench` example (a real etcd, hosted appliances, native timing;

@@ -84,15 +84,40 @@ pub fn step(p: &Paths) -> Result<(), String> {
         .arg(&manifest)
         .args(["--all-targets", "--", "-D", "warnings"]))?;
     run(Command::new(&cargo).current_dir(&p.root).args(["build", "-p", "leasebox-hosted"]))?;
+    let package = install(p)?;
+    // Where the built package is: what a Python without a build (the Soft-RoCE guest's) imports from.
+    println!("    leasebox package (extension and Python files): {}", package.display());
+    pytest(p, &venv(p)?, &pkg.join("tests"))
+}
+
+/// `pip install app/client-py pytest` into the virtualenv (maturin builds the extension, with leasebox-client's
+/// verbs backend, in `target/client-py`); returns the installed `leasebox` package directory (see
+/// [`installed_package`]).
+pub fn install(p: &Paths) -> Result<PathBuf, String> {
     let py = venv(p)?;
     run(Command::new(&py)
         .current_dir(&p.root)
-        .env("CARGO_TARGET_DIR", &crate_target)
+        .env("CARGO_TARGET_DIR", p.target.join("client-py"))
         .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
         .args(["-m", "pip", "install", "-q"])
-        .arg(&pkg)
+        .arg(p.root.join("app").join("client-py"))
         .arg("pytest"))?;
-    pytest(p, &py, &pkg.join("tests"))
+    installed_package(&py)
+}
+
+/// The installed `leasebox` package directory of the interpreter `py`: the extension
+/// (`_native.cpython-3XX-….so`, no libibverbs or libpython dependency) and the Python files beside it. Copied to
+/// `DIR/leasebox/` on a machine with the same CPython minor version, `PYTHONPATH=DIR` imports it (docs/client.md,
+/// "The Python data path").
+pub fn installed_package(py: &Path) -> Result<PathBuf, String> {
+    let out = Command::new(py)
+        .args(["-c", "import leasebox, os; print(os.path.dirname(os.path.abspath(leasebox.__file__)))"])
+        .output()
+        .map_err(|e| format!("running {}: {e}", py.display()))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 fn pytest(p: &Paths, py: &Path, tests: &Path) -> Result<(), String> {

@@ -25,6 +25,29 @@ use crate::image::{self, Paths};
 /// Debian's packages taken whole (the kernel's is looked up: `apt-cache depends linux-image-amd64`).
 const PACKAGES: &[&str] =
     &["busybox-static", "libibverbs1", "ibverbs-providers", "librdmacm1", "iproute2", "ibverbs-utils"];
+/// Debian's CPython and pytest, for the client bindings' tests inside the guest (docs/rxe-guest.md, "The
+/// bindings in the guest"): the interpreter, its standard library, and pytest with what bookworm's
+/// python3-pytest depends on (the first of each alternative). The binding's extension module is built on the
+/// host for the same CPython (bookworm's 3.11).
+const PY_PACKAGES: &[&str] = &[
+    "python3.11-minimal",
+    "libpython3.11-minimal",
+    "libpython3.11-stdlib",
+    "python3-pytest",
+    "python3-attr",
+    "python3-more-itertools",
+    "python3-pkg-resources",
+    "python3-pluggy",
+    "python3-py",
+    "python3-exceptiongroup",
+    "python3-iniconfig",
+    "python3-packaging",
+];
+/// The interpreter's version directory (`usr/lib/python3.11`) and binary.
+const PY_VERSION: &str = "python3.11";
+/// Parts of the standard library no test imports, left out of the initramfs (it is unpacked into the guest's
+/// RAM).
+const PY_SKIP: &[&str] = &["idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "test"];
 /// The modules loaded at boot, with their dependencies found by [`module_order`]. `crc32_generic` is not in
 /// rdma_rxe's `depends=`: rxe computes the ICRC with `crypto_alloc_shash("crc32")`, which the kernel satisfies
 /// by `request_module("crypto-crc32")` through modprobe, and there is no modprobe here (without it rxe logs
@@ -273,7 +296,7 @@ pub fn build(p: &Paths) -> Result<Guest, String> {
         }
     };
     fetch(&dir, &kpkg)?;
-    for pkg in PACKAGES {
+    for pkg in PACKAGES.iter().chain(PY_PACKAGES) {
         fetch(&dir, pkg)?;
     }
     let root = dir.join("root");
@@ -322,8 +345,43 @@ pub fn build(p: &Paths) -> Result<Guest, String> {
 
     // Shared libraries: ldd against the unpacked tree first; a library found only on the host names its
     // package (dpkg -S), which is downloaded and unpacked, and ldd is asked again.
-    let elfs: Vec<PathBuf> =
-        files.iter().filter(|(n, _, _)| !n.ends_with(".driver") && *n != "bin/busybox").map(|f| f.1.clone()).collect();
+    let mut files = files;
+    let mut symlinks: Vec<(String, String)> = Vec::new();
+    let python = python_tree(&root, &mut files, &mut symlinks)?;
+    files.extend(bindings(p, &dir)?);
+    // Every dynamically linked ELF we ship (busybox is static; the interpreter's extension modules are
+    // handled below).
+    let mut elfs: Vec<PathBuf> = files
+        .iter()
+        .filter(|(n, _, _)| *n != "bin/busybox" && !n.contains("/lib-dynload/"))
+        .map(|f| f.1.clone())
+        .filter(|src| is_elf(src))
+        .collect();
+    // libibverbs itself: the verbs backend opens it with dlopen, so ldd of leasectl does not name it.
+    let libibverbs = root.join(LIBDIR).join("libibverbs.so.1");
+    elfs.push(libibverbs.clone());
+    elfs.push(root.join("usr/bin").join(PY_VERSION));
+    // The interpreter's extension modules: those whose libraries resolve go in (their libraries too); one that
+    // needs a library no package here has is left out and named (an import of it fails in the guest).
+    let ld_probe = format!("{0}/{LIBDIR}:{0}/lib/x86_64-linux-gnu", root.display());
+    let mut dropped = Vec::new();
+    files.retain(|(n, src, _)| {
+        if !n.contains("/lib-dynload/") {
+            return true;
+        }
+        let ok = run(Command::new("ldd").arg(src).env("LD_LIBRARY_PATH", &ld_probe))
+            .map(|o| !o.contains("not found"))
+            .unwrap_or(false);
+        if ok {
+            elfs.push(src.clone());
+        } else {
+            dropped.push(n.rsplit('/').next().unwrap_or(n).to_string());
+        }
+        ok
+    });
+    if !dropped.is_empty() {
+        println!("rxe-guest: extension modules left out (a library they need is not unpacked): {}", dropped.join(" "));
+    }
     let ld_path = format!("{0}/{LIBDIR}:{0}/lib/x86_64-linux-gnu:{0}/{LIBDIR}/libibverbs", root.display());
     let mut libs: BTreeSet<String> = BTreeSet::new();
     let mut settled = false;
@@ -405,10 +463,16 @@ pub fn build(p: &Paths) -> Result<Guest, String> {
         entries.push((format!("modules/{m}.ko"), std::fs::read(path).map_err(|e| e.to_string())?, 0o644));
     }
     entries.push(("init".into(), init_script(&modules).into_bytes(), 0o755));
+    for (name, _) in &symlinks {
+        add_dirs(name, &mut dirs);
+    }
     for d in &dirs {
         cpio.dir(d);
     }
     cpio.symlink("lib", "usr/lib");
+    for (name, target) in &symlinks {
+        cpio.symlink(name, target);
+    }
     cpio.symlink("lib64/ld-linux-x86-64.so.2", "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2");
     let mut seen = BTreeSet::new();
     for (name, data, mode) in &entries {
@@ -416,6 +480,7 @@ pub fn build(p: &Paths) -> Result<Guest, String> {
             cpio.file(name, *mode, data);
         }
     }
+    println!("rxe-guest: {python}");
     let initramfs = dir.join("initramfs.cpio");
     std::fs::write(&initramfs, cpio.finish()).map_err(|e| e.to_string())?;
     println!("rxe-guest: modules (load order): {}", modules.join(" "));
@@ -433,6 +498,137 @@ pub fn build(p: &Paths) -> Result<Guest, String> {
     println!("rxe-guest: kernel {} (from {})", stable.kernel.display(), kernel.display());
     println!("rxe-guest: initramfs {}", initramfs.display());
     Ok(stable)
+}
+
+/// The interpreter, its standard library (less [`PY_SKIP`]) and Debian's `dist-packages` (pytest), from the
+/// unpacked packages into `files` and `symlinks`; `usr/bin/python3` names the interpreter. Returns a summary.
+fn python_tree(
+    root: &Path,
+    files: &mut Vec<(String, PathBuf, u32)>,
+    symlinks: &mut Vec<(String, String)>,
+) -> Result<String, String> {
+    let bin = root.join("usr/bin").join(PY_VERSION);
+    if !bin.exists() {
+        return Err(format!("{} is missing: python3.11-minimal did not unpack", bin.display()));
+    }
+    files.push((format!("usr/bin/{PY_VERSION}"), bin, 0o755));
+    symlinks.push(("usr/bin/python3".into(), PY_VERSION.into()));
+    let trees = [format!("usr/lib/{PY_VERSION}"), "usr/lib/python3/dist-packages".to_string()];
+    precompile(root, &trees);
+    let before = files.len();
+    let mut bytes = 0u64;
+    for tree in trees {
+        let mut stack = vec![root.join(&tree)];
+        while let Some(d) = stack.pop() {
+            let rd = std::fs::read_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+            for e in rd.filter_map(Result::ok) {
+                let path = e.path();
+                let name = rel(&path, root)?;
+                let meta = std::fs::symlink_metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                if meta.is_dir() {
+                    if !PY_SKIP.iter().any(|s| e.file_name() == *s) {
+                        stack.push(path);
+                    }
+                } else if meta.file_type().is_symlink() {
+                    let target = std::fs::read_link(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                    symlinks.push((name, target.display().to_string()));
+                } else {
+                    use std::os::unix::fs::PermissionsExt;
+                    bytes += meta.len();
+                    files.push((name, path, meta.permissions().mode() & 0o777));
+                }
+            }
+        }
+    }
+    Ok(format!("python: {PY_VERSION}, {} files, {:.1} MiB", files.len() - before, bytes as f64 / 1048576.0))
+}
+
+fn is_elf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && magic == *b"\x7fELF"
+}
+
+/// The client bindings as a program in the guest uses them (docs/rxe-guest.md, "The bindings in the guest"):
+/// the C example `kv_blocks` linked with the C library's static archive, and the Python package (its extension
+/// module built by the `python-client` step's `pip install`) with the binding's test suite under
+/// `/opt/leasebox/app/client-py/tests`.
+fn bindings(p: &Paths, dir: &Path) -> Result<Vec<(String, PathBuf, u32)>, String> {
+    let mut out = Vec::new();
+    println!("rxe-guest: cargo build -p leasebox-client-c --release");
+    let status = Command::new(image::cargo())
+        .args(["build", "-p", "leasebox-client-c", "--release"])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err("building leasebox-client-c failed".into());
+    }
+    let example = dir.join("kv_blocks");
+    let c = p.root.join("app/client-c");
+    run(Command::new("gcc")
+        .args(["-std=c11", "-D_POSIX_C_SOURCE=200809L", "-O2", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(&c)
+        .arg(c.join("examples/kv_blocks.c"))
+        .arg(p.target.join("release/libleasebox_client_c.a"))
+        .args(["-lpthread", "-ldl", "-lm", "-o"])
+        .arg(&example))?;
+    out.push(("usr/local/bin/kv_blocks".to_string(), example, 0o755));
+    let package = crate::python::install(p)?;
+    for (src, name) in tree_files(&package)? {
+        out.push((format!("usr/lib/python3/dist-packages/leasebox/{name}"), src, 0o644));
+    }
+    let tests = p.root.join("app/client-py/tests");
+    for (src, name) in tree_files(&tests)? {
+        if name.ends_with(".py") {
+            out.push((format!("opt/leasebox/app/client-py/tests/{name}"), src, 0o644));
+        }
+    }
+    Ok(out)
+}
+
+/// The regular files under `dir` (no `__pycache__`), with their paths relative to it.
+fn tree_files(dir: &Path) -> Result<Vec<(PathBuf, String)>, String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?.filter_map(Result::ok) {
+            let path = e.path();
+            if path.is_dir() {
+                if e.file_name() != "__pycache__" {
+                    stack.push(path);
+                }
+            } else {
+                out.push((path.clone(), rel(&path, dir)?));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Byte-compiles `trees` (under `root`) with the host's CPython when it is the guest's version, so the guest,
+/// which runs under TCG, does not compile pytest and the standard library at every boot. The `.pyc` files are
+/// `unchecked-hash` ones: the initramfs gives every file mtime 0, so timestamp-checked ones would be stale.
+/// With another host version nothing is compiled (the guest compiles at import, slower but the same).
+fn precompile(root: &Path, trees: &[String]) {
+    let host = run(Command::new("python3").arg("--version")).unwrap_or_default();
+    let guest = PY_VERSION.trim_start_matches("python");
+    if !host.trim().strip_prefix("Python ").is_some_and(|v| v.starts_with(&format!("{guest}."))) {
+        println!("rxe-guest: the host's python3 is not {guest} ({}): the guest compiles at import", host.trim());
+        return;
+    }
+    let marker = root.join(".leasebox-precompiled");
+    if marker.exists() {
+        return;
+    }
+    let mut cmd = Command::new("python3");
+    cmd.args(["-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash"]);
+    for t in trees {
+        cmd.arg(root.join(t));
+    }
+    // compileall exits 1 when a file does not compile (bookworm's stdlib has a few deliberately broken test
+    // files): the rest is compiled all the same.
+    let _ = cmd.output();
+    let _ = std::fs::write(&marker, "");
 }
 
 fn rel(p: &Path, root: &Path) -> Result<String, String> {

@@ -1,28 +1,39 @@
 //! The Leasebox client's C ABI (`leasebox_client.h`, generated from this file by cbindgen).
 //!
-//! - Opaque handles: `lbx_client` (a client of one or more appliances, with its heartbeat thread) and
-//!   `lbx_lease` (one lease and its RDMA queue pair). Both may be used from several threads at once; a lease's
-//!   calls are serialized on it.
+//! - Opaque handles: `lbx_client` (a client of one or more appliances, with its heartbeat thread),
+//!   `lbx_lease` (one lease and its RDMA queue pair) and `lbx_region` (registered memory). All may be used from
+//!   several threads at once; a lease's calls are serialized on it.
 //! - Every call that can fail returns an `int32_t` status: `LBX_OK` (0) or one of the `LBX_ERR_*` codes. The
 //!   message of the last failure on the calling thread is `lbx_last_error()`.
 //! - No panic crosses the boundary: each entry point runs under `catch_unwind` and a panic becomes
 //!   `LBX_ERR_PANIC`. NULL or foreign pointers, and handles already destroyed, are refused with
 //!   `LBX_ERR_INVALID_ARGUMENT` as far as the handle's tag can tell (a freed handle's memory may be reused, so
 //!   using one stays a bug).
+//! - The data path ([`data_path`]): `lbx_region` (memory the caller registers), zero-copy transfers, and
+//!   asynchronous batches across leases with one `lbx_completion` per operation and a completion fd.
+//! - The RDMA requester of each appliance is chosen at run time ([`requester`], `lbx_client_connect_with`):
+//!   software over UDP, or verbs (libibverbs, loaded when the first verbs lease is allocated).
 //!
-//! Handles wrap `leasebox_client::{Client, Lease}` (app/client/src/client.rs, app/client/src/lease.rs).
+//! Handles wrap `leasebox_client::{Client, Lease, Region}` (app/client/src/client.rs, app/client/src/lease.rs,
+//! app/client/src/region.rs).
 #![allow(non_camel_case_types)]
 // These functions are the C ABI: a C caller sees no `unsafe`, and what every pointer must be is the contract the
 // header states. Marking them `unsafe fn` would change nothing for C and only move the same contract.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
-use leasebox_client::{AllocOptions, Client, ClientConfig, Error, Event, FleetConfig, Lease, LeaseId};
+use leasebox_client::{AllocOptions, Client, ClientConfig, Error, Event, FleetConfig, Lease, LeaseId, Ticket};
 use leasebox_proto::{ErrorCode, Request, Response};
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
+
+pub mod data_path;
+pub mod requester;
+pub use data_path::*;
+pub use requester::*;
 
 /// Success.
 pub const LBX_OK: i32 = 0;
@@ -54,7 +65,7 @@ pub const LBX_ERR_PANIC: i32 = 11;
 
 /// No event within the wait.
 pub const LBX_EVENT_NONE: i32 = 0;
-/// A lease (`lease`) is gone: stop using it (`outcome`: 0 torn down, 1 fenced, 2 not found).
+/// A lease (`lease`) is gone: stop using it (`outcome`: `LBX_OUTCOME_*`).
 pub const LBX_EVENT_REVOKED: i32 = 1;
 /// A lease (`lease`) ends in `in_ms` unless renewed.
 pub const LBX_EVENT_EXPIRING: i32 = 2;
@@ -76,6 +87,19 @@ const DEAD_TAG: u64 = 0xdead_dead_dead_dead;
 pub struct lbx_client {
     tag: u64,
     inner: Option<Client>,
+    /// The batch operations submitted whose completion has not been taken, by ticket number (`lbx_pending`).
+    pending: Mutex<HashMap<u64, Ticket>>,
+}
+
+impl lbx_client {
+    fn new(c: Client) -> lbx_client {
+        lbx_client { tag: CLIENT_TAG, inner: Some(c), pending: Mutex::new(HashMap::new()) }
+    }
+
+    fn tickets(&self) -> MutexGuard<'_, HashMap<u64, Ticket>> {
+        // Plain bookkeeping: a panic elsewhere leaves it consistent.
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// A lease (opaque).
@@ -129,7 +153,8 @@ pub struct lbx_event {
     pub session_id: u64,
     /// Milliseconds left, for `LBX_EVENT_EXPIRING` and `LBX_EVENT_DRAINING`.
     pub in_ms: u32,
-    /// The revoke's outcome for `LBX_EVENT_REVOKED`: 0 torn down, 1 fenced, 2 not found.
+    /// The revoke's outcome for `LBX_EVENT_REVOKED`: `LBX_OUTCOME_TORN_DOWN`, `LBX_OUTCOME_FENCED` or
+    /// `LBX_OUTCOME_NOT_FOUND`.
     pub outcome: u32,
 }
 
@@ -145,6 +170,8 @@ fn set_last_error(msg: &str) {
 /// A failure of this layer, or the client library's.
 enum Fail {
     Invalid(String),
+    /// A status of this layer's own, and its message.
+    Status(i32, String),
     Client(Error),
 }
 
@@ -180,14 +207,24 @@ pub fn status_of(e: &Error) -> i32 {
 /// Runs `f` as an entry point: its error becomes a status and the thread's last error; a panic becomes
 /// `LBX_ERR_PANIC`.
 fn entry(what: &str, f: impl FnOnce() -> Result<(), Fail>) -> i32 {
+    entry_noting(what, || f().map(|()| None))
+}
+
+/// As [`entry`], for a call that succeeds with a note for `lbx_last_error()` (a batch's first failed
+/// completion).
+fn entry_noting(what: &str, f: impl FnOnce() -> Result<Option<String>, Fail>) -> i32 {
     match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => {
-            set_last_error("");
+        Ok(Ok(note)) => {
+            set_last_error(&note.map(|n| format!("{what}: {n}")).unwrap_or_default());
             LBX_OK
         }
         Ok(Err(Fail::Invalid(m))) => {
             set_last_error(&format!("{what}: {m}"));
             LBX_ERR_INVALID_ARGUMENT
+        }
+        Ok(Err(Fail::Status(status, m))) => {
+            set_last_error(&format!("{what}: {m}"));
+            status
         }
         Ok(Err(Fail::Client(e))) => {
             set_last_error(&format!("{what}: {e}"));
@@ -215,7 +252,7 @@ fn string<'a>(p: *const c_char, what: &str) -> Result<&'a str, Fail> {
     s.to_str().map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
-fn client<'a>(c: *const lbx_client) -> Result<&'a Client, Fail> {
+fn client_handle<'a>(c: *const lbx_client) -> Result<&'a lbx_client, Fail> {
     if c.is_null() {
         return Err(invalid("client handle is NULL"));
     }
@@ -223,9 +260,13 @@ fn client<'a>(c: *const lbx_client) -> Result<&'a Client, Fail> {
     // pointer is caught by the tag as far as its memory still reads.
     let h = unsafe { &*c };
     match (h.tag, &h.inner) {
-        (CLIENT_TAG, Some(inner)) => Ok(inner),
+        (CLIENT_TAG, Some(_)) => Ok(h),
         _ => Err(invalid("not a live lbx_client handle")),
     }
+}
+
+fn client<'a>(c: *const lbx_client) -> Result<&'a Client, Fail> {
+    client_handle(c).map(|h| h.inner.as_ref().expect("checked by client_handle"))
 }
 
 fn lease_handle<'a>(l: *const lbx_lease) -> Result<&'a lbx_lease, Fail> {
@@ -278,6 +319,7 @@ pub extern "C" fn lbx_status_name(status: i32) -> *const c_char {
         LBX_ERR_RDMA => c"LBX_ERR_RDMA",
         LBX_ERR_CLOSED => c"LBX_ERR_CLOSED",
         LBX_ERR_PANIC => c"LBX_ERR_PANIC",
+        LBX_ERR_BUSY => c"LBX_ERR_BUSY",
         _ => c"LBX_UNKNOWN_STATUS",
     };
     s.as_ptr()
@@ -320,7 +362,7 @@ pub extern "C" fn lbx_client_connect(
         let peers = if rdma_peers.is_null() { None } else { Some(string(rdma_peers, "rdma_peers")?) };
         let cfg = config(list, name, key, peers, timeout_ms).map_err(Fail::Invalid)?;
         let c = Client::connect(cfg)?;
-        let h = Box::into_raw(Box::new(lbx_client { tag: CLIENT_TAG, inner: Some(c) }));
+        let h = Box::into_raw(Box::new(lbx_client::new(c)));
         // SAFETY: as above.
         unsafe { out.write(h) };
         Ok(())
@@ -421,7 +463,7 @@ fn connect_etcd(
         let mut cfg = cfg.map_err(|e| invalid(c_names(&e)))?;
         cfg.etcd_user = user;
         let c = Client::connect_fleet(cfg)?;
-        let h = Box::into_raw(Box::new(lbx_client { tag: CLIENT_TAG, inner: Some(c) }));
+        let h = Box::into_raw(Box::new(lbx_client::new(c)));
         // SAFETY: as above.
         unsafe { out.write(h) };
         Ok(())
@@ -518,23 +560,66 @@ pub extern "C" fn lbx_client_next_event(client: *const lbx_client, wait_ms: u32,
     })
 }
 
+/// `lbx_client_revoke_with`'s order: the memory key first (the appliance's default: the lease's next RDMA
+/// request is refused at once).
+pub const LBX_REVOKE_MKEY_FIRST: i32 = 0;
+/// `lbx_client_revoke_with`'s order: the lease's QP to the error state first (the admin's alone; a tenant
+/// asking for it gets `LBX_ERR_SERVER`, FORBIDDEN).
+pub const LBX_REVOKE_QP_FIRST: i32 = 1;
+
 /// REVOKE lease `*lease_id` on appliance `appliance` (the operator's command: admin clients, or the lease's own
-/// tenant).
+/// tenant), memory key first; as `lbx_client_revoke_with(client, appliance, lease_id, LBX_REVOKE_MKEY_FIRST,
+/// NULL)`.
 #[unsafe(no_mangle)]
 pub extern "C" fn lbx_client_revoke(
     client: *const lbx_client,
     appliance: u32,
     lease_id: *const lbx_lease_ident,
 ) -> i32 {
-    entry("lbx_client_revoke", || {
+    revoke("lbx_client_revoke", client, appliance, lease_id, LBX_REVOKE_MKEY_FIRST, std::ptr::null_mut())
+}
+
+/// REVOKE lease `*lease_id` on appliance `appliance` in teardown order `order` (`LBX_REVOKE_MKEY_FIRST` or
+/// `LBX_REVOKE_QP_FIRST`); the appliance's answer goes to `*outcome` (`LBX_OUTCOME_*`; `outcome` may be NULL).
+#[unsafe(no_mangle)]
+pub extern "C" fn lbx_client_revoke_with(
+    client: *const lbx_client,
+    appliance: u32,
+    lease_id: *const lbx_lease_ident,
+    order: i32,
+    outcome: *mut u32,
+) -> i32 {
+    revoke("lbx_client_revoke_with", client, appliance, lease_id, order, outcome)
+}
+
+fn revoke(
+    what: &str,
+    client: *const lbx_client,
+    appliance: u32,
+    lease_id: *const lbx_lease_ident,
+    order: i32,
+    outcome: *mut u32,
+) -> i32 {
+    entry(what, || {
         let c = self::client(client)?;
         if lease_id.is_null() {
             return Err(invalid("lease_id is NULL"));
         }
+        let qp_first = match order {
+            LBX_REVOKE_MKEY_FIRST => false,
+            LBX_REVOKE_QP_FIRST => true,
+            o => return Err(invalid(format!("order {o} (LBX_REVOKE_MKEY_FIRST or LBX_REVOKE_QP_FIRST)"))),
+        };
         // SAFETY: non-NULL, points to an lbx_lease_ident (the caller's contract); read by value.
         let id = unsafe { lease_id.read() };
-        match c.call(appliance as usize, Request::Revoke { lease: id.into(), qp_first: false })? {
-            Response::Revoke { .. } => Ok(()),
+        match c.call(appliance as usize, Request::Revoke { lease: id.into(), qp_first })? {
+            Response::Revoke { outcome: o, .. } => {
+                if !outcome.is_null() {
+                    // SAFETY: non-NULL, writable (the caller's contract).
+                    unsafe { outcome.write(o as u32) };
+                }
+                Ok(())
+            }
             other => Err(invalid(format!("REVOKE answered {other:?}"))),
         }
     })
@@ -735,7 +820,7 @@ mod tests {
         let fake = lbx_lease { tag: DEAD_TAG, id: lbx_lease_ident::default(), size: 0, inner: Mutex::new(None) };
         assert_eq!(lbx_lease_read(&fake, 0, std::ptr::null_mut(), 0), LBX_ERR_INVALID_ARGUMENT);
         assert!(last().contains("not a live lbx_lease"), "{}", last());
-        let fake = lbx_client { tag: LEASE_TAG, inner: None };
+        let fake = lbx_client { tag: LEASE_TAG, inner: None, pending: Mutex::new(HashMap::new()) };
         assert_eq!(lbx_client_revoke(&fake, 0, &lbx_lease_ident::default()), LBX_ERR_INVALID_ARGUMENT);
     }
 

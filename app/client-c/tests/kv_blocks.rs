@@ -9,56 +9,12 @@ use leasebox_client_c::*;
 // The client library's test proxy (cut connections), not a copy of it.
 #[path = "../../client/tests/support/proxy.rs"]
 mod proxy;
-use leasebox_hosted::{Hosted, HostedConfig};
+mod support;
 use proxy::Proxy;
 use std::ffi::{CStr, CString};
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-fn random_hex() -> String {
-    leasebox_client::hex::random_key(32).expect("a random key")
-}
-
-/// A hosted appliance with the RDMA data path; stopped on drop.
-struct Appliance {
-    h: Option<Hosted>,
-    addr: String,
-    udp: String,
-    tenant: String,
-    admin: String,
-}
-
-impl Drop for Appliance {
-    fn drop(&mut self) {
-        if let Some(h) = self.h.take() {
-            h.stop();
-        }
-    }
-}
-
-fn start() -> Appliance {
-    let (tenant, admin) = (random_hex(), random_hex());
-    let args: Vec<String> = ["--listen", "127.0.0.1:0", "--hca", "--udp", "127.0.0.1:0"]
-        .iter()
-        .map(|s| s.to_string())
-        .chain([format!("tenant=demo:{tenant}"), format!("admin={admin}")])
-        .collect();
-    let h = Hosted::start(HostedConfig::from_args(&args).expect("options")).expect("the hosted appliance starts");
-    let addr = h.addr().to_string();
-    let udp = h.hca().and_then(|t| t.udp).expect("--udp gives the responder an address").to_string();
-    Appliance { h: Some(h), addr, udp, tenant, admin }
-}
-
-/// Where cargo put this crate's staticlib: next to this test's executable (`target/<profile>/deps/`).
-fn staticlib() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's path");
-    let deps = exe.parent().expect("the deps directory");
-    let lib = deps.join("libleasebox_client_c.a");
-    assert!(lib.exists(), "{} is missing: cargo builds it with this test (crate-type staticlib)", lib.display());
-    lib
-}
+use support::{Appliance, start};
 
 fn last() -> String {
     // SAFETY: `lbx_last_error` returns a NUL-terminated string valid until the next call on this thread.
@@ -69,36 +25,47 @@ fn c(s: &str) -> CString {
     CString::new(s).unwrap()
 }
 
+/// The example, as its header says to build it, with the requester given on argv and in the environment.
 #[test]
 fn c_example_stores_blocks_and_reads_them_back() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kv_blocks");
-    let gcc = Command::new("gcc")
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-I"])
-        .arg(dir)
-        .arg(dir.join("examples/kv_blocks.c"))
-        .arg(staticlib())
-        .args(["-lpthread", "-ldl", "-lm", "-o"])
-        .arg(&out)
-        .output()
-        .expect("running gcc");
-    assert!(gcc.status.success(), "gcc failed:\n{}", String::from_utf8_lossy(&gcc.stderr));
-
-    let a = start();
-    let run = Command::new(&out).args([&a.addr, "demo", &a.tenant, &a.udp]).output().expect("running kv_blocks");
+    let exe = support::compile("examples/kv_blocks.c", "kv_blocks");
+    let _one = support::serial();
+    let a = start(&[]);
+    let soft = format!("soft:{}", a.udp);
+    let run = support::run(&exe, &[&a.addr, "demo", &a.tenant, &soft], &[]);
     let stdout = String::from_utf8_lossy(&run.stdout);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "kv_blocks exited {}:\n{stdout}\n{stderr}", run.status);
-    assert!(
-        stdout.contains("stored 96 blocks of 4096 bytes in 2 leases and read them back identical"),
-        "{stdout}\n{stderr}"
-    );
-    assert_eq!(stdout.matches("lease ").count(), 2, "{stdout}");
+    assert!(run.status.success(), "kv_blocks exited {}:\n{stdout}", run.status);
+    for line in [
+        "stored 96 blocks of 4096 bytes in 2 leases and read them back identical",
+        "PASS async batch: 96 block writes across 2 leases, completions through the fd",
+        "PASS zero copy: no byte went through a bounce buffer",
+        "PASS revoke: lease 0's 48 reads all completed",
+        "PASS revoke: LBX_EVENT_REVOKED names lease 1",
+        "kv_blocks: PASS",
+    ] {
+        assert!(stdout.contains(line), "no '{line}' in\n{stdout}");
+    }
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("lease ")).count(), 2, "{stdout}");
+    // Linked without libibverbs: the verbs backend loads it at run time, so the program starts on hosts without it.
+    let dynamic = std::process::Command::new("readelf").arg("-d").arg(&exe).output().expect("running readelf");
+    let dynamic = String::from_utf8_lossy(&dynamic.stdout);
+    assert!(dynamic.contains("(NEEDED)"), "readelf -d printed no NEEDED entries: {dynamic}");
+    assert!(!dynamic.contains("libibverbs"), "the example links libibverbs:\n{dynamic}");
+
+    // $LEASEBOX_REQUESTER when argv has none; a requester that cannot be parsed is a library error (2).
+    let env = std::process::Command::new(&exe)
+        .args([&a.addr, "demo", &a.tenant])
+        .env("LEASEBOX_REQUESTER", "verbs:rxe0")
+        .output()
+        .unwrap();
+    assert_eq!(env.status.code(), Some(2), "{}", String::from_utf8_lossy(&env.stdout));
+    assert!(String::from_utf8_lossy(&env.stderr).contains("requester 'verbs:rxe0'"));
 }
 
 #[test]
 fn revoke_turns_the_next_call_into_lbx_err_revoked_and_a_cut_connection_is_reconnected() {
-    let a = start();
+    let a = start(&[]);
     let (addr, udp) = (c(&a.addr), c(&a.udp));
     // The tenant's control connection goes through a proxy the test can cut.
     let proxy = Proxy::start(a.addr.clone());
@@ -182,7 +149,7 @@ fn one_lease_carries(client: *mut lbx_client, data: &[u8]) {
 #[test]
 fn a_client_started_from_etcd_places_on_the_advertised_appliance() {
     use leasebox_fleet::advert::Advertisement;
-    let a = start();
+    let a = start(&[]);
     let e = leasebox_fleet::local::LocalEtcd::start().unwrap_or_else(|m| panic!("{m}"));
     let endpoint = c(&e.endpoint());
 
@@ -247,7 +214,7 @@ fn no_options() -> lbx_etcd_options {
 /// clients; without the client certificate, or with options that do not go together, it fails and says why.
 #[test]
 fn a_client_started_from_etcd_over_tls_places_on_the_advertised_appliance() {
-    let a = start();
+    let a = start(&[]);
     let e = leasebox_fleet::local::LocalEtcd::start_tls().unwrap_or_else(|m| panic!("{m}"));
     let files = e.client_tls().unwrap().clone();
     advertise(&e, &a, "00112233445566778899aabbccddeeff", None);
@@ -282,7 +249,7 @@ fn a_client_started_from_etcd_over_tls_places_on_the_advertised_appliance() {
 /// lease; a wrong password or a user without a password is refused.
 #[test]
 fn a_client_started_from_etcd_as_a_user_places_on_the_advertised_appliance() {
-    let a = start();
+    let a = start(&[]);
     let e = leasebox_fleet::local::LocalEtcd::start().unwrap_or_else(|m| panic!("{m}"));
     e.enable_auth("root-pw", &[("reader", "reader-pw", &[], &["/leasebox/v1/"])]).unwrap();
     advertise(&e, &a, "ffeeddccbbaa99887766554433221100", Some(("root", "root-pw")));

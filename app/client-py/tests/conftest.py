@@ -2,7 +2,20 @@
 --udp`), started once per test module, and a TCP proxy in front of its control port that a test can cut.
 
 The binary is `$LEASEBOX_HOSTED_BIN`, else `target/debug/leasebox-hosted` of this repository, built with
-`cargo build -p leasebox-hosted` when missing (`cargo xtask test` builds it before running pytest)."""
+`cargo build -p leasebox-hosted` when missing (`cargo xtask test` builds it before running pytest).
+
+Another appliance (a QEMU appliance reached from a Soft-RoCE guest) is chosen by environment variables; then no
+hosted appliance is started, and tests marked `hosted` (they need what only a hosted appliance started here
+gives: option words such as revoke_notices=off, stopping its process, etcd) are skipped:
+
+    LEASEBOX_TEST_APPLIANCE=HOST:PORT      the control port
+    LEASEBOX_TEST_TENANT=demo              the tenant's name (default demo)
+    LEASEBOX_TEST_KEY=HEX                  the tenant's key
+    LEASEBOX_TEST_ADMIN_KEY=HEX            the admin's key (revoke tests)
+    LEASEBOX_TEST_RDMA_PEER=HOST:PORT      the software requester's peer (when the requester is soft)
+    LEASEBOX_TEST_REQUESTER=verbs:rxe0:1:1 the requester of every client (soft, soft:HOST:PORT, verbs:DEV:PORT:GID;
+                                           also with a hosted appliance)
+"""
 
 from __future__ import annotations
 
@@ -12,7 +25,6 @@ import os
 import secrets
 import shutil
 import socket
-import ssl
 import subprocess
 import tempfile
 import threading
@@ -28,25 +40,78 @@ REPO = Path(__file__).resolve().parents[3]
 READY_WITHIN = 60.0
 
 
+EXTERNAL = os.environ.get("LEASEBOX_TEST_APPLIANCE")
+REQUESTER = os.environ.get("LEASEBOX_TEST_REQUESTER")
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers", "hosted: needs the hosted appliance these fixtures start (skipped with LEASEBOX_TEST_APPLIANCE)"
+    )
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if not EXTERNAL:
+        return
+    skip = pytest.mark.skip(reason=f"needs a hosted appliance started here (LEASEBOX_TEST_APPLIANCE={EXTERNAL})")
+    for item in items:
+        if "hosted" in item.keywords:
+            item.add_marker(skip)
+
+
 @dataclass
 class Appliance:
     addr: str
-    udp: str
+    udp: Optional[str]
     tenant_key: str
-    admin_key: str
-    proc: subprocess.Popen
+    admin_key: Optional[str]
+    proc: Optional[subprocess.Popen]
+    tenant_name: str = "demo"
 
     def tenant(self, **kw):
         import leasebox
 
-        kw.setdefault("rdma_peer", self.udp)
-        return leasebox.Client(kw.pop("addr", self.addr), "demo", self.tenant_key, **kw)
+        if self.udp:
+            kw.setdefault("rdma_peer", self.udp)
+        if REQUESTER:
+            kw.setdefault("requester", REQUESTER)
+        return leasebox.Client(kw.pop("addr", self.addr), self.tenant_name, self.tenant_key, **kw)
 
     def admin(self, **kw):
         import leasebox
 
-        kw.setdefault("rdma_peer", self.udp)
+        if not self.admin_key:
+            pytest.skip("no admin key (LEASEBOX_TEST_ADMIN_KEY)")
+        if self.udp:
+            kw.setdefault("rdma_peer", self.udp)
+        if REQUESTER:
+            kw.setdefault("requester", REQUESTER)
         return leasebox.Client(self.addr, "admin", self.admin_key, **kw)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def external_appliance() -> Appliance:
+    """The appliance the environment names (see the module documentation)."""
+    key = os.environ.get("LEASEBOX_TEST_KEY")
+    if not key:
+        raise RuntimeError("LEASEBOX_TEST_APPLIANCE is set but LEASEBOX_TEST_KEY is not")
+    return Appliance(
+        EXTERNAL,
+        os.environ.get("LEASEBOX_TEST_RDMA_PEER"),
+        key,
+        os.environ.get("LEASEBOX_TEST_ADMIN_KEY"),
+        None,
+        os.environ.get("LEASEBOX_TEST_TENANT", "demo"),
+    )
 
 
 def hosted_binary() -> Path:
@@ -88,14 +153,12 @@ def start_appliance(extra: Optional[List[str]] = None) -> Appliance:
 
 @pytest.fixture(scope="module")
 def appliance() -> Iterator[Appliance]:
+    if EXTERNAL:
+        yield external_appliance()
+        return
     a = start_appliance()
     yield a
-    a.proc.terminate()
-    try:
-        a.proc.wait(10)
-    except subprocess.TimeoutExpired:
-        a.proc.kill()
-        a.proc.wait(10)
+    a.stop()
 
 
 class Proxy:
@@ -203,6 +266,8 @@ class Etcd:
             self.ca, self.cert, self.key = str(pki / "ca.pem"), str(pki / "client.pem"), str(pki / "client.key")
             flags = [f"--cert-file={pki / 'server.pem'}", f"--key-file={pki / 'server.key'}",
                      f"--trusted-ca-file={self.ca}", "--client-cert-auth"]
+            import ssl  # here: a minimal Python (the Soft-RoCE guest's) may lack it, and only TLS needs it
+
             self.ssl = ssl.create_default_context(cafile=self.ca)
             self.ssl.load_cert_chain(self.cert, self.key)
         self.proc = subprocess.Popen(

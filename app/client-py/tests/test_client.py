@@ -1,6 +1,7 @@
 """The Python binding against a hosted appliance with the device model (conftest.py starts it): connect, alloc,
 write/read bytes, bytearray and memoryview, batches, range checks, a revoke by the admin (the next call raises
-LeaseRevoked), a cut control connection (the client reconnects and the lease goes on), bad credentials."""
+LeaseRevoked), a cut control connection (the client reconnects and the lease goes on), bad credentials. The data
+path (registered memory, zero copy, batches, asyncio) is test_data_path.py."""
 
 from __future__ import annotations
 
@@ -107,7 +108,10 @@ def test_a_cut_connection_is_reconnected_and_the_lease_goes_on(appliance, proxy)
         assert wait_event(c, "disconnected", 15) is not None
         ev = wait_event(c, "reconnected", 15)
         assert ev is not None and ev.session_id and ev.appliance == proxy.addr
-        assert proxy.accepted == 2
+        # The reconnect went through the proxy. Not exactly one more connection: while a connection is not
+        # answered the client opens a fresh one beside it every 50 ms (docs/client.md, "Concepts"), so an
+        # appliance slow to answer (the QEMU one under TCG, or any on a loaded host) sees several.
+        assert proxy.accepted >= 2
         assert lease.read(0, 16) == b"before the break"
         with c.alloc(MIB) as l2:
             l2.write(0, b"new session")
@@ -154,6 +158,7 @@ def test_bad_credentials_and_arguments(appliance):
         c.alloc(4096)
 
 
+@pytest.mark.hosted
 def test_config_file_is_read_as_xtask_writes_it(tmp_path, appliance):
     f = tmp_path / "leasectl.conf"
     f.write_text(
@@ -180,12 +185,14 @@ def run_example(args, env=None):
     return subprocess.run([sys.executable, EXAMPLE] + args, capture_output=True, text=True, timeout=120, env=env)
 
 
+@pytest.mark.hosted
 def test_example_spills_and_reloads_blocks_with_flags(appliance):
     r = run_example(["--addr", appliance.addr, "--key", appliance.tenant_key, "--rdma-peer", appliance.udp])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "into 2 leases" in r.stdout and " 0 different" in r.stdout, r.stdout
 
 
+@pytest.mark.hosted
 def test_example_needs_no_flags_with_the_config_file_xtask_run_writes(tmp_path, appliance):
     f = tmp_path / "leasectl.conf"
     f.write_text(f"addr = {appliance.addr}\ntenant = demo\nkey = {appliance.tenant_key}\nrdma_peer = {appliance.udp}\n")
@@ -205,6 +212,7 @@ def advertise(etcd, appliance, boot: str) -> None:
     etcd.put(f"/leasebox/v1/appliances/{boot}", json.dumps(ad))
 
 
+@pytest.mark.hosted
 def test_from_etcd_places_on_the_advertised_appliance(appliance, etcd):
     # No appliance advertised yet: NoMemory once the timeout has passed.
     with pytest.raises(leasebox.NoMemory):
@@ -228,6 +236,7 @@ def test_from_etcd_places_on_the_advertised_appliance(appliance, etcd):
         leasebox.Client.from_etcd(etcd.endpoint, "demo", appliance.tenant_key, etcd_cacert="/nonexistent/ca.pem")
 
 
+@pytest.mark.hosted
 def test_from_etcd_as_an_etcd_user(appliance, etcd):
     advertise(etcd, appliance, "cd" * 16)
     # etcd's authentication on: root, and a user whose role may only read the advertisements.
@@ -252,6 +261,7 @@ def test_from_etcd_as_an_etcd_user(appliance, etcd):
         leasebox.Client.from_etcd(etcd.endpoint, "demo", appliance.tenant_key, etcd_user="reader")
 
 
+@pytest.mark.hosted
 def test_from_etcd_over_tls_with_a_client_certificate(appliance, etcd_tls):
     advertise(etcd_tls, appliance, "ef" * 16)
     https = f"https://{etcd_tls.endpoint}"

@@ -32,7 +32,53 @@ pub enum RequesterConfig {
     Verbs(crate::rdma::verbs::VerbsConfig),
 }
 
+/// The requester spec grammar, as the bindings and programs take it from a command line or the environment.
+pub const REQUESTER_SPECS: &str = "soft, soft:ADDR:PORT or verbs:DEVICE:PORT:GID_INDEX";
+
 impl RequesterConfig {
+    /// The requester a spec names (the one grammar of the C and Python bindings and their examples):
+    /// - `soft`: the software requester toward 127.0.0.1:4791 ([`SoftConfig::default`]);
+    /// - `soft:ADDR:PORT`: the software requester toward that UDP address;
+    /// - `verbs:DEVICE:PORT:GID_INDEX`: an RC QP on RDMA device `DEVICE` (as `ibv_devices` names it, e.g.
+    ///   `mlx5_0`, `rxe0`), its port `PORT` (1 to 255), our RoCEv2 GID at `GID_INDEX`; `depth` work requests
+    ///   (the lease's queue depth: its send queue and copy slots) and the rest of [`crate::rdma::verbs::VerbsConfig::new`].
+    ///
+    /// A verbs spec in a build without the `verbs` feature is refused with a message saying so.
+    pub fn parse(spec: &str, depth: usize) -> Result<RequesterConfig, String> {
+        let spec = spec.trim();
+        let bad = |why: &str| format!("requester '{spec}': {why} (give {REQUESTER_SPECS})");
+        let (kind, rest) = spec.split_once(':').unwrap_or((spec, ""));
+        match kind {
+            "soft" if rest.is_empty() => Ok(RequesterConfig::Soft(SoftConfig::default())),
+            "soft" => {
+                let peer = rest.parse().map_err(|_| bad("not ADDR:PORT after soft:"))?;
+                Ok(RequesterConfig::Soft(SoftConfig { peer, ..SoftConfig::default() }))
+            }
+            "verbs" => {
+                let parts: Vec<&str> = rest.split(':').collect();
+                let [device, port, gid] = parts[..] else { return Err(bad("verbs takes DEVICE:PORT:GID_INDEX")) };
+                if device.is_empty() {
+                    return Err(bad("no device"));
+                }
+                let port: u8 = port.parse().ok().filter(|p| *p >= 1).ok_or_else(|| bad("the port is 1 to 255"))?;
+                let gid_index: u8 = gid.parse().map_err(|_| bad("the GID index is 0 to 255"))?;
+                Self::verbs(device, port, gid_index, depth).map_err(|e| bad(&e))
+            }
+            _ => Err(bad("unknown kind")),
+        }
+    }
+
+    #[cfg(feature = "verbs")]
+    fn verbs(device: &str, port: u8, gid_index: u8, depth: usize) -> Result<RequesterConfig, String> {
+        let c = crate::rdma::verbs::VerbsConfig::new(device, port, gid_index);
+        Ok(RequesterConfig::Verbs(crate::rdma::verbs::VerbsConfig { depth, ..c }))
+    }
+
+    #[cfg(not(feature = "verbs"))]
+    fn verbs(_device: &str, _port: u8, _gid_index: u8, _depth: usize) -> Result<RequesterConfig, String> {
+        Err("this leasebox-client was built without its `verbs` feature".into())
+    }
+
     /// A fresh requester (a new QP in RESET) taking `depth` work requests at once; a verbs QP goes on the
     /// client's device context for its device (opened at first use, shared by every lease there).
     pub(crate) fn make(&self, inner: &Inner, depth: usize) -> Result<Box<dyn Requester + Send>, String> {
@@ -570,6 +616,34 @@ impl Drop for Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requester_specs_name_what_is_wrong() {
+        let soft = |s: &str| match RequesterConfig::parse(s, 64) {
+            Ok(RequesterConfig::Soft(c)) => c.peer.to_string(),
+            other => panic!("{s}: {other:?}"),
+        };
+        assert_eq!(soft("soft"), "127.0.0.1:4791");
+        assert_eq!(soft(" soft:10.0.0.2:4792 "), "10.0.0.2:4792");
+        #[cfg(feature = "verbs")]
+        match RequesterConfig::parse("verbs:rxe0:1:3", 16) {
+            Ok(RequesterConfig::Verbs(v)) => {
+                assert_eq!((v.device.as_str(), v.port, v.gid_index, v.depth), ("rxe0", 1, 3, 16));
+            }
+            other => panic!("{other:?}"),
+        }
+        #[cfg(not(feature = "verbs"))]
+        assert!(RequesterConfig::parse("verbs:rxe0:1:3", 16).unwrap_err().contains("without its `verbs` feature"));
+        let err = |s: &str| RequesterConfig::parse(s, 64).unwrap_err();
+        assert!(err("verbs:rxe0").contains("verbs takes DEVICE:PORT:GID_INDEX"), "{}", err("verbs:rxe0"));
+        assert!(err("verbs::1:1").contains("no device"));
+        assert!(err("verbs:rxe0:x:1").contains("the port is 1 to 255"));
+        assert!(err("verbs:rxe0:0:1").contains("the port is 1 to 255"));
+        assert!(err("verbs:rxe0:1:300").contains("the GID index is 0 to 255"));
+        assert!(err("soft:nowhere").contains("not ADDR:PORT"));
+        assert!(err("ucx").contains("requester 'ucx': unknown kind"));
+        assert!(err("ucx").contains(REQUESTER_SPECS));
+    }
 
     #[test]
     fn the_bindings_configuration_names_what_is_wrong() {

@@ -1,11 +1,14 @@
 //! The control client: TCP connection with deadlines, the v2 HELLO and records (docs/wire-protocol.md,
 //! "Protocol v2"), and request/answer calls.
 //!
-//! QEMU user networking accepts a forwarded TCP connection before the guest listens, then closes it; so
-//! [`Client::connect_and_hello`] retries the whole connect + HELLO while nothing has come back from the server,
-//! until [`Timeouts::retry_for`] has passed. Refused, closed or reset attempts are retried every
-//! [`RETRY_PAUSE`] (50 ms), never longer: a client started before its appliance connects within that of the
-//! appliance starting to listen (a booting appliance is the common case), and 20 attempts a second is no load.
+//! QEMU user networking accepts a forwarded TCP connection before the guest listens, then either closes it or
+//! holds it while its SYN to the guest is retransmitted (seconds apart); so [`Client::connect_and_hello`] retries
+//! the whole connect + HELLO while nothing has come back from the server, until [`Timeouts::retry_for`] has
+//! passed. A new connection is opened every [`RETRY_PAUSE`] (50 ms), never less often, while none has been
+//! answered: refused, closed or reset ones are replaced, and a silent one is kept (its patience grows: 1 s, 2 s,
+//! 4 s … for a slow server) beside up to [`PROBES`] fresh ones of [`PROBE_LIFE`] each, the first to answer
+//! taking the session. So a client started before its appliance connects within about 50 ms of the appliance
+//! listening (a booting appliance is the common case), and 20 attempts a second is no load.
 
 use leasebox_proto::v2::{self, Announce, Initiator, Transport};
 use leasebox_proto::{
@@ -26,6 +29,43 @@ pub const VERSION_MAX: u16 = 2;
 /// Pause between connection attempts: fixed, so the wait after the appliance starts to listen is at most this
 /// (plus the connect and HELLO themselves), and never a spin.
 pub const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// Fresh connections kept beside a silent one, each for [`PROBE_LIFE`] (see the module documentation).
+pub const PROBES: usize = 3;
+pub const PROBE_LIFE: Duration = Duration::from_millis(250);
+/// How often the silent connections are looked at for an answer.
+const LOOK_EVERY: Duration = Duration::from_millis(2);
+
+/// A connection whose HELLO is sent, waiting for the server's first byte until `until`.
+struct Attempt {
+    c: Client,
+    init: Initiator,
+    id: u32,
+    until: Instant,
+}
+
+/// What a silent connection has to say now.
+enum Heard {
+    Nothing,
+    Something,
+    Gone(ClientError),
+}
+
+fn heard(stream: &TcpStream) -> Heard {
+    let mut b = [0u8; 1];
+    if let Err(e) = stream.set_nonblocking(true) {
+        return Heard::Gone(e.into());
+    }
+    let r = stream.peek(&mut b);
+    if let Err(e) = stream.set_nonblocking(false) {
+        return Heard::Gone(e.into());
+    }
+    match r {
+        Ok(0) => Heard::Gone(ClientError::Io(io::Error::new(ErrorKind::UnexpectedEof, "closed before HELLO's answer"))),
+        Ok(_) => Heard::Something,
+        Err(e) if e.kind() == ErrorKind::WouldBlock => Heard::Nothing,
+        Err(e) => Heard::Gone(e.into()),
+    }
+}
 
 /// How long to wait for what.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -258,8 +298,27 @@ impl Client {
     fn connect_until(addr: &str, timeouts: Timeouts, deadline: Instant) -> Result<Client, ClientError> {
         let addrs = resolve(addr)?;
         loop {
+            let e = match Self::connect_once(addr, &addrs, timeouts, deadline) {
+                Ok(c) => return Ok(c),
+                Err(e) => e,
+            };
+            if !e.retryable() || Instant::now() + RETRY_PAUSE >= deadline {
+                return Err(e);
+            }
+            std::thread::sleep(RETRY_PAUSE);
+        }
+    }
+
+    /// One try at each of `addrs`, each waiting at most `timeouts.connect` and not past `deadline`.
+    fn connect_once(
+        addr: &str,
+        addrs: &[SocketAddr],
+        timeouts: Timeouts,
+        deadline: Instant,
+    ) -> Result<Client, ClientError> {
+        {
             let mut last = None;
-            for sa in &addrs {
+            for sa in addrs {
                 let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
                 match TcpStream::connect_timeout(sa, timeouts.connect.min(left)) {
                     Ok(stream) => {
@@ -282,11 +341,7 @@ impl Client {
                 }
             }
             let e = last.unwrap_or_else(|| io::Error::other("no address to connect to"));
-            let e = ClientError::Io(io::Error::new(e.kind(), format!("connecting to {addr}: {e}")));
-            if !e.retryable() || Instant::now() + RETRY_PAUSE >= deadline {
-                return Err(e);
-            }
-            std::thread::sleep(RETRY_PAUSE);
+            Err(ClientError::Io(io::Error::new(e.kind(), format!("connecting to {addr}: {e}"))))
         }
     }
 
@@ -298,27 +353,85 @@ impl Client {
         timeouts: Timeouts,
     ) -> Result<(Client, Welcome), ClientError> {
         let deadline = Instant::now() + timeouts.retry_for;
-        for attempt in 0u32.. {
-            let mut c = Self::connect_until(addr, timeouts, deadline)?;
-            let left = deadline.saturating_duration_since(Instant::now());
-            // Attempts wait 1 s, 2 s, 4 s … for the server's first answer: a connection QEMU accepted while the
-            // guest's NIC was not up yet may wait on QEMU's SYN retransmissions, and a fresh one is quicker.
-            let patience = Duration::from_secs(1 << attempt.min(6));
-            c.first_wait = Some(patience.min(timeouts.receive).min(left).max(Duration::from_millis(100)));
-            match c.hello(&who.name, &who.key) {
-                Ok(w) => return Ok((c, w)),
-                Err(e) if e.retryable() && !c.heard && Instant::now() + RETRY_PAUSE < deadline => {
-                    drop(c);
-                    std::thread::sleep(RETRY_PAUSE);
-                }
-                // Out of time while the server stayed silent: say how long we tried in all.
-                Err(ClientError::Timeout { .. }) if !c.heard => {
-                    return Err(ClientError::Timeout { what: "answer to HELLO", after: timeouts.retry_for });
-                }
-                Err(e) => return Err(e),
+        let addrs = resolve(addr)?;
+        // The connection kept while silent (its patience doubling from 1 s), and fresh ones beside it.
+        let mut kept: Option<Attempt> = None;
+        let mut probes: VecDeque<Attempt> = VecDeque::new();
+        let (mut kept_count, mut next_open) = (0u32, Instant::now());
+        let mut last: Option<ClientError> = None;
+        loop {
+            let now = Instant::now();
+            if kept.as_ref().is_some_and(|a| now >= a.until) {
+                kept = None;
             }
+            probes.retain(|a| now < a.until);
+            if now >= deadline {
+                return Err(match last {
+                    Some(e) if kept.is_none() && probes.is_empty() && !matches!(e, ClientError::Timeout { .. }) => e,
+                    _ => ClientError::Timeout { what: "answer to HELLO", after: timeouts.retry_for },
+                });
+            }
+            if now >= next_open && (kept.is_none() || probes.len() < PROBES) {
+                next_open = now + RETRY_PAUSE;
+                // Nothing is waiting: wait here for the listener (refused connections, every RETRY_PAUSE).
+                let c = if kept.is_none() && probes.is_empty() {
+                    Self::connect_until(addr, timeouts, deadline)?
+                } else {
+                    match Self::connect_once(addr, &addrs, timeouts, deadline) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            last = Some(e);
+                            continue;
+                        }
+                    }
+                };
+                let left = deadline.saturating_duration_since(Instant::now());
+                let life = if kept.is_none() {
+                    kept_count += 1;
+                    Duration::from_secs(1 << (kept_count - 1).min(6))
+                } else {
+                    PROBE_LIFE
+                };
+                let until = Instant::now() + life.min(timeouts.receive).min(left).max(Duration::from_millis(100));
+                match Self::hello_send(c, &who.name, &who.key) {
+                    Ok((c, init, id)) if kept.is_none() => kept = Some(Attempt { c, init, id, until }),
+                    Ok((c, init, id)) => probes.push_back(Attempt { c, init, id, until }),
+                    Err(e) if e.retryable() => last = Some(e),
+                    Err(e) => return Err(e),
+                }
+            }
+            // The first connection the server answers on takes the session.
+            let mut answered = None;
+            if let Some(a) = kept.as_ref() {
+                match heard(&a.c.stream) {
+                    Heard::Nothing => {}
+                    Heard::Something => answered = kept.take(),
+                    Heard::Gone(e) => (kept, last) = (None, Some(e)),
+                }
+            }
+            let mut i = 0;
+            while answered.is_none() && i < probes.len() {
+                match heard(&probes[i].c.stream) {
+                    Heard::Nothing => i += 1,
+                    Heard::Something => answered = probes.remove(i),
+                    Heard::Gone(e) => {
+                        probes.remove(i);
+                        last = Some(e);
+                    }
+                }
+            }
+            if let Some(Attempt { mut c, init, id, .. }) = answered {
+                let left = deadline.saturating_duration_since(Instant::now());
+                c.first_wait = Some(timeouts.receive.min(left).max(Duration::from_millis(100)));
+                match c.hello_finish(init, id) {
+                    Ok(w) => return Ok((c, w)),
+                    Err(e) if e.retryable() && !c.heard => last = Some(e),
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
+            std::thread::sleep(LOOK_EVERY);
         }
-        unreachable!("the loop returns")
     }
 
     /// The v2 HELLO on this connection (docs/wire-protocol.md, "Protocol v2"): Noise NNpsk0 under the key's
@@ -334,6 +447,12 @@ impl Client {
     /// [`Client::hello`] with the given ephemeral private key (tests; nothing that ships calls it with anything
     /// but fresh random bytes).
     pub fn hello_with(&mut self, name: &str, key: &[u8], e: [u8; 32]) -> Result<Welcome, ClientError> {
+        let (init, id) = self.hello_start(name, key, e)?;
+        self.hello_finish(init, id)
+    }
+
+    /// Sends HELLO with the ephemeral private key `e`: the handshake's state and the request id.
+    fn hello_start(&mut self, name: &str, key: &[u8], e: [u8; 32]) -> Result<(Initiator, u32), ClientError> {
         // `NAME[#ID]@APPLIANCE`: the appliance this HELLO is meant for (its `appliance=`), bound into the
         // prologue, so that it fails on any other appliance holding the same key (docs/security.md,
         // "Appliance identity").
@@ -351,7 +470,21 @@ impl Client {
         let prologue = v2::prologue_for(VERSION_MIN, VERSION_MAX, key_id, name, appliance);
         let (init, msg1) = Initiator::start(&prologue, &v2::psk_from_key(key), e);
         let h = HelloNoise { min_version: VERSION_MIN, max_version: VERSION_MAX, key_id, name: name.into(), msg1 };
-        let msg2 = match self.call(&Request::Hello(Hello::Noise(h)))? {
+        let id = self.send(&Request::Hello(Hello::Noise(h)))?;
+        Ok((init, id))
+    }
+
+    /// Sends HELLO on a fresh connection with a fresh ephemeral key; [`Client::hello_finish`] takes its answer.
+    fn hello_send(mut c: Client, name: &str, key: &[u8]) -> Result<(Client, Initiator, u32), ClientError> {
+        let mut e = [0u8; 32];
+        random(&mut e)?;
+        let (init, id) = c.hello_start(name, key, e)?;
+        Ok((c, init, id))
+    }
+
+    /// HELLO's answer (request `id`), the session's keys and the key confirmation.
+    fn hello_finish(&mut self, init: Initiator, id: u32) -> Result<Welcome, ClientError> {
+        let msg2 = match self.answer(id, Op::Hello)? {
             Response::Hello(HelloReply::Noise { msg2 }) => msg2,
             other => return Err(ClientError::Protocol(format!("expected a HELLO v2 answer, got {other:?}"))),
         };
@@ -391,6 +524,11 @@ impl Client {
     /// Sends `req` and waits for its answer: `Ok` for a response, [`ClientError::Server`] for an error frame.
     pub fn call(&mut self, req: &Request) -> Result<Response, ClientError> {
         let id = self.send(req)?;
+        self.answer(id, req.op())
+    }
+
+    /// The answer to request `id` of `op`: `Ok` for a response, [`ClientError::Server`] for an error frame.
+    fn answer(&mut self, id: u32, op: Op) -> Result<Response, ClientError> {
         let a = self.receive()?;
         if a.header.request_id != id {
             // Request id 0 carries session-level news (TIMEOUT, BUSY) that is not an answer to anything.
@@ -402,12 +540,8 @@ impl Client {
                 a.header.request_id
             )));
         }
-        if a.header.op != req.op() as u16 {
-            return Err(ClientError::Protocol(format!(
-                "answer to {} carries op {:#06x}",
-                req.op().name(),
-                a.header.op
-            )));
+        if a.header.op != op as u16 {
+            return Err(ClientError::Protocol(format!("answer to {} carries op {:#06x}", op.name(), a.header.op)));
         }
         a.body.map_err(ClientError::Server)
     }

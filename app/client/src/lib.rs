@@ -52,7 +52,7 @@ mod session;
 pub mod setup;
 
 pub use batch::{Completed, Op, Ticket, Wait};
-pub use client::{AllocOptions, Appliance, Client, ClientConfig, RequesterConfig};
+pub use client::{AllocOptions, Appliance, Client, ClientConfig, REQUESTER_SPECS, RequesterConfig};
 pub use connection::Client as Connection;
 pub use connection::{Answer, ClientError, Credentials, DEFAULT_PORT, Timeouts, Welcome};
 pub use engine::{DEFAULT_QUEUE_DEPTH, MAX_QUEUE_DEPTH};
@@ -63,4 +63,7 @@ pub use lease::Lease;
 /// TLS and authentication to etcd ([`FleetConfig::etcd_tls`], [`FleetConfig::etcd_user`]).
 pub use leasebox_fleet::{EtcdUser, TlsFiles};
 pub use leasebox_proto::{LeaseId, Outcome};
+/// A verbs device's configuration ([`RequesterConfig::Verbs`]).
+#[cfg(feature = "verbs")]
+pub use rdma::verbs::VerbsConfig;
 pub use region::Region;

@@ -562,7 +562,8 @@ impl VerbsLeases {
                 self.stats.revoke_us.record(u64::from(elapsed_us));
             }
         }
-        if cause != Cause::Free {
+        // `revoke_notices=off` withholds the notice (a diagnostic for clients' QUERY fallback).
+        if cause != Cause::Free && self.opts.revoke_notices {
             let lease = self.id(slot as usize, generation);
             self.notices.push((tenant, Notice::Revoked { lease, outcome }));
         }

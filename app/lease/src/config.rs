@@ -52,6 +52,9 @@ pub struct Config {
     pub order: RevokeOrder,
     /// Whether a REVOKE may ask for the other order (admin only).
     pub allow_order_override: bool,
+    /// Whether a revoke's owner gets a Revoked notice (`revoke_notices=`; off only to test clients' fallback,
+    /// a failed completion followed by QUERY).
+    pub revoke_notices: bool,
     /// The outcome of a revoke is answered within this long in every case.
     pub revoke_deadline_ms: u64,
     /// FENCE-TEST (only with the `fence-test` feature).
@@ -98,6 +101,7 @@ impl Default for Config {
             uncleared: Vec::new(),
             scrub_budget_us: 500,
             allow_order_override: true,
+            revoke_notices: true,
             revoke_deadline_ms: 1_000,
             fence_test: false,
             ack_timeout: 14,

@@ -32,6 +32,9 @@ pub struct LeaseOptions {
     pub order: RevokeOrder,
     /// `allow_order_override=on|off`: whether the admin's REVOKE may ask for the other order.
     pub allow_order_override: bool,
+    /// `revoke_notices=on|off`: whether a revoke's owner is told by a Revoked notice. `off` is a diagnostic that
+    /// makes clients learn of revokes the other way (a failed completion, then QUERY), to test that path.
+    pub revoke_notices: bool,
     /// `fence_test=on|off` (only in images built with the `fence-test` feature).
     pub fence_test: bool,
     /// `rdma_ip=a.b.c.d`: the RDMA port's IPv4 address, programmed as a RoCEv2 GID (IPv4-mapped) that lease
@@ -67,6 +70,7 @@ impl LeaseOptions {
         heartbeat_renews: true,
         order: RevokeOrder::MkeyFirst,
         allow_order_override: true,
+        revoke_notices: true,
         fence_test: false,
         rdma_ip: None,
         rdma_dscp: 0,
@@ -122,6 +126,7 @@ impl LeaseOptions {
                 }
             }
             "allow_order_override" => self.allow_order_override = on_off(value)?,
+            "revoke_notices" => self.revoke_notices = on_off(value)?,
             "fence_test" => self.fence_test = on_off(value)?,
             "rdma_ip" => {
                 let ip: core::net::Ipv4Addr = value.parse().map_err(|_| "expected an IPv4 address a.b.c.d")?;
@@ -152,6 +157,10 @@ mod tests {
         assert_eq!(o.apply("allow_order_override", "off"), Ok(true));
         assert!(!o.allow_order_override);
         assert!(o.apply("allow_order_override", "maybe").is_err());
+        assert!(o.revoke_notices, "notices are on by default");
+        assert_eq!(o.apply("revoke_notices", "off"), Ok(true));
+        assert!(!o.revoke_notices);
+        assert!(o.apply("revoke_notices", "later").is_err());
         assert_eq!(o.apply("lease_grace_ms", "0"), Ok(true));
         assert_eq!(o.apply("port", "1"), Ok(false));
         assert_eq!(o.apply("rdma_ip", "10.1.2.3"), Ok(true));

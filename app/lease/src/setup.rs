@@ -231,6 +231,7 @@ impl Config {
             heartbeat_renews: o.heartbeat_renews,
             order: o.order,
             allow_order_override: o.allow_order_override,
+            revoke_notices: o.revoke_notices,
             fence_test: o.fence_test,
             tclass: o.rdma_dscp << 2,
             eth_prio: o.rdma_prio,

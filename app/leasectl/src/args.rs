@@ -8,6 +8,7 @@ use leasebox_proto::{AllocReq, LeaseId, MAX_NAME, Request, access};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::bench_data::BenchDataArgs;
 use crate::verify::command::VerifyArgs;
 
 /// Flags that apply to every command.
@@ -41,6 +42,8 @@ pub enum Command {
     Drain { tenant: Option<String>, notice_ms: u32 },
     /// The revoke verifier.
     Verify(Box<VerifyArgs>),
+    /// The data path's figures (copying vs zero copy, sizes × depths) on one lease.
+    BenchData(Box<BenchDataArgs>),
     /// A completion script for `shell` on stdout.
     Completions(Shell),
     /// `fleet list`: the appliances etcd advertises (docs/fleet.md).
@@ -235,6 +238,12 @@ enum Cmd {
     /// after the outcome and a new lease reads as zeros. After `verify`, --timeout and --retry-cnt are the
     /// requester QP's; qp-first sends REVOKE qp_first as the admin (admin_key in the file, or --admin-key).
     Verify(Box<VerifyArgs>),
+    /// The client library's data path: copying vs zero copy, 4 KiB / 64 KiB / 1 MiB, depth 1 / 16 / 64
+    ///
+    /// One client, one lease: for each size, WRITEs then READs through the copying calls (one at a time) and
+    /// zero copy from a registered region with 1, 16 and 64 operations in flight; operations/s and MiB/s per
+    /// cell. --backend verbs runs on a real RDMA device (a leasectl built with --features verbs).
+    BenchData(Box<BenchDataArgs>),
     /// The fleet in etcd (docs/fleet.md)
     Fleet {
         #[command(subcommand)]
@@ -309,6 +318,7 @@ pub fn parse(args: &[String]) -> Result<Invocation, clap::Error> {
             (timeout, Command::Drain { tenant: cli.global.tenant.take(), notice_ms })
         }
         Cmd::Verify(v) => (Timeout { timeout: None }, Command::Verify(v)),
+        Cmd::BenchData(b) => (Timeout { timeout: None }, Command::BenchData(b)),
         Cmd::Completions { shell } => (Timeout { timeout: None }, Command::Completions(shell)),
         Cmd::Fleet {
             sub: FleetCmd::List { etcd, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password_file },
@@ -718,6 +728,31 @@ mod tests {
         let filled = with_boot(&Request::Free { lease: id(3, 17) }, b);
         assert_eq!(filled, Request::Free { lease: LeaseId { boot_id: b, ..id(3, 17) } });
         assert_eq!(with_boot(&Request::Free { lease: want }, b), Request::Free { lease: want });
+    }
+
+    #[test]
+    fn bench_data_flags() {
+        assert!(matches!(cmd(&["bench-data"]), Command::BenchData(_)));
+        let i = p(&[
+            "--timeout",
+            "30",
+            "--json",
+            "bench-data",
+            "--per-ms",
+            "200",
+            "--backend",
+            "verbs",
+            "--device",
+            "rxe0",
+            "--gid-index",
+            "1",
+        ])
+        .unwrap();
+        assert!(i.global.json && matches!(i.command, Command::BenchData(_)));
+        assert_eq!(i.global.timeout, Some(Duration::from_secs(30)));
+        assert!(err(&["bench-data", "--per-ms", "5"]).contains("--per-ms"));
+        assert!(err(&["bench-data", "--span", "4K"]).contains("--span"));
+        assert!(err(&["bench-data", "--backend", "rdma"]).contains("possible values"));
     }
 
     #[test]

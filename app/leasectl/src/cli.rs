@@ -38,6 +38,7 @@ pub fn run(args: &[String], env: &dyn Fn(&str) -> Option<String>, out: &mut dyn 
     };
     match &inv.command {
         Command::Verify(v) => return crate::verify::command::main(v, &inv.global, env, out, err),
+        Command::BenchData(b) => return crate::bench_data::main(b, &inv.global, env, out, err),
         Command::Completions(shell) => {
             args::completions(*shell, out);
             return exit::OK;
@@ -147,7 +148,7 @@ fn execute(command: &Command, s: &Settings, json: bool) -> Result<String, Client
     let (mut c, welcome) = Client::connect_and_hello(&s.addr, &s.who, s.timeouts)?;
     let connect = t0.elapsed();
     let text = match command {
-        Command::Verify(_) | Command::Completions(_) | Command::FleetList { .. } => {
+        Command::Verify(_) | Command::BenchData(_) | Command::Completions(_) | Command::FleetList { .. } => {
             unreachable!("run before connecting")
         }
         Command::Ping => {

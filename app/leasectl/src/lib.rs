@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod args;
+pub mod bench_data;
 pub mod cli;
 pub mod config;
 pub mod fleet;

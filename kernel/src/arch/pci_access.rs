@@ -6,6 +6,7 @@ use crate::pci::{Bdf, ConfigAccess};
 use spin::Mutex;
 
 /// One MCFG segment range, mapped uncached by the caller.
+#[derive(Clone, Copy)]
 pub struct Ecam {
     pub base: u64,
     pub segment: u16,
@@ -39,6 +40,56 @@ impl ConfigAccess for Ecam {
         if let Some(p) = self.addr(a, offset) {
             // SAFETY: as in `read32`.
             unsafe { super::mmio::write(p as *mut u32, value) }
+        }
+    }
+}
+
+/// Every MCFG window the kernel mapped, one per segment and bus range: an access goes to the window that holds
+/// its segment and bus, and reads all-ones (writes nothing) outside them.
+pub struct EcamSet {
+    windows: [Ecam; crate::acpi::MAX_ECAM],
+    len: usize,
+}
+
+impl EcamSet {
+    pub const fn new() -> Self {
+        EcamSet { windows: [Ecam { base: 0, segment: 0, start_bus: 1, end_bus: 0 }; crate::acpi::MAX_ECAM], len: 0 }
+    }
+
+    /// Adds a window; `false` when the set is full.
+    pub fn push(&mut self, e: Ecam) -> bool {
+        match self.windows.get_mut(self.len) {
+            Some(slot) => {
+                *slot = e;
+                self.len += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn windows(&self) -> &[Ecam] {
+        &self.windows[..self.len]
+    }
+
+    fn window(&self, a: Bdf) -> Option<&Ecam> {
+        self.windows().iter().find(|w| w.segment == a.segment && (w.start_bus..=w.end_bus).contains(&a.bus))
+    }
+}
+
+impl Default for EcamSet {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ConfigAccess for EcamSet {
+    fn read32(&self, a: Bdf, offset: u16) -> u32 {
+        self.window(a).map_or(u32::MAX, |w| w.read32(a, offset))
+    }
+    fn write32(&self, a: Bdf, offset: u16, value: u32) {
+        if let Some(w) = self.window(a) {
+            w.write32(a, offset, value)
         }
     }
 }
@@ -101,7 +152,7 @@ impl LegacyPorts {
 
 /// The configuration access the kernel enumerated with, kept for drivers (`Platform::pci_access`).
 pub enum PciAccess {
-    Ecam(Ecam),
+    Ecam(EcamSet),
     Ports(LegacyPorts),
 }
 

@@ -3,11 +3,12 @@
 //! error with a message on the console, never undefined behaviour.
 
 use super::memory::{self, FRAMES, IdentityMem};
-use super::pci_access::{Ecam, LegacyPorts, PciAccess};
+use super::pci_access::{Ecam, EcamSet, LegacyPorts, PciAccess};
 use super::{boot, descriptors, lapic::Lapic, logger, percpu, serial, smp, tsc};
 use crate::acpi::{self, AcpiInfo};
 use crate::bootinfo::{self, BootInfo, RegionKind};
 use crate::config::{Config, OptionParser, Redacted};
+use crate::console::{ConsoleChoice, SpcrConsole, Uart};
 use crate::frames::FrameAllocator;
 use crate::pci::{self, PciBus};
 use crate::physmem::PhysMem;
@@ -133,11 +134,33 @@ fn find_acpi(boot: &BootInfo) -> Option<AcpiInfo> {
                 a.ecam().len(),
                 a.lapic_addr
             );
+            if a.skipped_cpus() > 0 {
+                log::warn!(
+                    "acpi: {} more usable processors than the {} the kernel drives; they stay parked",
+                    a.skipped_cpus(),
+                    acpi::MAX_CPUS
+                );
+            }
             Some(a)
         }
         Err(e) => {
             log::error!("acpi: {e}; running on one CPU without ECAM");
             None
+        }
+    }
+}
+
+/// Without `console=`: the SPCR's UART when it is one the kernel drives, else COM1 where it is.
+fn settle_console(acpi: Option<&AcpiInfo>) {
+    match acpi.and_then(|a| a.spcr) {
+        Some(SpcrConsole::Uart(u)) => {
+            serial::select(Some(u), "ACPI SPCR");
+            log::info!("console: {u} (ACPI SPCR)");
+        }
+        Some(SpcrConsole::Disabled) | None => serial::select(Some(Uart::COM1), "default"),
+        Some(other) => {
+            serial::select(Some(Uart::COM1), "default");
+            log::warn!("console: the ACPI SPCR names a UART the kernel cannot drive: {other}; staying on COM1");
         }
     }
 }
@@ -190,25 +213,38 @@ mod heapless_line {
 }
 
 fn enumerate_pci(acpi: Option<&AcpiInfo>) -> (PciBus, PciAccess) {
-    let ecam = acpi.and_then(|a| a.ecam().first().copied());
-    let (bus, access) = match ecam {
-        Some(r) => {
+    let regions = acpi.map_or(&[][..], |a| a.ecam());
+    let mut bus = PciBus::new();
+    let access = if regions.is_empty() {
+        log::info!("pci: no MCFG, using configuration ports 0xCF8/0xCFC");
+        bus.scan_segment(&LegacyPorts, 0, 0, 255);
+        PciAccess::Ports(LegacyPorts)
+    } else {
+        let mut set = EcamSet::new();
+        for r in regions {
             let buses = u64::from(r.end_bus - r.start_bus) + 1;
             let base = r.base + (u64::from(r.start_bus) << 20);
             if let Err(e) = memory::map_mmio(base, buses << 20) {
                 fatal!("mapping ECAM {base:#x}: {e}");
             }
             log::info!("pci: ECAM at {base:#x} segment {} buses {}-{}", r.segment, r.start_bus, r.end_bus);
-            let access = Ecam { base, segment: r.segment, start_bus: r.start_bus, end_bus: r.end_bus };
-            (pci::enumerate(&access, r.segment, r.start_bus, r.end_bus), PciAccess::Ecam(access))
+            // Both hold at most `acpi::MAX_ECAM` regions.
+            let _ = set.push(Ecam { base, segment: r.segment, start_bus: r.start_bus, end_bus: r.end_bus });
         }
-        None => {
-            log::info!("pci: no MCFG, using configuration ports 0xCF8/0xCFC");
-            (pci::enumerate(&LegacyPorts, 0, 0, 255), PciAccess::Ports(LegacyPorts))
+        for w in set.windows() {
+            bus.scan_segment(&set, w.segment, w.start_bus, w.end_bus);
         }
+        PciAccess::Ecam(set)
     };
-    if acpi.is_some_and(|a| a.ecam().len() > 1) {
-        log::warn!("pci: only the first ECAM segment is enumerated");
+    if bus.peer_roots() > 0 {
+        use core::fmt::Write;
+        let mut line = heapless_line::Line::new();
+        let _ = write!(line, "pci: root buses");
+        for r in bus.roots() {
+            let _ = write!(line, " {:04x}:{:02x}", r.segment, r.bus);
+        }
+        let _ = write!(line, " ({} found by probing for peer host bridges)", bus.peer_roots());
+        log::info!("{}", line.as_str());
     }
     for f in bus.functions() {
         log_function(f);
@@ -236,6 +272,14 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
     };
     let config = config_from(boot);
     log::set_max_level(config.log);
+    match config.console {
+        Some(ConsoleChoice::Uart(u)) => {
+            serial::select(Some(u), "console=");
+            log::info!("console: {u} (console=)");
+        }
+        Some(ConsoleChoice::None) => serial::select(None, "console=none"),
+        None => {} // the ACPI SPCR may name a port; decided once the tables are read
+    }
     log::info!(
         "leasebox {} booting via {:?}; cmdline \"{}\"",
         env!("CARGO_PKG_VERSION"),
@@ -279,6 +323,9 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
 
     let t_acpi = time::Instant::now();
     let acpi = find_acpi(boot).map(|a| ACPI.call_once(|| a));
+    if config.console.is_none() {
+        settle_console(acpi);
+    }
     let lapic = match acpi.map(|_| Lapic::init()) {
         Some(Ok(l)) => Some(l),
         Some(Err(e)) => {

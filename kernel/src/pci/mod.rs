@@ -6,10 +6,14 @@
 //! traversal, the Command register, and the capability list. The PCI Express Base Specification keeps the same
 //! layout in the first 256 bytes, which is all this module reads.
 //!
+//! Root buses that no bridge leads to (a server's peer host bridges) are found by probing every bus the bridge
+//! walk did not reach (docs/reference/pci-peer-host-bridges.md).
+//!
 //! The bus is reached through [`ConfigAccess`]: the kernel implements it over ECAM (from the ACPI MCFG) or the
 //! legacy 0xCF8/0xCFC ports, and host tests over a fake configuration space. Everything here is therefore safe
 //! code with fixed-size results.
 
+use alloc::vec::Vec;
 use core::fmt;
 
 /// Access to configuration space. Offsets are dword-aligned and below 4096 (256 without ECAM).
@@ -129,8 +133,12 @@ const CAP_MIN_OFFSET: u8 = 0x40;
 /// At most (256 - 64) / 4 distinct capabilities fit, so more steps mean a loop.
 const CAP_MAX_STEPS: u8 = 48;
 
-/// Functions kept by [`enumerate`].
-pub const MAX_FUNCTIONS: usize = 64;
+/// Functions kept by [`enumerate`]. A two-socket server lists a few hundred (each IIO stack's root ports and
+/// uncore functions, the uncore buses at the top of each socket's range with a hundred or more); the list is
+/// in bus order, so the uncore buses are the ones cut. Kept on the heap (about 170 bytes a function).
+pub const MAX_FUNCTIONS: usize = 256;
+/// Root buses listed by [`PciBus::roots`].
+pub const MAX_ROOTS: usize = 16;
 
 /// A PCI function found by [`enumerate`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,36 +157,26 @@ pub struct Function {
 }
 
 impl Function {
-    const EMPTY: Function = Function {
-        bdf: Bdf::new(0, 0, 0, 0),
-        vendor: 0,
-        device: 0,
-        class: 0,
-        subclass: 0,
-        prog_if: 0,
-        revision: 0,
-        header_type: 0,
-        bars: [Bar::None; 6],
-    };
-
     /// Whether this is a PCI-to-PCI bridge (type 1 header).
     pub fn is_bridge(&self) -> bool {
         self.header_type & HEADER_TYPE_MASK == HEADER_TYPE_BRIDGE
     }
 }
 
-/// The functions found on a segment.
+/// The functions found on the machine's segments.
 #[derive(Clone)]
 pub struct PciBus {
-    functions: [Function; MAX_FUNCTIONS],
-    len: usize,
+    functions: Vec<Function>,
     truncated: bool,
+    roots: [Bdf; MAX_ROOTS],
+    roots_len: usize,
+    peer_roots: usize,
 }
 
 impl PciBus {
-    /// Functions in discovery order (depth-first: a bridge's subtree right after the bridge).
+    /// Functions in discovery order (per root bus, depth-first: a bridge's subtree right after the bridge).
     pub fn functions(&self) -> &[Function] {
-        &self.functions[..self.len]
+        &self.functions
     }
 
     /// Functions with the given vendor and device ID.
@@ -198,16 +196,12 @@ impl PciBus {
 
     /// Records `f`; `false` (and the truncated mark) when full.
     fn push(&mut self, f: Function) -> bool {
-        match self.functions.get_mut(self.len) {
-            Some(slot) => {
-                *slot = f;
-                self.len += 1;
-                true
-            }
-            None => {
-                self.truncated = true;
-                false
-            }
+        if self.functions.len() < MAX_FUNCTIONS {
+            self.functions.push(f);
+            true
+        } else {
+            self.truncated = true;
+            false
         }
     }
 }
@@ -226,54 +220,131 @@ struct Cursor {
     function: u8,
 }
 
-/// Enumerates segment `segment` from `start_bus`, descending through PCI-to-PCI bridges whose secondary bus
-/// lies in `[start_bus, end_bus]`. Each bus is scanned once, whatever the bridges claim, so misprogrammed
-/// bus numbers cannot loop. BARs are sized on the way (see [`read_bars`]).
-pub fn enumerate<C: ConfigAccess>(cfg: &C, segment: u16, start_bus: u8, end_bus: u8) -> PciBus {
-    let mut out = PciBus { functions: [Function::EMPTY; MAX_FUNCTIONS], len: 0, truncated: false };
-    let mut visited = [false; 256];
-    // One cursor per bus on the current path; each bus is entered at most once, so 256 suffice.
-    let mut stack = [Cursor { bus: 0, device: 0, function: 0 }; 256];
-    let mut depth = 0;
-    if start_bus > end_bus {
-        return out;
+impl PciBus {
+    /// An empty list, to be filled by [`PciBus::scan_segment`] (once per ECAM segment).
+    pub const fn new() -> Self {
+        PciBus {
+            functions: Vec::new(),
+            truncated: false,
+            roots: [Bdf::new(0, 0, 0, 0); MAX_ROOTS],
+            roots_len: 0,
+            peer_roots: 0,
+        }
     }
-    visited[usize::from(start_bus)] = true;
-    stack[0] = Cursor { bus: start_bus, device: 0, function: 0 };
-    depth += 1;
 
-    while depth > 0 {
-        let cur = stack[depth - 1];
-        if cur.device == 32 {
-            depth -= 1;
-            continue;
+    /// The root buses the walks started from, as `segment:bus:00.0`: the first bus of each segment, then each
+    /// peer root bus found by probing (at most [`MAX_ROOTS`] listed; all of them are walked).
+    pub fn roots(&self) -> &[Bdf] {
+        &self.roots[..self.roots_len]
+    }
+
+    /// How many root buses besides each segment's first were found by probing.
+    pub fn peer_roots(&self) -> usize {
+        self.peer_roots
+    }
+
+    /// Enumerates buses `[start_bus, end_bus]` of `segment` the way a server's firmware lays them out: a
+    /// depth-first walk from `start_bus` through PCI-to-PCI bridges, then a probe of every bus that walk did
+    /// not reach. A bus where function 0 of some slot answers is the root bus of a peer host bridge (one per
+    /// Xeon SP IIO stack or EPYC IOHC; QEMU's `pxb`/`pxb-pcie`), which no bridge on `start_bus` leads to, and is
+    /// walked the same way (docs/reference/pci-peer-host-bridges.md). Each bus is scanned once, whatever the
+    /// bridges claim, so misprogrammed bus numbers cannot loop. BARs are sized on the way (see [`read_bars`]).
+    ///
+    /// The probe costs 32 configuration reads per unreached bus (function 0 of each slot; an absent function
+    /// reads vendor 0xFFFF).
+    pub fn scan_segment<C: ConfigAccess>(&mut self, cfg: &C, segment: u16, start_bus: u8, end_bus: u8) {
+        if start_bus > end_bus {
+            return;
         }
-        let bdf = Bdf::new(segment, cur.bus, cur.device, cur.function);
-        let present = cfg.read16(bdf, VENDOR_ID) != VENDOR_ABSENT;
-        let multi = present && cur.function == 0 && cfg.read8(bdf, HEADER_TYPE) & HEADER_MULTI_FUNCTION != 0;
-        // Functions 1-7 exist only behind a present, multi-function function 0; some single-function devices
-        // answer for every function number, so probing them anyway would list ghosts.
-        stack[depth - 1] = if (cur.function == 0 && !multi) || cur.function == 7 {
-            Cursor { device: cur.device + 1, function: 0, ..cur }
-        } else {
-            Cursor { function: cur.function + 1, ..cur }
-        };
-        if !present {
-            continue;
+        let mut visited = [false; 256];
+        if !self.walk(cfg, segment, start_bus, start_bus, end_bus, &mut visited) {
+            return;
         }
-        let f = read_function(cfg, bdf);
-        if !out.push(f) {
-            break;
-        }
-        if f.is_bridge() {
-            let secondary = cfg.read8(bdf, SECONDARY_BUS);
-            if (start_bus..=end_bus).contains(&secondary) && !visited[usize::from(secondary)] {
-                visited[usize::from(secondary)] = true;
-                stack[depth] = Cursor { bus: secondary, device: 0, function: 0 };
-                depth += 1;
+        for bus in start_bus..=end_bus {
+            if visited[usize::from(bus)] || !bus_answers(cfg, segment, bus) {
+                continue;
+            }
+            self.peer_roots += 1;
+            if !self.walk(cfg, segment, bus, start_bus, end_bus, &mut visited) {
+                return;
             }
         }
     }
+
+    /// Walks the tree under root bus `root`; `false` when the list filled up.
+    fn walk<C: ConfigAccess>(
+        &mut self,
+        cfg: &C,
+        segment: u16,
+        root: u8,
+        start_bus: u8,
+        end_bus: u8,
+        visited: &mut [bool; 256],
+    ) -> bool {
+        if let Some(slot) = self.roots.get_mut(self.roots_len) {
+            *slot = Bdf::new(segment, root, 0, 0);
+            self.roots_len += 1;
+        }
+        // One cursor per bus on the current path; each bus is entered at most once, so 256 suffice.
+        let mut stack = [Cursor { bus: 0, device: 0, function: 0 }; 256];
+        visited[usize::from(root)] = true;
+        stack[0] = Cursor { bus: root, device: 0, function: 0 };
+        let mut depth = 1;
+        while depth > 0 {
+            let cur = stack[depth - 1];
+            if cur.device == 32 {
+                depth -= 1;
+                continue;
+            }
+            let bdf = Bdf::new(segment, cur.bus, cur.device, cur.function);
+            let present = cfg.read16(bdf, VENDOR_ID) != VENDOR_ABSENT;
+            let multi = present && cur.function == 0 && cfg.read8(bdf, HEADER_TYPE) & HEADER_MULTI_FUNCTION != 0;
+            // Functions 1-7 exist only behind a present, multi-function function 0; some single-function
+            // devices answer for every function number, so probing them anyway would list ghosts.
+            stack[depth - 1] = if (cur.function == 0 && !multi) || cur.function == 7 {
+                Cursor { device: cur.device + 1, function: 0, ..cur }
+            } else {
+                Cursor { function: cur.function + 1, ..cur }
+            };
+            if !present {
+                continue;
+            }
+            let f = read_function(cfg, bdf);
+            if !self.push(f) {
+                return false;
+            }
+            if f.is_bridge() {
+                let secondary = cfg.read8(bdf, SECONDARY_BUS);
+                if (start_bus..=end_bus).contains(&secondary) && !visited[usize::from(secondary)] {
+                    visited[usize::from(secondary)] = true;
+                    stack[depth] = Cursor { bus: secondary, device: 0, function: 0 };
+                    depth += 1;
+                }
+            }
+        }
+        true
+    }
+}
+
+impl Default for PciBus {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Whether any slot of `bus` has a function 0 (Linux's peer-bridge probe reads the same: the vendor ID of
+/// function 0 of each of the 32 slots, where 0xFFFF and 0x0000 mean nobody answered).
+fn bus_answers<C: ConfigAccess>(cfg: &C, segment: u16, bus: u8) -> bool {
+    (0..32).any(|device| {
+        let vendor = cfg.read16(Bdf::new(segment, bus, device, 0), VENDOR_ID);
+        vendor != VENDOR_ABSENT && vendor != 0
+    })
+}
+
+/// Enumerates one segment (see [`PciBus::scan_segment`]).
+pub fn enumerate<C: ConfigAccess>(cfg: &C, segment: u16, start_bus: u8, end_bus: u8) -> PciBus {
+    let mut out = PciBus::new();
+    out.scan_segment(cfg, segment, start_bus, end_bus);
     out
 }
 
@@ -665,17 +736,80 @@ mod tests {
         assert_eq!(from1.functions()[0].bdf, bdf(1, 0, 0));
     }
 
+    /// q35 with a `pxb-pcie` expander: its host bridge is an ordinary function on bus 0 (class 06.00, type 0
+    /// header), its root bus 0x40 holds a root port to bus 0x41, and the device sits there.
+    fn q35_with_expander() -> FakeCfg {
+        let mut c = q35();
+        c.add(bdf(0, 4, 0), 0x1b36, 0x000b, 0x0600_0000, 0);
+        c.bridge_to(bdf(0x40, 0, 0), 0x41);
+        c.add(bdf(0x41, 0, 0), 0x15b3, 0x1017, 0x0200_0000, 0).bar64(bdf(0x41, 0, 0), 0, 0x80_0000_0000, 1 << 25, true);
+        c
+    }
+
+    #[test]
+    fn peer_root_buses_are_found_by_probing() {
+        let cfg = q35_with_expander();
+        let bus = enumerate(&cfg, 0, 0, 255);
+        let order: Vec<Bdf> = bus.functions().iter().map(|f| f.bdf).collect();
+        // The walk from bus 0 first (the expander's host bridge leads nowhere), then the peer root bus.
+        assert_eq!(&order[order.len() - 2..], [bdf(0x40, 0, 0), bdf(0x41, 0, 0)]);
+        assert_eq!(order.len(), 11);
+        assert_eq!(bus.roots(), [bdf(0, 0, 0), bdf(0x40, 0, 0)]);
+        assert_eq!(bus.peer_roots(), 1);
+        let hca = bus.find(0x15b3, 0x1017).next().expect("the device behind the expander");
+        assert_eq!(hca.bars[0], Bar::Mem64 { addr: 0x80_0000_0000, size: 1 << 25, prefetchable: true });
+        assert!(cfg.violations.borrow().is_empty());
+        // Without the probe (a range ending before 0x40) it is not found: the walk alone never gets there.
+        assert_eq!(enumerate(&cfg, 0, 0, 0x3f).find(0x15b3, 0x1017).count(), 0);
+    }
+
+    #[test]
+    fn peer_probe_is_cheap_and_skips_reached_and_silent_buses() {
+        // Bus 0 alone: the probe reads function 0 of each slot of the 255 other buses, nothing more.
+        let mut cfg = FakeCfg::default();
+        cfg.add(bdf(0, 0, 0), 0x8086, 0x1237, 0x0600_0000, 0);
+        let bus = enumerate(&cfg, 0, 0, 255);
+        assert_eq!(bus.functions().len(), 1);
+        assert_eq!(bus.peer_roots(), 0);
+        let reads = *cfg.reads.borrow();
+        assert!((255 * 32..255 * 32 + 64).contains(&reads), "{reads} reads");
+
+        // A bus reached through a bridge is not walked twice; a bus whose slots read vendor 0 is silent.
+        let mut cfg = q35_with_expander();
+        cfg.add(bdf(0x80, 3, 0), 0x0000, 0x0000, 0, 0);
+        let bus = enumerate(&cfg, 0, 0, 255);
+        assert_eq!(bus.functions().iter().filter(|f| f.bdf.bus == 1).count(), 1);
+        assert_eq!(bus.roots().len(), 2);
+        assert!(bus.functions().iter().all(|f| f.bdf.bus != 0x80));
+    }
+
+    #[test]
+    fn segments_add_up_in_one_list() {
+        let mut cfg = q35();
+        let seg1 = Bdf::new(1, 0x80, 0, 0);
+        cfg.add(seg1, 0x15b3, 0x1018, 0x0200_0000, 0);
+        let mut bus = PciBus::new();
+        bus.scan_segment(&cfg, 0, 0, 255);
+        bus.scan_segment(&cfg, 1, 0x80, 0xff);
+        assert_eq!(bus.find(0x15b3, 0x1018).next().map(|f| f.bdf), Some(seg1));
+        assert_eq!(bus.roots(), [bdf(0, 0, 0), seg1]);
+        // The first bus of a segment is its own root, not a peer found by probing.
+        assert_eq!(bus.peer_roots(), 0);
+        assert_eq!(std::format!("{}", seg1), "0001:80:00.0");
+    }
+
     #[test]
     fn too_many_functions_truncates() {
         let mut cfg = FakeCfg::default();
-        for bus in 0..3u8 {
+        let buses = (MAX_FUNCTIONS / 32 + 1) as u8;
+        for bus in 0..buses {
             for dev in 0..32u8 {
                 cfg.add(bdf(bus, dev, 0), 0x1234, u16::from(bus) << 8 | u16::from(dev), 0, 0);
             }
         }
-        for (bus, secondary) in [(0u8, 1u32), (1, 2)] {
+        for bus in 0..buses - 1 {
             cfg.set(bdf(bus, 31, 0), HEADER_TYPE & !3, u32::from(HEADER_TYPE_BRIDGE) << 16);
-            cfg.set(bdf(bus, 31, 0), 0x18, secondary << 8);
+            cfg.set(bdf(bus, 31, 0), 0x18, u32::from(bus + 1) << 8);
         }
         let bus = enumerate(&cfg, 0, 0, 255);
         assert_eq!(bus.functions().len(), MAX_FUNCTIONS);

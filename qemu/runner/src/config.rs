@@ -22,8 +22,9 @@ use crate::model::{MAX_PC_MODEL_MEM_MIB, ModelFiles, RAM_ID};
 pub const DEFAULT_MEM_MIB: u32 = 256;
 /// The default CPU model. `max` exposes everything TCG can emulate.
 pub const DEFAULT_CPU: &str = "max";
-/// The largest `-smp` value accepted (QEMU's q35 limit is higher; the appliance uses a handful of cores).
-pub const MAX_SMP: u32 = 64;
+/// The largest `-smp` value accepted: the most xAPIC IDs (QEMU needs interrupt remapping for more; the
+/// appliance uses a handful of cores and keeps the rest parked, which the `kernel-smp72-q35` scenario checks).
+pub const MAX_SMP: u32 = 255;
 /// The I/O port of `isa-debug-exit`; the kernel writes 1 there on a fatal error.
 pub const DEBUG_EXIT_IOBASE: u16 = 0xf4;
 
@@ -63,6 +64,19 @@ impl FromStr for Machine {
         }
     }
 }
+
+/// Where the mlx5 model's ivshmem function sits: on the first root bus (the default), or behind a PCI expander
+/// bridge, a second root bus numbered [`EXPANDER_BUS`] that no bridge on bus 0 leads to, as a server's peer
+/// host bridges (docs/reference/pci-peer-host-bridges.md). q35 gets `pxb-pcie` with a PCIe root port on it and
+/// the device behind the port; `pc` gets `pxb` with the device on its bus.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelSlot {
+    RootBus,
+    Expander,
+}
+
+/// The expander's root bus number (`bus_nr=`).
+pub const EXPANDER_BUS: u8 = 0x40;
 
 /// A virtio-net NIC on QEMU's user-mode (slirp) network, with one TCP port forwarded from the host. The
 /// device is `virtio-net-pci`, QEMU's transitional virtio-net (legacy and modern interfaces).
@@ -175,6 +189,11 @@ pub struct QemuConfig {
     /// The mlx5 model's shared files: guest RAM from the RAM file (`-machine ...,memory-backend=`) and the
     /// BAR file as `ivshmem-plain` (see [`crate::model`]).
     pub model: Option<ModelFiles>,
+    /// Where the model's ivshmem function goes.
+    pub model_slot: ModelSlot,
+    /// COM1's output to this file instead of stdio, and COM2 on stdio: what the runner reads is then the
+    /// second serial port (a server whose Serial-over-LAN is COM2; the kernel's `console=ttyS1`).
+    pub com1_file: Option<PathBuf>,
     /// Extra arguments appended verbatim (e.g. `-device`, `-object`, `-netdev` pairs).
     pub extra: Vec<OsString>,
 }
@@ -193,6 +212,8 @@ impl QemuConfig {
             virtio_net: true,
             hub: Vec::new(),
             model: None,
+            model_slot: ModelSlot::RootBus,
+            com1_file: None,
             extra: Vec::new(),
         }
     }
@@ -252,6 +273,10 @@ impl QemuConfig {
         push("-display");
         push("none");
         push("-no-reboot");
+        if let Some(f) = &self.com1_file {
+            push("-serial");
+            push(&format!("file:{}", f.display()));
+        }
         push("-serial");
         push("stdio");
         push("-device");
@@ -317,8 +342,26 @@ impl QemuConfig {
             a.push(m.ram_object(self.mem_mib));
             a.push("-object".into());
             a.push(m.bar_object());
+            let bus = match (self.model_slot, self.machine) {
+                (ModelSlot::RootBus, _) => None,
+                (ModelSlot::Expander, Machine::Q35) => {
+                    a.push("-device".into());
+                    a.push(format!("pxb-pcie,id=pxb1,bus_nr={EXPANDER_BUS:#x},bus=pcie.0").into());
+                    a.push("-device".into());
+                    a.push("pcie-root-port,id=rp1,bus=pxb1,chassis=1".into());
+                    Some("rp1")
+                }
+                (ModelSlot::Expander, Machine::Pc) => {
+                    a.push("-device".into());
+                    a.push(format!("pxb,id=pxb1,bus_nr={EXPANDER_BUS:#x},bus=pci.0").into());
+                    Some("pxb1")
+                }
+            };
             a.push("-device".into());
-            a.push(m.bar_device().into());
+            a.push(match bus {
+                Some(b) => format!("{},bus={b}", m.bar_device()).into(),
+                None => m.bar_device().into(),
+            });
         }
         a.extend(self.extra.iter().cloned());
         a
@@ -387,6 +430,39 @@ mod tests {
         }
         assert!(a.contains(&"-no-reboot".to_string()));
         assert!(!a.iter().any(|s| s.contains("kvm")));
+    }
+
+    #[test]
+    fn model_behind_an_expander_and_com1_to_a_file() {
+        let files =
+            crate::model::ModelFiles { bar: "/dev/shm/bar".into(), bar_bytes: 1 << 26, ram: "/dev/shm/ram".into() };
+        let mut c = QemuConfig::new(Boot::Kernel { elf: "k".into(), append: String::new() });
+        c.model = Some(files.clone());
+        c.model_slot = ModelSlot::Expander;
+        c.com1_file = Some("/tmp/com1.log".into());
+        let a = strings(&c);
+        let pxb = a.iter().position(|s| s == "pxb-pcie,id=pxb1,bus_nr=0x40,bus=pcie.0").expect("pxb-pcie");
+        let port = a.iter().position(|s| s == "pcie-root-port,id=rp1,bus=pxb1,chassis=1").expect("root port");
+        let dev = a.iter().position(|s| s == &format!("{},bus=rp1", files_device(&files))).expect("device on rp1");
+        assert!(pxb < port && port < dev, "{a:?}");
+        // COM1 to the file first, then COM2 on stdio.
+        let serial: Vec<&String> = a.windows(2).filter(|w| w[0] == "-serial").map(|w| &w[1]).collect();
+        assert_eq!(serial, ["file:/tmp/com1.log", "stdio"]);
+
+        c.machine = Machine::Pc;
+        let a = strings(&c);
+        assert!(has_pair(&a, "-device", "pxb,id=pxb1,bus_nr=0x40,bus=pci.0"), "{a:?}");
+        assert!(has_pair(&a, "-device", &format!("{},bus=pxb1", files_device(&files))), "{a:?}");
+        c.model_slot = ModelSlot::RootBus;
+        c.com1_file = None;
+        let a = strings(&c);
+        assert!(!a.iter().any(|s| s.contains("pxb")));
+        assert!(has_pair(&a, "-device", &files_device(&files)));
+        assert_eq!(a.iter().filter(|s| *s == "-serial").count(), 1);
+    }
+
+    fn files_device(f: &crate::model::ModelFiles) -> String {
+        f.bar_device()
     }
 
     #[test]

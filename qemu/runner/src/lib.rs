@@ -21,7 +21,7 @@ pub mod lifetime;
 pub mod model;
 pub mod process;
 
-pub use config::{Boot, HostFwd, HubSocket, Machine, ModelHub, QemuConfig};
+pub use config::{Boot, HostFwd, HubSocket, Machine, ModelHub, ModelSlot, QemuConfig};
 pub use exit::QemuExit;
 pub use firmware::{Ovmf, ScratchFile};
 pub use lifetime::StopSignals;

@@ -7,7 +7,12 @@
         assert lease.read(4096, 5) == b"hello"
         lease.free()
 
-`Client.from_config()` connects with the settings `cargo xtask run` writes for leasectl (see `leasebox.config`).
+Zero copy and batches (docs/client.md, "The Python data path"): `client.register(buffer)` → `Region`; `lease.write_from(region,
+offset, lease_offset, length)` / `lease.read_into(region, ...)`; `client.submit([Op.write_from(...), ...])` →
+tickets, `client.poll()` / `client.wait()` / `await client.completions()` → one `Completion` per operation.
+The requester is chosen per appliance at run time: `Client(..., requester=config.verbs("mlx5_0", 1, 3))`.
+
+`connect_from_config()` connects with the settings `cargo xtask run` writes for leasectl (see `leasebox.config`).
 The classes come from the Rust extension `leasebox._native` (app/client-py/src/lib.rs); a call that fails raises a
 subclass of `LeaseboxError`; a revoked lease raises `LeaseRevoked` from then on.
 """
@@ -21,6 +26,7 @@ from ._native import (
     AuthError,
     Client,
     Closed,
+    Completion,
     ConfigError,
     ConnectionLost,
     Event,
@@ -29,9 +35,12 @@ from ._native import (
     LeaseboxTimeout,
     LeaseRevoked,
     NoMemory,
+    Op,
     OutOfRange,
     RdmaError,
+    Region,
     ServerError,
+    Ticket,
     __version__,
 )
 
@@ -39,6 +48,7 @@ __all__ = [
     "AuthError",
     "Client",
     "Closed",
+    "Completion",
     "ConfigError",
     "ConnectionLost",
     "Event",
@@ -47,9 +57,12 @@ __all__ = [
     "LeaseboxTimeout",
     "LeaseRevoked",
     "NoMemory",
+    "Op",
     "OutOfRange",
     "RdmaError",
+    "Region",
     "ServerError",
+    "Ticket",
     "__version__",
     "config",
     "connect_from_config",
@@ -62,12 +75,24 @@ def connect_from_config(
     admin: bool = False,
     timeout: Optional[float] = None,
     on_event: Optional[Callable[[Event], None]] = None,
+    requester: Optional[config.Requester] = None,
+    queue_depth: int = 64,
 ) -> Client:
     """A `Client` with the settings of leasectl's configuration file (by default where `cargo xtask run` wrote
-    it): its `addr`, the tenant and `key` (or, with `admin=True`, `admin` and `admin_key`), and `rdma_peer`."""
+    it): its `addr`, the tenant and `key` (or, with `admin=True`, `admin` and `admin_key`), and `rdma_peer`;
+    `requester` (`config.verbs(...)`, `config.soft(...)`) picks the RDMA path (default: software, to rdma_peer)."""
     s = config.load(path)
     name, key = ("admin", s.admin_key) if admin else (s.tenant, s.key)
     if not key:
         which = "admin_key" if admin else "key"
         raise ConfigError(f"{s.path}: no {which}")
-    return Client(s.addr, name, key, rdma_peer=s.rdma_peer, timeout=timeout, on_event=on_event)
+    return Client(
+        s.addr,
+        name,
+        key,
+        rdma_peer=s.rdma_peer,
+        requester=requester,
+        queue_depth=queue_depth,
+        timeout=timeout,
+        on_event=on_event,
+    )

@@ -1,5 +1,6 @@
-//! The verbs backend (feature `verbs`): RC QPs on a real RDMA device through rdma-core's libibverbs
-//! (`rdma-sys` bindings), for the client library and `leasectl verify` from a Linux host against a real
+//! The verbs backend (feature `verbs`): RC QPs on a real RDMA device through rdma-core's libibverbs, loaded at
+//! the first device open ([`library`]: a host without it gets an error naming the package, not a program that
+//! fails to start; `rdma-sys` gives the structure layouts), for the client library and `leasectl verify` from a Linux host against a real
 //! appliance. The CI machine has no RDMA device: this module is built there (and checked by clippy), and runs
 //! only where a device exists (`docs/hardware-bringup.md`, Soft-RoCE in `docs/rxe-guest.md`).
 //!
@@ -20,7 +21,16 @@ use std::ffi::{CStr, c_void};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use rdma_sys::*;
+// Types, and the verbs `verbs.h` defines inline over the context's operations table (no exported symbol); every
+// exported verb is called through `library::Ibv`.
+use rdma_sys::{
+    ibv_access_flags, ibv_comp_channel, ibv_context, ibv_cq, ibv_device_attr, ibv_gid, ibv_mr, ibv_pd, ibv_poll_cq,
+    ibv_port_attr, ibv_post_send, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type,
+    ibv_req_notify_cq, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wr_opcode, rdma_t,
+};
+
+pub mod library;
+use library::Ibv;
 
 use super::{
     Completion, MemoryDomain, QpEndpoint, QpState, Registration, Requester, Sge, WcOpcode, WcStatus, mtu_enum,
@@ -42,6 +52,26 @@ pub struct VerbsConfig {
     pub timeout: u8,
     pub retry_cnt: u8,
     pub rnr_retry: u8,
+}
+
+impl VerbsConfig {
+    /// `device`'s `port`, GID `gid_index`, with the defaults: the MAC read from sysfs, 64 work requests per QP,
+    /// 64 KiB copy slots (the copying calls' bounce pool: 4 MiB per lease, registered at their first use; the
+    /// zero-copy calls use none), and the QP timers Linux's RDMA tools use (local ACK timeout 14 ≈ 67 ms, 7 retries,
+    /// 7 RNR retries = unlimited).
+    pub fn new(device: &str, port: u8, gid_index: u8) -> VerbsConfig {
+        VerbsConfig {
+            device: device.to_string(),
+            port,
+            gid_index,
+            mac: None,
+            depth: 64,
+            slot_len: 64 << 10,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+        }
+    }
 }
 
 /// The most SGEs a work request is given, whatever the device takes (a ConnectX-5 takes 30).
@@ -75,6 +105,7 @@ struct CqState {
 pub struct Device {
     name: String,
     me: Weak<Device>,
+    ibv: &'static Ibv,
     ctx: *mut ibv_context,
     pd: *mut ibv_pd,
     channel: *mut ibv_comp_channel,
@@ -99,12 +130,14 @@ fn os_error_code(what: &str, rc: i32) -> String {
 
 impl Device {
     /// Opens `name` (`ibv_devices`): its context, a PD, a CQ with a completion channel.
+    /// The first open loads libibverbs ([`library::ibv`]); without it, the error says what to install.
     pub fn open(name: &str) -> Result<Arc<Device>, String> {
+        let ibv = library::ibv()?;
         let mut n = 0;
         // SAFETY: libibverbs fills `n` and returns a list we free below.
-        let list = unsafe { ibv_get_device_list(&mut n) };
+        let list = unsafe { (ibv.get_device_list)(&mut n) };
         if list.is_null() {
-            return Err(os_error("ibv_get_device_list"));
+            return Err(os_error("ibv_get_device_list (no RDMA devices: does the kernel have ib_uverbs?)"));
         }
         let mut names = Vec::new();
         let mut ctx: *mut ibv_context = std::ptr::null_mut();
@@ -112,15 +145,15 @@ impl Device {
             // SAFETY: `i < n` entries of the list are valid device pointers.
             let dev = unsafe { *list.add(i) };
             // SAFETY: a valid device has a NUL-terminated name.
-            let found = unsafe { CStr::from_ptr(ibv_get_device_name(dev)) }.to_string_lossy().into_owned();
+            let found = unsafe { CStr::from_ptr((ibv.get_device_name)(dev)) }.to_string_lossy().into_owned();
             if found == name && ctx.is_null() {
                 // SAFETY: `dev` is valid until the list is freed; the context outlives the list.
-                ctx = unsafe { ibv_open_device(dev) };
+                ctx = unsafe { (ibv.open_device)(dev) };
             }
             names.push(found);
         }
         // SAFETY: the list came from ibv_get_device_list.
-        unsafe { ibv_free_device_list(list) };
+        unsafe { (ibv.free_device_list)(list) };
         if ctx.is_null() {
             return Err(format!("no RDMA device '{name}' (found: {})", names.join(", ")));
         }
@@ -128,6 +161,7 @@ impl Device {
         let mut d = Device {
             name: name.to_string(),
             me: Weak::new(),
+            ibv,
             ctx,
             pd: std::ptr::null_mut(),
             channel: std::ptr::null_mut(),
@@ -140,19 +174,19 @@ impl Device {
         // SAFETY: an all-zero attribute struct is a valid output buffer.
         let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
         // SAFETY: `ctx` is open; `attr` is a valid output buffer.
-        let rc = unsafe { ibv_query_device(d.ctx, &mut attr) };
+        let rc = unsafe { (ibv.query_device)(d.ctx, &mut attr) };
         if rc != 0 {
             return Err(os_error_code("ibv_query_device", rc));
         }
         d.max_sge = (attr.max_sge.min(attr.max_sge_rd).max(1) as usize).min(MAX_SGE_CAP);
         d.max_qp_wr = attr.max_qp_wr.max(1) as usize;
         // SAFETY: `ctx` is open.
-        d.pd = unsafe { ibv_alloc_pd(d.ctx) };
+        d.pd = unsafe { (ibv.alloc_pd)(d.ctx) };
         if d.pd.is_null() {
             return Err(os_error("ibv_alloc_pd"));
         }
         // SAFETY: `ctx` is open.
-        d.channel = unsafe { ibv_create_comp_channel(d.ctx) };
+        d.channel = unsafe { (ibv.create_comp_channel)(d.ctx) };
         if d.channel.is_null() {
             return Err(os_error("ibv_create_comp_channel"));
         }
@@ -168,7 +202,7 @@ impl Device {
         }
         let cqe = CQ_ENTRIES.min(attr.max_cqe.max(1));
         // SAFETY: `ctx` and `channel` are live; no CQ context; completion vector 0.
-        d.cq = unsafe { ibv_create_cq(d.ctx, cqe, std::ptr::null_mut(), d.channel, 0) };
+        d.cq = unsafe { (ibv.create_cq)(d.ctx, cqe, std::ptr::null_mut(), d.channel, 0) };
         if d.cq.is_null() {
             return Err(os_error("ibv_create_cq"));
         }
@@ -184,6 +218,7 @@ impl Device {
         Ok(Arc::new_cyclic(|me| Device {
             name: name.to_string(),
             me: me.clone(),
+            ibv,
             ctx,
             pd,
             channel,
@@ -256,8 +291,8 @@ impl Device {
             // SAFETY: `channel` is live and non-blocking; the outputs are valid pointers. An event taken is
             // acknowledged at once (ibv_destroy_cq waits for every event to be acknowledged).
             unsafe {
-                if ibv_get_cq_event(self.channel, &mut cq, &mut ctx) == 0 {
-                    ibv_ack_cq_events(cq, 1);
+                if (self.ibv.get_cq_event)(self.channel, &mut cq, &mut ctx) == 0 {
+                    (self.ibv.ack_cq_events)(cq, 1);
                 }
             }
         }
@@ -304,16 +339,16 @@ impl Drop for Device {
         // registration holds the device, so none is left.
         unsafe {
             if !self.cq.is_null() {
-                ibv_destroy_cq(self.cq);
+                (self.ibv.destroy_cq)(self.cq);
             }
             if !self.channel.is_null() {
-                ibv_destroy_comp_channel(self.channel);
+                (self.ibv.destroy_comp_channel)(self.channel);
             }
             if !self.pd.is_null() {
-                ibv_dealloc_pd(self.pd);
+                (self.ibv.dealloc_pd)(self.pd);
             }
             if !self.ctx.is_null() {
-                ibv_close_device(self.ctx);
+                (self.ibv.close_device)(self.ctx);
             }
         }
     }
@@ -322,7 +357,7 @@ impl Drop for Device {
 /// Memory registered in a device's PD; deregistered when dropped (before the device it holds can go).
 struct Mr {
     mr: *mut ibv_mr,
-    _device: Arc<Device>,
+    device: Arc<Device>,
 }
 
 // SAFETY: an MR handle is used only to read its lkey and to deregister it once, which libibverbs allows from
@@ -341,7 +376,7 @@ impl Registration for Mr {
 impl Drop for Mr {
     fn drop(&mut self) {
         // SAFETY: registered by `Device::register`, deregistered once.
-        unsafe { ibv_dereg_mr(self.mr) };
+        unsafe { (self.device.ibv.dereg_mr)(self.mr) };
     }
 }
 
@@ -351,11 +386,11 @@ impl MemoryDomain for Device {
         let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
         // SAFETY: the caller keeps the memory valid until the registration is dropped; `pd` is live (the
         // registration holds the device).
-        let mr = unsafe { ibv_reg_mr(self.pd, addr as *mut c_void, len, access) };
+        let mr = unsafe { (self.ibv.reg_mr)(self.pd, addr as *mut c_void, len, access) };
         if mr.is_null() {
             return Err(os_error(&format!("ibv_reg_mr({len} bytes on {})", self.name)));
         }
-        Ok(Box::new(Mr { mr, _device: device }))
+        Ok(Box::new(Mr { mr, device }))
     }
 
     fn name(&self) -> String {
@@ -447,17 +482,18 @@ impl Verbs {
 
     fn create_qp(&mut self) -> Result<(), String> {
         let (port, index) = (self.cfg.port, self.cfg.gid_index);
-        let ctx = self.dev.ctx;
+        let (ctx, ibv) = (self.dev.ctx, self.dev.ibv);
         // SAFETY: an all-zero port attribute struct is a valid output buffer.
         let mut pattr: ibv_port_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: `ctx` is open (the device is held); `pattr` is a valid output buffer.
-        if unsafe { ___ibv_query_port(ctx, port, &mut pattr) } != 0 {
+        // SAFETY: `ctx` is open (the device is held); `pattr` is a valid output buffer, zeroed, larger than the
+        // prefix the exported verb fills (the `library` module's documentation).
+        if unsafe { (ibv.query_port)(ctx, port, &mut pattr) } != 0 {
             return Err(os_error("ibv_query_port"));
         }
         // SAFETY: an all-zero GID is valid.
         let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
         // SAFETY: `ctx` is open; `gid` is a valid output buffer.
-        if unsafe { ibv_query_gid(ctx, port, i32::from(index), &mut gid) } != 0 {
+        if unsafe { (ibv.query_gid)(ctx, port, i32::from(index), &mut gid) } != 0 {
             return Err(os_error("ibv_query_gid"));
         }
         // SAFETY: every bit pattern of the union is a valid `raw`.
@@ -478,7 +514,7 @@ impl Verbs {
         init.qp_type = ibv_qp_type::IBV_QPT_RC;
         init.sq_sig_all = 1;
         // SAFETY: the device's `pd` and `cq` are live.
-        self.qp = unsafe { ibv_create_qp(self.dev.pd, &mut init) };
+        self.qp = unsafe { (ibv.create_qp)(self.dev.pd, &mut init) };
         if self.qp.is_null() {
             return Err(os_error("ibv_create_qp"));
         }
@@ -497,7 +533,7 @@ impl Verbs {
 
     fn modify(&mut self, attr: &mut ibv_qp_attr, mask: u32, what: &str) -> Result<(), String> {
         // SAFETY: `qp` is live; `attr` is a valid attribute struct for `mask`.
-        let rc = unsafe { ibv_modify_qp(self.qp, attr, mask as i32) };
+        let rc = unsafe { (self.dev.ibv.modify_qp)(self.qp, attr, mask as i32) };
         if rc != 0 { Err(format!("ibv_modify_qp({what}): {}", std::io::Error::from_raw_os_error(rc))) } else { Ok(()) }
     }
 
@@ -509,7 +545,7 @@ impl Verbs {
             let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
             // SAFETY: `buf` lives as long as the MR (both owned by `Slots`, which this struct drops after its QP
             // and deregisters first); the device's `pd` is live.
-            let mr = unsafe { ibv_reg_mr(self.dev.pd, buf.as_mut_ptr() as *mut c_void, buf.len(), access) };
+            let mr = unsafe { (self.dev.ibv.reg_mr)(self.dev.pd, buf.as_mut_ptr() as *mut c_void, buf.len(), access) };
             if mr.is_null() {
                 return Err(os_error("ibv_reg_mr"));
             }
@@ -742,10 +778,10 @@ impl Drop for Verbs {
         // once it is destroyed the device no longer reads or writes memory for it.
         unsafe {
             if !self.qp.is_null() {
-                ibv_destroy_qp(self.qp);
+                (self.dev.ibv.destroy_qp)(self.qp);
             }
             if let Some(s) = self.slots.as_ref() {
-                ibv_dereg_mr(s.mr);
+                (self.dev.ibv.dereg_mr)(s.mr);
             }
         }
         if !self.qp.is_null() {

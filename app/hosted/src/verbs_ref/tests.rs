@@ -227,6 +227,21 @@ fn mkey_first_deregisters_and_leaves_the_qp_for_the_sweep() {
 }
 
 #[test]
+fn revoke_notices_off_withholds_the_revoked_notice() {
+    let opts = LeaseOptions { grace_ms: 5_000, revoke_notices: false, ..LeaseOptions::default() };
+    let mut r = Rig::new(opts, QpTeardown::Err);
+    let demo = tenant("demo", 1);
+    let a = r.alloc(&demo, 4096);
+    for qp_first in [false, true] {
+        let l = if qp_first { r.alloc(&demo, 4096).lease } else { a.lease };
+        assert_eq!(revoke_outcome(r.call(&admin(), Request::Revoke { lease: l, qp_first })), Outcome::TornDown);
+    }
+    let mut notices = Vec::new();
+    r.b.take_notices(&mut notices);
+    assert!(notices.is_empty(), "{notices:?}");
+}
+
+#[test]
 fn qp_first_cuts_the_qp_then_deregisters_in_either_teardown_mode() {
     for (mode, cut, sweep) in [
         (QpTeardown::Err, "qp_to_err 1", vec!["destroy_qp 1", "release 1"]),

@@ -116,9 +116,11 @@ impl<T: Copy> LeaseService<T> {
 
     /// The owner's sessions hear that a lease ended, with the outcome, unless it was the tenant's own FREE
     /// (the asker has the answer; a FREE is the client saying it is done). An admin's or the tenant's REVOKE,
-    /// a drain and every expiry (TTL, READY deadline, lost session, the HCA failing) are told.
+    /// a drain and every expiry (TTL, READY deadline, lost session, the HCA failing) are told, unless
+    /// `revoke_notices=off` withholds every such notice (a diagnostic: clients must then learn of it from a
+    /// failed completion and QUERY).
     fn notify_ended(&mut self, tenant: &str, lease: LeaseId, cause: Option<Cause>, outcome: Outcome) {
-        if matches!(cause, Some(Cause::Revoke | Cause::Expiry)) {
+        if self.cfg.revoke_notices && matches!(cause, Some(Cause::Revoke | Cause::Expiry)) {
             self.notify(tenant, Notice::Revoked { lease, outcome });
         }
     }

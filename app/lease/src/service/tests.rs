@@ -1123,6 +1123,24 @@ fn the_owner_hears_of_revokes_and_expiries_but_not_of_its_own_free() {
 }
 
 #[test]
+fn revoke_notices_off_withholds_the_revoked_notice_but_query_still_tells() {
+    let mut r = Rig::new(from_options(&[("revoke_notices", "off")]));
+    let lease = r.active();
+    assert_eq!(r.revoke(lease, false), Outcome::TornDown);
+    assert!(r.notices().is_empty(), "revoke_notices=off: no Revoked notice");
+    // The owner's QUERY is how a client that missed the notice learns of the revoke.
+    assert!(
+        matches!(r.call(TENANT, &Request::Query { lease }), Ok(Response::Query(i)) if i.state == LeaseState::PendingDestroy)
+    );
+    // The Expiring notice is not a revoke's and still comes.
+    let Ok(Response::Alloc(a)) = r.call(TENANT, &Request::Alloc(AllocReq { ttl_ms: 400, ..alloc_req() })) else {
+        panic!("ALLOC")
+    };
+    r.advance(401_000);
+    assert_eq!(r.notices(), [("alpha".to_string(), Notice::Expiring { lease: a.lease, in_ms: 100 })]);
+}
+
+#[test]
 fn a_revoke_that_fences_says_so_and_a_fenced_sweep_is_told_as_a_fence() {
     let mut r = Rig::new(cfg());
     let lease = r.active();
