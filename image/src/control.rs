@@ -87,8 +87,16 @@ fn heap() -> HeapUse {
 }
 
 /// The session core with the budgets and the heap gauge.
-fn control<B: Backend + Send + 'static>(mut server: Server<B, CpuEntropy>, budget: Budget) -> Box<Control<B>> {
+fn control<B: Backend + Send + 'static>(
+    mut server: Server<B, CpuEntropy>,
+    budget: Budget,
+    appliance: Option<&str>,
+) -> Box<Control<B>> {
     server.set_budget(budget);
+    if let Some(name) = appliance {
+        log::info!("control: appliance name '{name}' (clients name it: TENANT@{name})");
+        server.set_appliance_name(name);
+    }
     server.set_memory_gauge(Box::new(heap));
     let h = heap();
     log::info!(
@@ -105,8 +113,11 @@ fn control<B: Backend + Send + 'static>(mut server: Server<B, CpuEntropy>, budge
 }
 
 impl<B: Backend> StreamService for Control<B> {
-    fn open(&mut self, conn: ConnId, now_ms: u64) -> bool {
-        self.0.open(conn, now_ms)
+    fn open(&mut self, conn: ConnId, peer: Option<core::net::IpAddr>, now_ms: u64) -> bool {
+        match peer {
+            Some(ip) => self.0.open_from(conn, leasebox_session::Source::ip(ip), now_ms),
+            None => self.0.open(conn, now_ms),
+        }
     }
     fn input(&mut self, conn: ConnId, data: &[u8], now_ms: u64) {
         self.0.input(conn, data, now_ms)
@@ -129,7 +140,7 @@ impl<B: Backend> StreamService for Control<B> {
 struct Unavailable;
 
 impl StreamService for Unavailable {
-    fn open(&mut self, _: ConnId, _: u64) -> bool {
+    fn open(&mut self, _: ConnId, _: Option<core::net::IpAddr>, _: u64) -> bool {
         false
     }
     fn input(&mut self, _: ConnId, _: &[u8], _: u64) {}
@@ -175,11 +186,13 @@ pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
         )
     };
     let budget = budget(p);
-    match crate::lease::backend(&crate::lease::OPTIONS.get()) {
+    // The pool's fair shares divide it among the configured tenants (docs/security.md, "Fair shares").
+    let lease = leasebox_lease::LeaseOptions { tenants: c.tenants().len() as u32, ..crate::lease::OPTIONS.get() };
+    match crate::lease::backend(&lease) {
         Ok(backend) => match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
             Ok(server) => {
                 announce("lease service on");
-                control(server, budget)
+                control(server, budget, c.appliance)
             }
             Err(e) => unavailable(&alloc::format!("{e}")),
         },
@@ -188,7 +201,7 @@ pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
             announce("lease service off");
             let backend = ApplianceBackend { inner: NoLeases::off(why) };
             match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
-                Ok(server) => control(server, budget),
+                Ok(server) => control(server, budget, c.appliance),
                 Err(e) => unavailable(&alloc::format!("{e}")),
             }
         }

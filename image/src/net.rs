@@ -503,8 +503,9 @@ fn serve(
             _ => {
                 let id = ConnId(*next);
                 *next += 1;
-                let refused = !svc.open(id, now);
-                if let Some(peer) = sock.remote_endpoint() {
+                let peer = sock.remote_endpoint();
+                let refused = !svc.open(id, peer.map(|p| p.addr.into()), now);
+                if let Some(peer) = peer {
                     log::debug!("net: conn {} from {peer} {}", id.0, if refused { "refused" } else { "accepted" });
                 }
                 slot.conn = Some(Conn { id, refused, deadline: None });

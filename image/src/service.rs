@@ -4,9 +4,9 @@
 
 /// A byte-stream service driven by the network loop (sans-I/O: it never touches sockets).
 pub trait StreamService {
-    /// A connection was accepted; returns false to refuse it (the loop still sends whatever `output` yields
-    /// for it, then closes).
-    fn open(&mut self, conn: ConnId, now_ms: u64) -> bool;
+    /// A connection from `peer` (its address, when the socket knows it) was accepted; returns false to refuse
+    /// it (the loop still sends whatever `output` yields for it, then closes).
+    fn open(&mut self, conn: ConnId, peer: Option<core::net::IpAddr>, now_ms: u64) -> bool;
     /// Bytes received on `conn`.
     fn input(&mut self, conn: ConnId, data: &[u8], now_ms: u64);
     /// Copies pending output for `conn` into `buf`; returns the number of bytes written.

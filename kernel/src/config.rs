@@ -395,6 +395,7 @@ impl<'a> Config<'a> {
                 self.budget_text[2] = (key, value);
             }
             "heap_high_water" => self.control.set_heap_high_water(value).map_err(err)?,
+            "appliance" => self.control.set_appliance(value).map_err(err)?,
             _ if self.apply_registered(key, value).map_err(err)? => {}
             _ => {
                 if self.unknown_len < MAX_WARNINGS {
@@ -623,6 +624,17 @@ mod tests {
         ] {
             let mut c = Config::default();
             assert_eq!(c.apply_cmdline(word).unwrap_err().key, key, "{word}");
+        }
+    }
+
+    #[test]
+    fn the_appliance_name_parses_as_a_tenant_name_does() {
+        let mut c = Config::default();
+        assert_eq!(c.control().appliance, None);
+        c.apply_cmdline("appliance=lb-a.rack3").unwrap();
+        assert_eq!(c.control().appliance, Some("lb-a.rack3"));
+        for bad in ["appliance=", "appliance=a@b", "appliance=012345678901234567890123456789012"] {
+            assert_eq!(Config::default().apply_cmdline(bad).unwrap_err().key, "appliance", "{bad}");
         }
     }
 

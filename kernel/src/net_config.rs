@@ -257,6 +257,9 @@ pub struct ControlConfig<'a> {
     pub admin_sessions: Option<u32>,
     pub preauth_sessions: Option<u32>,
     pub heap_high_water: Option<u32>,
+    /// `appliance=NAME`: this appliance's name, bound into every handshake (clients name it as
+    /// `TENANT@NAME`); none: handshakes name no appliance.
+    pub appliance: Option<&'a str>,
 }
 
 impl Default for ControlConfig<'_> {
@@ -272,6 +275,7 @@ impl Default for ControlConfig<'_> {
             admin_sessions: None,
             preauth_sessions: None,
             heap_high_water: None,
+            appliance: None,
         }
     }
 }
@@ -295,6 +299,7 @@ impl fmt::Debug for ControlConfig<'_> {
             .field("admin_sessions", &self.admin_sessions)
             .field("preauth_sessions", &self.preauth_sessions)
             .field("heap_high_water", &self.heap_high_water)
+            .field("appliance", &self.appliance)
             .finish()
     }
 }
@@ -363,6 +368,14 @@ impl<'a> ControlConfig<'a> {
     pub(crate) fn set_preauth_sessions(&mut self, v: &str) -> Result<(), &'static str> {
         self.preauth_sessions =
             Some(parse_in(v, PREAUTH_SESSIONS, "expected 1 to 64 places for unauthenticated connections")?);
+        Ok(())
+    }
+
+    pub(crate) fn set_appliance(&mut self, v: &'a str) -> Result<(), &'static str> {
+        if !valid_tenant_name(v) {
+            return Err("appliance names are 1 to 32 characters of A-Z a-z 0-9 _ . -");
+        }
+        self.appliance = Some(v);
         Ok(())
     }
 

@@ -621,7 +621,10 @@ pub fn v2_crypto_cost(n: u32) -> (f64, f64) {
     let psk = psk_from_key(&[7; 32]);
     let handshake = || {
         let (i, m1) = Initiator::start(&p, &psk, [1; 32]);
-        let (m2, server) = Responder::read(&p, &psk, &m1).expect("own message 1").reply([2; 32], &[0; WELCOME_LEN]);
+        let (m2, server) = Responder::read(&p, &psk, &m1)
+            .expect("own message 1")
+            .reply([2; 32], &[0; WELCOME_LEN])
+            .expect("own ephemeral");
         (i.finish(&m2).expect("own message 2").1, server)
     };
     let t0 = Instant::now();

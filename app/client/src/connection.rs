@@ -453,11 +453,21 @@ impl Client {
 
     /// Sends HELLO with the ephemeral private key `e`: the handshake's state and the request id.
     fn hello_start(&mut self, name: &str, key: &[u8], e: [u8; 32]) -> Result<(Initiator, u32), ClientError> {
+        // `NAME[#ID]@APPLIANCE`: the appliance this HELLO is meant for (its `appliance=`), bound into the
+        // prologue, so that it fails on any other appliance holding the same key (docs/security.md,
+        // "Appliance identity").
+        let (name, appliance) = match name.split_once('@') {
+            Some((_, a)) if a.is_empty() || a.len() > MAX_NAME || a.contains('@') => {
+                return Err(ClientError::Usage(format!("appliance name '{a}' must be 1 to {MAX_NAME} bytes")));
+            }
+            Some((n, a)) => (n, a),
+            None => (name, ""),
+        };
         let (name, key_id) = split_key_id(name)?;
         if name.is_empty() || name.len() > MAX_NAME {
             return Err(ClientError::Usage(format!("principal name '{name}' must be 1 to {MAX_NAME} bytes")));
         }
-        let prologue = v2::prologue(VERSION_MIN, VERSION_MAX, key_id, name);
+        let prologue = v2::prologue_for(VERSION_MIN, VERSION_MAX, key_id, name, appliance);
         let (init, msg1) = Initiator::start(&prologue, &v2::psk_from_key(key), e);
         let h = HelloNoise { min_version: VERSION_MIN, max_version: VERSION_MAX, key_id, name: name.into(), msg1 };
         let id = self.send(&Request::Hello(Hello::Noise(h)))?;

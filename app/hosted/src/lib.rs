@@ -11,7 +11,7 @@ use leasebox_lease::LeaseOptions;
 use leasebox_proto::{FencedSlot, HcaStats, Health, LeaseStats, Reply, Request};
 use leasebox_session::{
     Answer, Backend, Budget, CloseReason, ConnId, Entropy, EntropyError, Keyring, Limits, NoLeases, Principal, Server,
-    Ticket,
+    Source, Ticket,
 };
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -47,6 +47,8 @@ pub struct HostedConfig {
     /// appliance has no memory budget (its heap is the process's).
     pub budget: Budget,
     pub keys: Keyring,
+    /// `appliance=NAME`: the name bound into every handshake (none: no name).
+    pub appliance: Option<String>,
     /// `--hca`: run the device model and the lease service.
     pub hca: bool,
     /// `--udp ADDR`: the model's RoCEv2 responder (with `--hca`).
@@ -141,7 +143,10 @@ impl HostedConfig {
         if verbs.is_some() && !cfg!(feature = "verbs") {
             return Err(NO_VERBS.into());
         }
-        Ok(HostedConfig { listen, limits, budget, keys, hca, udp, timing, lease: lease.get(), verbs })
+        // The pool's fair shares divide it among the configured tenants (docs/security.md, "Fair shares").
+        let lease = LeaseOptions { tenants: control.tenants().len() as u32, ..lease.get() };
+        let appliance = control.appliance.map(String::from);
+        Ok(HostedConfig { listen, limits, budget, keys, appliance, hca, udp, timing, lease, verbs })
     }
 }
 
@@ -261,6 +266,9 @@ impl Hosted {
         };
         let mut server = Server::new(cfg.limits, cfg.keys, backend, OsEntropy, 0).map_err(|e| e.to_string())?;
         server.set_budget(cfg.budget);
+        if let Some(name) = &cfg.appliance {
+            server.set_appliance_name(name);
+        }
         let server: Shared = Arc::new(Mutex::new(server));
         let listener = TcpListener::bind(cfg.listen).map_err(|e| format!("binding {}: {e}", cfg.listen))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
@@ -377,7 +385,15 @@ fn serve(server: Shared, mut stream: TcpStream, id: ConnId, start: Instant, stop
     let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
     let mut inbuf = vec![0u8; 64 * 1024];
     let mut outbuf = vec![0u8; 64 * 1024];
-    server.lock().expect("server lock").open(id, now_ms(start));
+    // Per-source limits key on the peer's address (docs/security.md, "Pre-authentication").
+    // A refused connection still gets its BUSY frame from `output` below, then the core wants it closed.
+    {
+        let mut s = server.lock().expect("server lock");
+        match stream.peer_addr() {
+            Ok(peer) => s.open_from(id, Source::ip(peer.ip()), now_ms(start)),
+            Err(_) => s.open(id, now_ms(start)),
+        };
+    }
     loop {
         // Flush whatever the core has for this connection, then see whether it wants the connection closed.
         let done = loop {

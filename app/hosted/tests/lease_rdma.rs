@@ -345,8 +345,9 @@ fn revoked_memory_is_scrubbed_before_it_is_lent_again() {
 #[test]
 fn a_4_gib_lease_is_granted_written_at_both_ends_and_revoked() {
     // 2048 extents of 2 MiB: the MKEY's MTT list (16,656 bytes) needs a mailbox chain of 33 blocks. The RAM is
-    // a sparse file; the sweep (which would scrub all 4 GiB) waits past the end of the test.
-    let rig = Rig::start(&["lease_pool_mib=4200"]);
+    // a sparse file; the sweep (which would scrub all 4 GiB) waits past the end of the test. `tenant_mib=`
+    // lifts the default fair share (half the pool each for the two tenants configured).
+    let rig = Rig::start(&["lease_pool_mib=4200", "tenant_mib=4200"]);
     let mut c = rig.session(&rig.demo);
     let mut r = rig.requester(PATIENT);
     let size = 4u64 << 30;

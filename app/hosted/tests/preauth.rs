@@ -168,3 +168,33 @@ fn leasectl_names_the_key_id_while_a_key_rotates() {
     }
     h.stop();
 }
+
+/// Over TCP (docs/security.md, "Appliance identity"): two appliances share a tenant key; a client naming
+/// `demo@lb-a` gets in on lb-a and is refused AUTH_FAILED on lb-b, a client naming no appliance is refused by
+/// a named one, and an appliance with no name serves it as before.
+#[test]
+fn a_hello_for_one_appliance_fails_on_another() {
+    use leasectl::{Client, ClientError, Credentials, Timeouts};
+    let named = |name: &str| {
+        let args: Vec<String> =
+            ["--listen", "127.0.0.1:0", &format!("tenant=demo:{KEY}"), &format!("appliance={name}")]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap()
+    };
+    let (a, b, plain) = (named("lb-a"), named("lb-b"), start());
+    let login = |h: &Hosted, name: &str| {
+        let who = Credentials { name: name.into(), key: leasectl::hex::decode(KEY).unwrap() };
+        Client::connect_and_hello(&h.addr().to_string(), &who, Timeouts::all(Duration::from_secs(10)))
+    };
+    let auth_failed = |r: Result<(Client, leasectl::Welcome), ClientError>| matches!(r, Err(ClientError::Server(e)) if e.code == ErrorCode::AuthFailed);
+    assert!(login(&a, "demo@lb-a").is_ok());
+    assert!(auth_failed(login(&b, "demo@lb-a")), "lb-b completes no HELLO meant for lb-a");
+    assert!(auth_failed(login(&a, "demo")), "a named appliance wants its name");
+    assert!(login(&plain, "demo").is_ok(), "an appliance without a name works as before");
+    assert!(auth_failed(login(&plain, "demo@lb-a")));
+    for h in [a, b, plain] {
+        h.stop();
+    }
+}

@@ -79,6 +79,8 @@ impl Rig {
     fn start() -> Rig {
         let opts = [
             format!("lease_pool_mib={}", POOL >> 20),
+            // One tenant takes most of the pool: lift the default fair share of the two tenants configured.
+            format!("tenant_mib={}", POOL >> 20),
             format!("lease_grace_ms={GRACE_MS}"),
             format!("heartbeat_ms={HEARTBEAT_MS}"),
         ];

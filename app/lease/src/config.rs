@@ -31,6 +31,10 @@ pub struct Config {
     /// Per-tenant budgets.
     pub tenant_leases: u32,
     pub tenant_bytes: u64,
+    /// Tenants configured (`tenant=`): with two or more and no `tenant_mib=` (`tenant_bytes` unlimited), each
+    /// is guaranteed `pool / tenants` bytes and may hold more only while the bytes no tenant holds still cover
+    /// every other tenant's unused guarantee (docs/security.md, "Fair shares"). 0: not known, no shares.
+    pub tenants: u32,
     /// ALLOCs one tenant may start per second, with a burst of as many (0: no limit; the admin has none).
     pub tenant_allocs_per_s: u32,
     /// TTL when ALLOC asks for 0, and the most a lease may ask for.
@@ -85,6 +89,7 @@ impl Default for Config {
             slots: 1024,
             tenant_leases: 256,
             tenant_bytes: u64::MAX,
+            tenants: 0,
             tenant_allocs_per_s: 0,
             default_ttl_ms: 60_000,
             max_ttl_ms: 3_600_000,

@@ -43,6 +43,9 @@ pub struct LeaseOptions {
     /// `rdma_dscp=0..63`: the DSCP of the lease QPs' RoCEv2 packets (IPv4 TOS = DSCP << 2), so their traffic
     /// runs in the class a lossless fabric is configured for (docs/hardware-bringup.md).
     pub rdma_dscp: u8,
+    /// Not an option: the number of tenants the control configuration names (`tenant=`), which the platform
+    /// sets after parsing, for the fair shares of the pool ([`crate::Config::tenants`]).
+    pub tenants: u32,
     /// `rdma_prio=0..7`: the 802.1p priority of the lease QPs' frames (the QP address path's `eth_prio`; it
     /// reaches the wire only on a VLAN-tagged port, where the switch maps it to a PFC class).
     pub rdma_prio: u8,
@@ -58,6 +61,7 @@ impl LeaseOptions {
         slots: 1024,
         tenant_leases: 256,
         tenant_mib: None,
+        tenants: 0,
         tenant_allocs_per_s: 0,
         grace_ms: 5_000,
         ready_ms: 10_000,

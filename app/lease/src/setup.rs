@@ -221,6 +221,7 @@ impl Config {
             slots: o.slots,
             tenant_leases: o.tenant_leases,
             tenant_bytes: o.tenant_mib.map_or(u64::MAX, |m| u64::from(m) << 20),
+            tenants: o.tenants,
             tenant_allocs_per_s: o.tenant_allocs_per_s,
             default_ttl_ms: o.ttl_ms,
             max_ttl_ms: o.ttl_ms.max(3_600_000),

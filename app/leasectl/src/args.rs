@@ -20,6 +20,8 @@ pub struct Global {
     /// Hex key (the tenant's, or the admin's with `--admin`).
     pub key: Option<String>,
     pub admin: bool,
+    /// `--appliance NAME`: the appliance's name (its `appliance=`), bound into the handshake.
+    pub appliance: Option<String>,
     pub json: bool,
     pub timeout: Option<Duration>,
 }
@@ -108,6 +110,9 @@ struct GlobalArgs {
     /// Authenticate as the principal `admin` with the admin key
     #[arg(long, global = true, help_heading = GLOBAL, overrides_with = "admin")]
     admin: bool,
+    /// The appliance's name (its appliance= option): the handshake fails on any other appliance
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "NAME", value_parser = appliance, overrides_with = "appliance")]
+    appliance: Option<String>,
     /// Print one JSON object (errors: {"error": {"code", "detail", "message"}})
     #[arg(long, global = true, help_heading = GLOBAL, overrides_with = "json")]
     json: bool,
@@ -331,6 +336,7 @@ pub fn parse(args: &[String]) -> Result<Invocation, clap::Error> {
         tenant: g.tenant,
         key: g.key,
         admin: g.admin || drain,
+        appliance: g.appliance,
         json: g.json,
         timeout: after.timeout.or(cli.timeout.timeout),
     };
@@ -351,6 +357,15 @@ fn tenant(v: &str) -> Result<String, String> {
     }
     if id.is_some_and(|id| id.parse::<u8>().is_err()) {
         return Err("the key id after '#' is 0 to 255".into());
+    }
+    Ok(v.to_string())
+}
+
+/// `--appliance`: 1 to [`MAX_NAME`] bytes of `A-Z a-z 0-9 _ . -` (the appliance's `appliance=`).
+fn appliance(v: &str) -> Result<String, String> {
+    let ok = v.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if v.is_empty() || v.len() > MAX_NAME || !ok {
+        return Err(format!("appliance names are 1 to {MAX_NAME} characters of A-Z a-z 0-9 _ . -"));
     }
     Ok(v.to_string())
 }
@@ -580,6 +595,9 @@ mod tests {
         assert!(err(&["--timeout", "soon", "ping"]).contains("'--timeout <SECS>': needs seconds"));
         assert!(err(&["--admin", "--tenant", "x", "ping"]).contains("cannot be used with"));
         assert!(err(&["--tenant", &"x".repeat(33), "ping"]).contains("1 to 32"));
+        assert!(err(&["--appliance", "a@b", "ping"]).contains("appliance names"));
+        let i = p(&["--appliance", "lb-a", "--admin", "ping"]).unwrap();
+        assert_eq!(i.global.appliance.as_deref(), Some("lb-a"));
         assert!(err(&["revoke", "1.2", "--qp-first", "--qp-first"]).contains("cannot be used multiple times"));
         // Every usage error is exit code 2, as clap's own.
         assert_eq!(p(&["frob"]).unwrap_err().exit_code(), i32::from(crate::client::exit::USAGE));

@@ -288,6 +288,11 @@ pub fn settings(g: &Global, env: &dyn Fn(&str) -> Option<String>) -> Result<Sett
         let key = g.key.clone().or(file_key).ok_or_else(|| format!("no key for tenant '{name}': pass --key HEX"))?;
         (name, key)
     };
+    // The appliance's name rides on the principal's (`NAME@APPLIANCE`, the client library's grammar).
+    let name = match &g.appliance {
+        Some(a) => format!("{name}@{a}"),
+        None => name,
+    };
     let key = hex::decode(&key_hex).map_err(|e| format!("key: {e}"))?;
     if key.is_empty() {
         return Err("key: empty".into());

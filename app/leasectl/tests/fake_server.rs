@@ -109,7 +109,8 @@ fn serve(mut s: TcpStream, b: Behaviour) {
                                 boot_id: BOOT,
                                 resume_token: TOKEN,
                             };
-                            let (mut msg2, t) = r.reply([0x77; 32], &a.encode());
+                            let (mut msg2, t) =
+                                r.reply([0x77; 32], &a.encode()).expect("the client's ephemeral is valid");
                             if b.wrong_proof {
                                 msg2[40] ^= 1;
                             }

@@ -140,6 +140,21 @@ impl FrameBuf {
         self.buf.len()
     }
 
+    /// Whether the bytes buffered are whole frames, by their headers' lengths (true when nothing is
+    /// buffered, or once framing is lost). A record layer uses it to tell a record that ended a frame from one
+    /// that carried only part of one.
+    pub fn whole_frames(&self) -> bool {
+        if self.lost || self.skip > 0 {
+            return self.skip == 0;
+        }
+        let mut at = 0usize;
+        while let Some(h) = self.buf.get(at..at + HEADER_LEN) {
+            let len = u32::from_be_bytes([h[12], h[13], h[14], h[15]]) as usize;
+            at = at.saturating_add(HEADER_LEN).saturating_add(len);
+        }
+        at == self.buf.len()
+    }
+
     /// Takes every byte buffered and not yet returned as a frame (a v2 session's first records, which came in
     /// the same read as its HELLO, move to the record layer this way).
     pub fn take_buffered(&mut self) -> Vec<u8> {

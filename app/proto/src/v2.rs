@@ -62,6 +62,9 @@ pub enum CryptoError {
     Length,
     /// 2^64 - 1 records in one direction: the session must end.
     Exhausted,
+    /// The peer's ephemeral key is a low-order point: the DH result would be all zeros, the same whatever our
+    /// key, so the handshake would not be contributory (RFC 7748 §6.1).
+    LowOrder,
 }
 
 impl core::fmt::Display for CryptoError {
@@ -70,6 +73,7 @@ impl core::fmt::Display for CryptoError {
             CryptoError::Auth => "record or handshake message failed authentication",
             CryptoError::Length => "record length outside 16..=16416 bytes",
             CryptoError::Exhausted => "record counter exhausted",
+            CryptoError::LowOrder => "the peer's ephemeral key is a low-order point",
         })
     }
 }
@@ -82,8 +86,17 @@ pub fn psk_from_key(key: &[u8]) -> [u8; 32] {
 }
 
 /// The prologue: `"leasebox control v2" ‖ min_version ‖ max_version ‖ key_id ‖ len(name) ‖ name` (integers
-/// big-endian), i.e. everything HELLO step 3 carries in clear before the Noise message.
+/// big-endian), i.e. everything HELLO step 3 carries in clear before the Noise message. For an appliance
+/// that has a name, [`prologue_for`].
 pub fn prologue(min_version: u16, max_version: u16, key_id: u8, name: &str) -> Vec<u8> {
+    prologue_for(min_version, max_version, key_id, name, "")
+}
+
+/// The prologue of a HELLO meant for the appliance named `appliance` (`appliance=`): [`prologue`] followed by
+/// `len(appliance) ‖ appliance` when the name is not empty (an appliance without a name has the prologue of
+/// [`prologue`], byte for byte). Both ends must agree on the name, so a HELLO for one appliance fails on
+/// another that holds the same key.
+pub fn prologue_for(min_version: u16, max_version: u16, key_id: u8, name: &str, appliance: &str) -> Vec<u8> {
     let mut p = Vec::with_capacity(PROLOGUE_LABEL.len() + 6 + name.len());
     p.extend_from_slice(PROLOGUE_LABEL);
     p.extend_from_slice(&min_version.to_be_bytes());
@@ -91,6 +104,10 @@ pub fn prologue(min_version: u16, max_version: u16, key_id: u8, name: &str) -> V
     p.push(key_id);
     p.push(name.len() as u8);
     p.extend_from_slice(name.as_bytes());
+    if !appliance.is_empty() {
+        p.push(appliance.len().min(255) as u8);
+        p.extend_from_slice(&appliance.as_bytes()[..appliance.len().min(255)]);
+    }
     p
 }
 
@@ -239,6 +256,9 @@ impl Initiator {
         self.s.mix_hash(&re);
         self.s.mix_key(&re);
         let dh = self.e.diffie_hellman(&PublicKey::from(re));
+        if !dh.was_contributory() {
+            return Err(CryptoError::LowOrder);
+        }
         self.s.mix_key(dh.as_bytes());
         let plain = self.s.decrypt_and_hash(&msg2[DH_LEN..])?;
         let mut w = [0u8; WELCOME_LEN];
@@ -271,13 +291,21 @@ impl Responder {
         Ok(Responder { s, re })
     }
 
-    /// Writes message 2 with ephemeral private key `e` and the server's announcement.
-    pub fn reply(mut self, e: [u8; 32], welcome: &[u8; WELCOME_LEN]) -> ([u8; MSG2_LEN], Transport) {
+    /// Writes message 2 with ephemeral private key `e` and the server's announcement; refuses a client
+    /// ephemeral of low order ([`CryptoError::LowOrder`]).
+    pub fn reply(
+        mut self,
+        e: [u8; 32],
+        welcome: &[u8; WELCOME_LEN],
+    ) -> Result<([u8; MSG2_LEN], Transport), CryptoError> {
         let e = StaticSecret::from(e);
         let epub = PublicKey::from(&e);
         self.s.mix_hash(epub.as_bytes());
         self.s.mix_key(epub.as_bytes());
         let dh = e.diffie_hellman(&PublicKey::from(self.re));
+        if !dh.was_contributory() {
+            return Err(CryptoError::LowOrder);
+        }
         self.s.mix_key(dh.as_bytes());
         let mut msg = Vec::with_capacity(MSG2_LEN);
         msg.extend_from_slice(epub.as_bytes());
@@ -286,7 +314,7 @@ impl Responder {
         out.copy_from_slice(&msg);
         let (c1, c2) = self.s.split();
         // The responder sends with the second key and receives with the first.
-        (out, Transport::new(c2, c1, self.s.h))
+        Ok((out, Transport::new(c2, c1, self.s.h)))
     }
 }
 
@@ -321,6 +349,20 @@ impl Transport {
         Ok(())
     }
 
+    /// Seals `plain` (at most [`MAX_RECORD_PLAIN`] bytes, possibly none) into exactly one record: tests and
+    /// tools use it for records [`Transport::seal`] never makes (an empty one, one frame split across two).
+    pub fn seal_one(&mut self, plain: &[u8], out: &mut Vec<u8>) -> Result<(), CryptoError> {
+        if plain.len() > MAX_RECORD_PLAIN {
+            return Err(CryptoError::Length);
+        }
+        let len = ((plain.len() + TAG_LEN) as u16).to_be_bytes();
+        let mut buf = plain.to_vec();
+        self.send.encrypt(&[], &mut buf)?;
+        out.extend_from_slice(&len);
+        out.extend_from_slice(&buf);
+        Ok(())
+    }
+
     /// Appends received bytes.
     pub fn push(&mut self, data: &[u8]) {
         if !self.failed {
@@ -331,6 +373,12 @@ impl Transport {
     /// Bytes received and not yet opened.
     pub fn buffered(&self) -> usize {
         self.rx.len()
+    }
+
+    /// The size on the wire (header included) of the record being received, once its length has arrived.
+    pub fn pending_record(&self) -> Option<usize> {
+        let len_bytes: [u8; 2] = self.rx.get(..RECORD_HEADER_LEN)?.try_into().ok()?;
+        Some(RECORD_HEADER_LEN + usize::from(u16::from_be_bytes(len_bytes)))
     }
 
     /// The next record's plaintext: `None` while incomplete; an error (for good: every later call fails too)
@@ -406,6 +454,40 @@ impl Announce {
 mod tests {
     use super::*;
 
+    /// Message 1 as a key holder would write it with ephemeral public key `epub` (any bytes, a low-order
+    /// point included).
+    fn msg1_with(p: &[u8], psk: &[u8; 32], epub: [u8; 32]) -> [u8; MSG1_LEN] {
+        let mut s = Symmetric::new(p);
+        s.mix_key_and_hash(psk);
+        s.mix_hash(&epub);
+        s.mix_key(&epub);
+        let mut msg = epub.to_vec();
+        s.encrypt_and_hash(&[], &mut msg).unwrap();
+        msg.try_into().unwrap()
+    }
+
+    #[test]
+    fn a_low_order_ephemeral_is_refused() {
+        let p = prologue(2, 2, 0, "demo");
+        let psk = psk_from_key(&[7; 16]);
+        let mut order8 = [0u8; 32];
+        for (i, b) in order8.iter_mut().enumerate() {
+            let hex = "e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800";
+            *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+        }
+        let mut one = [0u8; 32];
+        one[0] = 1;
+        for epub in [[0u8; 32], one, order8] {
+            // The tag verifies (the sender holds the PSK); the DH is what gives it away.
+            let r = Responder::read(&p, &psk, &msg1_with(&p, &psk, epub)).expect("a key holder's message 1");
+            assert_eq!(r.reply([2; 32], &[0; WELCOME_LEN]).err(), Some(CryptoError::LowOrder), "{epub:02x?}");
+        }
+        // A proper ephemeral, written the same way, goes through.
+        let good = *PublicKey::from(&StaticSecret::from([1u8; 32])).as_bytes();
+        let r = Responder::read(&p, &psk, &msg1_with(&p, &psk, good)).unwrap();
+        assert!(r.reply([2; 32], &[0; WELCOME_LEN]).is_ok());
+    }
+
     fn pair() -> (Transport, Transport, [u8; WELCOME_LEN]) {
         let p = prologue(2, 2, 0, "demo");
         let psk = psk_from_key(&[7; 16]);
@@ -420,7 +502,7 @@ mod tests {
             boot_id: [0xb0; 16],
             resume_token: [0x70; 16],
         };
-        let (m2, st) = r.reply([2; 32], &a.encode());
+        let (m2, st) = r.reply([2; 32], &a.encode()).unwrap();
         let (w, ct) = i.finish(&m2).unwrap();
         assert_eq!(Announce::decode(&w), a);
         assert_eq!(ct.handshake_hash(), st.handshake_hash());

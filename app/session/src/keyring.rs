@@ -19,11 +19,15 @@ pub const ADMIN_NAME: &str = "admin";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeyError {
     BadHex,
-    KeyLength { len: usize },
+    KeyLength {
+        len: usize,
+    },
     BadName,
     Duplicate,
     ReservedName,
     BadKeyId,
+    /// The key is long enough but plainly not random (docs/security.md, "Keys").
+    WeakKey(&'static str),
 }
 
 impl core::fmt::Display for KeyError {
@@ -35,6 +39,9 @@ impl core::fmt::Display for KeyError {
             KeyError::Duplicate => write!(f, "principal configured twice"),
             KeyError::ReservedName => write!(f, "'admin' is reserved for the admin key (admin=HEXKEY)"),
             KeyError::BadKeyId => write!(f, "key ids are 0 to 255, each at most once per principal (ID/HEX)"),
+            KeyError::WeakKey(why) => {
+                write!(f, "the key {why}: keys must be random (e.g. `head -c 32 /dev/urandom | xxd -p -c 64`)")
+            }
         }
     }
 }
@@ -50,6 +57,28 @@ pub fn parse_hex(s: &str) -> Result<Vec<u8>, KeyError> {
         .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
         .collect::<Option<Vec<u8>>>()
         .ok_or(KeyError::BadHex)
+}
+
+/// Distinct byte values a key must have: 16 random bytes have fewer than 5 with a probability below 2^-60.
+pub const MIN_DISTINCT_BYTES: usize = 5;
+
+/// Why `key` is plainly not random, if it is: one byte repeated, a pattern of up to 4 bytes repeated, or fewer
+/// than [`MIN_DISTINCT_BYTES`] distinct byte values. The PSK is one HMAC of the key and message 1 can be
+/// replayed to test guesses offline, so a key is only as strong as it is unpredictable; these catch the keys
+/// people type, not every weak one (the length floor, [`MIN_KEY`] bytes = 128 bits, assumes random bytes).
+pub fn weak_key(key: &[u8]) -> Option<&'static str> {
+    if key.windows(2).all(|w| w[0] == w[1]) {
+        return Some("is one byte repeated");
+    }
+    if (2..=4).any(|p| key.len() > p && key.iter().enumerate().all(|(i, b)| *b == key[i % p])) {
+        return Some("is a short pattern repeated");
+    }
+    let mut seen = [false; 256];
+    key.iter().for_each(|b| seen[usize::from(*b)] = true);
+    if seen.iter().filter(|s| **s).count() < MIN_DISTINCT_BYTES {
+        return Some("has fewer than 5 distinct byte values");
+    }
+    None
 }
 
 pub(crate) struct Entry {
@@ -100,6 +129,9 @@ impl Keyring {
             if !(MIN_KEY..=MAX_KEY).contains(&key.len()) {
                 return Err(KeyError::KeyLength { len: key.len() });
             }
+            if let Some(why) = weak_key(&key) {
+                return Err(KeyError::WeakKey(why));
+            }
             if added.iter().any(|e: &Entry| e.key_id == key_id) {
                 return Err(KeyError::BadKeyId);
             }
@@ -124,6 +156,23 @@ impl Keyring {
     /// Sets the admin key (principal name `admin`).
     pub fn set_admin(&mut self, key_hex: &str) -> Result<(), KeyError> {
         self.add(ADMIN_NAME, key_hex, Role::Admin)
+    }
+
+    /// Principals configured, the admin included (each once, whatever its key ids).
+    pub fn principals(&self) -> usize {
+        let mut names: Vec<&str> = self.entries.iter().map(|e| e.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        names.len()
+    }
+
+    /// Tenants configured (each once, whatever its key ids).
+    pub fn tenants(&self) -> usize {
+        let mut names: Vec<&str> =
+            self.entries.iter().filter(|e| e.role == Role::Tenant).map(|e| e.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        names.len()
     }
 
     /// Keys configured (a principal with two key ids counts twice).

@@ -16,9 +16,9 @@ mod keyring;
 mod rng;
 mod server;
 
-pub use admission::{Budget, HeapUse, MemoryGauge, Refusal};
+pub use admission::{Budget, HeapUse, MemoryGauge, Rate, Refusal, Source};
 pub use backend::{Answer, Backend, CloseReason, ConnId, NoLeases, Principal, Ticket};
-pub use keyring::{KeyError, Keyring, parse_hex};
+pub use keyring::{ADMIN_NAME, KeyError, Keyring, parse_hex, weak_key};
 pub use rng::IdRng;
 pub use server::{Entropy, EntropyError, Limits, Server, StartError};
 

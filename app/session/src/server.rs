@@ -1,6 +1,6 @@
 //! The session table and the per-connection protocol machine.
 
-use crate::admission::{Admission, Budget, MemoryGauge, Refusal};
+use crate::admission::{Admission, Budget, EVICT_MIN_AGE_MS, MemoryGauge, Refusal, Source};
 use crate::backend::{Answer, Backend, CloseReason, ConnId, Principal, Ticket};
 use crate::keyring::Keyring;
 use alloc::boxed::Box;
@@ -25,9 +25,22 @@ const MAX_REFUSED: usize = 4;
 /// A connection must finish HELLO within this time of opening, whatever it sends meanwhile: otherwise a
 /// client that never authenticates could hold a session place forever.
 pub const HELLO_DEADLINE_MS: u64 = 5_000;
-/// Ended sessions whose resume token is kept for a later RESUME (the oldest is forgotten first). Whether their
-/// leases still wait is the lease service's business (its session grace period); this only bounds memory.
-const MAX_LOST: usize = 64;
+/// A record must arrive at no less than this rate once its first byte is in (bytes per second), with
+/// [`RECORD_GRACE_MS`] besides: a record of `n` bytes has `RECORD_GRACE_MS + n * 1000 / MIN_RECORD_RATE` ms.
+/// A peer that trickles a record in more slowly is closed: a byte every few seconds holds nothing.
+pub const MIN_RECORD_RATE: u64 = 4096;
+pub const RECORD_GRACE_MS: u64 = 1_000;
+/// Records in a row that complete no frame (empty records, or pieces of one frame) a session may send; the
+/// next one closes it. Every frame fits in one record, so a client never needs any: this bounds the work
+/// records that carry nothing cost (each is an AEAD tag to check) the way credits bound frames.
+pub const MAX_RECORDS_WITHOUT_FRAME: u32 = 8;
+/// Ended sessions whose resume token is kept for a later RESUME, per principal (its oldest is forgotten first,
+/// so no principal can push out another's). Whether their leases still wait is the lease service's business
+/// (its session grace period); this only bounds memory: at most this many per configured principal.
+pub const MAX_LOST_PER_PRINCIPAL: usize = 8;
+/// Messages 1 remembered (by the first half of their ephemeral key) so that a replayed one is refused before
+/// the server answers it: answering costs an X25519 key and a DH, reading only a tag. 16 KiB of keys.
+pub const MAX_SEEN_HELLOS: usize = 1024;
 /// The one answer to a RESUME that names no session it may take over: an unknown id, a wrong token and another
 /// principal's session look the same.
 const RESUME_REFUSED: &str = "RESUME: no such session";
@@ -94,6 +107,10 @@ struct Pending {
 
 struct Conn {
     id: ConnId,
+    /// Where it comes from (the per-source limits).
+    source: Source,
+    /// Since when its place in the unauthenticated pool counts as held, for eviction ([`Server::make_room`]).
+    standing_ms: u64,
     state: State,
     frames: FrameBuf,
     out: VecDeque<u8>,
@@ -105,7 +122,12 @@ struct Conn {
     queued: u64,
     taken: u64,
     opened_ms: u64,
+    /// When the last complete, authenticated record came (or the connection opened): the silence timer.
     last_rx_ms: u64,
+    /// When the first byte of the record now arriving came (none while no record is partly in).
+    record_since_ms: Option<u64>,
+    /// Records in a row that completed no frame.
+    records_without_frame: u32,
     close: bool,
     /// This session's resume token (announced in the handshake; all zero before it).
     token: [u8; RESUME_TOKEN_LEN],
@@ -162,12 +184,22 @@ pub struct Server<B: Backend, E: Entropy> {
     admission: Admission,
     /// Records that failed authentication (each closed its session).
     records_rejected: u64,
+    /// Records that opened, and how many of them were empty.
+    records_in: u64,
+    records_empty: u64,
     /// This boot's random id (announced in every handshake, in STATS and in every lease id).
     boot_id: [u8; BOOT_ID_LEN],
     /// Ended sessions RESUME may name, oldest first.
     lost: VecDeque<Lost>,
     /// Scratch for [`Backend::take_notices`].
     notices: Vec<(String, Notice)>,
+    /// Messages 1 that verified recently (their ephemeral keys' first halves), oldest first, and as a set.
+    seen_hellos: VecDeque<[u8; 16]>,
+    seen_set: alloc::collections::BTreeSet<[u8; 16]>,
+    /// Messages 1 refused as replays of one seen.
+    hellos_replayed: u64,
+    /// This appliance's name (`appliance=`), bound into every handshake's prologue; empty: none.
+    appliance: String,
     /// Notice frames queued (one per receiving session).
     notices_sent: u64,
 }
@@ -192,6 +224,8 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         }
         backend.boot(boot_id);
         let stats = Stats { session_budget: limits.sessions as u32, ..Stats::default() };
+        let mut admission = Admission::new(Budget::for_sessions(limits.sessions));
+        admission.set_tenants(keys.tenants());
         Ok(Server {
             limits,
             keys,
@@ -207,13 +241,25 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             answers: Vec::new(),
             dummy_psk,
             hello_macs: 0,
-            admission: Admission::new(Budget::for_sessions(limits.sessions)),
+            admission,
             records_rejected: 0,
+            records_in: 0,
+            records_empty: 0,
             boot_id,
             lost: VecDeque::new(),
             notices: Vec::new(),
             notices_sent: 0,
+            seen_hellos: VecDeque::new(),
+            seen_set: alloc::collections::BTreeSet::new(),
+            hellos_replayed: 0,
+            appliance: String::new(),
         })
+    }
+
+    /// Names this appliance (`appliance=`): from now on a HELLO completes only if its client named the same
+    /// appliance ([`v2::prologue_for`]); empty: no name, the prologue of clients that name none.
+    pub fn set_appliance_name(&mut self, name: &str) {
+        self.appliance = String::from(name);
     }
 
     /// This boot's id.
@@ -296,10 +342,21 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         self.hello_macs
     }
 
+    /// Messages 1 refused because one with the same ephemeral key verified recently (a replay).
+    pub fn hellos_replayed(&self) -> u64 {
+        self.hellos_replayed
+    }
+
     /// Records that failed authentication (altered, replayed, reordered, truncated, misplaced); each closed its
     /// session.
     pub fn records_rejected(&self) -> u64 {
         self.records_rejected
+    }
+
+    /// Records received that opened, and of them the empty ones (each counted against the session's
+    /// [`MAX_RECORDS_WITHOUT_FRAME`]).
+    pub fn records_in(&self) -> (u64, u64) {
+        (self.records_in, self.records_empty)
     }
 
     /// Deferred answers dropped because their session had ended before they came.
@@ -311,22 +368,30 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         self.conns.iter().position(|c| c.id == id)
     }
 
-    /// A new connection; `false` = refused (over budget): it gets a BUSY frame from `output`, then closes.
+    /// A new connection whose source address the transport does not know: a source of its own (the
+    /// per-source limits cannot apply). Transports that know the peer use [`Server::open_from`].
     pub fn open(&mut self, id: ConnId, now_ms: u64) -> bool {
-        if let Err(r) = self.admission.connect() {
-            self.stats.sessions_refused += 1;
-            self.count_error(ErrorCode::Busy);
-            if self.refused.len() < MAX_REFUSED {
-                let msg = alloc::format!("{r}");
-                let f = error_frame(ErrorCode::Busy, Op::Hello as u16, 0, &msg, r.detail());
-                self.stats.frames_out += 1;
-                self.refused.push((id, f.into()));
+        self.open_from(id, Source::unique(id.0), now_ms)
+    }
+
+    /// A new connection from `source`; `false` = refused: it gets a BUSY frame from `output`, then closes.
+    /// When the unauthenticated pool (or the source's share of it) is full, the oldest idle unauthenticated
+    /// connection is evicted for this one ([`Server::evictable`]); only when none may be evicted, or the source
+    /// is over its connection rate or the heap over its budget, is the new one refused.
+    pub fn open_from(&mut self, id: ConnId, source: Source, now_ms: u64) -> bool {
+        let standing_ms = match self.make_room(source, now_ms) {
+            Ok(t) => t,
+            Err(r) => {
+                self.refuse(id, r);
+                return false;
             }
-            return false;
-        }
+        };
+        self.admission.enter();
         self.stats.sessions_total += 1;
         self.conns.push(Conn {
             id,
+            source,
+            standing_ms,
             state: State::AwaitHello,
             frames: FrameBuf::new(),
             out: VecDeque::new(),
@@ -336,11 +401,89 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             taken: 0,
             opened_ms: now_ms,
             last_rx_ms: now_ms,
+            record_since_ms: None,
+            records_without_frame: 0,
             close: false,
             token: [0; RESUME_TOKEN_LEN],
             resumed: false,
         });
         true
+    }
+
+    /// A refused connection gets its BUSY frame (the first [`MAX_REFUSED`] at once; beyond them it is just closed).
+    fn refuse(&mut self, id: ConnId, r: Refusal) {
+        self.stats.sessions_refused += 1;
+        self.count_error(ErrorCode::Busy);
+        if self.refused.len() < MAX_REFUSED {
+            let msg = alloc::format!("{r}");
+            let f = error_frame(ErrorCode::Busy, Op::Hello as u16, 0, &msg, r.detail());
+            self.stats.frames_out += 1;
+            self.refused.push((id, f.into()));
+        }
+    }
+
+    /// Whether connection `c` holds a place in the unauthenticated pool.
+    fn preauth(c: &Conn) -> bool {
+        !c.close && !matches!(c.state, State::Authenticated(..))
+    }
+
+    /// Room in the unauthenticated pool for a connection from `source`: within the rates and the memory budget,
+    /// and, when the source holds its share or the pool is full, by evicting one connection. Returns the new
+    /// connection's standing for later evictions: a source replacing its own connection hands the new one the
+    /// old one's (so churning its own places does not make them younger), otherwise `now_ms`.
+    fn make_room(&mut self, source: Source, now_ms: u64) -> Result<u64, Refusal> {
+        self.admission.connect(source, now_ms)?;
+        let b = self.admission.budget();
+        let mine = self.held(source);
+        // A proven source's share is the whole pool: it competes for places only once the pool is full.
+        let victim = if mine >= b.preauth_per_source && !self.admission.proven(source) {
+            Some(self.evictable(source, true, 0, now_ms).ok_or(Refusal::SourceShare(b.preauth_per_source))?)
+        } else if self.admission.preauth_full() {
+            // Another source's place first; a proven source, which has no share, may also replace its own.
+            let other = self.evictable(source, false, mine + 1, now_ms);
+            let own = || self.admission.proven(source).then(|| self.evictable(source, true, 0, now_ms)).flatten();
+            Some(other.or_else(own).ok_or(Refusal::PreauthFull(b.preauth))?)
+        } else {
+            None
+        };
+        let Some(v) = victim else { return Ok(now_ms) };
+        let standing = if self.conns[v].source == source { self.conns[v].standing_ms } else { now_ms };
+        self.admission.evicted += 1;
+        let msg = "evicted: a newer connection took this unauthenticated place (finish HELLO sooner)";
+        let d = [b.preauth as u32, 1, 0];
+        self.send_error(v, ErrorCode::Busy, Op::Hello as u16, 0, msg, d);
+        self.close(v, CloseReason::ProtocolError, now_ms);
+        Ok(standing)
+    }
+
+    /// Places of the unauthenticated pool that connections from `source` hold.
+    fn held(&self, source: Source) -> usize {
+        self.conns.iter().filter(|c| Self::preauth(c) && c.source == source).count()
+    }
+
+    /// The unauthenticated connection to evict for a new one from `newcomer`: of that source only, when
+    /// `own`, otherwise of a source holding at least `min_held` places (so no source is pushed below what the
+    /// newcomer's would hold). A connection from a proven source (one a session authenticated from,
+    /// [`Admission::prove`]) is evicted only for another from a proven source; a newcomer from a proven source
+    /// may evict one from an unproven source at any age, everything else only after [`EVICT_MIN_AGE_MS`]. Of
+    /// the candidates: unproven before proven, one whose message 1 has not verified before one whose has, then
+    /// one from the source holding the most places, then the longest standing.
+    fn evictable(&self, newcomer: Source, own: bool, min_held: usize, now_ms: u64) -> Option<usize> {
+        let a = &self.admission;
+        let vip = a.proven(newcomer);
+        self.conns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| Self::preauth(c) && (!own || c.source == newcomer))
+            .map(|(i, c)| (i, c, a.proven(c.source), self.held(c.source)))
+            .filter(|(_, c, proven, held)| {
+                let aged = now_ms.saturating_sub(c.standing_ms) >= EVICT_MIN_AGE_MS;
+                (aged || (vip && !proven)) && (vip || !proven) && (own || (vip && !proven) || *held >= min_held)
+            })
+            .min_by_key(|(_, c, proven, held)| {
+                (*proven, matches!(c.state, State::Confirming(..)), core::cmp::Reverse(*held), c.standing_ms)
+            })
+            .map(|(i, _, _, _)| i)
     }
 
     fn count_error(&mut self, code: ErrorCode) {
@@ -404,7 +547,6 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         if self.conns[i].close {
             return;
         }
-        self.conns[i].last_rx_ms = now_ms;
         self.ingest(i, data, now_ms);
         loop {
             if self.conns[i].close {
@@ -456,12 +598,40 @@ impl<B: Backend, E: Entropy> Server<B, E> {
                 State::AwaitHello => return,
             };
             match opened {
-                None => return,
+                None => {
+                    // A record partly in starts its clock; none partly in stops it.
+                    let c = &mut self.conns[i];
+                    let partial = matches!(&c.state, State::Confirming(_, t) | State::Authenticated(_, t)
+                        if t.buffered() > 0);
+                    c.record_since_ms = if partial { Some(c.record_since_ms.unwrap_or(now_ms)) } else { None };
+                    return;
+                }
                 Some(Ok(plain)) => {
                     if matches!(self.conns[i].state, State::Confirming(..)) && !self.confirm(i, now_ms) {
                         return;
                     }
-                    self.conns[i].frames.push(&plain);
+                    // Only a complete, authenticated record keeps the session alive.
+                    let c = &mut self.conns[i];
+                    c.last_rx_ms = now_ms;
+                    c.record_since_ms = None;
+                    self.records_in += 1;
+                    if plain.is_empty() {
+                        self.records_empty += 1;
+                    }
+                    c.frames.push(&plain);
+                    // A record that is empty, or leaves part of a frame behind, carried no frame.
+                    if plain.is_empty() || !c.frames.whole_frames() {
+                        c.records_without_frame += 1;
+                        if c.records_without_frame > MAX_RECORDS_WITHOUT_FRAME {
+                            let msg = alloc::format!(
+                                "more than {MAX_RECORDS_WITHOUT_FRAME} records in a row carried no frame: closing the session"
+                            );
+                            self.send_error(i, ErrorCode::Malformed, 0, 0, &msg, [MAX_RECORDS_WITHOUT_FRAME, 0, 0]);
+                            return self.close(i, CloseReason::ProtocolError, now_ms);
+                        }
+                    } else {
+                        c.records_without_frame = 0;
+                    }
                 }
                 Some(Err(e)) => {
                     self.records_rejected += 1;
@@ -484,6 +654,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         let State::Confirming(p, t) = core::mem::replace(&mut self.conns[i].state, State::AwaitHello) else {
             unreachable!("checked above")
         };
+        self.admission.prove(self.conns[i].source, now_ms);
         self.backend.session_started(&p.who, now_ms);
         self.conns[i].state = State::Authenticated(p.who, t);
         true
@@ -583,9 +754,13 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         if let State::Authenticated(p, _) = &c.state {
             let p = p.clone();
             if !c.resumed {
-                // A later session of the same principal may RESUME it while its leases wait.
-                if self.lost.len() == MAX_LOST {
-                    self.lost.pop_front();
+                // A later session of the same principal may RESUME it while its leases wait; the principal's
+                // oldest is forgotten beyond its bound.
+                let mine = self.lost.iter().filter(|l| l.who.name == p.name).count();
+                if mine >= MAX_LOST_PER_PRINCIPAL
+                    && let Some(k) = self.lost.iter().position(|l| l.who.name == p.name)
+                {
+                    self.lost.remove(k);
                 }
                 self.lost.push_back(Lost { who: p.clone(), token: c.token });
             }
@@ -756,18 +931,45 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             self.send_error(i, ErrorCode::UnsupportedVersion, op, request_id, &msg, d);
             return self.close(i, CloseReason::ProtocolError, now_ms);
         }
+        // Reading message 1 costs a key derivation and an AEAD tag: at most the source's HELLO rate of them.
+        if let Err(r) = self.admission.hello(self.conns[i].source, now_ms) {
+            self.stats.sessions_refused += 1;
+            self.send_error(i, ErrorCode::Busy, op, request_id, &alloc::format!("{r}"), r.detail());
+            return self.close(i, CloseReason::ProtocolError, now_ms);
+        }
         let principal = self.keys.find(&h.name, h.key_id);
         let psk = match principal {
             Some(p) => self.keys.get(p).psk,
             None => self.dummy_psk,
         };
-        let prologue = v2::prologue(h.min_version, h.max_version, h.key_id, &h.name);
+        let prologue = v2::prologue_for(h.min_version, h.max_version, h.key_id, &h.name, &self.appliance);
         let read = Responder::read(&prologue, &psk, &h.msg1);
         self.hello_macs += 1;
         let (Some(p), Ok(responder)) = (principal, read) else {
             self.send_error(i, ErrorCode::AuthFailed, op, request_id, "authentication failed", [0; 3]);
             return self.close(i, CloseReason::ProtocolError, now_ms);
         };
+        // A replayed message 1 (its ephemeral key seen in one that verified) gets the answer a wrong key gets,
+        // before any costly work: only its sender's own message 1 can be answered usefully anyway.
+        let mut seen = [0u8; 16];
+        seen.copy_from_slice(&h.msg1[..16]);
+        if !self.seen_set.insert(seen) {
+            self.hellos_replayed += 1;
+            self.send_error(i, ErrorCode::AuthFailed, op, request_id, "authentication failed", [0; 3]);
+            return self.close(i, CloseReason::ProtocolError, now_ms);
+        }
+        self.seen_hellos.push_back(seen);
+        if self.seen_hellos.len() > MAX_SEEN_HELLOS
+            && let Some(old) = self.seen_hellos.pop_front()
+        {
+            self.seen_set.remove(&old);
+        }
+        // Answering costs two entropy draws, an X25519 key and a DH: at most so many a second in total.
+        if let Err(r) = self.admission.hello_work(now_ms) {
+            self.stats.sessions_refused += 1;
+            self.send_error(i, ErrorCode::Busy, op, request_id, &alloc::format!("{r}"), r.detail());
+            return self.close(i, CloseReason::ProtocolError, now_ms);
+        }
         let (mut e, mut token) = ([0u8; 32], [0u8; RESUME_TOKEN_LEN]);
         if self.entropy.fill(&mut e).is_err() || self.entropy.fill(&mut token).is_err() {
             self.send_error(i, ErrorCode::Internal, op, request_id, "no random source", [0; 3]);
@@ -785,7 +987,12 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             boot_id: self.boot_id,
             resume_token: token,
         };
-        let (msg2, transport) = responder.reply(e, &announce.encode());
+        // A low-order client ephemeral would make the session keys depend on the PSK alone: refused as any
+        // other failed handshake is.
+        let Ok((msg2, transport)) = responder.reply(e, &announce.encode()) else {
+            self.send_error(i, ErrorCode::AuthFailed, op, request_id, "authentication failed", [0; 3]);
+            return self.close(i, CloseReason::ProtocolError, now_ms);
+        };
         self.stats.frames_out += 1;
         let mut f = Vec::new();
         Response::Hello(HelloReply::Noise { msg2 }).encode(Op::Hello, request_id, &mut f);
@@ -844,12 +1051,27 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             if c.close {
                 continue;
             }
+            // A record partly in for longer than its size allows at MIN_RECORD_RATE.
+            let trickle = match (&c.state, c.record_since_ms) {
+                (State::Confirming(_, t) | State::Authenticated(_, t), Some(since)) => {
+                    let n = t.pending_record().unwrap_or(v2::RECORD_HEADER_LEN) as u64;
+                    now_ms.saturating_sub(since) > RECORD_GRACE_MS + n * 1000 / MIN_RECORD_RATE
+                }
+                _ => false,
+            };
+            if trickle {
+                let msg = alloc::format!("a record arrived slower than {MIN_RECORD_RATE} bytes/s");
+                let d = [MIN_RECORD_RATE as u32, RECORD_GRACE_MS as u32, 0];
+                self.send_error(i, ErrorCode::Timeout, 0, 0, &msg, d);
+                self.close(i, CloseReason::HeartbeatTimeout, now_ms);
+                continue;
+            }
             let (silent, unauthenticated) = (
                 now_ms.saturating_sub(c.last_rx_ms) > limit,
                 !matches!(c.state, State::Authenticated(..)) && now_ms.saturating_sub(c.opened_ms) > HELLO_DEADLINE_MS,
             );
             if silent {
-                let msg = alloc::format!("no frame for {limit} ms");
+                let msg = alloc::format!("no complete record for {limit} ms");
                 self.send_error(i, ErrorCode::Timeout, Op::Heartbeat as u16, 0, &msg, [self.limits.heartbeat_ms, 0, 0]);
                 self.close(i, CloseReason::HeartbeatTimeout, now_ms);
             } else if unauthenticated {

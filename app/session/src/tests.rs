@@ -20,6 +20,8 @@ std::thread_local! {
     static CLIENTS: RefCell<BTreeMap<u64, Transport>> = const { RefCell::new(BTreeMap::new()) };
     /// The announcement each test connection's handshake decrypted (its boot id and resume token).
     static ANNOUNCED: RefCell<BTreeMap<u64, Announce>> = const { RefCell::new(BTreeMap::new()) };
+    /// Logins so far on this thread (each draws its own ephemeral key from it).
+    static LOGINS: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
 }
 
 /// What the server announced to connection `c` in its handshake.
@@ -122,12 +124,17 @@ fn take_plain<B: Backend>(s: &mut Server<B, Counter>, c: ConnId) -> Vec<u8> {
 /// HELLO step 3 for `name` (`NAME` or `NAME#ID`) under `key`, with a fixed ephemeral key: the frame and the
 /// client's handshake state.
 fn hello_v2(name: &str, key: &str, e: u8) -> (Vec<u8>, Initiator) {
+    hello_v2_with(name, key, [e; 32])
+}
+
+/// [`hello_v2`] with ephemeral private key `e`.
+fn hello_v2_with(name: &str, key: &str, e: [u8; 32]) -> (Vec<u8>, Initiator) {
     let (name, key_id) = match name.split_once('#') {
         Some((n, id)) => (n, id.parse().unwrap()),
         None => (name, 0),
     };
     let p = v2::prologue(2, 2, key_id, name);
-    let (init, msg1) = Initiator::start(&p, &v2::psk_from_key(&parse_hex(key).unwrap()), [e; 32]);
+    let (init, msg1) = Initiator::start(&p, &v2::psk_from_key(&parse_hex(key).unwrap()), e);
     let h = HelloNoise { min_version: 2, max_version: 2, key_id, name: name.to_string(), msg1 };
     (req(Request::Hello(Hello::Noise(h)), 1), init)
 }
@@ -145,9 +152,29 @@ const CONFIRM_ID: u32 = 0x7fff_0000;
 /// `HelloReply::Welcome` (its `server_proof` unused: the announcement authenticated as part of Noise message 2).
 /// Afterwards [`exchange`] speaks records on `c`.
 fn login<B: Backend>(s: &mut Server<B, Counter>, c: ConnId, name: &str, key: &str) -> Result<HelloReply, ErrorBody> {
+    login_at(s, c, name, key, 0)
+}
+
+/// [`login`] at `now` (virtual ms).
+fn login_at<B: Backend>(
+    s: &mut Server<B, Counter>,
+    c: ConnId,
+    name: &str,
+    key: &str,
+    now: u64,
+) -> Result<HelloReply, ErrorBody> {
     CLIENTS.with(|m| m.borrow_mut().remove(&c.0));
-    let (hello, init) = hello_v2(name, key, 0x42);
-    let a = exchange(s, c, &hello, 0);
+    // A fresh ephemeral key for every login, as a client draws one (the server refuses a message 1 it has
+    // seen).
+    let e = LOGINS.with(|n| {
+        let k = n.get() + 1;
+        n.set(k);
+        let mut e = [0x42u8; 32];
+        e[8..16].copy_from_slice(&k.to_le_bytes());
+        e
+    });
+    let (hello, init) = hello_v2_with(name, key, e);
+    let a = exchange(s, c, &hello, now);
     match a.into_iter().next().unwrap().1 {
         Ans::Ok(Response::Hello(HelloReply::Noise { msg2 })) => {
             let (w, t) = init.finish(&msg2).expect("the server holds the key");
@@ -156,7 +183,7 @@ fn login<B: Backend>(s: &mut Server<B, Counter>, c: ConnId, name: &str, key: &st
             ANNOUNCED.with(|m| m.borrow_mut().insert(c.0, a));
             CLIENTS.with(|m| m.borrow_mut().insert(c.0, t));
             // Key confirmation: the first record makes the session (or is refused BUSY over a budget).
-            let confirmed = exchange(s, c, &req(Request::Heartbeat { echo: 0 }, CONFIRM_ID), 0);
+            let confirmed = exchange(s, c, &req(Request::Heartbeat { echo: 0 }, CONFIRM_ID), now);
             match confirmed.into_iter().next().expect("an answer to the first record").1 {
                 Ans::Ok(Response::Heartbeat { .. }) => {}
                 Ans::Err(e) => return Err(e),
@@ -731,7 +758,14 @@ fn budgeted(sessions: usize, per_tenant: usize, admin_reserved: usize, preauth: 
     let mut k = keys();
     k.add_tenant("other", DEMO_KEY).unwrap();
     let mut s = Server::new(Limits { sessions, ..Limits::default() }, k, NoLeases::default(), Counter(1), 0).unwrap();
-    s.set_budget(Budget { sessions, per_tenant, admin_reserved, preauth, heap_high_water_pct: 75 });
+    s.set_budget(Budget {
+        sessions,
+        per_tenant,
+        admin_reserved,
+        preauth,
+        heap_high_water_pct: 75,
+        ..Budget::for_sessions(sessions)
+    });
     s
 }
 
@@ -873,13 +907,19 @@ fn above_the_memory_high_water_mark_new_work_is_refused_busy() {
 #[test]
 fn budgets_from_the_options_and_their_defaults() {
     let d = Budget::from_options(16, None, None, None, None);
-    assert_eq!(d, Budget { sessions: 16, per_tenant: 15, admin_reserved: 1, preauth: 8, heap_high_water_pct: 85 });
+    assert_eq!(
+        (d.sessions, d.per_tenant, d.admin_reserved, d.preauth, d.heap_high_water_pct, d.preauth_per_source),
+        (16, 15, 1, 8, 85, 2)
+    );
     assert_eq!(Budget::from_options(2, None, None, None, None).preauth, 2, "the pool is no larger than the budget");
     assert_eq!(Budget::from_options(1, None, None, None, None).admin_reserved, 0, "a single place is anyone's");
     let b = Budget::from_options(8, Some(3), Some(2), Some(4), Some(60));
     assert_eq!((b.per_tenant, b.admin_reserved, b.preauth, b.heap_high_water_pct, b.tenant_places()), (3, 2, 4, 60, 6));
     assert_eq!(Budget::from_options(8, None, Some(3), None, None).per_tenant, 5);
 }
+mod cost;
+mod liveness;
+mod lockout;
 mod v2_tests;
 mod wire_v2;
 
@@ -1015,4 +1055,130 @@ fn a_client_cannot_send_notices() {
         "request"
     );
     assert!(!s.wants_close(ConnId(1)));
+}
+
+// ---- fair shares (issue 29 item 2) ----
+
+/// With no `sessions_per_tenant=`, two tenants among 15 tenant places: each is guaranteed 7, the place left
+/// over goes to whoever asks first, and no tenant takes another's guarantee; an explicit cap replaces the rule.
+#[test]
+fn tenants_get_fair_shares_of_session_places_by_default() {
+    let fair = |per_tenant: Option<usize>| {
+        let mut s = budgeted(16, 15, 1, 8);
+        s.set_budget(Budget::from_options(16, per_tenant, None, None, None));
+        s
+    };
+    let mut s = fair(None);
+    let mut c = 0;
+    let mut open = |s: &mut Server<NoLeases, Counter>, name: &str| {
+        c += 1;
+        assert!(s.open(ConnId(c), 0));
+        login(s, ConnId(c), name, if name == "admin" { ADMIN_KEY } else { DEMO_KEY })
+    };
+    for i in 0..8 {
+        open(&mut s, "demo").unwrap_or_else(|e| panic!("demo's session {i}: {e:?}"));
+    }
+    let e = busy(open(&mut s, "demo"));
+    assert_eq!(e.detail, [7, 10, 0], "refused by the fair share: {}", e.message);
+    assert!(e.message.contains("fair share"), "{}", e.message);
+    for i in 0..7 {
+        open(&mut s, "other").unwrap_or_else(|e| panic!("other's session {i}: {e:?}"));
+    }
+    assert_eq!(busy(open(&mut s, "other")).detail[1], 3, "the admin's place is left");
+    assert!(matches!(open(&mut s, "admin"), Ok(HelloReply::Welcome { role: Role::Admin, .. })));
+    // The operator's cap is the policy: one tenant may then take every tenant place.
+    let mut s = fair(Some(15));
+    for i in 0..15 {
+        open(&mut s, "demo").unwrap_or_else(|e| panic!("demo's session {i} under a cap of 15: {e:?}"));
+    }
+}
+
+// ---- keys that resist guessing; resume memory per principal (issue 29 item 6) ----
+
+#[test]
+fn plainly_non_random_keys_are_refused_with_the_reason() {
+    let weak = |hex: &str| match Keyring::new().add_tenant("t", hex) {
+        Err(KeyError::WeakKey(why)) => why,
+        other => panic!("{hex}: {other:?}"),
+    };
+    assert_eq!(weak(&"00".repeat(16)), "is one byte repeated");
+    assert_eq!(weak(&"ab".repeat(32)), "is one byte repeated");
+    assert_eq!(weak(&"deadbeef".repeat(4)), "is a short pattern repeated");
+    assert_eq!(weak(&"0102".repeat(16)), "is a short pattern repeated");
+    assert_eq!(weak("00000000000000000000000000010203"), "has fewer than 5 distinct byte values");
+    let msg = KeyError::WeakKey("is one byte repeated").to_string();
+    assert!(msg.contains("must be random") && msg.contains("/dev/urandom"), "{msg}");
+    // The admin's key and every key of a list are held to the same rule; a 16-byte random key passes.
+    assert!(matches!(Keyring::new().set_admin(&"11".repeat(16)), Err(KeyError::WeakKey(_))));
+    assert!(matches!(
+        Keyring::new().add_tenant("t", &alloc::format!("0/{DEMO_KEY},1/{}", "22".repeat(16))),
+        Err(KeyError::WeakKey(_))
+    ));
+    Keyring::new().add_tenant("t", "e7ddcabfe5d9e62e7e024c50798449bd").unwrap();
+    // Too short is still refused for its length first.
+    assert!(matches!(Keyring::new().add_tenant("t", &"00".repeat(15)), Err(KeyError::KeyLength { len: 15 })));
+}
+
+#[test]
+fn one_principal_cannot_flush_anothers_resume_memory() {
+    let mut k = keys();
+    k.add_tenant("other", "f0e1d2c3b4a5968778695a4b3c2d1e0f0f1e2d3c4b5a69788796a5b4c3d2e1f0").unwrap();
+    let mut s = Server::new(Limits::default(), k, NoLeases::default(), Counter(3), 0).unwrap();
+    // "other" ends one session; "demo" then ends many more than its bound.
+    assert!(s.open(ConnId(1), 0));
+    login(&mut s, ConnId(1), "other", "f0e1d2c3b4a5968778695a4b3c2d1e0f0f1e2d3c4b5a69788796a5b4c3d2e1f0").unwrap();
+    let others = announced(ConnId(1));
+    s.closed(ConnId(1), 1);
+    let mut demos = Vec::new();
+    for c in 2..2 + 3 * server::MAX_LOST_PER_PRINCIPAL as u64 {
+        assert!(s.open(ConnId(c), 1));
+        login(&mut s, ConnId(c), "demo", DEMO_KEY).unwrap();
+        demos.push(announced(ConnId(c)));
+        s.closed(ConnId(c), 1);
+    }
+    let resume = |s: &mut Server<NoLeases, Counter>, c: u64, name: &str, key: &str, a: &Announce| {
+        assert!(s.open(ConnId(c), 2));
+        login(s, ConnId(c), name, key).unwrap();
+        let r = Request::Resume { session_id: a.session_id, token: a.resume_token };
+        matches!(&exchange(s, ConnId(c), &req(r, 3), 2)[0].1, Ans::Ok(Response::Resume { .. }))
+    };
+    assert!(resume(&mut s, 100, "other", "f0e1d2c3b4a5968778695a4b3c2d1e0f0f1e2d3c4b5a69788796a5b4c3d2e1f0", &others));
+    assert!(!resume(&mut s, 101, "demo", DEMO_KEY, &demos[0]), "demo's oldest is forgotten");
+    assert!(resume(&mut s, 102, "demo", DEMO_KEY, demos.last().unwrap()), "demo's newest is kept");
+}
+
+// ---- appliance identity (issue 29 item 5) ----
+
+/// A HELLO for appliance `appliance` ("" for none): its frame and the client's state.
+fn hello_for(appliance: &str, e: u8) -> (Vec<u8>, Initiator) {
+    let p = v2::prologue_for(2, 2, 0, "demo", appliance);
+    let (init, msg1) = Initiator::start(&p, &v2::psk_from_key(&parse_hex(DEMO_KEY).unwrap()), [e; 32]);
+    let h = HelloNoise { min_version: 2, max_version: 2, key_id: 0, name: "demo".to_string(), msg1 };
+    (req(Request::Hello(Hello::Noise(h)), 1), init)
+}
+
+#[test]
+fn a_hello_for_one_appliance_fails_on_another() {
+    let mut a = server(Limits::default());
+    a.set_appliance_name("lb-a");
+    let mut b = server(Limits::default());
+    b.set_appliance_name("lb-b");
+    let mut unnamed = server(Limits::default());
+    let answer = |s: &mut Server<NoLeases, Counter>, c: u64, hello: &[u8]| {
+        assert!(s.open(ConnId(c), 0));
+        exchange(s, ConnId(c), hello, 0).into_iter().next().unwrap().1
+    };
+    let ok = |a: &Ans| matches!(a, Ans::Ok(Response::Hello(HelloReply::Noise { .. })));
+    let refused = |a: &Ans| matches!(a, Ans::Err(e) if e.code == ErrorCode::AuthFailed);
+    // Meant for lb-a: served there, refused on lb-b (the same key), and on an appliance with no name.
+    let (for_a, init) = hello_for("lb-a", 1);
+    let Ans::Ok(Response::Hello(HelloReply::Noise { msg2 })) = answer(&mut a, 1, &for_a) else { panic!("lb-a") };
+    assert!(init.finish(&msg2).is_ok());
+    assert!(refused(&answer(&mut b, 1, &for_a)), "lb-b must not complete lb-a's HELLO");
+    assert!(refused(&answer(&mut unnamed, 1, &hello_for("lb-a", 2).0)));
+    // A HELLO that names no appliance: refused by a named one, served by an unnamed one (configurations
+    // without a name keep working, with the prologue they always had).
+    assert!(refused(&answer(&mut a, 2, &hello_for("", 3).0)));
+    assert!(ok(&answer(&mut unnamed, 2, &hello_for("", 4).0)));
+    assert_eq!(v2::prologue_for(2, 2, 0, "demo", ""), v2::prologue(2, 2, 0, "demo"));
 }

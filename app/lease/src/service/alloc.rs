@@ -55,6 +55,18 @@ impl<T: Copy> LeaseService<T> {
                 &format!("tenant would hold {} bytes, the limit is {}", my_bytes + bytes, self.cfg.tenant_bytes),
             )));
         }
+        if !who.admin
+            && let Some((share, reserved)) = self.over_share(who.tenant, bytes)
+        {
+            return Some(Err(err(
+                ErrorCode::Limit,
+                &format!(
+                    "tenant would hold {} bytes, above its fair share of {share}, and the pool's unheld bytes are \
+                     other tenants' unused shares ({reserved} bytes)",
+                    my_bytes + bytes
+                ),
+            )));
+        }
         let Some(&slot) = self.free.first() else {
             return Some(Err(err(
                 ErrorCode::Limit,
@@ -281,6 +293,29 @@ impl<T: Copy> LeaseService<T> {
 
     fn tenant_usage(&self, tenant: &str) -> (u32, u64) {
         self.usage.get(tenant).copied().unwrap_or_default()
+    }
+
+    /// The fair share ([`crate::Config::tenants`]): `Some((share, reserved))` when `tenant` taking `bytes`
+    /// more would go above its share and leave fewer unheld bytes than the other tenants' unused shares.
+    fn over_share(&self, tenant: &str, bytes: u64) -> Option<(u64, u64)> {
+        let tenants = u64::from(self.cfg.tenants);
+        if self.cfg.tenant_bytes != u64::MAX || tenants < 2 {
+            return None;
+        }
+        let total = self.cfg.pool_bytes();
+        let share = total / tenants / self.cfg.extent * self.cfg.extent;
+        let mine = self.tenant_usage(tenant).1;
+        if mine.saturating_add(bytes) <= share {
+            return None;
+        }
+        // The admin is no tenant: its leases count as held, not against a share.
+        let others =
+            self.usage.iter().filter(|(n, _)| n.as_str() != tenant && n.as_str() != leasebox_session::ADMIN_NAME);
+        let (seen, unused) = others.fold((0u64, 0u64), |(k, u), (_, (_, b))| (k + 1, u + share.saturating_sub(*b)));
+        let reserved = unused + tenants.saturating_sub(1 + seen) * share;
+        let held: u64 = self.usage.values().map(|u| u.1).sum();
+        let unheld = total.saturating_sub(held);
+        (unheld.saturating_sub(bytes) < reserved).then_some((share, reserved))
     }
 
     /// A busy lease leaves the table (freed or fenced): its tenant's budget gets it back.

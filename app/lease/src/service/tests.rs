@@ -1287,3 +1287,31 @@ fn notices_nobody_takes_are_bounded_and_counted() {
     assert_eq!(r.svc.counters.notices_dropped, 10);
     assert_eq!(r.notices().len(), bound);
 }
+
+/// With no `tenant_mib=` and three tenants configured, each is guaranteed a third of the pool (rounded down to
+/// extents); a tenant borrows what no guarantee covers, never another tenant's unused share; `tenant_mib=`
+/// replaces the rule.
+#[test]
+fn tenants_get_fair_shares_of_the_pool_by_default() {
+    let alloc = |r: &mut Rig, tenant: &'static str| {
+        r.call(Who { session: 9, tenant, admin: false }, &Request::Alloc(alloc_req()))
+    };
+    // 64 MiB, 3 tenants: shares of 20 MiB (five 4 MiB leases), 4 MiB that no share covers.
+    let mut r = Rig::new(Config { tenants: 3, ..cfg() });
+    for i in 0..6 {
+        assert!(matches!(alloc(&mut r, "alpha"), Ok(Response::Alloc(_))), "alpha's lease {i}");
+    }
+    let e = alloc(&mut r, "alpha").unwrap_err();
+    assert_eq!(e.code, ErrorCode::Limit, "{e:?}");
+    assert!(e.message.contains("fair share of 20971520"), "{}", e.message);
+    for t in ["beta", "gamma"] {
+        for i in 0..5 {
+            assert!(matches!(alloc(&mut r, t), Ok(Response::Alloc(_))), "{t}'s lease {i}: its share is whole");
+        }
+    }
+    // An explicit tenant_mib= is the policy instead.
+    let mut r = Rig::new(Config { tenants: 3, tenant_bytes: 64 << 20, ..cfg() });
+    for i in 0..16 {
+        assert!(matches!(alloc(&mut r, "alpha"), Ok(Response::Alloc(_))), "alpha's lease {i} under tenant_mib");
+    }
+}

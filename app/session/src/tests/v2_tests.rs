@@ -135,7 +135,8 @@ fn two_key_ids_are_valid_while_rotating() {
 #[test]
 fn a_relayed_handshake_gives_no_usable_session() {
     let mut s = server(Limits::default());
-    // The client's HELLO goes to the server on A; an on-path relay copies it into its own connection B.
+    // The client's HELLO goes to the server on A; an on-path relay copies it into its own connection B (before
+    // or after A's): whichever comes second is a replay, refused as a wrong key is, before any costly work.
     let (hello, init) = hello_v2("demo", DEMO_KEY, 0x21);
     s.open(ConnId(1), 0);
     s.open(ConnId(2), 0);
@@ -144,19 +145,17 @@ fn a_relayed_handshake_gives_no_usable_session() {
     let (mut a_out, mut b_out) = (vec![0u8; 4096], vec![0u8; 4096]);
     let na = s.output(ConnId(1), &mut a_out);
     let nb = s.output(ConnId(2), &mut b_out);
-    assert_ne!(a_out[..na], b_out[..nb], "each answer has its own ephemeral key");
     let msg2 = |b: &[u8]| match take_one_response(b) {
         Some(Response::Hello(HelloReply::Noise { msg2 })) => msg2,
         _ => panic!("no HELLO answer"),
     };
+    assert!(matches!(take_one(&b_out[..nb]), Some((Ans::Err(e), 1)) if e.code == ErrorCode::AuthFailed));
+    assert!(s.wants_close(ConnId(2)));
+    assert_eq!(s.hellos_replayed(), 1);
     let (_, mut client) = init.finish(&msg2(&a_out[..na])).unwrap();
-    // The relay has no keys: a frame in clear on B closes it, and so does the client's own record copied there.
+    // A (the real client) is served.
     let mut rec = Vec::new();
     client.seal(&heartbeat(5), &mut rec).unwrap();
-    s.input(ConnId(2), &rec, 1);
-    assert!(s.wants_close(ConnId(2)), "a record sealed for A fails on B");
-    assert_eq!(s.records_rejected(), 1);
-    // A (the real client) is served.
     s.input(ConnId(1), &rec, 1);
     assert!(!s.wants_close(ConnId(1)));
     let mut out = vec![0u8; 4096];
@@ -164,15 +163,24 @@ fn a_relayed_handshake_gives_no_usable_session() {
     client.push(&out[..n]);
     let plain = client.open().unwrap().unwrap();
     assert_eq!(take_one_response(&plain), Some(Response::Heartbeat { echo: 5, uptime_ms: 1 }));
-    // Clear frames on a relayed session close it too.
-    s.open(ConnId(3), 0);
-    s.input(ConnId(3), &hello, 0);
-    s.output(ConnId(3), &mut out);
-    s.input(ConnId(3), &heartbeat(6), 2);
-    assert!(s.wants_close(ConnId(3)));
+    // A relay that gets a message 2 of its own (a HELLO the server has not seen, forwarded before the client's
+    // own copy) still has no keys: the client's record copied onto it fails there.
+    let (hello2, init2) = hello_v2("demo", DEMO_KEY, 0x23);
+    s.open(ConnId(3), 2);
+    s.input(ConnId(3), &hello2, 2);
+    let n3 = s.output(ConnId(3), &mut out);
+    let (_, mut c2) = init2.finish(&msg2(&out[..n3])).unwrap();
+    let mut rec2 = Vec::new();
+    c2.seal(&heartbeat(6), &mut rec2).unwrap();
+    s.open(ConnId(4), 2);
+    s.input(ConnId(4), &hello2, 2);
+    assert!(s.wants_close(ConnId(4)), "the client's own copy is the replay now");
+    s.input(ConnId(1), &rec2, 3);
+    assert!(s.wants_close(ConnId(1)), "a record sealed for one handshake fails on another");
+    assert_eq!(s.records_rejected(), 1);
     // The answer to one handshake does not complete another (a relay swapping answers).
     let (_, other) = hello_v2("demo", DEMO_KEY, 0x22);
-    assert!(other.finish(&msg2(&b_out[..nb])).is_err());
+    assert!(other.finish(&msg2(&a_out[..na])).is_err());
 }
 
 fn take_one_response(bytes: &[u8]) -> Option<Response> {
@@ -254,35 +262,31 @@ fn records_split_anywhere_are_reassembled() {
 }
 
 #[test]
-fn a_replayed_message_1_holds_no_session_place() {
+fn a_replayed_message_1_is_refused_before_any_costly_work() {
     // One place per tenant. Someone who once saw the tenant's HELLO sends it again on a connection of its own:
-    // the server answers message 2, but without the client's ephemeral key the replayer can send no record, so
-    // the connection never becomes a session.
+    // the server has seen that ephemeral key, so it answers AUTH_FAILED as to a wrong key, with no message 2
+    // (no key generation, no DH), and the connection never holds more than a pre-authentication place.
     let mut s = budgeted(4, 1, 1, 4);
-    let (hello, _) = hello_v2("demo", DEMO_KEY, 0x31);
+    let (hello, init) = hello_v2("demo", DEMO_KEY, 0x31);
     s.open(ConnId(1), 0);
     let a = exchange(&mut s, ConnId(1), &hello, 0);
-    assert!(matches!(&a[0].1, Ans::Ok(Response::Hello(HelloReply::Noise { .. }))));
-    assert_eq!((s.admission().sessions(), s.admission().preauth()), (0, 1), "still unauthenticated");
-    assert_eq!(s.sessions(), 1, "a connection, not a session");
-    // The tenant itself still gets its one place.
-    s.open(ConnId(2), 1);
-    login(&mut s, ConnId(2), "demo", DEMO_KEY).unwrap();
-    assert_eq!((s.admission().sessions(), s.admission().preauth()), (1, 1));
-    // Clear frames (the replayer's only option) close the replayed connection; silence ends at the deadline.
-    s.input(ConnId(1), &heartbeat(3), 2);
-    assert!(s.wants_close(ConnId(1)));
+    let Ans::Ok(Response::Hello(HelloReply::Noise { msg2 })) = &a[0].1 else { panic!("message 2") };
+    assert!(init.finish(msg2).is_ok());
+    s.closed(ConnId(1), 0);
+    let macs = s.hello_macs();
+    for c in 2..5 {
+        s.open(ConnId(c), 1);
+        let a = exchange(&mut s, ConnId(c), &hello, 1);
+        assert!(matches!(&a[..], [(1, Ans::Err(e))] if e.code == ErrorCode::AuthFailed), "replay {c}");
+        assert!(s.wants_close(ConnId(c)));
+        s.closed(ConnId(c), 1);
+    }
+    assert_eq!((s.hellos_replayed(), s.hello_macs() - macs), (3, 3), "each replay costs one tag check");
     assert_eq!(s.admission().preauth(), 0);
-    s.open(ConnId(3), 10);
-    exchange(&mut s, ConnId(3), &hello, 10);
-    s.tick(10 + server::HELLO_DEADLINE_MS + 1);
-    assert!(s.wants_close(ConnId(3)));
-    // (Its TIMEOUT goes out sealed under keys the replayer does not have.)
-    let mut out = vec![0u8; 4096];
-    let n = s.output(ConnId(3), &mut out);
-    assert!(n > v2::TAG_LEN && take_one(&out[..n]).is_none(), "a record, not a clear frame");
-    assert!(s.backend().lost.is_empty(), "no session was ever started, so none is lost");
-    assert!(!s.wants_close(ConnId(2)), "the tenant's session is served throughout");
+    // The tenant itself still gets its one place.
+    s.open(ConnId(9), 2);
+    login(&mut s, ConnId(9), "demo", DEMO_KEY).unwrap();
+    assert_eq!((s.admission().sessions(), s.admission().preauth()), (1, 0));
 }
 
 #[test]
