@@ -426,18 +426,17 @@ pub fn data_path_table(
     for (i, r) in soft.iter().enumerate() {
         let (x, y) = (side(rxe, i), side(reference, i));
         let name = format!("{} {}", size_name(r.bytes), if r.read { "read" } else { "write" });
-        let cell =
-            |d: &Option<DataRow>, f: &dyn Fn(&DataRow) -> Rate| d.as_ref().map_or("missing".into(), |d| short(&f(d)));
-        let calls: [(String, &dyn Fn(&DataRow) -> Rate); 4] = [
-            (format!("{name}, copying (depth 1)"), &|d: &DataRow| d.copying.clone()),
-            (format!("{name}, zero copy, depth {}", DATA_DEPTHS[0]), &|d: &DataRow| d.zero_copy[0].clone()),
-            (format!("{name}, zero copy, depth {}", DATA_DEPTHS[1]), &|d: &DataRow| d.zero_copy[1].clone()),
-            (format!("{name}, zero copy, depth {}", DATA_DEPTHS[2]), &|d: &DataRow| d.zero_copy[2].clone()),
-        ];
-        for (label, f) in calls {
+        // Call k: 0 the copying calls, 1.. zero copy at DATA_DEPTHS[k - 1].
+        let pick = |d: &DataRow, k: usize| if k == 0 { d.copying.clone() } else { d.zero_copy[k - 1].clone() };
+        let cell = |d: &Option<DataRow>, k: usize| d.as_ref().map_or("missing".into(), |d| short(&pick(d, k)));
+        for k in 0..=DATA_DEPTHS.len() {
+            let label = match k {
+                0 => format!("{name}, copying (depth 1)"),
+                k => format!("{name}, zero copy, depth {}", DATA_DEPTHS[k - 1]),
+            };
             let own = Some(r.clone());
-            let q = ratio_cell(x.as_ref().map(f).as_ref(), y.as_ref().map(f).as_ref());
-            rows.push(vec![label, cell(&own, f), cell(&x, f), cell(&y, f), q]);
+            let q = ratio_cell(x.as_ref().map(|d| pick(d, k)).as_ref(), y.as_ref().map(|d| pick(d, k)).as_ref());
+            rows.push(vec![label, cell(&own, k), cell(&x, k), cell(&y, k), q]);
         }
         let zc = |d: &Option<DataRow>| {
             d.as_ref().map_or("-".into(), |d| ratio_cell(Some(&d.zero_copy[0]), Some(&d.copying)))
