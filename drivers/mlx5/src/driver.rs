@@ -599,3 +599,70 @@ pub struct TeardownReport {
     pub reclaim_rounds: u32,
     pub disable_hca: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::platform::DmaBuf;
+    use core::sync::atomic::{AtomicU64, Ordering};
+
+    /// `initializing` set until `clears_ms` of virtual time (each `relax` is 2 ms, Linux's FW_PRE_INIT_WAIT).
+    struct Slow {
+        now_ns: AtomicU64,
+        clears_ms: u64,
+    }
+
+    impl Platform for Slow {
+        fn bar_read32(&self, offset: usize) -> u32 {
+            let now_ms = self.now_ns.load(Ordering::Relaxed) / 1_000_000;
+            if offset == initseg::INITIALIZING && now_ms < self.clears_ms { 1 << 31 } else { 0 }
+        }
+        fn bar_write32(&self, _offset: usize, _value: u32) {}
+        fn dma_alloc(&self, _len: usize, _align: usize) -> Option<DmaBuf> {
+            None
+        }
+        fn dma_free(&self, _buf: DmaBuf) {}
+        fn dma_read(&self, _buf: DmaBuf, _offset: usize, _out: &mut [u8]) {}
+        fn dma_write(&self, _buf: DmaBuf, _offset: usize, _data: &[u8]) {}
+        fn now_ns(&self) -> u64 {
+            self.now_ns.load(Ordering::Relaxed)
+        }
+        fn relax(&self) {
+            self.now_ns.fetch_add(2_000_000, Ordering::Relaxed);
+        }
+    }
+
+    fn slow(clears_ms: u64) -> Slow {
+        Slow { now_ns: AtomicU64::new(0), clears_ms }
+    }
+
+    /// A real device's defaults are Linux's: 120 s, with a warning every 20 s.
+    #[test]
+    fn the_default_pre_init_wait_is_linux_s() {
+        let c = Config::default();
+        assert_eq!((c.pre_init_timeout_ms, c.pre_init_report_ms), (120_000, 20_000));
+    }
+
+    /// Firmware that takes 65 s (after `mlxfwreset`, say) is waited for, with three warnings on the way.
+    #[test]
+    fn firmware_slower_than_ten_seconds_is_waited_for() {
+        let p = slow(65_000);
+        let c = Config::default();
+        assert_eq!(wait_reporting(&p, c.pre_init_timeout_ms, c.pre_init_report_ms), (true, 3));
+        let ms = p.now_ns() / 1_000_000;
+        assert!((65_000..65_010).contains(&ms), "stopped waiting when it cleared: {ms} ms");
+    }
+
+    /// Firmware that never comes up is given up on at the deadline, after five warnings (20 s .. 100 s).
+    #[test]
+    fn the_pre_init_wait_gives_up_at_its_deadline() {
+        let p = slow(u64::MAX);
+        assert_eq!(wait_reporting(&p, 120_000, 20_000), (false, 5));
+        let ms = p.now_ns() / 1_000_000;
+        assert!((120_000..120_010).contains(&ms), "{ms} ms");
+        // The model's short bound.
+        let p = slow(u64::MAX);
+        assert_eq!(wait_reporting(&p, 10_000, 20_000), (false, 0));
+        assert!(p.now_ns() / 1_000_000 < 10_010);
+    }
+}

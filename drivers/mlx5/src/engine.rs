@@ -104,6 +104,8 @@ pub struct Shared {
     port_events: [AtomicU8; 2],
     /// PORT_CHANGE events seen.
     pub port_changes: AtomicU64,
+    /// Health syndromes reported, not fatal (`crate::health::Class::Reported`), as the health monitor counts them.
+    pub health_reports: AtomicU64,
 }
 
 impl Shared {
@@ -540,6 +542,7 @@ impl<P: Platform> EventEngine<P> {
             self.emit(Event::Fatal(f));
             did = true;
         }
+        self.shared.health_reports.store(self.health.reports, Ordering::Relaxed);
         if let Some(mut eq) = self.eq.take() {
             for _ in 0..EQ_BUDGET {
                 let Some(e) = eq.next(p.as_ref()) else { break };
