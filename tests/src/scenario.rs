@@ -370,9 +370,11 @@ fn boot_scenarios() -> Vec<Scenario> {
             model_vf: true,
             ..Scenario::new(
                 "hca-vf",
-                "-kernel on Q35 with the mlx5 model playing a ConnectX-5 VF (`--vf`): the driver learns it is a VF \
-                 from the signature, skips HOST_ENDIANNESS and the port registers' writes, and comes up (ready line \
-                 `hca=ConnectX-5-VF ... lease=on`); the model's trace holds no register access it refuses",
+                "-kernel on Q35 with the mlx5 model playing a ConnectX-5 VF behind a legacy e-switch that also \
+                 refuses PMTU/PAOS reads (`--vf --vf-port-reads-refused`): the driver learns it is a VF from the \
+                 signature, skips HOST_ENDIANNESS and the port registers' writes, publishes its MAC in the unicast \
+                 list, falls back to QUERY_VPORT_STATE and the vport MTU, and comes up (ready line \
+                 `hca=ConnectX-5-VF ... lease=on`)",
                 BootKind::Kernel,
                 check_hca_vf,
             )
