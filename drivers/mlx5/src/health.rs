@@ -10,7 +10,7 @@
 //! that stopped for [`MAX_MISSES`] polls are fatal whatever `rfr` says: a lease appliance must not keep
 //! granting on hardware whose ICM, event queue or firmware can no longer be trusted to enforce a revoke. A
 //! reported syndrome is watched on: a fatal state after it (`rfr` set, `nic_interface`, PCI, a stopped
-//! counter, another syndrome) is fatal.
+//! counter, another syndrome, or a command the firmware did not complete in time) is fatal.
 //!
 //! A fatal verdict is final: the driver stops trusting the command interface (Linux
 //! `mlx5_enter_error_state`), fails everything in flight and reports the state to its user.
@@ -196,12 +196,24 @@ impl Health {
         self.verdict
     }
 
+    /// A command the firmware did not complete in time: fatal while a reported syndrome is showing (the
+    /// firmware asserted and has stopped carrying out commands — a revoke among them); nothing otherwise (a
+    /// timeout alone stays the command's error). Returns the new verdict once.
+    pub fn command_timed_out(&mut self) -> Option<Fatal> {
+        if self.verdict.is_some() || self.prev_synd == 0 {
+            return None;
+        }
+        let r = self.last_report?;
+        self.verdict = Some(Fatal::Syndrome { synd: r.synd, ext_synd: r.ext_synd, rfr: false });
+        self.verdict
+    }
+
     /// The newest reported (not fatal) syndrome, if any was.
     pub fn last_report(&self) -> Option<Report> {
         self.last_report
     }
 
-    /// Reads the sensors now, whatever the interval (also used right before giving up on a command).
+    /// Reads the sensors now, whatever the interval.
     pub fn read<P: Platform + ?Sized>(p: &P) -> Reading {
         if p.bar_read32(initseg::HEALTH_FW_VER) == u32::MAX {
             return Reading::Fatal(Fatal::PciLost);
@@ -396,6 +408,22 @@ mod tests {
         assert_eq!(step(&mut h, &b), Some(Fatal::Syndrome { synd: 0x10, ext_synd: 0, rfr: true }));
         assert_eq!(h.verdict(), Some(Fatal::Syndrome { synd: 0x10, ext_synd: 0, rfr: true }));
         assert_eq!(step(&mut h, &b), None, "a verdict is returned once");
+    }
+
+    #[test]
+    fn a_command_timeout_after_a_reported_assert_is_fatal() {
+        let b = bar(0, false);
+        let mut h = Health::new(0, 10);
+        tick(&b);
+        assert_eq!(h.poll(&b, 10 * MS), None);
+        assert_eq!(h.command_timed_out(), None, "a timeout alone is the command's error");
+        b.bar_write32(initseg::HEALTH_SYND_DW, (0x1 << 16) | 0x77);
+        tick(&b);
+        assert_eq!(h.poll(&b, 20 * MS), None);
+        assert_eq!(h.reports, 1);
+        assert_eq!(h.command_timed_out(), Some(Fatal::Syndrome { synd: 0x1, ext_synd: 0x77, rfr: false }));
+        assert_eq!(h.command_timed_out(), None, "once");
+        assert_eq!(h.poll(&b, 30 * MS), None, "the verdict is final");
     }
 
     #[test]
