@@ -508,8 +508,13 @@ mod tests {
         assert!(o.admin_down);
         assert!(parse(&["--bar", "b", "--ram", "r", "--vf=1"]).is_err(), "--vf takes no value");
         assert!(parse(&["--bar", "b", "--ram", "r", "--admin-down=1"]).is_err(), "--admin-down takes no value");
+        assert!(!o.vf_port_reads_refused);
+        let r = parse(&["--bar", "b", "--ram", "r", "--vf", "--vf-port-reads-refused"]).unwrap();
+        assert!(r.vf && r.vf_port_reads_refused);
+        assert!(parse(&["--bar", "b", "--ram", "r", "--vf-port-reads-refused=1"]).is_err());
         let d = parse(&["--bar", "b", "--ram", "r"]).unwrap();
         assert_eq!((d.link_up_delay, d.admin_down), (mlx5_model::hca::DEFAULT_LINK_UP_DELAY, false));
+        assert!(!d.vf_port_reads_refused);
         assert!(matches!(parse_args(["-h".to_string()]), Ok(Parsed::Help)));
     }
 
