@@ -19,6 +19,7 @@ use leasebox_lease::setup::LeaseParts;
 use leasebox_mlx5::cmdq::{Emergency, EmergencyOutcome};
 use leasebox_mlx5::driver::{Config, Driver, HcaInfo};
 use leasebox_mlx5::engine::{Client, CommandEngine, EventEngine, Shared};
+use leasebox_mlx5::initseg;
 use leasebox_mlx5::log::CmdLog;
 use leasebox_mlx5::probe;
 use leasebox_proto::HcaState;
@@ -55,9 +56,11 @@ const EMERGENCY_MS: u64 = 1_000;
 /// Commands shown by HEALTH and on a fatal exception or panic.
 const DUMP_RECORDS: usize = 16;
 
-/// Bring-up waits at most this long for `initializing` (shorter than Linux's 120 s so a boot that cannot
-/// find its firmware says so within a CI deadline).
-const PRE_INIT_MS: u64 = 10_000;
+/// Bring-up waits at most this long for `initializing` on the mlx5 model (found through its ivshmem signature,
+/// never on a real device): shorter than Linux's 120 s so that a CI boot whose model does not start says so
+/// within the scenario's deadline. A real ConnectX (found by its Mellanox PCI id) gets Linux's 120 s
+/// (`initseg::FW_PRE_INIT_TIMEOUT_MS`), which firmware needs after `mlxfwreset` or a pending activation.
+const MODEL_PRE_INIT_MS: u64 = 10_000;
 
 /// Bring-up then waits at most this long for the port's link (PAOS `oper_status`): a ConnectX-5 trains its link
 /// for seconds after INIT_HCA or the PAOS write, the model for `--link-up-delay` (1 s by default). A link still
@@ -116,14 +119,14 @@ impl core::fmt::Display for At {
     }
 }
 
-/// The first supported function: (address, BAR base, BAR size, part).
-fn find(p: &Platform) -> Option<(pci::Bdf, u64, u64, probe::Part)> {
+/// The first supported function: (address, BAR base, BAR size, part, whether it is the mlx5 model).
+fn find(p: &Platform) -> Option<(pci::Bdf, u64, u64, probe::Part, bool)> {
     for f in p.pci.functions() {
         if let Some(part) = probe::classify(f.vendor, f.device)
             && let Some((base, size)) = f.bars[0].mem()
             && base != 0
         {
-            return Some((f.bdf, base, size, part));
+            return Some((f.bdf, base, size, part, false));
         }
     }
     p.pci.find(sig::IVSHMEM_VENDOR, sig::IVSHMEM_DEVICE).find_map(|f| {
@@ -134,7 +137,7 @@ fn find(p: &Platform) -> Option<(pci::Bdf, u64, u64, probe::Part)> {
         if plays.is_none() {
             log::warn!("pci: {} the mlx5 model plays device {device:#06x}, which no supported part has", f.bdf);
         }
-        Some((f.bdf, base, size, plays?))
+        Some((f.bdf, base, size, plays?, true))
     })
 }
 
@@ -182,7 +185,7 @@ pub fn port_event() -> Option<leasebox_mlx5::driver::PortState> {
 /// port the control channel runs on (`crate::eth`). Runs on the BSP before the APs start (mapping the BAR is
 /// not shot down on other cores).
 pub fn init(p: &Platform, eth: bool) -> Status {
-    let Some((bdf, base, size, part)) = find(p) else {
+    let Some((bdf, base, size, part, model)) = find(p) else {
         LEASES.call_once(|| Err(String::from("no HCA")));
         return Status::Absent;
     };
@@ -204,7 +207,7 @@ pub fn init(p: &Platform, eth: bool) -> Status {
     let cfg = Config {
         part: part.name,
         vf: part.vf,
-        pre_init_timeout_ms: PRE_INIT_MS,
+        pre_init_timeout_ms: if model { MODEL_PRE_INIT_MS } else { initseg::FW_PRE_INIT_TIMEOUT_MS },
         link_wait_ms: LINK_WAIT_MS,
         ..Config::default()
     };
@@ -284,6 +287,11 @@ pub fn health() -> (HcaState, String) {
         if n != 0 {
             m.push_str(&format!(" {name} {n}"));
         }
+    }
+    // Health syndromes reported but not fatal (a firmware assert, high temperature), when there were any.
+    let reports = shared.health_reports.load(core::sync::atomic::Ordering::Relaxed);
+    if reports != 0 {
+        m.push_str(&format!("; health reports {reports}"));
     }
     if let Some(eth) = crate::eth::summary() {
         m.push_str("; ");

@@ -183,6 +183,9 @@ fn start_model(
     cmd.log = Some(a.log_dir.join(format!("{}.model.log", s.name)));
     cmd.trace = Some(model_trace_path(a, s.name));
     cmd.vf = s.model_vf;
+    // The VF behind a legacy e-switch whose firmware refuses the port registers' reads as well: the driver must
+    // publish its MAC and fall back to the vport (docs/hca-model.md, "VF personality").
+    cmd.vf_port_reads_refused = s.model_vf;
     let proc = ModelProcess::spawn(&cmd, shm.files(), config.mem_mib, model::READY_TIMEOUT)
         .map_err(|e| format!("{e} (binary {})", a.model_bin.display()))?;
     config.model = Some(shm.files().clone());

@@ -370,9 +370,11 @@ fn boot_scenarios() -> Vec<Scenario> {
             model_vf: true,
             ..Scenario::new(
                 "hca-vf",
-                "-kernel on Q35 with the mlx5 model playing a ConnectX-5 VF (`--vf`): the driver learns it is a VF \
-                 from the signature, skips HOST_ENDIANNESS and the port registers' writes, and comes up (ready line \
-                 `hca=ConnectX-5-VF ... lease=on`); the model's trace holds no register access it refuses",
+                "-kernel on Q35 with the mlx5 model playing a ConnectX-5 VF behind a legacy e-switch that also \
+                 refuses PMTU/PAOS reads (`--vf --vf-port-reads-refused`): the driver learns it is a VF from the \
+                 signature, skips HOST_ENDIANNESS and the port registers' writes, publishes its MAC in the unicast \
+                 list, falls back to QUERY_VPORT_STATE and the vport MTU, and comes up (ready line \
+                 `hca=ConnectX-5-VF ... lease=on`)",
                 BootKind::Kernel,
                 check_hca_vf,
             )
@@ -788,22 +790,33 @@ pub fn check_hca_vf(t: &Transcript) -> Result<(), String> {
     check_vf_trace(trace)
 }
 
-/// A VF's bring-up in the model's trace: ENABLE_HCA and INIT_HCA succeeded, and ACCESS_REG (0x805) only ever
-/// read (op_mod 1), successfully — HOST_ENDIANNESS and the PAOS/PMTU writes are the PF's.
+/// A VF's bring-up in the model's trace: ENABLE_HCA and INIT_HCA succeeded; ACCESS_REG (0x805) only ever read
+/// (op_mod 1) — HOST_ENDIANNESS and the PAOS/PMTU writes are the PF's; the model (`--vf-port-reads-refused`)
+/// refused at least one of those reads, and the driver fell back to QUERY_VPORT_STATE (0x750) and published
+/// its MAC with MODIFY_NIC_VPORT_CONTEXT (0x755), both successfully.
 pub fn check_vf_trace(trace: &str) -> Result<(), String> {
-    let (mut enable, mut init) = (false, false);
+    let (mut enable, mut init, mut refused, mut vport_state, mut modify) = (false, false, false, false, false);
     for l in trace.lines() {
         let v: serde_json::Value =
             serde_json::from_str(l).map_err(|e| format!("a trace line is not JSON ({e}): {l}"))?;
         let ok = v["status"] == 0 && v.get("delivery").is_none();
-        if v["opcode"] == "0x805" && (v["op_mod"] != 1 || !ok) {
-            return Err(format!("ACCESS_REG other than a successful read on a VF: {l}"));
+        if v["opcode"] == "0x805" && v["op_mod"] != 1 {
+            return Err(format!("ACCESS_REG other than a read on a VF: {l}"));
         }
+        refused |= v["opcode"] == "0x805" && !ok;
         enable |= v["opcode"] == "0x104" && ok;
         init |= v["opcode"] == "0x102" && ok;
+        vport_state |= v["opcode"] == "0x750" && ok;
+        modify |= v["opcode"] == "0x755" && ok;
     }
     if !(enable && init) {
         return Err("the trace lacks ENABLE_HCA or INIT_HCA".into());
+    }
+    if !refused {
+        return Err("no ACCESS_REG read was refused: the model did not refuse the port registers".into());
+    }
+    if !(vport_state && modify) {
+        return Err("the trace lacks a successful QUERY_VPORT_STATE or MODIFY_NIC_VPORT_CONTEXT".into());
     }
     Ok(())
 }
@@ -1106,12 +1119,15 @@ leasebox: ready cores=1 mem_mib=256 pci=3 boot_ms=22.000 ap_ms=0.000 entry_ms=10
                 "{{\"t_ns\":1,\"slot\":0,\"opcode\":\"{op}\",\"op_mod\":{m},\"status\":{st},\"syndrome\":\"0x0\"}}\n"
             )
         };
-        let good = [line("0x104", 0, 0), line("0x102", 0, 0), line("0x805", 1, 0), line("0x200", 0, 0)].concat();
+        let base = [line("0x104", 0, 0), line("0x102", 0, 0), line("0x755", 0, 0), line("0x805", 1, 0)].concat();
+        let good = [base.as_str(), &line("0x805", 1, 3), &line("0x750", 0, 0), &line("0x200", 0, 0)].concat();
         assert_eq!(check_vf_trace(&good), Ok(()));
         let he = format!("{good}{}", line("0x805", 0, 3));
         assert!(check_vf_trace(&he).unwrap_err().contains("ACCESS_REG"));
-        let failed_read = format!("{good}{}", line("0x805", 1, 3));
-        assert!(check_vf_trace(&failed_read).unwrap_err().contains("ACCESS_REG"));
+        let no_refusal = [base.as_str(), &line("0x750", 0, 0)].concat();
+        assert!(check_vf_trace(&no_refusal).unwrap_err().contains("refused"));
+        let no_fallback = [base.as_str(), &line("0x805", 1, 3)].concat();
+        assert!(check_vf_trace(&no_fallback).unwrap_err().contains("QUERY_VPORT_STATE"));
         assert!(check_vf_trace(&line("0x104", 0, 0)).unwrap_err().contains("INIT_HCA"));
         let ready = "leasebox: ready cores=1 hca=ConnectX-5-VF fw=16.35.4030 port=Active hca_ms=1.000 lease=on\n";
         let mut t = Transcript::from_text(ready);

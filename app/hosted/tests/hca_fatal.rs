@@ -46,8 +46,8 @@ fn fenced(c: &mut Client) -> Vec<FencedSlot> {
     }
 }
 
-/// A firmware assert as stock firmware reports it: health syndrome 0x8 with `rfr` 0 (Linux's fatal sensor
-/// would not fire; the driver's does, docs/mlx5-driver.md "Health").
+/// An unrecoverable hardware error as stock firmware reports it: health syndrome 0x8 with `rfr` 0 (Linux's fatal
+/// sensor would not fire; the driver's does, docs/mlx5-driver.md "Health").
 #[test]
 fn a_fatal_hca_fences_every_live_lease_and_answers_the_pending_revoke() {
     fences_every_live_lease(|h| {

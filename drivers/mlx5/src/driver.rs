@@ -117,6 +117,9 @@ pub struct HcaInfo {
     pub pre_init_reports: u32,
     /// ENABLE_HCA found the function still enabled by a previous owner, and bring-up brought it down first.
     pub previous_owner: bool,
+    /// The VF's firmware refused the PMTU read: `mtu` is the vport context's, and `port` the vport state when
+    /// PAOS is refused as well (`crate::eth::port_mtu`, `crate::eth::query_port_state`).
+    pub port_regs_refused: bool,
     /// The QP context values the caps dictate (`log_msg_max`, read-atomic bounds, `ts_format`,
     /// `user_index`, atomic mode).
     pub qp: ifc::qp::QpCaps,
@@ -138,6 +141,9 @@ pub enum BringUpError {
     NoDma {
         step: &'static str,
     },
+    /// A VF whose permanent MAC address is 00:00:00:00:00:00: the host administrator has not given it one, and
+    /// behind the e-switch it would receive nothing.
+    VfWithoutMac,
 }
 
 impl fmt::Display for BringUpError {
@@ -147,6 +153,10 @@ impl fmt::Display for BringUpError {
             BringUpError::CmdQueue(e) => write!(f, "command queue: {e}"),
             BringUpError::Command { step, error } => write!(f, "{step}: {error}"),
             BringUpError::NoDma { step } => write!(f, "{step}: no DMA memory"),
+            BringUpError::VfWithoutMac => f.write_str(
+                "this VF has no MAC address (00:00:00:00:00:00): the e-switch would deliver it nothing; set one on \
+                 the host with `ip link set <pf> vf <n> mac <mac>` and boot again",
+            ),
         }
     }
 }
@@ -237,6 +247,7 @@ impl<P: Platform> Driver<P> {
                 pre_init_waited_ms,
                 pre_init_reports,
                 previous_owner: false,
+                port_regs_refused: false,
                 timeouts: Timeouts { cmd_ms, init_ms: timeouts.init_ms },
                 issi: 0,
                 boot_pages: 0,
@@ -366,19 +377,42 @@ impl<P: Platform> Driver<P> {
         }
         let ctx = d.exec(ifc::vport::query_nic_vport_context()).map_err(step("QUERY_NIC_VPORT_CONTEXT"))?;
         d.info.mac = ifc::vport::query_nic_vport_context_out(&ctx).permanent_address;
+        // The MAC into the vport's unicast address list, on every function, as Linux's Ethernet driver does
+        // (`mlx5_modify_nic_vport_mac_list`, own address first): in legacy SR-IOV mode the e-switch forwards a
+        // function only the unicast addresses in that list. A VF without an address cannot be reached at all.
+        if d.info.mac == [0; 6] {
+            if cfg.vf {
+                return Err(BringUpError::VfWithoutMac);
+            }
+            log::warn!("mlx5: the port has no permanent MAC address; no unicast address published");
+        } else {
+            let mac = d.info.mac;
+            d.exec(ifc::vport::modify_nic_vport_mac_list(&[mac]))
+                .map_err(step("MODIFY_NIC_VPORT_CONTEXT addresses_list"))?;
+        }
         let gid = d.exec(ifc::vport::query_roce_address(0)).map_err(step("QUERY_ROCE_ADDRESS"))?;
         d.info.gid = ifc::vport::query_roce_address_out(&gid).gid;
-        let pmtu = d.exec(ifc::vport::pmtu_query(1)).map_err(step("ACCESS_REG PMTU"))?;
-        d.info.mtu = ifc::vport::pmtu_out(&pmtu).oper_mtu;
+        // PMTU (a VF falls back to the vport MTU when its firmware refuses the register).
+        let (pmtu, refused) = crate::eth::port_mtu_or_vport(&mut d, 1).map_err(step("ACCESS_REG PMTU"))?;
+        d.info.mtu = pmtu.oper_mtu;
+        d.info.port_regs_refused = refused;
         // The port administratively up, as Linux `mlx5e_open_locked` does through `mlx5_set_port_admin_status`
         // (the appliance has no netdev to open, and RoCE needs the link). PF only: a VF's port follows the PF,
         // and its firmware refuses the PAOS write.
         if !d.info.vf {
             crate::eth::port_admin_up(&mut d, 1).map_err(step("ACCESS_REG PAOS write"))?;
         }
-        // Port state as Linux `mlx5_query_port_oper_status` reads it: PAOS `oper_status` (1 up, 2 down).
-        let paos = d.exec(ifc::vport::paos_query(1)).map_err(step("ACCESS_REG PAOS"))?;
-        d.info.port = PortState::from_paos(ifc::vport::paos_out(&paos).oper_status);
+        // Port state as Linux `mlx5_query_port_oper_status` reads it: PAOS `oper_status` (1 up, 2 down); a VF
+        // whose firmware refuses PAOS asks QUERY_VPORT_STATE instead.
+        d.info.port = crate::eth::query_port_state(&mut d, 1).map_err(step("ACCESS_REG PAOS"))?;
+        if d.info.port_regs_refused {
+            log::info!(
+                "mlx5: the VF's firmware refuses PMTU/PAOS reads: MTU {} from the vport context, port {} from \
+                 QUERY_VPORT_STATE",
+                d.info.mtu,
+                d.info.port
+            );
+        }
         d.info.bring_up_ns = p.now_ns().saturating_sub(t0);
         // Link training: bounded, never an error (the link may come up later, announced by PORT_CHANGE).
         if cfg.link_wait_ms > 0 && d.info.port != PortState::Active {
@@ -598,4 +632,71 @@ pub struct TeardownReport {
     /// MANAGE_PAGES take rounds (each asks for everything still held).
     pub reclaim_rounds: u32,
     pub disable_hca: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::platform::DmaBuf;
+    use core::sync::atomic::{AtomicU64, Ordering};
+
+    /// `initializing` set until `clears_ms` of virtual time (each `relax` is 2 ms, Linux's FW_PRE_INIT_WAIT).
+    struct Slow {
+        now_ns: AtomicU64,
+        clears_ms: u64,
+    }
+
+    impl Platform for Slow {
+        fn bar_read32(&self, offset: usize) -> u32 {
+            let now_ms = self.now_ns.load(Ordering::Relaxed) / 1_000_000;
+            if offset == initseg::INITIALIZING && now_ms < self.clears_ms { 1 << 31 } else { 0 }
+        }
+        fn bar_write32(&self, _offset: usize, _value: u32) {}
+        fn dma_alloc(&self, _len: usize, _align: usize) -> Option<DmaBuf> {
+            None
+        }
+        fn dma_free(&self, _buf: DmaBuf) {}
+        fn dma_read(&self, _buf: DmaBuf, _offset: usize, _out: &mut [u8]) {}
+        fn dma_write(&self, _buf: DmaBuf, _offset: usize, _data: &[u8]) {}
+        fn now_ns(&self) -> u64 {
+            self.now_ns.load(Ordering::Relaxed)
+        }
+        fn relax(&self) {
+            self.now_ns.fetch_add(2_000_000, Ordering::Relaxed);
+        }
+    }
+
+    fn slow(clears_ms: u64) -> Slow {
+        Slow { now_ns: AtomicU64::new(0), clears_ms }
+    }
+
+    /// A real device's defaults are Linux's: 120 s, with a warning every 20 s.
+    #[test]
+    fn the_default_pre_init_wait_is_linux_s() {
+        let c = Config::default();
+        assert_eq!((c.pre_init_timeout_ms, c.pre_init_report_ms), (120_000, 20_000));
+    }
+
+    /// Firmware that takes 65 s (after `mlxfwreset`, say) is waited for, with three warnings on the way.
+    #[test]
+    fn firmware_slower_than_ten_seconds_is_waited_for() {
+        let p = slow(65_000);
+        let c = Config::default();
+        assert_eq!(wait_reporting(&p, c.pre_init_timeout_ms, c.pre_init_report_ms), (true, 3));
+        let ms = p.now_ns() / 1_000_000;
+        assert!((65_000..65_010).contains(&ms), "stopped waiting when it cleared: {ms} ms");
+    }
+
+    /// Firmware that never comes up is given up on at the deadline, after five warnings (20 s .. 100 s).
+    #[test]
+    fn the_pre_init_wait_gives_up_at_its_deadline() {
+        let p = slow(u64::MAX);
+        assert_eq!(wait_reporting(&p, 120_000, 20_000), (false, 5));
+        let ms = p.now_ns() / 1_000_000;
+        assert!((120_000..120_010).contains(&ms), "{ms} ms");
+        // The model's short bound.
+        let p = slow(u64::MAX);
+        assert_eq!(wait_reporting(&p, 10_000, 20_000), (false, 0));
+        assert!(p.now_ns() / 1_000_000 < 10_010);
+    }
 }

@@ -104,6 +104,11 @@ pub struct Shared {
     port_events: [AtomicU8; 2],
     /// PORT_CHANGE events seen.
     pub port_changes: AtomicU64,
+    /// Health syndromes reported, not fatal (`crate::health::Class::Reported`), as the health monitor counts them.
+    pub health_reports: AtomicU64,
+    /// Commands the firmware did not complete within their timeout (the health monitor's escalation:
+    /// `Health::command_timed_out`).
+    pub cmd_timeouts: AtomicU64,
 }
 
 impl Shared {
@@ -280,6 +285,8 @@ pub struct EventEngine<P: Platform> {
     shared: Arc<Shared>,
     undelivered: VecDeque<Event>,
     pending_pages: VecDeque<PageRequest>,
+    /// `Shared::cmd_timeouts` as last seen.
+    timeouts_seen: u64,
 }
 
 /// The submitting side (core 0).
@@ -338,6 +345,7 @@ pub fn assemble<P: Platform>(p: Arc<P>, q: CmdQueue, health: Health) -> (Command
         shared: shared.clone(),
         undelivered: VecDeque::new(),
         pending_pages: VecDeque::new(),
+        timeouts_seen: 0,
     };
     let client = Client { requests: req_tx, completions: done_rx, events: ev_rx, shared, next_tag: 1, waker: None };
     (cmd, ev, client)
@@ -437,6 +445,11 @@ impl<P: Platform> CommandEngine<P> {
         self.q.poll(self.p.as_ref(), &mut self.done);
         for c in self.done.drain(..) {
             did = true;
+            if let Err(e) = &c.result
+                && matches!(e.kind, crate::command::ErrorKind::Timeout { .. })
+            {
+                self.shared.cmd_timeouts.fetch_add(1, Ordering::Relaxed);
+            }
             if c.tag & INTERNAL_TAG != 0 {
                 if self.pages.in_flight.as_ref().is_some_and(|f| f.0 == c.tag) {
                     let n = self.pages.complete(self.p.as_ref(), &c);
@@ -539,6 +552,18 @@ impl<P: Platform> EventEngine<P> {
             self.shared.set_fatal(f.syndrome());
             self.emit(Event::Fatal(f));
             did = true;
+        }
+        self.shared.health_reports.store(self.health.reports, Ordering::Relaxed);
+        // A command timed out while a reported syndrome shows: the firmware stopped working after it asserted.
+        let timeouts = self.shared.cmd_timeouts.load(Ordering::Relaxed);
+        if timeouts != self.timeouts_seen {
+            self.timeouts_seen = timeouts;
+            if let Some(f) = self.health.command_timed_out() {
+                log::error!("mlx5: {f}, and a command timed out after it; the command interface is no longer trusted");
+                self.shared.set_fatal(f.syndrome());
+                self.emit(Event::Fatal(f));
+                did = true;
+            }
         }
         if let Some(mut eq) = self.eq.take() {
             for _ in 0..EQ_BUDGET {

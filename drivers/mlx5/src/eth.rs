@@ -653,7 +653,39 @@ pub fn port_admin_up<P: Platform>(d: &mut Driver<P>, local_port: u8) -> Result<(
 
 /// PAOS read: the operational state of `local_port`.
 pub fn query_port_state<P: Platform>(d: &mut Driver<P>, local_port: u8) -> Result<PortState, CmdError> {
-    d.exec(ifc::vport::paos_query(local_port)).map(|o| PortState::from_paos(ifc::vport::paos_out(&o).oper_status))
+    match d.exec(ifc::vport::paos_query(local_port)) {
+        Ok(o) => Ok(PortState::from_paos(ifc::vport::paos_out(&o).oper_status)),
+        // Best effort on a VF: its firmware may refuse the physical port's register; the vport state (Linux
+        // `mlx5_query_vport_state`, what `mlx5e_update_carrier` reads) says whether its link is up.
+        Err(e) if d.info.vf && e.status().is_some() => {
+            let o = d.exec(ifc::vport::query_vport_state())?;
+            Ok(match ifc::vport::query_vport_state_out(&o).state {
+                ifc::vport::MLX5_VPORT_STATE_UP => PortState::Active,
+                _ => PortState::Down,
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The port's PMTU; on a VF whose firmware refuses the register (best effort, as Linux's VF gets by with the
+/// vport's MTU, `mlx5_query_nic_vport_mtu`), the NIC vport context's `mtu` stands for all three (the maximum
+/// then is what the vport has: a VF cannot raise it past what it cannot see).
+pub fn port_mtu<P: Platform>(d: &mut Driver<P>, local_port: u8) -> Result<ifc::vport::Pmtu, CmdError> {
+    port_mtu_or_vport(d, local_port).map(|(pmtu, _)| pmtu)
+}
+
+/// [`port_mtu`], and whether it came from the vport context because the VF's firmware refused PMTU.
+pub fn port_mtu_or_vport<P: Platform>(d: &mut Driver<P>, local_port: u8) -> Result<(ifc::vport::Pmtu, bool), CmdError> {
+    match d.exec(ifc::vport::pmtu_query(local_port)) {
+        Ok(o) => Ok((ifc::vport::pmtu_out(&o), false)),
+        Err(e) if d.info.vf && e.status().is_some() => {
+            let o = d.exec(ifc::vport::query_nic_vport_context())?;
+            let mtu = ifc::vport::query_nic_vport_context_out(&o).mtu;
+            Ok((ifc::vport::Pmtu { max_mtu: mtu, admin_mtu: mtu, oper_mtu: mtu }, true))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Polls PAOS until the port is up or `ms` have passed; a port still down is not an error.
@@ -682,16 +714,15 @@ pub fn wait_link_up<P: Platform>(d: &mut Driver<P>, local_port: u8, ms: u64) -> 
 pub fn set_port_mtu<P: Platform>(d: &mut Driver<P>, local_port: u8, mtu: u16) -> Result<ifc::vport::Pmtu, EthError> {
     let step = |step: &'static str| move |error| EthError::Command { step, error };
     let hw = mtu.checked_add(HW_MTU_OVERHEAD).ok_or(EthError::Config("MTU too large"))?;
-    let cur = d.exec(ifc::vport::pmtu_query(local_port)).map_err(step("ACCESS_REG PMTU"))?;
-    if hw > ifc::vport::pmtu_out(&cur).max_mtu {
+    let cur = port_mtu(d, local_port).map_err(step("ACCESS_REG PMTU"))?;
+    if hw > cur.max_mtu {
         return Err(EthError::Config("MTU beyond the port's max_mtu"));
     }
     if !d.info.vf {
         d.exec(ifc::vport::pmtu_set(local_port, hw)).map_err(step("ACCESS_REG PMTU write"))?;
     }
     d.exec(ifc::vport::modify_nic_vport_mtu(hw)).map_err(step("MODIFY_NIC_VPORT_CONTEXT mtu"))?;
-    let o = d.exec(ifc::vport::pmtu_query(local_port)).map_err(step("ACCESS_REG PMTU"))?;
-    Ok(ifc::vport::pmtu_out(&o))
+    port_mtu(d, local_port).map_err(step("ACCESS_REG PMTU"))
 }
 
 /// The port's objects (for teardown; each present once created).
@@ -1102,10 +1133,7 @@ impl<P: Platform> EthPort<P> {
         }
         let pmtu = match cfg.mtu {
             Some(mtu) => set_port_mtu(d, cfg.local_port, mtu)?,
-            None => {
-                let o = d.exec(ifc::vport::pmtu_query(cfg.local_port)).map_err(step("ACCESS_REG PMTU"))?;
-                ifc::vport::pmtu_out(&o)
-            }
+            None => port_mtu(d, cfg.local_port).map_err(step("ACCESS_REG PMTU"))?,
         };
         let state = query_port_state(d, cfg.local_port).map_err(step("ACCESS_REG PAOS"))?;
 

@@ -464,3 +464,38 @@ fn every_queued_command_wakes_the_engine_and_a_refused_one_does_not() {
         done == 3
     });
 }
+
+/// Rule (docs/mlx5-driver.md, "Health"): a firmware assert with stock `rfr` 0 is reported and counted, not
+/// fatal while the firmware runs; the model's assert also stops the command interface, so the next command
+/// times out — and a timeout while a reported syndrome shows is fatal.
+#[test]
+fn an_assert_is_reported_and_a_command_timeout_after_it_is_fatal() {
+    let cfg = Config { health_interval_ms: 50, cmd_timeout_ms: Some(300), ..common::driver_config() };
+    // The counter ticks faster than the driver polls: no hang verdict, only the assert.
+    let model = ModelConfig { health_period: Duration::from_millis(5), ..common::model_config() };
+    let mut d = common::up_with(model, cfg);
+    let p = d.platform().clone();
+    p.model().unwrap().inject(Fault::HealthFatal { synd: 0x1, rfr: false });
+    let t0 = std::time::Instant::now();
+    while d.events.health().reports == 0 {
+        d.pump();
+        p.relax();
+        assert!(t0.elapsed() < Duration::from_secs(5), "the assert was not reported");
+    }
+    assert_eq!(d.client.fatal(), None, "reported, not fatal");
+    assert_eq!(d.events.health().last_report().map(|r| r.synd), Some(0x1));
+    let e = d.alloc_pd().unwrap_err();
+    assert!(matches!(e.kind, ErrorKind::Timeout { .. }), "{e}");
+    let t1 = std::time::Instant::now();
+    while d.client.fatal().is_none() {
+        d.pump();
+        p.relax();
+        assert!(t1.elapsed() < Duration::from_secs(5), "the timeout after the assert was not found fatal");
+    }
+    assert_eq!(d.client.fatal(), Some(0x1));
+    let events: Vec<Event> = std::iter::from_fn(|| d.next_event()).collect();
+    assert!(
+        events.iter().any(|e| matches!(e, Event::Fatal(Fatal::Syndrome { synd: 0x1, rfr: false, .. }))),
+        "{events:?}"
+    );
+}

@@ -59,3 +59,49 @@ fn a_vf_ethernet_port_leaves_the_physical_port_to_the_pf() {
     assert_eq!(port.info.pmtu.oper_mtu, 4022, "a PF sets the port's MTU");
     port.destroy(&mut pf).unwrap_or_else(|e| panic!("destroy: {e}"));
 }
+
+/// Behind the model's legacy e-switch: bring-up publishes the MAC in the vport's unicast list (on the PF too),
+/// so frames for it reach the function.
+#[test]
+fn bring_up_publishes_the_mac_in_the_unicast_list() {
+    let d = common::up_with(vf_model(), vf_driver());
+    let mac = d.info.mac;
+    assert_ne!(mac, [0; 6]);
+    let m = d.platform().model().unwrap();
+    assert_eq!(m.hca().port.uc_list, vec![mac], "the VF's own MAC, alone");
+    assert!(m.hca().port.eswitch_admits(mac));
+    drop(m);
+    let pf = common::up_with(common::model_config(), common::driver_config());
+    assert_eq!(pf.platform().model().unwrap().hca().port.uc_list, vec![pf.info.mac], "the PF publishes as well");
+}
+
+/// A VF whose administrator set no MAC (all zero) refuses to serve and says how to set one.
+#[test]
+fn a_vf_without_a_mac_refuses_to_come_up() {
+    let model = ModelConfig { mac: [0; 6], ..vf_model() };
+    match Driver::bring_up(common::platform(model), vf_driver()) {
+        Err(e) => {
+            assert_eq!(e, leasebox_mlx5::driver::BringUpError::VfWithoutMac);
+            let s = e.to_string();
+            assert!(s.contains("ip link set <pf> vf <n> mac <mac>"), "{s}");
+        }
+        Ok(_) => panic!("a VF without a MAC came up"),
+    }
+}
+
+/// A VF whose firmware refuses the PMTU and PAOS reads comes up all the same: the MTU from the NIC vport
+/// context, the link from QUERY_VPORT_STATE, and its Ethernet port too.
+#[test]
+fn a_vf_refused_the_port_registers_falls_back_to_the_vport() {
+    let model = ModelConfig { vf_port_reads_refused: true, ..vf_model() };
+    let mut d = common::up_with(model, vf_driver());
+    assert!(d.info.port_regs_refused);
+    assert_eq!(d.info.mtu, 1522, "the vport's MTU");
+    assert_eq!(d.info.port, PortState::Active, "the vport's state");
+    let cfg = EthConfig { log_tx_frames: 3, log_rx_frames: 3, buf_len: 4096, mtu: Some(1500), ..EthConfig::default() };
+    let port = EthPort::create(&mut d, &cfg).unwrap_or_else(|e| panic!("create: {e}"));
+    assert_eq!(port.info.pmtu.oper_mtu, 1522);
+    port.destroy(&mut d).unwrap_or_else(|e| panic!("destroy: {e}"));
+    // Without the refusal, no fallback is recorded.
+    assert!(!common::up_with(vf_model(), vf_driver()).info.port_regs_refused);
+}

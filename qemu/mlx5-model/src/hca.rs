@@ -63,6 +63,10 @@ pub struct ModelConfig {
     /// `vport_group_manager` 0 and a non-zero `vhca_id`, and ACCESS_REGISTER refuses HOST_ENDIANNESS and
     /// writes of PAOS and PMTU (docs/hca-model.md, "VF personality").
     pub vf: bool,
+    /// With `vf`: ACCESS_REGISTER also refuses *reads* of PMTU and PAOS (`--vf-port-reads-refused`), as a VF's
+    /// firmware may (Linux's Ethernet driver falls back to QUERY_VPORT_STATE and the vport MTU there;
+    /// docs/hca-model.md, "VF personality"). Ignored on the PF.
+    pub vf_port_reads_refused: bool,
     /// The capability blocks reported (`--caps`): a ConnectX-5 by default, the reference trace's ConnectX-4
     /// for the trace replay (docs/hca-model.md, "The ConnectX-5 profile").
     pub caps: CapsProfile,
@@ -90,6 +94,7 @@ impl Default for ModelConfig {
             min_wqe_inline_mode: crate::eth::frame::inline_mode::L2,
             left_initialized: false,
             vf: false,
+            vf_port_reads_refused: false,
             caps: CapsProfile::ConnectX5,
         }
     }
@@ -138,6 +143,8 @@ pub struct Hca {
     pub eth: crate::eth::Eth,
     /// Plays a VF (`ModelConfig::vf`).
     pub vf: bool,
+    /// `ModelConfig::vf_port_reads_refused` on a VF.
+    pub port_reads_refused: bool,
     /// The PCI command register's Bus Master Enable as the hosted rigs play it (`Model::set_bus_master`):
     /// cleared, the device makes no DMA at all — no command, queue or doorbell-record access, no received
     /// frame written, no RoCE request answered or executed. Over QEMU the model cannot see the ivshmem
@@ -165,14 +172,19 @@ impl Hca {
             flow: FlowSteering::default(),
             eqs: crate::eq::EqTable::default(),
             cqs: crate::cq::CqTable::default(),
-            port: crate::port::Port::new(cfg.mac, gids).with_link(
-                cfg.link_up_delay,
-                cfg.admin_down,
-                cfg.min_wqe_inline_mode,
-            ),
+            port: crate::port::Port {
+                // A VF sits behind its PF's e-switch (legacy SR-IOV mode).
+                eswitch: cfg.vf,
+                ..crate::port::Port::new(cfg.mac, gids).with_link(
+                    cfg.link_up_delay,
+                    cfg.admin_down,
+                    cfg.min_wqe_inline_mode,
+                )
+            },
             page_waits: crate::events::PageWaits::new(cfg.page_request),
             eth: crate::eth::Eth::default(),
             vf: cfg.vf,
+            port_reads_refused: cfg.vf && cfg.vf_port_reads_refused,
             bus_master: true,
         }
     }
@@ -194,6 +206,8 @@ impl Hca {
     /// DISABLE_HCA: back to reset state.
     pub fn disable(&mut self) {
         self.teardown();
+        // The vport context's address list goes with the function.
+        self.port.uc_list.clear();
         self.pages.release_all();
         self.issi = 0;
         self.state = FnState::Disabled;

@@ -50,7 +50,11 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
                         `hang <opcode>`, `health stop|run`, `health fatal <synd> [rfr=0|1]`, `drop-doorbell`, `clear`;
                         see docs/hca-model.md)
   --vf                  play a ConnectX-5 VF (device 0x1018 in the signature): ACCESS_REGISTER refuses
-                        HOST_ENDIANNESS and PAOS/PMTU writes, as only the PF may make them
+                        HOST_ENDIANNESS and PAOS/PMTU writes, as only the PF may make them; it sits behind a
+                        legacy e-switch: unicast reaches it only for a MAC in its vport's unicast list
+  --vf-port-reads-refused
+                        with --vf: ACCESS_REGISTER refuses PAOS/PMTU reads too (the driver must fall back to
+                        QUERY_VPORT_STATE and the vport MTU)
   --caps PROFILE        the capability blocks: `cx5` (default; a ConnectX-5 on firmware 16.x) or `cx4-trace`
                         (the reference trace's ConnectX-4, byte for byte); --vf applies on top of either
   --wait SECS           how long to wait for the files (default 10)
@@ -81,6 +85,7 @@ struct Opts {
     wait: Duration,
     exit_on_stdin_eof: bool,
     vf: bool,
+    vf_port_reads_refused: bool,
     caps: mlx5_model::caps::CapsProfile,
 }
 
@@ -102,6 +107,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     let mut wait = shm::DEFAULT_WAIT;
     let mut exit_on_stdin_eof = false;
     let mut vf = false;
+    let mut vf_port_reads_refused = false;
     let mut caps = mlx5_model::caps::CapsProfile::default();
     let mut control = None;
     let mut eth_udp = None;
@@ -171,6 +177,12 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
                 }
                 vf = true;
             }
+            "--vf-port-reads-refused" => {
+                if inline.is_some() {
+                    return Err(format!("{flag} takes no value"));
+                }
+                vf_port_reads_refused = true;
+            }
             "--admin-down" => {
                 if inline.is_some() {
                     return Err(format!("{flag} takes no value"));
@@ -217,6 +229,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
         wait,
         exit_on_stdin_eof,
         vf,
+        vf_port_reads_refused,
         caps,
     })))
 }
@@ -360,6 +373,7 @@ impl Device {
             admin_down: o.admin_down,
             timing: o.timing,
             vf: o.vf,
+            vf_port_reads_refused: o.vf_port_reads_refused,
             caps: o.caps,
             ..mlx5_model::ModelConfig::default()
         };
@@ -494,8 +508,13 @@ mod tests {
         assert!(o.admin_down);
         assert!(parse(&["--bar", "b", "--ram", "r", "--vf=1"]).is_err(), "--vf takes no value");
         assert!(parse(&["--bar", "b", "--ram", "r", "--admin-down=1"]).is_err(), "--admin-down takes no value");
+        assert!(!o.vf_port_reads_refused);
+        let r = parse(&["--bar", "b", "--ram", "r", "--vf", "--vf-port-reads-refused"]).unwrap();
+        assert!(r.vf && r.vf_port_reads_refused);
+        assert!(parse(&["--bar", "b", "--ram", "r", "--vf-port-reads-refused=1"]).is_err());
         let d = parse(&["--bar", "b", "--ram", "r"]).unwrap();
         assert_eq!((d.link_up_delay, d.admin_down), (mlx5_model::hca::DEFAULT_LINK_UP_DELAY, false));
+        assert!(!d.vf_port_reads_refused);
         assert!(matches!(parse_args(["-h".to_string()]), Ok(Parsed::Help)));
     }
 

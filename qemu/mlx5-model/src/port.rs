@@ -61,6 +61,12 @@ pub struct Port {
     pub link_delay: Duration,
     /// When the link comes up (training in progress).
     pub link_due: Option<Instant>,
+    /// A legacy-mode e-switch stands between the wire and this function (the VF personality): a unicast frame
+    /// reaches the function only when its destination MAC is in [`Port::uc_list`] ([`Port::eswitch_admits`]).
+    pub eswitch: bool,
+    /// The NIC vport context's current unicast address list (`current_uc_mac_address[]`), as the function
+    /// last wrote it (MODIFY_NIC_VPORT_CONTEXT `addresses_list`, `allowed_list_type` UC).
+    pub uc_list: Vec<[u8; 6]>,
 }
 
 /// EUI-64 from a MAC (flip the universal/local bit, insert ff:fe): the node and port GUIDs.
@@ -102,6 +108,7 @@ impl Port {
             && self.oper_status == PORT_UP
             && self.roce_en
             && eth_dst == self.mac
+            && self.eswitch_admits(eth_dst)
             && self.roce_addrs.iter().any(|e| e.is_v2_ipv4(ip_dst))
     }
 
@@ -129,7 +136,17 @@ impl Port {
             min_wqe_inline_mode: crate::eth::frame::inline_mode::L2,
             link_delay: Duration::ZERO,
             link_due: None,
+            eswitch: false,
+            uc_list: Vec::new(),
         }
+    }
+
+    /// Whether the e-switch forwards a frame for `eth_dst` to this function: always without an e-switch;
+    /// behind one (legacy SR-IOV mode, Linux `eswitch.c`: the FDB holds one rule per address of a vport's
+    /// unicast list) a unicast destination must be in [`Port::uc_list`]. Multicast and broadcast (I/G bit
+    /// set) pass: the model keeps no multicast list (docs/hca-model.md, "VF personality").
+    pub fn eswitch_admits(&self, eth_dst: [u8; 6]) -> bool {
+        !self.eswitch || eth_dst[0] & 1 == 1 || self.uc_list.contains(&eth_dst)
     }
 
     /// Link training time, the administrative state at power-up and the vport's minimal inline mode. With a

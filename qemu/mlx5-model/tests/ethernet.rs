@@ -855,3 +855,54 @@ fn dhcp_with_qemu_user_networking_and_checksum_offload() {
     assert_eq!(&b[236..240], &[0x63, 0x82, 0x53, 0x63]);
     assert_eq!(&b[240..243], &[53, 1, 2], "DHCPOFFER");
 }
+
+/// MODIFY_NIC_VPORT_CONTEXT selecting `addresses_list` (field_select bit 0x1d) with `allowed_list_type` UC and
+/// `macs` as `current_uc_mac_address[]` (Linux `mlx5_modify_nic_vport_mac_list`).
+fn uc_list_in(macs: &[[u8; 6]]) -> Vec<u8> {
+    let mut m = cmd(0x755, 0, 0x200 + 8 * macs.len());
+    put32(&mut m, 0xc, 1 << 2);
+    put32(&mut m, 0x1f0, macs.len() as u32);
+    for (i, mac) in macs.iter().enumerate() {
+        m[0x202 + 8 * i..0x208 + 8 * i].copy_from_slice(mac);
+    }
+    m
+}
+
+/// Rule (docs/hca-model.md, "VF personality"): a VF sits behind its PF's legacy e-switch, which forwards it a
+/// unicast frame — Ethernet or RoCE — only for a MAC in its vport's unicast list; broadcast still passes.
+#[test]
+fn a_vf_gets_no_unicast_for_a_mac_missing_from_its_list() {
+    let mut d = Drv::with(ModelConfig { vf: true, ..config() }, 64 << 20);
+    let e = bring_up(&mut d, true);
+    post_recv(&d, &e, 0, 4);
+    let mut sink = |_: Vec<u8>| {};
+    let f = frame(PORT_MAC, PEER_MAC, 128);
+    let mut roce = frame(PORT_MAC, PEER_MAC, 100);
+    roce[36..38].copy_from_slice(&4791u16.to_be_bytes());
+    assert_eq!(d.model.eth_receive(&f, &mut sink), RxOutcome::NotInUcList, "the list is empty");
+    assert_eq!(d.model.eth_receive(&roce, &mut sink), RxOutcome::NotInUcList, "RoCE as well");
+    assert_eq!(d.model.eth_receive(&frame([0xff; 6], PEER_MAC, 128), &mut sink), RxOutcome::Delivered);
+    let k = d.model.eth_counters();
+    assert_eq!((k.rx_eswitch_drop, k.rx_frames, k.rx_roce), (2, 1, 0));
+    // The function publishes its MAC: both arrive.
+    d.ok(&uc_list_in(&[PORT_MAC]), 16);
+    assert_eq!(d.model.hca().port.uc_list, vec![PORT_MAC]);
+    assert_eq!(d.model.eth_receive(&f, &mut sink), RxOutcome::Delivered);
+    assert_eq!(d.model.eth_receive(&roce, &mut sink), RxOutcome::Roce);
+    // A new list replaces the old one: without the MAC, nothing again.
+    d.ok(&uc_list_in(&[PEER_MAC]), 16);
+    assert_eq!(d.model.eth_receive(&f, &mut sink), RxOutcome::NotInUcList);
+    assert_eq!(d.model.eth_counters().rx_eswitch_drop, 3);
+}
+
+/// The PF has no e-switch in front of it (it is the e-switch manager's uplink): an empty list takes nothing away.
+#[test]
+fn the_pf_takes_its_unicast_without_a_list() {
+    let mut d = Drv::with(config(), 64 << 20);
+    let e = bring_up(&mut d, true);
+    post_recv(&d, &e, 0, 2);
+    let mut sink = |_: Vec<u8>| {};
+    assert!(d.model.hca().port.uc_list.is_empty());
+    assert_eq!(d.model.eth_receive(&frame(PORT_MAC, PEER_MAC, 128), &mut sink), RxOutcome::Delivered);
+    assert_eq!(d.model.eth_counters().rx_eswitch_drop, 0);
+}

@@ -168,6 +168,75 @@ fn vf() -> Drv {
 /// The model's syndrome for a register only the PF may touch: ACCESS_REGISTER's opcode, reason 0x36.
 const NOT_PERMITTED_FOR_VF: u32 = (0x805 << 16) | 0x36;
 
+/// MODIFY_NIC_VPORT_CONTEXT `addresses_list` of `n` entries (field_select bit 0x1d; `allowed_list_size` in the
+/// context's dword 0xf0, entries from byte 0x200), input exactly as long as the entries.
+fn uc_list(macs: &[[u8; 6]]) -> Vec<u8> {
+    let mut m = cmd(0x755, 0, 0x200 + 8 * macs.len());
+    put32(&mut m, 0xc, 1 << 2);
+    put32(&mut m, 0x1f0, macs.len() as u32);
+    for (i, mac) in macs.iter().enumerate() {
+        m[0x202 + 8 * i..0x208 + 8 * i].copy_from_slice(mac);
+    }
+    m
+}
+
+/// The vport's unicast address list (Linux `mlx5_modify_nic_vport_mac_list`): UC only, at most
+/// 2^`log_max_current_uc_list` entries, each a `mac_address_layout` whose reserved bits are zero, the input as
+/// long as the entries; DISABLE_HCA forgets it.
+#[test]
+fn the_unicast_list_is_written_by_modify_nic_vport_context() {
+    let mut d = vf();
+    let other = [0x02, 0, 0, 0, 0, 0x09];
+    d.ok(&uc_list(&[MAC]), 16);
+    assert_eq!(d.model.hca().port.uc_list, vec![MAC]);
+    let log_max = d
+        .model
+        .hca()
+        .caps
+        .current(mlx5_model::caps::cap_type::GENERAL, mlx5_model::caps::cmd_hca_cap::LOG_MAX_CURRENT_UC_LIST);
+    let max = 1usize << log_max;
+    let full: Vec<[u8; 6]> = (0..max).map(|i| [0x02, 0, 0, 0, (i >> 8) as u8, i as u8]).collect();
+    d.ok(&uc_list(&full), 16);
+    assert_eq!(d.model.hca().port.uc_list.len(), max);
+    let over: Vec<[u8; 6]> = (0..=max).map(|i| [0x02, 0, 0, 1, (i >> 8) as u8, i as u8]).collect();
+    assert_eq!(d.exec(&uc_list(&over), 16).status(), BAD_PARAM, "more than 2^log_max_current_uc_list");
+    // A multicast list (allowed_list_type 1, bits 0x785..0x788 of the context) is not modelled.
+    let mut mc = uc_list(&[MAC]);
+    put32(&mut mc, 0x1f0, (1 << 24) | 1);
+    assert_eq!(d.exec(&mc, 16).status(), BAD_PARAM);
+    // Entries past the input; a reserved bit of an entry; a size without the select.
+    let two = uc_list(&[MAC, other]);
+    assert_eq!(d.exec(&two[..0x208], 16).status(), BAD_INP_LEN);
+    let mut r = uc_list(&[MAC]);
+    r[0x200] = 1;
+    assert_eq!(d.exec(&r, 16).status(), BAD_PARAM);
+    let mut n = uc_list(&[MAC]);
+    put32(&mut n, 0xc, 0);
+    assert_eq!(d.exec(&n, 16).status(), BAD_PARAM);
+    assert_eq!(d.model.hca().port.uc_list.len(), max, "refused commands changed nothing");
+    d.ok(&uc_list(&[other]), 16);
+    assert_eq!(d.model.hca().port.uc_list, vec![other]);
+}
+
+/// `vf_port_reads_refused`: PMTU and PAOS reads are refused too on a VF, while QUERY_VPORT_STATE and the vport
+/// context (the driver's fallbacks) answer; on the PF the option changes nothing.
+#[test]
+fn a_vf_may_be_refused_the_port_registers_reads() {
+    let cfg = mlx5_model::ModelConfig { vf: true, vf_port_reads_refused: true, ..mlx5_model::ModelConfig::instant() };
+    let mut d = Drv::with(cfg.clone(), 64 << 20);
+    d.bring_up();
+    for id in [0x5003, 0x5006] {
+        let r = d.exec(&reg(1, id, 1 << 16, 0, 0), 0x20);
+        assert_eq!((r.status(), r.syndrome()), (BAD_PARAM, NOT_PERMITTED_FOR_VF), "register {id:#x}");
+    }
+    assert_eq!(vport_state(&mut d), (2, 1), "admin AUTO, up");
+    assert_eq!(be32(&d.ok(&cmd(0x754, 0, 16), 0x110), 0x34) & 0xffff, 1522, "the vport's mtu");
+    let mut pf = Drv::with(mlx5_model::ModelConfig { vf: false, ..cfg }, 64 << 20);
+    pf.bring_up();
+    pf.ok(&reg(1, 0x5003, 1 << 16, 0, 0), 0x20);
+    pf.ok(&reg(1, 0x5006, 1 << 16, 0, 0), 0x20);
+}
+
 #[test]
 fn a_vf_may_not_set_the_host_endianness() {
     let mut d = vf();

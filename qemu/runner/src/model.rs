@@ -161,11 +161,22 @@ pub struct ModelCommand {
     pub log: Option<PathBuf>,
     /// `--vf`: the model plays a ConnectX-5 VF (docs/hca-model.md, "VF personality").
     pub vf: bool,
+    /// `--vf-port-reads-refused` (with `vf`): the VF's ACCESS_REGISTER refuses PMTU/PAOS reads too.
+    pub vf_port_reads_refused: bool,
 }
 
 impl ModelCommand {
     pub fn new(binary: PathBuf) -> Self {
-        ModelCommand { binary, trace: None, udp: None, control: None, eth_udp: None, log: None, vf: false }
+        ModelCommand {
+            binary,
+            trace: None,
+            udp: None,
+            control: None,
+            eth_udp: None,
+            log: None,
+            vf: false,
+            vf_port_reads_refused: false,
+        }
     }
 
     /// The model's arguments for `files` and a guest of `mem_mib` MiB.
@@ -199,6 +210,9 @@ impl ModelCommand {
         }
         if self.vf {
             a.push("--vf".into());
+            if self.vf_port_reads_refused {
+                a.push("--vf-port-reads-refused".into());
+            }
         }
         a
     }
@@ -333,6 +347,7 @@ mod tests {
         c.control = Some("c.txt".into());
         c.eth_udp = Some(("127.0.0.1:5001".parse().unwrap(), "127.0.0.1:5002".parse().unwrap()));
         c.vf = true;
+        c.vf_port_reads_refused = true;
         let a: Vec<String> = c.args(&f, 256).into_iter().map(|s| s.into_string().unwrap()).collect();
         assert_eq!(
             a,
@@ -352,7 +367,8 @@ mod tests {
                 "127.0.0.1:5001,127.0.0.1:5002",
                 "--control",
                 "c.txt",
-                "--vf"
+                "--vf",
+                "--vf-port-reads-refused"
             ]
         );
     }

@@ -85,6 +85,30 @@ pub fn modify_nic_vport_mtu(mtu: u16) -> Command {
     c
 }
 
+/// `MLX5_NVPRT_LIST_TYPE_UC`: `allowed_list_type` of the current unicast address list.
+pub const MLX5_NVPRT_LIST_TYPE_UC: u32 = 0;
+/// `mac_address_layout` is 8 bytes (16 reserved bits, then the 48-bit address).
+pub const MAC_ADDRESS_LAYOUT_LEN: usize = 8;
+
+/// MODIFY_NIC_VPORT_CONTEXT selecting `addresses_list` (field_select bit 0x1d) with `allowed_list_type` UC:
+/// the vport's current unicast address list becomes `macs` (Linux `mlx5_modify_nic_vport_mac_list`). The
+/// context sits at byte 0x100 of the input; `allowed_list_type` (3 bits at context bit 0x785) and
+/// `allowed_list_size` (12 bits at 0x794); `current_uc_mac_address[i]` at byte 0x200 + 8·i, the address in
+/// its last 6 bytes; the input grows by 8 bytes per address past the 0x200-byte fixed part. In legacy SR-IOV
+/// mode the e-switch forwards a function only the unicast MACs in this list.
+pub fn modify_nic_vport_mac_list(macs: &[[u8; 6]]) -> Command {
+    let len = MODIFY_NIC_VPORT_CONTEXT_IN_LEN + macs.len() * MAC_ADDRESS_LAYOUT_LEN;
+    let mut c = Command::new(MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT, 0, len, CMD_HDR_LEN)
+        .with("addresses_list", macs.len() as u64);
+    c.set(0x60 + 0x1d, 1, 1); // field_select.addresses_list
+    c.set(0x800 + 0x785, 3, MLX5_NVPRT_LIST_TYPE_UC);
+    c.set(0x800 + 0x794, 12, macs.len() as u32);
+    for (i, m) in macs.iter().enumerate() {
+        c.put(MODIFY_NIC_VPORT_CONTEXT_IN_LEN + i * MAC_ADDRESS_LAYOUT_LEN + 2, m);
+    }
+    c
+}
+
 /// QUERY_VPORT_STATE of our own vport (op_mod 0 `MLX5_VPORT_STATE_OP_MOD_VNIC_VPORT`).
 pub fn query_vport_state() -> Command {
     Command::new(MLX5_CMD_OP_QUERY_VPORT_STATE, 0, CMD_HDR_LEN, CMD_HDR_LEN)
@@ -260,6 +284,33 @@ mod tests {
         let m = modify_nic_vport_mtu(4200);
         assert_eq!(be32(m.input(), 0xc), 1 << 6);
         assert_eq!(be16(m.input(), 0x126), 4200);
+    }
+
+    /// Golden bytes: one address, as Linux lays out `modify_nic_vport_context_in` for
+    /// `mlx5_modify_nic_vport_mac_list(dev, MLX5_NVPRT_LIST_TYPE_UC, &mac, 1)`.
+    #[test]
+    fn mac_list() {
+        let mac = [0x02, 0x4c, 0x42, 0x00, 0x00, 0x01];
+        let c = modify_nic_vport_mac_list(&[mac]);
+        let b = c.input();
+        assert_eq!(b.len(), 0x208, "the fixed part and one mac_address_layout");
+        assert_eq!(c.out_len(), 0x10);
+        let mut want = vec![0u8; 0x208];
+        want[0..2].copy_from_slice(&[0x07, 0x55]); // opcode
+        want[0x0c..0x10].copy_from_slice(&[0, 0, 0, 0x04]); // field_select: addresses_list (bit 0x1d)
+        // nic_vport_context at 0x100: dword 0xf0 holds promisc/allowed_list_type [0x785:3] (0 = UC) and
+        // allowed_list_size [0x794:12].
+        want[0x100 + 0xf0..0x100 + 0xf4].copy_from_slice(&[0, 0, 0, 1]);
+        want[0x202..0x208].copy_from_slice(&mac);
+        assert_eq!(b, &want[..]);
+        // Two addresses: 0x210 bytes, size 2, the second at 0x208 + 2.
+        let m2 = [0x02, 0, 0, 0, 0, 0x02];
+        let c = modify_nic_vport_mac_list(&[mac, m2]);
+        let b = c.input();
+        assert_eq!(b.len(), 0x210);
+        assert_eq!(&b[0x1f0..0x1f4], &[0, 0, 0, 2]);
+        assert_eq!((&b[0x202..0x208], &b[0x20a..0x210]), (&mac[..], &m2[..]));
+        assert_eq!(&b[0x208..0x20a], &[0, 0], "mac_address_layout's reserved bits");
     }
 
     #[test]

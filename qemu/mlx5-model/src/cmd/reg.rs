@@ -64,6 +64,10 @@ pub fn access_register(hca: &mut Hca, c: &Ctx) -> CmdResult {
     if hca.vf && (id == HOST_ENDIANNESS || (write && (id == PAOS || id == PMTU))) {
         return bad(reason::NOT_PERMITTED_FOR_VF);
     }
+    // `--vf-port-reads-refused`: the port's registers are not this function's to read either.
+    if hca.port_reads_refused && (id == PAOS || id == PMTU) {
+        return bad(reason::NOT_PERMITTED_FOR_VF);
+    }
     let known: Vec<Field> = fields.iter().map(|f| f.at(DATA)).chain([REGISTER_ID, ARGUMENT]).collect();
     c.reserved_zero(DATA as usize + REG_SIZE, &known)?;
     let mut out = c.output(DATA as usize + REG_SIZE)?;

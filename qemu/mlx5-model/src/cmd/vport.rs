@@ -24,13 +24,26 @@ mod ctx {
     pub const NODE_GUID: usize = 0x38;
     /// `permanent_address` (`mac_address_layout`, 8 bytes) at 0xf4: MAC in its last 6 bytes.
     pub const PERMANENT_ADDRESS_MAC: usize = 0xf6;
+    /// `allowed_list_type` (0 UC, 1 MC, 2 VLAN: `MLX5_NVPRT_LIST_TYPE_*`) and `allowed_list_size`.
+    pub const ALLOWED_LIST_TYPE: Field = Field::new(0x785, 3);
+    pub const ALLOWED_LIST_SIZE: Field = Field::new(0x794, 12);
+    /// `current_uc_mac_address[]`: `mac_address_layout` entries of 8 bytes from byte 0x100 of the context.
+    pub const ADDRESSES: usize = 0x100;
 }
+/// `mac_address_layout`: `mac_addr_47_32` (16 bits at 0x10) and `mac_addr_31_0` (32 bits at 0x20); bits 0..0x10
+/// reserved.
+const MAC_47_32: Field = Field::new(0x10, 16);
+const MAC_31_0: Field = Field::new(0x20, 32);
+const MAC_ADDRESS_LAYOUT_SIZE: usize = 8;
+const LIST_TYPE_UC: u32 = 0;
 const QUERY_CTX: u32 = 0x10;
 const QUERY_NIC_VPORT_CONTEXT_OUT_SIZE: usize = 0x110;
 const MODIFY_CTX: u32 = 0x100;
 const MODIFY_NIC_VPORT_CONTEXT_IN_SIZE: usize = 0x200;
-/// `modify_nic_vport_context_in.field_select` bits (absolute): `mtu` and `roce_en`; the others are refused.
+/// `modify_nic_vport_context_in.field_select` bits (absolute): `mtu`, `addresses_list` and `roce_en`; the others
+/// are refused.
 const SELECT_MTU: Field = Field::new(0x79, 1);
+const SELECT_ADDRESSES_LIST: Field = Field::new(0x7d, 1);
 const SELECT_ROCE_EN: Field = Field::new(0x7e, 1);
 const FIELD_SELECT: Field = Field::new(0x60, 32);
 
@@ -89,27 +102,60 @@ pub fn query_nic_vport_context(hca: &mut Hca, c: &Ctx) -> CmdResult {
     Ok(out)
 }
 
+/// MODIFY_NIC_VPORT_CONTEXT of the function's own vport: `mtu`, `roce_en`, and the unicast address list
+/// (`addresses_list` with `allowed_list_type` UC, Linux `mlx5_modify_nic_vport_mac_list`: `allowed_list_size`
+/// entries after the 0x200-byte fixed part, at most 2^`log_max_current_uc_list`). The list replaces the previous
+/// one; the e-switch forwards unicast to the function by it (`Port::eswitch_admits`). Multicast and VLAN lists
+/// are not modelled: refused.
 pub fn modify_nic_vport_context(hca: &mut Hca, c: &Ctx) -> CmdResult {
     c.need_input(MODIFY_NIC_VPORT_CONTEXT_IN_SIZE)?;
     c.op_mod_in(&[0])?;
-    c.reserved_zero(
-        MODIFY_NIC_VPORT_CONTEXT_IN_SIZE,
-        &[OTHER_VPORT, VPORT_NUMBER, FIELD_SELECT, ctx::ROCE_EN.at(MODIFY_CTX), ctx::MTU.at(MODIFY_CTX)],
-    )?;
+    let list = c.get(SELECT_ADDRESSES_LIST) == 1;
+    let size = if list { c.get(ctx::ALLOWED_LIST_SIZE.at(MODIFY_CTX)) as usize } else { 0 };
+    let entries_at = MODIFY_CTX as usize + ctx::ADDRESSES;
+    let in_len = entries_at + size * MAC_ADDRESS_LAYOUT_SIZE;
+    let mut known = vec![
+        OTHER_VPORT,
+        VPORT_NUMBER,
+        FIELD_SELECT,
+        ctx::ROCE_EN.at(MODIFY_CTX),
+        ctx::MTU.at(MODIFY_CTX),
+        ctx::ALLOWED_LIST_TYPE.at(MODIFY_CTX),
+        ctx::ALLOWED_LIST_SIZE.at(MODIFY_CTX),
+    ];
+    for i in 0..size {
+        let at = (entries_at + i * MAC_ADDRESS_LAYOUT_SIZE) as u32;
+        known.extend([MAC_47_32.at(at), MAC_31_0.at(at)]);
+    }
+    if list {
+        c.need_input(in_len)?;
+    }
+    c.reserved_zero(in_len.max(MODIFY_NIC_VPORT_CONTEXT_IN_SIZE), &known)?;
     need_initialized(hca, c)?;
     if c.get(OTHER_VPORT) != 0 || c.get(VPORT_NUMBER) != 0 {
         return Err(c.err(status::BAD_PARAM, reason::WRONG_FUNCTION));
     }
     let select = c.get(FIELD_SELECT);
-    let supported = (1 << (31 - (SELECT_MTU.bit - 0x60))) | (1 << (31 - (SELECT_ROCE_EN.bit - 0x60)));
+    let supported =
+        [SELECT_MTU, SELECT_ADDRESSES_LIST, SELECT_ROCE_EN].iter().fold(0u32, |m, f| m | (1 << (31 - (f.bit - 0x60))));
     if select & !supported != 0 {
         return Err(c.err(status::BAD_PARAM, reason::UNSUPPORTED_FEATURE));
     }
     // A value in a field that is not selected is refused (by `reserved_zero` for the others; here for these).
+    let list_type = c.get(ctx::ALLOWED_LIST_TYPE.at(MODIFY_CTX));
     if c.get(SELECT_MTU) == 0 && c.get(ctx::MTU.at(MODIFY_CTX)) != 0
         || c.get(SELECT_ROCE_EN) == 0 && c.get(ctx::ROCE_EN.at(MODIFY_CTX)) != 0
+        || !list && (list_type != 0 || c.get(ctx::ALLOWED_LIST_SIZE.at(MODIFY_CTX)) != 0)
     {
         return Err(c.err(status::BAD_PARAM, reason::RESERVED_NOT_ZERO));
+    }
+    if list && list_type != LIST_TYPE_UC {
+        return Err(c.err(status::BAD_PARAM, reason::UNSUPPORTED_FEATURE));
+    }
+    let max_list =
+        1usize << hca.caps.current(cap_type::GENERAL, crate::caps::cmd_hca_cap::LOG_MAX_CURRENT_UC_LIST).min(16);
+    if size > max_list {
+        return Err(c.err(status::BAD_PARAM, reason::BAD_REGISTER_VALUE));
     }
     let mtu = c.get(ctx::MTU.at(MODIFY_CTX));
     if c.get(SELECT_MTU) == 1 && (mtu == 0 || mtu > u32::from(hca.port.max_mtu)) {
@@ -121,6 +167,16 @@ pub fn modify_nic_vport_context(hca: &mut Hca, c: &Ctx) -> CmdResult {
     }
     if c.get(SELECT_ROCE_EN) == 1 {
         hca.port.roce_en = c.get(ctx::ROCE_EN.at(MODIFY_CTX)) == 1;
+    }
+    if list {
+        hca.port.uc_list = (0..size)
+            .map(|i| {
+                let at = entries_at + i * MAC_ADDRESS_LAYOUT_SIZE + 2;
+                let mut mac = [0u8; 6];
+                mac.copy_from_slice(&c.input[at..at + 6]);
+                mac
+            })
+            .collect();
     }
     Ok(out)
 }

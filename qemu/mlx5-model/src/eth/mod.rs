@@ -190,6 +190,8 @@ pub struct EthCounters {
     pub rx_oversize: u64,
     /// Dropped because the link is down.
     pub rx_link_down: u64,
+    /// Unicast frames the e-switch did not forward: their destination MAC is not in the VF's unicast list.
+    pub rx_eswitch_drop: u64,
     /// No NIC_RX root table.
     pub rx_no_root: u64,
     /// A table miss with the default action, or a DROP entry.

@@ -28,6 +28,9 @@ pub enum RxOutcome {
     NoBusMaster,
     NoRoot,
     SteeringDrop,
+    /// Unicast to a MAC the function did not put in its vport's unicast list, behind the e-switch
+    /// (`Port::eswitch_admits`): the e-switch forwards it elsewhere, the function never sees it.
+    NotInUcList,
     RqNotReady,
     OutOfBuffer,
     /// Completed in error (bad lkey, frame larger than the WQE): RQ to ERR.
@@ -48,7 +51,7 @@ pub fn is_roce(hca: &Hca, f: &[u8]) -> bool {
 }
 
 /// What the MAC drops before anything else sees the frame (RoCE included): everything while the link is down,
-/// runts, and frames longer than the port MTU allows. `None`: the frame goes on.
+/// runts, unicast the e-switch does not forward to this function, and frames longer than the port MTU allows. `None`: the frame goes on.
 pub fn mac_filter(hca: &mut Hca, f: &[u8]) -> Option<RxOutcome> {
     let c = &mut hca.eth.counters;
     if hca.port.oper_status != crate::port::PORT_UP {
@@ -58,6 +61,12 @@ pub fn mac_filter(hca: &mut Hca, f: &[u8]) -> Option<RxOutcome> {
     if f.len() < ETH_ZLEN {
         c.rx_runt += 1;
         return Some(RxOutcome::Runt);
+    }
+    let mut dst = [0u8; 6];
+    dst.copy_from_slice(&f[..6]);
+    if !hca.port.eswitch_admits(dst) {
+        c.rx_eswitch_drop += 1;
+        return Some(RxOutcome::NotInUcList);
     }
     if f.len() > usize::from(hca.port.oper_mtu).saturating_sub(4) {
         c.rx_oversize += 1;
