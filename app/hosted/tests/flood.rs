@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use leasebox_proto::{AllocReq, LeaseState, Request, Response, access};
+use leasebox_proto::{Request, Response};
 use leasectl::{Client, ClientError, Credentials, Timeouts};
 
 mod common;
-use common::{creds, start_with_model};
+use common::{creds, lease, start_with_model};
 
 /// Holds `n` silent connections to `addr` until `stop`: each one the server closes (refused, evicted, or at
 /// its HELLO deadline) is reopened on the next sweep. Counts the connections opened.
@@ -57,23 +57,6 @@ fn login(addr: &str, who: &Credentials) -> Result<(Client, Duration), String> {
             Err(e) => return Err(format!("{}: {e}", who.name)),
         }
     }
-}
-
-fn lease(c: &mut Client) -> leasebox_proto::LeaseId {
-    let a = AllocReq {
-        size: 4096,
-        access: access::REMOTE_READ | access::REMOTE_WRITE,
-        mtu: 3,
-        ttl_ms: 0,
-        client_qpn: 0x1234,
-        client_psn: 1,
-        client_gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1],
-        client_mac: [2, 0, 0, 0, 0, 2],
-    };
-    let Response::Alloc(a) = c.call(&Request::Alloc(a)).unwrap() else { panic!("ALLOC") };
-    let ready = Request::Ready { lease: a.lease, client_qpn: 0x1234, server_qpn: a.server_qpn };
-    assert_eq!(c.call(&ready).unwrap(), Response::Ready { state: LeaseState::Active });
-    a.lease
 }
 
 #[test]

@@ -10,7 +10,7 @@ use leasebox_proto::{AllocReq, ErrorCode, LeaseId, LeaseState, Notice, Outcome, 
 use leasectl::{Client, ClientError, Credentials, Timeouts};
 
 mod common;
-use common::{creds, start_with_model};
+use common::{creds, lease, start_with_model};
 
 struct Rig {
     h: Option<Hosted>,
@@ -46,24 +46,6 @@ impl Rig {
     fn session(&self, who: &Credentials) -> (Client, leasectl::Welcome) {
         Client::connect_and_hello(&self.addr(), who, Timeouts::all(Duration::from_secs(5))).unwrap()
     }
-}
-
-/// ALLOC (client QP 0x1234) and READY: an Active lease.
-fn lease(c: &mut Client) -> LeaseId {
-    let a = AllocReq {
-        size: 4096,
-        access: access::REMOTE_READ | access::REMOTE_WRITE,
-        mtu: 3,
-        ttl_ms: 0,
-        client_qpn: 0x1234,
-        client_psn: 1,
-        client_gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1],
-        client_mac: [2, 0, 0, 0, 0, 2],
-    };
-    let Response::Alloc(a) = c.call(&Request::Alloc(a)).unwrap() else { panic!("ALLOC") };
-    let ready = Request::Ready { lease: a.lease, client_qpn: 0x1234, server_qpn: a.server_qpn };
-    assert_eq!(c.call(&ready).unwrap(), Response::Ready { state: LeaseState::Active });
-    a.lease
 }
 
 fn code(r: Result<Response, ClientError>) -> Option<ErrorCode> {

@@ -4,7 +4,8 @@
 #![allow(dead_code)]
 
 use leasebox_hosted::{Hosted, HostedConfig};
-use leasectl::Credentials;
+use leasebox_proto::{AllocReq, LeaseId, LeaseState, Request, Response, access};
+use leasectl::{Client, Credentials};
 
 /// A fresh random 32-byte key in hex.
 pub fn random_hex() -> String {
@@ -34,4 +35,22 @@ pub fn start_with_model(extra: &[String]) -> (Hosted, Keys) {
     args.push(format!("admin={}", keys.admin));
     args.extend(extra.iter().cloned());
     (Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap(), keys)
+}
+
+/// ALLOC (client QP 0x1234) and READY on `c`: an Active lease of 4 KiB.
+pub fn lease(c: &mut Client) -> LeaseId {
+    let a = AllocReq {
+        size: 4096,
+        access: access::REMOTE_READ | access::REMOTE_WRITE,
+        mtu: 3,
+        ttl_ms: 0,
+        client_qpn: 0x1234,
+        client_psn: 1,
+        client_gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1],
+        client_mac: [2, 0, 0, 0, 0, 2],
+    };
+    let Response::Alloc(a) = c.call(&Request::Alloc(a)).unwrap() else { panic!("ALLOC") };
+    let ready = Request::Ready { lease: a.lease, client_qpn: 0x1234, server_qpn: a.server_qpn };
+    assert_eq!(c.call(&ready).unwrap(), Response::Ready { state: LeaseState::Active });
+    a.lease
 }
