@@ -119,19 +119,9 @@ pub fn neighbour(ip: Ipv4Addr) -> Neighbour {
     Neighbour::Asking
 }
 
-/// Learns from an ARP reply to `me` whose sender is being asked for (RFC 826 layout).
+/// Learns from an ARP reply to `me` whose sender is being asked for (`leasebox_kernel::arp::reply_to`).
 fn learn(frame: &[u8], me: [u8; 6]) {
-    if frame.len() < 42 || frame[12..14] != [0x08, 0x06] || frame[14..22] != [0, 1, 0x08, 0x00, 6, 4, 0, 2] {
-        return;
-    }
-    if frame[0..6] != me || frame[32..38] != me {
-        return;
-    }
-    let mac: [u8; 6] = frame[22..28].try_into().unwrap_or([1; 6]);
-    let ip = Ipv4Addr::new(frame[28], frame[29], frame[30], frame[31]);
-    if mac[0] & 1 != 0 || mac == [0; 6] {
-        return;
-    }
+    let Some((ip, mac)) = leasebox_kernel::arp::reply_to(frame, me) else { return };
     let mut a = ARP.lock();
     let Some(i) = a.asking.iter().position(|q| q.ip == ip) else { return };
     a.asking.swap_remove(i);
@@ -145,15 +135,7 @@ fn learn(frame: &[u8], me: [u8; 6]) {
 
 /// An ARP request for `target` from `mac`/`sender` (RFC 826), padded to the 60-byte minimum frame.
 pub fn arp_request(mac: [u8; 6], sender: Ipv4Addr, target: Ipv4Addr) -> [u8; 60] {
-    let mut f = [0u8; 60];
-    f[0..6].copy_from_slice(&[0xff; 6]);
-    f[6..12].copy_from_slice(&mac);
-    f[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
-    f[14..22].copy_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 1]);
-    f[22..28].copy_from_slice(&mac);
-    f[28..32].copy_from_slice(&sender.octets());
-    f[38..42].copy_from_slice(&target.octets());
-    f
+    leasebox_kernel::arp::request(mac, sender, target)
 }
 
 static LINK: AtomicU8 = AtomicU8::new(0);

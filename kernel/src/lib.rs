@@ -1,7 +1,7 @@
 //! Leasebox kernel library.
 //!
 //! Everything that parses, allocates or decides lives in safe modules that also build for the host and are
-//! unit-tested there (`bootinfo`, `acpi`, `frames`, `paging`, `pci`, `config`, `net_config`, `time`). The code
+//! unit-tested there (`bootinfo`, `acpi`, `arp`, `frames`, `paging`, `pci`, `config`, `net_config`, `time`). The code
 //! that touches the machine — boot assembly, descriptor tables, port and MMIO access, AP start-up — lives under
 //! `arch/`, builds only for `target_os = "none"`, and is the only place with `unsafe` (besides the RDTSC in
 //! `time`, which host tests use too); the crate denies `unsafe_code` everywhere else.
@@ -11,6 +11,7 @@
 extern crate alloc;
 
 pub mod acpi;
+pub mod arp;
 pub mod bootinfo;
 pub mod config;
 pub mod console;
