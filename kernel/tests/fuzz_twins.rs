@@ -273,7 +273,7 @@ fn mb2_tag(v: &mut Vec<u8>, ty: u32, payload: &[u8]) {
     le32(v, ty);
     le32(v, 8 + payload.len() as u32);
     v.extend(payload);
-    while v.len() % 8 != 0 {
+    while !v.len().is_multiple_of(8) {
         v.push(0);
     }
 }

@@ -102,7 +102,7 @@ pub fn check(data: &[u8]) -> Counts {
     let parsed = acpi::parse(&mem, BASE);
     let found = acpi::find_rsdp_legacy(&mem);
     if let Some(a) = found {
-        assert!(a % 16 == 0 && (BASE..0x10_0000).contains(&a), "{a:#x}");
+        assert!(a.is_multiple_of(16) && (BASE..0x10_0000).contains(&a), "{a:#x}");
     }
     match parsed {
         Ok(info) => {

@@ -60,7 +60,7 @@ pub fn check(data: &[u8]) -> Counts {
     if mb2 {
         n.mb2_accepted += 1;
         assert_eq!(info.protocol, BootProtocol::Multiboot2);
-        assert_eq!(info_addr % 8, 0, "a misaligned Multiboot2 structure is refused");
+        assert!(info_addr.is_multiple_of(8), "a misaligned Multiboot2 structure is refused");
     } else {
         n.mb1_accepted += 1;
         assert_eq!(info.protocol, BootProtocol::Multiboot1);
