@@ -338,7 +338,7 @@ pub fn table(per: Duration) -> Result<String, String> {
     Ok(out)
 }
 
-// ---- The data path (issue 26 item 7): sizes × depths, copying vs zero copy ----
+// ---- The data path: sizes × depths, copying vs zero copy ----
 
 /// The cells and their measurement are `leasectl bench-data`'s (one owner: the guest runs the same code over
 /// verbs); here the software requester's side runs in-process.

@@ -1,4 +1,4 @@
-//! Fail closed on crash under QEMU (issue 15 item 4; docs/revoke-semantics.md, "Fail closed on crash"): the
+//! Fail closed on crash under QEMU (docs/revoke-semantics.md, "Fail closed on crash"): the
 //! image booted with the mlx5 model and `test=panic-after-lease`, then driven as a client would:
 //!
 //! 1. ALLOC with the software requester's QP ([`leasectl::rdma::SoftRoce`], the verifier's requester), connect,

@@ -1,4 +1,4 @@
-//! The control channel on the ConnectX-5 model's own Ethernet port under QEMU (issue 13): the image booted with
+//! The control channel on the ConnectX-5 model's own Ethernet port under QEMU: the image booted with
 //! the mlx5 model and no virtio-net device at all (`-nic none`; QEMU's user network, the model's Ethernet wire
 //! and a client's port joined on hub 0; kernel arguments `ctl_nic=mlx5 rdma_ip=10.0.2.16`), then driven as
 //! `cargo xtask run --ctl-nic mlx5` is by hand:

@@ -1,4 +1,4 @@
-//! The QEMU appliance in a fleet (issue 18): the appliance as shipped (image, model, virtio-net) registered in
+//! The QEMU appliance in a fleet (docs/fleet.md): the appliance as shipped (image, model, virtio-net) registered in
 //! a real etcd (Debian's etcd-server, started on loopback with a temporary data directory) by a registrar, its
 //! metrics valid under Prometheus's `promtool check metrics`, and its key gone within the TTL once it stops.
 //! The hosted appliances' fleet tests are app/registrar/tests/fleet.rs; this adds the image, whose HCA_STATS

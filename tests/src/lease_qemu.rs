@@ -1,4 +1,4 @@
-//! The lease service end to end under QEMU (issue 6 item 9): the image booted with the mlx5 model (guest RAM and
+//! The lease service end to end under QEMU: the image booted with the mlx5 model (guest RAM and
 //! BAR in shared files, the model's RoCEv2 responder on a free UDP port) and virtio-net (control port forwarded,
 //! fresh keys), then driven as a client would:
 //!

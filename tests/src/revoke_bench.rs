@@ -1,4 +1,4 @@
-//! `cargo xtask bench revoke` (issue 7 item 7): `leasectl verify --revoke-test` in process, for each order
+//! `cargo xtask bench revoke`: `leasectl verify --revoke-test` in process, for each order
 //! (mkey-first, qp-first), N iterations, against the QEMU guest (the image with the mlx5 model and virtio-net,
 //! booted by [`lease_qemu::Appliance`]) and the hosted appliance (`leasebox_hosted` with the model's RoCEv2
 //! responder on UDP): control-plane recall latency (REVOKE sent → outcome) and dataplane first-fail latency

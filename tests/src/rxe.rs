@@ -1,4 +1,4 @@
-//! Linux's Soft-RoCE (`rdma_rxe`) as a client nobody here wrote (issue 17). The guest itself, a Debian kernel
+//! Linux's Soft-RoCE (`rdma_rxe`) as a client nobody here wrote (docs/rxe-guest.md). The guest itself, a Debian kernel
 //! and initramfs, is built by `cargo xtask rxe-guest` (xtask/src/rxe_guest.rs; docs/rxe-guest.md); this module
 //! boots it under QEMU/TCG on a chosen network and reads what its command printed.
 //!

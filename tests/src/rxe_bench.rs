@@ -1,4 +1,4 @@
-//! `cargo xtask bench client`'s rxe columns (issue 26 item 7): `leasectl bench-data --backend verbs` on rxe0
+//! `cargo xtask bench client`'s rxe columns: `leasectl bench-data --backend verbs` on rxe0
 //! inside the Soft-RoCE guest (docs/rxe-guest.md), first on the QEMU appliance's segment (the model through its
 //! own Ethernet port, as `bench rxe`), then against the rxe reference responder (a second guest running
 //! `leasebox-hosted --verbs rxe0:1`). The measurement is leasectl's ([`leasectl::bench_data`]); this module

@@ -658,7 +658,7 @@ fn bench_client(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
         "(latency per call as the program sees it; rates over all clients; the software requester runs on each \
          client's thread, the model's responder on one thread, on this machine's shared cores)"
     );
-    // The data path (issue 26 item 7): one client, one lease, half the phase time per cell.
+    // The data path: one client, one lease, half the phase time per cell.
     let cell = (per / 2).max(Duration::from_millis(500));
     outln!();
     outln!("==> bench client: data path, {} ms per cell, hosted appliance with the model", cell.as_millis());

@@ -1,7 +1,7 @@
 //! A client started before its appliance behind a forwarder that accepts connections and holds them silent
 //! (QEMU user networking before the guest listens: its SYN to the guest is retransmitted seconds apart, so only
-//! a fresh connection gets through quickly) connects within about 50 ms of the appliance listening (issue 26
-//! item 8; a port that refuses until then is tests/hosted.rs's
+//! a fresh connection gets through quickly) connects within about 50 ms of the appliance listening (a port that
+//! refuses until then is tests/hosted.rs's
 //! `a_client_started_first_connects_soon_after_the_appliance_listens`). The delay is printed and held to a loose
 //! bound.
 

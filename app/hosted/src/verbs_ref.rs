@@ -1,4 +1,4 @@
-//! The reference responder (issue 17, item 3; docs/rxe-guest.md, "The reference responder"): leases served by
+//! The reference responder (docs/rxe-guest.md, "The reference responder"): leases served by
 //! a real RDMA device through libibverbs, behind the same control protocol as the appliance, so that
 //! `leasectl verify --revoke-test` runs against it unchanged and shows what a real RoCE responder does for each
 //! teardown order.

@@ -1,4 +1,4 @@
-//! Fail closed on crash, hosted (issue 15 item 4; docs/revoke-semantics.md, "Fail closed on crash"): the
+//! Fail closed on crash, hosted (docs/revoke-semantics.md, "Fail closed on crash"): the
 //! appliance with the device model in process (`--hca --udp`), a lease Active and a software RC requester
 //! (`leasectl::rdma::SoftRoce`, the verifier's requester) whose WRITE succeeds; then the image's fatal path as
 //! the panic handler runs it — the port-down command from the command queue's emergency slot, then bus

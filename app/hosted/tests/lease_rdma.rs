@@ -1,4 +1,4 @@
-//! The lease service's data path end to end, hosted (issue 6 items 5 and 9): the appliance runs the device
+//! The lease service's data path end to end, hosted: the appliance runs the device
 //! model with its RoCEv2 responder on UDP (`--hca --udp`), the control channel over TCP, and a software RC
 //! requester (`leasectl::rdma::SoftRoce`) plays the client's NIC. Covers WRITE/READ into a granted lease,
 //! both revoke orders as a non-cooperating client sees them (MKEY first → `IBV_WC_REM_ACCESS_ERR` within a

@@ -1,7 +1,8 @@
-//! Issue 16's protocol features end to end on the hosted appliance (`--hca`, real TCP, the real client): the boot
-//! id in the handshake, STATS and lease ids; notices on the owning tenant's sessions only (admin REVOKE, DRAIN
-//! through `leasectl drain`); RESUME from a new connection; and the issue's report: a second session that renews
-//! keeps the lease when the first one times out. No RDMA data path: READY needs only the QP numbers.
+//! The boot id, notices, DRAIN and RESUME end to end on the hosted appliance (`--hca`, real TCP, the real
+//! client): the boot id in the handshake, STATS and lease ids; notices on the owning tenant's sessions only (admin
+//! REVOKE, DRAIN through `leasectl drain`); RESUME from a new connection; and the lost-session hand-over: a second
+//! session that renews keeps the lease when the first one times out. No RDMA data path: READY needs only the QP
+//! numbers.
 
 use std::time::{Duration, Instant};
 

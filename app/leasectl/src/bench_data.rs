@@ -1,4 +1,4 @@
-//! `leasectl bench-data`: the client library's data path measured on one client and one lease (issue 26 item 7).
+//! `leasectl bench-data`: the client library's data path measured on one client and one lease.
 //! For each of [`SIZES`], writes then reads: the copying calls (`Lease::write` / `Lease::read`, which block:
 //! depth 1) and zero copy (`Op::write_from` / `Op::read_into` batches from a registered region, `depth`
 //! operations in flight, each finished one replaced by the next) at each of [`DEPTHS`]; operations/s and MiB/s

@@ -1,4 +1,4 @@
-//! `leasectl verify`: the revoke verifier (issue 7; the spec's revoke test, docs/reference/revoke-spec.md §3.3). Per
+//! `leasectl verify`: the revoke verifier (the spec's revoke test, docs/reference/revoke-spec.md §3.3). Per
 //! iteration: HELLO → ALLOC with the requester's QP parameters → our QP to RTS → READY → a sustained RDMA
 //! WRITE loop with READ-back checks → REVOKE while the loop keeps posting (non-cooperating, `--revoke-test`)
 //! or stops at the outcome (`--cooperating`). It measures

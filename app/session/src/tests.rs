@@ -752,7 +752,7 @@ fn take_one(bytes: &[u8]) -> Option<(Ans, u32)> {
     Some((if h.kind == Kind::Error { Ans::Err(ErrorBody::decode(&p).ok()?) } else { return None }, h.request_id))
 }
 
-// ---- admission (issue 15 item 2): budgets nobody can hog ----
+// ---- admission: budgets nobody can hog ----
 
 fn budgeted(sessions: usize, per_tenant: usize, admin_reserved: usize, preauth: usize) -> Server<NoLeases, Counter> {
     let mut k = keys();
@@ -1057,7 +1057,7 @@ fn a_client_cannot_send_notices() {
     assert!(!s.wants_close(ConnId(1)));
 }
 
-// ---- fair shares (issue 29 item 2) ----
+// ---- fair shares ----
 
 /// With no `sessions_per_tenant=`, two tenants among 15 tenant places: each is guaranteed 7, the place left
 /// over goes to whoever asks first, and no tenant takes another's guarantee; an explicit cap replaces the rule.
@@ -1093,7 +1093,7 @@ fn tenants_get_fair_shares_of_session_places_by_default() {
     }
 }
 
-// ---- keys that resist guessing; resume memory per principal (issue 29 item 6) ----
+// ---- keys that resist guessing; resume memory per principal ----
 
 #[test]
 fn plainly_non_random_keys_are_refused_with_the_reason() {
@@ -1147,7 +1147,7 @@ fn one_principal_cannot_flush_anothers_resume_memory() {
     assert!(resume(&mut s, 102, "demo", DEMO_KEY, demos.last().unwrap()), "demo's newest is kept");
 }
 
-// ---- appliance identity (issue 29 item 5) ----
+// ---- appliance identity ----
 
 /// A HELLO for appliance `appliance` ("" for none): its frame and the client's state.
 fn hello_for(appliance: &str, e: u8) -> (Vec<u8>, Initiator) {

@@ -1,4 +1,4 @@
-//! The driver's RoCE set-up (`Driver::roce_gid`, issue 14 item 6) against the in-process model: the GID the
+//! The driver's RoCE set-up (`Driver::roce_gid`) against the in-process model: the GID the
 //! lease QPs use is written and read back, `roce_en` is turned back on when it is off, and a port the model
 //! reports as InfiniBand stops the set-up with an error naming the fix.
 

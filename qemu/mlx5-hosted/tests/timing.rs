@@ -1,4 +1,4 @@
-//! The driver under the model's default firmware timing (issue 14 item 2; docs/hca-model.md, "Command
+//! The driver under the model's default firmware timing (docs/hca-model.md, "Command
 //! timing and doorbells"): per-opcode latencies from the real trace, so bring-up takes INIT_HCA's ~185 ms and
 //! commands in different slots complete out of order; per-slot doorbells (the hosted BARs' doorbell is
 //! write-1-to-set). Takes about half a second of real time per test.

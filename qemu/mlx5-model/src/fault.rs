@@ -1,4 +1,4 @@
-//! Fault injection (issue 4, item 6): what a test or the QEMU control file asks the device to do wrong, and
+//! Fault injection: what a test or the QEMU control file asks the device to do wrong, and
 //! the rule book the device consults at three narrow points — once per command before it is executed
 //! ([`Faults::on_command`]), once per doorbell read ([`Faults::take_doorbell_drop`]) and in the health tick
 //! (the initialization segment's `health_stopped`, set through [`crate::Model::inject`]).

@@ -1,4 +1,4 @@
-//! Firmware time (issue 14 item 2): how long a command stays HW-owned after its doorbell before the device
+//! Firmware time: how long a command stays HW-owned after its doorbell before the device
 //! executes and completes it, other slots running meanwhile. [`Timing::Firmware`] is the default: per-opcode
 //! latencies from the reference trace (`tests/data/trace-mlx5_core-connectx4.txt.gz`, Linux mlx5_core against a
 //! real ConnectX-4) with a deterministic jitter, so commands in different slots complete out of order as they

@@ -1,4 +1,4 @@
-//! Command timing and doorbells (issue 14 item 2; docs/hca-model.md, "Command timing and doorbells"): the
+//! Command timing and doorbells (docs/hca-model.md, "Command timing and doorbells"): the
 //! firmware timing is the default, holds each command for its opcode's time from the real trace, and lets a
 //! later-rung command complete first; per-slot doorbells run exactly the slots rung, coalescing ones also run
 //! HW-owned entries whose own write was not seen.

@@ -10,7 +10,7 @@ use crate::lease::{Phase, Slot};
 impl<T: Copy> LeaseService<T> {
     /// A session ended. Its leases belong to its tenant: if another session of that tenant is still open
     /// (the newest), they are its now (a tenant that renews from a second session must not lose them when the
-    /// first times out, issue 16); otherwise they wait for the session grace period, then expire.
+    /// first times out); otherwise they wait for the session grace period, then expire.
     pub fn session_lost(&mut self, session: u64, now_us: u64) {
         self.drop_parked(session);
         let heir = self

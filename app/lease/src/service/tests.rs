@@ -993,7 +993,7 @@ fn a_stale_key_made_for_a_lease_already_revoked_is_torn_down_as_usual() {
     assert_eq!(r.svc.free_slots(), r.svc.config().slots as usize);
 }
 
-// ---- per-tenant budgets from the options (issue 15 item 2) ----
+// ---- per-tenant budgets from the options ----
 
 /// The config the options give: `tenant_mib=` and `tenant_allocs_per_s=` reach the service.
 fn from_options(words: &[(&str, &str)]) -> Config {
@@ -1224,8 +1224,8 @@ fn drain_warns_refuses_allocs_waits_then_revokes_the_tenants_leases_only() {
     assert_eq!(n.iter().filter(|(_, n)| matches!(n, Notice::Revoked { .. })).count(), 3, "{n:?}");
 }
 
-/// Issue 16's report, on virtual time: session A of the tenant allocates and goes silent; session B of the same
-/// tenant RENEWs and QUERYs the lease every 2 s; at 10 s A's heartbeat timeout ends it. B's renewals must keep
+/// The lost-session hand-over, on virtual time: session A of the tenant allocates and goes silent; session B of
+/// the same tenant RENEWs and QUERYs the lease every 2 s; at 10 s A's heartbeat timeout ends it. B's renewals must keep
 /// the lease (before the fix, the orphaned lease expired at the end of the session grace period — at once with
 /// a grace of 0 — and B's RENEW answered BAD_STATE). B is open, so A's leases pass to it when A is lost; and
 /// should a lease be orphaned anyway (`known` false: the service never heard B start), B's RENEW adopts it.

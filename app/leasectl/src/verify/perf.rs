@@ -1,6 +1,6 @@
 //! `leasectl verify --perf SIZES`: RDMA WRITE and READ latency and bandwidth on one lease, through the same
-//! requester backends and cable options as the revoke verifier (issue 17 item 5 compares Linux's Soft-RoCE
-//! against the model and against a real rxe responder with it).
+//! requester backends and cable options as the revoke verifier (`cargo xtask bench rxe` compares Linux's
+//! Soft-RoCE against the model and against a real rxe responder with it).
 //!
 //! For each size and each of WRITE and READ: the latency is measured with one request outstanding (post,
 //! wait for its completion; p50 and p99 over the samples), the bandwidth with `depth` requests outstanding for

@@ -1,4 +1,4 @@
-//! Protocol v2 as an attacker sees it (issue 15): v1 refused, relayed handshakes, altered / replayed /
+//! Protocol v2 as an attacker sees it: v1 refused, relayed handshakes, altered / replayed /
 //! reordered / truncated records, key rotation, and no name oracle.
 
 use super::*;

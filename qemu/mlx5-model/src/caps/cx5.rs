@@ -36,7 +36,7 @@ pub(crate) const FIELDS: &[Cx5Field] = &[
         1,
         1,
         "firmware 16.x lets the driver switch RoCE (Linux handle_hca_cap sets `roce` only when this bit is \
-         set, the devlink enable_roce path); issue 14 names it a CX-5 branch of bring-up. Trace: 0",
+         set, the devlink enable_roce path): a CX-5 branch of bring-up. Trace: 0",
     ),
     f(
         cap_type::GENERAL,
@@ -45,7 +45,7 @@ pub(crate) const FIELDS: &[Cx5Field] = &[
         1,
         0,
         "offered in the maximum block, off until the driver sets it (Linux handle_hca_cap sets it when \
-         MLX5_CAP_GEN_MAX says so); issue 14. Trace: 0 / 0",
+         MLX5_CAP_GEN_MAX says so). Trace: 0 / 0",
     ),
     f(
         cap_type::GENERAL,

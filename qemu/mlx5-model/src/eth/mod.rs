@@ -1,4 +1,4 @@
-//! The port's own Ethernet function (issue 13, item 4): the objects the Ethernet commands create — TIS, SQ, RQ,
+//! The port's own Ethernet function: the objects the Ethernet commands create — TIS, SQ, RQ,
 //! TIR (`mlx5_ifc.h` `tisc`, `sqc`, `rqc`, `tirc`, `wq`) — their counters, and the data path over them:
 //! [`tx`] executes send WQEs rung through the UAR BlueFlame registers, [`rx`] steers frames through the NIC_RX
 //! root flow table into receive WQEs, [`frame`] parses frames for matching and checksums, and [`wire`] carries

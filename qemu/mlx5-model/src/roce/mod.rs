@@ -1,4 +1,4 @@
-//! The dataplane of the model: a RoCEv2 RC responder (issue 4, item 5). [`wire`] encodes and decodes the frames
+//! The dataplane of the model: a RoCEv2 RC responder. [`wire`] encodes and decodes the frames
 //! of the virtual cable, [`responder`] is the sans-I/O state machine over the HCA's tables, [`udp`] moves frames
 //! between a UDP socket and the responder and can record them in a pcap.
 

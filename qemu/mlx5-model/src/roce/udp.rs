@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::pcap::PcapWriter;
 use super::responder::{self, Disposition, Tables};
 
-/// Default address of the responder (issue 4, item 5).
+/// Default address of the responder.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:4791";
 /// Largest datagram: a 4096-byte MTU frame with all headers fits easily.
 pub const MAX_DATAGRAM: usize = 9216;
