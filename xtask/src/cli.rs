@@ -71,7 +71,7 @@ enum Sub {
     Prereqs,
     /// Build a Linux guest with Soft-RoCE (rdma_rxe) from Debian packages; with --boot, boot it under QEMU/TCG
     ///
-    /// A spike, not part of `cargo xtask test`: kernel, modules, busybox, rdma-core and the
+    /// The `rxe-qemu` scenario of `cargo xtask test` builds and boots it too: kernel, modules, busybox, rdma-core and the
     /// rxe provider, `rdma`, and leasectl (--features verbs) with its libraries, under
     /// target/leasebox/rxe-guest/. The guest adds rxe0 on eth0, prints the evidence, runs --cmd and powers off.
     RxeGuest {

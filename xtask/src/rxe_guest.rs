@@ -1,5 +1,5 @@
 //! `cargo xtask rxe-guest [--boot]`: a Linux guest with Soft-RoCE (`rdma_rxe`) built from Debian packages.
-//! Nothing here is part of `cargo xtask test` yet; see docs/rxe-guest.md.
+//! The `rxe-qemu` scenario of `cargo xtask test` builds and boots it (tests/src/rxe.rs); see docs/rxe-guest.md.
 //!
 //! Everything comes from `apt-get download` into `target/leasebox/rxe-guest/debs/`, unpacked with
 //! `dpkg-deb -x` into `target/leasebox/rxe-guest/root/`: Debian's kernel (its vmlinuz and the modules
