@@ -512,8 +512,10 @@ impl Soak {
                 self.open(t, from);
             }
         }
-        // Heartbeats: t0's renew its leases (heartbeat_renews); the others rely on RENEW.
-        if let Some(s) = self.sessions[0] {
+        // Heartbeats, every millisecond: t0's renew its leases (heartbeat_renews); the others rely on RENEW.
+        if self.now_us.is_multiple_of(1_000)
+            && let Some(s) = self.sessions[0]
+        {
             self.svc.session_alive(s, self.now_us);
         }
         if churn && self.granted < LEASES {
