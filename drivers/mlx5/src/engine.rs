@@ -302,6 +302,8 @@ pub struct Client {
     completions: Consumer<Completion>,
     events: Consumer<Event>,
     shared: Arc<Shared>,
+    /// [`Client::submit`]'s next tag: 1..=[`CLIENT_TAG_BITS`], then 1 again (never 0, never a bit the engine
+    /// owns); 2^62 - 1 commands apart, so it never meets a tag still outstanding.
     next_tag: u64,
     /// Woken after each command queued (the engine's thread, where it sleeps when idle).
     waker: Option<Waker>,
