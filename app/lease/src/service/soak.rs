@@ -2,10 +2,10 @@
 //! a virtual clock, against a fake HCA that fails commands, answers some late and a few never within the revoke
 //! deadline, while the tenants' control sessions are lost and come back (at once, by RESUME, or too late).
 //!
-//! What it drives is what the hosted appliance runs, minus the sockets and the engine threads: the session
-//! core's calls into the lease backend (requests, `session_started`/`session_lost`/`resume`, heartbeats, the
-//! timer tick, the scrub), and the command engine's client as `Link::step` uses it (at most
-//! [`RING`] commands outstanding, results by tag). The fake HCA is its own oracle: it hands out PDs, MKEY
+//! It drives the [`LeaseService`] the hosted appliance runs, directly: the calls `LeaseBackend` makes for the
+//! session core (requests, `session_started`/`session_lost`/`resume`, heartbeats, the timer tick, the scrub),
+//! and what `Link::step` does with the engine's client, reproduced here (at most [`RING`] commands outstanding,
+//! results by tag). No session core, `LeaseBackend`, `Link`, engine or model runs. The fake HCA is its own oracle: it hands out PDs, MKEY
 //! indices and QPNs lowest-free first as firmware does, refuses a command on a handle it does not hold, and
 //! remembers which slot made each object, so at the end every object still alive must belong to a fenced slot.
 //!
