@@ -228,6 +228,13 @@ pub struct Answer {
     pub body: Result<Response, ErrorBody>,
 }
 
+/// The request id after `id`: ids count 1..=u32::MAX and then start again at 1, never 0 (the id of notices,
+/// which answer no request). An id comes back only after 2^32 - 1 more requests on the connection, while the
+/// server's credits bound how many are outstanding at once, so it never meets an answer still owed to it.
+fn request_id_after(id: u32) -> u32 {
+    id.wrapping_add(1).max(1)
+}
+
 /// An open control connection.
 pub struct Client {
     stream: TcpStream,
@@ -549,7 +556,7 @@ impl Client {
     /// Sends `req` with the next request id (returned) without waiting; see [`Client::receive`].
     pub fn send(&mut self, req: &Request) -> Result<u32, ClientError> {
         let id = self.next_id;
-        self.next_id = self.next_id.wrapping_add(1).max(1);
+        self.next_id = request_id_after(id);
         let mut bytes = Vec::new();
         req.encode(id, &mut bytes);
         self.send_raw(&bytes)?;
@@ -805,6 +812,14 @@ impl Client {
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    /// Request ids just below their limit: u32::MAX is used, then 1; 0 (notices) never.
+    #[test]
+    fn request_ids_wrap_past_u32_max_to_1_never_0() {
+        let ids: Vec<u32> =
+            core::iter::successors(Some(u32::MAX - 2), |&i| Some(request_id_after(i))).take(5).collect();
+        assert_eq!(ids, [u32::MAX - 2, u32::MAX - 1, u32::MAX, 1, 2]);
+    }
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 

@@ -26,7 +26,9 @@ pub struct Config {
     pub extent: u64,
     /// The HCA's largest memory region, `2^log_max_mrw_sz` bytes ([`Config::max_lease`] is no larger).
     pub max_region: u64,
-    /// Lease slots (each: one PD, one MKEY, one RC QP).
+    /// Lease slots (each: one PD, one MKEY, one RC QP), 1 to 2^20 (`Config::check` refuses more). A slot's index
+    /// is 32 bits wherever it travels (lease ids on the wire, the low half of a command's tag), so every index
+    /// the table can have fits (`tests/limits.rs`).
     pub slots: u32,
     /// Per-tenant budgets.
     pub tenant_leases: u32,

@@ -201,7 +201,9 @@ pub struct Lease<T> {
     pub qpn: Option<Qpn>,
     /// The QP is known to be in ERR (2ERR done).
     pub qp_in_err: bool,
-    /// The MKEY variant its CREATE_MKEY used.
+    /// The MKEY variant its CREATE_MKEY used: the rkey's low 8 bits under a 24-bit index (`Mkey`). Drawn, not
+    /// counted, so it has no limit to reach; what it must not do is repeat the variant its index had last
+    /// (`service::ids`), which holds for every index up to 0xffffff (`tests/limits.rs`).
     pub variant: u8,
     /// Steps of the current phase tried and failed so far (the plan's view), and the one in flight (its tag).
     pub tried: Steps,
@@ -233,7 +235,12 @@ impl<T> Lease<T> {
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
 pub enum Slot<T> {
-    /// Free; the next lease here gets `next_generation`.
+    /// Free; the next lease here gets `next_generation`. Generations of a slot run 1..=u32::MAX, one per lease
+    /// built there (granted or not). At the limit the slot is retired: when the lease of generation u32::MAX
+    /// is swept the slot becomes `Free { next_generation: 0 }` and stays out of the free list until reboot, so
+    /// a lease id is never resolved to a later occupant of its slot (a wrap would let an id 2^32 - 1 leases
+    /// old name the new one). Its memory returns to the pool as usual; only the slot is lost, after at least
+    /// 2^32 - 1 leases of it, each held through the grace period (`grace_ms`). Generation 0 is never granted.
     Free {
         next_generation: u32,
     },

@@ -114,6 +114,10 @@ pub fn prologue_for(min_version: u16, max_version: u16, key_id: u8, name: &str, 
 /// One direction's ChaCha20-Poly1305 key and counter (Noise's CipherState).
 pub struct CipherState {
     aead: ChaCha20Poly1305,
+    /// The next record's nonce, 0 up. At 2^64 - 1, which Noise reserves, the direction is exhausted: every
+    /// later `encrypt`/`decrypt` fails with [`CryptoError::Exhausted`] and the session must end (the server
+    /// closes it); the counter never wraps, so no nonce is used twice (`limits` tests). At 10^9 records a
+    /// second that is 584 years away.
     n: u64,
 }
 
@@ -450,6 +454,8 @@ impl Announce {
     }
 }
 
+#[cfg(test)]
+mod limits;
 #[cfg(test)]
 mod tests {
     use super::*;

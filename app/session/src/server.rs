@@ -167,6 +167,8 @@ pub struct Server<B: Backend, E: Entropy> {
     entropy: E,
     conns: Vec<Conn>,
     refused: Vec<(ConnId, VecDeque<u8>)>,
+    /// The next session id: 1 up, one per HELLO answered (at most `hello_work`'s rate). 64 bits are never used
+    /// up (2^64 - 1 HELLOs at a million a second take 584,000 years), so ids are never reused within a boot.
     next_session: u64,
     start_ms: u64,
     stats: Stats,

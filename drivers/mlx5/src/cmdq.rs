@@ -205,6 +205,9 @@ pub struct CmdQueue {
     base: DmaBuf,
     log_stride: u32,
     slots: Vec<Slot>,
+    /// The last command's token (`cmdq entry.token`, also in its mailboxes): 8 bits, 1..=0xff and then 1 again,
+    /// never 0 (a zeroed mailbox's). Two commands in flight share a token only 255 submissions apart, while at
+    /// most 32 slots are ever busy.
     token: u8,
     timeout_ns: u64,
     /// Set by the health monitor: the command interface is no longer trusted.
@@ -820,6 +823,20 @@ mod tests {
         p.complete(5, 0, 0);
         assert_eq!(poll(&p, &mut q).iter().map(|c| (c.tag, c.slot)).collect::<Vec<_>>(), [(5, 5)]);
         assert_eq!(q.submit(&p, 7, &cmd(0x801)), Ok(5));
+    }
+
+    /// The token (8 bits, in the entry and every mailbox of its command) started just below its limit: after
+    /// 0xff comes 1, never 0 (0 is what a zeroed mailbox holds), and each command carries the one it was given.
+    #[test]
+    fn the_command_token_wraps_past_0xff_to_1() {
+        let (p, mut q) = queue();
+        q.token = 0xfd;
+        for (tag, want) in [(1u64, 0xfe_u8), (2, 0xff), (3, 0x01), (4, 0x02)] {
+            let slot = q.submit(&p, tag, &cmd(0x800)).unwrap();
+            let mut e = [0u8; ENTRY_LEN];
+            p.mem_read(p.entry(slot), &mut e);
+            assert_eq!(e[0x3c], want, "tag {tag}");
+        }
     }
 
     #[test]

@@ -15,6 +15,9 @@ pub struct CqRing {
     pub buf: DmaBuf,
     pub dbr: DmaBuf,
     pub log_size: u32,
+    /// CQEs consumed, wrapping at 2^32; the doorbell record gets its low 24 bits (`set_ci`), which is all the
+    /// HCA's producer counter has. The owner bit `(cc >> log_size) & 1` agrees with the HCA's across both wraps,
+    /// since 2^24 and 2^32 are multiples of the ring's size (2^log_size, log_size below 24).
     cc: u32,
 }
 

@@ -30,6 +30,13 @@ pub const REQUEST_RING: usize = 64;
 pub const COMPLETION_RING: usize = 64;
 pub const EVENT_RING: usize = 256;
 pub const PAGE_RING: usize = 16;
+// The rings' counters wrap at 2^64, which only a power-of-two capacity divides (`ring::Inner`).
+const _: () = assert!(
+    REQUEST_RING.is_power_of_two()
+        && COMPLETION_RING.is_power_of_two()
+        && EVENT_RING.is_power_of_two()
+        && PAGE_RING.is_power_of_two()
+);
 
 /// Tags with this bit are the command engine's own (page commands); clients' tags never have it.
 const INTERNAL_TAG: u64 = 1 << 63;
@@ -295,6 +302,8 @@ pub struct Client {
     completions: Consumer<Completion>,
     events: Consumer<Event>,
     shared: Arc<Shared>,
+    /// [`Client::submit`]'s next tag: 1..=[`CLIENT_TAG_BITS`], then 1 again (never 0, never a bit the engine
+    /// owns); 2^62 - 1 commands apart, so it never meets a tag still outstanding.
     next_tag: u64,
     /// Woken after each command queued (the engine's thread, where it sleeps when idle).
     waker: Option<Waker>,

@@ -16,6 +16,8 @@ pub const UPDATE_EVERY: u32 = 128;
 pub struct EventRing {
     pub buf: DmaBuf,
     pub log_size: u32,
+    /// EQEs consumed, wrapping at 2^32; the doorbell carries its low 24 bits (`eq_doorbell_value`). As the CQ's
+    /// counter (`CqRing`), its owner bit agrees with the HCA's 24-bit producer counter across both wraps.
     ci: u32,
     eqn: Eqn,
     uar_page: UarPage,

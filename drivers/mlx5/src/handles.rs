@@ -113,7 +113,9 @@ impl MkeyVariant {
         self.0
     }
 
-    /// The variant for the next MKEY.
+    /// The variant for the next MKEY. After 0xff comes 0x00 (8 bits, wrapping, as Linux's `mkey_key`): an index
+    /// re-used 256 creates later gets its old key back, which the driver's own MKEYs (made once, at bring-up)
+    /// never come near.
     pub fn take(&mut self) -> u8 {
         let v = self.0;
         self.0 = self.0.wrapping_add(1);
@@ -133,5 +135,16 @@ mod tests {
         assert_eq!(k.variant(), 0x9a);
         assert_eq!(alloc::format!("{k}"), "0x1234569a");
         assert_eq!(alloc::format!("{}", Qpn(0x1f)), "0x1f");
+    }
+
+    /// The key and the variant counter at their limits: the largest index with variant 0xff is the whole 32
+    /// bits, an index wider than 24 bits is cut to them, and the variant counter wraps from 0xff to 0x00.
+    #[test]
+    fn mkey_and_variant_at_their_limits() {
+        let k = Mkey::new(MkeyIndex(0xff_ffff), 0xff);
+        assert_eq!((k.0, k.index(), k.variant()), (u32::MAX, MkeyIndex(0xff_ffff), 0xff));
+        assert_eq!(Mkey::new(MkeyIndex(0x1ff_ffff), 0).index(), MkeyIndex(0xff_ffff));
+        let mut v = MkeyVariant::new(0xfe);
+        assert_eq!([v.take(), v.take(), v.take(), v.peek()], [0xfe, 0xff, 0x00, 0x01]);
     }
 }

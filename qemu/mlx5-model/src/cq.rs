@@ -86,7 +86,9 @@ pub struct Cq {
     pub cqc: Vec<u8>,
     /// `cqc.oi`: overruns are ignored (CQEs are written over unconsumed ones).
     pub oi: bool,
-    /// Next CQE index (24 bits, not wrapped to the ring; the owner bit is bit `log_cq_size`).
+    /// Next CQE index (24 bits, not wrapped to the ring; the owner bit is bit `log_cq_size`). At 2^24 - 1 it wraps
+    /// to 0, as the consumer counter software writes back (`set_ci`, 24 bits) does; every comparison is modulo
+    /// 2^24 (`tests/cq_flush.rs`, `rq_cq_and_eq_counters_wrap_at_their_limits`).
     pub producer_counter: u32,
     /// Armed by the UAR CQ doorbell (or created armed, `cqc.st` 0x6 / 0x9): the next CQE raises a
     /// completion EQE, then the CQ is disarmed.

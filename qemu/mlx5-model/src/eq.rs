@@ -64,7 +64,9 @@ pub struct Eq {
     pub pas: Vec<u64>,
     /// `event_bitmask[0..4]` as four u64 (bit `t` of word `t / 64` enables type `t`).
     pub event_bitmask: [u64; 4],
-    /// Next EQE index (not wrapped; the owner bit is bit `log_eq_size`).
+    /// Next EQE index (24 bits, not wrapped to the ring; the owner bit is bit `log_eq_size`). At 2^24 - 1 it
+    /// wraps to 0; fullness is computed modulo 2^24 against the consumer index (`tests/cq_flush.rs`,
+    /// `rq_cq_and_eq_counters_wrap_at_their_limits`).
     pub producer_counter: u32,
     /// Last consumer index the driver wrote to the doorbell (24 bits).
     pub consumer_counter: u32,

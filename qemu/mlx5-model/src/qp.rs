@@ -210,6 +210,8 @@ pub struct Qp {
     pub resp: RespState,
     /// RQ WQEs the model has completed (16 bits, as the RQ doorbell record counter): only flush CQEs
     /// (`crate::completion::flush_rq`). 0 on CREATE_QP and after 2RST (Linux zeroes the record on RESET).
+    /// After 0xffff it wraps to 0, as the record's counter does; what is outstanding is their difference
+    /// modulo 2^16 (`tests/cq_flush.rs`, `rq_cq_and_eq_counters_wrap_at_their_limits`).
     pub rq_consumed: u32,
 }
 

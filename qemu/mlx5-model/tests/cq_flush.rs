@@ -234,3 +234,42 @@ fn no_cqe_when_nothing_was_posted() {
     // The CQ's producer counter never moved.
     assert_eq!(t.d.model.hca().cqs.cqs[&r.cqn].producer_counter, 0);
 }
+
+/// The model's counters started just below their limits (issue 27): the RQ's 16-bit consumed counter (the
+/// flush CQEs' `wqe_counter`) and the CQ's and EQ's 24-bit producer counters all wrap in one flush. Each wraps
+/// to 0 and keeps counting; slots and owner bits follow the counter (`(counter >> log_size) & 1`), so the
+/// driver's consumer, which counts the same way, sees each entry once, in order.
+#[test]
+fn rq_cq_and_eq_counters_wrap_at_their_limits() {
+    let mut t = setup_cq(2); // 4 CQEs
+    let qpn = rts_qp(&mut t);
+    {
+        let hca = t.d.model.hca_mut();
+        hca.qps.get_mut(qpn).unwrap().rq_consumed = 0xfffe;
+        hca.cqs.cqs.get_mut(&t.r.cqn).unwrap().producer_counter = 0xff_fffe;
+        let eq = hca.eqs.eqs.get_mut(&(t.r.eqn as u8)).unwrap();
+        (eq.producer_counter, eq.consumer_counter) = (0xff_ffff, 0xff_ffff);
+    }
+    set_ci(&t, 0xff_fffe);
+    arm(&mut t, 0, 0xff_fffe);
+    // Four receive WQEs past 0xfffe: the record's 16-bit counter reads 2.
+    post_recv(&t, 0x1_0002);
+    to_err(&mut t, qpn);
+    for (slot, counter, owner) in [(2, 0xfffe, 1), (3, 0xffff, 1), (0, 0, 0), (1, 1, 0)] {
+        check_flush(&cqe(&t, slot), qpn, counter, owner);
+    }
+    let hca = t.d.model.hca();
+    assert_eq!(hca.qps.get(qpn).unwrap().rq_consumed, 2);
+    assert_eq!(hca.cqs.cqs[&t.r.cqn].producer_counter, 2);
+    // One completion EQE, in the EQ's last slot (15) with owner (0xffffff >> 4) & 1; the counter is 0 after it.
+    assert_eq!(eqes_written(&t), 0);
+    let e = eqe(&t, 15);
+    assert_eq!((e[1], be32(&e, 0x38) & 0xff_ffff, e[0x3f] & 1), (0x00, t.r.cqn, 1));
+    // The CQ is full by the consumer counter across its wrap (0xfffffe → 2 is 4 CQEs): one more WQE overruns
+    // it, and CQ_ERROR lands in EQ slot 0 with owner 0.
+    post_recv(&t, 3);
+    to_err(&mut t, qpn);
+    let e = eqe(&t, 0);
+    assert_eq!((e[1], be32(&e, 0x20) & 0xff_ffff, e[0x2b], e[0x3f] & 1), (0x04, t.r.cqn, 1, 0));
+    assert_eq!(eqes_written(&t), 1);
+}

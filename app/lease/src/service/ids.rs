@@ -31,7 +31,8 @@ impl Ids {
         Ids { rng, retired: BTreeMap::new() }
     }
 
-    /// A 24-bit initial PSN.
+    /// A 24-bit initial PSN, uniform over 0..=0xffffff. The QP's PSNs then count from it modulo 2^24 on the HCA
+    /// (and in the client's requester), so a PSN near the top simply wraps to 0 (`tests/limits.rs`).
     pub(crate) fn psn(&mut self) -> u32 {
         self.rng.next_u32() & 0x00ff_ffff
     }
@@ -60,7 +61,14 @@ impl Ids {
         self.retired.remove(&index) != Some(variant)
     }
 
-    /// DESTROY_MKEY succeeded for `index`, whose key had `variant`.
+    /// The variant `index` is retired with, if it is.
+    #[cfg(test)]
+    pub(crate) fn retired_variant(&self, index: u32) -> Option<u8> {
+        self.retired.get(&index).copied()
+    }
+
+    /// DESTROY_MKEY was issued for `index`, whose key had `variant` (from then on the HCA may re-use the index,
+    /// possibly before the service reads the destroy's completion).
     pub(crate) fn destroyed(&mut self, index: u32, variant: u8) {
         self.retired.insert(index, variant);
         if self.retired.len() > RETIRED_MAX {

@@ -16,6 +16,8 @@ mod query;
 mod revoke;
 mod sessions;
 #[cfg(test)]
+mod soak;
+#[cfg(test)]
 mod tests;
 
 use ::alloc::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -393,6 +395,16 @@ impl<T: Copy> LeaseService<T> {
                 l.variant = ctx.variant;
             }
             let Some(cmd) = plan::command(step, stage, l, slot, &ctx) else { continue };
+            if step == Step::DestroyMkey
+                && let Some(k) = l.mkey
+            {
+                // The index is retired with its variant from the moment the HCA may act on the command, not
+                // when its completion is read: the HCA can hand the index to a CREATE_MKEY whose completion
+                // is read first, and that key must not be made or granted with the variant a revoked lease's
+                // client still holds. If the destroy fails the key lives on (the slot fences) and its index is
+                // not handed out, so the entry only narrows later variants.
+                self.ids.destroyed(k.index().raw(), k.variant());
+            }
             let tag = tag_of(self.next_seq, slot);
             self.next_seq = self.next_seq % SEQ_MAX + 1;
             l.in_flight = Some((tag, step));
@@ -438,11 +450,8 @@ impl<T: Copy> LeaseService<T> {
                     }
                 }
                 Step::CreateQp => l.qpn = Some(ifc::qp::create_qp_out(&out)),
-                Step::DestroyMkey => {
-                    if let Some(k) = l.mkey.take() {
-                        self.ids.destroyed(k.index().raw(), k.variant());
-                    }
-                }
+                // Its index was retired when the command was issued (`advance`).
+                Step::DestroyMkey => l.mkey = None,
                 Step::Qp2Err => l.qp_in_err = true,
                 Step::DestroyQp => l.qpn = None,
                 Step::DeallocPd => l.pd = None,
@@ -538,7 +547,7 @@ impl<T: Copy> LeaseService<T> {
         (n, held, free)
     }
 
-    /// Free slots (neither busy nor fenced).
+    /// Free slots (neither busy nor fenced, nor retired at their generation's limit: `Slot::Free`).
     pub fn free_slots(&self) -> usize {
         self.free.len()
     }

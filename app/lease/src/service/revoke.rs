@@ -335,10 +335,17 @@ impl<T: Copy> LeaseService<T> {
         self.pool.retire(&l.extents);
         host.dma_free(l.qp_buf);
         host.dma_free(l.qp_dbr);
-        let next_generation = l.id.generation.wrapping_add(1).max(1);
+        // The generation's limit (`Slot::Free`): a slot whose lease had generation u32::MAX is retired, free
+        // but never handed out again this boot, rather than wrapping to a generation an old id still names.
+        let retired = l.id.generation == u32::MAX;
+        let next_generation = l.id.generation.wrapping_add(1);
         let (tenant, n) = (core::mem::take(&mut l.tenant), l.extents.len());
         self.slots[slot as usize] = Slot::Free { next_generation };
-        self.free.insert(slot);
+        if retired {
+            log::warn!("lease: slot {slot} used all {} generations: retired until reboot", u32::MAX);
+        } else {
+            self.free.insert(slot);
+        }
         self.unbook(&tenant, n);
         self.counters.swept += 1;
     }

@@ -1315,3 +1315,5 @@ fn tenants_get_fair_shares_of_the_pool_by_default() {
         assert!(matches!(alloc(&mut r, "alpha"), Ok(Response::Alloc(_))), "alpha's lease {i} under tenant_mib");
     }
 }
+
+mod limits;
