@@ -235,7 +235,7 @@ fn no_cqe_when_nothing_was_posted() {
     assert_eq!(t.d.model.hca().cqs.cqs[&r.cqn].producer_counter, 0);
 }
 
-/// The model's counters started just below their limits (issue 27): the RQ's 16-bit consumed counter (the
+/// The model's counters started just below their limits: the RQ's 16-bit consumed counter (the
 /// flush CQEs' `wqe_counter`) and the CQ's and EQ's 24-bit producer counters all wrap in one flush. Each wraps
 /// to 0 and keeps counting; slots and owner bits follow the counter (`(counter >> log_size) & 1`), so the
 /// driver's consumer, which counts the same way, sees each entry once, in order.

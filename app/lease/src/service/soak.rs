@@ -1,4 +1,4 @@
-//! The lease soak (issue 27, "counters at their limits"): a million leases churned through the lease service on
+//! The lease soak ("counters at their limits"): a million leases churned through the lease service on
 //! a virtual clock, against a fake HCA that fails commands, answers some late and a few never within the revoke
 //! deadline, while the tenants' control sessions are lost and come back (at once, by RESUME, or too late).
 //!

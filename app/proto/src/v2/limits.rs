@@ -1,4 +1,4 @@
-//! Protocol v2's record counters at their limit (issue 27): each direction's counter is the nonce of its next
+//! Protocol v2's record counters at their limit: each direction's counter is the nonce of its next
 //! record, and Noise reserves 2^64 - 1 (docs/wire-protocol.md, "Records"). Started just below it, the last
 //! two records go through, and then neither end seals nor opens another: the session ends (the session
 //! server closes the connection, the client reports a protocol error) rather than reuse a nonce.
