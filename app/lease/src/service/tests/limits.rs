@@ -1,4 +1,4 @@
-//! The lease service's counters started just below their limits (docs/architecture.md's habit 22):
+//! The lease service's counters started just below their limits:
 //! a slot's generation, the rkey's MKEY index and variant, the PSNs, the slot index in a command's tag. The
 //! command tag's sequence has its own test (`the_command_tag_sequence_crosses_its_limits_...`).
 
