@@ -17,9 +17,9 @@ pub mod console;
 pub mod frames;
 pub mod net_config;
 pub mod paging;
-pub mod sizing;
 pub mod pci;
 pub mod physmem;
+pub mod sizing;
 pub mod time;
 pub mod watchdog;
 

@@ -361,8 +361,7 @@ impl<'a> ControlConfig<'a> {
     }
 
     pub(crate) fn set_sessions_per_tenant(&mut self, v: &str) -> Result<(), &'static str> {
-        self.sessions_per_tenant =
-            Some(parse_in(v, SESSIONS_PER_TENANT, "expected 1 to 4096 sessions per tenant")?);
+        self.sessions_per_tenant = Some(parse_in(v, SESSIONS_PER_TENANT, "expected 1 to 4096 sessions per tenant")?);
         Ok(())
     }
 

@@ -4,8 +4,8 @@
 //! periods while leases are granted (ALLOC + READY) and revoked by the admin; at the end every one of the 256
 //! still answers, and STATS counts them. Under TCG on a shared machine, so the deadlines are generous.
 
-use crate::control::{Nic, SHIPPED_BOOT_DEADLINE, Target, spawn_appliance_mem};
 use crate::Artifacts;
+use crate::control::{Nic, SHIPPED_BOOT_DEADLINE, Target, spawn_appliance_mem};
 use leasebox_proto::{AllocReq, LeaseState, Outcome, Request, Response, access};
 use leasectl::{Client, ClientError, Credentials, Timeouts};
 use std::time::{Duration, Instant};
@@ -23,7 +23,11 @@ const LOGIN_DEADLINE: Duration = Duration::from_secs(300);
 
 /// Connects and authenticates, trying again while the appliance answers BUSY (its rates).
 fn login(addr: &str, who: &Credentials, until: Instant) -> Result<Client, String> {
-    let t = Timeouts { connect: Duration::from_secs(10), receive: Duration::from_secs(30), retry_for: Duration::from_secs(30) };
+    let t = Timeouts {
+        connect: Duration::from_secs(10),
+        receive: Duration::from_secs(30),
+        retry_for: Duration::from_secs(30),
+    };
     loop {
         match Client::connect_and_hello(addr, who, t) {
             Ok((c, _)) => return Ok(c),
@@ -76,7 +80,8 @@ fn grant_and_revoke(c: &mut Client, admin: &mut Client) -> Result<(), String> {
 pub fn run(a: &Artifacts) -> Result<String, String> {
     let mut t = spawn_appliance_mem(a, 1, Nic::Virtio, "", Some(MEM_MIB))?;
     let (ready, _) = t.wait_ready(SHIPPED_BOOT_DEADLINE)?;
-    let sessions: usize = ready.get("sessions").and_then(|v| v.parse().ok()).ok_or("the ready line has no sessions=")?;
+    let sessions: usize =
+        ready.get("sessions").and_then(|v| v.parse().ok()).ok_or("the ready line has no sessions=")?;
     if sessions < SESSIONS + 1 {
         return Err(format!("a {MEM_MIB} MiB guest sized sessions={sessions}: fewer than {} places", SESSIONS + 1));
     }

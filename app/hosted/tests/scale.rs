@@ -99,7 +99,8 @@ fn a_thousand_sessions_heartbeat_while_leases_come_and_go() {
     let stop = Arc::new(AtomicBool::new(false));
     let revoked = Arc::new(AtomicU64::new(0));
     let churn = {
-        let (addr, demo, admin, stop, revoked) = (addr.clone(), demo.clone(), admin.clone(), stop.clone(), revoked.clone());
+        let (addr, demo, admin, stop, revoked) =
+            (addr.clone(), demo.clone(), admin.clone(), stop.clone(), revoked.clone());
         std::thread::spawn(move || -> Result<(), String> {
             let mut holder = login(&addr, &demo)?;
             let mut op = login(&addr, &admin)?;

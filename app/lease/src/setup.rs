@@ -241,7 +241,9 @@ pub fn prepare<P: Platform>(
     let hca_slots = hca_slots(caps.log_max_qp, caps.log_max_mkey, caps.log_max_pd);
     let (n_slots, lowered) = slots(o.slots, hca_slots, u64::from(o.pool_mib) << 20);
     if lowered {
-        log::warn!("lease: lease_slots= is more than the HCA's {hca_slots} (its QP, MKEY and PD caps): {n_slots} slots");
+        log::warn!(
+            "lease: lease_slots= is more than the HCA's {hca_slots} (its QP, MKEY and PD caps): {n_slots} slots"
+        );
     }
     log::info!(
         "lease: pool {} MiB in {} run(s) from {:#x}, largest lease {} MiB, {} slots (the HCA allows {hca_slots}), \
