@@ -159,7 +159,7 @@ impl Ready {
             _ => IpField(None),
         };
         println!(
-            "leasebox: ready cores={} mem_mib={} pci={} boot_ms={} ap_ms={} entry_ms={} ip={ip} ctl_port={} {} {} {}",
+            "leasebox: ready cores={} mem_mib={} pci={} boot_ms={} ap_ms={} entry_ms={} ip={ip} ctl_port={} sessions={} {} {} {}",
             self.cores,
             self.mem_mib,
             self.pci,
@@ -167,6 +167,7 @@ impl Ready {
             ms(self.ap_time),
             ms(self.entry),
             self.port,
+            crate::control::sessions_in_force(),
             self.nic,
             self.hca,
             crate::lease::ready_field(),

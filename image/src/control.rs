@@ -60,12 +60,55 @@ impl Backend for ApplianceBackend {
 
 struct Control<B: Backend>(Server<B, CpuEntropy>);
 
-/// The admission budgets the options give (`sessions_per_tenant=`, `admin_sessions=`, `preauth_sessions=`,
-/// `heap_high_water=`): also how many listening sockets the network loop needs ([`sockets`]).
+/// Each socket's receive and transmit buffer at most; the sockets' share of memory may make them smaller
+/// ([`socket_buf`]).
+pub const SOCKET_BUF_MAX: usize = 64 * 1024;
+/// The smallest socket buffer: a request or an answer of the usual size still fits in one window.
+pub const SOCKET_BUF_MIN: usize = 8 * 1024;
+/// The socket buffers together take at most one part in this many of usable memory ([`socket_buf`]).
+const SOCKET_SHARE: u64 = 8;
+/// A budget sized from memory counts one part in this many of usable memory for its places' socket buffers, at
+/// [`SOCKET_BUF_MAX`] each way (half the sockets' share: the unauthenticated pool's sockets and slack).
+const SESSION_SOCKET_SHARE: u64 = 16;
+
+/// The session budget in force, for the ready line (`sessions=`; 0 until the service is built).
+static SESSIONS: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+
+/// The session budget the control service runs with (the ready line's `sessions=`).
+pub fn sessions_in_force() -> u32 {
+    SESSIONS.load(core::sync::atomic::Ordering::Relaxed)
+}
+
+/// The machine's usable memory in bytes (the memory map's).
+fn usable(p: &Platform) -> u64 {
+    p.boot.memory.usable_bytes()
+}
+
+/// The session budget: `sessions=`, or what the heap and the memory for socket buffers afford
+/// (`leasebox_session::scale::default_sessions`; docs/operations.md, "Scale").
+pub fn sessions(p: &Platform) -> usize {
+    let sized = leasebox_session::scale::default_sessions(
+        heap().size as u64,
+        usable(p) / SESSION_SOCKET_SHARE,
+        2 * SOCKET_BUF_MAX as u64,
+    );
+    p.config.control().sessions_or(sized) as usize
+}
+
+/// Each socket's buffer (each way): [`SOCKET_BUF_MAX`], halved until [`sockets`] × 2 of them fit in an eighth of
+/// usable memory, but never below [`SOCKET_BUF_MIN`].
+pub fn socket_buf(p: &Platform) -> usize {
+    let buffers = 2 * sockets(p) as u64;
+    leasebox_session::scale::buffer_size(buffers, usable(p) / SOCKET_SHARE, SOCKET_BUF_MIN, SOCKET_BUF_MAX)
+}
+
+/// The admission budgets the options give (`sessions=` or its computed default, `sessions_per_tenant=`,
+/// `admin_sessions=`, `preauth_sessions=`, `heap_high_water=`): also how many listening sockets the network
+/// loop needs ([`sockets`]).
 pub fn budget(p: &Platform) -> Budget {
     let c = p.config.control();
     Budget::from_options(
-        c.sessions as usize,
+        sessions(p),
         c.sessions_per_tenant.map(|n| n as usize),
         c.admin_sessions.map(|n| n as usize),
         c.preauth_sessions.map(|n| n as usize),
@@ -170,16 +213,18 @@ fn keyring(p: &Platform) -> Result<Keyring, alloc::string::String> {
 /// backend that answers lease operations with the reason), or [`Unavailable`] with the reason logged.
 pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
     let c = p.config.control();
-    let limits = Limits { sessions: c.sessions as usize, credits: c.credits as u16, heartbeat_ms: c.heartbeat_ms };
+    let limits = Limits { sessions: sessions(p), credits: c.credits as u16, heartbeat_ms: c.heartbeat_ms };
+    SESSIONS.store(limits.sessions as u32, core::sync::atomic::Ordering::Relaxed);
     let keys = match keyring(p) {
         Ok(k) => k,
         Err(e) => return unavailable(&e),
     };
     let announce = |what: &str| {
         log::info!(
-            "control: {} principal(s), {} sessions, {} credits, heartbeat {} ms, protocol v2, keys from {}, {what}",
+            "control: {} principal(s), {} sessions ({}), {} credits, heartbeat {} ms, protocol v2, keys from {}, {what}",
             c.tenants().len() + usize::from(c.admin_key_hex().is_some()),
             limits.sessions,
+            if c.sessions.is_some() { "sessions=" } else { "sized from memory" },
             limits.credits,
             limits.heartbeat_ms,
             rng::source().unwrap_or("?")

@@ -22,8 +22,9 @@
 //!   [`INPUT_CHUNK`], so a peer that stops reading stops being served rather than growing buffers.
 //! - A step does bounded work (ingress and egress budgets) so the other roles on the core keep running, and
 //!   every closing connection has a deadline.
-//! - Memory: socket buffers (64 KiB each way per socket) come from frames once at boot; nothing is allocated
-//!   per packet or per connection.
+//! - Memory: socket buffers (64 KiB each way per socket, smaller when many sockets would take more than an
+//!   eighth of memory: `crate::control::socket_buf`) come from frames once at boot; nothing is allocated per
+//!   packet or per connection.
 
 use crate::eth::Mlx5Nic;
 use crate::service::{ConnId, StreamService};
@@ -42,9 +43,6 @@ use smoltcp::phy::Device;
 use smoltcp::socket::{dhcpv4, tcp};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
 
-/// Each socket's receive and transmit buffer: a full window at ~15 MB/s and ~80 µs RTT under QEMU user
-/// networking is far less; 64 KiB keeps bulk transfers (LIST, STATS) from stalling on the window.
-pub const SOCKET_BUF: usize = 64 * 1024;
 /// The most bytes handed to the service per connection and pass.
 pub const INPUT_CHUNK: usize = 16 * 1024;
 /// Frames taken from the device per step.
@@ -194,7 +192,8 @@ pub struct Stack<D: Device> {
     mac: [u8; 6],
 }
 
-/// `bytes` of zeroed memory for the whole boot, from frames (the heap is a few MiB; 65 sockets need 8 MiB).
+/// `bytes` of zeroed memory for the whole boot, from frames (the socket buffers: megabytes, more than the heap
+/// should carry).
 fn boot_memory(bytes: usize) -> Option<&'static mut [u8]> {
     let region = match memory::dma_alloc(bytes, 4096) {
         Ok(r) => r,
@@ -274,7 +273,18 @@ fn build<D: Device>(
     };
     let net = p.config.net;
     let sockets_n = crate::control::sockets(p);
-    let memory = boot_memory(sockets_n * 2 * SOCKET_BUF)?;
+    // A full window at ~15 MB/s and ~80 µs RTT under QEMU user networking is far less than 64 KiB; 64 KiB keeps
+    // bulk transfers (LIST, STATS) from stalling on the window, and a smaller buffer only slows those.
+    let buf = crate::control::socket_buf(p);
+    let Some(memory) = boot_memory(sockets_n * 2 * buf) else {
+        log::error!(
+            "net: {sockets_n} sockets need {} KiB of socket buffers ({} KiB each way): lower sessions= or give the \
+             machine more memory; no control channel this boot",
+            (sockets_n * 2 * buf) >> 10,
+            buf >> 10
+        );
+        return None;
+    };
 
     let mut cfg = Config::new(HardwareAddress::Ethernet(EthernetAddress(mac)));
     cfg.random_seed = seed;
@@ -283,8 +293,8 @@ fn build<D: Device>(
     let mut sockets = SocketSet::new(Vec::with_capacity(sockets_n + 1));
 
     let mut slots = Vec::with_capacity(sockets_n);
-    for pair in memory.chunks_exact_mut(2 * SOCKET_BUF) {
-        let (rx, tx) = pair.split_at_mut(SOCKET_BUF);
+    for pair in memory.chunks_exact_mut(2 * buf) {
+        let (rx, tx) = pair.split_at_mut(buf);
         let mut s = tcp::Socket::new(tcp::SocketBuffer::new(rx), tcp::SocketBuffer::new(tx));
         // Request/response traffic: answers go out at once, not after the previous segment is acknowledged.
         s.set_nagle_enabled(false);
@@ -333,7 +343,7 @@ fn build<D: Device>(
         RdmaAddr(rdma),
         rng::source().unwrap_or("?"),
     );
-    log::info!("net: control port tcp/{} ({sockets_n} sockets, {} KiB buffers each way)", net.port, SOCKET_BUF >> 10);
+    log::info!("net: control port tcp/{} ({sockets_n} sockets, {} KiB buffers each way)", net.port, buf >> 10);
     Some(Stack { nic, iface, sockets, dhcp, leased: false, slots, service, port: net.port, next_conn: 1, rdma, mac })
 }
 

@@ -567,7 +567,7 @@ mod tests {
         let ctl = c.control();
         assert_eq!(ctl.tenants().collect::<std::vec::Vec<_>>(), [("alice", KEY), ("bob", KEY)]);
         assert_eq!(ctl.admin_key_hex(), Some(KEY));
-        assert_eq!((ctl.sessions, ctl.credits, ctl.heartbeat_ms), (4, 2, 2000));
+        assert_eq!((ctl.sessions, ctl.credits, ctl.heartbeat_ms), (Some(4), 2, 2000));
         assert_eq!(c.unknown(), (&[][..], 0));
     }
 
@@ -616,7 +616,7 @@ mod tests {
             ("ctl_nic=eth0", "ctl_nic"),
             ("gw=10.0.2", "gw"),
             ("port=0", "port"),
-            ("sessions=65", "sessions"),
+            ("sessions=4097", "sessions"),
             ("credits=0", "credits"),
             ("heartbeat_ms=10", "heartbeat_ms"),
             ("admin=00", "admin"),
@@ -651,7 +651,7 @@ mod tests {
         );
         for (word, key) in [
             ("sessions_per_tenant=0", "sessions_per_tenant"),
-            ("admin_sessions=64", "admin_sessions"),
+            ("admin_sessions=4096", "admin_sessions"),
             ("preauth_sessions=x", "preauth_sessions"),
             ("heap_high_water=99", "heap_high_water"),
         ] {
@@ -660,7 +660,7 @@ mod tests {
         for (line, key, value) in [
             ("sessions=4 admin_sessions=4", "admin_sessions", "4"),
             ("sessions=4 sessions_per_tenant=5", "sessions_per_tenant", "5"),
-            ("preauth_sessions=17", "preauth_sessions", "17"),
+            ("sessions=16 preauth_sessions=17", "preauth_sessions", "17"),
         ] {
             let mut c = Config::default();
             c.apply_cmdline(line).unwrap();

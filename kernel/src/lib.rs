@@ -20,6 +20,7 @@ pub mod net_config;
 pub mod paging;
 pub mod pci;
 pub mod physmem;
+pub mod sizing;
 pub mod time;
 pub mod watchdog;
 

@@ -4,7 +4,8 @@
 //!   static address, DHCPv4 (RFC 2131) when `ip=` is absent; `port=N`, the control service's TCP port;
 //! - the control service: principals (`tenant=NAME:KEYS`, repeatable; `admin=KEYS`; KEYS is `HEXKEY` or a
 //!   comma-separated list of `HEXKEY` / `ID/HEXKEY` for key rotation) and budgets
-//!   (`sessions=`, `credits=`, `heartbeat_ms=`).
+//!   (`sessions=`, `credits=`, `heartbeat_ms=`). Without `sessions=` the host sizes the session budget from
+//!   its memory ([`ControlConfig::sessions_or`]; docs/operations.md, "Scale").
 //!
 //! Everything is parsed and validated here, at boot, so a bad value stops the boot with a message instead of
 //! surfacing later in the network loop or the session core. Keys are secrets: they are kept as the hex text
@@ -24,8 +25,11 @@ pub const MAX_TENANT_NAME: usize = 32;
 pub const ADMIN_NAME: &str = "admin";
 /// Key lengths in bytes (HMAC-SHA256 keys; 16 bytes is the floor for a secret).
 pub const KEY_BYTES: RangeInclusive<usize> = 16..=64;
-/// Concurrent sessions (`sessions=`).
-pub const SESSIONS: RangeInclusive<u32> = 1..=64;
+/// Concurrent sessions (`sessions=`): up to a cluster's worth of clients on one memory node.
+pub const SESSIONS: RangeInclusive<u32> = 1..=MAX_SESSIONS;
+pub const MAX_SESSIONS: u32 = 4096;
+/// The session budget when `sessions=` is absent and the host gives no figure of its own (the host normally
+/// sizes it from its memory: [`ControlConfig::sessions_or`]).
 pub const DEFAULT_SESSIONS: u32 = 16;
 /// Outstanding requests granted per session (`credits=`).
 pub const CREDITS: RangeInclusive<u32> = 1..=64;
@@ -34,11 +38,11 @@ pub const DEFAULT_CREDITS: u32 = 8;
 pub const HEARTBEAT_MS: RangeInclusive<u32> = 1_000..=600_000;
 pub const DEFAULT_HEARTBEAT_MS: u32 = 10_000;
 /// Sessions one tenant may hold (`sessions_per_tenant=`; default: every place not reserved for the admin).
-pub const SESSIONS_PER_TENANT: RangeInclusive<u32> = 1..=64;
+pub const SESSIONS_PER_TENANT: RangeInclusive<u32> = 1..=MAX_SESSIONS;
 /// Session places only the admin may take (`admin_sessions=`; default 1, and less than `sessions=`).
-pub const ADMIN_SESSIONS: RangeInclusive<u32> = 0..=63;
+pub const ADMIN_SESSIONS: RangeInclusive<u32> = 0..=MAX_SESSIONS - 1;
 /// Unauthenticated connections at once (`preauth_sessions=`; default 8, at most `sessions=`).
-pub const PREAUTH_SESSIONS: RangeInclusive<u32> = 1..=64;
+pub const PREAUTH_SESSIONS: RangeInclusive<u32> = 1..=MAX_SESSIONS;
 /// The heap high-water mark in percent (`heap_high_water=`; default 85): above it new connections, sessions and
 /// ALLOCs are refused BUSY.
 pub const HEAP_HIGH_WATER: RangeInclusive<u32> = 10..=95;
@@ -245,8 +249,9 @@ pub struct ControlConfig<'a> {
     tenants: [(&'a str, &'a str); MAX_TENANTS],
     tenants_len: usize,
     admin: Option<&'a str>,
-    /// Concurrent session budget (`sessions=`).
-    pub sessions: u32,
+    /// Concurrent session budget (`sessions=`); `None`: sized by the host from its memory
+    /// ([`ControlConfig::sessions_or`]).
+    pub sessions: Option<u32>,
     /// Outstanding requests granted per session (`credits=`).
     pub credits: u32,
     /// Session silence timeout, ms (`heartbeat_ms=`).
@@ -268,7 +273,7 @@ impl Default for ControlConfig<'_> {
             tenants: [("", ""); MAX_TENANTS],
             tenants_len: 0,
             admin: None,
-            sessions: DEFAULT_SESSIONS,
+            sessions: None,
             credits: DEFAULT_CREDITS,
             heartbeat_ms: DEFAULT_HEARTBEAT_MS,
             sessions_per_tenant: None,
@@ -341,7 +346,7 @@ impl<'a> ControlConfig<'a> {
     }
 
     pub(crate) fn set_sessions(&mut self, v: &str) -> Result<(), &'static str> {
-        self.sessions = parse_in(v, SESSIONS, "expected a session budget 1 to 64")?;
+        self.sessions = Some(parse_in(v, SESSIONS, "expected a session budget 1 to 4096")?);
         Ok(())
     }
 
@@ -356,18 +361,18 @@ impl<'a> ControlConfig<'a> {
     }
 
     pub(crate) fn set_sessions_per_tenant(&mut self, v: &str) -> Result<(), &'static str> {
-        self.sessions_per_tenant = Some(parse_in(v, SESSIONS_PER_TENANT, "expected 1 to 64 sessions per tenant")?);
+        self.sessions_per_tenant = Some(parse_in(v, SESSIONS_PER_TENANT, "expected 1 to 4096 sessions per tenant")?);
         Ok(())
     }
 
     pub(crate) fn set_admin_sessions(&mut self, v: &str) -> Result<(), &'static str> {
-        self.admin_sessions = Some(parse_in(v, ADMIN_SESSIONS, "expected 0 to 63 places reserved for the admin")?);
+        self.admin_sessions = Some(parse_in(v, ADMIN_SESSIONS, "expected 0 to 4095 places reserved for the admin")?);
         Ok(())
     }
 
     pub(crate) fn set_preauth_sessions(&mut self, v: &str) -> Result<(), &'static str> {
         self.preauth_sessions =
-            Some(parse_in(v, PREAUTH_SESSIONS, "expected 1 to 64 places for unauthenticated connections")?);
+            Some(parse_in(v, PREAUTH_SESSIONS, "expected 1 to 4096 places for unauthenticated connections")?);
         Ok(())
     }
 
@@ -384,15 +389,32 @@ impl<'a> ControlConfig<'a> {
         Ok(())
     }
 
-    /// Checks between the budgets once every option is applied: `(key, reason)` of the first conflict.
+    /// The session budget: `sessions=` when given, otherwise `sized` (what the host's memory gives, clamped to
+    /// [`SESSIONS`]), raised to what the other budgets need (`admin_sessions=` + 1, `sessions_per_tenant=`,
+    /// `preauth_sessions=`), so options that fit an explicit budget never conflict with a computed one.
+    pub fn sessions_or(&self, sized: u32) -> u32 {
+        if let Some(n) = self.sessions {
+            return n;
+        }
+        let need = [
+            self.admin_sessions.map_or(1, |a| a + 1),
+            self.sessions_per_tenant.unwrap_or(1),
+            self.preauth_sessions.unwrap_or(1),
+        ];
+        sized.clamp(*SESSIONS.start(), *SESSIONS.end()).max(need.into_iter().max().unwrap_or(1))
+    }
+
+    /// Checks between the budgets once every option is applied: `(key, reason)` of the first conflict. Without
+    /// `sessions=` nothing conflicts: the computed budget makes room ([`ControlConfig::sessions_or`]).
     pub(crate) fn check(&self) -> Result<(), (&'static str, &'static str)> {
-        if self.admin_sessions.is_some_and(|a| a >= self.sessions) {
+        let Some(sessions) = self.sessions else { return Ok(()) };
+        if self.admin_sessions.is_some_and(|a| a >= sessions) {
             return Err(("admin_sessions", "must be less than sessions= (tenants need a place)"));
         }
-        if self.sessions_per_tenant.is_some_and(|t| t > self.sessions) {
+        if self.sessions_per_tenant.is_some_and(|t| t > sessions) {
             return Err(("sessions_per_tenant", "must be at most sessions="));
         }
-        if self.preauth_sessions.is_some_and(|p| p > self.sessions) {
+        if self.preauth_sessions.is_some_and(|p| p > sessions) {
             return Err(("preauth_sessions", "must be at most sessions="));
         }
         Ok(())
@@ -547,17 +569,38 @@ mod tests {
     #[test]
     fn budgets() {
         let mut c = ControlConfig::default();
-        assert_eq!((c.sessions, c.credits, c.heartbeat_ms), (16, 8, 10_000));
+        assert_eq!((c.sessions, c.credits, c.heartbeat_ms), (None, 8, 10_000));
+        assert_eq!(c.sessions_or(300), 300, "sized from memory without sessions=");
+        assert_eq!(c.sessions_or(0), 1);
+        assert_eq!(c.sessions_or(1_000_000), MAX_SESSIONS);
         c.set_sessions("64").unwrap();
         c.set_credits("1").unwrap();
         c.set_heartbeat_ms("600000").unwrap();
-        assert_eq!((c.sessions, c.credits, c.heartbeat_ms), (64, 1, 600_000));
+        assert_eq!((c.sessions, c.credits, c.heartbeat_ms), (Some(64), 1, 600_000));
+        assert_eq!(c.sessions_or(300), 64, "sessions= wins");
+        c.set_sessions("4096").unwrap();
+        assert_eq!(c.sessions, Some(4096));
         assert!(c.set_sessions("0").is_err());
-        assert!(c.set_sessions("65").is_err());
+        assert!(c.set_sessions("4097").is_err());
+        assert_eq!(c.sessions, Some(4096), "a bad value leaves the old one");
         assert!(c.set_credits("65").is_err());
         assert!(c.set_heartbeat_ms("999").is_err());
         assert!(c.set_heartbeat_ms("600001").is_err());
         assert!(c.set_heartbeat_ms("1e4").is_err());
+    }
+
+    #[test]
+    fn a_computed_budget_makes_room_for_the_other_budgets() {
+        let mut c = ControlConfig::default();
+        c.set_preauth_sessions("40").unwrap();
+        c.set_admin_sessions("99").unwrap();
+        assert_eq!(c.check(), Ok(()), "no sessions=: nothing to conflict with");
+        assert_eq!(c.sessions_or(16), 100, "admin_sessions= + 1");
+        c.set_sessions_per_tenant("200").unwrap();
+        assert_eq!(c.sessions_or(16), 200);
+        assert_eq!(c.sessions_or(1024), 1024);
+        c.set_sessions("100").unwrap();
+        assert_eq!(c.check(), Err(("sessions_per_tenant", "must be at most sessions=")));
     }
 
     #[test]

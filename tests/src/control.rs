@@ -251,6 +251,17 @@ impl Nic {
 /// to a free host port and the control channel on `nic` — virtio-net, or the model's Ethernet port on a hub with
 /// QEMU's user network and no virtio-net. `extra_args` are appended to the kernel command line.
 pub fn spawn_appliance(a: &Artifacts, smp: u32, nic: Nic, extra_args: &str) -> Result<Target, String> {
+    spawn_appliance_mem(a, smp, nic, extra_args, None)
+}
+
+/// [`spawn_appliance`] with `mem_mib` MiB of guest memory (`None`: the runner's default).
+pub fn spawn_appliance_mem(
+    a: &Artifacts,
+    smp: u32,
+    nic: Nic,
+    extra_args: &str,
+    mem_mib: Option<u32>,
+) -> Result<Target, String> {
     let (tenant_hex, admin_hex) = (random_hex()?, random_hex()?);
     let port = free_port()?;
     let append = format!("tenant=demo:{tenant_hex} admin={admin_hex} {} {extra_args}", nic.kernel_words());
@@ -258,6 +269,9 @@ pub fn spawn_appliance(a: &Artifacts, smp: u32, nic: Nic, extra_args: &str) -> R
     c.qemu = a.qemu.clone();
     c.cpu = a.cpu.clone();
     c.smp = smp;
+    if let Some(m) = mem_mib {
+        c.mem_mib = m;
+    }
     c.net = Some(HostFwd::localhost(port, GUEST_PORT));
     let mut cmd = ModelCommand::new(a.model_bin.clone());
     // A port of its own for the RoCEv2 responder, never the shared default that another run may hold.

@@ -24,6 +24,7 @@ pub mod pytest;
 pub mod revoke_bench;
 pub mod rxe;
 pub mod rxe_bench;
+pub mod scale_qemu;
 pub mod scenario;
 pub mod scrub_bench;
 pub mod serial;

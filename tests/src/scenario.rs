@@ -313,6 +313,14 @@ pub fn all() -> Vec<Entry> {
         needs: &[Build::Model],
         run: crate::lease_qemu::run_large,
     }));
+    all.push(Entry::Driven(Driven {
+        name: crate::scale_qemu::NAME,
+        about: "a memory node's scale under QEMU: a 640 MiB guest sizes sessions= from its memory (at least 257), \
+                256 tenant sessions heartbeat through two heartbeat periods while leases are granted and revoked, \
+                and every one is still there",
+        needs: &[Build::Model],
+        run: crate::scale_qemu::run,
+    }));
     all
 }
 
@@ -1219,10 +1227,11 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "ctl-mlx5-qemu",
                 "fleet-qemu",
                 "rxe-qemu",
-                "lease-qemu-large"
+                "lease-qemu-large",
+                "scale-qemu"
             ]
         );
-        assert_eq!(select(&[]).unwrap().len(), 22);
+        assert_eq!(select(&[]).unwrap().len(), 23);
         assert_eq!(select(&["grub-bios".into()]).unwrap()[0].name(), "grub-bios");
         // Run order, not the order named; driven and boot scenarios alike.
         let picked = select(&["lease-qemu".into(), "kernel-smp1-pc".into(), "control-qemu".into()]).unwrap();
@@ -1250,7 +1259,8 @@ leasebox: ready cores=1 pci=0 boot_ms=1.000 ap_ms=0.000 entry_ms=1.000
                 "ctl-mlx5-qemu",
                 "fleet-qemu",
                 "rxe-qemu",
-                "lease-qemu-large"
+                "lease-qemu-large",
+                "scale-qemu"
             ]
         );
         assert_eq!(needing(Build::Leasectl), ["control-qemu", "lease-qemu", "ctl-mlx5-qemu", "rxe-qemu"]);

@@ -20,8 +20,21 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-/// How often a connection thread looks for output queued by timers (TIMEOUT frames) and deferred answers.
+/// How often a connection thread looks for output queued by timers (TIMEOUT frames), deferred answers and
+/// notices, while it has had traffic lately ([`ACTIVE`]).
 const POLL: Duration = Duration::from_millis(2);
+/// A connection with no traffic for this long looks less often: every [`POLL`] × (connections / 64), at most
+/// [`MAX_IDLE_POLL`], so that a thousand idle sessions cost the process a bounded rate of wake-ups (about 32,000
+/// a second in all) rather than 500 a second each (docs/operations.md, "Scale").
+const ACTIVE: Duration = Duration::from_millis(100);
+/// The longest an idle connection waits before it looks for output (a notice to an idle session or its
+/// heartbeat TIMEOUT is this late at most, with a thousand sessions).
+const MAX_IDLE_POLL: Duration = Duration::from_millis(32);
+/// Each connection thread's input and output buffer (one each). A frame is read in pieces if it is larger.
+pub const CONN_BUF: usize = 16 * 1024;
+/// What a connection thread costs beyond its session state: its two buffers and the part of its stack it
+/// touches (the stack's reservation is virtual), for sizing `sessions=` from memory.
+pub const CONN_BYTES: u64 = 2 * CONN_BUF as u64 + 64 * 1024;
 /// How often the timer thread runs the session core's timers and the lease service while the service has work
 /// under way (commands at the HCA or queued for it, memory being scrubbed): results reach it within this.
 const TICK: Duration = Duration::from_micros(200);
@@ -118,7 +131,7 @@ impl HostedConfig {
             keys.set_admin(hex).map_err(|e| format!("admin=: {e}"))?;
         }
         let limits = Limits {
-            sessions: control.sessions as usize,
+            sessions: control.sessions_or(default_sessions()) as usize,
             credits: control.credits as u16,
             heartbeat_ms: control.heartbeat_ms,
         };
@@ -148,6 +161,22 @@ impl HostedConfig {
         let appliance = control.appliance.map(String::from);
         Ok(HostedConfig { listen, limits, budget, keys, appliance, hca, udp, timing, lease, verbs })
     }
+}
+
+/// The session budget when `sessions=` is absent: what a sixteenth of the machine's memory affords, for the
+/// session state and for the connection threads ([`CONN_BYTES`] each), within 16 to 1,024
+/// (`leasebox_session::scale::default_sessions`).
+pub fn default_sessions() -> u32 {
+    let share = mem_total().unwrap_or(1 << 30) / 16;
+    leasebox_session::scale::default_sessions(share, share, CONN_BYTES)
+}
+
+/// The machine's memory (`MemTotal` in /proc/meminfo), if it can be read.
+fn mem_total() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// The session core's backend: the lease service on the model, or none.
@@ -383,8 +412,10 @@ fn serve(server: Shared, mut stream: TcpStream, id: ConnId, start: Instant, stop
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(POLL));
     let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
-    let mut inbuf = vec![0u8; 64 * 1024];
-    let mut outbuf = vec![0u8; 64 * 1024];
+    let mut inbuf = vec![0u8; CONN_BUF];
+    let mut outbuf = vec![0u8; CONN_BUF];
+    // Traffic either way puts the thread back to POLL; see `idle_poll` for the rest.
+    let (mut last_traffic, mut timeout) = (Instant::now(), POLL);
     // Per-source limits key on the peer's address (docs/security.md, "Pre-authentication").
     // A refused connection still gets its BUSY frame from `output` below, then the core wants it closed.
     {
@@ -411,13 +442,20 @@ fn serve(server: Shared, mut stream: TcpStream, id: ConnId, start: Instant, stop
             if stream.write_all(&outbuf[..n]).is_err() {
                 break true;
             }
+            last_traffic = Instant::now();
         };
         if done || stop.load(Ordering::Relaxed) {
             break;
         }
+        let want = if last_traffic.elapsed() < ACTIVE { POLL } else { idle_poll(&server) };
+        if want != timeout {
+            timeout = want;
+            let _ = stream.set_read_timeout(Some(timeout));
+        }
         match stream.read(&mut inbuf) {
             Ok(0) => break,
             Ok(n) => {
+                last_traffic = Instant::now();
                 let busy = {
                     let mut s = server.lock().expect("server lock");
                     s.input(id, &inbuf[..n], now_ms(start));
@@ -434,6 +472,13 @@ fn serve(server: Shared, mut stream: TcpStream, id: ConnId, start: Instant, stop
     }
     let _ = stream.shutdown(std::net::Shutdown::Both);
     server.lock().expect("server lock").closed(id, now_ms(start));
+}
+
+/// How often an idle connection looks for output: [`POLL`] × (connections / 64), from [`POLL`] to
+/// [`MAX_IDLE_POLL`].
+fn idle_poll(server: &Shared) -> Duration {
+    let open = server.lock().map_or(0, |s| s.sessions()) as u32;
+    (POLL * (open / 64).max(1)).min(MAX_IDLE_POLL)
 }
 
 #[cfg(test)]

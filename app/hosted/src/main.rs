@@ -27,12 +27,14 @@ fn main() -> ExitCode {
         .verbs
         .as_ref()
         .map_or(String::from("none"), |v| format!("{}:{}:{}", v.device, v.gid_index, v.qp_teardown.name()));
+    let sessions = cfg.limits.sessions;
     match Hosted::start(cfg) {
         Ok(h) => {
+            let slots = h.with_leases(|b| b.svc.config().slots).map_or(String::new(), |n| format!(" slots={n}"));
             // The ready line mirrors the image's, so scripts can wait for it the same way.
             let udp = h.hca().and_then(|t| t.udp).map_or(String::from("none"), |a| a.to_string());
             println!(
-                "leasebox: ready hosted=1 addr={} ctl_port={} hca={} udp={udp} verbs={verbs}",
+                "leasebox: ready hosted=1 addr={} ctl_port={} sessions={sessions} hca={} udp={udp} verbs={verbs}{slots}",
                 h.addr().ip(),
                 h.addr().port(),
                 h.hca().is_some()

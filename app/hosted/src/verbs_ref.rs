@@ -263,7 +263,8 @@ fn is_admin(who: &Principal) -> bool {
 impl VerbsLeases {
     /// Leases on `dev`, `summary` naming it for HEALTH; PSNs from `rng`.
     pub fn new(dev: Box<dyn Device>, opts: LeaseOptions, qp_teardown: QpTeardown, summary: String, rng: IdRng) -> Self {
-        let slots = vec![Slot::Free { generation: 0 }; opts.slots as usize];
+        let slots =
+            vec![Slot::Free { generation: 0 }; opts.slots.unwrap_or(leasebox_lease::setup::DEFAULT_SLOTS) as usize];
         VerbsLeases {
             dev,
             opts,

@@ -130,7 +130,7 @@ impl Core {
         let platform = Arc::new(HostedPlatform::with_model(model, ram, ModelMode::Thread));
         let dcfg = DriverConfig { part: "ConnectX-5", pre_init_timeout_ms: 5_000, ..DriverConfig::default() };
         let mut d = Driver::bring_up(platform.clone(), dcfg).unwrap_or_else(|e| fail(&format!("bring-up: {e}")));
-        let o = LeaseOptions { pool_mib, slots: max_leases.max(LATENCY_SLOTS), ..LeaseOptions::default() };
+        let o = LeaseOptions { pool_mib, slots: Some(max_leases.max(LATENCY_SLOTS)), ..LeaseOptions::default() };
         let parts = setup::prepare(&mut d, &o, None).unwrap_or_else(|e| fail(&format!("lease set-up: {e}")));
         let (cmd, ev, mut client, info) = d.into_engines();
         eprintln!(
@@ -287,7 +287,7 @@ fn first_bytes(runs: &[std::ops::Range<u64>], mut bytes: u64) -> Vec<std::ops::R
 
 /// A service over the pool with `slots` slots of one extent each; `grace_ms` `None` keeps the default.
 fn service(parts: &LeaseParts, slots: u32, grace_ms: Option<u64>) -> LeaseService<u64> {
-    let o = LeaseOptions { slots, ..LeaseOptions::default() };
+    let o = LeaseOptions { slots: Some(slots), ..LeaseOptions::default() };
     let base = Config::from_options(&o, parts);
     let cfg = Config {
         extent: EXTENT,

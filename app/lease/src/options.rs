@@ -10,8 +10,8 @@ use crate::config::RevokeOrder;
 pub struct LeaseOptions {
     /// `lease_pool_mib=`: DRAM lent to clients.
     pub pool_mib: u32,
-    /// `lease_slots=`.
-    pub slots: u32,
+    /// `lease_slots=`; `None`: as many as the HCA's caps and the pool allow ([`crate::setup::default_slots`]).
+    pub slots: Option<u32>,
     /// `tenant_leases=`: leases one tenant may hold.
     pub tenant_leases: u32,
     /// `tenant_mib=`: bytes one tenant may hold, in MiB (leases count whole extents). `None`: the whole pool.
@@ -58,7 +58,7 @@ impl LeaseOptions {
     /// The defaults (`docs/operations.md`), usable in a `static`.
     pub const DEFAULT: LeaseOptions = LeaseOptions {
         pool_mib: 64,
-        slots: 1024,
+        slots: None,
         tenant_leases: 256,
         tenant_mib: None,
         tenants: 0,
@@ -107,7 +107,7 @@ impl LeaseOptions {
                 }
                 self.pool_mib = v;
             }
-            "lease_slots" => self.slots = number(value, 1, 1 << 20, "expected 1 to 1048576")?,
+            "lease_slots" => self.slots = Some(number(value, 1, 1 << 20, "expected 1 to 1048576")?),
             "tenant_leases" => self.tenant_leases = number(value, 1, 1 << 20, "expected 1 to 1048576")?,
             "tenant_mib" => self.tenant_mib = Some(number(value, 1, 1 << 20, "expected 1 to 1048576 (MiB)")?),
             "tenant_allocs_per_s" => {
@@ -170,6 +170,10 @@ mod tests {
         assert!(o.apply("revoke_order", "sideways").is_err());
         assert!(o.apply("lease_pool_mib", "3").is_err());
         assert!(o.apply("lease_slots", "0").is_err());
+        assert_eq!(o.slots, None, "sized from the HCA and the pool unless given");
+        assert_eq!(o.apply("lease_slots", "1048576"), Ok(true));
+        assert_eq!(o.slots, Some(1 << 20));
+        assert!(o.apply("lease_slots", "1048577").is_err());
         assert_eq!((o.pool_mib, o.order, o.grace_ms), (128, RevokeOrder::QpFirst, 0));
         assert_eq!((o.apply("rdma_dscp", "26"), o.apply("rdma_prio", "3")), (Ok(true), Ok(true)));
         assert_eq!((o.rdma_dscp, o.rdma_prio), (26, 3));

@@ -123,6 +123,51 @@ pub struct LeaseParts {
     pub rdma_ip: core::net::Ipv4Addr,
     /// The HCA's largest memory region in bytes (`2^log_max_mrw_sz`; [`Config::max_region`]).
     pub max_region: u64,
+    /// Lease slots the HCA's caps allow ([`hca_slots`]).
+    pub hca_slots: u32,
+}
+
+/// The heap one lease slot costs before it holds a lease, at most: its entry in the slot table and in the free
+/// set (`service/tests.rs` checks it). A lease adds its extent list and its owner's name while it lives.
+pub const SLOT_HEAP_BYTES: usize = 512;
+/// Slots when neither `lease_slots=` nor a large pool asks for more (the default of small machines).
+pub const DEFAULT_SLOTS: u32 = 1024;
+/// The most slots a computed default gives (`lease_slots=`'s own limit).
+pub const MAX_SLOTS: u32 = 1 << 20;
+/// QPs, MKEYs and PDs the driver and the service keep for themselves (the Ethernet port's queues, the pool's
+/// and the command interface's objects) and that leases may not count on. Generous: a ConnectX-5 reports
+/// 2^24 MKEYs and PDs (docs/reference/mlx5.md §e.1, "Object counts").
+pub const HCA_RESERVED_OBJECTS: u64 = 64;
+
+/// Leases the HCA can hold at once: each takes one PD, one MKEY and one RC QP, so the fewest of
+/// `2^log_max_qp`, `2^log_max_mkey` and `2^log_max_pd` (the caps the firmware reports, current values), less
+/// [`HCA_RESERVED_OBJECTS`], at least 1.
+pub fn hca_slots(log_max_qp: u8, log_max_mkey: u8, log_max_pd: u8) -> u32 {
+    let n = [log_max_qp, log_max_mkey, log_max_pd]
+        .into_iter()
+        .map(|l| 1u64.checked_shl(u32::from(l.min(40))).unwrap_or(u64::MAX))
+        .min()
+        .unwrap_or(1);
+    n.saturating_sub(HCA_RESERVED_OBJECTS).clamp(1, u64::from(MAX_SLOTS)) as u32
+}
+
+/// The slots when `lease_slots=` is absent: as many leases as the pool can hold (one extent each at the
+/// least), but no fewer than [`DEFAULT_SLOTS`] (fenced and revoked leases hold slots too), and never more than
+/// the HCA allows (`hca`: [`hca_slots`]).
+pub fn default_slots(hca: u32, pool_bytes: u64, extent: u64) -> u32 {
+    let by_pool = (pool_bytes / extent.max(1)).min(u64::from(MAX_SLOTS)) as u32;
+    by_pool.max(DEFAULT_SLOTS).min(hca).max(1)
+}
+
+/// The slots the service runs with: `given` (`lease_slots=`) when there is one, no more than the HCA allows
+/// (`hca`; a larger value is lowered to it, and the second value says so), else [`default_slots`] for a pool
+/// of `pool_bytes`.
+pub fn slots(given: Option<u32>, hca: u32, pool_bytes: u64) -> (u32, bool) {
+    match given {
+        Some(n) if n > hca => (hca, true),
+        Some(n) => (n, false),
+        None => (default_slots(hca, pool_bytes, POOL_EXTENT), false),
+    }
 }
 
 /// `mib` MiB of DMA memory in [`POOL_EXTENT`]s wherever the platform has them, as handles in allocation order
@@ -192,14 +237,23 @@ pub fn prepare<P: Platform>(
     let pool = pool_runs(&extents);
     let port_mtu = port_ib_mtu(d.info.mtu);
     let max_region = 1u64.checked_shl(d.info.caps.log_max_mrw_sz.into()).unwrap_or(u64::MAX);
+    let caps = &d.info.caps;
+    let hca_slots = hca_slots(caps.log_max_qp, caps.log_max_mkey, caps.log_max_pd);
+    let (n_slots, lowered) = slots(o.slots, hca_slots, u64::from(o.pool_mib) << 20);
+    if lowered {
+        log::warn!(
+            "lease: lease_slots= is more than the HCA's {hca_slots} (its QP, MKEY and PD caps): {n_slots} slots"
+        );
+    }
     log::info!(
-        "lease: pool {} MiB in {} run(s) from {:#x}, largest lease {} MiB, {} slots, CQ {cqn}, port IB MTU {}, \
+        "lease: pool {} MiB in {} run(s) from {:#x}, largest lease {} MiB, {} slots (the HCA allows {hca_slots}), \
+         CQ {cqn}, port IB MTU {}, \
          RDMA address {ip} (GID index {gid_index})",
         o.pool_mib,
         pool.len(),
         pool.first().map_or(0, |r| r.start),
         crate::config::max_lease(POOL_EXTENT, max_region).min(u64::from(o.pool_mib) << 20) >> 20,
-        o.slots,
+        n_slots,
         128u32 << port_mtu,
     );
     Ok(LeaseParts {
@@ -209,6 +263,7 @@ pub fn prepare<P: Platform>(
         uncleared: uncleared(&taken),
         rdma_ip: ip,
         max_region,
+        hca_slots,
     })
 }
 
@@ -218,7 +273,7 @@ impl Config {
         Config {
             pool: parts.pool.clone(),
             max_region: parts.max_region,
-            slots: o.slots,
+            slots: slots(o.slots, parts.hca_slots, parts.pool.iter().map(|r| r.end - r.start).sum()).0,
             tenant_leases: o.tenant_leases,
             tenant_bytes: o.tenant_mib.map_or(u64::MAX, |m| u64::from(m) << 20),
             tenants: o.tenants,
@@ -261,6 +316,26 @@ mod tests {
     use super::*;
     use leasebox_session::EntropyError;
     use std::sync::Mutex;
+
+    #[test]
+    fn slots_follow_the_hca_caps_and_the_pool() {
+        // The model's current caps: log_max_qp 14, log_max_mkey 24, log_max_pd 24: the QPs are the limit.
+        assert_eq!(hca_slots(14, 24, 24), 16384 - 64);
+        assert_eq!(hca_slots(24, 10, 24), 1024 - 64, "MKEYs the limit");
+        assert_eq!(hca_slots(24, 24, 6), 1, "nothing left after the reserve: one slot, not none");
+        assert_eq!(hca_slots(63, 63, 63), MAX_SLOTS, "no shift overflow; capped");
+        let hca = hca_slots(14, 24, 24);
+        // A small pool keeps the default; a large one gets a slot per extent; the HCA caps both.
+        assert_eq!(default_slots(hca, 64 << 20, POOL_EXTENT), DEFAULT_SLOTS);
+        assert_eq!(default_slots(hca, 8 << 30, POOL_EXTENT), 4096);
+        assert_eq!(default_slots(hca, 1 << 40, POOL_EXTENT), hca);
+        assert_eq!(default_slots(100, 0, POOL_EXTENT), 100, "an HCA below the default");
+        assert_eq!(default_slots(hca, u64::MAX, 0), hca, "no division by zero");
+        // lease_slots= wins, but never past the HCA.
+        assert_eq!(slots(Some(10), hca, 0), (10, false));
+        assert_eq!(slots(Some(1 << 20), hca, 0), (hca, true));
+        assert_eq!(slots(None, hca, 8 << 30), (4096, false));
+    }
 
     struct NoEntropy;
     impl Entropy for NoEntropy {

@@ -14,13 +14,14 @@ pub mod admission;
 mod backend;
 mod keyring;
 mod rng;
+pub mod scale;
 mod server;
 
 pub use admission::{Budget, HeapUse, MemoryGauge, Rate, Refusal, Source};
 pub use backend::{Answer, Backend, CloseReason, ConnId, NoLeases, Principal, Ticket};
 pub use keyring::{ADMIN_NAME, KeyError, Keyring, parse_hex, weak_key};
 pub use rng::IdRng;
-pub use server::{Entropy, EntropyError, Limits, Server, StartError};
+pub use server::{Entropy, EntropyError, Limits, SESSION_HEAP_BYTES, SESSION_IDLE_HEAP_BYTES, Server, StartError};
 
 #[cfg(test)]
 mod tests;

@@ -41,6 +41,14 @@ pub const MAX_LOST_PER_PRINCIPAL: usize = 8;
 /// Messages 1 remembered (by the first half of their ephemeral key) so that a replayed one is refused before
 /// the server answers it: answering costs an X25519 key and a DH, reading only a tag. 16 KiB of keys.
 pub const MAX_SEEN_HELLOS: usize = 1024;
+/// The heap one established, idle session holds at most (its connection state, record layer and buffers, as
+/// measured by `tests/scale.rs` with a thousand sessions): what a host budgets per session place when it sizes
+/// `sessions=` from its memory (docs/operations.md, "Scale"). A session with requests in flight holds more
+/// for a while, bounded by its credits and [`MAX_PENDING_OUTPUT`].
+pub const SESSION_HEAP_BYTES: usize = 16 * 1024;
+/// The heap an established session holds while idle, at most (measured: under 1 KiB, `tests/session_heap.rs`):
+/// the rest of [`SESSION_HEAP_BYTES`] is room for the buffers a session's traffic grows and keeps.
+pub const SESSION_IDLE_HEAP_BYTES: usize = 2 * 1024;
 /// The one answer to a RESUME that names no session it may take over: an unknown id, a wrong token and another
 /// principal's session look the same.
 const RESUME_REFUSED: &str = "RESUME: no such session";
@@ -166,6 +174,9 @@ pub struct Server<B: Backend, E: Entropy> {
     backend: B,
     entropy: E,
     conns: Vec<Conn>,
+    /// Where each connection sits in `conns`: a lookup per call stays O(log n) with a thousand sessions
+    /// (docs/operations.md, "Scale").
+    index: alloc::collections::BTreeMap<ConnId, usize>,
     refused: Vec<(ConnId, VecDeque<u8>)>,
     /// The next session id: 1 up, one per HELLO answered (at most `hello_work`'s rate). 64 bits are never used
     /// up (2^64 - 1 HELLOs at a million a second take 584,000 years), so ids are never reused within a boot.
@@ -234,6 +245,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             backend,
             entropy,
             conns: Vec::new(),
+            index: alloc::collections::BTreeMap::new(),
             refused: Vec::new(),
             next_session: 1,
             start_ms: now_ms,
@@ -367,7 +379,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
     }
 
     fn idx(&self, id: ConnId) -> Option<usize> {
-        self.conns.iter().position(|c| c.id == id)
+        self.index.get(&id).copied()
     }
 
     /// A new connection whose source address the transport does not know: a source of its own (the
@@ -390,6 +402,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         };
         self.admission.enter();
         self.stats.sessions_total += 1;
+        self.index.insert(id, self.conns.len());
         self.conns.push(Conn {
             id,
             source,
@@ -1024,13 +1037,13 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         if self.refused.iter().any(|(c, _)| *c == id) {
             return true;
         }
-        self.conns.iter().find(|c| c.id == id).is_none_or(|c| c.close)
+        self.idx(id).is_none_or(|i| self.conns[i].close)
     }
 
     /// Whether `id` has output waiting.
     pub fn has_output(&self, id: ConnId) -> bool {
         self.refused.iter().any(|(c, o)| *c == id && !o.is_empty())
-            || self.conns.iter().any(|c| c.id == id && !c.out.is_empty())
+            || self.idx(id).is_some_and(|i| !self.conns[i].out.is_empty())
     }
 
     /// The transport connection is gone.
@@ -1039,6 +1052,12 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         if let Some(i) = self.idx(id) {
             self.close(i, CloseReason::PeerClosed, now_ms);
             self.conns.remove(i);
+            self.index.remove(&id);
+            for c in &self.conns[i..] {
+                if let Some(at) = self.index.get_mut(&c.id) {
+                    *at -= 1;
+                }
+            }
         }
     }
 

@@ -920,6 +920,7 @@ fn budgets_from_the_options_and_their_defaults() {
 mod cost;
 mod liveness;
 mod lockout;
+mod scale;
 mod v2_tests;
 mod wire_v2;
 

@@ -17,8 +17,6 @@ use core::fmt;
 use core::ops::Range;
 use spin::Once;
 
-/// Default kernel heap size (budget; the lease pool and DMA come from frames, not from the heap).
-pub const HEAP_BYTES: u64 = 4 << 20;
 /// Nothing below 1 MiB is handed out: real-mode structures, the AP trampoline, firmware leftovers.
 const FRAME_FLOOR: u64 = 1 << 20;
 /// Where the console's configuration module is recognized.
@@ -304,7 +302,9 @@ extern "C" fn kernel_entry64(magic: u32, info: u32) -> ! {
     if let Err(e) = memory::guard_page(guard) {
         fatal!("the boot stack's guard page at {guard:#x}: {e}");
     }
-    let (heap_base, heap_len) = memory::init_heap(HEAP_BYTES).unwrap_or_else(|e| fatal!("{e}"));
+    // The heap grows with the memory (the lease pool and DMA come from frames, not from the heap).
+    let heap_bytes = crate::sizing::heap_bytes(boot.memory.usable_bytes());
+    let (heap_base, heap_len) = memory::init_heap(heap_bytes).unwrap_or_else(|e| fatal!("{e}"));
     let ist = smp::alloc_ist(0).unwrap_or_else(|e| fatal!("BSP IST stacks: {e}"));
     // SAFETY: on the BSP, after activate; the IST stacks are this core's for good.
     unsafe { descriptors::load(0, ist) };

@@ -158,7 +158,7 @@ fn alloc_answers_the_device_and_port_and_the_path_mtu_is_the_smaller() {
 
 #[test]
 fn alloc_refusals() {
-    let opts = LeaseOptions { pool_mib: 2, slots: 2, tenant_leases: 1, ..LeaseOptions::default() };
+    let opts = LeaseOptions { pool_mib: 2, slots: Some(2), tenant_leases: 1, ..LeaseOptions::default() };
     let mut r = Rig::new(opts, QpTeardown::Err);
     let demo = tenant("demo", 1);
     assert_eq!(code(r.call(&demo, Request::Alloc(alloc_req(0)))), Some(ErrorCode::BadParam));

@@ -1016,6 +1016,7 @@ fn from_options(words: &[(&str, &str)]) -> Config {
         uncleared: Vec::new(),
         rdma_ip: crate::options::DEFAULT_RDMA_IP,
         max_region: u64::MAX,
+        hca_slots: 1 << 20,
     };
     Config { grace_ms: cfg().grace_ms, ..Config::from_options(&o, &parts) }
 }
@@ -1317,3 +1318,16 @@ fn tenants_get_fair_shares_of_the_pool_by_default() {
 }
 
 mod limits;
+
+// ---- a memory node's scale ----
+
+/// What a lease slot costs the heap before any lease (docs/operations.md, "Scale"): its entry in the slot table
+/// and in the free set. The figure the documentation states, [`crate::setup::SLOT_HEAP_BYTES`], bounds it.
+#[test]
+fn a_slot_costs_at_most_the_stated_heap() {
+    let entry = core::mem::size_of::<Slot<u64>>();
+    // A BTreeSet<u32> holds up to 11 keys per node of about 100 bytes: about 10 bytes a key, 48 at worst.
+    let free_set = 48;
+    std::println!("heap per lease slot: {entry} bytes in the table + at most {free_set} in the free set");
+    assert!(entry + free_set <= crate::setup::SLOT_HEAP_BYTES, "{entry} + {free_set} bytes");
+}
