@@ -343,7 +343,8 @@ pub fn create_umr_qp(p: &UmrQpParams<'_>) -> Command {
 }
 
 /// The UMR QP's three transitions to RTS, as Linux `mlx5r_umr_qp_rst2rts` asks for them: INIT with P_Key
-/// index 0 and port 1, then RTR and RTS with nothing but the state (no address path, no PSNs, no peer).
+/// index 0 and port 1, then RTR and RTS with nothing but the state (no address path, no PSNs, no peer). Each
+/// carries the MTU 4096 and `log_msg_max` 12 Linux's modify gives every REG_UMR QP.
 pub fn umr_rst2init(qpn: Qpn, pd: Pdn, cqn: Cqn) -> Command {
     let mut c = umr_modify(MLX5_CMD_OP_RST2INIT_QP, qpn, pd, cqn);
     c.set(PKEY_INDEX, 16, 0);
@@ -360,11 +361,16 @@ pub fn umr_rtr2rts(qpn: Qpn, pd: Pdn, cqn: Cqn) -> Command {
     umr_modify(MLX5_CMD_OP_RTR2RTS_QP, qpn, pd, cqn)
 }
 
+/// `mtu_msgmax` Linux gives a REG_UMR QP on every modify (`__mlx5_ib_modify_qp`: `IB_MTU_4096 << 5 | 12`).
+pub const UMR_QP_LOG_MSG_MAX: u8 = 12;
+
 fn umr_modify(opcode: u16, qpn: Qpn, pd: Pdn, cqn: Cqn) -> Command {
     let q = umr_base(qpn, pd, cqn);
     let mut c = Command::new(opcode, 0, QP_IN_LEN, CMD_HDR_LEN).with("qpn", q.qpn.0.into());
     c.set(0x48, 24, q.qpn.0);
     common_st(&mut c, MLX5_QP_ST_REG_UMR, q.pd, q.cqn_snd, q.cqn_rcv);
+    c.set(MTU, 3, Mtu::Mtu4096 as u32);
+    c.set(LOG_MSG_MAX, 5, UMR_QP_LOG_MSG_MAX.into());
     c
 }
 
@@ -758,7 +764,7 @@ mod tests {
         assert_eq!((be16(b, 0), be32(b, 8), b.len()), (0x502, 0x99, 0x110));
         assert_eq!(be32(b, 0x18), (0xc << 16) | (3 << 11));
         assert_eq!((be16(b, 0x32), b[0x55]), (0, 1)); // pkey_index, vhca_port_num
-        assert_eq!(be32(b, 0x20), 1 << 4); // rlky only
+        assert_eq!(be32(b, 0x20), (5 << 29) | (12 << 24) | (1 << 4)); // mtu 4096, log_msg_max 12, rlky
         for (c, op) in
             [(umr_init2rtr(Qpn(0x99), Pdn(7), Cqn(0x21)), 0x503), (umr_rtr2rts(Qpn(0x99), Pdn(7), Cqn(0x21)), 0x504)]
         {
@@ -768,6 +774,7 @@ mod tests {
             // No address path, no PSNs: the primary path (bytes 0x30..0x70) and the rest of qpc stay zero but
             // for pd and the CQ numbers.
             assert!(b[0x30..0x70].iter().all(|&x| x == 0));
+            assert_eq!(be32(b, 0x20), (5 << 29) | (12 << 24)); // mtu 4096, log_msg_max 12, nothing else
             assert_eq!(be32(b, 0x90), 0);
             assert_eq!(be32(b, 0xac), 0);
             assert_eq!(be32(b, 0x94) & 0xff_ffff, 0x21);
