@@ -242,8 +242,9 @@ pub struct Grant<'a> {
 
 /// The octwords a list of `pages` 8-byte entries takes, padded to [`MTT_ALIGNMENT`] (Linux
 /// `mlx5r_umr_get_xlt_octo`).
+/// Saturates instead of overflowing (a count that large is refused as [`UmrRefused::ListTooLong`]).
 pub const fn xlt_octowords(pages: usize) -> usize {
-    (pages * 8).div_ceil(MTT_ALIGNMENT) * MTT_ALIGNMENT / 16
+    pages.saturating_mul(8).div_ceil(MTT_ALIGNMENT).saturating_mul(MTT_ALIGNMENT / 16)
 }
 
 /// The MTT entries for `pages` (page address with `rd_en` and `wr_en`, as CREATE_MKEY writes them), padded
@@ -615,5 +616,8 @@ mod tests {
         assert_eq!(xlt_octowords(8), 4);
         assert_eq!(xlt_octowords(9), 8);
         assert_eq!(mtt_entries(&[0x1000]).len(), 64);
+        // No overflow at the limit: saturates, and a grant that large is refused.
+        assert_eq!(xlt_octowords(usize::MAX), usize::MAX / 64 * 4 + 4);
+        assert!(xlt_octowords(usize::MAX) > usize::from(u16::MAX));
     }
 }
