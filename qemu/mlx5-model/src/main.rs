@@ -47,7 +47,8 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
                         cargo xtask starts)
   --control PATH        a control file for fault injection, created empty and polled every 100 ms: append one
                         command per line (`fail <opcode> <count> <status> <syndrome>`, `delay <opcode> <ms>`,
-                        `hang <opcode>`, `health stop|run`, `health fatal <synd> [rfr=0|1]`, `drop-doorbell`, `clear`;
+                        `hang <opcode>`, `health stop|run`, `health fatal <synd> [rfr=0|1]`, `drop-doorbell`,
+                        `umr fail <count> <synd>`, `umr hang`, `clear`;
                         see docs/hca-model.md)
   --vf                  play a ConnectX-5 VF (device 0x1018 in the signature): ACCESS_REGISTER refuses
                         HOST_ENDIANNESS and PAOS/PMTU writes, as only the PF may make them; it sits behind a

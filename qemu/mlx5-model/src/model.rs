@@ -266,7 +266,10 @@ impl Model {
         did |= crate::port::tick(&mut self.hca, self.ram.as_ref(), Instant::now());
         did |= self.eq_overrun_check();
         did |= crate::eth::tx::poll_doorbells(&mut self.hca, self.bar.as_ref(), self.ram.as_ref());
-        did |= crate::umr::run_pending(&mut self.hca, self.ram.as_ref(), Instant::now());
+        // A firmware in internal error runs no work request either.
+        if self.faults.fatal().is_none() {
+            did |= crate::umr::run_pending(&mut self.hca, self.ram.as_ref(), Instant::now());
+        }
         self.trace_umr();
         for (slot, addr) in crate::events::ready(&mut self.hca) {
             self.run_slot(slot, addr, false);
@@ -360,6 +363,7 @@ impl Model {
             }
             _ => {}
         }
+        self.hca.umr.inject(f);
         self.faults.add(f);
     }
 

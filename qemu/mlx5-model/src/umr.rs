@@ -241,6 +241,10 @@ pub struct UmrState {
     pub latency: Duration,
     pub records: Vec<Executed>,
     pub counters: UmrCounters,
+    /// Fault injection (`Fault::UmrFail`): WQEs left to fail, and with which syndrome.
+    pub fail: Option<(u32, u8)>,
+    /// Fault injection (`Fault::UmrHang`): no WQE runs.
+    pub hang: bool,
 }
 
 impl UmrState {
@@ -253,6 +257,28 @@ impl UmrState {
         self.qps.clear();
         self.rung.clear();
         self.records.clear();
+    }
+
+    /// A UMR fault (`crate::fault::Fault::UmrFail`, `UmrHang`, `Clear`); other faults are not the UMR side's.
+    pub fn inject(&mut self, f: crate::fault::Fault) {
+        use crate::fault::Fault;
+        match f {
+            Fault::UmrFail { count: 0, .. } => self.fail = None,
+            Fault::UmrFail { count, syndrome } => self.fail = Some((count, syndrome)),
+            Fault::UmrHang => self.hang = true,
+            Fault::Clear => {
+                self.fail = None;
+                self.hang = false;
+            }
+            _ => {}
+        }
+    }
+
+    /// The injected failure for the next WQE, if any (counted down).
+    fn take_fail(&mut self) -> Option<u8> {
+        let (left, synd) = self.fail?;
+        self.fail = if left > 1 { Some((left - 1, synd)) } else { None };
+        Some(synd)
     }
 
     fn record(&mut self, e: Executed) {
@@ -286,8 +312,12 @@ pub fn next_due(hca: &Hca) -> Option<Instant> {
     hca.umr.rung.iter().filter_map(|&n| hca.qps.get(n).and_then(|q| q.sq.due)).min()
 }
 
-/// Runs every rung send queue as far as it can in this pass. Returns true when anything completed.
+/// Runs every rung send queue as far as it can in this pass. Returns true when anything completed. Under a
+/// UMR hang nothing runs (the queues stay rung).
 pub fn run_pending(hca: &mut Hca, ram: &dyn Memory, now: Instant) -> bool {
+    if hca.umr.hang {
+        return false;
+    }
     let rung: Vec<u32> = hca.umr.rung.iter().copied().collect();
     let mut did = false;
     for qpn in rung {
@@ -401,7 +431,10 @@ fn run_sq(hca: &mut Hca, ram: &dyn Memory, qpn: u32, now: Instant) -> bool {
             }
         };
         did = true;
-        let verdict = UmrWqe::parse(&wqe).and_then(|w| check(hca, ram, &q, &w).map(|new| (w, new)));
+        let verdict = match hca.umr.take_fail() {
+            Some(synd) => Err(synd),
+            None => UmrWqe::parse(&wqe).and_then(|w| check(hca, ram, &q, &w).map(|new| (w, new))),
+        };
         match verdict {
             Ok((w, new)) => {
                 hca.mkeys.insert(new.index, new);

@@ -12,6 +12,7 @@ mod support_qp;
 mod rocev2;
 
 use common::{Drv, be32, cmd, put32};
+use mlx5_model::fault::Fault;
 use mlx5_model::mem::Memory;
 use mlx5_model::roce::responder::{self, Disposition};
 use mlx5_model::{ModelConfig, dataplane};
@@ -714,4 +715,49 @@ fn every_executed_wqe_is_in_the_trace_with_its_bytes() {
     assert!(text.lines().any(|l| l.contains("\"opcode\":\"0x500\"")));
     assert!(umr.iter().all(|v| v.get("opcode").is_none()));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn injected_umr_faults_fail_hang_and_clear() {
+    let mut rig = Rig::new();
+    let key = umr_mkey(&mut rig.d, rig.r.pd, false, true, VA, 0x2000, &PAGES, 4);
+    // `umr fail 1 4`: the next (well-formed) revoke completes with LOCAL_PROT_ERR, unapplied.
+    rig.d.model.inject(Fault::UmrFail { count: 1, syndrome: LOCAL_PROT_ERR });
+    let w = revoke(rig.qpn, 0, key, rig.umr_pd);
+    expect_error(&mut rig, w, key, LOCAL_PROT_ERR);
+    assert_eq!(write_through(&mut rig, key, VA), 0x1f, "the failed revoke left the key usable");
+    // The rule was for one WQE: the same revoke now completes.
+    let ok = revoke(rig.qpn, 0, key, rig.umr_pd).encode();
+    rig.post(&ok);
+    assert_eq!(rig.completion().0, CQE_REQ);
+    // `umr hang`: a grant posted and rung never completes, nothing applied, until `clear`.
+    let free = umr_mkey(&mut rig.d, rig.umr_pd, true, true, 0, 0, &[], 4);
+    rig.d.model.inject(Fault::UmrHang);
+    let g = grant(rig.qpn, rig.next_index(), free, rig.r.pd, VA, 0x2000, &PAGES, 0x44).encode();
+    rig.post(&g);
+    for _ in 0..100 {
+        rig.d.model.poll();
+    }
+    assert!(rig.cqe().is_none(), "no completion under a UMR hang");
+    assert_eq!(query_mkc(&mut rig.d, free)[0] & 0x40, 0x40, "still free");
+    rig.d.model.inject(Fault::Clear);
+    rig.d.model.poll();
+    assert_eq!(rig.completion().0, CQE_REQ, "runs once the hang is cleared");
+    assert_eq!(write_through(&mut rig, (free & !0xff) | 0x44, VA), 0x1f);
+}
+
+#[test]
+fn a_firmware_in_internal_error_runs_no_umr() {
+    let mut rig = Rig::new();
+    let key = umr_mkey(&mut rig.d, rig.r.pd, false, true, VA, 0x2000, &PAGES, 4);
+    rig.d.model.inject(Fault::HealthFatal { synd: 0x7, rfr: false });
+    let w = revoke(rig.qpn, 0, key, rig.umr_pd).encode();
+    rig.post(&w);
+    for _ in 0..100 {
+        rig.d.model.poll();
+    }
+    assert!(rig.cqe().is_none(), "no completion after a fatal syndrome");
+    assert_eq!(rig.d.model.hca().umr.counters.completed, 0);
+    let m = rig.d.model.mkey(key).expect("the key is still there");
+    assert!(!m.free, "nothing applied");
 }
