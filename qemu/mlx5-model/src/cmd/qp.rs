@@ -100,7 +100,8 @@ pub fn create_qp(hca: &mut Hca, c: &Ctx) -> CmdResult {
     // Linux creates its UMR QP without a PD (`qpc.pd` 0) and names the PD on every modify
     // (docs/hca-model.md, "UMR").
     let pd = qpc_get(c, qpc::PD);
-    if !hca.pds.contains(&pd) && !(umr && pd == 0) {
+    let pd_ok = hca.pds.contains(&pd) || (umr && pd == 0);
+    if !pd_ok {
         return Err(bad(c, reason::BAD_PD));
     }
     if !hca.uars.contains(&qpc_get(c, qpc::UAR_PAGE)) {
@@ -110,7 +111,8 @@ pub fn create_qp(hca: &mut Hca, c: &Ctx) -> CmdResult {
     // REG_UMR QP has no receive side: its `cqn_rcv` may be 0.
     for f in [qpc::CQN_SND, qpc::CQN_RCV] {
         let cqn = qpc_get(c, f);
-        if !hca.cqs.cqs.contains_key(&cqn) && !(umr && f == qpc::CQN_RCV && cqn == 0) {
+        let cq_ok = hca.cqs.cqs.contains_key(&cqn) || (umr && f == qpc::CQN_RCV && cqn == 0);
+        if !cq_ok {
             return Err(bad(c, reason::QP_BAD_CQ));
         }
     }
