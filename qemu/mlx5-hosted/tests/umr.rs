@@ -209,3 +209,68 @@ fn entity_size_disabled_firmware_gets_revokes_but_no_grants() {
     d.destroy_mkey(key).unwrap();
     q.destroy(&mut d).unwrap();
 }
+
+/// The model's UMR fault rules against the driver's ring: an injected error completion (the revoke fails
+/// with its syndrome, the QP is in error, the key untouched), then a hang (posted and rung, no completion: the
+/// caller's deadline gives up with `fail_all`, 2ERR_QP and the recovery commands bring the QP back), then
+/// the rules cleared and the same revoke goes through.
+#[test]
+fn injected_umr_faults_fail_closed() {
+    use mlx5_model::fault::Fault;
+    let mut d = common::up();
+    let caps = UmrCaps::from_general(&d.info.caps);
+    let mut q = UmrQp::create(&mut d, caps, 6).unwrap();
+    let p = d.platform().clone();
+    let qpd = q.quarantine_pd();
+    let client_pd = d.alloc_pd().unwrap();
+    let key = pool_key(&mut d, qpd, 4, 0x51);
+    let g = Grant {
+        mkey: key,
+        new_variant: 0x52,
+        pd: client_pd,
+        start: 0x1000,
+        len: PAGE_SIZE as u64,
+        access: MkeyAccess::REMOTE_WRITE,
+        log_page_size: 12,
+        capacity: 4,
+        translation: Translation::Inline(&[0x10_0000]),
+    };
+    q.post_grant(p.as_ref(), &g, 1).unwrap();
+    assert_eq!(wait(&d, &mut q, 10_000), Some(UmrDone { tag: 1, error: None }));
+    let live = Mkey::new(key.index(), 0x52);
+
+    // An error completion with the injected syndrome: the key stays live in the client's PD.
+    p.model().unwrap().inject(Fault::UmrFail { count: 1, syndrome: 0x4 });
+    q.post_revoke(p.as_ref(), &Revoke { mkey: live, quarantine_pd: qpd }, 2).unwrap();
+    let done = wait(&d, &mut q, 10_000).expect("a completion");
+    assert_eq!((done.tag, done.error.map(|e| e.0)), (2, Some(0x4)));
+    assert!(q.in_error());
+    let info = d.query_mkey(live).unwrap();
+    assert!(!info.free && info.pd == client_pd, "a failed revoke changed the key: {info:?}");
+    for c in q.recovery() {
+        d.exec(c).unwrap();
+    }
+    q.reset_ring(p.as_ref());
+
+    // A hang: no completion however long we poll; the deadline's `fail_all` hands the tag back.
+    p.model().unwrap().inject(Fault::UmrHang);
+    q.post_revoke(p.as_ref(), &Revoke { mkey: live, quarantine_pd: qpd }, 3).unwrap();
+    assert_eq!(wait(&d, &mut q, 2_000), None);
+    assert_eq!(q.fail_all(), vec![3]);
+    d.exec(q.to_error()).unwrap();
+    p.model().unwrap().inject(Fault::Clear);
+    for c in q.recovery() {
+        d.exec(c).unwrap();
+    }
+    q.reset_ring(p.as_ref());
+    assert!(!d.query_mkey(live).unwrap().free, "the hung revoke was never applied");
+
+    // Cleared: the revoke goes through.
+    q.post_revoke(p.as_ref(), &Revoke { mkey: live, quarantine_pd: qpd }, 4).unwrap();
+    assert_eq!(wait(&d, &mut q, 10_000), Some(UmrDone { tag: 4, error: None }));
+    let info = d.query_mkey(live).unwrap();
+    assert!(info.free && info.pd == qpd);
+    d.destroy_mkey(live).unwrap();
+    d.dealloc_pd(client_pd).unwrap();
+    q.destroy(&mut d).unwrap();
+}
