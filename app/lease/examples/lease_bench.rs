@@ -16,9 +16,10 @@
 //!    straight through the driver's client with every regular command slot busy (31 of 32; the request ring
 //!    kept full) on objects created for the purpose.
 //!
-//! `cargo run --release -p leasebox-lease --example lease_bench -- [--secs N] [--leases N] [--engines thread|inline]`
-//! (`inline`: the engines polled from the link loop, one thread fewer, for machines with fewer than three
-//! CPUs). Figures only; nothing is asserted. The last line (`summary: ...`) is for xtask, which states the goals.
+//! `cargo run --release -p leasebox-lease --example lease_bench -- [--secs N] [--leases N] [--engines thread|inline]
+//! [--timing zero|firmware]` (`inline`: the engines polled from the link loop, one thread fewer, for machines
+//! with fewer than three CPUs; `firmware`: the model holds each command for its firmware time, so the latency
+//! rows show what a client waits for, not only the appliance's own time). Figures only; nothing is asserted. The last line (`summary: ...`) is for xtask, which states the goals.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -123,10 +124,13 @@ fn elapsed_ns(t: Instant) -> u64 {
 impl Core {
     /// Model thread, driver, lease CQ and pool (room for `max_leases` extents), engines thread; the service
     /// is the latency rows' one.
-    fn start(max_leases: u32, inline: bool) -> Core {
+    fn start(max_leases: u32, inline: bool, timing: Timing) -> Core {
         let pool_mib = (u64::from(max_leases) * EXTENT).div_ceil(1 << 20) as u32;
         let ram = RAM_BASE + (pool_mib as usize) * (1 << 20) + max_leases as usize * RAM_PER_LEASE;
-        let model = ModelConfig::instant();
+        let model = match timing {
+            Timing::Zero => ModelConfig::instant(),
+            Timing::Firmware => ModelConfig { timing: ModelConfig::default().timing, ..ModelConfig::instant() },
+        };
         let platform = Arc::new(HostedPlatform::with_model(model, ram, ModelMode::Thread));
         let dcfg = DriverConfig { part: "ConnectX-5", pre_init_timeout_ms: 5_000, ..DriverConfig::default() };
         let mut d = Driver::bring_up(platform.clone(), dcfg).unwrap_or_else(|e| fail(&format!("bring-up: {e}")));
@@ -526,9 +530,11 @@ fn latency_row(core: &mut Core, clients: usize, per_client: usize, dur: Duration
             .iter()
             .map(|ls| ls.iter().map(|&lease| Request::Revoke { lease, qp_first: false }).collect())
             .collect();
+        // Read before the REVOKEs: on a slow machine a long phase outlasts the grace period, and the sweep of
+        // its first leases starts while the last are still being revoked.
+        let swept0 = core.svc.counters.swept;
         let r = drive(core, &who, queues);
         outcomes(r.replies.iter().flatten(), &mut row.outcomes);
-        let swept0 = core.svc.counters.swept;
         row.sweep_cmds += core.settle(swept0 + r.samples.len() as u64);
         row.swept += core.svc.counters.swept - swept0;
         row.alloc.extend(a.samples);
@@ -817,8 +823,25 @@ fn p50_p99(samples: &[Sample], f: impl Fn(&Sample) -> u64) -> (f64, f64) {
     (percentile(&v, 0.50) / 1e3, percentile(&v, 0.99) / 1e3)
 }
 
-fn parse_args() -> Result<(f64, u32, bool), String> {
+/// The command timing the model plays (`--timing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timing {
+    /// Commands at the model's own speed (the default).
+    Zero,
+    /// The model's firmware-like command timing (docs/hca-model.md): what a client would wait for.
+    Firmware,
+}
+
+struct Args {
+    secs: f64,
+    leases: u32,
+    inline: bool,
+    timing: Timing,
+}
+
+fn parse_args() -> Result<Args, String> {
     let (mut secs, mut leases, mut engines_inline) = (2.0, DEFAULT_LEASES, false);
+    let mut timing = Timing::Zero;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let (flag, inline) = match a.split_once('=') {
@@ -841,6 +864,13 @@ fn parse_args() -> Result<(f64, u32, bool), String> {
                     _ => return Err(format!("--leases needs a number from 8 to 16000, got `{v}`")),
                 };
             }
+            "--timing" => {
+                timing = match value()?.as_str() {
+                    "zero" => Timing::Zero,
+                    "firmware" => Timing::Firmware,
+                    v => return Err(format!("--timing needs `zero` or `firmware`, got `{v}`")),
+                };
+            }
             "--engines" => {
                 engines_inline = match value()?.as_str() {
                     "thread" => false,
@@ -850,23 +880,24 @@ fn parse_args() -> Result<(f64, u32, bool), String> {
             }
             other => {
                 return Err(format!(
-                    "unknown argument `{other}` (usage: lease_bench [--secs N] [--leases N] [--engines thread|inline])"
+                    "unknown argument `{other}` (usage: lease_bench [--secs N] [--leases N] [--engines \
+                     thread|inline] [--timing zero|firmware])"
                 ));
             }
         }
     }
-    Ok((secs, leases, engines_inline))
+    Ok(Args { secs, leases, inline: engines_inline, timing })
 }
 
 fn main() {
-    let (secs, leases, inline) = match parse_args() {
+    let Args { secs, leases, inline, timing } = match parse_args() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("lease_bench: {e}");
             std::process::exit(2);
         }
     };
-    let mut core = Core::start(leases.max(LATENCY_SLOTS), inline);
+    let mut core = Core::start(leases.max(LATENCY_SLOTS), inline, timing);
     // Warm-up: one small round, not recorded.
     latency_row(&mut core, 8, 16, Duration::ZERO);
     let dur = Duration::from_secs_f64(secs);
@@ -882,18 +913,22 @@ fn main() {
         "lease_bench: model alone: DESTROY_MKEY ×{} {mkey_ms:.1} ms, sweep commands {sweep_ms:.1} ms",
         mass.leases
     );
-    print!("{}", report(secs, inline, &rows, &mass, mkey_ms, sweep_ms));
+    print!("{}", report(secs, inline, timing, &rows, &mass, mkey_ms, sweep_ms));
 }
 
 fn us(v: f64) -> String {
     format!("{v:.1}")
 }
 
-fn report(secs: f64, inline: bool, rows: &[Row], m: &Mass, mkey_ms: f64, sweep_ms: f64) -> String {
+fn report(secs: f64, inline: bool, timing: Timing, rows: &[Row], m: &Mass, mkey_ms: f64, sweep_ms: f64) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "hosted, native: model on its own thread (commands at the model's own speed), {}, service + link loop on \
-         the bench thread ({LATENCY_SLOTS} slots, 4 KiB leases, {} CPUs):\n",
+        "hosted, native: model on its own thread ({}), {}, service + link loop on the bench thread \
+         ({LATENCY_SLOTS} slots, 4 KiB leases, {} CPUs):\n",
+        match timing {
+            Timing::Zero => "commands at the model's own speed",
+            Timing::Firmware => "the model's firmware command timing",
+        },
         if inline { "driver engines polled from the link loop" } else { "driver engines on another thread" },
         std::thread::available_parallelism().map_or(0, |n| n.get())
     ));

@@ -35,16 +35,11 @@ use crate::ifc::mkey::MkeyAccess;
 use crate::objects::Cq;
 use crate::platform::{Deadline, DmaBuf, PAGE_SIZE, Platform};
 
-/// `MLX5_BF_OFFSET`: the send doorbell register inside a UAR page (Linux `doorbell.h`).
-pub const MLX5_BF_OFFSET: usize = 0x800;
-/// `MLX5_SEND_WQE_BB` (a send WQE basic block) and `MLX5_SEND_WQE_DS` (a WQE's 16-byte unit).
-pub const SEND_WQE_BB: usize = 64;
-pub const SEND_WQE_DS: usize = 16;
+// The control segment, the doorbell and these constants are every send queue's (`crate::sq`).
+pub use crate::sq::{MLX5_BF_OFFSET, MLX5_WQE_CTRL_CQ_UPDATE, SEND_WQE_BB, SEND_WQE_DS};
 /// Send opcodes (`device.h` `MLX5_OPCODE_*`).
 pub const MLX5_OPCODE_NOP: u8 = 0x00;
 pub const MLX5_OPCODE_SEND: u8 = 0x0a;
-/// `fm_ce_se` bit asking for a CQE (`qp.h` `MLX5_WQE_CTRL_CQ_UPDATE`).
-pub const MLX5_WQE_CTRL_CQ_UPDATE: u8 = 2 << 2;
 /// Inline header bytes that fit in the Ethernet segment itself (`inline_hdr.start[2]`, Linux `INL_HDR_START_SZ`).
 pub const INL_HDR_START_SZ: usize = 2;
 /// Linux `MLX5E_MIN_INLINE`: the L2 header with one VLAN tag (`ETH_HLEN + VLAN_HLEN`).
@@ -449,25 +444,23 @@ impl TxRing {
         p.dma_write(self.wq, at, wqe);
         // The slot's last WQE: the last NOP, or the frame's WQE itself when it fills the slot.
         let last_at = if bbs < self.slot_bbs { (self.slot_bbs - 1) * SEND_WQE_BB } else { 0 };
-        let db = [
-            u32::from_be_bytes([wqe[last_at], wqe[last_at + 1], wqe[last_at + 2], wqe[last_at + 3]]),
-            u32::from_be_bytes([wqe[last_at + 4], wqe[last_at + 5], wqe[last_at + 6], wqe[last_at + 7]]),
-        ];
         self.pc = self.pc.wrapping_add(self.slot_bbs as u16);
-        // Doorbell record (send counter, dword 1), then the UAR doorbell: the last WQE's first 8 bytes as two
-        // 32-bit writes (Linux `mlx5e_notify_hw`, `mlx5_write64` on 32-bit hosts).
-        p.dma_write32(self.dbr, 4, u32::from(self.pc));
-        p.bar_write32(self.doorbell, db[0]);
-        p.bar_write32(self.doorbell + 4, db[1]);
+        crate::sq::ring_doorbell(p, self.dbr, self.doorbell, self.pc, &wqe[last_at..last_at + 8]);
         Ok(r)
     }
 }
 
-/// A control segment (`mlx5_wqe_ctrl_seg`): `opmod_idx_opcode`, `qpn_ds`, `fm_ce_se`.
+/// A control segment (`mlx5_wqe_ctrl_seg`, [`crate::sq::CtrlSeg`]): no fence, a CQE when asked.
 fn ctrl(seg: &mut [u8], idx: u16, opcode: u8, sqn: u32, ds: u8, cqe: bool) {
-    seg[0..4].copy_from_slice(&((u32::from(idx) << 8) | u32::from(opcode)).to_be_bytes());
-    seg[4..8].copy_from_slice(&((sqn << 8) | u32::from(ds & 0x3f)).to_be_bytes());
-    seg[11] = if cqe { MLX5_WQE_CTRL_CQ_UPDATE } else { 0 };
+    crate::sq::CtrlSeg {
+        wqe_index: idx,
+        opcode,
+        qpn: sqn,
+        ds,
+        fm_ce_se: if cqe { MLX5_WQE_CTRL_CQ_UPDATE } else { 0 },
+        ..Default::default()
+    }
+    .write(seg);
 }
 
 /// The receive side: RQ buffer, doorbell record, frame buffers, its CQ.

@@ -2,7 +2,8 @@
 //! (`command`, `field`, `ifc`), the initialization segment (`initseg`), the command queue with its 32 slots
 //! (`cmdq`), EQ/CQ polling and health (`eq`, `cq`, `health`), bring-up, page supply and teardown in Linux
 //! mlx5_core's order (`driver`), objects with typed handles (`objects`, `handles`), the polling engines with
-//! their SPSC rings (`engine`, `ring`), the port's Ethernet queues (`eth`), the command ring (`log`) and PCI
+//! their SPSC rings (`engine`, `ring`), the port's Ethernet queues (`eth`), what every send queue shares
+//! (`sq`), the UMR queue pair that grants and revokes keys without commands (`umr`), the command ring (`log`) and PCI
 //! matching (`probe`) — over
 //! [`Platform`], which supplies BAR0, DMA memory and time. Field offsets follow Linux `include/linux/mlx5/mlx5_ifc.h` and
 //! `device.h` (`docs/reference/mlx5.md`).
@@ -34,3 +35,5 @@ pub mod log;
 pub mod objects;
 pub mod probe;
 pub mod ring;
+pub mod sq;
+pub mod umr;

@@ -55,6 +55,18 @@ pub mod cmd_hca_cap {
     pub const DEVICE_FREQUENCY_KHZ: Field = Field::new(0x4e0, 32);
     pub const NUM_VHCA_PORTS: Field = Field::new(0x610, 8);
     pub const VHCA_ID: Field = Field::new(0x30, 16);
+    // UMR (`crate::umr`).
+    pub const RELAXED_ORDERING_WRITE_UMR: Field = Field::new(0xd0, 1);
+    pub const RELAXED_ORDERING_READ_UMR: Field = Field::new(0xd1, 1);
+    pub const UMR_EXTENDED_TRANSLATION_OFFSET: Field = Field::new(0x118, 1);
+    pub const UMR_MODIFY_ENTITY_SIZE_DISABLED: Field = Field::new(0x207, 1);
+    pub const UMR_MODIFY_ATOMIC_DISABLED: Field = Field::new(0x208, 1);
+    pub const UMR_INDIRECT_MKEY_DISABLED: Field = Field::new(0x209, 1);
+    /// `MLX5_CAP_UMR_FENCE_*`: 0 STRONG, 1 SMALL, 2 NONE.
+    pub const UMR_FENCE: Field = Field::new(0x20a, 2);
+    pub const UMR_PTR_RLKY: Field = Field::new(0x230, 1);
+    /// Largest send WQE in bytes.
+    pub const MAX_WQE_SZ_SQ: Field = Field::new(0x290, 16);
     pub const VPORT_GROUP_MANAGER: Field = Field::new(0x1a0, 1);
     pub const VHCA_GROUP_MANAGER: Field = Field::new(0x1a1, 1);
 }

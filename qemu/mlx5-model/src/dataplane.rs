@@ -36,15 +36,15 @@ impl<'a> HcaTables<'a> {
     }
 }
 
-/// An MKEY as the responder checks it. A key created `free` grants nothing; an MTT page without `rd_en` /
-/// `wr_en` withdraws remote read / write from the whole key (the model does not check per page).
+/// An MKEY as the responder checks it. A `free` key grants nothing; an MTT page of the key's range without
+/// `rd_en` / `wr_en` withdraws remote read / write from the whole key (the model does not check per page).
 pub fn mkey_view(m: &MkeyInfo) -> MkeyView {
     let mut access = 0;
     if !m.free {
         for (on, bit) in [
             (m.access.remote_atomic, ACCESS_REMOTE_ATOMIC),
-            (m.access.remote_write && m.mtt.iter().all(|p| p.write), ACCESS_REMOTE_WRITE),
-            (m.access.remote_read && m.mtt.iter().all(|p| p.read), ACCESS_REMOTE_READ),
+            (m.access.remote_write && m.covered().iter().all(|p| p.write), ACCESS_REMOTE_WRITE),
+            (m.access.remote_read && m.covered().iter().all(|p| p.read), ACCESS_REMOTE_READ),
             (m.access.local_write, ACCESS_LOCAL_WRITE),
             (m.access.local_read, ACCESS_LOCAL_READ),
         ] {
@@ -69,7 +69,12 @@ impl Tables for HcaTables<'_> {
     }
 
     fn qp(&self, qpn: u32) -> Option<QpView> {
-        self.hca.qps.get(qpn).map(|q| QpView { path: q.reply_path(&self.hca.port.roce_addrs), ..q.view() })
+        // A REG_UMR QP has no transport: RoCE requests naming it find no QP.
+        self.hca
+            .qps
+            .get(qpn)
+            .filter(|q| !q.is_umr())
+            .map(|q| QpView { path: q.reply_path(&self.hca.port.roce_addrs), ..q.view() })
     }
 
     fn resp_state(&mut self, qpn: u32) -> Option<&mut RespState> {

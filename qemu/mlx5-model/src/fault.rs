@@ -35,8 +35,16 @@ pub enum Fault {
     HealthFatal { synd: u8, rfr: bool },
     /// The next doorbell write is ignored (the entries it rang stay HW-owned).
     DropDoorbell,
-    /// Removes the fail, delay and hang rules and pending doorbell drops. Commands already hung or delayed,
-    /// a stopped counter and a fatal syndrome stay as they are.
+    /// The next `count` UMR WQEs the device would run complete in error with this CQE syndrome instead, nothing
+    /// of them applied (the QP goes to ERR and the WQEs behind them are flushed, as for any failed UMR;
+    /// `crate::umr`). Zero removes the rule.
+    UmrFail { count: u32, syndrome: u8 },
+    /// UMR WQEs are no longer run: posted and rung, they stay in the queue with no completion (a UMR that
+    /// never completes; the driver's deadline must catch it) until `clear`.
+    UmrHang,
+    /// Removes the fail, delay and hang rules (the UMR ones included) and pending doorbell drops. Commands
+    /// already hung or delayed, a stopped counter and a fatal syndrome stay as they are; UMR WQEs held by a
+    /// UMR hang run from the next pass.
     Clear,
 }
 
@@ -113,6 +121,8 @@ impl Faults {
             Fault::HealthCounter { .. } => {}
             Fault::HealthFatal { synd, .. } => self.fatal = Some(synd),
             Fault::DropDoorbell => self.drop_doorbells = self.drop_doorbells.saturating_add(1),
+            // Kept by the UMR side (`crate::umr::UmrState`, through `Model::inject`).
+            Fault::UmrFail { .. } | Fault::UmrHang => {}
             Fault::Clear => {
                 self.fail.clear();
                 self.delay.clear();
@@ -243,6 +253,7 @@ delay <opcode hex> <ms>
 hang <opcode hex>
 health stop | health run | health fatal <synd hex> [rfr=0|rfr=1]
 drop-doorbell
+umr fail <count> <syndrome hex> | umr hang
 clear";
 
 fn hex(what: &str, v: Option<&str>, max: u64) -> Result<u64, ParseError> {
@@ -303,6 +314,17 @@ impl Fault {
                 }
             },
             "drop-doorbell" => Fault::DropDoorbell,
+            "umr" => match w.next() {
+                Some("fail") => Fault::UmrFail {
+                    count: dec("count", w.next(), u64::from(u32::MAX))? as u32,
+                    syndrome: match hex("syndrome", w.next(), 0xff)? as u8 {
+                        0 => return Err(ParseError("a UMR error syndrome is non-zero".into())),
+                        s => s,
+                    },
+                },
+                Some("hang") => Fault::UmrHang,
+                _ => return Err(ParseError("expected `umr fail <count> <syndrome>` or `umr hang`".into())),
+            },
             "clear" => Fault::Clear,
             other => return Err(ParseError(format!("unknown command `{other}`; expected one of:\n{SYNTAX}"))),
         };
@@ -415,6 +437,12 @@ mod tests {
         assert!(e("health fatal 1 rfr=1 x").contains("unexpected `x`"));
         assert!(e("health").contains("health stop"));
         assert!(e("drop-doorbell now").contains("unexpected `now`"));
+        assert_eq!(p("umr fail 2 0x4"), Some(Fault::UmrFail { count: 2, syndrome: 4 }));
+        assert_eq!(p("umr hang"), Some(Fault::UmrHang));
+        assert!(e("umr fail 1 0").contains("non-zero"));
+        assert!(e("umr fail 1").contains("missing syndrome"));
+        assert!(e("umr").contains("umr hang"));
+        assert!(e("umr hang now").contains("unexpected `now`"));
     }
 
     #[test]

@@ -70,6 +70,9 @@ pub struct ModelConfig {
     /// The capability blocks reported (`--caps`): a ConnectX-5 by default, the reference trace's ConnectX-4
     /// for the trace replay (docs/hca-model.md, "The ConnectX-5 profile").
     pub caps: CapsProfile,
+    /// Plays firmware that reports `umr_modify_entity_size_disabled` = 1 (`--umr-entity-size-disabled`): a UMR
+    /// whose mask changes the page size completes in error (docs/hca-model.md, "UMR").
+    pub umr_entity_size_disabled: bool,
 }
 
 impl Default for ModelConfig {
@@ -96,6 +99,7 @@ impl Default for ModelConfig {
             vf: false,
             vf_port_reads_refused: false,
             caps: CapsProfile::ConnectX5,
+            umr_entity_size_disabled: false,
         }
     }
 }
@@ -150,12 +154,24 @@ pub struct Hca {
     /// frame written, no RoCE request answered or executed. Over QEMU the model cannot see the ivshmem
     /// function's configuration space, so it stays set there (docs/hca-model.md).
     pub bus_master: bool,
+    /// REG_UMR QPs and their send queues' bookkeeping (`crate::umr`).
+    pub umr: crate::umr::UmrState,
 }
 
 impl Hca {
     pub fn new(cfg: &ModelConfig) -> Hca {
         let left = cfg.left_initialized;
-        let caps = Caps::new(cfg.caps, cfg.vf);
+        let mut caps = Caps::new(cfg.caps, cfg.vf);
+        if cfg.umr_entity_size_disabled {
+            for current in [false, true] {
+                caps.set_field(
+                    crate::caps::cap_type::GENERAL,
+                    current,
+                    cmd_hca_cap::UMR_MODIFY_ENTITY_SIZE_DISABLED,
+                    1,
+                );
+            }
+        }
         // The port's RoCE address table is as large as the caps say.
         let gids = caps.current(crate::caps::cap_type::ROCE, crate::caps::roce_cap::ROCE_ADDRESS_TABLE_SIZE) as usize;
         Hca {
@@ -186,6 +202,7 @@ impl Hca {
             vf: cfg.vf,
             port_reads_refused: cfg.vf && cfg.vf_port_reads_refused,
             bus_master: true,
+            umr: crate::umr::UmrState { latency: cfg.timing.umr_latency(), ..Default::default() },
         }
     }
 
@@ -196,6 +213,7 @@ impl Hca {
         self.tds.clear();
         self.mkeys.clear();
         self.qps.clear();
+        self.umr.clear();
         self.eth.clear();
         self.flow.clear();
         self.cqs.clear();

@@ -28,6 +28,7 @@ pub mod roce;
 pub mod shm;
 pub mod timing;
 pub mod trace;
+pub mod umr;
 
 pub use hca::{FnState, ModelConfig};
 pub use mkey::MkeyInfo;

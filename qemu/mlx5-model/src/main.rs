@@ -47,7 +47,8 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
                         cargo xtask starts)
   --control PATH        a control file for fault injection, created empty and polled every 100 ms: append one
                         command per line (`fail <opcode> <count> <status> <syndrome>`, `delay <opcode> <ms>`,
-                        `hang <opcode>`, `health stop|run`, `health fatal <synd> [rfr=0|1]`, `drop-doorbell`, `clear`;
+                        `hang <opcode>`, `health stop|run`, `health fatal <synd> [rfr=0|1]`, `drop-doorbell`,
+                        `umr fail <count> <synd>`, `umr hang`, `clear`;
                         see docs/hca-model.md)
   --vf                  play a ConnectX-5 VF (device 0x1018 in the signature): ACCESS_REGISTER refuses
                         HOST_ENDIANNESS and PAOS/PMTU writes, as only the PF may make them; it sits behind a
@@ -57,6 +58,9 @@ by `-machine ...,memory-backend=...`). Waits up to --wait seconds for QEMU to cr
                         QUERY_VPORT_STATE and the vport MTU)
   --caps PROFILE        the capability blocks: `cx5` (default; a ConnectX-5 on firmware 16.x) or `cx4-trace`
                         (the reference trace's ConnectX-4, byte for byte); --vf applies on top of either
+  --umr-entity-size-disabled
+                        report umr_modify_entity_size_disabled = 1, as some firmware does: a UMR that changes a
+                        key's page size completes in error (docs/hca-model.md, \"UMR\")
   --wait SECS           how long to wait for the files (default 10)
   --exit-on-stdin-eof   stop when standard input closes (for runners that hold a pipe to it)
   -h, --help            this text
@@ -87,6 +91,7 @@ struct Opts {
     vf: bool,
     vf_port_reads_refused: bool,
     caps: mlx5_model::caps::CapsProfile,
+    umr_entity_size_disabled: bool,
 }
 
 enum Parsed {
@@ -108,6 +113,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     let mut exit_on_stdin_eof = false;
     let mut vf = false;
     let mut vf_port_reads_refused = false;
+    let mut umr_entity_size_disabled = false;
     let mut caps = mlx5_model::caps::CapsProfile::default();
     let mut control = None;
     let mut eth_udp = None;
@@ -189,6 +195,12 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
                 }
                 admin_down = true;
             }
+            "--umr-entity-size-disabled" => {
+                if inline.is_some() {
+                    return Err(format!("{flag} takes no value"));
+                }
+                umr_entity_size_disabled = true;
+            }
             "--caps" => {
                 let v = value()?;
                 caps = mlx5_model::caps::CapsProfile::parse(&v)
@@ -231,6 +243,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
         vf,
         vf_port_reads_refused,
         caps,
+        umr_entity_size_disabled,
     })))
 }
 
@@ -375,6 +388,7 @@ impl Device {
             vf: o.vf,
             vf_port_reads_refused: o.vf_port_reads_refused,
             caps: o.caps,
+            umr_entity_size_disabled: o.umr_entity_size_disabled,
             ..mlx5_model::ModelConfig::default()
         };
         let control = o.control.as_deref().and_then(|p| match mlx5_model::fault::ControlFile::create(p) {
@@ -515,6 +529,9 @@ mod tests {
         let d = parse(&["--bar", "b", "--ram", "r"]).unwrap();
         assert_eq!((d.link_up_delay, d.admin_down), (mlx5_model::hca::DEFAULT_LINK_UP_DELAY, false));
         assert!(!d.vf_port_reads_refused);
+        assert!(!d.umr_entity_size_disabled);
+        assert!(parse(&["--bar", "b", "--ram", "r", "--umr-entity-size-disabled"]).unwrap().umr_entity_size_disabled);
+        assert!(parse(&["--bar", "b", "--ram", "r", "--umr-entity-size-disabled=1"]).is_err());
         assert!(matches!(parse_args(["-h".to_string()]), Ok(Parsed::Help)));
     }
 

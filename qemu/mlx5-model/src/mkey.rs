@@ -38,18 +38,33 @@ pub struct MkeyInfo {
     pub len: u64,
     /// `length64`: the key covers 2^64 bytes from `start_addr` (PA mode only).
     pub length64: bool,
-    /// Created with `free = 1`: exists but grants no access until a UMR (not modelled) enables it.
+    /// `free` (`mkc.free`, the mkey segment's status bit): the key exists but grants no access. Set at
+    /// CREATE_MKEY or by a UMR (`crate::umr`), cleared by a UMR that enables the key.
     pub free: bool,
     pub umr_en: bool,
     pub access: Access,
     pub access_mode: AccessMode,
     pub log_page_size: u8,
+    /// The translation table (MTT mode): `2 × translations_octword_size` entries as CREATE_MKEY sized it, those
+    /// the input gave first, the rest not present (zero) until a UMR writes them. The key's range uses the
+    /// first [`MkeyInfo::covered`] of them.
     pub mtt: Vec<Mtt>,
     /// The 64-byte `mkc` as created (QUERY_MKEY returns it).
     pub mkc: Vec<u8>,
 }
 
 impl MkeyInfo {
+    /// The table entries the key's range `[start_addr, start_addr + len)` uses (MTT mode; empty in PA mode),
+    /// or all there are when the range needs more than the table holds.
+    pub fn covered(&self) -> &[Mtt] {
+        if self.access_mode != AccessMode::Mtt {
+            return &[];
+        }
+        let ps = 1u64 << self.log_page_size;
+        let n = (self.start_addr & (ps - 1)).saturating_add(self.len).div_ceil(ps);
+        &self.mtt[..usize::try_from(n).unwrap_or(usize::MAX).min(self.mtt.len())]
+    }
+
     /// `[va, va+len)` as device-address segments, or `None` when any byte lies outside the key's range or its
     /// translation. Access flags are not checked here (the caller knows which access it is).
     pub fn translate(&self, va: u64, len: u64) -> Option<Vec<(u64, u64)>> {

@@ -110,7 +110,11 @@ impl Model {
     /// When the earliest command held for firmware time (or a `delay` fault) comes due: an idle poller must
     /// look again by then.
     pub fn next_due(&self) -> Option<Instant> {
-        self.faults.next_due()
+        let umr = crate::umr::next_due(&self.hca);
+        match (self.faults.next_due(), umr) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// One polling pass: timers (initializing, health counter, internal timer), then the command doorbell.
@@ -262,11 +266,40 @@ impl Model {
         did |= crate::port::tick(&mut self.hca, self.ram.as_ref(), Instant::now());
         did |= self.eq_overrun_check();
         did |= crate::eth::tx::poll_doorbells(&mut self.hca, self.bar.as_ref(), self.ram.as_ref());
+        // A firmware in internal error runs no work request either.
+        if self.faults.fatal().is_none() {
+            did |= crate::umr::run_pending(&mut self.hca, self.ram.as_ref(), Instant::now());
+        }
+        self.trace_umr();
         for (slot, addr) in crate::events::ready(&mut self.hca) {
             self.run_slot(slot, addr, false);
             did = true;
         }
         did
+    }
+
+    /// Writes the UMR WQEs executed (or flushed) since the last call to the trace, raw bytes included, one line
+    /// each (`trace::UmrRecord`); without a trace they are dropped.
+    fn trace_umr(&mut self) {
+        if self.hca.umr.records.is_empty() {
+            return;
+        }
+        let records = std::mem::take(&mut self.hca.umr.records);
+        let Some(t) = self.trace.as_mut() else { return };
+        for e in &records {
+            let r = crate::trace::UmrRecord {
+                t_ns: e.at.saturating_duration_since(self.start).as_nanos(),
+                qpn: e.qpn,
+                wqe_counter: e.wqe_counter,
+                syndrome: e.syndrome,
+                wqe: &e.wqe,
+            };
+            if let Err(err) = t.write_line(&r.to_json()) {
+                eprintln!("mlx5-model: trace write failed: {err}; trace stopped");
+                self.trace = None;
+                return;
+            }
+        }
     }
 
     /// An EQ that overran (an EQE was due and every entry was still the driver's, `oi` clear) puts the
@@ -330,6 +363,7 @@ impl Model {
             }
             _ => {}
         }
+        self.hca.umr.inject(f);
         self.faults.add(f);
     }
 

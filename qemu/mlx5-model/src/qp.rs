@@ -33,6 +33,7 @@ pub mod qpc {
     pub const NO_SQ: Field = Field::new(0x50, 1);
     pub const LOG_SQ_SIZE: Field = Field::new(0x51, 4);
     pub const TS_FORMAT: Field = Field::new(0x58, 2);
+    pub const LATENCY_SENSITIVE: Field = Field::new(0x23, 1);
     pub const RLKY: Field = Field::new(0x5b, 1);
     pub const COUNTER_SET_ID: Field = Field::new(0x60, 8);
     pub const UAR_PAGE: Field = Field::new(0x68, 24);
@@ -103,8 +104,11 @@ pub mod ads {
     pub const RMAC_31_0: Field = Field::new(0x140, 32);
 }
 
-/// `qpc.st` for RC (`qp.h` `MLX5_QP_ST_RC`), the only service type modelled.
+/// `qpc.st` for RC (`qp.h` `MLX5_QP_ST_RC`): the responder's QPs.
 pub const ST_RC: u32 = 0;
+/// `qpc.st` for REG_UMR (`qp.h` `MLX5_QP_ST_REG_UMR`): a send queue of UMR work requests only, no address path
+/// and no receive side (`crate::umr`).
+pub const ST_REG_UMR: u32 = 0xc;
 /// `qpc.pm_state` MIGRATED (`qp.h` `MLX5_QP_PM_MIGRATED`): Linux always uses it; APM is not modelled.
 pub const PM_MIGRATED: u32 = 3;
 /// `qpc.rq_type` (`qp.h:125-130`).
@@ -213,6 +217,18 @@ pub struct Qp {
     /// After 0xffff it wraps to 0, as the record's counter does; what is outstanding is their difference
     /// modulo 2^16 (`tests/cq_flush.rs`, `rq_cq_and_eq_counters_wrap_at_their_limits`).
     pub rq_consumed: u32,
+    /// The send queue's progress (REG_UMR QPs only; `crate::umr`).
+    pub sq: SqProgress,
+}
+
+/// Where the device is in a QP's send queue: WQEBBs consumed (16 bits, as the send doorbell record counts
+/// them; 0 on CREATE_QP and after 2RST), whether a doorbell left work to do, and when the WQE under way
+/// completes (its firmware time, `crate::timing::Timing::umr_latency`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SqProgress {
+    pub cc: u16,
+    pub rung: bool,
+    pub due: Option<std::time::Instant>,
 }
 
 impl Qp {
@@ -226,6 +242,11 @@ impl Qp {
 
     pub fn pd(&self) -> u32 {
         self.get(qpc::PD)
+    }
+
+    /// A REG_UMR QP (`qpc.st` 0xc): never seen by the RoCE responder, its send queue run by `crate::umr`.
+    pub fn is_umr(&self) -> bool {
+        self.get(qpc::ST) == ST_REG_UMR
     }
 
     /// Path MTU in bytes (`qpc.mtu`: 1 = 256 … 5 = 4096), 0 before INIT2RTR.

@@ -40,6 +40,12 @@ pub const SIMPLE: Duration = Duration::from_micros(30);
 /// (firmware scheduling noise that does not grow with the command's length).
 pub const MAX_JITTER: Duration = Duration::from_micros(25);
 
+/// One UMR WQE (`crate::umr`), doorbell to completion: about a microsecond. Source: UCX PR 9838 (openucx/ucx),
+/// which measured re-pointing a cached mkey by UMR at 0.4–1.8 µs on ConnectX hardware against 0.2–0.4 ms to
+/// create one by command; 1 µs is the middle of that range. Not jittered: it is below the command jitter's
+/// scale, and a send queue completes its WQEs in order anyway.
+pub const UMR: Duration = Duration::from_micros(1);
+
 /// How long commands take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Timing {
@@ -96,6 +102,16 @@ impl Timing {
                 let ns = base.as_nanos() as u64 + r;
                 Duration::from_nanos(ns.saturating_sub(amp))
             }
+        }
+    }
+
+    /// How long a UMR WQE takes from the doorbell (or the previous WQE's completion) to its completion: none
+    /// with [`Timing::Zero`], [`UMR`] otherwise (a fixed command latency is about commands; a UMR keeps its
+    /// own figure).
+    pub fn umr_latency(&self) -> Duration {
+        match self {
+            Timing::Zero => Duration::ZERO,
+            _ => UMR,
         }
     }
 

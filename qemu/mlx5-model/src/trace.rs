@@ -40,6 +40,32 @@ impl Record<'_> {
     }
 }
 
+/// One UMR WQE the device executed (or flushed) on a REG_UMR QP's send queue (`crate::umr`): a line with
+/// `"umr"` instead of `"opcode"`, so readers of the command lines pass over it. `status` is the CQE's: 0 for a
+/// completed WQE, else the error CQE's syndrome (5, WR_FLUSH_ERR: flushed, never executed); `wqe` is the WQE's
+/// bytes as read from the queue.
+pub struct UmrRecord<'a> {
+    pub t_ns: u128,
+    pub qpn: u32,
+    pub wqe_counter: u16,
+    pub syndrome: u8,
+    pub wqe: &'a [u8],
+}
+
+impl UmrRecord<'_> {
+    pub fn to_json(&self) -> String {
+        let mut s = String::with_capacity(96 + 2 * self.wqe.len());
+        let _ = write!(
+            s,
+            "{{\"t_ns\":{},\"umr\":{{\"qpn\":\"{:#x}\",\"wqe_counter\":{},\"status\":{}}},\"wqe\":\"",
+            self.t_ns, self.qpn, self.wqe_counter, self.syndrome
+        );
+        hex(&mut s, self.wqe);
+        s.push_str("\"}");
+        s
+    }
+}
+
 fn hex(s: &mut String, b: &[u8]) {
     for x in b {
         let _ = write!(s, "{x:02x}");
@@ -57,7 +83,13 @@ impl Trace {
 
     /// Writes one line; flushed at once so a killed model leaves a complete trace.
     pub fn write(&mut self, r: &Record) -> io::Result<()> {
-        let mut line = r.to_json();
+        self.write_line(&r.to_json())
+    }
+
+    /// Writes one JSON line (a command's [`Record`] or a [`UmrRecord`]).
+    pub fn write_line(&mut self, json: &str) -> io::Result<()> {
+        let mut line = String::with_capacity(json.len() + 1);
+        line.push_str(json);
         line.push('\n');
         self.file.write_all(line.as_bytes())
     }

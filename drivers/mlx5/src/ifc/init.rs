@@ -245,6 +245,8 @@ pub mod cmd_hca_cap {
     pub const MAX_INDIRECTION: (usize, usize) = (0x100, 8);
     pub const LOG_MAX_MRW_SZ: (usize, usize) = (0x109, 7);
     pub const FORCE_TEARDOWN: (usize, usize) = (0x110, 1);
+    /// UMR may carry a translation offset wider than 16 bits (`xlt_offset_47_16`).
+    pub const UMR_EXTENDED_TRANSLATION_OFFSET: (usize, usize) = (0x118, 1);
     pub const LOG_MAX_KLM_LIST_SIZE: (usize, usize) = (0x11a, 6);
     pub const RELEASE_ALL_PAGES: (usize, usize) = (0x145, 1);
     pub const LOG_MAX_RA_REQ_QP: (usize, usize) = (0x14a, 6);
@@ -257,16 +259,26 @@ pub mod cmd_hca_cap {
     pub const NUM_PORTS: (usize, usize) = (0x1b8, 8);
     pub const LOG_MAX_MSG: (usize, usize) = (0x1c3, 5);
     pub const CQE_VERSION: (usize, usize) = (0x1fc, 4);
+    /// UMR may not change an mkey's page size (`MLX5_MKEY_MASK_PAGE_SIZE` refused).
+    pub const UMR_MODIFY_ENTITY_SIZE_DISABLED: (usize, usize) = (0x207, 1);
+    /// UMR may not change an mkey's atomic access bit (`MLX5_MKEY_MASK_A` refused).
+    pub const UMR_MODIFY_ATOMIC_DISABLED: (usize, usize) = (0x208, 1);
+    /// The fence a UMR needs before later work uses the key (`MLX5_CAP_UMR_FENCE_*`).
+    pub const UMR_FENCE: (usize, usize) = (0x20a, 2);
     pub const CMDIF_CHECKSUM: (usize, usize) = (0x210, 2);
     pub const ETH_NET_OFFLOADS: (usize, usize) = (0x21c, 1);
     pub const ROCE: (usize, usize) = (0x21d, 1);
     pub const ATOMIC: (usize, usize) = (0x21e, 1);
+    /// A UMR's translation pointer (data segment) may name the reserved lkey.
+    pub const UMR_PTR_RLKY: (usize, usize) = (0x230, 1);
     pub const RC: (usize, usize) = (0x23f, 1);
     pub const UAR_4K: (usize, usize) = (0x240, 1);
     pub const UAR_SZ: (usize, usize) = (0x24a, 6);
     pub const LOG_PG_SZ: (usize, usize) = (0x258, 8);
     pub const BF: (usize, usize) = (0x260, 1);
     pub const LOG_BF_REG_SIZE: (usize, usize) = (0x26b, 5);
+    /// The largest send WQE, bytes.
+    pub const MAX_WQE_SZ_SQ: (usize, usize) = (0x290, 16);
     pub const LOG_MAX_TRANSPORT_DOMAIN: (usize, usize) = (0x323, 5);
     pub const LOG_MAX_PD: (usize, usize) = (0x32b, 5);
     pub const ROCE_RW_SUPPORTED: (usize, usize) = (0x3a1, 1);
@@ -370,6 +382,7 @@ pub struct GeneralCaps {
     pub max_indirection: u8,
     pub log_max_mrw_sz: u8,
     pub force_teardown: bool,
+    pub umr_extended_translation_offset: bool,
     pub log_max_klm_list_size: u8,
     pub release_all_pages: bool,
     pub log_max_ra_req_qp: u8,
@@ -384,16 +397,23 @@ pub struct GeneralCaps {
     pub num_ports: u8,
     pub log_max_msg: u8,
     pub cqe_version: u8,
+    pub umr_modify_entity_size_disabled: bool,
+    pub umr_modify_atomic_disabled: bool,
+    /// `MLX5_CAP_UMR_FENCE_*`: 0 strong, 1 small, 2 none.
+    pub umr_fence: u8,
     pub cmdif_checksum: u8,
     pub eth_net_offloads: bool,
     pub roce: bool,
     pub atomic: bool,
+    pub umr_ptr_rlky: bool,
     pub rc: bool,
     pub uar_4k: bool,
     pub uar_sz: u8,
     pub log_pg_sz: u8,
     pub bf: bool,
     pub log_bf_reg_size: u8,
+    /// Bytes; 0 when the block does not say.
+    pub max_wqe_sz_sq: u16,
     pub log_max_transport_domain: u8,
     pub log_max_pd: u8,
     pub roce_rw_supported: bool,
@@ -427,6 +447,7 @@ impl GeneralCaps {
             max_indirection: u8_(f::MAX_INDIRECTION),
             log_max_mrw_sz: u8_(f::LOG_MAX_MRW_SZ),
             force_teardown: b(f::FORCE_TEARDOWN),
+            umr_extended_translation_offset: b(f::UMR_EXTENDED_TRANSLATION_OFFSET),
             log_max_klm_list_size: u8_(f::LOG_MAX_KLM_LIST_SIZE),
             release_all_pages: b(f::RELEASE_ALL_PAGES),
             log_max_ra_req_qp: u8_(f::LOG_MAX_RA_REQ_QP),
@@ -439,16 +460,21 @@ impl GeneralCaps {
             num_ports: u8_(f::NUM_PORTS),
             log_max_msg: u8_(f::LOG_MAX_MSG),
             cqe_version: u8_(f::CQE_VERSION),
+            umr_modify_entity_size_disabled: b(f::UMR_MODIFY_ENTITY_SIZE_DISABLED),
+            umr_modify_atomic_disabled: b(f::UMR_MODIFY_ATOMIC_DISABLED),
+            umr_fence: u8_(f::UMR_FENCE),
             cmdif_checksum: u8_(f::CMDIF_CHECKSUM),
             eth_net_offloads: b(f::ETH_NET_OFFLOADS),
             roce: b(f::ROCE),
             atomic: b(f::ATOMIC),
+            umr_ptr_rlky: b(f::UMR_PTR_RLKY),
             rc: b(f::RC),
             uar_4k: b(f::UAR_4K),
             uar_sz: u8_(f::UAR_SZ),
             log_pg_sz: u8_(f::LOG_PG_SZ),
             bf: b(f::BF),
             log_bf_reg_size: u8_(f::LOG_BF_REG_SIZE),
+            max_wqe_sz_sq: u16_(f::MAX_WQE_SZ_SQ),
             log_max_transport_domain: u8_(f::LOG_MAX_TRANSPORT_DOMAIN),
             log_max_pd: u8_(f::LOG_MAX_PD),
             roce_rw_supported: b(f::ROCE_RW_SUPPORTED),
@@ -711,6 +737,33 @@ mod tests {
         // A smaller max keeps its own log_max_qp.
         let small = GeneralCaps { log_max_qp: 10, ..g };
         assert_eq!(general_caps_to_set(&blk, &small)[0x13] & 0x1f, 10);
+    }
+
+    #[test]
+    fn umr_caps_parse() {
+        // Byte positions from the layout (bit / 8, bit 7 of a byte being its first bit).
+        let mut b = vec![0u8; 0x100];
+        assert_eq!(
+            {
+                let g = GeneralCaps::parse(&b);
+                (g.umr_modify_entity_size_disabled, g.umr_modify_atomic_disabled, g.umr_fence, g.umr_ptr_rlky)
+            },
+            (false, false, 0, false)
+        );
+        b[0x23] = 0x80; // umr_extended_translation_offset: bit 0x118 = byte 0x23, mask 0x80
+        b[0x40] = 0x01; // umr_modify_entity_size_disabled: bit 0x207 = byte 0x40, mask 0x01
+        b[0x41] = 0x80 | 0x10; // umr_modify_atomic_disabled bit 0x208 (0x80); umr_fence bits 0x20a..0x20c = 0b01 (0x10)
+        b[0x46] = 0x80; // umr_ptr_rlky: bit 0x230 = byte 0x46, mask 0x80
+        b[0x52..0x54].copy_from_slice(&0x0400u16.to_be_bytes()); // max_wqe_sz_sq: bits 0x290..0x2a0
+        let g = GeneralCaps::parse(&b);
+        assert!(g.umr_extended_translation_offset && g.umr_modify_entity_size_disabled);
+        assert!(g.umr_modify_atomic_disabled && g.umr_ptr_rlky);
+        assert_eq!((g.umr_fence, g.max_wqe_sz_sq), (1, 0x400));
+        // Neighbours stay untouched: log_max_klm_list_size (0x11a w6), cqe_version (0x1fc w4), rc (0x23f).
+        assert_eq!((g.log_max_klm_list_size, g.cqe_version, g.rc), (0, 0, false));
+        b[0x41] = 0x20; // umr_fence = 0b10 (none)
+        assert_eq!(GeneralCaps::parse(&b).umr_fence, 2);
+        assert!(!GeneralCaps::parse(&b).umr_modify_atomic_disabled);
     }
 
     #[test]

@@ -56,6 +56,7 @@ impl core::ops::BitOr for MkeyAccess {
 // Absolute bit offsets in create_mkey_in / query_mkey_out (mkc at bit 0x80).
 const MKC: usize = 0x80;
 const FREE: usize = MKC + 0x01;
+const UMR_EN: usize = MKC + 0x10;
 const A: usize = MKC + 0x11;
 const RW: usize = MKC + 0x12;
 const RR: usize = MKC + 0x13;
@@ -141,6 +142,29 @@ pub fn create_mkey_pa(pd: Pdn, variant: u8, start: u64, len: Option<u64>, access
         Some(l) => c.set64(LEN_BYTE, l),
         None => c.set(LENGTH64, 1, 1),
     }
+    c
+}
+
+/// CREATE_MKEY for a key UMR will re-point (Linux `set_cache_mkc` for the mkey cache): `free` and `umr_en`,
+/// MTT mode, room for `entries` translation entries (`translations_octword_size`, none written: the grant
+/// brings them), owned by `pd` (the quarantine PD, so no client QP can name it while it is free), no access
+/// but what the grant gives. Whether it may later carry remote atomics is fixed here when the HCA refuses
+/// UMR atomic changes (`atomic` is then the pool's choice; otherwise the grant sets it).
+pub fn create_mkey_umr_free(pd: Pdn, variant: u8, entries: usize, log_page_size: u8, atomic: bool) -> Command {
+    let octwords = crate::ifc::umr::xlt_octowords(entries);
+    let mut c = Command::new(MLX5_CMD_OP_CREATE_MKEY, 0, PAS_OFFSET, CMD_HDR_LEN)
+        .with("pd", pd.0.into())
+        .with("entries", entries as u64)
+        .with("umr", 1);
+    c.set(FREE, 1, 1);
+    c.set(UMR_EN, 1, 1);
+    c.set(A, 1, atomic as u32);
+    c.set(ACCESS_MODE_1_0, 2, MLX5_MKC_ACCESS_MODE_MTT.into());
+    c.set(QPN, 24, MKC_QPN_UNBOUND);
+    c.set(MKEY_7_0, 8, variant.into());
+    c.set(PD, 24, pd.0);
+    c.set(TRANSLATIONS_OCTWORD_SIZE, 32, octwords as u32);
+    c.set(LOG_PAGE_SIZE, 6, log_page_size.into());
     c
 }
 
@@ -253,6 +277,26 @@ mod tests {
         assert_eq!(be64(b, 0x128), 0);
         assert_eq!(c.attrs().get("pd"), Some(0x12));
         assert_eq!(create_mkey_out_key(&out(0x10, &[(0x08, &[0, 0, 0, 7])]), 0x5a), Mkey(0x75a));
+    }
+
+    #[test]
+    fn create_umr_free() {
+        let c = create_mkey_umr_free(Pdn(0x33), 0x9e, 5, 21, false);
+        let b = c.input();
+        assert_eq!((be16(b, 0), b.len()), (0x200, 0x110));
+        // mkc dword 0: free [30], umr_en [15], access_mode_1_0 [9:8] = MTT; no access bits.
+        assert_eq!(be32(b, 0x10), (1 << 30) | (1 << 15) | (1 << 8));
+        assert_eq!(be32(b, 0x14), 0xffff_ff9e);
+        assert_eq!(be32(b, 0x1c), 0x33);
+        assert_eq!((be64(b, 0x20), be64(b, 0x28)), (0, 0));
+        // 5 entries → one 64-byte chunk of 8 → 4 octwords; none written (actual size 0).
+        assert_eq!((be32(b, 0x44), be32(b, 0x48), be32(b, 0x60)), (4, 21, 0));
+        assert_eq!(c.attrs().get("umr"), Some(1));
+        assert_eq!(
+            be32(create_mkey_umr_free(Pdn(1), 0, 9, 12, true).input(), 0x10),
+            (1 << 30) | (1 << 15) | (1 << 14) | (1 << 8)
+        );
+        assert_eq!(be32(create_mkey_umr_free(Pdn(1), 0, 9, 12, true).input(), 0x44), 8);
     }
 
     #[test]

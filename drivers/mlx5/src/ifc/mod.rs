@@ -18,6 +18,7 @@ pub mod init;
 pub mod mkey;
 pub mod qp;
 pub mod resources;
+pub mod umr;
 pub mod vport;
 
 /// Size of every 16-byte `*_in` / `*_out` (header only or header plus one dword pair).

@@ -23,6 +23,9 @@ pub const QUERY_QP_OUT_LEN: usize = 0x1d0;
 
 /// `MLX5_QP_ST_RC`, `MLX5_QP_PM_MIGRATED`, `MLX5_NON_ZERO_RQ` / `MLX5_ZERO_LEN_RQ` (`qp.h`).
 pub const MLX5_QP_ST_RC: u32 = 0;
+/// `MLX5_QP_ST_REG_UMR` (`qp.h`): a QP whose send queue carries only UMR work requests (and NOPs). It has no
+/// address path and no receive queue; the firmware refuses its WQEs from any other QP type.
+pub const MLX5_QP_ST_REG_UMR: u32 = 0xc;
 pub const MLX5_QP_PM_MIGRATED: u32 = 3;
 pub const MLX5_NON_ZERO_RQ: u32 = 0;
 pub const MLX5_ZERO_LEN_RQ: u32 = 3;
@@ -251,7 +254,13 @@ pub struct QpBase {
 }
 
 fn common(c: &mut Command, pd: Pdn, cqn_snd: Cqn, cqn_rcv: Cqn) {
-    c.set(ST, 8, MLX5_QP_ST_RC);
+    common_st(c, MLX5_QP_ST_RC, pd, cqn_snd, cqn_rcv);
+}
+
+/// What every create and modify carries, for a QP of service type `st` (Linux sets `qpc.st` on every
+/// transition, `__mlx5_ib_modify_qp`).
+fn common_st(c: &mut Command, st: u32, pd: Pdn, cqn_snd: Cqn, cqn_rcv: Cqn) {
+    c.set(ST, 8, st);
     c.set(PM_STATE, 2, MLX5_QP_PM_MIGRATED);
     c.set(PD, 24, pd.0);
     c.set(CQN_SND, 24, cqn_snd.0);
@@ -285,6 +294,83 @@ pub fn create_rc_qp(p: &RcQpParams<'_>) -> Command {
     c.set(RLKY, 1, 1);
     c.set64(DBR_ADDR_BYTE, p.dbr_addr);
     put_pas(&mut c, PAS_OFFSET, p.pages);
+    c
+}
+
+/// What a REG_UMR QP is created with: one CQ for both directions (it has no receive queue), the send
+/// queue's size and buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct UmrQpParams<'a> {
+    pub pd: Pdn,
+    pub uar_page: UarPage,
+    pub cqn: Cqn,
+    /// log2 of the SQ size in 64-byte WQE basic blocks.
+    pub log_sq_size: u8,
+    pub ts_format: u8,
+    pub user_index: Option<u32>,
+    /// log2(page / 4 KiB) of the WQ buffer.
+    pub log_page_size: u8,
+    pub dbr_addr: u64,
+    pub pages: &'a [u64],
+}
+
+/// The handles a REG_UMR QP's modifies repeat (its one CQ as `cqn_snd` and `cqn_rcv`).
+fn umr_base(qpn: Qpn, pd: Pdn, cqn: Cqn) -> QpBase {
+    QpBase { qpn, pd, cqn_snd: cqn, cqn_rcv: cqn }
+}
+
+/// CREATE_QP for the UMR queue pair (Linux `mlx5r_umr_resource_init` creates it as `MLX5_IB_QPT_REG_UMR`):
+/// service type REG_UMR, a zero-length receive queue, the send queue, `rlky` so its WQEs may name the
+/// reserved lkey. No `log_msg_max`, no fast-register bit: a UMR QP sends nothing on the wire.
+pub fn create_umr_qp(p: &UmrQpParams<'_>) -> Command {
+    let mut c = Command::new(MLX5_CMD_OP_CREATE_QP, 0, with_pas(PAS_OFFSET, p.pages.len()), CMD_HDR_LEN)
+        .with("pd", p.pd.0.into())
+        .with("cqn", p.cqn.0.into())
+        .with("st", MLX5_QP_ST_REG_UMR.into());
+    common_st(&mut c, MLX5_QP_ST_REG_UMR, p.pd, p.cqn, p.cqn);
+    c.set(TS_FORMAT, 2, p.ts_format.into());
+    if let Some(u) = p.user_index {
+        c.set(USER_INDEX, 24, u);
+    }
+    c.set(RQ_TYPE, 3, MLX5_ZERO_LEN_RQ);
+    c.set(LOG_SQ_SIZE, 4, p.log_sq_size.into());
+    c.set(UAR_PAGE, 24, p.uar_page.0);
+    c.set(LOG_PAGE_SIZE, 5, p.log_page_size.into());
+    c.set(RLKY, 1, 1);
+    c.set64(DBR_ADDR_BYTE, p.dbr_addr);
+    put_pas(&mut c, PAS_OFFSET, p.pages);
+    c
+}
+
+/// The UMR QP's three transitions to RTS, as Linux `mlx5r_umr_qp_rst2rts` asks for them: INIT with P_Key
+/// index 0 and port 1, then RTR and RTS with nothing but the state (no address path, no PSNs, no peer). Each
+/// carries the MTU 4096 and `log_msg_max` 12 Linux's modify gives every REG_UMR QP.
+pub fn umr_rst2init(qpn: Qpn, pd: Pdn, cqn: Cqn) -> Command {
+    let mut c = umr_modify(MLX5_CMD_OP_RST2INIT_QP, qpn, pd, cqn);
+    c.set(PKEY_INDEX, 16, 0);
+    c.set(VHCA_PORT_NUM, 8, 1);
+    c.set(RLKY, 1, 1);
+    c
+}
+
+pub fn umr_init2rtr(qpn: Qpn, pd: Pdn, cqn: Cqn) -> Command {
+    umr_modify(MLX5_CMD_OP_INIT2RTR_QP, qpn, pd, cqn)
+}
+
+pub fn umr_rtr2rts(qpn: Qpn, pd: Pdn, cqn: Cqn) -> Command {
+    umr_modify(MLX5_CMD_OP_RTR2RTS_QP, qpn, pd, cqn)
+}
+
+/// `mtu_msgmax` Linux gives a REG_UMR QP on every modify (`__mlx5_ib_modify_qp`: `IB_MTU_4096 << 5 | 12`).
+pub const UMR_QP_LOG_MSG_MAX: u8 = 12;
+
+fn umr_modify(opcode: u16, qpn: Qpn, pd: Pdn, cqn: Cqn) -> Command {
+    let q = umr_base(qpn, pd, cqn);
+    let mut c = Command::new(opcode, 0, QP_IN_LEN, CMD_HDR_LEN).with("qpn", q.qpn.0.into());
+    c.set(0x48, 24, q.qpn.0);
+    common_st(&mut c, MLX5_QP_ST_REG_UMR, q.pd, q.cqn_snd, q.cqn_rcv);
+    c.set(MTU, 3, Mtu::Mtu4096 as u32);
+    c.set(LOG_MSG_MAX, 5, UMR_QP_LOG_MSG_MAX.into());
     c
 }
 
@@ -639,6 +725,60 @@ mod tests {
         }
         let q = query_qp(Qpn(9));
         assert_eq!((be16(q.input(), 0), q.out_len()), (0x50b, 0x1d0));
+    }
+
+    #[test]
+    fn umr_qp_create_and_transitions() {
+        let pages = [0x7000u64];
+        let c = create_umr_qp(&UmrQpParams {
+            pd: Pdn(7),
+            uar_page: UarPage(2),
+            cqn: Cqn(0x21),
+            log_sq_size: 6,
+            ts_format: TS_FORMAT_DEFAULT,
+            user_index: Some(DEFAULT_USER_INDEX),
+            log_page_size: 0,
+            dbr_addr: 0x8040,
+            pages: &pages,
+        });
+        let b = c.input();
+        assert_eq!((be16(b, 0), b.len()), (0x500, 0x118));
+        // qpc dword 0 (byte 0x18): st [23:16] = 0xc, pm_state [12:11] = migrated.
+        assert_eq!(be32(b, 0x18), (0xc << 16) | (3 << 11));
+        assert_eq!(be32(b, 0x1c) & 0xff_ffff, 7); // pd
+        // qpc dword 2 (byte 0x20): mtu and log_msg_max [31:24] and the RQ's size [22:16] zero; log_sq_size
+        // [14:11] = 6, ts_format [7:6] = 1, rlky [4].
+        assert_eq!(be32(b, 0x20), (6 << 11) | (1 << 6) | (1 << 4));
+        assert_eq!(be32(b, 0x24), 2); // uar_page: qpc dword 3
+        assert_eq!(be32(b, 0x28) & 0xff_ffff, DEFAULT_USER_INDEX); // user_index
+        assert_eq!(be32(b, 0x94) & 0xff_ffff, 0x21); // cqn_snd
+        assert_eq!(be32(b, 0xb4) & 0xff_ffff, 0x21); // cqn_rcv
+        assert_eq!(be64(b, 0xb8), 0x8040); // dbr_addr
+        assert_eq!(be32(b, 0xc4) >> 24, 3); // rq_type: zero-length
+        assert_eq!(be32(b, 0x88), 0, "no fre (qpc dword 34 bit 11), no retry counts on a UMR QP");
+        assert_eq!(be64(b, 0x110), 0x7000);
+        assert_eq!(c.attrs().get("st"), Some(0xc));
+
+        let i = umr_rst2init(Qpn(0x99), Pdn(7), Cqn(0x21));
+        let b = i.input();
+        assert_eq!((be16(b, 0), be32(b, 8), b.len()), (0x502, 0x99, 0x110));
+        assert_eq!(be32(b, 0x18), (0xc << 16) | (3 << 11));
+        assert_eq!((be16(b, 0x32), b[0x55]), (0, 1)); // pkey_index, vhca_port_num
+        assert_eq!(be32(b, 0x20), (5 << 29) | (12 << 24) | (1 << 4)); // mtu 4096, log_msg_max 12, rlky
+        for (c, op) in
+            [(umr_init2rtr(Qpn(0x99), Pdn(7), Cqn(0x21)), 0x503), (umr_rtr2rts(Qpn(0x99), Pdn(7), Cqn(0x21)), 0x504)]
+        {
+            let b = c.input();
+            assert_eq!((be16(b, 0), be32(b, 8)), (op, 0x99));
+            assert_eq!(be32(b, 0x18), (0xc << 16) | (3 << 11));
+            // No address path, no PSNs: the primary path (bytes 0x30..0x70) and the rest of qpc stay zero but
+            // for pd and the CQ numbers.
+            assert!(b[0x30..0x70].iter().all(|&x| x == 0));
+            assert_eq!(be32(b, 0x20), (5 << 29) | (12 << 24)); // mtu 4096, log_msg_max 12, nothing else
+            assert_eq!(be32(b, 0x90), 0);
+            assert_eq!(be32(b, 0xac), 0);
+            assert_eq!(be32(b, 0x94) & 0xff_ffff, 0x21);
+        }
     }
 
     #[test]

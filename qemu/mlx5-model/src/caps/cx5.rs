@@ -73,6 +73,64 @@ pub(crate) const FIELDS: &[Cx5Field] = &[
         0,
         "as sq_ts_format. Same as the trace",
     ),
+    // UMR (docs/hca-model.md, "UMR").
+    f(
+        cap_type::GENERAL,
+        cmd_hca_cap::UMR_MODIFY_ENTITY_SIZE_DISABLED,
+        "cmd_hca_cap.umr_modify_entity_size_disabled",
+        0,
+        0,
+        "a UMR may change the page size (MLX5_MKEY_MASK_PAGE_SIZE): Linux mlx5_ib offers fast registration \
+         (IB_DEVICE_MEM_MGT_EXTENSIONS) and loads MTTs by UMR only when this bit is 0 (main.c, umr.h \
+         mlx5r_umr_can_load_pas), which a ConnectX-5 does for NVMe-oF and iSER. Same as the trace. \
+         `--umr-entity-size-disabled` plays 1",
+    ),
+    f(
+        cap_type::GENERAL,
+        cmd_hca_cap::UMR_MODIFY_ATOMIC_DISABLED,
+        "cmd_hca_cap.umr_modify_atomic_disabled",
+        0,
+        0,
+        "a UMR may change remote atomic access (MLX5_MKEY_MASK_A; Linux umr_check_mkey_mask refuses it when \
+         set). Same as the trace: no CX-5 source differs",
+    ),
+    f(
+        cap_type::GENERAL,
+        cmd_hca_cap::UMR_EXTENDED_TRANSLATION_OFFSET,
+        "cmd_hca_cap.umr_extended_translation_offset",
+        0,
+        0,
+        "translation offsets limited to the 16-bit xlt_offset (in octowords); xlt_offset_47_16 must stay 0. \
+         Same as the trace; the stricter reading (Linux then caps its mkey cache at 2^16 pages)",
+    ),
+    f(
+        cap_type::GENERAL,
+        cmd_hca_cap::UMR_PTR_RLKY,
+        "cmd_hca_cap.umr_ptr_rlky",
+        1,
+        1,
+        "a UMR's translation pointer may use the reserved lkey: Linux mlx5e's striding RQ, the default receive \
+         mode of a ConnectX-5 port, needs it (mlx5e_check_fragmented_striding_rq_cap). Trace: 0 (a ConnectX-4 \
+         has no striding RQ)",
+    ),
+    f(
+        cap_type::GENERAL,
+        cmd_hca_cap::UMR_FENCE,
+        "cmd_hca_cap.umr_fence",
+        0,
+        0,
+        "MLX5_CAP_UMR_FENCE_STRONG: Linux then fences a REG_MR work request with strong ordering (main.c \
+         mlx5_get_umr_fence). Same as the trace; the strictest value. The model runs a send queue in order, \
+         so every fence mode is honoured",
+    ),
+    f(
+        cap_type::GENERAL,
+        cmd_hca_cap::MAX_WQE_SZ_SQ,
+        "cmd_hca_cap.max_wqe_sz_sq",
+        1024,
+        1024,
+        "16 WQEBBs (qp.h MLX5_SEND_WQE_MAX_WQEBBS); a longer UMR WQE completes in error. Same as the trace",
+    ),
     // ROCE.
     f(
         cap_type::ROCE,

@@ -18,7 +18,7 @@ const DATA_DIRECT: Field = Field::new(0x62, 1);
 const TRANSLATIONS_OCTWORD_ACTUAL_SIZE: Field = Field::new(0x300, 32);
 const KLM_PAS_MTT: usize = 0x110;
 /// `mkc` fields (bit offsets inside `mkc`).
-mod mkc {
+pub(crate) mod mkc {
     use crate::ifc::Field;
     pub const FREE: Field = Field::new(0x01, 1);
     pub const ACCESS_MODE_4_2: Field = Field::new(0x03, 3);
@@ -51,8 +51,11 @@ const QUERY_MKEY_OUT_MTT0: usize = 0x110;
 const MAX_INDEX: u32 = 0x00ff_fffe;
 /// Largest MTT page the model accepts (`log_page_size`); keeps shifts and RAM checks in range.
 const MAX_LOG_PAGE_SIZE: u32 = 30;
+/// Largest `translations_octword_size` of an MTT key: 2^19 entries (2 GiB in 4 KiB pages, 1 TiB in 2 MiB
+/// pages), held as a table of that many entries.
+pub const MAX_TRANSLATIONS_OCTWORD_SIZE: u32 = 1 << 18;
 /// `mkc.qpn` when the key is not bound to a QP.
-const QPN_UNBOUND: u32 = 0x00ff_ffff;
+pub(crate) const QPN_UNBOUND: u32 = 0x00ff_ffff;
 
 pub fn create_mkey(hca: &mut Hca, c: &Ctx) -> CmdResult {
     c.need_input(CREATE_MKEY_IN_SIZE)?;
@@ -102,6 +105,10 @@ pub fn create_mkey(hca: &mut Hca, c: &Ctx) -> CmdResult {
             if !(12..=MAX_LOG_PAGE_SIZE).contains(&log_page_size) {
                 return bad(reason::BAD_PAGE_SIZE);
             }
+            // The table is held whole (a UMR may write any entry of it), so its size is bounded.
+            if m(mkc::TRANSLATIONS_OCTWORD_SIZE) > MAX_TRANSLATIONS_OCTWORD_SIZE {
+                return bad(reason::BAD_LENGTH);
+            }
             if actual > m(mkc::TRANSLATIONS_OCTWORD_SIZE) as usize || actual > crate::cmdq::MAX_MSG_LEN as usize / 16 {
                 return bad(reason::TRANSLATIONS_SHORT);
             }
@@ -123,6 +130,8 @@ pub fn create_mkey(hca: &mut Hca, c: &Ctx) -> CmdResult {
                 }
                 mtt.push(Mtt { addr, read: e & 1 != 0, write: e & 2 != 0 });
             }
+            // The table as sized (a UMR may fill the rest, `crate::umr`); entries not given are not present.
+            mtt.resize(2 * m(mkc::TRANSLATIONS_OCTWORD_SIZE) as usize, Mtt { addr: 0, read: false, write: false });
         }
     }
     let mut out = c.output(0x10)?;

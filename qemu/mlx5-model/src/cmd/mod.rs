@@ -12,7 +12,7 @@ mod eq;
 mod eth;
 mod flow;
 mod init;
-mod mkey;
+pub(crate) mod mkey;
 mod pages;
 mod qp;
 mod reg;

@@ -8,7 +8,9 @@ use super::{CmdError, CmdResult, Ctx, need_initialized, reason, status};
 use crate::hca::Hca;
 use crate::ifc::{self, Field};
 use crate::pages::PAGE_SIZE;
-use crate::qp::{PM_MIGRATED, Qp, RQ_REGULAR, RQ_ZERO_LEN, ST_RC, Transition, ads, optpar, qpc, state_code};
+use crate::qp::{
+    PM_MIGRATED, Qp, RQ_REGULAR, RQ_ZERO_LEN, ST_RC, ST_REG_UMR, SqProgress, Transition, ads, optpar, qpc, state_code,
+};
 use crate::roce::responder::{QpState, RespState};
 
 /// `create_qp_in` (0x110 bytes before `pas`) and the `*2*_qp_in` structures (also 0x110).
@@ -79,9 +81,12 @@ pub fn create_qp(hca: &mut Hca, c: &Ctx) -> CmdResult {
     if qpc_get(c, qpc::STATE) != 0 {
         return Err(bad(c, reason::QP_BAD_FIELD));
     }
-    if qpc_get(c, qpc::ST) != ST_RC {
-        return Err(bad(c, reason::UNSUPPORTED_FEATURE));
-    }
+    // RC (the responder's QPs) and REG_UMR (`crate::umr`); other service types are not modelled.
+    let umr = match qpc_get(c, qpc::ST) {
+        ST_RC => false,
+        ST_REG_UMR => true,
+        _ => return Err(bad(c, reason::UNSUPPORTED_FEATURE)),
+    };
     if qpc_get(c, qpc::PM_STATE) != PM_MIGRATED {
         return Err(bad(c, reason::QP_BAD_FIELD));
     }
@@ -92,17 +97,29 @@ pub fn create_qp(hca: &mut Hca, c: &Ctx) -> CmdResult {
     {
         return Err(bad(c, reason::UNSUPPORTED_FEATURE));
     }
-    if !hca.pds.contains(&qpc_get(c, qpc::PD)) {
+    // Linux creates its UMR QP without a PD (`qpc.pd` 0) and names the PD on every modify
+    // (docs/hca-model.md, "UMR").
+    let pd = qpc_get(c, qpc::PD);
+    let pd_ok = hca.pds.contains(&pd) || (umr && pd == 0);
+    if !pd_ok {
         return Err(bad(c, reason::BAD_PD));
     }
     if !hca.uars.contains(&qpc_get(c, qpc::UAR_PAGE)) {
         return Err(bad(c, reason::QP_BAD_UAR));
     }
-    // Both CQs must exist (Linux sets both for every RC QP); an unknown handle is BAD_PARAM, as for the PD.
+    // Both CQs must exist (Linux sets both for every RC QP); an unknown handle is BAD_PARAM, as for the PD. A
+    // REG_UMR QP has no receive side: its `cqn_rcv` may be 0.
     for f in [qpc::CQN_SND, qpc::CQN_RCV] {
-        if !hca.cqs.cqs.contains_key(&qpc_get(c, f)) {
+        let cqn = qpc_get(c, f);
+        let cq_ok = hca.cqs.cqs.contains_key(&cqn) || (umr && f == qpc::CQN_RCV && cqn == 0);
+        if !cq_ok {
             return Err(bad(c, reason::QP_BAD_CQ));
         }
+    }
+    // A REG_UMR QP is a send queue: `no_sq` 0 and a zero-length RQ (Linux `get_rx_type` for a QP without
+    // receive WQEs).
+    if umr && (qpc_get(c, qpc::NO_SQ) == 1 || qpc_get(c, qpc::RQ_TYPE) != RQ_ZERO_LEN) {
+        return Err(bad(c, reason::QP_BAD_SIZE));
     }
     // The clock the QP stamps with must be one the caps offer (Linux `get_qp_ts_format`; firmware refuses
     // others with BAD_PARAM).
@@ -181,9 +198,19 @@ pub fn create_qp(hca: &mut Hca, c: &Ctx) -> CmdResult {
     let Some(qpn) = hca.qps.free_qpn(hi) else { return Err(c.err(status::NO_RES, reason::TABLE_FULL)) };
     let mut ctx = c.input[QPC as usize..QPC as usize + qpc::SIZE].to_vec();
     ifc::set(&mut ctx, qpc::STATE, 0);
-    hca.qps
-        .qps
-        .insert(qpn, Qp { qpn, state: QpState::Reset, qpc: ctx, pas, resp: RespState::default(), rq_consumed: 0 });
+    let q = Qp {
+        qpn,
+        state: QpState::Reset,
+        qpc: ctx,
+        pas,
+        resp: RespState::default(),
+        rq_consumed: 0,
+        sq: SqProgress::default(),
+    };
+    hca.qps.qps.insert(qpn, q);
+    if umr {
+        hca.umr.qps.insert(qpn);
+    }
     ifc::set(&mut out, QPN, qpn);
     Ok(out)
 }
@@ -204,6 +231,7 @@ pub fn destroy_qp(hca: &mut Hca, c: &Ctx) -> CmdResult {
     let qpn = existing(hca, c)?;
     let out = c.output(0x10)?;
     hca.qps.qps.remove(&qpn);
+    hca.umr.forget(qpn);
     Ok(out)
 }
 
@@ -243,11 +271,15 @@ pub fn to_err_or_rst(hca: &mut Hca, c: &Ctx, t: Transition) -> CmdResult {
         if t == Transition::ToRst {
             q.resp = RespState::default();
             q.rq_consumed = 0;
+            // Linux zeroes both doorbell record counters on RESET; the send queue starts again at 0.
+            q.sq = SqProgress::default();
         }
     }
-    // Receive WQEs still posted complete with flush errors (2ERR from ERR flushes those posted since).
+    // Receive WQEs still posted complete with flush errors (2ERR from ERR flushes those posted since), and so
+    // do the send WQEs of a UMR QP.
     if t == Transition::ToErr {
         crate::completion::flush_rq(hca, c.ram, qpn);
+        crate::umr::flush(hca, c.ram, qpn);
     }
     Ok(out)
 }
@@ -270,12 +302,19 @@ pub fn modify(hca: &mut Hca, c: &Ctx, t: Transition) -> CmdResult {
     if c.get(ECE) != 0 {
         return Err(bad(c, reason::UNSUPPORTED_FEATURE));
     }
-    // Linux sends the creation fields again with every modify; they cannot change.
-    if qpc_get(c, qpc::ST) != ST_RC
+    // Linux sends the creation fields again with every modify; they cannot change. Its UMR QP is the
+    // exception it needs: created without a PD, it names the UMR PD on every modify (the QP takes the first one
+    // named), and leaves `cqn_rcv` 0 (`get_cqs` gives a REG_UMR QP no receive CQ).
+    let umr = q.is_umr();
+    let pd = qpc_get(c, qpc::PD);
+    let pd_ok = pd == q.pd() || (umr && q.pd() == 0 && hca.pds.contains(&pd));
+    let rcv = qpc_get(c, qpc::CQN_RCV);
+    let rcv_ok = rcv == q.get(qpc::CQN_RCV) || (umr && rcv == 0);
+    if qpc_get(c, qpc::ST) != q.get(qpc::ST)
         || qpc_get(c, qpc::PM_STATE) != PM_MIGRATED
-        || qpc_get(c, qpc::PD) != q.pd()
+        || !pd_ok
         || qpc_get(c, qpc::CQN_SND) != q.get(qpc::CQN_SND)
-        || qpc_get(c, qpc::CQN_RCV) != q.get(qpc::CQN_RCV)
+        || !rcv_ok
     {
         return Err(bad(c, reason::QP_BAD_FIELD));
     }
@@ -290,6 +329,31 @@ pub fn modify(hca: &mut Hca, c: &Ctx, t: Transition) -> CmdResult {
             // RST2INIT names every access bit (Linux sends `rre`/`rwe`/`rae` with `atomic_mode` at RST2INIT).
             take.push(qpc::ATOMIC_MODE);
             take.extend([qpc::RRE, qpc::RWE, qpc::RAE, qpc::COUNTER_SET_ID, qpc::RLKY]);
+        }
+        Transition::Init2Rtr if umr => {
+            // No address path: Linux gives its UMR QP mtu 4096 and log_msg_max 12 and nothing else. A remote
+            // address would be a QP of another kind.
+            if !(1..=5).contains(&qpc_get(c, qpc::MTU)) {
+                return Err(bad(c, reason::QP_BAD_FIELD));
+            }
+            if qpc_get(c, qpc::LOG_MSG_MAX) > hca.caps.general(LOG_MAX_MSG) {
+                return Err(bad(c, reason::QP_BAD_SIZE));
+            }
+            let rgid_at = (QPC + qpc::PRIMARY_ADDRESS_PATH) as usize + ads::RGID_RIP;
+            if qpc_get(c, qpc::REMOTE_QPN) != 0
+                || path_get(c, ads::RMAC_47_32) != 0
+                || path_get(c, ads::RMAC_31_0) != 0
+                || c.input[rgid_at..rgid_at + 16].iter().any(|&b| b != 0)
+            {
+                return Err(bad(c, reason::QP_BAD_PATH));
+            }
+            take.extend([qpc::MTU, qpc::LOG_MSG_MAX]);
+        }
+        Transition::Rtr2Rts if umr => {
+            if qpc_get(c, qpc::LOG_SRA_MAX) > hca.caps.general(LOG_MAX_RA_REQ_QP) {
+                return Err(bad(c, reason::QP_BAD_FIELD));
+            }
+            take.extend([qpc::NEXT_SEND_PSN, qpc::LOG_SRA_MAX, qpc::LOG_ACK_REQ_FREQ]);
         }
         Transition::Init2Rtr => {
             if !(1..=5).contains(&qpc_get(c, qpc::MTU)) {
@@ -416,6 +480,9 @@ pub fn modify(hca: &mut Hca, c: &Ctx, t: Transition) -> CmdResult {
     if let Some(q) = hca.qps.get_mut(qpn) {
         for f in take {
             ifc::set(&mut q.qpc, f, c.get(f.at(QPC)));
+        }
+        if umr {
+            ifc::set(&mut q.qpc, qpc::PD, pd);
         }
         q.state = t.to();
     }

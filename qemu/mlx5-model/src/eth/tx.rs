@@ -72,8 +72,12 @@ pub fn cqe_body(op: u8, synd: u8, wqe_opcode: u8, qn: u32, counter: u16, byte_cn
 
 /// Reads the BlueFlame registers of every UAR page an SQ uses and runs the SQs of each page that was rung.
 /// Returns true when a doorbell was seen.
+///
+/// REG_UMR QPs ring the same registers with their `qpn_ds` (Linux `mlx5r_ring_db`), so their pages are read
+/// here too and a rung page also marks each UMR QP on it for `crate::umr` to run.
 pub fn poll_doorbells(hca: &mut Hca, bar: &dyn Memory, ram: &dyn Memory) -> bool {
-    let mut pages: Vec<u32> = hca.eth.sqs.values().map(|s| s.wq.uar_page).collect();
+    let umr = crate::umr::doorbell_pages(hca);
+    let mut pages: Vec<u32> = hca.eth.sqs.values().map(|s| s.wq.uar_page).chain(umr.iter().map(|u| u.1)).collect();
     pages.sort_unstable();
     pages.dedup();
     let mut rung = false;
@@ -88,7 +92,8 @@ pub fn poll_doorbells(hca: &mut Hca, bar: &dyn Memory, ram: &dyn Memory) -> bool
             }
             let _ = bar.write_be32(at + 4, DOORBELL_IDLE);
             hca.eth.counters.sq_doorbells += 1;
-            if hca.eth.sqs.get(&(qpn_ds >> 8)).is_none_or(|s| s.wq.uar_page != page) {
+            let n = qpn_ds >> 8;
+            if hca.eth.sqs.get(&n).is_none_or(|s| s.wq.uar_page != page) && !umr.contains(&(n, page)) {
                 hca.eth.counters.sq_doorbells_unknown += 1;
             }
             hit = true;
@@ -98,6 +103,9 @@ pub fn poll_doorbells(hca: &mut Hca, bar: &dyn Memory, ram: &dyn Memory) -> bool
             let sqns: Vec<u32> = hca.eth.sqs.values().filter(|s| s.wq.uar_page == page).map(|s| s.sqn).collect();
             for sqn in sqns {
                 run_sq(hca, ram, sqn);
+            }
+            for &(qpn, _) in umr.iter().filter(|u| u.1 == page) {
+                crate::umr::doorbell(hca, qpn);
             }
         }
     }
