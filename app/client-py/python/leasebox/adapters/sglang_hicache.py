@@ -113,7 +113,7 @@ class LeaseboxHiCacheStorage(_Base):  # type: ignore[misc, valid-type]
         if not keys:
             return 0
         pieces = self._pieces_per_page()
-        names = [self._piece_key(k, j) for k in keys for j in range(pieces)]
+        names = [key_bytes(self._piece_key(k, j)) for k in keys for j in range(pieces)]
         try:
             present = list(self._store.batch_is_exist(names))
         except Exception as e:
