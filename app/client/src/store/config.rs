@@ -124,6 +124,22 @@ pub struct StoreConfig {
     pub timeout: Duration,
 }
 
+impl StoreConfig {
+    /// A configuration for [`super::Store::connect`] and [`super::Store::with_client`], which take the
+    /// appliances and credentials themselves: these sizes, no migration, the default timeout.
+    pub fn sized(max_value_size: u64, lease_size: u64, leases: usize) -> StoreConfig {
+        StoreConfig {
+            url: StoreUrl { target: Target::Appliances(Vec::new()), tenant: String::new(), rdma: Vec::new(), requester: Vec::new() },
+            key: Vec::new(),
+            max_value_size,
+            lease_size,
+            leases,
+            migrate_on_drain: false,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
 /// The defaults.
 pub const DEFAULT_MAX_VALUE: u64 = 1 << 20;
 pub const DEFAULT_LEASE_SIZE: u64 = 64 << 20;

@@ -90,6 +90,10 @@ fn code_of(e: &Error) -> i64 {
     }
 }
 
+fn kv_codes(r: &[i64]) -> String {
+    r.iter().map(|c| code_name(*c)).collect::<Vec<_>>().join(",")
+}
+
 /// What the store tells the program without being asked ([`Store::events`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreEvent {
@@ -1016,14 +1020,15 @@ impl Shared {
             ns
         };
         log::warn!("store: {appliance} drains in {in_ms} ms; nothing new goes there");
-        self.push_event(StoreEvent::Draining { appliance: appliance.clone(), in_ms });
-        // Room elsewhere first (placement tries the draining appliance last).
+        // Room elsewhere first (placement tries the draining appliance last), then the event: a put after it
+        // finds a place.
         for _ in 0..self.cfg.leases {
             if let Err(e) = self.add_lease(None) {
                 log::warn!("store: no lease off {appliance}: {e}");
                 break;
             }
         }
+        self.push_event(StoreEvent::Draining { appliance: appliance.clone(), in_ms });
         if !self.cfg.migrate_on_drain {
             return;
         }
@@ -1037,7 +1042,8 @@ impl Shared {
                     left += 1;
                     continue;
                 }
-                if self.migrate_one(&key, e) {
+                // Once more if the first copy failed (a transfer's timeout on a busy host).
+                if self.migrate_one(&key, e) || self.migrate_one(&key, e) {
                     moved += 1;
                 } else {
                     left += 1;
@@ -1082,9 +1088,16 @@ impl Shared {
                     (b, ops)
                 };
                 self.submit(b, ops);
-                self.finish_sync(b).first() == Some(&OK)
+                let r = self.finish_sync(b);
+                if r.first() != Some(&OK) {
+                    log::debug!("store: a drain's copy was not written: {}", kv_codes(&r));
+                }
+                r.first() == Some(&OK)
             }
-            _ => false,
+            other => {
+                log::debug!("store: a drain's read gave {other:?} for {} bytes", e.len);
+                false
+            }
         };
         self.unstage(staging);
         moved

@@ -3,7 +3,8 @@
 //! first time that class needs room and is cut into slots of the class's size (powers of two from
 //! [`MIN_SLOT`] up to the page size). A value takes one slot of the smallest class that holds it.
 //!
-//! Free slots and free pages are kept only for leases that take new values ("placing"): a lease that stops
+//! A fresh page comes from the lease with the most free pages, so values spread over the leases (and their
+//! appliances). Free slots and free pages are kept only for leases that take new values ("placing"): a lease that stops
 //! placing (its appliance drains, it was revoked) has its free room forgotten, and a slot freed there later is
 //! dropped rather than listed. No `unsafe`, no I/O: the store's tests script it directly.
 
@@ -98,12 +99,15 @@ impl Slab {
             return Some(self.free[c].swap_remove(i));
         }
         let size = self.slot_size(c);
-        let (l, page) = self
+        // The lease with the most free pages (the first of equals): values spread over the leases, and so
+        // over the appliances.
+        let (l, room) = self
             .leases
             .iter_mut()
             .enumerate()
-            .filter(|(l, r)| r.placing && allowed(*l as u32))
-            .find_map(|(l, r)| r.free_pages.pop().map(|p| (l as u32, p)))?;
+            .filter(|(l, r)| r.placing && !r.free_pages.is_empty() && allowed(*l as u32))
+            .min_by_key(|(_, r)| std::cmp::Reverse(r.free_pages.len()))?;
+        let (l, page) = (l as u32, room.free_pages.pop()?);
         self.class_pages[c] += 1;
         let per_page = self.page_size / size;
         // The rest of the page, lowest offsets taken first.
