@@ -205,6 +205,10 @@ class LeaseboxHiCacheStorage(_Base):  # type: ignore[misc, valid-type]
             return []
         if self.mem_pool_host is None or not self._buffers:
             raise RuntimeError("register_mem_pool_host was not called: no host pool to move pages from")
+        page_size = getattr(self.mem_pool_host, "page_size", None)
+        slots = host_indices.numel() if hasattr(host_indices, "numel") else len(host_indices)
+        if page_size and slots != len(keys) * page_size:
+            raise ValueError(f"{len(keys)} keys but {slots} host indices (page_size {page_size})")
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
         ptrs = list(ptrs)
         if isinstance(sizes, int):
