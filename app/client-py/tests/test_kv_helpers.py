@@ -14,7 +14,7 @@ import os
 import random
 import tempfile
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from conftest import REQUESTER
 
@@ -69,19 +69,27 @@ def store_params(appliance, key_file: KeyFile, **kw: Any) -> Dict[str, Any]:
     return p
 
 
-def open_store(appliance, key_file: KeyFile, **kw: Any):
-    """A `leasebox.Store` on the test appliance, retried while the appliance's memory comes back from earlier
-    tests' revoked leases (cleared before it is lent again)."""
+def retrying(make: Callable[[], Any], within: float = 30.0) -> Any:
+    """`make()`, tried again while the appliance has no memory to lend: memory of leases freed or revoked by
+    earlier tests comes back only after its grace and its clearing (one appliance serves every module when
+    `LEASEBOX_TEST_APPLIANCE` names it)."""
     import leasebox
 
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + within
     while True:
         try:
-            return leasebox.Store.open(**store_params(appliance, key_file, **kw))
+            return make()
         except leasebox.LeaseboxError as e:
             if time.monotonic() > deadline or "memory" not in str(e).lower():
                 raise
             time.sleep(0.2)
+
+
+def open_store(appliance, key_file: KeyFile, **kw: Any):
+    """A `leasebox.Store` on the test appliance (see `retrying`)."""
+    import leasebox
+
+    return retrying(lambda: leasebox.Store.open(**store_params(appliance, key_file, **kw)))
 
 
 def leases(store, keys) -> List[Dict[str, Any]]:

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from test_kv_helpers import KIB, KeyFile, Revoker, doomed_last, pattern, store_params
+from test_kv_helpers import KIB, KeyFile, Revoker, doomed_last, pattern, retrying, store_params
 
 CHUNK = 16 * KIB
 REQUIRED = ["event_fd", "submit_batch_get", "submit_batch_set", "submit_batch_exists", "drain_completions", "close"]
@@ -35,7 +35,7 @@ def load_connector(params: dict):
         )
     )
     module = importlib.import_module(config["module_path"])
-    connector = getattr(module, config["class_name"])(**config["adapter_params"])
+    connector = retrying(lambda: getattr(module, config["class_name"])(**config["adapter_params"]))
     for name in REQUIRED + ["submit_batch_delete"]:
         assert callable(getattr(connector, name, None)), name
     return connector

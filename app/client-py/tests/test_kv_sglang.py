@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import pytest
 
-from test_kv_helpers import KIB, KeyFile, Revoker, doomed_last, pattern, store_params, wait_keys_lost
+from test_kv_helpers import KIB, KeyFile, Revoker, doomed_last, pattern, retrying, store_params, wait_keys_lost
 
 PAGE = 4  # tokens per page
 TOKEN = 512  # bytes of K (and of V) per token, all layers
@@ -127,7 +127,7 @@ def load_backend(params: dict, pool: HostPool, **config):
         **params,
     }))
     cls = getattr(importlib.import_module(extra["module_path"]), extra["class_name"])
-    backend = cls(HiCacheStorageConfig(extra_config=extra, **config), {})
+    backend = retrying(lambda: cls(HiCacheStorageConfig(extra_config=extra, **config), {}))
     backend.register_mem_pool_host(pool)
     return backend
 

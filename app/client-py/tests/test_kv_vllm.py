@@ -15,7 +15,7 @@ from typing import Any, Collection, Dict, List
 
 import pytest
 
-from test_kv_helpers import KIB, KeyFile, Revoker, doomed_last, pattern, store_params
+from test_kv_helpers import KIB, KeyFile, Revoker, doomed_last, pattern, retrying, store_params
 
 BLOCK = 8 * KIB
 BLOCKS = 128
@@ -51,7 +51,9 @@ def load_tier(primary_kv_view: memoryview, **fields):
     rest = dict(config)
     tier_type = rest.pop("type")
     rest.pop("module_path")
-    return tier_cls(offloading_spec=object(), primary_kv_view=primary_kv_view, tier_type=tier_type, **rest)
+    return retrying(
+        lambda: tier_cls(offloading_spec=object(), primary_kv_view=primary_kv_view, tier_type=tier_type, **rest)
+    )
 
 
 def is_hit(result) -> bool:
