@@ -216,7 +216,13 @@ pub extern "C" fn lbx_store_register(
 
 /// Stores `len` bytes at `value` (copied) under the key: `LBX_KV_OK` or a negative code.
 #[unsafe(no_mangle)]
-pub extern "C" fn lbx_store_put(s: *const lbx_store, k: *const u8, key_len: usize, value: *const u8, len: usize) -> i64 {
+pub extern "C" fn lbx_store_put(
+    s: *const lbx_store,
+    k: *const u8,
+    key_len: usize,
+    value: *const u8,
+    len: usize,
+) -> i64 {
     per_item("lbx_store_put", || {
         let h = store(s)?;
         let v = crate::bytes(value, len, "value")?;
@@ -412,7 +418,13 @@ pub extern "C" fn lbx_store_poll(s: *const lbx_store, tickets: *mut u64, max: us
 /// `LBX_ERR_TIMEOUT` when it is not done (it stays pending), `LBX_ERR_INVALID_ARGUMENT` for an unknown ticket or
 /// a wrong `n`.
 #[unsafe(no_mangle)]
-pub extern "C" fn lbx_store_wait(s: *const lbx_store, ticket: u64, timeout_ms: u32, results: *mut i64, n: usize) -> i32 {
+pub extern "C" fn lbx_store_wait(
+    s: *const lbx_store,
+    ticket: u64,
+    timeout_ms: u32,
+    results: *mut i64,
+    n: usize,
+) -> i32 {
     entry("lbx_store_wait", || {
         let h = store(s)?;
         let out = results_out(results, n)?;
@@ -475,7 +487,12 @@ pub extern "C" fn lbx_store_stats(s: *const lbx_store, out: *mut lbx_kv_stats) -
 /// text's length plus its NUL. `LBX_ERR_INVALID_ARGUMENT` when `cap` is too small (nothing written but a NUL when
 /// `cap` > 0): call again with `*needed` bytes.
 #[unsafe(no_mangle)]
-pub extern "C" fn lbx_store_stats_prometheus(s: *const lbx_store, buf: *mut c_char, cap: usize, needed: *mut usize) -> i32 {
+pub extern "C" fn lbx_store_stats_prometheus(
+    s: *const lbx_store,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+) -> i32 {
     entry("lbx_store_stats_prometheus", || {
         let h = store(s)?;
         let text = h.store.stats_prometheus();

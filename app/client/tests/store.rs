@@ -134,8 +134,11 @@ fn asynchronous_batches_come_back_through_poll_and_the_fd() {
         buf.bytes_mut()[i * 4 * KIB..(i + 1) * 4 * KIB].copy_from_slice(&pattern(i as u64 + 10, 4 * KIB));
     }
     let keys: Vec<Vec<u8>> = (0..16).map(|i| format!("async{i}").into_bytes()).collect();
-    let items: Vec<PutItem<'_>> =
-        keys.iter().enumerate().map(|(i, k)| PutItem { key: k, region: &buf, offset: i * 4 * KIB, len: 4 * KIB }).collect();
+    let items: Vec<PutItem<'_>> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| PutItem { key: k, region: &buf, offset: i * 4 * KIB, len: 4 * KIB })
+        .collect();
     let t = s.submit_batch_put_from(&items);
     let mut pfd = libc_pollfd(s.fileno());
     let end = Instant::now() + Duration::from_secs(10);

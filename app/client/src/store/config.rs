@@ -129,7 +129,12 @@ impl StoreConfig {
     /// appliances and credentials themselves: these sizes, no migration, the default timeout.
     pub fn sized(max_value_size: u64, lease_size: u64, leases: usize) -> StoreConfig {
         StoreConfig {
-            url: StoreUrl { target: Target::Appliances(Vec::new()), tenant: String::new(), rdma: Vec::new(), requester: Vec::new() },
+            url: StoreUrl {
+                target: Target::Appliances(Vec::new()),
+                tenant: String::new(),
+                rdma: Vec::new(),
+                requester: Vec::new(),
+            },
             key: Vec::new(),
             max_value_size,
             lease_size,
@@ -267,7 +272,8 @@ mod tests {
 
     #[test]
     fn appliance_urls_parse() {
-        let u = StoreUrl::parse("leasebox://demo@10.0.0.1:7470, 10.0.0.2:7470?rdma=10.0.0.1:4791&requester=soft").unwrap();
+        let u =
+            StoreUrl::parse("leasebox://demo@10.0.0.1:7470, 10.0.0.2:7470?rdma=10.0.0.1:4791&requester=soft").unwrap();
         assert_eq!(u.target, Target::Appliances(vec!["10.0.0.1:7470".into(), "10.0.0.2:7470".into()]));
         assert_eq!((u.tenant.as_str(), u.rdma.len(), u.requester.len()), ("demo", 1, 1));
         let e = StoreUrl::parse("leasebox+etcd://127.0.0.1:2379,127.0.0.1:2380/leasebox/v1?tenant=t").unwrap();

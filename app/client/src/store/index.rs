@@ -182,7 +182,8 @@ impl Table {
                 if busy {
                     continue;
                 }
-                let keys: Vec<Vec<u8>> = self.lru[d].values().filter(|k| in_page(&self.map[*k].slot)).cloned().collect();
+                let keys: Vec<Vec<u8>> =
+                    self.lru[d].values().filter(|k| in_page(&self.map[*k].slot)).cloned().collect();
                 for k in keys {
                     self.remove(&k);
                     evicted.push(k);
@@ -271,7 +272,8 @@ impl Table {
             *l = true;
         }
         self.slab.stop_placing(lease);
-        let keys: Vec<Vec<u8>> = self.map.iter().filter(|(_, e)| e.slot.lease == lease).map(|(k, _)| k.clone()).collect();
+        let keys: Vec<Vec<u8>> =
+            self.map.iter().filter(|(_, e)| e.slot.lease == lease).map(|(k, _)| k.clone()).collect();
         for k in &keys {
             self.remove(k);
         }

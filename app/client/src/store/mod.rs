@@ -132,10 +132,21 @@ pub struct BatchTicket(pub u64);
 
 /// What a finished transfer does to the index.
 enum Act {
-    Put { key: Vec<u8>, r: Reservation, len: u64 },
-    Get { id: u64, len: u64 },
+    Put {
+        key: Vec<u8>,
+        r: Reservation,
+        len: u64,
+    },
+    Get {
+        id: u64,
+        len: u64,
+    },
     /// A drain's copy of `key` (entry `was`) to `r`.
-    Move { key: Vec<u8>, was: u64, r: Reservation },
+    Move {
+        key: Vec<u8>,
+        was: u64,
+        r: Reservation,
+    },
 }
 
 struct Batch {
@@ -216,9 +227,14 @@ fn requesters(specs: &[String], n: usize, depth: usize) -> Result<Vec<Option<Req
         return Ok(vec![None; n]);
     }
     if specs.len() != 1 && specs.len() != n {
-        return Err(Error::Config(format!("{} requesters for {n} appliances (give one, or one per appliance)", specs.len())));
+        return Err(Error::Config(format!(
+            "{} requesters for {n} appliances (give one, or one per appliance)",
+            specs.len()
+        )));
     }
-    (0..n).map(|i| RequesterConfig::parse(&specs[i.min(specs.len() - 1)], depth).map(Some).map_err(Error::Config)).collect()
+    (0..n)
+        .map(|i| RequesterConfig::parse(&specs[i.min(specs.len() - 1)], depth).map(Some).map_err(Error::Config))
+        .collect()
 }
 
 impl Store {
@@ -238,8 +254,10 @@ impl Store {
                 Client::connect(cc)?
             }
             Target::Etcd(endpoints) => {
-                let mut fc =
-                    FleetConfig::new(endpoints.clone(), Credentials { name: cfg.url.tenant.clone(), key: cfg.key.clone() });
+                let mut fc = FleetConfig::new(
+                    endpoints.clone(),
+                    Credentials { name: cfg.url.tenant.clone(), key: cfg.key.clone() },
+                );
                 fc.requester = requesters(&cfg.url.requester, 1, fc.queue_depth)?.pop().flatten();
                 fc.timeouts = crate::Timeouts::all(cfg.timeout);
                 fc.rdma_timeout = cfg.timeout;
@@ -653,9 +671,9 @@ impl Shared {
             let st = &mut *guard;
             let b = self.new_batch(st, items.len(), asynchronous);
             for (i, it) in items.iter().enumerate() {
-                let code = if self.closed.load(Ordering::Acquire) {
-                    Err(FAILED)
-                } else if it.offset.checked_add(it.len).is_none_or(|end| end > it.region.len()) {
+                // A closed store, or a range outside the region: FAILED.
+                let outside = it.offset.checked_add(it.len).is_none_or(|end| end > it.region.len());
+                let code = if self.closed.load(Ordering::Acquire) || outside {
                     Err(FAILED)
                 } else {
                     let (r, evicted) = {
@@ -797,7 +815,7 @@ impl Shared {
     /// Item `i` of batch `b` finished with `r`.
     fn finish_item(&self, st: &mut State, b: u64, i: usize, r: Result<usize, Error>) -> Option<Lease> {
         let mut lost = None;
-        let Some(batch) = st.batches.get_mut(&b) else { return None };
+        let batch = st.batches.get_mut(&b)?;
         let act = batch.acts[i].take();
         let abandoned = batch.abandoned;
         let elapsed = batch.started.elapsed();
@@ -901,7 +919,11 @@ impl Shared {
                         return None;
                     }
                     // Another thread took the results and routes them now.
-                    st = self.changed.wait_timeout(st, left.min(Duration::from_millis(5))).unwrap_or_else(|e| e.into_inner()).0;
+                    st = self
+                        .changed
+                        .wait_timeout(st, left.min(Duration::from_millis(5)))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
                     drop(st);
                     continue;
                 }
@@ -934,7 +956,12 @@ impl Shared {
         match st.batches.get_mut(&b) {
             Some(batch) => {
                 batch.abandoned = true;
-                let out = batch.results.iter().zip(&batch.acts).map(|(r, a)| if a.is_some() { TIMEOUT } else { *r }).collect();
+                let out = batch
+                    .results
+                    .iter()
+                    .zip(&batch.acts)
+                    .map(|(r, a)| if a.is_some() { TIMEOUT } else { *r })
+                    .collect();
                 if batch.pending == 0 {
                     st.batches.remove(&b);
                 }
@@ -1013,7 +1040,8 @@ impl Shared {
             if !st.draining.contains(&idx) {
                 st.draining.push(idx);
             }
-            let ns: Vec<u32> = (0..st.leases.len() as u32).filter(|n| st.leases[*n as usize].appliance == idx).collect();
+            let ns: Vec<u32> =
+                (0..st.leases.len() as u32).filter(|n| st.leases[*n as usize].appliance == idx).collect();
             for n in &ns {
                 st.table.stop_placing(*n);
             }

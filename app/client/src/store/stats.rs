@@ -153,8 +153,20 @@ impl Stats {
         counter(&mut o, "lost_by_revoke_total", "Keys lost with their lease.", "counter", self.lost_by_revoke);
         counter(&mut o, "migrated_total", "Keys copied off a draining appliance.", "counter", self.migrated);
         counter(&mut o, "removes_total", "Keys removed by the program.", "counter", self.removes);
-        counter(&mut o, "written_bytes_total", "Value bytes written by puts that landed.", "counter", self.bytes_written);
-        counter(&mut o, "read_bytes_total", "Value bytes read by gets that found their key.", "counter", self.bytes_read);
+        counter(
+            &mut o,
+            "written_bytes_total",
+            "Value bytes written by puts that landed.",
+            "counter",
+            self.bytes_written,
+        );
+        counter(
+            &mut o,
+            "read_bytes_total",
+            "Value bytes read by gets that found their key.",
+            "counter",
+            self.bytes_read,
+        );
         counter(&mut o, "keys", "Keys stored.", "gauge", self.keys);
         counter(&mut o, "stored_bytes", "Bytes of the values stored.", "gauge", self.bytes_stored);
         counter(&mut o, "capacity_bytes", "Bytes of the leases that take new values.", "gauge", self.capacity_bytes);
