@@ -13,6 +13,7 @@
 
 pub mod bench;
 pub mod client_bench;
+pub mod kv_bench;
 pub mod control;
 pub mod crash_qemu;
 pub mod ctl_mlx5;
