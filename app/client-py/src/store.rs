@@ -4,7 +4,7 @@
 //! `FAILED`). Every call that waits releases the GIL.
 //!
 //! Rust `log` records (the store's revokes, drains, migrations) reach Python's `logging` (logger
-//! `leasebox.<target>`): a [`log::Log`] here queues them (bounded), and every call of this module passes the
+//! `leasebox.<target>`, `leasebox_client::store` → `leasebox.client.store`): a [`log::Log`] here queues them (bounded), and every call of this module passes the
 //! queue to `logging` with the GIL held, so no thread of the client ever waits for the GIL.
 
 use std::collections::VecDeque;
@@ -72,7 +72,11 @@ pub(crate) fn flush_logs(py: Python<'_>) {
             log::Level::Info => 20,
             log::Level::Debug | log::Level::Trace => 10,
         };
-        let name = if target.starts_with("leasebox") { target } else { format!("leasebox.{target}") };
+        // Under the `leasebox` logger: `leasebox_client::store` → `leasebox.client.store`.
+        let name = match target.strip_prefix("leasebox_") {
+            Some(rest) => format!("leasebox.{rest}"),
+            None => format!("leasebox.{target}"),
+        };
         if let Ok(logger) = logging.call_method1("getLogger", (name,)) {
             let _ = logger.call_method1("log", (lvl, msg));
         }
