@@ -151,6 +151,41 @@
 #define LBX_OP_READ 1
 
 /**
+ * Success (a put, a remove); a read's success is its byte count.
+ */
+#define LBX_KV_OK 0
+
+/**
+ * The key is not there (never put, removed, evicted, or lost with its lease).
+ */
+#define LBX_KV_NOT_FOUND -1
+
+/**
+ * The key's lease was revoked while the transfer ran.
+ */
+#define LBX_KV_REVOKED -2
+
+/**
+ * Larger than the store's largest value, or than the caller's buffer.
+ */
+#define LBX_KV_TOO_LARGE -3
+
+/**
+ * No room.
+ */
+#define LBX_KV_NO_SPACE -4
+
+/**
+ * The transfer did not finish in time.
+ */
+#define LBX_KV_TIMEOUT -5
+
+/**
+ * Anything else (a bad argument, a range outside the region; `lbx_last_error()` says more for arguments).
+ */
+#define LBX_KV_FAILED -6
+
+/**
  * A client of one or more appliances (opaque).
  */
 typedef struct lbx_client lbx_client;
@@ -164,6 +199,11 @@ typedef struct lbx_lease lbx_lease;
  * Memory registered for zero-copy transfers (opaque): the caller's bytes, used in place.
  */
 typedef struct lbx_region lbx_region;
+
+/**
+ * A key-value store (opaque), from `lbx_store_open`.
+ */
+typedef struct lbx_store lbx_store;
 
 /**
  * How to reach etcd beyond its endpoints, for `lbx_client_connect_etcd_with`. Every field may be NULL.
@@ -304,6 +344,40 @@ typedef struct lbx_connect_options {
    */
   uint32_t queue_depth;
 } lbx_connect_options;
+
+/**
+ * One item of a batch: the key (`key`, `key_len` bytes), and `len` bytes at `offset` in `region` (a put's
+ * value; a get's room, at most `len` bytes).
+ */
+typedef struct lbx_kv_item {
+  const uint8_t *key;
+  size_t key_len;
+  const struct lbx_region *region;
+  size_t offset;
+  size_t len;
+} lbx_kv_item;
+
+/**
+ * The store's counters (`lbx_store_stats`).
+ */
+typedef struct lbx_kv_stats {
+  uint64_t hits;
+  uint64_t misses;
+  uint64_t puts;
+  uint64_t put_failures;
+  uint64_t get_failures;
+  uint64_t evictions;
+  uint64_t lost_by_revoke;
+  uint64_t migrated;
+  uint64_t removes;
+  uint64_t bytes_written;
+  uint64_t bytes_read;
+  uint64_t keys;
+  uint64_t bytes_stored;
+  uint64_t capacity_bytes;
+  uint64_t free_bytes;
+  uint64_t leases;
+} lbx_kv_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -608,6 +682,165 @@ int32_t lbx_client_connect_with(const char *appliances,
                                 const char *key_hex,
                                 const struct lbx_connect_options *options,
                                 struct lbx_client **out);
+
+/**
+ * Opens a store (docs/kv.md): `url` `leasebox://TENANT@HOST:PORT[,...][?rdma=ADDR:PORT&requester=SPEC]` or
+ * `leasebox+etcd://HOST:PORT[,...]?tenant=TENANT` (NULL: `LEASEBOX_URL`); the tenant's key is read (hex) from
+ * `key_file` (NULL: `LEASEBOX_KEY_FILE`). Each number 0 (and `migrate_on_drain` < 0) takes its `LEASEBOX_*`
+ * variable, else the default (max_value_size 1 MiB, lease_size 64 MiB, leases 2, no migration, 5000 ms).
+ * On success `*out` is a handle for `lbx_store_close`.
+ */
+int32_t lbx_store_open(const char *url,
+                       const char *key_file,
+                       uint64_t max_value_size,
+                       uint64_t lease_size,
+                       uint32_t leases,
+                       int migrate_on_drain,
+                       uint32_t timeout_ms,
+                       struct lbx_store **out);
+
+/**
+ * Frees the store's leases and the handle. Regions from `lbx_store_register` are freed with
+ * `lbx_region_free` (before this call).
+ */
+int32_t lbx_store_close(struct lbx_store *s);
+
+/**
+ * Registers `len` bytes at `addr` for the zero-copy calls (as `lbx_register`; free with `lbx_region_free`).
+ */
+int32_t lbx_store_register(const struct lbx_store *s,
+                           void *addr,
+                           size_t len,
+                           struct lbx_region **out);
+
+/**
+ * Stores `len` bytes at `value` (copied) under the key: `LBX_KV_OK` or a negative code.
+ */
+int64_t lbx_store_put(const struct lbx_store *s,
+                      const uint8_t *k,
+                      size_t key_len,
+                      const uint8_t *value,
+                      size_t len);
+
+/**
+ * Copies the key's value into `buf` (at most `cap` bytes): its length, or a negative code (`LBX_KV_NOT_FOUND`
+ * on a miss or when its lease was revoked, `LBX_KV_TOO_LARGE` when it does not fit; nothing is written then).
+ */
+int64_t lbx_store_get(const struct lbx_store *s,
+                      const uint8_t *k,
+                      size_t key_len,
+                      uint8_t *buf,
+                      size_t cap);
+
+/**
+ * Zero copy: stores `len` bytes at `offset` in `region` under the key.
+ */
+int64_t lbx_store_put_from(const struct lbx_store *s,
+                           const uint8_t *k,
+                           size_t key_len,
+                           const struct lbx_region *r,
+                           size_t offset,
+                           size_t len);
+
+/**
+ * Zero copy: reads the key's value into `region` at `offset` (at most `cap` bytes): its length or a code.
+ */
+int64_t lbx_store_get_into(const struct lbx_store *s,
+                           const uint8_t *k,
+                           size_t key_len,
+                           const struct lbx_region *r,
+                           size_t offset,
+                           size_t cap);
+
+/**
+ * 1 when the key is stored, 0 when not.
+ */
+int64_t lbx_store_is_exist(const struct lbx_store *s, const uint8_t *k, size_t key_len);
+
+/**
+ * `LBX_KV_OK`, or `LBX_KV_NOT_FOUND`.
+ */
+int64_t lbx_store_remove(const struct lbx_store *s, const uint8_t *k, size_t key_len);
+
+/**
+ * Puts `n` items (zero copy); `results[i]` is item i's result. `LBX_OK` unless the arguments were bad (then
+ * nothing was started).
+ */
+int32_t lbx_store_batch_put_from(const struct lbx_store *s,
+                                 const struct lbx_kv_item *items,
+                                 size_t n,
+                                 int64_t *results);
+
+/**
+ * Gets `n` items (zero copy, `len` the room of each); `results[i]` is item i's length or code.
+ */
+int32_t lbx_store_batch_get_into(const struct lbx_store *s,
+                                 const struct lbx_kv_item *items,
+                                 size_t n,
+                                 int64_t *results);
+
+/**
+ * Starts a put batch without waiting; `*ticket` names it for `lbx_store_poll` / `lbx_store_wait`.
+ */
+int32_t lbx_store_submit_batch_put_from(const struct lbx_store *s,
+                                        const struct lbx_kv_item *items,
+                                        size_t n,
+                                        uint64_t *ticket);
+
+/**
+ * Starts a get batch without waiting.
+ */
+int32_t lbx_store_submit_batch_get_into(const struct lbx_store *s,
+                                        const struct lbx_kv_item *items,
+                                        size_t n,
+                                        uint64_t *ticket);
+
+/**
+ * Up to `max` finished batches' tickets into `tickets`, `*count` of them, without waiting; their results are
+ * then taken with `lbx_store_wait` (at once).
+ */
+int32_t lbx_store_poll(const struct lbx_store *s,
+                       uint64_t *tickets,
+                       size_t max,
+                       size_t *count);
+
+/**
+ * Waits up to `timeout_ms` for batch `ticket`; its `n` results (as many as it had items) into `results`.
+ * `LBX_ERR_TIMEOUT` when it is not done (it stays pending), `LBX_ERR_INVALID_ARGUMENT` for an unknown ticket or
+ * a wrong `n`.
+ */
+int32_t lbx_store_wait(const struct lbx_store *s,
+                       uint64_t ticket,
+                       uint32_t timeout_ms,
+                       int64_t *results,
+                       size_t n);
+
+/**
+ * A descriptor readable when `lbx_store_poll` may have something; -1 for a bad handle. Do not read or close it.
+ */
+int lbx_store_fileno(const struct lbx_store *s);
+
+/**
+ * The counters now, into `*out`.
+ */
+int32_t lbx_store_stats(const struct lbx_store *s, struct lbx_kv_stats *out);
+
+/**
+ * The figures as Prometheus text, NUL-terminated, into `buf` (`cap` bytes). `*needed` (if not NULL) is the
+ * text's length plus its NUL. `LBX_ERR_INVALID_ARGUMENT` when `cap` is too small (nothing written but a NUL when
+ * `cap` > 0): call again with `*needed` bytes.
+ */
+int32_t lbx_store_stats_prometheus(const struct lbx_store *s,
+                                   char *buf,
+                                   size_t cap,
+                                   size_t *needed);
+
+/**
+ * The number of events the store queued (keys lost, drains, migrations) since the last call, which drops them;
+ * `*lost_keys` (if not NULL) is the number of keys lost among them. Their details are in the store's log.
+ */
+int64_t lbx_store_take_events(const struct lbx_store *s,
+                              uint64_t *lost_keys);
 
 #ifdef __cplusplus
 }  // extern "C"

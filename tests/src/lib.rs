@@ -18,6 +18,7 @@ pub mod crash_qemu;
 pub mod ctl_mlx5;
 pub mod fleet_qemu;
 pub mod hca_bench;
+pub mod kv_bench;
 pub mod lease_bench;
 pub mod lease_qemu;
 pub mod pytest;

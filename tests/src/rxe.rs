@@ -456,7 +456,8 @@ fn qemu_verify(a: &Artifacts, g: &Guest, app: &mut Appliance) -> Result<(String,
     let verify = part("verify")?;
     let verify_out = ClientOut { lines: verify.lines.clone(), code: verify.code, ..out.clone() };
     let (f, runs) = checked_verify(&verify_out)?;
-    let bindings = check_bindings(part("c-example")?, part("pytest")?).map_err(|e| format!("{e} ({})", out.at))?;
+    let bindings =
+        check_bindings(part("c-example")?, part("pytest")?, part(KV_PART)?).map_err(|e| format!("{e} ({})", out.at))?;
     Ok((guest_summary(GUEST_IP, &f, Some(&bindings), &out, &wire), runs))
 }
 
@@ -486,18 +487,24 @@ const PART_MARK: &str = "rxe-guest: part ";
 
 /// The client bindings inside the guest, after the verifier (each part ends with its [`PART_MARK`] line):
 /// the C example `kv_blocks` (registered blocks, zero copy, an asynchronous batch across two leases, a revoke
-/// that fails only its lease's reads) and the Python binding's pytest suite, both through libibverbs on rxe0
-/// (`verbs:rxe0:1:1`: port 1, GID 1, the IPv4-mapped one). Tests that need a hosted appliance started by the
-/// suite itself skip themselves when `LEASEBOX_TEST_APPLIANCE` names one (app/client-py/tests/conftest.py).
+/// that fails only its lease's reads), the Python binding's pytest suite, and its key-value part on its own
+/// (`tests/test_kv_*.py`: the store and the LMCache, vLLM and SGLang adapters, docs/kv.md), all through
+/// libibverbs on rxe0 (`verbs:rxe0:1:1`: port 1, GID 1, the IPv4-mapped one). Tests that need a hosted
+/// appliance started by the suite itself skip themselves when `LEASEBOX_TEST_APPLIANCE` names one
+/// (app/client-py/tests/conftest.py).
 fn bindings_cmd(ctl: &str, tenant_hex: &str, admin_hex: &str) -> String {
     let requester = "verbs:rxe0:1:1";
+    let pytest = "python3 -m pytest -q -rs --color=no -p no:cacheprovider";
     format!(
         "echo {PART_MARK}verify $?; kv_blocks {ctl} demo {tenant_hex} {requester}; echo {PART_MARK}c-example $?; \
-         cd /opt/leasebox/app/client-py && LEASEBOX_TEST_APPLIANCE={ctl} LEASEBOX_TEST_KEY={tenant_hex} \
-         LEASEBOX_TEST_ADMIN_KEY={admin_hex} LEASEBOX_TEST_REQUESTER={requester} python3 -m pytest -q -rs --color=no \
-         -p no:cacheprovider tests; echo {PART_MARK}pytest $?"
+         cd /opt/leasebox/app/client-py && export LEASEBOX_TEST_APPLIANCE={ctl} LEASEBOX_TEST_KEY={tenant_hex} \
+         LEASEBOX_TEST_ADMIN_KEY={admin_hex} LEASEBOX_TEST_REQUESTER={requester}; {pytest} --ignore-glob='*test_kv_*' \
+         tests; echo {PART_MARK}pytest $?; {pytest} tests/test_kv_*.py; echo {PART_MARK}{KV_PART} $?"
     )
 }
+
+/// The key-value tests' part of [`bindings_cmd`].
+const KV_PART: &str = "pytest-kv";
 
 /// One part of a chained guest command: its lines and exit status.
 #[derive(Clone, Debug, PartialEq)]
@@ -525,9 +532,10 @@ pub fn split_parts(lines: &[String]) -> Vec<Part> {
     parts
 }
 
-/// The C example's and pytest's parts checked: the example printed PASS steps and no FAIL and exited 0; pytest
-/// passed at least one test and failed none. Returns the summary with pytest's closing line.
-fn check_bindings(c: &Part, py: &Part) -> Result<String, String> {
+/// The C example's and pytest's parts checked: the example printed PASS steps and no FAIL and exited 0; each
+/// pytest run (the suite, then its key-value tests) passed at least one test and failed none. Returns the
+/// summary with pytest's closing lines.
+fn check_bindings(c: &Part, py: &Part, kv: &Part) -> Result<String, String> {
     let passes = c.lines.iter().filter(|l| l.starts_with("PASS ")).count();
     let fails: Vec<&String> = c.lines.iter().filter(|l| l.starts_with("FAIL ")).collect();
     if c.code != 0 || passes == 0 || !fails.is_empty() {
@@ -538,13 +546,21 @@ fn check_bindings(c: &Part, py: &Part) -> Result<String, String> {
             c.lines.join("\n    | ")
         ));
     }
+    let suite = check_pytest("pytest in the guest", py)?;
+    let kv = check_pytest("the key-value tests (pytest tests/test_kv_*.py) in the guest", kv)?;
+    Ok(format!(
+        "C example kv_blocks over rxe0: {passes} steps PASS; pytest in the guest over rxe0: {suite}; key-value \
+         tests over rxe0: {kv}"
+    ))
+}
+
+/// One pytest run's part: its closing line when it passed (at least one test, none failed, exit 0).
+fn check_pytest(what: &str, py: &Part) -> Result<String, String> {
     let closing = crate::pytest::closing_line(&py.lines.join("\n"));
-    match &closing {
-        Some(line) if py.code == 0 && crate::pytest::passed(line) => {
-            Ok(format!("C example kv_blocks over rxe0: {passes} steps PASS; pytest in the guest over rxe0: {line}"))
-        }
+    match closing {
+        Some(line) if py.code == 0 && crate::pytest::passed(&line) => Ok(line),
         _ => Err(format!(
-            "pytest in the guest exited {}: {}\n    | {}",
+            "{what} exited {}: {}\n    | {}",
             py.code,
             closing.as_deref().unwrap_or("no closing line"),
             py.lines.join("\n    | ")
@@ -950,19 +966,44 @@ mod tests {
         assert_eq!((p[0].name.as_str(), p[0].code, p[0].lines.len()), ("verify", 0, 1));
         assert_eq!((p[1].name.as_str(), p[1].code), ("c-example", 1));
         assert_eq!(p[1].lines, ["PASS a", "FAIL b"]);
-        assert!(check_bindings(&p[1], &p[0]).unwrap_err().contains("1 FAIL"));
+        let kv_ok = Part { name: KV_PART.into(), lines: vec!["....".into(), "9 passed in 40.2s".into()], code: 0 };
+        assert!(check_bindings(&p[1], &p[0], &kv_ok).unwrap_err().contains("1 FAIL"));
         let ok_c = Part { name: "c-example".into(), lines: vec!["PASS x".into()], code: 0 };
         let py = |l: &str, code| Part { name: "pytest".into(), lines: vec!["..s".into(), l.into()], code };
+        let summary = check_bindings(&ok_c, &py("== 12 passed, 3 skipped in 80.1s ==", 0), &kv_ok).unwrap();
+        assert!(summary.contains("12 passed, 3 skipped") && summary.contains("key-value tests over rxe0: 9 passed"));
+        assert!(check_bindings(&ok_c, &py("1 failed, 11 passed in 80.1s", 1), &kv_ok).is_err());
+        assert!(check_bindings(&ok_c, &py("no tests ran in 0.1s", 5), &kv_ok).is_err());
+        let fine = py("12 passed in 80.1s", 0);
         assert!(
-            check_bindings(&ok_c, &py("== 12 passed, 3 skipped in 80.1s ==", 0))
-                .unwrap()
-                .contains("12 passed, 3 skipped")
+            check_bindings(&ok_c, &py("12 passed in 80.1s", 2), &kv_ok).is_err(),
+            "an exit status that is not 0 fails"
         );
-        assert!(check_bindings(&ok_c, &py("1 failed, 11 passed in 80.1s", 1)).is_err());
-        assert!(check_bindings(&ok_c, &py("no tests ran in 0.1s", 5)).is_err());
-        assert!(check_bindings(&ok_c, &py("12 passed in 80.1s", 2)).is_err(), "an exit status that is not 0 fails");
         let silent = Part { name: "c-example".into(), lines: vec![], code: 0 };
-        assert!(check_bindings(&silent, &py("12 passed in 1s", 0)).is_err(), "an example that printed no PASS");
+        assert!(check_bindings(&silent, &fine, &kv_ok).is_err(), "an example that printed no PASS");
+        // The key-value part is checked on its own: a failure there fails the scenario, and its absence (a
+        // glob that matched nothing) too.
+        let kv = |l: &str, code| Part { name: KV_PART.into(), lines: vec![l.into()], code };
+        let e = check_bindings(&ok_c, &fine, &kv("1 failed, 8 passed in 40.0s", 1)).unwrap_err();
+        assert!(e.contains("key-value tests") && e.contains("1 failed"), "{e}");
+        assert!(check_bindings(&ok_c, &fine, &kv("no tests ran in 0.1s", 5)).is_err());
+        assert!(
+            check_bindings(&ok_c, &fine, &kv("ERROR: file or directory not found: tests/test_kv_*.py", 4)).is_err()
+        );
+    }
+
+    #[test]
+    fn the_guest_command_fits_the_kernel_command_line() {
+        // The longest command the scenario gives its first guest: the verifier's and the bindings', with 32-byte
+        // keys, on the user network with the control NIC and a neighbour entry.
+        let key = "ab".repeat(32);
+        let ctl = "10.0.2.15:7470";
+        let cmd = format!("{}; {}", verify_cmd(ctl, &key, &key, 1), bindings_cmd(ctl, &key, &key));
+        assert!(cmd.contains(&format!("{PART_MARK}{KV_PART} $?")) && cmd.contains("--ignore-glob='*test_kv_*'"));
+        let mut r = GuestRun::user(PathBuf::from("/tmp/x.log"), Some(cmd));
+        r.neigh = vec![(Ipv4Addr::new(10, 0, 3, 16), [2, 0, 0, 0, 0, 1])];
+        let line = r.append().unwrap();
+        assert!(line.len() < 2000, "{} bytes: little room left under x86's 2047", line.len());
     }
 
     #[test]

@@ -239,6 +239,16 @@ enum BenchSub {
         #[arg(long, value_name = "N", value_parser = secs)]
         secs: Option<u64>,
     },
+    /// The key-value store (docs/kv.md) against the hosted appliance, and the same workload on the raw lease API
+    ///
+    /// Put and get operations/s and per-call p50/p99 for 4 KiB, 64 KiB and 1 MiB values, 1 and 8 threads, batches
+    /// of 1 and 64, through `Store` and through zero-copy `Op`s on two leases; the last column is the raw API's
+    /// rate over the store's (the layer's cost). Prints; asserts nothing.
+    Kv {
+        /// Seconds per cell (default 1)
+        #[arg(long, value_name = "N", value_parser = secs)]
+        secs: Option<u64>,
+    },
     /// Linux's Soft-RoCE as the client: RDMA WRITE/READ latency and bandwidth for 64 B, 4 KiB and 1 MiB, and
     /// the revoke figures, against the QEMU appliance (the model) and against an rxe reference responder
     ///
@@ -409,6 +419,7 @@ pub enum BenchKind {
     Lease,
     Revoke,
     Client,
+    Kv,
     Rxe,
     Fleet,
     Scrub,
@@ -456,6 +467,7 @@ impl BenchOpts {
             BenchSub::Client { secs } => {
                 BenchOpts { kind: BenchKind::Client, runs: 1, secs: secs.unwrap_or(CLIENT_BENCH_SECS), ..o }
             }
+            BenchSub::Kv { secs } => BenchOpts { kind: BenchKind::Kv, runs: 1, secs: secs.unwrap_or(1), ..o },
             BenchSub::Rxe { perf_ms } => {
                 BenchOpts { kind: BenchKind::Rxe, runs: 1, secs: perf_ms.unwrap_or(1000), ..o }
             }
@@ -754,6 +766,10 @@ mod tests {
         assert_eq!(p(&["bench", "client"]), Ok(client(2)));
         assert_eq!(p(&["bench", "client", "--secs", "1"]), Ok(client(1)));
         assert!(p(&["bench", "client", "--runs", "2"]).unwrap_err().contains("--runs"));
+        let kv = |secs| Cmd::Bench(BenchOpts { kind: BenchKind::Kv, runs: 1, secs, leases: 10_000, iterations: 20 });
+        assert_eq!(p(&["bench", "kv"]), Ok(kv(1)));
+        assert_eq!(p(&["bench", "kv", "--secs", "3"]), Ok(kv(3)));
+        assert!(p(&["bench", "kv", "--secs", "0"]).is_err());
         let rxe = |secs| Cmd::Bench(BenchOpts { kind: BenchKind::Rxe, runs: 1, secs, leases: 10_000, iterations: 20 });
         assert_eq!(p(&["bench", "rxe"]), Ok(rxe(1000)));
         assert_eq!(p(&["bench", "rxe", "--perf-ms", "500"]), Ok(rxe(500)));

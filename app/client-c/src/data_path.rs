@@ -94,11 +94,16 @@ pub struct lbx_completion {
 }
 
 /// `f`'s value, or `Err` when it panicked (the value-returning entry points answer their default then).
+/// A new region handle over `r` (`lbx_register`, `lbx_store_register`).
+pub(crate) fn region_handle(r: Region<'static>) -> *mut lbx_region {
+    Box::into_raw(Box::new(lbx_region { tag: REGION_TAG, region: r }))
+}
+
 fn caught<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
 }
 
-fn region<'a>(r: *const lbx_region, what: &str) -> Result<&'a Region<'static>, Fail> {
+pub(crate) fn region<'a>(r: *const lbx_region, what: &str) -> Result<&'a Region<'static>, Fail> {
     if r.is_null() {
         return Err(invalid(format!("{what} is NULL")));
     }

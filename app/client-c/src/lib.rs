@@ -14,6 +14,8 @@
 //! - The RDMA requester of each appliance is chosen at run time ([`requester`], `lbx_client_connect_with`):
 //!   software over UDP, or verbs (libibverbs, loaded when the first verbs lease is allocated).
 //!
+//! - The key-value store ([`store`]): `lbx_store` (docs/kv.md), per-item `int64_t` results with `LBX_KV_*` codes.
+//!
 //! Handles wrap `leasebox_client::{Client, Lease, Region}` (app/client/src/client.rs, app/client/src/lease.rs,
 //! app/client/src/region.rs).
 #![allow(non_camel_case_types)]
@@ -32,8 +34,10 @@ use std::time::Duration;
 
 pub mod data_path;
 pub mod requester;
+pub mod store;
 pub use data_path::*;
 pub use requester::*;
+pub use store::*;
 
 /// Success.
 pub const LBX_OK: i32 = 0;

@@ -28,6 +28,8 @@ use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+mod store;
+
 create_exception!(_native, LeaseboxError, PyException, "Any failure of a Leasebox call.");
 create_exception!(_native, ConfigError, LeaseboxError, "A configuration or argument that cannot work.");
 create_exception!(
@@ -255,6 +257,33 @@ fn callback(cb: Py<PyAny>) -> Callback {
     })
 }
 
+/// Registers the memory of `obj` with client `c` (Client.register, Store.register_buffer): any writable,
+/// C-contiguous buffer-protocol object.
+fn register_object(c: &RustClient, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Region> {
+    // A byte view of any item type (a float32 array too); the cast refuses non-contiguous memory.
+    let view = py.import("builtins")?.getattr("memoryview")?.call1((obj,))?;
+    if view.getattr("readonly")?.extract::<bool>()? {
+        return Err(PyTypeError::new_err("register needs a writable buffer (bytearray, mmap, numpy array, ...)"));
+    }
+    let view = view.call_method1("cast", ("B",))?;
+    let buf = PyBuffer::<u8>::get(&view)?;
+    if buf.readonly() || !buf.is_c_contiguous() {
+        return Err(PyTypeError::new_err("register needs a writable, C-contiguous buffer"));
+    }
+    let (addr, len) = (buf.buf_ptr() as usize, buf.len_bytes());
+    if len == 0 {
+        return Err(ConfigError::new_err("a region of 0 bytes"));
+    }
+    // SAFETY: the buffer export `buf` keeps the memory allocated and in place until the region is closed
+    // or collected, which drops the Rust region (waiting until no transfer uses it) before it releases the
+    // export (`Region::close`, `Drop for Region`). What the caller does with the object's bytes while a
+    // transfer runs is the caller's affair, as with any buffer handed to I/O; it cannot break memory safety
+    // of Rust code, which never reads them but through the requester.
+    #[allow(unsafe_code)]
+    let r = unsafe { c.register_raw(addr as *mut u8, len) }.map_err(py_err)?;
+    Ok(Region::new(r, addr, len, obj.clone().unbind(), Some((buf, view.unbind()))))
+}
+
 /// A client of one or more appliances: a connection thread per appliance (heartbeats, lease renewals,
 /// reconnect), leases placed by free bytes.
 #[pyclass(module = "leasebox", frozen)]
@@ -434,28 +463,7 @@ impl Client {
     /// mmap cannot be closed: they raise BufferError).
     fn register(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Region> {
         let c = self.get()?;
-        // A byte view of any item type (a float32 array too); the cast refuses non-contiguous memory.
-        let view = py.import("builtins")?.getattr("memoryview")?.call1((obj,))?;
-        if view.getattr("readonly")?.extract::<bool>()? {
-            return Err(PyTypeError::new_err("register needs a writable buffer (bytearray, mmap, numpy array, ...)"));
-        }
-        let view = view.call_method1("cast", ("B",))?;
-        let buf = PyBuffer::<u8>::get(&view)?;
-        if buf.readonly() || !buf.is_c_contiguous() {
-            return Err(PyTypeError::new_err("register needs a writable, C-contiguous buffer"));
-        }
-        let (addr, len) = (buf.buf_ptr() as usize, buf.len_bytes());
-        if len == 0 {
-            return Err(ConfigError::new_err("a region of 0 bytes"));
-        }
-        // SAFETY: the buffer export `buf` keeps the memory allocated and in place until the region is closed
-        // or collected, which drops the Rust region (waiting until no transfer uses it) before it releases the
-        // export (`Region::close`, `Drop for Region`). What the caller does with the object's bytes while a
-        // transfer runs is the caller's affair, as with any buffer handed to I/O; it cannot break memory safety
-        // of Rust code, which never reads them but through the requester.
-        #[allow(unsafe_code)]
-        let r = unsafe { c.register_raw(addr as *mut u8, len) }.map_err(py_err)?;
-        Ok(Region::new(r, addr, len, obj.clone().unbind(), Some((buf, view.unbind()))))
+        register_object(&c, py, obj)
     }
 
     /// Registers `length` bytes at `address` that belong to someone else (a tensor's `data_ptr()`, memory from
@@ -1140,6 +1148,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Op>()?;
     m.add_class::<Ticket>()?;
     m.add_class::<Completion>()?;
+    m.add_class::<store::Store>()?;
+    store::add_codes(m)?;
     m.add("LeaseboxError", py.get_type::<LeaseboxError>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("ConnectionLost", py.get_type::<ConnectionLost>())?;

@@ -50,6 +50,7 @@ pub mod rdma;
 pub mod region;
 mod session;
 pub mod setup;
+pub mod store;
 
 pub use batch::{Completed, Op, Ticket, Wait};
 pub use client::{AllocOptions, Appliance, Client, ClientConfig, REQUESTER_SPECS, RequesterConfig};
@@ -67,3 +68,4 @@ pub use leasebox_proto::{LeaseId, Outcome};
 #[cfg(feature = "verbs")]
 pub use rdma::verbs::VerbsConfig;
 pub use region::Region;
+pub use store::{Store, StoreConfig, StoreEvent, StoreOptions};

@@ -13,6 +13,7 @@ tickets, `client.poll()` / `client.wait()` / `await client.completions()` → on
 The requester is chosen per appliance at run time: `Client(..., requester=config.verbs("mlx5_0", 1, 3))`.
 
 `connect_from_config()` connects with the settings `cargo xtask run` writes for leasectl (see `leasebox.config`).
+The key-value tier: `leasebox.Store` (module `leasebox.kv`, docs/kv.md).
 The classes come from the Rust extension `leasebox._native` (app/client-py/src/lib.rs); a call that fails raises a
 subclass of `LeaseboxError`; a revoked lease raises `LeaseRevoked` from then on.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from . import config
+from . import config, kv
 from ._native import (
     AuthError,
     Client,
@@ -43,6 +44,7 @@ from ._native import (
     Ticket,
     __version__,
 )
+from .kv import Store
 
 __all__ = [
     "AuthError",
@@ -62,10 +64,12 @@ __all__ = [
     "RdmaError",
     "Region",
     "ServerError",
+    "Store",
     "Ticket",
     "__version__",
     "config",
     "connect_from_config",
+    "kv",
 ]
 
 
