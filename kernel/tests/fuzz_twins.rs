@@ -16,35 +16,11 @@ mod mem;
 #[path = "../fuzz/src/multiboot.rs"]
 mod multiboot;
 
+use std::path::Path;
+
+use leasebox_twin::Rng;
+
 const SEED: u64 = 0x1EA5_EB0C_5EED_0005;
-
-/// xorshift64* (Vigna), as in the protocol's decode twin.
-struct Rng(u64);
-
-impl Rng {
-    fn new(salt: u64) -> Rng {
-        let seed = std::env::var("TWIN_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(SEED);
-        Rng(seed ^ salt)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn u8(&mut self) -> u8 {
-        self.next() as u8
-    }
-    fn u32(&mut self) -> u32 {
-        self.next() as u32
-    }
-    fn pick<T: Copy>(&mut self, all: &[T]) -> T {
-        all[self.below(all.len())]
-    }
-}
 
 /// Random edits: bit flips, interesting bytes, insertions, deletions, truncation.
 fn mutate(r: &mut Rng, b: &mut Vec<u8>, from: usize) {
@@ -69,20 +45,7 @@ fn mutate(r: &mut Rng, b: &mut Vec<u8>, from: usize) {
 /// Reads the seed files of `target`, after writing `seeds` over them when asked to.
 fn seed_files(target: &str, seeds: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
     let dir = format!("{}/fuzz/seeds/{target}", env!("CARGO_MANIFEST_DIR"));
-    if std::env::var_os("LEASEBOX_WRITE_SEEDS").is_some() {
-        std::fs::create_dir_all(&dir).unwrap();
-        for (name, bytes) in &seeds {
-            std::fs::write(format!("{dir}/{name}"), bytes).unwrap();
-        }
-    }
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{dir}: {e}"))
-        .map(|e| {
-            let p = e.unwrap().path();
-            (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap())
-        })
-        .collect();
-    files.sort();
+    let files = leasebox_twin::seed_files(Path::new(&dir), &seeds);
     assert!(files.len() >= seeds.len(), "{dir} holds {} files, {} expected", files.len(), seeds.len());
     files
 }
@@ -95,7 +58,7 @@ fn run<C: Default + core::ops::AddAssign>(
     mut gen_input: impl FnMut(&mut Rng) -> Vec<u8>,
     check: impl Fn(&[u8]) -> C + std::panic::RefUnwindSafe,
 ) -> C {
-    let mut r = Rng::new(salt);
+    let mut r = Rng::from_env(SEED, salt);
     let mut total = C::default();
     for i in 0..inputs {
         let input = gen_input(&mut r);

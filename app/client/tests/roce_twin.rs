@@ -9,40 +9,15 @@
 mod roce_check;
 
 use std::net::Ipv4Addr;
+use std::path::Path;
 
 use leasebox_client::rdma::wire::{self, Addr, Aeth, Arp, Bth, Packet, Reth, opcode};
+use leasebox_twin::{Rng, seed_files, twin_seed};
 use roce_check::{Counts, check};
 
 const INPUTS: usize = 60_000;
 const SEED: u64 = 0x1EA5_EB0C_5EED_0003;
 const SEED_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/seeds/roce");
-
-/// xorshift64* (Vigna), as in the protocol's decode twin.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn u8(&mut self) -> u8 {
-        self.next() as u8
-    }
-    fn u32(&mut self) -> u32 {
-        self.next() as u32
-    }
-    fn mac(&mut self) -> [u8; 6] {
-        core::array::from_fn(|_| self.u8())
-    }
-    fn ip(&mut self) -> Ipv4Addr {
-        Ipv4Addr::from(self.u32())
-    }
-}
 
 const OPCODES: [u8; 19] = [
     opcode::SEND_FIRST,
@@ -77,10 +52,10 @@ fn packet(r: &mut Rng, op: u8) -> Vec<u8> {
     let payload: Vec<u8> = (0..len).map(|_| r.u8()).collect();
     let p = Packet {
         addr: Addr {
-            src_mac: r.mac(),
-            dst_mac: r.mac(),
-            src_ip: r.ip(),
-            dst_ip: r.ip(),
+            src_mac: r.bytes::<6>(),
+            dst_mac: r.bytes::<6>(),
+            src_ip: Ipv4Addr::from(r.u32()),
+            dst_ip: Ipv4Addr::from(r.u32()),
             src_port: r.u32() as u16,
             dst_port: wire::ROCEV2_PORT,
             tos: r.u8(),
@@ -107,8 +82,8 @@ fn packet(r: &mut Rng, op: u8) -> Vec<u8> {
 }
 
 fn arp(r: &mut Rng) -> Vec<u8> {
-    let q = Arp::request(r.mac(), r.ip(), r.ip());
-    let a = if r.below(2) == 0 { q } else { q.reply_from(r.mac()) };
+    let q = Arp::request(r.bytes::<6>(), Ipv4Addr::from(r.u32()), Ipv4Addr::from(r.u32()));
+    let a = if r.below(2) == 0 { q } else { q.reply_from(r.bytes::<6>()) };
     let mut out = Vec::new();
     wire::encode_arp(&a, &mut out);
     out
@@ -171,27 +146,9 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
     out
 }
 
-fn seed_files() -> Vec<(String, Vec<u8>)> {
-    if std::env::var_os("LEASEBOX_WRITE_SEEDS").is_some() {
-        std::fs::create_dir_all(SEED_DIR).unwrap();
-        for (name, bytes) in seeds() {
-            std::fs::write(format!("{SEED_DIR}/{name}"), bytes).unwrap();
-        }
-    }
-    let mut files: Vec<_> = std::fs::read_dir(SEED_DIR)
-        .unwrap_or_else(|e| panic!("{SEED_DIR}: {e}"))
-        .map(|e| {
-            let p = e.unwrap().path();
-            (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap())
-        })
-        .collect();
-    files.sort();
-    files
-}
-
 #[test]
 fn the_committed_seeds_pass_and_reach_every_outcome() {
-    let files = seed_files();
+    let files = seed_files(Path::new(SEED_DIR), &seeds());
     assert!(files.len() >= seeds().len(), "{SEED_DIR} holds {} files", files.len());
     let mut total = Counts::default();
     for (name, bytes) in &files {
@@ -204,7 +161,7 @@ fn the_committed_seeds_pass_and_reach_every_outcome() {
 
 #[test]
 fn random_and_mutated_frames_never_panic_and_round_trip() {
-    let seed = std::env::var("TWIN_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(SEED);
+    let seed = twin_seed(SEED);
     let mut r = Rng(seed);
     let mut total = Counts::default();
     for i in 0..INPUTS {

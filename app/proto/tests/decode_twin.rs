@@ -12,34 +12,21 @@ use leasebox_proto::{
     HelloNoise, HelloReply, Histogram, Kind, LeaseId, LeaseInfo, LeaseState, LeaseStats, MAX_MESSAGE, MAX_NAME,
     MAX_PAYLOAD, Notice, Op, Outcome, Request, Response, Role, Stats, frame,
 };
+use leasebox_twin::{Rng, twin_seed};
 
 const INPUTS: usize = 120_000;
 const SEED: u64 = 0x1EA5_EB0C_5EED_0001;
 
-/// xorshift64* (Vigna): small, fast, good enough to drive a decoder.
-struct Rng(u64);
+/// Draws that favour the values where length and range checks live; the rest come from [`Rng`] itself.
+trait Edges {
+    fn edge_u32(&mut self) -> u32;
+    fn edge_u64(&mut self) -> u64;
+    /// A UTF-8 string of `min..=max` bytes (ASCII, two-byte and three-byte characters).
+    fn text(&mut self, min: usize, max: usize) -> String;
+}
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn chance(&mut self, one_in: usize) -> bool {
-        self.below(one_in) == 0
-    }
-    fn u8(&mut self) -> u8 {
-        self.next() as u8
-    }
-    fn u16(&mut self) -> u16 {
-        self.next() as u16
-    }
-    fn u32(&mut self) -> u32 {
-        // Boundary values turn up often: they are where length and range checks live.
+impl Edges for Rng {
+    fn edge_u32(&mut self) -> u32 {
         match self.below(8) {
             0 => 0,
             1 => u32::MAX,
@@ -47,23 +34,16 @@ impl Rng {
             _ => self.next() as u32,
         }
     }
-    fn u64(&mut self) -> u64 {
+    fn edge_u64(&mut self) -> u64 {
         if self.chance(8) { u64::MAX } else { self.next() }
     }
-    fn bytes<const N: usize>(&mut self) -> [u8; N] {
-        core::array::from_fn(|_| self.u8())
-    }
-    fn vec(&mut self, len: usize) -> Vec<u8> {
-        (0..len).map(|_| self.u8()).collect()
-    }
-    /// A UTF-8 string of at most `max` bytes (ASCII, two-byte and three-byte characters).
     fn text(&mut self, min: usize, max: usize) -> String {
         let want = min + self.below(max - min + 1);
         let mut s = String::new();
         while s.len() < want {
             let c = match self.below(4) {
-                0 => 'é',
-                1 => '€',
+                0 => '\u{e9}',
+                1 => '\u{20ac}',
                 _ => (b'a' + self.below(26) as u8) as char,
             };
             if s.len() + c.len_utf8() > want {
@@ -74,13 +54,10 @@ impl Rng {
         }
         s
     }
-    fn pick<T: Copy>(&mut self, all: &[T]) -> T {
-        all[self.below(all.len())]
-    }
 }
 
 fn lease(r: &mut Rng) -> LeaseId {
-    LeaseId { boot_id: r.bytes(), slot: r.u32(), generation: r.u32() }
+    LeaseId { boot_id: r.bytes(), slot: r.edge_u32(), generation: r.edge_u32() }
 }
 
 fn request(r: &mut Rng) -> Request {
@@ -99,28 +76,28 @@ fn request(r: &mut Rng) -> Request {
             msg1: r.bytes(),
         })),
         1 => Request::Hello(Hello::Proof { mac: r.bytes() }),
-        2 => Request::Heartbeat { echo: r.u64() },
+        2 => Request::Heartbeat { echo: r.edge_u64() },
         3 => Request::Bye,
         4 => Request::Alloc(AllocReq {
-            size: r.u64(),
+            size: r.edge_u64(),
             access: r.u8(),
             mtu: r.u8(),
-            ttl_ms: r.u32(),
-            client_qpn: r.u32(),
-            client_psn: r.u32(),
+            ttl_ms: r.edge_u32(),
+            client_qpn: r.edge_u32(),
+            client_psn: r.edge_u32(),
             client_gid: r.bytes(),
             client_mac: r.bytes(),
         }),
-        5 => Request::Ready { lease: lease(r), client_qpn: r.u32(), server_qpn: r.u32() },
-        6 => Request::Renew { lease: lease(r), ttl_ms: r.u32() },
+        5 => Request::Ready { lease: lease(r), client_qpn: r.edge_u32(), server_qpn: r.edge_u32() },
+        6 => Request::Renew { lease: lease(r), ttl_ms: r.edge_u32() },
         7 => Request::Free { lease: lease(r) },
         8 => Request::Query { lease: lease(r) },
-        9 => Request::List { cursor: r.u32(), max: r.u16() },
+        9 => Request::List { cursor: r.edge_u32(), max: r.u16() },
         10 => Request::Revoke { lease: lease(r), qp_first: r.chance(2) },
         11 => Request::Stats,
-        12 => Request::FencedSummary { cursor: r.u32(), max: r.u16() },
-        13 => Request::Resume { session_id: r.u64(), token: r.bytes() },
-        14 => Request::Drain { tenant: r.text(0, MAX_NAME), notice_ms: r.u32() },
+        12 => Request::FencedSummary { cursor: r.edge_u32(), max: r.u16() },
+        13 => Request::Resume { session_id: r.edge_u64(), token: r.bytes() },
+        14 => Request::Drain { tenant: r.text(0, MAX_NAME), notice_ms: r.edge_u32() },
         15 => Request::HcaStats,
         _ => Request::Health,
     }
@@ -132,11 +109,11 @@ fn info(r: &mut Rng) -> LeaseInfo {
         state: r.pick(LeaseState::ALL),
         access: r.u8(),
         mtu: r.u8(),
-        size: r.u64(),
-        rkey: r.u32(),
-        server_qpn: r.u32(),
-        client_qpn: r.u32(),
-        ttl_left_ms: r.u32(),
+        size: r.edge_u64(),
+        rkey: r.edge_u32(),
+        server_qpn: r.edge_u32(),
+        client_qpn: r.edge_u32(),
+        ttl_left_ms: r.edge_u32(),
         tenant: r.text(0, MAX_NAME),
     }
 }
@@ -144,9 +121,9 @@ fn info(r: &mut Rng) -> LeaseInfo {
 fn notice(r: &mut Rng) -> Notice {
     match r.below(4) {
         0 => Notice::Revoked { lease: lease(r), outcome: r.pick(Outcome::ALL) },
-        1 => Notice::Expiring { lease: lease(r), in_ms: r.u32() },
+        1 => Notice::Expiring { lease: lease(r), in_ms: r.edge_u32() },
         2 => Notice::Fenced { lease: lease(r) },
-        _ => Notice::Draining { in_ms: r.u32() },
+        _ => Notice::Draining { in_ms: r.edge_u32() },
     }
 }
 
@@ -164,76 +141,76 @@ fn response(r: &mut Rng) -> (Op, Response) {
         Op::Hello => Response::Hello(HelloReply::Welcome {
             role: r.pick(Role::ALL),
             credits: r.u16(),
-            heartbeat_ms: r.u32(),
-            session_id: r.u64(),
+            heartbeat_ms: r.edge_u32(),
+            session_id: r.edge_u64(),
             server_proof: r.bytes(),
         }),
-        Op::Heartbeat => Response::Heartbeat { echo: r.u64(), uptime_ms: r.u64() },
+        Op::Heartbeat => Response::Heartbeat { echo: r.edge_u64(), uptime_ms: r.edge_u64() },
         Op::Bye => Response::Bye,
         Op::Alloc => Response::Alloc(AllocResp {
             lease: lease(r),
-            rkey: r.u32(),
-            remote_addr: r.u64(),
-            length: r.u64(),
-            server_qpn: r.u32(),
-            server_psn: r.u32(),
+            rkey: r.edge_u32(),
+            remote_addr: r.edge_u64(),
+            length: r.edge_u64(),
+            server_qpn: r.edge_u32(),
+            server_psn: r.edge_u32(),
             server_gid: r.bytes(),
             mtu: r.u8(),
-            ttl_ms: r.u32(),
+            ttl_ms: r.edge_u32(),
             server_mac: r.bytes(),
         }),
         Op::Ready => Response::Ready { state: r.pick(LeaseState::ALL) },
-        Op::Renew => Response::Renew { ttl_ms: r.u32() },
-        Op::Free => Response::Free { outcome: r.pick(Outcome::ALL), elapsed_us: r.u32() },
+        Op::Renew => Response::Renew { ttl_ms: r.edge_u32() },
+        Op::Free => Response::Free { outcome: r.pick(Outcome::ALL), elapsed_us: r.edge_u32() },
         Op::Query => Response::Query(info(r)),
         Op::List => {
             let n = r.below(4);
-            Response::List { next_cursor: r.u32(), leases: (0..n).map(|_| info(r)).collect() }
+            Response::List { next_cursor: r.edge_u32(), leases: (0..n).map(|_| info(r)).collect() }
         }
-        Op::Revoke => Response::Revoke { outcome: r.pick(Outcome::ALL), elapsed_us: r.u32() },
-        Op::Resume => Response::Resume { leases: r.u32() },
-        Op::Drain => Response::Drain { leases: r.u32(), deadline_ms: r.u64() },
+        Op::Revoke => Response::Revoke { outcome: r.pick(Outcome::ALL), elapsed_us: r.edge_u32() },
+        Op::Resume => Response::Resume { leases: r.edge_u32() },
+        Op::Drain => Response::Drain { leases: r.edge_u32(), deadline_ms: r.edge_u64() },
         Op::Notice => unreachable!("replaced above"),
         Op::Stats => {
             let (e, k) = (r.below(5), r.below(5));
             Response::Stats(Box::new(Stats {
-                uptime_ms: r.u64(),
+                uptime_ms: r.edge_u64(),
                 boot_id: r.bytes(),
-                sessions_current: r.u32(),
-                session_budget: r.u32(),
-                sessions_total: r.u64(),
-                sessions_refused: r.u64(),
-                frames_in: r.u64(),
-                frames_out: r.u64(),
-                errors: (0..e).map(|_| (r.u16(), r.u64())).collect(),
-                roles: (0..k).map(|_| (r.u16(), r.u8(), r.u64())).collect(),
+                sessions_current: r.edge_u32(),
+                session_budget: r.edge_u32(),
+                sessions_total: r.edge_u64(),
+                sessions_refused: r.edge_u64(),
+                frames_in: r.edge_u64(),
+                frames_out: r.edge_u64(),
+                errors: (0..e).map(|_| (r.u16(), r.edge_u64())).collect(),
+                roles: (0..k).map(|_| (r.u16(), r.u8(), r.edge_u64())).collect(),
                 leases: LeaseStats {
-                    by_state: [r.u32(), r.u32(), r.u32(), r.u32(), r.u32()],
-                    bytes_leased: r.u64(),
-                    bytes_free: r.u64(),
-                    fenced_slots: r.u32(),
-                    allocs: r.u64(),
-                    revokes: r.u64(),
-                    expiries: r.u64(),
-                    reconnects: r.u64(),
-                    alloc_us: Histogram { buckets: core::array::from_fn(|_| r.u32()) },
-                    revoke_us: Histogram { buckets: core::array::from_fn(|_| r.u32()) },
-                    pool_bytes: r.u64(),
-                    bytes_scrubbing: r.u64(),
+                    by_state: [r.edge_u32(), r.edge_u32(), r.edge_u32(), r.edge_u32(), r.edge_u32()],
+                    bytes_leased: r.edge_u64(),
+                    bytes_free: r.edge_u64(),
+                    fenced_slots: r.edge_u32(),
+                    allocs: r.edge_u64(),
+                    revokes: r.edge_u64(),
+                    expiries: r.edge_u64(),
+                    reconnects: r.edge_u64(),
+                    alloc_us: Histogram { buckets: core::array::from_fn(|_| r.edge_u32()) },
+                    revoke_us: Histogram { buckets: core::array::from_fn(|_| r.edge_u32()) },
+                    pool_bytes: r.edge_u64(),
+                    bytes_scrubbing: r.edge_u64(),
                 },
             }))
         }
         Op::FencedSummary => {
             let n = r.below(4);
             Response::FencedSummary {
-                next_cursor: r.u32(),
+                next_cursor: r.edge_u32(),
                 slots: (0..n)
                     .map(|_| FencedSlot {
-                        slot: r.u32(),
-                        generation: r.u32(),
-                        failed_mask: r.u32(),
+                        slot: r.edge_u32(),
+                        generation: r.edge_u32(),
+                        failed_mask: r.edge_u32(),
                         origin: r.u8(),
-                        fenced_at_ms: r.u64(),
+                        fenced_at_ms: r.edge_u64(),
                     })
                     .collect(),
             }
@@ -241,18 +218,18 @@ fn response(r: &mut Rng) -> (Op, Response) {
         Op::Health => Response::Health(Health {
             status: r.pick(HealthStatus::ALL),
             hca: r.pick(HcaState::ALL),
-            fenced_slots: r.u32(),
-            uptime_ms: r.u64(),
+            fenced_slots: r.edge_u32(),
+            uptime_ms: r.edge_u64(),
             message: r.text(0, MAX_MESSAGE),
         }),
         Op::HcaStats => Response::HcaStats(HcaStats {
             hca: r.pick(HcaState::ALL),
-            submitted: r.u64(),
-            ok: r.u64(),
-            failed: r.u64(),
-            timeout: r.u64(),
-            late: r.u64(),
-            aborted: r.u64(),
+            submitted: r.edge_u64(),
+            ok: r.edge_u64(),
+            failed: r.edge_u64(),
+            timeout: r.edge_u64(),
+            late: r.edge_u64(),
+            aborted: r.edge_u64(),
         }),
     };
     (op, resp)
@@ -260,12 +237,12 @@ fn response(r: &mut Rng) -> (Op, Response) {
 
 fn error_body(r: &mut Rng) -> ErrorBody {
     let e = ErrorBody::new(r.pick(ErrorCode::ALL), &r.text(0, MAX_MESSAGE + 20));
-    e.with_detail([r.u32(), r.u32(), r.u32()])
+    e.with_detail([r.edge_u32(), r.edge_u32(), r.edge_u32()])
 }
 
 /// One valid frame of any kind, appended to `out`.
 fn valid_frame(r: &mut Rng, out: &mut Vec<u8>) {
-    let id = r.u32();
+    let id = r.edge_u32();
     match r.below(4) {
         0 => request(r).encode(id, out),
         3 => notice(r).encode(out),
@@ -288,7 +265,7 @@ fn header_and_noise(r: &mut Rng, out: &mut Vec<u8>) {
     };
     let len = r.below(96);
     let payload = r.vec(len);
-    frame(kind, op, r.u32(), &payload, out);
+    frame(kind, op, r.edge_u32(), &payload, out);
 }
 
 /// Random edits: bit flips, interesting bytes, insertions, deletions, truncation, a lying length field.
@@ -312,7 +289,7 @@ fn mutate(r: &mut Rng, b: &mut Vec<u8>) {
                 let len = match r.below(3) {
                     0 => r.below(64) as u32,
                     1 => (MAX_PAYLOAD + r.below(3)) as u32 - 1,
-                    _ => r.u32(),
+                    _ => r.edge_u32(),
                 };
                 b[12..16].copy_from_slice(&len.to_be_bytes());
             }
@@ -350,7 +327,7 @@ fn unmutated_frames_are_all_accepted() {
 
 #[test]
 fn random_and_mutated_frames_never_panic_and_round_trip() {
-    let seed = std::env::var("TWIN_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(SEED);
+    let seed = twin_seed(SEED);
     let mut r = Rng(seed);
     let mut total = Counts::default();
     let mut input = Vec::new();

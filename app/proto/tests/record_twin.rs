@@ -7,29 +7,14 @@
 #[path = "../fuzz/src/record.rs"]
 mod record_check;
 
+use std::path::Path;
+
+use leasebox_twin::{Rng, seed_files, twin_seed};
 use record_check::{Counts, check};
 
 const INPUTS: usize = 10_000;
 const SEED: u64 = 0x1EA5_EB0C_5EED_0002;
 const SEED_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/seeds/record");
-
-/// xorshift64* (Vigna), as in the decode twin.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn u8(&mut self) -> u8 {
-        self.next() as u8
-    }
-}
 
 /// A handshake message (`mode` 0 or 1) XORed with a few random bytes, or none.
 fn handshake_input(r: &mut Rng, mode: u8) -> Vec<u8> {
@@ -99,27 +84,9 @@ fn handshake_input_exact(mode: u8) -> Vec<u8> {
     vec![mode, 1]
 }
 
-fn seed_files() -> Vec<(String, Vec<u8>)> {
-    if std::env::var_os("LEASEBOX_WRITE_SEEDS").is_some() {
-        std::fs::create_dir_all(SEED_DIR).unwrap();
-        for (name, bytes) in seeds() {
-            std::fs::write(format!("{SEED_DIR}/{name}"), bytes).unwrap();
-        }
-    }
-    let mut files: Vec<_> = std::fs::read_dir(SEED_DIR)
-        .unwrap_or_else(|e| panic!("{SEED_DIR}: {e}"))
-        .map(|e| {
-            let p = e.unwrap().path();
-            (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap())
-        })
-        .collect();
-    files.sort();
-    files
-}
-
 #[test]
 fn the_committed_seeds_pass_and_reach_every_outcome() {
-    let files = seed_files();
+    let files = seed_files(Path::new(SEED_DIR), &seeds());
     assert!(files.len() >= seeds().len(), "{SEED_DIR} holds {} files", files.len());
     let mut total = Counts::default();
     for (name, bytes) in &files {
@@ -134,7 +101,7 @@ fn the_committed_seeds_pass_and_reach_every_outcome() {
 
 #[test]
 fn random_scripts_never_panic_nor_open_other_bytes() {
-    let seed = std::env::var("TWIN_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(SEED);
+    let seed = twin_seed(SEED);
     let mut r = Rng(seed);
     let mut total = Counts::default();
     for i in 0..INPUTS {

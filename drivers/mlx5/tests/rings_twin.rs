@@ -8,31 +8,16 @@
 #[path = "../fuzz/src/rings.rs"]
 mod rings_check;
 
+use std::path::Path;
+
 use leasebox_mlx5::ifc::cq::CQE_OP_OWN_BYTE;
 use leasebox_mlx5::ifc::eq::{EQE_OWNER_BYTE, MLX5_EVENT_TYPE_PAGE_REQUEST, MLX5_EVENT_TYPE_PORT_CHANGE};
+use leasebox_twin::{Rng, seed_files, twin_seed};
 use rings_check::{Counts, WRITE_LEN, check};
 
 const INPUTS: usize = 20_000;
 const SEED: u64 = 0x1EA5_EB0C_5EED_0004;
 const SEED_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/seeds/rings");
-
-/// xorshift64* (Vigna), as in the protocol's decode twin.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn u8(&mut self) -> u8 {
-        self.next() as u8
-    }
-}
 
 /// Event types an EQ of this driver sees, and a few it does not.
 const EVENT_TYPES: [u8; 12] = [0x00, 0x01, 0x04, 0x05, 0x08, 0x09, 0x0a, 0x0b, 0x0d, 0x13, 0x22, 0xff];
@@ -88,27 +73,9 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
     out
 }
 
-fn seed_files() -> Vec<(String, Vec<u8>)> {
-    if std::env::var_os("LEASEBOX_WRITE_SEEDS").is_some() {
-        std::fs::create_dir_all(SEED_DIR).unwrap();
-        for (name, bytes) in seeds() {
-            std::fs::write(format!("{SEED_DIR}/{name}"), bytes).unwrap();
-        }
-    }
-    let mut files: Vec<_> = std::fs::read_dir(SEED_DIR)
-        .unwrap_or_else(|e| panic!("{SEED_DIR}: {e}"))
-        .map(|e| {
-            let p = e.unwrap().path();
-            (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap())
-        })
-        .collect();
-    files.sort();
-    files
-}
-
 #[test]
 fn the_committed_seeds_pass_and_reach_every_outcome() {
-    let files = seed_files();
+    let files = seed_files(Path::new(SEED_DIR), &seeds());
     assert!(files.len() >= seeds().len(), "{SEED_DIR} holds {} files", files.len());
     let mut total = Counts::default();
     for (name, bytes) in &files {
@@ -121,7 +88,7 @@ fn the_committed_seeds_pass_and_reach_every_outcome() {
 
 #[test]
 fn random_device_writes_never_panic_nor_confuse_the_rings() {
-    let seed = std::env::var("TWIN_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(SEED);
+    let seed = twin_seed(SEED);
     let mut r = Rng(seed);
     let mut total = Counts::default();
     for i in 0..INPUTS {
