@@ -42,14 +42,6 @@ fn mutate(r: &mut Rng, b: &mut Vec<u8>, from: usize) {
     }
 }
 
-/// Reads the seed files of `target`, after writing `seeds` over them when asked to.
-fn seed_files(target: &str, seeds: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
-    let dir = format!("{}/fuzz/seeds/{target}", env!("CARGO_MANIFEST_DIR"));
-    let files = leasebox_twin::seed_files(Path::new(&dir), &seeds);
-    assert!(files.len() >= seeds.len(), "{dir} holds {} files, {} expected", files.len(), seeds.len());
-    files
-}
-
 /// Runs `check` on `inputs` generated inputs, naming the failing one.
 fn run<C: Default + core::ops::AddAssign>(
     target: &str,
@@ -75,14 +67,8 @@ fn run_seeds<C: Default + core::ops::AddAssign>(
     seeds: Vec<(String, Vec<u8>)>,
     check: impl Fn(&[u8]) -> C + std::panic::RefUnwindSafe,
 ) -> C {
-    let mut total = C::default();
-    for (name, bytes) in seed_files(target, seeds) {
-        match std::panic::catch_unwind(|| check(&bytes)) {
-            Ok(n) => total += n,
-            Err(_) => panic!("{target} seed {name} failed the check"),
-        }
-    }
-    total
+    let dir = format!("{}/fuzz/seeds/{target}", env!("CARGO_MANIFEST_DIR"));
+    leasebox_twin::check_seeds(Path::new(&dir), &seeds, check)
 }
 
 // ---- arp ----

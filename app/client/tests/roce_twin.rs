@@ -12,7 +12,7 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 
 use leasebox_client::rdma::wire::{self, Addr, Aeth, Arp, Bth, Packet, Reth, opcode};
-use leasebox_twin::{Rng, seed_files, twin_seed};
+use leasebox_twin::{Rng, check_seeds, twin_seed};
 use roce_check::{Counts, check};
 
 const INPUTS: usize = 60_000;
@@ -148,13 +148,7 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn the_committed_seeds_pass_and_reach_every_outcome() {
-    let files = seed_files(Path::new(SEED_DIR), &seeds());
-    assert!(files.len() >= seeds().len(), "{SEED_DIR} holds {} files", files.len());
-    let mut total = Counts::default();
-    for (name, bytes) in &files {
-        let result = std::panic::catch_unwind(|| check(bytes));
-        total += result.unwrap_or_else(|_| panic!("seed {name} failed the check"));
-    }
+    let total: Counts = check_seeds(Path::new(SEED_DIR), &seeds(), check);
     assert!(total.packets >= OPCODES.len() as u64, "{total:?}");
     assert!(total.arps >= 2 && total.refused >= 1, "{total:?}");
 }

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use leasebox_mlx5::ifc::cq::CQE_OP_OWN_BYTE;
 use leasebox_mlx5::ifc::eq::{EQE_OWNER_BYTE, MLX5_EVENT_TYPE_PAGE_REQUEST, MLX5_EVENT_TYPE_PORT_CHANGE};
-use leasebox_twin::{Rng, seed_files, twin_seed};
+use leasebox_twin::{Rng, check_seeds, twin_seed};
 use rings_check::{Counts, WRITE_LEN, check};
 
 const INPUTS: usize = 20_000;
@@ -75,13 +75,7 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn the_committed_seeds_pass_and_reach_every_outcome() {
-    let files = seed_files(Path::new(SEED_DIR), &seeds());
-    assert!(files.len() >= seeds().len(), "{SEED_DIR} holds {} files", files.len());
-    let mut total = Counts::default();
-    for (name, bytes) in &files {
-        let result = std::panic::catch_unwind(|| check(bytes));
-        total += result.unwrap_or_else(|_| panic!("seed {name} failed the check"));
-    }
+    let total: Counts = check_seeds(Path::new(SEED_DIR), &seeds(), check);
     assert!(total.cqes > 20 && total.cqe_errors > 0 && total.eqes > 20, "{total:?}");
     assert!(total.page_requests > 0 && total.port_changes > 0 && total.wraps > 2, "{total:?}");
 }

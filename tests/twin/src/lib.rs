@@ -3,6 +3,8 @@
 //! `<crate>/fuzz/seeds/<target>/`, rewritten from the twin's own list when `LEASEBOX_WRITE_SEEDS=1`.
 //! Each twin keeps its own input builders and checks; only these two pieces were the same everywhere.
 
+use std::ops::AddAssign;
+use std::panic::RefUnwindSafe;
 use std::path::Path;
 
 /// xorshift64* (Vigna): small, fast and good enough to drive a parser. Not for anything secret.
@@ -75,6 +77,25 @@ pub fn seed_files<N: AsRef<str>>(dir: &Path, seeds: &[(N, Vec<u8>)]) -> Vec<(Str
         .collect();
     files.sort();
     files
+}
+
+/// Runs `check` on every seed file in `dir` (after [`seed_files`]) and adds up what it counted; fails when the
+/// folder holds fewer files than `seeds` or a seed's check panics, naming the seed.
+pub fn check_seeds<N, C>(dir: &Path, seeds: &[(N, Vec<u8>)], check: impl Fn(&[u8]) -> C + RefUnwindSafe) -> C
+where
+    N: AsRef<str>,
+    C: Default + AddAssign,
+{
+    let files = seed_files(dir, seeds);
+    assert!(files.len() >= seeds.len(), "{} holds {} files, {} expected", dir.display(), files.len(), seeds.len());
+    let mut total = C::default();
+    for (name, bytes) in &files {
+        match std::panic::catch_unwind(|| check(bytes)) {
+            Ok(n) => total += n,
+            Err(_) => panic!("seed {name} in {} failed the check", dir.display()),
+        }
+    }
+    total
 }
 
 #[cfg(test)]
