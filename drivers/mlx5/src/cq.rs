@@ -67,3 +67,47 @@ impl CqRing {
         p.dma_free(self.dbr);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ifc::cq::MLX5_CQE_REQ;
+    use crate::testing::Fake;
+
+    const LOG: u32 = 2;
+
+    /// The device writes the CQE of its `count`th completion: slot `count mod 4`, the owner bit of that pass.
+    /// The device's own counter is 24 bits; only its low `LOG + 1` bits matter here, which a 24-bit and a
+    /// 32-bit count of the same completions share.
+    fn produce(p: &Fake, r: &CqRing, count: u32) {
+        let slot = (count & ((1 << LOG) - 1)) as usize;
+        let owner = ((count & 0xff_ffff) >> LOG) as u8 & 1;
+        p.dma_write(r.buf, slot * CQE_SIZE + CQE_OP_OWN_BYTE, &[(MLX5_CQE_REQ << 4) | owner]);
+    }
+
+    /// The consumer counter wraps at 2^32 and the doorbell record carries its low 24 bits, which wrap at 2^24
+    /// (docs/reference/mlx5.md, CREATE_CQ and its doorbell record): started just below each limit, every
+    /// completion the device writes across the wrap is read once, in order, and none before it is written.
+    #[test]
+    fn the_consumer_counter_crosses_2_pow_24_and_2_pow_32_in_step_with_the_device() {
+        for start in [0x00ff_fffau32, u32::MAX - 5] {
+            let p = Fake::new();
+            let mut r = CqRing::alloc(&p, LOG).unwrap();
+            // The ring as the previous pass left it: each slot holds its last completion before `start`.
+            for back in 1..=4 {
+                produce(&p, &r, start.wrapping_sub(back));
+            }
+            r.cc = start;
+            assert!(r.next(&p).is_none(), "start {start:#x}: nothing new yet");
+            for i in 0..12u32 {
+                let count = start.wrapping_add(i);
+                produce(&p, &r, count);
+                assert!(r.next(&p).is_some(), "start {start:#x}: completion {count:#x} is read");
+                assert!(r.next(&p).is_none(), "start {start:#x}: only one per completion written");
+                assert_eq!(r.consumer_counter(), count.wrapping_add(1));
+                assert_eq!(p.dma_read32(r.dbr, 0), count.wrapping_add(1) & 0xff_ffff, "the doorbell record");
+            }
+            r.release(&p);
+        }
+    }
+}

@@ -720,3 +720,24 @@ impl SideClient {
         &self.shared
     }
 }
+
+#[cfg(test)]
+mod tag_limits {
+    use super::*;
+
+    /// [`Client::submit`]'s tags at their limit: `CLIENT_TAG_BITS - 1`, `CLIENT_TAG_BITS`, then 1 — never 0 and
+    /// never a bit the engine keeps for itself (`SIDE_TAG`, `INTERNAL_TAG`), which a plain `+ 1` would reach.
+    #[test]
+    fn submit_tags_wrap_from_the_last_client_tag_to_1() {
+        let (requests, mut engine_side) = ring(REQUEST_RING);
+        let (_done_tx, completions) = ring(COMPLETION_RING);
+        let (_ev_tx, events) = ring(EVENT_RING);
+        let shared = Arc::new(Shared::default());
+        let mut c = Client { requests, completions, events, shared, next_tag: CLIENT_TAG_BITS - 1, waker: None };
+        let tags: Vec<u64> = (0..3).map(|_| c.submit(Command::new(0x100, 0, 16, 16)).ok().unwrap()).collect();
+        assert_eq!(tags, [CLIENT_TAG_BITS - 1, CLIENT_TAG_BITS, 1]);
+        let queued: Vec<u64> = core::iter::from_fn(|| engine_side.pop()).map(|r| r.tag).collect();
+        assert_eq!(queued, tags);
+        assert!(queued.iter().all(|t| *t & (SIDE_TAG | INTERNAL_TAG) == 0));
+    }
+}

@@ -86,3 +86,46 @@ impl EventRing {
         p.dma_free(self.buf);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::Fake;
+
+    const LOG: u32 = 2;
+
+    /// The device writes the EQE of its `count`th event: slot `count mod 4`, the owner bit of that pass.
+    fn produce(p: &Fake, r: &EventRing, count: u32) {
+        let slot = (count & ((1 << LOG) - 1)) as usize;
+        let owner = ((count & 0xff_ffff) >> LOG) as u8 & 1;
+        p.dma_write(r.buf, slot * EQE_SIZE + EQE_OWNER_BYTE, &[owner]);
+    }
+
+    /// The consumer index wraps at 2^32 and the doorbell carries its low 24 bits (`eq_doorbell_value`), which
+    /// wrap at 2^24: started just below each limit, every event written across the wrap is read once, in order,
+    /// and the doorbell names the index consumed up to.
+    #[test]
+    fn the_consumer_index_crosses_2_pow_24_and_2_pow_32_in_step_with_the_device() {
+        for start in [0x00ff_fffau32, u32::MAX - 5] {
+            let p = Fake::new();
+            let mut r = EventRing::alloc(&p, LOG).unwrap();
+            r.bind(Eqn(7), UarPage(3));
+            for back in 1..=4 {
+                produce(&p, &r, start.wrapping_sub(back));
+            }
+            r.ci = start;
+            assert!(r.next(&p).is_none(), "start {start:#x}: nothing new yet");
+            for i in 0..12u32 {
+                let count = start.wrapping_add(i);
+                produce(&p, &r, count);
+                assert!(r.next(&p).is_some(), "start {start:#x}: event {count:#x} is read");
+                assert!(r.next(&p).is_none(), "start {start:#x}: only one per event written");
+                r.update_ci(&p);
+                let db = 3 * PAGE_SIZE + MLX5_EQ_DOORBEL_OFFSET_UPDATE_CI;
+                let want = (7 << 24) | (count.wrapping_add(1) & 0xff_ffff);
+                assert_eq!(p.bar.lock().last(), Some(&(db, want)), "start {start:#x}: the doorbell");
+            }
+            r.release(&p);
+        }
+    }
+}

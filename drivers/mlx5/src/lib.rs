@@ -37,3 +37,6 @@ pub mod probe;
 pub mod ring;
 pub mod sq;
 pub mod umr;
+
+#[cfg(test)]
+mod testing;
