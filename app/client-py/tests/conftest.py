@@ -357,3 +357,13 @@ def etcd_tls() -> Iterator[Etcd]:
     e = Etcd(tls=True)
     yield e
     e.close()
+
+
+@pytest.fixture
+def key_file(appliance):
+    """The tenant's key in a file, as the key-value store and its adapters read it (test_kv_helpers.KeyFile)."""
+    from test_kv_helpers import KeyFile
+
+    k = KeyFile(appliance.tenant_key)
+    yield k
+    k.close()

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from test_kv_helpers import KIB, KeyFile, Revoker, doomed_last, pattern, retrying, store_params
+from test_kv_helpers import KIB, Revoker, doomed_last, pattern, retrying, store_params
 
 CHUNK = 16 * KIB
 REQUIRED = ["event_fd", "submit_batch_get", "submit_batch_set", "submit_batch_exists", "drain_completions", "close"]
@@ -73,13 +73,6 @@ class Demux:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(5)
-
-
-@pytest.fixture
-def key_file(appliance):
-    k = KeyFile(appliance.tenant_key)
-    yield k
-    k.close()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import pytest
 
-from test_kv_helpers import KIB, KeyFile, Revoker, doomed_last, pattern, retrying, store_params, wait_keys_lost
+from test_kv_helpers import KIB, Revoker, doomed_last, pattern, retrying, store_params, wait_keys_lost
 
 PAGE = 4  # tokens per page
 TOKEN = 512  # bytes of K (and of V) per token, all layers
@@ -140,13 +140,6 @@ def page_slots(pages: List[int]) -> Indices:
 def leading(results: List[bool]) -> int:
     """What `_page_get_zero_copy` makes of the bools: the pages up to the first failure."""
     return results.index(False) if False in results else len(results)
-
-
-@pytest.fixture
-def key_file(appliance):
-    k = KeyFile(appliance.tenant_key)
-    yield k
-    k.close()
 
 
 @pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])

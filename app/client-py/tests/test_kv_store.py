@@ -12,14 +12,7 @@ import pytest
 
 import leasebox
 from leasebox import kv
-from test_kv_helpers import KIB, MIB, KeyFile, Revoker, doomed_last, open_store, pattern, store_url, wait_keys_lost
-
-
-@pytest.fixture
-def key_file(appliance):
-    k = KeyFile(appliance.tenant_key)
-    yield k
-    k.close()
+from test_kv_helpers import KIB, MIB, Revoker, doomed_last, open_store, pattern, store_url, wait_keys_lost
 
 
 @pytest.fixture

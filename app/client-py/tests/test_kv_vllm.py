@@ -15,7 +15,7 @@ from typing import Any, Collection, Dict, List
 
 import pytest
 
-from test_kv_helpers import KIB, KeyFile, Revoker, doomed_last, pattern, retrying, store_params
+from test_kv_helpers import KIB, Revoker, doomed_last, pattern, retrying, store_params
 
 BLOCK = 8 * KIB
 BLOCKS = 128
@@ -76,13 +76,6 @@ def finish(tier, job_ids, within: float = 30.0) -> Dict[int, Any]:
             got[r.job_id] = r
         time.sleep(0.002)
     return got
-
-
-@pytest.fixture
-def key_file(appliance):
-    k = KeyFile(appliance.tenant_key)
-    yield k
-    k.close()
 
 
 @pytest.fixture
