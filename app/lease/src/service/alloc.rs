@@ -140,6 +140,7 @@ impl<T: Copy> LeaseService<T> {
         };
         self.slots[slot as usize] = Slot::Busy(lease);
         self.free.remove(&slot);
+        self.busy_end = self.busy_end.max(slot + 1);
         let u = self.usage.entry(who.tenant.to_string()).or_default();
         u.0 += 1;
         u.1 += bytes;

@@ -174,6 +174,9 @@ pub struct LeaseService<T: Copy> {
     ids: Ids,
     /// Free slots; ALLOC takes the lowest.
     free: BTreeSet<u32>,
+    /// One past the highest slot ever made busy: the timer scan (`tick`, every [`SCAN_INTERVAL_US`]) stops here,
+    /// so it costs the most leases held at once rather than every configured slot (up to the HCA's limit).
+    busy_end: u32,
     /// Busy leases and bytes per tenant (budgets).
     usage: BTreeMap<String, (u32, u64)>,
     /// ALLOC rate per tenant (`Config::tenant_allocs_per_s`): a token bucket each, as (tokens in millionths
@@ -217,6 +220,7 @@ impl<T: Copy> LeaseService<T> {
             answers: Vec::new(),
             ids: Ids::new(rng),
             free: (0..cfg_slots).collect(),
+            busy_end: 0,
             usage: BTreeMap::new(),
             alloc_rate: BTreeMap::new(),
             next_scan_us: 0,

@@ -166,7 +166,7 @@ impl<T: Copy> LeaseService<T> {
         self.poll_resolving(now_us, host);
         self.drains_due(now_us, host);
         let session_grace = self.cfg.session_grace_ms * 1000;
-        for slot in 0..self.slots.len() as u32 {
+        for slot in 0..self.busy_end {
             let Some(l) = self.lease_mut(slot) else { continue };
             match l.phase {
                 Phase::Fencing { deadline } => {
@@ -245,7 +245,7 @@ impl<T: Copy> LeaseService<T> {
             }
             let target = self.drains[i].tenant.clone();
             let mut building = false;
-            for slot in 0..self.slots.len() as u32 {
+            for slot in 0..self.busy_end {
                 let Some(l) = self.lease(slot) else { continue };
                 if target.as_deref().is_some_and(|t| t != l.tenant) {
                     continue;
@@ -274,7 +274,7 @@ impl<T: Copy> LeaseService<T> {
 
     /// Revokes every live lease (an HCA that died, or shutdown): each gets its immediate phase.
     pub fn revoke_all(&mut self, now_us: u64, host: &mut dyn Host) {
-        for slot in 0..self.slots.len() as u32 {
+        for slot in 0..self.busy_end {
             if self.lease(slot).is_some_and(|l| matches!(l.phase, Phase::Granted { .. } | Phase::Active)) {
                 self.expire(slot, now_us, host);
             }
