@@ -222,6 +222,25 @@ fn xor(b: &[u8]) -> u8 {
     b.iter().fold(0, |a, x| a ^ x)
 }
 
+/// The queue entry for a command (`cmd_queue_entry`): type PCIe, the input's length and first 16 bytes inline
+/// with the rest in the input chain, the output chain and length, the token, owned by hardware, and the
+/// signature that makes the XOR over all 64 bytes 0xff (`core/cmd.c:267-270`). Regular and emergency commands
+/// alike.
+fn entry(input: &[u8], in_chain: u64, out_chain: u64, out_len: usize, token: u8) -> [u8; ENTRY_LEN] {
+    let mut e = [0u8; ENTRY_LEN];
+    e[0x00] = CMD_TYPE_PCIE;
+    e[0x04..0x08].copy_from_slice(&(input.len() as u32).to_be_bytes());
+    e[0x08..0x10].copy_from_slice(&in_chain.to_be_bytes());
+    let inline = input.len().min(HEADER_LEN);
+    e[0x10..0x10 + inline].copy_from_slice(&input[..inline]);
+    e[0x30..0x38].copy_from_slice(&out_chain.to_be_bytes());
+    e[0x38..0x3c].copy_from_slice(&(out_len as u32).to_be_bytes());
+    e[0x3c] = token;
+    e[0x3f] = 1; // ownership: hardware
+    e[0x3d] = !xor(&e);
+    e
+}
+
 impl CmdQueue {
     /// Sets the queue up as Linux `mlx5_cmd_enable` does: checks `cmd_interface_rev` and the geometry, puts
     /// the entries in one 4 KiB-aligned page and writes `cmdq_phy_addr` high then low (which also selects
@@ -359,18 +378,7 @@ impl CmdQueue {
         let in_chain = Self::write_chain(p, &s.input, data, token);
         let out_chain = Self::prepare_out_chain(p, &s.output, out_blocks, token);
 
-        let mut e = [0u8; ENTRY_LEN];
-        e[0x00] = CMD_TYPE_PCIE;
-        e[0x04..0x08].copy_from_slice(&(input.len() as u32).to_be_bytes());
-        e[0x08..0x10].copy_from_slice(&in_chain.to_be_bytes());
-        let inline = input.len().min(HEADER_LEN);
-        e[0x10..0x10 + inline].copy_from_slice(&input[..inline]);
-        e[0x30..0x38].copy_from_slice(&out_chain.to_be_bytes());
-        e[0x38..0x3c].copy_from_slice(&(out_len as u32).to_be_bytes());
-        e[0x3c] = token;
-        e[0x3f] = 1; // ownership: hardware
-        // The entry's XOR over all 64 bytes must be 0xff (`core/cmd.c:267-270`).
-        e[0x3d] = !xor(&e);
+        let e = entry(input, in_chain, out_chain, out_len, token);
         let at = self.entry_offset(slot);
         // Everything but the ownership byte first, then the dword holding it, so the device never sees an
         // owned entry that is half written.
@@ -576,17 +584,7 @@ impl CmdQueue {
         let s = &self.slots[slot];
         let in_chain = Self::write_chain(p, &s.input, data, EMERGENCY_TOKEN);
         let out_chain = Self::prepare_out_chain(p, &s.output, out_blocks, EMERGENCY_TOKEN);
-        let mut e = [0u8; ENTRY_LEN];
-        e[0x00] = CMD_TYPE_PCIE;
-        e[0x04..0x08].copy_from_slice(&(input.len() as u32).to_be_bytes());
-        e[0x08..0x10].copy_from_slice(&in_chain.to_be_bytes());
-        let inline = input.len().min(HEADER_LEN);
-        e[0x10..0x10 + inline].copy_from_slice(&input[..inline]);
-        e[0x30..0x38].copy_from_slice(&out_chain.to_be_bytes());
-        e[0x38..0x3c].copy_from_slice(&(out_len as u32).to_be_bytes());
-        e[0x3c] = EMERGENCY_TOKEN;
-        e[0x3f] = 1; // ownership: hardware
-        e[0x3d] = !xor(&e);
+        let e = entry(input, in_chain, out_chain, out_len, EMERGENCY_TOKEN);
         Some(Emergency {
             base: self.base,
             at: self.entry_offset(slot),
@@ -667,125 +665,15 @@ mod tests {
     //! doorbells and hands entries back), and time moves only when it says so.
 
     use super::*;
-    use crate::platform::LiveAllocations;
-    use core::sync::atomic::{AtomicU64, Ordering};
-    use std::collections::BTreeMap;
+    use crate::testing::Fake;
 
     const LOG_SIZE: u32 = 5;
     const LOG_STRIDE: u32 = 6;
-    const MEM: usize = 2 << 20;
-
-    /// BAR0 registers, DMA memory from a bump allocator (accesses checked against the live allocations, as
-    /// the real platforms do), a clock the test sets, the doorbells rung.
-    #[derive(Default)]
-    struct Fake {
-        bar: Mutex<BTreeMap<usize, u32>>,
-        mem: Mutex<Vec<u8>>,
-        next: Mutex<u64>,
-        live: Mutex<LiveAllocations<()>>,
-        /// Refused DMA accesses and frees: the queue must make none.
-        faults: AtomicU64,
-        now: AtomicU64,
-        doorbells: Mutex<Vec<u32>>,
-    }
-
-    impl Drop for Fake {
-        fn drop(&mut self) {
-            if !std::thread::panicking() {
-                assert_eq!(self.faults.load(Ordering::Relaxed), 0, "the queue made a DMA access the platform refused");
-            }
-        }
-    }
-
-    impl Fake {
-        fn new() -> Fake {
-            let f = Fake::default();
-            *f.mem.lock() = vec![0; MEM];
-            *f.next.lock() = 0x1000;
-            f.bar.lock().insert(initseg::CMDIF_REV_FW_SUB, initseg::CMD_INTERFACE_REV << 16);
-            f.bar.lock().insert(initseg::CMDQ_ADDR_L_SZ, (LOG_SIZE << 4) | LOG_STRIDE);
-            f
-        }
-
-        fn at_us(&self, us: u64) {
-            self.now.store(us * 1000, Ordering::Relaxed);
-        }
-
-        fn entry(&self, slot: u8) -> u64 {
-            let lo = u64::from(self.bar.lock()[&initseg::CMDQ_ADDR_L_SZ] & !0xfff);
-            (u64::from(self.bar.lock()[&initseg::CMDQ_ADDR_H]) << 32 | lo) + (u64::from(slot) << LOG_STRIDE)
-        }
-
-        /// The device's side: memory at device address `addr`.
-        fn mem_read(&self, addr: u64, out: &mut [u8]) {
-            out.copy_from_slice(&self.mem.lock()[addr as usize..addr as usize + out.len()]);
-        }
-
-        fn mem_write(&self, addr: u64, data: &[u8]) {
-            self.mem.lock()[addr as usize..addr as usize + data.len()].copy_from_slice(data);
-        }
-
-        /// The firmware finishes the command in `slot` with `status` (and `syndrome`) and hands it back.
-        fn complete(&self, slot: u8, status: u8, syndrome: u32) {
-            let e = self.entry(slot);
-            let mut out = [0u8; 8];
-            out[0] = status;
-            out[4..].copy_from_slice(&syndrome.to_be_bytes());
-            self.mem_write(e + 0x20, &out);
-            self.mem_write(e + 0x3f, &[0]);
-        }
-    }
-
-    impl Platform for Fake {
-        fn bar_read32(&self, offset: usize) -> u32 {
-            self.bar.lock().get(&offset).copied().unwrap_or(0)
-        }
-        fn bar_write32(&self, offset: usize, value: u32) {
-            if offset == initseg::CMD_DBELL {
-                self.doorbells.lock().push(value);
-            } else if offset == initseg::CMDQ_ADDR_L_SZ {
-                // The size nibbles are read-only.
-                let keep = self.bar_read32(offset) & 0xff;
-                self.bar.lock().insert(offset, (value & !0xff) | keep);
-            } else {
-                self.bar.lock().insert(offset, value);
-            }
-        }
-        fn dma_alloc(&self, len: usize, align: usize) -> Option<DmaBuf> {
-            let mut next = self.next.lock();
-            let a = next.next_multiple_of(align as u64);
-            *next = a + len as u64;
-            (*next as usize <= MEM).then(|| self.live.lock().insert(a, len, ()).0)
-        }
-        fn dma_free(&self, buf: DmaBuf) {
-            if self.live.lock().remove(buf).is_err() {
-                self.faults.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        fn dma_read(&self, buf: DmaBuf, offset: usize, out: &mut [u8]) {
-            if self.live.lock().get(buf, offset, out.len()).is_err() {
-                out.fill(0xff);
-                self.faults.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            self.mem_read(buf.at(offset as u64), out);
-        }
-        fn dma_write(&self, buf: DmaBuf, offset: usize, data: &[u8]) {
-            if self.live.lock().get(buf, offset, data.len()).is_err() {
-                self.faults.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            self.mem_write(buf.at(offset as u64), data);
-        }
-        fn now_ns(&self) -> u64 {
-            self.now.load(Ordering::Relaxed)
-        }
-    }
 
     const TIMEOUT_MS: u64 = 100;
 
     fn queue() -> (Fake, CmdQueue) {
-        let p = Fake::new();
+        let p = Fake::with_cmdq(LOG_SIZE, LOG_STRIDE);
         let q = CmdQueue::new(&p, TIMEOUT_MS).unwrap();
         (p, q)
     }
@@ -813,14 +701,13 @@ mod tests {
         assert_eq!(q.submit(&p, 101, &cmd(MANAGE_PAGES)).unwrap_err().kind, ErrorKind::Busy);
         assert_eq!(q.in_flight(), 31, "slot 30 is the fatal path's");
         let rung: Vec<u32> = (0..30).chain([31]).map(|s| 1 << s).collect();
-        assert_eq!(*p.doorbells.lock(), rung, "one doorbell per command, its slot's bit");
+        assert_eq!(p.doorbells(), rung, "one doorbell per command, its slot's bit");
         // The entry the firmware reads: type, lengths, token, owned by hardware, XOR 0xff.
-        let mut e = [0u8; ENTRY_LEN];
-        p.mem_read(p.entry(3), &mut e);
+        let e = p.cmdq_entry(3);
         assert_eq!((e[0], e[0x3f], xor(&e)), (CMD_TYPE_PCIE, 1, 0xff));
         assert_eq!(u16::from_be_bytes([e[0x10], e[0x11]]), 0x800, "the opcode travels inline");
         // A slot handed back is the next one used.
-        p.complete(5, 0, 0);
+        p.complete_command(5, 0, 0);
         assert_eq!(poll(&p, &mut q).iter().map(|c| (c.tag, c.slot)).collect::<Vec<_>>(), [(5, 5)]);
         assert_eq!(q.submit(&p, 7, &cmd(0x801)), Ok(5));
     }
@@ -833,8 +720,7 @@ mod tests {
         q.token = 0xfd;
         for (tag, want) in [(1u64, 0xfe_u8), (2, 0xff), (3, 0x01), (4, 0x02)] {
             let slot = q.submit(&p, tag, &cmd(0x800)).unwrap();
-            let mut e = [0u8; ENTRY_LEN];
-            p.mem_read(p.entry(slot), &mut e);
+            let e = p.cmdq_entry(slot);
             assert_eq!(e[0x3c], want, "tag {tag}");
         }
     }
@@ -847,8 +733,8 @@ mod tests {
         q.submit(&p, 2, &cmd(0x202)).unwrap();
         p.at_us(13);
         assert!(poll(&p, &mut q).is_empty(), "still owned by the HCA at 13 µs");
-        p.complete(0, 0, 0);
-        p.complete(1, 0x03, 0x7e57);
+        p.complete_command(0, 0, 0);
+        p.complete_command(1, 0x03, 0x7e57);
         p.at_us(40);
         let done = poll(&p, &mut q);
         assert_eq!(done.len(), 2);
@@ -875,11 +761,11 @@ mod tests {
         assert_eq!((q.in_flight(), q.quarantined()), (0, 1));
         // The firmware still owns the entry: the slot is not reused.
         assert_eq!(q.submit(&p, 2, &cmd(0x800)), Ok(1));
-        p.complete(1, 0, 0);
+        p.complete_command(1, 0, 0);
         assert_eq!(poll(&p, &mut q).iter().map(|c| c.tag).collect::<Vec<_>>(), [2]);
         p.at_us(TIMEOUT_MS * 5000);
         assert!(poll(&p, &mut q).is_empty(), "a quarantined slot reports nothing while owned");
-        p.complete(0, 0, 0);
+        p.complete_command(0, 0, 0);
         assert!(poll(&p, &mut q).is_empty(), "the late completion answers nobody");
         let c = q.log().counters;
         assert_eq!((q.quarantined(), c.timeouts, c.late), (0, 1, 1));
@@ -899,8 +785,8 @@ mod tests {
         assert_eq!(q.fatal(), Some(0x42));
         let e = q.submit(&p, 3, &cmd(0x800)).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Fatal { health_syndrome: 0x42 }, "nothing is posted any more");
-        assert_eq!(p.doorbells.lock().len(), 2);
-        p.complete(0, 0, 0);
+        assert_eq!(p.doorbells().len(), 2);
+        p.complete_command(0, 0, 0);
         assert!(poll(&p, &mut q).is_empty());
         assert_eq!(q.quarantined(), 2, "what the firmware writes is not trusted");
     }
@@ -908,7 +794,7 @@ mod tests {
     #[test]
     fn a_long_command_grows_its_chains_by_handle_and_gives_the_pieces_back() {
         let (p, mut q) = queue();
-        let resident = p.live.lock().len();
+        let resident = p.live_allocations();
         // Twice what a slot keeps in each direction: one more piece per chain while the command runs.
         let len = HEADER_LEN + 2 * SLOT_BLOCKS * BLOCK_DATA;
         let mut c = Command::new(0x800, 0, len, len);
@@ -916,10 +802,9 @@ mod tests {
             *b = i as u8;
         }
         q.submit(&p, 1, &c).unwrap();
-        assert_eq!(p.live.lock().len(), resident + 2, "one piece more for the input and one for the output");
+        assert_eq!(p.live_allocations(), resident + 2, "one piece more for the input and one for the output");
         // The device follows the input chain from the entry by device address and finds the data in order.
-        let mut e = [0u8; ENTRY_LEN];
-        p.mem_read(p.entry(0), &mut e);
+        let e = p.cmdq_entry(0);
         let mut next = u64::from_be_bytes(e[0x08..0x10].try_into().unwrap());
         let mut data = Vec::new();
         while next != 0 {
@@ -929,60 +814,20 @@ mod tests {
             next = u64::from_be_bytes(blk[0x230..0x238].try_into().unwrap());
         }
         assert_eq!(data, c.input()[HEADER_LEN..]);
-        p.complete(0, 0, 0);
+        p.complete_command(0, 0, 0);
         let done = poll(&p, &mut q);
         assert_eq!(done[0].result.as_ref().map(|o| o.bytes().len()), Ok(len));
-        assert_eq!(p.live.lock().len(), resident, "the added pieces are freed when the slot is free again");
+        assert_eq!(p.live_allocations(), resident, "the added pieces are freed when the slot is free again");
         assert_eq!(q.submit(&p, 2, &cmd(0x800)), Ok(0), "the slot works on its own blocks again");
     }
 
     #[test]
     fn the_geometry_and_the_interface_revision_are_checked() {
-        let p = Fake::new();
-        p.bar.lock().insert(initseg::CMDIF_REV_FW_SUB, 4 << 16);
+        let p = Fake::with_cmdq(LOG_SIZE, LOG_STRIDE);
+        p.set_bar(initseg::CMDIF_REV_FW_SUB, 4 << 16);
         assert_eq!(CmdQueue::new(&p, 1).err(), Some(SetupError::CmdifRev(4)));
-        let p = Fake::new();
-        p.bar.lock().insert(initseg::CMDQ_ADDR_L_SZ, (6 << 4) | LOG_STRIDE);
+        let p = Fake::with_cmdq(6, LOG_STRIDE);
         assert_eq!(CmdQueue::new(&p, 1).err(), Some(SetupError::Geometry { log_size: 6, log_stride: LOG_STRIDE }));
-    }
-
-    /// The fatal path's platform: the fake, whose firmware hands the emergency entry back after `answer_after`
-    /// polls (never with `None`); each poll moves the clock on by 1 ms.
-    struct Firing<'a> {
-        fake: &'a Fake,
-        answer_after: Option<u64>,
-        polls: AtomicU64,
-    }
-
-    impl Platform for Firing<'_> {
-        fn bar_read32(&self, offset: usize) -> u32 {
-            self.fake.bar_read32(offset)
-        }
-        fn bar_write32(&self, offset: usize, value: u32) {
-            self.fake.bar_write32(offset, value)
-        }
-        fn dma_alloc(&self, _: usize, _: usize) -> Option<DmaBuf> {
-            panic!("the fatal path allocates nothing")
-        }
-        fn dma_free(&self, _: DmaBuf) {
-            panic!("the fatal path frees nothing")
-        }
-        fn dma_read(&self, buf: DmaBuf, offset: usize, out: &mut [u8]) {
-            self.fake.dma_read(buf, offset, out)
-        }
-        fn dma_write(&self, buf: DmaBuf, offset: usize, data: &[u8]) {
-            self.fake.dma_write(buf, offset, data)
-        }
-        fn now_ns(&self) -> u64 {
-            self.fake.now_ns()
-        }
-        fn relax(&self) {
-            let n = self.polls.fetch_add(1, Ordering::Relaxed) + 1;
-            self.fake.now.fetch_add(1_000_000, Ordering::Relaxed);
-            if self.answer_after == Some(n) {
-                self.fake.complete(30, 0, 0);
-            }
-        }
     }
 
     #[test]
@@ -995,13 +840,22 @@ mod tests {
         for tag in 0..30 {
             q.submit(&p, tag, &cmd(0x800)).unwrap();
         }
-        let mut raw = [0u8; ENTRY_LEN];
-        p.mem_read(p.entry(30), &mut raw);
-        assert_eq!(raw, [0; ENTRY_LEN], "nothing is posted before the fatal path fires");
-        // The firmware answers after 3 polls.
-        let f = Firing { fake: &p, answer_after: Some(3), polls: AtomicU64::new(0) };
-        assert_eq!(e.fire(&f, 100_000_000), EmergencyOutcome::Completed { delivery: 0, status: 0 });
-        assert_eq!(p.doorbells.lock().last(), Some(&(1 << 30)), "its own doorbell bit");
+        assert_eq!(p.cmdq_entry(30), [0; ENTRY_LEN], "nothing is posted before the fatal path fires");
+        // The firmware answers after 3 polls; each poll moves the clock on by 1 ms.
+        p.set_relax_step_ns(1_000_000);
+        p.on_relax(|f, n| {
+            if n == 3 {
+                f.complete_command(30, 0, 0);
+            }
+        });
+        let (allocations, live) = (p.allocations(), p.live_allocations());
+        assert_eq!(e.fire(&p, 100_000_000), EmergencyOutcome::Completed { delivery: 0, status: 0 });
+        assert_eq!(
+            (p.allocations(), p.live_allocations()),
+            (allocations, live),
+            "the fatal path allocates and frees nothing"
+        );
+        assert_eq!(p.doorbells().last(), Some(&(1 << 30)), "its own doorbell bit");
         // What the firmware read: a valid entry (XOR 0xff, owned by hardware when posted) whose mailbox holds
         // the PAOS data (admin_status down, ase).
         let mut posted = e.entry;
@@ -1014,8 +868,8 @@ mod tests {
         // A firmware that never answers: the deadline ends the wait.
         let (p, mut q) = queue();
         let e = q.prepare_emergency(&p, &paos).unwrap();
-        let f = Firing { fake: &p, answer_after: None, polls: AtomicU64::new(0) };
-        assert_eq!(e.fire(&f, 50_000_000), EmergencyOutcome::TimedOut);
-        assert!((50..=51).contains(&f.polls.load(Ordering::Relaxed)), "bounded by the deadline");
+        p.set_relax_step_ns(1_000_000);
+        assert_eq!(e.fire(&p, 50_000_000), EmergencyOutcome::TimedOut);
+        assert!((50..=51).contains(&p.relaxes()), "bounded by the deadline");
     }
 }

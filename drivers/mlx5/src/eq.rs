@@ -123,7 +123,7 @@ mod tests {
                 r.update_ci(&p);
                 let db = 3 * PAGE_SIZE + MLX5_EQ_DOORBEL_OFFSET_UPDATE_CI;
                 let want = (7 << 24) | (count.wrapping_add(1) & 0xff_ffff);
-                assert_eq!(p.bar.lock().last(), Some(&(db, want)), "start {start:#x}: the doorbell");
+                assert_eq!(p.bar_writes().last(), Some(&(db, want)), "start {start:#x}: the doorbell");
             }
             r.release(&p);
         }

@@ -289,38 +289,14 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::platform::DmaBuf;
-    use alloc::collections::BTreeMap;
-    use spin::Mutex;
-
-    /// BAR words only; no DMA.
-    #[derive(Default)]
-    struct Bar(Mutex<BTreeMap<usize, u32>>);
-
-    impl Platform for Bar {
-        fn bar_read32(&self, offset: usize) -> u32 {
-            self.0.lock().get(&offset).copied().unwrap_or(0)
-        }
-        fn bar_write32(&self, offset: usize, value: u32) {
-            self.0.lock().insert(offset, value);
-        }
-        fn dma_alloc(&self, _len: usize, _align: usize) -> Option<DmaBuf> {
-            None
-        }
-        fn dma_free(&self, _buf: DmaBuf) {}
-        fn dma_read(&self, _buf: DmaBuf, _offset: usize, _out: &mut [u8]) {}
-        fn dma_write(&self, _buf: DmaBuf, _offset: usize, _data: &[u8]) {}
-        fn now_ns(&self) -> u64 {
-            0
-        }
-    }
+    use crate::testing::Fake;
 
     /// A health buffer with `synd` (byte 0x23d), `ext_synd` (0x23e) and `rfr` (bit 7 of byte 0x238).
-    fn bar(synd: u8, rfr: bool) -> Bar {
-        let b = Bar::default();
-        b.bar_write32(initseg::HEALTH_FW_VER, 0x0010_0023);
-        b.bar_write32(initseg::HEALTH_SYND_DW, (u32::from(synd) << 16) | 0x1234);
-        b.bar_write32(initseg::HEALTH_RFR_DW, (u32::from(rfr) << 31) | (0x0a << 24));
+    fn bar(synd: u8, rfr: bool) -> Fake {
+        let b = Fake::new();
+        b.set_bar(initseg::HEALTH_FW_VER, 0x0010_0023);
+        b.set_bar(initseg::HEALTH_SYND_DW, (u32::from(synd) << 16) | 0x1234);
+        b.set_bar(initseg::HEALTH_RFR_DW, (u32::from(rfr) << 31) | (0x0a << 24));
         b
     }
 
@@ -373,9 +349,8 @@ mod tests {
     }
 
     /// Advances the health counter (BAR0 0x1010) by one.
-    fn tick(b: &Bar) {
-        let c = b.bar_read32(initseg::HEALTH_COUNTER);
-        b.bar_write32(initseg::HEALTH_COUNTER, c + 1);
+    fn tick(b: &Fake) {
+        b.set_bar(initseg::HEALTH_COUNTER, b.bar(initseg::HEALTH_COUNTER) + 1);
     }
 
     const MS: u64 = 1_000_000;
@@ -385,14 +360,14 @@ mod tests {
         let b = bar(0, false);
         let mut h = Health::new(0, 10);
         let mut t = 0;
-        let mut step = |h: &mut Health, b: &Bar| {
+        let mut step = |h: &mut Health, b: &Fake| {
             t += 10 * MS;
             tick(b);
             h.poll(b, t)
         };
         assert_eq!(step(&mut h, &b), None);
         // The firmware asserts (rfr 0) and goes on running: reported once, however many polls see it.
-        b.bar_write32(initseg::HEALTH_SYND_DW, (0x1 << 16) | 0x55);
+        b.set_bar(initseg::HEALTH_SYND_DW, (0x1 << 16) | 0x55);
         for _ in 0..5 {
             assert_eq!(step(&mut h, &b), None, "an assert alone is not fatal");
         }
@@ -400,11 +375,11 @@ mod tests {
         assert_eq!(h.last_report(), Some(Report { synd: 0x1, ext_synd: 0x55, severity: 2 }));
         assert_eq!(h.verdict(), None);
         // A different reported syndrome counts again.
-        b.bar_write32(initseg::HEALTH_SYND_DW, 0x10 << 16);
+        b.set_bar(initseg::HEALTH_SYND_DW, 0x10 << 16);
         assert_eq!(step(&mut h, &b), None);
         assert_eq!(h.reports, 2);
         // Then the firmware requests a reset: fatal.
-        b.bar_write32(initseg::HEALTH_RFR_DW, (1 << 31) | (0x0a << 24));
+        b.set_bar(initseg::HEALTH_RFR_DW, (1 << 31) | (0x0a << 24));
         assert_eq!(step(&mut h, &b), Some(Fatal::Syndrome { synd: 0x10, ext_synd: 0, rfr: true }));
         assert_eq!(h.verdict(), Some(Fatal::Syndrome { synd: 0x10, ext_synd: 0, rfr: true }));
         assert_eq!(step(&mut h, &b), None, "a verdict is returned once");
@@ -417,7 +392,7 @@ mod tests {
         tick(&b);
         assert_eq!(h.poll(&b, 10 * MS), None);
         assert_eq!(h.command_timed_out(), None, "a timeout alone is the command's error");
-        b.bar_write32(initseg::HEALTH_SYND_DW, (0x1 << 16) | 0x77);
+        b.set_bar(initseg::HEALTH_SYND_DW, (0x1 << 16) | 0x77);
         tick(&b);
         assert_eq!(h.poll(&b, 20 * MS), None);
         assert_eq!(h.reports, 1);
@@ -450,9 +425,9 @@ mod tests {
     #[test]
     fn a_nic_interface_in_reset_is_fatal_before_any_syndrome() {
         let b = bar(0x1, false);
-        b.bar_write32(initseg::CMDQ_ADDR_L_SZ, initseg::NIC_IFC_SW_RESET << 8);
+        b.set_bar(initseg::CMDQ_ADDR_L_SZ, initseg::NIC_IFC_SW_RESET << 8);
         assert_eq!(Health::read(&b), Reading::Fatal(Fatal::NicInterface(7)));
-        b.bar_write32(initseg::HEALTH_FW_VER, u32::MAX);
+        b.set_bar(initseg::HEALTH_FW_VER, u32::MAX);
         assert_eq!(Health::read(&b), Reading::Fatal(Fatal::PciLost));
     }
 }

@@ -5,7 +5,8 @@
 //! their SPSC rings (`engine`, `ring`), the port's Ethernet queues (`eth`), what every send queue shares
 //! (`sq`), the UMR queue pair that grants and revokes keys without commands (`umr`), the command ring (`log`) and PCI
 //! matching (`probe`) — over
-//! [`Platform`], which supplies BAR0, DMA memory and time. Field offsets follow Linux `include/linux/mlx5/mlx5_ifc.h` and
+//! [`Platform`], which supplies BAR0, DMA memory and time; `testing` (feature `testing`) is the fake platform
+//! the driver's tests and other crates' tests share. Field offsets follow Linux `include/linux/mlx5/mlx5_ifc.h` and
 //! `device.h` (`docs/reference/mlx5.md`).
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_code)]
@@ -38,5 +39,5 @@ pub mod ring;
 pub mod sq;
 pub mod umr;
 
-#[cfg(test)]
-mod testing;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

@@ -225,27 +225,10 @@ impl<P: Platform> EthPort<P> {
 
 #[cfg(test)]
 mod test_support {
-    //! What the send and receive rings' tests share.
-
-    use crate::cq::CqRing;
-    use crate::ifc::cq::CQE_SIZE;
-    use crate::platform::Platform;
-    use crate::testing::Fake;
+    //! What the send and receive rings' tests share (the device's CQEs come from `Fake::write_cqe`).
 
     pub(super) const LKEY: u32 = 0xabc;
     pub(super) const BUF: usize = 2048;
-
-    /// The device's side: a CQE with `opcode`, `wqe_counter`, `byte_cnt` at CQ index `i` of the first pass.
-    pub(super) fn put_cqe(p: &Fake, cq: &CqRing, i: usize, opcode: u8, wqe_counter: u16, byte_cnt: u32, syndrome: u8) {
-        let mut e = [0u8; CQE_SIZE];
-        e[0x2c..0x30].copy_from_slice(&byte_cnt.to_be_bytes());
-        e[0x37] = syndrome;
-        e[0x3c..0x3e].copy_from_slice(&wqe_counter.to_be_bytes());
-        let pass = (i >> cq.log_size) & 1;
-        e[0x3f] = (opcode << 4) | pass as u8;
-        let at = (i & ((1 << cq.log_size) - 1)) * CQE_SIZE;
-        p.dma_write(cq.buf, at, &e);
-    }
 
     pub(super) fn frame(len: usize) -> Vec<u8> {
         // Broadcast destination, a source MAC, ethertype ARP (0x0806), then a counting payload.

@@ -161,7 +161,7 @@ impl RxRing {
 mod tests {
     use super::*;
     use crate::cq::DBR_LEN;
-    use crate::eth::test_support::{BUF, LKEY, frame, put_cqe};
+    use crate::eth::test_support::{BUF, LKEY, frame};
     use crate::ifc::cq::{MLX5_CQE_RESP_ERR, MLX5_CQE_SYNDROME_WR_FLUSH_ERR};
     use crate::ifc::golden::{be32, be64};
     use crate::platform::PAGE_SIZE;
@@ -197,8 +197,8 @@ mod tests {
         let (a, b) = (frame(60), frame(1514));
         p.dma_write(rx.bufs, 0, &a);
         p.dma_write(rx.bufs, BUF, &b);
-        put_cqe(&p, &rx.cq, 0, MLX5_CQE_RESP_SEND, 0, 60, 0);
-        put_cqe(&p, &rx.cq, 1, MLX5_CQE_RESP_SEND, 1, 1514, 0);
+        p.write_cqe(&rx.cq, 0, MLX5_CQE_RESP_SEND, 0, 60, 0);
+        p.write_cqe(&rx.cq, 1, MLX5_CQE_RESP_SEND, 1, 1514, 0);
         assert_eq!(rx.receive(&p, &mut st, 8, |f| got.push(f.to_vec())), 2);
         assert_eq!(got, vec![a.clone(), b]);
         assert_eq!(be32(&p.bytes(rx.dbr, 0, 4), 0), 6, "both buffers posted again");
@@ -208,9 +208,9 @@ mod tests {
 
         // A length beyond the buffer, a zero length, an out-of-order counter: counted, reposted, never handed
         // out. The budget bounds one call.
-        put_cqe(&p, &rx.cq, 2, MLX5_CQE_RESP_SEND, 2, BUF as u32 + 1, 0);
-        put_cqe(&p, &rx.cq, 3, MLX5_CQE_RESP_SEND, 3, 0, 0);
-        put_cqe(&p, &rx.cq, 4, MLX5_CQE_RESP_SEND, 7, 60, 0);
+        p.write_cqe(&rx.cq, 2, MLX5_CQE_RESP_SEND, 2, BUF as u32 + 1, 0);
+        p.write_cqe(&rx.cq, 3, MLX5_CQE_RESP_SEND, 3, 0, 0);
+        p.write_cqe(&rx.cq, 4, MLX5_CQE_RESP_SEND, 7, 60, 0);
         got.clear();
         assert_eq!(rx.receive(&p, &mut st, 2, |f| got.push(f.to_vec())), 0);
         assert_eq!(be32(&p.bytes(rx.dbr, 0, 4), 0), 8);
@@ -222,22 +222,22 @@ mod tests {
         // The ring wraps: buffer 1 (counter 5) on the CQ's second pass is delivered from its own buffer.
         let c = frame(70);
         p.dma_write(rx.bufs, BUF, &c);
-        put_cqe(&p, &rx.cq, 5, MLX5_CQE_RESP_SEND, 5, 70, 0);
+        p.write_cqe(&rx.cq, 5, MLX5_CQE_RESP_SEND, 5, 70, 0);
         assert_eq!(rx.receive(&p, &mut st, 8, |f| got.push(f.to_vec())), 1);
         assert_eq!(got, vec![c]);
         assert_eq!(be32(&p.bytes(rx.dbr, 0, 4), 0), 10);
 
         // An error CQE (and the flush after it): counted, never handed out, and the RQ in error takes its
         // buffers back no more.
-        put_cqe(&p, &rx.cq, 6, MLX5_CQE_RESP_ERR, 6, 0, 0x04);
-        put_cqe(&p, &rx.cq, 7, MLX5_CQE_RESP_ERR, 7, 0, MLX5_CQE_SYNDROME_WR_FLUSH_ERR);
+        p.write_cqe(&rx.cq, 6, MLX5_CQE_RESP_ERR, 6, 0, 0x04);
+        p.write_cqe(&rx.cq, 7, MLX5_CQE_RESP_ERR, 7, 0, MLX5_CQE_SYNDROME_WR_FLUSH_ERR);
         got.clear();
         assert_eq!(rx.receive(&p, &mut st, 8, |f| got.push(f.to_vec())), 0);
         assert!(got.is_empty() && rx.in_error());
         assert_eq!((st.rx_errors, be32(&p.bytes(rx.dbr, 0, 4), 0)), (2, 10));
         // The reset consumes what the CQ still holds, zeroes the counters and the doorbell record and writes
         // every WQE afresh (one was scribbled over); posting all of them makes the ring whole again.
-        put_cqe(&p, &rx.cq, 8, MLX5_CQE_RESP_ERR, 8, 0, MLX5_CQE_SYNDROME_WR_FLUSH_ERR);
+        p.write_cqe(&rx.cq, 8, MLX5_CQE_RESP_ERR, 8, 0, MLX5_CQE_SYNDROME_WR_FLUSH_ERR);
         p.dma_write(rx.wq, 0, &[0xee; RQ_WQE_LEN]);
         rx.reset(&p, &mut st);
         assert_eq!((st.rx_errors, be32(&p.bytes(rx.dbr, 0, 4), 0)), (3, 0));
@@ -249,7 +249,7 @@ mod tests {
         // Counter 0 again, in buffer 0 (the CQ itself goes on: index 9).
         let d = frame(80);
         p.dma_write(rx.bufs, 0, &d);
-        put_cqe(&p, &rx.cq, 9, MLX5_CQE_RESP_SEND, 0, 80, 0);
+        p.write_cqe(&rx.cq, 9, MLX5_CQE_RESP_SEND, 0, 80, 0);
         assert_eq!(rx.receive(&p, &mut st, 8, |f| got.push(f.to_vec())), 1);
         assert_eq!(got, vec![d]);
     }

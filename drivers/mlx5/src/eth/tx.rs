@@ -323,7 +323,7 @@ fn ctrl(seg: &mut [u8], idx: u16, opcode: u8, sqn: u32, ds: u8, cqe: bool) {
 mod tests {
     use super::*;
     use crate::cq::DBR_LEN;
-    use crate::eth::test_support::{BUF, LKEY, frame, put_cqe};
+    use crate::eth::test_support::{BUF, LKEY, frame};
     use crate::ifc;
     use crate::ifc::cq::MLX5_CQE_SYNDROME_WR_FLUSH_ERR;
     use crate::ifc::eth::MLX5_INLINE_MODE_L2;
@@ -378,7 +378,7 @@ mod tests {
         // Doorbell record: the send counter in dword 1; then the UAR doorbell at 0x800, first 8 bytes of ctrl.
         assert_eq!(be32(&p.bytes(tx.dbr, 0, 8), 4), 1);
         let db = UAR as usize * PAGE_SIZE + MLX5_BF_OFFSET;
-        assert_eq!(*p.bar.lock(), vec![(db, MLX5_OPCODE_SEND as u32), (db + 4, (SQN << 8) | 4)]);
+        assert_eq!(p.bar_writes(), vec![(db, MLX5_OPCODE_SEND as u32), (db + 4, (SQN << 8) | 4)]);
 
         // The second frame: slot 1, WQE index 1, its own buffer.
         let g = frame(100);
@@ -388,7 +388,7 @@ mod tests {
         assert_eq!((be32(&w, 0x30), be64(&w, 0x38)), (82, tx.bufs.at((BUF + 18) as u64)));
         assert_eq!(p.bytes(tx.bufs, BUF, 100), g);
         assert_eq!(be32(&p.bytes(tx.dbr, 0, 8), 4), 2);
-        assert_eq!(p.bar.lock()[2..], [(db, (1 << 8) | MLX5_OPCODE_SEND as u32), (db + 4, (SQN << 8) | 4)]);
+        assert_eq!(p.bar_writes()[2..], [(db, (1 << 8) | MLX5_OPCODE_SEND as u32), (db + 4, (SQN << 8) | 4)]);
         assert_eq!(st, EthStats { tx_frames: 2, tx_bytes: 160, ..EthStats::default() });
     }
 
@@ -401,19 +401,19 @@ mod tests {
             tx.transmit(&p, &mut st, &frame(64)).unwrap();
         }
         assert_eq!(tx.room(), 0);
-        let writes = p.bar.lock().len();
+        let writes = p.bar_writes().len();
         assert_eq!(tx.transmit(&p, &mut st, &frame(64)), Err(Dropped::RingFull));
-        assert_eq!(p.bar.lock().len(), writes, "a dropped frame rings nothing");
+        assert_eq!(p.bar_writes().len(), writes, "a dropped frame rings nothing");
         assert_eq!((st.tx_frames, st.tx_drops), (4, 1));
         // One CQE naming WQE 1 frees slots 0 and 1.
-        put_cqe(&p, &tx.cq, 0, MLX5_CQE_REQ, 1, 0, 0);
+        p.write_cqe(&tx.cq, 0, MLX5_CQE_REQ, 1, 0, 0);
         tx.transmit(&p, &mut st, &frame(64)).unwrap();
         assert_eq!((tx.room(), st.tx_frames), (1, 5));
         // The fifth frame went to slot 0 again (WQE index 4).
         assert_eq!(be32(&p.bytes(tx.wq, 0, 4), 0), (4 << 8) | MLX5_OPCODE_SEND as u32);
         // A CQE outside the frames in flight frees nothing; an error CQE is counted and frees its slot.
-        put_cqe(&p, &tx.cq, 1, MLX5_CQE_REQ, 9, 0, 0);
-        put_cqe(&p, &tx.cq, 2, ifc::cq::MLX5_CQE_REQ_ERR, 2, 0, MLX5_CQE_SYNDROME_WR_FLUSH_ERR);
+        p.write_cqe(&tx.cq, 1, MLX5_CQE_REQ, 9, 0, 0);
+        p.write_cqe(&tx.cq, 2, ifc::cq::MLX5_CQE_REQ_ERR, 2, 0, MLX5_CQE_SYNDROME_WR_FLUSH_ERR);
         assert_eq!(tx.reap(&p, &mut st), 2);
         assert_eq!((tx.room(), st.tx_errors), (2, 1));
         // Too long and too short are dropped and counted too.
@@ -422,11 +422,11 @@ mod tests {
         assert_eq!(st.tx_drops, 3);
         // The error CQE left the SQ in error: sends are refused (and counted) until it is reset.
         assert!(tx.in_error());
-        let rung = p.bar.lock().len();
+        let rung = p.bar_writes().len();
         assert_eq!(tx.transmit(&p, &mut st, &frame(64)), Err(Dropped::QueueInError));
-        assert_eq!((st.tx_drops, p.bar.lock().len()), (4, rung));
+        assert_eq!((st.tx_drops, p.bar_writes().len()), (4, rung));
         // The reset consumes what the CQ still holds and starts the ring and its doorbell record at 0.
-        put_cqe(&p, &tx.cq, 3, ifc::cq::MLX5_CQE_REQ_ERR, 3, 0, MLX5_CQE_SYNDROME_WR_FLUSH_ERR);
+        p.write_cqe(&tx.cq, 3, ifc::cq::MLX5_CQE_REQ_ERR, 3, 0, MLX5_CQE_SYNDROME_WR_FLUSH_ERR);
         tx.reset(&p, &mut st);
         assert_eq!((st.tx_errors, tx.room(), be32(&p.bytes(tx.dbr, 0, 8), 4)), (2, 4, 0));
         assert!(tx.in_error(), "still refused until the SQ is ready again");
@@ -456,7 +456,7 @@ mod tests {
         assert_eq!((be32(&w, 0), be32(&w, 4), w[11]), (MLX5_OPCODE_SEND as u32, (SQN << 8) | 4, 0));
         assert_eq!((be32(&w, 0x40), be32(&w, 0x44), w[0x4b]), (1 << 8, (SQN << 8) | 1, MLX5_WQE_CTRL_CQ_UPDATE));
         let db = UAR as usize * PAGE_SIZE + MLX5_BF_OFFSET;
-        assert_eq!(*p.bar.lock(), vec![(db, 1 << 8), (db + 4, (SQN << 8) | 1)]);
+        assert_eq!(p.bar_writes(), vec![(db, 1 << 8), (db + 4, (SQN << 8) | 1)]);
         assert_eq!(be32(&p.bytes(tx.dbr, 0, 8), 4), 2);
         // An IPv4/UDP frame inlines up to the end of the IP header (14 + 20 = 34 bytes: 2 + 2 DS).
         let mut udp = frame(80);
@@ -473,13 +473,13 @@ mod tests {
         assert_eq!(w[0x4b], 0, "a data segment, not a control segment, sits at 0x40");
         assert_eq!(w[11], MLX5_WQE_CTRL_CQ_UPDATE, "the frame fills its slot: it asks for the CQE");
         // ... and its own control segment is the doorbell.
-        assert_eq!(p.bar.lock()[2..], [(db, (2 << 8) | MLX5_OPCODE_SEND as u32), (db + 4, (SQN << 8) | 5)]);
+        assert_eq!(p.bar_writes()[2..], [(db, (2 << 8) | MLX5_OPCODE_SEND as u32), (db + 4, (SQN << 8) | 5)]);
         assert_eq!((tx.room(), be32(&p.bytes(tx.dbr, 0, 8), 4)), (0, 4));
         // Completions free whole slots: the CQE of slot 0 names its NOP (index 1), that of slot 1 its frame WQE
         // (index 2).
-        put_cqe(&p, &tx.cq, 0, MLX5_CQE_REQ, 1, 0, 0);
+        p.write_cqe(&tx.cq, 0, MLX5_CQE_REQ, 1, 0, 0);
         assert_eq!((tx.reap(&p, &mut st), tx.room()), (1, 1));
-        put_cqe(&p, &tx.cq, 1, MLX5_CQE_REQ, 2, 0, 0);
+        p.write_cqe(&tx.cq, 1, MLX5_CQE_REQ, 2, 0, 0);
         assert_eq!((tx.reap(&p, &mut st), tx.room(), tx.in_flight()), (1, 2, 0));
 
         // TCP: L2 + IP + the TCP header's data offset; IPv6 is 40 bytes of IP header.
