@@ -119,6 +119,7 @@ impl Rig {
     fn step_until(&mut self, what: &str, mut done: impl FnMut(&mut Rig) -> bool) {
         let t0 = Instant::now();
         while !done(self) {
+            // Wall clock stays: a hang guard only (the model's link timer runs in real time).
             assert!(t0.elapsed() < PATIENCE, "gave up waiting for {what}");
             self.step();
         }
@@ -339,6 +340,8 @@ fn a_link_that_comes_up_late_is_announced_by_port_change() {
     // Link up: the model raises PORT_CHANGE ACTIVE; the event engine records it, and the same EQE reaches the
     // client, where `on_event` turns it into the port's state.
     r.step_until("PORT_CHANGE ACTIVE", |r| r.d.client.shared().port_event(1) == Some(PortState::Active));
+    // Wall clock stays: the model trains the link on a real-time timer (it has no virtual clock), and this is
+    // the driver seeing that delay.
     assert!(t0.elapsed() >= delay, "not before the training delay");
     let mut announced = None;
     while let Some(e) = r.d.next_event() {
@@ -365,6 +368,7 @@ fn a_link_that_comes_up_late_is_announced_by_port_change() {
     let t1 = Instant::now();
     leasebox_mlx5::eth::port_admin_up(&mut r.d, 1).unwrap();
     assert_eq!(port.wait_link_up(&mut r.d, PATIENCE.as_millis() as u64).unwrap(), LinkWait::Up);
+    // Wall clock stays, as above: the model's training delay is real time.
     assert!(t1.elapsed() >= delay, "not before the training delay");
     assert_eq!((port.state(), r.d.client.shared().port_event(1)), (PortState::Active, Some(PortState::Active)));
     r.destroy(port, free_before);
@@ -757,12 +761,12 @@ fn fatal_health_fails_a_maintenance_command_in_flight_and_stops_maintenance() {
     assert!(port.maintain(&mut r.side, 0), "the Q counter query goes out");
     r.step_until("the query in flight", |r| r.d.cmd.queue().in_flight() == 1);
     r.p.model().unwrap().inject(mlx5_model::fault::Fault::HealthFatal { synd: 0x8, rfr: false });
-    let t0 = Instant::now();
     r.step_until("the query to fail", |r| {
         port.maintain(&mut r.side, 0);
         !port.maintenance_pending()
     });
-    assert!(t0.elapsed() < Duration::from_secs(10), "at once, not after the 60 s command timeout");
+    // Failed by the verdict, not by the 60 s command timeout: no command timed out.
+    assert_eq!(r.d.cmd.queue().log().counters.timeouts, 0, "at once, not after the 60 s command timeout");
     assert_eq!(port.stats().maintenance_errors, 1);
     assert_eq!(r.side.fatal(), Some(0x8));
     // Nothing more is submitted once the HCA is dead, however much time passes.

@@ -66,6 +66,7 @@ impl Rig {
             if dataplane::poll_udp(&mut self.d.model, &mut self.udp).unwrap() > 0 {
                 break;
             }
+            // Wall clock stays: a hang guard only (the datagram crosses a real UDP socket).
             assert!(Instant::now() < taken_by, "the model did not take the request within {WAIT:?}");
             std::thread::sleep(Duration::from_micros(200));
         }

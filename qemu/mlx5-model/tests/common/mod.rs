@@ -154,6 +154,7 @@ impl Drv {
     pub fn wait(&mut self, slot: u32, limit: Duration) {
         let deadline = std::time::Instant::now() + limit;
         while self.hw_owned(slot) {
+            // Wall clock stays: a hang guard only (the model holds commands for real firmware time).
             assert!(std::time::Instant::now() < deadline, "slot {slot} did not complete within {limit:?}");
             if !self.model.poll() {
                 std::thread::yield_now();
