@@ -10,15 +10,14 @@ use common::{ADMIN, OTHER, Rig, TENANT, alloc_req};
 use leasebox_lease::Config;
 use leasebox_lease::RevokeOrder;
 use leasebox_lease::lease::{origin, step_bit};
+use leasebox_mlx5::ifc::opcode::{
+    MLX5_CMD_OP_2ERR_QP as QP_2ERR, MLX5_CMD_OP_2RST_QP as QP_2RST, MLX5_CMD_OP_CREATE_MKEY as CREATE_MKEY,
+    MLX5_CMD_OP_DESTROY_MKEY as DESTROY_MKEY, MLX5_CMD_OP_DESTROY_QP as DESTROY_QP,
+    MLX5_CMD_OP_INIT2RTR_QP as INIT2RTR,
+};
 use leasebox_proto::{ErrorCode, LeaseId, LeaseState, Outcome, Request, Response};
 use mlx5_model::events::PageRequest;
 use mlx5_model::fault::Fault;
-
-const DESTROY_MKEY: u16 = 0x202;
-const QP_2ERR: u16 = 0x507;
-const QP_2RST: u16 = 0x50a;
-const DESTROY_QP: u16 = 0x501;
-const CREATE_MKEY: u16 = 0x200;
 
 fn fail(rig: &Rig, opcode: u16) {
     rig.platform().model().unwrap().inject(Fault::Fail { opcode, count: 1, status: 0x03, syndrome: 0x7e57 });
@@ -119,7 +118,7 @@ fn a_lease_above_the_largest_is_refused_naming_the_field_before_any_command() {
 fn an_hca_refusal_during_alloc_is_reported_and_undone() {
     let mut r = Rig::new();
     let free = r.svc.pool().free_extents();
-    r.platform().model().unwrap().inject(Fault::Fail { opcode: 0x503, count: 1, status: 0x03, syndrome: 0x7e57 });
+    fail(&r, INIT2RTR);
     let e = r.call(TENANT, &Request::Alloc(alloc_req(4 << 20, 9))).unwrap_err();
     assert_eq!(e.code, ErrorCode::HcaError);
     assert_eq!(e.detail, [0x503 << 16, 0x03, 0x7e57], "opcode << 16 | op_mod, status, syndrome");

@@ -8,10 +8,14 @@ use alloc::vec::Vec;
 use core::fmt;
 use core::ops::{Deref, DerefMut};
 
-use crate::field;
+use crate::field::{ByteArray, Field, Field64};
 
 /// Every command's input and output header is 16 bytes (the part that travels inline in the queue entry).
 pub const HEADER_LEN: usize = 16;
+
+/// The header every `*_in` structure opens with: `opcode` [31:16] of dword 0, `op_mod` [15:0] of dword 1.
+pub const OPCODE: Field = Field::new(0x00, 16);
+pub const OP_MOD: Field = Field::new(0x30, 16);
 
 /// At most this many attributes are kept per command for error reports.
 pub const MAX_ATTRS: usize = 4;
@@ -119,17 +123,17 @@ impl Command {
     pub fn new(opcode: u16, op_mod: u16, in_len: usize, out_len: usize) -> Command {
         let in_len = in_len.max(HEADER_LEN);
         let mut input = Bytes::zeroed(in_len);
-        field::set(&mut input, 0x00, 16, u32::from(opcode));
-        field::set(&mut input, 0x30, 16, u32::from(op_mod));
+        OPCODE.write(&mut input, u32::from(opcode));
+        OP_MOD.write(&mut input, u32::from(op_mod));
         Command { input, out_len: out_len.max(HEADER_LEN), attrs: Attrs::default() }
     }
 
     pub fn opcode(&self) -> u16 {
-        field::get(&self.input, 0x00, 16) as u16
+        OPCODE.read(&self.input) as u16
     }
 
     pub fn op_mod(&self) -> u16 {
-        field::get(&self.input, 0x30, 16) as u16
+        OP_MOD.read(&self.input) as u16
     }
 
     pub fn input(&self) -> &[u8] {
@@ -154,19 +158,19 @@ impl Command {
         self
     }
 
-    /// `MLX5_SET(<in struct>, in, field, value)` with the field's bit offset and width.
-    pub fn set(&mut self, bit_off: usize, width: usize, value: u32) {
-        field::set(&mut self.input, bit_off, width, value);
+    /// `MLX5_SET(<in struct>, in, field, value)`: bits of `value` above the field's width are dropped.
+    pub fn set(&mut self, f: Field, value: u32) {
+        f.write(&mut self.input, value);
     }
 
-    /// `MLX5_SET64` at a byte offset.
-    pub fn set64(&mut self, byte_off: usize, value: u64) {
-        field::set64(&mut self.input, byte_off, value);
+    /// `MLX5_SET64`.
+    pub fn set64(&mut self, f: Field64, value: u64) {
+        f.write(&mut self.input, value);
     }
 
-    /// Copies `bytes` into the input at `byte_off` (MAC/GID arrays, nested contexts).
-    pub fn put(&mut self, byte_off: usize, bytes: &[u8]) {
-        self.input[byte_off..byte_off + bytes.len()].copy_from_slice(bytes);
+    /// Copies `bytes` to the start of array `f` (MAC/GID arrays, capability blocks, register data).
+    pub fn put(&mut self, f: ByteArray, bytes: &[u8]) {
+        f.write(&mut self.input, bytes);
     }
 
     /// Builds the error this command would report for `kind`.
@@ -200,44 +204,141 @@ impl Output {
     }
 
     /// `MLX5_GET(<out struct>, out, field)`; a field past the end of what the device returned reads 0.
-    pub fn get(&self, bit_off: usize, width: usize) -> u32 {
-        if (bit_off / 32) * 4 + 4 > self.bytes.len() { 0 } else { field::get(&self.bytes, bit_off, width) }
+    pub fn get(&self, f: Field) -> u32 {
+        f.read(&self.bytes)
     }
 
-    pub fn get64(&self, byte_off: usize) -> u64 {
-        if byte_off + 8 > self.bytes.len() { 0 } else { field::get64(&self.bytes, byte_off) }
+    /// `MLX5_GET64`; past the end of the output it reads 0.
+    pub fn get64(&self, f: Field64) -> u64 {
+        f.read(&self.bytes)
     }
 
-    /// Bytes `[byte_off, byte_off + len)`, shorter when the output is.
-    pub fn slice(&self, byte_off: usize, len: usize) -> &[u8] {
-        let start = byte_off.min(self.bytes.len());
-        let end = (byte_off + len).min(self.bytes.len());
-        &self.bytes[start..end]
+    /// The bytes of array `f`, shorter when the output is.
+    pub fn array(&self, f: ByteArray) -> &[u8] {
+        f.read(&self.bytes)
     }
 }
 
-/// Command status (`device.h:1474-1492`; names as Linux `core/cmd.c:744-784` prints them).
-pub fn status_name(status: u8) -> &'static str {
-    match status {
-        0x00 => "OK",
-        0x01 => "INT_ERR",
-        0x02 => "BAD_OP",
-        0x03 => "BAD_PARAM",
-        0x04 => "BAD_SYS_STATE",
-        0x05 => "BAD_RES",
-        0x06 => "RES_BUSY",
-        0x07 => "NOT_READY",
-        0x08 => "EXCEED_LIM",
-        0x09 => "BAD_RES_STATE",
-        0x0a => "BAD_INDEX",
-        0x0f => "NO_RESOURCES",
-        0x10 => "BAD_QP_STATE",
-        0x30 => "BAD_PKT",
-        0x40 => "BAD_SIZE_OUTS_CQES",
-        0x50 => "BAD_INP_LEN",
-        0x51 => "BAD_OUTP_LEN",
-        _ => "UNKNOWN_STATUS",
+/// Declares a list of named codes once: a `pub const` per code, a table of `(value, name)` in declaration
+/// order, a name lookup and its inverse, all generated from the same lines. The name is the constant's
+/// identifier without `prefix` (`MLX5_CMD_OP_CREATE_MKEY` → `"CREATE_MKEY"`), so value and name cannot drift
+/// apart; two codes with one value fail to compile. The HCA opcodes (`ifc::opcode`), command statuses and
+/// delivery statuses (here) are declared with it.
+macro_rules! codes {
+    (
+        $(#[$tm:meta])* $all:ident: [$t:ty], prefix $prefix:literal;
+        $(#[$nm:meta])* fn $name:ident;
+        $(#[$pm:meta])* fn $parse:ident;
+        $( $(#[$m:meta])* $id:ident = $v:literal; )*
+    ) => {
+        $( $(#[$m])* pub const $id: $t = $v; )*
+
+        $(#[$tm])*
+        pub const $all: &[($t, &str)] = &[$(($v, $crate::command::strip_prefix(stringify!($id), $prefix)),)*];
+
+        // Each value once: a second code with the same number is a typo in the list.
+        const _: () = {
+            let all = $all;
+            let mut i = 0;
+            while i < all.len() {
+                let mut j = i + 1;
+                while j < all.len() {
+                    assert!(all[i].0 != all[j].0, "two codes share one value");
+                    j += 1;
+                }
+                i += 1;
+            }
+        };
+
+        $(#[$nm])*
+        pub fn $name(value: $t) -> Option<&'static str> {
+            match value {
+                $($v => Some($crate::command::strip_prefix(stringify!($id), $prefix)),)*
+                _ => None,
+            }
+        }
+
+        $(#[$pm])*
+        pub fn $parse(name: &str) -> Option<$t> {
+            $all.iter().find(|(_, n)| *n == name).map(|(v, _)| *v)
+        }
+    };
+}
+pub(crate) use codes;
+
+/// `ident` without `prefix`, at compile time (the names [`codes!`] derives). An identifier that does not start
+/// with the prefix fails to compile.
+pub const fn strip_prefix(ident: &'static str, prefix: &str) -> &'static str {
+    let (s, p) = (ident.as_bytes(), prefix.as_bytes());
+    assert!(s.len() > p.len(), "a code's name is its prefix and more");
+    let mut i = 0;
+    while i < p.len() {
+        assert!(s[i] == p[i], "a code's identifier starts with the list's prefix");
+        i += 1;
     }
+    match core::str::from_utf8(s.split_at(p.len()).1) {
+        Ok(rest) => rest,
+        Err(_) => panic!("an identifier is ASCII"),
+    }
+}
+
+/// Command status codes (`device.h` `MLX5_CMD_STAT_*`; docs/reference/mlx5.md §c.6), named as the driver's
+/// reports print them.
+pub mod status {
+    super::codes! {
+        /// Every status the driver names, in numeric order.
+        ALL: [u8], prefix "MLX5_CMD_STAT_";
+        /// The status's name, `None` for a code the list does not hold.
+        fn name;
+        /// The status named `name` (as [`name`] spells it).
+        fn from_name;
+        MLX5_CMD_STAT_OK = 0x00;
+        MLX5_CMD_STAT_INT_ERR = 0x01;
+        MLX5_CMD_STAT_BAD_OP = 0x02;
+        MLX5_CMD_STAT_BAD_PARAM = 0x03;
+        MLX5_CMD_STAT_BAD_SYS_STATE = 0x04;
+        MLX5_CMD_STAT_BAD_RES = 0x05;
+        MLX5_CMD_STAT_RES_BUSY = 0x06;
+        MLX5_CMD_STAT_NOT_READY = 0x07;
+        MLX5_CMD_STAT_EXCEED_LIM = 0x08;
+        MLX5_CMD_STAT_BAD_RES_STATE = 0x09;
+        MLX5_CMD_STAT_BAD_INDEX = 0x0a;
+        MLX5_CMD_STAT_NO_RESOURCES = 0x0f;
+        MLX5_CMD_STAT_BAD_QP_STATE = 0x10;
+        MLX5_CMD_STAT_BAD_PKT = 0x30;
+        MLX5_CMD_STAT_BAD_SIZE_OUTS_CQES = 0x40;
+        MLX5_CMD_STAT_BAD_INP_LEN = 0x50;
+        MLX5_CMD_STAT_BAD_OUTP_LEN = 0x51;
+    }
+}
+
+/// Delivery status codes (`status_own >> 1` of a queue entry; Linux `core/cmd.c` `MLX5_CMD_DELIVERY_STAT_*`,
+/// docs/reference/mlx5.md §c.5).
+pub mod delivery {
+    super::codes! {
+        /// Every delivery status the driver names.
+        ALL: [u8], prefix "DELIVERY_";
+        /// The delivery status's name, `None` for a code the list does not hold.
+        fn name;
+        /// The delivery status named `name`.
+        fn from_name;
+        DELIVERY_OK = 0x0;
+        DELIVERY_SIGNATURE_ERR = 0x1;
+        DELIVERY_TOKEN_ERR = 0x2;
+        DELIVERY_BAD_BLOCK_NUMBER = 0x3;
+        DELIVERY_OUTPUT_POINTER_NOT_ALIGNED = 0x4;
+        DELIVERY_INPUT_POINTER_NOT_ALIGNED = 0x5;
+        DELIVERY_FW_INTERNAL_ERR = 0x6;
+        DELIVERY_INPUT_LENGTH_ERR = 0x7;
+        DELIVERY_OUTPUT_LENGTH_ERR = 0x8;
+        DELIVERY_RESERVED_NOT_ZERO = 0x9;
+        DELIVERY_BAD_COMMAND_TYPE = 0x10;
+    }
+}
+
+/// A command status's name ([`status::ALL`]), `UNKNOWN_STATUS` for any other code.
+pub fn status_name(status: u8) -> &'static str {
+    status::name(status).unwrap_or("UNKNOWN_STATUS")
 }
 
 /// What a status means for one particular command, where the firmware's answer is known to carry a more
@@ -247,103 +348,27 @@ pub fn status_note(opcode: u16, status: u8) -> Option<&'static str> {
         // A CX-5 (fw 16.35.4506) answered 0x08 to an entry on an occupied index, reported as BAD_INDEX
         // (docs/reference/revoke-spec.md §3.2); Linux `device.h` names 0x08 EXCEED_LIM (`docs/hca-model.md`, "Flow
         // steering").
-        (0x936, 0x08) => Some("BAD_INDEX: flow_index already holds an entry"),
+        (crate::ifc::opcode::MLX5_CMD_OP_SET_FLOW_TABLE_ENTRY, status::MLX5_CMD_STAT_EXCEED_LIM) => {
+            Some("BAD_INDEX: flow_index already holds an entry")
+        }
         _ => None,
     }
 }
 
-/// Delivery status (`status_own >> 1`; Linux `core/cmd.c:78-90`).
+/// A delivery status's name ([`delivery::ALL`]), `UNKNOWN_DELIVERY_STATUS` for any other code.
 pub fn delivery_name(status: u8) -> &'static str {
-    match status {
-        0x0 => "OK",
-        0x1 => "SIGNATURE_ERR",
-        0x2 => "TOKEN_ERR",
-        0x3 => "BAD_BLOCK_NUMBER",
-        0x4 => "OUTPUT_POINTER_NOT_ALIGNED",
-        0x5 => "INPUT_POINTER_NOT_ALIGNED",
-        0x6 => "FW_INTERNAL_ERR",
-        0x7 => "INPUT_LENGTH_ERR",
-        0x8 => "OUTPUT_LENGTH_ERR",
-        0x9 => "RESERVED_NOT_ZERO",
-        0x10 => "BAD_COMMAND_TYPE",
-        _ => "UNKNOWN_DELIVERY_STATUS",
-    }
+    delivery::name(status).unwrap_or("UNKNOWN_DELIVERY_STATUS")
 }
 
-/// Names of the opcodes this driver sends (`mlx5_ifc.h:119-320`).
+/// An opcode's name from the one opcode list ([`crate::ifc::opcode::ALL`]), `UNKNOWN_OPCODE` for any other.
 pub fn opcode_name(opcode: u16) -> &'static str {
-    match opcode {
-        0x100 => "QUERY_HCA_CAP",
-        0x101 => "QUERY_ADAPTER",
-        0x102 => "INIT_HCA",
-        0x103 => "TEARDOWN_HCA",
-        0x104 => "ENABLE_HCA",
-        0x105 => "DISABLE_HCA",
-        0x107 => "QUERY_PAGES",
-        0x108 => "MANAGE_PAGES",
-        0x109 => "SET_HCA_CAP",
-        0x10a => "QUERY_ISSI",
-        0x10b => "SET_ISSI",
-        0x200 => "CREATE_MKEY",
-        0x201 => "QUERY_MKEY",
-        0x202 => "DESTROY_MKEY",
-        0x203 => "QUERY_SPECIAL_CONTEXTS",
-        0x301 => "CREATE_EQ",
-        0x302 => "DESTROY_EQ",
-        0x303 => "QUERY_EQ",
-        0x400 => "CREATE_CQ",
-        0x401 => "DESTROY_CQ",
-        0x402 => "QUERY_CQ",
-        0x500 => "CREATE_QP",
-        0x501 => "DESTROY_QP",
-        0x502 => "RST2INIT_QP",
-        0x503 => "INIT2RTR_QP",
-        0x504 => "RTR2RTS_QP",
-        0x505 => "RTS2RTS_QP",
-        0x507 => "2ERR_QP",
-        0x50a => "2RST_QP",
-        0x50b => "QUERY_QP",
-        0x750 => "QUERY_VPORT_STATE",
-        0x754 => "QUERY_NIC_VPORT_CONTEXT",
-        0x755 => "MODIFY_NIC_VPORT_CONTEXT",
-        0x760 => "QUERY_ROCE_ADDRESS",
-        0x761 => "SET_ROCE_ADDRESS",
-        0x762 => "QUERY_HCA_VPORT_CONTEXT",
-        0x764 => "QUERY_HCA_VPORT_GID",
-        0x771 => "ALLOC_Q_COUNTER",
-        0x772 => "DEALLOC_Q_COUNTER",
-        0x773 => "QUERY_Q_COUNTER",
-        0x800 => "ALLOC_PD",
-        0x801 => "DEALLOC_PD",
-        0x802 => "ALLOC_UAR",
-        0x803 => "DEALLOC_UAR",
-        0x805 => "ACCESS_REG",
-        0x816 => "ALLOC_TRANSPORT_DOMAIN",
-        0x817 => "DEALLOC_TRANSPORT_DOMAIN",
-        0x900 => "CREATE_TIR",
-        0x902 => "DESTROY_TIR",
-        0x904 => "CREATE_SQ",
-        0x905 => "MODIFY_SQ",
-        0x906 => "DESTROY_SQ",
-        0x907 => "QUERY_SQ",
-        0x908 => "CREATE_RQ",
-        0x909 => "MODIFY_RQ",
-        0x90a => "DESTROY_RQ",
-        0x90b => "QUERY_RQ",
-        0x912 => "CREATE_TIS",
-        0x914 => "DESTROY_TIS",
-        0x92f => "SET_FLOW_TABLE_ROOT",
-        0x930 => "CREATE_FLOW_TABLE",
-        0x931 => "DESTROY_FLOW_TABLE",
-        0x932 => "QUERY_FLOW_TABLE",
-        0x933 => "CREATE_FLOW_GROUP",
-        0x934 => "DESTROY_FLOW_GROUP",
-        0x935 => "QUERY_FLOW_GROUP",
-        0x936 => "SET_FLOW_TABLE_ENTRY",
-        0x937 => "QUERY_FLOW_TABLE_ENTRY",
-        0x938 => "DELETE_FLOW_TABLE_ENTRY",
-        _ => "UNKNOWN_OPCODE",
-    }
+    crate::ifc::opcode::name(opcode).unwrap_or("UNKNOWN_OPCODE")
+}
+
+/// The opcode named `name` (as [`opcode_name`] spells it: `"CREATE_MKEY"`), `None` for a name the list does not
+/// hold.
+pub fn opcode_from_name(name: &str) -> Option<u16> {
+    crate::ifc::opcode::from_name(name)
 }
 
 /// Why a command did not produce an [`Output`].
@@ -439,30 +464,101 @@ impl fmt::Display for CmdError {
 mod tests {
     use super::*;
 
-    /// Every command the Ethernet port sends has its name in the command log (they read UNKNOWN_OPCODE once).
+    /// Names come from the one opcode list: a few checked against `mlx5_ifc.h`'s spelling, every entry found
+    /// back from its name, and unknown codes and names refused.
     #[test]
-    fn the_ethernet_ports_opcodes_are_named() {
-        use crate::ifc::eth::*;
-        for (op, name) in [
-            (MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS, "QUERY_SPECIAL_CONTEXTS"),
-            (MLX5_CMD_OP_ALLOC_Q_COUNTER, "ALLOC_Q_COUNTER"),
-            (MLX5_CMD_OP_DEALLOC_Q_COUNTER, "DEALLOC_Q_COUNTER"),
-            (MLX5_CMD_OP_QUERY_Q_COUNTER, "QUERY_Q_COUNTER"),
-            (MLX5_CMD_OP_CREATE_TIR, "CREATE_TIR"),
-            (MLX5_CMD_OP_DESTROY_TIR, "DESTROY_TIR"),
-            (MLX5_CMD_OP_CREATE_SQ, "CREATE_SQ"),
-            (MLX5_CMD_OP_MODIFY_SQ, "MODIFY_SQ"),
-            (MLX5_CMD_OP_DESTROY_SQ, "DESTROY_SQ"),
-            (MLX5_CMD_OP_QUERY_SQ, "QUERY_SQ"),
-            (MLX5_CMD_OP_CREATE_RQ, "CREATE_RQ"),
-            (MLX5_CMD_OP_MODIFY_RQ, "MODIFY_RQ"),
-            (MLX5_CMD_OP_DESTROY_RQ, "DESTROY_RQ"),
-            (MLX5_CMD_OP_QUERY_RQ, "QUERY_RQ"),
-            (MLX5_CMD_OP_CREATE_TIS, "CREATE_TIS"),
-            (MLX5_CMD_OP_DESTROY_TIS, "DESTROY_TIS"),
-        ] {
-            assert_eq!(opcode_name(op), name, "{op:#x}");
+    fn opcode_names_and_their_parser() {
+        use crate::ifc::opcode;
+        assert_eq!(opcode_name(0x200), "CREATE_MKEY");
+        assert_eq!(opcode_name(0x507), "2ERR_QP");
+        assert_eq!(opcode_name(0x936), "SET_FLOW_TABLE_ENTRY");
+        assert_eq!(opcode_name(0x203), "QUERY_SPECIAL_CONTEXTS");
+        assert_eq!(opcode_name(0x106), "UNKNOWN_OPCODE");
+        assert_eq!(opcode_from_name("CREATE_MKEY"), Some(opcode::MLX5_CMD_OP_CREATE_MKEY));
+        assert_eq!(opcode_from_name("ALLOC_Q_COUNTER"), Some(0x771));
+        assert_eq!((opcode_from_name("create_mkey"), opcode_from_name("UNKNOWN_OPCODE")), (None, None));
+        assert_eq!(opcode::ALL.len(), 69);
+        for &(op, name) in opcode::ALL {
+            assert_eq!((opcode_name(op), opcode_from_name(name)), (name, Some(op)));
+            assert!(!name.starts_with("MLX5_CMD_OP_") && !name.is_empty());
         }
+    }
+
+    /// Every command a builder in `ifc` makes carries an opcode the list names (so the command ring, HEALTH
+    /// and the fatal dump never print UNKNOWN_OPCODE for one of ours).
+    #[test]
+    fn every_builders_opcode_is_named() {
+        use crate::handles::*;
+        use crate::ifc::*;
+        let base = qp::QpBase { qpn: Qpn(1), pd: Pdn(1), cqn_snd: Cqn(1), cqn_rcv: Cqn(1) };
+        let built = [
+            init::enable_hca(false),
+            init::disable_hca(false),
+            init::query_issi(),
+            init::set_issi(1),
+            init::query_pages(init::PagesKind::Boot),
+            init::manage_pages_give(0, &[0x1000]),
+            init::query_hca_cap(0, init::CapMode::Cur),
+            init::set_hca_cap(0, &[]),
+            init::init_hca(),
+            init::teardown_hca(0),
+            init::host_endianness_le(),
+            resources::alloc_pd(),
+            resources::dealloc_uar(UarPage(1)),
+            resources::alloc_transport_domain(),
+            mkey::destroy_mkey(MkeyIndex(1)),
+            mkey::query_mkey(MkeyIndex(1)),
+            mkey::create_mkey_umr_free(Pdn(1), 0, 8, 12, false),
+            eq::query_eq(Eqn(1)),
+            eq::destroy_eq(Eqn(1)),
+            cq::query_cq(Cqn(1)),
+            cq::destroy_cq(Cqn(1)),
+            qp::rst2init(&base, qp::QpAccess { remote_read: true, remote_write: true, remote_atomic: false }, None),
+            qp::qp_2err(Qpn(1)),
+            qp::qp_2rst(Qpn(1)),
+            qp::query_qp(Qpn(1)),
+            qp::destroy_qp(Qpn(1)),
+            vport::query_vport_state(),
+            vport::query_nic_vport_context(),
+            vport::modify_nic_vport_mtu(1500),
+            vport::query_roce_address(0),
+            vport::set_roce_address(0, &vport::RoceAddress::default()),
+            flow::create_flow_table(flow::FS_FT_NIC_RX, 0, 1),
+            flow::destroy_flow_group(flow::FS_FT_NIC_RX, FlowTableId(1), FlowGroupId(1)),
+            flow::delete_fte(flow::FS_FT_NIC_RX, FlowTableId(1), FlowIndex(0)),
+            flow::clear_flow_table_root(flow::FS_FT_NIC_RX),
+            eth::create_tis(Tdn(1)),
+            eth::destroy_tis(1),
+            eth::modify_sq(1, 0, 1),
+            eth::query_sq(1),
+            eth::destroy_sq(1),
+            eth::modify_rq(1, 0, 1),
+            eth::query_rq(1),
+            eth::destroy_rq(1),
+            eth::create_tir_direct(Tdn(1), 1),
+            eth::destroy_tir(1),
+            eth::alloc_q_counter(),
+            eth::dealloc_q_counter(1),
+            eth::query_q_counter(1),
+            eth::query_special_contexts(),
+        ];
+        for c in &built {
+            assert_ne!(opcode_name(c.opcode()), "UNKNOWN_OPCODE", "{:#x}", c.opcode());
+        }
+    }
+
+    #[test]
+    fn status_and_delivery_names() {
+        assert_eq!((status_name(0), status_name(3), status_name(0x51)), ("OK", "BAD_PARAM", "BAD_OUTP_LEN"));
+        assert_eq!((status_name(0x0b), status_name(0xff)), ("UNKNOWN_STATUS", "UNKNOWN_STATUS"));
+        assert_eq!(status::from_name("EXCEED_LIM"), Some(status::MLX5_CMD_STAT_EXCEED_LIM));
+        assert_eq!(status::ALL.len(), 17);
+        assert_eq!(
+            (delivery_name(0x7), delivery_name(0x10), delivery_name(0xa)),
+            ("INPUT_LENGTH_ERR", "BAD_COMMAND_TYPE", "UNKNOWN_DELIVERY_STATUS")
+        );
+        assert_eq!(delivery::from_name("TOKEN_ERR"), Some(2));
+        assert_eq!(strip_prefix("MLX5_CMD_OP_2ERR_QP", "MLX5_CMD_OP_"), "2ERR_QP");
     }
 
     #[test]

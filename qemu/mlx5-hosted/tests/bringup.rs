@@ -14,7 +14,7 @@ use mlx5_model::caps::cap_type::GENERAL;
 use mlx5_model::fault::Fault;
 use mlx5_model::ifc::Field;
 
-const MANAGE_PAGES: u16 = 0x108;
+const MANAGE_PAGES: u16 = leasebox_mlx5::ifc::opcode::MLX5_CMD_OP_MANAGE_PAGES;
 /// `cmd_hca_cap.log_max_eq_sz` (`mlx5_ifc.h`, bit 0xe0, 8 bits).
 const LOG_MAX_EQ_SZ: Field = Field::new(0xe0, 8);
 

@@ -17,9 +17,8 @@ use mlx5_model::ModelConfig;
 use mlx5_model::events::PageRequest as ModelPageRequest;
 use mlx5_model::fault::Fault;
 
-/// The cheap command the engine tests use: ACCESS_REG (a PAOS read).
-const ACCESS_REG: u16 = 0x805;
-const CREATE_MKEY: u16 = 0x200;
+// ACCESS_REG (a PAOS read) is the cheap command the engine tests use.
+use leasebox_mlx5::ifc::opcode::{MLX5_CMD_OP_ACCESS_REG as ACCESS_REG, MLX5_CMD_OP_CREATE_MKEY as CREATE_MKEY};
 
 #[test]
 fn bring_up_reports_the_hca_and_teardown_returns_every_page() {
@@ -100,7 +99,7 @@ fn thirty_one_commands_in_flight_at_once() {
     {
         let mut m = p.model().unwrap();
         m.inject(Fault::Delay { opcode: ACCESS_REG, delay: Duration::from_millis(300) });
-        m.inject(Fault::Delay { opcode: 0x108, delay: Duration::from_millis(300) });
+        m.inject(Fault::Delay { opcode: ifc::opcode::MLX5_CMD_OP_MANAGE_PAGES, delay: Duration::from_millis(300) });
     }
     let slots = d.cmd.queue().slots();
     assert_eq!(slots, 32);

@@ -16,7 +16,7 @@ use leasebox_mlx5::platform::Platform;
 use mlx5_hosted::HostedPlatform;
 
 /// ACCESS_REG: any opcode serves; what matters is that the transport delivers it.
-const OPCODE: u16 = 0x805;
+const OPCODE: u16 = leasebox_mlx5::ifc::opcode::MLX5_CMD_OP_ACCESS_REG;
 /// Input blocks: three pieces of the chain, the last one partly used.
 const IN_BLOCKS: usize = 2 * SLOT_BLOCKS + 9;
 const OUT_BLOCKS: usize = SLOT_BLOCKS + 4;

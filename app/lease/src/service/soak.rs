@@ -17,6 +17,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use leasebox_mlx5::command::{CmdError, Command, ErrorKind, Output};
 use leasebox_mlx5::handles::{Cqn, UarPage};
+use leasebox_mlx5::ifc::mkey::{MKC, mkc};
+use leasebox_mlx5::ifc::opcode::{
+    MLX5_CMD_OP_2ERR_QP as QP_2ERR, MLX5_CMD_OP_2RST_QP as QP_2RST, MLX5_CMD_OP_ALLOC_PD as ALLOC_PD,
+    MLX5_CMD_OP_CREATE_MKEY as CREATE_MKEY, MLX5_CMD_OP_CREATE_QP as CREATE_QP, MLX5_CMD_OP_DEALLOC_PD as DEALLOC_PD,
+    MLX5_CMD_OP_DESTROY_MKEY as DESTROY_MKEY, MLX5_CMD_OP_DESTROY_QP as DESTROY_QP,
+    MLX5_CMD_OP_INIT2RTR_QP as INIT2RTR, MLX5_CMD_OP_RST2INIT_QP as RST2INIT, MLX5_CMD_OP_RTR2RTS_QP as RTR2RTS,
+};
 use leasebox_proto::{AllocReq, ErrorCode, LeaseId, Notice, Outcome, Reply, Request, Response, access};
 
 use super::*;
@@ -40,18 +47,6 @@ const FAIL_TEARDOWN_PPM: u64 = 30;
 const SLOW_PPM: u64 = 10_000;
 const HANG_PPM: u64 = 10;
 const HANG_US: u64 = 1_500_000;
-
-const ALLOC_PD: u16 = 0x800;
-const DEALLOC_PD: u16 = 0x801;
-const CREATE_MKEY: u16 = 0x200;
-const DESTROY_MKEY: u16 = 0x202;
-const CREATE_QP: u16 = 0x500;
-const DESTROY_QP: u16 = 0x501;
-const RST2INIT: u16 = 0x502;
-const INIT2RTR: u16 = 0x503;
-const RTR2RTS: u16 = 0x504;
-const QP_2ERR: u16 = 0x507;
-const QP_2RST: u16 = 0x50a;
 
 /// splitmix64: the soak's own deterministic randomness.
 struct Rand(u64);
@@ -129,7 +124,7 @@ impl FakeHca {
         self.commands += 1;
         let slot = tag_slot(tag);
         let op = cmd.opcode();
-        let handle = leasebox_mlx5::field::get(cmd.input(), 0x48, 24);
+        let handle = leasebox_mlx5::ifc::OBJECT_ID.read(cmd.input());
         let build = matches!(op, ALLOC_PD | CREATE_MKEY | CREATE_QP | RST2INIT | INIT2RTR | RTR2RTS);
         let known = match op {
             DEALLOC_PD => self.pds.live.contains_key(&handle),
@@ -151,7 +146,7 @@ impl FakeHca {
                 CREATE_MKEY => {
                     let h = self.mkeys.create(slot);
                     // `create_mkey_in.mkc.mkey_7_0` (bit 0x80 + 0x38).
-                    let variant = leasebox_mlx5::field::get(cmd.input(), 0x80 + 0x38, 8) as u8;
+                    let variant = mkc::MKEY_7_0.at(MKC).read(cmd.input()) as u8;
                     self.variants.insert(h, variant);
                     let key = h << 8 | u32::from(variant);
                     if self.retired_keys.get(&h) == Some(&key) {
@@ -178,7 +173,7 @@ impl FakeHca {
                 _ => None,
             };
             if let Some(h) = made {
-                leasebox_mlx5::field::set(&mut out, 0x48, 24, h);
+                leasebox_mlx5::ifc::OBJECT_ID.write(&mut out, h);
             }
             Ok(Output::new(out))
         };

@@ -5,6 +5,12 @@ use std::collections::{BTreeMap, VecDeque};
 
 use leasebox_mlx5::command::{Command, ErrorKind, Output};
 use leasebox_mlx5::handles::{Cqn, UarPage};
+use leasebox_mlx5::ifc::opcode::{
+    MLX5_CMD_OP_2ERR_QP as QP_2ERR, MLX5_CMD_OP_2RST_QP as QP_2RST, MLX5_CMD_OP_ALLOC_PD as ALLOC_PD,
+    MLX5_CMD_OP_CREATE_MKEY as CREATE_MKEY, MLX5_CMD_OP_CREATE_QP as CREATE_QP, MLX5_CMD_OP_DEALLOC_PD as DEALLOC_PD,
+    MLX5_CMD_OP_DESTROY_MKEY as DESTROY_MKEY, MLX5_CMD_OP_DESTROY_QP as DESTROY_QP,
+    MLX5_CMD_OP_INIT2RTR_QP as INIT2RTR, MLX5_CMD_OP_RST2INIT_QP as RST2INIT, MLX5_CMD_OP_RTR2RTS_QP as RTR2RTS,
+};
 use leasebox_proto::{
     AllocReq, ErrorCode, HEADER_LEN, LeaseId, MAX_PAYLOAD, Notice, Op, Outcome, Reply, Request, Response, access,
 };
@@ -25,17 +31,6 @@ fn qp_caps() -> QpCaps {
     }
 }
 
-const ALLOC_PD: u16 = 0x800;
-const DEALLOC_PD: u16 = 0x801;
-const CREATE_MKEY: u16 = 0x200;
-const DESTROY_MKEY: u16 = 0x202;
-const CREATE_QP: u16 = 0x500;
-const RST2INIT: u16 = 0x502;
-const INIT2RTR: u16 = 0x503;
-const RTR2RTS: u16 = 0x504;
-const QP_2ERR: u16 = 0x507;
-const QP_2RST: u16 = 0x50a;
-const DESTROY_QP: u16 = 0x501;
 const BUILD: [u16; 6] = [ALLOC_PD, CREATE_MKEY, CREATE_QP, RST2INIT, INIT2RTR, RTR2RTS];
 
 /// How the fake answers a command.
@@ -183,7 +178,7 @@ impl Rig {
                         self.next_handle - 1
                     }
                 };
-                leasebox_mlx5::field::set(&mut out, 0x48, 24, handle);
+                leasebox_mlx5::ifc::OBJECT_ID.write(&mut out, handle);
                 Ok(Output::new(out))
             }
             Answer::Fail => Err(cmd.error(ErrorKind::Status { status: 0x03, syndrome: 0x7e57 })),

@@ -3,12 +3,11 @@
 //! docs/reference/mlx5.md §e.4, §f.2, §f.4).
 
 use crate::command::{Command, Output};
+use crate::field::{Field, Field64};
 use crate::handles::{Cqn, Eqn, UarPage};
-use crate::ifc::{CMD_HDR_LEN, PAS_OFFSET, put_pas, with_pas};
+use crate::ifc::{CMD_HDR_LEN, OBJECT_ID, PAS, PAS_OFFSET, put_pas, with_pas};
 
-pub const MLX5_CMD_OP_CREATE_CQ: u16 = 0x400;
-pub const MLX5_CMD_OP_DESTROY_CQ: u16 = 0x401;
-pub const MLX5_CMD_OP_QUERY_CQ: u16 = 0x402;
+pub use crate::ifc::opcode::{MLX5_CMD_OP_CREATE_CQ, MLX5_CMD_OP_DESTROY_CQ, MLX5_CMD_OP_QUERY_CQ};
 
 /// `query_cq_out` up to its `pas[]`.
 pub const QUERY_CQ_OUT_LEN: usize = 0x110;
@@ -75,38 +74,57 @@ pub struct CqParams<'a> {
     pub pages: &'a [u64],
 }
 
+/// `cqc`, offsets from its start; it sits at bit 0x80 ([`CQC`]) of `create_cq_in` and `query_cq_out`.
+pub mod cqc {
+    use super::{Field, Field64};
+    pub const STATUS: Field = Field::new(0x00, 4);
+    pub const CQE_SZ: Field = Field::new(0x08, 3);
+    pub const LOG_CQ_SIZE: Field = Field::new(0x63, 5);
+    pub const UAR_PAGE: Field = Field::new(0x68, 24);
+    /// `c_eqn_or_apu_element`: the EQ completions are reported to.
+    pub const C_EQN: Field = Field::new(0xa0, 32);
+    pub const LOG_PAGE_SIZE: Field = Field::new(0xc3, 5);
+    pub const CONSUMER_COUNTER: Field = Field::new(0x148, 24);
+    pub const PRODUCER_COUNTER: Field = Field::new(0x168, 24);
+    pub const DBR_ADDR: Field64 = Field64::new(0x1c0);
+}
+
+/// Bit offset of `cqc` in `create_cq_in` / `query_cq_out`.
+pub const CQC: usize = 0x80;
+/// `create_cq_out.cqn`, `destroy_cq_in.cqn`, `query_cq_in.cqn`.
+const CQN: Field = OBJECT_ID;
+
 /// CREATE_CQ: `cqc` at bit 0x80, `pas[]` at byte 0x110.
 pub fn create_cq(p: &CqParams<'_>) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_CREATE_CQ, 0, with_pas(PAS_OFFSET, p.pages.len()), CMD_HDR_LEN)
         .with("log_cq_size", p.log_cq_size.into())
         .with("eqn", p.eqn.0.into())
         .with("uar", p.uar_page.0.into());
-    const CQC: usize = 0x80;
-    c.set(CQC + 0x08, 3, p.cqe_sz.into());
-    c.set(CQC + 0x63, 5, p.log_cq_size.into());
-    c.set(CQC + 0x68, 24, p.uar_page.0);
-    c.set(CQC + 0xa0, 32, p.eqn.0);
-    c.set(CQC + 0xc3, 5, p.log_page_size.into());
-    c.set64(0x10 + 0x38, p.dbr_addr);
-    put_pas(&mut c, PAS_OFFSET, p.pages);
+    c.set(cqc::CQE_SZ.at(CQC), p.cqe_sz.into());
+    c.set(cqc::LOG_CQ_SIZE.at(CQC), p.log_cq_size.into());
+    c.set(cqc::UAR_PAGE.at(CQC), p.uar_page.0);
+    c.set(cqc::C_EQN.at(CQC), p.eqn.0);
+    c.set(cqc::LOG_PAGE_SIZE.at(CQC), p.log_page_size.into());
+    c.set64(cqc::DBR_ADDR.at(CQC), p.dbr_addr);
+    put_pas(&mut c, PAS, p.pages);
     c
 }
 
 pub fn parse_create_cq(out: &Output) -> Cqn {
-    Cqn(out.get(0x48, 24))
+    Cqn(out.get(CQN))
 }
 
 pub fn destroy_cq(cqn: impl Into<Cqn>) -> Command {
     let cqn: Cqn = cqn.into();
     let mut c = Command::new(MLX5_CMD_OP_DESTROY_CQ, 0, CMD_HDR_LEN, CMD_HDR_LEN).with("cqn", cqn.0.into());
-    c.set(0x48, 24, cqn.0);
+    c.set(CQN, cqn.0);
     c
 }
 
 pub fn query_cq(cqn: impl Into<Cqn>) -> Command {
     let cqn: Cqn = cqn.into();
     let mut c = Command::new(MLX5_CMD_OP_QUERY_CQ, 0, CMD_HDR_LEN, QUERY_CQ_OUT_LEN).with("cqn", cqn.0.into());
-    c.set(0x48, 24, cqn.0);
+    c.set(CQN, cqn.0);
     c
 }
 
@@ -125,17 +143,17 @@ pub struct CqInfo {
 }
 
 pub fn parse_query_cq(out: &Output) -> CqInfo {
-    const CQC: usize = 0x80;
+    let g = |f: Field| out.get(f.at(CQC));
     CqInfo {
-        status: out.get(CQC, 4) as u8,
-        cqe_sz: out.get(CQC + 0x08, 3) as u8,
-        log_cq_size: out.get(CQC + 0x63, 5) as u8,
-        uar_page: UarPage(out.get(CQC + 0x68, 24)),
-        eqn: Eqn(out.get(CQC + 0xa0, 32)),
-        log_page_size: out.get(CQC + 0xc3, 5) as u8,
-        consumer_counter: out.get(CQC + 0x148, 24),
-        producer_counter: out.get(CQC + 0x168, 24),
-        dbr_addr: out.get64(0x10 + 0x38),
+        status: g(cqc::STATUS) as u8,
+        cqe_sz: g(cqc::CQE_SZ) as u8,
+        log_cq_size: g(cqc::LOG_CQ_SIZE) as u8,
+        uar_page: UarPage(g(cqc::UAR_PAGE)),
+        eqn: Eqn(g(cqc::C_EQN)),
+        log_page_size: g(cqc::LOG_PAGE_SIZE) as u8,
+        consumer_counter: g(cqc::CONSUMER_COUNTER),
+        producer_counter: g(cqc::PRODUCER_COUNTER),
+        dbr_addr: out.get64(cqc::DBR_ADDR.at(CQC)),
     }
 }
 

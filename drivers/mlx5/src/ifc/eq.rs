@@ -4,14 +4,12 @@
 //! UAR page (docs/reference/mlx5.md §f.4, Linux `core/lib/eq.h` `eq_update_ci`).
 
 use crate::command::{Command, Output};
-use crate::field;
+use crate::field::{Field, Field64};
 use crate::handles::{Cqn, Eqn, UarPage};
 use crate::ifc::init::PageDemand;
-use crate::ifc::{CMD_HDR_LEN, PAS_OFFSET, put_pas, with_pas};
+use crate::ifc::{CMD_HDR_LEN, PAS, PAS_OFFSET, put_pas, with_pas};
 
-pub const MLX5_CMD_OP_CREATE_EQ: u16 = 0x301;
-pub const MLX5_CMD_OP_DESTROY_EQ: u16 = 0x302;
-pub const MLX5_CMD_OP_QUERY_EQ: u16 = 0x303;
+pub use crate::ifc::opcode::{MLX5_CMD_OP_CREATE_EQ, MLX5_CMD_OP_DESTROY_EQ, MLX5_CMD_OP_QUERY_EQ};
 
 /// `query_eq_out` up to its `pas[]`.
 pub const QUERY_EQ_OUT_LEN: usize = 0x110;
@@ -91,37 +89,55 @@ pub struct EqParams<'a> {
     pub pages: &'a [u64],
 }
 
+/// `eqc`, offsets from its start; it sits at bit 0x80 ([`EQC`]) of `create_eq_in` and `query_eq_out`.
+pub mod eqc {
+    use super::Field;
+    pub const STATUS: Field = Field::new(0x00, 4);
+    pub const LOG_EQ_SIZE: Field = Field::new(0x63, 5);
+    pub const UAR_PAGE: Field = Field::new(0x68, 24);
+    pub const INTR: Field = Field::new(0xb4, 12);
+    pub const LOG_PAGE_SIZE: Field = Field::new(0xc3, 5);
+    pub const CONSUMER_COUNTER: Field = Field::new(0x148, 24);
+    pub const PRODUCER_COUNTER: Field = Field::new(0x168, 24);
+}
+
+/// Bit offset of `eqc` in `create_eq_in` / `query_eq_out`.
+pub const EQC: usize = 0x80;
+/// `create_eq_in.event_bitmask[0]` and `query_eq_out.event_bitmask` (byte 0x58).
+const EVENT_BITMASK: Field64 = Field64::new(0x2c0);
+/// `create_eq_out.eq_number`, `destroy_eq_in.eq_number`, `query_eq_in.eq_number`.
+const EQ_NUMBER: Field = Field::new(0x58, 8);
+
 /// CREATE_EQ: `eqc` at bit 0x80, `event_bitmask[0]` at byte 0x58, `pas[]` at byte 0x110.
 pub fn create_eq(p: &EqParams<'_>) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_CREATE_EQ, 0, with_pas(PAS_OFFSET, p.pages.len()), CMD_HDR_LEN)
         .with("log_eq_size", p.log_eq_size.into())
         .with("uar", p.uar_page.0.into())
         .with("mask", p.event_mask);
-    const EQC: usize = 0x80;
-    c.set(EQC + 0x63, 5, p.log_eq_size.into());
-    c.set(EQC + 0x68, 24, p.uar_page.0);
-    c.set(EQC + 0xb4, 12, p.intr.into());
-    c.set(EQC + 0xc3, 5, p.log_page_size.into());
-    c.set64(0x58, p.event_mask);
-    put_pas(&mut c, PAS_OFFSET, p.pages);
+    c.set(eqc::LOG_EQ_SIZE.at(EQC), p.log_eq_size.into());
+    c.set(eqc::UAR_PAGE.at(EQC), p.uar_page.0);
+    c.set(eqc::INTR.at(EQC), p.intr.into());
+    c.set(eqc::LOG_PAGE_SIZE.at(EQC), p.log_page_size.into());
+    c.set64(EVENT_BITMASK, p.event_mask);
+    put_pas(&mut c, PAS, p.pages);
     c
 }
 
 pub fn parse_create_eq(out: &Output) -> Eqn {
-    Eqn(out.get(0x58, 8))
+    Eqn(out.get(EQ_NUMBER))
 }
 
 pub fn destroy_eq(eqn: impl Into<Eqn>) -> Command {
     let eqn: Eqn = eqn.into();
     let mut c = Command::new(MLX5_CMD_OP_DESTROY_EQ, 0, CMD_HDR_LEN, CMD_HDR_LEN).with("eqn", eqn.0.into());
-    c.set(0x58, 8, eqn.0);
+    c.set(EQ_NUMBER, eqn.0);
     c
 }
 
 pub fn query_eq(eqn: impl Into<Eqn>) -> Command {
     let eqn: Eqn = eqn.into();
     let mut c = Command::new(MLX5_CMD_OP_QUERY_EQ, 0, CMD_HDR_LEN, QUERY_EQ_OUT_LEN).with("eqn", eqn.0.into());
-    c.set(0x58, 8, eqn.0);
+    c.set(EQ_NUMBER, eqn.0);
     c
 }
 
@@ -139,16 +155,16 @@ pub struct EqInfo {
 }
 
 pub fn parse_query_eq(out: &Output) -> EqInfo {
-    const EQC: usize = 0x80;
+    let g = |f: Field| out.get(f.at(EQC));
     EqInfo {
-        status: out.get(EQC, 4) as u8,
-        log_eq_size: out.get(EQC + 0x63, 5) as u8,
-        uar_page: UarPage(out.get(EQC + 0x68, 24)),
-        intr: out.get(EQC + 0xb4, 12) as u16,
-        log_page_size: out.get(EQC + 0xc3, 5) as u8,
-        consumer_counter: out.get(EQC + 0x148, 24),
-        producer_counter: out.get(EQC + 0x168, 24),
-        event_mask: out.get64(0x58),
+        status: g(eqc::STATUS) as u8,
+        log_eq_size: g(eqc::LOG_EQ_SIZE) as u8,
+        uar_page: UarPage(g(eqc::UAR_PAGE)),
+        intr: g(eqc::INTR) as u16,
+        log_page_size: g(eqc::LOG_PAGE_SIZE) as u8,
+        consumer_counter: g(eqc::CONSUMER_COUNTER),
+        producer_counter: g(eqc::PRODUCER_COUNTER),
+        event_mask: out.get64(EVENT_BITMASK),
     }
 }
 
@@ -158,6 +174,28 @@ pub fn page_request(eqe: &[u8]) -> Option<PageDemand> {
         Event::PageRequest { function_id, num_pages, .. } => Some(PageDemand { function_id, num_pages }),
         _ => None,
     }
+}
+
+/// The `event_data` union of an EQE (28 bytes from EQE byte 0x20), the fields of each member the driver reads,
+/// offsets from the union's start.
+pub mod event_data {
+    use super::Field;
+    /// `comp_event.cq_number`.
+    pub const COMP_CQ_NUMBER: Field = Field::new(0xc8, 24);
+    /// `cmd_inter_comp_event.command_completion_vector`.
+    pub const COMMAND_COMPLETION_VECTOR: Field = Field::new(0x00, 32);
+    /// `pages_req_event.ec_function`, `function_id`, `num_pages`.
+    pub const PAGES_EC_FUNCTION: Field = Field::new(0x00, 1);
+    pub const PAGES_FUNCTION_ID: Field = Field::new(0x10, 16);
+    pub const PAGES_NUM_PAGES: Field = Field::new(0x20, 32);
+    /// `cq_error.cqn`, `cq_error.syndrome`.
+    pub const CQ_ERROR_CQN: Field = Field::new(0x08, 24);
+    pub const CQ_ERROR_SYNDROME: Field = Field::new(0x58, 8);
+    /// `port_state_change_event.port_num`.
+    pub const PORT_NUM: Field = Field::new(0x40, 4);
+    /// `qp_events.type` (the resource type) and `qp_events.qpn_rqn_sqn`.
+    pub const QP_TYPE: Field = Field::new(0xa0, 8);
+    pub const QP_QPN_RQN_SQN: Field = Field::new(0xc8, 24);
 }
 
 /// One EQE as read from the ring (`eqe`: `event_type` byte 1, `event_sub_type` byte 3, `event_data` bytes
@@ -223,25 +261,26 @@ impl Eqe {
         self.owner == ((ci >> log_eq_size) & 1 != 0)
     }
 
-    fn data_get(&self, bit: usize, width: usize) -> u32 {
-        field::get(&self.data, bit, width)
+    fn data_get(&self, f: Field) -> u32 {
+        f.read(&self.data)
     }
 
     pub fn event(&self) -> Event {
         let t = self.event_type;
         match t {
-            MLX5_EVENT_TYPE_COMP => Event::Completion { cqn: Cqn(self.data_get(0xc8, 24)) },
-            MLX5_EVENT_TYPE_CMD => Event::Command { slots: self.data_get(0, 32) },
+            MLX5_EVENT_TYPE_COMP => Event::Completion { cqn: Cqn(self.data_get(event_data::COMP_CQ_NUMBER)) },
+            MLX5_EVENT_TYPE_CMD => Event::Command { slots: self.data_get(event_data::COMMAND_COMPLETION_VECTOR) },
             MLX5_EVENT_TYPE_PAGE_REQUEST => Event::PageRequest {
-                ec_function: self.data_get(0, 1) != 0,
-                function_id: self.data_get(0x10, 16) as u16,
-                num_pages: self.data_get(0x20, 32) as i32,
+                ec_function: self.data_get(event_data::PAGES_EC_FUNCTION) != 0,
+                function_id: self.data_get(event_data::PAGES_FUNCTION_ID) as u16,
+                num_pages: self.data_get(event_data::PAGES_NUM_PAGES) as i32,
             },
-            MLX5_EVENT_TYPE_CQ_ERROR => {
-                Event::CqError { cqn: Cqn(self.data_get(0x08, 24)), syndrome: self.data_get(0x58, 8) as u8 }
-            }
+            MLX5_EVENT_TYPE_CQ_ERROR => Event::CqError {
+                cqn: Cqn(self.data_get(event_data::CQ_ERROR_CQN)),
+                syndrome: self.data_get(event_data::CQ_ERROR_SYNDROME) as u8,
+            },
             MLX5_EVENT_TYPE_PORT_CHANGE => {
-                Event::PortChange { port: self.data_get(0x40, 4) as u8, sub_type: self.sub_type }
+                Event::PortChange { port: self.data_get(event_data::PORT_NUM) as u8, sub_type: self.sub_type }
             }
             MLX5_EVENT_TYPE_PATH_MIG
             | MLX5_EVENT_TYPE_COMM_EST
@@ -252,9 +291,11 @@ impl Eqe {
             | MLX5_EVENT_TYPE_WQ_ACCESS_ERROR
             | MLX5_EVENT_TYPE_SRQ_CATAS_ERROR
             | MLX5_EVENT_TYPE_SRQ_LAST_WQE
-            | MLX5_EVENT_TYPE_SRQ_RQ_LIMIT => {
-                Event::Qp { event_type: t, resource_type: self.data_get(0xa0, 8) as u8, qpn: self.data_get(0xc8, 24) }
-            }
+            | MLX5_EVENT_TYPE_SRQ_RQ_LIMIT => Event::Qp {
+                event_type: t,
+                resource_type: self.data_get(event_data::QP_TYPE) as u8,
+                qpn: self.data_get(event_data::QP_QPN_RQN_SQN),
+            },
             _ => Event::Other { event_type: t, sub_type: self.sub_type },
         }
     }

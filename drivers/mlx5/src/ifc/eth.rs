@@ -8,25 +8,16 @@
 //! 0x50 of the command, with its `pas[]` at byte 0x110.
 
 use crate::command::{Command, Output};
+use crate::field::{Field, Field64};
 use crate::handles::{Cqn, Pdn, Tdn, UarPage};
-use crate::ifc::{CMD_HDR_LEN, PAS_OFFSET, put_pas, with_pas};
+use crate::ifc::{CMD_HDR_LEN, OBJECT_ID, PAS, put_pas, with_pas};
 
-pub const MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS: u16 = 0x203;
-pub const MLX5_CMD_OP_ALLOC_Q_COUNTER: u16 = 0x771;
-pub const MLX5_CMD_OP_DEALLOC_Q_COUNTER: u16 = 0x772;
-pub const MLX5_CMD_OP_QUERY_Q_COUNTER: u16 = 0x773;
-pub const MLX5_CMD_OP_CREATE_TIR: u16 = 0x900;
-pub const MLX5_CMD_OP_DESTROY_TIR: u16 = 0x902;
-pub const MLX5_CMD_OP_CREATE_SQ: u16 = 0x904;
-pub const MLX5_CMD_OP_MODIFY_SQ: u16 = 0x905;
-pub const MLX5_CMD_OP_DESTROY_SQ: u16 = 0x906;
-pub const MLX5_CMD_OP_QUERY_SQ: u16 = 0x907;
-pub const MLX5_CMD_OP_CREATE_RQ: u16 = 0x908;
-pub const MLX5_CMD_OP_MODIFY_RQ: u16 = 0x909;
-pub const MLX5_CMD_OP_DESTROY_RQ: u16 = 0x90a;
-pub const MLX5_CMD_OP_QUERY_RQ: u16 = 0x90b;
-pub const MLX5_CMD_OP_CREATE_TIS: u16 = 0x912;
-pub const MLX5_CMD_OP_DESTROY_TIS: u16 = 0x914;
+pub use crate::ifc::opcode::{
+    MLX5_CMD_OP_ALLOC_Q_COUNTER, MLX5_CMD_OP_CREATE_RQ, MLX5_CMD_OP_CREATE_SQ, MLX5_CMD_OP_CREATE_TIR,
+    MLX5_CMD_OP_CREATE_TIS, MLX5_CMD_OP_DEALLOC_Q_COUNTER, MLX5_CMD_OP_DESTROY_RQ, MLX5_CMD_OP_DESTROY_SQ,
+    MLX5_CMD_OP_DESTROY_TIR, MLX5_CMD_OP_DESTROY_TIS, MLX5_CMD_OP_MODIFY_RQ, MLX5_CMD_OP_MODIFY_SQ,
+    MLX5_CMD_OP_QUERY_Q_COUNTER, MLX5_CMD_OP_QUERY_RQ, MLX5_CMD_OP_QUERY_SPECIAL_CONTEXTS, MLX5_CMD_OP_QUERY_SQ,
+};
 
 /// `create_tis_in` (0xc0 bytes), `create_{sq,rq,tir}_in` / `modify_{sq,rq}_in` / `query_{sq,rq}_out` fixed
 /// parts (0x110 bytes), `query_special_contexts_out` (0x20 bytes).
@@ -58,23 +49,82 @@ pub const MLX5_INLINE_MODE_TCP_UDP: u8 = 3;
 /// The context every context-carrying command here holds, at byte 0x20.
 const CTX: usize = 0x100;
 /// `sqc.wq` / `rqc.wq` at bit 0x180 of the context.
-const WQ: usize = CTX + 0x180;
+const WQ: usize = CTX + sqc::WQ;
+
+/// `tisc`, offsets from its start.
+pub mod tisc {
+    use crate::field::Field;
+    pub const TRANSPORT_DOMAIN: Field = Field::new(0x128, 24);
+}
+
+/// `sqc`, offsets from its start.
+pub mod sqc {
+    use crate::field::Field;
+    pub const RLKY: Field = Field::new(0x00, 1);
+    pub const FLUSH_IN_ERROR_EN: Field = Field::new(0x03, 1);
+    pub const MIN_WQE_INLINE_MODE: Field = Field::new(0x05, 3);
+    pub const STATE: Field = Field::new(0x08, 4);
+    pub const CQN: Field = Field::new(0x48, 24);
+    pub const TIS_LST_SZ: Field = Field::new(0x100, 16);
+    pub const TIS_NUM_0: Field = Field::new(0x168, 24);
+    /// `wq` ([`super::wq`]).
+    pub const WQ: usize = 0x180;
+}
+
+/// `rqc`, offsets from its start (its `wq` sits where `sqc`'s does).
+pub mod rqc {
+    use crate::field::Field;
+    pub const RLKY: Field = Field::new(0x00, 1);
+    /// `vsd`: VLAN stripping disabled.
+    pub const VSD: Field = Field::new(0x03, 1);
+    pub const STATE: Field = Field::new(0x08, 4);
+    pub const CQN: Field = Field::new(0x48, 24);
+    pub const COUNTER_SET_ID: Field = Field::new(0x60, 8);
+}
+
+/// `wq`, offsets from its start.
+pub mod wq {
+    use crate::field::{Field, Field64};
+    pub const WQ_TYPE: Field = Field::new(0x00, 4);
+    pub const PD: Field = Field::new(0x48, 24);
+    pub const UAR_PAGE: Field = Field::new(0x68, 24);
+    pub const DBR_ADDR: Field64 = Field64::new(0x80);
+    pub const HW_COUNTER: Field = Field::new(0xc0, 32);
+    pub const SW_COUNTER: Field = Field::new(0xe0, 32);
+    pub const LOG_WQ_STRIDE: Field = Field::new(0x10c, 4);
+    pub const LOG_WQ_PG_SZ: Field = Field::new(0x113, 5);
+    pub const LOG_WQ_SZ: Field = Field::new(0x11b, 5);
+}
+
+/// `tirc`, offsets from its start.
+pub mod tirc {
+    use crate::field::Field;
+    pub const DISP_TYPE: Field = Field::new(0x20, 4);
+    pub const INLINE_RQN: Field = Field::new(0xe8, 24);
+    pub const TRANSPORT_DOMAIN: Field = Field::new(0x128, 24);
+}
+
+/// `modify_sq_in.sq_state` / `modify_rq_in.rq_state` (the current state), the queue number, `modify_bitmask`.
+const MODIFY_CUR_STATE: Field = Field::new(0x40, 4);
+const MODIFY_BITMASK: Field64 = Field64::new(0x80);
+/// The queue or object number of `create_*_out`, `destroy_*_in`, `query_*_in`, `modify_*_in`.
+const NUMBER: Field = OBJECT_ID;
 
 fn handle_cmd(opcode: u16, name: &'static str, handle: u32) -> Command {
     let mut c = Command::new(opcode, 0, CMD_HDR_LEN, CMD_HDR_LEN).with(name, handle.into());
-    c.set(0x48, 24, handle);
+    c.set(NUMBER, handle);
     c
 }
 
 /// `create_*_out.{tisn,sqn,rqn,tirn}`: bit 0x48, 24 bits.
 fn created(out: &Output) -> u32 {
-    out.get(0x48, 24)
+    out.get(NUMBER)
 }
 
 /// CREATE_TIS in transport domain `td` (`tisc.prio` 0; Linux `mlx5e_create_tis`).
 pub fn create_tis(td: Tdn) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_CREATE_TIS, 0, CREATE_TIS_IN_LEN, CMD_HDR_LEN).with("td", td.0.into());
-    c.set(CTX + 0x128, 24, td.0); // tisc.transport_domain
+    c.set(tisc::TRANSPORT_DOMAIN.at(CTX), td.0);
     c
 }
 
@@ -104,14 +154,14 @@ pub struct WqParams<'a> {
 }
 
 fn put_wq(c: &mut Command, w: &WqParams<'_>) {
-    c.set(WQ, 4, w.wq_type.into());
-    c.set(WQ + 0x48, 24, w.pd.0);
-    c.set(WQ + 0x68, 24, w.uar_page.0);
-    c.set64((WQ + 0x80) / 8, w.dbr_addr);
-    c.set(WQ + 0x10c, 4, w.log_wq_stride.into());
-    c.set(WQ + 0x113, 5, w.log_wq_pg_sz.into());
-    c.set(WQ + 0x11b, 5, w.log_wq_sz.into());
-    put_pas(c, PAS_OFFSET, w.pages);
+    c.set(wq::WQ_TYPE.at(WQ), w.wq_type.into());
+    c.set(wq::PD.at(WQ), w.pd.0);
+    c.set(wq::UAR_PAGE.at(WQ), w.uar_page.0);
+    c.set64(wq::DBR_ADDR.at(WQ), w.dbr_addr);
+    c.set(wq::LOG_WQ_STRIDE.at(WQ), w.log_wq_stride.into());
+    c.set(wq::LOG_WQ_PG_SZ.at(WQ), w.log_wq_pg_sz.into());
+    c.set(wq::LOG_WQ_SZ.at(WQ), w.log_wq_sz.into());
+    put_pas(c, PAS, w.pages);
 }
 
 /// What a created SQ gets (Linux `mlx5e_create_sq`).
@@ -134,15 +184,15 @@ pub fn create_sq(p: &SqParams<'_>) -> Command {
         .with("cqn", p.cqn.0.into())
         .with("tisn", p.tisn.into())
         .with("log_wq_sz", p.wq.log_wq_sz.into());
-    c.set(CTX, 1, p.rlky as u32);
-    c.set(CTX + 0x03, 1, 1); // flush_in_error_en
+    c.set(sqc::RLKY.at(CTX), p.rlky as u32);
+    c.set(sqc::FLUSH_IN_ERROR_EN.at(CTX), 1);
     if let Some(m) = p.min_wqe_inline_mode {
-        c.set(CTX + 0x05, 3, m.into());
+        c.set(sqc::MIN_WQE_INLINE_MODE.at(CTX), m.into());
     }
-    c.set(CTX + 0x08, 4, MLX5_WQ_STATE_RST.into());
-    c.set(CTX + 0x48, 24, p.cqn.0);
-    c.set(CTX + 0x100, 16, 1); // tis_lst_sz
-    c.set(CTX + 0x168, 24, p.tisn);
+    c.set(sqc::STATE.at(CTX), MLX5_WQ_STATE_RST.into());
+    c.set(sqc::CQN.at(CTX), p.cqn.0);
+    c.set(sqc::TIS_LST_SZ.at(CTX), 1);
+    c.set(sqc::TIS_NUM_0.at(CTX), p.tisn);
     put_wq(&mut c, &p.wq);
     c
 }
@@ -164,10 +214,10 @@ fn modify_wq(opcode: u16, name: &'static str, n: u32, from: u8, to: u8) -> Comma
         .with(name, n.into())
         .with("from", from.into())
         .with("to", to.into());
-    c.set(0x40, 4, from.into());
-    c.set(0x48, 24, n);
-    c.set64(0x10, 0);
-    c.set(CTX + 0x08, 4, to.into());
+    c.set(MODIFY_CUR_STATE, from.into());
+    c.set(NUMBER, n);
+    c.set64(MODIFY_BITMASK, 0);
+    c.set(sqc::STATE.at(CTX), to.into());
     c
 }
 
@@ -177,7 +227,7 @@ pub fn destroy_sq(sqn: u32) -> Command {
 
 pub fn query_sq(sqn: u32) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_QUERY_SQ, 0, CMD_HDR_LEN, CTX_CMD_LEN).with("sqn", sqn.into());
-    c.set(0x48, 24, sqn);
+    c.set(NUMBER, sqn);
     c
 }
 
@@ -197,16 +247,17 @@ pub struct WqInfo {
 }
 
 fn wq_info(out: &Output) -> WqInfo {
+    let g = |f: Field| out.get(f.at(WQ));
     WqInfo {
-        wq_type: out.get(WQ, 4) as u8,
-        pd: Pdn(out.get(WQ + 0x48, 24)),
-        uar_page: UarPage(out.get(WQ + 0x68, 24)),
-        dbr_addr: out.get64((WQ + 0x80) / 8),
-        log_wq_stride: out.get(WQ + 0x10c, 4) as u8,
-        log_wq_pg_sz: out.get(WQ + 0x113, 5) as u8,
-        log_wq_sz: out.get(WQ + 0x11b, 5) as u8,
-        hw_counter: out.get(WQ + 0xc0, 32),
-        sw_counter: out.get(WQ + 0xe0, 32),
+        wq_type: g(wq::WQ_TYPE) as u8,
+        pd: Pdn(g(wq::PD)),
+        uar_page: UarPage(g(wq::UAR_PAGE)),
+        dbr_addr: out.get64(wq::DBR_ADDR.at(WQ)),
+        log_wq_stride: g(wq::LOG_WQ_STRIDE) as u8,
+        log_wq_pg_sz: g(wq::LOG_WQ_PG_SZ) as u8,
+        log_wq_sz: g(wq::LOG_WQ_SZ) as u8,
+        hw_counter: g(wq::HW_COUNTER),
+        sw_counter: g(wq::SW_COUNTER),
     }
 }
 
@@ -222,12 +273,13 @@ pub struct SqInfo {
 }
 
 pub fn query_sq_out(out: &Output) -> SqInfo {
+    let g = |f: Field| out.get(f.at(CTX));
     SqInfo {
-        rlky: out.get(CTX, 1) != 0,
-        state: out.get(CTX + 0x08, 4) as u8,
-        min_wqe_inline_mode: out.get(CTX + 0x05, 3) as u8,
-        cqn: Cqn(out.get(CTX + 0x48, 24)),
-        tisn: out.get(CTX + 0x168, 24),
+        rlky: g(sqc::RLKY) != 0,
+        state: g(sqc::STATE) as u8,
+        min_wqe_inline_mode: g(sqc::MIN_WQE_INLINE_MODE) as u8,
+        cqn: Cqn(g(sqc::CQN)),
+        tisn: g(sqc::TIS_NUM_0),
         wq: wq_info(out),
     }
 }
@@ -250,11 +302,11 @@ pub fn create_rq(p: &RqParams<'_>) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_CREATE_RQ, 0, with_pas(CTX_CMD_LEN, p.wq.pages.len()), CMD_HDR_LEN)
         .with("cqn", p.cqn.0.into())
         .with("log_wq_sz", p.wq.log_wq_sz.into());
-    c.set(CTX, 1, p.rlky as u32);
-    c.set(CTX + 0x03, 1, p.vlan_strip_disable as u32);
-    c.set(CTX + 0x08, 4, MLX5_WQ_STATE_RST.into());
-    c.set(CTX + 0x48, 24, p.cqn.0);
-    c.set(CTX + 0x60, 8, p.counter_set_id.into());
+    c.set(rqc::RLKY.at(CTX), p.rlky as u32);
+    c.set(rqc::VSD.at(CTX), p.vlan_strip_disable as u32);
+    c.set(rqc::STATE.at(CTX), MLX5_WQ_STATE_RST.into());
+    c.set(rqc::CQN.at(CTX), p.cqn.0);
+    c.set(rqc::COUNTER_SET_ID.at(CTX), p.counter_set_id.into());
     put_wq(&mut c, &p.wq);
     c
 }
@@ -274,7 +326,7 @@ pub fn destroy_rq(rqn: u32) -> Command {
 
 pub fn query_rq(rqn: u32) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_QUERY_RQ, 0, CMD_HDR_LEN, CTX_CMD_LEN).with("rqn", rqn.into());
-    c.set(0x48, 24, rqn);
+    c.set(NUMBER, rqn);
     c
 }
 
@@ -289,11 +341,12 @@ pub struct RqInfo {
 }
 
 pub fn query_rq_out(out: &Output) -> RqInfo {
+    let g = |f: Field| out.get(f.at(CTX));
     RqInfo {
-        rlky: out.get(CTX, 1) != 0,
-        state: out.get(CTX + 0x08, 4) as u8,
-        vlan_strip_disable: out.get(CTX + 0x03, 1) != 0,
-        cqn: Cqn(out.get(CTX + 0x48, 24)),
+        rlky: g(rqc::RLKY) != 0,
+        state: g(rqc::STATE) as u8,
+        vlan_strip_disable: g(rqc::VSD) != 0,
+        cqn: Cqn(g(rqc::CQN)),
         wq: wq_info(out),
     }
 }
@@ -303,9 +356,9 @@ pub fn create_tir_direct(td: Tdn, rqn: u32) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_CREATE_TIR, 0, CTX_CMD_LEN, CMD_HDR_LEN)
         .with("td", td.0.into())
         .with("rqn", rqn.into());
-    c.set(CTX + 0x20, 4, MLX5_TIRC_DISP_TYPE_DIRECT.into());
-    c.set(CTX + 0xe8, 24, rqn);
-    c.set(CTX + 0x128, 24, td.0);
+    c.set(tirc::DISP_TYPE.at(CTX), MLX5_TIRC_DISP_TYPE_DIRECT.into());
+    c.set(tirc::INLINE_RQN.at(CTX), rqn);
+    c.set(tirc::TRANSPORT_DOMAIN.at(CTX), td.0);
     c
 }
 
@@ -326,16 +379,23 @@ pub fn alloc_q_counter() -> Command {
     Command::new(MLX5_CMD_OP_ALLOC_Q_COUNTER, 0, CMD_HDR_LEN, CMD_HDR_LEN)
 }
 
+/// `alloc_q_counter_out.counter_set_id` and `dealloc_q_counter_in.counter_set_id`.
+const COUNTER_SET_ID: Field = Field::new(0x58, 8);
+/// `query_q_counter_in.counter_set_id`.
+const QUERY_COUNTER_SET_ID: Field = Field::new(0xf8, 8);
+/// `query_q_counter_out.out_of_buffer`.
+const OUT_OF_BUFFER: Field = Field::new(0x180, 32);
+
 /// `alloc_q_counter_out.counter_set_id`: bit 0x58, 8 bits.
 pub fn alloc_q_counter_out(out: &Output) -> u8 {
-    out.get(0x58, 8) as u8
+    out.get(COUNTER_SET_ID) as u8
 }
 
 /// DEALLOC_Q_COUNTER: `counter_set_id` at bit 0x58, as ALLOC returns it.
 pub fn dealloc_q_counter(counter_set_id: u8) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_DEALLOC_Q_COUNTER, 0, CMD_HDR_LEN, CMD_HDR_LEN)
         .with("counter_set_id", counter_set_id.into());
-    c.set(0x58, 8, counter_set_id.into());
+    c.set(COUNTER_SET_ID, counter_set_id.into());
     c
 }
 
@@ -343,14 +403,14 @@ pub fn dealloc_q_counter(counter_set_id: u8) -> Command {
 pub fn query_q_counter(counter_set_id: u8) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_QUERY_Q_COUNTER, 0, QUERY_Q_COUNTER_IN_LEN, QUERY_Q_COUNTER_OUT_LEN)
         .with("counter_set_id", counter_set_id.into());
-    c.set(0xf8, 8, counter_set_id.into());
+    c.set(QUERY_COUNTER_SET_ID, counter_set_id.into());
     c
 }
 
 /// `query_q_counter_out.out_of_buffer` (bit 0x180, 32 bits): frames dropped because their RQ had no WQE posted.
 /// A free-running counter (it wraps).
 pub fn query_q_counter_out_of_buffer(out: &Output) -> u32 {
-    out.get(0x180, 32)
+    out.get(OUT_OF_BUFFER)
 }
 
 pub fn query_special_contexts() -> Command {
@@ -366,8 +426,25 @@ pub struct SpecialContexts {
     pub null_mkey: u32,
 }
 
+/// `query_special_contexts_out.dump_fill_mkey`, `.resd_lkey`, `.null_mkey`.
+const DUMP_FILL_MKEY: Field = Field::new(0x40, 32);
+const RESD_LKEY: Field = Field::new(0x60, 32);
+const NULL_MKEY: Field = Field::new(0x80, 32);
+
 pub fn query_special_contexts_out(out: &Output) -> SpecialContexts {
-    SpecialContexts { dump_fill_mkey: out.get(0x40, 32), resd_lkey: out.get(0x60, 32), null_mkey: out.get(0x80, 32) }
+    SpecialContexts {
+        dump_fill_mkey: out.get(DUMP_FILL_MKEY),
+        resd_lkey: out.get(RESD_LKEY),
+        null_mkey: out.get(NULL_MKEY),
+    }
+}
+
+/// `per_protocol_networking_offload_caps`, the fields the driver reads.
+pub mod per_protocol_networking_offload_caps {
+    use crate::field::Field;
+    pub const CSUM_CAP: Field = Field::new(0x00, 1);
+    pub const WQE_VLAN_INSERT: Field = Field::new(0x07, 1);
+    pub const WQE_INLINE_MODE: Field = Field::new(0x12, 2);
 }
 
 /// The ETHERNET_OFFLOADS capability fields we use (`per_protocol_networking_offload_caps`, the capability block
@@ -383,16 +460,19 @@ pub struct EthCaps {
 impl EthCaps {
     /// Parses the block ([`crate::ifc::init::hca_cap_block`] of the query's output).
     pub fn parse(block: &[u8]) -> EthCaps {
-        let get = |bit: usize, width: usize| {
-            if block.len() < 4 * (bit / 32 + 1) { 0 } else { crate::field::get(block, bit, width) }
-        };
-        EthCaps { csum_cap: get(0x00, 1) != 0, wqe_vlan_insert: get(0x07, 1) != 0, wqe_inline_mode: get(0x12, 2) as u8 }
+        use per_protocol_networking_offload_caps as f;
+        EthCaps {
+            csum_cap: f::CSUM_CAP.read(block) != 0,
+            wqe_vlan_insert: f::WQE_VLAN_INSERT.read(block) != 0,
+            wqe_inline_mode: f::WQE_INLINE_MODE.read(block) as u8,
+        }
     }
 }
 
 /// `nic_vport_context.min_wqe_inline_mode` from a QUERY_NIC_VPORT_CONTEXT output (context at byte 0x10).
 pub fn nic_vport_min_wqe_inline_mode(out: &Output) -> u8 {
-    out.get(0x80 + 0x05, 3) as u8
+    use crate::ifc::vport::{QUERY_NIC_VPORT_CONTEXT_OUT_CTX, nic_vport_context};
+    out.get(nic_vport_context::MIN_WQE_INLINE_MODE.at(QUERY_NIC_VPORT_CONTEXT_OUT_CTX)) as u8
 }
 
 /// The SQ's minimal inline mode as Linux `mlx5_query_min_inline` decides it: L2 when the capability says L2,

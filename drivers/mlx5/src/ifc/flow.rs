@@ -7,16 +7,15 @@
 //! installs no RDMA_RX rule (docs/revoke-semantics.md, "Why there is no flow-table DROP").
 
 use crate::command::{Command, Output};
+use crate::field::Field;
 use crate::handles::{FlowGroupId, FlowIndex, FlowTableId, Qpn};
-use crate::ifc::CMD_HDR_LEN;
+use crate::ifc::{CMD_HDR_LEN, OBJECT_ID};
 
-pub const MLX5_CMD_OP_SET_FLOW_TABLE_ROOT: u16 = 0x92f;
-pub const MLX5_CMD_OP_CREATE_FLOW_TABLE: u16 = 0x930;
-pub const MLX5_CMD_OP_DESTROY_FLOW_TABLE: u16 = 0x931;
-pub const MLX5_CMD_OP_CREATE_FLOW_GROUP: u16 = 0x933;
-pub const MLX5_CMD_OP_DESTROY_FLOW_GROUP: u16 = 0x934;
-pub const MLX5_CMD_OP_SET_FLOW_TABLE_ENTRY: u16 = 0x936;
-pub const MLX5_CMD_OP_DELETE_FLOW_TABLE_ENTRY: u16 = 0x938;
+pub use crate::ifc::opcode::{
+    MLX5_CMD_OP_CREATE_FLOW_GROUP, MLX5_CMD_OP_CREATE_FLOW_TABLE, MLX5_CMD_OP_DELETE_FLOW_TABLE_ENTRY,
+    MLX5_CMD_OP_DESTROY_FLOW_GROUP, MLX5_CMD_OP_DESTROY_FLOW_TABLE, MLX5_CMD_OP_SET_FLOW_TABLE_ENTRY,
+    MLX5_CMD_OP_SET_FLOW_TABLE_ROOT,
+};
 
 pub const CREATE_FLOW_TABLE_IN_LEN: usize = 0x40;
 pub const DESTROY_FLOW_TABLE_IN_LEN: usize = 0x40;
@@ -49,27 +48,76 @@ pub const MLX5_IFC_FLOW_DESTINATION_TYPE_TIR: u8 = 0x2;
 /// `dest_format_struct` is 8 bytes; the destination list starts at `flow_context` byte 0x300, which is byte
 /// 0x340 of `set_fte_in`: right after its fixed part.
 pub const DEST_FORMAT_LEN: usize = 8;
-const FTE_DESTINATIONS: usize = 0x40 + 0x300;
 
 /// `set_flow_table_root_in.op_mod`: 0 connects `table_id` as the root, 1 disconnects the root.
 pub const SET_ROOT_CONNECT: u16 = 0;
 pub const SET_ROOT_DISCONNECT: u16 = 1;
 
-/// `fte_match_set_misc.bth_dst_qp` inside an `fte_match_param` (misc block at bit 0x200): bit 0x348.
-const MATCH_BTH_DST_QP: usize = 0x200 + 0x148;
-/// `fte_match_set_lyr_2_4.dmac_47_16` (bit 0x40, 32 wide) and `dmac_15_0` (bit 0x60, 16 wide) in the outer
-/// headers, which open `fte_match_param`.
-const MATCH_DMAC_47_16: usize = 0x40;
-const MATCH_DMAC_15_0: usize = 0x60;
-/// `create_flow_group_in.match_criteria` at bit 0x200; `set_fte_in.flow_context.match_value` at bit 0x400.
+/// `table_type` and `table_id`, at the same place in every flow-table command that names a table
+/// (`create_flow_table_in` has `table_type` only).
+const TABLE_TYPE: Field = Field::new(0x80, 8);
+const TABLE_ID: Field = Field::new(0xa8, 24);
+/// `create_flow_table_out.table_id`, `create_flow_group_out.group_id`.
+const CREATED_ID: Field = OBJECT_ID;
+
+/// `flow_table_context`, offsets from its start; at bit 0xc0 of `create_flow_table_in`.
+pub mod flow_table_context {
+    use crate::field::Field;
+    pub const TABLE_MISS_ACTION: Field = Field::new(0x04, 4);
+    pub const LEVEL: Field = Field::new(0x08, 8);
+    pub const LOG_SIZE: Field = Field::new(0x18, 8);
+}
+const FLOW_TABLE_CONTEXT: usize = 0xc0;
+
+/// `create_flow_group_in`.
+const START_FLOW_INDEX: Field = Field::new(0xe0, 32);
+const END_FLOW_INDEX: Field = Field::new(0x120, 32);
+const MATCH_CRITERIA_ENABLE: Field = Field::new(0x1f8, 8);
+/// `create_flow_group_in.match_criteria` (an `fte_match_param`).
 const GROUP_CRITERIA: usize = 0x200;
+/// `destroy_flow_group_in.group_id`.
+const DESTROY_GROUP_ID: Field = Field::new(0xc0, 32);
+
+/// `set_fte_in.flow_index` (also `delete_fte_in.flow_index`) and its `flow_context` at bit 0x200.
+const FLOW_INDEX: Field = Field::new(0x100, 32);
 const FTE_CONTEXT: usize = 0x200;
-const FTE_MATCH_VALUE: usize = FTE_CONTEXT + 0x200;
+
+/// `flow_context`, offsets from its start.
+pub mod flow_context {
+    use crate::field::Field;
+    pub const GROUP_ID: Field = Field::new(0x20, 32);
+    pub const ACTION: Field = Field::new(0x70, 16);
+    pub const DESTINATION_LIST_SIZE: Field = Field::new(0x88, 24);
+    /// `match_value` (an `fte_match_param`).
+    pub const MATCH_VALUE: usize = 0x200;
+    /// `destination[]`: `dest_format_struct`s from byte 0x300.
+    pub const DESTINATION: usize = 0x1800;
+}
+const FTE_MATCH_VALUE: usize = FTE_CONTEXT + flow_context::MATCH_VALUE;
+const FTE_DESTINATIONS: usize = FTE_CONTEXT + flow_context::DESTINATION;
+
+/// `fte_match_param`, offsets from its start: `outer_headers` (`fte_match_set_lyr_2_4`) open it, and
+/// `misc_parameters` (`fte_match_set_misc`) sit at bit 0x200.
+pub mod fte_match_param {
+    use crate::field::Field;
+    /// `outer_headers.dmac_47_16`, `outer_headers.dmac_15_0`.
+    pub const DMAC_47_16: Field = Field::new(0x40, 32);
+    pub const DMAC_15_0: Field = Field::new(0x60, 16);
+    /// `misc_parameters.bth_dst_qp` (misc block at bit 0x200, the field at 0x148 in it).
+    pub const BTH_DST_QP: Field = Field::new(0x200 + 0x148, 24);
+}
+
+/// `dest_format_struct`, offsets from its start.
+pub mod dest_format {
+    use crate::field::Field;
+    pub const DESTINATION_TYPE: Field = Field::new(0x00, 8);
+    pub const DESTINATION_ID: Field = Field::new(0x08, 24);
+}
 
 fn table_cmd(opcode: u16, in_len: usize, table_type: u8, table: FlowTableId) -> Command {
     let mut c = Command::new(opcode, 0, in_len, CMD_HDR_LEN).with("table_id", table.0.into());
-    c.set(0x80, 8, table_type.into());
-    c.set(0xa8, 24, table.0);
+    c.set(TABLE_TYPE, table_type.into());
+    c.set(TABLE_ID, table.0);
     c
 }
 
@@ -78,16 +126,15 @@ pub fn create_flow_table(table_type: u8, level: u8, log_size: u8) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_CREATE_FLOW_TABLE, 0, CREATE_FLOW_TABLE_IN_LEN, CMD_HDR_LEN)
         .with("table_type", table_type.into())
         .with("log_size", log_size.into());
-    c.set(0x80, 8, table_type.into());
-    const CTX: usize = 0xc0;
-    c.set(CTX + 0x04, 4, MLX5_FLOW_TABLE_MISS_ACTION_DEF.into());
-    c.set(CTX + 0x08, 8, level.into());
-    c.set(CTX + 0x18, 8, log_size.into());
+    c.set(TABLE_TYPE, table_type.into());
+    c.set(flow_table_context::TABLE_MISS_ACTION.at(FLOW_TABLE_CONTEXT), MLX5_FLOW_TABLE_MISS_ACTION_DEF.into());
+    c.set(flow_table_context::LEVEL.at(FLOW_TABLE_CONTEXT), level.into());
+    c.set(flow_table_context::LOG_SIZE.at(FLOW_TABLE_CONTEXT), log_size.into());
     c
 }
 
 pub fn create_flow_table_out(out: &Output) -> FlowTableId {
-    FlowTableId(out.get(0x48, 24))
+    FlowTableId(out.get(CREATED_ID))
 }
 
 pub fn destroy_flow_table(table_type: u8, table: FlowTableId) -> Command {
@@ -97,21 +144,21 @@ pub fn destroy_flow_table(table_type: u8, table: FlowTableId) -> Command {
 /// CREATE_FLOW_GROUP over entries `[start, end]` matching on `misc_parameters.bth_dst_qp` (all 24 bits).
 pub fn create_flow_group_bth_dst_qp(table_type: u8, table: FlowTableId, start: u32, end: u32) -> Command {
     let mut c = table_cmd(MLX5_CMD_OP_CREATE_FLOW_GROUP, CREATE_FLOW_GROUP_IN_LEN, table_type, table);
-    c.set(0xe0, 32, start);
-    c.set(0x120, 32, end);
-    c.set(0x1f8, 8, MLX5_MATCH_MISC_PARAMETERS.into());
-    c.set(GROUP_CRITERIA + MATCH_BTH_DST_QP, 24, 0x00ff_ffff);
+    c.set(START_FLOW_INDEX, start);
+    c.set(END_FLOW_INDEX, end);
+    c.set(MATCH_CRITERIA_ENABLE, MLX5_MATCH_MISC_PARAMETERS.into());
+    c.set(fte_match_param::BTH_DST_QP.at(GROUP_CRITERIA), 0x00ff_ffff);
     c
 }
 
 pub fn create_flow_group_out(out: &Output) -> FlowGroupId {
-    FlowGroupId(out.get(0x48, 24))
+    FlowGroupId(out.get(CREATED_ID))
 }
 
 pub fn destroy_flow_group(table_type: u8, table: FlowTableId, group: FlowGroupId) -> Command {
     let mut c = table_cmd(MLX5_CMD_OP_DESTROY_FLOW_GROUP, DESTROY_FLOW_GROUP_IN_LEN, table_type, table)
         .with("group_id", group.0.into());
-    c.set(0xc0, 32, group.0);
+    c.set(DESTROY_GROUP_ID, group.0);
     c
 }
 
@@ -128,10 +175,10 @@ pub fn set_fte_bth_dst_qp(
     let mut c = table_cmd(MLX5_CMD_OP_SET_FLOW_TABLE_ENTRY, SET_FTE_IN_LEN, table_type, table)
         .with("flow_index", index.0.into())
         .with("qpn", qpn.0.into());
-    c.set(0x100, 32, index.0);
-    c.set(FTE_CONTEXT + 0x20, 32, group.0);
-    c.set(FTE_CONTEXT + 0x70, 16, action.into());
-    c.set(FTE_MATCH_VALUE + MATCH_BTH_DST_QP, 24, qpn.0);
+    c.set(FLOW_INDEX, index.0);
+    c.set(flow_context::GROUP_ID.at(FTE_CONTEXT), group.0);
+    c.set(flow_context::ACTION.at(FTE_CONTEXT), action.into());
+    c.set(fte_match_param::BTH_DST_QP.at(FTE_MATCH_VALUE), qpn.0);
     c
 }
 
@@ -139,11 +186,11 @@ pub fn set_fte_bth_dst_qp(
 /// (`match_criteria_enable` = outer headers).
 pub fn create_flow_group_dmac(table_type: u8, table: FlowTableId, start: u32, end: u32) -> Command {
     let mut c = table_cmd(MLX5_CMD_OP_CREATE_FLOW_GROUP, CREATE_FLOW_GROUP_IN_LEN, table_type, table);
-    c.set(0xe0, 32, start);
-    c.set(0x120, 32, end);
-    c.set(0x1f8, 8, MLX5_MATCH_OUTER_HEADERS.into());
-    c.set(GROUP_CRITERIA + MATCH_DMAC_47_16, 32, u32::MAX);
-    c.set(GROUP_CRITERIA + MATCH_DMAC_15_0, 16, 0xffff);
+    c.set(START_FLOW_INDEX, start);
+    c.set(END_FLOW_INDEX, end);
+    c.set(MATCH_CRITERIA_ENABLE, MLX5_MATCH_OUTER_HEADERS.into());
+    c.set(fte_match_param::DMAC_47_16.at(GROUP_CRITERIA), u32::MAX);
+    c.set(fte_match_param::DMAC_15_0.at(GROUP_CRITERIA), 0xffff);
     c
 }
 
@@ -160,21 +207,22 @@ pub fn set_fte_dmac_to_tir(
     let mut c = table_cmd(MLX5_CMD_OP_SET_FLOW_TABLE_ENTRY, SET_FTE_IN_LEN + DEST_FORMAT_LEN, table_type, table)
         .with("flow_index", index.0.into())
         .with("tirn", tirn.into());
-    c.set(0x100, 32, index.0);
-    c.set(FTE_CONTEXT + 0x20, 32, group.0);
-    c.set(FTE_CONTEXT + 0x70, 16, MLX5_FLOW_CONTEXT_ACTION_FWD_DEST.into());
-    c.set(FTE_CONTEXT + 0x88, 24, 1);
-    c.set(FTE_MATCH_VALUE + MATCH_DMAC_47_16, 32, u32::from_be_bytes([dmac[0], dmac[1], dmac[2], dmac[3]]));
-    c.set(FTE_MATCH_VALUE + MATCH_DMAC_15_0, 16, u16::from_be_bytes([dmac[4], dmac[5]]).into());
-    c.set(FTE_DESTINATIONS * 8, 8, MLX5_IFC_FLOW_DESTINATION_TYPE_TIR.into());
-    c.set(FTE_DESTINATIONS * 8 + 8, 24, tirn);
+    c.set(FLOW_INDEX, index.0);
+    c.set(flow_context::GROUP_ID.at(FTE_CONTEXT), group.0);
+    c.set(flow_context::ACTION.at(FTE_CONTEXT), MLX5_FLOW_CONTEXT_ACTION_FWD_DEST.into());
+    c.set(flow_context::DESTINATION_LIST_SIZE.at(FTE_CONTEXT), 1);
+    let dmac_47_16 = u32::from_be_bytes([dmac[0], dmac[1], dmac[2], dmac[3]]);
+    c.set(fte_match_param::DMAC_47_16.at(FTE_MATCH_VALUE), dmac_47_16);
+    c.set(fte_match_param::DMAC_15_0.at(FTE_MATCH_VALUE), u16::from_be_bytes([dmac[4], dmac[5]]).into());
+    c.set(dest_format::DESTINATION_TYPE.at(FTE_DESTINATIONS), MLX5_IFC_FLOW_DESTINATION_TYPE_TIR.into());
+    c.set(dest_format::DESTINATION_ID.at(FTE_DESTINATIONS), tirn);
     c
 }
 
 pub fn delete_fte(table_type: u8, table: FlowTableId, index: FlowIndex) -> Command {
     let mut c = table_cmd(MLX5_CMD_OP_DELETE_FLOW_TABLE_ENTRY, DELETE_FTE_IN_LEN, table_type, table)
         .with("flow_index", index.0.into());
-    c.set(0x100, 32, index.0);
+    c.set(FLOW_INDEX, index.0);
     c
 }
 
@@ -188,7 +236,7 @@ pub fn clear_flow_table_root(table_type: u8) -> Command {
     let mut c =
         Command::new(MLX5_CMD_OP_SET_FLOW_TABLE_ROOT, SET_ROOT_DISCONNECT, SET_FLOW_TABLE_ROOT_IN_LEN, CMD_HDR_LEN)
             .with("table_type", table_type.into());
-    c.set(0x80, 8, table_type.into());
+    c.set(TABLE_TYPE, table_type.into());
     c
 }
 

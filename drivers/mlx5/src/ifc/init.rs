@@ -7,20 +7,14 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::command::{Command, Output};
-use crate::field;
+use crate::field::{ByteArray, Field, Field64};
 use crate::ifc::{CMD_HDR_LEN, put_pas};
 
-pub const MLX5_CMD_OP_QUERY_HCA_CAP: u16 = 0x100;
-pub const MLX5_CMD_OP_INIT_HCA: u16 = 0x102;
-pub const MLX5_CMD_OP_TEARDOWN_HCA: u16 = 0x103;
-pub const MLX5_CMD_OP_ENABLE_HCA: u16 = 0x104;
-pub const MLX5_CMD_OP_DISABLE_HCA: u16 = 0x105;
-pub const MLX5_CMD_OP_QUERY_PAGES: u16 = 0x107;
-pub const MLX5_CMD_OP_MANAGE_PAGES: u16 = 0x108;
-pub const MLX5_CMD_OP_SET_HCA_CAP: u16 = 0x109;
-pub const MLX5_CMD_OP_QUERY_ISSI: u16 = 0x10a;
-pub const MLX5_CMD_OP_SET_ISSI: u16 = 0x10b;
-pub const MLX5_CMD_OP_ACCESS_REG: u16 = 0x805;
+pub use crate::ifc::opcode::{
+    MLX5_CMD_OP_ACCESS_REG, MLX5_CMD_OP_DISABLE_HCA, MLX5_CMD_OP_ENABLE_HCA, MLX5_CMD_OP_INIT_HCA,
+    MLX5_CMD_OP_MANAGE_PAGES, MLX5_CMD_OP_QUERY_HCA_CAP, MLX5_CMD_OP_QUERY_ISSI, MLX5_CMD_OP_QUERY_PAGES,
+    MLX5_CMD_OP_SET_HCA_CAP, MLX5_CMD_OP_SET_ISSI, MLX5_CMD_OP_TEARDOWN_HCA,
+};
 
 /// `query_issi_out` is 0x70 bytes; `supported_issi_dw0` is its last dword.
 pub const QUERY_ISSI_OUT_LEN: usize = 0x70;
@@ -69,12 +63,36 @@ pub enum RegOp {
     Read = 1,
 }
 
+/// `enable_hca_in` / `disable_hca_in`.
+const EMBEDDED_CPU_FUNCTION: Field = Field::new(0x40, 1);
+/// `function_id` of `enable_hca_in`, `query_pages_out`, `manage_pages_in`.
+const FUNCTION_ID: Field = Field::new(0x50, 16);
+/// `query_issi_out.current_issi`, `set_issi_in.current_issi`.
+const CURRENT_ISSI: Field = Field::new(0x50, 16);
+const SUPPORTED_ISSI_DW0: Field = Field::new(0x360, 32);
+/// `query_pages_out.num_pages`, `manage_pages_in.input_num_entries`.
+const NUM_PAGES: Field = Field::new(0x60, 32);
+const INPUT_NUM_ENTRIES: Field = Field::new(0x60, 32);
+/// `manage_pages_out.output_num_entries`.
+const OUTPUT_NUM_ENTRIES: Field = Field::new(0x40, 32);
+/// `manage_pages_in.pas[]` / `manage_pages_out.pas[]`: 64-bit entries from byte 0x10.
+const MANAGE_PAGES_PAS: Field64 = Field64::new(MANAGE_PAGES_PAS_OFFSET * 8);
+/// `query_hca_cap_out.capability`, `set_hca_cap_in.capability`.
+const CAPABILITY: ByteArray = ByteArray::new(HCA_CAP_OFFSET * 8, HCA_CAP_LEN);
+/// `teardown_hca_in.profile`, `teardown_hca_out.state`.
+const TEARDOWN_PROFILE: Field = Field::new(0x50, 16);
+const TEARDOWN_STATE: Field = Field::new(0x7f, 1);
+/// `access_register_in.register_id`, `.argument`, and the register's bytes (in and out) from byte 0x10.
+const REGISTER_ID: Field = Field::new(0x50, 16);
+const ARGUMENT: Field = Field::new(0x60, 32);
+pub const REGISTER_DATA: ByteArray = ByteArray::tail(0x80);
+
 /// ENABLE_HCA for our own function (`function_id` 0); `embedded_cpu_function` comes from init segment
 /// 0x1fc bit 23 (Linux `mlx5_core_enable_hca`).
 pub fn enable_hca(embedded_cpu_function: bool) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_ENABLE_HCA, 0, CMD_HDR_LEN, CMD_HDR_LEN);
-    c.set(0x40, 1, embedded_cpu_function as u32);
-    c.set(0x50, 16, 0);
+    c.set(EMBEDDED_CPU_FUNCTION, embedded_cpu_function as u32);
+    c.set(FUNCTION_ID, 0);
     c
 }
 
@@ -82,7 +100,7 @@ pub fn enable_hca(embedded_cpu_function: bool) -> Command {
 /// teardown.
 pub fn disable_hca(embedded_cpu_function: bool) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_DISABLE_HCA, 0, CMD_HDR_LEN, CMD_HDR_LEN);
-    c.set(0x40, 1, embedded_cpu_function as u32);
+    c.set(EMBEDDED_CPU_FUNCTION, embedded_cpu_function as u32);
     c
 }
 
@@ -105,12 +123,12 @@ impl Issi {
 }
 
 pub fn parse_query_issi(out: &Output) -> Issi {
-    Issi { current_issi: out.get(0x50, 16) as u16, supported_issi_dw0: out.get(0x360, 32) }
+    Issi { current_issi: out.get(CURRENT_ISSI) as u16, supported_issi_dw0: out.get(SUPPORTED_ISSI_DW0) }
 }
 
 pub fn set_issi(issi: u16) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_SET_ISSI, 0, CMD_HDR_LEN, CMD_HDR_LEN).with("issi", issi.into());
-    c.set(0x50, 16, issi.into());
+    c.set(CURRENT_ISSI, issi.into());
     c
 }
 
@@ -134,7 +152,7 @@ pub struct PageDemand {
 }
 
 pub fn parse_query_pages(out: &Output) -> PageDemand {
-    PageDemand { function_id: out.get(0x50, 16) as u16, num_pages: out.get(0x60, 32) as i32 }
+    PageDemand { function_id: out.get(FUNCTION_ID) as u16, num_pages: out.get(NUM_PAGES) as i32 }
 }
 
 /// MANAGE_PAGES op_mod (`mlx5_ifc.h:7928-7932`).
@@ -147,16 +165,16 @@ pub fn manage_pages_give(function_id: u16, pages: &[u64]) -> Command {
     let n = pages.len();
     let mut c = Command::new(MLX5_CMD_OP_MANAGE_PAGES, MLX5_PAGES_GIVE, MANAGE_PAGES_PAS_OFFSET + 8 * n, CMD_HDR_LEN)
         .with("pages", n as u64);
-    c.set(0x50, 16, function_id.into());
-    c.set(0x60, 32, n as u32);
-    put_pas(&mut c, MANAGE_PAGES_PAS_OFFSET, pages);
+    c.set(FUNCTION_ID, function_id.into());
+    c.set(INPUT_NUM_ENTRIES, n as u32);
+    put_pas(&mut c, MANAGE_PAGES_PAS, pages);
     c
 }
 
 /// MANAGE_PAGES ALLOCATION_FAIL: tells the firmware a page request cannot be satisfied.
 pub fn manage_pages_cant_give(function_id: u16) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_MANAGE_PAGES, MLX5_PAGES_CANT_GIVE, CMD_HDR_LEN, CMD_HDR_LEN);
-    c.set(0x50, 16, function_id.into());
+    c.set(FUNCTION_ID, function_id.into());
     c
 }
 
@@ -165,16 +183,16 @@ pub fn manage_pages_take(function_id: u16, count: u32) -> Command {
     let out_len = MANAGE_PAGES_PAS_OFFSET + 8 * count as usize;
     let mut c =
         Command::new(MLX5_CMD_OP_MANAGE_PAGES, MLX5_PAGES_TAKE, CMD_HDR_LEN, out_len).with("pages", count.into());
-    c.set(0x50, 16, function_id.into());
-    c.set(0x60, 32, count);
+    c.set(FUNCTION_ID, function_id.into());
+    c.set(INPUT_NUM_ENTRIES, count);
     c
 }
 
 /// The pages MANAGE_PAGES TAKE returned (`output_num_entries` addresses, bounded by what the output holds).
 pub fn parse_manage_pages_take(out: &Output) -> Vec<u64> {
-    let n = out.get(0x40, 32) as usize;
+    let n = out.get(OUTPUT_NUM_ENTRIES) as usize;
     let room = out.bytes().len().saturating_sub(MANAGE_PAGES_PAS_OFFSET) / 8;
-    (0..n.min(room)).map(|i| out.get64(MANAGE_PAGES_PAS_OFFSET + 8 * i)).collect()
+    (0..n.min(room)).map(|i| out.get64(MANAGE_PAGES_PAS.nth(i))).collect()
 }
 
 /// QUERY_HCA_CAP for `cap_type` (`MLX5_CAP_*`): op_mod = `cap_type << 1 | mode`.
@@ -185,7 +203,7 @@ pub fn query_hca_cap(cap_type: u16, mode: CapMode) -> Command {
 
 /// The 4 KiB capability block of a QUERY_HCA_CAP output (shorter if the output was).
 pub fn hca_cap_block(out: &Output) -> &[u8] {
-    out.slice(HCA_CAP_OFFSET, HCA_CAP_LEN)
+    out.array(CAPABILITY)
 }
 
 /// SET_HCA_CAP for `cap_type` with the capability bytes `block` (at most 4 KiB; the rest stays zero).
@@ -193,7 +211,7 @@ pub fn set_hca_cap(cap_type: u16, block: &[u8]) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_SET_HCA_CAP, cap_type << 1, HCA_CAP_CMD_LEN, CMD_HDR_LEN)
         .with("cap_type", cap_type.into());
     let n = block.len().min(HCA_CAP_LEN);
-    c.put(HCA_CAP_OFFSET, &block[..n]);
+    c.put(CAPABILITY, &block[..n]);
     c
 }
 
@@ -205,13 +223,13 @@ pub fn init_hca() -> Command {
 /// TEARDOWN_HCA with `profile` (`MLX5_TEARDOWN_HCA_IN_PROFILE_*`; Linux uses graceful close).
 pub fn teardown_hca(profile: u16) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_TEARDOWN_HCA, 0, CMD_HDR_LEN, CMD_HDR_LEN).with("profile", profile.into());
-    c.set(0x50, 16, profile.into());
+    c.set(TEARDOWN_PROFILE, profile.into());
     c
 }
 
 /// `teardown_hca_out.state`: 0 success, 1 fail (meaningful for FORCE_CLOSE).
 pub fn parse_teardown_hca_state(out: &Output) -> u8 {
-    out.get(0x7f, 1) as u8
+    out.get(TEARDOWN_STATE) as u8
 }
 
 /// ACCESS_REG: reads or writes register `register_id` with `argument`; `data` is the register layout
@@ -219,98 +237,101 @@ pub fn parse_teardown_hca_state(out: &Output) -> u8 {
 pub fn access_reg(op: RegOp, register_id: u16, argument: u32, data: &[u8]) -> Command {
     let len = CMD_HDR_LEN + data.len();
     let mut c = Command::new(MLX5_CMD_OP_ACCESS_REG, op as u16, len, len).with("register_id", register_id.into());
-    c.set(0x50, 16, register_id.into());
-    c.set(0x60, 32, argument);
-    c.put(0x10, data);
+    c.set(REGISTER_ID, register_id.into());
+    c.set(ARGUMENT, argument);
+    c.put(REGISTER_DATA, data);
     c
 }
 
 /// The register data of an ACCESS_REG output.
 pub fn access_reg_data(out: &Output) -> &[u8] {
-    out.slice(0x10, out.bytes().len().saturating_sub(0x10))
+    out.array(REGISTER_DATA)
 }
 
-/// `cmd_hca_cap` offsets (bit offset, width) inside the capability block.
+/// `cmd_hca_cap` fields, offsets inside the capability block.
 pub mod cmd_hca_cap {
-    pub const PAGE_REQUEST_DISABLE: (usize, usize) = (0x006, 1);
-    pub const LOG_MAX_SRQ_SZ: (usize, usize) = (0x080, 8);
-    pub const LOG_MAX_QP_SZ: (usize, usize) = (0x088, 8);
-    pub const LOG_MAX_QP: (usize, usize) = (0x09b, 5);
-    pub const LOG_MAX_CQ_SZ: (usize, usize) = (0x0c8, 8);
-    pub const LOG_MAX_CQ: (usize, usize) = (0x0db, 5);
-    pub const LOG_MAX_EQ_SZ: (usize, usize) = (0x0e0, 8);
-    pub const LOG_MAX_MKEY: (usize, usize) = (0x0ea, 6);
-    pub const FAST_TEARDOWN: (usize, usize) = (0x0fb, 1);
-    pub const LOG_MAX_EQ: (usize, usize) = (0x0fc, 4);
-    pub const MAX_INDIRECTION: (usize, usize) = (0x100, 8);
-    pub const LOG_MAX_MRW_SZ: (usize, usize) = (0x109, 7);
-    pub const FORCE_TEARDOWN: (usize, usize) = (0x110, 1);
+    use crate::field::Field;
+    pub const PAGE_REQUEST_DISABLE: Field = Field::new(0x006, 1);
+    pub const LOG_MAX_SRQ_SZ: Field = Field::new(0x080, 8);
+    pub const LOG_MAX_QP_SZ: Field = Field::new(0x088, 8);
+    pub const LOG_MAX_QP: Field = Field::new(0x09b, 5);
+    pub const LOG_MAX_CQ_SZ: Field = Field::new(0x0c8, 8);
+    pub const LOG_MAX_CQ: Field = Field::new(0x0db, 5);
+    pub const LOG_MAX_EQ_SZ: Field = Field::new(0x0e0, 8);
+    pub const LOG_MAX_MKEY: Field = Field::new(0x0ea, 6);
+    pub const FAST_TEARDOWN: Field = Field::new(0x0fb, 1);
+    pub const LOG_MAX_EQ: Field = Field::new(0x0fc, 4);
+    pub const MAX_INDIRECTION: Field = Field::new(0x100, 8);
+    pub const LOG_MAX_MRW_SZ: Field = Field::new(0x109, 7);
+    pub const FORCE_TEARDOWN: Field = Field::new(0x110, 1);
     /// UMR may carry a translation offset wider than 16 bits (`xlt_offset_47_16`).
-    pub const UMR_EXTENDED_TRANSLATION_OFFSET: (usize, usize) = (0x118, 1);
-    pub const LOG_MAX_KLM_LIST_SIZE: (usize, usize) = (0x11a, 6);
-    pub const RELEASE_ALL_PAGES: (usize, usize) = (0x145, 1);
-    pub const LOG_MAX_RA_REQ_QP: (usize, usize) = (0x14a, 6);
-    pub const LOG_MAX_RA_RES_QP: (usize, usize) = (0x15a, 6);
-    pub const CACHE_LINE_128BYTE: (usize, usize) = (0x164, 1);
-    pub const GID_TABLE_SIZE: (usize, usize) = (0x170, 16);
-    pub const PKEY_TABLE_SIZE: (usize, usize) = (0x190, 16);
-    pub const NIC_FLOW_TABLE: (usize, usize) = (0x1a6, 1);
-    pub const PORT_TYPE: (usize, usize) = (0x1b6, 2);
-    pub const NUM_PORTS: (usize, usize) = (0x1b8, 8);
-    pub const LOG_MAX_MSG: (usize, usize) = (0x1c3, 5);
-    pub const CQE_VERSION: (usize, usize) = (0x1fc, 4);
+    pub const UMR_EXTENDED_TRANSLATION_OFFSET: Field = Field::new(0x118, 1);
+    pub const LOG_MAX_KLM_LIST_SIZE: Field = Field::new(0x11a, 6);
+    pub const RELEASE_ALL_PAGES: Field = Field::new(0x145, 1);
+    pub const LOG_MAX_RA_REQ_QP: Field = Field::new(0x14a, 6);
+    pub const LOG_MAX_RA_RES_QP: Field = Field::new(0x15a, 6);
+    pub const CACHE_LINE_128BYTE: Field = Field::new(0x164, 1);
+    pub const GID_TABLE_SIZE: Field = Field::new(0x170, 16);
+    pub const PKEY_TABLE_SIZE: Field = Field::new(0x190, 16);
+    pub const NIC_FLOW_TABLE: Field = Field::new(0x1a6, 1);
+    pub const PORT_TYPE: Field = Field::new(0x1b6, 2);
+    pub const NUM_PORTS: Field = Field::new(0x1b8, 8);
+    pub const LOG_MAX_MSG: Field = Field::new(0x1c3, 5);
+    pub const CQE_VERSION: Field = Field::new(0x1fc, 4);
     /// UMR may not change an mkey's page size (`MLX5_MKEY_MASK_PAGE_SIZE` refused).
-    pub const UMR_MODIFY_ENTITY_SIZE_DISABLED: (usize, usize) = (0x207, 1);
+    pub const UMR_MODIFY_ENTITY_SIZE_DISABLED: Field = Field::new(0x207, 1);
     /// UMR may not change an mkey's atomic access bit (`MLX5_MKEY_MASK_A` refused).
-    pub const UMR_MODIFY_ATOMIC_DISABLED: (usize, usize) = (0x208, 1);
+    pub const UMR_MODIFY_ATOMIC_DISABLED: Field = Field::new(0x208, 1);
     /// The fence a UMR needs before later work uses the key (`MLX5_CAP_UMR_FENCE_*`).
-    pub const UMR_FENCE: (usize, usize) = (0x20a, 2);
-    pub const CMDIF_CHECKSUM: (usize, usize) = (0x210, 2);
-    pub const ETH_NET_OFFLOADS: (usize, usize) = (0x21c, 1);
-    pub const ROCE: (usize, usize) = (0x21d, 1);
-    pub const ATOMIC: (usize, usize) = (0x21e, 1);
+    pub const UMR_FENCE: Field = Field::new(0x20a, 2);
+    pub const CMDIF_CHECKSUM: Field = Field::new(0x210, 2);
+    pub const ETH_NET_OFFLOADS: Field = Field::new(0x21c, 1);
+    pub const ROCE: Field = Field::new(0x21d, 1);
+    pub const ATOMIC: Field = Field::new(0x21e, 1);
     /// A UMR's translation pointer (data segment) may name the reserved lkey.
-    pub const UMR_PTR_RLKY: (usize, usize) = (0x230, 1);
-    pub const RC: (usize, usize) = (0x23f, 1);
-    pub const UAR_4K: (usize, usize) = (0x240, 1);
-    pub const UAR_SZ: (usize, usize) = (0x24a, 6);
-    pub const LOG_PG_SZ: (usize, usize) = (0x258, 8);
-    pub const BF: (usize, usize) = (0x260, 1);
-    pub const LOG_BF_REG_SIZE: (usize, usize) = (0x26b, 5);
+    pub const UMR_PTR_RLKY: Field = Field::new(0x230, 1);
+    pub const RC: Field = Field::new(0x23f, 1);
+    pub const UAR_4K: Field = Field::new(0x240, 1);
+    pub const UAR_SZ: Field = Field::new(0x24a, 6);
+    pub const LOG_PG_SZ: Field = Field::new(0x258, 8);
+    pub const BF: Field = Field::new(0x260, 1);
+    pub const LOG_BF_REG_SIZE: Field = Field::new(0x26b, 5);
     /// The largest send WQE, bytes.
-    pub const MAX_WQE_SZ_SQ: (usize, usize) = (0x290, 16);
-    pub const LOG_MAX_TRANSPORT_DOMAIN: (usize, usize) = (0x323, 5);
-    pub const LOG_MAX_PD: (usize, usize) = (0x32b, 5);
-    pub const ROCE_RW_SUPPORTED: (usize, usize) = (0x3a1, 1);
-    pub const LOG_MAX_CURRENT_UC_LIST: (usize, usize) = (0x3fb, 5);
-    pub const LOG_UAR_PAGE_SZ: (usize, usize) = (0x490, 16);
-    pub const SQ_TS_FORMAT: (usize, usize) = (0x440, 2);
-    pub const NUM_VHCA_PORTS: (usize, usize) = (0x610, 8);
+    pub const MAX_WQE_SZ_SQ: Field = Field::new(0x290, 16);
+    pub const LOG_MAX_TRANSPORT_DOMAIN: Field = Field::new(0x323, 5);
+    pub const LOG_MAX_PD: Field = Field::new(0x32b, 5);
+    pub const ROCE_RW_SUPPORTED: Field = Field::new(0x3a1, 1);
+    pub const LOG_MAX_CURRENT_UC_LIST: Field = Field::new(0x3fb, 5);
+    pub const LOG_UAR_PAGE_SZ: Field = Field::new(0x490, 16);
+    pub const SQ_TS_FORMAT: Field = Field::new(0x440, 2);
+    pub const NUM_VHCA_PORTS: Field = Field::new(0x610, 8);
     /// How many Q counters the function may allocate (ALLOC_Q_COUNTER).
-    pub const MAX_QP_CNT: (usize, usize) = (0x186, 10);
+    pub const MAX_QP_CNT: Field = Field::new(0x186, 10);
 }
 
-/// `roce_cap` offsets inside the capability block.
+/// `roce_cap` fields, offsets inside the capability block.
 pub mod roce_cap {
-    pub const SW_R_ROCE_SRC_UDP_PORT: (usize, usize) = (0x004, 1);
-    pub const QP_OOO_TRANSMIT_DEFAULT: (usize, usize) = (0x008, 1);
-    pub const QP_TS_FORMAT: (usize, usize) = (0x01e, 2);
-    pub const L3_TYPE: (usize, usize) = (0x08c, 4);
-    pub const ROCE_VERSION: (usize, usize) = (0x098, 8);
-    pub const R_ROCE_DEST_UDP_PORT: (usize, usize) = (0x0b0, 16);
-    pub const R_ROCE_MAX_SRC_UDP_PORT: (usize, usize) = (0x0c0, 16);
-    pub const R_ROCE_MIN_SRC_UDP_PORT: (usize, usize) = (0x0d0, 16);
-    pub const ROCE_ADDRESS_TABLE_SIZE: (usize, usize) = (0x0f0, 16);
+    use crate::field::Field;
+    pub const SW_R_ROCE_SRC_UDP_PORT: Field = Field::new(0x004, 1);
+    pub const QP_OOO_TRANSMIT_DEFAULT: Field = Field::new(0x008, 1);
+    pub const QP_TS_FORMAT: Field = Field::new(0x01e, 2);
+    pub const L3_TYPE: Field = Field::new(0x08c, 4);
+    pub const ROCE_VERSION: Field = Field::new(0x098, 8);
+    pub const R_ROCE_DEST_UDP_PORT: Field = Field::new(0x0b0, 16);
+    pub const R_ROCE_MAX_SRC_UDP_PORT: Field = Field::new(0x0c0, 16);
+    pub const R_ROCE_MIN_SRC_UDP_PORT: Field = Field::new(0x0d0, 16);
+    pub const ROCE_ADDRESS_TABLE_SIZE: Field = Field::new(0x0f0, 16);
 }
 
-/// `atomic_caps` offsets inside the capability block.
+/// `atomic_caps` fields, offsets inside the capability block.
 pub mod atomic_caps {
+    use crate::field::Field;
     /// Settable: the byte order of 8-byte atomic responses to this requester (`MLX5_ATOMIC_REQ_MODE_*`).
-    pub const ATOMIC_REQ_8B_ENDIANNESS_MODE: (usize, usize) = (0x040, 2);
+    pub const ATOMIC_REQ_8B_ENDIANNESS_MODE: Field = Field::new(0x040, 2);
     /// The HCA can answer this requester's 8-byte atomics in host byte order.
-    pub const SUPPORTED_ATOMIC_REQ_8B_ENDIANNESS_MODE_1: (usize, usize) = (0x046, 1);
-    pub const ATOMIC_OPERATIONS: (usize, usize) = (0x090, 16);
-    pub const ATOMIC_SIZE_QP: (usize, usize) = (0x0b0, 16);
+    pub const SUPPORTED_ATOMIC_REQ_8B_ENDIANNESS_MODE_1: Field = Field::new(0x046, 1);
+    pub const ATOMIC_OPERATIONS: Field = Field::new(0x090, 16);
+    pub const ATOMIC_SIZE_QP: Field = Field::new(0x0b0, 16);
 }
 
 /// `atomic_operations` bits (`driver.h` `MLX5_ATOMIC_OPS_*`).
@@ -357,13 +378,13 @@ pub fn atomic_caps_to_set(general_atomic: bool, cur: &AtomicCaps) -> Option<Vec<
         return None;
     }
     let mut b = vec![0u8; CAP_STRUCT_LEN];
-    let (bit, width) = atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE;
-    field::set(&mut b, bit, width, MLX5_ATOMIC_REQ_MODE_HOST_ENDIANNESS.into());
+    atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE.write(&mut b, MLX5_ATOMIC_REQ_MODE_HOST_ENDIANNESS.into());
     Some(b)
 }
 
-fn cap(block: &[u8], f: (usize, usize)) -> u32 {
-    if (f.0 / 32) * 4 + 4 > block.len() { 0 } else { field::get(block, f.0, f.1) }
+/// A capability field; 0 where the block the device returned ends first.
+fn cap(block: &[u8], f: Field) -> u32 {
+    f.read(block)
 }
 
 /// The `cmd_hca_cap` (general device) fields the driver uses.
@@ -503,19 +524,18 @@ pub fn general_caps_to_set(cur_block: &[u8], max: &GeneralCaps) -> Vec<u8> {
     let n = cur_block.len().min(CAP_STRUCT_LEN);
     b[..n].copy_from_slice(&cur_block[..n]);
     let cur = GeneralCaps::parse(&b);
-    let set = |b: &mut Vec<u8>, x: (usize, usize), v: u32| field::set(b, x.0, x.1, v);
-    set(&mut b, f::PKEY_TABLE_SIZE, 0);
-    set(&mut b, f::LOG_MAX_QP, max.log_max_qp.min(PROFILE_LOG_MAX_QP).into());
-    set(&mut b, f::CMDIF_CHECKSUM, 0);
-    set(&mut b, f::LOG_UAR_PAGE_SZ, 0);
+    f::PKEY_TABLE_SIZE.write(&mut b, 0);
+    f::LOG_MAX_QP.write(&mut b, max.log_max_qp.min(PROFILE_LOG_MAX_QP).into());
+    f::CMDIF_CHECKSUM.write(&mut b, 0);
+    f::LOG_UAR_PAGE_SZ.write(&mut b, 0);
     if max.cache_line_128byte {
-        set(&mut b, f::CACHE_LINE_128BYTE, 0);
+        f::CACHE_LINE_128BYTE.write(&mut b, 0);
     }
     if max.release_all_pages {
-        set(&mut b, f::RELEASE_ALL_PAGES, 1);
+        f::RELEASE_ALL_PAGES.write(&mut b, 1);
     }
     if cur.roce_rw_supported && max.roce {
-        set(&mut b, f::ROCE, 1);
+        f::ROCE.write(&mut b, 1);
     }
     b
 }
@@ -581,9 +601,9 @@ pub fn roce_caps_to_set(cur_block: &[u8], max: &RoceCaps) -> Option<Vec<u8>> {
     if RoceCaps::parse(&b).sw_r_roce_src_udp_port || !max.sw_r_roce_src_udp_port {
         return None;
     }
-    field::set(&mut b, f::SW_R_ROCE_SRC_UDP_PORT.0, 1, 1);
+    f::SW_R_ROCE_SRC_UDP_PORT.write(&mut b, 1);
     if max.qp_ooo_transmit_default {
-        field::set(&mut b, f::QP_OOO_TRANSMIT_DEFAULT.0, 1, 1);
+        f::QP_OOO_TRANSMIT_DEFAULT.write(&mut b, 1);
     }
     Some(b)
 }

@@ -5,12 +5,11 @@
 use alloc::vec::Vec;
 
 use crate::command::{Command, Output};
+use crate::field::{Field, Field64};
 use crate::handles::{Mkey, MkeyIndex, Pdn};
-use crate::ifc::{CMD_HDR_LEN, PAS_OFFSET};
+use crate::ifc::{CMD_HDR_LEN, OBJECT_ID, PAS, PAS_OFFSET};
 
-pub const MLX5_CMD_OP_CREATE_MKEY: u16 = 0x200;
-pub const MLX5_CMD_OP_QUERY_MKEY: u16 = 0x201;
-pub const MLX5_CMD_OP_DESTROY_MKEY: u16 = 0x202;
+pub use crate::ifc::opcode::{MLX5_CMD_OP_CREATE_MKEY, MLX5_CMD_OP_DESTROY_MKEY, MLX5_CMD_OP_QUERY_MKEY};
 
 /// `query_mkey_out`: mkc at 0x10, the first four MTTs at 0x110 (read from `mlx5_ifc.h` by hand).
 pub const QUERY_MKEY_OUT_LEN: usize = 0x130;
@@ -53,25 +52,56 @@ impl core::ops::BitOr for MkeyAccess {
     }
 }
 
-// Absolute bit offsets in create_mkey_in / query_mkey_out (mkc at bit 0x80).
-const MKC: usize = 0x80;
-const FREE: usize = MKC + 0x01;
-const UMR_EN: usize = MKC + 0x10;
-const A: usize = MKC + 0x11;
-const RW: usize = MKC + 0x12;
-const RR: usize = MKC + 0x13;
-const LW: usize = MKC + 0x14;
-const LR: usize = MKC + 0x15;
-const ACCESS_MODE_1_0: usize = MKC + 0x16;
-const QPN: usize = MKC + 0x20;
-const MKEY_7_0: usize = MKC + 0x38;
-const LENGTH64: usize = MKC + 0x60;
-const PD: usize = MKC + 0x68;
-const START_ADDR_BYTE: usize = 0x10 + 0x10;
-const LEN_BYTE: usize = 0x10 + 0x18;
-const TRANSLATIONS_OCTWORD_SIZE: usize = MKC + 0x1a0;
-const LOG_PAGE_SIZE: usize = MKC + 0x1da;
-const TRANSLATIONS_OCTWORD_ACTUAL_SIZE: usize = 0x300;
+/// `mkc`, offsets from its start; it sits at bit 0x80 ([`MKC`]) of `create_mkey_in` and `query_mkey_out`, and
+/// is the `mlx5_mkey_seg` of a UMR work request ([`crate::ifc::umr`]).
+pub mod mkc {
+    use crate::field::{Field, Field64};
+    pub const FREE: Field = Field::new(0x01, 1);
+    pub const ACCESS_MODE_4_2: Field = Field::new(0x03, 3);
+    pub const UMR_EN: Field = Field::new(0x10, 1);
+    pub const A: Field = Field::new(0x11, 1);
+    pub const RW: Field = Field::new(0x12, 1);
+    pub const RR: Field = Field::new(0x13, 1);
+    pub const LW: Field = Field::new(0x14, 1);
+    pub const LR: Field = Field::new(0x15, 1);
+    pub const ACCESS_MODE_1_0: Field = Field::new(0x16, 2);
+    pub const QPN: Field = Field::new(0x20, 24);
+    pub const MKEY_7_0: Field = Field::new(0x38, 8);
+    pub const LENGTH64: Field = Field::new(0x60, 1);
+    pub const PD: Field = Field::new(0x68, 24);
+    pub const START_ADDR: Field64 = Field64::new(0x80);
+    pub const LEN: Field64 = Field64::new(0xc0);
+    pub const TRANSLATIONS_OCTWORD_SIZE: Field = Field::new(0x1a0, 32);
+    pub const LOG_PAGE_SIZE: Field = Field::new(0x1da, 6);
+}
+
+/// Bit offset of `mkc` in `create_mkey_in` / `query_mkey_out`.
+pub const MKC: usize = 0x80;
+/// `create_mkey_out.mkey_index`, `destroy_mkey_in.mkey_index`, `query_mkey_in.mkey_index`.
+const MKEY_INDEX: Field = OBJECT_ID;
+/// `create_mkey_in.translations_octword_actual_size`.
+const TRANSLATIONS_OCTWORD_ACTUAL_SIZE: Field = Field::new(0x300, 32);
+/// `create_mkey_in.klm_pas_mtt[]` and the MTTs `query_mkey_out` returns: 64-bit entries from byte 0x110.
+const MTT: Field64 = PAS;
+
+// The fields as the commands carry them (absolute).
+const FREE: Field = mkc::FREE.at(MKC);
+const ACCESS_MODE_4_2: Field = mkc::ACCESS_MODE_4_2.at(MKC);
+const UMR_EN: Field = mkc::UMR_EN.at(MKC);
+const A: Field = mkc::A.at(MKC);
+const RW: Field = mkc::RW.at(MKC);
+const RR: Field = mkc::RR.at(MKC);
+const LW: Field = mkc::LW.at(MKC);
+const LR: Field = mkc::LR.at(MKC);
+const ACCESS_MODE_1_0: Field = mkc::ACCESS_MODE_1_0.at(MKC);
+const QPN: Field = mkc::QPN.at(MKC);
+const MKEY_7_0: Field = mkc::MKEY_7_0.at(MKC);
+const LENGTH64: Field = mkc::LENGTH64.at(MKC);
+const PD: Field = mkc::PD.at(MKC);
+const START_ADDR: Field64 = mkc::START_ADDR.at(MKC);
+const LEN: Field64 = mkc::LEN.at(MKC);
+const TRANSLATIONS_OCTWORD_SIZE: Field = mkc::TRANSLATIONS_OCTWORD_SIZE.at(MKC);
+const LOG_PAGE_SIZE: Field = mkc::LOG_PAGE_SIZE.at(MKC);
 
 /// The most MTT entries one CREATE_MKEY carries: what fits the longest command ([`crate::cmdq::MAX_MSG`])
 /// after the 0x110 bytes before `klm_pas_mtt`, in whole octwords of two entries.
@@ -93,11 +123,11 @@ pub struct MkeyParams<'a> {
 }
 
 fn set_access(c: &mut Command, access: MkeyAccess) {
-    c.set(A, 1, access.contains(MkeyAccess::ATOMIC) as u32);
-    c.set(RW, 1, access.contains(MkeyAccess::REMOTE_WRITE) as u32);
-    c.set(RR, 1, access.contains(MkeyAccess::REMOTE_READ) as u32);
-    c.set(LW, 1, access.contains(MkeyAccess::LOCAL_WRITE) as u32);
-    c.set(LR, 1, access.contains(MkeyAccess::LOCAL_READ) as u32);
+    c.set(A, access.contains(MkeyAccess::ATOMIC) as u32);
+    c.set(RW, access.contains(MkeyAccess::REMOTE_WRITE) as u32);
+    c.set(RR, access.contains(MkeyAccess::REMOTE_READ) as u32);
+    c.set(LW, access.contains(MkeyAccess::LOCAL_WRITE) as u32);
+    c.set(LR, access.contains(MkeyAccess::LOCAL_READ) as u32);
 }
 
 /// CREATE_MKEY in MTT mode. Each MTT entry is the page address with `rd_en`/`wr_en` set (Linux
@@ -110,17 +140,17 @@ pub fn create_mkey_mtt(p: &MkeyParams<'_>) -> Command {
         .with("len", p.len)
         .with("pages", p.pages.len() as u64);
     set_access(&mut c, p.access);
-    c.set(ACCESS_MODE_1_0, 2, MLX5_MKC_ACCESS_MODE_MTT.into());
-    c.set(QPN, 24, MKC_QPN_UNBOUND);
-    c.set(MKEY_7_0, 8, p.variant.into());
-    c.set(PD, 24, p.pd.0);
-    c.set64(START_ADDR_BYTE, p.start);
-    c.set64(LEN_BYTE, p.len);
-    c.set(TRANSLATIONS_OCTWORD_SIZE, 32, octwords as u32);
-    c.set(LOG_PAGE_SIZE, 6, p.log_page_size.into());
-    c.set(TRANSLATIONS_OCTWORD_ACTUAL_SIZE, 32, octwords as u32);
+    c.set(ACCESS_MODE_1_0, MLX5_MKC_ACCESS_MODE_MTT.into());
+    c.set(QPN, MKC_QPN_UNBOUND);
+    c.set(MKEY_7_0, p.variant.into());
+    c.set(PD, p.pd.0);
+    c.set64(START_ADDR, p.start);
+    c.set64(LEN, p.len);
+    c.set(TRANSLATIONS_OCTWORD_SIZE, octwords as u32);
+    c.set(LOG_PAGE_SIZE, p.log_page_size.into());
+    c.set(TRANSLATIONS_OCTWORD_ACTUAL_SIZE, octwords as u32);
     for (i, &a) in p.pages.iter().enumerate() {
-        c.set64(PAS_OFFSET + 8 * i, a | MTT_RD_EN | MTT_WR_EN);
+        c.set64(MTT.nth(i), a | MTT_RD_EN | MTT_WR_EN);
     }
     c
 }
@@ -133,14 +163,14 @@ pub fn create_mkey_pa(pd: Pdn, variant: u8, start: u64, len: Option<u64>, access
         .with("start", start)
         .with("len", len.unwrap_or(u64::MAX));
     set_access(&mut c, access);
-    c.set(ACCESS_MODE_1_0, 2, MLX5_MKC_ACCESS_MODE_PA.into());
-    c.set(QPN, 24, MKC_QPN_UNBOUND);
-    c.set(MKEY_7_0, 8, variant.into());
-    c.set(PD, 24, pd.0);
-    c.set64(START_ADDR_BYTE, start);
+    c.set(ACCESS_MODE_1_0, MLX5_MKC_ACCESS_MODE_PA.into());
+    c.set(QPN, MKC_QPN_UNBOUND);
+    c.set(MKEY_7_0, variant.into());
+    c.set(PD, pd.0);
+    c.set64(START_ADDR, start);
     match len {
-        Some(l) => c.set64(LEN_BYTE, l),
-        None => c.set(LENGTH64, 1, 1),
+        Some(l) => c.set64(LEN, l),
+        None => c.set(LENGTH64, 1),
     }
     c
 }
@@ -156,21 +186,21 @@ pub fn create_mkey_umr_free(pd: Pdn, variant: u8, entries: usize, log_page_size:
         .with("pd", pd.0.into())
         .with("entries", entries as u64)
         .with("umr", 1);
-    c.set(FREE, 1, 1);
-    c.set(UMR_EN, 1, 1);
-    c.set(A, 1, atomic as u32);
-    c.set(ACCESS_MODE_1_0, 2, MLX5_MKC_ACCESS_MODE_MTT.into());
-    c.set(QPN, 24, MKC_QPN_UNBOUND);
-    c.set(MKEY_7_0, 8, variant.into());
-    c.set(PD, 24, pd.0);
-    c.set(TRANSLATIONS_OCTWORD_SIZE, 32, octwords as u32);
-    c.set(LOG_PAGE_SIZE, 6, log_page_size.into());
+    c.set(FREE, 1);
+    c.set(UMR_EN, 1);
+    c.set(A, atomic as u32);
+    c.set(ACCESS_MODE_1_0, MLX5_MKC_ACCESS_MODE_MTT.into());
+    c.set(QPN, MKC_QPN_UNBOUND);
+    c.set(MKEY_7_0, variant.into());
+    c.set(PD, pd.0);
+    c.set(TRANSLATIONS_OCTWORD_SIZE, octwords as u32);
+    c.set(LOG_PAGE_SIZE, log_page_size.into());
     c
 }
 
 /// `create_mkey_out.mkey_index`.
 pub fn create_mkey_out(out: &Output) -> MkeyIndex {
-    MkeyIndex(out.get(0x48, 24))
+    MkeyIndex(out.get(MKEY_INDEX))
 }
 
 /// The full key from CREATE_MKEY's output and the variant the command was built with.
@@ -181,7 +211,7 @@ pub fn create_mkey_out_key(out: &Output, variant: u8) -> Mkey {
 pub fn destroy_mkey(index: impl Into<MkeyIndex>) -> Command {
     let index: MkeyIndex = index.into();
     let mut c = Command::new(MLX5_CMD_OP_DESTROY_MKEY, 0, CMD_HDR_LEN, CMD_HDR_LEN).with("mkey_index", index.0.into());
-    c.set(0x48, 24, index.0);
+    c.set(MKEY_INDEX, index.0);
     c
 }
 
@@ -189,7 +219,7 @@ pub fn query_mkey(index: impl Into<MkeyIndex>) -> Command {
     let index: MkeyIndex = index.into();
     let mut c =
         Command::new(MLX5_CMD_OP_QUERY_MKEY, 0, CMD_HDR_LEN, QUERY_MKEY_OUT_LEN).with("mkey_index", index.0.into());
-    c.set(0x48, 24, index.0);
+    c.set(MKEY_INDEX, index.0);
     c
 }
 
@@ -211,7 +241,7 @@ pub struct MkeyInfo {
 }
 
 pub fn query_mkey_out(out: &Output) -> MkeyInfo {
-    let bit = |b| out.get(b, 1) != 0;
+    let bit = |f: Field| out.get(f) != 0;
     let mut access = MkeyAccess::default();
     for (b, a) in [
         (LR, MkeyAccess::LOCAL_READ),
@@ -224,21 +254,21 @@ pub fn query_mkey_out(out: &Output) -> MkeyInfo {
             access = access | a;
         }
     }
-    let octwords = out.get(TRANSLATIONS_OCTWORD_SIZE, 32) as usize;
+    let octwords = out.get(TRANSLATIONS_OCTWORD_SIZE) as usize;
     let room = out.bytes().len().saturating_sub(PAS_OFFSET) / 8;
     MkeyInfo {
         free: bit(FREE),
         access,
-        access_mode: out.get(ACCESS_MODE_1_0, 2) as u8 | ((out.get(MKC + 0x03, 3) as u8) << 2),
-        qpn: out.get(QPN, 24),
-        variant: out.get(MKEY_7_0, 8) as u8,
+        access_mode: out.get(ACCESS_MODE_1_0) as u8 | ((out.get(ACCESS_MODE_4_2) as u8) << 2),
+        qpn: out.get(QPN),
+        variant: out.get(MKEY_7_0) as u8,
         length64: bit(LENGTH64),
-        pd: Pdn(out.get(PD, 24)),
-        start: out.get64(START_ADDR_BYTE),
-        len: out.get64(LEN_BYTE),
+        pd: Pdn(out.get(PD)),
+        start: out.get64(START_ADDR),
+        len: out.get64(LEN),
         translations_octword_size: octwords as u32,
-        log_page_size: out.get(LOG_PAGE_SIZE, 6) as u8,
-        mtt: (0..(2 * octwords).min(room)).map(|i| out.get64(PAS_OFFSET + 8 * i)).collect(),
+        log_page_size: out.get(LOG_PAGE_SIZE) as u8,
+        mtt: (0..(2 * octwords).min(room)).map(|i| out.get64(MTT.nth(i))).collect(),
     }
 }
 

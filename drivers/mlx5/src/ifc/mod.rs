@@ -4,11 +4,14 @@
 //! for error reports; parsers take the [`Output`](crate::command::Output) of a command that succeeded
 //! (`parse_*` in `init`, `resources`, `eq`, `cq`; `*_out` in `mkey`, `qp`, `vport`, `flow`).
 //!
-//! Offsets in the code are absolute inside the `*_in` / `*_out` structure (a nested context's own offset
-//! plus its position), written as `base + field` where the nesting matters so each number can be checked
-//! against the layout dump.
+//! Every field is a typed constant ([`crate::field`]) declared once with its bit offset and width from
+//! `mlx5_ifc.h`: a structure used in more than one command (`qpc`, `mkc`, `cqc`, `eqc`, `wq`, ...) gets a module
+//! of its own with offsets relative to its start, placed into each command with `.at(base)`; the fields of a
+//! `*_in` / `*_out` structure are absolute. Builders and parsers name the field, never a width. The opcodes
+//! are one list, [`opcode`].
 
 use crate::command::Command;
+use crate::field::{Field, Field64};
 
 pub mod cq;
 pub mod eq;
@@ -16,6 +19,7 @@ pub mod eth;
 pub mod flow;
 pub mod init;
 pub mod mkey;
+pub mod opcode;
 pub mod qp;
 pub mod resources;
 pub mod umr;
@@ -27,11 +31,18 @@ pub const CMD_HDR_LEN: usize = 0x10;
 /// Byte offset of `pas[]` (`cmd_pas` list) after the 0x110-byte fixed part of CREATE_EQ / CREATE_CQ /
 /// CREATE_QP, and of `klm_pas_mtt[]` in CREATE_MKEY.
 pub const PAS_OFFSET: usize = 0x110;
+/// The first entry of that list.
+pub const PAS: Field64 = Field64::new(PAS_OFFSET * 8);
 
-/// Writes a list of 64-bit big-endian page addresses (`cmd_pas`) starting at byte `at`.
-pub(crate) fn put_pas(cmd: &mut Command, at: usize, pages: &[u64]) {
+/// The 24-bit object number at bit 0x48 that most 16-byte structures carry: the `pd`, `uar`, `cqn`, `qpn`,
+/// `mkey_index`, `table_id`, `sqn`... of a `create_*_out` / `alloc_*_out`, and of a `destroy_*_in` /
+/// `dealloc_*_in` / `query_*_in`.
+pub const OBJECT_ID: Field = Field::new(0x48, 24);
+
+/// Writes a list of 64-bit big-endian page addresses (`cmd_pas`) from entry `first` on.
+pub(crate) fn put_pas(cmd: &mut Command, first: Field64, pages: &[u64]) {
     for (i, &p) in pages.iter().enumerate() {
-        cmd.set64(at + 8 * i, p);
+        cmd.set64(first.nth(i), p);
     }
 }
 

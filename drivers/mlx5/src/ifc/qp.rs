@@ -4,17 +4,14 @@
 //! on RoCEv2 (docs/reference/mlx5.md §e.5). `qpc` sits at byte 0x18 (bit 0xc0) of every one of these structures.
 
 use crate::command::{Command, Output};
+use crate::field::{ByteArray, Field, Field64};
 use crate::handles::{Cqn, Pdn, Qpn, UarPage};
-use crate::ifc::{CMD_HDR_LEN, PAS_OFFSET, put_pas, with_pas};
+use crate::ifc::{CMD_HDR_LEN, OBJECT_ID, PAS, PAS_OFFSET, put_pas, with_pas};
 
-pub const MLX5_CMD_OP_CREATE_QP: u16 = 0x500;
-pub const MLX5_CMD_OP_DESTROY_QP: u16 = 0x501;
-pub const MLX5_CMD_OP_RST2INIT_QP: u16 = 0x502;
-pub const MLX5_CMD_OP_INIT2RTR_QP: u16 = 0x503;
-pub const MLX5_CMD_OP_RTR2RTS_QP: u16 = 0x504;
-pub const MLX5_CMD_OP_2ERR_QP: u16 = 0x507;
-pub const MLX5_CMD_OP_2RST_QP: u16 = 0x50a;
-pub const MLX5_CMD_OP_QUERY_QP: u16 = 0x50b;
+pub use crate::ifc::opcode::{
+    MLX5_CMD_OP_2ERR_QP, MLX5_CMD_OP_2RST_QP, MLX5_CMD_OP_CREATE_QP, MLX5_CMD_OP_DESTROY_QP, MLX5_CMD_OP_INIT2RTR_QP,
+    MLX5_CMD_OP_QUERY_QP, MLX5_CMD_OP_RST2INIT_QP, MLX5_CMD_OP_RTR2RTS_QP,
+};
 
 /// `create_qp_in` and the `*2*_qp_in` structures: 0x110 bytes (CREATE adds `pas[]`).
 pub const QP_IN_LEN: usize = 0x110;
@@ -89,45 +86,107 @@ impl Mtu {
     }
 }
 
-// Absolute bit offsets (qpc at 0xc0, primary address path at qpc + 0xc0).
-const QPC: usize = 0xc0;
-const PAP: usize = QPC + 0xc0;
-const STATE: usize = QPC;
-const ST: usize = QPC + 0x08;
-const PM_STATE: usize = QPC + 0x13;
-const PD: usize = QPC + 0x28;
-const MTU: usize = QPC + 0x40;
-const TS_FORMAT: usize = QPC + 0x58;
-const LOG_MSG_MAX: usize = QPC + 0x43;
-const USER_INDEX: usize = QPC + 0x88;
-const LOG_RQ_SIZE: usize = QPC + 0x49;
-const LOG_RQ_STRIDE: usize = QPC + 0x4d;
-const LOG_SQ_SIZE: usize = QPC + 0x51;
-const RLKY: usize = QPC + 0x5b;
-const UAR_PAGE: usize = QPC + 0x68;
-const LOG_PAGE_SIZE: usize = QPC + 0xa3;
-const REMOTE_QPN: usize = QPC + 0xa8;
-const PKEY_INDEX: usize = PAP + 0x10;
-const ACK_TIMEOUT: usize = PAP + 0x40;
-const SRC_ADDR_INDEX: usize = PAP + 0x48;
-const HOP_LIMIT: usize = PAP + 0x58;
-const TCLASS: usize = PAP + 0x64;
-const RGID_BYTE: usize = (PAP + 0x80) / 8;
-const DSCP: usize = PAP + 0x10a;
-const UDP_SPORT: usize = PAP + 0x110;
-const ETH_PRIO: usize = PAP + 0x121;
-const VHCA_PORT_NUM: usize = PAP + 0x128;
-const RMAC_47_32: usize = PAP + 0x130;
-const RMAC_31_0: usize = PAP + 0x140;
-const LOG_ACK_REQ_FREQ: usize = QPC + 0x380;
-const LOG_SRA_MAX: usize = QPC + 0x388;
-const RETRY_COUNT: usize = QPC + 0x38d;
-const RNR_RETRY: usize = QPC + 0x390;
-const FRE: usize = QPC + 0x394;
-const NEXT_SEND_PSN: usize = QPC + 0x3c8;
-const CQN_SND: usize = QPC + 0x3e8;
-const LOG_RRA_MAX: usize = QPC + 0x488;
-const ATOMIC_MODE: usize = QPC + 0x48c;
+/// `qpc`, offsets from its start; it sits at bit 0xc0 ([`QPC`]) of `create_qp_in`, of every `*2*_qp_in` and of
+/// `query_qp_out`.
+pub mod qpc {
+    use crate::field::{Field, Field64};
+    pub const STATE: Field = Field::new(0x00, 4);
+    pub const ST: Field = Field::new(0x08, 8);
+    pub const PM_STATE: Field = Field::new(0x13, 2);
+    pub const PD: Field = Field::new(0x28, 24);
+    pub const MTU: Field = Field::new(0x40, 3);
+    pub const LOG_MSG_MAX: Field = Field::new(0x43, 5);
+    pub const LOG_RQ_SIZE: Field = Field::new(0x49, 4);
+    pub const LOG_RQ_STRIDE: Field = Field::new(0x4d, 3);
+    pub const LOG_SQ_SIZE: Field = Field::new(0x51, 4);
+    pub const TS_FORMAT: Field = Field::new(0x58, 2);
+    pub const RLKY: Field = Field::new(0x5b, 1);
+    pub const UAR_PAGE: Field = Field::new(0x68, 24);
+    pub const USER_INDEX: Field = Field::new(0x88, 24);
+    pub const LOG_PAGE_SIZE: Field = Field::new(0xa3, 5);
+    pub const REMOTE_QPN: Field = Field::new(0xa8, 24);
+    /// `primary_address_path` ([`super::ads`]).
+    pub const PRIMARY_ADDRESS_PATH: usize = 0xc0;
+    pub const LOG_ACK_REQ_FREQ: Field = Field::new(0x380, 4);
+    pub const LOG_SRA_MAX: Field = Field::new(0x388, 3);
+    pub const RETRY_COUNT: Field = Field::new(0x38d, 3);
+    pub const RNR_RETRY: Field = Field::new(0x390, 3);
+    pub const FRE: Field = Field::new(0x394, 1);
+    pub const NEXT_SEND_PSN: Field = Field::new(0x3c8, 24);
+    pub const CQN_SND: Field = Field::new(0x3e8, 24);
+    pub const LOG_RRA_MAX: Field = Field::new(0x488, 3);
+    pub const ATOMIC_MODE: Field = Field::new(0x48c, 4);
+    pub const RRE: Field = Field::new(0x490, 1);
+    pub const RWE: Field = Field::new(0x491, 1);
+    pub const RAE: Field = Field::new(0x492, 1);
+    pub const MIN_RNR_NAK: Field = Field::new(0x4a3, 5);
+    pub const NEXT_RCV_PSN: Field = Field::new(0x4a8, 24);
+    pub const CQN_RCV: Field = Field::new(0x4e8, 24);
+    pub const DBR_ADDR: Field64 = Field64::new(0x500);
+    pub const RQ_TYPE: Field = Field::new(0x565, 3);
+}
+
+/// `ads` (an address path), offsets from its start; the primary path sits at `qpc` bit 0xc0.
+pub mod ads {
+    use crate::field::{ByteArray, Field};
+    pub const PKEY_INDEX: Field = Field::new(0x10, 16);
+    pub const ACK_TIMEOUT: Field = Field::new(0x40, 5);
+    pub const SRC_ADDR_INDEX: Field = Field::new(0x48, 8);
+    pub const HOP_LIMIT: Field = Field::new(0x58, 8);
+    pub const TCLASS: Field = Field::new(0x64, 8);
+    pub const RGID_RIP: ByteArray = ByteArray::new(0x80, 16);
+    pub const DSCP: Field = Field::new(0x10a, 6);
+    pub const UDP_SPORT: Field = Field::new(0x110, 16);
+    pub const ETH_PRIO: Field = Field::new(0x121, 3);
+    pub const VHCA_PORT_NUM: Field = Field::new(0x128, 8);
+    pub const RMAC_47_32: Field = Field::new(0x130, 16);
+    pub const RMAC_31_0: Field = Field::new(0x140, 32);
+}
+
+/// Bit offset of `qpc` in `create_qp_in`, the `*2*_qp_in` structures and `query_qp_out`.
+pub const QPC: usize = 0xc0;
+/// The primary address path, absolute.
+const PAP: usize = QPC + qpc::PRIMARY_ADDRESS_PATH;
+/// `qpn` of `create_qp_out` and of every `*_qp_in` that names a QP.
+const QPN: Field = OBJECT_ID;
+
+// The fields as the commands carry them (absolute).
+const STATE: Field = qpc::STATE.at(QPC);
+const ST: Field = qpc::ST.at(QPC);
+const PM_STATE: Field = qpc::PM_STATE.at(QPC);
+const PD: Field = qpc::PD.at(QPC);
+const MTU: Field = qpc::MTU.at(QPC);
+const TS_FORMAT: Field = qpc::TS_FORMAT.at(QPC);
+const LOG_MSG_MAX: Field = qpc::LOG_MSG_MAX.at(QPC);
+const USER_INDEX: Field = qpc::USER_INDEX.at(QPC);
+const LOG_RQ_SIZE: Field = qpc::LOG_RQ_SIZE.at(QPC);
+const LOG_RQ_STRIDE: Field = qpc::LOG_RQ_STRIDE.at(QPC);
+const LOG_SQ_SIZE: Field = qpc::LOG_SQ_SIZE.at(QPC);
+const RLKY: Field = qpc::RLKY.at(QPC);
+const UAR_PAGE: Field = qpc::UAR_PAGE.at(QPC);
+const LOG_PAGE_SIZE: Field = qpc::LOG_PAGE_SIZE.at(QPC);
+const REMOTE_QPN: Field = qpc::REMOTE_QPN.at(QPC);
+const PKEY_INDEX: Field = ads::PKEY_INDEX.at(PAP);
+const ACK_TIMEOUT: Field = ads::ACK_TIMEOUT.at(PAP);
+const SRC_ADDR_INDEX: Field = ads::SRC_ADDR_INDEX.at(PAP);
+const HOP_LIMIT: Field = ads::HOP_LIMIT.at(PAP);
+const TCLASS: Field = ads::TCLASS.at(PAP);
+const RGID: ByteArray = ads::RGID_RIP.at(PAP);
+const DSCP: Field = ads::DSCP.at(PAP);
+const UDP_SPORT: Field = ads::UDP_SPORT.at(PAP);
+const ETH_PRIO: Field = ads::ETH_PRIO.at(PAP);
+const VHCA_PORT_NUM: Field = ads::VHCA_PORT_NUM.at(PAP);
+const RMAC_47_32: Field = ads::RMAC_47_32.at(PAP);
+const RMAC_31_0: Field = ads::RMAC_31_0.at(PAP);
+const LOG_ACK_REQ_FREQ: Field = qpc::LOG_ACK_REQ_FREQ.at(QPC);
+const LOG_SRA_MAX: Field = qpc::LOG_SRA_MAX.at(QPC);
+const RETRY_COUNT: Field = qpc::RETRY_COUNT.at(QPC);
+const RNR_RETRY: Field = qpc::RNR_RETRY.at(QPC);
+const FRE: Field = qpc::FRE.at(QPC);
+const NEXT_SEND_PSN: Field = qpc::NEXT_SEND_PSN.at(QPC);
+const CQN_SND: Field = qpc::CQN_SND.at(QPC);
+const LOG_RRA_MAX: Field = qpc::LOG_RRA_MAX.at(QPC);
+const ATOMIC_MODE: Field = qpc::ATOMIC_MODE.at(QPC);
 /// `MLX5_ATOMIC_MODE_IB_COMP` (`driver.h`): IB-compatible 8-byte atomics, what Linux `get_atomic_mode`
 /// chooses when the card has plain compare-and-swap and fetch-and-add only.
 pub const ATOMIC_MODE_IB_COMP: u8 = 1;
@@ -210,14 +269,14 @@ pub fn atomic_mode(atomic: bool, a: &crate::ifc::init::AtomicCaps) -> Option<u8>
     let plain = MLX5_ATOMIC_OPS_CMP_SWAP | MLX5_ATOMIC_OPS_FETCH_ADD;
     (ops & plain == plain).then_some(ATOMIC_MODE_IB_COMP)
 }
-const RRE: usize = QPC + 0x490;
-const RWE: usize = QPC + 0x491;
-const RAE: usize = QPC + 0x492;
-const MIN_RNR_NAK: usize = QPC + 0x4a3;
-const NEXT_RCV_PSN: usize = QPC + 0x4a8;
-const CQN_RCV: usize = QPC + 0x4e8;
-const DBR_ADDR_BYTE: usize = (QPC + 0x500) / 8;
-const RQ_TYPE: usize = QPC + 0x565;
+const RRE: Field = qpc::RRE.at(QPC);
+const RWE: Field = qpc::RWE.at(QPC);
+const RAE: Field = qpc::RAE.at(QPC);
+const MIN_RNR_NAK: Field = qpc::MIN_RNR_NAK.at(QPC);
+const NEXT_RCV_PSN: Field = qpc::NEXT_RCV_PSN.at(QPC);
+const CQN_RCV: Field = qpc::CQN_RCV.at(QPC);
+const DBR_ADDR: Field64 = qpc::DBR_ADDR.at(QPC);
+const RQ_TYPE: Field = qpc::RQ_TYPE.at(QPC);
 
 /// What a QP is created with; the modify commands repeat `pd`, `cqn_snd`, `cqn_rcv` (as Linux does).
 #[derive(Clone, Copy, Debug)]
@@ -260,11 +319,11 @@ fn common(c: &mut Command, pd: Pdn, cqn_snd: Cqn, cqn_rcv: Cqn) {
 /// What every create and modify carries, for a QP of service type `st` (Linux sets `qpc.st` on every
 /// transition, `__mlx5_ib_modify_qp`).
 fn common_st(c: &mut Command, st: u32, pd: Pdn, cqn_snd: Cqn, cqn_rcv: Cqn) {
-    c.set(ST, 8, st);
-    c.set(PM_STATE, 2, MLX5_QP_PM_MIGRATED);
-    c.set(PD, 24, pd.0);
-    c.set(CQN_SND, 24, cqn_snd.0);
-    c.set(CQN_RCV, 24, cqn_rcv.0);
+    c.set(ST, st);
+    c.set(PM_STATE, MLX5_QP_PM_MIGRATED);
+    c.set(PD, pd.0);
+    c.set(CQN_SND, cqn_snd.0);
+    c.set(CQN_RCV, cqn_rcv.0);
 }
 
 /// CREATE_QP for an RC QP.
@@ -274,26 +333,26 @@ pub fn create_rc_qp(p: &RcQpParams<'_>) -> Command {
         .with("cqn_snd", p.cqn_snd.0.into())
         .with("cqn_rcv", p.cqn_rcv.0.into());
     common(&mut c, p.pd, p.cqn_snd, p.cqn_rcv);
-    c.set(LOG_MSG_MAX, 5, p.log_msg_max.into());
-    c.set(TS_FORMAT, 2, p.ts_format.into());
+    c.set(LOG_MSG_MAX, p.log_msg_max.into());
+    c.set(TS_FORMAT, p.ts_format.into());
     if let Some(u) = p.user_index {
-        c.set(USER_INDEX, 24, u);
+        c.set(USER_INDEX, u);
     }
     match p.log_rq_size {
         Some(n) => {
-            c.set(RQ_TYPE, 3, MLX5_NON_ZERO_RQ);
-            c.set(LOG_RQ_SIZE, 4, n.into());
-            c.set(LOG_RQ_STRIDE, 3, p.log_rq_stride.into());
+            c.set(RQ_TYPE, MLX5_NON_ZERO_RQ);
+            c.set(LOG_RQ_SIZE, n.into());
+            c.set(LOG_RQ_STRIDE, p.log_rq_stride.into());
         }
-        None => c.set(RQ_TYPE, 3, MLX5_ZERO_LEN_RQ),
+        None => c.set(RQ_TYPE, MLX5_ZERO_LEN_RQ),
     }
-    c.set(LOG_SQ_SIZE, 4, p.log_sq_size.into());
-    c.set(UAR_PAGE, 24, p.uar_page.0);
-    c.set(LOG_PAGE_SIZE, 5, p.log_page_size.into());
-    c.set(FRE, 1, 1);
-    c.set(RLKY, 1, 1);
-    c.set64(DBR_ADDR_BYTE, p.dbr_addr);
-    put_pas(&mut c, PAS_OFFSET, p.pages);
+    c.set(LOG_SQ_SIZE, p.log_sq_size.into());
+    c.set(UAR_PAGE, p.uar_page.0);
+    c.set(LOG_PAGE_SIZE, p.log_page_size.into());
+    c.set(FRE, 1);
+    c.set(RLKY, 1);
+    c.set64(DBR_ADDR, p.dbr_addr);
+    put_pas(&mut c, PAS, p.pages);
     c
 }
 
@@ -328,17 +387,17 @@ pub fn create_umr_qp(p: &UmrQpParams<'_>) -> Command {
         .with("cqn", p.cqn.0.into())
         .with("st", MLX5_QP_ST_REG_UMR.into());
     common_st(&mut c, MLX5_QP_ST_REG_UMR, p.pd, p.cqn, p.cqn);
-    c.set(TS_FORMAT, 2, p.ts_format.into());
+    c.set(TS_FORMAT, p.ts_format.into());
     if let Some(u) = p.user_index {
-        c.set(USER_INDEX, 24, u);
+        c.set(USER_INDEX, u);
     }
-    c.set(RQ_TYPE, 3, MLX5_ZERO_LEN_RQ);
-    c.set(LOG_SQ_SIZE, 4, p.log_sq_size.into());
-    c.set(UAR_PAGE, 24, p.uar_page.0);
-    c.set(LOG_PAGE_SIZE, 5, p.log_page_size.into());
-    c.set(RLKY, 1, 1);
-    c.set64(DBR_ADDR_BYTE, p.dbr_addr);
-    put_pas(&mut c, PAS_OFFSET, p.pages);
+    c.set(RQ_TYPE, MLX5_ZERO_LEN_RQ);
+    c.set(LOG_SQ_SIZE, p.log_sq_size.into());
+    c.set(UAR_PAGE, p.uar_page.0);
+    c.set(LOG_PAGE_SIZE, p.log_page_size.into());
+    c.set(RLKY, 1);
+    c.set64(DBR_ADDR, p.dbr_addr);
+    put_pas(&mut c, PAS, p.pages);
     c
 }
 
@@ -347,9 +406,9 @@ pub fn create_umr_qp(p: &UmrQpParams<'_>) -> Command {
 /// carries the MTU 4096 and `log_msg_max` 12 Linux's modify gives every REG_UMR QP.
 pub fn umr_rst2init(qpn: Qpn, pd: Pdn, cqn: Cqn) -> Command {
     let mut c = umr_modify(MLX5_CMD_OP_RST2INIT_QP, qpn, pd, cqn);
-    c.set(PKEY_INDEX, 16, 0);
-    c.set(VHCA_PORT_NUM, 8, 1);
-    c.set(RLKY, 1, 1);
+    c.set(PKEY_INDEX, 0);
+    c.set(VHCA_PORT_NUM, 1);
+    c.set(RLKY, 1);
     c
 }
 
@@ -367,15 +426,15 @@ pub const UMR_QP_LOG_MSG_MAX: u8 = 12;
 fn umr_modify(opcode: u16, qpn: Qpn, pd: Pdn, cqn: Cqn) -> Command {
     let q = umr_base(qpn, pd, cqn);
     let mut c = Command::new(opcode, 0, QP_IN_LEN, CMD_HDR_LEN).with("qpn", q.qpn.0.into());
-    c.set(0x48, 24, q.qpn.0);
+    c.set(QPN, q.qpn.0);
     common_st(&mut c, MLX5_QP_ST_REG_UMR, q.pd, q.cqn_snd, q.cqn_rcv);
-    c.set(MTU, 3, Mtu::Mtu4096 as u32);
-    c.set(LOG_MSG_MAX, 5, UMR_QP_LOG_MSG_MAX.into());
+    c.set(MTU, Mtu::Mtu4096 as u32);
+    c.set(LOG_MSG_MAX, UMR_QP_LOG_MSG_MAX.into());
     c
 }
 
 pub fn create_qp_out(out: &Output) -> Qpn {
-    Qpn(out.get(0x48, 24))
+    Qpn(out.get(QPN))
 }
 
 /// Remote access the responder side allows (`rre`, `rwe`, `rae`).
@@ -388,7 +447,7 @@ pub struct QpAccess {
 
 fn modify(opcode: u16, q: &QpBase) -> Command {
     let mut c = Command::new(opcode, 0, QP_IN_LEN, CMD_HDR_LEN).with("qpn", q.qpn.0.into());
-    c.set(0x48, 24, q.qpn.0);
+    c.set(QPN, q.qpn.0);
     common(&mut c, q.pd, q.cqn_snd, q.cqn_rcv);
     c
 }
@@ -398,15 +457,15 @@ fn modify(opcode: u16, q: &QpBase) -> Command {
 /// Asked for remote atomics with no mode, the command carries `rae` alone and the firmware refuses it.
 pub fn rst2init(q: &QpBase, access: QpAccess, atomic_mode: Option<u8>) -> Command {
     let mut c = modify(MLX5_CMD_OP_RST2INIT_QP, q);
-    c.set(PKEY_INDEX, 16, 0);
-    c.set(VHCA_PORT_NUM, 8, 1);
-    c.set(RRE, 1, access.remote_read as u32);
-    c.set(RWE, 1, access.remote_write as u32);
-    c.set(RAE, 1, access.remote_atomic as u32);
+    c.set(PKEY_INDEX, 0);
+    c.set(VHCA_PORT_NUM, 1);
+    c.set(RRE, access.remote_read as u32);
+    c.set(RWE, access.remote_write as u32);
+    c.set(RAE, access.remote_atomic as u32);
     if let (true, Some(m)) = (access.remote_atomic, atomic_mode) {
-        c.set(ATOMIC_MODE, 4, m.into());
+        c.set(ATOMIC_MODE, m.into());
     }
-    c.set(RLKY, 1, 1);
+    c.set(RLKY, 1);
     c
 }
 
@@ -436,22 +495,22 @@ pub struct RcPeer {
 /// INIT2RTR: path MTU, remote QPN, receive PSN and the RoCEv2 primary address path.
 pub fn init2rtr(q: &QpBase, peer: &RcPeer, log_msg_max: u8) -> Command {
     let mut c = modify(MLX5_CMD_OP_INIT2RTR_QP, q).with("remote_qpn", peer.qpn.0.into());
-    c.set(MTU, 3, peer.mtu as u32);
-    c.set(LOG_MSG_MAX, 5, log_msg_max.into());
-    c.set(REMOTE_QPN, 24, peer.qpn.0);
-    c.set(SRC_ADDR_INDEX, 8, peer.sgid_index.into());
-    c.set(HOP_LIMIT, 8, peer.hop_limit.into());
-    c.set(TCLASS, 8, peer.tclass.into());
-    c.put(RGID_BYTE, &peer.gid);
-    c.set(DSCP, 6, (peer.tclass >> 2).into());
-    c.set(UDP_SPORT, 16, peer.udp_sport.into());
-    c.set(ETH_PRIO, 3, (peer.eth_prio & 7).into());
-    c.set(VHCA_PORT_NUM, 8, 1);
-    c.set(RMAC_47_32, 16, u32::from(u16::from_be_bytes([peer.mac[0], peer.mac[1]])));
-    c.set(RMAC_31_0, 32, u32::from_be_bytes([peer.mac[2], peer.mac[3], peer.mac[4], peer.mac[5]]));
-    c.set(LOG_RRA_MAX, 3, peer.log_rra_max.into());
-    c.set(MIN_RNR_NAK, 5, peer.min_rnr_nak.into());
-    c.set(NEXT_RCV_PSN, 24, peer.psn);
+    c.set(MTU, peer.mtu as u32);
+    c.set(LOG_MSG_MAX, log_msg_max.into());
+    c.set(REMOTE_QPN, peer.qpn.0);
+    c.set(SRC_ADDR_INDEX, peer.sgid_index.into());
+    c.set(HOP_LIMIT, peer.hop_limit.into());
+    c.set(TCLASS, peer.tclass.into());
+    c.put(RGID, &peer.gid);
+    c.set(DSCP, (peer.tclass >> 2).into());
+    c.set(UDP_SPORT, peer.udp_sport.into());
+    c.set(ETH_PRIO, (peer.eth_prio & 7).into());
+    c.set(VHCA_PORT_NUM, 1);
+    c.set(RMAC_47_32, u32::from(u16::from_be_bytes([peer.mac[0], peer.mac[1]])));
+    c.set(RMAC_31_0, u32::from_be_bytes([peer.mac[2], peer.mac[3], peer.mac[4], peer.mac[5]]));
+    c.set(LOG_RRA_MAX, peer.log_rra_max.into());
+    c.set(MIN_RNR_NAK, peer.min_rnr_nak.into());
+    c.set(NEXT_RCV_PSN, peer.psn);
     c
 }
 
@@ -472,18 +531,18 @@ pub struct RtsParams {
 /// RTR2RTS: send PSN, timeouts and retries (`log_ack_req_freq` 8, as Linux).
 pub fn rtr2rts(q: &QpBase, p: &RtsParams) -> Command {
     let mut c = modify(MLX5_CMD_OP_RTR2RTS_QP, q);
-    c.set(ACK_TIMEOUT, 5, p.ack_timeout.into());
-    c.set(LOG_ACK_REQ_FREQ, 4, 8);
-    c.set(LOG_SRA_MAX, 3, p.log_sra_max.into());
-    c.set(RETRY_COUNT, 3, p.retry_count.into());
-    c.set(RNR_RETRY, 3, p.rnr_retry.into());
-    c.set(NEXT_SEND_PSN, 24, p.psn);
+    c.set(ACK_TIMEOUT, p.ack_timeout.into());
+    c.set(LOG_ACK_REQ_FREQ, 8);
+    c.set(LOG_SRA_MAX, p.log_sra_max.into());
+    c.set(RETRY_COUNT, p.retry_count.into());
+    c.set(RNR_RETRY, p.rnr_retry.into());
+    c.set(NEXT_SEND_PSN, p.psn);
     c
 }
 
 fn qpn_cmd(opcode: u16, qpn: Qpn, out_len: usize) -> Command {
     let mut c = Command::new(opcode, 0, CMD_HDR_LEN, out_len).with("qpn", qpn.0.into());
-    c.set(0x48, 24, qpn.0);
+    c.set(QPN, qpn.0);
     c
 }
 
@@ -535,38 +594,36 @@ pub struct QpInfo {
 }
 
 pub fn query_qp_out(out: &Output) -> QpInfo {
-    let g = |b, w| out.get(b, w);
-    let mut rgid = [0u8; 16];
-    let s = out.slice(RGID_BYTE, 16);
-    rgid[..s.len()].copy_from_slice(s);
-    let hi = (g(RMAC_47_32, 16) as u16).to_be_bytes();
-    let lo = g(RMAC_31_0, 32).to_be_bytes();
+    let g = |f: Field| out.get(f);
+    let rgid = RGID.read_array(out.bytes());
+    let hi = (g(RMAC_47_32) as u16).to_be_bytes();
+    let lo = g(RMAC_31_0).to_be_bytes();
     QpInfo {
-        state: QpState::from_raw(g(STATE, 4) as u8),
-        pd: Pdn(g(PD, 24)),
-        mtu: g(MTU, 3) as u8,
-        log_msg_max: g(LOG_MSG_MAX, 5) as u8,
-        remote_qpn: Qpn(g(REMOTE_QPN, 24)),
-        next_send_psn: g(NEXT_SEND_PSN, 24),
-        next_rcv_psn: g(NEXT_RCV_PSN, 24),
-        cqn_snd: Cqn(g(CQN_SND, 24)),
-        cqn_rcv: Cqn(g(CQN_RCV, 24)),
-        uar_page: UarPage(g(UAR_PAGE, 24)),
-        rre: g(RRE, 1) != 0,
-        rwe: g(RWE, 1) != 0,
-        rae: g(RAE, 1) != 0,
+        state: QpState::from_raw(g(STATE) as u8),
+        pd: Pdn(g(PD)),
+        mtu: g(MTU) as u8,
+        log_msg_max: g(LOG_MSG_MAX) as u8,
+        remote_qpn: Qpn(g(REMOTE_QPN)),
+        next_send_psn: g(NEXT_SEND_PSN),
+        next_rcv_psn: g(NEXT_RCV_PSN),
+        cqn_snd: Cqn(g(CQN_SND)),
+        cqn_rcv: Cqn(g(CQN_RCV)),
+        uar_page: UarPage(g(UAR_PAGE)),
+        rre: g(RRE) != 0,
+        rwe: g(RWE) != 0,
+        rae: g(RAE) != 0,
         rgid,
         rmac: [hi[0], hi[1], lo[0], lo[1], lo[2], lo[3]],
-        src_addr_index: g(SRC_ADDR_INDEX, 8) as u8,
-        hop_limit: g(HOP_LIMIT, 8) as u8,
-        udp_sport: g(UDP_SPORT, 16) as u16,
-        ack_timeout: g(ACK_TIMEOUT, 5) as u8,
-        retry_count: g(RETRY_COUNT, 3) as u8,
-        rnr_retry: g(RNR_RETRY, 3) as u8,
-        min_rnr_nak: g(MIN_RNR_NAK, 5) as u8,
-        log_rra_max: g(LOG_RRA_MAX, 3) as u8,
-        log_sra_max: g(LOG_SRA_MAX, 3) as u8,
-        vhca_port_num: g(VHCA_PORT_NUM, 8) as u8,
+        src_addr_index: g(SRC_ADDR_INDEX) as u8,
+        hop_limit: g(HOP_LIMIT) as u8,
+        udp_sport: g(UDP_SPORT) as u16,
+        ack_timeout: g(ACK_TIMEOUT) as u8,
+        retry_count: g(RETRY_COUNT) as u8,
+        rnr_retry: g(RNR_RETRY) as u8,
+        min_rnr_nak: g(MIN_RNR_NAK) as u8,
+        log_rra_max: g(LOG_RRA_MAX) as u8,
+        log_sra_max: g(LOG_SRA_MAX) as u8,
+        vhca_port_num: g(VHCA_PORT_NUM) as u8,
     }
 }
 

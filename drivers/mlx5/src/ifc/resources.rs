@@ -1,26 +1,24 @@
 //! Protection domains, UAR pages and transport domains (`mlx5_ifc.h`: `alloc_pd_in/out`, `dealloc_pd_in`,
 //! `alloc_uar_in/out`, `dealloc_uar_in`, `alloc_transport_domain_in/out`, `dealloc_transport_domain_in`).
-//! All are 16-byte structures with the handle at bit 0x48 (24 bits).
+//! All are 16-byte structures with the handle at bit 0x48 (24 bits, [`OBJECT_ID`]).
 
 use crate::command::{Command, Output};
 use crate::handles::{Pdn, Tdn, UarPage};
-use crate::ifc::CMD_HDR_LEN;
+use crate::ifc::{CMD_HDR_LEN, OBJECT_ID};
 
-pub const MLX5_CMD_OP_ALLOC_PD: u16 = 0x800;
-pub const MLX5_CMD_OP_DEALLOC_PD: u16 = 0x801;
-pub const MLX5_CMD_OP_ALLOC_UAR: u16 = 0x802;
-pub const MLX5_CMD_OP_DEALLOC_UAR: u16 = 0x803;
-pub const MLX5_CMD_OP_ALLOC_TRANSPORT_DOMAIN: u16 = 0x816;
-pub const MLX5_CMD_OP_DEALLOC_TRANSPORT_DOMAIN: u16 = 0x817;
+pub use crate::ifc::opcode::{
+    MLX5_CMD_OP_ALLOC_PD, MLX5_CMD_OP_ALLOC_TRANSPORT_DOMAIN, MLX5_CMD_OP_ALLOC_UAR, MLX5_CMD_OP_DEALLOC_PD,
+    MLX5_CMD_OP_DEALLOC_TRANSPORT_DOMAIN, MLX5_CMD_OP_DEALLOC_UAR,
+};
 
 fn handle_cmd(opcode: u16, name: &'static str, handle: u32) -> Command {
     let mut c = Command::new(opcode, 0, CMD_HDR_LEN, CMD_HDR_LEN).with(name, handle.into());
-    c.set(0x48, 24, handle);
+    c.set(OBJECT_ID, handle);
     c
 }
 
 fn handle_out(out: &Output) -> u32 {
-    out.get(0x48, 24)
+    out.get(OBJECT_ID)
 }
 
 pub fn alloc_pd() -> Command {

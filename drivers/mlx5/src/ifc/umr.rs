@@ -14,9 +14,10 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
 
+use crate::field::Field;
 use crate::handles::{Mkey, Pdn};
 use crate::ifc::init::GeneralCaps;
-use crate::ifc::mkey::{MTT_RD_EN, MTT_WR_EN, MkeyAccess};
+use crate::ifc::mkey::{MTT_RD_EN, MTT_WR_EN, MkeyAccess, mkc};
 use crate::sq::{
     CtrlSeg, MLX5_FENCE_MODE_INITIATOR_SMALL, MLX5_FENCE_MODE_NONE, MLX5_FENCE_MODE_STRONG_ORDERING,
     MLX5_WQE_CTRL_CQ_UPDATE, SEND_WQE_BB, SEND_WQE_DS,
@@ -267,40 +268,34 @@ fn access_mask(caps: &UmrCaps) -> u64 {
     m
 }
 
-// `mlx5_wqe_umr_ctrl_seg`, offsets inside the WQE (after the 16-byte control segment).
-const UCTRL: usize = CtrlSeg::LEN;
-const UCTRL_FLAGS: usize = UCTRL;
-const UCTRL_XLT_OCTOWORDS: usize = UCTRL + 4;
-const UCTRL_XLT_OFFSET: usize = UCTRL + 6;
-const UCTRL_MKEY_MASK: usize = UCTRL + 8;
-const UCTRL_XLT_OFFSET_47_16: usize = UCTRL + 16;
-// `mlx5_mkey_seg` (= `mkc`), offsets inside the WQE.
-const MKEY: usize = UCTRL + UMR_CTRL_SEG_LEN;
-const MKEY_STATUS: usize = MKEY;
-const MKEY_FLAGS: usize = MKEY + 2;
-const MKEY_QPN_MKEY7_0: usize = MKEY + 4;
-const MKEY_FLAGS_PD: usize = MKEY + 12;
-const MKEY_START_ADDR: usize = MKEY + 16;
-const MKEY_LEN: usize = MKEY + 24;
-const MKEY_XLT_OCT_SIZE: usize = MKEY + 52;
-const MKEY_LOG2_PAGE_SIZE: usize = MKEY + 59;
-/// `mkey_seg.status`: bit 6 = `free` (`mkc.free`, bit 1 of the structure).
-const MKEY_STATUS_FREE: u8 = 1 << 6;
-/// `mkey_seg.flags` (`mkc` bits 0x10..0x18): `umr_en`, `a`, `rw`, `rr`, `lw`, `lr`, `access_mode_1_0`.
-const MKEY_FLAG_A: u8 = 1 << 6;
-const MKEY_FLAG_RW: u8 = 1 << 5;
-const MKEY_FLAG_RR: u8 = 1 << 4;
-const MKEY_FLAG_LW: u8 = 1 << 3;
-const MKEY_FLAG_LR: u8 = 1 << 2;
+/// `mlx5_wqe_umr_ctrl_seg` (`device.h`), offsets from its start: 48 bytes after the 16-byte control segment.
+pub mod umr_ctrl_seg {
+    use crate::field::{Field, Field64};
+    pub const FLAGS: Field = Field::new(0x00, 8);
+    pub const XLT_OCTOWORDS: Field = Field::new(0x20, 16);
+    pub const XLT_OFFSET: Field = Field::new(0x30, 16);
+    pub const MKEY_MASK: Field64 = Field64::new(0x40);
+    pub const XLT_OFFSET_47_16: Field = Field::new(0x80, 32);
+}
 
-fn put16(w: &mut [u8], at: usize, v: u16) {
-    w[at..at + 2].copy_from_slice(&v.to_be_bytes());
+/// `mlx5_wqe_data_seg` (`qp.h`), offsets from its start.
+pub mod data_seg {
+    use crate::field::{Field, Field64};
+    pub const BYTE_COUNT: Field = Field::new(0x00, 32);
+    pub const LKEY: Field = Field::new(0x20, 32);
+    pub const ADDR: Field64 = Field64::new(0x40);
 }
-fn put32(w: &mut [u8], at: usize, v: u32) {
-    w[at..at + 4].copy_from_slice(&v.to_be_bytes());
-}
-fn put64(w: &mut [u8], at: usize, v: u64) {
-    w[at..at + 8].copy_from_slice(&v.to_be_bytes());
+
+// Where each segment starts in the WQE, in bits: the UMR control segment after the control segment, the mkey
+// segment (`mlx5_mkey_seg`, the `mkc` layout: [`mkc`]) after it, the data segment of a pointer translation
+// after that.
+const UCTRL: usize = CtrlSeg::LEN * 8;
+const MKEY: usize = UCTRL + UMR_CTRL_SEG_LEN * 8;
+const DATA: usize = UMR_HEADER_LEN * 8;
+
+/// Writes an `mkc` field of the mkey segment.
+fn mkey_set(w: &mut [u8], f: Field, v: u32) {
+    f.at(MKEY).write(w, v);
 }
 
 fn ctrl(w: &mut [u8], slot: &WqeSlot, mkey: Mkey) {
@@ -322,11 +317,12 @@ fn ctrl(w: &mut [u8], slot: &WqeSlot, mkey: Mkey) {
 pub fn revoke_wqe(slot: &WqeSlot, r: &Revoke) -> [u8; UMR_HEADER_LEN] {
     let mut w = [0u8; UMR_HEADER_LEN];
     ctrl(&mut w, slot, r.mkey);
-    w[UCTRL_FLAGS] = MLX5_UMR_INLINE;
-    put64(&mut w, UCTRL_MKEY_MASK, MLX5_MKEY_MASK_PD | MLX5_MKEY_MASK_FREE);
-    w[MKEY_STATUS] = MKEY_STATUS_FREE;
-    put32(&mut w, MKEY_QPN_MKEY7_0, (QPN_UNBOUND << 8) | u32::from(r.mkey.variant()));
-    put32(&mut w, MKEY_FLAGS_PD, r.quarantine_pd.0 & 0xff_ffff);
+    umr_ctrl_seg::FLAGS.at(UCTRL).write(&mut w, MLX5_UMR_INLINE.into());
+    umr_ctrl_seg::MKEY_MASK.at(UCTRL).write(&mut w, MLX5_MKEY_MASK_PD | MLX5_MKEY_MASK_FREE);
+    mkey_set(&mut w, mkc::FREE, 1);
+    mkey_set(&mut w, mkc::QPN, QPN_UNBOUND);
+    mkey_set(&mut w, mkc::MKEY_7_0, r.mkey.variant().into());
+    mkey_set(&mut w, mkc::PD, r.quarantine_pd.0);
     w
 }
 
@@ -373,39 +369,39 @@ pub fn grant_wqe(slot: &WqeSlot, g: &Grant<'_>, caps: &UmrCaps) -> Result<Vec<u8
 
     let mut w = vec![0u8; len];
     ctrl(&mut w, slot, g.mkey);
-    w[UCTRL_FLAGS] = flags;
-    put16(&mut w, UCTRL_XLT_OCTOWORDS, octwords as u16);
-    put16(&mut w, UCTRL_XLT_OFFSET, 0);
-    put64(&mut w, UCTRL_MKEY_MASK, mask);
-    put32(&mut w, UCTRL_XLT_OFFSET_47_16, 0);
+    let u = |f: Field| f.at(UCTRL);
+    u(umr_ctrl_seg::FLAGS).write(&mut w, flags.into());
+    u(umr_ctrl_seg::XLT_OCTOWORDS).write(&mut w, octwords as u32);
+    u(umr_ctrl_seg::XLT_OFFSET).write(&mut w, 0);
+    umr_ctrl_seg::MKEY_MASK.at(UCTRL).write(&mut w, mask);
+    u(umr_ctrl_seg::XLT_OFFSET_47_16).write(&mut w, 0);
 
-    let a = g.access;
-    w[MKEY_FLAGS] = [
-        (MkeyAccess::ATOMIC, MKEY_FLAG_A),
-        (MkeyAccess::REMOTE_WRITE, MKEY_FLAG_RW),
-        (MkeyAccess::REMOTE_READ, MKEY_FLAG_RR),
-        (MkeyAccess::LOCAL_WRITE, MKEY_FLAG_LW),
-        (MkeyAccess::LOCAL_READ, MKEY_FLAG_LR),
-    ]
-    .iter()
-    .filter(|(bit, _)| a.contains(*bit))
-    .fold(crate::ifc::mkey::MLX5_MKC_ACCESS_MODE_MTT, |f, (_, b)| f | b);
-    put32(&mut w, MKEY_QPN_MKEY7_0, (QPN_UNBOUND << 8) | u32::from(g.new_variant));
-    put32(&mut w, MKEY_FLAGS_PD, g.pd.0 & 0xff_ffff);
-    put64(&mut w, MKEY_START_ADDR, g.start);
-    put64(&mut w, MKEY_LEN, g.len);
-    put32(&mut w, MKEY_XLT_OCT_SIZE, octwords as u32);
-    w[MKEY_LOG2_PAGE_SIZE] = g.log_page_size & 0x3f;
+    for (bit, f) in [
+        (MkeyAccess::ATOMIC, mkc::A),
+        (MkeyAccess::REMOTE_WRITE, mkc::RW),
+        (MkeyAccess::REMOTE_READ, mkc::RR),
+        (MkeyAccess::LOCAL_WRITE, mkc::LW),
+        (MkeyAccess::LOCAL_READ, mkc::LR),
+    ] {
+        mkey_set(&mut w, f, g.access.contains(bit) as u32);
+    }
+    mkey_set(&mut w, mkc::ACCESS_MODE_1_0, crate::ifc::mkey::MLX5_MKC_ACCESS_MODE_MTT.into());
+    mkey_set(&mut w, mkc::QPN, QPN_UNBOUND);
+    mkey_set(&mut w, mkc::MKEY_7_0, g.new_variant.into());
+    mkey_set(&mut w, mkc::PD, g.pd.0);
+    mkc::START_ADDR.at(MKEY).write(&mut w, g.start);
+    mkc::LEN.at(MKEY).write(&mut w, g.len);
+    mkey_set(&mut w, mkc::TRANSLATIONS_OCTWORD_SIZE, octwords as u32);
+    mkey_set(&mut w, mkc::LOG_PAGE_SIZE, g.log_page_size.into());
     match g.translation {
         Translation::Inline(p) => {
             let e = mtt_entries(p);
             w[UMR_HEADER_LEN..UMR_HEADER_LEN + e.len()].copy_from_slice(&e);
         }
         Translation::Pointer { addr, lkey, .. } => {
-            // mlx5_wqe_data_seg: byte_count, lkey, addr.
-            put32(&mut w, UMR_HEADER_LEN, (octwords * 16) as u32);
-            put32(&mut w, UMR_HEADER_LEN + 4, lkey);
-            put64(&mut w, UMR_HEADER_LEN + 8, addr);
+            data_seg::BYTE_COUNT.at(DATA).write(&mut w, (octwords * 16) as u32);
+            data_seg::LKEY.at(DATA).write(&mut w, lkey);
+            data_seg::ADDR.at(DATA).write(&mut w, addr);
         }
     }
     Ok(w)

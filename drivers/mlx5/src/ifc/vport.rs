@@ -4,14 +4,14 @@
 //! `pmtu_reg` and `paos_reg` registers; docs/reference/mlx5.md §e.5, §e.6).
 
 use crate::command::{Command, Output};
+use crate::field::{Field, Field64};
 use crate::ifc::CMD_HDR_LEN;
-use crate::ifc::init::{MLX5_REG_PAOS, MLX5_REG_PMTU, RegOp, access_reg};
+use crate::ifc::init::{MLX5_REG_PAOS, MLX5_REG_PMTU, REGISTER_DATA, RegOp, access_reg};
 
-pub const MLX5_CMD_OP_QUERY_VPORT_STATE: u16 = 0x750;
-pub const MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT: u16 = 0x754;
-pub const MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT: u16 = 0x755;
-pub const MLX5_CMD_OP_QUERY_ROCE_ADDRESS: u16 = 0x760;
-pub const MLX5_CMD_OP_SET_ROCE_ADDRESS: u16 = 0x761;
+pub use crate::ifc::opcode::{
+    MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT, MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT, MLX5_CMD_OP_QUERY_ROCE_ADDRESS,
+    MLX5_CMD_OP_QUERY_VPORT_STATE, MLX5_CMD_OP_SET_ROCE_ADDRESS,
+};
 
 pub const QUERY_NIC_VPORT_CONTEXT_OUT_LEN: usize = 0x110;
 pub const MODIFY_NIC_VPORT_CONTEXT_IN_LEN: usize = 0x200;
@@ -35,6 +35,40 @@ pub const MLX5_ROCE_L3_TYPE_IPV6: u8 = 1;
 pub const MLX5_PORT_UP: u8 = 1;
 pub const MLX5_PORT_DOWN: u8 = 2;
 
+/// `nic_vport_context`, offsets from its start; at bit 0x80 of `query_nic_vport_context_out`
+/// ([`QUERY_NIC_VPORT_CONTEXT_OUT_CTX`]) and at bit 0x800 of `modify_nic_vport_context_in`
+/// ([`MODIFY_NIC_VPORT_CONTEXT_IN_CTX`]).
+pub mod nic_vport_context {
+    use crate::field::{ByteArray, Field, Field64};
+    pub const MIN_WQE_INLINE_MODE: Field = Field::new(0x05, 3);
+    pub const ROCE_EN: Field = Field::new(0x1f, 1);
+    pub const MTU: Field = Field::new(0x130, 16);
+    pub const SYSTEM_IMAGE_GUID: Field64 = Field64::new(0x140);
+    pub const PORT_GUID: Field64 = Field64::new(0x180);
+    pub const NODE_GUID: Field64 = Field64::new(0x1c0);
+    pub const ALLOWED_LIST_TYPE: Field = Field::new(0x785, 3);
+    pub const ALLOWED_LIST_SIZE: Field = Field::new(0x794, 12);
+    /// A `mac_address_layout`: 16 reserved bits, then the address ([`MAC_ADDRESS`]).
+    pub const PERMANENT_ADDRESS: ByteArray = ByteArray::new(0x7a0, 8);
+    /// `current_uc_mac_address[]`: `mac_address_layout`s from bit 0x800, as many as the command carries.
+    pub const CURRENT_UC_MAC_ADDRESS: ByteArray = ByteArray::new(0x800, 8);
+    /// The 48-bit address inside a `mac_address_layout` (Linux copies from its byte 2).
+    pub const MAC_ADDRESS: ByteArray = ByteArray::new(0x10, 6);
+}
+
+/// Where `nic_vport_context` sits in the query's output and the modify's input.
+pub const QUERY_NIC_VPORT_CONTEXT_OUT_CTX: usize = 0x80;
+pub const MODIFY_NIC_VPORT_CONTEXT_IN_CTX: usize = 0x800;
+
+/// `modify_nic_vport_context_in.field_select` (`modify_nic_vport_field_select` at bit 0x60): which context
+/// fields the command changes.
+pub mod field_select {
+    use crate::field::Field;
+    pub const MTU: Field = Field::new(0x60 + 0x19, 1);
+    pub const ADDRESSES_LIST: Field = Field::new(0x60 + 0x1d, 1);
+    pub const ROCE_EN: Field = Field::new(0x60 + 0x1e, 1);
+}
+
 /// QUERY_NIC_VPORT_CONTEXT of our own vport.
 pub fn query_nic_vport_context() -> Command {
     Command::new(MLX5_CMD_OP_QUERY_NIC_VPORT_CONTEXT, 0, CMD_HDR_LEN, QUERY_NIC_VPORT_CONTEXT_OUT_LEN)
@@ -53,17 +87,16 @@ pub struct NicVportContext {
 }
 
 pub fn query_nic_vport_context_out(out: &Output) -> NicVportContext {
-    const CTX: usize = 0x80;
-    let mut mac = [0u8; 6];
-    let s = out.slice(0x104 + 2, 6);
-    mac[..s.len()].copy_from_slice(s);
+    use nic_vport_context as n;
+    const CTX: usize = QUERY_NIC_VPORT_CONTEXT_OUT_CTX;
+    let g64 = |f: Field64| out.get64(f.at(CTX));
     NicVportContext {
-        roce_en: out.get(CTX + 0x1f, 1) != 0,
-        mtu: out.get(CTX + 0x130, 16) as u16,
-        system_image_guid: out.get64(0x10 + 0x28),
-        port_guid: out.get64(0x10 + 0x30),
-        node_guid: out.get64(0x10 + 0x38),
-        permanent_address: mac,
+        roce_en: out.get(n::ROCE_EN.at(CTX)) != 0,
+        mtu: out.get(n::MTU.at(CTX)) as u16,
+        system_image_guid: g64(n::SYSTEM_IMAGE_GUID),
+        port_guid: g64(n::PORT_GUID),
+        node_guid: g64(n::NODE_GUID),
+        permanent_address: n::MAC_ADDRESS.at(n::PERMANENT_ADDRESS.byte() * 8).at(CTX).read_array(out.bytes()),
     }
 }
 
@@ -71,8 +104,8 @@ pub fn query_nic_vport_context_out(out: &Output) -> NicVportContext {
 pub fn modify_nic_vport_roce_en(enable: bool) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT, 0, MODIFY_NIC_VPORT_CONTEXT_IN_LEN, CMD_HDR_LEN)
         .with("roce_en", enable.into());
-    c.set(0x60 + 0x1e, 1, 1); // field_select.roce_en
-    c.set(0x800 + 0x1f, 1, enable as u32);
+    c.set(field_select::ROCE_EN, 1);
+    c.set(nic_vport_context::ROCE_EN.at(MODIFY_NIC_VPORT_CONTEXT_IN_CTX), enable as u32);
     c
 }
 
@@ -80,8 +113,8 @@ pub fn modify_nic_vport_roce_en(enable: bool) -> Command {
 pub fn modify_nic_vport_mtu(mtu: u16) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT, 0, MODIFY_NIC_VPORT_CONTEXT_IN_LEN, CMD_HDR_LEN)
         .with("mtu", mtu.into());
-    c.set(0x60 + 0x19, 1, 1); // field_select.mtu
-    c.set(0x800 + 0x130, 16, mtu.into());
+    c.set(field_select::MTU, 1);
+    c.set(nic_vport_context::MTU.at(MODIFY_NIC_VPORT_CONTEXT_IN_CTX), mtu.into());
     c
 }
 
@@ -100,11 +133,14 @@ pub fn modify_nic_vport_mac_list(macs: &[[u8; 6]]) -> Command {
     let len = MODIFY_NIC_VPORT_CONTEXT_IN_LEN + macs.len() * MAC_ADDRESS_LAYOUT_LEN;
     let mut c = Command::new(MLX5_CMD_OP_MODIFY_NIC_VPORT_CONTEXT, 0, len, CMD_HDR_LEN)
         .with("addresses_list", macs.len() as u64);
-    c.set(0x60 + 0x1d, 1, 1); // field_select.addresses_list
-    c.set(0x800 + 0x785, 3, MLX5_NVPRT_LIST_TYPE_UC);
-    c.set(0x800 + 0x794, 12, macs.len() as u32);
+    use nic_vport_context as n;
+    const CTX: usize = MODIFY_NIC_VPORT_CONTEXT_IN_CTX;
+    c.set(field_select::ADDRESSES_LIST, 1);
+    c.set(n::ALLOWED_LIST_TYPE.at(CTX), MLX5_NVPRT_LIST_TYPE_UC);
+    c.set(n::ALLOWED_LIST_SIZE.at(CTX), macs.len() as u32);
     for (i, m) in macs.iter().enumerate() {
-        c.put(MODIFY_NIC_VPORT_CONTEXT_IN_LEN + i * MAC_ADDRESS_LAYOUT_LEN + 2, m);
+        let entry = n::CURRENT_UC_MAC_ADDRESS.at(CTX).nth(i);
+        c.put(n::MAC_ADDRESS.at(entry.byte() * 8), m);
     }
     c
 }
@@ -121,8 +157,12 @@ pub struct VportState {
     pub admin_state: u8,
 }
 
+/// `query_vport_state_out.admin_state` and `.state`.
+const VPORT_ADMIN_STATE: Field = Field::new(0x78, 4);
+const VPORT_STATE: Field = Field::new(0x7c, 4);
+
 pub fn query_vport_state_out(out: &Output) -> VportState {
-    VportState { state: out.get(0x7c, 4) as u8, admin_state: out.get(0x78, 4) as u8 }
+    VportState { state: out.get(VPORT_STATE) as u8, admin_state: out.get(VPORT_ADMIN_STATE) as u8 }
 }
 
 /// One GID table entry (`roce_addr_layout`).
@@ -152,45 +192,61 @@ impl RoceAddress {
     }
 }
 
+/// `roce_addr_layout`, offsets from its start; at bit 0x80 ([`ROCE_ADDR`]) of `query_roce_address_out` and
+/// `set_roce_address_in`.
+pub mod roce_addr_layout {
+    use crate::field::{ByteArray, Field};
+    pub const SOURCE_L3_ADDRESS: ByteArray = ByteArray::new(0x00, 16);
+    pub const VLAN_VALID: Field = Field::new(0x83, 1);
+    pub const VLAN_ID: Field = Field::new(0x84, 12);
+    pub const SOURCE_MAC_47_32: Field = Field::new(0x90, 16);
+    pub const SOURCE_MAC_31_0: Field = Field::new(0xa0, 32);
+    pub const ROCE_L3_TYPE: Field = Field::new(0xd4, 4);
+    pub const ROCE_VERSION: Field = Field::new(0xd8, 8);
+}
+
+pub const ROCE_ADDR: usize = 0x80;
+/// `query_roce_address_in.roce_address_index`, `set_roce_address_in.roce_address_index`.
+const ROCE_ADDRESS_INDEX: Field = Field::new(0x40, 16);
+
 pub fn query_roce_address(index: u16) -> Command {
     let mut c = Command::new(MLX5_CMD_OP_QUERY_ROCE_ADDRESS, 0, CMD_HDR_LEN, QUERY_ROCE_ADDRESS_OUT_LEN)
         .with("index", index.into());
-    c.set(0x40, 16, index.into());
+    c.set(ROCE_ADDRESS_INDEX, index.into());
     c
 }
 
 pub fn query_roce_address_out(out: &Output) -> RoceAddress {
-    const L: usize = 0x80;
-    let mut gid = [0u8; 16];
-    let s = out.slice(0x10, 16);
-    gid[..s.len()].copy_from_slice(s);
-    let hi = (out.get(L + 0x90, 16) as u16).to_be_bytes();
-    let lo = out.get(L + 0xa0, 32).to_be_bytes();
+    use roce_addr_layout as l;
+    let g = |f: Field| out.get(f.at(ROCE_ADDR));
+    let hi = (g(l::SOURCE_MAC_47_32) as u16).to_be_bytes();
+    let lo = g(l::SOURCE_MAC_31_0).to_be_bytes();
     RoceAddress {
-        gid,
-        vlan: (out.get(L + 0x83, 1) != 0).then(|| out.get(L + 0x84, 12) as u16),
+        gid: l::SOURCE_L3_ADDRESS.at(ROCE_ADDR).read_array(out.bytes()),
+        vlan: (g(l::VLAN_VALID) != 0).then(|| g(l::VLAN_ID) as u16),
         source_mac: [hi[0], hi[1], lo[0], lo[1], lo[2], lo[3]],
-        roce_l3_type: out.get(L + 0xd4, 4) as u8,
-        roce_version: out.get(L + 0xd8, 8) as u8,
+        roce_l3_type: g(l::ROCE_L3_TYPE) as u8,
+        roce_version: g(l::ROCE_VERSION) as u8,
     }
 }
 
 /// SET_ROCE_ADDRESS at `index` (an all-zero `addr` deletes the entry, as Linux does).
 pub fn set_roce_address(index: u16, addr: &RoceAddress) -> Command {
-    const L: usize = 0x80;
+    use roce_addr_layout as l;
+    const L: usize = ROCE_ADDR;
     let mut c =
         Command::new(MLX5_CMD_OP_SET_ROCE_ADDRESS, 0, SET_ROCE_ADDRESS_IN_LEN, CMD_HDR_LEN).with("index", index.into());
-    c.set(0x40, 16, index.into());
-    c.put(0x10, &addr.gid);
+    c.set(ROCE_ADDRESS_INDEX, index.into());
+    c.put(l::SOURCE_L3_ADDRESS.at(L), &addr.gid);
     if let Some(v) = addr.vlan {
-        c.set(L + 0x83, 1, 1);
-        c.set(L + 0x84, 12, v.into());
+        c.set(l::VLAN_VALID.at(L), 1);
+        c.set(l::VLAN_ID.at(L), v.into());
     }
     let m = addr.source_mac;
-    c.set(L + 0x90, 16, u32::from(u16::from_be_bytes([m[0], m[1]])));
-    c.set(L + 0xa0, 32, u32::from_be_bytes([m[2], m[3], m[4], m[5]]));
-    c.set(L + 0xd4, 4, addr.roce_l3_type.into());
-    c.set(L + 0xd8, 8, addr.roce_version.into());
+    c.set(l::SOURCE_MAC_47_32.at(L), u32::from(u16::from_be_bytes([m[0], m[1]])));
+    c.set(l::SOURCE_MAC_31_0.at(L), u32::from_be_bytes([m[2], m[3], m[4], m[5]]));
+    c.set(l::ROCE_L3_TYPE.at(L), addr.roce_l3_type.into());
+    c.set(l::ROCE_VERSION.at(L), addr.roce_version.into());
     c
 }
 
@@ -202,28 +258,36 @@ pub struct Pmtu {
     pub oper_mtu: u16,
 }
 
+/// `pmtu_reg`, offsets from its start.
+pub mod pmtu_reg {
+    use crate::field::Field;
+    pub const LOCAL_PORT: Field = Field::new(0x08, 8);
+    pub const MAX_MTU: Field = Field::new(0x20, 16);
+    pub const ADMIN_MTU: Field = Field::new(0x40, 16);
+    pub const OPER_MTU: Field = Field::new(0x60, 16);
+}
+
+/// Bit offset of the register data in `access_register_in` / `_out`.
+const REG: usize = REGISTER_DATA.byte() * 8;
+
 /// ACCESS_REG read of PMTU.
 pub fn pmtu_query(local_port: u8) -> Command {
     let mut r = [0u8; PORT_REG_LEN];
-    r[1] = local_port; // local_port: bit 0x08, 8 wide
+    pmtu_reg::LOCAL_PORT.write(&mut r, local_port.into());
     access_reg(RegOp::Read, MLX5_REG_PMTU, 0, &r)
 }
 
 /// ACCESS_REG write of PMTU `admin_mtu`.
 pub fn pmtu_set(local_port: u8, admin_mtu: u16) -> Command {
     let mut r = [0u8; PORT_REG_LEN];
-    r[1] = local_port;
-    r[8..10].copy_from_slice(&admin_mtu.to_be_bytes()); // admin_mtu: bit 0x40
+    pmtu_reg::LOCAL_PORT.write(&mut r, local_port.into());
+    pmtu_reg::ADMIN_MTU.write(&mut r, admin_mtu.into());
     access_reg(RegOp::Write, MLX5_REG_PMTU, 0, &r).with("mtu", admin_mtu.into())
 }
 
 pub fn pmtu_out(out: &Output) -> Pmtu {
-    const R: usize = 0x80;
-    Pmtu {
-        max_mtu: out.get(R + 0x20, 16) as u16,
-        admin_mtu: out.get(R + 0x40, 16) as u16,
-        oper_mtu: out.get(R + 0x60, 16) as u16,
-    }
+    let g = |f: Field| out.get(f.at(REG)) as u16;
+    Pmtu { max_mtu: g(pmtu_reg::MAX_MTU), admin_mtu: g(pmtu_reg::ADMIN_MTU), oper_mtu: g(pmtu_reg::OPER_MTU) }
 }
 
 /// `paos_reg` statuses: `MLX5_PORT_UP` 1 / `MLX5_PORT_DOWN` 2.
@@ -233,25 +297,34 @@ pub struct Paos {
     pub oper_status: u8,
 }
 
+/// `paos_reg`, offsets from its start.
+pub mod paos_reg {
+    use crate::field::Field;
+    pub const LOCAL_PORT: Field = Field::new(0x08, 8);
+    pub const ADMIN_STATUS: Field = Field::new(0x14, 4);
+    pub const OPER_STATUS: Field = Field::new(0x1c, 4);
+    pub const ASE: Field = Field::new(0x20, 1);
+}
+
 /// ACCESS_REG read of PAOS.
 pub fn paos_query(local_port: u8) -> Command {
     let mut r = [0u8; PORT_REG_LEN];
-    r[1] = local_port;
+    paos_reg::LOCAL_PORT.write(&mut r, local_port.into());
     access_reg(RegOp::Read, MLX5_REG_PAOS, 0, &r)
 }
 
 /// ACCESS_REG write of PAOS `admin_status` with `ase` (Linux `mlx5_set_port_admin_status`).
 pub fn paos_set(local_port: u8, admin_status: u8) -> Command {
     let mut r = [0u8; PORT_REG_LEN];
-    r[1] = local_port;
-    r[2] = admin_status & 0xf; // admin_status: bit 0x14, 4 wide
-    r[4] = 0x80; // ase: bit 0x20
+    paos_reg::LOCAL_PORT.write(&mut r, local_port.into());
+    paos_reg::ADMIN_STATUS.write(&mut r, admin_status.into());
+    paos_reg::ASE.write(&mut r, 1);
     access_reg(RegOp::Write, MLX5_REG_PAOS, 0, &r).with("admin_status", admin_status.into())
 }
 
 pub fn paos_out(out: &Output) -> Paos {
-    const R: usize = 0x80;
-    Paos { admin_status: out.get(R + 0x14, 4) as u8, oper_status: out.get(R + 0x1c, 4) as u8 }
+    let g = |f: Field| out.get(f.at(REG)) as u8;
+    Paos { admin_status: g(paos_reg::ADMIN_STATUS), oper_status: g(paos_reg::OPER_STATUS) }
 }
 
 #[cfg(test)]

@@ -76,9 +76,10 @@ fn psns_at_the_top_of_their_24_bits() {
     let Ok(Response::Alloc(a)) = r.call(TENANT, &Request::Alloc(req)) else { panic!("ALLOC") };
     // init2rtr_qp_in.qpc (bit 0xc0), next_rcv_psn at qpc bit 0x4a8; rtr2rts_qp_in's next_send_psn at 0x3c8.
     let rtr = &r.inputs[&INIT2RTR];
-    assert_eq!(leasebox_mlx5::field::get(rtr, 0xc0 + 0x4a8, 24), 0xff_ffff);
+    use leasebox_mlx5::ifc::qp::{QPC, qpc};
+    assert_eq!(qpc::NEXT_RCV_PSN.at(QPC).read(rtr), 0xff_ffff);
     let rts = &r.inputs[&RTR2RTS];
-    assert_eq!(leasebox_mlx5::field::get(rts, 0xc0 + 0x3c8, 24), a.server_psn);
+    assert_eq!(qpc::NEXT_SEND_PSN.at(QPC).read(rts), a.server_psn);
     let e = r.call(TENANT, &Request::Alloc(AllocReq { client_psn: 0x100_0000, ..alloc_req() })).unwrap_err();
     assert!(e.code == ErrorCode::BadParam && e.message.contains("alloc.client_psn"), "{e:?}");
     let mut ids = ids::Ids::new(leasebox_session::IdRng::from_seed([9; 32]));
