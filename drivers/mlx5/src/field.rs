@@ -89,7 +89,7 @@ pub struct Field64 {
 impl Field64 {
     /// The 64-bit field at bit `bit`; in a `const`, a bit offset not a multiple of 64 fails to compile.
     pub const fn new(bit: usize) -> Field64 {
-        assert!(bit % 64 == 0, "a Field64 must be 64-bit aligned");
+        assert!(bit.is_multiple_of(64), "a Field64 must be 64-bit aligned");
         Field64 { bit }
     }
 
@@ -142,18 +142,18 @@ pub struct ByteArray {
 impl ByteArray {
     /// `len` bytes from bit `bit`; in a `const`, a bit offset not on a byte fails to compile.
     pub const fn new(bit: usize, len: usize) -> ByteArray {
-        assert!(bit % 8 == 0, "a ByteArray must start on a byte");
+        assert!(bit.is_multiple_of(8), "a ByteArray must start on a byte");
         ByteArray { byte: bit / 8, len }
     }
 
     /// A flexible array (`u8 x[0][..]`) from bit `bit` to the end of the structure.
     pub const fn tail(bit: usize) -> ByteArray {
-        assert!(bit % 8 == 0, "a ByteArray must start on a byte");
+        assert!(bit.is_multiple_of(8), "a ByteArray must start on a byte");
         ByteArray { byte: bit / 8, len: usize::MAX }
     }
 
     pub const fn at(self, base: usize) -> ByteArray {
-        assert!(base % 8 == 0, "a ByteArray must start on a byte");
+        assert!(base.is_multiple_of(8), "a ByteArray must start on a byte");
         ByteArray { byte: self.byte + base / 8, len: self.len }
     }
 
