@@ -2,9 +2,10 @@
 //! crates' tests with the `testing` feature (`[dev-dependencies] leasebox-mlx5 = { path = ..., features =
 //! ["testing"] }`), as rust-vmm's `virtio-queue` ships its mock queues behind `test-utils`.
 //!
-//! [`Fake`] is a [`Platform`] with no device behind it: BAR0 registers in a map, DMA memory in one vector
-//! (device address = offset) with every access checked against the live allocations as the real platforms do,
-//! and a virtual clock that moves only when the test moves it or when the driver relaxes. The test plays the
+//! [`Fake`] is a [`Platform`] with no device behind it: BAR0 registers in a map, DMA memory (sparse pages: any
+//! device address can be backed, and what was never written reads zero) with every access checked against the
+//! live allocations as the real platforms do, allocations from a bump allocator or at the addresses a test
+//! scripts ([`Fake::script_allocations`]), and a virtual clock that moves only when the test moves it or when the driver relaxes. The test plays the
 //! device: it sets registers ([`Fake::set_bar`]), writes what the device would write (CQEs, command
 //! completions) and reads what the driver wrote (BAR writes in order, doorbells, memory by device address).
 //!
@@ -26,8 +27,11 @@ use crate::ifc::cq::CQE_SIZE;
 use crate::initseg;
 use crate::platform::{DmaBuf, LiveAllocations, Platform};
 
-/// Bytes of DMA memory [`Fake::new`] has.
+/// Bytes of DMA memory [`Fake::new`]'s bump allocator hands out.
 pub const MEM: usize = 4 << 20;
+
+/// The backing memory's page size (any size would do; the driver's own page size keeps pieces aligned).
+const PAGE: usize = crate::platform::PAGE_SIZE;
 
 /// Where the first allocation starts (device address 0 is never handed out).
 const FIRST_ADDR: u64 = 0x1000;
@@ -42,7 +46,17 @@ type RelaxHook = Box<dyn FnMut(&Fake, u64) + Send>;
 pub struct Fake {
     regs: Mutex<BTreeMap<usize, u32>>,
     writes: Mutex<Vec<(usize, u32)>>,
-    mem: Mutex<Vec<u8>>,
+    /// Backing pages by page number; a page nobody wrote reads zero.
+    mem: Mutex<BTreeMap<u64, Box<[u8; PAGE]>>>,
+    /// The end of the bump allocator's memory.
+    mem_len: u64,
+    /// Addresses the next allocations take, in order, instead of the bump allocator's (then none).
+    script: Mutex<Option<alloc::collections::VecDeque<u64>>>,
+    /// Every allocation handed out and every free of a live handle, in order.
+    allocated: Mutex<Vec<DmaBuf>>,
+    freed: Mutex<Vec<DmaBuf>>,
+    /// (handle, offset, length) of every accepted DMA write, once [`Fake::record_dma_writes`] asked for it.
+    dma_writes: Mutex<Option<Vec<(DmaBuf, usize, usize)>>>,
     live: Mutex<LiveAllocations<()>>,
     next: Mutex<u64>,
     allocations: AtomicU64,
@@ -65,12 +79,17 @@ impl Fake {
         Fake::with_memory(MEM)
     }
 
-    /// `bytes` of DMA memory (allocations beyond it fail), otherwise as [`Fake::new`].
+    /// `bytes` of DMA memory for the bump allocator (allocations beyond it fail), otherwise as [`Fake::new`].
     pub fn with_memory(bytes: usize) -> Fake {
         Fake {
             regs: Mutex::new(BTreeMap::new()),
             writes: Mutex::new(Vec::new()),
-            mem: Mutex::new(vec![0; bytes]),
+            mem: Mutex::new(BTreeMap::new()),
+            mem_len: bytes as u64,
+            script: Mutex::new(None),
+            allocated: Mutex::new(Vec::new()),
+            freed: Mutex::new(Vec::new()),
+            dma_writes: Mutex::new(None),
             live: Mutex::new(LiveAllocations::new()),
             next: Mutex::new(FIRST_ADDR),
             allocations: AtomicU64::new(0),
@@ -122,16 +141,60 @@ impl Fake {
         v
     }
 
-    /// The device's read at device address `addr`. Panics outside the platform's memory.
+    /// The device's read at device address `addr` (any address: what was never written reads zero).
     pub fn mem_read(&self, addr: u64, out: &mut [u8]) {
-        let a = addr as usize;
-        out.copy_from_slice(&self.mem.lock()[a..a + out.len()]);
+        let mem = self.mem.lock();
+        let mut done = 0;
+        while done < out.len() {
+            let a = addr.wrapping_add(done as u64);
+            let (page, at) = (a / PAGE as u64, a as usize % PAGE);
+            let n = (PAGE - at).min(out.len() - done);
+            match mem.get(&page) {
+                Some(p) => out[done..done + n].copy_from_slice(&p[at..at + n]),
+                None => out[done..done + n].fill(0),
+            }
+            done += n;
+        }
     }
 
-    /// The device's write at device address `addr`. Panics outside the platform's memory.
+    /// The device's write at device address `addr` (any address).
     pub fn mem_write(&self, addr: u64, data: &[u8]) {
-        let a = addr as usize;
-        self.mem.lock()[a..a + data.len()].copy_from_slice(data);
+        let mut mem = self.mem.lock();
+        let mut done = 0;
+        while done < data.len() {
+            let a = addr.wrapping_add(done as u64);
+            let (page, at) = (a / PAGE as u64, a as usize % PAGE);
+            let n = (PAGE - at).min(data.len() - done);
+            let p = mem.entry(page).or_insert_with(|| Box::new([0; PAGE]));
+            p[at..at + n].copy_from_slice(&data[done..done + n]);
+            done += n;
+        }
+    }
+
+    /// From now on allocations take these addresses in order (each as long as asked), and fail once they are
+    /// used up: memory wherever the test wants it (above 4 GiB, out of order, with gaps).
+    pub fn script_allocations(&self, addrs: impl IntoIterator<Item = u64>) {
+        *self.script.lock() = Some(addrs.into_iter().collect());
+    }
+
+    /// Every allocation handed out so far, in order.
+    pub fn allocated(&self) -> Vec<DmaBuf> {
+        self.allocated.lock().clone()
+    }
+
+    /// Every free of a live handle so far, in order (refused frees are faults, not listed).
+    pub fn freed(&self) -> Vec<DmaBuf> {
+        self.freed.lock().clone()
+    }
+
+    /// From now on records every accepted DMA write as (handle, offset, length): [`Fake::dma_writes`].
+    pub fn record_dma_writes(&self) {
+        self.dma_writes.lock().get_or_insert_with(Vec::new);
+    }
+
+    /// The DMA writes recorded since [`Fake::record_dma_writes`] (none before it).
+    pub fn dma_writes(&self) -> Vec<(DmaBuf, usize, usize)> {
+        self.dma_writes.lock().clone().unwrap_or_default()
     }
 
     /// Allocations live now.
@@ -258,20 +321,30 @@ impl Platform for Fake {
     }
 
     fn dma_alloc(&self, len: usize, align: usize) -> Option<DmaBuf> {
-        let mut next = self.next.lock();
-        let a = next.next_multiple_of(align as u64);
-        let end = a.checked_add(len as u64)?;
-        if end > self.mem.lock().len() as u64 {
-            return None;
-        }
-        *next = end;
+        let a = match self.script.lock().as_mut() {
+            Some(script) => script.pop_front()?,
+            None => {
+                let mut next = self.next.lock();
+                let a = next.next_multiple_of(align as u64);
+                let end = a.checked_add(len as u64)?;
+                if end > self.mem_len {
+                    return None;
+                }
+                *next = end;
+                a
+            }
+        };
         self.allocations.fetch_add(1, Ordering::Relaxed);
-        Some(self.live.lock().insert(a, len, ()).0)
+        let buf = self.live.lock().insert(a, len, ()).0;
+        self.allocated.lock().push(buf);
+        Some(buf)
     }
 
     fn dma_free(&self, buf: DmaBuf) {
         if self.live.lock().remove(buf).is_err() {
             self.fault();
+        } else {
+            self.freed.lock().push(buf);
         }
     }
 
@@ -288,6 +361,9 @@ impl Platform for Fake {
         if self.live.lock().get(buf, offset, data.len()).is_err() {
             self.fault();
             return;
+        }
+        if let Some(log) = self.dma_writes.lock().as_mut() {
+            log.push((buf, offset, data.len()));
         }
         self.mem_write(buf.at(offset as u64), data);
     }
@@ -328,6 +404,26 @@ mod tests {
         assert_eq!(m, [1, 2, 3, 4], "refused writes changed nothing");
         assert!(p.dma_alloc(0x2001, 16).is_none(), "beyond the platform's memory");
         assert_eq!((p.allocations(), p.live_allocations()), (1, 0));
+    }
+
+    #[test]
+    fn scripted_allocations_land_anywhere_and_frees_and_writes_are_listed() {
+        let p = Fake::new();
+        p.script_allocations([0x1_0000_0ff0, 0x2000]);
+        let a = p.dma_alloc(64, 4096).unwrap();
+        let b = p.dma_alloc(16, 16).unwrap();
+        assert_eq!((a.addr(), b.addr()), (0x1_0000_0ff0, 0x2000), "where the script says, alignment aside");
+        assert!(p.dma_alloc(16, 16).is_none(), "none once the script is used up");
+        p.record_dma_writes();
+        // Across a backing page boundary, above 4 GiB.
+        p.dma_write(a, 8, &[7; 24]);
+        let mut m = [0u8; 34];
+        p.mem_read(0x1_0000_0ff0, &mut m);
+        assert_eq!((m[7], m[8], m[31], m[32]), (0, 7, 7, 0));
+        p.dma_free(b);
+        p.dma_free(b);
+        assert_eq!(p.take_faults(), 1, "the second free");
+        assert_eq!((p.allocated(), p.freed(), p.dma_writes()), (vec![a, b], vec![b], vec![(a, 8, 24)]));
     }
 
     #[test]
