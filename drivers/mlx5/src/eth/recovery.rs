@@ -100,9 +100,9 @@ impl<P: Platform> EthPort<P> {
     /// - when an error CQE put the SQ or the RQ in error, its recovery, one step per completion: QUERY_SQ/RQ
     ///   (nothing to do unless the queue is in ERR), MODIFY ERR → RST, the ring reset (leftover CQEs consumed,
     ///   counters and doorbell record 0, the receive WQEs written afresh), MODIFY RST → RDY, then for the RQ every
-    ///   buffer posted again. Sends are refused ([`Dropped::QueueInError`]) and received buffers not reposted
-    ///   meanwhile. A failed step counts in `maintenance_errors` and is tried again after
-    ///   [`RECOVERY_RETRY_MS`].
+    ///   buffer posted again. Sends are refused ([`Dropped::QueueInError`](super::Dropped::QueueInError)) and
+    ///   received buffers not reposted meanwhile. A failed step counts in `maintenance_errors` and is tried
+    ///   again after [`RECOVERY_RETRY_MS`].
     ///
     /// Once the HCA is fatal nothing more is submitted. `now_ms` is any monotonic millisecond clock. Returns
     /// whether anything happened.
