@@ -1,18 +1,19 @@
-//! The control service behind the network loop: the session core (`app/session`, protocol v2) with the CPU's
-//! RDSEED/RDRAND for its handshake keys, the configured principals, and the lease service (`app/lease`, through `crate::lease`) as its
-//! backend when the HCA is up. When the lease service cannot start (no HCA, no memory for the pool), lease
-//! operations answer NOT_IMPLEMENTED with the reason and HEALTH says why.
+//! The control service behind the network loop: the session core (`app/session`, protocol v2) over the lease
+//! service (`app/lease`, through `crate::lease`) when the HCA is up, and the image's own facts
+//! ([`ImageAppliance`]: role counts, the HCA's state and counters, RDSEED/RDRAND for handshake keys), with the
+//! principals and budgets of the session's options. When the lease service cannot start (no HCA, no memory for
+//! the pool), lease operations answer NOT_IMPLEMENTED with the reason and HEALTH says why.
 
 use crate::service::{ConnId, StreamService};
 use alloc::boxed::Box;
+use alloc::string::String;
 use alloc::vec::Vec;
 use leasebox_kernel::arch::memory;
 use leasebox_kernel::arch::rng;
 use leasebox_kernel::arch::start::Platform;
-use leasebox_proto::{FencedSlot, Health, Request};
+use leasebox_proto::{HcaState, HcaStats};
 use leasebox_session::{
-    Answer, Backend, Budget, CloseReason, Entropy, EntropyError, HeapUse, Keyring, Limits, NoLeases, Principal, Server,
-    Ticket,
+    Appliance, Budget, Entropy, EntropyError, HeapUse, Keyring, Leases, Limits, NoLeases, Server, SessionOptions,
 };
 
 /// Nonces from the CPU; no predictable fallback exists.
@@ -24,41 +25,32 @@ impl Entropy for CpuEntropy {
     }
 }
 
-/// The backend without an HCA (or a lease pool), with live role counts for STATS.
-struct ApplianceBackend {
-    inner: NoLeases,
+/// What the image knows of itself, for the session core: its cores' role loops, its HCA (`crate::hca`), and
+/// RDSEED/RDRAND.
+pub(crate) struct ImageAppliance;
+
+impl Entropy for ImageAppliance {
+    fn fill(&mut self, buf: &mut [u8]) -> Result<(), EntropyError> {
+        CpuEntropy.fill(buf)
+    }
 }
 
-impl Backend for ApplianceBackend {
-    fn lease_op(&mut self, who: &Principal, req: &Request, ticket: Ticket, now_ms: u64) -> Answer {
-        self.inner.lease_op(who, req, ticket, now_ms)
-    }
-    fn fenced(&mut self, who: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>) {
-        self.inner.fenced(who, cursor, max)
-    }
-    fn health(&mut self, now_ms: u64) -> Health {
-        let mut h = self.inner.health(now_ms);
-        let (hca, message) = crate::hca::health();
-        h.hca = hca;
-        if hca == leasebox_proto::HcaState::Fatal {
-            h.status = leasebox_proto::HealthStatus::Failed;
-        }
-        h.message = message;
-        h
-    }
-    fn hca_stats(&mut self) -> Option<leasebox_proto::HcaStats> {
-        crate::hca::stats()
-    }
+impl Appliance for ImageAppliance {
     fn role_counts(&self) -> Vec<(u16, u8, u64)> {
         crate::appliance::role_counts()
     }
-    fn session_lost(&mut self, who: &Principal, reason: CloseReason, now_ms: u64) {
-        log::info!("control: session {} ({}) ended: {reason:?}", who.session_id, who.name);
-        self.inner.session_lost(who, reason, now_ms);
+    fn hca(&self) -> (HcaState, String) {
+        crate::hca::health()
+    }
+    fn hca_stats(&self) -> Option<HcaStats> {
+        crate::hca::stats()
     }
 }
 
-struct Control<B: Backend>(Server<B, CpuEntropy>);
+/// The session core's options (`tenant=`, `admin=`, `sessions=`, ...), as the configuration gave them.
+fn options() -> SessionOptions<'static> {
+    crate::SESSION_OPTIONS.get()
+}
 
 /// Each socket's receive and transmit buffer at most; the sockets' share of memory may make them smaller
 /// ([`socket_buf`]).
@@ -92,7 +84,7 @@ pub fn sessions(p: &Platform) -> usize {
         usable(p) / SESSION_SOCKET_SHARE,
         2 * SOCKET_BUF_MAX as u64,
     );
-    p.config.control().sessions_or(sized) as usize
+    options().sessions_or(sized) as usize
 }
 
 /// Each socket's buffer (each way): [`SOCKET_BUF_MAX`], halved until [`sockets`] × 2 of them fit in an eighth of
@@ -106,7 +98,7 @@ pub fn socket_buf(p: &Platform) -> usize {
 /// `admin_sessions=`, `preauth_sessions=`, `heap_high_water=`): also how many listening sockets the network
 /// loop needs ([`sockets`]).
 pub fn budget(p: &Platform) -> Budget {
-    let c = p.config.control();
+    let c = options();
     Budget::from_options(
         sessions(p),
         c.sessions_per_tenant.map(|n| n as usize),
@@ -130,11 +122,11 @@ fn heap() -> HeapUse {
 }
 
 /// The session core with the budgets and the heap gauge.
-fn control<B: Backend + Send + 'static>(
-    mut server: Server<B, CpuEntropy>,
+fn control<L: Leases + Send + 'static>(
+    mut server: Server<L, ImageAppliance>,
     budget: Budget,
     appliance: Option<&str>,
-) -> Box<Control<B>> {
+) -> Box<dyn StreamService + Send> {
     server.set_budget(budget);
     if let Some(name) = appliance {
         log::info!("control: appliance name '{name}' (clients name it: TENANT@{name})");
@@ -152,30 +144,31 @@ fn control<B: Backend + Send + 'static>(
         h.size >> 10,
         budget.heap_high_water_pct
     );
-    Box::new(Control(server))
+    Box::new(server)
 }
 
-impl<B: Backend> StreamService for Control<B> {
+/// The network loop drives the session core itself: nothing stands between them.
+impl<L: Leases, A: Appliance> StreamService for Server<L, A> {
     fn open(&mut self, conn: ConnId, peer: Option<core::net::IpAddr>, now_ms: u64) -> bool {
         match peer {
-            Some(ip) => self.0.open_from(conn, leasebox_session::Source::ip(ip), now_ms),
-            None => self.0.open(conn, now_ms),
+            Some(ip) => self.open_from(conn, leasebox_session::Source::ip(ip), now_ms),
+            None => Server::open(self, conn, now_ms),
         }
     }
     fn input(&mut self, conn: ConnId, data: &[u8], now_ms: u64) {
-        self.0.input(conn, data, now_ms)
+        Server::input(self, conn, data, now_ms)
     }
     fn output(&mut self, conn: ConnId, buf: &mut [u8]) -> usize {
-        self.0.output(conn, buf)
+        Server::output(self, conn, buf)
     }
     fn wants_close(&self, conn: ConnId) -> bool {
-        self.0.wants_close(conn)
+        Server::wants_close(self, conn)
     }
     fn closed(&mut self, conn: ConnId, now_ms: u64) {
-        self.0.closed(conn, now_ms)
+        Server::closed(self, conn, now_ms)
     }
     fn tick(&mut self, now_ms: u64) {
-        self.0.tick(now_ms)
+        Server::tick(self, now_ms)
     }
 }
 
@@ -197,8 +190,7 @@ impl StreamService for Unavailable {
     fn tick(&mut self, _: u64) {}
 }
 
-fn keyring(p: &Platform) -> Result<Keyring, alloc::string::String> {
-    let c = p.config.control();
+fn keyring(c: &SessionOptions<'_>) -> Result<Keyring, String> {
     let mut keys = Keyring::new();
     for (name, hex) in c.tenants() {
         keys.add_tenant(name, hex).map_err(|e| alloc::format!("tenant={name}: {e}"))?;
@@ -209,13 +201,14 @@ fn keyring(p: &Platform) -> Result<Keyring, alloc::string::String> {
     Ok(keys)
 }
 
-/// The service for the control port: the session core with the lease service (or, when it cannot start, a
-/// backend that answers lease operations with the reason), or [`Unavailable`] with the reason logged.
+/// The service for the control port: the session core over the lease service (or, when it cannot start,
+/// [`NoLeases`], which answers lease operations with the reason) and the image's facts, or [`Unavailable`] with
+/// the reason logged.
 pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
-    let c = p.config.control();
+    let c = options();
     let limits = Limits { sessions: sessions(p), credits: c.credits as u16, heartbeat_ms: c.heartbeat_ms };
     SESSIONS.store(limits.sessions as u32, core::sync::atomic::Ordering::Relaxed);
-    let keys = match keyring(p) {
+    let keys = match keyring(&c) {
         Ok(k) => k,
         Err(e) => return unavailable(&e),
     };
@@ -234,7 +227,7 @@ pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
     // The pool's fair shares divide it among the configured tenants (docs/security.md, "Fair shares").
     let lease = leasebox_lease::LeaseOptions { tenants: c.tenants().len() as u32, ..crate::lease::OPTIONS.get() };
     match crate::lease::backend(&lease) {
-        Ok(backend) => match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
+        Ok(backend) => match Server::new(limits, keys, backend, ImageAppliance, now_ms) {
             Ok(server) => {
                 announce("lease service on");
                 control(server, budget, c.appliance)
@@ -244,8 +237,7 @@ pub fn service(p: &Platform, now_ms: u64) -> Box<dyn StreamService + Send> {
         Err(why) => {
             log::error!("lease: service off: {why}");
             announce("lease service off");
-            let backend = ApplianceBackend { inner: NoLeases::off(why) };
-            match Server::new(limits, keys, backend, CpuEntropy, now_ms) {
+            match Server::new(limits, keys, NoLeases::off(why), ImageAppliance, now_ms) {
                 Ok(server) => control(server, budget, c.appliance),
                 Err(e) => unavailable(&alloc::format!("{e}")),
             }

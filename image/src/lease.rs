@@ -1,29 +1,22 @@
 //! The lease service in the image: its host (DMA and scrubbing through the kernel's mlx5 platform), its
-//! environment (TSC clock, role counts, HCA health) and its construction from the command line's options.
+//! environment (TSC clock, the `test=` hook) and its construction from the command line's options.
 
 use alloc::string::String;
-use alloc::vec::Vec;
 use spin::Once;
 
 use crate::hca_platform::KernelHca;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use leasebox_kernel::config::Options;
 use leasebox_kernel::config::TestHook;
-use leasebox_kernel::config::{OptionParser, Options};
 use leasebox_kernel::time::Instant;
 use leasebox_lease::backend::{Environment, LeaseBackend};
 use leasebox_lease::setup::PlatformHost;
 use leasebox_lease::{Config, LeaseOptions, LeaseService};
-use leasebox_proto::{HcaState, HcaStats, Request};
+use leasebox_proto::Request;
 
-/// The lease service's options (`lease_pool_mib=`, ...), filled in by the kernel's configuration parser.
-pub static OPTIONS: Options<LeaseOptions> = Options::new(LeaseOptions::DEFAULT, LeaseOptions::apply);
-static PARSERS: [&dyn OptionParser; 1] = [&OPTIONS];
-
-/// The kernel asks for the image's option parsers before it reads the configuration.
-#[unsafe(no_mangle)]
-fn leasebox_options() -> &'static [&'static dyn OptionParser] {
-    &PARSERS
-}
+/// The lease service's options (`lease_pool_mib=`, ...), filled in by the kernel's configuration parser
+/// (registered in `main.rs`).
+pub static OPTIONS: Options<'static, LeaseOptions> = Options::new(LeaseOptions::DEFAULT, LeaseOptions::apply);
 
 /// DMA and scrubbing through the kernel's mlx5 platform.
 pub type KernelHost = PlatformHost<KernelHca>;
@@ -52,15 +45,6 @@ impl Environment for KernelEnv {
     }
     fn now_us(&self) -> u64 {
         Instant::now().since_boot().as_micros() as u64
-    }
-    fn role_counts(&self) -> Vec<(u16, u8, u64)> {
-        crate::appliance::role_counts()
-    }
-    fn hca_health(&self) -> (HcaState, String) {
-        crate::hca::health()
-    }
-    fn hca_stats(&self) -> Option<HcaStats> {
-        crate::hca::stats()
     }
     fn pool_progress(&mut self, total_bytes: u64, unprepared_bytes: u64) {
         POOL_BYTES.store(total_bytes, Ordering::Relaxed);

@@ -27,6 +27,28 @@ mod net;
 #[cfg(target_os = "none")]
 mod service;
 
+/// The session core's options (`tenant=`, `admin=`, `sessions=`, ...: `leasebox_session::options`), filled in
+/// by the kernel's configuration parser.
+#[cfg(target_os = "none")]
+static SESSION_OPTIONS: leasebox_kernel::config::Options<'static, leasebox_session::SessionOptions<'static>> =
+    leasebox_kernel::config::Options::checked(
+        leasebox_session::SessionOptions::DEFAULT,
+        leasebox_session::SessionOptions::apply,
+        leasebox_session::SessionOptions::check,
+    );
+
+/// The parsers for the keys the kernel does not know, asked in this order: the session core's, the lease
+/// service's.
+#[cfg(target_os = "none")]
+static PARSERS: [&dyn leasebox_kernel::config::OptionParser<'static>; 2] = [&SESSION_OPTIONS, &lease::OPTIONS];
+
+/// The kernel asks for the image's option parsers before it reads the configuration.
+#[cfg(target_os = "none")]
+#[unsafe(no_mangle)]
+fn leasebox_options() -> &'static [&'static dyn leasebox_kernel::config::OptionParser<'static>] {
+    &PARSERS
+}
+
 /// Host builds (workspace-wide `cargo test`/`clippy`) get this stub: the image only runs on bare metal.
 #[cfg(not(target_os = "none"))]
 fn main() {

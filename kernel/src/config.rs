@@ -6,58 +6,22 @@
 //! loader adds its own words; a known key with a bad value is an error that stops the boot with a message.
 //! Checks that involve several options (`gw=` needs `ip=`) run once everything is applied ([`Config::check`]).
 //!
-//! The network and control-service options are parsed in [`crate::net_config`]. `tenant=` and `admin=` carry
-//! secret keys: errors never show their values, and [`Redacted`] is how a command line reaches the log.
-//!
-//! Options of the layers above the kernel (the lease service's) are not the kernel's business: whoever boots
-//! the kernel registers an [`OptionParser`] for them ([`Config::with_parsers`]), and every key the kernel does
-//! not know goes to the registered parsers in order. A key none of them claims is unknown, as above.
+//! The kernel knows its own keys (`log=`, `cores=`, `console=`, `test=`, `watchdog_ms=`) and the control
+//! channel's interface ([`crate::net_config`]). Options of the layers above it (the session core's principals,
+//! keys and budgets; the lease service's) are not the kernel's business: the image registers an
+//! [`OptionParser`] for each ([`Config::with_parsers`]), and every key the kernel does not know goes to them in
+//! order (the option machinery is `leasebox_options`, which the hosted appliance uses without a kernel). A key
+//! none of them claims is unknown, as above. Secret values (`tenant=`, `admin=`) never show in an error or in
+//! [`Redacted`].
 
 use crate::console::ConsoleChoice;
-use crate::net_config::{ControlConfig, NetConfig};
+use crate::net_config::NetConfig;
 use core::fmt;
-use spin::Mutex;
-
-/// Parses the options of a layer above the kernel. Called once per word, in command-line order, at boot.
-pub trait OptionParser: Sync + fmt::Debug {
-    /// Applies one `key=value`: `Ok(false)` when `key` is not this parser's, `Err(reason)` for a bad value.
-    fn apply(&self, key: &str, value: &str) -> Result<bool, &'static str>;
-}
-
-/// An [`OptionParser`] over a value of the layer's own type: the value behind a lock, and the function that
-/// applies one key to it. A `static` in the image, a local in the hosted appliance; no allocation.
-pub struct Options<T> {
-    value: Mutex<T>,
-    apply: fn(&mut T, &str, &str) -> Result<bool, &'static str>,
-}
-
-impl<T: Copy> Options<T> {
-    /// The defaults and the layer's own parser (e.g. `LeaseOptions::apply`).
-    pub const fn new(defaults: T, apply: fn(&mut T, &str, &str) -> Result<bool, &'static str>) -> Self {
-        Options { value: Mutex::new(defaults), apply }
-    }
-
-    /// The options as parsed so far (the final value once the configuration is applied).
-    pub fn get(&self) -> T {
-        *self.value.lock()
-    }
-}
-
-impl<T: Copy + Send + fmt::Debug> OptionParser for Options<T> {
-    fn apply(&self, key: &str, value: &str) -> Result<bool, &'static str> {
-        (self.apply)(&mut self.value.lock(), key, value)
-    }
-}
-
-impl<T: Copy + fmt::Debug> fmt::Debug for Options<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Options").field(&self.get()).finish()
-    }
-}
+pub use leasebox_options::{ConfigError, OptionParser, Options, Redacted};
+use leasebox_options::{Registry, split, words};
 
 /// Budget: the most cores a layout may name (matches the kernel's per-CPU table).
 pub const MAX_CORES: usize = 64;
-const MAX_WARNINGS: usize = 8;
 
 /// What a core does. `Net` = network stack + lease service; `Cmd` = mlx5 command engine; `Event` = mlx5
 /// event engine (EQ, CQs, health); `Idle` = nothing (a spare core that still reports in).
@@ -212,59 +176,6 @@ pub enum TestHook {
     Stall,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct ConfigError<'a> {
-    pub key: &'a str,
-    pub value: &'a str,
-    pub reason: &'static str,
-}
-
-impl fmt::Display for ConfigError<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let value = if is_secret(self.key) { REDACTED } else { self.value };
-        write!(f, "bad option {}={}: {}", self.key, value, self.reason)
-    }
-}
-
-impl fmt::Debug for ConfigError<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let value = if is_secret(self.key) { REDACTED } else { self.value };
-        f.debug_struct("ConfigError")
-            .field("key", &self.key)
-            .field("value", &value)
-            .field("reason", &self.reason)
-            .finish()
-    }
-}
-
-/// Options whose values hold keys.
-const SECRET_KEYS: [&str; 2] = ["tenant", "admin"];
-const REDACTED: &str = "***";
-
-fn is_secret(key: &str) -> bool {
-    SECRET_KEYS.contains(&key)
-}
-
-/// A command line (or configuration text) for the log: its words, single-spaced, with the values of
-/// `tenant=` and `admin=` replaced by `***`.
-#[derive(Clone, Copy, Debug)]
-pub struct Redacted<'a>(pub &'a str);
-
-impl fmt::Display for Redacted<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, word) in self.0.split_ascii_whitespace().enumerate() {
-            if i > 0 {
-                f.write_str(" ")?;
-            }
-            match word.split_once('=') {
-                Some((key, _)) if is_secret(key) => write!(f, "{key}={REDACTED}")?,
-                _ => f.write_str(word)?,
-            }
-        }
-        Ok(())
-    }
-}
-
 /// The parsed configuration.
 #[derive(Clone, Copy, Debug)]
 pub struct Config<'a> {
@@ -279,16 +190,11 @@ pub struct Config<'a> {
     pub watchdog_ms: u32,
     /// The control channel's interface (`ip=`, `gw=`, `port=`).
     pub net: NetConfig,
-    control: ControlConfig<'a>,
-    /// Parsers for the keys the kernel does not know (the lease service's `lease_pool_mib=`, ...).
-    parsers: &'a [&'a dyn OptionParser],
     /// `gw=`'s text, for the error [`Config::check`] may report.
     gw_text: &'a str,
-    /// The session budgets' texts (`key`, value), for the error [`Config::check`] may report.
-    budget_text: [(&'a str, &'a str); 3],
-    unknown: [&'a str; MAX_WARNINGS],
-    unknown_len: usize,
-    unknown_dropped: usize,
+    /// The parsers for the keys the kernel does not know (the session core's, the lease service's), and the
+    /// words nobody claimed.
+    others: Registry<'a, 'a>,
 }
 
 impl Default for Config<'_> {
@@ -300,32 +206,21 @@ impl Default for Config<'_> {
             test: None,
             watchdog_ms: DEFAULT_WATCHDOG_MS,
             net: NetConfig::default(),
-            control: ControlConfig::default(),
-            parsers: &[],
             gw_text: "",
-            budget_text: [("", ""); 3],
-            unknown: [""; MAX_WARNINGS],
-            unknown_len: 0,
-            unknown_dropped: 0,
+            others: Registry::new(&[]),
         }
     }
 }
 
 impl<'a> Config<'a> {
     /// The defaults, with `parsers` for the keys of the layers above the kernel.
-    pub fn with_parsers(parsers: &'a [&'a dyn OptionParser]) -> Self {
-        Config { parsers, ..Config::default() }
+    pub fn with_parsers(parsers: &'a [&'a dyn OptionParser<'a>]) -> Self {
+        Config { others: Registry::new(parsers), ..Config::default() }
     }
 
     /// Applies the words of `text` in order (`#` to end of line is a comment).
     pub fn apply(&mut self, text: &'a str) -> Result<(), ConfigError<'a>> {
-        for line in text.lines() {
-            let line = line.split('#').next().unwrap_or("");
-            for word in line.split_ascii_whitespace() {
-                self.apply_word(word)?;
-            }
-        }
-        Ok(())
+        words(text).try_for_each(|w| self.apply_word(w))
     }
 
     /// Applies a kernel command line; its first word is the loader's kernel path when it has no `=`.
@@ -341,7 +236,7 @@ impl<'a> Config<'a> {
     }
 
     fn apply_word(&mut self, word: &'a str) -> Result<(), ConfigError<'a>> {
-        let (key, value) = word.split_once('=').unwrap_or((word, ""));
+        let (key, value) = split(word);
         let err = |reason| ConfigError { key, value, reason };
         match key {
             "log" => {
@@ -377,67 +272,21 @@ impl<'a> Config<'a> {
                 self.gw_text = value;
             }
             "port" => self.net.set_port(value).map_err(err)?,
-            "tenant" => self.control.add_tenant(value).map_err(err)?,
-            "admin" => self.control.set_admin(value).map_err(err)?,
-            "sessions" => self.control.set_sessions(value).map_err(err)?,
-            "credits" => self.control.set_credits(value).map_err(err)?,
-            "heartbeat_ms" => self.control.set_heartbeat_ms(value).map_err(err)?,
-            "sessions_per_tenant" => {
-                self.control.set_sessions_per_tenant(value).map_err(err)?;
-                self.budget_text[0] = (key, value);
-            }
-            "admin_sessions" => {
-                self.control.set_admin_sessions(value).map_err(err)?;
-                self.budget_text[1] = (key, value);
-            }
-            "preauth_sessions" => {
-                self.control.set_preauth_sessions(value).map_err(err)?;
-                self.budget_text[2] = (key, value);
-            }
-            "heap_high_water" => self.control.set_heap_high_water(value).map_err(err)?,
-            "appliance" => self.control.set_appliance(value).map_err(err)?,
-            _ if self.apply_registered(key, value).map_err(err)? => {}
-            _ => {
-                if self.unknown_len < MAX_WARNINGS {
-                    self.unknown[self.unknown_len] = word;
-                    self.unknown_len += 1;
-                } else {
-                    self.unknown_dropped += 1;
-                }
-            }
+            _ => self.others.apply_word(word)?,
         }
         Ok(())
     }
 
-    /// Offers `key=value` to the registered parsers in order: `Ok(true)` when one claimed it.
-    fn apply_registered(&self, key: &str, value: &str) -> Result<bool, &'static str> {
-        for p in self.parsers {
-            if p.apply(key, value)? {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
-
-    /// Checks between options, once every word is applied: `gw=` needs `ip=` on the same subnet; the session
-    /// budgets (`admin_sessions=`, `sessions_per_tenant=`, `preauth_sessions=`) fit in `sessions=`.
+    /// Checks between options, once every word is applied: `gw=` needs `ip=` on the same subnet; then each
+    /// registered parser's own (the session budgets fit in `sessions=`).
     pub fn check(&self) -> Result<(), ConfigError<'a>> {
         self.net.check().map_err(|reason| ConfigError { key: "gw", value: self.gw_text, reason })?;
-        self.control.check().map_err(|(key, reason)| {
-            let value = self.budget_text.iter().find(|(k, _)| *k == key).map_or("", |(_, v)| *v);
-            ConfigError { key, value, reason }
-        })
-    }
-
-    /// The control service's principals and budgets (`tenant=`, `admin=`, `sessions=`, `credits=`,
-    /// `heartbeat_ms=`).
-    pub fn control(&self) -> &ControlConfig<'a> {
-        &self.control
+        self.others.check()
     }
 
     /// Words that were not understood (to be printed as warnings), and how many more were dropped.
     pub fn unknown(&self) -> (&[&'a str], usize) {
-        (&self.unknown[..self.unknown_len], self.unknown_dropped)
+        self.others.unknown()
     }
 }
 
@@ -551,24 +400,21 @@ mod tests {
     const KEY: &str = "00112233445566778899aabbccddeeff";
 
     #[test]
-    fn network_and_control_options() {
+    fn network_options() {
         let mut c = Config::default();
         assert!(c.net.dhcp());
         assert_eq!(c.net.port, 7470);
-        let line = std::format!(
-            "leasebox.elf ip=10.0.2.15/24 gw=10.0.2.2 port=9000 tenant=alice:{KEY} tenant=bob:{KEY} admin={KEY} \
-             sessions=4 credits=2 heartbeat_ms=2000"
-        );
-        c.apply_cmdline(&line).unwrap();
+        c.apply_cmdline("leasebox.elf ip=10.0.2.15/24 gw=10.0.2.2 port=9000").unwrap();
         c.check().unwrap();
         assert_eq!(std::format!("{}", c.net.ip.unwrap()), "10.0.2.15/24");
         assert_eq!(c.net.gw, Some(core::net::Ipv4Addr::new(10, 0, 2, 2)));
         assert_eq!(c.net.port, 9000);
-        let ctl = c.control();
-        assert_eq!(ctl.tenants().collect::<std::vec::Vec<_>>(), [("alice", KEY), ("bob", KEY)]);
-        assert_eq!(ctl.admin_key_hex(), Some(KEY));
-        assert_eq!((ctl.sessions, ctl.credits, ctl.heartbeat_ms), (Some(4), 2, 2000));
         assert_eq!(c.unknown(), (&[][..], 0));
+        // The session core's keys are not the kernel's: without the image's parsers they are unknown.
+        let line = std::format!("tenant=alice:{KEY} sessions=4");
+        let mut c = Config::default();
+        c.apply_cmdline(&line).unwrap();
+        assert_eq!(c.unknown().0.len(), 2);
     }
 
     #[test]
@@ -581,19 +427,22 @@ mod tests {
         assert_eq!(c.check(), Ok(()), "the command line completes the module");
     }
 
+    /// A stand-in for a layer with a secret key (the session core's `admin=`).
+    fn secret(v: &mut u32, key: &str, value: &str) -> Result<bool, &'static str> {
+        if key != "admin" {
+            return Ok(false);
+        }
+        *v = value.len() as u32;
+        if value.len() < 32 { Err("too short") } else { Ok(true) }
+    }
+
     #[test]
     fn errors_never_show_keys() {
-        for bad in [std::format!("tenant=alice:{KEY}00x"), std::format!("admin={KEY}0"), std::format!("tenant={KEY}")] {
-            let mut c = Config::default();
-            let e = c.apply_cmdline(&bad).unwrap_err();
-            let shown = std::format!("{e}");
-            assert!(!shown.contains("0011"), "{shown}");
-            assert!(shown.contains("=***: "), "{shown}");
-        }
-        let mut c = Config::default();
-        let twice = std::format!("tenant=alice:{KEY} tenant=alice:{KEY}");
-        let e = c.apply_cmdline(&twice).unwrap_err();
-        assert_eq!(std::format!("{e}"), "bad option tenant=***: a tenant name is configured twice");
+        let opts = Options::new(0u32, secret);
+        let parsers: [&dyn OptionParser; 1] = [&opts];
+        let bad = std::format!("admin={}", &KEY[..30]);
+        let e = Config::with_parsers(&parsers).apply_cmdline(&bad).unwrap_err();
+        assert_eq!(std::format!("{e}"), "bad option admin=***: too short");
         assert!(!std::format!("{e:?}").contains("0011"), "Debug redacts too");
     }
 
@@ -611,61 +460,11 @@ mod tests {
 
     #[test]
     fn bad_network_values_name_the_key() {
-        for (word, key) in [
-            ("ip=10.0.2.15", "ip"),
-            ("ctl_nic=eth0", "ctl_nic"),
-            ("gw=10.0.2", "gw"),
-            ("port=0", "port"),
-            ("sessions=4097", "sessions"),
-            ("credits=0", "credits"),
-            ("heartbeat_ms=10", "heartbeat_ms"),
-            ("admin=00", "admin"),
-            ("tenant=admin:00112233445566778899aabbccddeeff", "tenant"),
-        ] {
+        for (word, key) in
+            [("ip=10.0.2.15", "ip"), ("ctl_nic=eth0", "ctl_nic"), ("gw=10.0.2", "gw"), ("port=0", "port")]
+        {
             let mut c = Config::default();
             assert_eq!(c.apply_cmdline(word).unwrap_err().key, key, "{word}");
-        }
-    }
-
-    #[test]
-    fn the_appliance_name_parses_as_a_tenant_name_does() {
-        let mut c = Config::default();
-        assert_eq!(c.control().appliance, None);
-        c.apply_cmdline("appliance=lb-a.rack3").unwrap();
-        assert_eq!(c.control().appliance, Some("lb-a.rack3"));
-        for bad in ["appliance=", "appliance=a@b", "appliance=012345678901234567890123456789012"] {
-            assert_eq!(Config::default().apply_cmdline(bad).unwrap_err().key, "appliance", "{bad}");
-        }
-    }
-
-    #[test]
-    fn session_budgets_parse_and_must_fit_the_session_budget() {
-        let mut c = Config::default();
-        c.apply_cmdline("sessions=8 sessions_per_tenant=3 admin_sessions=2 preauth_sessions=4 heap_high_water=80")
-            .unwrap();
-        assert_eq!(c.check(), Ok(()));
-        let ctl = c.control();
-        assert_eq!(
-            (ctl.sessions_per_tenant, ctl.admin_sessions, ctl.preauth_sessions, ctl.heap_high_water),
-            (Some(3), Some(2), Some(4), Some(80))
-        );
-        for (word, key) in [
-            ("sessions_per_tenant=0", "sessions_per_tenant"),
-            ("admin_sessions=4096", "admin_sessions"),
-            ("preauth_sessions=x", "preauth_sessions"),
-            ("heap_high_water=99", "heap_high_water"),
-        ] {
-            assert_eq!(Config::default().apply_cmdline(word).unwrap_err().key, key, "{word}");
-        }
-        for (line, key, value) in [
-            ("sessions=4 admin_sessions=4", "admin_sessions", "4"),
-            ("sessions=4 sessions_per_tenant=5", "sessions_per_tenant", "5"),
-            ("sessions=16 preauth_sessions=17", "preauth_sessions", "17"),
-        ] {
-            let mut c = Config::default();
-            c.apply_cmdline(line).unwrap();
-            let e = c.check().unwrap_err();
-            assert_eq!((e.key, e.value), (key, value), "{line}");
         }
     }
 
@@ -696,6 +495,23 @@ mod tests {
         Ok(true)
     }
 
+    fn pool_check<'a>(p: &Pool) -> Result<(), ConfigError<'a>> {
+        if p.0 > 1024 { Err(ConfigError { key: "pool_mib", value: "", reason: "at most 1024" }) } else { Ok(()) }
+    }
+
+    #[test]
+    fn registered_parsers_check_after_the_kernel() {
+        let opts = Options::checked(Pool(64), pool, pool_check);
+        let parsers: [&dyn OptionParser; 1] = [&opts];
+        let mut c = Config::with_parsers(&parsers);
+        c.apply_cmdline("pool_mib=2048 gw=10.0.2.2").unwrap();
+        assert_eq!(c.check().unwrap_err().key, "gw", "the kernel's own checks first");
+        c.apply_cmdline("ip=10.0.2.15/24").unwrap();
+        assert_eq!(c.check().unwrap_err().reason, "at most 1024");
+        c.apply_cmdline("pool_mib=512").unwrap();
+        assert_eq!(c.check(), Ok(()));
+    }
+
     #[test]
     fn registered_parsers_get_the_keys_the_kernel_does_not_know() {
         let opts = Options::new(Pool(64), pool);
@@ -718,7 +534,7 @@ mod tests {
         let mut c = Config::default();
         let many = "a=1 b=2 c=3 d=4 e=5 f=6 g=7 h=8 i=9 j=10";
         c.apply_cmdline(many).unwrap();
-        assert_eq!(c.unknown().0.len(), MAX_WARNINGS);
+        assert_eq!(c.unknown().0.len(), leasebox_options::MAX_WARNINGS);
         assert_eq!(c.unknown().1, 2);
     }
 }

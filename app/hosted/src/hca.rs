@@ -24,35 +24,43 @@ const RAM_EXTRA: usize = 160 << 20;
 /// DMA and scrubbing through the hosted platform (the model's RAM).
 pub type HostedHost = PlatformHost<HostedPlatform>;
 
+/// The lease service's clock.
 pub struct HostedEnv {
     start: Instant,
     /// How far the lease service's clock runs ahead of real time ([`HostedEnv::skip`]).
     ahead: Duration,
-    shared: Arc<Shared>,
-    log: SharedLog,
-    summary: String,
 }
 
 impl Environment for HostedEnv {
     fn now_us(&self) -> u64 {
         (self.start.elapsed() + self.ahead).as_micros() as u64
     }
-    fn role_counts(&self) -> Vec<(u16, u8, u64)> {
-        Vec::new()
+}
+
+/// What the hosted appliance knows of the HCA the model plays: its state, its command queue's counters and
+/// its summary line (`crate::HostedAppliance` tells the session core).
+pub struct ModelFacts {
+    shared: Arc<Shared>,
+    log: SharedLog,
+    summary: String,
+}
+
+impl ModelFacts {
+    pub fn state(&self) -> HcaState {
+        if self.shared.fatal().is_some() { HcaState::Fatal } else { HcaState::Ok }
     }
-    fn hca_health(&self) -> (HcaState, String) {
-        (self.state(), self.summary.clone())
+
+    pub fn summary(&self) -> &str {
+        &self.summary
     }
-    fn hca_stats(&self) -> Option<HcaStats> {
-        Some(leasebox_lease::backend::hca_stats(self.state(), &self.log.lock().counters))
+
+    /// HCA_STATS from the command log's totals.
+    pub fn stats(&self) -> HcaStats {
+        leasebox_lease::backend::hca_stats(self.state(), &self.log.lock().counters)
     }
 }
 
 impl HostedEnv {
-    fn state(&self) -> HcaState {
-        if self.shared.fatal().is_some() { HcaState::Fatal } else { HcaState::Ok }
-    }
-
     /// Moves the lease service's clock on by `d` at once (tests: a grace period or a TTL passes without
     /// waiting for it). The service's next pass runs every timer now due; the driver's clock is not moved.
     pub fn skip(&mut self, d: Duration) {
@@ -116,13 +124,13 @@ impl Drop for HcaThreads {
 /// still down then is reported, not an error.
 const LINK_WAIT_MS: u64 = 5_000;
 
-/// Brings the model and the driver up and builds the lease backend. `udp`: where the model's RoCEv2 responder
-/// listens (`None`: no data path); `timing`: firmware time per command.
+/// Brings the model and the driver up and builds the lease backend and the HCA's facts. `udp`: where the
+/// model's RoCEv2 responder listens (`None`: no data path); `timing`: firmware time per command.
 pub fn start(
     o: &LeaseOptions,
     udp: Option<&str>,
     timing: mlx5_model::Timing,
-) -> Result<(HostedBackend, HcaThreads), String> {
+) -> Result<(HostedBackend, HcaThreads, ModelFacts), String> {
     let responder = match udp {
         Some(a) => {
             let r =
@@ -157,13 +165,12 @@ pub fn start(
         eprintln!("leasebox-hosted: {w}");
     }
     let svc = LeaseService::new(cfg, parts.hca, rng).map_err(|e| format!("lease configuration: {e}"))?;
-    let env = HostedEnv {
-        start: Instant::now(),
-        ahead: Duration::ZERO,
+    let facts = ModelFacts {
         shared: client.shared_handle(),
         log,
         summary: format!("{} fw {} port {} (model in process)", info.part, info.fw, info.port),
     };
+    let env = HostedEnv { start: Instant::now(), ahead: Duration::ZERO };
     let backend = LeaseBackend::new(svc, client, PlatformHost::new(platform.clone(), parts.extents), env);
-    Ok((backend, HcaThreads { stop, engines: Some(engines), platform, udp: udp_addr, emergency }))
+    Ok((backend, HcaThreads { stop, engines: Some(engines), platform, udp: udp_addr, emergency }, facts))
 }

@@ -6,13 +6,13 @@
 pub mod hca;
 pub mod verbs_ref;
 
-use leasebox_kernel::config::{Config, OptionParser, Options};
 use leasebox_lease::LeaseOptions;
-use leasebox_proto::{FencedSlot, HcaStats, Health, LeaseStats, Reply, Request};
+use leasebox_options::{OptionParser, Options, Registry};
+use leasebox_proto::{HcaState, HcaStats};
 use leasebox_session::{
-    Answer, Backend, Budget, CloseReason, ConnId, Entropy, EntropyError, Keyring, Limits, NoLeases, Principal, Server,
-    Source, Ticket,
+    Appliance, Budget, ConnId, Entropy, EntropyError, Keyring, Leases, Limits, NoLeases, Server, SessionOptions, Source,
 };
+use std::any::Any;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -80,7 +80,10 @@ pub const NO_VERBS: &str = "--verbs: this leasebox-hosted was built without the 
                             (cargo build -p leasebox-hosted --features verbs)";
 
 impl HostedConfig {
-    /// `--listen ADDR` and the kernel's option words.
+    /// `--listen ADDR`, the other flags, and the option words the image takes from its command line for the
+    /// session core and the lease service (`tenant=`, `sessions=`, `lease_pool_mib=`, ...: the same parsers,
+    /// the same errors). The kernel's own words (`log=`, `cores=`, `ip=`, ...) mean nothing here and are refused
+    /// as unknown.
     pub fn from_args(args: &[String]) -> Result<HostedConfig, String> {
         let mut listen: SocketAddr = "127.0.0.1:7470".parse().expect("literal address");
         let mut words = Vec::new();
@@ -114,15 +117,16 @@ impl HostedConfig {
         }
         let line = words.join(" ");
         let line: &'static str = Box::leak(line.into_boxed_str());
+        let session = Options::checked(SessionOptions::DEFAULT, SessionOptions::apply, SessionOptions::check);
         let lease = Options::new(LeaseOptions::DEFAULT, LeaseOptions::apply);
-        let parsers: [&dyn OptionParser; 1] = [&lease];
-        let mut cfg = Config::with_parsers(&parsers);
+        let parsers: [&dyn OptionParser; 2] = [&session, &lease];
+        let mut cfg = Registry::new(&parsers);
         cfg.apply(line).map_err(|e| e.to_string())?;
         cfg.check().map_err(|e| e.to_string())?;
         if let Some(w) = cfg.unknown().0.first() {
             return Err(format!("unknown option '{w}'"));
         }
-        let control = cfg.control();
+        let control = session.get();
         let mut keys = Keyring::new();
         for (name, hex) in control.tenants() {
             keys.add_tenant(name, hex).map_err(|e| format!("tenant={name}: {e}"))?;
@@ -179,94 +183,46 @@ fn mem_total() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// The session core's backend: the lease service on the model, or none.
-pub enum HostedBackend {
-    Plain(NoLeases),
-    Lease(Box<hca::HostedBackend>),
-    /// The reference responder on a real RDMA device (`--verbs`).
-    Verbs(Box<verbs_ref::VerbsLeases>),
+/// The lease service the session core runs over, chosen at start: the lease service on the model (`--hca`),
+/// the verbs reference responder (`--verbs`), or [`NoLeases`]. `Any`, so a test can reach the concrete one
+/// ([`Hosted::with_leases`]).
+pub trait HostedLeases: Leases + Any + Send {}
+impl<T: Leases + Any + Send> HostedLeases for T {}
+
+/// What the hosted appliance knows of itself (`leasebox_session::Appliance`): no cores, the OS's entropy, and
+/// the HCA it runs — the device model's, a verbs device, or none.
+pub enum HostedAppliance {
+    /// No HCA (lease operations answer NOT_IMPLEMENTED).
+    NoHca,
+    /// The device model with the native driver (`--hca`).
+    Model(hca::ModelFacts),
+    /// A real RDMA device through libibverbs (`--verbs`): its summary line; it has no command queue to count.
+    Verbs(String),
 }
 
-impl HostedBackend {
-    /// Whether work is under way that the timer's next tick moves on (so it ticks at [`TICK`]): commands at
-    /// the HCA or waiting for room in its ring, memory being scrubbed or prepared. The verbs backend is always
-    /// taken as busy (its completions are polled on the tick).
-    fn busy(&self) -> bool {
-        match self {
-            HostedBackend::Plain(_) => false,
-            HostedBackend::Lease(b) => {
-                let pool = b.svc.pool();
-                b.svc.in_flight() > 0
-                    || b.svc.has_commands()
-                    || pool.scrubbing_bytes() > 0
-                    || pool.unprepared_bytes() > 0
-            }
-            HostedBackend::Verbs(_) => true,
-        }
-    }
-
-    fn inner(&mut self) -> &mut dyn Backend {
-        match self {
-            HostedBackend::Plain(b) => b,
-            HostedBackend::Lease(b) => b.as_mut(),
-            HostedBackend::Verbs(b) => b.as_mut(),
-        }
+impl Entropy for HostedAppliance {
+    fn fill(&mut self, buf: &mut [u8]) -> Result<(), EntropyError> {
+        OsEntropy.fill(buf)
     }
 }
 
-impl Backend for HostedBackend {
-    fn lease_op(&mut self, who: &Principal, req: &Request, ticket: Ticket, now_ms: u64) -> Answer {
-        self.inner().lease_op(who, req, ticket, now_ms)
-    }
-    fn take_answers(&mut self, out: &mut Vec<(Ticket, Reply)>) {
-        self.inner().take_answers(out)
-    }
-    fn session_started(&mut self, who: &Principal, now_ms: u64) {
-        self.inner().session_started(who, now_ms)
-    }
-    fn boot(&mut self, boot_id: [u8; leasebox_proto::BOOT_ID_LEN]) {
-        self.inner().boot(boot_id)
-    }
-    fn take_notices(&mut self, out: &mut Vec<(String, leasebox_proto::Notice)>) {
-        self.inner().take_notices(out)
-    }
-    fn resume(&mut self, from: &Principal, to: &Principal, now_ms: u64) -> u32 {
-        self.inner().resume(from, to, now_ms)
-    }
-    fn session_alive(&mut self, who: &Principal, now_ms: u64) {
-        self.inner().session_alive(who, now_ms)
-    }
-    fn tick(&mut self, now_ms: u64) {
-        self.inner().tick(now_ms)
-    }
-    fn lease_stats(&mut self) -> LeaseStats {
-        self.inner().lease_stats()
-    }
-    fn tenant_lease_stats(&mut self, who: &Principal) -> LeaseStats {
-        self.inner().tenant_lease_stats(who)
-    }
-    fn fenced(&mut self, who: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>) {
-        self.inner().fenced(who, cursor, max)
-    }
-    fn health(&mut self, now_ms: u64) -> Health {
-        self.inner().health(now_ms)
-    }
-    fn hca_stats(&mut self) -> Option<HcaStats> {
-        self.inner().hca_stats()
-    }
-    fn role_counts(&self) -> Vec<(u16, u8, u64)> {
+impl Appliance for HostedAppliance {
+    fn hca(&self) -> (HcaState, String) {
         match self {
-            HostedBackend::Plain(b) => b.role_counts(),
-            HostedBackend::Lease(b) => b.role_counts(),
-            HostedBackend::Verbs(b) => b.role_counts(),
+            HostedAppliance::NoHca => (HcaState::Absent, "no HCA (hosted, without --hca)".into()),
+            HostedAppliance::Model(m) => (m.state(), m.summary().into()),
+            HostedAppliance::Verbs(summary) => (HcaState::Ok, format!("verbs reference responder on {summary}")),
         }
     }
-    fn session_lost(&mut self, who: &Principal, reason: CloseReason, now_ms: u64) {
-        self.inner().session_lost(who, reason, now_ms)
+    fn hca_stats(&self) -> Option<HcaStats> {
+        match self {
+            HostedAppliance::Model(m) => Some(m.stats()),
+            HostedAppliance::NoHca | HostedAppliance::Verbs(_) => None,
+        }
     }
 }
 
-type Shared = Arc<Mutex<Server<HostedBackend, OsEntropy>>>;
+type Shared = Arc<Mutex<Server<Box<dyn HostedLeases>, HostedAppliance>>>;
 
 /// A running hosted appliance.
 pub struct Hosted {
@@ -285,15 +241,16 @@ impl Hosted {
     /// Binds and starts serving (accept thread + timer thread + one thread per connection).
     pub fn start(cfg: HostedConfig) -> Result<Hosted, String> {
         let start = Instant::now();
-        let (backend, hca) = if let Some(spec) = &cfg.verbs {
-            (HostedBackend::Verbs(Box::new(start_verbs(spec, &cfg.lease)?)), None)
+        let (backend, facts, hca): (Box<dyn HostedLeases>, _, _) = if let Some(spec) = &cfg.verbs {
+            let (leases, summary) = start_verbs(spec, &cfg.lease)?;
+            (Box::new(leases), HostedAppliance::Verbs(summary), None)
         } else if cfg.hca {
-            let (b, t) = hca::start(&cfg.lease, cfg.udp.as_deref(), cfg.timing)?;
-            (HostedBackend::Lease(Box::new(b)), Some(t))
+            let (b, t, facts) = hca::start(&cfg.lease, cfg.udp.as_deref(), cfg.timing)?;
+            (Box::new(b), HostedAppliance::Model(facts), Some(t))
         } else {
-            (HostedBackend::Plain(NoLeases::default()), None)
+            (Box::new(NoLeases::default()), HostedAppliance::NoHca, None)
         };
-        let mut server = Server::new(cfg.limits, cfg.keys, backend, OsEntropy, 0).map_err(|e| e.to_string())?;
+        let mut server = Server::new(cfg.limits, cfg.keys, backend, facts, 0).map_err(|e| e.to_string())?;
         server.set_budget(cfg.budget);
         if let Some(name) = &cfg.appliance {
             server.set_appliance_name(name);
@@ -355,10 +312,8 @@ impl Hosted {
     /// Runs `f` on the lease backend (with `--hca`), under the server's lock.
     pub fn with_leases<R>(&self, f: impl FnOnce(&mut hca::HostedBackend) -> R) -> Option<R> {
         let mut s = self.server.lock().expect("server lock");
-        match s.backend_mut() {
-            HostedBackend::Lease(b) => Some(f(b)),
-            HostedBackend::Plain(_) | HostedBackend::Verbs(_) => None,
-        }
+        let leases: &mut dyn Any = &mut **s.backend_mut();
+        leases.downcast_mut::<hca::HostedBackend>().map(f)
     }
 
     /// Blocks until the service stops.
@@ -385,9 +340,9 @@ impl Hosted {
     }
 }
 
-/// The reference responder's backend on `spec`'s device (`--verbs`).
+/// The reference responder's backend on `spec`'s device (`--verbs`), and its summary line.
 #[cfg(feature = "verbs")]
-fn start_verbs(spec: &verbs_ref::VerbsSpec, o: &LeaseOptions) -> Result<verbs_ref::VerbsLeases, String> {
+fn start_verbs(spec: &verbs_ref::VerbsSpec, o: &LeaseOptions) -> Result<(verbs_ref::VerbsLeases, String), String> {
     let dev = verbs_ref::ibv::Ibv::open(&spec.device, spec.port, spec.gid_index)?;
     let rng = leasebox_session::IdRng::from_entropy(&mut OsEntropy).map_err(|_| "no random source for PSNs")?;
     let summary = format!(
@@ -397,12 +352,12 @@ fn start_verbs(spec: &verbs_ref::VerbsSpec, o: &LeaseOptions) -> Result<verbs_re
         spec.gid_index,
         spec.qp_teardown.name()
     );
-    Ok(verbs_ref::VerbsLeases::new(Box::new(dev), *o, spec.qp_teardown, summary, rng))
+    Ok((verbs_ref::VerbsLeases::new(Box::new(dev), *o, spec.qp_teardown, rng), summary))
 }
 
 /// Without the feature `--verbs` is refused when parsed; a config built by hand gets the same answer.
 #[cfg(not(feature = "verbs"))]
-fn start_verbs(_spec: &verbs_ref::VerbsSpec, _o: &LeaseOptions) -> Result<verbs_ref::VerbsLeases, String> {
+fn start_verbs(_spec: &verbs_ref::VerbsSpec, _o: &LeaseOptions) -> Result<(verbs_ref::VerbsLeases, String), String> {
     Err(NO_VERBS.into())
 }
 
@@ -500,6 +455,39 @@ mod tests {
         let e = |a: &[&str]| HostedConfig::from_args(&args(a)).err().unwrap_or_default();
         assert!(e(&["--timing", "soon"]).contains("--timing: expected `firmware`"));
         assert!(e(&["--timing"]).contains("--timing needs"));
+    }
+
+    const KEY: &str = "5ad1e0c3b2f4978a6e1d0c9b8a7f6e5d";
+
+    #[test]
+    fn option_words_go_to_the_session_and_lease_parsers_as_in_the_image() {
+        let cfg = HostedConfig::from_args(&args(&[
+            &format!("tenant=alice:{KEY}"),
+            &format!("admin={KEY}"),
+            "sessions=6",
+            "credits=3",
+            "admin_sessions=2",
+            "appliance=lb-1",
+            "lease_pool_mib=64",
+        ]))
+        .unwrap();
+        assert_eq!((cfg.limits.sessions, cfg.limits.credits, cfg.budget.admin_reserved), (6, 3, 2));
+        assert_eq!((cfg.appliance.as_deref(), cfg.lease.pool_mib, cfg.lease.tenants), (Some("lb-1"), 64, 1));
+        assert!(!cfg.keys.is_empty());
+        let e = |a: &[&str]| HostedConfig::from_args(&args(a)).err().unwrap_or_default();
+        assert_eq!(e(&["admin=001"]), "bad option admin=***: the key is not an even number of hex digits");
+        assert_eq!(e(&["admin=0011"]), "bad option admin=***: keys are 16 to 64 bytes (32 to 128 hex digits)");
+        assert_eq!(
+            e(&["sessions=4", "admin_sessions=4"]),
+            "bad option admin_sessions=4: must be less than sessions= (tenants need a place)"
+        );
+        assert_eq!(e(&["credits=0"]), "bad option credits=0: expected 1 to 64 credits per session");
+        assert_eq!(
+            e(&["log=debug"]),
+            "unknown option 'log=debug'",
+            "the kernel's words are not the hosted appliance's"
+        );
+        assert!(e(&["lease_pool_mib=x"]).starts_with("bad option lease_pool_mib=x: "));
     }
 
     #[test]

@@ -26,10 +26,10 @@ use std::time::Instant;
 
 use leasebox_lease::{LeaseOptions, RevokeOrder};
 use leasebox_proto::{
-    AllocReq, AllocResp, BOOT_ID_LEN, ErrorBody, ErrorCode, FencedSlot, HcaState, Health, HealthStatus, LeaseId,
-    LeaseInfo, LeaseState, LeaseStats, MAX_PAGE, Notice, Outcome, Reply, Request, Response, Role, access, mtu_bytes,
+    AllocReq, AllocResp, BOOT_ID_LEN, ErrorBody, ErrorCode, FencedSlot, LeaseId, LeaseInfo, LeaseState, LeaseStats,
+    MAX_PAGE, Notice, Outcome, Reply, Request, Response, Role, access, mtu_bytes,
 };
-use leasebox_session::{Answer, Backend, CloseReason, IdRng, Principal, Ticket};
+use leasebox_session::{Answer, CloseReason, IdRng, LeaseHealth, Leases, Principal, Ticket};
 
 /// `--verbs DEVICE[:GID_INDEX]` and `--verbs-qp-teardown`: which device, which GID, how the QP is cut.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -243,8 +243,6 @@ pub struct VerbsLeases {
     dev: Box<dyn Device>,
     opts: LeaseOptions,
     qp_teardown: QpTeardown,
-    /// What HEALTH says (device, GID index, teardown mode).
-    summary: String,
     boot_id: [u8; BOOT_ID_LEN],
     slots: Vec<Slot>,
     rng: IdRng,
@@ -261,15 +259,15 @@ fn is_admin(who: &Principal) -> bool {
 }
 
 impl VerbsLeases {
-    /// Leases on `dev`, `summary` naming it for HEALTH; PSNs from `rng`.
-    pub fn new(dev: Box<dyn Device>, opts: LeaseOptions, qp_teardown: QpTeardown, summary: String, rng: IdRng) -> Self {
+    /// Leases on `dev`; PSNs from `rng`. (What HEALTH says of the device is the hosted appliance's:
+    /// `crate::HostedAppliance::Verbs`.)
+    pub fn new(dev: Box<dyn Device>, opts: LeaseOptions, qp_teardown: QpTeardown, rng: IdRng) -> Self {
         let slots =
             vec![Slot::Free { generation: 0 }; opts.slots.unwrap_or(leasebox_lease::setup::DEFAULT_SLOTS) as usize];
         VerbsLeases {
             dev,
             opts,
             qp_teardown,
-            summary,
             boot_id: [0; BOOT_ID_LEN],
             slots,
             rng,
@@ -679,7 +677,7 @@ fn cut_qp(dev: &mut dyn Device, teardown: QpTeardown, l: &mut Lease, slot: u32) 
     }
 }
 
-impl Backend for VerbsLeases {
+impl Leases for VerbsLeases {
     fn boot(&mut self, boot_id: [u8; BOOT_ID_LEN]) {
         self.boot_id = boot_id;
     }
@@ -831,24 +829,13 @@ impl Backend for VerbsLeases {
         (0, out)
     }
 
-    fn health(&mut self, _now_ms: u64) -> Health {
-        let fenced = self.fenced_count();
-        Health {
-            status: if fenced == 0 { HealthStatus::Ok } else { HealthStatus::Degraded },
-            hca: HcaState::Ok,
-            fenced_slots: fenced,
-            uptime_ms: 0,
-            message: format!("verbs reference responder on {}", self.summary),
-        }
+    fn health_facts(&mut self) -> LeaseHealth {
+        LeaseHealth::On { by_state: self.counts(None).by_state, fenced: self.fenced_count(), detail: String::new() }
     }
 
-    /// Verbs hide the device's command interface: nothing to count (HCA_STATS answers NOT_IMPLEMENTED).
-    fn hca_stats(&mut self) -> Option<leasebox_proto::HcaStats> {
-        None
-    }
-
-    fn role_counts(&self) -> Vec<(u16, u8, u64)> {
-        Vec::new()
+    /// Completions are polled on the tick: always ticking soon.
+    fn busy(&self) -> bool {
+        true
     }
 }
 

@@ -1,19 +1,15 @@
-//! The lease service behind the control channel: `leasebox_session::Backend` over [`LeaseService`], the
+//! The lease service behind the control channel: `leasebox_session::Leases` over [`LeaseService`], the
 //! mlx5 engines' [`Client`] and a [`Host`]. Lease requests that wait on the HCA answer later; every call from
 //! the session core also moves commands and results ([`Link::step`]), so the service progresses whenever the
 //! network loop runs. The image (core 0) and the hosted appliance use it alike.
 
-use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
 use leasebox_mlx5::engine::Client;
 use leasebox_mlx5::log::Counters;
-use leasebox_proto::{
-    BOOT_ID_LEN, FencedSlot, HcaState, HcaStats, Health, HealthStatus, LeaseState, LeaseStats, Notice, Reply, Request,
-    Role,
-};
-use leasebox_session::{Answer, Backend, CloseReason, Principal, Ticket};
+use leasebox_proto::{BOOT_ID_LEN, FencedSlot, HcaState, HcaStats, LeaseStats, Notice, Reply, Request, Role};
+use leasebox_session::{Answer, CloseReason, LeaseHealth, Leases, Principal, Ticket};
 
 use crate::link::Link;
 use crate::service::{Host, LeaseService, Who};
@@ -31,16 +27,11 @@ pub fn hca_stats(hca: HcaState, c: &Counters) -> HcaStats {
     }
 }
 
-/// What the host tells the backend about itself.
+/// What the host tells the backend: its clock, and the hooks it watches. (What the host knows of its HCA and
+/// cores goes to the session core directly, through `leasebox_session::Appliance`.)
 pub trait Environment {
     /// Monotonic microseconds.
     fn now_us(&self) -> u64;
-    /// Per-core role loop counts for STATS.
-    fn role_counts(&self) -> Vec<(u16, u8, u64)>;
-    /// The HCA's state and a message for HEALTH.
-    fn hca_health(&self) -> (HcaState, String);
-    /// The command queue's counters for HCA_STATS ([`hca_stats`] builds the answer).
-    fn hca_stats(&self) -> Option<HcaStats>;
     /// Every lease request as it arrives, before the service sees it. The image's `test=panic-after-lease`
     /// panics here (docs/revoke-semantics.md, "Fail closed on crash"); nothing else looks.
     fn request_seen(&mut self, _req: &Request) {}
@@ -73,7 +64,7 @@ impl<H: Host, E: Environment> LeaseBackend<H, E> {
     }
 }
 
-impl<H: Host, E: Environment> Backend for LeaseBackend<H, E> {
+impl<H: Host, E: Environment> Leases for LeaseBackend<H, E> {
     fn lease_op(&mut self, p: &Principal, req: &Request, ticket: Ticket, _now_ms: u64) -> Answer {
         self.env.request_seen(req);
         let now = self.env.now_us();
@@ -151,33 +142,16 @@ impl<H: Host, E: Environment> Backend for LeaseBackend<H, E> {
         self.svc.fenced(who(p), cursor, max)
     }
 
-    fn health(&mut self, _now_ms: u64) -> Health {
-        let (hca, hca_msg) = self.env.hca_health();
-        let fenced = self.svc.fenced_count();
-        let status = match hca {
-            HcaState::Ok if fenced == 0 => HealthStatus::Ok,
-            HcaState::Ok => HealthStatus::Degraded,
-            _ => HealthStatus::Failed,
-        };
-        let s = self.svc.by_state();
-        let message = format!(
-            "leases granted {} active {} fencing {} pending {} fenced {}; {}",
-            s[LeaseState::Granted as usize],
-            s[LeaseState::Active as usize],
-            s[LeaseState::Fencing as usize],
-            s[LeaseState::PendingDestroy as usize],
-            s[LeaseState::Fenced as usize],
-            hca_msg
-        );
-        Health { status, hca, fenced_slots: fenced, uptime_ms: 0, message }
+    /// HEALTH's lease part; the status rule and the message's shape are the session core's
+    /// (`leasebox_session::health`). `detail` is this service's own phrase in the message (empty: none).
+    fn health_facts(&mut self) -> LeaseHealth {
+        LeaseHealth::On { by_state: self.svc.by_state(), fenced: self.svc.fenced_count(), detail: String::new() }
     }
 
-    fn hca_stats(&mut self) -> Option<HcaStats> {
-        self.env.hca_stats()
-    }
-
-    fn role_counts(&self) -> Vec<(u16, u8, u64)> {
-        self.env.role_counts()
+    /// Commands at the HCA or waiting for room in its ring, memory being scrubbed or prepared.
+    fn busy(&self) -> bool {
+        let pool = self.svc.pool();
+        self.svc.in_flight() > 0 || self.svc.has_commands() || pool.scrubbing_bytes() > 0 || pool.unprepared_bytes() > 0
     }
 
     fn session_lost(&mut self, p: &Principal, reason: CloseReason, _now_ms: u64) {

@@ -1,10 +1,13 @@
-//! What sessions hand on: lease operations, diagnostics, and the news that a session is gone.
+//! The session core's two interfaces: the lease service ([`Leases`]: lease operations and the session events it
+//! follows) and the appliance ([`Appliance`]: what it knows of itself), and the types they share.
 
+use crate::health::LeaseHealth;
+use crate::server::Entropy;
+use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
 use leasebox_proto::{
-    BOOT_ID_LEN, ErrorBody, ErrorCode, FencedSlot, HcaState, HcaStats, Health, HealthStatus, LeaseStats, Notice, Op,
-    Reply, Request, Role,
+    BOOT_ID_LEN, ErrorBody, ErrorCode, FencedSlot, HcaState, HcaStats, LeaseStats, Notice, Op, Reply, Request, Role,
 };
 
 /// A transport connection, unique within a boot (the transport names it; the server and the backend's
@@ -50,13 +53,16 @@ pub struct Ticket {
 pub enum Answer {
     /// Answered at once.
     Now(Reply),
-    /// The answer comes later through [`Backend::take_answers`], with this request's [`Ticket`]; the request
+    /// The answer comes later through [`Leases::take_answers`], with this request's [`Ticket`]; the request
     /// holds its credit until then.
     Later,
 }
 
-/// The lease service, as sessions see it.
-pub trait Backend {
+/// The lease service, as sessions see it: lease operations and the session events it follows. The lease
+/// service implements it (`leasebox_lease::backend::LeaseBackend`), so does the hosted appliance's verbs
+/// reference responder, and [`NoLeases`] when the lease service is off. What the appliance itself knows (its
+/// HCA, its cores, its entropy) is the other interface, [`Appliance`].
+pub trait Leases {
     /// This boot's id, drawn by [`crate::Server::new`] from its entropy before any session exists: the lease
     /// service makes it part of every lease id and answers an id from another boot as a lease that does not
     /// exist.
@@ -64,7 +70,7 @@ pub trait Backend {
         let _ = boot_id;
     }
     /// Appends the notices raised since the last call, each with the tenant whose sessions get it (the empty
-    /// name: every tenant's sessions). The server drains them where it drains answers ([`Backend::take_answers`]).
+    /// name: every tenant's sessions). The server drains them where it drains answers ([`Leases::take_answers`]).
     fn take_notices(&mut self, out: &mut Vec<(String, Notice)>) {
         let _ = out;
     }
@@ -77,8 +83,8 @@ pub trait Backend {
         0
     }
     /// A lease operation (ALLOC, READY, RENEW, FREE, QUERY, LIST, REVOKE, and the admin's DRAIN) from an
-    /// authenticated principal. An
-    /// operation that waits on the HCA answers [`Answer::Later`] and keeps `ticket` for its answer.
+    /// authenticated principal. An operation that waits on the HCA answers [`Answer::Later`] and keeps `ticket`
+    /// for its answer.
     fn lease_op(&mut self, who: &Principal, req: &Request, ticket: Ticket, now_ms: u64) -> Answer;
     /// Appends the answers finished since the last call (in any order; request ids tell them apart).
     fn take_answers(&mut self, out: &mut Vec<(Ticket, Reply)>) {
@@ -92,9 +98,17 @@ pub trait Backend {
     fn session_alive(&mut self, who: &Principal, now_ms: u64) {
         let _ = (who, now_ms);
     }
+    /// An authenticated session ended: the lease service decides what happens to its leases (kept for a
+    /// grace period, then revoked).
+    fn session_lost(&mut self, who: &Principal, reason: CloseReason, now_ms: u64);
     /// Timers: called at the start of every [`crate::Server::tick`].
     fn tick(&mut self, now_ms: u64) {
         let _ = now_ms;
+    }
+    /// Whether work is under way that the next [`Leases::tick`] moves on (commands at the HCA or waiting for
+    /// room in its ring, memory being scrubbed or prepared): a host whose loop sleeps ticks sooner while it is.
+    fn busy(&self) -> bool {
+        false
     }
     /// The lease part of STATS.
     fn lease_stats(&mut self) -> LeaseStats {
@@ -109,25 +123,81 @@ pub trait Backend {
     /// FENCED_SUMMARY: one page of the fenced slots `who` may see, from slot `cursor` on, at most `max`
     /// (clamped to 1..=`MAX_PAGE`); returns the next page's cursor (0 after the last) and the page.
     fn fenced(&mut self, who: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>);
-    /// HEALTH (uptime is filled in by the server).
-    fn health(&mut self, now_ms: u64) -> Health;
-    /// HCA_STATS: the mlx5 command queue's counters, if this appliance drives one (none: the server answers
-    /// NOT_IMPLEMENTED). No default, so a backend that wraps another cannot lose them.
-    fn hca_stats(&mut self) -> Option<HcaStats>;
-    /// Per-core role loop counts for STATS: (core, role, iterations).
-    fn role_counts(&self) -> Vec<(u16, u8, u64)>;
-    /// An authenticated session ended: the lease service decides what happens to its leases (kept for a
-    /// grace period, then revoked, in the lease-service issue).
-    fn session_lost(&mut self, who: &Principal, reason: CloseReason, now_ms: u64);
+    /// The lease part of HEALTH; [`crate::health`] makes the answer of it and the appliance's facts. No
+    /// default: a lease service must say whether it runs.
+    fn health_facts(&mut self) -> LeaseHealth;
 }
 
-/// The backend of an appliance whose lease service is off (no HCA, or it could not start): lease operations
-/// answer NOT_IMPLEMENTED with the reason; nothing can be fenced.
+/// A boxed lease service is one (a host that picks its lease service at run time holds a `Box<dyn ...>`).
+impl<L: Leases + ?Sized> Leases for Box<L> {
+    fn boot(&mut self, boot_id: [u8; BOOT_ID_LEN]) {
+        (**self).boot(boot_id)
+    }
+    fn take_notices(&mut self, out: &mut Vec<(String, Notice)>) {
+        (**self).take_notices(out)
+    }
+    fn resume(&mut self, from: &Principal, to: &Principal, now_ms: u64) -> u32 {
+        (**self).resume(from, to, now_ms)
+    }
+    fn lease_op(&mut self, who: &Principal, req: &Request, ticket: Ticket, now_ms: u64) -> Answer {
+        (**self).lease_op(who, req, ticket, now_ms)
+    }
+    fn take_answers(&mut self, out: &mut Vec<(Ticket, Reply)>) {
+        (**self).take_answers(out)
+    }
+    fn session_started(&mut self, who: &Principal, now_ms: u64) {
+        (**self).session_started(who, now_ms)
+    }
+    fn session_alive(&mut self, who: &Principal, now_ms: u64) {
+        (**self).session_alive(who, now_ms)
+    }
+    fn session_lost(&mut self, who: &Principal, reason: CloseReason, now_ms: u64) {
+        (**self).session_lost(who, reason, now_ms)
+    }
+    fn tick(&mut self, now_ms: u64) {
+        (**self).tick(now_ms)
+    }
+    fn busy(&self) -> bool {
+        (**self).busy()
+    }
+    fn lease_stats(&mut self) -> LeaseStats {
+        (**self).lease_stats()
+    }
+    fn tenant_lease_stats(&mut self, who: &Principal) -> LeaseStats {
+        (**self).tenant_lease_stats(who)
+    }
+    fn fenced(&mut self, who: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>) {
+        (**self).fenced(who, cursor, max)
+    }
+    fn health_facts(&mut self) -> LeaseHealth {
+        (**self).health_facts()
+    }
+}
+
+/// What the appliance knows of itself, for STATS, HEALTH and HCA_STATS, and where its randomness comes from:
+/// implemented once by the image (its cores, its HCA, RDSEED/RDRAND) and once by the hosted appliance (no
+/// cores, the device model's HCA or a verbs device, the OS). Uptime is the server's own clock.
+pub trait Appliance: Entropy {
+    /// Per-core role loop counts for STATS: (core, role, iterations). Default: none (a host without cores).
+    fn role_counts(&self) -> Vec<(u16, u8, u64)> {
+        Vec::new()
+    }
+    /// The HCA's state and the appliance's line about it, for HEALTH ([`crate::health`]). Default: none.
+    fn hca(&self) -> (HcaState, String) {
+        (HcaState::Absent, String::from("no HCA"))
+    }
+    /// HCA_STATS: the mlx5 command queue's counters, if this appliance drives one (none, the default: the server
+    /// answers NOT_IMPLEMENTED).
+    fn hca_stats(&self) -> Option<HcaStats> {
+        None
+    }
+}
+
+/// The lease service when it is off (no HCA, or it could not start): lease operations answer NOT_IMPLEMENTED
+/// with the reason; nothing can be fenced.
 pub struct NoLeases {
     /// Why there is no lease service, for every answer and HEALTH.
     pub reason: String,
-    /// Role counts supplied by the platform (the image fills them from its role loops).
-    pub roles: Vec<(u16, u8, u64)>,
     /// Sessions that ended, for tests and diagnostics (bounded).
     pub lost: Vec<(String, CloseReason)>,
 }
@@ -135,7 +205,7 @@ pub struct NoLeases {
 impl NoLeases {
     /// The lease service is off because of `reason` (e.g. "no HCA").
     pub fn off(reason: impl Into<String>) -> NoLeases {
-        NoLeases { reason: reason.into(), roles: Vec::new(), lost: Vec::new() }
+        NoLeases { reason: reason.into(), lost: Vec::new() }
     }
 }
 
@@ -146,7 +216,7 @@ impl Default for NoLeases {
     }
 }
 
-impl Backend for NoLeases {
+impl Leases for NoLeases {
     fn lease_op(&mut self, _who: &Principal, req: &Request, _ticket: Ticket, _now_ms: u64) -> Answer {
         Answer::Now(Err(ErrorBody::new(
             ErrorCode::NotImplemented,
@@ -156,20 +226,8 @@ impl Backend for NoLeases {
     fn fenced(&mut self, _who: &Principal, _cursor: u32, _max: u16) -> (u32, Vec<FencedSlot>) {
         (0, Vec::new())
     }
-    fn health(&mut self, _now_ms: u64) -> Health {
-        Health {
-            status: HealthStatus::Degraded,
-            hca: HcaState::Absent,
-            fenced_slots: 0,
-            uptime_ms: 0,
-            message: alloc::format!("control channel up; lease service off: {}", self.reason),
-        }
-    }
-    fn hca_stats(&mut self) -> Option<HcaStats> {
-        None
-    }
-    fn role_counts(&self) -> Vec<(u16, u8, u64)> {
-        self.roles.clone()
+    fn health_facts(&mut self) -> LeaseHealth {
+        LeaseHealth::Off(self.reason.clone())
     }
     fn session_lost(&mut self, who: &Principal, reason: CloseReason, _now_ms: u64) {
         if self.lost.len() < 64 {

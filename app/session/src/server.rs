@@ -1,7 +1,7 @@
 //! The session table and the per-connection protocol machine.
 
 use crate::admission::{Admission, Budget, EVICT_MIN_AGE_MS, MemoryGauge, Refusal, Source};
-use crate::backend::{Answer, Backend, CloseReason, ConnId, Principal, Ticket};
+use crate::backend::{Answer, Appliance, CloseReason, ConnId, Leases, Principal, Ticket};
 use crate::keyring::Keyring;
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
@@ -167,12 +167,13 @@ impl Conn {
     }
 }
 
-/// The control service: every connection's session state, statistics and the backend.
-pub struct Server<B: Backend, E: Entropy> {
+/// The control service: every connection's session state and statistics, over the lease service (`L`) and the
+/// appliance's facts and entropy (`A`).
+pub struct Server<L: Leases, A: Appliance> {
     limits: Limits,
     keys: Keyring,
-    backend: B,
-    entropy: E,
+    backend: L,
+    platform: A,
     conns: Vec<Conn>,
     /// Where each connection sits in `conns`: a lookup per call stays O(log n) with a thousand sessions
     /// (docs/operations.md, "Scale").
@@ -186,7 +187,7 @@ pub struct Server<B: Backend, E: Entropy> {
     errors: [u64; 32],
     /// Deferred answers whose session had ended (or that matched no deferred request).
     answers_dropped: u64,
-    /// Scratch for [`Backend::take_answers`], kept to avoid an allocation per call.
+    /// Scratch for [`Leases::take_answers`], kept to avoid an allocation per call.
     answers: Vec<(Ticket, Reply)>,
     /// A random PSK nobody knows: an unknown name's (or key id's) Noise message 1 is checked against it, so it
     /// costs the same work as a known name with a wrong key and gets the same answer.
@@ -204,7 +205,7 @@ pub struct Server<B: Backend, E: Entropy> {
     boot_id: [u8; BOOT_ID_LEN],
     /// Ended sessions RESUME may name, oldest first.
     lost: VecDeque<Lost>,
-    /// Scratch for [`Backend::take_notices`].
+    /// Scratch for [`Leases::take_notices`].
     notices: Vec<(String, Notice)>,
     /// Messages 1 that verified recently (their ephemeral keys' first halves), oldest first, and as a set.
     seen_hellos: VecDeque<[u8; 16]>,
@@ -223,15 +224,22 @@ fn error_frame(code: ErrorCode, op: u16, request_id: u32, message: &str, detail:
     v
 }
 
-impl<B: Backend, E: Entropy> Server<B, E> {
-    /// Starts the service; refuses without a working entropy source or without any principal.
-    pub fn new(limits: Limits, keys: Keyring, mut backend: B, mut entropy: E, now_ms: u64) -> Result<Self, StartError> {
+impl<L: Leases, A: Appliance> Server<L, A> {
+    /// Starts the service over the lease service `backend` and the `appliance` (its facts and its entropy);
+    /// refuses without a working entropy source or without any principal.
+    pub fn new(
+        limits: Limits,
+        keys: Keyring,
+        mut backend: L,
+        mut appliance: A,
+        now_ms: u64,
+    ) -> Result<Self, StartError> {
         let mut dummy_psk = [0u8; 32];
-        entropy.fill(&mut dummy_psk).map_err(|_| StartError::NoEntropy)?;
+        appliance.fill(&mut dummy_psk).map_err(|_| StartError::NoEntropy)?;
         // The boot id: random, so that lease ids of an earlier boot (whose slots and generations start again
         // the same way) name nothing in this one.
         let mut boot_id = [0u8; BOOT_ID_LEN];
-        entropy.fill(&mut boot_id).map_err(|_| StartError::NoEntropy)?;
+        appliance.fill(&mut boot_id).map_err(|_| StartError::NoEntropy)?;
         if keys.is_empty() {
             return Err(StartError::NoPrincipals);
         }
@@ -243,7 +251,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             limits,
             keys,
             backend,
-            entropy,
+            platform: appliance,
             conns: Vec::new(),
             index: alloc::collections::BTreeMap::new(),
             refused: Vec::new(),
@@ -286,11 +294,16 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         self.notices_sent
     }
 
-    pub fn backend(&self) -> &B {
+    /// The lease service.
+    pub fn backend(&self) -> &L {
         &self.backend
     }
-    pub fn backend_mut(&mut self) -> &mut B {
+    pub fn backend_mut(&mut self) -> &mut L {
         &mut self.backend
+    }
+    /// The appliance's facts.
+    pub fn platform(&self) -> &A {
+        &self.platform
     }
     pub fn limits(&self) -> Limits {
         self.limits
@@ -344,7 +357,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         s.boot_id = self.boot_id;
         s.sessions_current = self.conns.len() as u32;
         s.errors = (0..self.errors.len()).filter(|c| self.errors[*c] > 0).map(|c| (c as u16, self.errors[c])).collect();
-        s.roles = self.backend.role_counts();
+        s.roles = self.platform.role_counts();
         s.leases = self.backend.lease_stats();
         s
     }
@@ -675,7 +688,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         true
     }
 
-    /// Queues the answers the backend has finished ([`Backend::take_answers`]) on their connections. An answer
+    /// Queues the answers the backend has finished ([`Leases::take_answers`]) on their connections. An answer
     /// whose session has ended (closed, or its connection gone) is dropped; the request ids tell the client
     /// which request each answers, whatever the order.
     pub fn deliver(&mut self, now_ms: u64) {
@@ -696,7 +709,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
         self.deliver_notices(now_ms);
     }
 
-    /// Queues the backend's notices ([`Backend::take_notices`]) on every open session of the tenant each
+    /// Queues the backend's notices ([`Leases::take_notices`]) on every open session of the tenant each
     /// concerns (every tenant's for the empty name); the admin's sessions and other tenants' get none. A notice
     /// answers no request and holds no credit; like everything after the handshake it travels sealed.
     fn deliver_notices(&mut self, now_ms: u64) {
@@ -870,11 +883,16 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             Request::Bye => Ok(Response::Bye),
             Request::Stats => Ok(Response::Stats(Box::new(self.stats_for(&who, now_ms)))),
             Request::Health => {
-                let mut hl = self.backend.health(now_ms);
-                hl.uptime_ms = now_ms.saturating_sub(self.start_ms);
-                Ok(Response::Health(hl))
+                let (hca, hca_message) = self.platform.hca();
+                let leases = self.backend.health_facts();
+                Ok(Response::Health(crate::health::health(
+                    hca,
+                    &hca_message,
+                    &leases,
+                    now_ms.saturating_sub(self.start_ms),
+                )))
             }
-            Request::HcaStats => self.backend.hca_stats().map(Response::HcaStats).ok_or_else(|| {
+            Request::HcaStats => self.platform.hca_stats().map(Response::HcaStats).ok_or_else(|| {
                 ErrorBody::new(ErrorCode::NotImplemented, "HCA_STATS: this appliance drives no mlx5 command queue")
             }),
             Request::FencedSummary { cursor, max } => {
@@ -986,7 +1004,7 @@ impl<B: Backend, E: Entropy> Server<B, E> {
             return self.close(i, CloseReason::ProtocolError, now_ms);
         }
         let (mut e, mut token) = ([0u8; 32], [0u8; RESUME_TOKEN_LEN]);
-        if self.entropy.fill(&mut e).is_err() || self.entropy.fill(&mut token).is_err() {
+        if self.platform.fill(&mut e).is_err() || self.platform.fill(&mut token).is_err() {
             self.send_error(i, ErrorCode::Internal, op, request_id, "no random source", [0; 3]);
             return self.close(i, CloseReason::ProtocolError, now_ms);
         }

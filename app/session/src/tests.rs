@@ -43,7 +43,25 @@ impl Entropy for Counter {
         Ok(())
     }
 }
+/// The tests' appliance: no HCA, no cores.
+impl Appliance for Counter {}
+/// An appliance with an HCA whose command queue counts [`DEFERRING_HCA`].
+struct WithHca(Counter);
+impl Entropy for WithHca {
+    fn fill(&mut self, buf: &mut [u8]) -> Result<(), EntropyError> {
+        self.0.fill(buf)
+    }
+}
+impl Appliance for WithHca {
+    fn hca(&self) -> (leasebox_proto::HcaState, String) {
+        (leasebox_proto::HcaState::Ok, "ConnectX-5".to_string())
+    }
+    fn hca_stats(&self) -> Option<leasebox_proto::HcaStats> {
+        Some(DEFERRING_HCA)
+    }
+}
 struct Broken;
+impl Appliance for Broken {}
 impl Entropy for Broken {
     fn fill(&mut self, _: &mut [u8]) -> Result<(), EntropyError> {
         Err(EntropyError)
@@ -69,7 +87,7 @@ enum Ans {
 
 /// Runs frame bytes through the server (sealed in a record once `c` is authenticated) and decodes every frame
 /// it answers.
-fn exchange<B: Backend>(s: &mut Server<B, Counter>, c: ConnId, bytes: &[u8], now: u64) -> Vec<(u32, Ans)> {
+fn exchange<B: Leases, A: Appliance>(s: &mut Server<B, A>, c: ConnId, bytes: &[u8], now: u64) -> Vec<(u32, Ans)> {
     let wire = seal(c, bytes);
     s.input(c, &wire, now);
     take(s, c)
@@ -88,7 +106,7 @@ fn seal(c: ConnId, bytes: &[u8]) -> Vec<u8> {
 }
 
 /// Decodes every frame the server has queued for `c` (opening records once authenticated).
-fn take<B: Backend>(s: &mut Server<B, Counter>, c: ConnId) -> Vec<(u32, Ans)> {
+fn take<B: Leases, A: Appliance>(s: &mut Server<B, A>, c: ConnId) -> Vec<(u32, Ans)> {
     let mut fb = FrameBuf::new();
     fb.push(&take_plain(s, c));
     let mut v = Vec::new();
@@ -105,7 +123,7 @@ fn take<B: Backend>(s: &mut Server<B, Counter>, c: ConnId) -> Vec<(u32, Ans)> {
 }
 
 /// The frame bytes the server has queued for `c`, out of their records once authenticated.
-fn take_plain<B: Backend>(s: &mut Server<B, Counter>, c: ConnId) -> Vec<u8> {
+fn take_plain<B: Leases, A: Appliance>(s: &mut Server<B, A>, c: ConnId) -> Vec<u8> {
     let mut out = vec![0u8; 1 << 20];
     let n = s.output(c, &mut out);
     CLIENTS.with(|m| match m.borrow_mut().get_mut(&c.0) {
@@ -151,13 +169,18 @@ const CONFIRM_ID: u32 = 0x7fff_0000;
 /// Full v2 HELLO and key confirmation (a first HEARTBEAT); the server's announcement as a
 /// `HelloReply::Welcome` (its `server_proof` unused: the announcement authenticated as part of Noise message 2).
 /// Afterwards [`exchange`] speaks records on `c`.
-fn login<B: Backend>(s: &mut Server<B, Counter>, c: ConnId, name: &str, key: &str) -> Result<HelloReply, ErrorBody> {
+fn login<B: Leases, A: Appliance>(
+    s: &mut Server<B, A>,
+    c: ConnId,
+    name: &str,
+    key: &str,
+) -> Result<HelloReply, ErrorBody> {
     login_at(s, c, name, key, 0)
 }
 
 /// [`login`] at `now` (virtual ms).
-fn login_at<B: Backend>(
-    s: &mut Server<B, Counter>,
+fn login_at<B: Leases, A: Appliance>(
+    s: &mut Server<B, A>,
     c: ConnId,
     name: &str,
     key: &str,
@@ -510,7 +533,7 @@ impl Deferring {
     }
 }
 
-impl Backend for Deferring {
+impl Leases for Deferring {
     fn lease_op(&mut self, who: &Principal, req: &Request, ticket: Ticket, _now_ms: u64) -> Answer {
         assert_eq!((ticket.session_id, ticket.op), (who.session_id, req.op()));
         match req {
@@ -545,14 +568,8 @@ impl Backend for Deferring {
     fn fenced(&mut self, _who: &Principal, _cursor: u32, _max: u16) -> (u32, Vec<leasebox_proto::FencedSlot>) {
         (0, Vec::new())
     }
-    fn health(&mut self, now_ms: u64) -> leasebox_proto::Health {
-        NoLeases::default().health(now_ms)
-    }
-    fn hca_stats(&mut self) -> Option<leasebox_proto::HcaStats> {
-        Some(DEFERRING_HCA)
-    }
-    fn role_counts(&self) -> Vec<(u16, u8, u64)> {
-        Vec::new()
+    fn health_facts(&mut self) -> LeaseHealth {
+        LeaseHealth::On { by_state: [0, 2, 0, 0, 1], fenced: 1, detail: String::new() }
     }
     fn session_lost(&mut self, who: &Principal, reason: CloseReason, _now_ms: u64) {
         self.lost.push((who.session_id, reason));
@@ -694,8 +711,8 @@ const DEFERRING_HCA: leasebox_proto::HcaStats = leasebox_proto::HcaStats {
 };
 
 #[test]
-fn hca_stats_come_from_the_backend_or_are_not_implemented() {
-    let mut s = deferring(Limits::default());
+fn hca_stats_come_from_the_appliance_or_are_not_implemented() {
+    let mut s = Server::new(Limits::default(), keys(), NoLeases::default(), WithHca(Counter(1)), 0).unwrap();
     s.open(ConnId(1), 0);
     login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
     let a = exchange(&mut s, ConnId(1), &req(Request::HcaStats, 2), 5);
@@ -707,6 +724,30 @@ fn hca_stats_come_from_the_backend_or_are_not_implemented() {
     let a = exchange(&mut s, ConnId(1), &req(Request::HcaStats, 3), 5);
     assert!(matches!(&a[0], (3, Ans::Err(e)) if e.code == ErrorCode::NotImplemented));
     assert!(!s.wants_close(ConnId(1)));
+}
+
+#[test]
+fn health_is_made_of_the_appliance_and_the_lease_service_by_one_rule() {
+    let health = |s: &mut Server<Deferring, WithHca>| {
+        s.open(ConnId(1), 0);
+        login(s, ConnId(1), "demo", DEMO_KEY).unwrap();
+        let a = exchange(s, ConnId(1), &req(Request::Health, 2), 7);
+        let (2, Ans::Ok(Response::Health(h))) = &a[0] else { panic!("no HEALTH: {:?}", a.len()) };
+        h.clone()
+    };
+    let mut s = Server::new(Limits::default(), keys(), Deferring::default(), WithHca(Counter(1)), 0).unwrap();
+    let h = health(&mut s);
+    assert_eq!(h, crate::health(leasebox_proto::HcaState::Ok, "ConnectX-5", &s.backend_mut().health_facts(), 7));
+    assert_eq!((h.status, h.fenced_slots), (leasebox_proto::HealthStatus::Degraded, 1), "one slot fenced");
+    assert!(h.message.starts_with("leases granted 0 active 2 ") && h.message.ends_with("; ConnectX-5"), "{h:?}");
+    // The lease service off: its reason, whatever the HCA says.
+    let mut s = server(Limits::default());
+    s.open(ConnId(1), 0);
+    login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
+    let a = exchange(&mut s, ConnId(1), &req(Request::Health, 3), 5);
+    let (3, Ans::Ok(Response::Health(h))) = &a[0] else { panic!("no HEALTH") };
+    assert_eq!(h.status, leasebox_proto::HealthStatus::Degraded);
+    assert_eq!(h.message, "lease service off: no HCA; no HCA");
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::cell::Cell;
 use leasebox_proto::v2::{self, Initiator, Transport};
 use leasebox_proto::{FrameBuf, Header, Hello, HelloNoise, HelloReply, Kind, Next, Op, Request, Response};
 use leasebox_session::{
-    Budget, ConnId, Entropy, EntropyError, Keyring, Limits, NoLeases, Rate, SESSION_IDLE_HEAP_BYTES, Server,
+    Appliance, Budget, ConnId, Entropy, EntropyError, Keyring, Limits, NoLeases, Rate, SESSION_IDLE_HEAP_BYTES, Server,
 };
 
 /// The system allocator, counting the bytes each thread holds.
@@ -59,6 +59,8 @@ impl Entropy for Counter {
         Ok(())
     }
 }
+/// An appliance without an HCA.
+impl Appliance for Counter {}
 
 const KEY: &str = "7a3f09c4e18b52d6a0f4c93e7b215d8869e2c07f14ab38d5e9061c7fa2b4d03e";
 

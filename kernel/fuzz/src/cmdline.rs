@@ -3,7 +3,9 @@
 //!
 //! The kernel command line comes from the boot loader (or a GRUB menu someone edited) and carries the
 //! control channel's keys. One input is a command line as bytes (what the multiboot parser accepts is UTF-8,
-//! so invalid bytes are replaced). It goes through `Config::apply_cmdline`, then `Config::check`. Checked:
+//! so invalid bytes are replaced). It goes through `Config::apply_cmdline`, then `Config::check`, with the
+//! session core's option parser registered as the image registers it (the principals, keys and budgets are
+//! its words, not the kernel's). Checked:
 //! - no panic, whatever the text;
 //! - an error names a key that is one of the line's words, with that word's value, and a reason;
 //! - no error message and no `Redacted` rendering of the line shows the value of `tenant=` or `admin=`: both
@@ -11,7 +13,23 @@
 //! - `Redacted` keeps every other word as it was, in order, single-spaced;
 //! - applying the same line twice to fresh configurations gives the same result.
 
-use leasebox_kernel::config::{Config, Redacted};
+use leasebox_kernel::config::{Config, OptionParser, Options, Redacted};
+use leasebox_session::SessionOptions;
+
+/// What a line gave, owned: `Ok` with a few parsed values, or the error's key, value and reason.
+type Outcome =
+    Result<Result<(log::LevelFilter, u32, bool, u32), (String, String, &'static str)>, (String, String, &'static str)>;
+
+/// Parses `line` as the image does (kernel keys, then the session core's parser) and checks it.
+fn parse(line: &str) -> Outcome {
+    let session = Options::checked(SessionOptions::DEFAULT, SessionOptions::apply, SessionOptions::check);
+    let parsers: [&dyn OptionParser; 1] = [&session];
+    let mut c = Config::with_parsers(&parsers);
+    let owned = |e: leasebox_kernel::config::ConfigError<'_>| (e.key.to_string(), e.value.to_string(), e.reason);
+    c.apply_cmdline(line)
+        .map(|()| c.check().map(|()| (c.log, c.watchdog_ms, c.cores.is_some(), session.get().credits)).map_err(owned))
+        .map_err(owned)
+}
 
 /// What one input did (the twin sums these to show its inputs reach every outcome).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -57,16 +75,12 @@ pub fn check(data: &[u8]) -> Counts {
         }
     }
 
-    let run = || {
-        let mut c = Config::default();
-        c.apply_cmdline(line)
-            .map(|()| c.check().map(|()| (c.log, c.watchdog_ms, c.cores.is_some())))
-            .map_err(|e| (e.key, e.value, e.reason))
-    };
-    let first = run();
-    assert_eq!(first, run(), "the same line, the same outcome");
+    let first = parse(line);
+    assert_eq!(first, parse(line), "the same line, the same outcome");
 
-    let mut c = Config::default();
+    let session = Options::checked(SessionOptions::DEFAULT, SessionOptions::apply, SessionOptions::check);
+    let parsers: [&dyn OptionParser; 1] = [&session];
+    let mut c = Config::with_parsers(&parsers);
     match c.apply_cmdline(line) {
         Ok(()) => match c.check() {
             Ok(()) => n.accepted += 1,

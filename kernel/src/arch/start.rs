@@ -47,7 +47,7 @@ unsafe extern "Rust" {
     fn leasebox_main(platform: Platform) -> !;
     /// The parsers for the options of the layers above the kernel (defined in `image/`; see
     /// [`crate::config::OptionParser`]).
-    fn leasebox_options() -> &'static [&'static dyn OptionParser];
+    fn leasebox_options() -> &'static [&'static dyn OptionParser<'static>];
 }
 
 /// Prints a boot error and fails the run.

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use leasebox_proto::Op;
+use leasebox_proto::{HcaState, HealthStatus, Op};
 use leasebox_session::ConnId;
 
 use super::*;
@@ -98,7 +98,7 @@ impl Rig {
         let s = Arc::new(Mutex::new(Script::default()));
         let port = PortInfo { gid: [0xbb; 16], mac: [2, 0, 0, 0, 0, 1], active_mtu: 3 };
         let dev = FakeDevice { port, s: s.clone() };
-        let mut b = VerbsLeases::new(Box::new(dev), opts, teardown, "fake0".into(), IdRng::from_seed([1; 32]));
+        let mut b = VerbsLeases::new(Box::new(dev), opts, teardown, IdRng::from_seed([1; 32]));
         b.boot(BOOT);
         Rig { b, s, now: 1_000 }
     }
@@ -313,7 +313,8 @@ fn a_failed_deregistration_cuts_the_qp_and_fences_for_good() {
     assert_eq!((fenced[0].generation, fenced[0].failed_mask, fenced[0].origin), (1, failed::DEREG_MR, 1));
     assert_eq!(revoke_outcome(r.call(&demo, Request::Free { lease: a.lease })), Outcome::Fenced);
     assert!(r.b.fenced(&tenant("other", 2), 0, 10).1.is_empty());
-    assert_eq!(r.b.health(0).status, HealthStatus::Degraded);
+    let facts = r.b.health_facts();
+    assert_eq!(leasebox_session::health(HcaState::Ok, "verbs", &facts, 0).status, HealthStatus::Degraded);
     // The fenced slot is never lent again; its bytes stay counted.
     let b = r.alloc(&demo, 4096);
     assert_eq!(b.lease.slot, 1);

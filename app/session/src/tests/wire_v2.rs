@@ -15,6 +15,7 @@ impl Entropy for Script {
         Ok(())
     }
 }
+impl Appliance for Script {}
 
 fn seq(from: u8) -> [u8; 32] {
     core::array::from_fn(|i| from + i as u8)
