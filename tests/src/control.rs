@@ -541,7 +541,8 @@ pub fn check_preauth_eviction(t: &Target) -> Result<String, String> {
     for who in [t.admin(), t.tenant()] {
         let t0 = Instant::now();
         let mut c = Client::connect(&t.addr, once).map_err(|e| format!("connecting as {}: {e}", who.name))?;
-        c.hello(&who.name, &who.key).map_err(|e| format!("{} beside {SILENT_HELD} silent connections: {e}", who.name))?;
+        c.hello(&who.name, &who.key)
+            .map_err(|e| format!("{} beside {SILENT_HELD} silent connections: {e}", who.name))?;
         match c.call(&Request::Heartbeat { echo: 5 }) {
             Ok(Response::Heartbeat { echo: 5, .. }) => {}
             other => return Err(format!("{}'s heartbeat beside the silent connections: {other:?}", who.name)),

@@ -13,7 +13,9 @@
 use crate::Artifacts;
 use crate::control::{self, Nic, Target};
 use leasebox_proto::v2::{Initiator, prologue, psk_from_key};
-use leasebox_proto::{AllocReq, ErrorBody, ErrorCode, FrameBuf, Hello, HelloNoise, Kind, Next, Request, Response, access};
+use leasebox_proto::{
+    AllocReq, ErrorBody, ErrorCode, FrameBuf, Hello, HelloNoise, Kind, Next, Request, Response, access,
+};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -132,6 +134,11 @@ fn revoke_loop(c: &mut leasectl::client::Client, dur: Duration) -> Result<Vec<u6
     while start.elapsed() < dur {
         let lease = match c.call(&Request::Alloc(req.clone())) {
             Ok(Response::Alloc(a)) => a.lease,
+            // Revoked leases' memory is being scrubbed: try again shortly.
+            Err(leasectl::client::ClientError::Server(e)) if e.code == ErrorCode::NoMemory => {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
             other => return Err(format!("ALLOC: {other:?}")),
         };
         let t0 = Instant::now();
@@ -186,7 +193,15 @@ pub fn table(rows: &[Row]) -> String {
     let _ = writeln!(
         s,
         "{:>7}  {:>9}  {:>10}  {:>9}  {:>7}  {:>7}  {:>9}  {:>9}  {:>9}  {}",
-        "replays", "offered/s", "answered/s", "refused/s", "lost/s", "revokes", "p50 ms", "p99 ms", "max ms",
+        "replays",
+        "offered/s",
+        "answered/s",
+        "refused/s",
+        "lost/s",
+        "revokes",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
         "all ≤ 1 s"
     );
     for r in rows {
@@ -224,6 +239,21 @@ pub fn table(rows: &[Row]) -> String {
 /// table with a line on what was measured.
 pub fn run(a: &Artifacts, secs: u64) -> Result<String, String> {
     let t = control::boot_qemu_nic(a, 1, Nic::Virtio, "")?;
+    // The pool is prepared in the background after the ready line: wait for free bytes before measuring.
+    let mut admin = t.session(&t.admin())?;
+    let waited = Instant::now();
+    loop {
+        let free = admin.stats().map_err(|e| format!("STATS: {e}"))?.leases.bytes_free;
+        if free >= 1 << 20 {
+            break;
+        }
+        if waited.elapsed() > Duration::from_secs(180) {
+            return Err(format!("the lease pool had {free} bytes free after 180 s"));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!("lease pool ready {:.1} s after the ready line", waited.elapsed().as_secs_f64());
+    drop(admin);
     // The capture: a HELLO that verifies once (its answer read), so the appliance has seen its ephemeral.
     let hello = Arc::new(hello_frame(&t)?);
     let addr: SocketAddr = t.addr.parse().map_err(|e| format!("{}: {e}", t.addr))?;

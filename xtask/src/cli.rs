@@ -798,7 +798,8 @@ mod tests {
         let scrub = Cmd::Bench(BenchOpts { kind: BenchKind::Scrub, runs: 1, secs: 3, leases: 10_000, iterations: 20 });
         assert_eq!(p(&["bench", "scrub"]), Ok(scrub));
         assert!(p(&["bench", "scrub", "--runs", "2"]).unwrap_err().contains("--runs"));
-        let hs = |secs| Cmd::Bench(BenchOpts { kind: BenchKind::Handshake, runs: 1, secs, leases: 10_000, iterations: 20 });
+        let hs =
+            |secs| Cmd::Bench(BenchOpts { kind: BenchKind::Handshake, runs: 1, secs, leases: 10_000, iterations: 20 });
         assert_eq!(p(&["bench", "handshake"]), Ok(hs(10)));
         assert_eq!(p(&["bench", "handshake", "--secs", "4"]), Ok(hs(4)));
         assert!(p(&["bench", "handshake", "--runs", "2"]).unwrap_err().contains("--runs"));

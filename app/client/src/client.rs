@@ -675,8 +675,12 @@ mod tests {
             err(ClientConfig::software(&addrs, "demo", &typed, &[], None)),
             format!("key: {}", leasebox_proto::key::KeyProblem::Weak("is a short pattern repeated"))
         );
-        assert_eq!(err(ClientConfig::software(&addrs, "demo", "0011", &[], None)), "key: key is 2 bytes; keys are 16 to 64 bytes");
-        let fleet = |k: &str| crate::FleetConfig::software(&["127.0.0.1:2379".into()], None, "demo", k, None).err().unwrap();
+        assert_eq!(
+            err(ClientConfig::software(&addrs, "demo", "0011", &[], None)),
+            "key: key is 2 bytes; keys are 16 to 64 bytes"
+        );
+        let fleet =
+            |k: &str| crate::FleetConfig::software(&["127.0.0.1:2379".into()], None, "demo", k, None).err().unwrap();
         assert!(fleet(&"00".repeat(32)).starts_with("key: the key is one byte repeated: keys must be random"));
         assert!(err(ClientConfig::software(&addrs, "demo", key, &peers(&["nope"]), None)).contains("'nope'"));
         let three = peers(&["1.2.3.4:1", "1.2.3.4:2", "1.2.3.4:3"]);

@@ -853,10 +853,17 @@ mod tests {
             got.len()
         });
         let who = Credentials { name: "demo".into(), key: vec![7; 32] };
-        let t = Timeouts { connect: Duration::from_secs(1), receive: Duration::from_secs(1), retry_for: Duration::from_secs(3) };
+        let t = Timeouts {
+            connect: Duration::from_secs(1),
+            receive: Duration::from_secs(1),
+            retry_for: Duration::from_secs(3),
+        };
         let t0 = Instant::now();
         let e = Client::connect_and_hello(&addr, &who, t).unwrap_err();
-        assert!(matches!(&e, ClientError::Usage(m) if m.contains("key for 'demo': the key is one byte repeated")), "{e:?}");
+        assert!(
+            matches!(&e, ClientError::Usage(m) if m.contains("key for 'demo': the key is one byte repeated")),
+            "{e:?}"
+        );
         assert!(t0.elapsed() < Duration::from_secs(2), "not retried");
         assert_eq!(server.join().unwrap(), 0, "nothing sent");
     }
@@ -881,7 +888,8 @@ mod tests {
                 }
             }
         });
-        let who = Credentials { name: "demo".into(), key: crate::hex::decode("5f0e1d2c3b4a69788796a5b4c3d2e1f0").unwrap() };
+        let who =
+            Credentials { name: "demo".into(), key: crate::hex::decode("5f0e1d2c3b4a69788796a5b4c3d2e1f0").unwrap() };
         let window = Duration::from_millis(1500);
         let t = Timeouts { connect: Duration::from_secs(1), receive: Duration::from_secs(1), retry_for: window };
         let t0 = Instant::now();

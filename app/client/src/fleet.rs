@@ -439,7 +439,8 @@ mod tests {
 
     #[test]
     fn each_appliance_is_named_as_registered() {
-        let base = Credentials { name: "demo#1".into(), key: crate::hex::decode("5f0e1d2c3b4a69788796a5b4c3d2e1f0").unwrap() };
+        let base =
+            Credentials { name: "demo#1".into(), key: crate::hex::decode("5f0e1d2c3b4a69788796a5b4c3d2e1f0").unwrap() };
         let ad = |name: &str| Advertisement { name: name.into(), ..Advertisement::default() };
         assert_eq!(credentials_for(&base, &ad("mem-a")).name, "demo#1@mem-a");
         // Unnamed (or advertised by an older registrar): the configuration as given.

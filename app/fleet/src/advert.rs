@@ -95,7 +95,10 @@ impl Advertisement {
             .unwrap_or_default();
         let name = s("name");
         if name.len() > leasebox_proto::MAX_NAME || name.contains('@') {
-            return Err(format!("advertisement: appliance name '{name}' (at most {} bytes, no '@')", leasebox_proto::MAX_NAME));
+            return Err(format!(
+                "advertisement: appliance name '{name}' (at most {} bytes, no '@')",
+                leasebox_proto::MAX_NAME
+            ));
         }
         Ok(Advertisement {
             boot_id,
@@ -149,7 +152,10 @@ mod tests {
         // A registrar older than `name`: the appliance is read as unnamed.
         let mut v: serde_json::Value = serde_json::from_str(&a.to_json()).unwrap();
         v.as_object_mut().unwrap().remove("name");
-        assert_eq!(Advertisement::from_json(v.to_string().as_bytes()).unwrap(), Advertisement { name: String::new(), ..a.clone() });
+        assert_eq!(
+            Advertisement::from_json(v.to_string().as_bytes()).unwrap(),
+            Advertisement { name: String::new(), ..a.clone() }
+        );
         v["name"] = "x@y".into();
         assert!(Advertisement::from_json(v.to_string().as_bytes()).unwrap_err().contains("appliance name"));
     }

@@ -72,8 +72,14 @@ mod tests {
         let random = [0x3a, 0x91, 0x07, 0xee, 0x5c, 0x21, 0xb4, 0x68, 0xf0, 0x1d, 0x77, 0xc2, 0x09, 0x8e, 0x43, 0xd5];
         assert_eq!(check_key(&random), Ok(()));
         assert_eq!(check_key(&[0x41; 16]), Err(KeyProblem::Weak("is one byte repeated")));
-        assert_eq!(check_key(&[1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1]), Err(KeyProblem::Weak("is a short pattern repeated")));
-        assert_eq!(check_key(&[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4]), Err(KeyProblem::Weak("is a short pattern repeated")));
+        assert_eq!(
+            check_key(&[1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1]),
+            Err(KeyProblem::Weak("is a short pattern repeated"))
+        );
+        assert_eq!(
+            check_key(&[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4]),
+            Err(KeyProblem::Weak("is a short pattern repeated"))
+        );
         // Four distinct values in no period of up to 4.
         let four = [1, 2, 3, 4, 4, 3, 2, 1, 1, 1, 2, 2, 3, 3, 4, 4];
         assert_eq!(check_key(&four), Err(KeyProblem::Weak("has fewer than 5 distinct byte values")));

@@ -37,7 +37,10 @@ impl ApplianceSpec {
                 }
                 "rdma" => rdma = v.to_string(),
                 "appliance" if v.is_empty() || v.len() > leasebox_proto::MAX_NAME || v.contains('@') => {
-                    return Err(format!("appliance {control}: appliance='{v}' (1 to {} bytes, no '@')", leasebox_proto::MAX_NAME));
+                    return Err(format!(
+                        "appliance {control}: appliance='{v}' (1 to {} bytes, no '@')",
+                        leasebox_proto::MAX_NAME
+                    ));
                 }
                 "appliance" => name = v.to_string(),
                 _ if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') => {

@@ -145,9 +145,11 @@ pub(crate) fn render(sh: &Shared) -> String {
     // The session layer's guards (STATS' guard block): only appliances that sent one (older ones have none).
     type Guard = fn(&leasebox_proto::SessionGuards) -> u64;
     let guards: [(&str, &str, Guard); 5] = [
-        ("leasebox_preauth_evicted_total", "Unauthenticated connections evicted for newer ones (STATS evicted).", |g| {
-            g.evicted
-        }),
+        (
+            "leasebox_preauth_evicted_total",
+            "Unauthenticated connections evicted for newer ones (STATS evicted).",
+            |g| g.evicted,
+        ),
         ("leasebox_rate_refusals_total", "Connections and HELLOs refused for a rate (STATS rate_refusals).", |g| {
             g.rate_refusals
         }),

@@ -625,7 +625,16 @@ mod tests {
         let c = control(&parse(&v).unwrap(), &g, &none).unwrap();
         assert_eq!(c.admin.unwrap().key, crate::hex::decode(AK).unwrap());
         // The appliances' key rule holds for --admin-key too.
-        let weak = ["verify", "--order=qp-first", "--tenant", "t", "--key", TK, "--admin-key", "0101010101010101010101010101010101"];
+        let weak = [
+            "verify",
+            "--order=qp-first",
+            "--tenant",
+            "t",
+            "--key",
+            TK,
+            "--admin-key",
+            "0101010101010101010101010101010101",
+        ];
         let (g, v) = inv(&weak).unwrap();
         let e = control(&parse(&v).unwrap(), &g, &none).err().unwrap();
         assert!(e.starts_with("--admin-key: the key is one byte repeated"), "{e}");

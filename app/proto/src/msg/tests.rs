@@ -389,7 +389,13 @@ fn every_prefix_of_a_stats_response_is_refused() {
 }
 
 fn guards() -> SessionGuards {
-    SessionGuards { evicted: 1, rate_refusals: 2, hellos_replayed: 3, records_in: 0x0102_0304_0506_0708, records_empty: 5 }
+    SessionGuards {
+        evicted: 1,
+        rate_refusals: 2,
+        hellos_replayed: 3,
+        records_in: 0x0102_0304_0506_0708,
+        records_empty: 5,
+    }
 }
 
 #[test]
