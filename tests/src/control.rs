@@ -519,7 +519,8 @@ pub const SILENT_HELD: usize = 12;
 /// The pre-authentication pool under silent connections, on the image's own network path (docs/security.md,
 /// "Pre-authentication"): through QEMU's user network every host connection reaches smoltcp from one guest-side
 /// address, one that sessions have authenticated from (a proven source). [`SILENT_HELD`] connections that never
-/// speak fill the pool (those past it refused BUSY at once); once they are older than the eviction age (1 s), the
+/// speak fill the pool (those past it refused BUSY, or evicting the oldest once it is 1 s old); once they are
+/// older than the eviction age (1 s), the
 /// admin and then a tenant log in with one attempt each, every one evicting the oldest silent connection, and
 /// STATS' guard block counts the evictions.
 pub fn check_preauth_eviction(t: &Target) -> Result<String, String> {
@@ -568,7 +569,10 @@ pub fn check_preauth_eviction(t: &Target) -> Result<String, String> {
             other => return Err(format!("silent connection {i}: wanted BUSY or TIMEOUT, got {other:?}")),
         }
     }
-    if evicted < 2 || refused != SILENT_HELD - POOL || evicted + timeout != POOL {
+    // At most the pool's places are held at once, so at most that many reach their deadline; how many of the
+    // rest were refused at once or evicted one another depends on how fast QEMU delivers the connections (one
+    // that arrives after the oldest is 1 s old evicts it).
+    if evicted < 2 || timeout > POOL {
         return Err(format!(
             "{SILENT_HELD} silent connections: {evicted} evicted, {refused} refused BUSY, {timeout} timed out"
         ));
