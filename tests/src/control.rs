@@ -509,7 +509,85 @@ pub fn run(a: &Artifacts) -> Result<String, String> {
     let t = boot_qemu(a, 1, "")?;
     let checked = check(&t, &a.leasectl_bin)?;
     let budgets = check_preauth_pool(&t)?;
-    Ok(format!("{checked}; {budgets}"))
+    let evicted = check_preauth_eviction(&t)?;
+    Ok(format!("{checked}; {budgets}; {evicted}"))
+}
+
+/// Connections [`check_preauth_eviction`] holds open without a word: more than the pool's 8 places.
+pub const SILENT_HELD: usize = 12;
+
+/// The pre-authentication pool under silent connections, on the image's own network path (docs/security.md,
+/// "Pre-authentication"): through QEMU's user network every host connection reaches smoltcp from one guest-side
+/// address, one that sessions have authenticated from (a proven source). [`SILENT_HELD`] connections that never
+/// speak fill the pool (those past it refused BUSY, or evicting the oldest once it is 1 s old); once they are
+/// older than the eviction age (1 s), the
+/// admin and then a tenant log in with one attempt each, every one evicting the oldest silent connection, and
+/// STATS' guard block counts the evictions.
+pub fn check_preauth_eviction(t: &Target) -> Result<String, String> {
+    use std::io::Read;
+    const POOL: usize = 8;
+    let mut watcher = t.session(&t.admin())?;
+    let before = watcher.stats().map_err(|e| format!("STATS: {e}"))?;
+    let evicted_before = before.guards.ok_or("STATS has no guard block")?.evicted;
+    let mut silent = Vec::new();
+    for i in 0..SILENT_HELD {
+        let s = std::net::TcpStream::connect(&t.addr).map_err(|e| format!("silent connection {i}: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(15))).map_err(|e| e.to_string())?;
+        silent.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    // One attempt each (no retry): the eviction must make the room at once.
+    let once = Timeouts::all(Duration::from_secs(5));
+    let mut took = Vec::new();
+    for who in [t.admin(), t.tenant()] {
+        let t0 = Instant::now();
+        let mut c = Client::connect(&t.addr, once).map_err(|e| format!("connecting as {}: {e}", who.name))?;
+        c.hello(&who.name, &who.key)
+            .map_err(|e| format!("{} beside {SILENT_HELD} silent connections: {e}", who.name))?;
+        match c.call(&Request::Heartbeat { echo: 5 }) {
+            Ok(Response::Heartbeat { echo: 5, .. }) => {}
+            other => return Err(format!("{}'s heartbeat beside the silent connections: {other:?}", who.name)),
+        }
+        took.push(t0.elapsed());
+    }
+    // Each silent connection ends with one error frame: BUSY evicted, BUSY refused at once, or TIMEOUT at its
+    // HELLO deadline.
+    let (mut evicted, mut refused, mut timeout) = (0, 0, 0);
+    for (i, s) in silent.iter_mut().enumerate() {
+        let mut bytes = Vec::new();
+        let _ = s.read_to_end(&mut bytes);
+        let mut fb = leasebox_proto::FrameBuf::new();
+        fb.push(&bytes);
+        let e = match fb.next_frame() {
+            leasebox_proto::Next::Frame(h, p) if h.kind == Kind::Error => leasebox_proto::ErrorBody::decode(&p).ok(),
+            _ => None,
+        };
+        match e {
+            Some(e) if e.code == ErrorCode::Busy && e.message.starts_with("evicted") => evicted += 1,
+            Some(e) if e.code == ErrorCode::Busy => refused += 1,
+            Some(e) if e.code == ErrorCode::Timeout => timeout += 1,
+            other => return Err(format!("silent connection {i}: wanted BUSY or TIMEOUT, got {other:?}")),
+        }
+    }
+    // At most the pool's places are held at once, so at most that many reach their deadline; how many of the
+    // rest were refused at once or evicted one another depends on how fast QEMU delivers the connections (one
+    // that arrives after the oldest is 1 s old evicts it).
+    if evicted < 2 || timeout > POOL {
+        return Err(format!(
+            "{SILENT_HELD} silent connections: {evicted} evicted, {refused} refused BUSY, {timeout} timed out"
+        ));
+    }
+    let after = watcher.stats().map_err(|e| format!("STATS: {e}"))?;
+    let counted = after.guards.ok_or("STATS has no guard block")?.evicted - evicted_before;
+    if counted != evicted as u64 {
+        return Err(format!("STATS counts {counted} evictions, the connections saw {evicted}"));
+    }
+    Ok(format!(
+        "{SILENT_HELD} silent connections held: the admin in after {:.0} ms and a tenant after {:.0} ms, one attempt \
+         each; {evicted} evicted (STATS agrees), {refused} refused BUSY, {timeout} timed out",
+        took[0].as_secs_f64() * 1000.0,
+        took[1].as_secs_f64() * 1000.0
+    ))
 }
 
 /// The pool for unauthenticated connections (`preauth_sessions=`, 8 by default; docs/operations.md,

@@ -17,6 +17,7 @@ pub mod control;
 pub mod crash_qemu;
 pub mod ctl_mlx5;
 pub mod fleet_qemu;
+pub mod handshake_bench;
 pub mod hca_bench;
 pub mod kv_bench;
 pub mod lease_bench;

@@ -528,6 +528,17 @@ fn cmd_bench(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
         BenchKind::Rxe => return bench_rxe(o, p),
         BenchKind::Fleet => return bench_fleet(p),
         BenchKind::Scrub => return bench_scrub(p),
+        // tests/src/handshake_bench.rs: the kernel and the model built, one QEMU appliance, the table printed.
+        BenchKind::Handshake => {
+            return prereq::ensure()
+                .and_then(|()| image::build_kernel(p).map(drop))
+                .and_then(|()| cargo_step(p, &["build", "-p", "mlx5-model"]))
+                .and_then(|()| leasebox_scenarios::handshake_bench::run(&artifacts(p, false), o.secs))
+                .map(|table| {
+                    outln!("{}", table.trim_end());
+                    0
+                });
+        }
         BenchKind::Boot => {}
     }
     prereq::ensure()?;

@@ -144,7 +144,13 @@ def test_threads_share_a_client(appliance):
 
 def test_bad_credentials_and_arguments(appliance):
     with pytest.raises(leasebox.AuthError):
+        wrong = "5f0e1d2c3b4a69788796a5b4c3d2e1f0"
+        leasebox.Client(appliance.addr, "demo", wrong, rdma_peer=appliance.udp, timeout=5)
+    # A key the appliance would refuse to load: refused here, in the appliance's words.
+    with pytest.raises(leasebox.ConfigError, match="one byte repeated.*keys must be random"):
         leasebox.Client(appliance.addr, "demo", "00" * 32, rdma_peer=appliance.udp, timeout=5)
+    with pytest.raises(leasebox.ConfigError, match="key is 4 bytes"):
+        leasebox.Client.from_etcd("127.0.0.1:1", "demo", "00112233")
     with pytest.raises(leasebox.ConfigError):
         leasebox.Client(appliance.addr, "demo", "not hex")
     with pytest.raises(leasebox.ConfigError):

@@ -207,9 +207,7 @@ impl ClientConfig {
             return Err("no appliance address given".into());
         }
         let key = crate::hex::decode(key_hex).map_err(|e| format!("key: {e}"))?;
-        if key.is_empty() {
-            return Err("key: empty".into());
-        }
+        leasebox_proto::key::check_key(&key).map_err(|e| format!("key: {e}"))?;
         let peers: Vec<SocketAddr> = if rdma_peers.is_empty() {
             vec![SoftConfig::default().peer]
         } else {
@@ -671,6 +669,19 @@ mod tests {
         assert!(err(ClientConfig::software(&[], "demo", key, &[], None)).contains("no appliance"));
         assert!(err(ClientConfig::software(&addrs, "demo", "xyz", &[], None)).starts_with("key:"));
         assert!(err(ClientConfig::software(&addrs, "demo", "", &[], None)).starts_with("key:"));
+        // The appliances' key rule, in their words (the C and Python bindings build their configuration here).
+        let typed = "0102".repeat(8);
+        assert_eq!(
+            err(ClientConfig::software(&addrs, "demo", &typed, &[], None)),
+            format!("key: {}", leasebox_proto::key::KeyProblem::Weak("is a short pattern repeated"))
+        );
+        assert_eq!(
+            err(ClientConfig::software(&addrs, "demo", "0011", &[], None)),
+            "key: key is 2 bytes; keys are 16 to 64 bytes"
+        );
+        let fleet =
+            |k: &str| crate::FleetConfig::software(&["127.0.0.1:2379".into()], None, "demo", k, None).err().unwrap();
+        assert!(fleet(&"00".repeat(32)).starts_with("key: the key is one byte repeated: keys must be random"));
         assert!(err(ClientConfig::software(&addrs, "demo", key, &peers(&["nope"]), None)).contains("'nope'"));
         let three = peers(&["1.2.3.4:1", "1.2.3.4:2", "1.2.3.4:3"]);
         assert!(err(ClientConfig::software(&addrs, "demo", key, &three, None)).contains("3 rdma peers for 2"));

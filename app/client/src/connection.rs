@@ -13,7 +13,7 @@
 use leasebox_proto::v2::{self, Announce, Initiator, Transport};
 use leasebox_proto::{
     BOOT_ID_LEN, DecodeError, ErrorBody, ErrorCode, FrameBuf, Header, Hello, HelloNoise, HelloReply, Kind, MAX_NAME,
-    Next, Notice, Op, RESUME_TOKEN_LEN, Request, Response, Role,
+    Next, Notice, Op, RESUME_TOKEN_LEN, Request, Response, Role, STATS_WANT_GUARDS, Stats,
 };
 use std::collections::VecDeque;
 use std::fmt;
@@ -474,6 +474,8 @@ impl Client {
         if name.is_empty() || name.len() > MAX_NAME {
             return Err(ClientError::Usage(format!("principal name '{name}' must be 1 to {MAX_NAME} bytes")));
         }
+        // The appliance's own rule (a key it would refuse to load can only be a mistake here too).
+        leasebox_proto::key::check_key(key).map_err(|e| ClientError::Usage(format!("key for '{name}': {e}")))?;
         let prologue = v2::prologue_for(VERSION_MIN, VERSION_MAX, key_id, name, appliance);
         let (init, msg1) = Initiator::start(&prologue, &v2::psk_from_key(key), e);
         let h = HelloNoise { min_version: VERSION_MIN, max_version: VERSION_MAX, key_id, name: name.into(), msg1 };
@@ -532,6 +534,20 @@ impl Client {
     pub fn call(&mut self, req: &Request) -> Result<Response, ClientError> {
         let id = self.send(req)?;
         self.answer(id, req.op())
+    }
+
+    /// STATS with every part this client knows (the session guards included). An appliance older than the parts
+    /// answers the longer request MALFORMED and keeps the session; it is asked again with the plain STATS, whose
+    /// answer has no guard block (`guards: None`).
+    pub fn stats(&mut self) -> Result<Stats, ClientError> {
+        let answer = match self.call(&Request::StatsWith { want: STATS_WANT_GUARDS }) {
+            Err(ClientError::Server(e)) if e.code == ErrorCode::Malformed => self.call(&Request::Stats)?,
+            other => other?,
+        };
+        match answer {
+            Response::Stats(s) => Ok(*s),
+            other => Err(ClientError::Protocol(format!("STATS answered {other:?}"))),
+        }
     }
 
     /// The answer to request `id` of `op`: `Ok` for a response, [`ClientError::Server`] for an error frame.
@@ -823,6 +839,35 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+    /// A key the appliances would refuse to load is refused before HELLO goes out: a usage error naming the
+    /// rule, not retried, nothing sent.
+    #[test]
+    fn a_weak_key_is_refused_before_hello() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut got = Vec::new();
+            let _ = s.read_to_end(&mut got);
+            got.len()
+        });
+        let who = Credentials { name: "demo".into(), key: vec![7; 32] };
+        let t = Timeouts {
+            connect: Duration::from_secs(1),
+            receive: Duration::from_secs(1),
+            retry_for: Duration::from_secs(3),
+        };
+        let t0 = Instant::now();
+        let e = Client::connect_and_hello(&addr, &who, t).unwrap_err();
+        assert!(
+            matches!(&e, ClientError::Usage(m) if m.contains("key for 'demo': the key is one byte repeated")),
+            "{e:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(2), "not retried");
+        assert_eq!(server.join().unwrap(), 0, "nothing sent");
+    }
+
     /// A listener that accepts and closes at once (QEMU's forwarder before the guest listens) sees one
     /// attempt per [`RETRY_PAUSE`]: the retries neither back off nor spin.
     #[test]
@@ -843,7 +888,8 @@ mod tests {
                 }
             }
         });
-        let who = Credentials { name: "demo".into(), key: vec![7; 32] };
+        let who =
+            Credentials { name: "demo".into(), key: crate::hex::decode("5f0e1d2c3b4a69788796a5b4c3d2e1f0").unwrap() };
         let window = Duration::from_millis(1500);
         let t = Timeouts { connect: Duration::from_secs(1), receive: Duration::from_secs(1), retry_for: window };
         let t0 = Instant::now();

@@ -81,9 +81,7 @@ impl FleetConfig {
             etcd.iter().flat_map(|e| e.split(',')).map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect();
         Etcd::with_tls(&endpoints, Duration::from_secs(1), etcd_tls.as_ref())?;
         let key = crate::hex::decode(key_hex).map_err(|e| format!("key: {e}"))?;
-        if key.is_empty() {
-            return Err("key: empty".into());
-        }
+        leasebox_proto::key::check_key(&key).map_err(|e| format!("key: {e}"))?;
         let mut c = FleetConfig::new(endpoints, Credentials { name: name.to_string(), key });
         c.etcd_tls = etcd_tls;
         if let Some(t) = timeout {
@@ -221,9 +219,22 @@ impl Joiner {
     /// background).
     fn session(&self, ad: &Advertisement, sink: Arc<Sink>) -> Result<Session, Error> {
         let t = Timeouts { retry_for: self.timeouts.connect, ..self.timeouts };
-        let conn = Connection::connect_and_hello(&ad.control, &self.credentials, t).ok().map(|(c, _)| c);
-        Session::start(ad.control.clone(), self.credentials.clone(), self.timeouts, conn, sink)
+        let who = credentials_for(&self.credentials, ad);
+        let conn = Connection::connect_and_hello(&ad.control, &who, t).ok().map(|(c, _)| c);
+        Session::start(ad.control.clone(), who, self.timeouts, conn, sink)
     }
+}
+
+/// Who we are on the appliance `ad` advertises: our principal naming the appliance's registered name
+/// (`TENANT[#ID]@NAME`, docs/security.md, "Appliance identity"), so that a HELLO meant for it fails on any
+/// other appliance sharing the key. An advertisement without a name (an unnamed appliance, or a registrar older
+/// than the field) leaves the configured principal as it is, `@NAME` included if the configuration gave one.
+pub fn credentials_for(base: &Credentials, ad: &Advertisement) -> Credentials {
+    if ad.name.is_empty() {
+        return base.clone();
+    }
+    let principal = base.name.split_once('@').map_or(base.name.as_str(), |(p, _)| p);
+    Credentials { name: format!("{principal}@{}", ad.name), key: base.key.clone() }
 }
 
 /// Applies one advertisement under `key`.
@@ -419,5 +430,25 @@ impl Client {
     /// The fleet as this client sees it (`None` for a client given its appliances).
     pub fn fleet(&self) -> Option<Vec<FleetMember>> {
         self.inner().fleet.as_ref().map(|f| f.members())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_appliance_is_named_as_registered() {
+        let base =
+            Credentials { name: "demo#1".into(), key: crate::hex::decode("5f0e1d2c3b4a69788796a5b4c3d2e1f0").unwrap() };
+        let ad = |name: &str| Advertisement { name: name.into(), ..Advertisement::default() };
+        assert_eq!(credentials_for(&base, &ad("mem-a")).name, "demo#1@mem-a");
+        // Unnamed (or advertised by an older registrar): the configuration as given.
+        assert_eq!(credentials_for(&base, &ad("")).name, "demo#1");
+        let pinned = Credentials { name: "demo@old".into(), ..base.clone() };
+        assert_eq!(credentials_for(&pinned, &ad("")).name, "demo@old");
+        // The registration names the appliance the client reaches; a configured name does not override it.
+        assert_eq!(credentials_for(&pinned, &ad("mem-b")).name, "demo@mem-b");
+        assert_eq!(credentials_for(&pinned, &ad("mem-b")).key, base.key);
     }
 }

@@ -19,6 +19,9 @@ pub struct Advertisement {
     pub boot_id: String,
     /// The control port, `HOST:PORT`.
     pub control: String,
+    /// The appliance's name (its `appliance=`), which a client names in its HELLO (docs/security.md, "Appliance
+    /// identity"); empty: the appliance has none (or the registrar is older than the field).
+    pub name: String,
     /// Where RDMA reaches it: the RoCEv2 address as the operator configured it (for the software requester,
     /// the UDP `HOST:PORT` of the cable; empty when not configured).
     pub rdma: String,
@@ -56,6 +59,7 @@ impl Advertisement {
         json!({
             "boot_id": self.boot_id,
             "control": self.control,
+            "name": self.name,
             "rdma": self.rdma,
             "free_bytes": self.free_bytes,
             "leased_bytes": self.leased_bytes,
@@ -89,9 +93,17 @@ impl Advertisement {
             .as_object()
             .map(|o| o.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect())
             .unwrap_or_default();
+        let name = s("name");
+        if name.len() > leasebox_proto::MAX_NAME || name.contains('@') {
+            return Err(format!(
+                "advertisement: appliance name '{name}' (at most {} bytes, no '@')",
+                leasebox_proto::MAX_NAME
+            ));
+        }
         Ok(Advertisement {
             boot_id,
             control,
+            name,
             rdma: s("rdma"),
             free_bytes: n(&v["free_bytes"]),
             leased_bytes: n(&v["leased_bytes"]),
@@ -114,6 +126,7 @@ mod tests {
         let a = Advertisement {
             boot_id: "00112233445566778899aabbccddeeff".into(),
             control: "10.0.0.1:7470".into(),
+            name: "mem-a".into(),
             rdma: "10.0.1.1:4791".into(),
             free_bytes: 64 << 20,
             leased_bytes: 4 << 20,
@@ -136,5 +149,14 @@ mod tests {
         // Unknown fields are ignored: a later version may add some.
         let more = a.to_json().replacen('{', "{\"future\":1,", 1);
         assert_eq!(Advertisement::from_json(more.as_bytes()).unwrap(), a);
+        // A registrar older than `name`: the appliance is read as unnamed.
+        let mut v: serde_json::Value = serde_json::from_str(&a.to_json()).unwrap();
+        v.as_object_mut().unwrap().remove("name");
+        assert_eq!(
+            Advertisement::from_json(v.to_string().as_bytes()).unwrap(),
+            Advertisement { name: String::new(), ..a.clone() }
+        );
+        v["name"] = "x@y".into();
+        assert!(Advertisement::from_json(v.to_string().as_bytes()).unwrap_err().contains("appliance name"));
     }
 }

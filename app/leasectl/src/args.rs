@@ -4,7 +4,7 @@
 
 use clap::{Args, Parser, Subcommand};
 use clap_complete::Shell;
-use leasebox_proto::{AllocReq, LeaseId, MAX_NAME, Request, access};
+use leasebox_proto::{AllocReq, LeaseId, MAX_NAME, Request, STATS_WANT_GUARDS, access};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -289,7 +289,7 @@ pub fn parse(args: &[String]) -> Result<Invocation, clap::Error> {
     let (after, command) = match cli.command {
         Cmd::Ping(t) => (t, Command::Ping),
         Cmd::List(t) => (t, Command::List),
-        Cmd::Stats(t) => (t, Command::Call(Request::Stats)),
+        Cmd::Stats(t) => (t, Command::Call(Request::StatsWith { want: STATS_WANT_GUARDS })),
         Cmd::Health(t) => (t, Command::Call(Request::Health)),
         Cmd::HcaStats(t) => (t, Command::Call(Request::HcaStats)),
         Cmd::Fenced(t) => (t, Command::Fenced),
@@ -565,7 +565,7 @@ mod tests {
         let i = p(&["--config", "/tmp/x.conf", "--admin", "stats"]).unwrap();
         assert!(i.global.admin);
         assert_eq!(i.global.config, Some(PathBuf::from("/tmp/x.conf")));
-        assert_eq!(i.command, Command::Call(Request::Stats));
+        assert_eq!(i.command, Command::Call(Request::StatsWith { want: STATS_WANT_GUARDS }));
         // --timeout before the command, or after it (the later one wins).
         assert_eq!(p(&["--timeout", "3", "list"]).unwrap().global.timeout, Some(Duration::from_secs(3)));
         assert_eq!(

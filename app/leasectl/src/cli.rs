@@ -184,7 +184,11 @@ fn execute(command: &Command, s: &Settings, json: bool) -> Result<String, Client
         }
         Command::Drain { tenant, notice_ms } => drain(&mut c, tenant.as_deref(), *notice_ms, json)?,
         Command::Call(req) => {
-            let r = c.call(&with_boot(req, welcome.boot_id))?;
+            let r = match req {
+                // Every part this leasectl knows, or what an older appliance has.
+                Request::StatsWith { .. } => Response::Stats(Box::new(c.stats()?)),
+                _ => c.call(&with_boot(req, welcome.boot_id))?,
+            };
             let lease = match req {
                 Request::Ready { lease, .. }
                 | Request::Renew { lease, .. }
@@ -234,35 +238,50 @@ mod tests {
         (home, move |k: &str| (k == "HOME").then(|| h.clone()))
     }
 
-    const FILE: &str = "addr = 127.0.0.1:7471\ntenant = demo\nkey = 0011\nadmin_key = aabb\n";
+    // Random keys (the appliances' key rule, which leasectl applies too, refuses typed ones).
+    const TK: &str = "3a9107ee5c21b468f01d77c2098e43d5";
+    const AK: &str = "c4e2a8f1b3d59706e81f2a3c4b5d6e7f";
+    const K3: &str = "5f0e1d2c3b4a69788796a5b4c3d2e1f0";
+    const K4: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1ff";
+    const K5: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90";
+    const FILE: &str = "addr = 127.0.0.1:7471\ntenant = demo\nkey = 3a9107ee5c21b468f01d77c2098e43d5\nadmin_key = c4e2a8f1b3d59706e81f2a3c4b5d6e7f\n";
+    fn key(hex: &str) -> Vec<u8> {
+        crate::hex::decode(hex).unwrap()
+    }
 
     #[test]
     fn file_supplies_everything() {
         let (home, env) = home_with(Some(FILE));
         let s = settings(&g(&[]), &env).unwrap();
         assert_eq!(s.addr, "127.0.0.1:7471");
-        assert_eq!(s.who, Credentials { name: "demo".into(), key: vec![0x00, 0x11] });
+        assert_eq!(s.who, Credentials { name: "demo".into(), key: key(TK) });
         assert_eq!(s.timeouts, Timeouts::default());
         let s = settings(&g(&["--admin"]), &env).unwrap();
-        assert_eq!(s.who, Credentials { name: "admin".into(), key: vec![0xaa, 0xbb] });
+        assert_eq!(s.who, Credentials { name: "admin".into(), key: key(AK) });
         std::fs::remove_dir_all(home).unwrap();
     }
 
     #[test]
     fn flags_override_the_file() {
         let (home, env) = home_with(Some(FILE));
-        let s = settings(&g(&["--addr", "10.1.1.1", "--key", "ff", "--timeout", "3"]), &env).unwrap();
+        let s = settings(&g(&["--addr", "10.1.1.1", "--key", K3, "--timeout", "3"]), &env).unwrap();
         assert_eq!(s.addr, "10.1.1.1:7470");
-        assert_eq!(s.who, Credentials { name: "demo".into(), key: vec![0xff] });
+        assert_eq!(s.who, Credentials { name: "demo".into(), key: key(K3) });
         assert_eq!(s.timeouts.retry_for, Duration::from_secs(3));
         assert_eq!(s.timeouts.receive, Duration::from_secs(3));
-        let s = settings(&g(&["--admin", "--key", "01"]), &env).unwrap();
-        assert_eq!(s.who, Credentials { name: "admin".into(), key: vec![1] });
+        let s = settings(&g(&["--admin", "--key", K4]), &env).unwrap();
+        assert_eq!(s.who, Credentials { name: "admin".into(), key: key(K4) });
         // Another tenant does not inherit the file's tenant key.
         assert!(settings(&g(&["--tenant", "other"]), &env).unwrap_err().contains("no key for tenant 'other'"));
-        let s = settings(&g(&["--tenant", "other", "--key", "02"]), &env).unwrap();
+        let s = settings(&g(&["--tenant", "other", "--key", K5]), &env).unwrap();
         assert_eq!(s.who.name, "other");
         assert!(settings(&g(&["--key", "0g"]), &env).unwrap_err().contains("not hex"));
+        // The appliances' key rule, with the same words: a short key, a typed one.
+        assert_eq!(settings(&g(&["--key", "ff"]), &env).unwrap_err(), "key: key is 1 bytes; keys are 16 to 64 bytes");
+        let weak = settings(&g(&["--key", &"ab".repeat(16)]), &env).unwrap_err();
+        assert!(weak.starts_with("key: the key is one byte repeated: keys must be random"), "{weak}");
+        let pattern = settings(&g(&["--admin", "--key", &"0102".repeat(8)]), &env).unwrap_err();
+        assert!(pattern.contains("a short pattern repeated"), "{pattern}");
         std::fs::remove_dir_all(home).unwrap();
     }
 
@@ -272,7 +291,7 @@ mod tests {
         let e = settings(&g(&[]), &env).unwrap_err();
         assert!(e.contains("no principal") && e.contains("leasectl.conf"), "{e}");
         assert!(settings(&g(&["--admin"]), &env).unwrap_err().contains("admin key"));
-        let s = settings(&g(&["--tenant", "t", "--key", "00"]), &env).unwrap();
+        let s = settings(&g(&["--tenant", "t", "--key", K5]), &env).unwrap();
         assert_eq!(s.addr, "127.0.0.1:7470");
         assert!(settings(&g(&["--config", "/nonexistent/leasectl.conf"]), &env).unwrap_err().contains("/nonexistent"));
     }

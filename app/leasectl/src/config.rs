@@ -294,9 +294,7 @@ pub fn settings(g: &Global, env: &dyn Fn(&str) -> Option<String>) -> Result<Sett
         None => name,
     };
     let key = hex::decode(&key_hex).map_err(|e| format!("key: {e}"))?;
-    if key.is_empty() {
-        return Err("key: empty".into());
-    }
+    leasebox_proto::key::check_key(&key).map_err(|e| format!("key: {e}"))?;
     let timeouts = g.timeout.map_or_else(Timeouts::default, Timeouts::all);
     Ok(Settings { addr, who: Credentials { name, key }, timeouts })
 }

@@ -18,15 +18,16 @@ fn mib(b: u64) -> String {
 /// The table for people.
 pub fn table(ads: &[Advertisement], leader: Option<&str>) -> String {
     let mut t = format!(
-        "{:<32}  {:<21}  {:<21}  {:>9}  {:>10}  {:>6}  {:<8}  {:<6}  {}\n",
-        "BOOT ID", "CONTROL", "RDMA", "FREE MIB", "LEASED MIB", "LEASES", "HEALTH", "HCA", "LABELS"
+        "{:<32}  {:<21}  {:<16}  {:<21}  {:>9}  {:>10}  {:>6}  {:<8}  {:<6}  {}\n",
+        "BOOT ID", "CONTROL", "NAME", "RDMA", "FREE MIB", "LEASED MIB", "LEASES", "HEALTH", "HCA", "LABELS"
     );
     for a in ads {
         let labels: Vec<String> = a.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         t.push_str(&format!(
-            "{:<32}  {:<21}  {:<21}  {:>9}  {:>10}  {:>6}  {:<8}  {:<6}  {}\n",
+            "{:<32}  {:<21}  {:<16}  {:<21}  {:>9}  {:>10}  {:>6}  {:<8}  {:<6}  {}\n",
             a.boot_id,
             a.control,
+            if a.name.is_empty() { "-" } else { &a.name },
             if a.rdma.is_empty() { "-" } else { &a.rdma },
             mib(a.free_bytes),
             mib(a.leased_bytes),
@@ -91,6 +92,7 @@ mod tests {
         let a = Advertisement {
             boot_id: "00112233445566778899aabbccddeeff".into(),
             control: "10.0.0.1:7470".into(),
+            name: "mem-a".into(),
             free_bytes: 64 << 20,
             leases: [1, 2, 0, 0, 0],
             health: "ok".into(),
@@ -99,7 +101,7 @@ mod tests {
             ..Advertisement::default()
         };
         let t = table(&[a], Some("r1"));
-        assert!(t.lines().nth(1).unwrap().contains("10.0.0.1:7470"), "{t}");
+        assert!(t.lines().nth(1).unwrap().contains(&format!("{:<21}  mem-a", "10.0.0.1:7470")), "{t}");
         assert!(t.contains("zone=a") && t.contains("       64  ") && t.contains("leading registrar: r1"), "{t}");
     }
 

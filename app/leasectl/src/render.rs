@@ -229,6 +229,14 @@ fn stats_json(s: &Stats) -> Value {
         "errors": errors,
         "roles": roles,
         "leases": lease_stats_json(&s.leases),
+        // Absent from an appliance older than the guard block; zero for a tenant.
+        "guards": s.guards.as_ref().map(|g| json!({
+            "evicted": g.evicted,
+            "rate_refusals": g.rate_refusals,
+            "hellos_replayed": g.hellos_replayed,
+            "records_in": g.records_in,
+            "records_empty": g.records_empty,
+        })),
     })
 }
 
@@ -369,6 +377,13 @@ pub fn response_human(r: &Response, lease: Option<String>) -> String {
                 st.sessions_current, st.session_budget, st.sessions_total, st.sessions_refused
             );
             let _ = writeln!(s, "frames     {} in, {} out", st.frames_in, st.frames_out);
+            if let Some(g) = &st.guards {
+                let _ = writeln!(
+                    s,
+                    "guards     {} evicted, {} rate refusals, {} HELLOs replayed, {} records in ({} without a frame)",
+                    g.evicted, g.rate_refusals, g.hellos_replayed, g.records_in, g.records_empty
+                );
+            }
             let errors: Vec<String> = st.errors.iter().map(|(c, n)| format!("{} {n}", error_name(*c))).collect();
             let _ = writeln!(s, "errors     {}", if errors.is_empty() { "none".into() } else { errors.join(", ") });
             for (core, role, n) in &st.roles {
@@ -513,6 +528,7 @@ mod tests {
                 bytes_scrubbing: 4096,
                 ..LeaseStats::default()
             },
+            guards: None,
         };
         for us in [5, 6, 7, 900] {
             s.leases.alloc_us.record(us);
@@ -521,7 +537,7 @@ mod tests {
         let v = response_json(&Response::Stats(Box::new(s.clone())), None);
         assert_eq!(v["errors"], json!({"MALFORMED": 2, "code99": 1}));
         assert_eq!(v["roles"][1], json!({"core": 1, "role": "role7", "iterations": 3}));
-        assert_eq!(v.as_object().unwrap().len(), 11);
+        assert_eq!(v.as_object().unwrap().len(), 12);
         assert_eq!(v["boot_id"], "b0".repeat(16));
         let l = &v["leases"];
         assert_eq!(l.as_object().unwrap().len(), 12);
@@ -541,6 +557,27 @@ mod tests {
         assert!(h.contains("lifetime   10 allocs, 4 revokes, 2 expiries, 1 reconnects"), "{h}");
         assert!(h.contains("alloc      p50 < 8 us, p99 < 1024 us (4 timed)"), "{h}");
         assert!(h.contains("revoke     p50 >= 32768 us, p99 >= 32768 us (1 timed)"), "{h}");
+        // No guard block (an older appliance's answer): null in JSON, no line.
+        assert_eq!(v["guards"], Value::Null);
+        assert!(!h.contains("guards"), "{h}");
+        let g = leasebox_proto::SessionGuards {
+            evicted: 3,
+            rate_refusals: 4,
+            hellos_replayed: 5,
+            records_in: 600,
+            records_empty: 7,
+        };
+        let s = Stats { guards: Some(g), ..Stats::default() };
+        let v = response_json(&Response::Stats(Box::new(s.clone())), None);
+        assert_eq!(
+            v["guards"],
+            json!({"evicted": 3, "rate_refusals": 4, "hellos_replayed": 5, "records_in": 600, "records_empty": 7})
+        );
+        let h = response_human(&Response::Stats(Box::new(s)), None);
+        assert!(
+            h.contains("guards     3 evicted, 4 rate refusals, 5 HELLOs replayed, 600 records in (7 without a frame)"),
+            "{h}"
+        );
 
         let l = LeaseInfo {
             lease: LeaseId { boot_id: [0xb1; 16], slot: 3, generation: 17 },

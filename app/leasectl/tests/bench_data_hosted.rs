@@ -66,7 +66,8 @@ fn every_cell_is_measured_and_read_back() {
 
 #[test]
 fn usage_errors_are_clear() {
-    let base = ["--addr", "127.0.0.1:1", "--tenant", "demo", "--key", "00", "--json", "bench-data"];
+    let key = "a1b2c3d4e5f60718293a4b5c6d7e8f90";
+    let base = ["--addr", "127.0.0.1:1", "--tenant", "demo", "--key", key, "--json", "bench-data"];
     let with = |extra: &[&str]| run(&[&base[..], extra].concat());
     let (code, out, _) = with(&["--backend", "verbs"]);
     assert_eq!(code, 2);

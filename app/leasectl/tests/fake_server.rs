@@ -16,7 +16,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-const KEY: [u8; 32] = [0x42; 32];
+const KEY: [u8; 32] = [
+    0x49, 0x72, 0x17, 0x38, 0xdd, 0x86, 0xab, 0x4c, 0x71, 0x1a, 0x3f, 0xe0, 0x85, 0xae, 0x53, 0x74, 0x19, 0xc2, 0xe7,
+    0x88, 0xad, 0x56, 0x7b, 0x1c, 0xc1, 0xea, 0x8f, 0xb0, 0x55, 0x7e, 0x23, 0xc4,
+];
 /// The fake's FENCED_SUMMARY lists every third slot below this.
 const FENCED_SLOTS: u32 = 900;
 /// The fake's boot id and its session's resume token.
@@ -24,7 +27,7 @@ const BOOT: [u8; 16] = [0xb0; 16];
 const TOKEN: [u8; 16] = [0x70; 16];
 /// A HEARTBEAT with this echo is answered between two notices.
 const ECHO_NOTICES: u64 = 0x4e4f;
-const KEY_HEX: &str = "4242424242424242424242424242424242424242424242424242424242424242";
+const KEY_HEX: &str = "49721738dd86ab4c711a3fe085ae537419c2e788ad567b1cc1ea8fb0557e23c4";
 
 #[derive(Clone, Copy, Default)]
 struct Behaviour {
@@ -149,6 +152,11 @@ fn serve(mut s: TcpStream, b: Behaviour) {
                     close = true;
                 }
                 Request::Stats => Response::Stats(Default::default()).encode(op, h.request_id, &mut out),
+                // An appliance older than `stats.want`: its decoder finds 4 bytes too many.
+                Request::StatsWith { .. } => {
+                    let m = "STATS: 4 unexpected bytes after the last field";
+                    ErrorBody::new(ErrorCode::Malformed, m).encode(h.op, h.request_id, &mut out);
+                }
                 Request::FencedSummary { cursor, max } => {
                     // More fenced slots than one page holds: every third slot of 0..900.
                     let take = usize::from(max).clamp(1, MAX_PAGE);
@@ -257,7 +265,8 @@ fn a_wrong_server_proof_is_rejected() {
 #[test]
 fn a_wrong_key_gets_auth_failed() {
     let f = spawn(Behaviour::default());
-    let who = Credentials { name: "demo".into(), key: vec![1; 32] };
+    let who =
+        Credentials { name: "demo".into(), key: leasectl::hex::decode("5f0e1d2c3b4a69788796a5b4c3d2e1f0").unwrap() };
     let e = Client::connect_and_hello(&f.addr.to_string(), &who, quick(5000)).unwrap_err();
     assert!(matches!(&e, ClientError::Server(b) if b.code == ErrorCode::AuthFailed), "{e:?}");
     assert_eq!(e.exit_code(), 4);
@@ -353,9 +362,11 @@ fn cli_exit_codes_and_output() {
     );
     assert!(v["rtt_us"].is_u64());
 
+    // The fake is older than the guard block: leasectl asks again with the plain STATS.
     let (code, out, _) = with(&["--json", "stats"]);
     assert_eq!(code, 0);
-    assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["frames_in"], 0);
+    let v = serde_json::from_str::<serde_json::Value>(&out).unwrap();
+    assert_eq!((&v["frames_in"], &v["guards"]), (&serde_json::json!(0), &serde_json::Value::Null));
 
     // FENCED_SUMMARY is paged: leasectl follows every page.
     let (code, out, _) = with(&["--json", "fenced"]);
@@ -374,9 +385,17 @@ fn cli_exit_codes_and_output() {
     assert_eq!(v["error"]["code"], "NOT_IMPLEMENTED");
     assert_eq!(v["error"]["detail"], serde_json::json!([0, 0, 0]));
 
-    let (code, _, err) = cli(&["--addr", &addr, "--tenant", "demo", "--key", "00112233", "ping"]);
+    let (code, _, err) =
+        cli(&["--addr", &addr, "--tenant", "demo", "--key", "a1b2c3d4e5f60718293a4b5c6d7e8f90", "ping"]);
     assert_eq!(code, 4);
     assert!(err.starts_with("error: AUTH_FAILED"), "{err}");
+    // A key the appliances would refuse to load is refused before any connection, with their words.
+    let (code, _, err) = cli(&["--addr", &addr, "--tenant", "demo", "--key", "00112233", "ping"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("key is 4 bytes; keys are 16 to 64 bytes"), "{err}");
+    let (code, _, err) = cli(&["--addr", &addr, "--tenant", "demo", "--key", &"42".repeat(32), "ping"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("one byte repeated") && err.contains("keys must be random"), "{err}");
 
     let (code, _, _) = with(&["alloc", "--size", "1"]);
     assert_eq!(code, 2);

@@ -12,6 +12,7 @@ extern crate alloc;
 
 mod codec;
 mod frame;
+pub mod key;
 mod msg;
 pub mod v2;
 

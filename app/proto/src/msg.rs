@@ -310,6 +310,58 @@ pub struct Stats {
     pub roles: Vec<(u16, u8, u64)>,
     /// The lease service's figures (all zero until it runs).
     pub leases: LeaseStats,
+    /// The session layer's guard counters: present only when the request asked for them
+    /// ([`Request::StatsWith`] with [`STATS_WANT_GUARDS`]), so that an older client, which never asks, reads
+    /// the layout it knows.
+    pub guards: Option<SessionGuards>,
+}
+
+/// [`Request::StatsWith`]'s bit asking for [`SessionGuards`]. Bits an appliance does not know it ignores.
+pub const STATS_WANT_GUARDS: u32 = 1;
+
+/// The session layer's defences at work since start (docs/security.md, "Availability under a hostile network"):
+/// a length-prefixed block after the lease figures, [`SessionGuards::WIRE_LEN`] bytes today. A reader takes the
+/// fields it knows and skips the rest of the block, so a later appliance may add counters at its end.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct SessionGuards {
+    /// Unauthenticated connections evicted for newer ones.
+    pub evicted: u64,
+    /// Connections and HELLOs refused for a per-source or the appliance-wide rate.
+    pub rate_refusals: u64,
+    /// Noise messages 1 refused as replays of one that verified recently.
+    pub hellos_replayed: u64,
+    /// Authenticated records received that opened.
+    pub records_in: u64,
+    /// Of those, records that carried no whole frame (empty, or a piece of one).
+    pub records_empty: u64,
+}
+
+impl SessionGuards {
+    /// The block's length today (after its u16 length prefix): 5 × u64.
+    pub const WIRE_LEN: usize = 40;
+
+    fn put(&self, w: &mut Writer<'_>) {
+        w.u16(Self::WIRE_LEN as u16);
+        w.u64(self.evicted).u64(self.rate_refusals).u64(self.hellos_replayed).u64(self.records_in);
+        w.u64(self.records_empty);
+    }
+
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let len = usize::from(r.u16("stats.guards_len")?);
+        if len < Self::WIRE_LEN {
+            return Err(DecodeError::Invalid { field: "stats.guards_len" });
+        }
+        let g = SessionGuards {
+            evicted: r.u64("stats.evicted")?,
+            rate_refusals: r.u64("stats.rate_refusals")?,
+            hellos_replayed: r.u64("stats.hellos_replayed")?,
+            records_in: r.u64("stats.records_in")?,
+            records_empty: r.u64("stats.records_empty")?,
+        };
+        // Counters of a later appliance: not ours to read.
+        r.bytes(len - Self::WIRE_LEN, "stats.guards")?;
+        Ok(g)
+    }
 }
 
 /// The lease service's part of STATS: a fixed-size tail of [`LeaseStats::WIRE_LEN`] bytes.
@@ -528,6 +580,11 @@ pub enum Request {
         notice_ms: u32,
     },
     Stats,
+    /// STATS with the extra parts `want` names ([`STATS_WANT_GUARDS`]): a 4-byte request. An appliance older than
+    /// the parts refuses it (MALFORMED, trailing bytes); ask again with [`Request::Stats`] then.
+    StatsWith {
+        want: u32,
+    },
     /// One page of fenced slots, from slot `cursor` on, at most `max` (clamped to 1..=[`MAX_PAGE`]).
     FencedSummary {
         cursor: u32,
@@ -631,7 +688,7 @@ impl Request {
             Request::Revoke { .. } => Op::Revoke,
             Request::Resume { .. } => Op::Resume,
             Request::Drain { .. } => Op::Drain,
-            Request::Stats => Op::Stats,
+            Request::Stats | Request::StatsWith { .. } => Op::Stats,
             Request::FencedSummary { .. } => Op::FencedSummary,
             Request::Health => Op::Health,
             Request::HcaStats => Op::HcaStats,
@@ -657,6 +714,9 @@ impl Request {
                 w.u64(*echo);
             }
             Request::Bye | Request::Stats | Request::Health | Request::HcaStats => {}
+            Request::StatsWith { want } => {
+                w.u32(*want);
+            }
             Request::Alloc(a) => {
                 w.u64(a.size).u8(a.access).u8(a.mtu).zeros(2).u32(a.ttl_ms).u32(a.client_qpn).u32(a.client_psn);
                 w.bytes(&a.client_gid).bytes(&a.client_mac).zeros(2);
@@ -779,7 +839,8 @@ impl Request {
             }
             // Only the server sends NOTICE, and never as a request.
             Op::Notice => return Err(DecodeError::Invalid { field: "op" }),
-            Op::Stats => Request::Stats,
+            Op::Stats if r.remaining() == 0 => Request::Stats,
+            Op::Stats => Request::StatsWith { want: r.u32("stats.want")? },
             Op::FencedSummary => {
                 let cursor = r.u32("fenced.cursor")?;
                 let max = r.u16("fenced.max")?;
@@ -886,6 +947,9 @@ impl Response {
                     w.u16(*core).u8(*role).u64(*n);
                 }
                 s.leases.put(&mut w);
+                if let Some(g) = &s.guards {
+                    g.put(&mut w);
+                }
             }
             Response::FencedSummary { next_cursor, slots } => {
                 w.u32(*next_cursor).u16(slots.len() as u16);
@@ -1012,6 +1076,9 @@ impl Response {
                     s.roles.push((r.u16("stats.core")?, r.u8("stats.role")?, r.u64("stats.iterations")?));
                 }
                 s.leases = LeaseStats::get(&mut r)?;
+                if r.remaining() > 0 {
+                    s.guards = Some(SessionGuards::get(&mut r)?);
+                }
                 Response::Stats(Box::new(s))
             }
             Op::FencedSummary => {

@@ -10,7 +10,7 @@ use decode_check::{Counts, check};
 use leasebox_proto::{
     AllocReq, AllocResp, ErrorBody, ErrorCode, FencedSlot, HcaState, HcaStats, Health, HealthStatus, Hello, HelloInit,
     HelloNoise, HelloReply, Histogram, Kind, LeaseId, LeaseInfo, LeaseState, LeaseStats, MAX_MESSAGE, MAX_NAME,
-    MAX_PAYLOAD, Notice, Op, Outcome, Request, Response, Role, Stats, frame,
+    MAX_PAYLOAD, Notice, Op, Outcome, Request, Response, Role, SessionGuards, Stats, frame,
 };
 use leasebox_twin::{Rng, twin_seed};
 
@@ -94,7 +94,8 @@ fn request(r: &mut Rng) -> Request {
         8 => Request::Query { lease: lease(r) },
         9 => Request::List { cursor: r.edge_u32(), max: r.u16() },
         10 => Request::Revoke { lease: lease(r), qp_first: r.chance(2) },
-        11 => Request::Stats,
+        11 if r.chance(2) => Request::Stats,
+        11 => Request::StatsWith { want: r.edge_u32() },
         12 => Request::FencedSummary { cursor: r.edge_u32(), max: r.u16() },
         13 => Request::Resume { session_id: r.edge_u64(), token: r.bytes() },
         14 => Request::Drain { tenant: r.text(0, MAX_NAME), notice_ms: r.edge_u32() },
@@ -198,6 +199,13 @@ fn response(r: &mut Rng) -> (Op, Response) {
                     pool_bytes: r.edge_u64(),
                     bytes_scrubbing: r.edge_u64(),
                 },
+                guards: r.chance(2).then(|| SessionGuards {
+                    evicted: r.edge_u64(),
+                    rate_refusals: r.edge_u64(),
+                    hellos_replayed: r.edge_u64(),
+                    records_in: r.edge_u64(),
+                    records_empty: r.edge_u64(),
+                }),
             }))
         }
         Op::FencedSummary => {

@@ -1,7 +1,8 @@
 //! The registrar's configuration: flags, and appliances from flags or a file.
 //!
 //! An appliance is one line of words: its control address first, then `key=HEX` (the admin key), optionally
-//! `rdma=ADDR` (where RDMA reaches it, advertised as is) and any `NAME=VALUE` (operator labels, e.g.
+//! `rdma=ADDR` (where RDMA reaches it, advertised as is), `appliance=NAME` (its name, when it has one: named in
+//! the registrar's HELLO and advertised for clients to name in theirs) and any `NAME=VALUE` (operator labels, e.g.
 //! `zone=a rack=12`). In a file, one appliance per line; `#` starts a comment.
 
 use std::collections::BTreeMap;
@@ -14,6 +15,9 @@ pub struct ApplianceSpec {
     pub control: String,
     pub admin_key: Vec<u8>,
     pub rdma: String,
+    /// The appliance's name (`appliance=NAME`, its own `appliance=` option): the registrar's HELLO names it, and
+    /// the advertisement carries it for clients. Empty: unnamed.
+    pub name: String,
     pub labels: BTreeMap<String, String>,
 }
 
@@ -24,7 +28,7 @@ impl ApplianceSpec {
         if !control.contains(':') || control.contains('=') {
             return Err(format!("appliance '{control}': the first word must be its control address HOST:PORT"));
         }
-        let (mut key, mut rdma, mut labels) = (None, String::new(), BTreeMap::new());
+        let (mut key, mut rdma, mut name, mut labels) = (None, String::new(), String::new(), BTreeMap::new());
         for w in words {
             let (k, v) = w.split_once('=').ok_or_else(|| format!("appliance {control}: '{w}' is not NAME=VALUE"))?;
             match k {
@@ -32,6 +36,13 @@ impl ApplianceSpec {
                     key = Some(leasebox_client::hex::decode(v).map_err(|e| format!("appliance {control}: key: {e}"))?)
                 }
                 "rdma" => rdma = v.to_string(),
+                "appliance" if v.is_empty() || v.len() > leasebox_proto::MAX_NAME || v.contains('@') => {
+                    return Err(format!(
+                        "appliance {control}: appliance='{v}' (1 to {} bytes, no '@')",
+                        leasebox_proto::MAX_NAME
+                    ));
+                }
+                "appliance" => name = v.to_string(),
                 _ if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') => {
                     return Err(format!("appliance {control}: label name '{k}' (letters, digits, _)"));
                 }
@@ -41,10 +52,8 @@ impl ApplianceSpec {
             }
         }
         let admin_key = key.ok_or_else(|| format!("appliance {control}: no key=HEX (its admin key)"))?;
-        if admin_key.len() < 16 {
-            return Err(format!("appliance {control}: the admin key is shorter than 16 bytes"));
-        }
-        Ok(ApplianceSpec { control, admin_key, rdma, labels })
+        leasebox_proto::key::check_key(&admin_key).map_err(|e| format!("appliance {control}: admin {e}"))?;
+        Ok(ApplianceSpec { control, admin_key, rdma, name, labels })
     }
 
     /// Every appliance in a file's text.
@@ -163,10 +172,18 @@ mod tests {
         assert_eq!(a.admin_key.len(), 16);
         assert_eq!(a.rdma, "10.0.1.1:4791");
         assert_eq!(a.labels.get("zone").map(String::as_str), Some("a"));
+        assert_eq!(a.name, "");
+        let n = ApplianceSpec::parse(&format!("10.0.0.1:7470 key={KEY} appliance=mem-a")).unwrap();
+        assert_eq!((n.name.as_str(), n.labels.len()), ("mem-a", 0));
+        assert!(ApplianceSpec::parse(&format!("h:1 key={KEY} appliance=a@b")).unwrap_err().contains("appliance='a@b'"));
+        assert!(ApplianceSpec::parse(&format!("h:1 key={KEY} appliance=")).unwrap_err().contains("1 to"));
+        // The appliances' own key rule: a typed key is refused with the reason.
+        let weak = ApplianceSpec::parse(&format!("h:1 key={}", "ab".repeat(16))).unwrap_err();
+        assert!(weak.contains("one byte repeated") && weak.contains("random"), "{weak}");
         assert!(ApplianceSpec::parse("10.0.0.1:7470").unwrap_err().contains("no key"));
         assert!(ApplianceSpec::parse(&format!("key={KEY}")).unwrap_err().contains("control address"));
         assert!(ApplianceSpec::parse(&format!("h:1 key={KEY} bad-label=x")).unwrap_err().contains("label name"));
-        assert!(ApplianceSpec::parse("h:1 key=0011").unwrap_err().contains("shorter"));
+        assert!(ApplianceSpec::parse("h:1 key=0011").unwrap_err().contains("key is 2 bytes"));
         let file = format!("# fleet\n\nh:1 key={KEY}\nh:2 key={KEY} # second\n");
         assert_eq!(ApplianceSpec::parse_file(&file).unwrap().len(), 2);
         assert!(ApplianceSpec::parse_file("h:1\n").unwrap_err().starts_with("line 1:"));

@@ -142,6 +142,33 @@ pub(crate) fn render(sh: &Shared) -> String {
     for &i in &answered {
         p.sample("leasebox_frames_out_total", &who(i), seen[i].last.as_ref().expect("answered").stats.frames_out);
     }
+    // The session layer's guards (STATS' guard block): only appliances that sent one (older ones have none).
+    type Guard = fn(&leasebox_proto::SessionGuards) -> u64;
+    let guards: [(&str, &str, Guard); 5] = [
+        (
+            "leasebox_preauth_evicted_total",
+            "Unauthenticated connections evicted for newer ones (STATS evicted).",
+            |g| g.evicted,
+        ),
+        ("leasebox_rate_refusals_total", "Connections and HELLOs refused for a rate (STATS rate_refusals).", |g| {
+            g.rate_refusals
+        }),
+        ("leasebox_hellos_replayed_total", "HELLO messages 1 refused as replays (STATS hellos_replayed).", |g| {
+            g.hellos_replayed
+        }),
+        ("leasebox_records_in_total", "Authenticated records received (STATS records_in).", |g| g.records_in),
+        ("leasebox_records_empty_total", "Records received with no whole frame (STATS records_empty).", |g| {
+            g.records_empty
+        }),
+    ];
+    for (metric, help, get) in guards {
+        p.family(metric, "counter", help);
+        for &i in &answered {
+            if let Some(g) = &seen[i].last.as_ref().expect("answered").stats.guards {
+                p.sample(metric, &who(i), get(g));
+            }
+        }
+    }
     p.family("leasebox_errors_total", "counter", "Error frames sent, by error code (STATS error list).");
     for &i in &answered {
         for &(code, n) in &seen[i].last.as_ref().expect("answered").stats.errors {

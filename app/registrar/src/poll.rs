@@ -39,10 +39,8 @@ pub struct Seen {
 
 /// Asks STATS, HEALTH and HCA_STATS on `conn`.
 pub fn ask(conn: &mut Connection) -> Result<Sample, String> {
-    let stats = match conn.call(&Request::Stats).map_err(|e| format!("STATS: {e}"))? {
-        Response::Stats(s) => s,
-        other => return Err(format!("STATS answered {other:?}")),
-    };
+    // With the guard block where the appliance has one.
+    let stats = conn.stats().map_err(|e| format!("STATS: {e}"))?;
     let health = match conn.call(&Request::Health).map_err(|e| format!("HEALTH: {e}"))? {
         Response::Health(h) => h,
         other => return Err(format!("HEALTH answered {other:?}")),
@@ -57,7 +55,7 @@ pub fn ask(conn: &mut Connection) -> Result<Sample, String> {
         Err(e) => return Err(format!("HCA_STATS: {e}")),
     };
     let boot_id = leasebox_client::hex::encode(&stats.boot_id);
-    Ok(Sample { stats: *stats, health, hca, boot_id })
+    Ok(Sample { stats, health, hca, boot_id })
 }
 
 /// A polling thread.
@@ -99,7 +97,9 @@ impl Drop for Poller {
 }
 
 fn run(spec: ApplianceSpec, every: Duration, seen: Arc<Mutex<Seen>>, stop: Arc<AtomicBool>) {
-    let who = Credentials { name: "admin".into(), key: spec.admin_key.clone() };
+    // A named appliance takes only HELLOs that name it (docs/security.md, "Appliance identity").
+    let name = if spec.name.is_empty() { "admin".to_string() } else { format!("admin@{}", spec.name) };
+    let who = Credentials { name, key: spec.admin_key.clone() };
     // A poll that gets no answer within 2 s (or the period, if longer) counts as failed: the key of an appliance
     // that does not answer is not kept alive. Not shorter: a loaded host (or appliance) that answers a little
     // late must not lose its key.

@@ -172,6 +172,7 @@ pub fn advertisement(spec: &ApplianceSpec, s: &Sample, registrar: &str) -> Adver
     Advertisement {
         boot_id: s.boot_id.clone(),
         control: spec.control.clone(),
+        name: spec.name.clone(),
         rdma: spec.rdma.clone(),
         free_bytes: l.bytes_free,
         leased_bytes: l.bytes_leased,

@@ -470,3 +470,91 @@ fn etcd_restarted_without_its_data_gets_the_registrations_back() {
     reg.stop();
     h.stop();
 }
+
+/// A hosted appliance named `name` (its `appliance=`), with a small pool.
+fn named_appliance(keys: &Keys, name: &str) -> Hosted {
+    let mut args: Vec<String> =
+        ["--listen", "127.0.0.1:0", "--hca", "--udp", "127.0.0.1:0", "--timing", "zero"].map(String::from).to_vec();
+    args.extend(["lease_pool_mib=16".into(), "lease_slots=64".into(), format!("appliance={name}")]);
+    args.push(format!("tenant=demo:{}", keys.tenant_hex));
+    args.push(format!("admin={}", keys.admin_hex));
+    Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap()
+}
+
+#[test]
+fn named_appliances_are_reached_by_their_registered_names() {
+    let _one = serial();
+    let e = etcd();
+    let keys = Keys::new();
+    let names = ["mem-a", "mem-b"];
+    let hosts: Vec<Hosted> = names.iter().map(|n| named_appliance(&keys, n)).collect();
+    // The operator names each appliance once, in the registrar's line; the registrar's own HELLO names it.
+    let specs: Vec<ApplianceSpec> = hosts
+        .iter()
+        .zip(names)
+        .map(|(h, n)| {
+            let rdma = h.hca().and_then(|t| t.udp).map(|u| u.to_string()).unwrap();
+            ApplianceSpec::parse(&format!("{} key={} rdma={rdma} appliance={n}", h.addr(), keys.admin_hex)).unwrap()
+        })
+        .collect();
+    let reg = Registrar::start(config("r1", &e, specs.clone())).unwrap();
+    let etcd = e.client();
+    wait_for(Duration::from_secs(15), "both appliances advertised", || adverts(&etcd).len() == 2);
+    let ads = adverts(&etcd);
+    for (s, n) in specs.iter().zip(names) {
+        assert_eq!(ads[&s.control].name, n, "{:?}", ads[&s.control]);
+    }
+    // The registrar's polls authenticated (the guard counters come with them) and the page is valid.
+    let page = reg.render_metrics();
+    promtool_check(&page).unwrap_or_else(|e| panic!("promtool check metrics: {e}\n{page}"));
+    for s in &specs {
+        let me = format!("appliance=\"{}\"", s.control);
+        assert_eq!(sample_value(&page, "leasebox_up", &[&me]), Some(1.0), "{page}");
+        assert_eq!(sample_value(&page, "leasebox_hellos_replayed_total", &[&me]), Some(0.0), "{page}");
+        assert!(sample_value(&page, "leasebox_records_in_total", &[&me]) >= Some(1.0), "{page}");
+    }
+    // `leasectl fleet list` shows the names.
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = leasectl::fleet::list(&[e.endpoint()], None, None, false, &mut out, &mut err);
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    let table = String::from_utf8(out).unwrap();
+    for (s, n) in specs.iter().zip(names) {
+        assert!(table.contains(&format!("{:<21}  {n}", s.control)), "{table}");
+    }
+
+    // A client configured with the bare tenant name reaches both: it names each appliance as registered.
+    let mut fc = FleetConfig::new(vec![e.endpoint()], keys.tenant());
+    fc.timeouts = Timeouts::all(Duration::from_secs(5));
+    let client = Client::connect_fleet(fc).unwrap();
+    wait_for(Duration::from_secs(10), "the client sees both", || {
+        client.fleet().unwrap().iter().filter(|m| m.present).count() == 2
+    });
+    for m in client.fleet().unwrap() {
+        let l = client.alloc(2 * MIB, AllocOptions { prefer: Some(m.index), ..AllocOptions::default() }).unwrap();
+        assert_eq!(l.appliance(), m.advert.control, "the preferred appliance lent");
+        l.free().unwrap();
+    }
+
+    // A HELLO meant for one fails on the other (same tenant key on both); meant for it, it succeeds.
+    let t = Timeouts::all(Duration::from_secs(5));
+    let hello = |addr: &str, name: &str| {
+        let who = Credentials { name: name.into(), key: keys.tenant().key };
+        leasebox_client::Connection::connect_and_hello(addr, &who, t).map(|_| ())
+    };
+    let (a, b) = (specs[0].control.as_str(), specs[1].control.as_str());
+    hello(a, "demo@mem-a").unwrap();
+    hello(b, "demo@mem-b").unwrap();
+    for (addr, name) in [(b, "demo@mem-a"), (a, "demo@mem-b"), (a, "demo")] {
+        match hello(addr, name) {
+            Err(leasebox_client::ClientError::Server(e)) => {
+                assert_eq!(e.code, leasebox_proto::ErrorCode::AuthFailed, "{name} on {addr}: {e:?}")
+            }
+            other => panic!("{name} on {addr}: {other:?}"),
+        }
+    }
+    drop(client);
+    reg.stop();
+    for h in hosts {
+        h.stop();
+    }
+}

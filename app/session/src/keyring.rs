@@ -8,11 +8,11 @@
 
 use alloc::string::String;
 use alloc::vec::Vec;
+use leasebox_proto::key::{KeyProblem, check_key};
 use leasebox_proto::{MAX_NAME, Role};
 
-/// Shortest and longest accepted keys (HMAC-SHA256 keys; 16 bytes is the floor for a secret).
-pub const MIN_KEY: usize = 16;
-pub const MAX_KEY: usize = 64;
+/// The key rule is the protocol crate's, shared with every client ([`leasebox_proto::key`]).
+pub use leasebox_proto::key::weak_key;
 /// The principal name that authenticates with the admin key.
 pub const ADMIN_NAME: &str = "admin";
 
@@ -34,14 +34,12 @@ impl core::fmt::Display for KeyError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             KeyError::BadHex => write!(f, "key is not an even number of hex digits"),
-            KeyError::KeyLength { len } => write!(f, "key is {len} bytes; keys are {MIN_KEY} to {MAX_KEY} bytes"),
+            KeyError::KeyLength { len } => core::fmt::Display::fmt(&KeyProblem::Length { len: *len }, f),
             KeyError::BadName => write!(f, "tenant names are 1 to {MAX_NAME} characters of A-Z a-z 0-9 _ . -"),
             KeyError::Duplicate => write!(f, "principal configured twice"),
             KeyError::ReservedName => write!(f, "'admin' is reserved for the admin key (admin=HEXKEY)"),
             KeyError::BadKeyId => write!(f, "key ids are 0 to 255, each at most once per principal (ID/HEX)"),
-            KeyError::WeakKey(why) => {
-                write!(f, "the key {why}: keys must be random (e.g. `head -c 32 /dev/urandom | xxd -p -c 64`)")
-            }
+            KeyError::WeakKey(why) => core::fmt::Display::fmt(&KeyProblem::Weak(why), f),
         }
     }
 }
@@ -57,28 +55,6 @@ pub fn parse_hex(s: &str) -> Result<Vec<u8>, KeyError> {
         .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
         .collect::<Option<Vec<u8>>>()
         .ok_or(KeyError::BadHex)
-}
-
-/// Distinct byte values a key must have: 16 random bytes have fewer than 5 with a probability below 2^-60.
-pub const MIN_DISTINCT_BYTES: usize = 5;
-
-/// Why `key` is plainly not random, if it is: one byte repeated, a pattern of up to 4 bytes repeated, or fewer
-/// than [`MIN_DISTINCT_BYTES`] distinct byte values. The PSK is one HMAC of the key and message 1 can be
-/// replayed to test guesses offline, so a key is only as strong as it is unpredictable; these catch the keys
-/// people type, not every weak one (the length floor, [`MIN_KEY`] bytes = 128 bits, assumes random bytes).
-pub fn weak_key(key: &[u8]) -> Option<&'static str> {
-    if key.windows(2).all(|w| w[0] == w[1]) {
-        return Some("is one byte repeated");
-    }
-    if (2..=4).any(|p| key.len() > p && key.iter().enumerate().all(|(i, b)| *b == key[i % p])) {
-        return Some("is a short pattern repeated");
-    }
-    let mut seen = [false; 256];
-    key.iter().for_each(|b| seen[usize::from(*b)] = true);
-    if seen.iter().filter(|s| **s).count() < MIN_DISTINCT_BYTES {
-        return Some("has fewer than 5 distinct byte values");
-    }
-    None
 }
 
 pub(crate) struct Entry {
@@ -126,11 +102,10 @@ impl Keyring {
                 None => (u8::try_from(i).map_err(|_| KeyError::BadKeyId)?, item),
             };
             let key = parse_hex(hex)?;
-            if !(MIN_KEY..=MAX_KEY).contains(&key.len()) {
-                return Err(KeyError::KeyLength { len: key.len() });
-            }
-            if let Some(why) = weak_key(&key) {
-                return Err(KeyError::WeakKey(why));
+            match check_key(&key) {
+                Ok(()) => {}
+                Err(KeyProblem::Length { len }) => return Err(KeyError::KeyLength { len }),
+                Err(KeyProblem::Weak(why)) => return Err(KeyError::WeakKey(why)),
             }
             if added.iter().any(|e: &Entry| e.key_id == key_id) {
                 return Err(KeyError::BadKeyId);

@@ -10,7 +10,7 @@ use alloc::vec::Vec;
 use leasebox_proto::v2::{Announce, Responder, Transport};
 use leasebox_proto::{
     BOOT_ID_LEN, DecodeError, ErrorBody, ErrorCode, FrameBuf, Header, Hello, HelloNoise, HelloReply, Kind, Next,
-    Notice, Op, RESUME_TOKEN_LEN, Reply, Request, Response, Role, Stats, v2,
+    Notice, Op, RESUME_TOKEN_LEN, Reply, Request, Response, Role, STATS_WANT_GUARDS, SessionGuards, Stats, v2,
 };
 
 /// Protocol versions this server speaks: v2 only (docs/security.md, "Protocol v1").
@@ -360,6 +360,17 @@ impl<L: Leases, A: Appliance> Server<L, A> {
         s.roles = self.platform.role_counts();
         s.leases = self.backend.lease_stats();
         s
+    }
+
+    /// The session layer's defences at work since start (STATS' guard block).
+    pub fn guards(&self) -> SessionGuards {
+        SessionGuards {
+            evicted: self.admission.evicted,
+            rate_refusals: self.admission.rate_refusals,
+            hellos_replayed: self.hellos_replayed,
+            records_in: self.records_in,
+            records_empty: self.records_empty,
+        }
     }
 
     /// HELLO messages 1 checked so far: every one is checked with the same key derivation and one AEAD tag, for a
@@ -882,6 +893,15 @@ impl<L: Leases, A: Appliance> Server<L, A> {
             }
             Request::Bye => Ok(Response::Bye),
             Request::Stats => Ok(Response::Stats(Box::new(self.stats_for(&who, now_ms)))),
+            Request::StatsWith { want } => {
+                let mut s = self.stats_for(&who, now_ms);
+                if want & STATS_WANT_GUARDS != 0 {
+                    // The appliance's defences are the admin's figures; a tenant gets the block, zeroed.
+                    let admin = who.role == leasebox_proto::Role::Admin;
+                    s.guards = Some(if admin { self.guards() } else { SessionGuards::default() });
+                }
+                Ok(Response::Stats(Box::new(s)))
+            }
             Request::Health => {
                 let (hca, hca_message) = self.platform.hca();
                 let leases = self.backend.health_facts();

@@ -959,6 +959,7 @@ fn budgets_from_the_options_and_their_defaults() {
     assert_eq!(Budget::from_options(8, None, Some(3), None, None).per_tenant, 5);
 }
 mod cost;
+mod guards;
 mod liveness;
 mod lockout;
 mod scale;

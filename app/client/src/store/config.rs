@@ -195,6 +195,7 @@ pub fn read_key_file(path: &Path) -> Result<Vec<u8>, String> {
     if key.is_empty() {
         return Err(format!("key file {}: empty", path.display()));
     }
+    leasebox_proto::key::check_key(&key).map_err(|e| format!("key file {}: {e}", path.display()))?;
     Ok(key)
 }
 

@@ -289,6 +289,7 @@ fn control(p: &Parsed, g: &Global, env: &dyn Fn(&str) -> Option<String>) -> Resu
         (false, _) => None,
         (true, Some(hex)) => {
             let key = crate::hex::decode(hex).map_err(|e| format!("--admin-key: {e}"))?;
+            leasebox_proto::key::check_key(&key).map_err(|e| format!("--admin-key: {e}"))?;
             Some(Credentials { name: "admin".into(), key })
         }
         (true, None) => {
@@ -611,15 +612,31 @@ mod tests {
 
     #[test]
     fn qp_first_needs_the_admin_key() {
+        const TK: &str = "3a9107ee5c21b468f01d77c2098e43d5";
+        const AK: &str = "c4e2a8f1b3d59706e81f2a3c4b5d6e7f";
         let none = |_: &str| None;
-        let (g, v) = inv(&["verify", "--order", "qp-first", "--tenant", "t", "--key", "00"]).unwrap();
+        let (g, v) = inv(&["verify", "--order", "qp-first", "--tenant", "t", "--key", TK]).unwrap();
         let e = control(&parse(&v).unwrap(), &g, &none).unwrap_err();
         assert!(e.contains("only the admin") && e.contains("admin key"), "{e}");
-        let (g, v) = inv(&["verify", "--order", "both", "--tenant", "t", "--key", "00"]).unwrap();
+        let (g, v) = inv(&["verify", "--order", "both", "--tenant", "t", "--key", TK]).unwrap();
         assert!(control(&parse(&v).unwrap(), &g, &none).unwrap_err().contains("only the admin"));
-        let a = ["verify", "--order=qp-first", "--tenant", "t", "--key", "00", "--admin-key", "01"];
+        let a = ["verify", "--order=qp-first", "--tenant", "t", "--key", TK, "--admin-key", AK];
         let (g, v) = inv(&a).unwrap();
         let c = control(&parse(&v).unwrap(), &g, &none).unwrap();
-        assert_eq!(c.admin.unwrap().key, vec![1]);
+        assert_eq!(c.admin.unwrap().key, crate::hex::decode(AK).unwrap());
+        // The appliances' key rule holds for --admin-key too.
+        let weak = [
+            "verify",
+            "--order=qp-first",
+            "--tenant",
+            "t",
+            "--key",
+            TK,
+            "--admin-key",
+            "0101010101010101010101010101010101",
+        ];
+        let (g, v) = inv(&weak).unwrap();
+        let e = control(&parse(&v).unwrap(), &g, &none).err().unwrap();
+        assert!(e.starts_with("--admin-key: the key is one byte repeated"), "{e}");
     }
 }

@@ -76,6 +76,7 @@ fn requests() -> Vec<Request> {
         Request::Drain { tenant: "demo".to_string(), notice_ms: 2000 },
         Request::Drain { tenant: String::new(), notice_ms: 0 },
         Request::Stats,
+        Request::StatsWith { want: STATS_WANT_GUARDS },
         Request::FencedSummary { cursor: 3, max: 128 },
         Request::Health,
         Request::HcaStats,
@@ -134,6 +135,17 @@ fn responses() -> Vec<(Op, Response)> {
                 errors: vec![(4, 2), (8, 1)],
                 roles: vec![(0, 0, 100), (1, 1, 200)],
                 leases: lease_stats(),
+                guards: None,
+            })),
+        ),
+        (
+            Op::Stats,
+            Response::Stats(Box::new(Stats {
+                uptime_ms: 6,
+                errors: vec![(4, 2)],
+                leases: lease_stats(),
+                guards: Some(guards()),
+                ..Stats::default()
             })),
         ),
         (
@@ -179,8 +191,13 @@ fn every_request_round_trips_through_a_frame() {
         assert_eq!((h.kind, h.request_id), (Kind::Request, i as u32));
         let op = Op::from_raw(h.op).unwrap();
         assert_eq!(Request::decode(op, &payload).unwrap(), req);
-        // Every strict prefix of the payload is refused as truncated, never accepted or panicking.
+        // Every strict prefix of the payload is refused as truncated, never accepted or panicking — but STATS with
+        // parts cut to nothing is the plain STATS.
         for cut in 0..payload.len() {
+            if matches!(req, Request::StatsWith { .. }) && cut == 0 {
+                assert_eq!(Request::decode(op, &[]), Ok(Request::Stats));
+                continue;
+            }
             assert!(
                 matches!(Request::decode(op, &payload[..cut]), Err(DecodeError::Truncated { .. })),
                 "{op:?} cut {cut}"
@@ -188,7 +205,12 @@ fn every_request_round_trips_through_a_frame() {
         }
         let mut long = payload.clone();
         long.push(0);
-        assert_eq!(Request::decode(op, &long), Err(DecodeError::TrailingBytes { count: 1 }));
+        // A byte after the plain STATS begins `stats.want`.
+        let want = match req {
+            Request::Stats => Err(DecodeError::Truncated { field: "stats.want" }),
+            _ => Err(DecodeError::TrailingBytes { count: 1 }),
+        };
+        assert_eq!(Request::decode(op, &long), want);
     }
 }
 
@@ -357,12 +379,70 @@ fn every_prefix_of_a_stats_response_is_refused() {
     for cut in (0..p.len()).filter(|&c| c != before_pool) {
         assert!(matches!(Response::decode(op, &p[..cut]), Err(DecodeError::Truncated { .. })), "cut {cut}");
     }
+    // A byte after the lease figures begins the guard block.
     let mut long = p.clone();
     long.push(0);
-    assert_eq!(Response::decode(op, &long), Err(DecodeError::TrailingBytes { count: 1 }));
+    assert_eq!(Response::decode(op, &long), Err(DecodeError::Truncated { field: "stats.guards_len" }));
     // A STATS answer without the lease tail (the layout before it existed) is refused, not half-read.
     let old_len = p.len() - LeaseStats::WIRE_LEN;
     assert_eq!(Response::decode(op, &p[..old_len]), Err(DecodeError::Truncated { field: "stats.leases_by_state" }));
+}
+
+fn guards() -> SessionGuards {
+    SessionGuards {
+        evicted: 1,
+        rate_refusals: 2,
+        hellos_replayed: 3,
+        records_in: 0x0102_0304_0506_0708,
+        records_empty: 5,
+    }
+}
+
+#[test]
+fn golden_stats_guards_block() {
+    let s = Stats { guards: Some(guards()), ..Stats::default() };
+    let mut p = Vec::new();
+    Response::Stats(Box::new(s.clone())).encode_payload(&mut p);
+    let at = 68 + LeaseStats::WIRE_LEN;
+    assert_eq!(p.len(), at + 2 + SessionGuards::WIRE_LEN);
+    let mut want: Vec<u8> = vec![0, 40];
+    want.extend([0, 0, 0, 0, 0, 0, 0, 1]); // evicted
+    want.extend([0, 0, 0, 0, 0, 0, 0, 2]); // rate_refusals
+    want.extend([0, 0, 0, 0, 0, 0, 0, 3]); // hellos_replayed
+    want.extend([1, 2, 3, 4, 5, 6, 7, 8]); // records_in
+    want.extend([0, 0, 0, 0, 0, 0, 0, 5]); // records_empty
+    assert_eq!(&p[at..], &want[..]);
+    assert_eq!(Response::decode(Op::Stats, &p).unwrap(), Response::Stats(Box::new(s.clone())));
+    // What an older client gets: it never asks for the block, and the answer without it is the layout it knows.
+    let mut plain = Vec::new();
+    Response::Stats(Box::new(Stats { guards: None, ..s.clone() })).encode_payload(&mut plain);
+    assert_eq!(plain[..], p[..at]);
+    // A later appliance's longer block: the known fields read, the rest skipped.
+    let mut later = p[..at].to_vec();
+    later.extend([0, 48]);
+    later.extend(&want[2..]);
+    later.extend([0xee; 8]);
+    assert_eq!(Response::decode(Op::Stats, &later).unwrap(), Response::Stats(Box::new(s)));
+    // A block shorter than today's fields is refused, a cut one is truncated.
+    let mut short = p[..at].to_vec();
+    short.extend([0, 39]);
+    short.extend(&want[2..41]);
+    assert_eq!(Response::decode(Op::Stats, &short), Err(DecodeError::Invalid { field: "stats.guards_len" }));
+    assert!(matches!(Response::decode(Op::Stats, &p[..p.len() - 1]), Err(DecodeError::Truncated { .. })));
+    let mut long = p.clone();
+    long.push(0);
+    assert_eq!(Response::decode(Op::Stats, &long), Err(DecodeError::TrailingBytes { count: 1 }));
+}
+
+#[test]
+fn stats_requests_with_and_without_parts() {
+    let mut p = Vec::new();
+    Request::StatsWith { want: STATS_WANT_GUARDS }.encode_payload(&mut p);
+    assert_eq!(p, [0, 0, 0, 1]);
+    assert_eq!(Request::decode(Op::Stats, &p), Ok(Request::StatsWith { want: 1 }));
+    assert_eq!(Request::decode(Op::Stats, &[]), Ok(Request::Stats));
+    assert!(matches!(Request::decode(Op::Stats, &[0, 1]), Err(DecodeError::Truncated { .. })));
+    assert_eq!(Request::decode(Op::Stats, &[0, 0, 0, 1, 0]), Err(DecodeError::TrailingBytes { count: 1 }));
 }
 
 #[test]
