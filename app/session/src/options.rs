@@ -14,7 +14,8 @@
 //! secrets kept as the hex text of the configuration (no copy), decoded by the [`crate::Keyring`]; neither
 //! `Debug` nor errors show them (`tenant` and `admin` are among `leasebox_options::SECRET_KEYS`, asserted below).
 
-use crate::keyring::{ADMIN_NAME, MAX_KEY, MIN_KEY};
+use crate::keyring::ADMIN_NAME;
+use leasebox_proto::key::{MAX_KEY, MIN_KEY};
 use core::fmt;
 use core::ops::RangeInclusive;
 use leasebox_options::{ConfigError, decimal};
