@@ -541,7 +541,7 @@ mod tests {
         let cfg = b.config().unwrap();
         assert!(!cfg.hca && cfg.udp.is_none());
 
-        let (k0, k1) = (Key::random(), Key::from_bytes([0xf0; 16]));
+        let (k0, k1) = (Key::random(), Key::from_bytes((0xf0..=0xffu8).collect::<Vec<u8>>()));
         let b = Rig::builder().tenant_keys("demo", &[(0, k0.clone()), (1, k1.clone())]).raw(&["--hca"]);
         let args = b.args();
         assert_eq!(args.last().map(String::as_str), Some("--hca"), "raw words come last");

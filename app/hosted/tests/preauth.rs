@@ -150,7 +150,7 @@ fn an_altered_or_replayed_record_ends_the_session() {
 fn leasectl_names_the_key_id_while_a_key_rotates() {
     use leasectl::{Client, ClientError, Credentials, Timeouts};
     // The new key is a short one (16 bytes): any length the key grammar takes works.
-    let (old, new) = (Key::random(), Key::from_bytes([0xf0; 16]));
+    let (old, new) = (Key::random(), Key::from_bytes((0xf0..=0xffu8).collect::<Vec<u8>>()));
     let h = Rig::builder().tenant_keys("demo", &[(0, old.clone()), (1, new.clone())]).start().unwrap();
     let addr = h.addr().to_string();
     let who = |name: &str, key: &Key| Credentials { name: name.into(), key: key.bytes().to_vec() };
