@@ -5,7 +5,8 @@
 //! `cargo xtask test` (scenario) and `cargo xtask bench control` / `bench boot` (figures).
 
 use crate::{Artifacts, serial};
-use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_hosted::Hosted;
+use leasebox_hosted::testing::{Key, Rig};
 use leasebox_proto::{ErrorCode, Kind, Op, Request, Response, frame};
 use leasebox_qemu::model::{self, ModelCommand, ModelProcess, ModelShm};
 use leasebox_qemu::{Boot, HostFwd, ModelHub, NextLine, QemuConfig, QemuProcess, Stdio};
@@ -29,9 +30,9 @@ pub const SHIPPED_BOOT_DEADLINE: Duration = Duration::from_secs(150);
 /// Frames sent on the abusive connection.
 pub const MALFORMED_FRAMES: u32 = 1000;
 
-/// A random 32-byte key in hex, from the OS.
+/// A random 32-byte key in hex, from the OS (the shipped rig's test key).
 pub(crate) fn random_hex() -> Result<String, String> {
-    leasectl::hex::random_key(32)
+    Ok(Key::try_random()?.hex())
 }
 
 pub(crate) fn free_port() -> Result<u16, String> {
@@ -343,14 +344,14 @@ pub fn boot_qemu(a: &Artifacts, smp: u32, extra_args: &str) -> Result<Target, St
     Ok(Target { addr, tenant_hex, admin_hex, what: "QEMU guest", udp: None, _guard: Guard::Qemu(Box::new(q)) })
 }
 
-/// Starts the hosted appliance in this process on a free port, with extra option words.
+/// Starts the hosted appliance in this process on a free port (the shipped rig's configuration, tenant `demo`
+/// and the admin with fresh keys), with extra command-line words (flags and options, as a benchmark's command
+/// line gives them).
 pub fn start_hosted(extra_args: &[&str]) -> Result<Target, String> {
-    let (tenant_hex, admin_hex) = (random_hex()?, random_hex()?);
-    let mut args: Vec<String> =
-        ["--listen".into(), "127.0.0.1:0".into(), format!("tenant=demo:{tenant_hex}"), format!("admin={admin_hex}")]
-            .into();
-    args.extend(extra_args.iter().map(|a| a.to_string()));
-    let h = Hosted::start(HostedConfig::from_args(&args)?)?;
+    let (tenant, admin) = (Key::try_random()?, Key::try_random()?);
+    let (tenant_hex, admin_hex) = (tenant.hex(), admin.hex());
+    let b = Rig::builder().tenant_with_key("demo", tenant).admin_with_key(admin).raw(extra_args);
+    let h = Hosted::start(b.config()?)?;
     let addr = h.addr().to_string();
     let udp = h.hca().and_then(|hca| hca.udp);
     Ok(Target { addr, tenant_hex, admin_hex, what: "hosted", udp, _guard: Guard::Hosted(Some(h)) })

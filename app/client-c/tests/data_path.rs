@@ -11,7 +11,7 @@ mod support;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use support::{compile, run, serial, start};
+use support::{compile, run, serial, start, start_with};
 
 fn program() -> &'static PathBuf {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
@@ -38,7 +38,7 @@ fn scenario_env(scenario: &str, args: &[&str], env: &[(&str, &str)], lines: &[&s
 #[test]
 fn registered_memory_goes_both_ways_without_a_copy() {
     let _one = serial();
-    let a = start(&[]);
+    let a = start();
     let soft = format!("soft:{}", a.udp);
     scenario(
         "zero_copy",
@@ -56,7 +56,7 @@ fn registered_memory_goes_both_ways_without_a_copy() {
 #[test]
 fn a_64_deep_batch_across_two_leases_through_the_completion_fd() {
     let _one = serial();
-    let a = start(&[]);
+    let a = start();
     let soft = format!("soft:{}", a.udp);
     scenario(
         "batch",
@@ -76,7 +76,7 @@ fn a_64_deep_batch_across_two_leases_through_the_completion_fd() {
 #[test]
 fn a_region_in_use_is_not_freed() {
     let _one = serial();
-    let a = start(&[]);
+    let a = start();
     let mute = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let peer = format!("soft:{}", mute.local_addr().unwrap());
     scenario(
@@ -90,10 +90,11 @@ fn a_region_in_use_is_not_freed() {
     );
 }
 
-/// The revoke scenario in teardown order `order` (`mkey` or `qp`) against an appliance with `extra` options.
-fn revoked_mid_batch(order: &str, extra: &[&str]) {
+/// The revoke scenario in teardown order `order` (`mkey` or `qp`) against an appliance that sends revoke notices
+/// or not (`revoke_notices=off`).
+fn revoked_mid_batch(order: &str, notices: bool) {
     let _one = serial();
-    let a = start(extra);
+    let a = start_with(|b| if notices { b } else { b.option("revoke_notices", "off") });
     let soft = format!("soft:{}", a.udp);
     let out = scenario(
         "revoke",
@@ -112,27 +113,27 @@ fn revoked_mid_batch(order: &str, extra: &[&str]) {
 /// Learned by the appliance's REVOKED notice (and whichever failed completion comes first), MKEY first.
 #[test]
 fn a_lease_revoked_mkey_first_fails_only_its_own_operations() {
-    revoked_mid_batch("mkey", &[]);
+    revoked_mid_batch("mkey", true);
 }
 
 /// The same with the QP torn down first (the admin's order).
 #[test]
 fn a_lease_revoked_qp_first_fails_only_its_own_operations() {
-    revoked_mid_batch("qp", &[]);
+    revoked_mid_batch("qp", true);
 }
 
 /// With the appliance's notices withheld (`revoke_notices=off`), the client learns of the revoke the other way:
 /// the first failed completion, then QUERY. MKEY first: the next WRITE is NAKed (REM_ACCESS_ERR).
 #[test]
 fn a_revoke_without_its_notice_mkey_first_fails_only_its_own_operations() {
-    revoked_mid_batch("mkey", &["revoke_notices=off"]);
+    revoked_mid_batch("mkey", false);
 }
 
 /// QP first without the notice: the requester's WRITEs go unanswered until its retries run out (RETRY_EXC_ERR),
 /// then QUERY.
 #[test]
 fn a_revoke_without_its_notice_qp_first_fails_only_its_own_operations() {
-    revoked_mid_batch("qp", &["revoke_notices=off"]);
+    revoked_mid_batch("qp", false);
 }
 
 /// Verbs chosen at run time where it cannot work: with `LEASEBOX_IBVERBS` naming a library that does not exist
@@ -142,7 +143,7 @@ fn a_revoke_without_its_notice_qp_first_fails_only_its_own_operations() {
 #[test]
 fn verbs_without_libibverbs_or_the_device_says_why() {
     let _one = serial();
-    let a = start(&[]);
+    let a = start();
     let spec = "verbs:leasebox-no-dev0:1:1";
     let out = scenario_env(
         "verbs",

@@ -30,7 +30,7 @@ fn c(s: &str) -> CString {
 fn c_example_stores_blocks_and_reads_them_back() {
     let exe = support::compile("examples/kv_blocks.c", "kv_blocks");
     let _one = support::serial();
-    let a = start(&[]);
+    let a = start();
     let soft = format!("soft:{}", a.udp);
     let run = support::run(&exe, &[&a.addr, "demo", &a.tenant, &soft], &[]);
     let stdout = String::from_utf8_lossy(&run.stdout);
@@ -65,7 +65,7 @@ fn c_example_stores_blocks_and_reads_them_back() {
 
 #[test]
 fn revoke_turns_the_next_call_into_lbx_err_revoked_and_a_cut_connection_is_reconnected() {
-    let a = start(&[]);
+    let a = start();
     let (addr, udp) = (c(&a.addr), c(&a.udp));
     // The tenant's control connection goes through a proxy the test can cut.
     let proxy = Proxy::start(a.addr.clone());
@@ -149,7 +149,7 @@ fn one_lease_carries(client: *mut lbx_client, data: &[u8]) {
 #[test]
 fn a_client_started_from_etcd_places_on_the_advertised_appliance() {
     use leasebox_fleet::advert::Advertisement;
-    let a = start(&[]);
+    let a = start();
     let e = leasebox_fleet::local::LocalEtcd::start().unwrap_or_else(|m| panic!("{m}"));
     let endpoint = c(&e.endpoint());
 
@@ -214,7 +214,7 @@ fn no_options() -> lbx_etcd_options {
 /// clients; without the client certificate, or with options that do not go together, it fails and says why.
 #[test]
 fn a_client_started_from_etcd_over_tls_places_on_the_advertised_appliance() {
-    let a = start(&[]);
+    let a = start();
     let e = leasebox_fleet::local::LocalEtcd::start_tls().unwrap_or_else(|m| panic!("{m}"));
     let files = e.client_tls().unwrap().clone();
     advertise(&e, &a, "00112233445566778899aabbccddeeff", None);
@@ -249,7 +249,7 @@ fn a_client_started_from_etcd_over_tls_places_on_the_advertised_appliance() {
 /// lease; a wrong password or a user without a password is refused.
 #[test]
 fn a_client_started_from_etcd_as_a_user_places_on_the_advertised_appliance() {
-    let a = start(&[]);
+    let a = start();
     let e = leasebox_fleet::local::LocalEtcd::start().unwrap_or_else(|m| panic!("{m}"));
     e.enable_auth("root-pw", &[("reader", "reader-pw", &[], &["/leasebox/v1/"])]).unwrap();
     advertise(&e, &a, "ffeeddccbbaa99887766554433221100", Some(("root", "root-pw")));

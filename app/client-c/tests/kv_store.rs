@@ -11,7 +11,7 @@ use support::{compile, run, serial, start};
 #[test]
 fn the_store_from_c() {
     let _one = serial();
-    let a = start(&[]);
+    let a = start();
     let exe = compile("tests/kv_store.c", "kv_store");
     let dir = std::env::temp_dir().join(format!("leasebox-kv-c-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -900,6 +900,8 @@ mod tests {
         let n = count.load(Ordering::Acquire);
         // 1.5 s at one attempt per 50 ms (plus each attempt's own time) is about 30; a backoff to 250 ms or more
         // would make it 6 or fewer, a spin hundreds.
+        // Wall clock, and it stays: the retry pause and `retry_for` run on the real clock (no clock to inject),
+        // and the property is their rate; the range sits between a backoff and a spin with a factor 2 each way.
         assert!((12..=45).contains(&n), "{n} attempts in {took:?} ({e})");
         assert!(took < window + Duration::from_secs(1), "{took:?}");
     }

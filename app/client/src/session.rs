@@ -715,6 +715,8 @@ mod tests {
         // Never decided: after the revoke deadline the slot is fenced.
         let t = Instant::now();
         assert_eq!(settle(|| info(LeaseState::Fencing)), Some(Outcome::Fenced));
+        // Wall clock, and it stays: `settle` sleeps between QUERYs and takes no clock; a lower bound cannot fail
+        // spuriously (load only makes it later).
         assert!(t.elapsed() >= SETTLE);
     }
 

@@ -281,7 +281,9 @@ fn a_stuck_lease_times_out_and_lets_go_of_the_memory() {
     let r = client.wait(t[0], Duration::from_secs(10)).unwrap();
     let took = t0.elapsed();
     assert!(matches!(r[0].1, Err(Error::Timeout { .. })), "{:?}", r[0].1);
-    assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(5), "{took:?}");
+    // Not before `rdma_timeout`: a wall-clock lower bound, which stays (load only makes it later, so it cannot
+    // fail spuriously). That the timeout and not the wait's budget ended it is the `Timeout` error.
+    assert!(took >= Duration::from_millis(300), "{took:?}");
     assert!(region.wait_idle(Duration::from_secs(1)), "the stuck READ still holds the region");
     let e = lease.write(0, &[1]).unwrap_err();
     assert!(matches!(e, Error::Rdma { status: WcStatus::RetryExcErr, .. }), "{e}");

@@ -10,14 +10,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod support;
-use support::appliance::{MIB, config, key, pattern, serial, start_hosted, wait_event};
+use support::appliance::{MIB, config, pattern, serial, start_hosted, wait_event};
 use support::proxy::Proxy;
 
 use leasebox_client::rdma::SoftConfig;
 use leasebox_client::{
     AllocOptions, Appliance, Client, ClientConfig, Credentials, Error, Event, Outcome, RequesterConfig, Timeouts,
 };
-use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_hosted::testing::{Key, Rig};
 use leasebox_proto::{Request, Response};
 
 #[test]
@@ -193,10 +193,9 @@ fn an_admin_revoke_fails_the_next_write_with_the_revoke_error() {
     assert_eq!(id, lease.id());
     assert!(matches!(outcome, Outcome::TornDown | Outcome::NotFound), "{outcome:?}");
     assert_eq!(lease.revoked(), Some(outcome));
-    // From now on every call fails at once, with the same error.
-    let t = Instant::now();
+    // From now on every call fails at once, with the same error: the client's own record answers (causal, not
+    // timed: a READ that went to the wire would meet the destroyed MKEY and fail as an RDMA error instead).
     assert!(matches!(lease.read(0, &mut [0; 8]), Err(Error::Revoked { .. })));
-    assert!(t.elapsed() < Duration::from_millis(100));
     assert!(matches!(lease.free(), Err(Error::Revoked { .. })));
     // The event came once, through the channel and the callback.
     let ev = wait_event(&client, Duration::from_secs(2), |e| matches!(e, Event::Revoked { .. }));
@@ -246,7 +245,7 @@ fn a_wrong_key_is_refused_at_connect() {
     let _one = serial();
     let a = start_hosted(&[]);
     let mut app = a.appliance();
-    app.credentials.key = key().1;
+    app.credentials.key = Key::random().bytes().to_vec();
     let e = Client::connect(config(vec![app])).unwrap_err();
     assert!(matches!(e, Error::Server { .. } | Error::Connection { .. }), "{e}");
 }
@@ -334,8 +333,9 @@ fn notices_become_events_at_once() {
     assert!(matches!(admin.call(&Request::Revoke { lease: lease.id(), qp_first: false }), Ok(Response::Revoke { .. })));
     let (at, ev) = rx.recv_timeout(Duration::from_secs(2)).expect("no event after the REVOKE");
     assert!(matches!(&ev, Event::Revoked { lease: l, outcome: Outcome::TornDown, .. } if *l == lease.id()), "{ev:?}");
+    // The 2 s wait above is the check, and a wall-clock bound that stays: what tells the client is either the
+    // notice or the RENEW 30 s later, and only a deadline between them tells which (15 times the margin).
     eprintln!("REVOKE → event: {} µs", at.duration_since(sent).as_micros());
-    assert!(at.duration_since(sent) < Duration::from_secs(1));
     // Known before any RDMA was tried.
     assert!(matches!(lease.write(0, &[1]), Err(Error::Revoked { outcome: Outcome::TornDown, .. })));
 
@@ -402,9 +402,8 @@ fn free_port() -> SocketAddr {
 }
 
 /// A hosted appliance without the model (the control channel is all this needs) at `addr`.
-fn start_control_only(addr: SocketAddr, tenant_hex: &str) -> Hosted {
-    let args: Vec<String> = vec!["--listen".into(), addr.to_string(), format!("tenant=demo:{tenant_hex}")];
-    Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap()
+fn start_control_only(addr: SocketAddr, key: &Key) -> Rig {
+    Rig::builder().listen(addr).tenant_with_key("demo", key.clone()).start().unwrap()
 }
 
 /// A client started before its appliance connects within about 100 ms of the appliance starting to listen:
@@ -413,8 +412,8 @@ fn start_control_only(addr: SocketAddr, tenant_hex: &str) -> Hosted {
 #[test]
 fn a_client_started_first_connects_soon_after_the_appliance_listens() {
     let _one = serial();
-    let (hex, key) = key();
-    let who = Credentials { name: "demo".into(), key };
+    let key = Key::random();
+    let who = Credentials { name: "demo".into(), key: key.bytes().to_vec() };
     let appliance = |addr: SocketAddr| Appliance {
         addr: addr.to_string(),
         credentials: who.clone(),
@@ -433,12 +432,14 @@ fn a_client_started_first_connects_soon_after_the_appliance_listens() {
     std::thread::sleep(Duration::from_millis(1500));
     assert!(!waiter.is_finished(), "connected with nothing listening");
     let before = Instant::now();
-    let h1 = start_control_only(first, &hex);
+    let h1 = start_control_only(first, &key);
     let listening = Instant::now();
     let (connected, c1) = waiter.join().unwrap().unwrap();
     let late = connected.saturating_duration_since(listening);
     eprintln!("listening (start took {:?}) → connected: {late:?}", listening - before);
     assert!(connected > before);
+    // Wall clock, and it stays: how soon a waiting client notices a listener is a latency of its real-time
+    // reconnect pause (100 ms), with no clock to script; the bound allows 300 ms of scheduling on top.
     assert!(late < Duration::from_millis(100 + 300), "connected {late:?} after the appliance listened");
 
     // In the background: the second appliance is down at connect; then, for 4 s, something answers there that
@@ -475,12 +476,13 @@ fn a_client_started_first_connects_soon_after_the_appliance_listens() {
     eprintln!("{refused} attempts at the impostor in 4 s");
     assert!((20..=400).contains(&refused), "{refused} attempts in 4 s");
     let before = Instant::now();
-    let h2 = start_control_only(second, &hex);
+    let h2 = start_control_only(second, &key);
     let listening = Instant::now();
     let up = rx.recv_timeout(Duration::from_secs(10)).expect("never connected to the late appliance");
     let late = up.saturating_duration_since(listening);
     eprintln!("listening (start took {:?}) → connected in the background: {late:?}", listening - before);
     assert!(up > before);
+    // Wall clock, and it stays (as above).
     assert!(late < Duration::from_millis(100 + 300), "connected {late:?} after the appliance listened");
     let reached = c2.call(1, Request::Health);
     assert!(!matches!(reached, Err(Error::Connection { .. } | Error::Timeout { .. })), "{reached:?}");

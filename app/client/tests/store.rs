@@ -7,12 +7,12 @@ use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::time::{Duration, Instant};
 
 mod support;
-use support::appliance::{Hosted1, MIB, key, pattern, serial, start_hosted};
+use support::appliance::{Hosted1, MIB, pattern, serial, start_hosted};
 
 use leasebox_client::rdma::SoftConfig;
 use leasebox_client::store::{self as kv, GetItem, PutItem, StoreEvent};
 use leasebox_client::{Appliance, Credentials, Outcome, RequesterConfig, Store, StoreConfig};
-use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_hosted::testing::{Key, Rig};
 use leasebox_proto::{Request, Response};
 
 const KIB: usize = 1 << 10;
@@ -318,10 +318,10 @@ fn free_udp() -> SocketAddr {
 
 /// A hosted appliance at these addresses (tried again for a while: the ports of one just stopped may take a
 /// moment to be free).
-fn hosted_at(ctl: SocketAddr, udp: SocketAddr, tenant_hex: &str) -> Hosted {
+fn hosted_at(ctl: SocketAddr, udp: SocketAddr, key: &Key) -> Rig {
     let end = Instant::now() + Duration::from_secs(20);
     loop {
-        match try_hosted_at(ctl, udp, tenant_hex) {
+        match Rig::builder().listen(ctl).udp(udp).heartbeat_ms(1000).tenant_with_key("demo", key.clone()).start() {
             Ok(h) => return h,
             Err(e) if e.contains("in use") && Instant::now() < end => std::thread::sleep(Duration::from_millis(200)),
             Err(e) => panic!("{e}"),
@@ -329,34 +329,21 @@ fn hosted_at(ctl: SocketAddr, udp: SocketAddr, tenant_hex: &str) -> Hosted {
     }
 }
 
-fn try_hosted_at(ctl: SocketAddr, udp: SocketAddr, tenant_hex: &str) -> Result<Hosted, String> {
-    let args: Vec<String> = vec![
-        "--listen".into(),
-        ctl.to_string(),
-        "--hca".into(),
-        "--udp".into(),
-        udp.to_string(),
-        "heartbeat_ms=1000".into(),
-        format!("tenant=demo:{tenant_hex}"),
-    ];
-    Hosted::start(HostedConfig::from_args(&args)?)
-}
-
 #[test]
 fn a_reboot_drops_that_appliances_keys() {
     let _one = serial();
     let (ctl, udp) = (free_tcp(), free_udp());
-    let (hex, bytes) = key();
-    let h = hosted_at(ctl, udp, &hex);
+    let key = Key::random();
+    let h = hosted_at(ctl, udp, &key);
     let appliance = Appliance {
         addr: ctl.to_string(),
-        credentials: Credentials { name: "demo".into(), key: bytes },
+        credentials: Credentials { name: "demo".into(), key: key.bytes().to_vec() },
         requester: RequesterConfig::Soft(SoftConfig { peer: udp, ..SoftConfig::default() }),
     };
     let s = store(vec![appliance], 64 * KIB as u64, 2 * MIB, 1);
     let keys = fill(&s, "r", 8, 4 * KIB);
     h.stop();
-    let h = hosted_at(ctl, udp, &hex); // a new boot id at the same address
+    let h = hosted_at(ctl, udp, &key); // a new boot id at the same address
     let lost = wait_store_event(&s, Duration::from_secs(15), |e| matches!(e, StoreEvent::KeysLost { .. }))
         .expect("no KeysLost event after the reboot");
     assert!(matches!(lost, StoreEvent::KeysLost { count: 8, outcome: Outcome::NotFound, .. }), "{lost:?}");

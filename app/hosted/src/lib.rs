@@ -4,6 +4,8 @@
 //! NOT_IMPLEMENTED).
 
 pub mod hca;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod verbs_ref;
 
 use leasebox_lease::LeaseOptions;

@@ -9,17 +9,45 @@
 use leasebox_hosted::{Hosted, HostedConfig};
 use std::process::ExitCode;
 
+/// The one-line synopsis, printed after a bad command line.
+const SYNOPSIS: &str = "usage: leasebox-hosted [--listen ADDR] [--hca [--udp ADDR] [--timing firmware|zero|Nus]] \
+                        [--verbs DEVICE[:GID_INDEX] [--verbs-qp-teardown err|destroy]] \
+                        tenant=NAME:HEXKEY|admin=HEXKEY [sessions=N credits=N heartbeat_ms=N lease options...]";
+
+/// `--help`: the synopsis and what each flag does.
+const HELP: &str = "\
+The Leasebox appliance as a Linux process: the session core over std TCP, with the device model, the mlx5 driver
+and the lease service in process (--hca), or the reference responder on a real RDMA device (--verbs).
+
+Flags:
+  --listen ADDR                  the control channel's address (default 127.0.0.1:7470; port 0: a free port)
+  --hca                          run the ConnectX-5 device model, the driver and the lease service
+  --udp ADDR                     the model's RoCEv2 responder on UDP (needs --hca)
+  --timing firmware|zero|Nus     the model's firmware time per command (default firmware)
+  --verbs DEVICE[:GID_INDEX]     the reference responder on an RDMA device (a build with --features verbs)
+  --verbs-qp-teardown err|destroy  how the reference responder tears a lease's QP down (needs --verbs)
+  -h, --help                     print this help
+
+Options (KEY=VALUE words, as the image takes them on its command line; docs/operations.md):
+  tenant=NAME:HEXKEY  admin=HEXKEY  appliance=NAME  sessions=N  credits=N  heartbeat_ms=N
+  sessions_per_tenant=N  admin_sessions=N  preauth_sessions=N  and the lease options (lease_pool_mib=N, ...)
+
+Once serving it prints `leasebox: ready hosted=1 addr=... ctl_port=... ...` on stdout.";
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // Asked for help anywhere before a `--` is help, not a configuration (flags take no value that starts with
+    // `-`, so no flag's value is mistaken for it).
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{SYNOPSIS}\n\n{HELP}");
+        return ExitCode::SUCCESS;
+    }
     let cfg = match HostedConfig::from_args(&args) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("leasebox-hosted: {e}");
-            eprintln!(
-                "usage: leasebox-hosted [--listen ADDR] [--hca [--udp ADDR] [--timing firmware|zero|Nus]] \
-                 [--verbs DEVICE[:GID_INDEX] [--verbs-qp-teardown err|destroy]] \
-                 tenant=NAME:HEXKEY|admin=HEXKEY [sessions=N credits=N heartbeat_ms=N lease options...]"
-            );
+            eprintln!("{SYNOPSIS}");
+            eprintln!("(leasebox-hosted --help for the flags)");
             return ExitCode::from(2);
         }
     };

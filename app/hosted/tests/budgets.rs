@@ -7,24 +7,27 @@ use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_hosted::testing::{Builder, Rig};
 use leasebox_proto::{ErrorBody, ErrorCode, FrameBuf, Kind, Next, Request, Response, Role};
 use leasectl::{Client, ClientError, Credentials, Timeouts};
 
-const DEMO: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
-const ADMIN: &str = "a0a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3b4b5b6b7b8b9babbbcbdbebf";
-
-fn start(budgets: &[&str]) -> Hosted {
-    let mut args: Vec<String> = ["--listen", "127.0.0.1:0"].iter().map(|s| s.to_string()).collect();
-    args.push(format!("tenant=demo:{DEMO}"));
-    args.push(format!("admin={ADMIN}"));
-    args.extend(budgets.iter().map(|s| s.to_string()));
-    Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap()
+/// The rig with tenant `demo` and the admin, and `budgets`' option words.
+fn start(budgets: &[(&str, u32)]) -> Rig {
+    start_on(Rig::builder(), budgets)
 }
 
-fn login(h: &Hosted, name: &str, key: &str) -> Result<Client, ClientError> {
-    let who = Credentials { name: name.into(), key: leasectl::hex::decode(key).unwrap() };
-    Client::connect_and_hello(&h.addr().to_string(), &who, Timeouts::all(Duration::from_secs(10))).map(|c| c.0)
+fn start_on(b: Builder, budgets: &[(&str, u32)]) -> Rig {
+    budgets.iter().fold(b.tenant("demo").admin(), |b, (k, v)| b.option(k, v)).start().unwrap()
+}
+
+/// `name`'s credentials on `h` (`admin`: the admin's).
+fn who(h: &Rig, name: &str) -> Credentials {
+    let key = if name == "admin" { h.admin_key() } else { h.key(name) };
+    Credentials { name: name.into(), key: key.bytes().to_vec() }
+}
+
+fn login(h: &Rig, name: &str) -> Result<Client, ClientError> {
+    login_via(&h.addr().to_string(), h, name)
 }
 
 fn busy(r: Result<Client, ClientError>) -> ErrorBody {
@@ -41,11 +44,11 @@ fn heartbeat(c: &mut Client) {
 
 #[test]
 fn a_tenant_is_capped_and_the_admin_still_gets_in() {
-    let h = start(&["sessions=4", "sessions_per_tenant=2", "admin_sessions=1"]);
-    let mut held = vec![login(&h, "demo", DEMO).unwrap(), login(&h, "demo", DEMO).unwrap()];
-    let e = busy(login(&h, "demo", DEMO));
+    let h = start(&[("sessions", 4), ("sessions_per_tenant", 2), ("admin_sessions", 1)]);
+    let mut held = vec![login(&h, "demo").unwrap(), login(&h, "demo").unwrap()];
+    let e = busy(login(&h, "demo"));
     assert!(e.message.contains("holds its 2 sessions"), "{}", e.message);
-    let mut admin = login(&h, "admin", ADMIN).unwrap();
+    let mut admin = login(&h, "admin").unwrap();
     // The tenant sees its own figures; the admin the appliance's.
     let Response::Stats(t) = held[0].call(&Request::Stats).unwrap() else { panic!("no STATS") };
     assert_eq!((t.sessions_current, t.session_budget, t.sessions_total, t.sessions_refused), (2, 2, 2, 1));
@@ -86,22 +89,18 @@ fn is_busy(bytes: &[u8]) -> bool {
 }
 
 /// Logs in from `addr` (the appliance's port on another loopback address: another source).
-fn login_via(addr: &str, name: &str, key: &str) -> Result<Client, ClientError> {
-    let who = Credentials { name: name.into(), key: leasectl::hex::decode(key).unwrap() };
-    Client::connect_and_hello(addr, &who, Timeouts::all(Duration::from_secs(10))).map(|c| c.0)
+fn login_via(addr: &str, h: &Rig, name: &str) -> Result<Client, ClientError> {
+    Client::connect_and_hello(addr, &who(h, name), Timeouts::all(Duration::from_secs(10))).map(|c| c.0)
 }
 
 #[test]
 fn unauthenticated_connections_cannot_crowd_out_sessions() {
     // Listening on every IPv6 address (and IPv4 through mapped addresses): 127.0.0.1 and ::1 are two sources.
-    let mut args: Vec<String> = ["--listen", "[::]:0", "sessions=4", "preauth_sessions=2"].map(String::from).to_vec();
-    args.push(format!("tenant=demo:{DEMO}"));
-    args.push(format!("admin={ADMIN}"));
-    let h = Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap();
+    let h = start_on(Rig::builder().listen("[::]:0"), &[("sessions", 4), ("preauth_sessions", 2)]);
     let v4 = format!("127.0.0.1:{}", h.addr().port());
     let v6 = format!("[::1]:{}", h.addr().port());
-    let mut demo = login_via(&v4, "demo", DEMO).unwrap();
-    let mut admin = login_via(&v4, "admin", ADMIN).unwrap();
+    let mut demo = login_via(&v4, &h, "demo").unwrap();
+    let mut admin = login_via(&v4, &h, "admin").unwrap();
     assert_eq!(admin.welcome().map(|w| w.role), Some(Role::Admin));
     // Three connections from ::1, an address no session has come from, that never say anything: a pool of 2
     // gives such an address 1 place, so the first holds it and the next two are refused BUSY (the place is
@@ -120,11 +119,11 @@ fn unauthenticated_connections_cannot_crowd_out_sessions() {
     let holder = (0..3).find(|i| !refused.contains(i)).unwrap();
     assert!(closed_with(&mut silent[holder], Duration::from_millis(50)).is_none(), "the first still holds its place");
     // The address sessions came from is not affected: a login from 127.0.0.1 gets in at once.
-    let mut other = login_via(&v4, "demo", DEMO).unwrap();
+    let mut other = login_via(&v4, &h, "demo").unwrap();
     heartbeat(&mut other);
     // From ::1, once the silent place is a second old, a new client evicts it (its oldest idle one).
     std::thread::sleep(Duration::from_millis(1_100));
-    let mut again = login_via(&v6, "demo", DEMO).unwrap();
+    let mut again = login_via(&v6, &h, "demo").unwrap();
     let evicted = closed_with(&mut silent[holder], Duration::from_secs(5)).expect("the silent connection is evicted");
     assert!(is_busy(&evicted));
     heartbeat(&mut again);

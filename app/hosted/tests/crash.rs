@@ -11,8 +11,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use leasebox_hosted::Hosted;
 use leasebox_hosted::hca::FailClosed;
-use leasebox_hosted::{Hosted, HostedConfig};
 use leasebox_mlx5::cmdq::EmergencyOutcome;
 use leasebox_proto::{AllocReq, AllocResp, LeaseState, Request, Response, access, mtu_bytes};
 use leasectl::rdma::{Completion, QpEndpoint, RcConfig, Requester, SoftConfig, SoftRoce, WcStatus, mtu_enum};
@@ -24,34 +24,21 @@ const HANG: Duration = Duration::from_secs(30);
 const LEN: usize = 4096;
 
 struct Rig {
-    h: Option<Hosted>,
+    h: leasebox_hosted::testing::Rig,
     demo: Credentials,
     udp: SocketAddr,
 }
 
-impl Drop for Rig {
-    fn drop(&mut self) {
-        if let Some(h) = self.h.take() {
-            h.stop();
-        }
-    }
-}
-
 impl Rig {
     fn start() -> Rig {
-        let key = leasectl::hex::random_key(32).unwrap();
-        let args: Vec<String> = ["--listen", "127.0.0.1:0", "--hca", "--udp", "127.0.0.1:0"]
-            .iter()
-            .map(|s| s.to_string())
-            .chain([format!("tenant=demo:{key}")])
-            .collect();
-        let h = Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap();
-        let udp = h.hca().unwrap().udp.expect("--udp gives the responder an address");
-        Rig { h: Some(h), demo: Credentials { name: "demo".into(), key: leasectl::hex::decode(&key).unwrap() }, udp }
+        let h = leasebox_hosted::testing::Rig::builder().model().tenant("demo").start().unwrap();
+        let udp = h.udp().expect("--udp gives the responder an address");
+        let demo = Credentials { name: "demo".into(), key: h.key("demo").bytes().to_vec() };
+        Rig { h, demo, udp }
     }
 
     fn hosted(&self) -> &Hosted {
-        self.h.as_ref().unwrap()
+        &self.h
     }
 
     fn ram(&self, addr: u64, len: usize) -> Vec<u8> {

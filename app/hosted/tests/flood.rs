@@ -1,8 +1,8 @@
 //! Pre-authentication under a flood over real TCP (docs/security.md, "Pre-authentication"): the hosted
 //! appliance with the model listens on every address; 8, 64 or 512 silent connections from 127.0.0.1 are held
 //! open (each one the server closes is reopened at once) while, from ::1, a tenant whose connection dropped
-//! reconnects and RESUMEs its lease, the other tenant logs in and the admin logs in. Each must get in within
-//! 2 s; the times are printed. (One attacking address only: loopback offers a test two addresses without
+//! reconnects and RESUMEs its lease, the other tenant logs in and the admin logs in. Each must get in at its
+//! first attempt (no BUSY); the times are printed. (One attacking address only: loopback offers a test two addresses without
 //! binding; many attacking addresses are simulated on virtual time in `app/session/src/tests/lockout.rs`.)
 
 use std::io::{ErrorKind, Read};
@@ -15,7 +15,7 @@ use leasebox_proto::{Request, Response};
 use leasectl::{Client, ClientError, Credentials, Timeouts};
 
 mod common;
-use common::{creds, lease, start_with_model};
+use common::{Principals, lease, with_model};
 
 /// Holds `n` silent connections to `addr` until `stop`: each one the server closes (refused, evicted, or at
 /// its HELLO deadline) is reopened on the next sweep. Counts the connections opened.
@@ -46,13 +46,16 @@ fn flood(addr: String, n: usize, stop: Arc<AtomicBool>, opened: Arc<AtomicU64>) 
     }
 }
 
-fn login(addr: &str, who: &Credentials) -> Result<(Client, Duration), String> {
+/// A login as a client makes it: BUSY (refused or evicted) is tried again. The session, the attempts it took
+/// (1: in at once) and the time (printed only).
+fn login(addr: &str, who: &Credentials) -> Result<(Client, u32, Duration), String> {
     let t0 = Instant::now();
     let end = t0 + Duration::from_secs(10);
+    let mut attempts = 0;
     loop {
+        attempts += 1;
         match Client::connect_and_hello(addr, who, Timeouts::all(Duration::from_secs(5))) {
-            Ok((c, _)) => return Ok((c, t0.elapsed())),
-            // BUSY (refused or evicted): try again, as a client does.
+            Ok((c, _)) => return Ok((c, attempts, t0.elapsed())),
             Err(ClientError::Server(_)) if Instant::now() < end => std::thread::sleep(Duration::from_millis(100)),
             Err(e) => return Err(format!("{}: {e}", who.name)),
         }
@@ -61,14 +64,14 @@ fn login(addr: &str, who: &Credentials) -> Result<(Client, Duration), String> {
 
 #[test]
 fn nobody_is_locked_out_by_a_flood_of_silent_connections() {
-    let (h, k) = start_with_model(&["--listen".into(), "[::]:0".into(), "session_grace_ms=20000".into()]);
+    let h = with_model().listen("[::]:0").option("session_grace_ms", 20000).start().unwrap();
     let port = h.addr().port();
     let (v4, v6) = (format!("127.0.0.1:{port}"), format!("[::1]:{port}"));
-    let (demo, other, admin) = (creds("demo", &k.demo), creds("other", &k.other), creds("admin", &k.admin));
+    let Principals { demo, other, admin } = Principals::of(&h);
     let mut report = String::new();
     for n in [8, 64, 512] {
         // A tenant with a lease, from ::1.
-        let (mut c, _) = login(&v6, &demo).unwrap();
+        let (mut c, ..) = login(&v6, &demo).unwrap();
         lease(&mut c);
         let w = c.welcome().cloned().expect("welcome");
         let stop = Arc::new(AtomicBool::new(false));
@@ -80,12 +83,12 @@ fn nobody_is_locked_out_by_a_flood_of_silent_connections() {
         std::thread::sleep(Duration::from_millis(1_500));
         // The tenant's connection drops; it reconnects and takes its lease back.
         drop(c);
-        let (mut again, t_demo) = login(&v6, &demo).unwrap();
+        let (mut again, n_demo, t_demo) = login(&v6, &demo).unwrap();
         let r = again.call(&Request::Resume { session_id: w.session_id, token: w.resume_token });
         // (At least its own lease: the sessions of earlier rounds, ended, may have handed theirs on.)
         assert!(matches!(r, Ok(Response::Resume { leases }) if leases >= 1), "{n} connections: RESUME answered {r:?}");
-        let (_o, t_other) = login(&v6, &other).unwrap();
-        let (_a, t_admin) = login(&v6, &admin).unwrap();
+        let (_o, n_other, t_other) = login(&v6, &other).unwrap();
+        let (_a, n_admin, t_admin) = login(&v6, &admin).unwrap();
         stop.store(true, Ordering::Relaxed);
         attacker.join().unwrap();
         let line = format!(
@@ -94,9 +97,9 @@ fn nobody_is_locked_out_by_a_flood_of_silent_connections() {
             opened.load(Ordering::Relaxed)
         );
         report += &line;
-        for t in [t_demo, t_other, t_admin] {
-            assert!(t < Duration::from_secs(2), "{line}");
-        }
+        // Causal rather than timed: each got in at its first attempt, never refused BUSY nor evicted (the flood's
+        // address holds at most its share of the pre-authentication pool); the times are printed.
+        assert_eq!((n_demo, n_other, n_admin), (1, 1, 1), "attempts (demo, other, admin): {line}");
     }
     println!("{report}");
     h.stop();

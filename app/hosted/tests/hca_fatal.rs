@@ -10,7 +10,8 @@
 
 use std::time::{Duration, Instant};
 
-use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_hosted::Hosted;
+use leasebox_hosted::testing::Rig;
 use leasebox_proto::{AllocReq, ErrorCode, FencedSlot, HcaState, LeaseId, Outcome, Request, Response, access};
 use leasectl::{Client, ClientError, Timeouts};
 use mlx5_model::fault::Fault;
@@ -22,7 +23,7 @@ const ORIGIN_REVOKE: u8 = 1;
 const ORIGIN_EXPIRY: u8 = 3;
 
 mod common;
-use common::{creds, random_hex};
+use common::creds;
 
 fn alloc(qpn: u32) -> Request {
     let mut gid = [0u8; 16];
@@ -87,17 +88,11 @@ fn an_async_eq_overrun_fences_every_live_lease() {
 
 /// Three live leases and a REVOKE sent right after `kill` makes the HCA fatal: everything fences.
 fn fences_every_live_lease(kill: impl FnOnce(&Hosted)) {
-    let (demo_hex, admin_hex) = (random_hex(), random_hex());
-    let args: Vec<String> = ["--listen", "127.0.0.1:0", "--hca"]
-        .iter()
-        .map(|s| s.to_string())
-        .chain([format!("tenant=demo:{demo_hex}"), format!("admin={admin_hex}")])
-        .collect();
-    let h = Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap();
+    let h = Rig::builder().hca().tenant("demo").admin().start().unwrap();
     let addr = h.addr().to_string();
     let t = Timeouts::all(Duration::from_secs(10));
-    let mut demo = Client::connect_and_hello(&addr, &creds("demo", &demo_hex), t).unwrap().0;
-    let mut admin = Client::connect_and_hello(&addr, &creds("admin", &admin_hex), t).unwrap().0;
+    let mut demo = Client::connect_and_hello(&addr, &creds("demo", h.key("demo")), t).unwrap().0;
+    let mut admin = Client::connect_and_hello(&addr, &creds("admin", h.admin_key()), t).unwrap().0;
 
     // Three leases: A and B Active, C Granted (no READY).
     let mut leases: Vec<(LeaseId, u32)> = Vec::new();
@@ -114,7 +109,7 @@ fn fences_every_live_lease(kill: impl FnOnce(&Hosted)) {
     assert!(fenced(&mut admin).is_empty());
 
     // The firmware dies; at once a REVOKE of A goes in. Its DESTROY_MKEY is never executed by a dead firmware.
-    kill(&h);
+    kill(h.hosted());
     let a = leases[0].0;
     let ticket = admin.send(&Request::Revoke { lease: a, qp_first: false }).unwrap();
     let end = Instant::now() + HANG;

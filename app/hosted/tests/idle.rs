@@ -6,11 +6,10 @@
 //! Before the model thread and the engines' thread backed off, such an appliance took whatever CPU the machine
 //! would give (both polled without pause: spin, then yield): 193 % of a quiet 2-core machine.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::path::Path;
 use std::time::{Duration, Instant};
+
+use leasebox_hosted::testing::{Process, Rig};
 
 use leasebox_proto::{AllocReq, Request, Response, access};
 use leasectl::rdma::{Requester, SoftConfig, SoftRoce, mtu_enum};
@@ -27,50 +26,20 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// The most CPU an idle appliance may use, as a share of one core (it used about one whole core before).
 const LIMIT: f64 = 0.30;
 
-/// The appliance's process, killed when dropped.
-struct Appliance {
-    child: Child,
-    addr: String,
-    udp: SocketAddr,
-}
-
-impl Drop for Appliance {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// The `leasebox-hosted` binary (the shipped rig's [`Process`], killed when dropped) with the model
+/// (`--hca --udp`), a 64 MiB pool and tenant `demo`.
+struct Appliance(Process);
 
 impl Appliance {
-    /// Starts the binary and waits for its ready line (`addr=... ctl_port=... udp=...`).
-    fn start(tenant_hex: &str) -> Appliance {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_leasebox-hosted"))
-            .args(["--listen", "127.0.0.1:0", "--hca", "--udp", "127.0.0.1:0", "lease_pool_mib=64"])
-            .arg(format!("tenant=demo:{tenant_hex}"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start leasebox-hosted");
-        let out = child.stdout.take().expect("its stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let mut app = Appliance { child, addr: String::new(), udp: "127.0.0.1:0".parse().unwrap() };
-        let line = rx.recv_timeout(Duration::from_secs(120)).expect("the ready line within 120 s");
-        let field = |k: &str| {
-            line.split(' ').find_map(|w| w.strip_prefix(k)).unwrap_or_else(|| panic!("no {k} in `{line}`")).to_string()
-        };
-        app.addr = format!("{}:{}", field("addr="), field("ctl_port="));
-        app.udp = field("udp=").parse().unwrap_or_else(|e| panic!("udp= in `{line}`: {e}"));
-        app
+    fn start() -> Appliance {
+        let bin = Path::new(env!("CARGO_BIN_EXE_leasebox-hosted"));
+        let p = Rig::builder().model().lease_pool_mib(64).tenant("demo").spawn(bin, Duration::from_secs(120));
+        Appliance(p.unwrap())
     }
 
     /// utime + stime of the whole process so far, in clock ticks.
     fn cpu_ticks(&self) -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).expect("its /proc stat");
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.0.pid())).expect("its /proc stat");
         // Fields after the command name (which may hold spaces) start at field 3: utime and stime are 14 and 15.
         let rest = stat.rsplit_once(") ").expect("a stat line").1;
         let fields: Vec<u64> = rest.split(' ').map(|f| f.parse().unwrap_or(0)).collect();
@@ -89,8 +58,7 @@ impl Appliance {
 
 #[test]
 fn an_idle_appliance_with_the_model_uses_little_cpu_and_wakes_for_work() {
-    let tenant = common::random_hex();
-    let app = Appliance::start(&tenant);
+    let app = Appliance::start();
     let idle = app.idle_cpu();
     eprintln!("idle hosted appliance (--hca --udp): {:.1} % of one core over {IDLE:?}", idle * 100.0);
     assert!(
@@ -104,8 +72,13 @@ fn an_idle_appliance_with_the_model_uses_little_cpu_and_wakes_for_work() {
 
     // Work after the quiet: an ALLOC (six HCA commands through every sleeping thread) and a FREE.
     let t = Timeouts { receive: Duration::from_secs(30), ..Timeouts::all(Duration::from_secs(10)) };
-    let mut c = Client::connect_and_hello(&app.addr, &common::creds("demo", &tenant), t).unwrap().0;
-    let r = SoftRoce::new(SoftConfig { peer: app.udp, ..SoftConfig::default() }).unwrap();
+    let mut c =
+        Client::connect_and_hello(&app.0.addr().to_string(), &common::creds("demo", app.0.key("demo")), t).unwrap().0;
+    let r = SoftRoce::new(SoftConfig {
+        peer: app.0.udp().expect("the ready line names the responder"),
+        ..SoftConfig::default()
+    })
+    .unwrap();
     let me = r.local();
     let t0 = Instant::now();
     let alloc = c

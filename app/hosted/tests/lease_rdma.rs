@@ -33,43 +33,29 @@ const GRACE: Duration = Duration::from_secs(3600);
 const HANG: Duration = Duration::from_secs(30);
 
 mod common;
-use common::{creds, start_with_model};
+use common::{Principals, with_model};
+use leasebox_hosted::testing::Builder;
 
 /// A hosted appliance with the model's responder on UDP, tenants `demo` and `other`, and the admin.
 struct Rig {
-    h: Option<Hosted>,
+    h: leasebox_hosted::testing::Rig,
     demo: Credentials,
     other: Credentials,
     admin: Credentials,
     udp: SocketAddr,
 }
 
-impl Drop for Rig {
-    fn drop(&mut self) {
-        if let Some(h) = self.h.take() {
-            h.stop();
-        }
-    }
-}
-
 impl Rig {
-    /// `extra`: kernel-style lease options (`revoke_order=qp-first`, `lease_pool_mib=2`, …).
-    fn start(extra: &[&str]) -> Rig {
-        let mut opts = vec![format!("lease_grace_ms={}", GRACE.as_millis())];
-        opts.extend(extra.iter().map(|s| s.to_string()));
-        let (h, k) = start_with_model(&opts);
-        let udp = h.hca().unwrap().udp.expect("--udp gives the responder an address");
-        Rig {
-            h: Some(h),
-            demo: creds("demo", &k.demo),
-            other: creds("other", &k.other),
-            admin: creds("admin", &k.admin),
-            udp,
-        }
+    /// `opts`: lease options beyond the grace (`revoke_order=qp-first`, `lease_pool_mib=2`, …).
+    fn start(opts: impl FnOnce(Builder) -> Builder) -> Rig {
+        let h = opts(with_model().lease_grace_ms(GRACE.as_millis() as u64)).start().unwrap();
+        let udp = h.udp().expect("--udp gives the responder an address");
+        let Principals { demo, other, admin } = Principals::of(&h);
+        Rig { h, demo, other, admin, udp }
     }
 
     fn hosted(&self) -> &Hosted {
-        self.h.as_ref().unwrap()
+        &self.h
     }
 
     fn session(&self, who: &Credentials) -> Client {
@@ -177,7 +163,7 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
 
 #[test]
 fn write_lands_in_the_lease_and_reads_back() {
-    let rig = Rig::start(&[]);
+    let rig = Rig::start(|b| b);
     let mut c = rig.session(&rig.demo);
     let mut r = rig.requester(PATIENT);
     let a = lease(&mut c, &mut r, 64 << 10);
@@ -200,7 +186,7 @@ fn write_lands_in_the_lease_and_reads_back() {
 
 #[test]
 fn mkey_first_revoke_naks_the_next_write_before_its_timer() {
-    let rig = Rig::start(&[]);
+    let rig = Rig::start(|b| b);
     let mut c = rig.session(&rig.demo);
     let mut r = rig.requester(PATIENT);
     let a = lease(&mut c, &mut r, 4096);
@@ -247,14 +233,14 @@ fn qp_first_silence(rig: &Rig, revoker: &Credentials, qp_first_flag: bool) {
 
 #[test]
 fn qp_first_order_configured_gives_silence_then_retry_exc_err() {
-    let rig = Rig::start(&["revoke_order=qp-first"]);
+    let rig = Rig::start(|b| b.option("revoke_order", "qp-first"));
     let demo = rig.demo.clone();
     qp_first_silence(&rig, &demo, false);
 }
 
 #[test]
 fn admin_revoke_with_qp_first_gives_silence_then_retry_exc_err() {
-    let rig = Rig::start(&[]);
+    let rig = Rig::start(|b| b);
     let admin = rig.admin.clone();
     qp_first_silence(&rig, &admin, true);
     // A tenant may not choose the order.
@@ -269,7 +255,7 @@ fn admin_revoke_with_qp_first_gives_silence_then_retry_exc_err() {
 
 #[test]
 fn a_qp_reaches_only_its_own_lease() {
-    let rig = Rig::start(&[]);
+    let rig = Rig::start(|b| b);
     let (mut c1, mut c2) = (rig.session(&rig.demo), rig.session(&rig.other));
     let (mut r1, mut r2) = (rig.requester(RcConfig::default()), rig.requester(RcConfig::default()));
     let l1 = lease(&mut c1, &mut r1, 4096);
@@ -297,7 +283,7 @@ fn a_qp_reaches_only_its_own_lease() {
 #[test]
 fn revoked_memory_is_scrubbed_before_it_is_lent_again() {
     // One 2 MiB extent: the next lease must get the same memory, and only after the sweep scrubbed it.
-    let rig = Rig::start(&["lease_pool_mib=2"]);
+    let rig = Rig::start(|b| b.lease_pool_mib(2));
     let mut c = rig.session(&rig.demo);
     let mut r = rig.requester(RcConfig::default());
     let size = 2 << 20;
@@ -347,7 +333,7 @@ fn a_4_gib_lease_is_granted_written_at_both_ends_and_revoked() {
     // 2048 extents of 2 MiB: the MKEY's MTT list (16,656 bytes) needs a mailbox chain of 33 blocks. The RAM is
     // a sparse file; the sweep (which would scrub all 4 GiB) waits past the end of the test. `tenant_mib=`
     // lifts the default fair share (half the pool each for the two tenants configured).
-    let rig = Rig::start(&["lease_pool_mib=4200", "tenant_mib=4200"]);
+    let rig = Rig::start(|b| b.lease_pool_mib(4200).option("tenant_mib", 4200));
     let mut c = rig.session(&rig.demo);
     let mut r = rig.requester(PATIENT);
     let size = 4u64 << 30;
@@ -380,7 +366,7 @@ fn a_4_gib_lease_is_granted_written_at_both_ends_and_revoked() {
 #[test]
 fn a_tenant_is_stopped_at_its_byte_limit_and_its_stats_are_its_own() {
     // `tenant_mib=4` on the command line: two 2 MiB extents per tenant.
-    let rig = Rig::start(&["tenant_mib=4", "lease_pool_mib=16"]);
+    let rig = Rig::start(|b| b.option("tenant_mib", 4).lease_pool_mib(16));
     let mut c = rig.session(&rig.demo);
     let mut r = rig.requester(RcConfig::default());
     lease(&mut c, &mut r, 2 << 20);

@@ -6,15 +6,12 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_hosted::Hosted;
+use leasebox_hosted::testing::{Key, Rig};
 use leasebox_proto::{ErrorBody, ErrorCode, FrameBuf, Hello, HelloInit, HelloNoise, Kind, Next, Request, v2};
 
-const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
-
-fn start() -> Hosted {
-    let args: Vec<String> =
-        ["--listen", "127.0.0.1:0", &format!("tenant=demo:{KEY}")].iter().map(|s| s.to_string()).collect();
-    Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap()
+fn start() -> Rig {
+    Rig::builder().tenant("demo").start().unwrap()
 }
 
 fn connect(h: &Hosted) -> TcpStream {
@@ -120,7 +117,7 @@ fn a_v1_hello_is_refused_naming_v2() {
 fn an_altered_or_replayed_record_ends_the_session() {
     use leasectl::{Client, ClientError, Credentials, Timeouts};
     let h = start();
-    let who = Credentials { name: "demo".into(), key: leasectl::hex::decode(KEY).unwrap() };
+    let who = Credentials { name: "demo".into(), key: h.key("demo").bytes().to_vec() };
     let addr = h.addr().to_string();
     let mut hb = Vec::new();
     Request::Heartbeat { echo: 5 }.encode(50, &mut hb);
@@ -152,18 +149,17 @@ fn an_altered_or_replayed_record_ends_the_session() {
 #[test]
 fn leasectl_names_the_key_id_while_a_key_rotates() {
     use leasectl::{Client, ClientError, Credentials, Timeouts};
-    const NEW: &str = "f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff";
-    let args: Vec<String> =
-        ["--listen", "127.0.0.1:0", &format!("tenant=demo:0/{KEY},1/{NEW}")].iter().map(|s| s.to_string()).collect();
-    let h = Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap();
+    // The new key is a short one (16 bytes): any length the key grammar takes works.
+    let (old, new) = (Key::random(), Key::from_bytes((0xf0..=0xffu8).collect::<Vec<u8>>()));
+    let h = Rig::builder().tenant_keys("demo", &[(0, old.clone()), (1, new.clone())]).start().unwrap();
     let addr = h.addr().to_string();
-    let who = |name: &str, hex: &str| Credentials { name: name.into(), key: leasectl::hex::decode(hex).unwrap() };
-    for (name, hex) in [("demo", KEY), ("demo#0", KEY), ("demo#1", NEW)] {
-        let (mut c, _) = Client::connect_and_hello(&addr, &who(name, hex), Timeouts::default()).unwrap();
+    let who = |name: &str, key: &Key| Credentials { name: name.into(), key: key.bytes().to_vec() };
+    for (name, key) in [("demo", &old), ("demo#0", &old), ("demo#1", &new)] {
+        let (mut c, _) = Client::connect_and_hello(&addr, &who(name, key), Timeouts::default()).unwrap();
         assert!(c.call(&Request::Heartbeat { echo: 1 }).is_ok(), "{name}");
     }
-    for (name, hex) in [("demo#1", KEY), ("demo", NEW), ("demo#2", NEW)] {
-        let e = Client::connect_and_hello(&addr, &who(name, hex), Timeouts::default()).unwrap_err();
+    for (name, key) in [("demo#1", &old), ("demo", &new), ("demo#2", &new)] {
+        let e = Client::connect_and_hello(&addr, &who(name, key), Timeouts::default()).unwrap_err();
         assert!(matches!(&e, ClientError::Server(b) if b.code == ErrorCode::AuthFailed), "{name}: {e:?}");
     }
     h.stop();
@@ -175,17 +171,12 @@ fn leasectl_names_the_key_id_while_a_key_rotates() {
 #[test]
 fn a_hello_for_one_appliance_fails_on_another() {
     use leasectl::{Client, ClientError, Credentials, Timeouts};
-    let named = |name: &str| {
-        let args: Vec<String> =
-            ["--listen", "127.0.0.1:0", &format!("tenant=demo:{KEY}"), &format!("appliance={name}")]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-        Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap()
-    };
-    let (a, b, plain) = (named("lb-a"), named("lb-b"), start());
+    let key = Key::random();
+    let named = |name: &str| Rig::builder().tenant_with_key("demo", key.clone()).appliance(name).start().unwrap();
+    let plain = Rig::builder().tenant_with_key("demo", key.clone()).start().unwrap();
+    let (a, b) = (named("lb-a"), named("lb-b"));
     let login = |h: &Hosted, name: &str| {
-        let who = Credentials { name: name.into(), key: leasectl::hex::decode(KEY).unwrap() };
+        let who = Credentials { name: name.into(), key: key.bytes().to_vec() };
         Client::connect_and_hello(&h.addr().to_string(), &who, Timeouts::all(Duration::from_secs(10)))
     };
     let auth_failed = |r: Result<(Client, leasectl::Welcome), ClientError>| matches!(r, Err(ClientError::Server(e)) if e.code == ErrorCode::AuthFailed);

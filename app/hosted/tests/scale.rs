@@ -15,13 +15,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use leasebox_hosted::{Hosted, HostedConfig};
 use leasebox_proto::{Outcome, Request, Response};
 use leasebox_session::Rate;
 use leasectl::{Client, ClientError, Credentials, Timeouts};
 
 mod common;
-use common::{creds, lease, random_hex};
+use common::{Principals, lease, with_model};
 
 const SESSIONS: usize = 1024;
 /// Heartbeat timeout of the appliance (`heartbeat_ms=`): the sessions heartbeat every third of it.
@@ -68,32 +67,22 @@ fn a_thousand_sessions_heartbeat_while_leases_come_and_go() {
     let fds = raise_nofile(4096);
     assert!(fds >= 2 * SESSIONS as u64 + 64, "this test needs ~2,100 open files; the limit is {fds}");
 
-    let (demo_key, other_key, admin_key) = (random_hex(), random_hex(), random_hex());
-    let args: Vec<String> = [
-        "--listen".into(),
-        "127.0.0.1:0".into(),
-        "--hca".into(),
-        "--udp".into(),
-        "127.0.0.1:0".into(),
-        "--timing".into(),
-        "zero".into(),
-        format!("tenant=demo:{demo_key}"),
-        format!("tenant=other:{other_key}"),
-        format!("admin={admin_key}"),
-        format!("sessions={}", SESSIONS + 16),
-        format!("heartbeat_ms={HEARTBEAT_MS}"),
+    let cluster = Rate { burst: 64, per_s: 32 * 32 };
+    let h = with_model()
+        .timing("zero")
+        .sessions(SESSIONS as u32 + 16)
+        .heartbeat_ms(HEARTBEAT_MS)
         // A revoked lease's memory comes back at once (no grace), so the churn never runs into the holder's
         // fair share of the pool.
-        "lease_grace_ms=0".into(),
-    ]
-    .into();
-    let mut cfg = HostedConfig::from_args(&args).unwrap();
-    let cluster = Rate { burst: 64, per_s: 32 * 32 };
-    cfg.budget.conn_rate = cluster;
-    cfg.budget.hello_rate = cluster;
-    let h = Hosted::start(cfg).unwrap();
+        .lease_grace_ms(0)
+        .edit(move |cfg| {
+            cfg.budget.conn_rate = cluster;
+            cfg.budget.hello_rate = cluster;
+        })
+        .start()
+        .unwrap();
     let addr = h.addr().to_string();
-    let (demo, other, admin) = (creds("demo", &demo_key), creds("other", &other_key), creds("admin", &admin_key));
+    let Principals { demo, other, admin } = Principals::of(&h);
 
     // Leases granted and revoked all along: a session of demo takes a lease, the admin revokes it.
     let stop = Arc::new(AtomicBool::new(false));

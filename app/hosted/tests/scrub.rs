@@ -4,9 +4,10 @@
 //! A hosted appliance with the model (`--hca --udp`), a 4 GiB pool and a short revoke grace; a 3 GiB lease is
 //! written through RDMA at a few offsets (writing all of it through the software requester would take minutes)
 //! and revoked. While STATS shows its memory waiting to be zeroed (`bytes_scrubbing > 0`): a HEARTBEAT and the
-//! REVOKE of another lease are answered within [`BOUND`], and STATS asked after each answer still shows the
-//! scrub running — so they were answered during it, not after; a session that only heartbeats at the shortest
-//! silence timeout (`heartbeat_ms=1000`) stays alive. Then the memory is back (nothing waiting, every byte not
+//! REVOKE of another lease are answered, and STATS asked after each answer still shows the scrub running — so
+//! they were answered during it, not after (causal checks: no round trip is held to a wall-clock bound; the
+//! round trips are printed); more HEARTBEATs are answered while it runs; a session that only heartbeats at the
+//! shortest silence timeout (`heartbeat_ms=1000`) stays alive — the appliance's own timer is the bound there. Then the memory is back (nothing waiting, every byte not
 //! leased free) and zero, in the model's RAM and through a fresh lease over the same memory.
 //!
 //! The figures (time to the pool being ready, round trips, the scrub's duration and rate) are printed; run with
@@ -26,7 +27,7 @@ use leasectl::rdma::{Completion, QpEndpoint, RcConfig, Requester, SoftConfig, So
 use leasectl::{Client, Credentials, Timeouts};
 
 mod common;
-use common::{creds, start_with_model};
+use common::{Principals, with_model};
 
 /// The lease pool (`lease_pool_mib=`).
 const POOL: u64 = 4 << 30;
@@ -39,8 +40,6 @@ const GRACE_MS: u64 = 200;
 /// The shortest silence timeout the appliance takes (`heartbeat_ms=`): a session silent this long is closed, so
 /// a scrub that held the service this long would end the heartbeat-only session.
 const HEARTBEAT_MS: u64 = 1000;
-/// During the scrub, a HEARTBEAT and a REVOKE answer within this.
-const BOUND: Duration = Duration::from_secs(1);
 /// How long the pool's preparation, a completion or the scrub may take before the test counts as hung.
 const HANG: Duration = Duration::from_secs(180);
 /// Bytes written, read and checked at each offset of the lease.
@@ -60,38 +59,31 @@ fn pattern(seed: u64) -> Vec<u8> {
 }
 
 struct Rig {
-    h: Option<Hosted>,
+    h: leasebox_hosted::testing::Rig,
     addr: String,
     udp: SocketAddr,
     demo: Credentials,
     admin: Credentials,
 }
 
-impl Drop for Rig {
-    fn drop(&mut self) {
-        if let Some(h) = self.h.take() {
-            h.stop();
-        }
-    }
-}
-
 impl Rig {
     fn start() -> Rig {
-        let opts = [
-            format!("lease_pool_mib={}", POOL >> 20),
+        let h = with_model()
+            .lease_pool_mib(POOL >> 20)
             // One tenant takes most of the pool: lift the default fair share of the two tenants configured.
-            format!("tenant_mib={}", POOL >> 20),
-            format!("lease_grace_ms={GRACE_MS}"),
-            format!("heartbeat_ms={HEARTBEAT_MS}"),
-        ];
-        let (h, k) = start_with_model(&opts);
-        let udp = h.hca().unwrap().udp.expect("--udp gives the responder an address");
+            .option("tenant_mib", POOL >> 20)
+            .lease_grace_ms(GRACE_MS)
+            .heartbeat_ms(HEARTBEAT_MS)
+            .start()
+            .unwrap();
+        let udp = h.udp().expect("--udp gives the responder an address");
         let addr = h.addr().to_string();
-        Rig { h: Some(h), addr, udp, demo: creds("demo", &k.demo), admin: creds("admin", &k.admin) }
+        let Principals { demo, admin, .. } = Principals::of(&h);
+        Rig { h, addr, udp, demo, admin }
     }
 
     fn hosted(&self) -> &Hosted {
-        self.h.as_ref().unwrap()
+        &self.h
     }
 
     /// A session that waits up to 30 s for an answer, so a slow answer is measured rather than lost.
@@ -301,7 +293,6 @@ fn a_3_gib_scrub_leaves_the_appliance_answering_and_the_memory_zero() {
     // A HEARTBEAT from another session during the scrub; STATS after its answer: still scrubbing.
     let pinged = ping(&mut pinger).unwrap();
     let after = stats(&mut admin);
-    assert!(pinged < BOUND, "a HEARTBEAT round trip during the scrub took {pinged:?}");
     assert!(
         after.bytes_scrubbing > 0,
         "the scrub was over when the HEARTBEAT was answered, so it does not show the appliance answering during \
@@ -313,7 +304,6 @@ fn a_3_gib_scrub_leaves_the_appliance_answering_and_the_memory_zero() {
     let (outcome, revoke_took) = revoke(&mut tenant, small.lease);
     let after = stats(&mut admin);
     assert_eq!(outcome, Outcome::TornDown, "REVOKE of the {SMALL}-byte lease during the scrub");
-    assert!(revoke_took < BOUND, "REVOKE → outcome during the scrub took {revoke_took:?}");
     assert!(
         after.bytes_scrubbing > SMALL,
         "the large lease's scrub was over when the REVOKE was answered (use a larger lease): {}",
@@ -324,9 +314,10 @@ fn a_3_gib_scrub_leaves_the_appliance_answering_and_the_memory_zero() {
     let mut pings = vec![pinged];
     let mut kept = Instant::now();
     let mut most = seen.bytes_scrubbing;
+    // HEARTBEATs answered with the scrub still running after them (STATS after the answer shows it).
+    let mut during = 0;
     let back = loop {
         let d = ping(&mut pinger).unwrap();
-        assert!(d < BOUND, "a HEARTBEAT round trip {:?} into the scrub took {d:?}", revoked.elapsed());
         pings.push(d);
         if kept.elapsed() >= KEEPALIVE {
             ping(&mut tenant).unwrap();
@@ -334,12 +325,17 @@ fn a_3_gib_scrub_leaves_the_appliance_answering_and_the_memory_zero() {
         }
         let s = stats(&mut admin);
         most = most.max(s.bytes_scrubbing);
+        if s.bytes_scrubbing > 0 {
+            during += 1;
+        }
         if s.bytes_scrubbing == 0 && s.bytes_free == s.pool_bytes - s.bytes_leased {
             break s;
         }
         assert!(revoked.elapsed() < HANG, "the memory not back within {HANG:?} of the REVOKE: {}", figures(&s));
         std::thread::sleep(Duration::from_millis(10));
     };
+    // The scrub is sliced: besides the HEARTBEAT and the REVOKE above, the loop's round trips went on during it.
+    assert!(during >= 1, "no HEARTBEAT in the loop was answered while the scrub ran: {}", figures(&back));
     let scrubbed = revoked.elapsed() - Duration::from_millis(GRACE_MS);
     assert_eq!((back.pool_bytes, back.bytes_leased, back.bytes_free), (POOL, 0, POOL), "{}", figures(&back));
     let (beats, slowest_beat) = heartbeats.finish();

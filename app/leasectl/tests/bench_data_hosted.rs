@@ -1,7 +1,7 @@
 //! `leasectl bench-data` against the hosted appliance (the device model, its RoCEv2 responder on UDP, the
 //! software requester): every cell of the table measured, the JSON the bench reads back, and the usage errors.
 
-use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_hosted::testing::Rig;
 
 fn run(args: &[&str]) -> (u8, String, String) {
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -13,22 +13,9 @@ fn run(args: &[&str]) -> (u8, String, String) {
 
 #[test]
 fn every_cell_is_measured_and_read_back() {
-    let key = leasectl::hex::random_key(32).unwrap();
-    let args: Vec<String> = [
-        "--listen",
-        "127.0.0.1:0",
-        "--hca",
-        "--udp",
-        "127.0.0.1:0",
-        &format!("tenant=demo:{key}"),
-        &format!("admin={}", leasectl::hex::random_key(32).unwrap()),
-        "lease_pool_mib=64",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let h = Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap();
-    let (addr, udp) = (h.addr().to_string(), h.hca().unwrap().udp.unwrap().to_string());
+    let h = Rig::builder().model().tenant("demo").admin().lease_pool_mib(64).start().unwrap();
+    let key = h.key("demo").hex();
+    let (addr, udp) = (h.addr().to_string(), h.udp().unwrap().to_string());
     let (code, out, err) = run(&[
         "--addr",
         &addr,

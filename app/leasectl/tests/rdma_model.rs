@@ -163,23 +163,21 @@ fn write_8k_lands_in_ram_and_reads_back() {
 }
 
 #[test]
-fn mkey_first_revoke_gives_rem_access_err_within_milliseconds() {
+fn mkey_first_revoke_gives_rem_access_err_before_any_retry_timer() {
     let rc = patient();
     let (mut r, mut app) = connected(rc);
     r.post_write(1, app.buf, app.mkey.0, &[7; 64]).unwrap();
     assert_eq!(one(&mut r, Duration::from_secs(5)).status, WcStatus::Success);
     app.d.destroy_mkey(app.mkey).unwrap();
     let before = r.stats();
-    let t0 = Instant::now();
     r.post_write(2, app.buf, app.mkey.0, &[8; 64]).unwrap();
     r.post_write(3, app.buf, app.mkey.0, &[9; 64]).unwrap();
     let c = next(&mut r, 2, Duration::from_secs(5));
     assert_eq!(c[0].status.name(), "IBV_WC_REM_ACCESS_ERR", "{c:?}");
     assert_eq!(c[0].wr_id, 2);
     assert_eq!((c[1].wr_id, c[1].status), (3, WcStatus::WrFlushErr));
-    // The NAK answered the first transmission, before a single transport timer period ran out.
-    let took = c[0].at.duration_since(t0);
-    assert!(took < rc.transport_timeout().unwrap(), "{took:?}");
+    // The NAK answered the first transmission, before a single transport timer expired: counted, not timed
+    // (a descheduled model thread makes the answer late, not a timer fire).
     let s = r.stats();
     assert_eq!((s.naks - before.naks, s.timeouts - before.timeouts), (1, 0), "{before:?} -> {s:?}");
 }
@@ -204,12 +202,12 @@ fn qp_first_revoke_gives_retry_exc_err_after_the_retries() {
     let attempts = u64::from(rc.retry_cnt) + 1;
     assert_eq!(s.naks - before.naks, 0, "{before:?} -> {s:?}");
     assert_eq!((s.timeouts - before.timeouts, s.packets_sent - before.packets_sent), (attempts, attempts), "{s:?}");
-    // 8 whole periods at least; the upper bound only says the timer, not the poll budget, ended it (the exact
-    // schedule is checked in virtual time in rc.rs).
+    // 8 whole periods at least. Wall clock, and it stays: a lower bound (load only makes the completion
+    // later, so it cannot fail spuriously) on the real timer's expiries. That the timer and not the poll budget
+    // ended it is the RETRY_EXC_ERR status and the expiry count above; the exact schedule is checked in virtual
+    // time in rc.rs.
     let took = c.at.duration_since(t0);
-    let rto = rc.transport_timeout().unwrap();
-    assert!(took >= rto * 8, "{took:?}");
-    assert!(took < rto * 8 + Duration::from_secs(1), "{took:?}");
+    assert!(took >= rc.transport_timeout().unwrap() * 8, "{took:?}");
     let mut ram = [0u8; 64];
     app.d.platform().ram().read(app.buf, &mut ram).unwrap();
     assert_eq!(ram, [7; 64], "the write after 2ERR never landed");

@@ -16,7 +16,8 @@ use leasebox_client::placement::{Candidate, Rng, two_choices};
 use leasebox_fleet::advert::{Advertisement, PREFIX};
 use leasebox_fleet::etcd::Etcd;
 use leasebox_fleet::local::LocalEtcd;
-use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_hosted::Hosted;
+use leasebox_hosted::testing::{Key, Rig};
 use leasebox_registrar::{ApplianceSpec, Config, Registrar};
 
 const STEADY: Duration = Duration::from_secs(10);
@@ -52,7 +53,8 @@ struct Row {
     puts: f64,
 }
 
-fn run(n: usize, with_hca: bool, tenant: &str, admin: &str) -> Result<Row, String> {
+fn run(n: usize, with_hca: bool, tenant: &Key, admin_key: &Key) -> Result<Row, String> {
+    let admin = &admin_key.hex();
     let e = LocalEtcd::start()?;
     let etcd = e.client();
     let ports = free_ports(n);
@@ -72,13 +74,10 @@ fn run(n: usize, with_hca: bool, tenant: &str, admin: &str) -> Result<Row, Strin
     let mut hosts: Vec<Option<Hosted>> = Vec::new();
     let mut up_at = Vec::new();
     for p in &ports {
-        let mut args = vec!["--listen".to_string(), format!("127.0.0.1:{p}")];
-        if with_hca {
-            args.extend(["--hca", "lease_pool_mib=16"].map(String::from));
-        }
-        args.push(format!("tenant=demo:{tenant}"));
-        args.push(format!("admin={admin}"));
-        hosts.push(Some(Hosted::start(HostedConfig::from_args(&args)?)?));
+        let b = Rig::builder().listen(format!("127.0.0.1:{p}")).tenant_with_key("demo", tenant.clone());
+        let b = b.admin_with_key(admin_key.clone());
+        let b = if with_hca { b.hca().lease_pool_mib(16) } else { b };
+        hosts.push(Some(Hosted::start(b.config()?)?));
         up_at.push(Instant::now());
     }
     let mut seen_at: Vec<Option<Duration>> = vec![None; n];
@@ -157,8 +156,7 @@ fn run(n: usize, with_hca: bool, tenant: &str, admin: &str) -> Result<Row, Strin
 }
 
 fn main() {
-    let key = || leasebox_client::hex::random_key(32).expect("a random key");
-    let (tenant, admin) = (key(), key());
+    let (tenant, admin) = (Key::random(), Key::random());
     println!(
         "fleet: one registrar (poll 1 s, key TTL 10 s, election TTL 5 s), etcd 3.4 on loopback, hosted appliances"
     );

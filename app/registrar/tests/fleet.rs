@@ -17,7 +17,8 @@ use leasebox_client::{AllocOptions, Client, Credentials, FleetConfig, Timeouts};
 use leasebox_fleet::advert::{Advertisement, ELECTION, PREFIX};
 use leasebox_fleet::etcd::{Etcd, EtcdUser};
 use leasebox_fleet::local::{LocalEtcd, promtool_check, sample_value};
-use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_hosted::Hosted;
+use leasebox_hosted::testing::{Key, Rig};
 use leasebox_registrar::{ApplianceSpec, Config, Registrar};
 
 const MIB: u64 = 1 << 20;
@@ -38,17 +39,19 @@ fn etcd() -> LocalEtcd {
 }
 
 struct Keys {
+    tenant: Key,
+    admin: Key,
     tenant_hex: String,
     admin_hex: String,
 }
 
 impl Keys {
     fn new() -> Keys {
-        let k = || leasebox_client::hex::random_key(32).expect("a random key");
-        Keys { tenant_hex: k(), admin_hex: k() }
+        let (tenant, admin) = (Key::random(), Key::random());
+        Keys { tenant_hex: tenant.hex(), admin_hex: admin.hex(), tenant, admin }
     }
     fn tenant(&self) -> Credentials {
-        Credentials { name: "demo".into(), key: leasebox_client::hex::decode(&self.tenant_hex).unwrap() }
+        Credentials { name: "demo".into(), key: self.tenant.bytes().to_vec() }
     }
 }
 
@@ -59,17 +62,15 @@ fn appliance(keys: &Keys, pool_mib: Option<u64>) -> Hosted {
 
 /// [`appliance`] on given control and RoCEv2 addresses (a reboot in place).
 fn appliance_at(keys: &Keys, pool_mib: Option<u64>, control: &str, udp: &str) -> Hosted {
-    let mut args: Vec<String> = vec!["--listen".into(), control.into()];
+    let mut b = Rig::builder().listen(control).tenant_with_key("demo", keys.tenant.clone());
+    b = b.admin_with_key(keys.admin.clone());
     if let Some(mib) = pool_mib {
         // No firmware-like command delays: a FREE's teardown returns its bytes at once, so the free bytes the
         // appliances advertise (the placement weights) do not sag under a burst of ALLOC/FREE on a loaded host.
-        args.extend(["--hca", "--udp", udp, "--timing", "zero", "lease_grace_ms=50"].map(String::from));
-        args.push(format!("lease_pool_mib={mib}"));
-        args.push(format!("lease_slots={}", 4 * mib));
+        b = b.udp(udp).timing("zero").lease_grace_ms(50).lease_pool_mib(mib).option("lease_slots", 4 * mib);
     }
-    args.push(format!("tenant=demo:{}", keys.tenant_hex));
-    args.push(format!("admin={}", keys.admin_hex));
-    Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap()
+    // A `Hosted` rather than the rig: the tests stop and restart appliances in place themselves.
+    Hosted::start(b.config().unwrap()).unwrap()
 }
 
 fn spec(keys: &Keys, h: &Hosted, zone: &str) -> ApplianceSpec {
@@ -93,7 +94,9 @@ fn adverts(etcd: &Etcd) -> HashMap<String, Advertisement> {
     kvs.iter().filter_map(|kv| Advertisement::from_json(&kv.value).ok()).map(|a| (a.control.clone(), a)).collect()
 }
 
-/// Waits until `ok` holds, at most `within`; how long it took.
+/// Waits until `ok` holds, at most `within`; how long it took. Wall clock, and it stays: etcd is a real
+/// process whose lease TTLs and elections run on the real clock, so "gone within its TTL (+ slack)" can only be
+/// checked against it; the other waits are hang guards with seconds of margin.
 fn wait_for(within: Duration, what: &str, mut ok: impl FnMut() -> bool) -> Duration {
     let t0 = Instant::now();
     while !ok() {

@@ -2,7 +2,7 @@
 //! and C programs compiled by gcc against the committed header and linked with this crate's staticlib.
 #![allow(dead_code)]
 
-use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_hosted::testing::{Builder, Rig};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -18,40 +18,28 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-pub fn random_hex() -> String {
-    leasebox_client::hex::random_key(32).expect("a random key")
-}
-
-/// A hosted appliance with the RDMA data path; stopped on drop.
+/// A hosted appliance with the RDMA data path (the shipped rig, stopped on drop) and what the C programs take
+/// on their command lines: its addresses and the keys in hex.
 pub struct Appliance {
-    pub h: Option<Hosted>,
+    pub h: Rig,
     pub addr: String,
     pub udp: String,
     pub tenant: String,
     pub admin: String,
 }
 
-impl Drop for Appliance {
-    fn drop(&mut self) {
-        if let Some(h) = self.h.take() {
-            h.stop();
-        }
-    }
+/// An appliance with the model, a tenant `demo` and an admin.
+pub fn start() -> Appliance {
+    start_with(|b| b)
 }
 
-/// An appliance with a tenant `demo`, an admin, and `extra` options (`name=value`).
-pub fn start(extra: &[&str]) -> Appliance {
-    let (tenant, admin) = (random_hex(), random_hex());
-    let args: Vec<String> = ["--listen", "127.0.0.1:0", "--hca", "--udp", "127.0.0.1:0"]
-        .iter()
-        .chain(extra)
-        .map(|s| s.to_string())
-        .chain([format!("tenant=demo:{tenant}"), format!("admin={admin}")])
-        .collect();
-    let h = Hosted::start(HostedConfig::from_args(&args).expect("options")).expect("the hosted appliance starts");
+/// [`start`], with what `options` adds to the configuration.
+pub fn start_with(options: impl FnOnce(Builder) -> Builder) -> Appliance {
+    let h = options(Rig::builder().model().tenant("demo").admin()).start().expect("the hosted appliance starts");
     let addr = h.addr().to_string();
-    let udp = h.hca().and_then(|t| t.udp).expect("--udp gives the responder an address").to_string();
-    Appliance { h: Some(h), addr, udp, tenant, admin }
+    let udp = h.udp().expect("--udp gives the responder an address").to_string();
+    let (tenant, admin) = (h.key("demo").hex(), h.admin_key().hex());
+    Appliance { h, addr, udp, tenant, admin }
 }
 
 /// Where cargo put this crate's staticlib: next to this test's executable (`target/<profile>/deps/`).

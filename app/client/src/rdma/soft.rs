@@ -745,16 +745,13 @@ mod tests {
         let fake = Fake::start(Mode::NakAccess, 1024, 5);
         let rc = patient();
         let mut r = requester(&fake, 1024, 5, rc);
-        let t0 = Instant::now();
         r.post_write(1, BASE, RKEY, &[1; 64]).unwrap();
         r.post_write(2, BASE, RKEY, &[2; 64]).unwrap();
         let c = wait_all(&mut r, 2, Duration::from_secs(5));
         let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
         assert_eq!(got, [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]);
         assert_eq!(c[0].status.name(), "IBV_WC_REM_ACCESS_ERR");
-        // The NAK answered the first transmission: no transport timer expired before it.
-        let took = c[0].at.duration_since(t0);
-        assert!(took < rc.transport_timeout().unwrap(), "{took:?}");
+        // The NAK answered the first transmission: no transport timer expired before it (counted, not timed).
         assert_eq!((r.stats().timeouts, r.stats().naks), (0, 1), "{:?}", r.stats());
         assert_eq!(r.qp_state(), QpState::Err);
         r.post_read(3, BASE, RKEY, 8).unwrap();
@@ -775,12 +772,12 @@ mod tests {
         let c = wait_all(&mut r, 2, Duration::from_secs(2));
         let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
         assert_eq!(got, [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]);
-        // Four expiries, each a whole period after the send before it; the upper bound only says the timer,
-        // not the 2 s budget, ended it (the exact schedule is rc.rs's virtual-time test).
+        // Four expiries, each a whole period after the send before it. Wall clock, and it stays: a lower bound
+        // (load only delays the completion, so it cannot fail spuriously) on the real timer. That the timer and
+        // not the 2 s budget ended it is the status and the expiry count; the exact schedule is rc.rs's
+        // virtual-time test.
         let took = c[0].at.duration_since(t0);
-        let rto = rc.transport_timeout().unwrap();
-        assert!(took >= rto * 4, "{took:?}");
-        assert!(took < rto * 4 + Duration::from_secs(1), "{took:?}");
+        assert!(took >= rc.transport_timeout().unwrap() * 4, "{took:?}");
         assert_eq!(r.stats().timeouts, 4);
         assert_eq!(r.stats().packets_sent, 8, "two packets, sent 4 times");
         fake.finish();

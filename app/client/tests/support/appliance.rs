@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use leasebox_client::rdma::SoftConfig;
 use leasebox_client::{Appliance, Client, ClientConfig, Connection, Credentials, Event, RequesterConfig, Timeouts};
-use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_hosted::testing::Rig;
 
 pub const MIB: u64 = 1 << 20;
 
@@ -19,52 +19,33 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The shipped rig and what the tests here take from it: the tenant's and the admin's credentials and the
+/// model's UDP responder.
 pub struct Hosted1 {
-    pub h: Option<Hosted>,
+    pub h: Rig,
     pub tenant: Credentials,
     pub admin: Credentials,
     pub udp: SocketAddr,
 }
 
-impl Drop for Hosted1 {
-    fn drop(&mut self) {
-        if let Some(h) = self.h.take() {
-            h.stop();
-        }
-    }
-}
-
-pub fn key() -> (String, Vec<u8>) {
-    let hex = leasebox_client::hex::random_key(32).expect("a random key");
-    let bytes = leasebox_client::hex::decode(&hex).expect("hex");
-    (hex, bytes)
-}
-
 /// A hosted appliance with the model, a 1 s heartbeat timeout (so a broken connection shows within a
-/// heartbeat period of 333 ms) and `extra` options.
-pub fn start_hosted(extra: &[&str]) -> Hosted1 {
-    let ((tenant_hex, tenant_key), (admin_hex, admin_key)) = (key(), key());
-    let mut args: Vec<String> =
-        ["--listen", "127.0.0.1:0", "--hca", "--udp", "127.0.0.1:0", "lease_grace_ms=100", "heartbeat_ms=1000"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-    args.push(format!("tenant=demo:{tenant_hex}"));
-    args.push(format!("admin={admin_hex}"));
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let h = Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap();
-    let udp = h.hca().unwrap().udp.unwrap();
-    Hosted1 {
-        h: Some(h),
-        tenant: Credentials { name: "demo".into(), key: tenant_key },
-        admin: Credentials { name: "admin".into(), key: admin_key },
-        udp,
-    }
+/// heartbeat period of 333 ms) and `options` (`KEY=VALUE` words).
+pub fn start_hosted(options: &[&str]) -> Hosted1 {
+    let b = Rig::builder().model().tenant("demo").admin().lease_grace_ms(100).heartbeat_ms(1000);
+    let b = options.iter().fold(b, |b, o| {
+        let (k, v) = o.split_once('=').unwrap_or_else(|| panic!("`{o}` is not KEY=VALUE"));
+        b.option(k, v)
+    });
+    let h = b.start().unwrap();
+    let udp = h.udp().unwrap();
+    let tenant = Credentials { name: "demo".into(), key: h.key("demo").bytes().to_vec() };
+    let admin = Credentials { name: "admin".into(), key: h.admin_key().bytes().to_vec() };
+    Hosted1 { h, tenant, admin, udp }
 }
 
 impl Hosted1 {
     pub fn addr(&self) -> String {
-        self.h.as_ref().unwrap().addr().to_string()
+        self.h.addr().to_string()
     }
 
     pub fn appliance_at(&self, addr: String) -> Appliance {

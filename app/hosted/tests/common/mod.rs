@@ -1,40 +1,38 @@
-//! What the hosted appliance's integration tests share: fresh keys and credentials, and an appliance with the
-//! device model (`--hca`) for tenants `demo` and `other` and the admin. Each test file includes this module and
-//! uses what it needs.
+//! What the hosted appliance's integration tests share: the shipped rig ([`leasebox_hosted::testing`]) set up
+//! with the device model for tenants `demo` and `other` and the admin, credentials from its keys, and a lease.
+//! Each test file includes this module and uses what it needs.
 #![allow(dead_code)]
 
-use leasebox_hosted::{Hosted, HostedConfig};
+use leasebox_hosted::testing::{Builder, Key, Rig};
 use leasebox_proto::{AllocReq, LeaseId, LeaseState, Request, Response, access};
 use leasectl::{Client, Credentials};
 
-/// A fresh random 32-byte key in hex.
-pub fn random_hex() -> String {
-    leasectl::hex::random_key(32).expect("a random key")
+/// `name` with `key`.
+pub fn creds(name: &str, key: &Key) -> Credentials {
+    Credentials { name: name.into(), key: key.bytes().to_vec() }
 }
 
-/// `name` with the key `hex`.
-pub fn creds(name: &str, hex: &str) -> Credentials {
-    Credentials { name: name.into(), key: leasectl::hex::decode(hex).unwrap() }
+/// A hosted appliance with the model and its RoCEv2 responder on UDP, tenants `demo` and `other` and the
+/// admin, each with a fresh key; the test adds its options before `start()`.
+pub fn with_model() -> Builder {
+    Rig::builder().model().tenant("demo").tenant("other").admin()
 }
 
-/// The keys of [`start_with_model`]'s principals, in hex.
-pub struct Keys {
-    pub demo: String,
-    pub other: String,
-    pub admin: String,
+/// The credentials of [`with_model`]'s principals.
+pub struct Principals {
+    pub demo: Credentials,
+    pub other: Credentials,
+    pub admin: Credentials,
 }
 
-/// A hosted appliance with the model and its RoCEv2 responder on UDP (`--hca --udp`), tenants `demo` and
-/// `other` and the admin, each with a fresh key, plus the options in `extra`.
-pub fn start_with_model(extra: &[String]) -> (Hosted, Keys) {
-    let keys = Keys { demo: random_hex(), other: random_hex(), admin: random_hex() };
-    let mut args: Vec<String> =
-        ["--listen", "127.0.0.1:0", "--hca", "--udp", "127.0.0.1:0"].iter().map(|s| s.to_string()).collect();
-    args.push(format!("tenant=demo:{}", keys.demo));
-    args.push(format!("tenant=other:{}", keys.other));
-    args.push(format!("admin={}", keys.admin));
-    args.extend(extra.iter().cloned());
-    (Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap(), keys)
+impl Principals {
+    pub fn of(rig: &Rig) -> Principals {
+        Principals {
+            demo: creds("demo", rig.key("demo")),
+            other: creds("other", rig.key("other")),
+            admin: creds("admin", rig.admin_key()),
+        }
+    }
 }
 
 /// ALLOC (client QP 0x1234) and READY on `c`: an Active lease of 4 KiB.
