@@ -101,6 +101,7 @@ impl Rig {
             mac: d.info.mac,
             port_mtu: port_ib_mtu(d.info.mtu),
             qp: d.info.qp,
+            umr: leasebox_lease::service::UmrCtx::OFF,
         };
         let svc = LeaseService::new(cfg, hca, leasebox_session::IdRng::from_seed([0x5e; 32])).unwrap();
         Rig {
