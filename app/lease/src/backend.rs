@@ -161,12 +161,13 @@ impl<H: Host, E: Environment> Backend for LeaseBackend<H, E> {
         };
         let s = self.svc.by_state();
         let message = format!(
-            "leases granted {} active {} fencing {} pending {} fenced {}; {}",
+            "leases granted {} active {} fencing {} pending {} fenced {}; {}; {}",
             s[LeaseState::Granted as usize],
             s[LeaseState::Active as usize],
             s[LeaseState::Fencing as usize],
             s[LeaseState::PendingDestroy as usize],
             s[LeaseState::Fenced as usize],
+            self.svc.paths(),
             hca_msg
         );
         Health { status, hca, fenced_slots: fenced, uptime_ms: 0, message }

@@ -170,6 +170,28 @@ pub struct Paths {
     pub warm: usize,
 }
 
+impl Paths {
+    /// `grant=umr revoke=umr` (or `commands`), for the ready line: which path each direction takes.
+    pub fn directions(&self) -> &'static str {
+        match (self.grant_umr, self.revoke_umr) {
+            (true, true) => "grant=umr revoke=umr",
+            (true, false) => "grant=umr revoke=commands",
+            (false, true) => "grant=commands revoke=umr",
+            (false, false) => "grant=commands revoke=commands",
+        }
+    }
+
+    /// The packed form the image's ready line keeps in an atomic (bit 0 grant, bit 1 revoke).
+    pub fn bits(&self) -> u8 {
+        u8::from(self.grant_umr) | u8::from(self.revoke_umr) << 1
+    }
+
+    /// [`Paths::directions`] of [`Paths::bits`].
+    pub fn from_bits(b: u8) -> Paths {
+        Paths { grant_umr: b & 1 != 0, revoke_umr: b & 2 != 0, warm: 0 }
+    }
+}
+
 impl core::fmt::Display for Paths {
     /// `grant=umr revoke=umr warm=N`, or `commands` for a direction that uses them.
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
