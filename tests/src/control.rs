@@ -592,10 +592,31 @@ pub fn heartbeat_load(t: &Target, sessions: usize, dur: Duration) -> Result<(f64
     Ok((all.len() as f64 / secs, pct(0.5), pct(0.99)))
 }
 
+/// Waits (up to 60 s) until `t`'s lease pool is zeroed and has memory free (STATS `bytes_scrubbing` 0,
+/// `bytes_free` above 0): an appliance prepares its pool after start, and an ALLOC before that is refused.
+fn pool_ready(t: &Target) -> Result<(), String> {
+    let mut admin = t.session(&t.admin())?;
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        match admin.call(&Request::Stats) {
+            Ok(Response::Stats(s)) if s.leases.bytes_scrubbing == 0 && s.leases.bytes_free > 0 => return Ok(()),
+            Ok(Response::Stats(s)) if Instant::now() >= end => {
+                return Err(format!(
+                    "the lease pool was not ready within 60 s ({} bytes free, {} being cleared)",
+                    s.leases.bytes_free, s.leases.bytes_scrubbing
+                ));
+            }
+            Ok(Response::Stats(_)) => std::thread::sleep(Duration::from_millis(50)),
+            other => return Err(format!("STATS: {other:?}")),
+        }
+    }
+}
+
 /// ALLOC round trips on one tenant session for `dur` (each lease FREEd at once, untimed): (ALLOCs per second,
 /// p50 µs, p99 µs). The target needs the lease service (hosted: `--hca`).
 pub fn alloc_latency(t: &Target, dur: Duration) -> Result<(f64, f64, f64), String> {
     use leasebox_proto::{AllocReq, access};
+    pool_ready(t)?;
     let mut c = t.session(&t.tenant())?;
     let req = AllocReq {
         size: 64 * 1024,
