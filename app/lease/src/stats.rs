@@ -27,6 +27,8 @@ pub struct Counters {
     pub warm_built: u64,
     pub warm_recycled: u64,
     pub warm_failed: u64,
+    /// Commands the warm pool's builds issued (part of `commands`): the rest are the leases' own.
+    pub warm_commands: u64,
     /// Pool bytes zeroed by the scrub (freed leases' memory, and the pool's own at boot).
     pub scrubbed_bytes: u64,
     /// ALLOC and FREE/REVOKE, request to answer, in microseconds.

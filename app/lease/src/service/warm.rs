@@ -183,6 +183,7 @@ impl<T: Copy> LeaseService<T> {
         f.in_flight = Some((tag, step));
         self.in_flight += 1;
         self.counters.commands += 1;
+        self.counters.warm_commands += 1;
         self.outbox.push_back((tag, cmd.with("warm", u64::from(id))));
     }
 
