@@ -283,6 +283,7 @@ use leasebox_mlx5::engine::{UMR_OP_GRANT, UMR_OP_REVOKE, UMR_PSEUDO_OPCODE, UMR_
 
 /// Pumps both engines until the completion of `tag` comes back (other completions are an error here), at most
 /// `secs` seconds of the platform's clock.
+#[allow(clippy::result_large_err)]
 fn engine_wait(d: &mut common::Hosted, tag: u64, secs: u64) -> Result<Output, leasebox_mlx5::CmdError> {
     let p = d.platform().clone();
     let end = p.now_ns() + secs * 1_000_000_000;

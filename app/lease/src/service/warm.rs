@@ -109,8 +109,9 @@ impl<T: Copy> LeaseService<T> {
             let qp_buf = host.dma_alloc(QP_BUF, 4096);
             let qp_dbr = host.dma_alloc(QP_DBR, 64);
             let (Some(qp_buf), Some(qp_dbr)) = (qp_buf, qp_dbr) else {
-                qp_buf.map(|b| host.dma_free(b));
-                qp_dbr.map(|b| host.dma_free(b));
+                for b in [qp_buf, qp_dbr].into_iter().flatten() {
+                    host.dma_free(b);
+                }
                 return;
             };
             let id = self.warm.next_fill;
