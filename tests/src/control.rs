@@ -736,10 +736,13 @@ pub fn stage_table(
     out
 }
 
+/// Operations per second, p50 µs, p99 µs.
+pub type Rates = (f64, f64, f64);
+
 /// [`alloc_latency`] on an appliance that reports its role loops in STATS (the QEMU image), and how its `net`
 /// loop (the control channel and the lease service) ran meanwhile: the figures, its passes per ALLOC, and µs
 /// per pass over the whole run (STATS before and after, on an admin session of its own).
-pub fn alloc_loop_passes(t: &Target, dur: Duration) -> Result<((f64, f64, f64), f64, f64), String> {
+pub fn alloc_loop_passes(t: &Target, dur: Duration) -> Result<(Rates, f64, f64), String> {
     let mut admin = t.session(&t.admin())?;
     let mut stats = || match admin.call(&Request::Stats) {
         Ok(Response::Stats(s)) => Ok(s),
