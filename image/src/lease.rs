@@ -56,6 +56,8 @@ impl Environment for KernelEnv {
 static POOL_BYTES: AtomicU64 = AtomicU64::new(0);
 /// The lease service's slots (the ready line's `slots=`).
 static SLOTS: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+/// The ready line's grant and revoke paths (`Paths::bits`).
+static PATHS: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
 static POOL_UNPREPARED: AtomicU64 = AtomicU64::new(0);
 
 pub type ImageBackend = LeaseBackend<KernelHost, KernelEnv>;
@@ -83,6 +85,7 @@ fn make_backend(o: &LeaseOptions) -> Result<ImageBackend, String> {
     }
     let svc = LeaseService::new(cfg, parts.hca, rng).map_err(|e| alloc::format!("lease configuration: {e}"))?;
     SLOTS.store(svc.config().slots, Ordering::Relaxed);
+    PATHS.store(svc.paths().bits(), Ordering::Relaxed);
     KernelEnv.pool_progress(svc.pool().total_bytes(), svc.pool().unprepared_bytes());
     Ok(LeaseBackend::new(
         svc,
@@ -92,7 +95,8 @@ fn make_backend(o: &LeaseOptions) -> Result<ImageBackend, String> {
     ))
 }
 
-/// The ready line's lease field: `lease=on pool_mib=T pool_ready_mib=R slots=S` (S: the lease slots, from
+/// The ready line's lease field: `lease=on pool_mib=T pool_ready_mib=R slots=S grant=umr|commands
+/// revoke=umr|commands` (the paths: docs/revoke-semantics.md, "The UMR path"; S: the lease slots, from
 /// `lease_slots=` or the HCA's caps and the pool; R: the part of the pool prepared so
 /// far; the rest is prepared in the background and `lease: pool ready` is logged when it is whole), or
 /// `lease=off lease_error="<why>"`.
@@ -106,10 +110,11 @@ pub fn ready_field() -> impl core::fmt::Display {
                         (POOL_BYTES.load(Ordering::Relaxed), POOL_UNPREPARED.load(Ordering::Relaxed));
                     write!(
                         f,
-                        "lease=on pool_mib={} pool_ready_mib={} slots={}",
+                        "lease=on pool_mib={} pool_ready_mib={} slots={} {}",
                         total >> 20,
                         total.saturating_sub(unprepared) >> 20,
-                        SLOTS.load(Ordering::Relaxed)
+                        SLOTS.load(Ordering::Relaxed),
+                        leasebox_lease::Paths::from_bits(PATHS.load(Ordering::Relaxed)).directions()
                     )
                 }
                 Some(why) => write!(f, "lease=off lease_error=\"{}\"", why.replace('"', "'")),

@@ -303,8 +303,23 @@ pub fn table(per: Duration) -> Result<String, String> {
         udp: hosted.udp,
     });
     let mut runs: Vec<Vec<Figures>> = CLIENTS.iter().map(|&n| run(&w, n, per)).collect();
+    // Where a REVOKE's time goes (the appliance's stage clock, docs/latency.md), with each client count.
+    let mut stages = String::new();
     for (r, &n) in runs.iter_mut().zip(&CLIENTS) {
+        let clock = hosted.hosted().map(|h| h.stages());
+        let before = clock.map(|c| {
+            c.record(true);
+            c.passes()
+        });
         let (f, rtt) = notices(&w, n, per);
+        if let (Some(c), Some(before)) = (clock, before) {
+            let revokes: Vec<_> = c.samples().into_iter().filter(|s| s.op == leasebox_proto::Op::Revoke).collect();
+            let client = (f64::from(rtt.pct(0.5).unwrap_or(0)), f64::from(rtt.pct(0.99).unwrap_or(0)));
+            let what = format!("REVOKE ({n} client{})", if n == 1 { "" } else { "s" });
+            stages.push('\n');
+            stages.push_str(&crate::control::stage_table(&what, &revokes, client, before, c.passes()));
+            c.record(false);
+        }
         r.push(f);
         r.push(rtt);
     }
@@ -335,6 +350,7 @@ pub fn table(per: Duration) -> Result<String, String> {
             }
         }
     }
+    out.push_str(&stages);
     Ok(out)
 }
 

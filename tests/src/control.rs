@@ -671,10 +671,31 @@ pub fn heartbeat_load(t: &Target, sessions: usize, dur: Duration) -> Result<(f64
     Ok((all.len() as f64 / secs, pct(0.5), pct(0.99)))
 }
 
+/// Waits (up to 60 s) until `t`'s lease pool is zeroed and has memory free (STATS `bytes_scrubbing` 0,
+/// `bytes_free` above 0): an appliance prepares its pool after start, and an ALLOC before that is refused.
+fn pool_ready(t: &Target) -> Result<(), String> {
+    let mut admin = t.session(&t.admin())?;
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        match admin.call(&Request::Stats) {
+            Ok(Response::Stats(s)) if s.leases.bytes_scrubbing == 0 && s.leases.bytes_free > 0 => return Ok(()),
+            Ok(Response::Stats(s)) if Instant::now() >= end => {
+                return Err(format!(
+                    "the lease pool was not ready within 60 s ({} bytes free, {} being cleared)",
+                    s.leases.bytes_free, s.leases.bytes_scrubbing
+                ));
+            }
+            Ok(Response::Stats(_)) => std::thread::sleep(Duration::from_millis(50)),
+            other => return Err(format!("STATS: {other:?}")),
+        }
+    }
+}
+
 /// ALLOC round trips on one tenant session for `dur` (each lease FREEd at once, untimed): (ALLOCs per second,
 /// p50 µs, p99 µs). The target needs the lease service (hosted: `--hca`).
 pub fn alloc_latency(t: &Target, dur: Duration) -> Result<(f64, f64, f64), String> {
     use leasebox_proto::{AllocReq, access};
+    pool_ready(t)?;
     let mut c = t.session(&t.tenant())?;
     let req = AllocReq {
         size: 64 * 1024,
@@ -688,10 +709,17 @@ pub fn alloc_latency(t: &Target, dur: Duration) -> Result<(f64, f64, f64), Strin
     };
     let start = Instant::now();
     let mut lat = Vec::new();
-    while start.elapsed() < dur {
+    // The pool's memory may still be being prepared (the first ALLOC waits for it, up to 60 s), and freed
+    // leases return theirs only after the grace period: an ALLOC refused for memory is retried, untimed.
+    let warm = start + Duration::from_secs(60);
+    while start.elapsed() < dur || (lat.is_empty() && Instant::now() < warm) {
         let t0 = Instant::now();
         let a = match c.call(&Request::Alloc(req.clone())) {
             Ok(Response::Alloc(a)) => a,
+            Err(leasectl::client::ClientError::Server(e)) if e.code == ErrorCode::NoMemory => {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
             other => return Err(format!("ALLOC: {other:?}")),
         };
         lat.push(t0.elapsed().as_micros() as u32);
@@ -704,6 +732,110 @@ pub fn alloc_latency(t: &Target, dur: Duration) -> Result<(f64, f64, f64), Strin
     lat.sort_unstable();
     let pct = |p: f64| lat.get(((lat.len() as f64 - 1.0) * p) as usize).map_or(f64::NAN, |v| f64::from(*v));
     Ok((lat.len() as f64 / secs, pct(0.5), pct(0.99)))
+}
+
+impl Target {
+    /// The hosted appliance behind this target, if it is one (its stage clock: [`stage_table`]).
+    pub fn hosted(&self) -> Option<&Hosted> {
+        match &self._guard {
+            Guard::Hosted(h) => h.as_ref(),
+            Guard::Qemu(_) | Guard::Appliance { .. } => None,
+        }
+    }
+}
+
+/// [`alloc_latency`] on the hosted appliance with the model (`--hca`, the model's firmware timing) with the
+/// appliance's stage clock on (`leasebox_hosted::stages`; docs/latency.md): the figures, then [`stage_table`]'s
+/// breakdown of where an ALLOC's time went.
+pub fn alloc_breakdown(dur: Duration) -> Result<((f64, f64, f64), String), String> {
+    let t = start_hosted(&["--hca", "lease_grace_ms=100"])?;
+    let h = t.hosted().ok_or("no hosted appliance")?;
+    h.stages().record(true);
+    let before = h.stages().passes();
+    let figures = alloc_latency(&t, dur)?;
+    let after = h.stages().passes();
+    let samples: Vec<_> = h.stages().samples().into_iter().filter(|s| s.op == Op::Alloc).collect();
+    h.stages().record(false);
+    Ok((figures, stage_table("ALLOC", &samples, (figures.1, figures.2), before, after)))
+}
+
+/// Where the time of the operations in `samples` went, stage by stage (p50 and p99 of each, µs), beside what
+/// the client measured (`client`: p50, p99 µs), and the wake-ups per operation between the `before` and `after`
+/// counts (docs/latency.md says what each stage is).
+pub fn stage_table(
+    what: &str,
+    samples: &[leasebox_hosted::stages::Sample],
+    client: (f64, f64),
+    before: leasebox_hosted::stages::Passes,
+    after: leasebox_hosted::stages::Passes,
+) -> String {
+    use leasebox_hosted::stages::percentiles;
+    let n = samples.len();
+    if n == 0 {
+        return format!("{what}: no operation timed by the appliance's stage clock\n");
+    }
+    let cell = |(p50, p99): (u32, u32)| [p50.to_string(), p99.to_string()];
+    let between = |s: &leasebox_hosted::stages::Sample| s.op_to_answer.saturating_sub(s.command_us);
+    let inside = |s: &leasebox_hosted::stages::Sample| s.read_to_op + s.op_to_answer + s.answer_to_written;
+    let (in50, in99) = percentiles(samples, inside);
+    let commands = samples.iter().map(|s| u64::from(s.commands)).sum::<u64>() as f64 / n as f64;
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut row = |label: String, c: [String; 2]| rows.push(vec![label, c[0].clone(), c[1].clone()]);
+    row(format!("client: {what} sent → answer read"), [format!("{:.0}", client.0), format!("{:.0}", client.1)]);
+    row(
+        "  socket read → lease service takes it (lock, record layer, dispatch)".into(),
+        cell(percentiles(samples, |s| s.read_to_op)),
+    );
+    row("  lease service: request → answer delivered".into(), cell(percentiles(samples, |s| s.op_to_answer)));
+    row(
+        format!("    its commands, driver-timed (doorbell → completion seen), {commands:.1} per {what}"),
+        cell(percentiles(samples, |s| s.command_us)),
+    );
+    row("    between its commands (hand-offs, the service's steps)".into(), cell(percentiles(samples, between)));
+    row("    last completion → answer delivered".into(), cell(percentiles(samples, |s| s.completion_to_answer)));
+    row("  answer delivered → written to the socket".into(), cell(percentiles(samples, |s| s.answer_to_written)));
+    row(
+        "  the rest: client, loopback TCP, the client's record layer (client − appliance, p50 and p99 apart)".into(),
+        [
+            format!("{:.0}", (client.0 - f64::from(in50)).max(0.0)),
+            format!("{:.0}", (client.1 - f64::from(in99)).max(0.0)),
+        ],
+    );
+    let per = |a: u64, b: u64| (b - a) as f64 / n as f64;
+    let mut out = mlx5_hosted::table::render(&["stage (µs)", "p50", "p99"], &rows, 1);
+    let _ = writeln!(
+        out,
+        "{n} {what}s timed; per {what}: service-thread passes {:.1} woken by the engines, {:.1} by input, {:.1} by its tick; \
+         connection threads woken {:.1}",
+        per(before.engine, after.engine),
+        per(before.input, after.input),
+        per(before.timer, after.timer),
+        per(before.conn_woken, after.conn_woken),
+    );
+    out
+}
+
+/// Operations per second, p50 µs, p99 µs.
+pub type Rates = (f64, f64, f64);
+
+/// [`alloc_latency`] on an appliance that reports its role loops in STATS (the QEMU image), and how its `net`
+/// loop (the control channel and the lease service) ran meanwhile: the figures, its passes per ALLOC, and µs
+/// per pass over the whole run (STATS before and after, on an admin session of its own).
+pub fn alloc_loop_passes(t: &Target, dur: Duration) -> Result<(Rates, f64, f64), String> {
+    let mut admin = t.session(&t.admin())?;
+    let mut stats = || match admin.call(&Request::Stats) {
+        Ok(Response::Stats(s)) => Ok(s),
+        other => Err(format!("STATS: {other:?}")),
+    };
+    // Role 0 is `net` (leasectl's `render::role_name`).
+    let net = |s: &leasebox_proto::Stats| s.roles.iter().filter(|r| r.1 == 0).map(|r| r.2).sum::<u64>();
+    let s0 = stats()?;
+    let figures = alloc_latency(t, dur)?;
+    let s1 = stats()?;
+    let passes = net(&s1).saturating_sub(net(&s0)).max(1) as f64;
+    let allocs = s1.leases.allocs.saturating_sub(s0.leases.allocs).max(1) as f64;
+    let us = s1.uptime_ms.saturating_sub(s0.uptime_ms) as f64 * 1000.0;
+    Ok((figures, passes / allocs, us / passes))
 }
 
 /// Protocol v2's own CPU cost on this host, without the network: (µs per handshake, both sides; µs to seal and

@@ -607,6 +607,7 @@ fn bench_control(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
     let a = artifacts(p, false);
     let dur = std::time::Duration::from_secs(o.secs);
     let mut rows = Vec::new();
+    let mut image_allocs = Vec::new();
     let targets: Vec<Option<control::Nic>> = control::Nic::ALL.iter().copied().map(Some).chain([None]).collect();
     for nic in targets {
         let (label, t) = match nic {
@@ -623,6 +624,16 @@ fn bench_control(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
             }
             rows.push(control::LoadRow { target: label.clone(), sessions, result });
         }
+        // ALLOC on the QEMU appliance, and its `net` loop's passes meanwhile (docs/latency.md).
+        if let (Some(_), Ok(t)) = (nic, &t) {
+            match control::alloc_loop_passes(t, dur) {
+                Ok(((rate, p50, p99), per_alloc, us_per_pass)) => image_allocs.push(format!(
+                    "ALLOC latency, {label}, 1 session, ALLOC+FREE loop: {rate:.0} ALLOCs/s, p50 {p50:.0} µs, p99 \
+                     {p99:.0} µs; the net loop: {per_alloc:.1} passes per ALLOC, {us_per_pass:.1} µs per pass"
+                )),
+                Err(e) => image_allocs.push(format!("ALLOC latency, {label}: no figures: {e}")),
+            }
+        }
     }
     outln!();
     outln!("{}", control::load_table(&rows).trim_end());
@@ -631,14 +642,21 @@ fn bench_control(o: &BenchOpts, p: &Paths) -> Result<i32, String> {
          port forwarded by QEMU's user network, to virtio-net or, with no virtio-net, through a hub to the model's \
          Ethernet port)"
     );
-    // ALLOC latency (the lease service's work plus the control channel's), hosted with the model.
-    let alloc = control::start_hosted(&["--hca", "lease_grace_ms=100"]).and_then(|t| control::alloc_latency(&t, dur));
+    // ALLOC latency (the lease service's work plus the control channel's), hosted with the model, and where it
+    // goes (the appliance's stage clock; docs/latency.md).
+    let alloc = control::alloc_breakdown(dur);
     outln!();
+    for line in &image_allocs {
+        outln!("{line}");
+    }
     match &alloc {
-        Ok((rate, p50, p99)) => outln!(
-            "ALLOC latency, hosted --hca (std TCP, model attached), 1 session, ALLOC+FREE loop: {rate:.0} ALLOCs/s, \
-             p50 {p50:.0} µs, p99 {p99:.0} µs"
-        ),
+        Ok(((rate, p50, p99), stages)) => {
+            outln!(
+                "ALLOC latency, hosted --hca (std TCP, model attached, its firmware timing), 1 session, ALLOC+FREE \
+                 loop: {rate:.0} ALLOCs/s, p50 {p50:.0} µs, p99 {p99:.0} µs"
+            );
+            outln!("{}", stages.trim_end());
+        }
         Err(e) => outln!("ALLOC latency, hosted --hca: no figures: {e}"),
     }
     let (hs_us, rec_us) = control::v2_crypto_cost(100_000);

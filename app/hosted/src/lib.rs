@@ -4,47 +4,166 @@
 //! NOT_IMPLEMENTED).
 
 pub mod hca;
+pub mod stages;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod verbs_ref;
 
 use leasebox_lease::LeaseOptions;
+use leasebox_mlx5::log::SharedLog;
 use leasebox_options::{OptionParser, Options, Registry};
-use leasebox_proto::{HcaState, HcaStats};
+use leasebox_proto::{FencedSlot, HcaState, HcaStats, LeaseStats, Reply, Request};
 use leasebox_session::{
-    Appliance, Budget, ConnId, Entropy, EntropyError, Keyring, Leases, Limits, NoLeases, Server, SessionOptions, Source,
+    Answer, Appliance, Budget, CloseReason, ConnId, Entropy, EntropyError, Keyring, LeaseHealth, Leases, Limits,
+    NoLeases, Principal, Server, SessionOptions, Source, Ticket,
 };
+use mlx5_hosted::idle::ModelWake;
+use stages::{Cause, Stages};
 use std::any::Any;
+use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-/// How often a connection thread looks for output queued by timers (TIMEOUT frames), deferred answers and
-/// notices, while it has had traffic lately ([`ACTIVE`]).
+/// How often a connection thread looks for output queued by timers (TIMEOUT frames), while it has had traffic
+/// lately ([`ACTIVE`]). Answers and notices do not wait for it: the thread that queues them wakes the
+/// connection's thread ([`ConnWake`]).
 const POLL: Duration = Duration::from_millis(2);
 /// A connection with no traffic for this long looks less often: every [`POLL`] × (connections / 64), at most
 /// [`MAX_IDLE_POLL`], so that a thousand idle sessions cost the process a bounded rate of wake-ups (about 32,000
 /// a second in all) rather than 500 a second each (docs/operations.md, "Scale").
 const ACTIVE: Duration = Duration::from_millis(100);
-/// The longest an idle connection waits before it looks for output (a notice to an idle session or its
-/// heartbeat TIMEOUT is this late at most, with a thousand sessions).
+/// The longest an idle connection waits before it looks for output (its heartbeat TIMEOUT is this late at most,
+/// with a thousand sessions).
 const MAX_IDLE_POLL: Duration = Duration::from_millis(32);
 /// Each connection thread's input and output buffer (one each). A frame is read in pieces if it is larger.
 pub const CONN_BUF: usize = 16 * 1024;
 /// What a connection thread costs beyond its session state: its two buffers and the part of its stack it
 /// touches (the stack's reservation is virtual), for sizing `sessions=` from memory.
 pub const CONN_BYTES: u64 = 2 * CONN_BUF as u64 + 64 * 1024;
-/// How often the timer thread runs the session core's timers and the lease service while the service has work
-/// under way (commands at the HCA or queued for it, memory being scrubbed): results reach it within this.
+/// How often the service thread runs the session core's timers and the lease service while the service has
+/// work under way (commands at the HCA or queued for it, memory being scrubbed). Command completions do not
+/// wait for it: the engines' thread wakes the service thread after every pass that did work ([`ServiceWake`]);
+/// this paces the scrub's slices and the service's own timers.
 const TICK: Duration = Duration::from_micros(200);
 /// The longest pause between ticks when nothing is under way: the interval doubles from [`TICK`] up to this.
 /// Input that starts work wakes the thread at once ([`Hosted::start`]), so this bounds only how late a timer
 /// with nothing under way fires (a TTL, a READY deadline, a session's grace or heartbeat timeout, the sweep
 /// after the grace period: all of them tens of milliseconds or more). 1 ms ticks cost ~5 % of a core here.
 const IDLE_TICK: Duration = Duration::from_millis(10);
+
+/// The hosted appliance's polling intervals: the service thread's tick while work is under way and its
+/// longest idle pause, a connection thread's look for timer output while active and its longest idle one.
+/// Nothing a client waits for depends on them (the threads wake one another: docs/latency.md); tests stretch
+/// them ([`Hosted::set_pace`]) to show it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pace {
+    pub tick: Duration,
+    pub idle_tick: Duration,
+    pub poll: Duration,
+    pub max_idle_poll: Duration,
+}
+
+impl Pace {
+    pub const DEFAULT: Pace = Pace { tick: TICK, idle_tick: IDLE_TICK, poll: POLL, max_idle_poll: MAX_IDLE_POLL };
+}
+
+impl Default for Pace {
+    fn default() -> Self {
+        Pace::DEFAULT
+    }
+}
+
+/// [`Pace`] as the threads read it, in nanoseconds.
+struct PaceCell([AtomicU64; 4]);
+
+impl PaceCell {
+    fn new(p: Pace) -> PaceCell {
+        let c = PaceCell(Default::default());
+        c.set(p);
+        c
+    }
+    fn set(&self, p: Pace) {
+        for (a, d) in self.0.iter().zip([p.tick, p.idle_tick, p.poll, p.max_idle_poll]) {
+            a.store(d.as_nanos().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+        }
+    }
+    fn get(&self) -> Pace {
+        let d = |i: usize| Duration::from_nanos(self.0[i].load(Ordering::Relaxed));
+        Pace { tick: d(0), idle_tick: d(1), poll: d(2), max_idle_poll: d(3) }
+    }
+}
+
+/// How the service thread is woken, and why: by the engines' thread after a pass that did work, or by a
+/// connection whose input left work under way.
+#[derive(Default)]
+pub(crate) struct ServiceWake {
+    thread: OnceLock<Thread>,
+    engine: AtomicBool,
+    input: AtomicBool,
+}
+
+impl ServiceWake {
+    pub(crate) fn by_engine(&self) {
+        self.engine.store(true, Ordering::Release);
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+
+    fn by_input(&self) {
+        self.input.store(true, Ordering::Release);
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+
+    /// Why the pause just ended (the engines first: both may have knocked).
+    fn cause(&self) -> Cause {
+        let engine = self.engine.swap(false, Ordering::AcqRel);
+        let input = self.input.swap(false, Ordering::AcqRel);
+        if engine {
+            Cause::Engine
+        } else if input {
+            Cause::Input
+        } else {
+            Cause::Timer
+        }
+    }
+}
+
+/// How a connection thread is woken from its wait for input: an eventfd beside the socket (`ModelWake`), and a
+/// flag that says output was queued for it by another thread.
+struct ConnWake {
+    wake: ModelWake,
+    pending: AtomicBool,
+}
+
+impl ConnWake {
+    fn new() -> ConnWake {
+        ConnWake { wake: ModelWake::new(), pending: AtomicBool::new(false) }
+    }
+
+    /// Output was queued for this connection (the caller has released nothing it needs: the output is in the
+    /// server, read under its lock).
+    fn notify(&self) {
+        self.pending.store(true, Ordering::Release);
+        self.wake.wake();
+    }
+
+    /// Waits up to `d` for input on `socket` or a [`ConnWake::notify`]; returns whether it was notified.
+    fn wait(&self, socket: &TcpStream, d: Duration) -> bool {
+        if self.pending.swap(false, Ordering::AcqRel) {
+            return true;
+        }
+        let notified = self.wake.sleep(d, Some(socket.as_raw_fd()), || self.pending.load(Ordering::Acquire));
+        self.pending.swap(false, Ordering::AcqRel) || notified
+    }
+}
 
 /// Nonces from the OS.
 pub(crate) struct OsEntropy;
@@ -224,12 +343,139 @@ impl Appliance for HostedAppliance {
     }
 }
 
-type Shared = Arc<Mutex<Server<Box<dyn HostedLeases>, HostedAppliance>>>;
+/// The lease service as the session core sees it (the one chosen at start), plus what the hosted threads need to wake one
+/// another and to time the stages ([`stages`]). It notes which connections its answers and notices went to, so
+/// the thread that holds the server's lock wakes exactly those connections' threads when it lets go.
+pub struct Wired {
+    pub backend: Box<dyn HostedLeases>,
+    /// The driver's command log (with the model), for the stage clock.
+    log: Option<SharedLog>,
+    /// Every open connection's wake-up, by id.
+    conns: HashMap<ConnId, Arc<ConnWake>>,
+    /// Connections an answer was queued for since the last [`Wired::take_due`].
+    due: Vec<ConnId>,
+    /// A notice was queued (on every session of a tenant): every connection with output is due.
+    notices: bool,
+    /// What ran the current pass (the service thread's), for the stage clock.
+    cause: Cause,
+    /// When the input being handled was read from its socket (the stage clock's first stamp).
+    read_at: Option<Instant>,
+    stages: Arc<Stages>,
+}
+
+impl Wired {
+    /// The driver's command log's next sequence number (with the model), for the stage clock.
+    fn log_seq(&mut self) -> u64 {
+        self.log.as_ref().map_or(0, |l| l.lock().last(1).next().map_or(0, |r| r.seq + 1))
+    }
+
+    /// The commands of an operation `op` since `seq` (count, driver ns), as [`stages::Stages::commands_of`]
+    /// attributes them.
+    fn commands_since(&self, op: leasebox_proto::Op, seq: u64) -> (u32, u64) {
+        let Some(log) = &self.log else { return (0, 0) };
+        let log = log.lock();
+        log.records()
+            .filter(|r| r.seq >= seq && Stages::commands_of(op, leasebox_mlx5::command::opcode_name(r.opcode)))
+            .fold((0, 0), |(n, ns), r| (n + 1, ns + r.elapsed_ns))
+    }
+}
+
+/// The connections to wake now that `s`'s lock is about to be let go, leaving out `me` (the caller's own,
+/// which looks at its output next anyway).
+fn take_due(s: &mut Server<Wired, HostedAppliance>, me: Option<ConnId>) -> Vec<Arc<ConnWake>> {
+    let w = s.backend_mut();
+    if w.due.is_empty() && !w.notices {
+        return Vec::new();
+    }
+    let mut ids = std::mem::take(&mut w.due);
+    if std::mem::take(&mut w.notices) {
+        ids.extend(w.conns.keys().copied());
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids.retain(|id| Some(*id) != me && s.has_output(*id));
+    let w = s.backend_mut();
+    ids.iter().filter_map(|id| w.conns.get(id).cloned()).collect()
+}
+
+impl Leases for Wired {
+    fn lease_op(&mut self, who: &Principal, req: &Request, ticket: Ticket, now_ms: u64) -> Answer {
+        if self.stages.on() {
+            let seq = self.log_seq();
+            self.stages.op(ticket.conn, ticket.request_id, self.read_at, seq);
+        }
+        let a = self.backend.lease_op(who, req, ticket, now_ms);
+        if matches!(a, Answer::Now(_)) {
+            self.stages.answered(ticket.conn, ticket.request_id, ticket.op, Cause::Inline, (0, 0));
+        }
+        a
+    }
+    fn take_answers(&mut self, out: &mut Vec<(Ticket, Reply)>) {
+        let from = out.len();
+        self.backend.take_answers(out);
+        for (t, _) in &out[from..] {
+            self.due.push(t.conn);
+            if let Some(seq) = self.stages.log_seq(t.conn, t.request_id) {
+                let cmds = self.commands_since(t.op, seq);
+                self.stages.answered(t.conn, t.request_id, t.op, self.cause, cmds);
+            }
+        }
+    }
+    fn session_started(&mut self, who: &Principal, now_ms: u64) {
+        self.backend.session_started(who, now_ms)
+    }
+    fn boot(&mut self, boot_id: [u8; leasebox_proto::BOOT_ID_LEN]) {
+        self.backend.boot(boot_id)
+    }
+    fn take_notices(&mut self, out: &mut Vec<(String, leasebox_proto::Notice)>) {
+        let from = out.len();
+        self.backend.take_notices(out);
+        self.notices |= out.len() > from;
+    }
+    fn resume(&mut self, from: &Principal, to: &Principal, now_ms: u64) -> u32 {
+        self.backend.resume(from, to, now_ms)
+    }
+    fn session_alive(&mut self, who: &Principal, now_ms: u64) {
+        self.backend.session_alive(who, now_ms)
+    }
+    fn tick(&mut self, now_ms: u64) {
+        self.backend.tick(now_ms)
+    }
+    fn busy(&self) -> bool {
+        self.backend.busy()
+    }
+    fn lease_stats(&mut self) -> LeaseStats {
+        self.backend.lease_stats()
+    }
+    fn tenant_lease_stats(&mut self, who: &Principal) -> LeaseStats {
+        self.backend.tenant_lease_stats(who)
+    }
+    fn fenced(&mut self, who: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>) {
+        self.backend.fenced(who, cursor, max)
+    }
+    fn health_facts(&mut self) -> LeaseHealth {
+        self.backend.health_facts()
+    }
+    fn session_lost(&mut self, who: &Principal, reason: CloseReason, now_ms: u64) {
+        self.backend.session_lost(who, reason, now_ms)
+    }
+}
+
+type Shared = Arc<Mutex<Server<Wired, HostedAppliance>>>;
+
+/// What every thread of a running appliance shares besides the server.
+struct Common {
+    start: Instant,
+    stop: AtomicBool,
+    pace: PaceCell,
+    service: Arc<ServiceWake>,
+    stages: Arc<Stages>,
+}
 
 /// A running hosted appliance.
 pub struct Hosted {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
+    common: Arc<Common>,
     threads: Vec<JoinHandle<()>>,
     server: Shared,
     hca: Option<hca::HcaThreads>,
@@ -239,20 +485,43 @@ fn now_ms(start: Instant) -> u64 {
     start.elapsed().as_millis() as u64
 }
 
+fn notify(due: Vec<Arc<ConnWake>>) {
+    for c in due {
+        c.notify();
+    }
+}
+
 impl Hosted {
-    /// Binds and starts serving (accept thread + timer thread + one thread per connection).
+    /// Binds and starts serving (accept thread + service thread + one thread per connection).
     pub fn start(cfg: HostedConfig) -> Result<Hosted, String> {
         let start = Instant::now();
+        let service = Arc::new(ServiceWake::default());
+        let stages = Arc::new(Stages::default());
         let (backend, facts, hca): (Box<dyn HostedLeases>, _, _) = if let Some(spec) = &cfg.verbs {
             let (leases, summary) = start_verbs(spec, &cfg.lease)?;
             (Box::new(leases), HostedAppliance::Verbs(summary), None)
         } else if cfg.hca {
-            let (b, t, facts) = hca::start(&cfg.lease, cfg.udp.as_deref(), cfg.timing)?;
+            let (b, t, facts) =
+                hca::start(&cfg.lease, cfg.udp.as_deref(), cfg.timing, service.clone(), stages.clone())?;
             (Box::new(b), HostedAppliance::Model(facts), Some(t))
         } else {
             (Box::new(NoLeases::default()), HostedAppliance::NoHca, None)
         };
-        let mut server = Server::new(cfg.limits, cfg.keys, backend, facts, 0).map_err(|e| e.to_string())?;
+        let log = match &facts {
+            HostedAppliance::Model(m) => Some(m.command_log().clone()),
+            HostedAppliance::NoHca | HostedAppliance::Verbs(_) => None,
+        };
+        let wired = Wired {
+            backend,
+            log,
+            conns: HashMap::new(),
+            due: Vec::new(),
+            notices: false,
+            cause: Cause::Inline,
+            read_at: None,
+            stages: stages.clone(),
+        };
+        let mut server = Server::new(cfg.limits, cfg.keys, wired, facts, 0).map_err(|e| e.to_string())?;
         server.set_budget(cfg.budget);
         if let Some(name) = &cfg.appliance {
             server.set_appliance_name(name);
@@ -260,38 +529,56 @@ impl Hosted {
         let server: Shared = Arc::new(Mutex::new(server));
         let listener = TcpListener::bind(cfg.listen).map_err(|e| format!("binding {}: {e}", cfg.listen))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        let stop = Arc::new(AtomicBool::new(false));
+        let common = Arc::new(Common {
+            start,
+            stop: AtomicBool::new(false),
+            pace: PaceCell::new(Pace::DEFAULT),
+            service: service.clone(),
+            stages,
+        });
         let next_conn = Arc::new(AtomicU64::new(1));
 
-        // Ticks every TICK while the backend has work under way, backing off to IDLE_TICK when it has none;
-        // input that leaves work under way unparks it.
+        // The service thread: ticks every `tick` while the backend has work under way, backing off to
+        // `idle_tick` when it has none; the engines (a completion) and input that leaves work under way wake
+        // it at once. Each pass delivers what the backend finished and wakes the connections it went to.
         let timer = {
-            let (server, stop) = (server.clone(), stop.clone());
-            thread::spawn(move || {
-                let mut pause = TICK;
-                while !stop.load(Ordering::Relaxed) {
-                    let busy = {
-                        let mut s = server.lock().expect("server lock");
-                        s.tick(now_ms(start));
-                        s.backend_mut().busy()
-                    };
-                    pause = if busy { TICK } else { (pause * 2).min(IDLE_TICK) };
-                    thread::park_timeout(pause);
-                }
-            })
+            let (server, common) = (server.clone(), common.clone());
+            thread::Builder::new()
+                .name("service".into())
+                .spawn(move || {
+                    let mut pause = common.pace.get().tick;
+                    let mut cause = Cause::Timer;
+                    while !common.stop.load(Ordering::Relaxed) {
+                        let (busy, due) = {
+                            let mut s = server.lock().expect("server lock");
+                            s.backend_mut().cause = cause;
+                            s.tick(now_ms(common.start));
+                            s.backend_mut().cause = Cause::Inline;
+                            let busy = s.backend_mut().backend.busy();
+                            (busy, take_due(&mut s, None))
+                        };
+                        notify(due);
+                        let pace = common.pace.get();
+                        pause = if busy { pace.tick } else { (pause * 2).clamp(pace.tick, pace.idle_tick) };
+                        thread::park_timeout(pause);
+                        cause = common.service.cause();
+                        common.stages.pass(cause);
+                    }
+                })
+                .map_err(|e| format!("starting the service thread: {e}"))?
         };
-        let ticker = timer.thread().clone();
+        let _ = service.thread.set(timer.thread().clone());
         // Blocks in accept; `stop` ends it with a connection of its own.
         let acceptor = {
-            let (server, stop) = (server.clone(), stop.clone());
+            let (server, common) = (server.clone(), common.clone());
             thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
+                while !common.stop.load(Ordering::Relaxed) {
                     match listener.accept() {
-                        Ok(_) if stop.load(Ordering::Relaxed) => break,
+                        Ok(_) if common.stop.load(Ordering::Relaxed) => break,
                         Ok((stream, _)) => {
                             let id = ConnId(next_conn.fetch_add(1, Ordering::Relaxed));
-                            let (server, stop, ticker) = (server.clone(), stop.clone(), ticker.clone());
-                            thread::spawn(move || serve(server, stream, id, start, stop, ticker));
+                            let (server, common) = (server.clone(), common.clone());
+                            thread::spawn(move || serve(server, stream, id, common));
                         }
                         // Out of descriptors and the like: try again shortly.
                         Err(_) => thread::sleep(Duration::from_millis(50)),
@@ -299,7 +586,7 @@ impl Hosted {
                 }
             })
         };
-        Ok(Hosted { addr, stop, threads: vec![timer, acceptor], server, hca })
+        Ok(Hosted { addr, common, threads: vec![timer, acceptor], server, hca })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -311,10 +598,37 @@ impl Hosted {
         self.hca.as_ref()
     }
 
+    /// The stage clock and the wake-up counters (docs/latency.md).
+    pub fn stages(&self) -> &Stages {
+        &self.common.stages
+    }
+
+    /// The polling intervals in force.
+    pub fn pace(&self) -> Pace {
+        self.common.pace.get()
+    }
+
+    /// Sets the polling intervals (tests: stretched so far that only a wake-up can move an operation on); the
+    /// threads take them from their next pause on, which this starts at once.
+    pub fn set_pace(&self, p: Pace) {
+        self.common.pace.set(p);
+        self.wake_all();
+    }
+
+    /// Wakes the service thread and every connection thread.
+    fn wake_all(&self) {
+        if let Some(t) = self.common.service.thread.get() {
+            t.unpark();
+        }
+        let conns: Vec<_> =
+            self.server.lock().map_or(Vec::new(), |mut s| s.backend_mut().conns.values().cloned().collect());
+        notify(conns);
+    }
+
     /// Runs `f` on the lease backend (with `--hca`), under the server's lock.
     pub fn with_leases<R>(&self, f: impl FnOnce(&mut hca::HostedBackend) -> R) -> Option<R> {
         let mut s = self.server.lock().expect("server lock");
-        let leases: &mut dyn Any = &mut **s.backend_mut();
+        let leases: &mut dyn Any = &mut *s.backend_mut().backend;
         leases.downcast_mut::<hca::HostedBackend>().map(f)
     }
 
@@ -325,9 +639,9 @@ impl Hosted {
         }
     }
 
-    /// Stops accepting and ends every connection thread (they notice within `POLL`).
+    /// Stops accepting and ends every connection thread (each is woken to notice).
     pub fn stop(self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.common.stop.store(true, Ordering::Relaxed);
         // The acceptor blocks in accept: a connection of our own ends it (an unspecified listen address is
         // reached on loopback).
         let mut to = self.addr;
@@ -335,6 +649,7 @@ impl Hosted {
             to.set_ip(if to.is_ipv4() { Ipv4Addr::LOCALHOST.into() } else { Ipv6Addr::LOCALHOST.into() });
         }
         let _ = TcpStream::connect_timeout(&to, Duration::from_secs(1));
+        self.wake_all();
         for t in &self.threads {
             t.thread().unpark();
         }
@@ -363,20 +678,45 @@ fn start_verbs(_spec: &verbs_ref::VerbsSpec, _o: &LeaseOptions) -> Result<(verbs
     Err(NO_VERBS.into())
 }
 
-/// One connection: bytes from the socket into the core, the core's output back out; input that leaves the
-/// backend with work under way wakes `ticker` (the timer thread), whose ticks move that work on.
-fn serve(server: Shared, mut stream: TcpStream, id: ConnId, start: Instant, stop: Arc<AtomicBool>, ticker: Thread) {
+/// Writes all of `buf` to the (non-blocking) socket; when the socket's buffer is full, the rest is written
+/// blocking, within the socket's write timeout.
+fn write_out(stream: &mut TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match stream.write(buf) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                stream.set_nonblocking(false)?;
+                let r = stream.write_all(buf);
+                stream.set_nonblocking(true)?;
+                return r;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// One connection: bytes from the socket into the core, the core's output back out. The thread waits for
+/// input on the socket or a wake-up from a thread that queued output for it (an answer, a notice), and looks
+/// for timer output (TIMEOUT frames) every [`Pace::poll`] at the least; input that leaves the backend with
+/// work under way wakes the service thread, which moves that work on.
+fn serve(server: Shared, mut stream: TcpStream, id: ConnId, common: Arc<Common>) {
+    let start = common.start;
     let _ = stream.set_nodelay(true);
-    let _ = stream.set_read_timeout(Some(POLL));
     let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+    let _ = stream.set_nonblocking(true);
     let mut inbuf = vec![0u8; CONN_BUF];
     let mut outbuf = vec![0u8; CONN_BUF];
-    // Traffic either way puts the thread back to POLL; see `idle_poll` for the rest.
-    let (mut last_traffic, mut timeout) = (Instant::now(), POLL);
+    let wake = Arc::new(ConnWake::new());
+    // Traffic either way keeps the thread looking every `poll`; see `idle_poll` for the rest.
+    let mut last_traffic = Instant::now();
     // Per-source limits key on the peer's address (docs/security.md, "Pre-authentication").
     // A refused connection still gets its BUSY frame from `output` below, then the core wants it closed.
     {
         let mut s = server.lock().expect("server lock");
+        s.backend_mut().conns.insert(id, wake.clone());
         match stream.peer_addr() {
             Ok(peer) => s.open_from(id, Source::ip(peer.ip()), now_ms(start)),
             Err(_) => s.open(id, now_ms(start)),
@@ -396,46 +736,58 @@ fn serve(server: Shared, mut stream: TcpStream, id: ConnId, start: Instant, stop
             if n == 0 {
                 break false;
             }
-            if stream.write_all(&outbuf[..n]).is_err() {
+            if write_out(&mut stream, &outbuf[..n]).is_err() {
                 break true;
             }
+            // The answers delivered before `output` took these bytes are out (the stage clock's last stamp).
+            common.stages.written(id);
             last_traffic = Instant::now();
         };
-        if done || stop.load(Ordering::Relaxed) {
+        if done || common.stop.load(Ordering::Relaxed) {
             break;
         }
-        let want = if last_traffic.elapsed() < ACTIVE { POLL } else { idle_poll(&server) };
-        if want != timeout {
-            timeout = want;
-            let _ = stream.set_read_timeout(Some(timeout));
+        let pace = common.pace.get();
+        let timeout = if last_traffic.elapsed() < ACTIVE { pace.poll } else { idle_poll(&server, pace) };
+        if wake.wait(&stream, timeout) {
+            common.stages.conn_woken();
         }
         match stream.read(&mut inbuf) {
             Ok(0) => break,
             Ok(n) => {
-                last_traffic = Instant::now();
-                let busy = {
+                let read_at = Instant::now();
+                last_traffic = read_at;
+                let (busy, due) = {
                     let mut s = server.lock().expect("server lock");
+                    s.backend_mut().read_at = Some(read_at);
                     s.input(id, &inbuf[..n], now_ms(start));
-                    s.backend_mut().busy()
+                    s.backend_mut().read_at = None;
+                    (s.backend_mut().backend.busy(), take_due(&mut s, Some(id)))
                 };
-                // Only a request that started work needs the timer's quick ticks (a HEARTBEAT does not).
+                notify(due);
+                // Only a request that started work needs the service thread (a HEARTBEAT does not).
                 if busy {
-                    ticker.unpark();
+                    common.service.by_input();
                 }
             }
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
             Err(_) => break,
         }
     }
     let _ = stream.shutdown(std::net::Shutdown::Both);
-    server.lock().expect("server lock").closed(id, now_ms(start));
+    common.stages.closed(id);
+    let due = {
+        let mut s = server.lock().expect("server lock");
+        s.backend_mut().conns.remove(&id);
+        s.closed(id, now_ms(start));
+        take_due(&mut s, None)
+    };
+    notify(due);
 }
 
-/// How often an idle connection looks for output: [`POLL`] × (connections / 64), from [`POLL`] to
-/// [`MAX_IDLE_POLL`].
-fn idle_poll(server: &Shared) -> Duration {
+/// How often an idle connection looks for output: `poll` × (connections / 64), from `poll` to `max_idle_poll`.
+fn idle_poll(server: &Shared, pace: Pace) -> Duration {
     let open = server.lock().map_or(0, |s| s.sessions()) as u32;
-    (POLL * (open / 64).max(1)).min(MAX_IDLE_POLL)
+    (pace.poll * (open / 64).max(1)).min(pace.max_idle_poll.max(pace.poll))
 }
 
 #[cfg(test)]

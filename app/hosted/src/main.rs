@@ -58,7 +58,9 @@ fn main() -> ExitCode {
     let sessions = cfg.limits.sessions;
     match Hosted::start(cfg) {
         Ok(h) => {
-            let slots = h.with_leases(|b| b.svc.config().slots).map_or(String::new(), |n| format!(" slots={n}"));
+            let slots = h
+                .with_leases(|b| (b.svc.config().slots, b.svc.paths()))
+                .map_or(String::new(), |(n, p)| format!(" slots={n} {}", p.directions()));
             // The ready line mirrors the image's, so scripts can wait for it the same way.
             let udp = h.hca().and_then(|t| t.udp).map_or(String::from("none"), |a| a.to_string());
             println!(

@@ -3,6 +3,7 @@
 //! the session core also moves commands and results ([`Link::step`]), so the service progresses whenever the
 //! network loop runs. The image (core 0) and the hosted appliance use it alike.
 
+use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
@@ -143,9 +144,10 @@ impl<H: Host, E: Environment> Leases for LeaseBackend<H, E> {
     }
 
     /// HEALTH's lease part; the status rule and the message's shape are the session core's
-    /// (`leasebox_session::health`). `detail` is this service's own phrase in the message (empty: none).
+    /// (`leasebox_session::health`). `detail` is this service's own phrase: which grant and revoke paths it uses.
     fn health_facts(&mut self) -> LeaseHealth {
-        LeaseHealth::On { by_state: self.svc.by_state(), fenced: self.svc.fenced_count(), detail: String::new() }
+        let detail = format!("{}", self.svc.paths());
+        LeaseHealth::On { by_state: self.svc.by_state(), fenced: self.svc.fenced_count(), detail }
     }
 
     /// Commands at the HCA or waiting for room in its ring, memory being scrubbed or prepared.

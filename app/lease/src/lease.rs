@@ -24,6 +24,8 @@ pub mod step_bit {
     pub const DEADLINE: u32 = 1 << 7;
     /// Building the lease failed and so did undoing it.
     pub const UNWIND: u32 = 1 << 8;
+    /// The sweep's RST2INIT_QP, which returns a UMR-revoked lease's QP to the warm pool, failed.
+    pub const RECYCLE: u32 = 1 << 9;
 }
 
 /// Where a fence came from (FENCED_SUMMARY `origin`; docs/reference/revoke-spec.md §2.3).
@@ -62,9 +64,36 @@ pub enum Step {
     Qp2Rst,
     DestroyQp,
     DeallocPd,
+    /// A UMR work request, not a command: a warm key re-pointed at the lease's memory (ALLOC's first step on
+    /// the UMR path).
+    UmrGrant,
+    /// A UMR work request: the key set free under the quarantine PD (the UMR path's immediate phase).
+    UmrRevoke,
 }
 
 impl Step {
+    /// The steps that build a lease (a failure of one unwinds the build; nothing to cut when a revoke
+    /// overtook it).
+    pub fn builds(self) -> bool {
+        matches!(
+            self,
+            Step::AllocPd
+                | Step::CreateMkey
+                | Step::CreateQp
+                | Step::Rst2Init
+                | Step::Init2Rtr
+                | Step::Rtr2Rts
+                | Step::UmrGrant
+        )
+    }
+
+    /// Whether the step is a UMR work request rather than a command.
+    pub fn is_umr(self) -> bool {
+        matches!(self, Step::UmrGrant | Step::UmrRevoke)
+    }
+
+    /// Its bit in FENCED_SUMMARY's `failed_mask`. The UMR steps have none: a failed UMR revoke falls back to
+    /// DESTROY_MKEY, whose bit says whether that failed too; a failed grant unwinds.
     pub fn bit(self) -> u32 {
         match self {
             Step::DestroyMkey => step_bit::DESTROY_MKEY,
@@ -201,6 +230,13 @@ pub struct Lease<T> {
     pub qpn: Option<Qpn>,
     /// The QP is known to be in ERR (2ERR done).
     pub qp_in_err: bool,
+    /// The PD, QP (in INIT) and key came from the warm pool: the key is a UMR-enabled one
+    /// (`create_mkey_umr_free`), granted by a UMR work request and revoked by one when the caps allow.
+    pub warm: bool,
+    /// The key was set free under the quarantine PD by a UMR revoke: it reaches nothing and may be re-granted.
+    pub key_free: bool,
+    /// The sweep returns the PD, QP and key to the warm pool instead of destroying them.
+    pub recycle: bool,
     /// The MKEY variant its CREATE_MKEY used: the rkey's low 8 bits under a 24-bit index (`Mkey`). Drawn, not
     /// counted, so it has no limit to reach; what it must not do is repeat the variant its index had last
     /// (`service::ids`), which holds for every index up to 0xffffff (`tests/limits.rs`).

@@ -19,4 +19,4 @@ pub mod stats;
 
 pub use config::{Config, RevokeOrder};
 pub use options::LeaseOptions;
-pub use service::{HcaCtx, Host, LeaseService, Who, port_ib_mtu};
+pub use service::{HcaCtx, Host, LeaseService, Paths, UmrCtx, Who, port_ib_mtu};

@@ -1,7 +1,8 @@
 //! Moves work between the lease service and the mlx5 engines' client: the service's commands go out on the
 //! client's ring (what does not fit waits in the service), results come back to the service by tag, and a
 //! fatal HCA makes every live lease fail closed. The image's core 0, the hosted appliance and the tests all
-//! drive the service through this one loop step.
+//! drive the service through this one loop step. UMR work requests (grants and revokes on the warm path) travel
+//! the same way (`Client::submit_umr`), their results back through the same completion ring.
 
 use leasebox_mlx5::engine::{Client, Event, Refused};
 
@@ -49,6 +50,25 @@ impl Link {
             did = true;
         }
         svc.tick(now_us, host);
+        // UMR work first: a revoke's work request is its immediate phase (grants queue behind revokes).
+        while client.room() > 0 {
+            let Some((tag, work)) = svc.next_umr() else { break };
+            match client.submit_umr(tag, work) {
+                Ok(()) => {
+                    self.outstanding += 1;
+                    did = true;
+                }
+                Err((work, None)) => {
+                    svc.unsend_umr(tag, work);
+                    break;
+                }
+                Err((_, Some(e))) => {
+                    log::error!("lease: {e}");
+                    svc.hca_done(tag, Err(e), now_us, host);
+                    did = true;
+                }
+            }
+        }
         while client.room() > 0 {
             let Some((tag, cmd)) = svc.next_command() else { break };
             match client.submit_as(tag, cmd) {

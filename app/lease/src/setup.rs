@@ -13,7 +13,7 @@ use alloc::sync::Arc;
 
 use crate::config::Config;
 use crate::options::{DEFAULT_RDMA_IP, LeaseOptions};
-use crate::service::{HcaCtx, Host, Neighbour, port_ib_mtu};
+use crate::service::{HcaCtx, Host, Neighbour, UmrCtx, port_ib_mtu};
 use leasebox_session::{Entropy, IdRng};
 
 /// The lease service's host over an mlx5 platform: QP buffers from its DMA memory, scrubbing through the
@@ -256,8 +256,9 @@ pub fn prepare<P: Platform>(
         n_slots,
         128u32 << port_mtu,
     );
+    let umr = umr_path(d);
     Ok(LeaseParts {
-        hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, mac: d.info.mac, port_mtu, qp: d.info.qp },
+        hca: HcaCtx { uar: d.info.uar, cqn, gid, gid_index, mac: d.info.mac, port_mtu, qp: d.info.qp, umr },
         pool,
         extents,
         uncleared: uncleared(&taken),
@@ -265,6 +266,32 @@ pub fn prepare<P: Platform>(
         max_region,
         hca_slots,
     })
+}
+
+/// The UMR QP for the command engine, when the HCA's caps allow UMR revokes (docs/revoke-semantics.md, "The
+/// UMR path"): made on the driver now and handed to the engine ([`leasebox_mlx5::engine::CommandEngine::attach_umr`]);
+/// what it allows per direction. Without one (caps, or a set-up command that failed) every lease takes the
+/// commands: [`UmrCtx::OFF`].
+pub fn umr_path<P: Platform>(d: &mut Driver<P>) -> UmrCtx {
+    let caps = leasebox_mlx5::ifc::umr::UmrCaps::from_general(&d.info.caps);
+    match leasebox_mlx5::umr::UmrQp::create(d, caps, leasebox_mlx5::umr::DEFAULT_LOG_SQ_BBS) {
+        Ok(qp) => {
+            let ctx = UmrCtx::from_caps(&caps, qp.quarantine_pd());
+            log::info!(
+                "lease: UMR QP {} ready: grants {} (up to {} extents inline), revokes {}",
+                qp.qpn(),
+                if ctx.grant { "by UMR" } else { "by commands" },
+                ctx.max_entries,
+                if ctx.revoke { "by UMR" } else { "by commands" },
+            );
+            d.cmd.attach_umr(qp);
+            ctx
+        }
+        Err(e) => {
+            log::warn!("lease: no UMR ({e}): every lease takes the command path");
+            UmrCtx::OFF
+        }
+    }
 }
 
 impl Config {

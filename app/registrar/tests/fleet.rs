@@ -476,12 +476,16 @@ fn etcd_restarted_without_its_data_gets_the_registrations_back() {
 
 /// A hosted appliance named `name` (its `appliance=`), with a small pool.
 fn named_appliance(keys: &Keys, name: &str) -> Hosted {
-    let mut args: Vec<String> =
-        ["--listen", "127.0.0.1:0", "--hca", "--udp", "127.0.0.1:0", "--timing", "zero"].map(String::from).to_vec();
-    args.extend(["lease_pool_mib=16".into(), "lease_slots=64".into(), format!("appliance={name}")]);
-    args.push(format!("tenant=demo:{}", keys.tenant_hex));
-    args.push(format!("admin={}", keys.admin_hex));
-    Hosted::start(HostedConfig::from_args(&args).unwrap()).unwrap()
+    let b = Rig::builder()
+        .listen("127.0.0.1:0")
+        .model()
+        .timing("zero")
+        .lease_pool_mib(16)
+        .option("lease_slots", 64)
+        .appliance(name)
+        .tenant_with_key("demo", keys.tenant.clone())
+        .admin_with_key(keys.admin.clone());
+    Hosted::start(b.config().unwrap()).unwrap()
 }
 
 #[test]

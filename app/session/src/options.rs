@@ -15,11 +15,11 @@
 //! `Debug` nor errors show them (`tenant` and `admin` are among `leasebox_options::SECRET_KEYS`, asserted below).
 
 use crate::keyring::ADMIN_NAME;
-use leasebox_proto::key::{MAX_KEY, MIN_KEY};
 use core::fmt;
 use core::ops::RangeInclusive;
 use leasebox_options::{ConfigError, decimal};
 use leasebox_proto::MAX_NAME;
+use leasebox_proto::key::{MAX_KEY, MIN_KEY};
 
 /// The keys whose values are secrets: the option machinery redacts them in every error and printed line.
 pub const SECRET_OPTIONS: [&str; 2] = ["tenant", "admin"];

@@ -24,6 +24,7 @@ use crate::ifc::cq::Cqe;
 use crate::ifc::eq::Eqe;
 use crate::platform::{DmaBuf, PAGE_SIZE, Platform};
 use crate::ring::{Consumer, Producer, ring};
+use crate::umr::{PostError, UmrQp};
 
 /// Ring capacities.
 pub const REQUEST_RING: usize = 64;
@@ -66,7 +67,7 @@ fn client_tag(tag: u64, cmd: Command) -> Result<Request, Refused> {
     if tag & !CLIENT_TAG_BITS != 0 {
         return Err(Refused::ReservedTag(cmd.error(ErrorKind::ReservedTag { tag })));
     }
-    Ok(Request { tag, cmd })
+    Ok(Request { tag, work: Work::Cmd(cmd) })
 }
 /// Ring capacities of the side client (a port's maintenance keeps a few commands in flight at most).
 pub const SIDE_REQUEST_RING: usize = 8;
@@ -75,10 +76,80 @@ pub const SIDE_COMPLETION_RING: usize = 8;
 const EQ_BUDGET: usize = 64;
 const CQ_BUDGET: usize = 64;
 
-/// A command for the command engine.
+/// Work for the command engine, under the caller's tag.
 pub struct Request {
     pub tag: u64,
-    pub cmd: Command,
+    pub work: Work,
+}
+
+/// What a request asks: a firmware command, or a UMR work request on the engine's UMR QP.
+pub enum Work {
+    Cmd(Command),
+    Umr(UmrWork),
+}
+
+impl Work {
+    /// The command of work that was pushed as one (a ring gives back what was pushed).
+    fn into_cmd(self) -> Command {
+        match self {
+            Work::Cmd(c) => c,
+            // Only `submit`/`submit_as` call this, on work they made as `Cmd`.
+            Work::Umr(w) => Command::new(UMR_PSEUDO_OPCODE, 0, 16, 16).with(
+                "mkey",
+                u64::from(match w {
+                    UmrWork::Grant { mkey, .. } | UmrWork::Revoke { mkey } => mkey.0,
+                }),
+            ),
+        }
+    }
+}
+
+/// A UMR work request the engine posts on its UMR QP (docs/reference/umr.md §4). Its completion comes back on
+/// the completion ring under the request's tag, as a command's does: `Ok` (an empty output) when the CQE
+/// reports success, else an error from [`umr_error`]'s pseudo-command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UmrWork {
+    /// Re-point a free UMR-enabled key (from [`crate::ifc::mkey::create_mkey_umr_free`]) at `pages`, give it
+    /// `pd`, `access`, `start`, `len` and the variant `new_variant`; the translation travels inline.
+    Grant {
+        mkey: crate::handles::Mkey,
+        new_variant: u8,
+        pd: crate::handles::Pdn,
+        start: u64,
+        len: u64,
+        access: crate::ifc::mkey::MkeyAccess,
+        log_page_size: u8,
+        /// The entries the key was created for.
+        capacity: usize,
+        pages: Vec<u64>,
+    },
+    /// Set the key free under the UMR QP's quarantine PD: once this completes the HCA no longer reaches the
+    /// memory through it.
+    Revoke { mkey: crate::handles::Mkey },
+}
+
+/// The opcode of the pseudo-command a UMR result's error names (`MLX5_OPCODE_UMR`, a WQE opcode: no firmware
+/// command has an opcode below 0x100, so a report can never mistake it for one). `op_mod` is
+/// [`UMR_OP_GRANT`] or [`UMR_OP_REVOKE`].
+pub const UMR_PSEUDO_OPCODE: u16 = crate::ifc::umr::MLX5_OPCODE_UMR as u16;
+pub const UMR_OP_GRANT: u16 = 0;
+pub const UMR_OP_REVOKE: u16 = 1;
+
+/// How long the engine waits for a UMR completion before it gives up on everything in flight
+/// ([`UmrQp::fail_all`]): far above a UMR's microseconds, far below the revoke deadline (1 s), so a revoke
+/// whose UMR was lost still has time for its DESTROY_MKEY fallback.
+pub const UMR_TIMEOUT_MS: u64 = 100;
+
+/// The error a UMR result carries: `kind` as for a command ([`ErrorKind::Status`] with the CQE's syndrome and
+/// vendor syndrome for an error CQE, [`ErrorKind::Timeout`] for a missing one, [`ErrorKind::Busy`] when the
+/// QP is full, in error or being recovered, [`ErrorKind::Delivery`] when the caps refuse the WQE or the
+/// engine has no UMR QP).
+pub fn umr_error(work: &UmrWork, kind: ErrorKind) -> crate::command::CmdError {
+    let (op, key) = match work {
+        UmrWork::Grant { mkey, .. } => (UMR_OP_GRANT, mkey),
+        UmrWork::Revoke { mkey } => (UMR_OP_REVOKE, mkey),
+    };
+    Command::new(UMR_PSEUDO_OPCODE, op, 16, 16).with("mkey", u64::from(key.0)).error(kind)
 }
 
 /// A firmware page request (EQE type 0xB, `pages_req_event`): `num_pages` > 0 gives, < 0 takes back.
@@ -271,7 +342,36 @@ pub struct CommandEngine<P: Platform> {
     done: Vec<Completion>,
     next_internal: u64,
     pub busy_ns: u64,
+    /// The UMR QP, once [`CommandEngine::attach_umr`] gave it one; `None`: every UMR request fails at once
+    /// (the caller uses commands).
+    umr: Option<UmrState>,
 }
+
+/// The UMR QP and what the engine keeps about it.
+struct UmrState {
+    qp: UmrQp,
+    /// The work requests in flight: tag, what it was (for its error) and when it was posted.
+    posted: VecDeque<(u64, UmrWork, u64)>,
+    /// Recovery after an error or a missed deadline: the commands left, and the tag of the one in flight.
+    recovery: Option<(VecDeque<Command>, Option<u64>)>,
+    /// A recovery command failed: the QP stays out of use until reboot (fail closed: every UMR request then
+    /// fails at once and the caller uses commands).
+    dead: bool,
+    pub counters: UmrCounters,
+}
+
+/// What the UMR QP did (for reports).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UmrCounters {
+    pub posted: u64,
+    pub ok: u64,
+    pub failed: u64,
+    pub timeouts: u64,
+    pub recoveries: u64,
+}
+
+/// Tags of the UMR QP's recovery commands: the engine's own ([`INTERNAL_TAG`]), told apart from page commands.
+const UMR_RECOVERY_TAG: u64 = INTERNAL_TAG | (1 << 61);
 
 /// The engine's end of the side client's rings.
 struct SideRings {
@@ -343,6 +443,7 @@ pub fn assemble<P: Platform>(p: Arc<P>, q: CmdQueue, health: Health) -> (Command
         done: Vec::new(),
         next_internal: 0,
         busy_ns: 0,
+        umr: None,
     };
     let ev = EventEngine {
         p,
@@ -402,7 +503,7 @@ impl<P: Platform> CommandEngine<P> {
     fn next_request(&mut self) -> Option<Request> {
         self.side_first = !self.side_first;
         let side = |s: &mut Option<SideRings>| {
-            s.as_mut().and_then(|s| s.requests.pop()).map(|r| Request { tag: r.tag | SIDE_TAG, cmd: r.cmd })
+            s.as_mut().and_then(|s| s.requests.pop()).map(|r| Request { tag: r.tag | SIDE_TAG, work: r.work })
         };
         if self.side_first {
             side(&mut self.side).or_else(|| self.requests.pop())
@@ -444,35 +545,48 @@ impl<P: Platform> CommandEngine<P> {
                 did = true;
             }
         }
+        did |= self.umr_recovery_step(t0);
         while self.q.has_free(SlotClass::Regular) || self.q.fatal().is_some() {
             let Some(r) = self.next_request() else { break };
             did = true;
-            if let Err(e) = self.q.submit(self.p.as_ref(), r.tag, &r.cmd) {
-                self.done.push(Completion { tag: r.tag, slot: 0xff, result: Err(e), elapsed_ns: 0, hca_ns: 0 });
-            }
-        }
-        self.q.poll(self.p.as_ref(), &mut self.done);
-        for c in self.done.drain(..) {
-            did = true;
-            if let Err(e) = &c.result
-                && matches!(e.kind, crate::command::ErrorKind::Timeout { .. })
-            {
-                self.shared.cmd_timeouts.fetch_add(1, Ordering::Relaxed);
-            }
-            if c.tag & INTERNAL_TAG != 0 {
-                if self.pages.in_flight.as_ref().is_some_and(|f| f.0 == c.tag) {
-                    let n = self.pages.complete(self.p.as_ref(), &c);
-                    self.shared.pages_given.fetch_add(n as u64, Ordering::Relaxed);
-                    if let Err(e) = &c.result {
-                        log::warn!("mlx5: page command failed: {e}");
+            match r.work {
+                Work::Cmd(cmd) => {
+                    if let Err(e) = self.q.submit(self.p.as_ref(), r.tag, &cmd) {
+                        self.done.push(Completion { tag: r.tag, slot: 0xff, result: Err(e), elapsed_ns: 0, hca_ns: 0 });
                     }
                 }
-            } else if c.tag & SIDE_TAG != 0
-                && let Some(s) = self.side.as_mut()
-            {
-                s.undelivered.push_back(Completion { tag: c.tag & !SIDE_TAG, ..c });
-            } else {
-                self.undelivered.push_back(c);
+                Work::Umr(w) => self.umr_post(r.tag, w, t0),
+            }
+        }
+        did |= self.umr_poll(t0);
+        self.q.poll(self.p.as_ref(), &mut self.done);
+        // A recovery command that completes may answer UMR work in turn: batches until none is left.
+        while !self.done.is_empty() {
+            let mut batch = core::mem::take(&mut self.done);
+            for c in batch.drain(..) {
+                did = true;
+                if let Err(e) = &c.result
+                    && matches!(e.kind, crate::command::ErrorKind::Timeout { .. })
+                {
+                    self.shared.cmd_timeouts.fetch_add(1, Ordering::Relaxed);
+                }
+                if c.tag & UMR_RECOVERY_TAG == UMR_RECOVERY_TAG {
+                    self.umr_recovery_done(&c);
+                } else if c.tag & INTERNAL_TAG != 0 {
+                    if self.pages.in_flight.as_ref().is_some_and(|f| f.0 == c.tag) {
+                        let n = self.pages.complete(self.p.as_ref(), &c);
+                        self.shared.pages_given.fetch_add(n as u64, Ordering::Relaxed);
+                        if let Err(e) = &c.result {
+                            log::warn!("mlx5: page command failed: {e}");
+                        }
+                    }
+                } else if c.tag & SIDE_TAG != 0
+                    && let Some(s) = self.side.as_mut()
+                {
+                    s.undelivered.push_back(Completion { tag: c.tag & !SIDE_TAG, ..c });
+                } else {
+                    self.undelivered.push_back(c);
+                }
             }
         }
         while let Some(c) = self.undelivered.pop_front() {
@@ -495,12 +609,189 @@ impl<P: Platform> CommandEngine<P> {
         did
     }
 
+    /// Gives the engine its UMR QP (made on the driver before the engines split: [`UmrQp::create`]); from now
+    /// on [`Client::submit_umr`]'s work is posted on it and polled here.
+    pub fn attach_umr(&mut self, qp: UmrQp) {
+        self.umr = Some(UmrState {
+            qp,
+            posted: VecDeque::new(),
+            recovery: None,
+            dead: false,
+            counters: UmrCounters::default(),
+        });
+    }
+
+    /// Takes the UMR QP back (to destroy it at teardown); work still in flight is answered as failed first.
+    pub fn detach_umr(&mut self) -> Option<UmrQp> {
+        let mut u = self.umr.take()?;
+        for (tag, w, _) in u.posted.drain(..) {
+            let e = umr_error(&w, ErrorKind::Shutdown);
+            self.undelivered.push_back(Completion { tag, slot: 0xff, result: Err(e), elapsed_ns: 0, hca_ns: 0 });
+        }
+        Some(u.qp)
+    }
+
+    /// The UMR QP's figures, when there is one.
+    pub fn umr_counters(&self) -> Option<UmrCounters> {
+        self.umr.as_ref().map(|u| u.counters)
+    }
+
+    /// Whether UMR work can be posted now (a QP, not in error, not being recovered, not dead).
+    pub fn umr_usable(&self) -> bool {
+        self.umr.as_ref().is_some_and(|u| !u.dead && u.recovery.is_none() && !u.qp.in_error())
+    }
+
+    fn umr_fail(&mut self, tag: u64, w: &UmrWork, kind: ErrorKind) {
+        if let Some(u) = self.umr.as_mut() {
+            u.counters.failed += 1;
+        }
+        let e = umr_error(w, kind);
+        self.done.push(Completion { tag, slot: 0xff, result: Err(e), elapsed_ns: 0, hca_ns: 0 });
+    }
+
+    /// Posts one UMR work request, or answers it failed at once.
+    fn umr_post(&mut self, tag: u64, w: UmrWork, now_ns: u64) {
+        let p = self.p.clone();
+        let Some(u) = self.umr.as_mut() else {
+            return self.umr_fail(tag, &w, ErrorKind::Delivery { status: 0 });
+        };
+        if u.dead || u.recovery.is_some() {
+            return self.umr_fail(tag, &w, ErrorKind::Busy);
+        }
+        let r = match &w {
+            UmrWork::Revoke { mkey } => {
+                let r = crate::ifc::umr::Revoke { mkey: *mkey, quarantine_pd: u.qp.quarantine_pd() };
+                u.qp.post_revoke(p.as_ref(), &r, tag)
+            }
+            UmrWork::Grant { mkey, new_variant, pd, start, len, access, log_page_size, capacity, pages } => {
+                let g = crate::ifc::umr::Grant {
+                    mkey: *mkey,
+                    new_variant: *new_variant,
+                    pd: *pd,
+                    start: *start,
+                    len: *len,
+                    access: *access,
+                    log_page_size: *log_page_size,
+                    capacity: *capacity,
+                    translation: crate::ifc::umr::Translation::Inline(pages),
+                };
+                u.qp.post_grant(p.as_ref(), &g, tag)
+            }
+        };
+        match r {
+            Ok(()) => {
+                u.counters.posted += 1;
+                u.posted.push_back((tag, w, now_ns));
+            }
+            Err(PostError::Refused(_)) => self.umr_fail(tag, &w, ErrorKind::Delivery { status: 0 }),
+            Err(PostError::Full | PostError::InError) => self.umr_fail(tag, &w, ErrorKind::Busy),
+        }
+    }
+
+    /// Collects UMR completions, and gives up on what is in flight when the oldest has waited past
+    /// [`UMR_TIMEOUT_MS`]; either failure starts the recovery.
+    fn umr_poll(&mut self, now_ns: u64) -> bool {
+        let p = self.p.clone();
+        let Some(u) = self.umr.as_mut() else { return false };
+        let mut did = false;
+        while let Some(d) = u.qp.poll(p.as_ref()) {
+            did = true;
+            let Some(i) = u.posted.iter().position(|x| x.0 == d.tag) else { continue };
+            let Some((tag, w, _)) = u.posted.remove(i) else { continue };
+            let result = match d.error {
+                None => {
+                    u.counters.ok += 1;
+                    Ok(crate::command::Output::new(Vec::new()))
+                }
+                Some((syndrome, vendor)) => {
+                    u.counters.failed += 1;
+                    Err(umr_error(&w, ErrorKind::Status { status: syndrome, syndrome: u32::from(vendor) }))
+                }
+            };
+            self.done.push(Completion { tag, slot: 0xff, result, elapsed_ns: 0, hca_ns: 0 });
+        }
+        let timed_out = u.posted.front().is_some_and(|x| now_ns.saturating_sub(x.2) >= UMR_TIMEOUT_MS * 1_000_000);
+        if timed_out {
+            did = true;
+            u.counters.timeouts += 1;
+            let tags = u.qp.fail_all();
+            log::warn!("mlx5: UMR completion missing after {UMR_TIMEOUT_MS} ms: {} work request(s) failed", tags.len());
+            for tag in tags {
+                let Some(i) = u.posted.iter().position(|x| x.0 == tag) else { continue };
+                let Some((tag, w, at)) = u.posted.remove(i) else { continue };
+                u.counters.failed += 1;
+                let waited_ms = now_ns.saturating_sub(at) / 1_000_000;
+                let e = umr_error(&w, ErrorKind::Timeout { slot: 0xff, waited_ms });
+                self.done.push(Completion { tag, slot: 0xff, result: Err(e), elapsed_ns: 0, hca_ns: 0 });
+            }
+        }
+        if u.qp.in_error() && u.recovery.is_none() && !u.dead {
+            // 2ERR first: after a missed completion the HCA may not know yet (after an error CQE it does, and
+            // ERR → ERR is allowed), then back to RTS.
+            let mut cmds: VecDeque<Command> = VecDeque::new();
+            cmds.push_back(u.qp.to_error());
+            cmds.extend(u.qp.recovery());
+            u.recovery = Some((cmds, None));
+            u.counters.recoveries += 1;
+            did = true;
+        }
+        did
+    }
+
+    /// Posts the UMR QP's next recovery command when none is in flight.
+    fn umr_recovery_step(&mut self, _now_ns: u64) -> bool {
+        let Some(u) = self.umr.as_mut() else { return false };
+        let Some((cmds, in_flight)) = u.recovery.as_mut() else { return false };
+        if in_flight.is_some() || !self.q.has_free(SlotClass::Regular) {
+            return false;
+        }
+        let Some(cmd) = cmds.pop_front() else { return false };
+        let tag = UMR_RECOVERY_TAG | (self.next_internal & 0xffff_ffff);
+        self.next_internal += 1;
+        *in_flight = Some(tag);
+        if let Err(e) = self.q.submit(self.p.as_ref(), tag, &cmd) {
+            self.done.push(Completion { tag, slot: 0xff, result: Err(e), elapsed_ns: 0, hca_ns: 0 });
+        }
+        true
+    }
+
+    /// A recovery command finished: the next one, or the ring reset once the QP is back in RTS; a failure
+    /// leaves the QP out of use for good.
+    fn umr_recovery_done(&mut self, c: &Completion) {
+        let p = self.p.clone();
+        let Some(u) = self.umr.as_mut() else { return };
+        let Some((cmds, in_flight)) = u.recovery.as_mut() else { return };
+        if *in_flight != Some(c.tag) {
+            return;
+        }
+        *in_flight = None;
+        if let Err(e) = &c.result {
+            log::error!("mlx5: UMR QP recovery failed: {e}; UMR is off until reboot, leases use commands");
+            u.dead = true;
+            u.recovery = None;
+        } else if cmds.is_empty() {
+            u.recovery = None;
+            for tag in u.qp.reset_ring(p.as_ref()) {
+                if let Some(i) = u.posted.iter().position(|x| x.0 == tag)
+                    && let Some((tag, w, _)) = u.posted.remove(i)
+                {
+                    let e = umr_error(&w, ErrorKind::Busy);
+                    self.done.push(Completion { tag, slot: 0xff, result: Err(e), elapsed_ns: 0, hca_ns: 0 });
+                }
+            }
+            log::info!("mlx5: UMR QP back in RTS");
+        }
+    }
+
     /// Stops: every command still queued or in flight fails with `Shutdown`; returns the queue and pages.
     pub fn into_parts(mut self) -> (CmdQueue, PageSupply) {
         let shutdown = |r: Request| Completion {
             tag: r.tag,
             slot: 0xff,
-            result: Err(r.cmd.error(ErrorKind::Shutdown)),
+            result: Err(match &r.work {
+                Work::Cmd(cmd) => cmd.error(ErrorKind::Shutdown),
+                Work::Umr(w) => umr_error(w, ErrorKind::Shutdown),
+            }),
             elapsed_ns: 0,
             hca_ns: 0,
         };
@@ -628,13 +919,13 @@ impl Client {
     /// Queues `cmd`; returns its tag, or the command back when the ring is full.
     pub fn submit(&mut self, cmd: Command) -> Result<u64, Command> {
         let tag = self.next_tag;
-        match self.requests.push(Request { tag, cmd }) {
+        match self.requests.push(Request { tag, work: Work::Cmd(cmd) }) {
             Ok(()) => {
                 self.next_tag = self.next_tag % CLIENT_TAG_BITS + 1;
                 wake(&self.waker);
                 Ok(tag)
             }
-            Err(r) => Err(r.cmd),
+            Err(r) => Err(r.work.into_cmd()),
         }
     }
 
@@ -644,7 +935,23 @@ impl Client {
     /// tag outside them is refused ([`Refused::ReservedTag`]).
     pub fn submit_as(&mut self, tag: u64, cmd: Command) -> Result<(), Refused> {
         let r = client_tag(tag, cmd)?;
-        self.requests.push(r).map_err(|r| Refused::Full(r.cmd))?;
+        self.requests.push(r).map_err(|r| Refused::Full(r.work.into_cmd()))?;
+        wake(&self.waker);
+        Ok(())
+    }
+
+    /// Queues a UMR work request under the caller's `tag` (the rules of [`Client::submit_as`]); its result
+    /// comes back through [`Client::poll`]. Gives the work back when the ring is full or the tag is refused.
+    pub fn submit_umr(&mut self, tag: u64, work: UmrWork) -> Result<(), (UmrWork, Option<crate::command::CmdError>)> {
+        if tag & !CLIENT_TAG_BITS != 0 {
+            let e = umr_error(&work, ErrorKind::ReservedTag { tag });
+            return Err((work, Some(e)));
+        }
+        // One producer: with a free place the push below cannot fail.
+        if self.requests.free() == 0 {
+            return Err((work, None));
+        }
+        let _ = self.requests.push(Request { tag, work: Work::Umr(work) });
         wake(&self.waker);
         Ok(())
     }
@@ -686,7 +993,7 @@ impl SideClient {
     /// Queues `cmd`; returns its tag (counting up from 1), or the command back when the ring is full.
     pub fn submit(&mut self, cmd: Command) -> Result<u64, Command> {
         let tag = self.next_tag;
-        self.requests.push(Request { tag, cmd }).map_err(|r| r.cmd)?;
+        self.requests.push(Request { tag, work: Work::Cmd(cmd) }).map_err(|r| r.work.into_cmd())?;
         self.next_tag = self.next_tag % CLIENT_TAG_BITS + 1;
         wake(&self.waker);
         Ok(tag)
@@ -696,7 +1003,7 @@ impl SideClient {
     /// those outstanding, apart from [`SideClient::submit`]'s); refused as [`Client::submit_as`] refuses.
     pub fn submit_as(&mut self, tag: u64, cmd: Command) -> Result<(), Refused> {
         let r = client_tag(tag, cmd)?;
-        self.requests.push(r).map_err(|r| Refused::Full(r.cmd))?;
+        self.requests.push(r).map_err(|r| Refused::Full(r.work.into_cmd()))?;
         wake(&self.waker);
         Ok(())
     }

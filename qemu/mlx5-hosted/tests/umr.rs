@@ -274,3 +274,151 @@ fn injected_umr_faults_fail_closed() {
     d.dealloc_pd(client_pd).unwrap();
     q.destroy(&mut d).unwrap();
 }
+
+// ---- The command engine carries UMR work (`Client::submit_umr`): results come back on the completion ring
+// under the caller's tag, and the engine recovers its QP on its own after an error or a missed deadline. ----
+
+use leasebox_mlx5::command::{ErrorKind, Output};
+use leasebox_mlx5::engine::{UMR_OP_GRANT, UMR_OP_REVOKE, UMR_PSEUDO_OPCODE, UMR_TIMEOUT_MS, UmrWork};
+
+/// Pumps both engines until the completion of `tag` comes back (other completions are an error here), at most
+/// `secs` seconds of the platform's clock.
+#[allow(clippy::result_large_err)]
+fn engine_wait(d: &mut common::Hosted, tag: u64, secs: u64) -> Result<Output, leasebox_mlx5::CmdError> {
+    let p = d.platform().clone();
+    let end = p.now_ns() + secs * 1_000_000_000;
+    loop {
+        d.pump();
+        if let Some(c) = d.client.poll() {
+            assert_eq!(c.tag, tag, "a completion for another tag");
+            return c.result;
+        }
+        assert!(p.now_ns() < end, "no completion for tag {tag} within {secs} s");
+        p.relax();
+    }
+}
+
+/// Pumps until the engine's UMR QP is usable again (its recovery done).
+fn until_usable(d: &mut common::Hosted) {
+    let p = d.platform().clone();
+    let end = p.now_ns() + 5_000_000_000;
+    while !d.cmd.umr_usable() {
+        d.pump();
+        assert!(p.now_ns() < end, "the UMR QP did not recover");
+        p.relax();
+    }
+}
+
+fn engine_with_umr() -> (common::Hosted, Pdn, leasebox_mlx5::handles::Qpn) {
+    let mut d = common::up();
+    let caps = UmrCaps::from_general(&d.info.caps);
+    let q = UmrQp::create(&mut d, caps, 6).unwrap();
+    let (qpd, qpn) = (q.quarantine_pd(), q.qpn());
+    d.cmd.attach_umr(q);
+    assert!(d.cmd.umr_usable());
+    (d, qpd, qpn)
+}
+
+#[test]
+fn the_engine_grants_and_revokes_by_tag_through_the_completion_ring() {
+    let (mut d, qpd, _) = engine_with_umr();
+    let p = d.platform().clone();
+    let client_pd = d.alloc_pd().unwrap();
+    let key = pool_key(&mut d, qpd, 8, 0x61);
+    let mem = p.dma_alloc(2 * PAGE_SIZE, PAGE_SIZE).unwrap();
+    let access = MkeyAccess::LOCAL_READ | MkeyAccess::REMOTE_READ | MkeyAccess::REMOTE_WRITE;
+    let grant = UmrWork::Grant {
+        mkey: key,
+        new_variant: 0x62,
+        pd: client_pd,
+        start: mem.addr(),
+        len: mem.len() as u64,
+        access,
+        log_page_size: 12,
+        capacity: 8,
+        pages: pages(mem),
+    };
+    d.client.submit_umr(0x1234, grant).unwrap();
+    engine_wait(&mut d, 0x1234, 5).unwrap();
+    let live = Mkey::new(key.index(), 0x62);
+    let info = d.query_mkey(live).unwrap();
+    assert!(!info.free && info.pd == client_pd && info.access == access, "{info:?}");
+    d.client.submit_umr(0x1235, UmrWork::Revoke { mkey: live }).unwrap();
+    engine_wait(&mut d, 0x1235, 5).unwrap();
+    let info = d.query_mkey(live).unwrap();
+    assert!(info.free && info.pd == qpd, "{info:?}");
+    let c = d.cmd.umr_counters().unwrap();
+    assert_eq!((c.posted, c.ok, c.failed, c.timeouts, c.recoveries), (2, 2, 0, 0, 0));
+    // A tag outside the client's bits is refused before it is queued, with the error it would have had.
+    let (_, e) = d.client.submit_umr(1 << 63, UmrWork::Revoke { mkey: live }).unwrap_err();
+    assert!(matches!(e.map(|e| e.kind), Some(ErrorKind::ReservedTag { .. })));
+    d.destroy_mkey(live).unwrap();
+    d.dealloc_pd(client_pd).unwrap();
+    p.dma_free(mem);
+}
+
+#[test]
+fn an_engine_error_completion_is_an_error_result_and_the_engine_recovers_the_qp() {
+    use mlx5_model::fault::Fault;
+    let (mut d, qpd, qpn) = engine_with_umr();
+    let p = d.platform().clone();
+    let key = pool_key(&mut d, qpd, 4, 0x71);
+    p.model().unwrap().inject(Fault::UmrFail { count: 1, syndrome: 0x4 });
+    d.client.submit_umr(7, UmrWork::Revoke { mkey: key }).unwrap();
+    let e = engine_wait(&mut d, 7, 5).unwrap_err();
+    assert_eq!((e.opcode, e.op_mod), (UMR_PSEUDO_OPCODE, UMR_OP_REVOKE));
+    assert!(matches!(e.kind, ErrorKind::Status { status: 0x4, .. }), "{e}");
+    // The engine brings the QP back to RTS with its own commands (2ERR, 2RST, RST2INIT, INIT2RTR, RTR2RTS).
+    until_usable(&mut d);
+    assert_eq!(d.query_qp(qpn).unwrap().state, QpState::Rts);
+    d.client.submit_umr(8, UmrWork::Revoke { mkey: key }).unwrap();
+    engine_wait(&mut d, 8, 5).unwrap();
+    let c = d.cmd.umr_counters().unwrap();
+    assert_eq!((c.ok, c.failed, c.recoveries), (1, 1, 1));
+    d.destroy_mkey(key).unwrap();
+}
+
+#[test]
+fn a_missing_engine_completion_times_out_every_tag_in_flight_and_the_engine_recovers() {
+    use mlx5_model::fault::Fault;
+    let (mut d, qpd, qpn) = engine_with_umr();
+    let p = d.platform().clone();
+    let a = pool_key(&mut d, qpd, 4, 0x81);
+    let b = pool_key(&mut d, qpd, 4, 0x82);
+    p.model().unwrap().inject(Fault::UmrHang);
+    d.client.submit_umr(21, UmrWork::Revoke { mkey: a }).unwrap();
+    let t0 = p.now_ns();
+    let e = engine_wait(&mut d, 21, 5).unwrap_err();
+    assert!(p.now_ns() - t0 >= UMR_TIMEOUT_MS * 1_000_000, "answered before the deadline");
+    assert!(matches!(e.kind, ErrorKind::Timeout { .. }), "{e}");
+    // While the QP is recovered, UMR work fails at once (Busy) rather than wait: the caller uses commands.
+    if !d.cmd.umr_usable() {
+        d.client.submit_umr(22, UmrWork::Revoke { mkey: b }).unwrap();
+        let e = engine_wait(&mut d, 22, 5).unwrap_err();
+        assert!(matches!(e.kind, ErrorKind::Busy), "{e}");
+    }
+    p.model().unwrap().inject(Fault::Clear);
+    until_usable(&mut d);
+    d.client
+        .submit_umr(
+            23,
+            UmrWork::Grant {
+                mkey: b,
+                new_variant: 0x83,
+                pd: qpd,
+                start: 0x1000,
+                len: PAGE_SIZE as u64,
+                access: MkeyAccess::REMOTE_READ,
+                log_page_size: 12,
+                capacity: 4,
+                pages: vec![0x10_0000],
+            },
+        )
+        .unwrap();
+    engine_wait(&mut d, 23, 5).unwrap();
+    assert_eq!(d.cmd.umr_counters().map(|c| (c.timeouts, c.recoveries)), Some((1, 1)));
+    assert_eq!(d.query_qp(qpn).unwrap().state, QpState::Rts);
+    let _ = UMR_OP_GRANT;
+    d.destroy_mkey(a).unwrap();
+    d.destroy_mkey(Mkey::new(b.index(), 0x83)).unwrap();
+}

@@ -84,8 +84,10 @@ impl<T: Copy> LeaseService<T> {
                 ),
             )));
         };
-        let qp_buf = host.dma_alloc(QP_BUF, 4096);
-        let qp_dbr = host.dma_alloc(QP_DBR, 64);
+        // A warm entry when one is ready and the lease fits it (the UMR path); else the six commands.
+        let warm = if self.warm_fits(extents.len(), a.access) { self.take_warm() } else { None };
+        let qp_buf = warm.map_or_else(|| host.dma_alloc(QP_BUF, 4096), |w| Some(w.qp_buf));
+        let qp_dbr = warm.map_or_else(|| host.dma_alloc(QP_DBR, 64), |w| Some(w.qp_dbr));
         let (Some(qp_buf), Some(qp_dbr)) = (qp_buf, qp_dbr) else {
             if let Some(b) = qp_buf {
                 host.dma_free(b);
@@ -123,10 +125,13 @@ impl<T: Copy> LeaseService<T> {
             extents,
             qp_buf,
             qp_dbr,
-            pd: None,
-            mkey: None,
-            qpn: None,
+            pd: warm.map(|w| w.pd),
+            mkey: warm.map(|w| w.mkey),
+            qpn: warm.map(|w| w.qpn),
             qp_in_err: false,
+            warm: warm.is_some(),
+            key_free: warm.is_some(),
+            recycle: false,
             variant: 0,
             tried: Steps::default(),
             failed: Steps::default(),

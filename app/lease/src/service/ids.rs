@@ -55,6 +55,19 @@ impl Ids {
         v
     }
 
+    /// The variant a UMR grant gives a warm key whose variant is `old`: uniform over the other 255 values, so
+    /// the rkey a revoked lease's client holds never names the key again at its next grant.
+    pub(crate) fn regrant(&mut self, old: u8) -> u8 {
+        // Each draw misses with probability 1/256; after 64 misses (≤ 2^-512) `old + 1` is taken.
+        for _ in 0..64 {
+            let v = self.rng.next_u8();
+            if v != old {
+                return v;
+            }
+        }
+        old.wrapping_add(1)
+    }
+
     /// CREATE_MKEY answered `index` for a key made with `variant`: `false` when that is the variant the
     /// index's previous key had (the new key would equal the stale one, so it must not be granted).
     pub(crate) fn created(&mut self, index: u32, variant: u8) -> bool {

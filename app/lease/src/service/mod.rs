@@ -19,6 +19,7 @@ mod sessions;
 mod soak;
 #[cfg(test)]
 mod tests;
+mod warm;
 
 use ::alloc::collections::{BTreeMap, BTreeSet, VecDeque};
 use ::alloc::format;
@@ -27,7 +28,8 @@ use ::alloc::vec::Vec;
 
 use leasebox_mlx5::DmaBuf;
 use leasebox_mlx5::command::{CmdError, Command, Output};
-use leasebox_mlx5::handles::{Cqn, UarPage};
+use leasebox_mlx5::engine::UmrWork;
+use leasebox_mlx5::handles::{Cqn, Pdn, UarPage};
 use leasebox_mlx5::ifc;
 use leasebox_mlx5::ifc::qp::QpCaps;
 use leasebox_proto::{AllocReq, BOOT_ID_LEN, ErrorBody, ErrorCode, LeaseState, Notice, Reply, Request, mtu_bytes};
@@ -112,6 +114,90 @@ pub struct HcaCtx {
     /// The QP context values the HCA's caps dictate (`log_msg_max`, the read/atomic bounds, `ts_format`,
     /// `user_index`, the atomic mode; `HcaInfo::qp` after bring-up).
     pub qp: QpCaps,
+    /// What the command engine's UMR QP allows ([`UmrCtx::OFF`] without one).
+    pub umr: UmrCtx,
+}
+
+/// The UMR path as the HCA's caps and the engine's UMR QP allow it (docs/revoke-semantics.md, "The UMR
+/// path"). Decided once at start-up, per direction; a lease that does not fit takes the commands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UmrCtx {
+    /// UMR grants (ALLOC on a warm entry): the engine has a UMR QP and `UmrCaps::grant_allowed`.
+    pub grant: bool,
+    /// UMR revokes of warm keys: the engine has a UMR QP and `UmrCaps::revoke_allowed`.
+    pub revoke: bool,
+    /// The UMR QP's quarantine PD: warm keys are created in it, revoked keys go back to it.
+    pub quarantine_pd: Pdn,
+    /// Translation entries (extents) one inline grant carries: the warm keys' capacity, so the largest lease
+    /// on the UMR path is this many extents.
+    pub max_entries: usize,
+    /// A grant may set the key's atomic bit (`atomic` and not `umr_modify_atomic_disabled`); otherwise a
+    /// lease that asks for atomics takes the commands.
+    pub atomic: bool,
+}
+
+impl UmrCtx {
+    /// No UMR QP: every lease takes the commands.
+    pub const OFF: UmrCtx =
+        UmrCtx { grant: false, revoke: false, quarantine_pd: Pdn(0), max_entries: 0, atomic: false };
+
+    /// From the UMR QP's caps: what it allows for keys of `extent`-byte pages.
+    pub fn from_caps(caps: &leasebox_mlx5::ifc::umr::UmrCaps, quarantine_pd: Pdn) -> UmrCtx {
+        use leasebox_mlx5::ifc::umr::{MTT_ALIGNMENT, UMR_HEADER_LEN};
+        // An inline list fills whole 64-byte chunks after the 128-byte header, within the largest WQE.
+        let room = caps.max_wqe().saturating_sub(UMR_HEADER_LEN) / MTT_ALIGNMENT * MTT_ALIGNMENT;
+        let max_entries = room / 8;
+        let revoke = caps.revoke_allowed().is_ok();
+        UmrCtx {
+            // Grants need UMR-enabled keys, which only the warm pool makes; revoking one needs UMR revokes.
+            grant: caps.grant_allowed().is_ok() && revoke && max_entries > 0,
+            revoke,
+            quarantine_pd,
+            max_entries,
+            atomic: caps.atomic && !caps.modify_atomic_disabled,
+        }
+    }
+}
+
+/// The path each direction takes, for the ready line and HEALTH.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Paths {
+    /// ALLOCs on warm entries are granted by UMR.
+    pub grant_umr: bool,
+    /// Warm keys are revoked by UMR.
+    pub revoke_umr: bool,
+    /// Warm entries ready now.
+    pub warm: usize,
+}
+
+impl Paths {
+    /// `grant=umr revoke=umr` (or `commands`), for the ready line: which path each direction takes.
+    pub fn directions(&self) -> &'static str {
+        match (self.grant_umr, self.revoke_umr) {
+            (true, true) => "grant=umr revoke=umr",
+            (true, false) => "grant=umr revoke=commands",
+            (false, true) => "grant=commands revoke=umr",
+            (false, false) => "grant=commands revoke=commands",
+        }
+    }
+
+    /// The packed form the image's ready line keeps in an atomic (bit 0 grant, bit 1 revoke).
+    pub fn bits(&self) -> u8 {
+        u8::from(self.grant_umr) | u8::from(self.revoke_umr) << 1
+    }
+
+    /// [`Paths::directions`] of [`Paths::bits`].
+    pub fn from_bits(b: u8) -> Paths {
+        Paths { grant_umr: b & 1 != 0, revoke_umr: b & 2 != 0, warm: 0 }
+    }
+}
+
+impl core::fmt::Display for Paths {
+    /// `grant=umr revoke=umr warm=N`, or `commands` for a direction that uses them.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let p = |umr| if umr { "umr" } else { "commands" };
+        write!(f, "grant={} revoke={} warm={}", p(self.grant_umr), p(self.revoke_umr), self.warm)
+    }
 }
 
 /// The most LIST and FENCED_SUMMARY return in one page.
@@ -169,6 +255,10 @@ pub struct LeaseService<T: Copy> {
     /// Commands of revokes' immediate phases: they go out before anything in `outbox`, so ALLOCs and sweeps
     /// never delay an outcome that is due within the revoke deadline.
     urgent: VecDeque<(u64, Command)>,
+    /// UMR work requests (grants, and revokes at the front), for the engine's UMR QP.
+    umr_out: VecDeque<(u64, UmrWork)>,
+    /// The warm pool and the entries being built for it (`warm`).
+    warm: warm::WarmPool,
     answers: Vec<(T, Reply)>,
     /// Initial PSNs and MKEY variants, from the CSPRNG (`ids`).
     ids: Ids,
@@ -217,6 +307,8 @@ impl<T: Copy> LeaseService<T> {
             next_seq: 1,
             outbox: VecDeque::new(),
             urgent: VecDeque::new(),
+            umr_out: VecDeque::new(),
+            warm: warm::WarmPool::default(),
             answers: Vec::new(),
             ids: Ids::new(rng),
             free: (0..cfg_slots).collect(),
@@ -270,6 +362,23 @@ impl<T: Copy> LeaseService<T> {
         self.urgent.pop_front().or_else(|| self.outbox.pop_front())
     }
 
+    /// The next UMR work request to submit (`Client::submit_umr`), with its tag; revokes first.
+    pub fn next_umr(&mut self) -> Option<(u64, UmrWork)> {
+        self.umr_out.pop_front()
+    }
+
+    /// Puts a UMR work request back at the front (the submit ring was full).
+    pub fn unsend_umr(&mut self, tag: u64, work: UmrWork) {
+        self.umr_out.push_front((tag, work));
+    }
+
+    /// Which path grants and revokes take, and the warm entries ready.
+    pub fn paths(&self) -> Paths {
+        let umr = self.hca.umr;
+        let on = umr.grant && self.cfg.warm > 0;
+        Paths { grant_umr: on, revoke_umr: on && umr.revoke && !self.cfg.fence_test, warm: self.warm.ready() }
+    }
+
     /// Puts a command back at the front (the submit ring was full).
     pub fn unsend(&mut self, tag: u64, cmd: Command) {
         // Back where it came from, at the front: an immediate-phase command goes back to the urgent queue.
@@ -277,8 +386,9 @@ impl<T: Copy> LeaseService<T> {
         if urgent { self.urgent.push_front((tag, cmd)) } else { self.outbox.push_front((tag, cmd)) }
     }
 
+    /// Whether commands or UMR work requests wait to be submitted.
     pub fn has_commands(&self) -> bool {
-        !self.outbox.is_empty() || !self.urgent.is_empty()
+        !self.outbox.is_empty() || !self.urgent.is_empty() || !self.umr_out.is_empty()
     }
 
     /// Answers ready since the last call.
@@ -386,6 +496,10 @@ impl<T: Copy> LeaseService<T> {
                 mkey: l.mkey.is_some(),
                 qp: l.qpn.is_some(),
                 qp_in_err: l.qp_in_err,
+                warm: l.warm,
+                umr_revoke: l.warm && self.hca.umr.revoke && !self.cfg.fence_test,
+                key_free: l.key_free,
+                recycle: l.recycle,
                 tried: l.tried,
                 failed: l.failed,
             };
@@ -394,6 +508,19 @@ impl<T: Copy> LeaseService<T> {
                 end => break (stage, end),
             };
             l.tried.insert(step);
+            if step.is_umr() {
+                let Some(work) = umr_work(step, l, &self.hca.umr, &mut self.ids, &ctx) else { continue };
+                let tag = tag_of(self.next_seq, slot);
+                self.next_seq = self.next_seq % SEQ_MAX + 1;
+                l.in_flight = Some((tag, step));
+                self.in_flight += 1;
+                if step == Step::UmrRevoke {
+                    self.umr_out.push_front((tag, work));
+                } else {
+                    self.umr_out.push_back((tag, work));
+                }
+                return;
+            }
             if step == Step::CreateMkey {
                 ctx.variant = self.ids.variant();
                 l.variant = ctx.variant;
@@ -434,6 +561,9 @@ impl<T: Copy> LeaseService<T> {
     pub fn hca_done(&mut self, tag: u64, result: Result<Output, CmdError>, now_us: u64, host: &mut dyn Host) {
         self.in_flight = self.in_flight.saturating_sub(1);
         let slot = tag_slot(tag);
+        if slot >= warm::FILL_SLOT_BASE {
+            return self.fill_done(tag, result, host);
+        }
         // A late completion for a slot already fenced (its revoke deadline passed) finds no lease: it stays
         // fenced.
         let Some(l) = busy(&mut self.slots, slot) else { return };
@@ -460,8 +590,25 @@ impl<T: Copy> LeaseService<T> {
                 Step::DestroyQp => l.qpn = None,
                 Step::DeallocPd => l.pd = None,
                 Step::Rst2Init | Step::Init2Rtr | Step::Rtr2Rts | Step::Qp2Rst => {}
+                // The key now carries the variant the grant drew (`umr_work`).
+                Step::UmrGrant => {
+                    l.mkey = l.mkey.map(|k| leasebox_mlx5::handles::Mkey::new(k.index(), l.variant));
+                    l.key_free = false;
+                    self.counters.umr_grants += 1;
+                }
+                Step::UmrRevoke => {
+                    l.key_free = true;
+                    self.counters.umr_revokes += 1;
+                }
             },
-            Err(e) => self.step_failed(slot, step, &e, now_us),
+            Err(e) => {
+                if step == Step::UmrRevoke {
+                    // DESTROY_MKEY follows (`plan::next`); logged, not fenced, unless that fails too.
+                    self.counters.umr_revoke_failures += 1;
+                    log::warn!("lease: slot {slot}: UMR revoke failed ({e}); DESTROY_MKEY instead");
+                }
+                self.step_failed(slot, step, &e, now_us)
+            }
         }
         self.advance(slot, now_us, host);
     }
@@ -490,7 +637,7 @@ impl<T: Copy> LeaseService<T> {
         self.counters.failed_commands += 1;
         let Some(l) = busy(&mut self.slots, slot) else { return };
         let building = Self::stage(l) == Some(Stage::Build);
-        if step.bit() == 0 && !building {
+        if step.builds() && matches!(Self::stage(l), Some(Stage::Revoke(_))) {
             // A build step of a lease revoked while it was built: nothing was created, nothing to cut.
             return;
         }
@@ -498,7 +645,8 @@ impl<T: Copy> LeaseService<T> {
             l.failure = format!("{e}");
         }
         l.failed.insert(step);
-        l.failed_mask |= step.bit();
+        let sweeping = Self::stage(l) == Some(Stage::Sweep);
+        l.failed_mask |= if step == Step::Rst2Init && sweeping { crate::lease::step_bit::RECYCLE } else { step.bit() };
         if building && let Some((ticket, since)) = l.alloc_ticket.take() {
             // Answered now; the unwind follows.
             self.answers.push((ticket, Err(hca_error(e))));
@@ -582,6 +730,43 @@ fn tag_slot(tag: u64) -> u32 {
 fn busy<T>(slots: &mut [Slot<T>], slot: u32) -> Option<&mut Lease<T>> {
     match slots.get_mut(slot as usize) {
         Some(Slot::Busy(l)) => Some(l),
+        _ => None,
+    }
+}
+
+/// The UMR work request of `step` for lease `l`: a grant draws the key's next variant from the CSPRNG
+/// (`Ids::regrant`: never the one it has, which a revoked lease's client may still hold); `None` when the key
+/// is gone.
+fn umr_work<T>(step: Step, l: &mut Lease<T>, umr: &UmrCtx, ids: &mut Ids, ctx: &CmdCtx) -> Option<UmrWork> {
+    use leasebox_mlx5::ifc::mkey::MkeyAccess;
+    let key = l.mkey?;
+    match step {
+        Step::UmrRevoke => Some(UmrWork::Revoke { mkey: key }),
+        Step::UmrGrant => {
+            let remote = |bit| l.access & bit != 0;
+            let mut a = MkeyAccess::LOCAL_READ | MkeyAccess::LOCAL_WRITE;
+            if remote(leasebox_proto::access::REMOTE_READ) {
+                a = a | MkeyAccess::REMOTE_READ;
+            }
+            if remote(leasebox_proto::access::REMOTE_WRITE) {
+                a = a | MkeyAccess::REMOTE_WRITE;
+            }
+            if remote(leasebox_proto::access::REMOTE_ATOMIC) {
+                a = a | MkeyAccess::ATOMIC;
+            }
+            l.variant = ids.regrant(key.variant());
+            Some(UmrWork::Grant {
+                mkey: key,
+                new_variant: l.variant,
+                pd: l.pd?,
+                start: l.extents[0],
+                len: l.size,
+                access: a,
+                log_page_size: ctx.extent_log,
+                capacity: umr.max_entries,
+                pages: l.extents.clone(),
+            })
+        }
         _ => None,
     }
 }

@@ -46,6 +46,11 @@ impl Steps {
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
+
+    /// The set less `s`.
+    pub fn without(self, s: Step) -> Steps {
+        Steps(self.0 & !(1 << s as u16))
+    }
 }
 
 /// What [`next`] needs to know about a lease.
@@ -56,6 +61,14 @@ pub struct View {
     pub qp: bool,
     /// The QP is known to be in ERR.
     pub qp_in_err: bool,
+    /// Built from the warm pool: PD, QP in INIT and a free UMR-enabled key exist; the build grants the key.
+    pub warm: bool,
+    /// The key may be revoked by a UMR work request (a warm key, and the caps allow UMR revokes).
+    pub umr_revoke: bool,
+    /// The key was set free by a UMR revoke (it reaches nothing).
+    pub key_free: bool,
+    /// The sweep resets the QP back to INIT for the warm pool instead of destroying everything.
+    pub recycle: bool,
     /// Steps of the current stage tried so far, and those of them that failed.
     pub tried: Steps,
     pub failed: Steps,
@@ -77,9 +90,15 @@ pub enum Next {
 
 const BUILD: [Step; 6] =
     [Step::AllocPd, Step::CreateMkey, Step::CreateQp, Step::Rst2Init, Step::Init2Rtr, Step::Rtr2Rts];
-const MKEY_FIRST: [Step; 2] = [Step::DestroyMkey, Step::Qp2Err];
-const QP_FIRST: [Step; 2] = [Step::Qp2Err, Step::DestroyMkey];
+/// ALLOC on a warm entry: one UMR work request and the two transitions that carry the client's QPN, PSN and
+/// path (no work request changes a QP's state).
+const WARM_BUILD: [Step; 3] = [Step::UmrGrant, Step::Init2Rtr, Step::Rtr2Rts];
+/// A UMR revoke comes first where it applies; DESTROY_MKEY only when it failed (or does not apply).
+const MKEY_FIRST: [Step; 3] = [Step::UmrRevoke, Step::DestroyMkey, Step::Qp2Err];
+const QP_FIRST: [Step; 3] = [Step::Qp2Err, Step::UmrRevoke, Step::DestroyMkey];
 const TEARDOWN: [Step; 5] = [Step::Qp2Err, Step::Qp2Rst, Step::DestroyQp, Step::DestroyMkey, Step::DeallocPd];
+/// The sweep of a lease whose key a UMR revoke set free: the QP back to INIT, everything to the warm pool.
+const RECYCLE: [Step; 3] = [Step::Qp2Err, Step::Qp2Rst, Step::Rst2Init];
 
 /// The next step of `stage` for a lease in state `v`.
 pub fn next(stage: Stage, v: &View) -> Next {
@@ -88,6 +107,7 @@ pub fn next(stage: Stage, v: &View) -> Next {
     };
     match stage {
         Stage::Build if !v.failed.is_empty() => Next::Unwind,
+        Stage::Build if v.warm => first(&WARM_BUILD, &|_| true),
         Stage::Build => first(&BUILD, &|_| true),
         Stage::Revoke(order) => {
             let steps = match order {
@@ -95,16 +115,25 @@ pub fn next(stage: Stage, v: &View) -> Next {
                 RevokeOrder::QpFirst => &QP_FIRST,
             };
             let qp_cut = order == RevokeOrder::QpFirst || v.failed.has(Step::DestroyMkey);
+            let live_key = v.mkey && !v.key_free;
             match first(steps, &|s| match s {
-                Step::DestroyMkey => v.mkey,
+                Step::UmrRevoke => v.umr_revoke && live_key,
+                // The fallback of a UMR revoke that failed (its key's state is unknown: destroy it).
+                Step::DestroyMkey => live_key && (!v.umr_revoke || v.failed.has(Step::UmrRevoke)),
                 Step::Qp2Err => qp_cut && v.qp && !v.qp_in_err,
                 _ => false,
             }) {
-                Next::Done if !v.failed.is_empty() => Next::Fence,
+                // A failed UMR revoke whose DESTROY_MKEY succeeded cut the key all the same.
+                Next::Done if !v.failed.without(Step::UmrRevoke).is_empty() => Next::Fence,
                 n => n,
             }
         }
         Stage::Sweep | Stage::Unwind if !v.failed.is_empty() => Next::Fence,
+        Stage::Sweep if v.recycle => first(&RECYCLE, &|s| match s {
+            Step::Qp2Err => v.qp && !v.qp_in_err,
+            Step::Qp2Rst | Step::Rst2Init => v.qp,
+            _ => false,
+        }),
         Stage::Sweep | Stage::Unwind => first(&TEARDOWN, &|s| match s {
             // The sweep moves the QP to ERR unless it is there; an unwind resets it straight away (it never
             // reached RTS).
@@ -141,6 +170,13 @@ pub struct CmdCtx {
     /// The lease QPs' traffic class byte and 802.1p priority (`Config::tclass`, `Config::eth_prio`).
     pub tclass: u8,
     pub eth_prio: u8,
+}
+
+/// RST2INIT of a warm QP: remote read and write, and atomics where the HCA does them; the key granted later
+/// narrows this to the lease's access.
+pub(super) fn warm_rst2init(b: &QpBase, hca: &HcaCtx) -> Command {
+    let qa = QpAccess { remote_read: true, remote_write: true, remote_atomic: hca.qp.atomics_refused().is_none() };
+    ifc::qp::rst2init(b, qa, hca.qp.atomic_mode)
 }
 
 fn qp_base<T>(l: &Lease<T>, hca: &HcaCtx) -> Option<QpBase> {
@@ -194,6 +230,9 @@ pub fn command<T>(step: Step, stage: Stage, l: &Lease<T>, slot: u32, c: &CmdCtx)
                 pages: &[l.qp_buf.addr()],
             })
         }),
+        // A warm QP (recycled by the sweep) waits in INIT for any lease: its access is the widest, and the
+        // key's own access bits (set by the grant) decide what a client may do.
+        Step::Rst2Init if stage == Stage::Sweep => qp_base(l, hca).map(|b| warm_rst2init(&b, hca)),
         Step::Rst2Init => qp_base(l, hca).map(|b| {
             let qa = QpAccess {
                 remote_read: remote(access::REMOTE_READ),
@@ -236,6 +275,8 @@ pub fn command<T>(step: Step, stage: Stage, l: &Lease<T>, slot: u32, c: &CmdCtx)
         Step::Qp2Rst => l.qpn.map(ifc::qp::qp_2rst),
         Step::DestroyQp => l.qpn.map(ifc::qp::destroy_qp),
         Step::DeallocPd => l.pd.map(ifc::resources::dealloc_pd),
+        // Work requests, not commands (`LeaseService::umr_work`).
+        Step::UmrGrant | Step::UmrRevoke => None,
     };
     cmd.map(|cmd| cmd.with("slot", u64::from(slot)))
 }

@@ -163,6 +163,7 @@ impl<T: Copy> LeaseService<T> {
             return;
         }
         self.next_scan_us = now_us + SCAN_INTERVAL_US;
+        self.fill_warm(host);
         self.poll_resolving(now_us, host);
         self.drains_due(now_us, host);
         let session_grace = self.cfg.session_grace_ms * 1000;
@@ -203,6 +204,12 @@ impl<T: Copy> LeaseService<T> {
                 Phase::PendingDestroy { at } if now_us >= at => {
                     l.phase = Phase::Sweeping;
                     (l.tried, l.failed) = (Steps::default(), Steps::default());
+                    // A key a UMR revoke set free goes back to the warm pool with its PD and QP, if it wants them.
+                    let recyclable = l.warm && l.key_free && l.mkey.is_some() && l.qpn.is_some() && l.pd.is_some();
+                    let wants = recyclable && self.warm_wants();
+                    if let Some(l) = self.lease_mut(slot) {
+                        l.recycle = wants;
+                    }
                     self.advance(slot, now_us, host);
                 }
                 _ => {}
@@ -331,10 +338,15 @@ impl<T: Copy> LeaseService<T> {
     /// The slot is free at once; its memory joins the scrub queue and returns to the pool as it is zeroed
     /// ([`LeaseService::scrub`]).
     pub(super) fn release(&mut self, slot: u32, host: &mut dyn Host) {
+        let Some(Slot::Busy(l)) = self.slots.get(slot as usize) else { return };
+        // A recycled lease's PD, QP (back in INIT) and free key return to the warm pool with its QP memory.
+        let recycled = l.recycle && self.give_back_slot(slot);
         let Some(Slot::Busy(l)) = self.slots.get_mut(slot as usize) else { return };
         self.pool.retire(&l.extents);
-        host.dma_free(l.qp_buf);
-        host.dma_free(l.qp_dbr);
+        if !recycled {
+            host.dma_free(l.qp_buf);
+            host.dma_free(l.qp_dbr);
+        }
         // The generation's limit (`Slot::Free`): a slot whose lease had generation u32::MAX is retired, free
         // but never handed out again this boot, rather than wrapping to a generation an old id still names.
         let retired = l.id.generation == u32::MAX;
@@ -348,6 +360,13 @@ impl<T: Copy> LeaseService<T> {
         }
         self.unbook(&tenant, n);
         self.counters.swept += 1;
+    }
+
+    /// [`LeaseService::give_back`] for the lease in `slot`.
+    fn give_back_slot(&mut self, slot: u32) -> bool {
+        let Some(Slot::Busy(l)) = self.slots.get(slot as usize) else { return false };
+        let w = super::warm::entry_of(l);
+        w.is_some_and(|w| self.give_back(w))
     }
 
     /// One share of the scrub: slices of [`SCRUB_SLICE`] until `Config::scrub_budget_us` has passed on the

@@ -321,6 +321,7 @@ impl Soak {
                 user_index: None,
                 atomic_mode: None,
             },
+            umr: UmrCtx::OFF,
         };
         let mut svc = LeaseService::new(cfg, hca, leasebox_session::IdRng::from_seed([0x50; 32])).unwrap();
         svc.set_boot_id([0x27; BOOT_ID_LEN]);

@@ -117,7 +117,17 @@ struct Rig {
     tags: Vec<u64>,
     /// Commands refused for a tag outside the engine's client bits (as the command engine refuses them).
     refused: usize,
+    /// UMR work requests hung (never answered until [`Rig::late`]).
+    hung_umr: Vec<(u64, UmrWork)>,
+    /// The warm pool's build commands, apart from `issued`.
+    filled: Vec<u16>,
+    /// The warm pool's build commands all answer Ok (the script is for the leases' commands).
+    fill_ok: bool,
 }
+
+/// The pseudo-opcodes [`Rig::issued`] and [`Rig::script`] use for UMR work requests.
+const UMR_GRANT: u16 = 0x1025;
+const UMR_REVOKE: u16 = 0x2025;
 
 /// A pool of one run of `bytes` at `base`.
 fn one_run(base: u64, bytes: u64) -> Vec<core::ops::Range<u64>> {
@@ -140,6 +150,7 @@ impl Rig {
             mac: [2, 0, 0, 0, 0, 7],
             port_mtu: 3,
             qp,
+            umr: UmrCtx::OFF,
         };
         let mut svc = LeaseService::new(cfg, hca, leasebox_session::IdRng::from_seed([0x5e; 32])).unwrap();
         svc.set_boot_id(BOOT);
@@ -158,7 +169,26 @@ impl Rig {
             answers: BTreeMap::new(),
             tags: Vec::new(),
             refused: 0,
+            hung_umr: Vec::new(),
+            filled: Vec::new(),
+            fill_ok: false,
         }
+    }
+
+    /// A rig whose HCA has a UMR QP (grants and revokes allowed, 104 extents inline, atomics by UMR).
+    fn with_umr(cfg: Config) -> Rig {
+        let mut r = Rig::new(cfg);
+        r.svc.hca.umr = UmrCtx { grant: true, revoke: true, quarantine_pd: Pdn(0x77), max_entries: 104, atomic: true };
+        r
+    }
+
+    fn answer_umr(&mut self, tag: u64, w: &UmrWork, a: Answer) {
+        let result = match a {
+            Answer::Ok => Ok(Output::new(Vec::new())),
+            Answer::Fail => Err(leasebox_mlx5::engine::umr_error(w, ErrorKind::Status { status: 0x4, syndrome: 0 })),
+            Answer::Hang => unreachable!("a hung work request is never answered here"),
+        };
+        self.svc.hca_done(tag, result, self.now_us, &mut self.host);
     }
 
     fn script(&mut self, opcode: u16, answers: &[Answer]) {
@@ -191,6 +221,17 @@ impl Rig {
     /// service's timers run. Collects answers.
     fn run(&mut self) {
         loop {
+            while let Some((tag, w)) = self.svc.next_umr() {
+                self.tags.push(tag);
+                let op = if matches!(w, UmrWork::Grant { .. }) { UMR_GRANT } else { UMR_REVOKE };
+                self.issued.push(op);
+                let a = self.script.get_mut(&op).and_then(|q| q.pop_front()).unwrap_or(Answer::Ok);
+                if a == Answer::Hang {
+                    self.hung_umr.push((tag, w));
+                } else {
+                    self.answer_umr(tag, &w, a);
+                }
+            }
             while let Some((tag, cmd)) = self.svc.next_command() {
                 self.tags.push(tag);
                 if tag & !leasebox_mlx5::engine::CLIENT_TAG_BITS != 0 {
@@ -200,7 +241,16 @@ impl Rig {
                     self.svc.hca_done(tag, Err(e), self.now_us, &mut self.host);
                     continue;
                 }
-                self.issued.push(cmd.opcode());
+                let fill = tag_slot(tag) >= warm::FILL_SLOT_BASE;
+                if fill {
+                    self.filled.push(cmd.opcode());
+                } else {
+                    self.issued.push(cmd.opcode());
+                }
+                if fill && self.fill_ok {
+                    self.answer(tag, &cmd, Answer::Ok);
+                    continue;
+                }
                 if cmd.opcode() == ifc::qp::MLX5_CMD_OP_INIT2RTR_QP {
                     self.last_init2rtr = cmd.input().to_vec();
                 }
@@ -238,6 +288,9 @@ impl Rig {
     fn late(&mut self, a: Answer) {
         for (tag, cmd) in core::mem::take(&mut self.hung) {
             self.answer(tag, &cmd, a);
+        }
+        for (tag, w) in core::mem::take(&mut self.hung_umr) {
+            self.answer_umr(tag, &w, a);
         }
         self.run();
     }
@@ -1005,6 +1058,7 @@ fn from_options(words: &[(&str, &str)]) -> Config {
             mac: [2, 0, 0, 0, 0, 7],
             port_mtu: 3,
             qp: qp_caps(),
+            umr: UmrCtx::OFF,
         },
         pool: Vec::new(),
         extents: Vec::new(),
@@ -1325,4 +1379,251 @@ fn a_slot_costs_at_most_the_stated_heap() {
     let free_set = 48;
     std::println!("heap per lease slot: {entry} bytes in the table + at most {free_set} in the free set");
     assert!(entry + free_set <= crate::setup::SLOT_HEAP_BYTES, "{entry} + {free_set} bytes");
+}
+
+// ---- The UMR path: a warm pool, grants and revokes by work request, the fallbacks. ----
+
+fn umr_cfg(warm: u32) -> Config {
+    Config { grace_ms: 50, warm, ..Config::default() }
+}
+
+/// A rig with `warm` entries ready (built by the timer scan), the fill's commands cleared.
+fn warm_rig(warm: u32) -> Rig {
+    let mut r = Rig::with_umr(umr_cfg(warm));
+    r.fill_ok = true;
+    r.advance(20 * SCAN_INTERVAL_US);
+    assert_eq!(r.svc.paths().warm, warm as usize);
+    r.issued.clear();
+    r
+}
+
+fn alloc_ok(r: &mut Rig, req: AllocReq) -> leasebox_proto::AllocResp {
+    match r.call(TENANT, &Request::Alloc(req)) {
+        Ok(Response::Alloc(a)) => a,
+        other => panic!("ALLOC: {other:?}"),
+    }
+}
+
+#[test]
+fn the_warm_pool_fills_lazily_off_the_request_path_two_entries_at_a_time() {
+    let mut r = Rig::with_umr(umr_cfg(5));
+    assert_eq!(r.svc.paths().warm, 0, "nothing made at start: boot does not grow with the pool");
+    assert!(r.issued.is_empty());
+    // The first scan starts two entries (four commands each, one at a time per entry).
+    r.svc.tick(r.now_us, &mut r.host);
+    let mut first = Vec::new();
+    while let Some((_, c)) = r.svc.next_command() {
+        first.push(c.opcode());
+    }
+    assert_eq!(first, [ALLOC_PD, ALLOC_PD], "two entries at once, each starting with its PD");
+    let mut r = Rig::with_umr(umr_cfg(5));
+    r.advance(20 * SCAN_INTERVAL_US);
+    assert_eq!(r.svc.paths().warm, 5);
+    let per_entry = [ALLOC_PD, CREATE_MKEY, CREATE_QP, RST2INIT];
+    assert_eq!(r.filled.len(), 5 * per_entry.len());
+    assert!(r.issued.is_empty());
+    for op in per_entry {
+        assert_eq!(r.filled.iter().filter(|&&o| o == op).count(), 5, "{op:#x}");
+    }
+    // The warm key is created free and UMR-enabled in the quarantine PD (`create_mkey_umr_free`).
+    let mk = &r.inputs[&CREATE_MKEY];
+    let pd = u32::from_be_bytes([mk[0x1c], mk[0x1d], mk[0x1e], mk[0x1f]]) & 0xff_ffff;
+    assert_eq!(pd, 0x77, "the quarantine PD (mkc.pd)");
+    assert_eq!(r.svc.counters.warm_built, 5);
+    r.advance(20 * SCAN_INTERVAL_US);
+    assert_eq!(r.filled.len(), 20, "full: nothing more");
+    assert_eq!(r.svc.paths().to_string(), "grant=umr revoke=umr warm=5");
+}
+
+#[test]
+fn a_warm_alloc_is_one_grant_and_two_commands_and_a_revoke_is_one_work_request() {
+    let mut r = warm_rig(2);
+    let a = alloc_ok(&mut r, alloc_req());
+    assert_eq!(r.issued, [UMR_GRANT, INIT2RTR, RTR2RTS], "2 commands per ALLOC");
+    assert_eq!(r.svc.counters.umr_grants, 1);
+    let ready = r.call(TENANT, &Request::Ready { lease: a.lease, client_qpn: 0x1234, server_qpn: a.server_qpn });
+    assert!(matches!(ready, Ok(Response::Ready { .. })), "{ready:?}");
+    r.issued.clear();
+    assert_eq!(r.revoke(a.lease, false), Outcome::TornDown);
+    assert_eq!(r.issued, [UMR_REVOKE], "0 commands in the immediate phase");
+    r.issued.clear();
+    let live = r.host.live.len();
+    r.sweep();
+    // The entry goes back to the pool: the QP to INIT, nothing destroyed, its memory kept; the pool refills the
+    // entry the ALLOC took.
+    assert_eq!(&r.issued[..3], [QP_2ERR, QP_2RST, RST2INIT]);
+    assert!(!r.issued.contains(&DESTROY_QP) && !r.issued.contains(&DESTROY_MKEY));
+    assert_eq!(r.svc.counters.warm_recycled, 1);
+    assert!(r.host.live.len() >= live, "the recycled QP's buffers stay allocated");
+    assert_eq!(r.revoke(a.lease, false), Outcome::NotFound, "swept");
+}
+
+#[test]
+fn a_regrant_never_gives_a_key_the_variant_a_revoked_client_holds() {
+    let mut r = warm_rig(1);
+    Config::default();
+    let mut r1 = Vec::new();
+    for _ in 0..40 {
+        let a = alloc_ok(&mut r, alloc_req());
+        assert_eq!(r.revoke(a.lease, false), Outcome::TornDown);
+        r.sweep();
+        r1.push(a.rkey);
+    }
+    // The one warm key (and the entries refilled behind it) are re-granted over and over: consecutive
+    // grants of one index never share a variant.
+    for w in r1.windows(2) {
+        if w[0] >> 8 == w[1] >> 8 {
+            assert_ne!(w[0] & 0xff, w[1] & 0xff, "index {:#x} re-granted with its previous variant", w[0] >> 8);
+        }
+    }
+    let variants: std::collections::BTreeSet<u32> = r1.iter().map(|k| k & 0xff).collect();
+    assert!(variants.len() > 20, "variants are drawn, not counted: {variants:?}");
+}
+
+#[test]
+fn leases_the_warm_path_cannot_carry_take_the_six_commands() {
+    // Larger than one inline grant's entries.
+    let mut r = warm_rig(2);
+    r.svc.hca.umr.max_entries = 1;
+    alloc_ok(&mut r, alloc_req());
+    assert_eq!(r.issued, BUILD, "4 MiB = 2 extents > 1");
+    // Atomics the HCA will not set by UMR.
+    let mut r = warm_rig(2);
+    r.svc.hca.umr.atomic = false;
+    alloc_ok(&mut r, AllocReq { access: access::REMOTE_ATOMIC, ..alloc_req() });
+    assert_eq!(r.issued, BUILD);
+    // No warm entry ready (the pool is empty): today's path.
+    let mut r = warm_rig(1);
+    alloc_ok(&mut r, alloc_req());
+    r.issued.clear();
+    let a = r.svc.request(TENANT, &Request::Alloc(alloc_req()), 99, r.now_us, &mut r.host);
+    assert!(a.is_none());
+    let mut ops = Vec::new();
+    while let Some((_, c)) = r.svc.next_command() {
+        ops.push(c.opcode());
+    }
+    assert_eq!(ops, [ALLOC_PD], "the second ALLOC builds by commands");
+    // Caps that refuse grants: commands for everything, and the paths say so.
+    let mut r = Rig::with_umr(umr_cfg(4));
+    r.svc.hca.umr.grant = false;
+    r.advance(10 * SCAN_INTERVAL_US);
+    assert!(r.filled.is_empty(), "no warm pool without UMR grants");
+    let l = r.active();
+    assert_eq!(r.revoke(l, false), Outcome::TornDown);
+    assert_eq!(r.issued, [DESTROY_MKEY]);
+    assert_eq!(r.svc.paths().to_string(), "grant=commands revoke=commands warm=0");
+    // And `warm` 0 switches the UMR path off.
+    assert_eq!(Rig::with_umr(umr_cfg(0)).svc.paths().to_string(), "grant=commands revoke=commands warm=0");
+}
+
+#[test]
+fn a_failed_or_timed_out_grant_answers_the_alloc_and_unwinds_the_entry() {
+    for (hang, what) in [(false, "error completion"), (true, "no completion: the engine's timeout")] {
+        let mut r = warm_rig(1);
+        r.script(UMR_GRANT, &[if hang { Answer::Hang } else { Answer::Fail }]);
+        let t = r.send(TENANT, &Request::Alloc(alloc_req()));
+        if hang {
+            assert!(r.take(t).is_none(), "{what}: waits for the engine");
+            r.advance(leasebox_mlx5::engine::UMR_TIMEOUT_MS * 1000);
+            // The engine answers a missing completion as failed (`UMR_TIMEOUT_MS`).
+            r.late(Answer::Fail);
+        }
+        let reply = r.take(t).unwrap_or_else(|| panic!("{what}: answered"));
+        assert!(matches!(&reply, Err(e) if e.code == ErrorCode::HcaError), "{what}: {reply:?}");
+        assert_eq!(r.issued, [UMR_GRANT, QP_2RST, DESTROY_QP, DESTROY_MKEY, DEALLOC_PD], "{what}: unwound");
+        assert_eq!(r.svc.fenced_count(), 0, "{what}");
+        assert_eq!(r.svc.free_slots(), r.svc.config().slots as usize, "{what}: slot free again");
+    }
+}
+
+#[test]
+fn a_failed_umr_revoke_falls_back_to_destroy_mkey() {
+    let mut r = warm_rig(1);
+    let l = r.active();
+    r.script(UMR_REVOKE, &[Answer::Fail]);
+    assert_eq!(r.revoke(l, false), Outcome::TornDown, "the key is cut all the same");
+    assert_eq!(r.issued, [UMR_REVOKE, DESTROY_MKEY]);
+    assert_eq!(r.svc.counters.umr_revoke_failures, 1);
+    r.issued.clear();
+    r.sweep();
+    // The key is gone: the entry cannot be recycled, the rest is destroyed.
+    assert_eq!(&r.issued[..4], [QP_2ERR, QP_2RST, DESTROY_QP, DEALLOC_PD]);
+    assert_eq!(r.svc.counters.warm_recycled, 0);
+    assert_eq!(r.svc.fenced_count(), 0);
+}
+
+#[test]
+fn a_failed_umr_revoke_and_a_failed_destroy_mkey_fence_the_slot() {
+    let mut r = warm_rig(1);
+    let l = r.active();
+    r.script(UMR_REVOKE, &[Answer::Fail]);
+    r.script(DESTROY_MKEY, &[Answer::Fail]);
+    assert_eq!(r.revoke(l, false), Outcome::Fenced);
+    assert_eq!(r.issued, [UMR_REVOKE, DESTROY_MKEY, QP_2ERR], "the fallback fence: the QP to ERR");
+    assert_eq!(r.fenced(l), Some((step_bit::DESTROY_MKEY, origin::REVOKE)));
+}
+
+#[test]
+fn a_umr_revoke_the_engine_times_out_falls_back_and_a_silent_hca_fences_at_the_deadline() {
+    // The engine's timeout answers the work request as failed: DESTROY_MKEY, TornDown, well within 1 s.
+    let mut r = warm_rig(1);
+    let l = r.active();
+    r.script(UMR_REVOKE, &[Answer::Hang]);
+    let t = r.send(ADMIN, &Request::Revoke { lease: l, qp_first: false });
+    assert!(r.take(t).is_none());
+    r.advance(leasebox_mlx5::engine::UMR_TIMEOUT_MS * 1000);
+    r.late(Answer::Fail);
+    assert!(matches!(r.take(t), Some(Ok(Response::Revoke { outcome: Outcome::TornDown, .. }))));
+    assert_eq!(r.issued, [UMR_REVOKE, DESTROY_MKEY]);
+    // Nothing answers at all: Fenced at the revoke deadline, as on the command path.
+    let mut r = warm_rig(1);
+    let l = r.active();
+    r.script(UMR_REVOKE, &[Answer::Hang]);
+    let t = r.send(ADMIN, &Request::Revoke { lease: l, qp_first: false });
+    r.advance(r.svc.config().revoke_deadline_ms * 1000 + SCAN_INTERVAL_US);
+    assert!(matches!(r.take(t), Some(Ok(Response::Revoke { outcome: Outcome::Fenced, .. }))));
+    assert_eq!(r.fenced(l), Some((step_bit::DEADLINE, origin::REVOKE)));
+}
+
+#[test]
+fn qp_first_on_the_umr_path_cuts_the_qp_then_revokes_by_umr() {
+    let mut r = warm_rig(1);
+    let l = r.active();
+    assert_eq!(r.revoke(l, true), Outcome::TornDown);
+    assert_eq!(r.issued, [QP_2ERR, UMR_REVOKE]);
+    r.issued.clear();
+    r.sweep();
+    assert_eq!(&r.issued[..2], [QP_2RST, RST2INIT], "already in ERR: reset and back to INIT");
+}
+
+#[test]
+fn each_recycling_sweep_step_failing_fences_with_its_bit() {
+    for (op, bit) in [(QP_2ERR, step_bit::QP_2ERR), (QP_2RST, step_bit::QP_2RST), (RST2INIT, step_bit::RECYCLE)] {
+        let mut r = warm_rig(1);
+        let l = r.active();
+        assert_eq!(r.revoke(l, false), Outcome::TornDown);
+        r.script(op, &[Answer::Fail]);
+        r.sweep();
+        assert_eq!(r.fenced(l), Some((bit, origin::SWEEP)), "{op:#x}: {:x?}", r.issued);
+        assert_eq!(r.svc.counters.warm_recycled, 0, "{op:#x}");
+    }
+}
+
+#[test]
+fn a_warm_entry_whose_build_fails_is_undone_and_the_pool_stops_after_repeated_failures() {
+    let mut r = Rig::with_umr(umr_cfg(1));
+    r.script(CREATE_QP, &[Answer::Fail]);
+    r.advance(5 * SCAN_INTERVAL_US);
+    // PD and key made, the QP refused: key and PD destroyed in reverse; then a second entry is built.
+    assert_eq!(&r.filled[..5], [ALLOC_PD, CREATE_MKEY, CREATE_QP, DESTROY_MKEY, DEALLOC_PD]);
+    assert_eq!(r.svc.counters.warm_failed, 1);
+    assert_eq!(r.svc.paths().warm, 1, "the next try made it");
+    let mut r = Rig::with_umr(umr_cfg(1));
+    r.script(ALLOC_PD, &[Answer::Fail; 20]);
+    r.advance(50 * SCAN_INTERVAL_US);
+    assert_eq!(r.svc.counters.warm_failed, u64::from(warm::FILL_FAILURES_MAX), "stops trying");
+    assert_eq!(r.svc.paths().warm, 0);
+    // ALLOCs still work, by commands (the scripted failures are used up first).
+    r.script.clear();
+    alloc_ok(&mut r, alloc_req());
 }

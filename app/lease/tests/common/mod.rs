@@ -67,7 +67,13 @@ impl Rig {
 
     /// A driver on a fresh model, a CQ for the lease QPs (watched by the event engine), a pool of
     /// `pool_bytes` and the service.
-    pub fn with(model: ModelConfig, mut cfg: Config, pool_bytes: u64) -> Rig {
+    pub fn with(model: ModelConfig, cfg: Config, pool_bytes: u64) -> Rig {
+        Rig::with_paths(model, cfg, pool_bytes, false)
+    }
+
+    /// As [`Rig::with`]; `umr` gives the engine a UMR QP as the appliance's set-up does
+    /// (`setup::umr_path`), so leases take the UMR path where the model's caps allow it.
+    pub fn with_paths(model: ModelConfig, mut cfg: Config, pool_bytes: u64, umr: bool) -> Rig {
         assert_eq!(
             model.timing,
             mlx5_model::Timing::Zero,
@@ -101,6 +107,7 @@ impl Rig {
             mac: d.info.mac,
             port_mtu: port_ib_mtu(d.info.mtu),
             qp: d.info.qp,
+            umr: if umr { leasebox_lease::setup::umr_path(&mut d) } else { leasebox_lease::service::UmrCtx::OFF },
         };
         let svc = LeaseService::new(cfg, hca, leasebox_session::IdRng::from_seed([0x5e; 32])).unwrap();
         Rig {
