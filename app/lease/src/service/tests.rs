@@ -1326,3 +1326,6 @@ fn a_slot_costs_at_most_the_stated_heap() {
     std::println!("heap per lease slot: {entry} bytes in the table + at most {free_set} in the free set");
     assert!(entry + free_set <= crate::setup::SLOT_HEAP_BYTES, "{entry} + {free_set} bytes");
 }
+
+#[path = "tests_transitions.rs"]
+mod transitions;
