@@ -17,100 +17,16 @@ pub const CAPACITY: usize = 1024;
 /// lock for one record's copy; the panic dump only tries it.
 pub type SharedTransitions = Arc<spin::Mutex<Transitions>>;
 
-macro_rules! coded {
-    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $code:expr, $text:expr;)* }) => {
-        $(#[$m])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        #[repr(u8)]
-        pub enum $name { $($(#[$vm])* $v = $code,)* }
+/// The states, causes and record are the wire's (LEASE_LOG), declared once in `leasebox_proto`.
+pub use leasebox_proto::{SlotState as State, Transition, TransitionCause as Why};
 
-        impl $name {
-            /// The wire code (LEASE_LOG).
-            pub fn code(self) -> u8 {
-                self as u8
-            }
-
-            pub fn from_code(c: u8) -> Option<Self> {
-                match c {
-                    $($code => Some($name::$v),)*
-                    _ => None,
-                }
-            }
-
-            /// The name leasectl and the panic dump print.
-            pub fn name(self) -> &'static str {
-                match self { $($name::$v => $text,)* }
-            }
-        }
-    };
-}
-
-coded!(
-    /// Where a slot is. The lease phases (`lease::Phase`) plus the slot's own states.
-    State {
-        Free = 0, "free";
-        Building = 1, "building";
-        Granted = 2, "granted";
-        Active = 3, "active";
-        /// The immediate phase of FREE, REVOKE or an expiry.
-        Fencing = 4, "fencing";
-        PendingDestroy = 5, "pending-destroy";
-        Sweeping = 6, "sweeping";
-        Unwinding = 7, "unwinding";
-        /// Fenced until reboot.
-        Fenced = 8, "fenced";
-        /// Free, but its generations are used up: out of service until reboot.
-        Retired = 9, "retired";
-    }
-);
-
-coded!(
-    /// Why a slot changed state.
-    Why {
-        /// ALLOC took the slot and its build started.
-        Alloc = 1, "alloc";
-        /// The build finished: the QP is in RTS and ALLOC is answered.
-        Granted = 2, "granted";
-        /// READY confirmed the lease.
-        Confirm = 3, "confirm";
-        /// The tenant's FREE.
-        Free = 4, "free";
-        /// A REVOKE (the tenant's, the admin's, or a DRAIN's).
-        Revoke = 5, "revoke";
-        /// The TTL ran out, or READY did not come in time.
-        Expiry = 6, "expiry";
-        /// The owning session was lost and its grace period ran out.
-        SessionLost = 7, "session-lost";
-        /// The immediate phase finished: the key is gone.
-        TeardownOk = 8, "teardown-ok";
-        /// A teardown command of the immediate phase failed (the record's mask names it).
-        TeardownFailed = 9, "teardown-failed";
-        /// The HCA did not answer within the revoke deadline.
-        Deadline = 10, "deadline";
-        /// The grace period ended; the sweep starts.
-        SweepStart = 11, "sweep-start";
-        /// The sweep finished: the slot is free and its memory goes to the scrub.
-        SweepDone = 12, "sweep-done";
-        /// A command of the sweep failed (the record's mask names it).
-        SweepFailed = 13, "sweep-failed";
-        /// A build step failed; what exists is being destroyed.
-        BuildFailed = 14, "build-failed";
-        /// The unwind of a failed build finished.
-        UnwindDone = 15, "unwind-done";
-        /// A command of the unwind failed.
-        UnwindFailed = 16, "unwind-failed";
-    }
-);
-
-impl Why {
-    /// Why a slot fenced, from the fence's origin (`lease::origin`) and the steps that failed.
-    pub fn fenced(origin: u8, failed_mask: u32) -> Why {
-        match origin {
-            lease::origin::SWEEP => Why::SweepFailed,
-            lease::origin::LEGACY => Why::UnwindFailed,
-            _ if failed_mask & lease::step_bit::DEADLINE != 0 => Why::Deadline,
-            _ => Why::TeardownFailed,
-        }
+/// Why a slot fenced, from the fence's origin (`lease::origin`) and the steps that failed.
+pub fn fenced_why(origin: u8, failed_mask: u32) -> Why {
+    match origin {
+        lease::origin::SWEEP => Why::SweepFailed,
+        lease::origin::LEGACY => Why::UnwindFailed,
+        _ if failed_mask & lease::step_bit::DEADLINE != 0 => Why::Deadline,
+        _ => Why::TeardownFailed,
     }
 }
 
@@ -132,43 +48,6 @@ pub fn of_slot<T>(s: &Slot<T>) -> (State, u32, u32) {
             };
             (state, l.id.generation, l.failed_mask)
         }
-    }
-}
-
-/// One state change of one slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Transition {
-    /// Its sequence number in the ring (1, 2, ...).
-    pub seq: u64,
-    /// The service's clock, in µs.
-    pub at_us: u64,
-    pub slot: u32,
-    pub generation: u32,
-    pub from: State,
-    pub to: State,
-    pub why: Why,
-    /// The teardown steps failed so far (`lease::step_bit`, FENCED_SUMMARY's `failed_mask`).
-    pub failed_mask: u32,
-}
-
-impl core::fmt::Display for Transition {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(
-            f,
-            "#{} {}.{:06} slot {} gen {} {} -> {} ({})",
-            self.seq,
-            self.at_us / 1_000_000,
-            self.at_us % 1_000_000,
-            self.slot,
-            self.generation,
-            self.from.name(),
-            self.to.name(),
-            self.why.name()
-        )?;
-        if self.failed_mask != 0 {
-            write!(f, " failed {:#05x}", self.failed_mask)?;
-        }
-        Ok(())
     }
 }
 
@@ -260,16 +139,16 @@ mod tests {
     #[test]
     fn codes_round_trip_and_unknown_codes_are_refused() {
         for c in 0..=255u8 {
-            if let Some(s) = State::from_code(c) {
-                assert_eq!(s.code(), c);
+            if let Some(s) = State::from_raw(c) {
+                assert_eq!(s as u8, c);
             }
-            if let Some(w) = Why::from_code(c) {
-                assert_eq!(w.code(), c);
+            if let Some(w) = Why::from_raw(c) {
+                assert_eq!(w as u8, c);
             }
         }
-        assert_eq!(State::from_code(10), None);
-        assert_eq!(Why::from_code(0), None);
-        assert_eq!(Why::from_code(17), None);
+        assert_eq!(State::from_raw(10), None);
+        assert_eq!(Why::from_raw(0), None);
+        assert_eq!(Why::from_raw(17), None);
     }
 
     #[test]

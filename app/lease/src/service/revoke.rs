@@ -297,7 +297,12 @@ impl<T: Copy> LeaseService<T> {
 
     /// Fences `slot` for good: its memory and the slot are never reused until reboot.
     fn fence(&mut self, slot: u32, origin: u8, now_us: u64) {
-        self.note(slot, State::Fenced, Why::fenced(origin, self.lease(slot).map_or(0, |l| l.failed_mask)), now_us);
+        self.note(
+            slot,
+            State::Fenced,
+            crate::transitions::fenced_why(origin, self.lease(slot).map_or(0, |l| l.failed_mask)),
+            now_us,
+        );
         let Some(Slot::Busy(l)) = self.slots.get_mut(slot as usize) else { return };
         let waiters = l.waiters.take();
         let alloc_ticket = l.alloc_ticket.take();
