@@ -314,8 +314,14 @@ pub fn stats() -> Option<leasebox_proto::HcaStats> {
     Some(leasebox_lease::backend::hca_stats(state, &log.lock().counters))
 }
 
-/// The fatal-path dump: the last commands, if the ring is not locked by another core at that moment.
+/// The fatal-path dump: the last commands, if the ring is not locked by another core at that moment, then
+/// the lease service's last transitions (`lease::dump_transitions`).
 fn dump_commands() {
+    dump_ring();
+    crate::lease::dump_transitions();
+}
+
+fn dump_ring() {
     let Some(log) = LOG.get() else { return };
     let Some(l) = log.try_lock() else {
         leasebox_kernel::arch::serial::write_unlocked(format_args!("mlx5: command ring busy; not dumped\n"));

@@ -62,6 +62,26 @@ static POOL_UNPREPARED: AtomicU64 = AtomicU64::new(0);
 
 pub type ImageBackend = LeaseBackend<KernelHost, KernelEnv>;
 
+/// The lease service's transition ring, for the panic dump ([`dump_transitions`]).
+static TRANSITIONS: Once<leasebox_lease::transitions::SharedTransitions> = Once::new();
+
+/// Transitions the panic dump prints.
+const DUMP_TRANSITIONS: usize = 32;
+
+/// The fatal-path dump (beside the command ring's, `hca::dump_commands`): the newest lease transitions, oldest
+/// first, if the ring is not locked by another core at that moment (only tried: a panic never waits on it).
+pub fn dump_transitions() {
+    let say = leasebox_kernel::arch::serial::write_unlocked;
+    let Some(ring) = TRANSITIONS.get() else { return };
+    let Some(t) = ring.try_lock() else {
+        say(format_args!("lease: transition ring busy; not dumped\n"));
+        return;
+    };
+    say(format_args!("lease: last transitions (next #{}):\n", t.next_seq()));
+    let from = t.next_seq().saturating_sub(DUMP_TRANSITIONS as u64).max(1);
+    t.read(from, DUMP_TRANSITIONS, |r| say(format_args!("lease:   {r}\n")));
+}
+
 /// Whether the lease service runs, or why not; set once, when the control service is built.
 static STATE: Once<Result<(), String>> = Once::new();
 
@@ -86,6 +106,7 @@ fn make_backend(o: &LeaseOptions) -> Result<ImageBackend, String> {
     let svc = LeaseService::new(cfg, parts.hca, rng).map_err(|e| alloc::format!("lease configuration: {e}"))?;
     SLOTS.store(svc.config().slots, Ordering::Relaxed);
     PATHS.store(svc.paths().bits(), Ordering::Relaxed);
+    TRANSITIONS.call_once(|| svc.transitions());
     KernelEnv.pool_progress(svc.pool().total_bytes(), svc.pool().unprepared_bytes());
     Ok(LeaseBackend::new(
         svc,

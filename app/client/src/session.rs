@@ -273,6 +273,7 @@ fn idempotent(req: &Request) -> bool {
             | Request::Health
             | Request::HcaStats
             | Request::FencedSummary { .. }
+            | Request::LeaseLog { .. }
     )
 }
 
@@ -729,6 +730,7 @@ mod tests {
             qp_first: false
         }));
         assert!(idempotent(&Request::Stats));
+        assert!(idempotent(&Request::LeaseLog { cursor: 3, max: 10 }), "a read: the same cursor reads again");
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub mod verbs_ref;
 use leasebox_lease::LeaseOptions;
 use leasebox_mlx5::log::SharedLog;
 use leasebox_options::{OptionParser, Options, Registry};
-use leasebox_proto::{FencedSlot, HcaState, HcaStats, LeaseStats, Reply, Request};
+use leasebox_proto::{FencedSlot, HcaState, HcaStats, LeaseStats, Reply, Request, Transition};
 use leasebox_session::{
     Answer, Appliance, Budget, CloseReason, ConnId, Entropy, EntropyError, Keyring, LeaseHealth, Leases, Limits,
     NoLeases, Principal, Server, SessionOptions, Source, Ticket,
@@ -452,6 +452,9 @@ impl Leases for Wired {
     }
     fn fenced(&mut self, who: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>) {
         self.backend.fenced(who, cursor, max)
+    }
+    fn lease_log(&mut self, cursor: u64, max: u16) -> Option<(u64, u64, Vec<Transition>)> {
+        self.backend.lease_log(cursor, max)
     }
     fn health_facts(&mut self) -> LeaseHealth {
         self.backend.health_facts()

@@ -143,6 +143,13 @@ impl<H: Host, E: Environment> Leases for LeaseBackend<H, E> {
         self.svc.fenced(who(p), cursor, max)
     }
 
+    fn lease_log(&mut self, cursor: u64, max: u16) -> Option<(u64, u64, Vec<leasebox_proto::Transition>)> {
+        let max = usize::from(max).clamp(1, leasebox_proto::MAX_PAGE);
+        let mut records = Vec::with_capacity(max);
+        let (next, lost) = self.svc.transitions().lock().read(cursor, max, |t| records.push(*t));
+        Some((next, lost, records))
+    }
+
     /// HEALTH's lease part; the status rule and the message's shape are the session core's
     /// (`leasebox_session::health`). `detail` is this service's own phrase: which grant and revoke paths it uses.
     fn health_facts(&mut self) -> LeaseHealth {

@@ -16,6 +16,7 @@ pub mod pool;
 pub mod service;
 pub mod setup;
 pub mod stats;
+pub mod transitions;
 
 pub use config::{Config, RevokeOrder};
 pub use options::LeaseOptions;

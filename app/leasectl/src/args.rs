@@ -147,6 +147,18 @@ enum Cmd {
     Health(Timeout),
     /// The HCA's command counters since boot: submitted, ok, failed, timed out, late, aborted (HCA_STATS)
     HcaStats(Timeout),
+    /// Lease slots' state changes, oldest first, one line each: time, slot, generation, from -> to, cause and
+    /// the failed teardown steps (LEASE_LOG; admin only)
+    LeaseLog {
+        /// The sequence number to start at (0: the oldest held; the answer's last line gives the next)
+        #[arg(long, default_value_t = 0)]
+        cursor: u64,
+        /// The most transitions in the answer (1 to 128)
+        #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..=128))]
+        max: u16,
+        #[command(flatten)]
+        timeout: Timeout,
+    },
     /// Ask for a lease
     Alloc {
         /// Lease size in bytes (units: 64K, 2M, 1G, 1TiB, ...)
@@ -292,6 +304,7 @@ pub fn parse(args: &[String]) -> Result<Invocation, clap::Error> {
         Cmd::Stats(t) => (t, Command::Call(Request::StatsWith { want: STATS_WANT_GUARDS })),
         Cmd::Health(t) => (t, Command::Call(Request::Health)),
         Cmd::HcaStats(t) => (t, Command::Call(Request::HcaStats)),
+        Cmd::LeaseLog { cursor, max, timeout } => (timeout, Command::Call(Request::LeaseLog { cursor, max })),
         Cmd::Fenced(t) => (t, Command::Fenced),
         Cmd::Alloc { size, qpn, psn, gid, access, mtu, ttl_ms, mac, timeout } => (
             timeout,
@@ -646,6 +659,13 @@ mod tests {
         assert_eq!(cmd(&["fenced"]), Command::Fenced);
         assert_eq!(cmd(&["health"]), Command::Call(Request::Health));
         assert_eq!(cmd(&["hca-stats"]), Command::Call(Request::HcaStats));
+        assert_eq!(cmd(&["lease-log"]), Command::Call(Request::LeaseLog { cursor: 0, max: 128 }));
+        assert_eq!(
+            cmd(&["lease-log", "--cursor", "17", "--max", "5"]),
+            Command::Call(Request::LeaseLog { cursor: 17, max: 5 })
+        );
+        assert!(p(&["lease-log", "--max", "0"]).is_err());
+        assert!(p(&["lease-log", "--max", "129"]).is_err());
     }
 
     #[test]

@@ -293,6 +293,20 @@ pub fn response_json(r: &Response, lease: Option<String>) -> Value {
         }),
         Response::Resume { leases } => json!({"leases": leases}),
         Response::Drain { leases, deadline_ms } => json!({"leases": leases, "deadline_ms": deadline_ms}),
+        Response::LeaseLog { next_cursor, lost, records } => json!({
+            "next_cursor": next_cursor,
+            "lost": lost,
+            "transitions": records.iter().map(|t| json!({
+                "seq": t.seq,
+                "at_us": t.at_us,
+                "slot": t.slot,
+                "generation": t.generation,
+                "from": t.from.name(),
+                "to": t.to.name(),
+                "cause": t.why.name(),
+                "failed_mask": t.failed_mask,
+            })).collect::<Vec<_>>(),
+        }),
     };
     if let (Some(l), Some(o)) = (lease, v.as_object_mut()) {
         o.entry("lease").or_insert(Value::from(l));
@@ -444,6 +458,15 @@ pub fn response_human(r: &Response, lease: Option<String>) -> String {
                 secs(h.uptime_ms),
                 h.message
             );
+        }
+        Response::LeaseLog { next_cursor, lost, records } => {
+            if *lost != 0 {
+                let _ = writeln!(s, "({lost} older transitions no longer held)");
+            }
+            for t in records {
+                let _ = writeln!(s, "{t}");
+            }
+            let _ = writeln!(s, "next cursor {next_cursor}");
         }
         Response::HcaStats(h) => {
             let _ = writeln!(

@@ -61,6 +61,101 @@ codes! {
         FencedSummary = 0x0302, "FENCED_SUMMARY";
         Health = 0x0303, "HEALTH";
         HcaStats = 0x0304, "HCA_STATS";
+        LeaseLog = 0x0305, "LEASE_LOG";
+    }
+}
+
+codes! {
+    /// Where a lease slot is (LEASE_LOG): the lease's phases plus the slot's own states.
+    SlotState: u8 {
+        Free = 0, "free";
+        Building = 1, "building";
+        Granted = 2, "granted";
+        Active = 3, "active";
+        /// The immediate phase of FREE, REVOKE or an expiry.
+        Fencing = 4, "fencing";
+        PendingDestroy = 5, "pending-destroy";
+        Sweeping = 6, "sweeping";
+        Unwinding = 7, "unwinding";
+        /// Fenced until reboot.
+        Fenced = 8, "fenced";
+        /// Free, but its generations are used up: out of service until reboot.
+        Retired = 9, "retired";
+    }
+}
+
+codes! {
+    /// Why a lease slot changed state (LEASE_LOG).
+    TransitionCause: u8 {
+        /// ALLOC took the slot and its build started.
+        Alloc = 1, "alloc";
+        /// The build finished: the QP is in RTS and ALLOC is answered.
+        Granted = 2, "granted";
+        /// READY confirmed the lease.
+        Confirm = 3, "confirm";
+        /// The tenant's FREE.
+        Free = 4, "free";
+        /// A REVOKE (the tenant's, the admin's, or a DRAIN's).
+        Revoke = 5, "revoke";
+        /// The TTL ran out, or READY did not come in time.
+        Expiry = 6, "expiry";
+        /// The owning session was lost and its grace period ran out.
+        SessionLost = 7, "session-lost";
+        /// The immediate phase finished: the key is gone.
+        TeardownOk = 8, "teardown-ok";
+        /// A teardown command of the immediate phase failed (the record's mask names it).
+        TeardownFailed = 9, "teardown-failed";
+        /// The HCA did not answer within the revoke deadline.
+        Deadline = 10, "deadline";
+        /// The grace period ended; the sweep starts.
+        SweepStart = 11, "sweep-start";
+        /// The sweep finished: the slot is free and its memory goes to the scrub.
+        SweepDone = 12, "sweep-done";
+        /// A command of the sweep failed (the record's mask names it).
+        SweepFailed = 13, "sweep-failed";
+        /// A build step failed; what exists is being destroyed.
+        BuildFailed = 14, "build-failed";
+        /// The unwind of a failed build finished.
+        UnwindDone = 15, "unwind-done";
+        /// A command of the unwind failed.
+        UnwindFailed = 16, "unwind-failed";
+    }
+}
+
+/// One lease slot's state change (LEASE_LOG; docs/wire-protocol.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transition {
+    /// Its sequence number in the appliance's ring (1, 2, ...).
+    pub seq: u64,
+    /// The lease service's clock, in µs.
+    pub at_us: u64,
+    pub slot: u32,
+    pub generation: u32,
+    pub from: SlotState,
+    pub to: SlotState,
+    pub why: TransitionCause,
+    /// The teardown steps failed so far (FENCED_SUMMARY's `failed_mask` bits).
+    pub failed_mask: u32,
+}
+
+impl core::fmt::Display for Transition {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "#{} {}.{:06} slot {} gen {} {} -> {} ({})",
+            self.seq,
+            self.at_us / 1_000_000,
+            self.at_us % 1_000_000,
+            self.slot,
+            self.generation,
+            self.from.name(),
+            self.to.name(),
+            self.why.name()
+        )?;
+        if self.failed_mask != 0 {
+            write!(f, " failed {:#05x}", self.failed_mask)?;
+        }
+        Ok(())
     }
 }
 
@@ -592,6 +687,12 @@ pub enum Request {
     },
     Health,
     HcaStats,
+    /// Admin only: up to `max` lease transitions (clamped to 1..=[`MAX_PAGE`]) from sequence `cursor` on (0:
+    /// the oldest held).
+    LeaseLog {
+        cursor: u64,
+        max: u16,
+    },
 }
 
 /// A decoded response (the success answer to a request).
@@ -641,6 +742,13 @@ pub enum Response {
     },
     Health(Health),
     HcaStats(HcaStats),
+    LeaseLog {
+        /// The cursor to ask with next.
+        next_cursor: u64,
+        /// Records from the asked cursor on that the ring no longer holds.
+        lost: u64,
+        records: Vec<Transition>,
+    },
 }
 
 /// An error answer: a code, up to three code-specific details and a human message.
@@ -692,6 +800,7 @@ impl Request {
             Request::FencedSummary { .. } => Op::FencedSummary,
             Request::Health => Op::Health,
             Request::HcaStats => Op::HcaStats,
+            Request::LeaseLog { .. } => Op::LeaseLog,
         }
     }
 
@@ -742,6 +851,9 @@ impl Request {
             }
             Request::Drain { tenant, notice_ms } => {
                 w.u32(*notice_ms).u8(tenant.len() as u8).zeros(3).bytes(tenant.as_bytes());
+            }
+            Request::LeaseLog { cursor, max } => {
+                w.u64(*cursor).u16(*max).zeros(6);
             }
         }
     }
@@ -849,6 +961,12 @@ impl Request {
             }
             Op::Health => Request::Health,
             Op::HcaStats => Request::HcaStats,
+            Op::LeaseLog => {
+                let cursor = r.u64("lease_log.cursor")?;
+                let max = r.u16("lease_log.max")?;
+                r.reserved(6)?;
+                Request::LeaseLog { cursor, max }
+            }
         };
         r.finish()?;
         Ok(req)
@@ -965,6 +1083,13 @@ impl Response {
             Response::HcaStats(h) => {
                 w.u8(h.hca as u8).zeros(7);
                 w.u64(h.submitted).u64(h.ok).u64(h.failed).u64(h.timeout).u64(h.late).u64(h.aborted);
+            }
+            Response::LeaseLog { next_cursor, lost, records } => {
+                w.u64(*next_cursor).u64(*lost).u16(records.len() as u16).zeros(6);
+                for t in records {
+                    w.u64(t.seq).u64(t.at_us).u32(t.slot).u32(t.generation);
+                    w.u8(t.from as u8).u8(t.to as u8).u8(t.why as u8).zeros(1).u32(t.failed_mask);
+                }
             }
         }
     }
@@ -1129,6 +1254,29 @@ impl Response {
                     late: r.u64("hca_stats.late")?,
                     aborted: r.u64("hca_stats.aborted")?,
                 })
+            }
+            Op::LeaseLog => {
+                let next_cursor = r.u64("lease_log.next_cursor")?;
+                let lost = r.u64("lease_log.lost")?;
+                let n = count(&mut r, "lease_log.count", MAX_PAGE)?;
+                r.reserved(6)?;
+                let mut records = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let seq = r.u64("lease_log.seq")?;
+                    let at_us = r.u64("lease_log.at_us")?;
+                    let slot = r.u32("lease_log.slot")?;
+                    let generation = r.u32("lease_log.generation")?;
+                    let state = |c| SlotState::from_raw(c);
+                    let from =
+                        state(r.u8("lease_log.from")?).ok_or(DecodeError::Invalid { field: "lease_log.from" })?;
+                    let to = state(r.u8("lease_log.to")?).ok_or(DecodeError::Invalid { field: "lease_log.to" })?;
+                    let why = TransitionCause::from_raw(r.u8("lease_log.why")?)
+                        .ok_or(DecodeError::Invalid { field: "lease_log.why" })?;
+                    r.reserved(1)?;
+                    let failed_mask = r.u32("lease_log.failed_mask")?;
+                    records.push(Transition { seq, at_us, slot, generation, from, to, why, failed_mask });
+                }
+                Response::LeaseLog { next_cursor, lost, records }
             }
         };
         r.finish()?;

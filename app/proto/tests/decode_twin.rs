@@ -10,7 +10,8 @@ use decode_check::{Counts, check};
 use leasebox_proto::{
     AllocReq, AllocResp, ErrorBody, ErrorCode, FencedSlot, HcaState, HcaStats, Health, HealthStatus, Hello, HelloInit,
     HelloNoise, HelloReply, Histogram, Kind, LeaseId, LeaseInfo, LeaseState, LeaseStats, MAX_MESSAGE, MAX_NAME,
-    MAX_PAYLOAD, Notice, Op, Outcome, Request, Response, Role, SessionGuards, Stats, frame,
+    MAX_PAGE, MAX_PAYLOAD, Notice, Op, Outcome, Request, Response, Role, SessionGuards, SlotState, Stats, Transition,
+    TransitionCause, frame,
 };
 use leasebox_twin::{Rng, twin_seed};
 
@@ -61,7 +62,7 @@ fn lease(r: &mut Rng) -> LeaseId {
 }
 
 fn request(r: &mut Rng) -> Request {
-    match r.below(17) {
+    match r.below(18) {
         0 => Request::Hello(Hello::Init(HelloInit {
             min_version: r.u16(),
             max_version: r.u16(),
@@ -100,6 +101,7 @@ fn request(r: &mut Rng) -> Request {
         13 => Request::Resume { session_id: r.edge_u64(), token: r.bytes() },
         14 => Request::Drain { tenant: r.text(0, MAX_NAME), notice_ms: r.edge_u32() },
         15 => Request::HcaStats,
+        16 => Request::LeaseLog { cursor: r.edge_u64(), max: r.u16() },
         _ => Request::Health,
     }
 }
@@ -239,6 +241,22 @@ fn response(r: &mut Rng) -> (Op, Response) {
             late: r.edge_u64(),
             aborted: r.edge_u64(),
         }),
+        Op::LeaseLog => Response::LeaseLog {
+            next_cursor: r.edge_u64(),
+            lost: r.edge_u64(),
+            records: (0..r.below(MAX_PAGE + 1))
+                .map(|_| Transition {
+                    seq: r.edge_u64(),
+                    at_us: r.edge_u64(),
+                    slot: r.edge_u32(),
+                    generation: r.edge_u32(),
+                    from: r.pick(SlotState::ALL),
+                    to: r.pick(SlotState::ALL),
+                    why: r.pick(TransitionCause::ALL),
+                    failed_mask: r.edge_u32(),
+                })
+                .collect(),
+        },
     };
     (op, resp)
 }

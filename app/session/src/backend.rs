@@ -8,6 +8,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use leasebox_proto::{
     BOOT_ID_LEN, ErrorBody, ErrorCode, FencedSlot, HcaState, HcaStats, LeaseStats, Notice, Op, Reply, Request, Role,
+    Transition,
 };
 
 /// A transport connection, unique within a boot (the transport names it; the server and the backend's
@@ -123,6 +124,13 @@ pub trait Leases {
     /// FENCED_SUMMARY: one page of the fenced slots `who` may see, from slot `cursor` on, at most `max`
     /// (clamped to 1..=`MAX_PAGE`); returns the next page's cursor (0 after the last) and the page.
     fn fenced(&mut self, who: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>);
+    /// LEASE_LOG (admin only; the session server has checked): up to `max` (clamped to 1..=`MAX_PAGE`) lease
+    /// slot transitions from sequence `cursor` on (0: the oldest held), as (next cursor, records the ring no
+    /// longer holds, the records). `None`: this lease service keeps no transitions (NOT_IMPLEMENTED).
+    fn lease_log(&mut self, cursor: u64, max: u16) -> Option<(u64, u64, Vec<Transition>)> {
+        let _ = (cursor, max);
+        None
+    }
     /// The lease part of HEALTH; [`crate::health`] makes the answer of it and the appliance's facts. No
     /// default: a lease service must say whether it runs.
     fn health_facts(&mut self) -> LeaseHealth;
@@ -168,6 +176,9 @@ impl<L: Leases + ?Sized> Leases for Box<L> {
     }
     fn fenced(&mut self, who: &Principal, cursor: u32, max: u16) -> (u32, Vec<FencedSlot>) {
         (**self).fenced(who, cursor, max)
+    }
+    fn lease_log(&mut self, cursor: u64, max: u16) -> Option<(u64, u64, Vec<Transition>)> {
+        (**self).lease_log(cursor, max)
     }
     fn health_facts(&mut self) -> LeaseHealth {
         (**self).health_facts()

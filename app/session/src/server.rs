@@ -919,6 +919,16 @@ impl<L: Leases, A: Appliance> Server<L, A> {
                 let (next_cursor, slots) = self.backend.fenced(&who, *cursor, *max);
                 Ok(Response::FencedSummary { next_cursor, slots })
             }
+            Request::LeaseLog { .. } if who.role != Role::Admin => Err(ErrorBody::new(
+                ErrorCode::Forbidden,
+                "LEASE_LOG: only the admin may read the lease transitions (they name every tenant's slots)",
+            )),
+            Request::LeaseLog { cursor, max } => match self.backend.lease_log(*cursor, *max) {
+                Some((next_cursor, lost, records)) => Ok(Response::LeaseLog { next_cursor, lost, records }),
+                None => {
+                    Err(ErrorBody::new(ErrorCode::NotImplemented, "LEASE_LOG: the lease service keeps no transitions"))
+                }
+            },
             Request::Resume { session_id, token } => self.resume(&who, *session_id, token, now_ms),
             Request::Drain { .. } if who.role != Role::Admin => {
                 Err(ErrorBody::new(ErrorCode::Forbidden, "DRAIN: only the admin may drain the appliance"))

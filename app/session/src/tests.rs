@@ -440,6 +440,7 @@ fn random_and_mutated_frames_never_panic() {
         Request::Hello(Hello::Proof { mac: [1; 32] }),
         Request::Resume { session_id: 1, token: [3; 16] },
         Request::Drain { tenant: "demo".to_string(), notice_ms: 5 },
+        Request::LeaseLog { cursor: 0, max: 5 },
     ] {
         seeds.push(req(r, 1));
     }
@@ -724,6 +725,20 @@ fn hca_stats_come_from_the_appliance_or_are_not_implemented() {
     let a = exchange(&mut s, ConnId(1), &req(Request::HcaStats, 3), 5);
     assert!(matches!(&a[0], (3, Ans::Err(e)) if e.code == ErrorCode::NotImplemented));
     assert!(!s.wants_close(ConnId(1)));
+}
+
+#[test]
+fn lease_log_is_the_admins_and_not_implemented_without_a_ring() {
+    let mut s = server(Limits::default());
+    s.open(ConnId(1), 0);
+    login(&mut s, ConnId(1), "demo", DEMO_KEY).unwrap();
+    let a = exchange(&mut s, ConnId(1), &req(Request::LeaseLog { cursor: 0, max: 5 }, 2), 5);
+    assert!(matches!(&a[0], (2, Ans::Err(e)) if e.code == ErrorCode::Forbidden), "a tenant is refused");
+    s.open(ConnId(2), 0);
+    login(&mut s, ConnId(2), "admin", ADMIN_KEY).unwrap();
+    let a = exchange(&mut s, ConnId(2), &req(Request::LeaseLog { cursor: 0, max: 5 }, 3), 5);
+    assert!(matches!(&a[0], (3, Ans::Err(e)) if e.code == ErrorCode::NotImplemented), "no ring: not implemented");
+    assert!(!s.wants_close(ConnId(1)) && !s.wants_close(ConnId(2)));
 }
 
 #[test]

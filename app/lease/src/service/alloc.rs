@@ -9,6 +9,7 @@ use leasebox_proto::{AllocReq, AllocResp, ErrorBody, ErrorCode, LeaseId, Reply, 
 use super::plan::{QP_BUF, QP_DBR, Steps};
 use super::{Host, LeaseService, Neighbour, Parked, RESOLVE_TIMEOUT_MS, Who, err};
 use crate::lease::{Lease, Phase, Slot, Waiters};
+use crate::transitions::{State, Why};
 
 fn bad(field: &str, why: &str) -> ErrorBody {
     err(ErrorCode::BadParam, &format!("ALLOC: field '{field}' {why}"))
@@ -143,6 +144,7 @@ impl<T: Copy> LeaseService<T> {
             failed_mask: 0,
             failure: String::new(),
         };
+        self.note(slot, State::Building, Why::Alloc, now_us);
         self.slots[slot as usize] = Slot::Busy(lease);
         self.free.remove(&slot);
         self.busy_end = self.busy_end.max(slot + 1);
@@ -340,6 +342,7 @@ impl<T: Copy> LeaseService<T> {
     pub(super) fn granted(&mut self, slot: u32, now_us: u64) {
         let ready_by = now_us + self.cfg.ready_timeout_ms * 1000;
         let (gid, mac) = (self.hca.gid, self.hca.mac);
+        self.note(slot, State::Granted, Why::Granted, now_us);
         let Some(l) = self.lease_mut(slot) else { return };
         l.phase = Phase::Granted { ready_by };
         let resp = AllocResp {

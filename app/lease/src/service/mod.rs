@@ -39,6 +39,7 @@ use crate::config::{Config, RevokeOrder};
 use crate::lease::{Cause, Lease, Phase, Slot, Step};
 use crate::pool::ExtentPool;
 use crate::stats::Counters;
+use crate::transitions::{self, SharedTransitions, State, Transitions, Why};
 use ids::Ids;
 use plan::{CmdCtx, Next, Stage, View};
 
@@ -280,6 +281,8 @@ pub struct LeaseService<T: Copy> {
     preparing_since_us: Option<u64>,
     pool_ready: bool,
     pub counters: Counters,
+    /// Every slot's state changes (`transitions`), shared with LEASE_LOG and the panic dump.
+    transitions: SharedTransitions,
 }
 
 fn err(code: ErrorCode, msg: &str) -> ErrorBody {
@@ -320,6 +323,7 @@ impl<T: Copy> LeaseService<T> {
             preparing_since_us: None,
             pool_ready: false,
             counters: Counters::default(),
+            transitions: Transitions::shared(),
         })
     }
 
@@ -416,6 +420,38 @@ impl<T: Copy> LeaseService<T> {
         self.next_seq = seq;
     }
 
+    /// The ring of every slot's state changes, for LEASE_LOG and the panic dump.
+    pub fn transitions(&self) -> SharedTransitions {
+        self.transitions.clone()
+    }
+
+    /// Records that `slot` is about to go to `to` because of `why`: the one hook of the transition ring, called
+    /// just before the slot or its lease's phase changes (it reads the state, generation and failed steps the
+    /// slot has now).
+    fn note(&self, slot: u32, to: State, why: Why, now_us: u64) {
+        let Some(s) = self.slots.get(slot as usize) else { return };
+        let (from, generation, mask) = transitions::of_slot(s);
+        self.transitions.lock().record(now_us, slot, generation, from, to, why, mask);
+    }
+
+    /// Why a lease's immediate phase starts: its cause, with an expiry of an orphaned lease told apart.
+    fn revoke_why(&self, slot: u32, cause: Cause) -> Why {
+        match cause {
+            Cause::Free => Why::Free,
+            Cause::Revoke => Why::Revoke,
+            Cause::Expiry if self.lease(slot).is_some_and(|l| l.orphaned_at.is_some()) => Why::SessionLost,
+            Cause::Expiry => Why::Expiry,
+        }
+    }
+
+    /// The sweep or an unwind finished: the slot goes free, or retires at its last generation.
+    fn note_released(&self, slot: u32, now_us: u64) {
+        let Some(l) = self.lease(slot) else { return };
+        let to = if l.id.generation == u32::MAX { State::Retired } else { State::Free };
+        let why = if matches!(l.phase, Phase::Unwinding) { Why::UnwindDone } else { Why::SweepDone };
+        self.note(slot, to, why, now_us);
+    }
+
     pub fn pool(&self) -> &ExtentPool {
         &self.pool
     }
@@ -443,7 +479,9 @@ impl<T: Copy> LeaseService<T> {
     ) -> Option<Reply> {
         match req {
             Request::Alloc(a) => self.alloc(who, a, ticket, now_us, host),
-            Request::Ready { lease, client_qpn, server_qpn } => Some(self.ready(who, *lease, *client_qpn, *server_qpn)),
+            Request::Ready { lease, client_qpn, server_qpn } => {
+                Some(self.ready(who, *lease, *client_qpn, *server_qpn, now_us))
+            }
             Request::Renew { lease, ttl_ms } => Some(self.renew(who, *lease, *ttl_ms, now_us)),
             Request::Free { lease } => self.revoke(who, *lease, Cause::Free, None, ticket, now_us, host),
             Request::Revoke { lease, qp_first } => {
@@ -552,7 +590,7 @@ impl<T: Copy> LeaseService<T> {
             (Stage::Build, Next::Done) => self.granted(slot, now_us),
             (_, Next::Unwind) => self.unwind(slot, now_us, host),
             (Stage::Revoke(_), Next::Done) => self.torn_down(slot, now_us),
-            (Stage::Sweep | Stage::Unwind, Next::Done) => self.release(slot, host),
+            (Stage::Sweep | Stage::Unwind, Next::Done) => self.release(slot, now_us, host),
             (stage, _) => self.fail_closed(slot, stage, now_us),
         }
     }

@@ -7,6 +7,7 @@ use leasebox_proto::{ErrorBody, ErrorCode, FencedSlot, LeaseId, LeaseInfo, Lease
 
 use super::{LIST_MAX, LeaseService, Who, err};
 use crate::lease::{FenceInfo, Lease, Phase, Slot};
+use crate::transitions::{State, Why};
 
 impl<T: Copy> LeaseService<T> {
     /// The lease `id` if `who` may see it: `Err` NOT_FOUND for a free or other tenant's slot or an id from
@@ -49,7 +50,7 @@ impl<T: Copy> LeaseService<T> {
         }
     }
 
-    pub(super) fn ready(&mut self, who: Who<'_>, id: LeaseId, client_qpn: u32, server_qpn: u32) -> Reply {
+    pub(super) fn ready(&mut self, who: Who<'_>, id: LeaseId, client_qpn: u32, server_qpn: u32, now_us: u64) -> Reply {
         let l = self.owned(who, id)?;
         if l.qpn.map(|q| q.0) != Some(server_qpn) || l.client_qpn != client_qpn {
             return Err(err(
@@ -63,6 +64,9 @@ impl<T: Copy> LeaseService<T> {
         }
         match l.phase {
             Phase::Granted { .. } | Phase::Active => {
+                if matches!(l.phase, Phase::Granted { .. }) {
+                    self.note(id.slot, State::Active, Why::Confirm, now_us);
+                }
                 if let Some(l) = self.lease_mut(id.slot) {
                     l.phase = Phase::Active;
                 }

@@ -11,6 +11,7 @@ use super::plan::{Stage, Steps};
 use super::{Host, LeaseService, SCAN_INTERVAL_US, Who, err};
 use crate::config::{RevokeOrder, SCRUB_SLICE, SCRUB_TICK_MAX};
 use crate::lease::{Cause, FenceInfo, Lease, Phase, Slot, Waiter, origin, step_bit};
+use crate::transitions::{State, Why};
 
 /// The FENCED_SUMMARY origin of a fence in `stage`.
 pub(super) fn fence_origin<T>(stage: Stage, l: Option<&Lease<T>>) -> u8 {
@@ -95,6 +96,7 @@ impl<T: Copy> LeaseService<T> {
     ) {
         let order = order.unwrap_or(self.cfg.order);
         let deadline = now_us + self.cfg.revoke_deadline_ms * 1000;
+        self.note(slot, State::Fencing, self.revoke_why(slot, cause), now_us);
         let Some(l) = self.lease_mut(slot) else { return };
         l.phase = Phase::Fencing { deadline };
         l.cause = Some(cause);
@@ -128,6 +130,7 @@ impl<T: Copy> LeaseService<T> {
     /// The immediate phase succeeded: the key is gone; the sweep comes after the grace period.
     pub(super) fn torn_down(&mut self, slot: u32, now_us: u64) {
         let at = now_us + self.cfg.grace_ms * 1000;
+        self.note(slot, State::PendingDestroy, Why::TeardownOk, now_us);
         let Some(l) = self.lease_mut(slot) else { return };
         l.phase = Phase::PendingDestroy { at };
         let (waiters, cause) = (l.waiters.take(), l.cause);
@@ -141,6 +144,7 @@ impl<T: Copy> LeaseService<T> {
 
     /// A build step failed: destroy what exists.
     pub(super) fn unwind(&mut self, slot: u32, now_us: u64, host: &mut dyn Host) {
+        self.note(slot, State::Unwinding, Why::BuildFailed, now_us);
         let Some(l) = self.lease_mut(slot) else { return };
         l.phase = Phase::Unwinding;
         (l.tried, l.failed) = (Steps::default(), Steps::default());
@@ -202,6 +206,8 @@ impl<T: Copy> LeaseService<T> {
                     }
                 }
                 Phase::PendingDestroy { at } if now_us >= at => {
+                    self.note(slot, State::Sweeping, Why::SweepStart, now_us);
+                    let Some(l) = self.lease_mut(slot) else { continue };
                     l.phase = Phase::Sweeping;
                     (l.tried, l.failed) = (Steps::default(), Steps::default());
                     // A key a UMR revoke set free goes back to the warm pool with its PD and QP, if it wants them.
@@ -298,6 +304,12 @@ impl<T: Copy> LeaseService<T> {
 
     /// Fences `slot` for good: its memory and the slot are never reused until reboot.
     fn fence(&mut self, slot: u32, origin: u8, now_us: u64) {
+        self.note(
+            slot,
+            State::Fenced,
+            crate::transitions::fenced_why(origin, self.lease(slot).map_or(0, |l| l.failed_mask)),
+            now_us,
+        );
         let Some(Slot::Busy(l)) = self.slots.get_mut(slot as usize) else { return };
         let waiters = l.waiters.take();
         let alloc_ticket = l.alloc_ticket.take();
@@ -337,7 +349,8 @@ impl<T: Copy> LeaseService<T> {
     /// The sweep or an unwind finished: scrub, free the memory, free the slot.
     /// The slot is free at once; its memory joins the scrub queue and returns to the pool as it is zeroed
     /// ([`LeaseService::scrub`]).
-    pub(super) fn release(&mut self, slot: u32, host: &mut dyn Host) {
+    pub(super) fn release(&mut self, slot: u32, now_us: u64, host: &mut dyn Host) {
+        self.note_released(slot, now_us);
         let Some(Slot::Busy(l)) = self.slots.get(slot as usize) else { return };
         // A recycled lease's PD, QP (back in INIT) and free key return to the warm pool with its QP memory.
         let recycled = l.recycle && self.give_back_slot(slot);

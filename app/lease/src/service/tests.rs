@@ -1627,3 +1627,6 @@ fn a_warm_entry_whose_build_fails_is_undone_and_the_pool_stops_after_repeated_fa
     r.script.clear();
     alloc_ok(&mut r, alloc_req());
 }
+
+#[path = "tests_transitions.rs"]
+mod transitions;

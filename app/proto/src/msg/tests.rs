@@ -80,7 +80,21 @@ fn requests() -> Vec<Request> {
         Request::FencedSummary { cursor: 3, max: 128 },
         Request::Health,
         Request::HcaStats,
+        Request::LeaseLog { cursor: 0x0102_0304_0506_0708, max: 128 },
     ]
+}
+
+fn transition() -> Transition {
+    Transition {
+        seq: 0x11,
+        at_us: 2_500_001,
+        slot: 17,
+        generation: 4,
+        from: SlotState::Fencing,
+        to: SlotState::Fenced,
+        why: TransitionCause::TeardownFailed,
+        failed_mask: 0x001,
+    }
 }
 
 fn responses() -> Vec<(Op, Response)> {
@@ -177,6 +191,8 @@ fn responses() -> Vec<(Op, Response)> {
                 aborted: u64::MAX,
             }),
         ),
+        (Op::LeaseLog, Response::LeaseLog { next_cursor: 0x12, lost: 3, records: vec![transition(); 2] }),
+        (Op::LeaseLog, Response::LeaseLog { next_cursor: 1, lost: 0, records: Vec::new() }),
     ]
 }
 
@@ -308,6 +324,52 @@ fn golden_hca_stats_layout() {
     p[5] = 0;
     p[0] = 9;
     assert_eq!(Response::decode(Op::HcaStats, &p), Err(DecodeError::Invalid { field: "hca_stats.hca" }));
+}
+
+#[test]
+fn golden_lease_log_layout() {
+    let mut b = Vec::new();
+    Request::LeaseLog { cursor: 0x0102_0304_0506_0708, max: 0x0080 }.encode(0x11, &mut b);
+    assert_eq!(
+        &b[16..],
+        [
+            0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, // cursor
+            0x00, 0x80, 0, 0, 0, 0, 0, 0, // max, reserved
+        ]
+    );
+    assert_eq!(&b[4..6], [0x03, 0x05], "op 0x0305");
+    let mut p = Vec::new();
+    Response::LeaseLog { next_cursor: 0x12, lost: 3, records: vec![transition()] }.encode_payload(&mut p);
+    assert_eq!(
+        p,
+        [
+            0, 0, 0, 0, 0, 0, 0, 0x12, // next_cursor
+            0, 0, 0, 0, 0, 0, 0, 3, // lost
+            0, 1, 0, 0, 0, 0, 0, 0, // count, reserved
+            0, 0, 0, 0, 0, 0, 0, 0x11, // seq
+            0, 0, 0, 0, 0, 0x26, 0x25, 0xa1, // at_us 2_500_001
+            0, 0, 0, 17, 0, 0, 0, 4, // slot, generation
+            4, 8, 9, 0, 0, 0, 0, 1, // from fencing, to fenced, why teardown-failed, reserved, failed_mask
+        ][..]
+    );
+    // Unknown states and causes, reserved bytes and an over-long count are refused.
+    for (at, v, field) in [(48, 10, "lease_log.from"), (49, 99, "lease_log.to"), (50, 0, "lease_log.why")] {
+        let mut bad = p.clone();
+        bad[at] = v;
+        assert_eq!(Response::decode(Op::LeaseLog, &bad), Err(DecodeError::Invalid { field }));
+    }
+    let mut bad = p.clone();
+    bad[51] = 1;
+    assert!(Response::decode(Op::LeaseLog, &bad).is_err());
+    let mut bad = p.clone();
+    bad[20] = 1;
+    assert!(Response::decode(Op::LeaseLog, &bad).is_err());
+    let mut bad = p.clone();
+    bad[16..18].copy_from_slice(&((MAX_PAGE + 1) as u16).to_be_bytes());
+    assert!(Response::decode(Op::LeaseLog, &bad).is_err());
+    let mut r = b[16..].to_vec();
+    r[12] = 1;
+    assert!(Request::decode(Op::LeaseLog, &r).is_err(), "request reserved bytes");
 }
 
 #[test]
