@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::Waker;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -13,12 +12,11 @@ use leasebox_lease::setup::PlatformHost;
 use leasebox_lease::{Config, LeaseOptions, LeaseService};
 use leasebox_mlx5::cmdq::{Emergency, EmergencyOutcome};
 use leasebox_mlx5::driver::{Config as DriverConfig, Driver};
-use leasebox_mlx5::engine::{Client, CommandEngine, EventEngine, Shared};
+use leasebox_mlx5::engine::Shared;
 use leasebox_mlx5::log::SharedLog;
 use leasebox_proto::{HcaState, HcaStats};
-use mlx5_hosted::{HostedPlatform, ModelMode, idle};
+use mlx5_hosted::{HostedPlatform, ModelMode};
 use mlx5_model::ModelConfig;
-use mlx5_model::idle::{Backoff, Idle};
 
 use crate::ServiceWake;
 use crate::stages::Stages;
@@ -134,40 +132,6 @@ impl Drop for HcaThreads {
 /// still down then is reported, not an error.
 const LINK_WAIT_MS: u64 = 5_000;
 
-/// The engines on a thread of their own, as `mlx5_hosted::spawn_engines` runs them (idle back-off; a command
-/// queued and every model pass with work unpark it), and one thing more: every pass of theirs that did work
-/// (a command completed, an event came) wakes the service thread through `service`, so the lease service takes
-/// a completion when it lands rather than at its next tick (docs/latency.md).
-fn spawn_engines(
-    mut cmd: CommandEngine<HostedPlatform>,
-    mut ev: EventEngine<HostedPlatform>,
-    client: &mut Client,
-    stop: Arc<AtomicBool>,
-    service: Arc<ServiceWake>,
-    stages: Arc<Stages>,
-) -> std::io::Result<JoinHandle<()>> {
-    let platform = cmd.platform().clone();
-    let handle = std::thread::Builder::new().name("mlx5-engines".into()).spawn(move || {
-        let mut backoff = Backoff::capped(idle::MAX_SLEEP);
-        while !stop.load(Ordering::Relaxed) {
-            if cmd.poll() | ev.poll() {
-                stages.engine_work();
-                service.by_engine();
-                backoff.reset();
-                continue;
-            }
-            match backoff.step() {
-                Idle::Sleep(d) => std::thread::park_timeout(d),
-                step => step.take(),
-            }
-        }
-    })?;
-    let waker = Waker::from(Arc::new(idle::Unpark(handle.thread().clone())));
-    client.set_waker(waker.clone());
-    platform.wake_after_work(waker);
-    Ok(handle)
-}
-
 /// Brings the model and the driver up and builds the lease backend and the HCA's facts. `udp`: where the model's RoCEv2 responder
 /// listens (`None`: no data path); `timing`: firmware time per command; `service`: whom the engines wake after a
 /// pass with work (the service thread, once it exists); `stages`: the stage clock.
@@ -204,7 +168,14 @@ pub(crate) fn start(
     let (cmd, ev, mut client, info) = d.into_engines();
     let log = cmd.queue().log_handle();
     let stop = Arc::new(AtomicBool::new(false));
-    let engines = spawn_engines(cmd, ev, &mut client, stop.clone(), service, stages).map_err(|e| e.to_string())?;
+    // Every engine pass that did work wakes the service thread, so the lease service takes a completion when it
+    // lands rather than at its next tick (docs/latency.md).
+    let after_work = move || {
+        stages.engine_work();
+        service.by_engine();
+    };
+    let engines =
+        mlx5_hosted::spawn_engines_then(cmd, ev, &mut client, stop.clone(), after_work).map_err(|e| e.to_string())?;
     // Initial PSNs and MKEY variants from a CSPRNG seeded by the OS, as the nonces are; none without it.
     let rng = leasebox_lease::setup::identifiers(&mut crate::OsEntropy)?;
     let cfg = Config::from_options(o, &parts);

@@ -343,16 +343,29 @@ fn model_thread(
 /// backs off (spin, yield, then parks up to [`idle::MAX_SLEEP`] at a time); a command `client` queues and
 /// every model pass that did work (a completion, an event) unpark it at once.
 pub fn spawn_engines(
+    cmd: CommandEngine<HostedPlatform>,
+    ev: EventEngine<HostedPlatform>,
+    client: &mut Client,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<JoinHandle<()>> {
+    spawn_engines_then(cmd, ev, client, stop, || {})
+}
+
+/// [`spawn_engines`], calling `after_work` after every pass of the engines that did work (a command completed,
+/// an event came): the hosted appliance wakes its service thread there, so a completion is taken when it lands.
+pub fn spawn_engines_then(
     mut cmd: CommandEngine<HostedPlatform>,
     mut ev: EventEngine<HostedPlatform>,
     client: &mut Client,
     stop: Arc<AtomicBool>,
+    mut after_work: impl FnMut() + Send + 'static,
 ) -> std::io::Result<JoinHandle<()>> {
     let platform = cmd.platform().clone();
     let handle = std::thread::Builder::new().name("mlx5-engines".into()).spawn(move || {
         let mut backoff = Backoff::capped(idle::MAX_SLEEP);
         while !stop.load(Ordering::Relaxed) {
             if cmd.poll() | ev.poll() {
+                after_work();
                 backoff.reset();
                 continue;
             }
