@@ -398,28 +398,44 @@ pub struct EventEngine<P: Platform> {
 
 /// The submitting side (core 0).
 pub struct Client {
+    /// The submitting side every client has ([`SideClient`]'s whole); `Client` derefs to it.
+    side: SideClient,
+    events: Consumer<Event>,
+}
+
+/// A submitting side of the command engine: a request ring, a completion ring and the tags it hands out.
+/// [`Client`] is one with the event ring besides; a second one (docs/mlx5-driver.md "The side client") lets a
+/// core other than the main client's (the `net` core, for its Ethernet port) issue commands without going
+/// through the main client's owner. A side client's tags are its own: the engine marks them on the way in and
+/// routes each completion back to that side, unmarked. It sees no events.
+pub struct SideClient {
     requests: Producer<Request>,
     completions: Consumer<Completion>,
-    events: Consumer<Event>,
     shared: Arc<Shared>,
-    /// [`Client::submit`]'s next tag: 1..=[`CLIENT_TAG_BITS`], then 1 again (never 0, never a bit the engine
-    /// owns); 2^62 - 1 commands apart, so it never meets a tag still outstanding.
+    /// [`SideClient::submit`]'s next tag: 1..=[`CLIENT_TAG_BITS`], then 1 again (never 0, never a bit the
+    /// engine owns); 2^62 - 1 commands apart, so it never meets a tag still outstanding.
     next_tag: u64,
     /// Woken after each command queued (the engine's thread, where it sleeps when idle).
     waker: Option<Waker>,
 }
 
-/// A second submitting side for the command engine (docs/mlx5-driver.md "The side client"): its own request
-/// and completion rings, so a core other than the main client's (the `net` core, for its Ethernet port) can
-/// issue commands without going through the main client's owner. Its tags are its own: the engine marks them
-/// on the way in and routes each completion back to this side, unmarked. It sees no events.
-pub struct SideClient {
-    requests: Producer<Request>,
-    completions: Consumer<Completion>,
-    shared: Arc<Shared>,
-    next_tag: u64,
-    /// As [`Client`]'s.
-    waker: Option<Waker>,
+impl SideClient {
+    fn new(requests: Producer<Request>, completions: Consumer<Completion>, shared: Arc<Shared>) -> SideClient {
+        SideClient { requests, completions, shared, next_tag: 1, waker: None }
+    }
+}
+
+impl core::ops::Deref for Client {
+    type Target = SideClient;
+    fn deref(&self) -> &SideClient {
+        &self.side
+    }
+}
+
+impl core::ops::DerefMut for Client {
+    fn deref_mut(&mut self) -> &mut SideClient {
+        &mut self.side
+    }
 }
 
 /// Creates the three parts around an already set-up command queue.
@@ -457,7 +473,7 @@ pub fn assemble<P: Platform>(p: Arc<P>, q: CmdQueue, health: Health) -> (Command
         pending_pages: VecDeque::new(),
         timeouts_seen: 0,
     };
-    let client = Client { requests: req_tx, completions: done_rx, events: ev_rx, shared, next_tag: 1, waker: None };
+    let client = Client { side: SideClient::new(req_tx, done_rx, shared), events: ev_rx };
     (cmd, ev, client)
 }
 
@@ -489,13 +505,7 @@ impl<P: Platform> CommandEngine<P> {
         let (req_tx, req_rx) = ring(SIDE_REQUEST_RING);
         let (done_tx, done_rx) = ring(SIDE_COMPLETION_RING);
         self.side = Some(SideRings { requests: req_rx, completions: done_tx, undelivered: VecDeque::new() });
-        Some(SideClient {
-            requests: req_tx,
-            completions: done_rx,
-            shared: self.shared.clone(),
-            next_tag: 1,
-            waker: None,
-        })
+        Some(SideClient::new(req_tx, done_rx, self.shared.clone()))
     }
 
     /// The next request from either side, alternating which side is asked first; a side request's tag gets
@@ -910,6 +920,17 @@ fn wake(waker: &Option<Waker>) {
 }
 
 impl Client {
+    pub fn next_event(&mut self) -> Option<Event> {
+        self.events.pop()
+    }
+
+    /// A handle on the shared state for readers elsewhere (health reports).
+    pub fn shared_handle(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+}
+
+impl SideClient {
     /// From now on every command queued wakes `waker` (the thread that polls the command engine, where it
     /// sleeps when idle), so a command never waits for the end of the engine's idle sleep.
     pub fn set_waker(&mut self, waker: Waker) {
@@ -931,7 +952,7 @@ impl Client {
 
     /// Queues `cmd` under the caller's `tag` (its completion carries it back, so the caller needs no map of its
     /// own); gives the command back when the ring is full. The caller keeps its tags unique among those
-    /// outstanding, apart from [`Client::submit`]'s (which count up from 1), and within [`CLIENT_TAG_BITS`]; a
+    /// outstanding, apart from [`SideClient::submit`]'s (which count up from 1), and within [`CLIENT_TAG_BITS`]; a
     /// tag outside them is refused ([`Refused::ReservedTag`]).
     pub fn submit_as(&mut self, tag: u64, cmd: Command) -> Result<(), Refused> {
         let r = client_tag(tag, cmd)?;
@@ -940,8 +961,8 @@ impl Client {
         Ok(())
     }
 
-    /// Queues a UMR work request under the caller's `tag` (the rules of [`Client::submit_as`]); its result
-    /// comes back through [`Client::poll`]. Gives the work back when the ring is full or the tag is refused.
+    /// Queues a UMR work request under the caller's `tag` (the rules of [`SideClient::submit_as`]); its result
+    /// comes back through [`SideClient::poll`]. Gives the work back when the ring is full or the tag is refused.
     pub fn submit_umr(&mut self, tag: u64, work: UmrWork) -> Result<(), (UmrWork, Option<crate::command::CmdError>)> {
         if tag & !CLIENT_TAG_BITS != 0 {
             let e = umr_error(&work, ErrorKind::ReservedTag { tag });
@@ -956,59 +977,6 @@ impl Client {
         Ok(())
     }
 
-    pub fn poll(&mut self) -> Option<Completion> {
-        self.completions.pop()
-    }
-
-    pub fn next_event(&mut self) -> Option<Event> {
-        self.events.pop()
-    }
-
-    /// Free places in the request ring.
-    pub fn room(&self) -> usize {
-        self.requests.free()
-    }
-
-    /// The health verdict's syndrome, once the HCA is dead.
-    pub fn fatal(&self) -> Option<u8> {
-        self.shared.fatal()
-    }
-
-    pub fn shared(&self) -> &Shared {
-        &self.shared
-    }
-
-    /// A handle on the shared state for readers elsewhere (health reports).
-    pub fn shared_handle(&self) -> Arc<Shared> {
-        self.shared.clone()
-    }
-}
-
-impl SideClient {
-    /// As [`Client::set_waker`].
-    pub fn set_waker(&mut self, waker: Waker) {
-        self.waker = Some(waker);
-    }
-
-    /// Queues `cmd`; returns its tag (counting up from 1), or the command back when the ring is full.
-    pub fn submit(&mut self, cmd: Command) -> Result<u64, Command> {
-        let tag = self.next_tag;
-        self.requests.push(Request { tag, work: Work::Cmd(cmd) }).map_err(|r| r.work.into_cmd())?;
-        self.next_tag = self.next_tag % CLIENT_TAG_BITS + 1;
-        wake(&self.waker);
-        Ok(tag)
-    }
-
-    /// Queues `cmd` under the caller's `tag` (within [`CLIENT_TAG_BITS`]; the caller keeps it unique among
-    /// those outstanding, apart from [`SideClient::submit`]'s); refused as [`Client::submit_as`] refuses.
-    pub fn submit_as(&mut self, tag: u64, cmd: Command) -> Result<(), Refused> {
-        let r = client_tag(tag, cmd)?;
-        self.requests.push(r).map_err(|r| Refused::Full(r.work.into_cmd()))?;
-        wake(&self.waker);
-        Ok(())
-    }
-
-    /// The next completion of a command this side queued.
     pub fn poll(&mut self) -> Option<Completion> {
         self.completions.pop()
     }
@@ -1040,7 +1008,8 @@ mod tag_limits {
         let (_done_tx, completions) = ring(COMPLETION_RING);
         let (_ev_tx, events) = ring(EVENT_RING);
         let shared = Arc::new(Shared::default());
-        let mut c = Client { requests, completions, events, shared, next_tag: CLIENT_TAG_BITS - 1, waker: None };
+        let mut c = Client { side: SideClient::new(requests, completions, shared), events };
+        c.side.next_tag = CLIENT_TAG_BITS - 1;
         let tags: Vec<u64> = (0..3).map(|_| c.submit(Command::new(0x100, 0, 16, 16)).ok().unwrap()).collect();
         assert_eq!(tags, [CLIENT_TAG_BITS - 1, CLIENT_TAG_BITS, 1]);
         let queued: Vec<u64> = core::iter::from_fn(|| engine_side.pop()).map(|r| r.tag).collect();
