@@ -71,10 +71,6 @@ pub struct Keyring {
     entries: Vec<Entry>,
 }
 
-fn valid_name(n: &str) -> bool {
-    (1..=MAX_NAME).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
-}
-
 /// Compares two names over `MAX_NAME` bytes (the shorter zero-padded; names are never longer) and their
 /// lengths, without an early exit.
 fn same_name(a: &str, b: &str) -> bool {
@@ -96,11 +92,8 @@ impl Keyring {
             return Err(KeyError::Duplicate);
         }
         let mut added = Vec::new();
-        for (i, item) in keys.split(',').enumerate() {
-            let (key_id, hex) = match item.split_once('/') {
-                Some((id, hex)) => (id.parse::<u8>().map_err(|_| KeyError::BadKeyId)?, hex),
-                None => (u8::try_from(i).map_err(|_| KeyError::BadKeyId)?, item),
-            };
+        for item in crate::options::key_list(keys) {
+            let (key_id, hex) = item.map_err(|_| KeyError::BadKeyId)?;
             let key = parse_hex(hex)?;
             match check_key(&key) {
                 Ok(()) => {}
@@ -122,7 +115,7 @@ impl Keyring {
         if name == ADMIN_NAME {
             return Err(KeyError::ReservedName);
         }
-        if !valid_name(name) {
+        if !crate::options::valid_tenant_name(name) {
             return Err(KeyError::BadName);
         }
         self.add(name, key_hex, Role::Tenant)

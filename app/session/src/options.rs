@@ -73,11 +73,8 @@ pub fn check_key_hex(hex: &str) -> Result<(), &'static str> {
     // A key list (protocol v2 key ids): `KEY[,KEY…]`, each `HEX` or `ID/HEX` (docs/operations.md).
     if hex.contains(',') || hex.contains('/') {
         let mut ids = [false; 256];
-        for (i, item) in hex.split(',').enumerate() {
-            let (id, h) = match item.split_once('/') {
-                Some((id, h)) => (id.parse::<u8>().map_err(|_| "key ids are 0 to 255 (ID/HEX)")?, h),
-                None => (u8::try_from(i).map_err(|_| "more than 256 keys")?, item),
-            };
+        for item in key_list(hex) {
+            let (id, h) = item?;
             if core::mem::replace(&mut ids[usize::from(id)], true) {
                 return Err("a key id is given twice");
             }
@@ -92,6 +89,16 @@ pub fn check_key_hex(hex: &str) -> Result<(), &'static str> {
         return Err("keys are 16 to 64 bytes (32 to 128 hex digits)");
     }
     Ok(())
+}
+
+/// A key list's items as (key id, hex) in order: `KEY[,KEY…]`, each `HEX` or `ID/HEX`, a key without an id
+/// taking its position as id. The one splitter of the grammar: [`check_key_hex`] and [`crate::Keyring`] both
+/// read lists through it.
+pub fn key_list(keys: &str) -> impl Iterator<Item = Result<(u8, &str), &'static str>> {
+    keys.split(',').enumerate().map(|(i, item)| match item.split_once('/') {
+        Some((id, h)) => id.parse::<u8>().map(|id| (id, h)).map_err(|_| "key ids are 0 to 255 (ID/HEX)"),
+        None => u8::try_from(i).map(|id| (id, item)).map_err(|_| "more than 256 keys"),
+    })
 }
 
 /// The session core's principals and budgets. Keys stay hex text borrowed from the configuration.
