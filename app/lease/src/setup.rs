@@ -341,8 +341,8 @@ pub fn fence_test_warning(o: &LeaseOptions) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasebox_mlx5::testing::Fake;
     use leasebox_session::EntropyError;
-    use std::sync::Mutex;
 
     #[test]
     fn slots_follow_the_hca_caps_and_the_pool() {
@@ -377,69 +377,37 @@ mod tests {
         assert!(e.contains("no random source"), "{e}");
     }
 
-    /// Hands out the given extent addresses in order, then nothing; records frees (of live handles only) and
-    /// writes (handle, offset, length; all zeros).
-    struct Extents {
-        left: Mutex<Vec<u64>>,
-        freed: Mutex<Vec<u64>>,
-        writes: Mutex<Vec<(DmaBuf, usize, usize)>>,
+    /// The driver's test platform handing out `addrs` as the pool's extents, in order, then nothing.
+    fn extents(addrs: &[u64]) -> Fake {
+        let p = Fake::new();
+        p.script_allocations(addrs.iter().copied());
+        p
     }
 
-    impl Extents {
-        fn new(addrs: &[u64]) -> Extents {
-            Extents {
-                left: Mutex::new(addrs.iter().rev().copied().collect()),
-                freed: Mutex::new(Vec::new()),
-                writes: Mutex::new(Vec::new()),
-            }
-        }
-    }
-
-    impl Platform for Extents {
-        fn bar_read32(&self, _: usize) -> u32 {
-            u32::MAX
-        }
-        fn bar_write32(&self, _: usize, _: u32) {}
-        fn dma_alloc(&self, len: usize, align: usize) -> Option<DmaBuf> {
-            assert_eq!((len, align), (POOL_EXTENT as usize, POOL_EXTENT as usize));
-            self.left.lock().unwrap().pop().map(|a| DmaBuf::new(a, len, a))
-        }
-        fn dma_free(&self, buf: DmaBuf) {
-            assert_eq!((buf.len(), buf.id()), (POOL_EXTENT as usize, buf.addr()), "a handle this fake handed out");
-            let mut freed = self.freed.lock().unwrap();
-            assert!(!freed.contains(&buf.addr()), "freed twice");
-            freed.push(buf.addr());
-        }
-        fn dma_read(&self, _: DmaBuf, _: usize, out: &mut [u8]) {
-            out.fill(0xff);
-        }
-        fn dma_write(&self, buf: DmaBuf, offset: usize, data: &[u8]) {
-            assert!(buf.holds(offset, data.len()) && data.iter().all(|&b| b == 0), "zeros inside the handle");
-            self.writes.lock().unwrap().push((buf, offset, data.len()));
-        }
-        fn now_ns(&self) -> u64 {
-            0
-        }
+    fn freed(p: &Fake) -> Vec<u64> {
+        assert_eq!(p.take_faults(), 0, "a free of a handle the platform did not hand out, or a double free");
+        p.freed().iter().map(|b| b.addr()).collect()
     }
 
     const M: u64 = 1 << 20;
 
     #[test]
     fn the_pool_is_built_from_extents_wherever_they_are() {
-        let p = Extents::new(&[64 * M, 66 * M, 70 * M, 4096 * M, 4098 * M, 100 * M]);
+        let p = extents(&[64 * M, 66 * M, 70 * M, 4096 * M, 4098 * M, 100 * M]);
         let extents = handles(&allocate_pool(&p, 10).unwrap());
+        assert!(p.allocated().iter().all(|b| b.len() == POOL_EXTENT as usize), "extents of POOL_EXTENT bytes");
         let addrs: Vec<u64> = extents.iter().map(|b| b.addr()).collect();
         assert_eq!(addrs, [64 * M, 66 * M, 70 * M, 4096 * M, 4098 * M]);
         assert_eq!(pool_runs(&extents), [64 * M..68 * M, 70 * M..72 * M, 4096 * M..4100 * M]);
-        assert!(p.freed.lock().unwrap().is_empty());
+        assert!(freed(&p).is_empty());
     }
 
     #[test]
     fn a_pool_that_does_not_fit_returns_every_extent_and_says_how_much_there_was() {
-        let p = Extents::new(&[64 * M, 66 * M, 80 * M]);
+        let p = extents(&[64 * M, 66 * M, 80 * M]);
         let e = allocate_pool(&p, 8).unwrap_err();
         assert_eq!(e, "only 6 of 8 MiB free for the lease pool (in 2 MiB extents)");
-        let mut freed = p.freed.lock().unwrap().clone();
+        let mut freed = freed(&p);
         freed.sort();
         assert_eq!(freed, [64 * M, 66 * M, 80 * M]);
     }
@@ -447,12 +415,21 @@ mod tests {
     /// The writes a scrub of `[addr, addr + len)` makes through a host over a pool at 64..68 and 70..72 MiB
     /// (handed out in another order); `None` when the host refused it.
     fn scrub(addr: u64, len: u64) -> Option<Vec<(u64, usize, usize)>> {
-        let p = Arc::new(Extents::new(&[70 * M, 66 * M, 64 * M]));
+        let p = Arc::new(extents(&[70 * M, 66 * M, 64 * M]));
         let extents = handles(&allocate_pool(p.as_ref(), 6).unwrap());
+        // Non-zero memory, so that what the scrub leaves can be read back as zeros.
+        for b in &extents {
+            p.mem_write(b.addr(), &vec![0xa5; b.len()]);
+        }
+        p.record_dma_writes();
         let mut host = PlatformHost::new(p.clone(), extents);
         host.zero(addr, len);
-        let writes: Vec<(u64, usize, usize)> =
-            p.writes.lock().unwrap().iter().map(|&(b, off, n)| (b.addr(), off, n)).collect();
+        let writes: Vec<(u64, usize, usize)> = p.dma_writes().iter().map(|&(b, off, n)| (b.addr(), off, n)).collect();
+        for &(base, off, n) in &writes {
+            let mut back = vec![0xffu8; n];
+            p.mem_read(base + off as u64, &mut back);
+            assert!(back.iter().all(|&b| b == 0), "zeros written at {:#x}+{off:#x}", base);
+        }
         match host.scrubs_refused() {
             0 => Some(writes),
             _ => {
