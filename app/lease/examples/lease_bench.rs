@@ -704,7 +704,11 @@ fn mass_revoke(core: &mut Core, leases: u32) -> Mass {
             core.skew_us += grace_us;
             sweep_from = Some(Instant::now());
         }
-        if answered >= count && core.svc.counters.swept - swept0 >= count as u64 && core.svc.in_flight() == 0 {
+        // A Fenced slot is never swept (it stays fenced until an admin clears it): it counts as done here.
+        if answered >= count
+            && core.svc.in_flight() == 0
+            && core.svc.counters.swept - swept0 + u64::from(core.svc.by_state()[4]) >= count as u64
+        {
             break;
         }
         if t0.elapsed() > PHASE_LIMIT {
