@@ -66,6 +66,8 @@ type BenchHost = PlatformHost<HostedPlatform>;
 /// A command handed to the client (under the service's tag, as `Link::step` does): the slot it is for.
 struct Sent {
     slot: Option<u32>,
+    /// A UMR work request, not a command.
+    umr: bool,
 }
 
 /// One completed command, as seen by the link loop.
@@ -97,6 +99,11 @@ struct Core {
     next_ticket: u64,
     /// Commands submitted by opcode.
     submitted: BTreeMap<u16, u64>,
+    /// UMR work requests submitted.
+    umr_submitted: u64,
+    /// Per lease slot: commands and UMR work requests completed since the slot's op began (an ALLOC's slot is
+    /// known only from its answer, so the counts start from the last settle, which clears them).
+    slot_work: HashMap<u32, (u32, u32)>,
     /// Filled by `step`.
     done: Vec<Done>,
     answers: Vec<(u64, Reply)>,
@@ -163,6 +170,8 @@ impl Core {
             tags: HashMap::new(),
             next_ticket: 1,
             submitted: BTreeMap::new(),
+            umr_submitted: 0,
+            slot_work: HashMap::new(),
             done: Vec::new(),
             answers: Vec::new(),
             tick_ns: 0,
@@ -208,6 +217,10 @@ impl Core {
             self.svc.hca_done(c.tag, c.result, now, &mut self.host);
             let cpu = elapsed_ns(t);
             self.cpu_ns_total += cpu;
+            if let Some(slot) = s.slot {
+                let w = self.slot_work.entry(slot).or_default();
+                if s.umr { w.1 += 1 } else { w.0 += 1 }
+            }
             self.done.push(Done { slot: s.slot, held_ns: c.hca_ns, cpu_ns: cpu });
         }
         while let Some(e) = self.client.next_event() {
@@ -224,13 +237,29 @@ impl Core {
         self.ticks += 1;
         self.ticks_ns_total += self.tick_ns;
         self.cpu_ns_total += self.tick_ns;
+        // UMR work first, as `Link::step` submits it (a revoke's work request is its immediate phase). A copy
+        // of the link loop that leaves this out strands every grant on a warm entry in the service's queue.
+        while self.client.room() > 0 {
+            let Some((svc_tag, work)) = self.svc.next_umr() else { break };
+            match self.client.submit_umr(svc_tag, work) {
+                Ok(()) => {
+                    self.tags.insert(svc_tag, Sent { slot: LeaseService::<u64>::tag_lease_slot(svc_tag), umr: true });
+                    self.umr_submitted += 1;
+                }
+                Err((work, None)) => {
+                    self.svc.unsend_umr(svc_tag, work);
+                    break;
+                }
+                Err((_, Some(e))) => fail(&format!("{e}")),
+            }
+        }
         while self.client.room() > 0 {
             let Some((svc_tag, cmd)) = self.svc.next_command() else { break };
             let opcode = cmd.opcode();
             let slot = cmd.attrs().get("slot").map(|s| s as u32);
             match self.client.submit_as(svc_tag, cmd) {
                 Ok(()) => {
-                    self.tags.insert(svc_tag, Sent { slot });
+                    self.tags.insert(svc_tag, Sent { slot, umr: false });
                     *self.submitted.entry(opcode).or_default() += 1;
                 }
                 Err(Refused::Full(cmd)) => {
@@ -256,6 +285,7 @@ impl Core {
                 fail(&format!("the sweep did not finish: {:?} leases by state", self.svc.by_state()));
             }
         }
+        self.slot_work.clear();
         self.svc.counters.commands - c0
     }
 }
@@ -344,6 +374,10 @@ struct Sample {
     /// Inside the service: the op's `request` and `hca_done` calls, plus its share of each `tick` while it
     /// was outstanding.
     cpu: u64,
+    /// HCA commands and UMR work requests for the op's slot that completed while it was outstanding (its
+    /// immediate phase; for an ALLOC its build).
+    cmds: u32,
+    umr: u32,
 }
 
 impl Sample {
@@ -392,12 +426,15 @@ fn drive(core: &mut Core, who: &[Tenant], mut queues: Vec<VecDeque<Request>>) ->
                     Request::Revoke { lease, .. } => Some(lease.slot),
                     _ => None,
                 };
+                if let Some(s) = slot {
+                    core.slot_work.remove(&s);
+                }
                 let t_in = Instant::now();
                 let (ticket, now, cpu) = core.request(who[i].who(), &req);
                 match now {
                     Some(r) => {
-                        let s = Sample { latency: elapsed_ns(t_in), held: 0, cpu };
-                        finish(core, &who[i], &mut out, i, s, r);
+                        let s = Sample { latency: elapsed_ns(t_in), cpu, ..Sample::default() };
+                        finish(core, &who[i], &mut out, i, s, r, slot);
                     }
                     None => {
                         owner.insert(ticket, i);
@@ -441,7 +478,7 @@ fn drive(core: &mut Core, who: &[Tenant], mut queues: Vec<VecDeque<Request>>) ->
             let Some(p) = pending[i].take() else { continue };
             debug_assert_eq!(p.ticket, ticket);
             let s = Sample { latency: at.duration_since(p.t_in).as_nanos() as u64, ..p.s };
-            finish(core, &who[i], &mut out, i, s, r);
+            finish(core, &who[i], &mut out, i, s, r, p.slot);
         }
         if t0.elapsed() > PHASE_LIMIT {
             fail(&format!("a phase took over {PHASE_LIMIT:?}: {:?} leases by state", core.svc.by_state()));
@@ -452,7 +489,14 @@ fn drive(core: &mut Core, who: &[Tenant], mut queues: Vec<VecDeque<Request>>) ->
     out
 }
 
-fn finish(core: &mut Core, who: &Tenant, out: &mut Phase, i: usize, s: Sample, r: Reply) {
+fn finish(core: &mut Core, who: &Tenant, out: &mut Phase, i: usize, mut s: Sample, r: Reply, slot: Option<u32>) {
+    let slot = match &r {
+        Ok(Response::Alloc(a)) => Some(a.lease.slot),
+        _ => slot,
+    };
+    if let Some((cmds, umr)) = slot.and_then(|slot| core.slot_work.remove(&slot)) {
+        (s.cmds, s.umr) = (cmds, umr);
+    }
     match &r {
         Ok(Response::Alloc(a)) => {
             let ready = Request::Ready { lease: a.lease, client_qpn: 0x1000 + i as u32, server_qpn: a.server_qpn };
@@ -504,6 +548,10 @@ struct Row {
     swept: u64,
     unattributed: u64,
     outcomes: BTreeMap<String, u64>,
+    /// The warm pool over the row: entries built, entries the sweep gave back, its commands.
+    warm_built: u64,
+    warm_recycled: u64,
+    warm_cmds: u64,
 }
 
 fn latency_row(core: &mut Core, clients: usize, per_client: usize, dur: Duration) -> Row {
@@ -520,7 +568,12 @@ fn latency_row(core: &mut Core, clients: usize, per_client: usize, dur: Duration
         swept: 0,
         unattributed: 0,
         outcomes: BTreeMap::new(),
+        warm_built: 0,
+        warm_recycled: 0,
+        warm_cmds: 0,
     };
+    let c = &core.svc.counters;
+    let (built0, recycled0, warm_cmds0) = (c.warm_built, c.warm_recycled, c.warm_commands);
     let t0 = Instant::now();
     while row.alloc.is_empty() || t0.elapsed() < dur {
         let queues = (0..clients).map(|i| (0..per_client).map(|_| Request::Alloc(alloc_req(i))).collect()).collect();
@@ -545,6 +598,10 @@ fn latency_row(core: &mut Core, clients: usize, per_client: usize, dur: Duration
         row.revoke_cmds += r.commands;
         row.unattributed += r.unattributed;
     }
+    let c = &core.svc.counters;
+    row.warm_built = c.warm_built - built0;
+    row.warm_recycled = c.warm_recycled - recycled0;
+    row.warm_cmds = c.warm_commands - warm_cmds0;
     eprintln!(
         "lease_bench: {clients} client(s): {} ALLOC at {:.0}/s, {} REVOKE at {:.0}/s",
         row.alloc.len(),
@@ -647,7 +704,11 @@ fn mass_revoke(core: &mut Core, leases: u32) -> Mass {
             core.skew_us += grace_us;
             sweep_from = Some(Instant::now());
         }
-        if answered >= count && core.svc.counters.swept - swept0 >= count as u64 && core.svc.in_flight() == 0 {
+        // A Fenced slot is never swept (it stays fenced until an admin clears it): it counts as done here.
+        if answered >= count
+            && core.svc.in_flight() == 0
+            && core.svc.counters.swept - swept0 + u64::from(core.svc.by_state()[4]) >= count as u64
+        {
             break;
         }
         if t0.elapsed() > PHASE_LIMIT {
@@ -987,6 +1048,7 @@ fn report(secs: f64, inline: bool, timing: Timing, rows: &[Row], m: &Mass, mkey_
             }
         ));
     }
+    out.push_str(&paths_table(rows));
     out.push_str(&format!(
         "({secs} s per row in rounds: the clients fill the {LATENCY_SLOTS} slots (ALLOC, then READY at once, \
          untimed), then revoke them all, then the sweep runs with the grace period skipped (service clock \
@@ -1082,6 +1144,44 @@ fn report(secs: f64, inline: bool, timing: Timing, rows: &[Row], m: &Mass, mkey_
         m.swept_ms,
         m.outcomes.get("Fenced").copied().unwrap_or(0)
     ));
+    out
+}
+
+/// Per path (UMR work request or commands alone): HCA commands and UMR work requests per ALLOC and per
+/// REVOKE's immediate phase, counted by the op's slot while it was outstanding.
+fn paths_table(rows: &[Row]) -> String {
+    let headers = ["op", "clients", "path", "ops", "HCA cmds/op", "UMR WRs/op"];
+    let mut cells = Vec::new();
+    for r in rows {
+        for (op, samples) in [("ALLOC", &r.alloc), ("REVOKE immediate", &r.revoke)] {
+            for (path, umr) in [("umr", true), ("commands", false)] {
+                let of: Vec<&Sample> = samples.iter().filter(|s| (s.umr > 0) == umr).collect();
+                if of.is_empty() {
+                    continue;
+                }
+                let n = of.len() as f64;
+                let cmds: u64 = of.iter().map(|s| u64::from(s.cmds)).sum();
+                let wrs: u64 = of.iter().map(|s| u64::from(s.umr)).sum();
+                cells.push(vec![
+                    op.to_string(),
+                    r.clients.to_string(),
+                    path.to_string(),
+                    of.len().to_string(),
+                    format!("{:.2}", cmds as f64 / n),
+                    format!("{:.2}", wrs as f64 / n),
+                ]);
+            }
+        }
+    }
+    let mut out = String::from("by path (commands and work requests for the op's own slot):\n");
+    out.push_str(&mlx5_hosted::table::render(&headers, &cells, 1));
+    for r in rows {
+        out.push_str(&format!(
+            "{} client(s): warm entries built {}, recycled by the sweep {}, {} warm-pool commands (off the request \
+             path)\n",
+            r.clients, r.warm_built, r.warm_recycled, r.warm_cmds
+        ));
+    }
     out
 }
 

@@ -119,12 +119,10 @@ impl Default for Config {
     }
 }
 
-/// Warm entries (PD, QP in INIT, free UMR key) kept ahead by default. 0 for now: `cargo xtask bench lease`
-/// stalled with the UMR path on (8 clients; under investigation), so leases take the command path unless a
-/// configuration asks for warm entries. The intended value is 32 (a burst of 32 ALLOCs takes the 2-command
+/// Warm entries (PD, QP in INIT, free UMR key) kept ahead by default: a burst of 32 ALLOCs takes the 2-command
 /// path while the timer refills behind it, 4 commands per entry off the request path; filled lazily, so boot
-/// time does not grow with it).
-pub const DEFAULT_WARM: u32 = 0;
+/// time does not grow with it. 0 keeps every lease on the command path.
+pub const DEFAULT_WARM: u32 = 32;
 
 /// The largest lease in bytes with extents of `extent` bytes on an HCA whose largest memory region is
 /// `max_region` bytes (docs/operations.md, "The largest lease"): as many extents as one CREATE_MKEY's MTT

@@ -376,6 +376,12 @@ impl<T: Copy> LeaseService<T> {
         self.umr_out.push_front((tag, work));
     }
 
+    /// The lease slot a command's or work request's tag is for; `None` for the warm pool's own commands.
+    pub fn tag_lease_slot(tag: u64) -> Option<u32> {
+        let slot = tag_slot(tag);
+        (slot < warm::FILL_SLOT_BASE).then_some(slot)
+    }
+
     /// Which path grants and revokes take, and the warm entries ready.
     pub fn paths(&self) -> Paths {
         let umr = self.hca.umr;
