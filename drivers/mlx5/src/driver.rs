@@ -103,9 +103,6 @@ pub struct HcaInfo {
     pub uar: UarPage,
     pub eqn: Eqn,
     pub mac: [u8; 6],
-    /// GID 0 as bring-up found it: all zero on firmware that holds no GID until one is written
-    /// (`Driver::roce_gid` writes the one the lease QPs use).
-    pub gid: [u8; 16],
     pub mtu: u16,
     pub port: PortState,
     pub roce: bool,
@@ -255,7 +252,6 @@ impl<P: Platform> Driver<P> {
                 uar: UarPage(0),
                 eqn: Eqn(0),
                 mac: [0; 6],
-                gid: [0; 16],
                 mtu: 0,
                 port: PortState::Unknown(0),
                 roce: false,
@@ -390,8 +386,8 @@ impl<P: Platform> Driver<P> {
             d.exec(ifc::vport::modify_nic_vport_mac_list(&[mac]))
                 .map_err(step("MODIFY_NIC_VPORT_CONTEXT addresses_list"))?;
         }
-        let gid = d.exec(ifc::vport::query_roce_address(0)).map_err(step("QUERY_ROCE_ADDRESS"))?;
-        d.info.gid = ifc::vport::query_roce_address_out(&gid).gid;
+        // No GID is read here: firmware holds none until one is written, and the lease path writes the one its
+        // QPs use and checks it back (`Driver::roce_gid`).
         // PMTU (a VF falls back to the vport MTU when its firmware refuses the register).
         let (pmtu, refused) = crate::eth::port_mtu_or_vport(&mut d, 1).map_err(step("ACCESS_REG PMTU"))?;
         d.info.mtu = pmtu.oper_mtu;
