@@ -693,11 +693,10 @@ fn pool_ready(t: &Target) -> Result<(), String> {
 
 /// ALLOC round trips on one tenant session for `dur` (each lease FREEd at once, untimed): (ALLOCs per second,
 /// p50 µs, p99 µs). The target needs the lease service (hosted: `--hca`).
-pub fn alloc_latency(t: &Target, dur: Duration) -> Result<(f64, f64, f64), String> {
+/// The 64 KiB read/write ALLOC the latency benchmarks time (client QP 0x11 on 127.0.0.1).
+pub fn bench_alloc_req() -> leasebox_proto::AllocReq {
     use leasebox_proto::{AllocReq, access};
-    pool_ready(t)?;
-    let mut c = t.session(&t.tenant())?;
-    let req = AllocReq {
+    AllocReq {
         size: 64 * 1024,
         access: access::REMOTE_READ | access::REMOTE_WRITE,
         mtu: 3,
@@ -706,7 +705,13 @@ pub fn alloc_latency(t: &Target, dur: Duration) -> Result<(f64, f64, f64), Strin
         client_psn: 0x100,
         client_gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1],
         client_mac: [2, 0, 0, 0, 0, 1],
-    };
+    }
+}
+
+pub fn alloc_latency(t: &Target, dur: Duration) -> Result<(f64, f64, f64), String> {
+    pool_ready(t)?;
+    let mut c = t.session(&t.tenant())?;
+    let req = bench_alloc_req();
     let start = Instant::now();
     let mut lat = Vec::new();
     // The pool's memory may still be being prepared (the first ALLOC waits for it, up to 60 s), and freed

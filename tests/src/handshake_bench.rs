@@ -13,9 +13,7 @@
 use crate::Artifacts;
 use crate::control::{self, Nic, Target};
 use leasebox_proto::v2::{Initiator, prologue, psk_from_key};
-use leasebox_proto::{
-    AllocReq, ErrorBody, ErrorCode, FrameBuf, Hello, HelloNoise, Kind, Next, Request, Response, access,
-};
+use leasebox_proto::{ErrorBody, ErrorCode, FrameBuf, Hello, HelloNoise, Kind, Next, Request, Response};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -119,16 +117,7 @@ fn replay(addr: SocketAddr, hello: Arc<Vec<u8>>, rate: u32, w: u32, tally: Arc<T
 
 /// ALLOC then REVOKE on `c` until `dur` has passed: each REVOKE's round trip (request → outcome) in µs.
 fn revoke_loop(c: &mut leasectl::client::Client, dur: Duration) -> Result<Vec<u64>, String> {
-    let req = AllocReq {
-        size: 64 * 1024,
-        access: access::REMOTE_READ | access::REMOTE_WRITE,
-        mtu: 3,
-        ttl_ms: 0,
-        client_qpn: 0x11,
-        client_psn: 0x100,
-        client_gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1],
-        client_mac: [2, 0, 0, 0, 0, 1],
-    };
+    let req = crate::control::bench_alloc_req();
     let start = Instant::now();
     let mut lat = Vec::new();
     while start.elapsed() < dur {
