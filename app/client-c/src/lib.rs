@@ -795,7 +795,14 @@ mod tests {
             lbx_client_connect(c"127.0.0.1:1".as_ptr(), c"demo".as_ptr(), c"zz".as_ptr(), std::ptr::null(), 0, &mut c);
         assert_eq!(r, LBX_ERR_INVALID_ARGUMENT);
         assert!(last().contains("key"), "{}", last());
-        let r = lbx_client_connect(c" , ".as_ptr(), c"demo".as_ptr(), c"8f3a1c9e5b7d2f4061a8c3e9d7b5f1a2".as_ptr(), std::ptr::null(), 0, &mut c);
+        let r = lbx_client_connect(
+            c" , ".as_ptr(),
+            c"demo".as_ptr(),
+            c"8f3a1c9e5b7d2f4061a8c3e9d7b5f1a2".as_ptr(),
+            std::ptr::null(),
+            0,
+            &mut c,
+        );
         assert_eq!(r, LBX_ERR_INVALID_ARGUMENT);
         let r = lbx_client_connect(
             c"127.0.0.1:1".as_ptr(),

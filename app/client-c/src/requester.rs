@@ -122,7 +122,13 @@ mod tests {
     fn connect_with_refuses_a_bad_spec_before_connecting() {
         let mut c: *mut lbx_client = std::ptr::null_mut();
         let o = lbx_connect_options { requesters: c"verbs:rxe0:1".as_ptr(), timeout_ms: 0, queue_depth: 0 };
-        let r = lbx_client_connect_with(c"127.0.0.1:1".as_ptr(), c"demo".as_ptr(), c"8f3a1c9e5b7d2f4061a8c3e9d7b5f1a2".as_ptr(), &o, &mut c);
+        let r = lbx_client_connect_with(
+            c"127.0.0.1:1".as_ptr(),
+            c"demo".as_ptr(),
+            c"8f3a1c9e5b7d2f4061a8c3e9d7b5f1a2".as_ptr(),
+            &o,
+            &mut c,
+        );
         assert_eq!(r, crate::LBX_ERR_INVALID_ARGUMENT);
         assert!(c.is_null());
         // SAFETY: a NUL-terminated string valid until the next call on this thread.
