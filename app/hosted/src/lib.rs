@@ -29,17 +29,16 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-/// How often a connection thread looks for output queued by timers (TIMEOUT frames), while it has had traffic
-/// lately ([`ACTIVE`]). Answers and notices do not wait for it: the thread that queues them wakes the
-/// connection's thread ([`ConnWake`]).
-const POLL: Duration = Duration::from_millis(2);
+/// How often a connection thread looks for output on its own, while it has had traffic lately ([`ACTIVE`]): a
+/// safety net only. Nothing waits for it: whatever thread gives a connection output or closes it (an answer, a
+/// notice, a timer's TIMEOUT, an eviction) wakes that connection's thread ([`ConnWake`], [`take_due`]).
+const POLL: Duration = Duration::from_millis(100);
 /// A connection with no traffic for this long looks less often: every [`POLL`] × (connections / 64), at most
-/// [`MAX_IDLE_POLL`], so that a thousand idle sessions cost the process a bounded rate of wake-ups (about 32,000
-/// a second in all) rather than 500 a second each (docs/operations.md, "Scale").
+/// [`MAX_IDLE_POLL`], so that a thousand idle sessions cost the process about a thousand wake-ups a second
+/// (docs/operations.md, "Scale").
 const ACTIVE: Duration = Duration::from_millis(100);
-/// The longest an idle connection waits before it looks for output (its heartbeat TIMEOUT is this late at most,
-/// with a thousand sessions).
-const MAX_IDLE_POLL: Duration = Duration::from_millis(32);
+/// The longest an idle connection waits before it looks for output on its own.
+const MAX_IDLE_POLL: Duration = Duration::from_millis(1000);
 /// Each connection thread's input and output buffer (one each). A frame is read in pieces if it is larger.
 pub const CONN_BUF: usize = 16 * 1024;
 /// What a connection thread costs beyond its session state: its two buffers and the part of its stack it
@@ -344,7 +343,8 @@ impl Appliance for HostedAppliance {
 }
 
 /// The lease service as the session core sees it (the one chosen at start), plus what the hosted threads need to wake one
-/// another and to time the stages ([`stages`]). It notes which connections its answers and notices went to, so
+/// another and to time the stages ([`stages`]). The session core notes which connections got output (answers,
+/// notices, timer frames) or were closed ([`Server::track_touched`]), so
 /// the thread that holds the server's lock wakes exactly those connections' threads when it lets go.
 pub struct Wired {
     pub backend: Box<dyn HostedLeases>,
@@ -352,10 +352,6 @@ pub struct Wired {
     log: Option<SharedLog>,
     /// Every open connection's wake-up, by id.
     conns: HashMap<ConnId, Arc<ConnWake>>,
-    /// Connections an answer was queued for since the last [`Wired::take_due`].
-    due: Vec<ConnId>,
-    /// A notice was queued (on every session of a tenant): every connection with output is due.
-    notices: bool,
     /// What ran the current pass (the service thread's), for the stage clock.
     cause: Cause,
     /// When the input being handled was read from its socket (the stage clock's first stamp).
@@ -380,22 +376,13 @@ impl Wired {
     }
 }
 
-/// The connections to wake now that `s`'s lock is about to be let go, leaving out `me` (the caller's own,
+/// The connections to wake now that `s`'s lock is about to be let go: every one the session core gave output
+/// or marked to close since the last call ([`Server::take_touched`]), leaving out `me` (the caller's own,
 /// which looks at its output next anyway).
 fn take_due(s: &mut Server<Wired, HostedAppliance>, me: Option<ConnId>) -> Vec<Arc<ConnWake>> {
+    let ids = s.take_touched();
     let w = s.backend_mut();
-    if w.due.is_empty() && !w.notices {
-        return Vec::new();
-    }
-    let mut ids = std::mem::take(&mut w.due);
-    if std::mem::take(&mut w.notices) {
-        ids.extend(w.conns.keys().copied());
-    }
-    ids.sort_unstable();
-    ids.dedup();
-    ids.retain(|id| Some(*id) != me && s.has_output(*id));
-    let w = s.backend_mut();
-    ids.iter().filter_map(|id| w.conns.get(id).cloned()).collect()
+    ids.iter().filter(|id| Some(**id) != me).filter_map(|id| w.conns.get(id).cloned()).collect()
 }
 
 impl Leases for Wired {
@@ -414,7 +401,6 @@ impl Leases for Wired {
         let from = out.len();
         self.backend.take_answers(out);
         for (t, _) in &out[from..] {
-            self.due.push(t.conn);
             if let Some(seq) = self.stages.log_seq(t.conn, t.request_id) {
                 let cmds = self.commands_since(t.op, seq);
                 self.stages.answered(t.conn, t.request_id, t.op, self.cause, cmds);
@@ -428,9 +414,7 @@ impl Leases for Wired {
         self.backend.boot(boot_id)
     }
     fn take_notices(&mut self, out: &mut Vec<(String, leasebox_proto::Notice)>) {
-        let from = out.len();
-        self.backend.take_notices(out);
-        self.notices |= out.len() > from;
+        self.backend.take_notices(out)
     }
     fn resume(&mut self, from: &Principal, to: &Principal, now_ms: u64) -> u32 {
         self.backend.resume(from, to, now_ms)
@@ -514,17 +498,10 @@ impl Hosted {
             HostedAppliance::Model(m) => Some(m.command_log().clone()),
             HostedAppliance::NoHca | HostedAppliance::Verbs(_) => None,
         };
-        let wired = Wired {
-            backend,
-            log,
-            conns: HashMap::new(),
-            due: Vec::new(),
-            notices: false,
-            cause: Cause::Inline,
-            read_at: None,
-            stages: stages.clone(),
-        };
+        let wired =
+            Wired { backend, log, conns: HashMap::new(), cause: Cause::Inline, read_at: None, stages: stages.clone() };
         let mut server = Server::new(cfg.limits, cfg.keys, wired, facts, 0).map_err(|e| e.to_string())?;
+        server.track_touched();
         server.set_budget(cfg.budget);
         if let Some(name) = &cfg.appliance {
             server.set_appliance_name(name);
@@ -604,6 +581,11 @@ impl Hosted {
     /// The stage clock and the wake-up counters (docs/latency.md).
     pub fn stages(&self) -> &Stages {
         &self.common.stages
+    }
+
+    /// Connections the session core holds (authenticated or not; a closed one until its thread has let go).
+    pub fn connections(&self) -> usize {
+        self.server.lock().map_or(0, |s| s.sessions())
     }
 
     /// The polling intervals in force.
@@ -717,14 +699,17 @@ fn serve(server: Shared, mut stream: TcpStream, id: ConnId, common: Arc<Common>)
     let mut last_traffic = Instant::now();
     // Per-source limits key on the peer's address (docs/security.md, "Pre-authentication").
     // A refused connection still gets its BUSY frame from `output` below, then the core wants it closed.
-    {
+    // Making room may evict another connection: its thread is woken to close it.
+    let due = {
         let mut s = server.lock().expect("server lock");
         s.backend_mut().conns.insert(id, wake.clone());
         match stream.peer_addr() {
             Ok(peer) => s.open_from(id, Source::ip(peer.ip()), now_ms(start)),
             Err(_) => s.open(id, now_ms(start)),
         };
-    }
+        take_due(&mut s, Some(id))
+    };
+    notify(due);
     loop {
         // Flush whatever the core has for this connection, then see whether it wants the connection closed.
         let done = loop {

@@ -4,12 +4,15 @@
 //! the stage clock (`leasebox_hosted::stages`) says which thread woke which. No wall-clock assertion: a missed
 //! wake-up shows as a call that times out.
 
+use std::io::Read;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use leasebox_hosted::Pace;
 use leasebox_hosted::stages::{Cause, Sample};
-use leasebox_proto::{AllocReq, Notice, Op, Request, Response, access};
-use leasectl::{Client, Timeouts};
+use leasebox_proto::{AllocReq, ErrorCode, Notice, Op, Request, Response, access};
+use leasebox_session::admission::EVICT_MIN_AGE_MS;
+use leasectl::{Client, ClientError, Timeouts};
 
 mod common;
 use common::{Principals, with_model};
@@ -87,5 +90,49 @@ fn answers_and_notices_ride_the_wake_ups_not_the_polls() {
     assert!(after.conn_woken - before.conn_woken > deferred, "{before:?} → {after:?}, {deferred} deferred");
     assert!(after.engine > before.engine);
     drop((demo, watcher, admin));
+    h.stop();
+}
+
+/// Output no request asked for wakes its connection's thread too: with every connection thread's own look a
+/// minute apart (the service thread ticking as usual), a session that stops heartbeating gets its TIMEOUT, and a
+/// silent unauthenticated connection evicted for a newer one gets its BUSY and is closed, each within 10 s.
+#[test]
+fn a_timeout_and_an_eviction_reach_threads_that_look_once_a_minute() {
+    let h = with_model().heartbeat_ms(3000).option("preauth_sessions", 1).start().unwrap();
+    let k = Principals::of(&h);
+    h.set_pace(Pace { poll: MINUTE, max_idle_poll: MINUTE, ..Pace::DEFAULT });
+    let addr = h.addr().to_string();
+    let (mut silent, _) = Client::connect_and_hello(&addr, &k.demo, Timeouts::all(Duration::from_secs(10))).unwrap();
+    // One record confirms the session (and proves its source, below); then it falls silent.
+    assert!(matches!(silent.call(&Request::Heartbeat { echo: 1 }), Ok(Response::Heartbeat { .. })));
+    match silent.wait_notices(Duration::from_secs(10)) {
+        Err(ClientError::Server(e)) if e.code == ErrorCode::Timeout => {}
+        other => panic!("a silent session with every poll a minute long: {other:?} (its TIMEOUT waited for a poll)"),
+    }
+
+    drop(silent);
+    // 127.0.0.1 has confirmed a session, so its newest unauthenticated connection may take the place of its
+    // older one once that has stood for EVICT_MIN_AGE_MS (docs/security.md, "Pre-authentication"). The older
+    // one takes its place once the silent session is gone, and stands a while.
+    let end = Instant::now() + Duration::from_secs(10);
+    let settle = |n: usize| {
+        while h.hosted().connections() != n {
+            assert!(Instant::now() < end, "not {n} connections within 10 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    settle(0);
+    let mut older = TcpStream::connect(&addr).unwrap();
+    older.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    settle(1);
+    std::thread::sleep(Duration::from_millis(EVICT_MIN_AGE_MS + 200));
+    let _newer = TcpStream::connect(&addr).unwrap();
+    let mut got = Vec::new();
+    match older.read_to_end(&mut got) {
+        Ok(_) => {}
+        Err(e) => panic!("the evicted connection was not closed within 10 s ({e}); it got {} bytes", got.len()),
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("evicted"), "the evicted connection's last words: {text:?}");
     h.stop();
 }

@@ -179,6 +179,9 @@ pub struct Server<L: Leases, A: Appliance> {
     /// (docs/operations.md, "Scale").
     index: alloc::collections::BTreeMap<ConnId, usize>,
     refused: Vec<(ConnId, VecDeque<u8>)>,
+    /// Connections that got output or were marked to close since the last [`Server::take_touched`], while a
+    /// transport asked for them ([`Server::track_touched`]; `None` otherwise).
+    touched: Option<Vec<ConnId>>,
     /// The next session id: 1 up, one per HELLO answered (at most `hello_work`'s rate). 64 bits are never used
     /// up (2^64 - 1 HELLOs at a million a second take 584,000 years), so ids are never reused within a boot.
     next_session: u64,
@@ -255,6 +258,7 @@ impl<L: Leases, A: Appliance> Server<L, A> {
             conns: Vec::new(),
             index: alloc::collections::BTreeMap::new(),
             refused: Vec::new(),
+            touched: None,
             next_session: 1,
             start_ms: now_ms,
             stats,
@@ -276,6 +280,28 @@ impl<L: Leases, A: Appliance> Server<L, A> {
             hellos_replayed: 0,
             appliance: String::new(),
         })
+    }
+
+    /// From now on, notes every connection that gets output or is marked to close, whatever caused it (its own
+    /// input, another connection's, a timer, an eviction), for [`Server::take_touched`]: a transport that
+    /// serves each connection on its own thread wakes exactly those threads instead of polling.
+    pub fn track_touched(&mut self) {
+        self.touched.get_or_insert_with(Vec::new);
+    }
+
+    /// The connections touched since the last call (sorted, each once); empty unless tracked.
+    pub fn take_touched(&mut self) -> Vec<ConnId> {
+        let Some(t) = &mut self.touched else { return Vec::new() };
+        let mut ids = core::mem::take(t);
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    fn touch(&mut self, id: ConnId) {
+        if let Some(t) = &mut self.touched {
+            t.push(id);
+        }
     }
 
     /// Names this appliance (`appliance=`): from now on a HELLO completes only if its client named the same
@@ -549,6 +575,8 @@ impl<L: Leases, A: Appliance> Server<L, A> {
         };
         c.queued += wire.len() as u64;
         c.out.extend(wire);
+        let id = c.id;
+        self.touch(id);
     }
 
     /// Queues an error frame on connection `i` (not an answer that holds a credit).
@@ -784,10 +812,12 @@ impl<L: Leases, A: Appliance> Server<L, A> {
     }
 
     fn close(&mut self, i: usize, reason: CloseReason, now_ms: u64) {
-        let c = &mut self.conns[i];
-        if c.close {
+        if self.conns[i].close {
             return;
         }
+        let id = self.conns[i].id;
+        self.touch(id);
+        let c = &mut self.conns[i];
         c.close = true;
         // The place is given back now: a closing connection no longer counts against any budget.
         if let State::Authenticated(p, _) = &c.state {
