@@ -153,7 +153,7 @@ impl<H: Host, E: Environment> Leases for LeaseBackend<H, E> {
     /// HEALTH's lease part; the status rule and the message's shape are the session core's
     /// (`leasebox_session::health`). `detail` is this service's own phrase: which grant and revoke paths it uses.
     fn health_facts(&mut self) -> LeaseHealth {
-        let detail = format!("{}", self.svc.paths());
+        let detail = self.svc.paths().brief();
         LeaseHealth::On { by_state: self.svc.by_state(), fenced: self.svc.fenced_count(), detail }
     }
 

@@ -182,6 +182,18 @@ impl Paths {
         }
     }
 
+    /// The same for HEALTH's message, short (it shares the protocol's 256 bytes with the HCA's and the control
+    /// port's lines): `umr grant+revoke warm N`, `umr revoke warm N`, `umr grant warm N` or `umr off`.
+    pub fn brief(&self) -> String {
+        let dirs = match (self.grant_umr, self.revoke_umr) {
+            (true, true) => "grant+revoke",
+            (false, true) => "revoke",
+            (true, false) => "grant",
+            (false, false) => return String::from("umr off"),
+        };
+        format!("umr {dirs} warm {}", self.warm)
+    }
+
     /// The packed form the image's ready line keeps in an atomic (bit 0 grant, bit 1 revoke).
     pub fn bits(&self) -> u8 {
         u8::from(self.grant_umr) | u8::from(self.revoke_umr) << 1

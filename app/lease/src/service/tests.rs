@@ -1433,6 +1433,7 @@ fn the_warm_pool_fills_lazily_off_the_request_path_two_entries_at_a_time() {
     r.advance(20 * SCAN_INTERVAL_US);
     assert_eq!(r.filled.len(), 20, "full: nothing more");
     assert_eq!(r.svc.paths().to_string(), "grant=umr revoke=umr warm=5");
+    assert_eq!(r.svc.paths().brief(), "umr grant+revoke warm 5", "HEALTH's short form");
 }
 
 #[test]
@@ -1512,6 +1513,7 @@ fn leases_the_warm_path_cannot_carry_take_the_six_commands() {
     assert_eq!(r.revoke(l, false), Outcome::TornDown);
     assert_eq!(r.issued, [DESTROY_MKEY]);
     assert_eq!(r.svc.paths().to_string(), "grant=commands revoke=commands warm=0");
+    assert_eq!(r.svc.paths().brief(), "umr off", "HEALTH's short form");
     // And `warm` 0 switches the UMR path off.
     assert_eq!(Rig::with_umr(umr_cfg(0)).svc.paths().to_string(), "grant=commands revoke=commands warm=0");
 }
