@@ -4,7 +4,7 @@
 
 use alloc::format;
 use alloc::string::String;
-use leasebox_proto::{HcaState, Health, HealthStatus, LeaseState};
+use leasebox_proto::{HcaState, Health, HealthStatus, LeaseState, MAX_MESSAGE};
 
 /// The lease service's part of HEALTH ([`crate::Leases::health_facts`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,8 +28,9 @@ pub enum LeaseHealth {
 ///   `Failed` when the HCA is anything but `Ok` (the lease service runs on an HCA that is not up), `Degraded`
 ///   when a slot is fenced, and `Ok` when none is;
 /// - message: `leases granted G active A fencing F pending P fenced X[, DETAIL]; HCA` with the lease service
-///   on, `lease service off: WHY; HCA` with it off, where HCA is the appliance's own line about its HCA
-///   (cut to the protocol's message length when encoded).
+///   on, `lease service off: WHY; HCA` with it off, where HCA is the appliance's own line about its HCA; the
+///   DETAIL is left out when the message would not fit the protocol's [`MAX_MESSAGE`] bytes with it, and what
+///   still does not fit is cut when encoded.
 pub fn health(hca: HcaState, hca_message: &str, leases: &LeaseHealth, uptime_ms: u64) -> Health {
     let (status, fenced_slots, message) = match leases {
         LeaseHealth::Off(why) => {
@@ -43,15 +44,19 @@ pub fn health(hca: HcaState, hca_message: &str, leases: &LeaseHealth, uptime_ms:
                 _ => HealthStatus::Failed,
             };
             let n = |s: LeaseState| by_state[s as usize];
-            let sep = if detail.is_empty() { "" } else { ", " };
-            let message = format!(
-                "leases granted {} active {} fencing {} pending {} fenced {}{sep}{detail}; {hca_message}",
+            let counts = format!(
+                "leases granted {} active {} fencing {} pending {} fenced {}",
                 n(LeaseState::Granted),
                 n(LeaseState::Active),
                 n(LeaseState::Fencing),
                 n(LeaseState::PendingDestroy),
                 n(LeaseState::Fenced),
             );
+            let mut message = format!("{counts}, {detail}; {hca_message}");
+            if detail.is_empty() || message.len() > MAX_MESSAGE {
+                // The detail gives way before the HCA's line is cut short (the ready line has it too).
+                message = format!("{counts}; {hca_message}");
+            }
             (status, *fenced, message)
         }
     };
@@ -92,5 +97,18 @@ mod tests {
         let h = health(HcaState::Absent, "no HCA", &LeaseHealth::Off("no memory for the pool".into()), 0);
         assert_eq!(h.message, "lease service off: no memory for the pool; no HCA");
         assert_eq!(h.fenced_slots, 0);
+    }
+
+    #[test]
+    fn the_detail_gives_way_to_the_hca_line() {
+        let counts = "leases granted 1 active 2 fencing 3 pending 4 fenced 0";
+        let detail = "umr grant+revoke warm 32";
+        // An HCA line that fits with the detail, and one a byte longer.
+        let fits = "h".repeat(MAX_MESSAGE - counts.len() - detail.len() - 4);
+        assert_eq!(health(HcaState::Ok, &fits, &on(0, detail), 0).message, format!("{counts}, {detail}; {fits}"));
+        let long = alloc::format!("{fits}x");
+        let h = health(HcaState::Ok, &long, &on(0, detail), 0);
+        assert_eq!(h.message, format!("{counts}; {long}"), "the detail left out, the HCA line whole");
+        assert!(h.message.len() <= MAX_MESSAGE);
     }
 }
