@@ -329,9 +329,8 @@ fn service(parts: &LeaseParts, slots: u32, grace_ms: Option<u64>) -> LeaseServic
         tenant_leases: slots,
         default_ttl_ms: base.max_ttl_ms,
         grace_ms: grace_ms.unwrap_or(base.grace_ms),
-        // The UMR path on, as it is meant to run (the service's default keeps it off for now): the by-path
-        // table shows both paths, since a burst outruns the warm pool and takes the commands.
-        warm: leasebox_lease::config::UMR_WARM,
+        // The options' warm pool (the UMR path by default): the by-path table shows both paths, since a burst
+        // outruns the warm pool and takes the commands.
         ..base
     };
     // A fixed seed: the benchmark wants reproducible runs.

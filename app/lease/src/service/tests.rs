@@ -1071,6 +1071,25 @@ fn from_options(words: &[(&str, &str)]) -> Config {
 }
 
 #[test]
+fn lease_warm_picks_the_path_and_is_no_more_than_the_slots() {
+    // The default: UMR wherever the caps allow it.
+    let d = from_options(&[]);
+    assert_eq!(d.warm, crate::config::DEFAULT_WARM);
+    let r = Rig::with_umr(d);
+    assert_eq!((r.svc.paths().grant_umr, r.svc.paths().revoke_umr), (true, true));
+    assert!(std::format!("{}", r.svc.paths()).starts_with("grant=umr revoke=umr "), "{}", r.svc.paths());
+    // `lease_warm=0`: the commands, whatever the caps say.
+    let off = from_options(&[("lease_warm", "0")]);
+    assert_eq!(off.warm, 0);
+    let r = Rig::with_umr(off);
+    assert_eq!((r.svc.paths().grant_umr, r.svc.paths().revoke_umr), (false, false));
+    assert!(std::format!("{}", r.svc.paths()).starts_with("grant=commands revoke=commands "), "{}", r.svc.paths());
+    // Entries past the slots could never be taken at once: lowered to them.
+    assert_eq!(from_options(&[("lease_slots", "4"), ("lease_warm", "1024")]).warm, 4);
+    assert_eq!(from_options(&[("lease_slots", "4096"), ("lease_warm", "1024")]).warm, 1024);
+}
+
+#[test]
 fn a_tenant_is_stopped_at_its_byte_limit() {
     let mut r = Rig::new(from_options(&[("tenant_mib", "8")]));
     // 4 MiB leases: two fit in 8 MiB, the third is refused LIMIT; another principal is not affected.
