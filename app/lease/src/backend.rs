@@ -3,7 +3,6 @@
 //! the session core also moves commands and results ([`Link::step`]), so the service progresses whenever the
 //! network loop runs. The image (core 0) and the hosted appliance use it alike.
 
-use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
