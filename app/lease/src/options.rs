@@ -58,7 +58,9 @@ pub struct LeaseOptions {
 /// could never be used at once ([`crate::Config::from_options`] lowers the figure to the slots); the bound is
 /// the slots a small machine gets by default ([`crate::setup::DEFAULT_SLOTS`]). The pool holds up to twice
 /// this many entries after sweeps, each a PD, an RC QP and a key outside the lease slots plus 4 KiB of DMA
-/// memory: 2048 of each at most, well within a ConnectX-5's 2^18 QPs and 2^24 keys and PDs.
+/// memory: 2048 of each at most, within the 2^14 QPs a ConnectX-5 allows by default and its 2^24 keys and PDs
+/// (docs/reference/mlx5.md §e.1). Where the slots already take all the HCA allows, a fill that runs out of
+/// objects fails like any other and the pool stops filling after a few (ALLOCs then take the commands).
 pub const MAX_WARM: u32 = crate::setup::DEFAULT_SLOTS;
 
 /// The RDMA port's address when nothing else names one (TEST-NET-2: set `rdma_ip=` on a real network).
