@@ -295,7 +295,15 @@ fn notices(w: &Where, clients: usize, per: Duration) -> (Figures, Figures) {
 
 /// The whole benchmark, `per` per phase: the table (`mlx5_hosted::table`), or why it could not run.
 pub fn table(per: Duration) -> Result<String, String> {
-    let hosted = start_hosted(&["--hca", "--udp", "127.0.0.1:0", "lease_grace_ms=100", "lease_pool_mib=128"])?;
+    table_with(per, &[])
+}
+
+/// As [`table`], with the appliance's option `words` added (`lease_warm=0`: the command path's figures, for
+/// docs/latency.md's before and after; the ignored test `command_path_table` prints them).
+pub fn table_with(per: Duration, words: &[&str]) -> Result<String, String> {
+    let mut args = vec!["--hca", "--udp", "127.0.0.1:0", "lease_grace_ms=100", "lease_pool_mib=128"];
+    args.extend_from_slice(words);
+    let hosted = start_hosted(&args)?;
     let w = Arc::new(Where {
         addr: hosted.addr.clone(),
         tenant_hex: hosted.tenant_hex.clone(),
@@ -493,6 +501,17 @@ pub fn data_path_table(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `cargo test -p leasebox-scenarios --lib command_path_table -- --ignored --nocapture`: `bench client`'s
+    /// table (2 s per phase) with every lease on the command path, then with the default (UMR). A benchmark, not
+    /// a check.
+    #[test]
+    #[ignore]
+    fn command_path_table() {
+        for words in [&["lease_warm=0"][..], &[]] {
+            println!("==> {words:?}\n{}", table_with(Duration::from_secs(2), words).unwrap());
+        }
+    }
 
     fn row(bytes: usize, read: bool, ops: u64) -> DataRow {
         let r = |ops| Rate { ops, bytes, secs: 1.0, error: None };

@@ -27,6 +27,8 @@ use std::time::Duration;
 
 /// The scenario's name in `cargo xtask test`.
 pub const NAME: &str = "ctl-mlx5-qemu";
+/// Its kernel arguments beyond the hub's: every lease on the command path.
+pub const LEASE_ARGS: &str = "lease_warm=0";
 /// leasectl's address and MAC on the hub (its default MAC is the model port's own, which a shared segment
 /// cannot have twice); as `cargo xtask run --ctl-nic mlx5` configures it.
 pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 100);
@@ -237,8 +239,10 @@ fn expect(what: &str, ok: bool, got: &dyn std::fmt::Debug) -> Result<(), String>
 
 /// The `ctl-mlx5-qemu` scenario: one boot.
 pub fn run(a: &Artifacts) -> Result<String, String> {
-    let mut app = Appliance::boot_hub(a, &a.elf, NAME, "")?;
-    if let Err(e) = check_ready(&app.ready) {
+    // The command path (`lease_warm=0`): the default is UMR (`lease-qemu` checks it); this boot keeps the
+    // commands under the same lease cycle and revoke verifier (REVOKE -> TornDown -> REM_ACCESS_ERR).
+    let mut app = Appliance::boot_hub(a, &a.elf, NAME, LEASE_ARGS)?;
+    if let Err(e) = check_ready(&app.ready).and_then(|()| lease_qemu::check_paths(&app.ready, "commands")) {
         return Err(app.fail(e));
     }
     let bin = a.leasectl_bin.clone();
@@ -349,7 +353,7 @@ fn checks(app: &mut Appliance, bin: &Path) -> Result<(String, Sent, CtlPort), St
         vf.orders.iter().map(|(o, recall, _, status)| format!("{o} {status} (recall max {recall} us)")).collect();
     Ok((
         format!(
-            "ready {} {} ip={}; no virtio-net; leasectl ping/alloc/ready/list/revoke ok (TornDown in {cli_us} us); \
+            "ready {} {} ip={} grant=commands revoke=commands ({LEASE_ARGS}); no virtio-net; leasectl ping/alloc/ready/list/revoke ok (TornDown in {cli_us} us); \
              verify --arp over the hub: {}, MAC {want_mac} by ARP in every iteration; bad input (runts {}, \
              oversize {}, other/multicast MAC {}, overrun burst {OVERRUN_FRAMES}, ARP storm {ARP_STORM}): ARP for \
              {HUB_RDMA_IP} answered after it ({stray} frames had come back), ping, lease cycle (TornDown in \

@@ -895,12 +895,27 @@ fn rdma_checks(app: &Appliance) -> Result<RdmaFigures, String> {
 /// ([`Artifacts::fence_test_elf`]) with `fence_test=on`. Returns both summaries.
 pub fn run(a: &Artifacts) -> Result<String, String> {
     let mut app = Appliance::boot(a, &a.elf, NAME, "")?;
+    // The default options: leases on the UMR path (`ctl-mlx5-qemu` boots with `lease_warm=0` for the commands).
+    if let Err(e) = check_paths(&app.ready, "umr") {
+        return Err(app.fail(e));
+    }
     let normal = check_normal(&mut app, &a.leasectl_bin)?;
+    let normal = format!("grant=umr revoke=umr; {normal}");
     drop(app);
     let name = format!("{NAME}-fence-test");
     let mut app = Appliance::boot(a, &a.fence_test_elf, &name, "fence_test=on")?;
     let fenced = check_fence_test(&mut app, &a.leasectl_bin)?;
     Ok(format!("{normal}; {fenced}"))
+}
+
+/// The lease paths the ready line names (`grant=umr|commands revoke=umr|commands`, docs/operations.md): both
+/// must be `want`.
+pub fn check_paths(r: &serial::Ready, want: &str) -> Result<(), String> {
+    let (grant, revoke) = (r.get("grant").unwrap_or("none"), r.get("revoke").unwrap_or("none"));
+    if grant != want || revoke != want {
+        return Err(format!("ready line: grant={grant} revoke={revoke}, expected grant={want} revoke={want}"));
+    }
+    Ok(())
 }
 
 /// The normal image: items 1 and 2. Returns the summary.
@@ -1440,6 +1455,20 @@ mod tests {
         // Less: all of it below, guest physical = file offset.
         assert_eq!(q35_file_offset(256 << 20, 0x100_0000, 8), Some(0x100_0000));
         assert_eq!(q35_file_offset(256 << 20, 4 * G, 8), None);
+    }
+
+    #[test]
+    fn ready_line_paths() {
+        let line = |paths: &str| {
+            serial::parse_ready(&format!("leasebox: ready cores=1 lease=on pool_mib=64 slots=1024 {paths}")).unwrap()
+        };
+        assert_eq!(check_paths(&line("grant=umr revoke=umr"), "umr"), Ok(()));
+        assert_eq!(check_paths(&line("grant=commands revoke=commands"), "commands"), Ok(()));
+        let e = check_paths(&line("grant=commands revoke=commands"), "umr").unwrap_err();
+        assert!(e.contains("grant=commands revoke=commands, expected grant=umr revoke=umr"), "{e}");
+        assert!(check_paths(&line("grant=umr revoke=commands"), "umr").unwrap_err().contains("revoke=commands"));
+        assert!(check_paths(&line("grant=commands revoke=umr"), "umr").unwrap_err().contains("grant=commands"));
+        assert!(check_paths(&line(""), "commands").unwrap_err().contains("grant=none revoke=none"));
     }
 
     #[test]

@@ -400,7 +400,8 @@ fn verify_cmd(ctl: &str, tenant_hex: &str, admin_hex: &str, gid: u8) -> String {
 pub fn run(a: &Artifacts) -> Result<String, String> {
     let g = a.rxe_guest.clone();
     let mut app = Appliance::boot_segment(a, &a.elf, NAME, "")?;
-    let r = qemu_verify(a, &g, &mut app);
+    // The default options: a real client's leases on the UMR path.
+    let r = crate::lease_qemu::check_paths(&app.ready, "umr").and_then(|()| qemu_verify(a, &g, &mut app));
     app.drain();
     let qemu = match r {
         Ok(s) => s,

@@ -73,7 +73,14 @@ fn answers_and_notices_ride_the_wake_ups_not_the_polls() {
         "no Revoked notice on the owner's idle session: {notices:?}"
     );
 
-    let samples = h.stages().samples();
+    // A sample is complete once its connection thread has written the answer, which it records just after the
+    // write: the client may read the answer (and the notice) first. Wait for the REVOKE's.
+    let end = Instant::now() + Duration::from_secs(5);
+    let mut samples = h.stages().samples();
+    while !samples.iter().any(|s| s.op == Op::Revoke) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+        samples = h.stages().samples();
+    }
     let allocs: Vec<&Sample> = samples.iter().filter(|s| s.op == Op::Alloc).collect();
     assert_eq!(allocs.len(), N + 1, "every ALLOC timed: {samples:?}");
     for s in &allocs {

@@ -17,9 +17,10 @@
 //!    kept full) on objects created for the purpose.
 //!
 //! `cargo run --release -p leasebox-lease --example lease_bench -- [--secs N] [--leases N] [--engines thread|inline]
-//! [--timing zero|firmware]` (`inline`: the engines polled from the link loop, one thread fewer, for machines
+//! [--timing zero|firmware] [lease_warm=N]` (`inline`: the engines polled from the link loop, one thread fewer, for machines
 //! with fewer than three CPUs; `firmware`: the model holds each command for its firmware time, so the latency
-//! rows show what a client waits for, not only the appliance's own time). Figures only; nothing is asserted. The last line (`summary: ...`) is for xtask, which states the goals.
+//! rows show what a client waits for, not only the appliance's own time; `lease_warm=` as the appliance takes it,
+//! `lease_warm=0` for the command path's figures). Figures only; nothing is asserted. The last line (`summary: ...`) is for xtask, which states the goals.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -145,11 +146,12 @@ impl Core {
         let parts = setup::prepare(&mut d, &o, None).unwrap_or_else(|e| fail(&format!("lease set-up: {e}")));
         let (cmd, ev, mut client, info) = d.into_engines();
         eprintln!(
-            "lease_bench: HCA up ({} fw {}), pool {pool_mib} MiB, RAM {} MiB, {} CPUs",
+            "lease_bench: HCA up ({} fw {}), pool {pool_mib} MiB, RAM {} MiB, {} CPUs, lease_warm={}",
             info.part,
             info.fw,
             ram >> 20,
-            std::thread::available_parallelism().map_or(0, |n| n.get())
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            WARM.load(Ordering::Relaxed)
         );
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
@@ -256,7 +258,8 @@ impl Core {
         while self.client.room() > 0 {
             let Some((svc_tag, cmd)) = self.svc.next_command() else { break };
             let opcode = cmd.opcode();
-            let slot = cmd.attrs().get("slot").map(|s| s as u32);
+            // The tag names the slot, as for UMR work (the warm pool's own commands: none).
+            let slot = LeaseService::<u64>::tag_lease_slot(svc_tag);
             match self.client.submit_as(svc_tag, cmd) {
                 Ok(()) => {
                     self.tags.insert(svc_tag, Sent { slot, umr: false });
@@ -321,7 +324,7 @@ fn first_bytes(runs: &[std::ops::Range<u64>], mut bytes: u64) -> Vec<std::ops::R
 
 /// A service over the pool with `slots` slots of one extent each; `grace_ms` `None` keeps the default.
 fn service(parts: &LeaseParts, slots: u32, grace_ms: Option<u64>) -> LeaseService<u64> {
-    let o = LeaseOptions { slots: Some(slots), ..LeaseOptions::default() };
+    let o = LeaseOptions { slots: Some(slots), warm: WARM.load(Ordering::Relaxed), ..LeaseOptions::default() };
     let base = Config::from_options(&o, parts);
     let cfg = Config {
         extent: EXTENT,
@@ -329,9 +332,8 @@ fn service(parts: &LeaseParts, slots: u32, grace_ms: Option<u64>) -> LeaseServic
         tenant_leases: slots,
         default_ttl_ms: base.max_ttl_ms,
         grace_ms: grace_ms.unwrap_or(base.grace_ms),
-        // The UMR path on, as it is meant to run (the service's default keeps it off for now): the by-path
-        // table shows both paths, since a burst outruns the warm pool and takes the commands.
-        warm: leasebox_lease::config::UMR_WARM,
+        // The options' warm pool (the UMR path by default): the by-path table shows both paths, since a burst
+        // outruns the warm pool and takes the commands.
         ..base
     };
     // A fixed seed: the benchmark wants reproducible runs.
@@ -896,6 +898,9 @@ enum Timing {
     Firmware,
 }
 
+/// `lease_warm=` (the options' default unless given), read by [`service`].
+static WARM: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(LeaseOptions::DEFAULT.warm);
+
 struct Args {
     secs: f64,
     leases: u32,
@@ -942,10 +947,15 @@ fn parse_args() -> Result<Args, String> {
                     v => return Err(format!("--engines needs `thread` or `inline`, got `{v}`")),
                 };
             }
+            "lease_warm" => {
+                let mut o = LeaseOptions::default();
+                o.apply("lease_warm", &value()?).map_err(|e| format!("lease_warm: {e}"))?;
+                WARM.store(o.warm, Ordering::Relaxed);
+            }
             other => {
                 return Err(format!(
                     "unknown argument `{other}` (usage: lease_bench [--secs N] [--leases N] [--engines \
-                     thread|inline] [--timing zero|firmware])"
+                     thread|inline] [--timing zero|firmware] [lease_warm=N])"
                 ));
             }
         }

@@ -119,14 +119,11 @@ impl Default for Config {
     }
 }
 
-/// Warm entries (PD, QP in INIT, free UMR key) kept ahead by default. 0 keeps every lease on the command path:
-/// the default until the hosted and QEMU scenarios and the Soft-RoCE client have run on the UMR path
-/// (docs/revoke-semantics.md, "The UMR path"). [`UMR_WARM`] is the figure meant for it: a burst of 32 ALLOCs
-/// takes the 2-command path while the timer refills behind it, 4 commands per entry off the request path;
-/// filled lazily, so boot time does not grow with it.
-pub const DEFAULT_WARM: u32 = 0;
-/// The warm entries the UMR path is meant to keep ahead (the benchmark and the UMR tests use it).
-pub const UMR_WARM: u32 = 32;
+/// Warm entries (PD, QP in INIT, free UMR key) kept ahead by default (`lease_warm=`): leases take the UMR path
+/// wherever the HCA's caps allow it (docs/revoke-semantics.md, "The UMR path"). A burst of 32 ALLOCs takes the
+/// 2-command path while the timer refills behind it, 4 commands per entry off the request path; filled lazily,
+/// so boot time does not grow with it. `lease_warm=0` puts every lease on the command path.
+pub const DEFAULT_WARM: u32 = 32;
 
 /// The largest lease in bytes with extents of `extent` bytes on an HCA whose largest memory region is
 /// `max_region` bytes (docs/operations.md, "The largest lease"): as many extents as one CREATE_MKEY's MTT

@@ -49,7 +49,19 @@ pub struct LeaseOptions {
     /// `rdma_prio=0..7`: the 802.1p priority of the lease QPs' frames (the QP address path's `eth_prio`; it
     /// reaches the wire only on a VLAN-tagged port, where the switch maps it to a PFC class).
     pub rdma_prio: u8,
+    /// `lease_warm=0..`[`MAX_WARM`]: warm entries kept ahead for UMR grants and revokes
+    /// (docs/revoke-semantics.md, "The UMR path"); 0 turns the UMR path off and every lease takes the commands.
+    pub warm: u32,
 }
+
+/// `lease_warm=`'s largest value. A warm entry serves one ALLOC of a burst, so entries past the lease slots
+/// could never be used at once ([`crate::Config::from_options`] lowers the figure to the slots); the bound is
+/// the slots a small machine gets by default ([`crate::setup::DEFAULT_SLOTS`]). The pool holds up to twice
+/// this many entries after sweeps, each a PD, an RC QP and a key outside the lease slots plus 4 KiB of DMA
+/// memory: 2048 of each at most, within the 2^14 QPs a ConnectX-5 allows by default and its 2^24 keys and PDs
+/// (docs/reference/mlx5.md §e.1). Where the slots already take all the HCA allows, a fill that runs out of
+/// objects fails like any other and the pool stops filling after a few (ALLOCs then take the commands).
+pub const MAX_WARM: u32 = crate::setup::DEFAULT_SLOTS;
 
 /// The RDMA port's address when nothing else names one (TEST-NET-2: set `rdma_ip=` on a real network).
 pub const DEFAULT_RDMA_IP: core::net::Ipv4Addr = core::net::Ipv4Addr::new(198, 51, 100, 2);
@@ -75,6 +87,7 @@ impl LeaseOptions {
         rdma_ip: None,
         rdma_dscp: 0,
         rdma_prio: 0,
+        warm: crate::config::DEFAULT_WARM,
     };
 }
 
@@ -137,6 +150,7 @@ impl LeaseOptions {
             }
             "rdma_dscp" => self.rdma_dscp = number(value, 0, 63, "expected a DSCP from 0 to 63")? as u8,
             "rdma_prio" => self.rdma_prio = number(value, 0, 7, "expected an 802.1p priority from 0 to 7")? as u8,
+            "lease_warm" => self.warm = number(value, 0, MAX_WARM, "expected 0 (UMR path off) to 1024 warm entries")?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -183,5 +197,20 @@ mod tests {
         assert_eq!((o.tenant_mib, o.tenant_allocs_per_s), (Some(64), 100));
         assert!(o.apply("tenant_mib", "0").is_err() && o.apply("tenant_mib", "64M").is_err());
         assert!(o.apply("tenant_allocs_per_s", "-1").is_err() && o.apply("tenant_allocs_per_s", "2000000").is_err());
+    }
+
+    #[test]
+    fn lease_warm() {
+        let mut o = LeaseOptions::default();
+        assert_eq!(o.warm, crate::config::DEFAULT_WARM, "the UMR path by default");
+        assert_ne!(o.warm, 0);
+        assert_eq!(o.apply("lease_warm", "0"), Ok(true));
+        assert_eq!(o.warm, 0, "0: every lease takes the commands");
+        assert_eq!(o.apply("lease_warm", "1024"), Ok(true));
+        assert_eq!(o.warm, MAX_WARM);
+        for bad in ["1025", "-1", "", "32x", "on", "4294967296"] {
+            assert_eq!(o.apply("lease_warm", bad), Err("expected 0 (UMR path off) to 1024 warm entries"), "{bad:?}");
+        }
+        assert_eq!(o.warm, MAX_WARM, "a refused value leaves the option as it was");
     }
 }

@@ -297,10 +297,13 @@ pub fn umr_path<P: Platform>(d: &mut Driver<P>) -> UmrCtx {
 impl Config {
     /// The service's configuration from the lease options and the pool `prepare` set aside.
     pub fn from_options(o: &LeaseOptions, parts: &LeaseParts) -> Config {
+        let slots = slots(o.slots, parts.hca_slots, parts.pool.iter().map(|r| r.end - r.start).sum()).0;
         Config {
             pool: parts.pool.clone(),
             max_region: parts.max_region,
-            slots: slots(o.slots, parts.hca_slots, parts.pool.iter().map(|r| r.end - r.start).sum()).0,
+            slots,
+            // No more entries than leases can take at once (`options::MAX_WARM`).
+            warm: o.warm.min(slots),
             tenant_leases: o.tenant_leases,
             tenant_bytes: o.tenant_mib.map_or(u64::MAX, |m| u64::from(m) << 20),
             tenants: o.tenants,

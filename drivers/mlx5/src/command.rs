@@ -17,8 +17,10 @@ pub const HEADER_LEN: usize = 16;
 pub const OPCODE: Field = Field::new(0x00, 16);
 pub const OP_MOD: Field = Field::new(0x30, 16);
 
-/// At most this many attributes are kept per command for error reports.
-pub const MAX_ATTRS: usize = 4;
+/// At most this many attributes are kept per command for error reports: the builders in `ifc` set up to four
+/// (`create_mkey_mtt`: `pd`, `start`, `len`, `pages`), and a caller may add one of its own (the lease service's
+/// `slot`, which was dropped from CREATE_MKEY when this was four).
+pub const MAX_ATTRS: usize = 5;
 
 /// Key attributes of a command (`pd`, `qpn`, `mkey`, `len` ...), kept for error reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -102,6 +102,8 @@ struct Rig {
     script: BTreeMap<u16, VecDeque<Answer>>,
     /// Opcodes in the order the service issued them.
     issued: Vec<u16>,
+    /// Per lease command issued: its opcode, the slot its tag names and its `slot` attribute (error reports).
+    slot_attrs: Vec<(u16, u32, Option<u64>)>,
     /// The input of the last INIT2RTR_QP issued.
     last_init2rtr: Vec<u8>,
     /// The last input issued per opcode.
@@ -160,6 +162,7 @@ impl Rig {
             now_us: 1_000_000,
             script: BTreeMap::new(),
             issued: Vec::new(),
+            slot_attrs: Vec::new(),
             last_init2rtr: Vec::new(),
             inputs: BTreeMap::new(),
             hung: Vec::new(),
@@ -246,6 +249,7 @@ impl Rig {
                     self.filled.push(cmd.opcode());
                 } else {
                     self.issued.push(cmd.opcode());
+                    self.slot_attrs.push((cmd.opcode(), tag_slot(tag), cmd.attrs().get("slot")));
                 }
                 if fill && self.fill_ok {
                     self.answer(tag, &cmd, Answer::Ok);
@@ -1068,6 +1072,39 @@ fn from_options(words: &[(&str, &str)]) -> Config {
         hca_slots: 1 << 20,
     };
     Config { grace_ms: cfg().grace_ms, ..Config::from_options(&o, &parts) }
+}
+
+#[test]
+fn every_lease_command_names_its_slot_in_its_tag_and_its_error_report() {
+    // The command path's six build commands and a revoke's, each tagged and labelled with the lease's slot
+    // (CREATE_MKEY's `slot` label was once dropped: its builder fills the attributes the command keeps).
+    let mut r = Rig::new(cfg());
+    let l = r.active();
+    assert_eq!(r.revoke(l, false), Outcome::TornDown);
+    let ops: Vec<u16> = r.slot_attrs.iter().map(|a| a.0).collect();
+    assert_eq!(ops, [ALLOC_PD, CREATE_MKEY, CREATE_QP, RST2INIT, INIT2RTR, RTR2RTS, DESTROY_MKEY]);
+    for (op, tag_slot, attr) in &r.slot_attrs {
+        assert_eq!((*tag_slot, *attr), (l.slot, Some(u64::from(l.slot))), "opcode {op:#x}");
+    }
+}
+
+#[test]
+fn lease_warm_picks_the_path_and_is_no_more_than_the_slots() {
+    // The default: UMR wherever the caps allow it.
+    let d = from_options(&[]);
+    assert_eq!(d.warm, crate::config::DEFAULT_WARM);
+    let r = Rig::with_umr(d);
+    assert_eq!((r.svc.paths().grant_umr, r.svc.paths().revoke_umr), (true, true));
+    assert!(std::format!("{}", r.svc.paths()).starts_with("grant=umr revoke=umr "), "{}", r.svc.paths());
+    // `lease_warm=0`: the commands, whatever the caps say.
+    let off = from_options(&[("lease_warm", "0")]);
+    assert_eq!(off.warm, 0);
+    let r = Rig::with_umr(off);
+    assert_eq!((r.svc.paths().grant_umr, r.svc.paths().revoke_umr), (false, false));
+    assert!(std::format!("{}", r.svc.paths()).starts_with("grant=commands revoke=commands "), "{}", r.svc.paths());
+    // Entries past the slots could never be taken at once: lowered to them.
+    assert_eq!(from_options(&[("lease_slots", "4"), ("lease_warm", "1024")]).warm, 4);
+    assert_eq!(from_options(&[("lease_slots", "4096"), ("lease_warm", "1024")]).warm, 1024);
 }
 
 #[test]
