@@ -527,8 +527,9 @@ pub const SILENT_HELD: usize = 12;
 pub fn check_preauth_eviction(t: &Target) -> Result<String, String> {
     use std::io::Read;
     const POOL: usize = 8;
-    let mut watcher = t.session(&t.admin())?;
-    let before = watcher.stats().map_err(|e| format!("STATS: {e}"))?;
+    // STATS before and after from sessions of their own: one held across the wait below would be silent longer
+    // than the heartbeat timeout under a slow QEMU.
+    let before = t.session(&t.admin())?.stats().map_err(|e| format!("STATS: {e}"))?;
     let evicted_before = before.guards.ok_or("STATS has no guard block")?.evicted;
     let mut silent = Vec::new();
     for i in 0..SILENT_HELD {
@@ -578,7 +579,7 @@ pub fn check_preauth_eviction(t: &Target) -> Result<String, String> {
             "{SILENT_HELD} silent connections: {evicted} evicted, {refused} refused BUSY, {timeout} timed out"
         ));
     }
-    let after = watcher.stats().map_err(|e| format!("STATS: {e}"))?;
+    let after = t.session(&t.admin())?.stats().map_err(|e| format!("STATS: {e}"))?;
     let counted = after.guards.ok_or("STATS has no guard block")?.evicted - evicted_before;
     if counted != evicted as u64 {
         return Err(format!("STATS counts {counted} evictions, the connections saw {evicted}"));
