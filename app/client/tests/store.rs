@@ -259,6 +259,7 @@ fn a_drain_with_migration_moves_the_keys_to_the_other_appliance() {
     let (drained, _other) = if on == x.addr() { (&x, &y) } else { (&y, &x) };
     let keys = fill(&s, "m", 20, 8 * KIB);
     let mut admin = drained.admin();
+    let drained_at = Instant::now();
     assert!(matches!(
         admin.call(&Request::Drain { tenant: "demo".into(), notice_ms: 4000 }),
         Ok(Response::Drain { leases: 1, .. })
@@ -268,7 +269,9 @@ fn a_drain_with_migration_moves_the_keys_to_the_other_appliance() {
     let StoreEvent::Migrated { moved, left, .. } = m else { unreachable!() };
     // Every key is copied on a quiet host; a copy that times out twice on a busy one stays behind, reported.
     assert_eq!(moved + left, 20);
-    assert!(moved >= 18, "{moved} moved, {left} left");
+    // When it is not so, when the migration ended says whether the notice ran out (copies that hung) or the
+    // copies failed at once.
+    assert!(moved >= 18, "{moved} moved, {left} left; Migrated {:?} after the DRAIN", drained_at.elapsed());
     let stayed: Vec<&Vec<u8>> = keys.iter().filter(|k| s.where_is(k).unwrap().0 == drained.addr()).collect();
     assert_eq!(stayed.len(), left);
     // The drained lease goes with the keys left there only.
