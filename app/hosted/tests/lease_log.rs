@@ -3,6 +3,7 @@
 //! through leasectl's client: the slot's history runs from ALLOC to the fence, and the fence's record names
 //! the teardown step that failed. A tenant may not read the log.
 
+use leasebox_lease::lease::step_bit;
 use std::time::Duration;
 
 use leasebox_hosted::testing::Rig;
@@ -13,9 +14,6 @@ use mlx5_model::fault::Fault;
 
 mod common;
 use common::Principals;
-
-/// FENCED_SUMMARY's bit for DESTROY_MKEY (docs/wire-protocol.md).
-const FAILED_DESTROY_MKEY: u32 = 0x001;
 
 fn log(c: &mut Client, cursor: u64) -> (u64, Vec<Transition>) {
     match c.call(&Request::LeaseLog { cursor, max: 128 }).unwrap() {
@@ -88,6 +86,6 @@ fn a_revoke_whose_teardown_fails_leaves_the_failing_step_in_the_slots_history() 
     );
     let fence = since.last().unwrap();
     assert_eq!(fence.generation, a.lease.generation);
-    assert_eq!(fence.failed_mask & FAILED_DESTROY_MKEY, FAILED_DESTROY_MKEY, "{fence}");
+    assert_eq!(fence.failed_mask & step_bit::DESTROY_MKEY, step_bit::DESTROY_MKEY, "{fence}");
     assert!(fence.to_string().contains("fencing -> fenced (teardown-failed) failed 0x001"), "{fence}");
 }

@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use leasebox_hosted::testing::Rig;
+use leasebox_lease::lease::step_bit;
 use leasebox_mlx5::ifc::mkey::MLX5_CMD_OP_DESTROY_MKEY as DESTROY_MKEY;
 use leasebox_proto::{LeaseId, Outcome, Request, Response, SlotState, Transition, TransitionCause};
 use leasectl::{Client, Timeouts};
@@ -16,8 +17,6 @@ use mlx5_model::umr::UmrCounters;
 mod common;
 use common::Principals;
 
-/// FENCED_SUMMARY's bit for DESTROY_MKEY (docs/wire-protocol.md).
-const FAILED_DESTROY_MKEY: u32 = 0x001;
 /// The revoke contract's deadline for an outcome.
 const DEADLINE: Duration = Duration::from_secs(1);
 
@@ -27,27 +26,23 @@ struct Warm {
     admin: Client,
 }
 
-/// The default appliance (no `lease_warm=`), once HEALTH says both directions take UMR and the warm pool has
-/// entries, so the next ALLOC is granted from it.
+/// The default appliance (no `lease_warm=`), once its lease service says both directions take UMR and the warm
+/// pool has entries, so the next ALLOC is granted from it.
 fn warm() -> Warm {
     let h = Rig::builder().hca().tenant("demo").tenant("other").admin().start().unwrap();
     let k = Principals::of(&h);
     let addr = h.addr().to_string();
     let t = Timeouts::all(Duration::from_secs(10));
     let demo = Client::connect_and_hello(&addr, &k.demo, t).unwrap().0;
-    let mut admin = Client::connect_and_hello(&addr, &k.admin, t).unwrap().0;
+    let admin = Client::connect_and_hello(&addr, &k.admin, t).unwrap().0;
     let until = Instant::now() + Duration::from_secs(10);
     loop {
-        let Response::Health(health) = admin.call(&Request::Health).unwrap() else { panic!("HEALTH") };
-        let warm = health
-            .message
-            .split("umr grant+revoke warm ")
-            .nth(1)
-            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next().and_then(|n| n.parse::<u32>().ok()));
-        if warm.is_some_and(|n| n > 0) {
+        let paths = h.hosted().with_leases(|b| b.svc.paths()).expect("the lease service on the model");
+        assert!(paths.grant_umr && paths.revoke_umr, "the UMR path is the default: {paths}");
+        if paths.warm > 0 {
             break;
         }
-        assert!(Instant::now() < until, "no warm entry within 10 s (the UMR path is the default): {}", health.message);
+        assert!(Instant::now() < until, "no warm entry within 10 s: {paths}");
         std::thread::sleep(Duration::from_millis(20));
     }
     Warm { h, demo, admin }
@@ -135,5 +130,5 @@ fn a_failed_umr_revoke_and_a_failed_destroy_mkey_fence_the_slot_with_the_failed_
     );
     let fence = mine.last().unwrap();
     assert_eq!(fence.generation, l.generation);
-    assert_eq!(fence.failed_mask & FAILED_DESTROY_MKEY, FAILED_DESTROY_MKEY, "{fence}");
+    assert_eq!(fence.failed_mask & step_bit::DESTROY_MKEY, step_bit::DESTROY_MKEY, "{fence}");
 }
