@@ -163,10 +163,11 @@ fn appliances_register_spread_leases_by_free_bytes_and_expire_when_stopped() {
     for s in &specs {
         let me = format!("appliance=\"{}\"", s.control);
         assert_eq!(sample_value(&page, "leasebox_up", &[&me]), Some(1.0), "{page}");
-        // HCA_STATS: the driver's bring-up on the model is dozens of commands, every one completed.
+        // HCA_STATS: the driver's bring-up on the model is dozens of commands, none failed. The warm pool fills
+        // in the background, so a few may still be in flight when polled (submitted, not yet ok).
         let cmds = |r: &str| sample_value(&page, "leasebox_hca_commands_total", &[&me, &format!("result=\"{r}\"")]);
         let (submitted, ok, failed) = (cmds("submitted"), cmds("ok"), cmds("failed"));
-        assert!(submitted >= Some(10.0) && ok == submitted && failed == Some(0.0), "{page}");
+        assert!(ok >= Some(10.0) && ok <= submitted && failed == Some(0.0), "{page}");
     }
     assert!(page.contains("leasebox_registrar_leader{registrar=\"r1\"} 1"));
     assert_eq!(http_get(reg.metrics_addr().unwrap(), "/other").0, "HTTP/1.1 404 Not Found");
